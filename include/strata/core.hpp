@@ -1,0 +1,9 @@
+// strata/core.hpp: the core module (dtypes, shapes, tensors, errors, random numbers).
+#pragma once
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/dtype.hpp"
+#include "core/shape.hpp"
+#include "core/tensor.hpp"
+#include "core/rng.hpp"
