@@ -1,0 +1,103 @@
+// strata/backend/cpu/norm.hpp: LayerNorm and RMSNorm over the last dimension, forward and backward.
+//
+//   LayerNorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)
+//   RMSNorm:   y = x * rstd * gamma,                   rstd = 1 / sqrt(mean(x^2) + eps)
+//
+// Statistics are computed and saved in accumulate_t<T>. Parameter gradients accumulate (+=).
+#pragma once
+
+#include <cmath>
+
+#include "../../core/dtype.hpp"
+#include "../../core/shape.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cpu {
+
+// x, y: [rows, h]; gamma, beta: [h]; mean, rstd: [rows]
+template <class T, class A = accumulate_t<T>>
+void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, index_t h, A eps, T* y, A* mean,
+                       A* rstd) {
+  for (index_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * h;
+    A sum = 0;
+    for (index_t i = 0; i < h; ++i) sum += A(xr[i]);
+    A mu = sum / A(h);
+    A var = 0;
+    for (index_t i = 0; i < h; ++i) {
+      A d = A(xr[i]) - mu;
+      var += d * d;
+    }
+    A rs = A(1) / std::sqrt(var / A(h) + eps);
+    mean[r] = mu;
+    rstd[r] = rs;
+    T* yr = y + r * h;
+    for (index_t i = 0; i < h; ++i) yr[i] = T((A(xr[i]) - mu) * rs * A(gamma[i]) + (beta ? A(beta[i]) : A(0)));
+  }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma += dy * xhat;  dbeta += dy
+template <class T, class A = accumulate_t<T>>
+void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
+                        T* dx, A* dgamma, A* dbeta) {
+  for (index_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * h;
+    const T* dyr = dy + r * h;
+    A mean_g = 0, mean_gx = 0;
+    for (index_t i = 0; i < h; ++i) {
+      A xhat = (A(xr[i]) - mean[r]) * rstd[r];
+      A g = A(dyr[i]) * A(gamma[i]);
+      mean_g += g;
+      mean_gx += g * xhat;
+      dgamma[i] += A(dyr[i]) * xhat;
+      if (dbeta) dbeta[i] += A(dyr[i]);
+    }
+    mean_g /= A(h);
+    mean_gx /= A(h);
+    T* dxr = dx + r * h;
+    for (index_t i = 0; i < h; ++i) {
+      A xhat = (A(xr[i]) - mean[r]) * rstd[r];
+      A g = A(dyr[i]) * A(gamma[i]);
+      dxr[i] = T(rstd[r] * (g - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+template <class T, class A = accumulate_t<T>>
+void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps, T* y, A* rstd) {
+  for (index_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * h;
+    A ss = 0;
+    for (index_t i = 0; i < h; ++i) ss += A(xr[i]) * A(xr[i]);
+    A rs = A(1) / std::sqrt(ss / A(h) + eps);
+    rstd[r] = rs;
+    T* yr = y + r * h;
+    for (index_t i = 0; i < h; ++i) yr[i] = T(A(xr[i]) * rs * A(gamma[i]));
+  }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma += dy * xhat
+template <class T, class A = accumulate_t<T>>
+void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, index_t rows, index_t h, T* dx,
+                      A* dgamma) {
+  for (index_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * h;
+    const T* dyr = dy + r * h;
+    A mean_gx = 0;
+    for (index_t i = 0; i < h; ++i) {
+      A xhat = A(xr[i]) * rstd[r];
+      A g = A(dyr[i]) * A(gamma[i]);
+      mean_gx += g * xhat;
+      dgamma[i] += A(dyr[i]) * xhat;
+    }
+    mean_gx /= A(h);
+    T* dxr = dx + r * h;
+    for (index_t i = 0; i < h; ++i) {
+      A xhat = A(xr[i]) * rstd[r];
+      dxr[i] = T(rstd[r] * (A(dyr[i]) * A(gamma[i]) - xhat * mean_gx));
+    }
+  }
+}
+
+}  // namespace cpu
+STRATA_NAMESPACE_END

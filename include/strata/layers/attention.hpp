@@ -1,0 +1,182 @@
+// strata/layers/attention.hpp: `SelfAttention<Policy, Position, Grouping>`, causal multi-head or
+// grouped-query self-attention with heads split over the tensor-parallel group.
+//
+//   qkv:  ColumnParallelLinear hidden -> groups * (heads/groups + 2) * head_dim, laid out group-major
+//         ([q heads of group g | k_g | v_g] for each g) so rank r holds whole query groups
+//   core: per local head, softmax(Q K^T / sqrt(d) + causal mask) V in the accumulate type (float for
+//         bf16), RoPE on Q and K when Position = rope
+//   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
+//
+// Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
+// rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../shard/partition.hpp"
+#include "column_parallel_linear.hpp"
+#include "row_parallel_linear.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+// Position tags.
+struct rope {};     // rotary embedding on queries and keys (Llama)
+struct no_rope {};  // positions come from elsewhere (GPT's learned absolute embedding)
+// Grouping tags.
+struct mha {};  // one key/value head per query head (query_groups is ignored)
+struct gqa {};  // query_groups key/value heads shared by heads / query_groups query heads each
+
+struct AttentionConfig {
+  index_t hidden_size = 0;
+  int num_heads = 0;
+  int num_query_groups = 0;  // 0: same as num_heads
+  double rope_base = 10000.0;
+  bool bias = true;  // biases on the qkv and output projections
+};
+
+template <class Policy, class Position = no_rope, class Grouping = mha>
+class SelfAttention {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Backend = typename Policy::backend;
+  using Context = ParallelContext<typename Policy::comm>;
+  using Layout = residual_layout_t<Policy>;
+  using Qkv = ColumnParallelLinear<Policy>;
+  using Proj = RowParallelLinear<Policy>;
+
+  struct Saved {
+    typename Qkv::Saved qkv;
+    typename Proj::Saved proj;
+    std::vector<A> q, k, v, probs;  // q [b, np_local, s, d] after RoPE; k, v [b, ng_local, s, d]
+    index_t s = 0, b = 0;
+  };
+
+  SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
+      : config_(validated(config, ctx.tp.size())),
+        heads_local_(heads_per_rank(config_.num_heads, ctx.tp.size())),
+        groups_local_(query_groups_per_rank(config_.num_query_groups, ctx.tp.size())),
+        head_dim_(config_.hidden_size / config_.num_heads),
+        qkv_(ctx, name + ".qkv", config_.hidden_size,
+             static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
+                 (config_.hidden_size / config_.num_heads),
+             config_.bias),
+        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
+
+  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+    Saved saved;
+    auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
+    saved.qkv = std::move(qkv_saved);
+    const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_;
+    const index_t hpg = heads_local_ / groups_local_, width = qkv.shape()[2];
+    saved.s = s;
+    saved.b = b;
+    saved.q.assign(static_cast<std::size_t>(b * heads_local_ * s * d), A(0));
+    saved.k.assign(static_cast<std::size_t>(b * groups_local_ * s * d), A(0));
+    saved.v.assign(saved.k.size(), A(0));
+    for (index_t t = 0; t < s; ++t)
+      for (index_t j = 0; j < b; ++j) {
+        const T* row = qkv.data() + (t * b + j) * width;
+        for (index_t g = 0; g < groups_local_; ++g) {
+          const T* block = row + g * (hpg + 2) * d;
+          for (index_t h = 0; h < hpg; ++h)
+            for (index_t e = 0; e < d; ++e)
+              saved.q[(((j * heads_local_ + g * hpg + h) * s) + t) * d + e] = static_cast<A>(block[h * d + e]);
+          for (index_t e = 0; e < d; ++e) {
+            saved.k[(((j * groups_local_ + g) * s) + t) * d + e] = static_cast<A>(block[hpg * d + e]);
+            saved.v[(((j * groups_local_ + g) * s) + t) * d + e] = static_cast<A>(block[(hpg + 1) * d + e]);
+          }
+        }
+      }
+    if constexpr (std::is_same_v<Position, rope>) {
+      Backend::rope_apply(saved.q.data(), b * heads_local_, s, d, config_.rope_base, 0, false);
+      Backend::rope_apply(saved.k.data(), b * groups_local_, s, d, config_.rope_base, 0, false);
+    }
+    std::vector<A> out(saved.q.size());
+    saved.probs.assign(static_cast<std::size_t>(b * heads_local_ * s * s), A(0));
+    Backend::causal_attention_forward(saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_, groups_local_,
+                                      s, d, scale(), out.data(), saved.probs.data());
+    Activation<T, layout::sharded<-1>> context(Tensor<T>(Shape{s, b, heads_local_ * d}));  // (s, b, np_local * d)
+    for (index_t j = 0; j < b; ++j)
+      for (index_t h = 0; h < heads_local_; ++h)
+        for (index_t t = 0; t < s; ++t)
+          for (index_t e = 0; e < d; ++e)
+            context.tensor[(t * b + j) * heads_local_ * d + h * d + e] = static_cast<T>(out[((j * heads_local_ + h) * s + t) * d + e]);
+    auto [y, proj_saved] = proj_.forward(ctx, context);
+    saved.proj = std::move(proj_saved);
+    return {std::move(y), std::move(saved)};
+  }
+
+  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    const index_t s = saved.s, b = saved.b, d = head_dim_, hpg = heads_local_ / groups_local_;
+    auto dcontext = proj_.backward(ctx, saved.proj, dy);  // (s, b, np_local * d)
+    std::vector<A> dout(saved.q.size()), dq(saved.q.size()), dk(saved.k.size()), dv(saved.v.size());
+    for (index_t j = 0; j < b; ++j)
+      for (index_t h = 0; h < heads_local_; ++h)
+        for (index_t t = 0; t < s; ++t)
+          for (index_t e = 0; e < d; ++e)
+            dout[((j * heads_local_ + h) * s + t) * d + e] = static_cast<A>(dcontext.tensor[(t * b + j) * heads_local_ * d + h * d + e]);
+    Backend::causal_attention_backward(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.probs.data(),
+                                       b, heads_local_, groups_local_, s, d, scale(), dq.data(), dk.data(), dv.data());
+    if constexpr (std::is_same_v<Position, rope>) {
+      Backend::rope_apply(dq.data(), b * heads_local_, s, d, config_.rope_base, 0, true);
+      Backend::rope_apply(dk.data(), b * groups_local_, s, d, config_.rope_base, 0, true);
+    }
+    const index_t width = groups_local_ * (hpg + 2) * d;
+    Activation<T, layout::sharded<-1>> dqkv(Tensor<T>(Shape{s, b, width}));
+    for (index_t t = 0; t < s; ++t)
+      for (index_t j = 0; j < b; ++j) {
+        T* row = dqkv.data() + (t * b + j) * width;
+        for (index_t g = 0; g < groups_local_; ++g) {
+          T* block = row + g * (hpg + 2) * d;
+          for (index_t h = 0; h < hpg; ++h)
+            for (index_t e = 0; e < d; ++e) block[h * d + e] = static_cast<T>(dq[(((j * heads_local_ + g * hpg + h) * s) + t) * d + e]);
+          for (index_t e = 0; e < d; ++e) {
+            block[hpg * d + e] = static_cast<T>(dk[(((j * groups_local_ + g) * s) + t) * d + e]);
+            block[(hpg + 1) * d + e] = static_cast<T>(dv[(((j * groups_local_ + g) * s) + t) * d + e]);
+          }
+        }
+      }
+    return qkv_.backward(ctx, saved.qkv, dqkv);
+  }
+
+  // Megatron's init: N(0, std) for qkv; the output projection scaled by output_stddev.
+  void init(std::uint64_t seed, double stddev, double output_stddev) {
+    qkv_.init(seed, stddev);
+    proj_.init(seed, output_stddev);
+  }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    qkv_.for_each_parameter(visit);
+    proj_.for_each_parameter(visit);
+  }
+
+  static AttentionConfig validated(AttentionConfig c, int tp) {
+    if (std::is_same_v<Grouping, mha> || c.num_query_groups == 0) c.num_query_groups = c.num_heads;
+    if (c.num_heads <= 0 || c.hidden_size <= 0)
+      fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " and hidden_size=", c.hidden_size, " must be positive");
+    if (c.hidden_size % c.num_heads != 0)
+      fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " does not divide hidden_size=", c.hidden_size);
+    if ((c.hidden_size / c.num_heads) % 2 != 0 && std::is_same_v<Position, rope>)
+      fail<ConfigError>("SelfAttention: rotary embeddings need an even head dimension, got ", c.hidden_size / c.num_heads);
+    if (c.num_heads % c.num_query_groups != 0)
+      fail<ConfigError>("SelfAttention: num_query_groups=", c.num_query_groups, " does not divide num_attention_heads=", c.num_heads);
+    if (c.num_query_groups < tp || c.num_query_groups % tp != 0)
+      fail<ConfigError>("SelfAttention: num_query_groups=", c.num_query_groups, " is not a multiple of tp=", tp,
+                        "; each tensor-parallel rank must own whole query groups (use more query groups or a smaller tp)");
+    return c;
+  }
+
+ private:
+  A scale() const { return A(1) / std::sqrt(A(head_dim_)); }
+
+  AttentionConfig config_;
+  index_t heads_local_, groups_local_, head_dim_;
+  Qkv qkv_;
+  Proj proj_;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,123 @@
+// strata/layers/column_parallel_linear.hpp: `ColumnParallelLinear`, Y = X A^T + b with A split by
+// rows (output features) over the tensor-parallel group.
+//
+//   weight [out/tp, in] (rank r holds output rows partition(out, tp, r); with `stacks` > 1, the
+//   r-th slice of each of the stacked blocks, e.g. SwiGLU's [gate; up]), bias [out/tp]
+//
+//   forward:  input replicated (or sharded<0> under sequence parallelism: all-gather on seq first)
+//             -> local matmul -> sharded<-1> (or all-gather on hidden when gather_output)
+//   backward: dX partial -> all-reduce (f's backward), or reduce-scatter on seq under SP
+//
+// The weight may be borrowed from another layer (GPT's output layer uses the word embedding); the
+// borrowed parameter's gradient accumulates in its owner and is not visited again.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../comm/parallel_context.hpp"
+#include "conversions.hpp"
+#include "linear_common.hpp"
+#include "policy.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct ColumnOptions {
+  bool gather_output = false;  // all-gather the output to replicated
+  bool skip_bias_add = false;  // return Y without b; the caller adds bias() (db is still accumulated)
+};
+
+template <class Policy, ColumnOptions Options = ColumnOptions{}>
+class ColumnParallelLinear {
+ public:
+  using T = typename Policy::element;
+  using Backend = typename Policy::backend;
+  using Comm = typename Policy::comm;
+  using Context = ParallelContext<Comm>;
+  static constexpr bool sequence_parallel = Policy::sequence_parallel;
+  using input_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;
+  using output_layout = std::conditional_t<Options.gather_output, layout::replicated, layout::sharded<-1>>;
+  static_assert(!(sequence_parallel && Options.gather_output),
+                "ColumnParallelLinear: gather_output cannot be combined with sequence parallelism; keep the "
+                "output sharded and follow it with a RowParallelLinear.");
+
+  struct Saved {
+    Tensor<T> input;  // the full-sequence input (gathered under sequence parallelism)
+  };
+
+  // in, out: global feature counts. stacks: out is `stacks` equal blocks, each split over tp.
+  ColumnParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true, int stacks = 1)
+      : owned_weight_(Parameter<T>(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
+        weight_(&*owned_weight_) {
+    if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
+    check_gather(stacks);
+  }
+  // Borrows `weight` (global [out, in], split on dim 0); no bias.
+  explicit ColumnParallelLinear(Parameter<T>& borrowed_weight) : weight_(&borrowed_weight) {
+    check_gather(borrowed_weight.shard.stacks);
+  }
+  ColumnParallelLinear(const ColumnParallelLinear&) = delete;  // weight_ may point into *this
+  ColumnParallelLinear& operator=(const ColumnParallelLinear&) = delete;
+  ColumnParallelLinear(ColumnParallelLinear&& other) noexcept { *this = std::move(other); }
+  ColumnParallelLinear& operator=(ColumnParallelLinear&& other) noexcept {
+    const bool owns = other.owned_weight_.has_value();
+    owned_weight_ = std::move(other.owned_weight_);
+    bias_ = std::move(other.bias_);
+    weight_ = owns ? &*owned_weight_ : other.weight_;
+    return *this;
+  }
+
+  template <class Layout>
+  std::pair<Activation<T, output_layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+    expect_layout<input_layout, Layout>();
+    Saved saved;
+    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.tp, x).tensor;
+    else saved.input = x.tensor;
+    Tensor<T> y = detail::linear_forward<Backend>(saved.input, *weight_, Options.skip_bias_add || !bias_ ? nullptr : &*bias_,
+                                                  "ColumnParallelLinear");
+    Activation<T, layout::sharded<-1>> local(std::move(y));
+    if constexpr (Options.gather_output) return {gather_from_tensor_parallel(ctx.tp, local), std::move(saved)};
+    else return {std::move(local), std::move(saved)};
+  }
+
+  template <class Layout>
+  Activation<T, input_layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    expect_layout<output_layout, Layout>();
+    Tensor<T> dy_local;
+    if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.tp, dy).tensor;
+    else dy_local = dy.tensor;
+    Activation<T, layout::partial> dx(detail::linear_backward<Backend>(saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr));
+    if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.tp, dx);
+    else return copy_to_tensor_parallel_backward(ctx.tp, std::move(dx));
+  }
+
+  void init(std::uint64_t seed, double stddev) {
+    if (owned_weight_) init_normal(*owned_weight_, seed, stddev);
+    if (bias_) init_constant(*bias_, 0.0);
+  }
+
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    if (owned_weight_) visit(*owned_weight_);
+    if (bias_) visit(*bias_);
+  }
+
+  Parameter<T>& weight() { return *weight_; }
+  const Parameter<T>& weight() const { return *weight_; }
+  Parameter<T>* bias() { return bias_ ? &*bias_ : nullptr; }
+
+ private:
+  static void check_gather(int stacks) {
+    if (Options.gather_output && stacks != 1)
+      fail<ConfigError>("ColumnParallelLinear: gather_output needs stacks == 1 (got ", stacks,
+                        "); gather each block's output separately instead");
+  }
+
+  std::optional<Parameter<T>> owned_weight_;
+  std::optional<Parameter<T>> bias_;
+  Parameter<T>* weight_ = nullptr;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,93 @@
+// strata/layers/mlp.hpp: `Mlp<Policy, Activation>`, the feed-forward block: column-parallel fc1,
+// an element-wise activation on the sharded hidden features, row-parallel fc2.
+//
+//   gelu:   fc1 hidden -> ffn,            y = fc2(gelu_tanh(fc1 x))          (GPT-2)
+//   swiglu: fc1 hidden -> [gate; up] 2ffn, y = fc2(silu(gate) * up)          (Llama)
+// For swiglu fc1 is one weight of two stacked blocks, each split over tp, so every rank holds the
+// matching slices of gate and up. Input and output: the residual stream layout.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "column_parallel_linear.hpp"
+#include "row_parallel_linear.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct gelu {};
+struct swiglu {};
+
+struct MlpConfig {
+  index_t hidden_size = 0;
+  index_t ffn_hidden_size = 0;
+  bool bias = true;
+};
+
+template <class Policy, class Act = gelu>
+class Mlp {
+ public:
+  using T = typename Policy::element;
+  using Backend = typename Policy::backend;
+  using Context = ParallelContext<typename Policy::comm>;
+  using Layout = residual_layout_t<Policy>;
+  static constexpr bool gated = std::is_same_v<Act, swiglu>;
+  static_assert(std::is_same_v<Act, gelu> || gated, "Mlp: the activation must be strata::gelu or strata::swiglu.");
+
+  struct Saved {
+    typename ColumnParallelLinear<Policy>::Saved fc1;
+    typename RowParallelLinear<Policy>::Saved fc2;
+    Tensor<T> pre_activation;  // fc1 output, sharded on features
+  };
+
+  Mlp(const Context& ctx, std::string name, MlpConfig c)
+      : fc1_(ctx, name + ".fc1", c.hidden_size, (gated ? 2 : 1) * checked_ffn(c, ctx.tp.size()), c.bias, gated ? 2 : 1),
+        fc2_(ctx, name + ".fc2", c.ffn_hidden_size, c.hidden_size, c.bias) {}
+
+  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+    Saved saved;
+    auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, [2] ffn / tp)
+    saved.fc1 = std::move(fc1_saved);
+    const index_t rows = h.shape().rows(), width = h.shape().cols(), ffn_local = gated ? width / 2 : width;
+    Activation<T, layout::sharded<-1>> act(Tensor<T>(h.shape().with(-1, ffn_local)));
+    if constexpr (gated) Backend::swiglu_forward(h.data(), rows, ffn_local, act.data());
+    else Backend::gelu_forward(h.data(), h.tensor.numel(), act.data());
+    saved.pre_activation = std::move(h.tensor);
+    auto [y, fc2_saved] = fc2_.forward(ctx, act);
+    saved.fc2 = std::move(fc2_saved);
+    return {std::move(y), std::move(saved)};
+  }
+
+  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    auto dact = fc2_.backward(ctx, saved.fc2, dy);
+    const Tensor<T>& h = saved.pre_activation;
+    Activation<T, layout::sharded<-1>> dh(Tensor<T>(h.shape()));
+    if constexpr (gated) Backend::swiglu_backward(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
+    else Backend::gelu_backward(dact.data(), h.data(), h.numel(), dh.data());
+    return fc1_.backward(ctx, saved.fc1, dh);
+  }
+
+  void init(std::uint64_t seed, double stddev, double output_stddev) {
+    fc1_.init(seed, stddev);
+    fc2_.init(seed, output_stddev);
+  }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    fc1_.for_each_parameter(visit);
+    fc2_.for_each_parameter(visit);
+  }
+
+ private:
+  static index_t checked_ffn(const MlpConfig& c, int tp) {
+    if (c.hidden_size <= 0 || c.ffn_hidden_size <= 0)
+      fail<ConfigError>("Mlp: hidden_size=", c.hidden_size, " and ffn_hidden_size=", c.ffn_hidden_size, " must be positive");
+    if (c.ffn_hidden_size % tp != 0)
+      fail<ConfigError>("Mlp: tp=", tp, " does not divide ffn_hidden_size=", c.ffn_hidden_size);
+    return c.ffn_hidden_size;
+  }
+
+  ColumnParallelLinear<Policy> fc1_;
+  RowParallelLinear<Policy> fc2_;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,140 @@
+// strata/layers/norm.hpp: `LayerNorm` and `RmsNorm` over the hidden dimension.
+//
+// A norm acts on the residual stream, replicated or (under sequence parallelism) sharded<0>; it
+// keeps the layout. Its weights are replicated on the tensor-parallel group; when the input is a
+// sequence shard their gradients are summed over the group inside backward (chosen from the input
+// layout's type), so a sequence-parallel norm cannot silently train on a partial gradient.
+#pragma once
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../comm/parallel_context.hpp"
+#include "conversions.hpp"
+#include "parameter.hpp"
+#include "policy.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+namespace detail {
+template <class Layout>
+constexpr void expect_full_hidden() {
+  static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
+                "strata: a norm needs the whole hidden dimension: give it a replicated or sequence-sharded "
+                "(sharded<0>) activation, not a hidden-sharded or partial one.");
+}
+}  // namespace detail
+
+template <class Policy>
+class LayerNorm {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Backend = typename Policy::backend;
+  using Context = ParallelContext<typename Policy::comm>;
+
+  struct Saved {
+    Tensor<T> input;
+    Tensor<A> mean, rstd;
+  };
+
+  LayerNorm(const Context&, std::string name, index_t hidden, double eps = 1e-5)
+      : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false),
+        bias_(name + ".bias", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
+    init(0, 0);
+  }
+
+  template <class Layout>
+  std::pair<Activation<T, Layout>, Saved> forward(Context&, const Activation<T, Layout>& x) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    Saved saved{x.tensor, Tensor<A>(Shape{rows}), Tensor<A>(Shape{rows})};
+    Activation<T, Layout> y(Tensor<T>(x.shape()));
+    Backend::layernorm_forward(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
+                               saved.mean.data(), saved.rstd.data());
+    return {std::move(y), std::move(saved)};
+  }
+
+  template <class Layout>
+  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    Tensor<A> dweight(Shape{h}), dbias(Shape{h});
+    Activation<T, Layout> dx(Tensor<T>(dy.shape()));
+    Backend::layernorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
+                                saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data());
+    add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);
+    add_replicated_gradient<Layout>(ctx.tp, bias_.grad, dbias);
+    return dx;
+  }
+
+  void init(std::uint64_t, double) {
+    init_constant(weight_, 1.0);
+    init_constant(bias_, 0.0);
+  }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    visit(weight_);
+    visit(bias_);
+  }
+
+ private:
+  Parameter<T> weight_, bias_;
+  double eps_;
+};
+
+template <class Policy>
+class RmsNorm {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Backend = typename Policy::backend;
+  using Context = ParallelContext<typename Policy::comm>;
+
+  struct Saved {
+    Tensor<T> input;
+    Tensor<A> rstd;
+  };
+
+  RmsNorm(const Context&, std::string name, index_t hidden, double eps = 1e-5)
+      : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
+    init(0, 0);
+  }
+
+  template <class Layout>
+  std::pair<Activation<T, Layout>, Saved> forward(Context&, const Activation<T, Layout>& x) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    Saved saved{x.tensor, Tensor<A>(Shape{rows})};
+    Activation<T, Layout> y(Tensor<T>(x.shape()));
+    Backend::rmsnorm_forward(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data());
+    return {std::move(y), std::move(saved)};
+  }
+
+  template <class Layout>
+  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    Tensor<A> dweight(Shape{h});
+    Activation<T, Layout> dx(Tensor<T>(dy.shape()));
+    Backend::rmsnorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
+                              dx.data(), dweight.data());
+    add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);
+    return dx;
+  }
+
+  void init(std::uint64_t, double) { init_constant(weight_, 1.0); }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    visit(weight_);
+  }
+
+ private:
+  Parameter<T> weight_;
+  double eps_;
+};
+
+STRATA_NAMESPACE_END

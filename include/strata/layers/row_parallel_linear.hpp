@@ -1,0 +1,98 @@
+// strata/layers/row_parallel_linear.hpp: `RowParallelLinear`, Y = X A^T + b with A split by columns
+// (input features) over the tensor-parallel group.
+//
+//   weight [out, in/tp], bias [out] (replicated, added after the reduction)
+//
+//   forward:  input sharded<-1> (or replicated, sliced here when !input_is_parallel)
+//             -> local matmul gives partial -> all-reduce (g) to replicated, or reduce-scatter on
+//             the sequence to sharded<0> under sequence parallelism -> + bias
+//   backward: dY replicated (all-gathered on seq under SP) -> dX sharded<-1> (all-gathered on
+//             hidden when !input_is_parallel). The bias gradient is taken from the full-sequence
+//             dY, so it is complete on every rank without a further reduction.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../comm/parallel_context.hpp"
+#include "conversions.hpp"
+#include "linear_common.hpp"
+#include "policy.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct RowOptions {
+  bool input_is_parallel = true;  // input already sharded on its last dimension
+  bool skip_bias_add = false;  // return Y without b; the caller adds bias() (db is still accumulated)
+};
+
+template <class Policy, RowOptions Options = RowOptions{}>
+class RowParallelLinear {
+ public:
+  using T = typename Policy::element;
+  using Backend = typename Policy::backend;
+  using Comm = typename Policy::comm;
+  using Context = ParallelContext<Comm>;
+  static constexpr bool sequence_parallel = Policy::sequence_parallel;
+  using input_layout = std::conditional_t<Options.input_is_parallel, layout::sharded<-1>, layout::replicated>;
+  using output_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;
+  static_assert(!(sequence_parallel && !Options.input_is_parallel),
+                "RowParallelLinear: sequence parallelism needs input_is_parallel = true (the input must come "
+                "from a ColumnParallelLinear without gather_output).");
+
+  struct Saved {
+    Tensor<T> input;  // local input shard [rows, in/tp]
+  };
+
+  RowParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true)
+      : weight_(name + ".weight", Shape{out, in}, ShardSpec::split(1, ctx.tp.rank(), ctx.tp.size())) {
+    if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
+  }
+
+  template <class Layout>
+  std::pair<Activation<T, output_layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+    expect_layout<input_layout, Layout>();
+    Saved saved;
+    if constexpr (Options.input_is_parallel) saved.input = x.tensor;
+    else saved.input = scatter_to_tensor_parallel(ctx.tp, x).tensor;
+    Activation<T, layout::partial> partial(detail::linear_forward<Backend>(saved.input, weight_, nullptr, "RowParallelLinear"));
+    Activation<T, output_layout> y;
+    if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.tp, partial);
+    else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
+    if (bias_ && !Options.skip_bias_add) detail::add_bias(y.tensor, *bias_);
+    return {std::move(y), std::move(saved)};
+  }
+
+  template <class Layout>
+  Activation<T, input_layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    expect_layout<output_layout, Layout>();
+    Tensor<T> dy_full;
+    if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.tp, dy).tensor;
+    else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;
+    Activation<T, layout::sharded<-1>> dx(detail::linear_backward<Backend>(saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr));
+    if constexpr (Options.input_is_parallel) return dx;
+    else return scatter_to_tensor_parallel_backward(ctx.tp, dx);
+  }
+
+  void init(std::uint64_t seed, double stddev) {
+    init_normal(weight_, seed, stddev);
+    if (bias_) init_constant(*bias_, 0.0);
+  }
+
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    visit(weight_);
+    if (bias_) visit(*bias_);
+  }
+
+  Parameter<T>& weight() { return weight_; }
+  Parameter<T>* bias() { return bias_ ? &*bias_ : nullptr; }
+
+ private:
+  Parameter<T> weight_;
+  std::optional<Parameter<T>> bias_;
+};
+
+STRATA_NAMESPACE_END

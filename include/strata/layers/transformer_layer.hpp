@@ -1,0 +1,109 @@
+// strata/layers/transformer_layer.hpp: `TransformerLayer<Policy, Norm, Attention, Mlp>`, a pre-norm
+// block on the residual stream (replicated, or sharded<0> under sequence parallelism):
+//
+//   h = x + dropout(attention(norm1(x)));   y = h + dropout(mlp(norm2(h)))
+//
+// Norm is a template (strata::LayerNorm or strata::RmsNorm); Attention and Mlp are complete types
+// (e.g. SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>) whose layouts must agree with the
+// residual stream, checked at compile time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "../core/rng.hpp"
+#include "dropout.hpp"
+#include "policy.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct TransformerLayerConfig {
+  index_t hidden_size = 0;
+  double norm_epsilon = 1e-5;
+  double hidden_dropout = 0.0;
+};
+
+template <class Policy, template <class> class Norm, class Attention, class MlpBlock>
+class TransformerLayer {
+ public:
+  using T = typename Policy::element;
+  using Context = ParallelContext<typename Policy::comm>;
+  using Layout = residual_layout_t<Policy>;
+  static_assert(std::is_same_v<typename Attention::Layout, Layout> && std::is_same_v<typename MlpBlock::Layout, Layout>,
+                "TransformerLayer: the attention and MLP blocks must be built with the layer's Policy (their "
+                "residual-stream layouts differ: one is sequence parallel and the other is not).");
+
+  struct Saved {
+    typename Norm<Policy>::Saved norm1, norm2;
+    typename Attention::Saved attention;
+    typename MlpBlock::Saved mlp;
+    std::vector<std::uint8_t> mask1, mask2;
+  };
+
+  template <class AttentionConfig, class MlpConfig>
+  TransformerLayer(const Context& ctx, std::string name, TransformerLayerConfig c, AttentionConfig ac, MlpConfig mc)
+      : config_(c),
+        norm1_(ctx, name + ".norm1", c.hidden_size, c.norm_epsilon),
+        attention_(ctx, name + ".attention", ac),
+        norm2_(ctx, name + ".norm2", c.hidden_size, c.norm_epsilon),
+        mlp_(ctx, name + ".mlp", mc) {}
+
+  // dropout_key: distinct per layer and micro-batch when hidden_dropout > 0.
+  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x,
+                                                  std::uint64_t dropout_key = 0) const {
+    Saved saved;
+    auto [h1, n1] = norm1_.forward(ctx, x);
+    auto [a, at] = attention_.forward(ctx, h1);
+    saved.mask1 = dropout_forward(ctx.tp, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
+    add_into(a, x);  // a := x + attention
+    auto [h2, n2] = norm2_.forward(ctx, a);
+    auto [m, ml] = mlp_.forward(ctx, h2);
+    saved.mask2 = dropout_forward(ctx.tp, m, config_.hidden_dropout, rng::mix(dropout_key, 2));
+    add_into(m, a);  // y := h + mlp
+    saved.norm1 = std::move(n1);
+    saved.attention = std::move(at);
+    saved.norm2 = std::move(n2);
+    saved.mlp = std::move(ml);
+    return {std::move(m), std::move(saved)};
+  }
+
+  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+    Activation<T, Layout> dm = dy;
+    dropout_backward(dm, saved.mask2, config_.hidden_dropout);
+    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm));
+    add_into(dh, dy);  // dh := dy + d(norm2 path)
+    Activation<T, Layout> da = dh;
+    dropout_backward(da, saved.mask1, config_.hidden_dropout);
+    auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da));
+    add_into(dx, dh);
+    return dx;
+  }
+
+  void init(std::uint64_t seed, double stddev, double output_stddev) {
+    attention_.init(seed, stddev, output_stddev);
+    mlp_.init(seed, stddev, output_stddev);
+  }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    norm1_.for_each_parameter(visit);
+    attention_.for_each_parameter(visit);
+    norm2_.for_each_parameter(visit);
+    mlp_.for_each_parameter(visit);
+  }
+
+ private:
+  static void add_into(Activation<T, Layout>& acc, const Activation<T, Layout>& other) {
+    check_same_shape(acc.shape(), other.shape(), "TransformerLayer residual");
+    for (index_t i = 0; i < acc.tensor.numel(); ++i)
+      acc.tensor[i] = static_cast<T>(static_cast<accumulate_t<T>>(acc.tensor[i]) + static_cast<accumulate_t<T>>(other.tensor[i]));
+  }
+
+  TransformerLayerConfig config_;
+  Norm<Policy> norm1_;
+  Attention attention_;
+  Norm<Policy> norm2_;
+  MlpBlock mlp_;
+};
+
+STRATA_NAMESPACE_END
