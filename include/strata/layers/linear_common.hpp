@@ -4,6 +4,8 @@
 //   backward  dW[out,in] += dy^T x;  db[out] += sum_rows dy;  dx[rows,in] = dy W
 #pragma once
 
+#include <type_traits>
+
 #include "../core/tensor.hpp"
 #include "parameter.hpp"
 
@@ -19,7 +21,7 @@ void add_bias(Tensor<T>& y, const Parameter<T>& bias) {
 }
 
 template <class Backend, class T>
-Tensor<T> linear_forward(const Tensor<T>& x, const Parameter<T>& weight, const Parameter<T>* bias, const char* who) {
+Tensor<T> linear_forward(const Tensor<T>& x, const Parameter<T>& weight, const std::type_identity_t<Parameter<T>>* bias, const char* who) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   if (x.shape().cols() != in)
     fail<ShapeError>(who, ": input ", x.shape().str(), " has ", x.shape().cols(), " features, the weight ",

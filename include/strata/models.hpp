@@ -1,0 +1,7 @@
+// strata/models.hpp: the model module (GPT and Llama).
+#pragma once
+
+#include "models/config.hpp"
+#include "models/decoder.hpp"
+#include "models/gpt.hpp"
+#include "models/llama.hpp"

@@ -1,0 +1,62 @@
+// strata/models/config.hpp: `ModelConfig`, the numbers of a decoder-only language model (GPT-2 and
+// Llama presets), and its validation against a parallel configuration before anything is allocated.
+#pragma once
+
+#include <string>
+
+#include "../shard/parallel_config.hpp"
+#include "../shard/partition.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace models {
+
+struct ModelConfig {
+  int num_layers = 2;
+  int hidden_size = 64;
+  int num_attention_heads = 4;
+  int num_query_groups = 0;  // 0: multi-head attention
+  int ffn_hidden_size = 0;   // 0: 4 * hidden_size
+  int vocab_size = 257;
+  int seq_length = 64;       // also the number of learned positions (GPT)
+  int make_vocab_size_divisible_by = 128;
+  double init_method_std = 0.02;
+  double norm_epsilon = 1e-5;
+  double rope_base = 10000.0;
+  double hidden_dropout = 0.0;
+  double label_smoothing = 0.0;
+
+  int ffn() const { return ffn_hidden_size == 0 ? 4 * hidden_size : ffn_hidden_size; }
+  index_t padded_vocab(int tp) const { return padded_vocab_size(vocab_size, tp, make_vocab_size_divisible_by); }
+
+  // GPT-2 shapes (vocab padded as Megatron's GPT2BPETokenizer: 50257).
+  static ModelConfig gpt2_124m() { return {12, 768, 12, 0, 3072, 50257, 1024}; }
+  static ModelConfig gpt2_350m() { return {24, 1024, 16, 0, 4096, 50257, 1024}; }
+  // Llama shapes.
+  static ModelConfig llama2_7b() { return {32, 4096, 32, 32, 11008, 32000, 4096}; }
+  static ModelConfig llama3_8b() {
+    ModelConfig c{32, 4096, 32, 8, 14336, 128256, 8192};
+    c.rope_base = 500000.0;
+    return c;
+  }
+};
+
+// Throws ConfigError naming the first problem (value, reason, what to do).
+inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequence_parallel, int world_size = -1) {
+  ModelDims dims{};
+  dims.num_layers = m.num_layers;
+  dims.hidden_size = m.hidden_size;
+  dims.num_attention_heads = m.num_attention_heads;
+  dims.num_query_groups = m.num_query_groups;
+  dims.ffn_hidden_size = m.ffn();
+  dims.vocab_size = m.vocab_size;
+  dims.seq_length = m.seq_length;
+  dims.sequence_parallel = sequence_parallel;
+  check(p, dims, world_size);
+  if (m.init_method_std <= 0) fail<ConfigError>("init_method_std=", m.init_method_std, " must be positive");
+  if (m.hidden_dropout < 0 || m.hidden_dropout >= 1) fail<ConfigError>("hidden_dropout=", m.hidden_dropout, " must be in [0, 1)");
+  if (m.make_vocab_size_divisible_by < 1)
+    fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
+}
+
+}  // namespace models
+STRATA_NAMESPACE_END

@@ -1,0 +1,155 @@
+// strata/models/decoder.hpp: `DecoderModel`, the decoder-only language model both GPT and Llama
+// are made of: vocab-parallel embedding (+ learned positions), a stack of TransformerLayers, a
+// final norm, a column-parallel output layer (tied to the embedding or not), vocab-parallel
+// cross-entropy.
+//
+// The residual stream is [seq, batch, hidden] (replicated, or sharded<0> under sequence
+// parallelism); batches come in as [batch, seq] token ids and are transposed once. forward returns
+// the sum of masked per-token losses and the token count; backward takes the scale of each
+// token's loss (1 / tokens of the global batch), so gradients of micro-batches and data-parallel
+// ranks add up to the gradient of the global mean.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../layers.hpp"
+#include "config.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace models {
+
+struct LossSum {
+  double loss_sum = 0;  // sum over tokens of mask * loss
+  double tokens = 0;    // sum of the mask
+};
+
+template <class Policy, template <class> class Norm, class Attention, class MlpBlock, bool LearnedPositions, bool TiedOutput>
+class DecoderModel {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Context = ParallelContext<typename Policy::comm>;
+  using Layout = residual_layout_t<Policy>;
+  using Layer = TransformerLayer<Policy, Norm, Attention, MlpBlock>;
+  using Output = ColumnParallelLinear<Policy>;
+
+  struct Saved {
+    typename VocabParallelEmbedding<Policy>::Saved embedding;
+    std::vector<typename Layer::Saved> layers;
+    typename Norm<Policy>::Saved final_norm;
+    typename Output::Saved output;
+    typename VocabParallelCrossEntropy<Policy>::Saved loss;
+    Tensor<A> mask;  // [s, b]
+    Shape logits_shape;
+  };
+
+  DecoderModel(const Context& ctx, const ModelConfig& config, bool linear_bias)
+      : config_((validate(config, ctx.config, Policy::sequence_parallel, ctx.world.size()), config)),
+        embedding_(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size),
+        final_norm_(ctx, "final_norm", config.hidden_size, config.norm_epsilon),
+        loss_(config.label_smoothing) {
+    if constexpr (LearnedPositions) positions_.emplace(ctx, "embedding.position", config.seq_length, config.hidden_size);
+    layers_.reserve(static_cast<std::size_t>(config.num_layers));
+    for (int i = 0; i < config.num_layers; ++i)
+      layers_.emplace_back(ctx, "layers." + std::to_string(i),
+                           TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout},
+                           AttentionConfig{config.hidden_size, config.num_attention_heads, config.num_query_groups,
+                                           config.rope_base, linear_bias},
+                           MlpConfig{config.hidden_size, config.ffn(), linear_bias});
+    if constexpr (TiedOutput) output_.emplace(embedding_.weight());
+    else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
+  }
+  DecoderModel(const DecoderModel&) = delete;  // the tied output layer points at the embedding
+
+  // Megatron's init: N(0, std) everywhere, output projections of each layer N(0, std / sqrt(2 L)).
+  void init(std::uint64_t seed) {
+    const double std = config_.init_method_std, scaled = std / std::sqrt(2.0 * config_.num_layers);
+    embedding_.init(seed, std);
+    if constexpr (LearnedPositions) positions_->init(seed, std);
+    for (auto& layer : layers_) layer.init(seed, std, scaled);
+    if constexpr (!TiedOutput) output_->init(seed, std);
+  }
+
+  // tokens, labels: [b, s]; loss_mask: [b, s] (1 = counts).
+  std::pair<LossSum, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
+                                    const Tensor<float>& loss_mask, std::uint64_t dropout_key = 0) const {
+    if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
+      fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
+                       loss_mask.shape().str(), " must all be [batch, seq]");
+    if (tokens.size(1) > config_.seq_length)
+      fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
+    Saved saved;
+    auto [x, emb] = embedding_.forward(ctx, transpose(tokens));
+    saved.embedding = std::move(emb);
+    if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    saved.layers.reserve(layers_.size());
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      auto [y, s] = layers_[i].forward(ctx, x, rng::mix(dropout_key, i));
+      x = std::move(y);
+      saved.layers.push_back(std::move(s));
+    }
+    auto [h, fn] = final_norm_.forward(ctx, x);
+    saved.final_norm = std::move(fn);
+    auto [logits, out] = output_->forward(ctx, h);
+    saved.output = std::move(out);
+    saved.logits_shape = logits.shape();
+    auto [losses, ls] = loss_.forward(ctx, logits, transpose(labels));
+    saved.loss = std::move(ls);
+    Tensor<float> mask_sb = transpose(loss_mask);
+    saved.mask = Tensor<A>(mask_sb.shape());
+    LossSum result;
+    for (index_t i = 0; i < losses.numel(); ++i) {
+      saved.mask[i] = static_cast<A>(mask_sb[i]);
+      result.loss_sum += static_cast<double>(losses[i]) * mask_sb[i];
+      result.tokens += mask_sb[i];
+    }
+    return {result, std::move(saved)};
+  }
+
+  // Accumulates every parameter's gradient of  loss_scale * sum(mask * loss).
+  void backward(Context& ctx, const Saved& saved, double loss_scale) {
+    Tensor<A> dloss(saved.mask.shape());
+    for (index_t i = 0; i < dloss.numel(); ++i) dloss[i] = saved.mask[i] * static_cast<A>(loss_scale);
+    auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
+    auto dx = final_norm_.backward(ctx, saved.final_norm, output_->backward(ctx, saved.output, dlogits));
+    for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
+    if constexpr (LearnedPositions) positions_->backward(ctx, dx);
+    embedding_.backward(ctx, saved.embedding, dx);
+  }
+
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    embedding_.for_each_parameter(visit);
+    if constexpr (LearnedPositions) positions_->for_each_parameter(visit);
+    for (auto& layer : layers_) layer.for_each_parameter(visit);
+    final_norm_.for_each_parameter(visit);
+    if constexpr (!TiedOutput) output_->for_each_parameter(visit);
+  }
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  template <class X>
+  static Tensor<X> transpose(const Tensor<X>& in) {  // [b, s] -> [s, b]
+    const index_t b = in.size(0), s = in.size(1);
+    Tensor<X> out(Shape{s, b});
+    for (index_t i = 0; i < b; ++i)
+      for (index_t t = 0; t < s; ++t) out[t * b + i] = in[i * s + t];
+    return out;
+  }
+
+  ModelConfig config_;
+  VocabParallelEmbedding<Policy> embedding_;
+  std::optional<PositionEmbedding<Policy>> positions_;
+  std::vector<Layer> layers_;
+  Norm<Policy> final_norm_;
+  std::optional<Output> output_;
+  VocabParallelCrossEntropy<Policy> loss_;
+};
+
+}  // namespace models
+STRATA_NAMESPACE_END

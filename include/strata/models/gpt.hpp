@@ -1,0 +1,29 @@
+// strata/models/gpt.hpp: `models::Gpt<Policy>`, GPT-2: learned absolute positions, LayerNorm,
+// GELU (tanh), biases on every linear layer, output layer tied to the word embedding (its gradient
+// is the sum of both uses).
+#pragma once
+
+#include "decoder.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace models {
+
+template <class Policy>
+class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>,
+                                /*LearnedPositions=*/true, /*TiedOutput=*/true> {
+  using Base = DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>, true, true>;
+
+ public:
+  Gpt(const typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, mha_only(config), /*linear_bias=*/true) {}
+
+ private:
+  static const ModelConfig& mha_only(const ModelConfig& c) {
+    if (c.num_query_groups != 0 && c.num_query_groups != c.num_attention_heads)
+      fail<ConfigError>("Gpt: GPT-2 uses multi-head attention; num_query_groups=", c.num_query_groups,
+                        " must be 0 or num_attention_heads=", c.num_attention_heads, " (use models::Llama for GQA)");
+    return c;
+  }
+};
+
+}  // namespace models
+STRATA_NAMESPACE_END

@@ -1,0 +1,20 @@
+// strata/models/llama.hpp: `models::Llama<Policy>`: RoPE, RMSNorm, SwiGLU, grouped-query attention,
+// no biases, untied output layer.
+#pragma once
+
+#include "decoder.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace models {
+
+template <class Policy>
+class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>,
+                                  /*LearnedPositions=*/false, /*TiedOutput=*/false> {
+  using Base = DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>, false, false>;
+
+ public:
+  Llama(const typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
+};
+
+}  // namespace models
+STRATA_NAMESPACE_END

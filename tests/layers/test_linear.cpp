@@ -1,0 +1,201 @@
+// ColumnParallelLinear -> RowParallelLinear (a two-layer MLP without activation) against the
+// unsharded run: outputs and every gathered gradient; finite differences; init slices.
+#include <gtest/gtest.h>
+
+#include "../common/equivalence.hpp"
+
+namespace {
+
+using namespace strata;
+using strata_test::Snapshot;
+
+template <class T, bool SP>
+struct Policy : default_policy {
+  using element = T;
+  static constexpr bool sequence_parallel = SP;
+};
+
+constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
+
+template <class T>
+Tensor<T> random_tensor(Shape shape, std::uint64_t key) {
+  Tensor<T> t(shape);
+  for (index_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>(rng::normal(key, static_cast<std::uint64_t>(i)));
+  return t;
+}
+
+// Runs column -> row on `tp` ranks twice (gradients accumulate), returns the gathered snapshot.
+template <class T, bool SP>
+Snapshot run_mlp(int tp) {
+  using P = Policy<T, SP>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
+    RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
+    fc1.init(7, 0.5);
+    fc2.init(7, 0.5);
+    init_normal(*fc1.bias(), 8, 0.1);
+    init_normal(*fc2.bias(), 9, 0.1);
+    for (int step = 0; step < 2; ++step) {
+      Tensor<T> x_full = random_tensor<T>(Shape{kSeq, kBatch, kIn}, 100 + step);
+      Tensor<T> dy_full = random_tensor<T>(Shape{kSeq, kBatch, kOut}, 200 + step);
+      using In = typename ColumnParallelLinear<P>::input_layout;
+      Activation<T, layout::replicated> x_rep(x_full), dy_rep(dy_full);
+      Activation<T, In> x;
+      Activation<T, typename RowParallelLinear<P>::output_layout> dy;
+      if constexpr (SP) {
+        x = scatter_to_sequence_parallel(ctx.tp, x_rep);
+        dy = scatter_to_sequence_parallel(ctx.tp, dy_rep);
+      } else {
+        x = x_rep;
+        dy = dy_rep;
+      }
+      auto [h, s1] = fc1.forward(ctx, x);
+      auto [y, s2] = fc2.forward(ctx, h);
+      auto dx = fc1.backward(ctx, s1, fc2.backward(ctx, s2, dy));
+      Tensor<T> y_full, dx_full;
+      if constexpr (SP) {
+        y_full = gather_from_sequence_parallel(ctx.tp, y).tensor;
+        dx_full = gather_from_sequence_parallel(ctx.tp, dx).tensor;
+      } else {
+        y_full = y.tensor;
+        dx_full = dx.tensor;
+      }
+      if (world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back(strata_test::to_values(y_full));
+        snapshot.outputs.push_back(strata_test::to_values(dx_full));
+      }
+    }
+    strata_test::gather_parameters(ctx, fc1, snapshot, mutex);
+    strata_test::gather_parameters(ctx, fc2, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+template <class T, bool SP>
+void check_all_tp() {
+  const Snapshot reference = run_mlp<T, false>(1);
+  for (int tp : {1, 2, 3, 4}) {
+    if (kSeq % tp != 0 && SP) continue;
+    strata_test::expect_equivalent(run_mlp<T, SP>(tp), reference, strata_test::tolerance<T>(),
+                                   "tp=" + std::to_string(tp) + (SP ? " sequence parallel" : ""));
+  }
+}
+
+TEST(ColumnRowParallelLinear, ShardedEqualsUnshardedDouble) { check_all_tp<double, false>(); }
+TEST(ColumnRowParallelLinear, ShardedEqualsUnshardedFloat) { check_all_tp<float, false>(); }
+TEST(ColumnRowParallelLinear, SequenceParallelEqualsUnshardedDouble) { check_all_tp<double, true>(); }
+TEST(ColumnRowParallelLinear, SequenceParallelEqualsUnshardedFloat) { check_all_tp<float, true>(); }
+
+TEST(ColumnRowParallelLinear, GatherOutputAndScatteredInput) {
+  // Column(gather_output) -> Row(!input_is_parallel) must equal the plain pairing.
+  using P = Policy<double, false>;
+  Snapshot plain = run_mlp<double, false>(1);
+  for (int tp : {2, 4}) {
+    Snapshot snapshot;
+    std::mutex mutex;
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+      ColumnParallelLinear<P, ColumnOptions{.gather_output = true}> fc1(ctx, "fc1", kIn, kHidden);
+      RowParallelLinear<P, RowOptions{.input_is_parallel = false}> fc2(ctx, "fc2", kHidden, kOut);
+      fc1.init(7, 0.5);
+      fc2.init(7, 0.5);
+      init_normal(*fc1.bias(), 8, 0.1);
+      init_normal(*fc2.bias(), 9, 0.1);
+      for (int step = 0; step < 2; ++step) {
+        Activation<double, layout::replicated> x(random_tensor<double>(Shape{kSeq, kBatch, kIn}, 100 + step));
+        Activation<double, layout::replicated> dy(random_tensor<double>(Shape{kSeq, kBatch, kOut}, 200 + step));
+        auto [h, s1] = fc1.forward(ctx, x);
+        auto [y, s2] = fc2.forward(ctx, h);
+        auto dx = fc1.backward(ctx, s1, fc2.backward(ctx, s2, dy));
+        if (world.rank() == 0) {
+          std::lock_guard lock(mutex);
+          snapshot.outputs.push_back(strata_test::to_values(y.tensor));
+          snapshot.outputs.push_back(strata_test::to_values(dx.tensor));
+        }
+      }
+      strata_test::gather_parameters(ctx, fc1, snapshot, mutex);
+      strata_test::gather_parameters(ctx, fc2, snapshot, mutex);
+    });
+    strata_test::expect_equivalent(snapshot, plain, 1e-12, "gather/scatter tp=" + std::to_string(tp));
+  }
+}
+
+TEST(ColumnRowParallelLinear, FiniteDifferenceGradient) {
+  // loss = <dy, row(column(x))>: its gradient with respect to every parameter is what backward
+  // accumulates when fed dy. Central differences in double at tp=2.
+  using P = Policy<double, false>;
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
+    ColumnParallelLinear<P> fc1(ctx, "fc1", 6, 8);
+    RowParallelLinear<P> fc2(ctx, "fc2", 8, 5);
+    fc1.init(3, 0.5);
+    fc2.init(3, 0.5);
+    Activation<double, layout::replicated> x(random_tensor<double>(Shape{4, 1, 6}, 11));
+    Tensor<double> w = random_tensor<double>(Shape{4, 1, 5}, 12);
+    auto loss = [&] {
+      auto [h, s1] = fc1.forward(ctx, x);
+      auto [y, s2] = fc2.forward(ctx, h);
+      double l = 0;
+      for (index_t i = 0; i < y.tensor.numel(); ++i) l += y.tensor[i] * w[i];
+      return l;
+    };
+    auto [h, s1] = fc1.forward(ctx, x);
+    auto [y, s2] = fc2.forward(ctx, h);
+    fc1.backward(ctx, s1, fc2.backward(ctx, s2, Activation<double, layout::replicated>(w)));
+    // Perturb one rank at a time so the finite difference isolates one shard element.
+    for (int owner = 0; owner < 2; ++owner) {
+      auto probe = [&](Parameter<double>& p) {
+        for (index_t i = 0; i < p.value.numel(); ++i) {
+          const double saved = p.value[i], eps = 1e-6;
+          if (ctx.tp.rank() == owner || !p.tensor_parallel()) p.value[i] = saved + eps;
+          const double plus = loss();
+          if (ctx.tp.rank() == owner || !p.tensor_parallel()) p.value[i] = saved - eps;
+          const double minus = loss();
+          p.value[i] = saved;
+          if (ctx.tp.rank() == owner || !p.tensor_parallel()) {
+            const double numeric = (plus - minus) / (2 * eps);
+            EXPECT_NEAR(p.grad[i], numeric, 1e-7 * std::max(1.0, std::abs(numeric))) << p.name << "[" << i << "]";
+          }
+        }
+      };
+      fc1.for_each_parameter(probe);
+      fc2.for_each_parameter(probe);
+    }
+  });
+}
+
+TEST(ColumnRowParallelLinear, ShardedInitIsSliceOfUnshardedInit) {
+  using P = Policy<double, false>;
+  Snapshot reference;
+  std::mutex mutex;
+  for (int tp : {1, 2, 4}) {
+    Snapshot snapshot;
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+      ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden, true, /*stacks=*/2);
+      RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
+      fc1.init(5, 1.0);
+      fc2.init(5, 1.0);
+      // Every local element equals the unsharded init at its global index.
+      auto expect_slice = [&](Parameter<double>& p) {
+        const auto key = rng::parameter_key(5, p.name);
+        for (index_t i = 0; i < p.value.numel(); ++i) {
+          const auto g = global_index(p.global_shape, p.shard, i, ctx.tp.rank());
+          EXPECT_EQ(p.value[i], p.name.ends_with("bias") ? 0.0 : rng::normal(key, static_cast<std::uint64_t>(g)));
+        }
+      };
+      fc1.for_each_parameter(expect_slice);
+      fc2.for_each_parameter(expect_slice);
+      strata_test::gather_parameters(ctx, fc1, snapshot, mutex);
+      strata_test::gather_parameters(ctx, fc2, snapshot, mutex);
+    });
+    if (tp == 1) reference = snapshot;
+    for (const auto& [name, v] : reference.values) EXPECT_EQ(snapshot.values.at(name), v) << name << " tp=" << tp;
+  }
+}
+
+}  // namespace
