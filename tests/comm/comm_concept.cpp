@@ -1,0 +1,46 @@
+// Compile-only: which types model strata::Communicator, and the element types it moves.
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <strata/comm.hpp>
+
+namespace {
+
+using strata::inprocess::communicator;
+
+static_assert(strata::Communicator<communicator>);
+static_assert(strata::is_communicator_v<communicator>);
+static_assert(strata::check_communicator<communicator>());
+
+// The concept checks float and double; the in-process backend moves every CommElement.
+template <class T>
+concept moves_element = strata::detail::communicator_moves<communicator, T>;
+static_assert(moves_element<float> && moves_element<double> && moves_element<strata::bf16> &&
+              moves_element<strata::fp16> && moves_element<std::int32_t> && moves_element<std::int64_t>);
+static_assert(!moves_element<char>, "char is not a CommElement.");
+
+static_assert(strata::CommElement<std::int64_t> && !strata::CommElement<unsigned>);
+static_assert(strata::reduce_op_name(strata::ReduceOp::avg) == std::string_view("avg"));
+
+// A type that has everything but split is not a communicator.
+struct NoSplit {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  std::string_view name() const { return "x"; }
+  template <class T> void all_reduce(std::span<T>, strata::ReduceOp) {}
+  template <class T> void all_gather(std::span<const T>, std::span<T>) {}
+  template <class T> void all_gather_v(std::span<const T>, std::span<T>, std::span<const std::size_t>) {}
+  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, strata::ReduceOp) {}
+  template <class T> void reduce_scatter_v(std::span<const T>, std::span<T>, std::span<const std::size_t>, strata::ReduceOp) {}
+  template <class T> void broadcast(std::span<T>, int) {}
+  template <class T> void send(std::span<const T>, int) {}
+  template <class T> void recv(std::span<T>, int) {}
+  template <class T> void all_to_all(std::span<const T>, std::span<const std::size_t>, std::span<T>, std::span<const std::size_t>) {}
+  void barrier() {}
+};
+static_assert(!strata::is_communicator_v<NoSplit>);
+static_assert(strata::detail::communicator_moves<NoSplit, float>);
+static_assert(!strata::detail::communicator_has_barrier_and_split<NoSplit>);
+
+}  // namespace
