@@ -97,7 +97,7 @@ class VocabParallelCrossEntropy {
     const index_t rows = saved.softmax.size(0), local = saved.softmax.size(1);
     const index_t begin = local * ctx.tp.rank(), vocab = local * ctx.tp.size();
     const A s = smoothing_factor(vocab);
-    Activation<T, layout::sharded<-1>> dz(Tensor<T>(logits_shape));
+    Activation<T, layout::sharded<-1>> dz{Tensor<T>(logits_shape)};
     for (index_t r = 0; r < rows; ++r) {
       const index_t label = saved.labels[r] - begin;
       for (index_t j = 0; j < local; ++j) {

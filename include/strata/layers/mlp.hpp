@@ -61,7 +61,7 @@ class Mlp {
   Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
     auto dact = fc2_.backward(ctx, saved.fc2, dy);
     const Tensor<T>& h = saved.pre_activation;
-    Activation<T, layout::sharded<-1>> dh(Tensor<T>(h.shape()));
+    Activation<T, layout::sharded<-1>> dh{Tensor<T>(h.shape())};
     if constexpr (gated) Backend::swiglu_backward(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
     else Backend::gelu_backward(dact.data(), h.data(), h.numel(), dh.data());
     return fc1_.backward(ctx, saved.fc1, dh);

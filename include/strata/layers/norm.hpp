@@ -51,7 +51,7 @@ class LayerNorm {
     const index_t rows = x.shape().rows(), h = weight_.value.numel();
     if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
     Saved saved{x.tensor, Tensor<A>(Shape{rows}), Tensor<A>(Shape{rows})};
-    Activation<T, Layout> y(Tensor<T>(x.shape()));
+    Activation<T, Layout> y{Tensor<T>(x.shape())};
     Backend::layernorm_forward(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
                                saved.mean.data(), saved.rstd.data());
     return {std::move(y), std::move(saved)};
@@ -62,7 +62,7 @@ class LayerNorm {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     Tensor<A> dweight(Shape{h}), dbias(Shape{h});
-    Activation<T, Layout> dx(Tensor<T>(dy.shape()));
+    Activation<T, Layout> dx{Tensor<T>(dy.shape())};
     Backend::layernorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
                                 saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data());
     add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);
@@ -109,7 +109,7 @@ class RmsNorm {
     const index_t rows = x.shape().rows(), h = weight_.value.numel();
     if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
     Saved saved{x.tensor, Tensor<A>(Shape{rows})};
-    Activation<T, Layout> y(Tensor<T>(x.shape()));
+    Activation<T, Layout> y{Tensor<T>(x.shape())};
     Backend::rmsnorm_forward(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data());
     return {std::move(y), std::move(saved)};
   }
@@ -119,7 +119,7 @@ class RmsNorm {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     Tensor<A> dweight(Shape{h});
-    Activation<T, Layout> dx(Tensor<T>(dy.shape()));
+    Activation<T, Layout> dx{Tensor<T>(dy.shape())};
     Backend::rmsnorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
                               dx.data(), dweight.data());
     add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);

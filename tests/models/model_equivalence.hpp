@@ -1,0 +1,104 @@
+// Shared body of the whole-model tests: a model on tp in {1, 2, 4}, with and without sequence
+// parallelism, against the single-rank run: loss and every gathered gradient; and a
+// finite-difference check of the whole model in double.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <strata/models.hpp>
+
+#include "../common/equivalence.hpp"
+
+namespace strata_test {
+
+template <class T, bool SP>
+struct ModelPolicy : strata::default_policy {
+  using element = T;
+  static constexpr bool sequence_parallel = SP;
+};
+
+struct TokenBatch {
+  strata::Tensor<std::int32_t> tokens, labels;
+  strata::Tensor<float> mask;
+};
+
+inline TokenBatch random_batch(int vocab, strata::index_t b, strata::index_t s, std::uint64_t key) {
+  using namespace strata;
+  TokenBatch batch{Tensor<std::int32_t>(Shape{b, s}), Tensor<std::int32_t>(Shape{b, s}), Tensor<float>(Shape{b, s})};
+  for (index_t i = 0; i < b * s; ++i) {
+    batch.tokens[i] = static_cast<std::int32_t>(rng::uniform(key, static_cast<std::uint64_t>(i)) * vocab);
+    batch.labels[i] = static_cast<std::int32_t>(rng::uniform(key + 1, static_cast<std::uint64_t>(i)) * vocab);
+    batch.mask[i] = (i % 7 == 3) ? 0.0f : 1.0f;  // some masked positions
+  }
+  return batch;
+}
+
+// Runs two micro-batches forward and backward (gradients accumulate) on `tp` ranks.
+template <template <class> class Model, class T, bool SP>
+Snapshot run_model(int tp, const strata::models::ModelConfig& config) {
+  using namespace strata;
+  using P = ModelPolicy<T, SP>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    Model<P> model(ctx, config);
+    model.init(1234);
+    for (int micro = 0; micro < 2; ++micro) {
+      TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 77 + 10 * micro);
+      auto [loss, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro);
+      model.backward(ctx, saved, 1.0 / 30.0);
+      if (world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back({loss.loss_sum, loss.tokens});
+      }
+    }
+    gather_parameters(ctx, model, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+template <template <class> class Model, class T>
+void expect_model_equivalence(const strata::models::ModelConfig& config) {
+  const Snapshot reference = run_model<Model, T, false>(1, config);
+  ASSERT_FALSE(reference.grads.empty());
+  for (int tp : {1, 2, 4}) {
+    expect_equivalent(run_model<Model, T, false>(tp, config), reference, tolerance<T>(), "tp=" + std::to_string(tp));
+    expect_equivalent(run_model<Model, T, true>(tp, config), reference, tolerance<T>(),
+                      "tp=" + std::to_string(tp) + " sequence parallel");
+  }
+}
+
+// Central differences on a sample of every parameter's elements, single rank, double.
+template <template <class> class Model>
+void expect_finite_difference_gradients(const strata::models::ModelConfig& config) {
+  using namespace strata;
+  using P = ModelPolicy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    Model<P> model(ctx, config);
+    model.init(4321);
+    TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 5);
+    auto loss = [&] { return model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum; };
+    auto [l0, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask);
+    model.backward(ctx, saved, 1.0);
+    int checked = 0;
+    model.for_each_parameter([&](Parameter<double>& p) {
+      const index_t n = p.value.numel(), stride = std::max<index_t>(1, n / 5);
+      for (index_t i = (p.name.size() * 7) % stride; i < n; i += stride) {
+        const double saved_value = p.value[i], eps = 1e-5;
+        p.value[i] = saved_value + eps;
+        const double plus = loss();
+        p.value[i] = saved_value - eps;
+        const double minus = loss();
+        p.value[i] = saved_value;
+        const double numeric = (plus - minus) / (2 * eps);
+        EXPECT_NEAR(p.grad[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << p.name << "[" << i << "]";
+        ++checked;
+      }
+    });
+    EXPECT_GT(checked, 20);
+  });
+}
+
+}  // namespace strata_test

@@ -1,0 +1,44 @@
+#include "model_equivalence.hpp"
+
+namespace {
+
+strata::models::ModelConfig tiny_llama() {
+  strata::models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 8;
+  c.num_query_groups = 4;  // grouped-query attention, 2 query heads per group
+  c.ffn_hidden_size = 48;
+  c.vocab_size = 96;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 8;
+  c.rope_base = 500.0;
+  return c;
+}
+
+TEST(Llama, ShardedEqualsUnshardedDouble) {
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(tiny_llama());
+}
+TEST(Llama, ShardedEqualsUnshardedFloat) {
+  strata_test::expect_model_equivalence<strata::models::Llama, float>(tiny_llama());
+}
+TEST(Llama, FiniteDifferenceGradients) {
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(tiny_llama());
+}
+
+TEST(Llama, FewerQueryGroupsThanTpIsRejected) {
+  using namespace strata;
+  auto c = tiny_llama();
+  c.num_query_groups = 2;
+  try {
+    inprocess::run(4, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 4});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    });
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("query"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
