@@ -5,14 +5,14 @@
 // all_gather: the gathered output; reduce_scatter: the input that is scattered. bytes_per_second
 // is that size over the time of one operation (nccl-tests' algbw).
 //
-// Timing: one benchmark iteration starts the ranks (inprocess::run), warms up with one
-// operation, lines the ranks up with a barrier, then times `repeats` operations on rank 0 between
-// two barriers; the reported time is that span over `repeats` (manual time), so thread start-up
-// and buffer allocation are not counted.
+// Timing: the ranks start once per benchmark run. Each allocates its buffers, runs one
+// operation (first touch of every page) and meets the others at a barrier; then rank 0 runs
+// Google Benchmark's timed loop and the other ranks run the same number of operations
+// (State::max_iterations is fixed before the loop starts). Wall-clock time, since the work is
+// spread over threads.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -23,14 +23,8 @@
 namespace {
 
 using element = float;
-using clock_type = std::chrono::steady_clock;
 
 enum class Op { all_reduce, all_gather, reduce_scatter, all_to_all };
-
-// Enough repeats that one timed span is a few milliseconds or more.
-int repeats_for(std::size_t bytes) {
-  return static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / std::max<std::size_t>(bytes, 1), 4, 2000));
-}
 
 template <Op op>
 void collective(benchmark::State& state) {
@@ -38,46 +32,42 @@ void collective(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(1));
   const std::size_t count = bytes / sizeof(element);  // elements in the "size" buffer
   const std::size_t block = count / static_cast<std::size_t>(ranks);
-  const int repeats = repeats_for(bytes);
+  const std::size_t gathered = block * static_cast<std::size_t>(ranks);
 
-  for (auto _ : state) {
-    double seconds = 0;
-    strata::inprocess::run(ranks, [&](strata::inprocess::communicator& comm) {
-      std::vector<element> a, b;
-      std::vector<std::size_t> counts(static_cast<std::size_t>(ranks), block);
-      if constexpr (op == Op::all_reduce) {
-        a.assign(count, 0.0f);
-      } else if constexpr (op == Op::all_gather) {
-        a.assign(block, 0.0f);
-        b.assign(block * static_cast<std::size_t>(ranks), 0.0f);
-      } else if constexpr (op == Op::reduce_scatter) {
-        a.assign(block * static_cast<std::size_t>(ranks), 0.0f);
-        b.assign(block, 0.0f);
-      } else {
-        a.assign(block * static_cast<std::size_t>(ranks), 0.0f);
-        b.assign(block * static_cast<std::size_t>(ranks), 0.0f);
-      }
-      auto once = [&] {
-        if constexpr (op == Op::all_reduce) comm.all_reduce(std::span<element>(a), strata::ReduceOp::sum);
-        else if constexpr (op == Op::all_gather) comm.all_gather(std::span<const element>(a), std::span<element>(b));
-        else if constexpr (op == Op::reduce_scatter)
-          comm.reduce_scatter(std::span<const element>(a), std::span<element>(b), strata::ReduceOp::sum);
-        else
-          comm.all_to_all(std::span<const element>(a), std::span<const std::size_t>(counts), std::span<element>(b),
-                          std::span<const std::size_t>(counts));
-      };
-      once();  // first touch of every page, outside the timed span
-      comm.barrier();
-      const auto start = clock_type::now();
-      for (int r = 0; r < repeats; ++r) once();
-      comm.barrier();
-      const auto stop = clock_type::now();
-      if (comm.rank() == 0) seconds = std::chrono::duration<double>(stop - start).count();
-      benchmark::DoNotOptimize(b.data());
+  strata::inprocess::run(ranks, [&](strata::inprocess::communicator& comm) {
+    std::vector<element> a, b;
+    std::vector<std::size_t> counts(static_cast<std::size_t>(ranks), block);
+    if constexpr (op == Op::all_reduce) {
+      a.assign(count, 0.0f);
+    } else if constexpr (op == Op::all_gather) {
+      a.assign(block, 0.0f);
+      b.assign(gathered, 0.0f);
+    } else if constexpr (op == Op::reduce_scatter) {
+      a.assign(gathered, 0.0f);
+      b.assign(block, 0.0f);
+    } else {
+      a.assign(gathered, 0.0f);
+      b.assign(gathered, 0.0f);
+    }
+    auto once = [&] {
+      if constexpr (op == Op::all_reduce) comm.all_reduce(std::span<element>(a), strata::ReduceOp::sum);
+      else if constexpr (op == Op::all_gather) comm.all_gather(std::span<const element>(a), std::span<element>(b));
+      else if constexpr (op == Op::reduce_scatter)
+        comm.reduce_scatter(std::span<const element>(a), std::span<element>(b), strata::ReduceOp::sum);
+      else
+        comm.all_to_all(std::span<const element>(a), std::span<const std::size_t>(counts), std::span<element>(b),
+                        std::span<const std::size_t>(counts));
       benchmark::DoNotOptimize(a.data());
-    });
-    state.SetIterationTime(seconds / repeats);
-  }
+      benchmark::DoNotOptimize(b.data());
+    };
+    once();
+    comm.barrier();
+    if (comm.rank() == 0) {
+      for (auto _ : state) once();
+    } else {
+      for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) once();
+    }
+  });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
   state.counters["ranks"] = ranks;
 }
@@ -102,7 +92,7 @@ void collective_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"ranks", "bytes"});
   for (std::int64_t ranks : {2, 4})
     for (std::int64_t bytes : kSizes) b->Args({ranks, bytes});
-  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+  b->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 void memcpy_args(benchmark::internal::Benchmark* b) {
   b->ArgName("bytes");

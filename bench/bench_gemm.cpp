@@ -60,9 +60,9 @@ void gemm(benchmark::State& state, Problem p) {
 const bool registered = [] {
   for (const Problem& p : kProblems) {
     benchmark::RegisterBenchmark((std::string("gemm<float>/") + p.name).c_str(), gemm<float>, p)
-        ->Unit(benchmark::kMillisecond);
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark((std::string("gemm<double>/") + p.name).c_str(), gemm<double>, p)
-        ->Unit(benchmark::kMillisecond);
+        ->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   return true;
 }();
