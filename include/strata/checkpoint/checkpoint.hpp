@@ -1,0 +1,328 @@
+// strata/checkpoint/checkpoint.hpp: saving and loading a training run -- model parameters,
+// optimizer state and training state -- one file per rank, in Megatron's directory layout:
+//
+//   <dir>/latest_checkpointed_iteration.txt      the tracker: the last complete iteration, as text
+//   <dir>/iter_0000010/rank_00003.strata         world rank 3's file (format.hpp)
+//
+// Saving is collective over ctx.world and crash-safe; at no point can a crash leave the tracker
+// naming an incomplete checkpoint, or damage the one it names:
+//   1. rank 0 creates <dir>/iter_0000010.tmp/ (removing a leftover one from an earlier crash); barrier
+//   2. every rank writes rank_XXXXX.strata.part in it, fsyncs it and renames it to rank_XXXXX.strata
+//   3. barrier; rank 0 renames iter_0000010.tmp to iter_0000010 (an existing iter_0000010, from an
+//      earlier save of the same iteration, is first moved to iter_0000010.old and removed after)
+//   4. rank 0 rewrites the tracker atomically (temp file, fsync, rename, fsync of the directory)
+//   5. barrier
+// A loader that finds iter_N missing but iter_N.old present (a crash inside step 3) uses the .old
+// directory, which is the complete earlier save of that iteration.
+//
+// Loading reads only this rank's file and needs no communication. It checks that the checkpoint
+// was saved with this run's parallel layout (tp, pp, dp, cp, ep, etp and world size); loading into
+// a different layout (resharding) is not supported by this loader yet, though every tensor already
+// records its global shape and shard for the loader that will. Each model parameter must be present
+// with the same local shape, global shape and shard, and the file must hold no model parameter the
+// model lacks.
+//
+// Names in the file: "model.<param>" for parameter values, "optimizer.<param>.main" (".exp_avg",
+// ".exp_avg_sq") for the optimizer state, scalars "train.*", "optimizer.*", "parallel.*", "rank.*".
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "../core/error.hpp"
+#include "../shard/parallel_config.hpp"
+#include "durable_file.hpp"
+#include "format.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+// What a run needs besides parameters and optimizer state to continue where it stopped.
+struct TrainState {
+  std::int64_t iteration = 0;         // iterations completed
+  std::int64_t consumed_samples = 0;  // global samples consumed
+  std::uint64_t seed = 0;
+  std::map<std::string, std::int64_t> extra{};  // e.g. data-loader position
+};
+
+struct SaveOptions {
+  // Called on each rank at each stage of a save: "begin", "rank_file_written", "all_files_written",
+  // then on rank 0 only "directory_renamed" and "tracker_updated", then "end" on every rank. An
+  // exception thrown here stops the save at that point (tests use it to simulate a crash).
+  std::function<void(std::string_view stage)> on_stage;
+};
+
+struct LoadOptions {
+  std::optional<std::int64_t> iteration;  // unset: the tracker's
+};
+
+inline constexpr std::string_view kCheckpointTrackerName = "latest_checkpointed_iteration.txt";
+
+inline std::string iteration_directory_name(std::int64_t iteration) {
+  if (iteration < 0) fail<ConfigError>("a checkpoint iteration must be >= 0, got ", iteration);
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "iter_%07lld", static_cast<long long>(iteration));
+  return buffer;
+}
+inline std::filesystem::path iteration_directory(const std::filesystem::path& dir, std::int64_t iteration) {
+  return dir / iteration_directory_name(iteration);
+}
+inline std::string rank_file_name(int world_rank) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "rank_%05d.strata", world_rank);
+  return buffer;
+}
+inline std::filesystem::path tracker_path(const std::filesystem::path& dir) { return dir / kCheckpointTrackerName; }
+
+// The iteration named by <dir>/latest_checkpointed_iteration.txt; empty when there is no tracker.
+inline std::optional<std::int64_t> latest_checkpointed_iteration(const std::filesystem::path& dir) {
+  const std::filesystem::path tracker = tracker_path(dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(tracker, ec)) return std::nullopt;
+  std::ifstream in(tracker);
+  std::string text;
+  if (!in || !std::getline(in, text)) fail<FileError>("cannot read checkpoint tracker ", tracker);
+  while (!text.empty() && (text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  std::size_t used = 0;
+  long long value = -1;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < 0)
+    fail<FileError>("checkpoint tracker ", tracker, " should hold an iteration number, found '", text, "'");
+  return static_cast<std::int64_t>(value);
+}
+
+// The directory holding iteration `iteration` (iter_N, or iter_N.old left by a crash while
+// replacing it); FileError when neither exists.
+inline std::filesystem::path find_iteration_directory(const std::filesystem::path& dir, std::int64_t iteration) {
+  const std::filesystem::path path = iteration_directory(dir, iteration);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return path;
+  std::filesystem::path old = path;
+  old += ".old";
+  if (std::filesystem::is_directory(old, ec)) return old;
+  fail<FileError>("checkpoint directory ", path, " does not exist");
+}
+
+namespace checkpoint_detail {
+
+inline std::string describe_layout(const ParallelConfig& c, std::int64_t world_size) {
+  return detail::concat("tp=", c.tp, " pp=", c.pp, " dp=", c.dp, " cp=", c.cp, " ep=", c.ep, " etp=", c.etp, " (",
+                        world_size, world_size == 1 ? " rank)" : " ranks)");
+}
+
+inline ParallelConfig saved_layout(const StateReader& r) {
+  auto get = [&](const char* key) { return static_cast<int>(r.get_int(key)); };
+  return ParallelConfig{.tp = get("parallel.tp"), .pp = get("parallel.pp"), .dp = get("parallel.dp"),
+                        .cp = get("parallel.cp"), .ep = get("parallel.ep"), .etp = get("parallel.etp")};
+}
+
+template <class Context>
+void check_same_layout(const StateReader& r, const Context& ctx) {
+  const ParallelConfig saved = saved_layout(r);
+  const std::int64_t saved_world = r.get_int("parallel.world_size");
+  const std::int64_t world = ctx.world.size();
+  if (!(saved == ctx.config) || saved_world != world)
+    fail<ConfigError>("checkpoint ", r.path(), " was saved with ", describe_layout(saved, saved_world),
+                      "; this run has ", describe_layout(ctx.config, world),
+                      "; resharding is not supported by this loader yet, so run with the saved layout");
+}
+
+inline void call_stage(const SaveOptions& options, std::string_view stage) {
+  if (options.on_stage) options.on_stage(stage);
+}
+
+template <class Optimizer>
+void visit_optimizer_state(Optimizer& optimizer, auto&& visit) {
+  if constexpr (requires { optimizer.for_each_sharded_state(visit); }) {
+    optimizer.for_each_sharded_state(visit);
+  } else {
+    optimizer.for_each_state([&](const std::string& name, auto& tensor) { visit(name, tensor, tensor.shape(), ShardSpec{}); });
+  }
+}
+
+}  // namespace checkpoint_detail
+
+// Records the parallel layout and this rank's place in it ("parallel.*", "rank.*").
+template <class Context>
+void describe_parallel_layout(StateWriter& writer, const Context& ctx) {
+  writer.set("parallel.tp", ctx.config.tp);
+  writer.set("parallel.pp", ctx.config.pp);
+  writer.set("parallel.dp", ctx.config.dp);
+  writer.set("parallel.cp", ctx.config.cp);
+  writer.set("parallel.ep", ctx.config.ep);
+  writer.set("parallel.etp", ctx.config.etp);
+  writer.set("parallel.world_size", ctx.world.size());
+  writer.set("rank.world", ctx.world.rank());
+  writer.set("rank.tp", ctx.coords.tp);
+  writer.set("rank.cp", ctx.coords.cp);
+  writer.set("rank.dp", ctx.coords.dp);
+  writer.set("rank.pp", ctx.coords.pp);
+  writer.set("rank.ep", ctx.coords.ep);
+}
+
+// Collective over ctx.world: writes each rank's `writer` as <dir>/iter_N/rank_R.strata and then
+// points the tracker at N, with the crash-safe protocol described at the top of this file. Adds the
+// layout ("parallel.*", "rank.*") and "train.iteration" = iteration to the writer.
+template <class Context>
+void save(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, StateWriter& writer,
+          const SaveOptions& options = {}) {
+  namespace cd = checkpoint_detail;
+  const std::filesystem::path final_dir = iteration_directory(dir, iteration);
+  std::filesystem::path tmp_dir = final_dir, old_dir = final_dir;
+  tmp_dir += ".tmp";
+  old_dir += ".old";
+  describe_parallel_layout(writer, ctx);
+  writer.set("train.iteration", iteration);
+  writer.set("strata.version", detail::concat(STRATA_VERSION_MAJOR, ".", STRATA_VERSION_MINOR, ".", STRATA_VERSION_PATCH));
+  cd::call_stage(options, "begin");
+  const bool leader = ctx.world.rank() == 0;
+  if (leader) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) fail<FileError>("cannot create checkpoint directory ", dir, ": ", ec.message());
+    std::filesystem::remove_all(tmp_dir, ec);
+    if (ec) fail<FileError>("cannot remove the unfinished checkpoint ", tmp_dir, ": ", ec.message());
+    std::filesystem::create_directory(tmp_dir, ec);
+    if (ec) fail<FileError>("cannot create ", tmp_dir, ": ", ec.message());
+  }
+  ctx.world.barrier();
+  writer.write(tmp_dir / rank_file_name(ctx.world.rank()));
+  cd::call_stage(options, "rank_file_written");
+  ctx.world.barrier();
+  cd::call_stage(options, "all_files_written");
+  if (leader) {
+    std::error_code ec;
+    cd::sync_directory(tmp_dir);
+    const bool replacing = std::filesystem::exists(final_dir, ec);
+    if (replacing) {
+      std::filesystem::remove_all(old_dir, ec);
+      if (ec) fail<FileError>("cannot remove ", old_dir, ": ", ec.message());
+      cd::rename_path(final_dir, old_dir);
+    }
+    cd::rename_path(tmp_dir, final_dir);
+    cd::sync_directory(dir);
+    if (replacing) {
+      std::filesystem::remove_all(old_dir, ec);
+      if (ec) fail<FileError>("cannot remove ", old_dir, ": ", ec.message());
+    }
+    cd::call_stage(options, "directory_renamed");
+    cd::write_text_file_durably(tracker_path(dir), std::to_string(iteration) + "\n");
+    cd::call_stage(options, "tracker_updated");
+  }
+  ctx.world.barrier();
+  cd::call_stage(options, "end");
+}
+
+// This rank's file of the checkpoint in `dir` (the tracker's iteration unless options say
+// otherwise), opened and checked: header, table, and that it was saved with this run's parallel
+// layout and for this rank. No communication.
+template <class Context>
+StateReader open_checkpoint(const Context& ctx, const std::filesystem::path& dir, const LoadOptions& options = {}) {
+  std::int64_t iteration = 0;
+  if (options.iteration) {
+    iteration = *options.iteration;
+  } else {
+    std::optional<std::int64_t> latest = latest_checkpointed_iteration(dir);
+    if (!latest)
+      fail<FileError>("no checkpoint to load in ", dir, ": ", tracker_path(dir), " does not exist");
+    iteration = *latest;
+  }
+  const std::filesystem::path iter_dir = find_iteration_directory(dir, iteration);
+  const std::filesystem::path file = iter_dir / rank_file_name(ctx.world.rank());
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) {
+    // Most often a run with more ranks than the checkpoint: say so if rank 0's file tells.
+    const std::filesystem::path first = iter_dir / rank_file_name(0);
+    if (ctx.world.rank() != 0 && std::filesystem::exists(first, ec))
+      checkpoint_detail::check_same_layout(StateReader(first), ctx);
+    fail<FileError>("checkpoint file ", file, " does not exist");
+  }
+  StateReader reader(file);
+  checkpoint_detail::check_same_layout(reader, ctx);
+  if (reader.get_int("rank.world") != ctx.world.rank())
+    fail<FileError>("checkpoint file ", file, " belongs to world rank ", reader.get_int("rank.world"),
+                    ", not to rank ", ctx.world.rank());
+  if (reader.get_int("train.iteration") != iteration)
+    fail<FileError>("checkpoint file ", file, " records iteration ", reader.get_int("train.iteration"),
+                    " but lies in the directory of iteration ", iteration);
+  return reader;
+}
+
+// Collective over ctx.world: saves the model's parameter values, the optimizer's state (anything
+// with for_each_state(visit(name, tensor)) and steps(), such as AdamW) and the training state as
+// iteration `iteration` (which is what the checkpoint records, whatever state.iteration says).
+template <class Context, class Module, class Optimizer>
+void save_checkpoint(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, Module& model,
+                     Optimizer& optimizer, const TrainState& state, const SaveOptions& options = {}) {
+  StateWriter writer;
+  model.for_each_parameter([&](auto& p) { writer.add_parameter(p, "model." + p.name); });
+  checkpoint_detail::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global,
+                                                          const ShardSpec& shard) {
+    writer.add("optimizer." + name, tensor, global, shard);
+  });
+  writer.set("optimizer.steps", static_cast<std::int64_t>(optimizer.steps()));
+  if constexpr (requires { optimizer.config().beta1; }) {
+    writer.set("optimizer.beta1", optimizer.config().beta1);
+    writer.set("optimizer.beta2", optimizer.config().beta2);
+    writer.set("optimizer.eps", optimizer.config().eps);
+    writer.set("optimizer.weight_decay", optimizer.config().weight_decay);
+  }
+  writer.set("train.consumed_samples", state.consumed_samples);
+  writer.set("train.seed", static_cast<std::int64_t>(state.seed));
+  for (const auto& [key, value] : state.extra) writer.set("train.extra." + key, value);
+  save(ctx, dir, iteration, writer, options);
+}
+
+// Loads what save_checkpoint wrote into `model` and `optimizer` (built as for the saving run) and
+// returns the training state. Reads this rank's file only. The layout, header and table are checked
+// before anything is loaded; a tensor that fails its own check (shape, CRC) throws after the tensors
+// before it were loaded, so a failed load leaves the model in no defined state.
+template <class Context, class Module, class Optimizer>
+TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir, Module& model, Optimizer& optimizer,
+                           const LoadOptions& options = {}) {
+  StateReader reader = open_checkpoint(ctx, dir, options);
+  std::set<std::string, std::less<>> loaded;
+  model.for_each_parameter([&](auto& p) {
+    const std::string name = "model." + p.name;
+    if (!reader.has_tensor(name))
+      fail<ConfigError>("checkpoint file ", reader.path(), " has no parameter '", p.name, "', which the model has");
+    reader.load_parameter(p, name);
+    loaded.insert(name);
+  });
+  for (const TensorRecord& r : reader.tensors())
+    if (r.name.starts_with("model.") && !loaded.count(r.name))
+      fail<ConfigError>("checkpoint file ", reader.path(), " holds parameter '", r.name.substr(6),
+                        "', which the model lacks");
+  checkpoint_detail::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global,
+                                                          const ShardSpec& shard) {
+    const std::string stored = "optimizer." + name;
+    if (!reader.has_tensor(stored))
+      fail<ConfigError>("checkpoint file ", reader.path(), " has no optimizer state '", name, "'");
+    reader.load_into(stored, tensor, global, shard);
+  });
+  optimizer.set_steps(static_cast<int>(reader.get_int("optimizer.steps")));
+  TrainState state;
+  state.iteration = reader.get_int("train.iteration");
+  state.consumed_samples = reader.get_int("train.consumed_samples");
+  state.seed = static_cast<std::uint64_t>(reader.get_int("train.seed"));
+  constexpr std::string_view prefix = "train.extra.";
+  for (const auto& [key, value] : reader.scalars())
+    if (key.starts_with(prefix)) state.extra[key.substr(prefix.size())] = reader.get_int(key);
+  return state;
+}
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,6 @@
+// strata/optim.hpp: the optimizer module (learning-rate schedules, gradient utilities, AdamW).
+#pragma once
+
+#include "optim/lr_schedule.hpp"
+#include "optim/grad_utils.hpp"
+#include "optim/adamw.hpp"

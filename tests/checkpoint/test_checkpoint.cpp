@@ -1,0 +1,329 @@
+// save_checkpoint / load_checkpoint on in-process ranks: a bit-exact round trip (bf16 model with
+// fp32 master weights), resuming equal to training straight through (tp=2, double), an interrupted
+// save that leaves the previous checkpoint and tracker intact, and a clear error when the parallel
+// layout differs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <strata/checkpoint.hpp>
+#include <strata/optim.hpp>
+
+#include "../common/equivalence.hpp"
+#include "temp_directory.hpp"
+
+namespace {
+
+using namespace strata;
+using strata_test::TempDirectory;
+using Comm = inprocess::communicator;
+using Context = ParallelContext<Comm>;
+
+template <class T>
+struct Policy : default_policy {
+  using element = T;
+};
+
+constexpr index_t kRows = 4, kIn = 6, kHidden = 8, kOut = 4;
+
+template <class T>
+struct TwoLayer {
+  ColumnParallelLinear<Policy<T>> fc1;
+  RowParallelLinear<Policy<T>> fc2;
+
+  TwoLayer(const Context& ctx, std::uint64_t seed) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
+    fc1.init(seed, 0.5);
+    fc2.init(seed, 0.5);
+    init_normal(*fc1.bias(), seed + 1, 0.1);
+    init_normal(*fc2.bias(), seed + 2, 0.1);
+  }
+  template <class V>
+  void for_each_parameter(V&& visit) {
+    fc1.for_each_parameter(visit);
+    fc2.for_each_parameter(visit);
+  }
+};
+
+// Raw bytes of every parameter value and optimizer state tensor of this rank, by name.
+template <class T>
+std::map<std::string, std::vector<unsigned char>> state_bytes(TwoLayer<T>& model, AdamW<T>& optimizer) {
+  std::map<std::string, std::vector<unsigned char>> out;
+  auto record = [&](const std::string& name, const auto& tensor) {
+    const auto* p = reinterpret_cast<const unsigned char*>(tensor.data());
+    out[name] = std::vector<unsigned char>(p, p + tensor.numel() * sizeof(tensor[0]));
+  };
+  model.for_each_parameter([&](auto& p) { record("model." + p.name, p.value); });
+  optimizer.for_each_state([&](const std::string& name, auto& tensor) { record("optimizer." + name, tensor); });
+  return out;
+}
+
+// Arbitrary gradients that depend on the step and the global element.
+template <class T>
+void fake_gradients(TwoLayer<T>& model, int step) {
+  model.for_each_parameter([&](auto& p) {
+    for (index_t i = 0; i < p.grad.numel(); ++i) {
+      const index_t g = global_index(p.global_shape, p.shard, i, p.shard.rank);
+      p.grad[i] = static_cast<accumulate_t<T>>(std::sin(0.3 * static_cast<double>(g) + step) * 0.01);
+    }
+  });
+}
+
+TEST(Checkpoint, RoundTripIsBitExact) {
+  TempDirectory dir("checkpoint");
+  std::vector<std::map<std::string, std::vector<unsigned char>>> saved(2);
+  const TrainState state{.iteration = 3, .consumed_samples = 96, .seed = 0xfedcba9876543210ull,
+                         .extra = {{"data_position", 12345}, {"epoch", 2}}};
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<bf16> model(ctx, 5);
+    AdamW<bf16> optimizer(model);
+    for (int step = 0; step < 3; ++step) {
+      fake_gradients(model, step);
+      optimizer.step(model, 1e-3);
+    }
+    save_checkpoint(ctx, dir.path(), 3, model, optimizer, state);
+    saved[static_cast<std::size_t>(world.rank())] = state_bytes(model, optimizer);
+  });
+  EXPECT_EQ(latest_checkpointed_iteration(dir.path()), 3);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "iter_0000003" / "rank_00000.strata"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "iter_0000003" / "rank_00001.strata"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "iter_0000003.tmp"));
+
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<bf16> model(ctx, 99);  // another init: everything must come from the file
+    AdamW<bf16> optimizer(model);
+    const TrainState loaded = load_checkpoint(ctx, dir.path(), model, optimizer);
+    EXPECT_EQ(loaded.iteration, 3);
+    EXPECT_EQ(loaded.consumed_samples, 96);
+    EXPECT_EQ(loaded.seed, 0xfedcba9876543210ull);
+    EXPECT_EQ(loaded.extra, state.extra);
+    EXPECT_EQ(optimizer.steps(), 3);
+    EXPECT_EQ(state_bytes(model, optimizer), saved[static_cast<std::size_t>(world.rank())]);
+    // The file records where each shard lives.
+    StateReader reader = open_checkpoint(ctx, dir.path());
+    const TensorRecord& w = reader.record("model.fc1.weight");
+    EXPECT_EQ(w.global_shape, (Shape{kHidden, kIn}));
+    EXPECT_EQ(w.local_shape, (Shape{kHidden / 2, kIn}));
+    EXPECT_EQ(w.shard.rank, world.rank());
+    EXPECT_EQ(reader.record("optimizer.fc1.weight.main").dtype, StoredDtype::float32);
+    EXPECT_EQ(w.dtype, StoredDtype::bfloat16);
+    EXPECT_FALSE(reader.record("model.fc2.bias").shard.sharded);
+  });
+}
+
+// Batches and targets are functions of the iteration, as a data loader's position would be.
+Tensor<double> batch(Shape shape, std::uint64_t key) {
+  Tensor<double> t(shape);
+  for (index_t i = 0; i < t.numel(); ++i) t[i] = rng::normal(key, static_cast<std::uint64_t>(i));
+  return t;
+}
+
+double train_step(Context& ctx, TwoLayer<double>& model, AdamW<double>& optimizer, const LrSchedule& schedule, int it) {
+  zero_gradients(model);
+  Activation<double, layout::replicated> x(batch(Shape{kRows, kIn}, 1000 + static_cast<std::uint64_t>(it)));
+  const Tensor<double> target = batch(Shape{kRows, kOut}, 2000 + static_cast<std::uint64_t>(it));
+  auto [h, s1] = model.fc1.forward(ctx, x);
+  auto [y, s2] = model.fc2.forward(ctx, h);
+  Tensor<double> dy(y.shape());
+  double loss = 0;
+  for (index_t i = 0; i < dy.numel(); ++i) {
+    dy[i] = y.tensor[i] - target[i];
+    loss += 0.5 * dy[i] * dy[i];
+  }
+  model.fc1.backward(ctx, s1, model.fc2.backward(ctx, s2, Activation<double, layout::replicated>(std::move(dy))));
+  clip_grad_norm(ctx, model, 0.5);
+  optimizer.step(model, schedule.lr(it + 1));
+  return loss;
+}
+
+struct Trajectory {
+  std::vector<double> losses;                                          // rank 0's
+  std::vector<std::map<std::string, std::vector<unsigned char>>> end;  // per rank
+};
+
+TEST(Checkpoint, ResumeEqualsStraightThrough) {
+  constexpr int kSaveAt = 3, kTotal = 7;
+  const LrSchedule schedule{.max_lr = 0.05, .min_lr = 0.001, .warmup_iters = 2, .decay_iters = kTotal};
+  TempDirectory dir("checkpoint");
+  Trajectory straight{{}, std::vector<std::map<std::string, std::vector<unsigned char>>>(2)};
+  Trajectory resumed = straight;
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 21);
+    AdamW<double> optimizer(model, AdamWConfig{.weight_decay = 0.05});
+    for (int it = 0; it < kTotal; ++it) {
+      const double loss = train_step(ctx, model, optimizer, schedule, it);
+      if (world.rank() == 0) straight.losses.push_back(loss);
+      if (it + 1 == kSaveAt)
+        save_checkpoint(ctx, dir.path(), kSaveAt, model, optimizer, TrainState{.consumed_samples = kSaveAt * kRows, .seed = 21});
+    }
+    straight.end[static_cast<std::size_t>(world.rank())] = state_bytes(model, optimizer);
+  });
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 77);
+    AdamW<double> optimizer(model, AdamWConfig{.weight_decay = 0.05});
+    const TrainState state = load_checkpoint(ctx, dir.path(), model, optimizer);
+    EXPECT_EQ(state.iteration, kSaveAt);
+    EXPECT_EQ(state.consumed_samples, kSaveAt * kRows);
+    EXPECT_EQ(state.seed, 21u);
+    for (int it = static_cast<int>(state.iteration); it < kTotal; ++it) {
+      const double loss = train_step(ctx, model, optimizer, schedule, it);
+      if (world.rank() == 0) resumed.losses.push_back(loss);
+    }
+    resumed.end[static_cast<std::size_t>(world.rank())] = state_bytes(model, optimizer);
+  });
+  ASSERT_EQ(resumed.losses.size(), static_cast<std::size_t>(kTotal - kSaveAt));
+  for (std::size_t i = 0; i < resumed.losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&resumed.losses[i], &straight.losses[kSaveAt + i], sizeof(double)), 0)
+        << "loss at iteration " << kSaveAt + i << ": " << resumed.losses[i] << " vs " << straight.losses[kSaveAt + i];
+  EXPECT_EQ(resumed.end, straight.end);
+}
+
+// Saves iteration `iteration` of a small tp=2 model whose values encode the iteration.
+void save_marked(const std::filesystem::path& dir, int iteration, SaveOptions options = {},
+                 int failing_rank = -1) {
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, static_cast<std::uint64_t>(iteration));
+    AdamW<double> optimizer(model);
+    SaveOptions mine = options;
+    if (world.rank() != failing_rank) mine.on_stage = nullptr;
+    save_checkpoint(ctx, dir, iteration, model, optimizer, TrainState{.seed = static_cast<std::uint64_t>(iteration)}, mine);
+  });
+}
+
+// Loads the latest checkpoint at tp=2, returns its iteration and checks the values are that save's.
+std::int64_t load_marked(const std::filesystem::path& dir) {
+  std::vector<std::int64_t> iterations = inprocess::run_and_collect(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 12345);
+    AdamW<double> optimizer(model);
+    const TrainState state = load_checkpoint(ctx, dir, model, optimizer);
+    TwoLayer<double> expected(ctx, state.seed);
+    EXPECT_EQ(std::memcmp(model.fc1.weight().value.data(), expected.fc1.weight().value.data(),
+                          sizeof(double) * static_cast<std::size_t>(expected.fc1.weight().value.numel())),
+              0);
+    EXPECT_EQ(state.seed, static_cast<std::uint64_t>(state.iteration));
+    return state.iteration;
+  });
+  EXPECT_EQ(iterations[0], iterations[1]);
+  return iterations[0];
+}
+
+struct SimulatedCrash : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+TEST(Checkpoint, InterruptedSaveKeepsPreviousCheckpoint) {
+  TempDirectory dir("checkpoint");
+  save_marked(dir.path(), 2);
+  ASSERT_EQ(load_marked(dir.path()), 2);
+  const auto tracker = tracker_path(dir.path());
+  auto tracker_text = [&] {
+    std::ifstream in(tracker);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  ASSERT_EQ(tracker_text(), "2\n");
+
+  // Crash points: after rank 1 wrote its file (rank 0's may be written too), after every file is
+  // written but before the directory is renamed, and after the rename but before the tracker.
+  const std::vector<std::pair<std::string, int>> crashes = {
+      {"rank_file_written", 1}, {"all_files_written", 0}, {"directory_renamed", 0}};
+  for (const auto& [stage, rank] : crashes) {
+    SaveOptions options;
+    const std::string at = stage;
+    options.on_stage = [at](std::string_view s) {
+      if (s == at) throw SimulatedCrash("simulated crash at " + at);
+    };
+    EXPECT_THROW(save_marked(dir.path(), 4, options, rank), SimulatedCrash) << stage;
+    EXPECT_EQ(tracker_text(), "2\n") << stage;
+    EXPECT_EQ(latest_checkpointed_iteration(dir.path()), 2) << stage;
+    EXPECT_EQ(load_marked(dir.path()), 2) << stage;
+    EXPECT_TRUE(std::filesystem::exists(dir.path() / "iter_0000002" / "rank_00001.strata")) << stage;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "iter_0000004")) << "the last crash came after the rename";
+
+  // A later save of the same iteration cleans up and replaces the leftover directory.
+  save_marked(dir.path(), 4);
+  EXPECT_EQ(tracker_text(), "4\n");
+  EXPECT_EQ(load_marked(dir.path()), 4);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "iter_0000004.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "iter_0000004.old"));
+  // An older iteration stays loadable by number.
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 1);
+    AdamW<double> optimizer(model);
+    EXPECT_EQ(load_checkpoint(ctx, dir.path(), model, optimizer, LoadOptions{.iteration = 2}).iteration, 2);
+  });
+}
+
+TEST(Checkpoint, CrashWhileReplacingSameIterationFallsBackToOld) {
+  // A crash between moving iter_N aside and renaming the new one leaves only iter_N.old.
+  TempDirectory dir("checkpoint");
+  save_marked(dir.path(), 6);
+  std::filesystem::rename(dir.path() / "iter_0000006", dir.path() / "iter_0000006.old");
+  EXPECT_EQ(load_marked(dir.path()), 6);
+}
+
+TEST(Checkpoint, DifferentTensorParallelSizeIsAClearConfigError) {
+  TempDirectory dir("checkpoint");
+  save_marked(dir.path(), 1);
+  for (int tp : {1, 4}) {
+    try {
+      inprocess::run(tp, [&](Comm& world) {
+        auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+        TwoLayer<double> model(ctx, 1);
+        AdamW<double> optimizer(model);
+        load_checkpoint(ctx, dir.path(), model, optimizer);
+      });
+      ADD_FAILURE() << "tp=" << tp << ": expected ConfigError";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("iter_0000001/rank_0000"), std::string::npos) << m;  // whichever rank failed first
+      EXPECT_NE(m.find("was saved with tp=2 pp=1 dp=1"), std::string::npos) << m;
+      EXPECT_NE(m.find("(2 ranks)"), std::string::npos) << m;
+      EXPECT_NE(m.find("this run has tp=" + std::to_string(tp)), std::string::npos) << m;
+      EXPECT_NE(m.find("resharding is not supported"), std::string::npos) << m;
+    }
+  }
+}
+
+TEST(Checkpoint, MissingOrCorruptCheckpointIsFileError) {
+  TempDirectory dir("checkpoint");
+  auto load = [&] {
+    inprocess::run(2, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+      TwoLayer<double> model(ctx, 1);
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+    });
+  };
+  EXPECT_EQ(latest_checkpointed_iteration(dir.path()), std::nullopt);
+  EXPECT_THROW(load(), FileError);
+  save_marked(dir.path(), 5);
+  const auto file = dir.path() / "iter_0000005" / "rank_00001.strata";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 8);
+  try {
+    load();
+    ADD_FAILURE() << "expected FileError";
+  } catch (const FileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(file.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+  }
+  {
+    std::ofstream out(tracker_path(dir.path()), std::ios::trunc);
+    out << "latest\n";
+  }
+  EXPECT_THROW(latest_checkpointed_iteration(dir.path()), FileError);
+}
+
+}  // namespace

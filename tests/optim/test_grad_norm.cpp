@@ -1,0 +1,211 @@
+// Gradient utilities across ranks: the global norm of a tensor-parallel model equals the unsharded
+// model's (sharded weights counted on every rank, replicated biases once), clipping, the
+// data-parallel sum, and AdamW + clipping + schedule at tp=2 following the tp=1 trajectory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <strata/optim.hpp>
+
+#include "../common/equivalence.hpp"
+
+namespace {
+
+using namespace strata;
+using Comm = inprocess::communicator;
+using Context = ParallelContext<Comm>;
+
+struct Policy : default_policy {
+  using element = double;
+};
+
+constexpr index_t kRows = 4, kIn = 6, kHidden = 8, kOut = 4;
+
+Tensor<double> random_tensor(Shape shape, std::uint64_t key, double scale = 1.0) {
+  Tensor<double> t(shape);
+  for (index_t i = 0; i < t.numel(); ++i) t[i] = scale * rng::normal(key, static_cast<std::uint64_t>(i));
+  return t;
+}
+
+// Column -> Row, the pair every tensor-parallel MLP is made of: the column layer's weight and bias
+// are sharded, the row layer's weight is sharded and its bias replicated.
+struct TwoLayer {
+  ColumnParallelLinear<Policy> fc1;
+  RowParallelLinear<Policy> fc2;
+
+  explicit TwoLayer(const Context& ctx) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
+    fc1.init(11, 0.5);
+    fc2.init(11, 0.5);
+    init_normal(*fc1.bias(), 12, 0.1);
+    init_normal(*fc2.bias(), 13, 0.1);
+  }
+  template <class V>
+  void for_each_parameter(V&& visit) {
+    fc1.for_each_parameter(visit);
+    fc2.for_each_parameter(visit);
+  }
+  // loss = 0.5 * ||y - target||^2 on the batch of `step`; accumulates gradients, returns the loss.
+  double forward_backward(Context& ctx, int step) {
+    Activation<double, layout::replicated> x(random_tensor(Shape{kRows, kIn}, 100 + static_cast<std::uint64_t>(step)));
+    const Tensor<double> target = random_tensor(Shape{kRows, kOut}, 200 + static_cast<std::uint64_t>(step));
+    auto [h, s1] = fc1.forward(ctx, x);
+    auto [y, s2] = fc2.forward(ctx, h);
+    Tensor<double> dy(y.shape());
+    double loss = 0;
+    for (index_t i = 0; i < dy.numel(); ++i) {
+      dy[i] = y.tensor[i] - target[i];
+      loss += 0.5 * dy[i] * dy[i];
+    }
+    fc1.backward(ctx, s1, fc2.backward(ctx, s2, Activation<double, layout::replicated>(std::move(dy))));
+    return loss;
+  }
+};
+
+double direct_norm(TwoLayer& model) {
+  double sum = 0;
+  model.for_each_parameter([&](auto& p) {
+    for (double g : p.grad.span()) sum += g * g;
+  });
+  return std::sqrt(sum);
+}
+
+TEST(GradNorm, TensorParallelEqualsUnsharded) {
+  double reference = 0;
+  inprocess::run(1, [&](Comm& world) {
+    auto ctx = Context::single(world);
+    TwoLayer model(ctx);
+    model.forward_backward(ctx, 0);
+    reference = global_grad_norm(ctx, model);
+    EXPECT_EQ(reference, direct_norm(model));
+  });
+  ASSERT_GT(reference, 0);
+  for (int tp : {2, 4}) {
+    inprocess::run(tp, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+      TwoLayer model(ctx);
+      model.forward_backward(ctx, 0);
+      const double norm = global_grad_norm(ctx, model);
+      EXPECT_NEAR(norm, reference, 1e-12 * reference) << "tp=" << tp;
+      // Counting the replicated bias on every rank would be wrong: check it differs.
+      EXPECT_GT(local_grad_square_sum(model, 0), local_grad_square_sum(model, 1));
+    });
+  }
+}
+
+TEST(GradNorm, ClippingScalesToMaxNorm) {
+  strata_test::Snapshot clipped_reference;
+  std::mutex mutex;
+  double reference_norm = 0;
+  for (int tp : {1, 2}) {
+    strata_test::Snapshot snapshot;
+    inprocess::run(tp, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+      TwoLayer model(ctx);
+      model.forward_backward(ctx, 1);
+      const double norm = global_grad_norm(ctx, model);
+      // Disabled (max_norm <= 0) and not needed (max_norm above the norm): nothing changes.
+      EXPECT_EQ(clip_grad_norm(ctx, model, 0.0), norm);
+      EXPECT_EQ(clip_grad_norm(ctx, model, 2 * norm), norm);
+      EXPECT_EQ(global_grad_norm(ctx, model), norm);
+      const double max_norm = norm / 4;
+      EXPECT_EQ(clip_grad_norm(ctx, model, max_norm), norm);
+      EXPECT_NEAR(global_grad_norm(ctx, model), max_norm * norm / (norm + 1e-6), 1e-12 * norm);
+      if (world.rank() == 0) reference_norm = norm;
+      strata_test::gather_parameters(ctx, model, snapshot, mutex);
+    });
+    if (tp == 1) clipped_reference = snapshot;
+    else strata_test::expect_equivalent(snapshot, clipped_reference, 1e-12, "clipped gradients at tp=2");
+  }
+  EXPECT_GT(reference_norm, 0);
+}
+
+struct Stage {
+  Parameter<double> sharded, replicated;
+  template <class V>
+  void for_each_parameter(V&& visit) {
+    visit(sharded);
+    visit(replicated);
+  }
+};
+
+TEST(GradNorm, ReducesOverTensorAndPipelineGroups) {
+  // tp=2 x pp=2: each stage holds other parameters (one sharded, one replicated); the norm covers
+  // both stages and counts each replicated parameter once.
+  double expected = 0;
+  for (int stage = 0; stage < 2; ++stage) {
+    for (int i = 0; i < 8; ++i) expected += (stage + 1.0) * (stage + 1.0) * (i + 1.0) * (i + 1.0);  // sharded, global
+    expected += 3 * (stage + 2.0) * (stage + 2.0);                                                 // replicated
+  }
+  expected = std::sqrt(expected);
+  std::vector<double> norms = inprocess::run_and_collect(4, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2, .pp = 2});
+    const int stage = ctx.coords.pp, r = ctx.tp.rank();
+    Stage s{Parameter<double>("stage" + std::to_string(stage) + ".w", Shape{8}, ShardSpec::split(0, r, 2)),
+            Parameter<double>("stage" + std::to_string(stage) + ".b", Shape{3}, ShardSpec::replicated())};
+    for (index_t i = 0; i < 4; ++i) s.sharded.grad[i] = (stage + 1.0) * static_cast<double>(global_index(Shape{8}, s.sharded.shard, i, r) + 1);
+    s.replicated.grad.fill(stage + 2.0);
+    return global_grad_norm(ctx, s);
+  });
+  for (double n : norms) EXPECT_NEAR(n, expected, 1e-13 * expected);
+}
+
+TEST(GradUtils, AllReduceSumsOverDataParallelAndZeroClears) {
+  inprocess::run(4, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2, .dp = 2});
+    TwoLayer model(ctx);
+    model.for_each_parameter([&](auto& p) { p.grad.fill(ctx.coords.dp + 1.0); });
+    all_reduce_gradients(ctx.dp, model);
+    model.for_each_parameter([&](auto& p) {
+      for (double g : p.grad.span()) EXPECT_EQ(g, 3.0);
+    });
+    all_reduce_gradients(ctx.dp, model, ReduceOp::avg);
+    model.for_each_parameter([&](auto& p) {
+      for (double g : p.grad.span()) EXPECT_EQ(g, 3.0);
+    });
+    scale_gradients(model, 0.5);
+    model.for_each_parameter([&](auto& p) {
+      for (double g : p.grad.span()) EXPECT_EQ(g, 1.5);
+    });
+    zero_gradients(model);
+    model.for_each_parameter([&](auto& p) {
+      for (double g : p.grad.span()) EXPECT_EQ(g, 0.0);
+    });
+  });
+}
+
+// Trains `steps` steps on `tp` ranks: zero, forward/backward, clip, AdamW with a warmup + cosine
+// schedule. Returns losses and gradient norms as outputs, final parameters gathered.
+strata_test::Snapshot train(int tp, int steps) {
+  strata_test::Snapshot snapshot;
+  std::mutex mutex;
+  const LrSchedule schedule{.max_lr = 0.05, .min_lr = 0.005, .warmup_iters = 2, .decay_iters = 6};
+  inprocess::run(tp, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+    TwoLayer model(ctx);
+    AdamW<double> optimizer(model, AdamWConfig{.weight_decay = 0.1});
+    std::vector<double> losses, norms;
+    for (int it = 0; it < steps; ++it) {
+      zero_gradients(model);
+      losses.push_back(model.forward_backward(ctx, it));
+      norms.push_back(clip_grad_norm(ctx, model, 1.0));
+      optimizer.step(model, schedule.lr(it + 1));
+    }
+    if (world.rank() == 0) {
+      std::lock_guard lock(mutex);
+      snapshot.outputs = {losses, norms};
+    }
+    strata_test::gather_parameters(ctx, model, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+TEST(AdamW, TensorParallelFollowsUnshardedTrajectory) {
+  const strata_test::Snapshot reference = train(1, 6);
+  ASSERT_LT(reference.outputs[0].back(), reference.outputs[0].front()) << "the loss should go down";
+  strata_test::expect_equivalent(train(2, 6), reference, 1e-10, "AdamW at tp=2");
+}
+
+}  // namespace
