@@ -26,6 +26,12 @@ TEST(Gpt, ShardedEqualsUnshardedWithDropoutAndLabelSmoothing) {
   c.label_smoothing = 0.1;
   strata_test::expect_model_equivalence<strata::models::Gpt, double>(c);
 }
+TEST(Gpt, ShardedEqualsUnshardedWithPaddedVocabulary) {
+  auto c = tiny_gpt();
+  c.vocab_size = 90;                   // padded to 96 for tp = 1, 2, 4: six padded columns
+  c.make_vocab_size_divisible_by = 8;  // that the loss must leave out of the softmax
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(c);
+}
 TEST(Gpt, FiniteDifferenceGradients) { strata_test::expect_finite_difference_gradients<strata::models::Gpt>(tiny_gpt()); }
 
 TEST(Gpt, InvalidConfigRejectedBeforeAllocation) {

@@ -8,10 +8,16 @@
 //   loss = (1 - s) loss - s * mean_j log p_j,  s = a K / (K - 1),  mean_j log p_j = Z/K - m - log S
 //   backward: dz = (softmax - (1 - s) onehot - s / K) * dloss
 //
+// Entries of the padded vocabulary (global index >= vocab_size) are left out of the softmax: their
+// logits count as -inf, so the loss and every gradient do not depend on how much padding the
+// tensor-parallel size asked for (Megatron lets padded logits into the softmax; here a tp=2 run
+// follows the tp=1 trajectory even when their padded vocabularies differ).
+//
 // Per-token losses are returned in the accumulate type; how they are averaged (over non-masked
 // tokens of the whole global batch) is the caller's choice, expressed through dloss.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -36,7 +42,9 @@ class VocabParallelCrossEntropy {
     Tensor<std::int32_t> labels;  // [rows]
   };
 
-  explicit VocabParallelCrossEntropy(double label_smoothing = 0.0) : smoothing_(label_smoothing) {
+  // vocab_size: the real (unpadded) vocabulary; 0 means every column is a real entry.
+  explicit VocabParallelCrossEntropy(double label_smoothing = 0.0, index_t vocab_size = 0)
+      : smoothing_(label_smoothing), vocab_size_(vocab_size) {
     if (label_smoothing < 0.0 || label_smoothing >= 1.0)
       fail<ConfigError>("label_smoothing=", label_smoothing, " must be in [0, 1)");
   }
@@ -48,11 +56,12 @@ class VocabParallelCrossEntropy {
     if (labels.numel() != rows)
       fail<ShapeError>("VocabParallelCrossEntropy: ", labels.numel(), " labels for ", rows, " rows of logits ",
                        logits.shape().str());
-    const index_t begin = local * ctx.tp.rank(), vocab = local * ctx.tp.size();
+    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
+    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);  // real columns held here
     std::vector<A> maxes(static_cast<std::size_t>(rows));
     for (index_t r = 0; r < rows; ++r) {
       A m = -std::numeric_limits<A>::infinity();
-      for (index_t j = 0; j < local; ++j) m = std::max(m, static_cast<A>(logits.tensor[r * local + j]));
+      for (index_t j = 0; j < used; ++j) m = std::max(m, static_cast<A>(logits.tensor[r * local + j]));
       maxes[r] = m;
     }
     if (ctx.tp.size() > 1) ctx.tp.all_reduce(std::span<A>(maxes), ReduceOp::max);
@@ -63,7 +72,7 @@ class VocabParallelCrossEntropy {
         fail<ConfigError>("VocabParallelCrossEntropy: label ", label, " at row ", r, " is outside the vocabulary of ",
                           vocab, " entries");
       A sum_exp = 0, sum_logits = 0;
-      for (index_t j = 0; j < local; ++j) {
+      for (index_t j = 0; j < used; ++j) {
         A z = static_cast<A>(logits.tensor[r * local + j]);
         sum_exp += std::exp(z - maxes[r]);
         sum_logits += z;
@@ -85,7 +94,7 @@ class VocabParallelCrossEntropy {
         loss = (A(1) - s) * loss - s * mean_log_prob;
       }
       losses[r] = loss;
-      for (index_t j = 0; j < local; ++j)
+      for (index_t j = 0; j < used; ++j)
         saved.softmax[r * local + j] = std::exp(static_cast<A>(logits.tensor[r * local + j]) - maxes[r]) / sums[3 * r];
     }
     return {std::move(losses), std::move(saved)};
@@ -95,12 +104,13 @@ class VocabParallelCrossEntropy {
   Activation<T, layout::sharded<-1>> backward(Context& ctx, const Saved& saved, const Tensor<A>& dloss,
                                               const Shape& logits_shape) const {
     const index_t rows = saved.softmax.size(0), local = saved.softmax.size(1);
-    const index_t begin = local * ctx.tp.rank(), vocab = local * ctx.tp.size();
+    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
+    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);
     const A s = smoothing_factor(vocab);
-    Activation<T, layout::sharded<-1>> dz{Tensor<T>(logits_shape)};
+    Activation<T, layout::sharded<-1>> dz{Tensor<T>(logits_shape)};  // padded columns stay 0
     for (index_t r = 0; r < rows; ++r) {
       const index_t label = saved.labels[r] - begin;
-      for (index_t j = 0; j < local; ++j) {
+      for (index_t j = 0; j < used; ++j) {
         A g = saved.softmax[r * local + j] - s / A(vocab);
         if (j == label) g -= A(1) - s;
         dz.tensor[r * local + j] = static_cast<T>(g * dloss[r]);
@@ -110,8 +120,14 @@ class VocabParallelCrossEntropy {
   }
 
  private:
+  index_t real_vocab(index_t padded) const {
+    if (vocab_size_ > padded)
+      fail<ConfigError>("VocabParallelCrossEntropy: vocab_size=", vocab_size_, " exceeds the ", padded, " logit columns");
+    return vocab_size_ > 0 ? vocab_size_ : padded;
+  }
   A smoothing_factor(index_t vocab) const { return smoothing_ > 0 ? A(smoothing_ * vocab / (vocab - 1.0)) : A(0); }
   double smoothing_;
+  index_t vocab_size_;
 };
 
 STRATA_NAMESPACE_END

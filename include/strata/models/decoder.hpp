@@ -51,7 +51,7 @@ class DecoderModel {
       : config_((validate(config, ctx.config, Policy::sequence_parallel, ctx.world.size()), config)),
         embedding_(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size),
         final_norm_(ctx, "final_norm", config.hidden_size, config.norm_epsilon),
-        loss_(config.label_smoothing) {
+        loss_(config.label_smoothing, config.vocab_size) {
     if constexpr (LearnedPositions) positions_.emplace(ctx, "embedding.position", config.seq_length, config.hidden_size);
     layers_.reserve(static_cast<std::size_t>(config.num_layers));
     for (int i = 0; i < config.num_layers; ++i)

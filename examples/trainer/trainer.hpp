@@ -1,0 +1,295 @@
+// examples/trainer/trainer.hpp: the training loop shared by train_gpt and train_llama.
+//
+// Ranks are threads of this process (in-process communicator, CPU backend). The world is split
+// into tensor-parallel groups of --tensor-model-parallel-size ranks; the rest is data parallel.
+// Each iteration:
+//   1. fetch this rank's micro-batches of the global batch and count the tokens that carry loss
+//      (all-reduced over data parallel), so every token weighs 1 / tokens of the global batch;
+//   2. forward + backward per micro-batch (gradients accumulate);
+//   3. all-reduce gradients over data parallel, clip by the global norm (across model-parallel
+//      ranks), AdamW step with the scheduled learning rate;
+//   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due.
+// Everything is validated before the first allocation; checkpoints resume bit for bit.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <strata/checkpoint.hpp>
+#include <strata/comm.hpp>
+#include <strata/data.hpp>
+#include <strata/models.hpp>
+#include <strata/optim.hpp>
+
+#ifndef STRATA_DEFAULT_DATA_PATH
+#define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"
+#endif
+
+namespace trainer {
+
+using namespace strata;
+
+struct TrainArgs {
+  std::string model_kind = "gpt";  // gpt | llama
+  // parallelism
+  int world_size = 2;
+  int tensor_model_parallel_size = 2;
+  bool sequence_parallel = true;
+  std::string backend = "cpu";
+  std::string dtype = "float";  // float | double
+  // model
+  models::ModelConfig model{};
+  // training
+  int micro_batch_size = 4;
+  int global_batch_size = 8;
+  int train_iters = 150;
+  double lr = 2e-3;
+  double min_lr = 2e-4;
+  std::string lr_decay_style = "cosine";
+  int lr_warmup_iters = 10;
+  int lr_decay_iters = 0;
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;
+  bool eod_mask_loss = false;
+  // data, checkpoints, logging
+  std::string data_path = STRATA_DEFAULT_DATA_PATH;
+  std::string save, load;
+  int save_interval = 0;
+  std::uint64_t seed = 1234;
+  int log_interval = 1;
+  std::string log_jsonl;
+  bool quiet = false;
+};
+
+struct TrainResult {
+  int start_iteration = 0;
+  std::vector<double> losses;  // one per iteration run
+};
+
+inline TrainArgs default_args(std::string kind) {
+  TrainArgs a;
+  a.model_kind = kind;
+  a.model.num_layers = 4;
+  a.model.hidden_size = 128;
+  a.model.num_attention_heads = 4;
+  a.model.ffn_hidden_size = kind == "llama" ? 352 : 512;
+  a.model.num_query_groups = kind == "llama" ? 2 : 0;
+  a.model.vocab_size = data::ByteTokenizer::kVocabSize;
+  a.model.seq_length = 128;
+  return a;
+}
+
+inline void add_options(CLI::App& app, TrainArgs& a) {
+  app.add_option("--world-size", a.world_size, "ranks (threads) in total; data parallel = world / tensor parallel");
+  app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
+  app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
+  app.add_option("--backend", a.backend, "compute backend")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--dtype", a.dtype, "parameter and activation type")->check(CLI::IsMember({"float", "double"}));
+  app.add_option("--num-layers", a.model.num_layers);
+  app.add_option("--hidden-size", a.model.hidden_size);
+  app.add_option("--num-attention-heads", a.model.num_attention_heads);
+  app.add_option("--num-query-groups", a.model.num_query_groups, "key/value heads (Llama); 0 = one per head");
+  app.add_option("--ffn-hidden-size", a.model.ffn_hidden_size, "0 = 4 x hidden");
+  app.add_option("--seq-length", a.model.seq_length);
+  app.add_option("--vocab-size", a.model.vocab_size, "tokenizer vocabulary (the byte tokenizer has 257)");
+  app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
+  app.add_option("--init-method-std", a.model.init_method_std);
+  app.add_option("--rotary-base", a.model.rope_base);
+  app.add_option("--hidden-dropout", a.model.hidden_dropout);
+  app.add_option("--label-smoothing", a.model.label_smoothing);
+  app.add_option("--micro-batch-size", a.micro_batch_size);
+  app.add_option("--global-batch-size", a.global_batch_size);
+  app.add_option("--train-iters", a.train_iters);
+  app.add_option("--lr", a.lr);
+  app.add_option("--min-lr", a.min_lr);
+  app.add_option("--lr-decay-style", a.lr_decay_style)->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option("--lr-warmup-iters", a.lr_warmup_iters);
+  app.add_option("--lr-decay-iters", a.lr_decay_iters, "0 = --train-iters");
+  app.add_option("--weight-decay", a.weight_decay);
+  app.add_option("--clip-grad", a.clip_grad, "global gradient-norm clip; 0 disables");
+  app.add_option("--adam-beta1", a.adam_beta1);
+  app.add_option("--adam-beta2", a.adam_beta2);
+  app.add_option("--adam-eps", a.adam_eps);
+  app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
+  app.add_option("--data-path", a.data_path, "prefix of a .bin/.idx pair, or 'w1 prefix1 w2 prefix2 ...'");
+  app.add_option("--save", a.save, "checkpoint directory to save into");
+  app.add_option("--load", a.load, "checkpoint directory to resume from");
+  app.add_option("--save-interval", a.save_interval, "iterations between checkpoints (0 = only at the end when --save)");
+  app.add_option("--seed", a.seed);
+  app.add_option("--log-interval", a.log_interval);
+  app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
+  app.add_flag("--quiet", a.quiet, "no per-iteration output");
+}
+
+// Checks everything that can be checked before a thread starts or a byte is allocated.
+inline void validate(const TrainArgs& a) {
+  if (a.world_size < 1) fail<ConfigError>("--world-size=", a.world_size, " must be at least 1");
+  if (a.tensor_model_parallel_size < 1 || a.world_size % a.tensor_model_parallel_size != 0)
+    fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
+                      a.world_size, "; the world is tensor parallel x data parallel");
+  const int dp = a.world_size / a.tensor_model_parallel_size;
+  if (a.micro_batch_size < 1) fail<ConfigError>("--micro-batch-size=", a.micro_batch_size, " must be at least 1");
+  if (a.global_batch_size % (a.micro_batch_size * dp) != 0)
+    fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
+                      a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
+  if (a.train_iters < 1) fail<ConfigError>("--train-iters=", a.train_iters, " must be at least 1");
+  if (a.save_interval < 0) fail<ConfigError>("--save-interval=", a.save_interval, " must be >= 0");
+  if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
+  if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
+    fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
+  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size);
+  LrSchedule{a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters,
+                    parse_lr_decay_style(a.lr_decay_style)}
+      .validate();
+}
+
+template <class T, bool SP>
+struct TrainPolicy : default_policy {
+  using element = T;
+  static constexpr bool sequence_parallel = SP;
+};
+
+template <template <class> class Model, class T, bool SP>
+TrainResult train_with(const TrainArgs& a) {
+  using Policy = TrainPolicy<T, SP>;
+  using Context = ParallelContext<inprocess::communicator>;
+  const int dp = a.world_size / a.tensor_model_parallel_size;
+  const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
+  const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
+  data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
+  auto dataset = data::build_blended_gpt_dataset(a.data_path, data_config, num_samples);
+  const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
+
+  std::ofstream jsonl;
+  if (!a.log_jsonl.empty()) {
+    jsonl.open(a.log_jsonl, std::ios::app);
+    if (!jsonl) fail<FileError>("cannot open --log-jsonl file '", a.log_jsonl, "' for appending");
+  }
+
+  TrainResult result;
+  std::mutex result_mutex;
+  inprocess::run(a.world_size, [&](inprocess::communicator& world) {
+    Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp});
+    Model<Policy> model(ctx, a.model);
+    model.init(a.seed);
+    AdamW<T> optimizer(model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
+    const LrSchedule schedule{a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters,
+                                     parse_lr_decay_style(a.lr_decay_style)};
+    int start = 0;
+    std::int64_t consumed = 0;
+    if (!a.load.empty()) {
+      const TrainState state = load_checkpoint(ctx, a.load, model, optimizer);
+      start = static_cast<int>(state.iteration);
+      consumed = state.consumed_samples;
+      if (state.seed != a.seed)
+        fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
+                          "; resume with the same seed so the data order matches");
+    }
+    const bool logger = world.rank() == 0;
+    if (logger) {
+      std::lock_guard lock(result_mutex);
+      result.start_iteration = start;
+    }
+    if (logger && !a.quiet) {
+      std::int64_t params = 0;
+      model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
+      std::printf("strata %s: %d ranks (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters (tp shards counted once: ~%lld on rank 0), %d micro-batches of %d per rank per iteration, from iteration %d\n",
+                  a.model_kind.c_str(), a.world_size, a.tensor_model_parallel_size, dp, SP ? "on" : "off", a.dtype.c_str(),
+                  static_cast<long long>(params), static_cast<long long>(params), micro_steps, a.micro_batch_size, start);
+      std::fflush(stdout);
+    }
+    const auto t_begin = std::chrono::steady_clock::now();
+    for (int it = start; it < a.train_iters; ++it) {
+      const auto t0 = std::chrono::steady_clock::now();
+      zero_gradients(model);
+      std::vector<data::Batch> batches;
+      double tokens[2] = {0, 0};  // loss tokens, loss sum
+      for (int m = 0; m < micro_steps; ++m) {
+        const auto first = data::micro_batch_first_sample(consumed, a.micro_batch_size, ctx.coords.dp, dp, m);
+        batches.push_back(data::make_batch(*dataset, first, a.micro_batch_size, batch_options));
+        for (index_t i = 0; i < batches.back().loss_mask.numel(); ++i) tokens[0] += batches.back().loss_mask[i];
+      }
+      ctx.dp.all_reduce(std::span<double>(tokens, 1), ReduceOp::sum);
+      if (tokens[0] <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
+      for (int m = 0; m < micro_steps; ++m) {
+        const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
+        auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key);
+        model.backward(ctx, saved, 1.0 / tokens[0]);
+        tokens[1] += loss.loss_sum;
+      }
+      ctx.dp.all_reduce(std::span<double>(tokens + 1, 1), ReduceOp::sum);
+      all_reduce_gradients(ctx.dp, model);
+      const double grad_norm = clip_grad_norm(ctx, model, a.clip_grad);
+      const double lr = schedule.lr(it);
+      optimizer.step(model, lr);
+      consumed += a.global_batch_size;
+      const double loss = tokens[1] / tokens[0];
+      const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
+      if (save_now)
+        save_checkpoint(ctx, a.save, it + 1, model, optimizer,
+                                    TrainState{it + 1, consumed, a.seed, {}});
+      if (!logger) continue;
+      const auto t1 = std::chrono::steady_clock::now();
+      const double step_s = std::chrono::duration<double>(t1 - t0).count();
+      const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
+      const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
+      const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
+      {
+        std::lock_guard lock(result_mutex);
+        result.losses.push_back(loss);
+      }
+      if (!a.quiet && ((it + 1) % a.log_interval == 0 || it + 1 == a.train_iters)) {
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.2f s/it | %s left%s\n",
+                    it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s,
+                    (std::to_string(static_cast<int>(left / 60)) + "m" + std::to_string(static_cast<int>(left) % 60) + "s").c_str(),
+                    save_now ? " | saved" : "");
+        std::fflush(stdout);
+      }
+      if (jsonl) {
+        jsonl << "{\"iteration\": " << it + 1 << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
+              << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
+              << ", \"consumed_samples\": " << consumed << "}\n";
+        jsonl.flush();
+      }
+    }
+  });
+  return result;
+}
+
+template <template <class> class Model>
+TrainResult train(const TrainArgs& a) {
+  validate(a);
+  if (a.dtype == "double") {
+    return a.sequence_parallel ? train_with<Model, double, true>(a) : train_with<Model, double, false>(a);
+  }
+  return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
+}
+
+// main() of a trainer: parse flags over the defaults, train, report errors as one clear line.
+template <template <class> class Model>
+int main_for(const char* kind, int argc, char** argv) {
+  TrainArgs args = default_args(kind);
+  CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads"};
+  add_options(app, args);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const TrainResult result = train<Model>(args);
+    if (!args.quiet && result.losses.size() >= 2)
+      std::printf("done: loss %.4f -> %.4f over %zu iterations\n", result.losses.front(), result.losses.back(), result.losses.size());
+    return 0;
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace trainer
