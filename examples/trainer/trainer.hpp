@@ -44,13 +44,13 @@ struct TrainArgs {
   int tensor_model_parallel_size = 2;
   bool sequence_parallel = true;
   std::string backend = "cpu";
-  std::string dtype = "float";  // float | double
+  std::string dtype = "float";  // float | double | bf16 (bf16 parameters and activations, fp32 main params)
   // model
   models::ModelConfig model{};
   // training
   int micro_batch_size = 4;
   int global_batch_size = 8;
-  int train_iters = 150;
+  int train_iters = 300;
   double lr = 2e-3;
   double min_lr = 2e-4;
   std::string lr_decay_style = "cosine";
@@ -65,7 +65,7 @@ struct TrainArgs {
   std::string save, load;
   int save_interval = 0;
   std::uint64_t seed = 1234;
-  int log_interval = 1;
+  int log_interval = 10;
   std::string log_jsonl;
   bool quiet = false;
 };
@@ -93,7 +93,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
   app.add_option("--backend", a.backend, "compute backend")->check(CLI::IsMember({"cpu"}));
-  app.add_option("--dtype", a.dtype, "parameter and activation type")->check(CLI::IsMember({"float", "double"}));
+  app.add_option("--dtype", a.dtype, "parameter and activation type")->check(CLI::IsMember({"float", "double", "bf16"}));
   app.add_option("--num-layers", a.model.num_layers);
   app.add_option("--hidden-size", a.model.hidden_size);
   app.add_option("--num-attention-heads", a.model.num_attention_heads);
@@ -202,9 +202,10 @@ TrainResult train_with(const TrainArgs& a) {
     if (logger && !a.quiet) {
       std::int64_t params = 0;
       model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
-      std::printf("strata %s: %d ranks (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters (tp shards counted once: ~%lld on rank 0), %d micro-batches of %d per rank per iteration, from iteration %d\n",
+      std::printf("strata %s: %d ranks (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
                   a.model_kind.c_str(), a.world_size, a.tensor_model_parallel_size, dp, SP ? "on" : "off", a.dtype.c_str(),
-                  static_cast<long long>(params), static_cast<long long>(params), micro_steps, a.micro_batch_size, start);
+                  static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps, a.micro_batch_size,
+                  start + 1, a.train_iters);
       std::fflush(stdout);
     }
     const auto t_begin = std::chrono::steady_clock::now();
@@ -270,6 +271,9 @@ TrainResult train(const TrainArgs& a) {
   validate(a);
   if (a.dtype == "double") {
     return a.sequence_parallel ? train_with<Model, double, true>(a) : train_with<Model, double, false>(a);
+  }
+  if (a.dtype == "bf16") {
+    return a.sequence_parallel ? train_with<Model, bf16, true>(a) : train_with<Model, bf16, false>(a);
   }
   return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
 }

@@ -46,3 +46,20 @@ TEST(Gpt, InvalidConfigRejectedBeforeAllocation) {
 }
 
 }  // namespace
+
+namespace {
+
+// bf16 parameters and activations at tp=2 with sequence parallelism against the float run at tp=1:
+// loss and gradients within 1e-2 relative (norm of difference over norm of reference).
+TEST(Gpt, Bf16ShardedFollowsFloatReference) {
+  auto c = tiny_gpt();
+  const auto reference = strata_test::run_model<strata::models::Gpt, float, false>(1, c);
+  const auto bf16 = strata_test::run_model<strata::models::Gpt, strata::bf16, true>(2, c);
+  ASSERT_EQ(bf16.grads.size(), reference.grads.size());
+  for (const auto& [name, g] : reference.grads)
+    EXPECT_LE(strata_test::relative_error(bf16.grads.at(name), g), 1e-2) << "gradient of " << name;
+  for (std::size_t i = 0; i < reference.outputs.size(); ++i)
+    EXPECT_LE(strata_test::relative_error(bf16.outputs[i], reference.outputs[i]), 1e-2) << "loss " << i;
+}
+
+}  // namespace
