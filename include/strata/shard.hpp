@@ -6,3 +6,4 @@
 #include "shard/partition.hpp"
 #include "shard/parallel_config.hpp"
 #include "shard/rank_generator.hpp"
+#include "shard/shard_spec.hpp"

@@ -29,10 +29,8 @@
 // StateWriter does not copy tensor data: `add` keeps a pointer, so every tensor added must stay
 // alive and unchanged until write() returns (passing a temporary does not compile).
 //
-// Layering: ShardSpec and Parameter are defined in layers/parameter.hpp, so this header includes
-// it, although DESIGN.md lets checkpoint/ use only core/ and shard/. Both types are plain data on
-// top of core/; ShardSpec (with local_shape and global_index) belongs in shard/, and moving it
-// there would remove this upward include.
+// Parameters are taken by their members (name, value, global_shape, shard), so this header needs
+// no layer type: any parameter-like struct can be stored.
 #pragma once
 
 #include <algorithm>
@@ -55,7 +53,7 @@
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
 #include "../core/tensor.hpp"
-#include "../layers/parameter.hpp"
+#include "../shard/shard_spec.hpp"
 #include "crc32.hpp"
 #include "durable_file.hpp"
 
@@ -271,12 +269,12 @@ class StateWriter {
   void add(std::string name, const Tensor<X>&& tensor, Shape global = {}, ShardSpec shard = {}) = delete;
 
   // A parameter's value under its name, with its global shape and shard.
-  template <class T>
-  void add_parameter(const Parameter<T>& p) {
+  template <class P>
+  void add_parameter(const P& p) {
     add(p.name, p.value, p.global_shape, p.shard);
   }
-  template <class T>
-  void add_parameter(const Parameter<T>& p, std::string name) {
+  template <class P>
+  void add_parameter(const P& p, std::string name) {
     add(std::move(name), p.value, p.global_shape, p.shard);
   }
 
@@ -449,12 +447,12 @@ class StateReader {
     load_into(name, out);
   }
   // A parameter's value (stored under its name, or under `name`), checking global shape and shard.
-  template <class T>
-  void load_parameter(Parameter<T>& p) {
+  template <class P>
+  void load_parameter(P& p) {
     load_into(p.name, p.value, p.global_shape, p.shard);
   }
-  template <class T>
-  void load_parameter(Parameter<T>& p, std::string_view name) {
+  template <class P>
+  void load_parameter(P& p, std::string_view name) {
     load_into(name, p.value, p.global_shape, p.shard);
   }
 

@@ -23,8 +23,8 @@
 // for_each_state exposes the state as named tensors ("<param>.main", "<param>.exp_avg",
 // "<param>.exp_avg_sq") for checkpoints; steps() / set_steps() carry t.
 //
-// The per-parameter state records the parameter's global shape and ShardSpec (so a checkpoint can
-// store where each moment lives), which is why this header includes layers/parameter.hpp.
+// The per-parameter state records the parameter's global shape and ShardSpec, so a checkpoint can
+// store where each moment lives.
 #pragma once
 
 #include <cmath>
@@ -36,7 +36,7 @@
 
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
-#include "../layers/parameter.hpp"
+#include "../shard/shard_spec.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
