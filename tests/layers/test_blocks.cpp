@@ -1,0 +1,151 @@
+// Layer by layer: TransformerLayer (GPT-style: LayerNorm, MHA, GELU; Llama-style: RmsNorm, RoPE +
+// GQA, SwiGLU), VocabParallelEmbedding and vocab-parallel cross-entropy, each at tp in {1, 2, 4}
+// with and without sequence parallelism, against the single-rank run: outputs, input gradients and
+// every gathered parameter gradient.
+#include <gtest/gtest.h>
+
+#include "../common/equivalence.hpp"
+
+namespace {
+
+using namespace strata;
+using strata_test::Snapshot;
+
+template <class T, bool SP>
+struct Policy : default_policy {
+  using element = T;
+  static constexpr bool sequence_parallel = SP;
+};
+
+constexpr index_t kSeq = 8, kBatch = 2, kHidden = 32;
+
+template <class T>
+Tensor<T> random_tensor(Shape shape, std::uint64_t key) {
+  Tensor<T> t(shape);
+  for (index_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>(rng::normal(key, static_cast<std::uint64_t>(i)));
+  return t;
+}
+
+// The residual-stream layout of a policy, from and to the full tensor.
+template <class P, class T, class Context>
+Activation<T, residual_layout_t<P>> to_residual(Context& ctx, Tensor<T> full) {
+  Activation<T, layout::replicated> x(std::move(full));
+  if constexpr (P::sequence_parallel) return scatter_to_sequence_parallel(ctx.tp, x);
+  else return x;
+}
+template <class P, class T, class Context>
+Tensor<T> from_residual(Context& ctx, const Activation<T, residual_layout_t<P>>& x) {
+  if constexpr (P::sequence_parallel) return gather_from_sequence_parallel(ctx.tp, x).tensor;
+  else return x.tensor;
+}
+
+template <class T, bool SP, bool Llama>
+Snapshot run_layer(int tp) {
+  using P = Policy<T, SP>;
+  using Layer = std::conditional_t<Llama, TransformerLayer<P, RmsNorm, SelfAttention<P, rope, gqa>, Mlp<P, swiglu>>,
+                                   TransformerLayer<P, LayerNorm, SelfAttention<P, no_rope, mha>, Mlp<P, gelu>>>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    Layer layer(ctx, "layer", TransformerLayerConfig{kHidden, 1e-5, 0.0},
+                AttentionConfig{kHidden, 8, Llama ? 4 : 0, 1000.0, !Llama}, MlpConfig{kHidden, 64, !Llama});
+    layer.init(11, 0.3, 0.2);
+    for (int step = 0; step < 2; ++step) {
+      auto x = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 300 + step));
+      auto dy = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 400 + step));
+      auto [y, saved] = layer.forward(ctx, x);
+      auto dx = layer.backward(ctx, saved, dy);
+      Tensor<T> y_full = from_residual<P>(ctx, y), dx_full = from_residual<P>(ctx, dx);
+      if (world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back(strata_test::to_values(y_full));
+        snapshot.outputs.push_back(strata_test::to_values(dx_full));
+      }
+    }
+    strata_test::gather_parameters(ctx, layer, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+template <class T, bool Llama>
+void check_layer() {
+  const Snapshot reference = run_layer<T, false, Llama>(1);
+  for (int tp : {1, 2, 4}) {
+    strata_test::expect_equivalent(run_layer<T, false, Llama>(tp), reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp));
+    strata_test::expect_equivalent(run_layer<T, true, Llama>(tp), reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " SP");
+  }
+}
+
+TEST(TransformerLayer, GptStyleShardedEqualsUnshardedDouble) { check_layer<double, false>(); }
+TEST(TransformerLayer, GptStyleShardedEqualsUnshardedFloat) { check_layer<float, false>(); }
+TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedDouble) { check_layer<double, true>(); }
+TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedFloat) { check_layer<float, true>(); }
+
+// Embedding then (a fixed projection to) vocab-parallel cross-entropy: tokens -> residual -> loss.
+template <class T, bool SP>
+Snapshot run_embedding_and_loss(int tp, double smoothing) {
+  using P = Policy<T, SP>;
+  constexpr index_t kVocab = 64;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    VocabParallelEmbedding<P> embedding(ctx, "embedding", kVocab, kHidden);
+    ColumnParallelLinear<P> output(embedding.weight());  // tied: logits = x E^T
+    VocabParallelCrossEntropy<P> loss(smoothing, 60);      // 4 padded columns
+    embedding.init(21, 1.0);
+    Tensor<std::int32_t> tokens(Shape{kSeq, kBatch}), labels(Shape{kSeq, kBatch});
+    for (index_t i = 0; i < tokens.numel(); ++i) {
+      tokens[i] = static_cast<std::int32_t>(rng::uniform(5, static_cast<std::uint64_t>(i)) * 60);
+      labels[i] = static_cast<std::int32_t>(rng::uniform(6, static_cast<std::uint64_t>(i)) * 60);
+    }
+    auto [x, es] = embedding.forward(ctx, tokens);
+    auto [logits, os] = output.forward(ctx, x);
+    auto [losses, ls] = loss.forward(ctx, logits, labels);
+    Tensor<accumulate_t<T>> dloss(losses.shape(), accumulate_t<T>(0.1));
+    auto dx = output.backward(ctx, os, loss.backward(ctx, ls, dloss, logits.shape()));
+    embedding.backward(ctx, es, dx);
+    if (world.rank() == 0) {
+      std::lock_guard lock(mutex);
+      snapshot.outputs.push_back(strata_test::to_values(losses));
+    }
+    strata_test::gather_parameters(ctx, embedding, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+template <class T>
+void check_embedding_and_loss(double smoothing) {
+  const Snapshot reference = run_embedding_and_loss<T, false>(1, smoothing);
+  for (int tp : {1, 2, 4}) {
+    strata_test::expect_equivalent(run_embedding_and_loss<T, false>(tp, smoothing), reference, strata_test::tolerance<T>(),
+                                   "tp=" + std::to_string(tp));
+    strata_test::expect_equivalent(run_embedding_and_loss<T, true>(tp, smoothing), reference, strata_test::tolerance<T>(),
+                                   "tp=" + std::to_string(tp) + " SP");
+  }
+}
+
+TEST(VocabParallelEmbeddingAndCrossEntropy, ShardedEqualsUnshardedDouble) { check_embedding_and_loss<double>(0.0); }
+TEST(VocabParallelEmbeddingAndCrossEntropy, ShardedEqualsUnshardedFloat) { check_embedding_and_loss<float>(0.0); }
+TEST(VocabParallelEmbeddingAndCrossEntropy, LabelSmoothingShardedEqualsUnsharded) { check_embedding_and_loss<double>(0.1); }
+
+TEST(VocabParallelCrossEntropy, MatchesDirectComputation) {
+  // One rank, double: loss = logsumexp(z over real vocabulary) - z_label; gradient = softmax - onehot.
+  using P = Policy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    VocabParallelCrossEntropy<P> loss(0.0, 5);
+    Tensor<double> z(Shape{1, 2, 6}, std::vector<double>{1, 2, 3, 4, 5, 100, -1, 0, 1, 0, -1, 100});
+    Tensor<std::int32_t> labels(Shape{1, 2}, std::vector<std::int32_t>{4, 0});
+    Activation<double, layout::sharded<-1>> logits(z);
+    auto [losses, saved] = loss.forward(ctx, logits, labels);
+    const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0) + std::exp(5.0));
+    EXPECT_NEAR(losses[0], lse0 - 5.0, 1e-12);  // column 5 (padding, logit 100) is left out
+    auto dz = loss.backward(ctx, saved, Tensor<double>(Shape{1, 2}, 1.0), z.shape());
+    EXPECT_NEAR(dz.tensor[4], std::exp(5.0 - lse0) - 1.0, 1e-12);
+    EXPECT_EQ(dz.tensor[5], 0.0);
+  });
+}
+
+}  // namespace
