@@ -17,6 +17,22 @@ namespace strata_test {
 
 using Values = std::vector<double>;
 
+// The policy the tests instantiate layers and models with.
+template <class T, bool SP>
+struct TestPolicy : strata::default_policy {
+  using element = T;
+  static constexpr bool sequence_parallel = SP;
+};
+
+// Standard-normal values from the counter-based generator (key, element index).
+template <class T>
+strata::Tensor<T> random_tensor(strata::Shape shape, std::uint64_t key) {
+  strata::Tensor<T> t(shape);
+  for (strata::index_t i = 0; i < t.numel(); ++i)
+    t[i] = static_cast<T>(strata::rng::normal(key, static_cast<std::uint64_t>(i)));
+  return t;
+}
+
 struct Snapshot {
   std::map<std::string, Values> values;  // global parameter values by name
   std::map<std::string, Values> grads;   // global gradients by name

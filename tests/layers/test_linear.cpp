@@ -10,19 +10,10 @@ using namespace strata;
 using strata_test::Snapshot;
 
 template <class T, bool SP>
-struct Policy : default_policy {
-  using element = T;
-  static constexpr bool sequence_parallel = SP;
-};
+using Policy = strata_test::TestPolicy<T, SP>;
+using strata_test::random_tensor;
 
 constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
-
-template <class T>
-Tensor<T> random_tensor(Shape shape, std::uint64_t key) {
-  Tensor<T> t(shape);
-  for (index_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>(rng::normal(key, static_cast<std::uint64_t>(i)));
-  return t;
-}
 
 // Runs column -> row on `tp` ranks twice (gradients accumulate), returns the gathered snapshot.
 template <class T, bool SP>

@@ -12,10 +12,7 @@
 namespace strata_test {
 
 template <class T, bool SP>
-struct ModelPolicy : strata::default_policy {
-  using element = T;
-  static constexpr bool sequence_parallel = SP;
-};
+using ModelPolicy = TestPolicy<T, SP>;
 
 struct TokenBatch {
   strata::Tensor<std::int32_t> tokens, labels;
