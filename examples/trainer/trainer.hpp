@@ -8,13 +8,16 @@
 //   2. forward + backward per micro-batch (gradients accumulate);
 //   3. all-reduce gradients over data parallel, clip by the global norm (across model-parallel
 //      ranks), AdamW step with the scheduled learning rate;
-//   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due.
+//   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due;
+//      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
+//      batches of the validation part of --split, forward only.
 // Everything is validated before the first allocation; checkpoints resume bit for bit.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -62,6 +65,9 @@ struct TrainArgs {
   bool eod_mask_loss = false;
   // data, checkpoints, logging
   std::string data_path = STRATA_DEFAULT_DATA_PATH;
+  std::string split = "969,30,1";  // train, validation, test parts of every dataset (by sequence)
+  int eval_interval = 100;
+  int eval_iters = 5;
   std::string save, load;
   int save_interval = 0;
   std::uint64_t seed = 1234;
@@ -72,7 +78,8 @@ struct TrainArgs {
 
 struct TrainResult {
   int start_iteration = 0;
-  std::vector<double> losses;  // one per iteration run
+  std::vector<double> losses;                           // one per iteration run
+  std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -121,6 +128,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--adam-eps", a.adam_eps);
   app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
   app.add_option("--data-path", a.data_path, "prefix of a .bin/.idx pair, or 'w1 prefix1 w2 prefix2 ...'");
+  app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
+  app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
+  app.add_option("--eval-iters", a.eval_iters, "global batches per evaluation (0: no evaluation)");
   app.add_option("--save", a.save, "checkpoint directory to save into");
   app.add_option("--load", a.load, "checkpoint directory to resume from");
   app.add_option("--save-interval", a.save_interval, "iterations between checkpoints (0 = only at the end when --save)");
@@ -142,6 +152,9 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
   if (a.train_iters < 1) fail<ConfigError>("--train-iters=", a.train_iters, " must be at least 1");
+  if (a.eval_interval < 0 || a.eval_iters < 0)
+    fail<ConfigError>("--eval-interval=", a.eval_interval, " and --eval-iters=", a.eval_iters, " must be >= 0");
+  data::parse_split(a.split);
   if (a.save_interval < 0) fail<ConfigError>("--save-interval=", a.save_interval, " must be >= 0");
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
@@ -165,8 +178,15 @@ TrainResult train_with(const TrainArgs& a) {
   const int dp = a.world_size / a.tensor_model_parallel_size;
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
   const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
+  const std::vector<double> split = data::parse_split(a.split);
   data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
-  auto dataset = data::build_blended_gpt_dataset(a.data_path, data_config, num_samples);
+  auto dataset = data::build_blended_gpt_dataset(a.data_path, data_config, num_samples, split, 0);
+  const bool evaluate = a.eval_iters > 0 && split[1] > 0;
+  const std::int64_t eval_samples = static_cast<std::int64_t>(a.eval_iters) * a.global_batch_size;
+  auto valid = evaluate ? data::build_blended_gpt_dataset(
+                              a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_samples, a.seed, true},
+                              eval_samples, split, 1)
+                        : nullptr;
   const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
 
   std::ofstream jsonl;
@@ -208,6 +228,34 @@ TrainResult train_with(const TrainArgs& a) {
                   start + 1, a.train_iters);
       std::fflush(stdout);
     }
+    // Mean loss over the first eval_iters global batches of the validation data (forward only).
+    auto validation_loss = [&] {
+      double sums[2] = {0, 0};  // loss, tokens
+      for (int k = 0; k < a.eval_iters; ++k)
+        for (int m = 0; m < micro_steps; ++m) {
+          const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
+                                                            a.micro_batch_size, ctx.coords.dp, dp, m);
+          const data::Batch b = data::make_batch(*valid, first, a.micro_batch_size, batch_options);
+          const models::LossSum loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
+          sums[0] += loss.loss_sum;
+          sums[1] += loss.tokens;
+        }
+      ctx.dp.all_reduce(std::span<double>(sums, 2), ReduceOp::sum);
+      return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    };
+    auto report_validation = [&](int iteration) {
+      const double loss = validation_loss();
+      if (!logger) return;
+      {
+        std::lock_guard lock(result_mutex);
+        result.validation_losses.emplace_back(iteration, loss);
+      }
+      if (!a.quiet) {
+        std::printf("validation  %6d/%6d | loss %.4f | ppl %.3f\n", iteration, a.train_iters, loss, std::exp(loss));
+        std::fflush(stdout);
+      }
+      if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << loss << "}\n";
+    };
     const auto t_begin = std::chrono::steady_clock::now();
     for (int it = start; it < a.train_iters; ++it) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -236,31 +284,32 @@ TrainResult train_with(const TrainArgs& a) {
       const double loss = tokens[1] / tokens[0];
       const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
       if (save_now)
-        save_checkpoint(ctx, a.save, it + 1, model, optimizer,
-                                    TrainState{it + 1, consumed, a.seed, {}});
-      if (!logger) continue;
-      const auto t1 = std::chrono::steady_clock::now();
-      const double step_s = std::chrono::duration<double>(t1 - t0).count();
-      const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
-      const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
-      const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
-      {
-        std::lock_guard lock(result_mutex);
-        result.losses.push_back(loss);
+        save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});
+      if (logger) {
+        const auto t1 = std::chrono::steady_clock::now();
+        const double step_s = std::chrono::duration<double>(t1 - t0).count();
+        const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
+        const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
+        const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
+        {
+          std::lock_guard lock(result_mutex);
+          result.losses.push_back(loss);
+        }
+        if (!a.quiet && ((it + 1) % a.log_interval == 0 || it + 1 == a.train_iters)) {
+          std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.2f s/it | %dm%02ds left%s\n",
+                      it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
+                      static_cast<int>(left) % 60, save_now ? " | saved" : "");
+          std::fflush(stdout);
+        }
+        if (jsonl) {
+          jsonl << "{\"iteration\": " << it + 1 << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
+                << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
+                << ", \"consumed_samples\": " << consumed << "}\n";
+          jsonl.flush();
+        }
       }
-      if (!a.quiet && ((it + 1) % a.log_interval == 0 || it + 1 == a.train_iters)) {
-        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.2f s/it | %s left%s\n",
-                    it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s,
-                    (std::to_string(static_cast<int>(left / 60)) + "m" + std::to_string(static_cast<int>(left) % 60) + "s").c_str(),
-                    save_now ? " | saved" : "");
-        std::fflush(stdout);
-      }
-      if (jsonl) {
-        jsonl << "{\"iteration\": " << it + 1 << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
-              << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
-              << ", \"consumed_samples\": " << consumed << "}\n";
-        jsonl.flush();
-      }
+      if (evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
+        report_validation(it + 1);
     }
   });
   return result;

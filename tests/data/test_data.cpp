@@ -689,3 +689,23 @@ TEST(Blending, BlendedGptDatasetServesFromItsParts) {
                                                   GptDatasetConfig{.seq_length = 8, .seed = 1});
   EXPECT_THROW((BlendedDataset<GptDataset>({small}, {1.0}, small->size() + 1)), ConfigError);
 }
+
+TEST(Blending, SplitPartsUseDisjointSequences) {
+  // --split 969,30,1 over the shipped corpus: training samples come only from the first 96.9% of
+  // the sequences, validation samples only from the next 3%.
+  const std::string prefix = std::string(STRATA_EXAMPLES_DATA_DIR) + "/corpus_text_document";
+  const std::vector<double> split = parse_split("969,30,1");
+  auto train = build_blended_gpt_dataset(prefix, GptDatasetConfig{64, 200, 1234, true}, 200, split, 0);
+  auto valid = build_blended_gpt_dataset(prefix, GptDatasetConfig{64, 20, 1234, true}, 20, split, 1);
+  const auto bounds = split_bounds(train->dataset(0).indexed_dataset().size(), split);
+  for (std::int64_t d : train->dataset(0).index().document_index) {
+    EXPECT_GE(d, bounds[0]);
+    EXPECT_LT(d, bounds[1]);
+  }
+  for (std::int64_t d : valid->dataset(0).index().document_index) {
+    EXPECT_GE(d, bounds[1]);
+    EXPECT_LT(d, bounds[2]);
+  }
+  EXPECT_THROW(build_blended_gpt_dataset(prefix, GptDatasetConfig{64, 20, 1234, true}, 20, parse_split("100,0,0"), 1),
+               ConfigError);
+}

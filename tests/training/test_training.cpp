@@ -24,6 +24,8 @@ trainer::TrainArgs tiny(std::string kind) {
   a.min_lr = 1e-3;
   a.lr_warmup_iters = 3;
   a.quiet = true;
+  a.eval_interval = 20;
+  a.eval_iters = 2;
   return a;
 }
 
@@ -38,6 +40,11 @@ TEST(Training, GptLossFallsOnShippedCorpus) {
   ASSERT_EQ(result.losses.size(), 40u);
   EXPECT_GT(result.losses.front(), 5.0);  // about log(vocab) at the start
   EXPECT_LT(mean(result.losses, 30, 40), mean(result.losses, 0, 10) - 1.0) << "loss did not fall";
+  // validation on held-out sequences (the 3% part of --split) at iterations 20 and 40
+  ASSERT_EQ(result.validation_losses.size(), 2u);
+  EXPECT_EQ(result.validation_losses[0].first, 20);
+  EXPECT_LT(result.validation_losses[1].second, 3.5);
+  EXPECT_LT(result.validation_losses[1].second, result.validation_losses[0].second + 0.1);
 }
 
 TEST(Training, LlamaLossFallsOnShippedCorpus) {
@@ -125,6 +132,9 @@ TEST(Training, BadConfigurationsAreRefusedWithTheValue) {
   a = tiny("gpt");
   a.data_path = "/nonexistent/corpus";
   expect_error(a, "/nonexistent/corpus");
+  a = tiny("gpt");
+  a.split = "90,x,10";
+  expect_error(a, "'x'");
 }
 
 }  // namespace

@@ -187,12 +187,18 @@ class BlendedDataset {
   BlendIndex index_{};
 };
 
-// GPT datasets for every prefix of `data_path`, blended into `num_samples` samples. Each dataset is
+// GPT datasets for every prefix of `blend`, blended into `num_samples` samples. Each dataset is
 // built with its share of the samples (plus Megatron's margin) under config's seq_length and seed.
+// With `split` (normalized weights, see parse_split), each dataset keeps only the sequences of part
+// `split_index` (0 train, 1 validation, 2 test), as Megatron's --split does.
 inline std::shared_ptr<const BlendedDataset<GptDataset>> build_blended_gpt_dataset(const DataBlend& blend,
                                                                                   GptDatasetConfig config,
-                                                                                  std::int64_t num_samples) {
+                                                                                  std::int64_t num_samples,
+                                                                                  std::span<const double> split = {},
+                                                                                  int split_index = 0) {
   if (num_samples < 1) fail<ConfigError>("blended GPT dataset: num_samples must be >= 1, got ", num_samples);
+  if (!split.empty() && (split_index < 0 || split_index >= static_cast<int>(split.size())))
+    fail<ConfigError>("blended GPT dataset: split index ", split_index, " is outside the ", split.size(), " parts of the split");
   std::vector<std::shared_ptr<const IndexedDataset>> indexed;
   for (const auto& prefix : blend.prefixes) indexed.push_back(std::make_shared<const IndexedDataset>(prefix));
   std::vector<double> weights = blend.weights;
@@ -203,15 +209,27 @@ inline std::shared_ptr<const BlendedDataset<GptDataset>> build_blended_gpt_datas
   for (std::size_t i = 0; i < indexed.size(); ++i) {
     GptDatasetConfig c = config;
     c.num_samples = sizes[i];
-    datasets.push_back(std::make_shared<const GptDataset>(indexed[i], c));
+    std::vector<std::int64_t> documents;
+    if (!split.empty()) {
+      const auto bounds = split_bounds(indexed[i]->size(), split);
+      const auto begin = bounds[static_cast<std::size_t>(split_index)], end = bounds[static_cast<std::size_t>(split_index) + 1];
+      if (end <= begin)
+        fail<ConfigError>("dataset '", indexed[i]->path_prefix(), "': the split leaves no sequences for part ", split_index,
+                          " (", indexed[i]->size(), " sequences in all); give that part more weight in --split");
+      documents.resize(static_cast<std::size_t>(end - begin));
+      std::iota(documents.begin(), documents.end(), begin);
+    }
+    datasets.push_back(std::make_shared<const GptDataset>(indexed[i], c, std::move(documents)));
   }
   return std::make_shared<const BlendedDataset<GptDataset>>(std::move(datasets), std::move(weights), num_samples);
 }
 
 inline std::shared_ptr<const BlendedDataset<GptDataset>> build_blended_gpt_dataset(std::string_view data_path,
                                                                                   GptDatasetConfig config,
-                                                                                  std::int64_t num_samples) {
-  return build_blended_gpt_dataset(parse_data_path(data_path), config, num_samples);
+                                                                                  std::int64_t num_samples,
+                                                                                  std::span<const double> split = {},
+                                                                                  int split_index = 0) {
+  return build_blended_gpt_dataset(parse_data_path(data_path), config, num_samples, split, split_index);
 }
 
 }  // namespace data
