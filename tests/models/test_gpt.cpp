@@ -63,3 +63,24 @@ TEST(Gpt, Bf16ShardedFollowsFloatReference) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ModelConfig, PresetsValidateAtCommonTensorParallelSizes) {
+  using strata::models::ModelConfig;
+  for (const ModelConfig& c : {ModelConfig::gpt2_124m(), ModelConfig::gpt2_350m(), ModelConfig::llama2_7b(), ModelConfig::llama3_8b()})
+    for (int tp : {1, 2, 4})
+      for (bool sp : {false, true}) EXPECT_NO_THROW(strata::models::validate(c, strata::ParallelConfig{.tp = tp}, sp)) << tp;
+  EXPECT_EQ(ModelConfig::gpt2_124m().padded_vocab(1), 50304);  // Megatron's padding of GPT-2's 50257
+  EXPECT_EQ(ModelConfig::gpt2_124m().padded_vocab(8), 51200);
+  try {
+    strata::models::validate(ModelConfig::gpt2_124m(), strata::ParallelConfig{.tp = 5}, false);
+    FAIL() << "tp=5 must be refused for 12 heads";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("tp=5"), std::string::npos) << e.what();
+  }
+  // Llama 3 8B has 8 key/value groups: tp=16 cannot give each rank a whole group.
+  EXPECT_THROW(strata::models::validate(ModelConfig::llama3_8b(), strata::ParallelConfig{.tp = 16}, false), strata::ConfigError);
+}
+
+}  // namespace
