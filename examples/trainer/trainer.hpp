@@ -96,7 +96,7 @@ inline TrainArgs default_args(std::string kind) {
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
-  app.add_option("--world-size", a.world_size, "ranks (threads) in total; data parallel = world / tensor parallel");
+  app.add_option("--world-size,--threads", a.world_size, "ranks (one thread each) in total; data parallel = world / tensor parallel");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
   app.add_option("--backend", a.backend, "compute backend")->check(CLI::IsMember({"cpu"}));
