@@ -152,6 +152,11 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
   if (a.train_iters < 1) fail<ConfigError>("--train-iters=", a.train_iters, " must be at least 1");
+  const int decay_iters = a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters;
+  if (a.lr_warmup_iters > decay_iters)
+    fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
+                      a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
+                      "; warmup must end before the learning rate decays (lower --lr-warmup-iters)");
   if (a.eval_interval < 0 || a.eval_iters < 0)
     fail<ConfigError>("--eval-interval=", a.eval_interval, " and --eval-iters=", a.eval_iters, " must be >= 0");
   data::parse_split(a.split);
