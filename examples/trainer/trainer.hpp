@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -72,6 +73,9 @@ struct TrainArgs {
   int save_interval = 0;
   std::uint64_t seed = 1234;
   int log_interval = 10;
+  int sample_tokens = 160;  // generated after training (byte tokenizer only); 0: none
+  std::string sample_prompt = "And God said";
+  double sample_temperature = 0.7;
   std::string log_jsonl;
   bool quiet = false;
 };
@@ -80,6 +84,7 @@ struct TrainResult {
   int start_iteration = 0;
   std::vector<double> losses;                           // one per iteration run
   std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
+  std::string sample;                                     // text generated after training
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -138,6 +143,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--log-interval", a.log_interval);
   app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
   app.add_flag("--quiet", a.quiet, "no per-iteration output");
+  app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
+  app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
+  app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
 }
 
 // Checks everything that can be checked before a thread starts or a byte is allocated.
@@ -157,6 +165,11 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
                       a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
                       "; warmup must end before the learning rate decays (lower --lr-warmup-iters)");
+  if (a.sample_tokens < 0 || a.sample_temperature < 0)
+    fail<ConfigError>("--sample-tokens=", a.sample_tokens, " and --sample-temperature=", a.sample_temperature, " must be >= 0");
+  if (a.sample_tokens > 0 && a.model.vocab_size != data::ByteTokenizer::kVocabSize)
+    fail<ConfigError>("--sample-tokens needs the byte tokenizer's vocabulary (--vocab-size=", data::ByteTokenizer::kVocabSize,
+                      "), got --vocab-size=", a.model.vocab_size, "; pass --sample-tokens 0");
   if (a.eval_interval < 0 || a.eval_iters < 0)
     fail<ConfigError>("--eval-interval=", a.eval_interval, " and --eval-iters=", a.eval_iters, " must be >= 0");
   data::parse_split(a.split);
@@ -175,6 +188,36 @@ struct TrainPolicy : default_policy {
   using element = T;
   static constexpr bool sequence_parallel = SP;
 };
+
+// Continues --sample-prompt byte by byte: each step runs the model on the last seq_length tokens
+// (padded with EOD after the end, which causal attention ignores) and draws the next byte from
+// softmax(logits / temperature) with the counter-based RNG, so every rank draws the same byte.
+template <class Context, class Model>
+std::string generate(Context& ctx, const Model& model, const TrainArgs& a) {
+  const index_t window = a.model.seq_length;
+  std::vector<std::int32_t> tokens = data::ByteTokenizer::encode(a.sample_prompt);
+  if (tokens.empty()) tokens.push_back(data::ByteTokenizer::kEod);
+  const std::uint64_t key = rng::mix(a.seed, 0x73616d706c65ull);  // "sample"
+  for (int step = 0; step < a.sample_tokens; ++step) {
+    const std::size_t begin = tokens.size() > static_cast<std::size_t>(window) ? tokens.size() - window : 0;
+    Tensor<std::int32_t> input(Shape{1, window}, data::ByteTokenizer::kEod);
+    for (std::size_t i = begin; i < tokens.size(); ++i) input[static_cast<index_t>(i - begin)] = tokens[i];
+    std::vector<double> logits = model.next_token_logits(ctx, input, static_cast<index_t>(tokens.size() - begin - 1));
+    logits[data::ByteTokenizer::kEod] = -1e300;  // keep writing text
+    std::size_t next = 0;
+    if (a.sample_temperature == 0) {
+      next = static_cast<std::size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double total = 0;
+      for (double& z : logits) total += (z = std::exp((z - top) / a.sample_temperature));
+      double u = rng::uniform(key, static_cast<std::uint64_t>(step)) * total;
+      while (next + 1 < logits.size() && u >= logits[next]) u -= logits[next++];
+    }
+    tokens.push_back(static_cast<std::int32_t>(next));
+  }
+  return data::ByteTokenizer::decode(tokens);
+}
 
 template <template <class> class Model, class T, bool SP>
 TrainResult train_with(const TrainArgs& a) {
@@ -315,6 +358,14 @@ TrainResult train_with(const TrainArgs& a) {
       }
       if (evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
         report_validation(it + 1);
+    }
+    if (a.sample_tokens > 0) {
+      const std::string text = generate(ctx, model, a);
+      if (logger) {
+        std::lock_guard lock(result_mutex);
+        result.sample = text;
+        if (!a.quiet) std::printf("sample: %s\n", text.c_str());
+      }
     }
   });
   return result;

@@ -569,3 +569,13 @@ TEST(Error, FailThrowsTheTypeWithTheMessage) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Shape, RowsIsTheProductOfAllButTheLastExtentEvenWhenTheLastIsZero) {
+  static_assert(strata::Shape{3, 0}.rows() == 3);
+  EXPECT_EQ((strata::Shape{2, 4, 0}.rows()), 8);
+  EXPECT_EQ((strata::Shape{2, 4, 5}.rows()), 8);
+  EXPECT_EQ((strata::Shape{7}.rows()), 1);
+  EXPECT_EQ(strata::Shape{}.rows(), 1);
+}
+}  // namespace

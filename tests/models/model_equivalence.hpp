@@ -99,3 +99,45 @@ void expect_finite_difference_gradients(const strata::models::ModelConfig& confi
 }
 
 }  // namespace strata_test
+
+namespace strata_test {
+
+// next_token_logits agrees with the loss (-log softmax at the label = the masked per-token loss)
+// and is the same on every tensor-parallel size.
+template <template <class> class Model, bool SP>
+std::vector<double> next_token_logits_checked(int tp, const strata::models::ModelConfig& config, strata::index_t position) {
+  using namespace strata;
+  using P = ModelPolicy<double, SP>;
+  std::vector<double> result;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    Model<P> model(ctx, config);
+    model.init(99);
+    TokenBatch batch = random_batch(config.vocab_size, 1, config.seq_length, 3);
+    for (index_t i = 0; i < batch.mask.numel(); ++i) batch.mask[i] = i == position ? 1.0f : 0.0f;
+    const auto logits = model.next_token_logits(ctx, batch.tokens, position);
+    const double loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum;
+    double top = logits[0], total = 0;
+    for (double z : logits) top = std::max(top, z);
+    for (double z : logits) total += std::exp(z - top);
+    EXPECT_NEAR(std::log(total) + top - logits[static_cast<std::size_t>(batch.labels[position])], loss, 1e-10);
+    if (world.rank() == 0) {
+      std::lock_guard lock(mutex);
+      result = logits;
+    }
+  });
+  return result;
+}
+
+template <template <class> class Model>
+void expect_next_token_logits_consistent(const strata::models::ModelConfig& config) {
+  const auto reference = next_token_logits_checked<Model, false>(1, config, 5);
+  ASSERT_EQ(reference.size(), static_cast<std::size_t>(config.vocab_size));
+  for (int tp : {2, 4}) {
+    EXPECT_LE(relative_error(next_token_logits_checked<Model, false>(tp, config, 5), reference), 1e-12) << "tp=" << tp;
+    EXPECT_LE(relative_error(next_token_logits_checked<Model, true>(tp, config, 5), reference), 1e-12) << "tp=" << tp << " SP";
+  }
+}
+
+}  // namespace strata_test

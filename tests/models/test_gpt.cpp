@@ -84,3 +84,12 @@ TEST(ModelConfig, PresetsValidateAtCommonTensorParallelSizes) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Gpt, NextTokenLogitsMatchTheLossAndAllTpSizes) {
+  auto c = tiny_gpt();
+  c.vocab_size = 90;  // with padded columns, which the logits leave out
+  c.make_vocab_size_divisible_by = 8;
+  strata_test::expect_next_token_logits_consistent<strata::models::Gpt>(c);
+}
+}  // namespace

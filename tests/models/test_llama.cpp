@@ -42,3 +42,9 @@ TEST(Llama, FewerQueryGroupsThanTpIsRejected) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Llama, NextTokenLogitsMatchTheLossAndAllTpSizes) {
+  strata_test::expect_next_token_logits_consistent<strata::models::Llama>(tiny_llama());
+}
+}  // namespace

@@ -35,7 +35,11 @@ class Shape {
     return n;
   }
   // Product of all extents but the last: the "rows" of a row-major matrix view.
-  constexpr index_t rows() const { return rank_ == 0 ? 1 : numel() / (extents_[rank_ - 1] == 0 ? 1 : extents_[rank_ - 1]); }
+  constexpr index_t rows() const {
+    index_t n = 1;
+    for (int i = 0; i + 1 < rank_; ++i) n *= extents_[i];
+    return n;
+  }
   constexpr index_t cols() const { return rank_ == 0 ? 1 : extents_[rank_ - 1]; }
   constexpr Shape with(int d, index_t extent) const {
     Shape out = *this;

@@ -121,6 +121,25 @@ class DecoderModel {
     embedding_.backward(ctx, saved.embedding, dx);
   }
 
+  // Forward only: the logits (real vocabulary, gathered from the tensor-parallel shards, identical
+  // on every rank) that predict the token after `position` of `tokens` [1, s]. Tokens after
+  // `position` do not influence them (causal attention), so a prompt may be padded to s.
+  std::vector<double> next_token_logits(Context& ctx, const Tensor<std::int32_t>& tokens, index_t position) const {
+    if (tokens.rank() != 2 || tokens.size(0) != 1 || position < 0 || position >= tokens.size(1))
+      fail<ShapeError>("next_token_logits: tokens ", tokens.shape().str(), " must be [1, seq] and position ", position,
+                       " inside it");
+    auto x = embedding_.forward(ctx, transpose(tokens)).first;
+    if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    for (const auto& layer : layers_) x = layer.forward(ctx, x).first;
+    auto logits = output_->forward(ctx, final_norm_.forward(ctx, x).first).first;  // (s, 1, V / tp)
+    const Tensor<T> full = gather_from_tensor_parallel(ctx.tp, logits).tensor;       // (s, 1, V)
+    const index_t width = full.shape().cols();
+    std::vector<double> out(static_cast<std::size_t>(config_.vocab_size));
+    for (index_t v = 0; v < config_.vocab_size; ++v)
+      out[static_cast<std::size_t>(v)] = static_cast<double>(static_cast<A>(full[position * width + v]));
+    return out;
+  }
+
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     embedding_.for_each_parameter(visit);
