@@ -5,16 +5,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <strata/comm.hpp>
@@ -302,6 +305,135 @@ TYPED_TEST(InprocessCollectives, ReduceScatterVGivesRankItsUnevenBlock) {
   }
 }
 
+// The plain serial definition the reductions must match bit for bit: for each element, rank 0's
+// value, then ranks 1, 2, ... combined in accumulate_t<T> (integers wrap; max and min take the
+// later value when it is greater, smaller, or NaN; a sum keeps the first NaN in rank order,
+// quieted), divided by the number of ranks for avg, converted to T once.
+template <class T>
+std::vector<T> serial_rank_order_reduction(const std::vector<std::vector<T>>& inputs, std::size_t offset,
+                                           std::size_t n, ReduceOp op) {
+  using A = strata::accumulate_t<T>;
+  std::vector<T> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    A acc = static_cast<A>(inputs[0][offset + i]);
+    for (std::size_t p = 1; p < inputs.size(); ++p) {
+      const A v = static_cast<A>(inputs[p][offset + i]);
+      if (op == ReduceOp::sum || op == ReduceOp::avg) {
+        if constexpr (std::is_integral_v<A>)
+          acc = static_cast<A>(static_cast<std::make_unsigned_t<A>>(acc) + static_cast<std::make_unsigned_t<A>>(v));
+        else
+          acc = acc != acc ? acc + acc : acc + v;  // with acc a NaN, acc + v could be either NaN
+      } else if (op == ReduceOp::max) {
+        if (v > acc || v != v) acc = v;
+      } else {
+        if (v < acc || v != v) acc = v;
+      }
+    }
+    if (op == ReduceOp::avg) acc = acc / static_cast<A>(inputs.size());
+    out[i] = static_cast<T>(acc);
+  }
+  return out;
+}
+
+// Values that reach the edge cases: for floating types random bit patterns (NaN, infinities,
+// subnormals, signed zeros) one time in four, otherwise numbers spread over many magnitudes; for
+// integers values near the limits one time in four, so sums wrap.
+template <class T>
+std::vector<T> edge_case_vector(std::size_t n, std::mt19937_64& rng) {
+  std::vector<T> v(n);
+  for (auto& x : v) {
+    const bool edge = rng() % 4 == 0;
+    if constexpr (std::is_integral_v<T>) {
+      const auto step = static_cast<T>(rng() % 3);
+      if (!edge) x = random_value<T>(rng);
+      else x = rng() % 2 ? static_cast<T>(std::numeric_limits<T>::max() - step) : static_cast<T>(std::numeric_limits<T>::min() + step);
+    } else if (edge) {
+      if constexpr (strata::is_half_v<T>) x = T::from_bits(static_cast<std::uint16_t>(rng()));
+      else if constexpr (sizeof(T) == 4) x = std::bit_cast<T>(static_cast<std::uint32_t>(rng()));
+      else x = std::bit_cast<T>(static_cast<std::uint64_t>(rng()));
+    } else {
+      const int exponent = static_cast<int>(rng() % 24) - 12;
+      x = static_cast<T>(std::ldexp(std::uniform_real_distribution<double>(-1.0, 1.0)(rng), exponent));
+    }
+  }
+  return v;
+}
+
+// all_reduce, reduce_scatter (out of place and in place) and reduce_scatter_v on odd sizes on both
+// sides of the size where all_reduce switches from every rank reducing the whole buffer to
+// reduce-scatter + all-gather, against the serial definition above, for every operation.
+TYPED_TEST(InprocessCollectives, ReductionsMatchASerialRankOrderReductionBitForBit) {
+  using T = TypeParam;
+  std::mt19937_64 rng(16);
+  const std::size_t switch_at = inprocess::detail::kWholeReduceBytes / sizeof(T);
+  const std::size_t sizes[] = {1, 7, 1023, 1025, 2049, switch_at - 1, switch_at + 1, 3 * switch_at + 17};
+  for (int world : {1, 2, 3, 5}) {
+    const auto ranks = static_cast<std::size_t>(world);
+    struct Case {
+      ReduceOp op;
+      std::size_t n;
+      std::vector<std::vector<T>> inputs;
+      std::vector<std::size_t> counts;  // reduce_scatter_v: uneven and odd, summing to n
+    };
+    std::vector<Case> cases;
+    for (ReduceOp op : kOps)
+      for (std::size_t n : sizes) {
+        Case c{op, n, {}, {}};
+        for (int r = 0; r < world; ++r) c.inputs.push_back(edge_case_vector<T>(n, rng));
+        std::size_t left = n;
+        for (int r = 0; r + 1 < world; ++r) {
+          c.counts.push_back(random_size(0, left, rng) | 1);
+          c.counts.back() = std::min(c.counts.back(), left);
+          left -= c.counts.back();
+        }
+        c.counts.push_back(left);
+        cases.push_back(std::move(c));
+      }
+    auto results = inprocess::run_and_collect(world, [&](Comm& comm) {
+      std::vector<std::vector<T>> out;  // per case: all_reduce, reduce_scatter, in place, reduce_scatter_v
+      const auto me = static_cast<std::size_t>(comm.rank());
+      for (const Case& c : cases) {
+        std::vector<T> buffer = c.inputs[me];
+        comm.all_reduce(std::span<T>(buffer), c.op);
+        out.push_back(std::move(buffer));
+
+        const std::size_t block = c.n / ranks;
+        const std::span<const T> in(c.inputs[me].data(), block * ranks);
+        std::vector<T> mine(block);
+        comm.reduce_scatter(in, std::span<T>(mine), c.op);
+        out.push_back(std::move(mine));
+
+        std::vector<T> whole(in.begin(), in.end());
+        comm.reduce_scatter(std::span<const T>(whole), std::span<T>(whole).subspan(me * block, block), c.op);
+        out.emplace_back(whole.begin() + static_cast<std::ptrdiff_t>(me * block),
+                         whole.begin() + static_cast<std::ptrdiff_t>((me + 1) * block));
+
+        std::vector<T> uneven(c.counts[me]);
+        comm.reduce_scatter_v(std::span<const T>(c.inputs[me]), std::span<T>(uneven), std::span<const std::size_t>(c.counts),
+                              c.op);
+        out.push_back(std::move(uneven));
+      }
+      return out;
+    });
+    for (std::size_t r = 0; r < ranks; ++r)
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[k];
+        const std::size_t block = c.n / ranks;
+        const std::string what = "world size " + std::to_string(world) + ", rank " + std::to_string(r) + ", " +
+                                 std::string(strata::reduce_op_name(c.op)) + ", " + std::to_string(c.n) + " elements";
+        const auto& got = results[r];
+        expect_bitwise_equal(got[4 * k], serial_rank_order_reduction(c.inputs, 0, c.n, c.op), "all_reduce, " + what);
+        const auto expected_block = serial_rank_order_reduction(c.inputs, r * block, block, c.op);
+        expect_bitwise_equal(got[4 * k + 1], expected_block, "reduce_scatter, " + what);
+        expect_bitwise_equal(got[4 * k + 2], expected_block, "reduce_scatter in place, " + what);
+        expect_bitwise_equal(got[4 * k + 3],
+                             serial_rank_order_reduction(c.inputs, strata::detail::offset_of_block(c.counts, r),
+                                                         c.counts[r], c.op),
+                             "reduce_scatter_v, " + what);
+      }
+  }
+}
+
 TYPED_TEST(InprocessCollectives, BroadcastCopiesRootBufferFromEveryRoot) {
   using T = TypeParam;
   std::mt19937_64 rng(16);
@@ -525,6 +657,50 @@ TEST(InprocessCommunicator, AllReduceIsBitIdenticalWhateverTheThreadTiming) {
         expect_bitwise_equal(results[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)], expected,
                              "run " + std::to_string(run) + ", rank " + std::to_string(r) + ", repeat " + std::to_string(i));
   }
+}
+
+// The same for a buffer large enough that all_reduce runs in two steps (each rank reduces one
+// block, then copies the others' blocks), interleaved with one-step collectives.
+TEST(InprocessCommunicator, TwoStepAllReduceIsBitIdenticalWhateverTheThreadTiming) {
+  constexpr int kWorld = 3;
+  const std::size_t size = 3 * inprocess::detail::kWholeReduceBytes / sizeof(double) + 11;
+  std::mt19937_64 rng(21);
+  std::vector<std::vector<double>> inputs;
+  for (int r = 0; r < kWorld; ++r) {
+    std::vector<double> v = random_vector<double>(size, rng);
+    for (std::size_t i = 0; i < size; ++i) v[i] *= std::ldexp(1.0, static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 80) - 40);
+    inputs.push_back(std::move(v));
+  }
+  const std::vector<double> expected = reduce_reference(inputs, 0, size, ReduceOp::sum);
+  const std::vector<double> expected_small = reduce_reference(inputs, 0, 5, ReduceOp::sum);
+
+  constexpr int kRepeats = 12;
+  auto results = inprocess::run_and_collect(kWorld, [&](Comm& comm) {
+    std::mt19937_64 jitter(static_cast<std::uint64_t>(comm.rank()));
+    std::vector<std::vector<double>> out;
+    for (int i = 0; i < kRepeats; ++i) {
+      switch (jitter() % 3) {
+        case 0: std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 300)); break;
+        case 1: std::this_thread::yield(); break;
+        default: break;
+      }
+      std::vector<double> buffer = inputs[static_cast<std::size_t>(comm.rank())];
+      comm.all_reduce(std::span<double>(buffer), ReduceOp::sum);
+      out.push_back(std::move(buffer));
+      std::vector<double> small(inputs[static_cast<std::size_t>(comm.rank())].begin(),
+                                inputs[static_cast<std::size_t>(comm.rank())].begin() + 5);
+      comm.all_reduce(std::span<double>(small), ReduceOp::sum);
+      out.push_back(std::move(small));
+    }
+    return out;
+  });
+  for (int r = 0; r < kWorld; ++r)
+    for (int i = 0; i < kRepeats; ++i) {
+      const auto& got = results[static_cast<std::size_t>(r)];
+      const std::string what = "rank " + std::to_string(r) + ", repeat " + std::to_string(i);
+      expect_bitwise_equal(got[2 * static_cast<std::size_t>(i)], expected, what);
+      expect_bitwise_equal(got[2 * static_cast<std::size_t>(i) + 1], expected_small, what + ", small");
+    }
 }
 
 TEST(InprocessCommunicator, TimeoutNamesGroupRankOperationAndTheMissingRank) {

@@ -8,10 +8,29 @@
 //      agree (same operation, type, sizes, root, counts) before anyone reads a peer's buffer.
 //   2. depart: each rank computes its own output by reading its peers' inputs directly, then waits
 //      until every rank has finished reading, so no buffer is reused or freed while a peer reads it.
-// Per-rank generation counters keep consecutive collectives apart. Reductions combine the ranks in
-// rank order 0, 1, 2, ... for every element (bf16 / fp16 in float, rounded once at the end), so the
-// result is bit-identical whatever the thread timing, and the same on every rank. An in-place
-// all_reduce reduces into a scratch buffer and copies back after phase 2.
+// A collective may split its work into two steps with a meeting between them (every rank finishes
+// step one before any rank starts step two); all_reduce on large buffers does. Per-rank counters
+// keep consecutive collectives and their steps apart.
+//
+// Reductions. Every element is combined over the ranks in rank order 0, 1, 2, ... in
+// accumulate_t<T> (bf16 / fp16 in float, rounded once at the end; integers wrap; max and min
+// propagate NaN; a sum keeps the first NaN in rank order), so the result is bit-identical whatever
+// the thread timing, the same on every rank, and independent of how the buffer is divided between
+// ranks. The kernel is instantiated per operation (the switch on the operation sits outside the
+// loops, so they vectorize) and works through the elements in blocks of a few KiB held in an
+// accumulator on the stack: rank 0's input is loaded into it, each further rank's input is
+// combined into it in turn, and it is divided (avg), converted and stored last. The output may
+// therefore be one of the inputs.
+//   - reduce_scatter, reduce_scatter_v: each rank reduces only its own block.
+//   - all_reduce, large buffers: reduce-scatter then all-gather, in place. The buffer is cut into
+//     one contiguous block per rank; in step one each rank reduces its block of every rank's
+//     buffer into the same block of its own buffer (no other rank reads that block in step one);
+//     in step two it copies every other rank's reduced block from that rank's buffer into its own
+//     (no rank writes its own block in step two). Each element is reduced once, by one rank.
+//   - all_reduce, buffers of at most kWholeReduceBytes: one step fewer beats dividing the work.
+//     Every rank reduces the whole buffer into a scratch buffer of its own, kept by the group and
+//     reused by later calls, and copies it back after phase 2.
+// No reduction allocates memory once the scratch buffers have grown.
 //
 // send is buffered: it copies into a mailbox per (source, destination) pair and returns; recv
 // takes the next message from that peer and checks its type and size.
@@ -128,9 +147,11 @@ struct Group {
         world_ranks(std::move(ranks)),
         is_world(world),
         arrived(world_ranks.size(), 0),
+        stepped(world_ranks.size(), 0),
         departed(world_ranks.size(), 0),
         calls(world_ranks.size()),
-        mailboxes(world_ranks.size() * world_ranks.size()) {}
+        mailboxes(world_ranks.size() * world_ranks.size()),
+        scratch(world_ranks.size()) {}
 
   int size() const { return static_cast<int>(world_ranks.size()); }
 
@@ -142,10 +163,13 @@ struct Group {
   std::condition_variable cv;
   // Guarded by mutex.
   std::vector<std::uint64_t> arrived;   // collectives each rank has entered
+  std::vector<std::uint64_t> stepped;   // first steps of two-step collectives each rank has finished
   std::vector<std::uint64_t> departed;  // collectives each rank has finished
   std::vector<Call> calls;              // the call each rank posted for its current collective
   std::string error;                    // set by the last to arrive when the calls disagree
   std::vector<std::deque<Message>> mailboxes;  // [source * size + destination]
+  // Not guarded: scratch[r] belongs to rank r, which alone reads and writes it, without the lock.
+  std::vector<std::vector<std::byte>> scratch;
 };
 
 class World {
@@ -298,45 +322,83 @@ inline void build_split_groups(Group& g, World& world) {
 template <class T>
 using acc_t = accumulate_t<T>;
 
-template <class A>
-A combine(A a, A b, ReduceOp op) {
-  if constexpr (std::is_integral_v<A>) {
-    using U = std::make_unsigned_t<A>;
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));  // wraps, as on GPUs
-      case ReduceOp::max: return b > a ? b : a;
-      case ReduceOp::min: return b < a ? b : a;
+// all_reduce of at most this many bytes: every rank reduces the whole buffer (one step);
+// larger: reduce-scatter then all-gather (two steps). See the notes at the top of this file.
+inline constexpr std::size_t kWholeReduceBytes = std::size_t{64} << 10;
+
+// a op b in the accumulate type A, where a holds the earlier ranks. Integers wrap on overflow (as
+// on GPUs). max and min return b when b is NaN, so a NaN anywhere in the rank order reaches the
+// result. A sum with a NaN in a is a + a (a, quieted), so the first NaN in rank order is the one
+// that survives, as scalar x86 code computing a + b gives it; without this the vectorized loop,
+// whose addition the compiler may commute, could return b's NaN instead (other sign or payload).
+// The operand is selected before the one addition, so the loop stays free of branches.
+template <ReduceOp Op, class A>
+A combine(A a, A b) {
+  if constexpr (Op == ReduceOp::sum || Op == ReduceOp::avg) {
+    if constexpr (std::is_integral_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + (a != a ? a : b);
     }
+  } else if constexpr (Op == ReduceOp::max) {
+    if constexpr (std::is_integral_v<A>) return b > a ? b : a;
+    else return (b > a || b != b) ? b : a;
   } else {
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: return a + b;
-      case ReduceOp::max: return (b > a || b != b) ? b : a;  // NaN propagates
-      case ReduceOp::min: return (b < a || b != b) ? b : a;
-    }
+    static_assert(Op == ReduceOp::min);
+    if constexpr (std::is_integral_v<A>) return b < a ? b : a;
+    else return (b < a || b != b) ? b : a;
   }
-  return a;
 }
 
-// out[i] = inputs[0][i] op inputs[1][i] op ... for i < n, in rank order, accumulating in acc_t<T>.
-// `out` may be one of the inputs (each block is read before it is written).
-template <class T>
-void reduce_in_rank_order(T* out, const std::vector<const T*>& inputs, std::size_t n, ReduceOp op) {
+// out[i] = in_0[offset + i] op in_1[offset + i] op ... for i < n, where in_p is rank p's posted
+// input (calls[p].in): in rank order, accumulating in acc_t<T>, divided by the number of ranks
+// for avg, converted to T once. Each block of the accumulator is filled from every input before
+// its elements are stored, so `out` may be one of the inputs (at the same offset).
+template <ReduceOp Op, class T>
+void reduce_blocks(T* out, const std::vector<Call>& calls, std::size_t offset, std::size_t n) {
   using A = acc_t<T>;
-  constexpr std::size_t kBlock = 512;
-  A acc[kBlock];
+  constexpr std::size_t kBlock = 1024;
+  alignas(64) A acc[kBlock];
+  const std::size_t ranks = calls.size();
+  auto input = [&](std::size_t p, std::size_t begin) { return static_cast<const T*>(calls[p].in) + offset + begin; };
   for (std::size_t begin = 0; begin < n; begin += kBlock) {
     const std::size_t len = std::min(kBlock, n - begin);
-    for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(inputs[0][begin + i]);
-    for (std::size_t p = 1; p < inputs.size(); ++p) {
-      const T* in = inputs[p] + begin;
-      for (std::size_t i = 0; i < len; ++i) acc[i] = combine(acc[i], static_cast<A>(in[i]), op);
+    const T* in0 = input(0, begin);
+    for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(in0[i]);
+    for (std::size_t p = 1; p < ranks; ++p) {
+      const T* in = input(p, begin);
+      for (std::size_t i = 0; i < len; ++i) acc[i] = combine<Op>(acc[i], static_cast<A>(in[i]));
     }
-    if (op == ReduceOp::avg)
-      for (std::size_t i = 0; i < len; ++i) acc[i] = acc[i] / static_cast<A>(inputs.size());
-    for (std::size_t i = 0; i < len; ++i) out[begin + i] = static_cast<T>(acc[i]);
+    T* dst = out + begin;
+    if constexpr (Op == ReduceOp::avg) {
+      const A divisor = static_cast<A>(ranks);
+      for (std::size_t i = 0; i < len; ++i) dst[i] = static_cast<T>(acc[i] / divisor);
+    } else {
+      for (std::size_t i = 0; i < len; ++i) dst[i] = static_cast<T>(acc[i]);
+    }
   }
+}
+
+// reduce_blocks for a run-time operation: the one switch, outside every loop.
+template <class T>
+void reduce_in_rank_order(T* out, const std::vector<Call>& calls, std::size_t offset, std::size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_blocks<ReduceOp::sum>(out, calls, offset, n);
+    case ReduceOp::avg: return reduce_blocks<ReduceOp::avg>(out, calls, offset, n);
+    case ReduceOp::max: return reduce_blocks<ReduceOp::max>(out, calls, offset, n);
+    case ReduceOp::min: return reduce_blocks<ReduceOp::min>(out, calls, offset, n);
+  }
+}
+
+// Rank r's block [first, second) of an n-element all_reduce over `ranks` ranks: contiguous, in
+// rank order, equal sizes rounded up to whole 64-byte lines (the last blocks may be shorter or
+// empty).
+template <class T>
+std::pair<std::size_t, std::size_t> all_reduce_block(std::size_t n, std::size_t ranks, std::size_t r) {
+  constexpr std::size_t line = std::max<std::size_t>(1, 64 / sizeof(T));
+  const std::size_t per = (n / ranks + (n % ranks != 0) + line - 1) / line * line;
+  return {std::min(n, r * per), std::min(n, (r + 1) * per)};
 }
 
 // True when [a, a + na) and [b, b + nb) share an element.
@@ -379,13 +441,30 @@ class communicator {
     call.op = op;
     call.reduces = true;
     call.in = buffer.data();
-    std::vector<T> result(buffer.size());
-    collective(std::move(call), [&](const std::vector<detail::Call>& calls) {
-      std::vector<const T*> inputs;
-      for (const auto& c : calls) inputs.push_back(static_cast<const T*>(c.in));
-      detail::reduce_in_rank_order(result.data(), inputs, buffer.size(), op);
-    });
-    std::copy(result.begin(), result.end(), buffer.begin());  // peers are done reading `buffer`
+    const std::size_t n = buffer.size();
+    if (n * sizeof(T) <= detail::kWholeReduceBytes) {
+      T* result = scratch<T>(n);
+      collective(std::move(call), [&](const std::vector<detail::Call>& calls) {
+        detail::reduce_in_rank_order(result, calls, 0, n, op);
+      });
+      copy_block<T>(result, buffer.data(), n);  // peers are done reading `buffer`
+      return;
+    }
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    const std::size_t me = static_cast<std::size_t>(rank_);
+    collective_in_two_steps(
+        std::move(call),
+        [&](const std::vector<detail::Call>& calls) {  // reduce this rank's block, in place
+          const auto [first, last] = detail::all_reduce_block<T>(n, ranks, me);
+          detail::reduce_in_rank_order(buffer.data() + first, calls, first, last - first, op);
+        },
+        [&](const std::vector<detail::Call>& calls) {  // gather the other ranks' reduced blocks
+          for (std::size_t p = 0; p < ranks; ++p) {
+            if (p == me) continue;
+            const auto [first, last] = detail::all_reduce_block<T>(n, ranks, p);
+            copy_block<T>(static_cast<const T*>(calls[p].in) + first, buffer.data() + first, last - first);
+          }
+        });
   }
 
   // `in` may be exactly this rank's block of `out`; otherwise the two must not overlap.
@@ -434,9 +513,7 @@ class communicator {
     call.reduces = true;
     call.in = in.data();
     collective(std::move(call), [&](const std::vector<detail::Call>& calls) {
-      std::vector<const T*> inputs;
-      for (const auto& c : calls) inputs.push_back(static_cast<const T*>(c.in) + static_cast<std::size_t>(rank_) * out.size());
-      detail::reduce_in_rank_order(out.data(), inputs, out.size(), op);
+      detail::reduce_in_rank_order(out.data(), calls, static_cast<std::size_t>(rank_) * out.size(), out.size(), op);
     });
   }
 
@@ -454,9 +531,7 @@ class communicator {
     call.reduces = true;
     call.in = in.data();
     collective(std::move(call), [&](const std::vector<detail::Call>& calls) {
-      std::vector<const T*> inputs;
-      for (const auto& c : calls) inputs.push_back(static_cast<const T*>(c.in) + offset);
-      detail::reduce_in_rank_order(out.data(), inputs, out.size(), op);
+      detail::reduce_in_rank_order(out.data(), calls, offset, out.size(), op);
     });
   }
 
@@ -588,6 +663,14 @@ class communicator {
     return static_cast<std::size_t>(source) * static_cast<std::size_t>(size()) + static_cast<std::size_t>(destination);
   }
 
+  // This rank's scratch buffer, grown to at least n elements of T (contents unspecified).
+  template <class T>
+  T* scratch(std::size_t n) {
+    std::vector<std::byte>& bytes = group_->scratch[static_cast<std::size_t>(rank_)];
+    if (bytes.size() < n * sizeof(T)) bytes.resize(n * sizeof(T));
+    return reinterpret_cast<T*>(bytes.data());  // operator new aligns for every CommElement
+  }
+
   template <class T>
   static void copy_block(const void* source, T* destination, std::size_t n) {
     if (n != 0 && source != destination) std::memcpy(destination, source, n * sizeof(T));
@@ -649,11 +732,43 @@ class communicator {
     return s;
   }
 
+  // Waits until every rank's entry of `counter` (one of the group's per-rank counters) has reached
+  // `target`, this rank's own entry having just been set to it; the last rank to get there wakes
+  // the others. `what` ends the timeout message after the list of awaited ranks.
+  void wait_for_all(std::unique_lock<std::mutex>& lock, std::string_view operation,
+                    const std::vector<std::uint64_t>& counter, std::uint64_t target, std::string_view what) {
+    auto missing = [&] {
+      std::vector<int> awaited;
+      for (int r = 0; r < group_->size(); ++r)
+        if (counter[static_cast<std::size_t>(r)] < target) awaited.push_back(r);
+      return awaited;
+    };
+    if (missing().empty()) {
+      group_->cv.notify_all();
+    } else {
+      wait_until_done(lock, operation, missing, [what](const std::vector<int>& awaited) {
+        return detail::concat("waiting for ", list_ranks(awaited), what);
+      });
+    }
+  }
+
   // The two-phase rendezvous described at the top of this file. `compute` reads the peers' calls
   // (and through them their buffers) and writes this rank's own output; `on_complete` runs once,
   // under the lock, on the last rank to arrive, after the calls were found to agree.
   template <class Compute, class OnComplete = void (*)(detail::Group&)>
   void collective(detail::Call call, Compute&& compute, OnComplete on_complete = [](detail::Group&) {}) {
+    rendezvous(std::move(call), on_complete, compute, nullptr);
+  }
+
+  // The same with phase 2 in two steps: every rank finishes `first` before any rank starts `second`.
+  template <class First, class Second>
+  void collective_in_two_steps(detail::Call call, First&& first, Second&& second) {
+    rendezvous(std::move(call), [](detail::Group&) {}, first, second);
+  }
+
+  // `second` is nullptr for a collective of one step.
+  template <class OnComplete, class First, class Second>
+  void rendezvous(detail::Call call, OnComplete on_complete, First&& first, Second&& second) {
     detail::Group& g = *group_;
     const std::string_view operation = call.operation;
     const std::size_t me = static_cast<std::size_t>(rank_);
@@ -681,23 +796,23 @@ class communicator {
     if (!g.error.empty()) fail_group(lock, detail::concat(site(operation).str(), ": ", g.error));
     lock.unlock();
 
-    compute(std::as_const(g.calls));
+    first(std::as_const(g.calls));
+
+    if constexpr (!std::is_null_pointer_v<std::remove_cvref_t<Second>>) {
+      // All ranks run the same collectives in the same order (checked on arrival), so the number
+      // of first steps each has finished identifies this one.
+      lock.lock();
+      const std::uint64_t step = g.stepped[me] + 1;
+      g.stepped[me] = step;
+      wait_for_all(lock, operation, g.stepped, step, " to finish the first step");
+      lock.unlock();
+
+      second(std::as_const(g.calls));
+    }
 
     lock.lock();
     g.departed[me] = generation;
-    auto not_departed = [&] {
-      std::vector<int> awaited;
-      for (int r = 0; r < g.size(); ++r)
-        if (g.departed[static_cast<std::size_t>(r)] < generation) awaited.push_back(r);
-      return awaited;
-    };
-    if (not_departed().empty()) {
-      g.cv.notify_all();
-    } else {
-      wait_until_done(lock, operation, not_departed, [](const std::vector<int>& awaited) {
-        return detail::concat("waiting for ", list_ranks(awaited), " to finish reading");
-      });
-    }
+    wait_for_all(lock, operation, g.departed, generation, " to finish reading");
   }
 
   std::shared_ptr<detail::World> world_{};
