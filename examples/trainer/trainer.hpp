@@ -148,6 +148,12 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
 }
 
+// The learning-rate schedule of the flags (decay over --lr-decay-iters, or --train-iters when 0).
+inline LrSchedule schedule_of(const TrainArgs& a) {
+  return LrSchedule{.max_lr = a.lr, .min_lr = a.min_lr, .warmup_iters = a.lr_warmup_iters, .decay_iters = a.lr_decay_iters,
+                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = a.train_iters};
+}
+
 // Checks everything that can be checked before a thread starts or a byte is allocated.
 inline void validate(const TrainArgs& a) {
   if (a.world_size < 1) fail<ConfigError>("--world-size=", a.world_size, " must be at least 1");
@@ -160,7 +166,8 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
   if (a.train_iters < 1) fail<ConfigError>("--train-iters=", a.train_iters, " must be at least 1");
-  const int decay_iters = a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters;
+  const LrSchedule schedule = schedule_of(a);
+  const int decay_iters = schedule.effective_decay_iters();
   if (a.lr_warmup_iters > decay_iters)
     fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
                       a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
@@ -178,9 +185,7 @@ inline void validate(const TrainArgs& a) {
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
     fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
   models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size);
-  LrSchedule{a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters,
-                    parse_lr_decay_style(a.lr_decay_style)}
-      .validate();
+  schedule.validate();
 }
 
 template <class T, bool SP>
@@ -250,8 +255,7 @@ TrainResult train_with(const TrainArgs& a) {
     Model<Policy> model(ctx, a.model);
     model.init(a.seed);
     AdamW<T> optimizer(model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
-    const LrSchedule schedule{a.lr, a.min_lr, a.lr_warmup_iters, a.lr_decay_iters == 0 ? a.train_iters : a.lr_decay_iters,
-                                     parse_lr_decay_style(a.lr_decay_style)};
+    const LrSchedule schedule = schedule_of(a);
     int start = 0;
     std::int64_t consumed = 0;
     if (!a.load.empty()) {
