@@ -4,6 +4,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/dtype.hpp"
+#include "core/checked.hpp"
 #include "core/shape.hpp"
 #include "core/tensor.hpp"
 #include "core/rng.hpp"

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -217,6 +219,48 @@ TEST(CheckpointFormat, CorruptFilesAreFileErrorsNamingTheFile) {
   StateReader r(path);
   Tensor<double> f64(Shape{2, 2, 3});
   EXPECT_NO_THROW(r.load_into("f64", f64));
+}
+
+
+// A table whose extents multiply past 64 bits must be reported as corrupt, not wrap into a
+// plausible element count: [1, 2^62 + 3, 4] wraps to 12 elements, exactly the 96 bytes of the
+// sample's 12 doubles, so only checked arithmetic tells it from the real [2, 2, 3].
+TEST(CheckpointFormat, ExtentsWhoseProductOverflowsAreCorrupt) {
+  TempDirectory dir("format");
+  const auto path = write_sample(dir.path());
+  std::vector<char> bytes = read_all(path);
+  auto i64_at = [&](std::size_t at) {
+    std::int64_t v;
+    std::memcpy(&v, bytes.data() + at, 8);
+    return v;
+  };
+  // Find the f64 tensor's name, then its two shapes: u8 rank 3 + three i64 extents, twice.
+  const std::string name = "f64";
+  std::size_t at = 0;
+  for (; at + 4 + name.size() < bytes.size(); ++at) {
+    std::uint32_t length;
+    std::memcpy(&length, bytes.data() + at, 4);
+    if (length == name.size() && std::string(bytes.data() + at + 4, name.size()) == name) break;
+  }
+  ASSERT_LT(at + 4 + name.size(), bytes.size()) << "tensor 'f64' not found in the table";
+  const std::size_t local = at + 4 + name.size() + 1;  // after the dtype byte
+  ASSERT_EQ(bytes[local], 3);
+  ASSERT_EQ(i64_at(local + 1), 2);
+  ASSERT_EQ(i64_at(local + 9), 2);
+  ASSERT_EQ(i64_at(local + 17), 3);
+  const std::int64_t huge[2][3] = {{1, (std::int64_t{1} << 62) + 3, 4}, {1, (std::int64_t{1} << 62) + 3, 4}};
+  for (int s = 0; s < 2; ++s)
+    for (int d = 0; d < 3; ++d) std::memcpy(bytes.data() + local + s * 25 + 1 + d * 8, &huge[s][d], 8);
+  // Re-seal the header and table with their CRC so only the extents are wrong.
+  std::uint64_t table_size;
+  std::memcpy(&table_size, bytes.data() + 24, 8);
+  const std::size_t sealed = 32 + static_cast<std::size_t>(table_size);
+  const std::uint32_t crc = crc32(std::as_bytes(std::span<const char>(bytes.data(), sealed)));
+  std::memcpy(bytes.data() + sealed, &crc, 4);
+  write_all(path, bytes);
+  const std::string m = error_of<FileError>([&] { StateReader r(path); });
+  EXPECT_NE(m.find(path.string()), std::string::npos) << m;
+  EXPECT_NE(m.find("more elements than a 64-bit size can count"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -578,4 +578,29 @@ TEST(Shape, RowsIsTheProductOfAllButTheLastExtentEvenWhenTheLastIsZero) {
   EXPECT_EQ((strata::Shape{7}.rows()), 1);
   EXPECT_EQ(strata::Shape{}.rows(), 1);
 }
+// Extents come from files and flags: a product past 64 bits is an error, never a wrapped count.
+TEST(Shape, NumelAndRowsThrowWhenTheProductOverflows) {
+  const strata::index_t big = strata::index_t{1} << 40;
+  const strata::Shape huge{big, big, 3};
+  try {
+    (void)huge.numel();
+    ADD_FAILURE() << "numel of " << huge.str() << " did not throw";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit in a 64-bit integer"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)(strata::Shape{big, big, 1}.rows()), strata::ConfigError);
+  // (2^62 + 3) x 4 wraps to exactly 12 in two's complement: the check must still see it.
+  EXPECT_THROW((void)(strata::Shape{(strata::index_t{1} << 62) + 3, 4}.numel()), strata::ConfigError);
+  EXPECT_EQ((strata::Shape{big, 1 << 20, 4}.numel()), big * (1 << 20) * 4);
+}
+
+TEST(CheckedArithmetic, ProductsAndSumsThatFitAreExactAndOthersThrow) {
+  EXPECT_EQ(strata::checked_product("test", 3, 5, 7), 105);
+  EXPECT_EQ(strata::checked_add(INT64_MAX - 1, 1), INT64_MAX);
+  EXPECT_THROW(strata::checked_add(INT64_MAX, 1), strata::ConfigError);
+  EXPECT_THROW(strata::checked_mul(INT64_MIN, -1), strata::ConfigError);
+  EXPECT_EQ(strata::checked_int(2147483647, "test"), 2147483647);
+  EXPECT_THROW(strata::checked_int(2147483648, "test"), strata::ConfigError);
+  static_assert(strata::checked_mul(1 << 20, 1 << 20) == std::int64_t{1} << 40, "checked_mul is usable in constant expressions.");
+}
 }  // namespace

@@ -521,7 +521,17 @@ class StateReader {
       r.offset = t.u64();
       r.bytes = t.u64();
       r.crc = t.u32();
-      if (r.bytes != static_cast<std::uint64_t>(r.local_shape.numel()) * element)
+      // Extents are file contents: their products are checked, so a huge table entry is reported
+      // as corrupt instead of wrapping into a plausible byte count.
+      std::int64_t local_bytes = 0;
+      try {
+        local_bytes = checked_mul(r.local_shape.numel(), static_cast<std::int64_t>(element), "tensor bytes");
+        (void)r.global_shape.numel();
+      } catch (const ConfigError&) {
+        t.malformed(detail::concat("tensor '", r.name, "' of shape ", r.local_shape.str(), " (global ", r.global_shape.str(),
+                                   "), more elements than a 64-bit size can count"));
+      }
+      if (r.bytes != static_cast<std::uint64_t>(local_bytes))
         t.malformed(detail::concat("tensor '", r.name, "' of ", r.bytes, " bytes for ", r.local_shape.str(), " ",
                                    stored_dtype_name(r.dtype), " elements"));
       if (r.offset > file_size || r.bytes > file_size - r.offset)

@@ -1,4 +1,7 @@
 // strata/core/shape.hpp: `Shape`, a small fixed-capacity list of extents (row-major, up to 4 dims).
+//
+// Extents come from user input and from files (checkpoint tables), so numel() and rows() multiply
+// with checked 64-bit arithmetic: a product that does not fit throws instead of wrapping.
 #pragma once
 
 #include <array>
@@ -6,6 +9,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "checked.hpp"
 #include "error.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -31,13 +35,13 @@ class Shape {
   constexpr index_t& operator[](int d) { return extents_[normalize(d)]; }
   constexpr index_t numel() const {
     index_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= extents_[i];
+    for (int i = 0; i < rank_; ++i) n = checked_mul(n, extents_[i], "number of elements of a Shape");
     return n;
   }
   // Product of all extents but the last: the "rows" of a row-major matrix view.
   constexpr index_t rows() const {
     index_t n = 1;
-    for (int i = 0; i + 1 < rank_; ++i) n *= extents_[i];
+    for (int i = 0; i + 1 < rank_; ++i) n = checked_mul(n, extents_[i], "rows of a Shape");
     return n;
   }
   constexpr index_t cols() const { return rank_ == 0 ? 1 : extents_[rank_ - 1]; }

@@ -1,9 +1,12 @@
 // strata/models/config.hpp: `ModelConfig`, the numbers of a decoder-only language model (GPT-2 and
 // Llama presets), and its validation against a parallel configuration before anything is allocated.
+//
+// Sizes derived from the configuration (the default ffn width 4 x hidden) use checked arithmetic.
 #pragma once
 
 #include <string>
 
+#include "../core/checked.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/partition.hpp"
 
@@ -25,7 +28,12 @@ struct ModelConfig {
   double hidden_dropout = 0.0;
   double label_smoothing = 0.0;
 
-  int ffn() const { return ffn_hidden_size == 0 ? 4 * hidden_size : ffn_hidden_size; }
+  // The MLP width: ffn_hidden_size, or 4 x hidden_size when it is 0 (ConfigError when that does not fit an int).
+  int ffn() const {
+    return ffn_hidden_size != 0 ? ffn_hidden_size
+                                : checked_int(checked_mul(4, hidden_size, "4 x hidden_size"),
+                                              "the default ffn_hidden_size (4 x hidden_size)");
+  }
   index_t padded_vocab(int tp) const { return padded_vocab_size(vocab_size, tp, make_vocab_size_divisible_by); }
 
   // GPT-2 shapes (vocab padded as Megatron's GPT2BPETokenizer: 50257).
