@@ -22,7 +22,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +81,9 @@ struct TrainArgs {
   std::string log_jsonl;
   bool quiet = false;
 };
+
+// The most bytes of text --sample-tokens may ask for (each one is a forward pass).
+inline constexpr int kMaxSampleTokens = 1 << 20;
 
 struct TrainResult {
   int start_iteration = 0;
@@ -154,33 +159,60 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
                     .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = a.train_iters};
 }
 
+// An integer flag outside [low, high]: ConfigError naming the flag, its value, the range and its meaning.
+inline void check_range(const char* flag, std::int64_t value, std::int64_t low, std::int64_t high, const char* meaning) {
+  if (value < low || value > high)
+    fail<ConfigError>(flag, "=", value, " is out of range: it must be in [", low, ", ", high, "] (", meaning, ")");
+}
+
+// Every integer flag against its range (the model's own numbers are checked again by models::validate).
+inline void check_integer_flags(const TrainArgs& a) {
+  constexpr std::int64_t kInt = std::numeric_limits<int>::max();
+  check_range("--world-size", a.world_size, 1, kInt, "ranks in total");
+  check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
+              "tensor-parallel group size, at most --world-size");
+  check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
+  check_range("--hidden-size", a.model.hidden_size, 1, kInt, "width of the residual stream");
+  check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
+  check_range("--num-query-groups", a.model.num_query_groups, 0, kInt, "key/value heads; 0 = one per head");
+  check_range("--ffn-hidden-size", a.model.ffn_hidden_size, 0, kInt, "MLP width; 0 = 4 x --hidden-size");
+  check_range("--seq-length", a.model.seq_length, 1, kInt, "tokens per sequence");
+  check_range("--vocab-size", a.model.vocab_size, 1, kInt, "tokenizer vocabulary");
+  check_range("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by, 1, kInt, "vocabulary padding multiple");
+  check_range("--micro-batch-size", a.micro_batch_size, 1, kInt, "sequences per micro-batch");
+  check_range("--global-batch-size", a.global_batch_size, 1, kInt, "sequences per iteration");
+  check_range("--train-iters", a.train_iters, 1, kInt, "iterations to train");
+  check_range("--lr-warmup-iters", a.lr_warmup_iters, 0, kInt, "iterations of linear warmup");
+  check_range("--lr-decay-iters", a.lr_decay_iters, 0, kInt, "iterations of decay; 0 = --train-iters");
+  check_range("--eval-interval", a.eval_interval, 0, kInt, "iterations between evaluations; 0 = only at the end");
+  check_range("--eval-iters", a.eval_iters, 0, kInt, "global batches per evaluation; 0 = none");
+  check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
+  check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
+  check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
+}
+
 // Checks everything that can be checked before a thread starts or a byte is allocated.
 inline void validate(const TrainArgs& a) {
-  if (a.world_size < 1) fail<ConfigError>("--world-size=", a.world_size, " must be at least 1");
-  if (a.tensor_model_parallel_size < 1 || a.world_size % a.tensor_model_parallel_size != 0)
+  check_integer_flags(a);
+  if (a.world_size % a.tensor_model_parallel_size != 0)
     fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
                       a.world_size, "; the world is tensor parallel x data parallel");
   const int dp = a.world_size / a.tensor_model_parallel_size;
-  if (a.micro_batch_size < 1) fail<ConfigError>("--micro-batch-size=", a.micro_batch_size, " must be at least 1");
   if (a.global_batch_size % (a.micro_batch_size * dp) != 0)
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
-  if (a.train_iters < 1) fail<ConfigError>("--train-iters=", a.train_iters, " must be at least 1");
   const LrSchedule schedule = schedule_of(a);
   const int decay_iters = schedule.effective_decay_iters();
   if (a.lr_warmup_iters > decay_iters)
     fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
                       a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
                       "; warmup must end before the learning rate decays (lower --lr-warmup-iters)");
-  if (a.sample_tokens < 0 || a.sample_temperature < 0)
-    fail<ConfigError>("--sample-tokens=", a.sample_tokens, " and --sample-temperature=", a.sample_temperature, " must be >= 0");
+  if (a.sample_temperature < 0)
+    fail<ConfigError>("--sample-temperature=", a.sample_temperature, " must be >= 0 (0: greedy)");
   if (a.sample_tokens > 0 && a.model.vocab_size != data::ByteTokenizer::kVocabSize)
     fail<ConfigError>("--sample-tokens needs the byte tokenizer's vocabulary (--vocab-size=", data::ByteTokenizer::kVocabSize,
                       "), got --vocab-size=", a.model.vocab_size, "; pass --sample-tokens 0");
-  if (a.eval_interval < 0 || a.eval_iters < 0)
-    fail<ConfigError>("--eval-interval=", a.eval_interval, " and --eval-iters=", a.eval_iters, " must be >= 0");
   data::parse_split(a.split);
-  if (a.save_interval < 0) fail<ConfigError>("--save-interval=", a.save_interval, " must be >= 0");
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
     fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
@@ -387,7 +419,8 @@ TrainResult train(const TrainArgs& a) {
   return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
 }
 
-// main() of a trainer: parse flags over the defaults, train, report errors as one clear line.
+// main() of a trainer: parse flags over the defaults, train, report errors as one clear line on
+// stderr with exit status 1 (every std::exception, not only strata's).
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
   TrainArgs args = default_args(kind);
@@ -399,7 +432,11 @@ int main_for(const char* kind, int argc, char** argv) {
     if (!args.quiet && result.losses.size() >= 2)
       std::printf("done: loss %.4f -> %.4f over %zu iterations\n", result.losses.front(), result.losses.back(), result.losses.size());
     return 0;
-  } catch (const strata::Error& e) {
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory (std::bad_alloc): the configuration needs more memory than this machine has; "
+                         "use smaller sizes\n");
+    return 1;
+  } catch (const std::exception& e) {  // strata::Error and anything else: one line, non-zero exit
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

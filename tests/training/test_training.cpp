@@ -137,4 +137,62 @@ TEST(Training, BadConfigurationsAreRefusedWithTheValue) {
   expect_error(a, "'x'");
 }
 
+// Runs a trainer's main() on the flags and returns (exit status, stderr).
+std::pair<int, std::string> run_main(std::vector<std::string> flags) {
+  flags.insert(flags.begin(), "train_gpt");
+  std::vector<char*> argv;
+  for (auto& f : flags) argv.push_back(f.data());
+  testing::internal::CaptureStderr();
+  const int status = trainer::main_for<strata::models::Gpt>("gpt", static_cast<int>(argv.size()), argv.data());
+  return {status, testing::internal::GetCapturedStderr()};
+}
+
+TEST(TrainerFlags, EveryIntegerFlagIsRangeCheckedNamingTheFlag) {
+  struct Case {
+    const char* flag;
+    void (*set)(trainer::TrainArgs&);
+  };
+  const Case cases[] = {
+      {"--world-size=0", [](trainer::TrainArgs& a) { a.world_size = 0; }},
+      {"--tensor-model-parallel-size=0", [](trainer::TrainArgs& a) { a.tensor_model_parallel_size = 0; }},
+      {"--num-layers=0", [](trainer::TrainArgs& a) { a.model.num_layers = 0; }},
+      {"--hidden-size=-1", [](trainer::TrainArgs& a) { a.model.hidden_size = -1; }},
+      {"--num-attention-heads=0", [](trainer::TrainArgs& a) { a.model.num_attention_heads = 0; }},
+      {"--num-query-groups=-1", [](trainer::TrainArgs& a) { a.model.num_query_groups = -1; }},
+      {"--ffn-hidden-size=-4", [](trainer::TrainArgs& a) { a.model.ffn_hidden_size = -4; }},
+      {"--seq-length=0", [](trainer::TrainArgs& a) { a.model.seq_length = 0; }},
+      {"--vocab-size=0", [](trainer::TrainArgs& a) { a.model.vocab_size = 0; }},
+      {"--make-vocab-size-divisible-by=0", [](trainer::TrainArgs& a) { a.model.make_vocab_size_divisible_by = 0; }},
+      {"--micro-batch-size=0", [](trainer::TrainArgs& a) { a.micro_batch_size = 0; }},
+      {"--global-batch-size=-8", [](trainer::TrainArgs& a) { a.global_batch_size = -8; }},
+      {"--train-iters=0", [](trainer::TrainArgs& a) { a.train_iters = 0; }},
+      {"--lr-warmup-iters=-1", [](trainer::TrainArgs& a) { a.lr_warmup_iters = -1; }},
+      {"--lr-decay-iters=-1", [](trainer::TrainArgs& a) { a.lr_decay_iters = -1; }},
+      {"--eval-interval=-1", [](trainer::TrainArgs& a) { a.eval_interval = -1; }},
+      {"--eval-iters=-1", [](trainer::TrainArgs& a) { a.eval_iters = -1; }},
+      {"--save-interval=-1", [](trainer::TrainArgs& a) { a.save_interval = -1; }},
+      {"--log-interval=0", [](trainer::TrainArgs& a) { a.log_interval = 0; }},
+      {"--sample-tokens=-1", [](trainer::TrainArgs& a) { a.sample_tokens = -1; }},
+      {"--sample-tokens=2000000", [](trainer::TrainArgs& a) { a.sample_tokens = 2000000; }},
+  };
+  for (const Case& c : cases) {
+    auto a = tiny("gpt");
+    c.set(a);
+    try {
+      trainer::validate(a);
+      ADD_FAILURE() << c.flag << " was accepted";
+    } catch (const strata::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.flag), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(trainer::validate(tiny("gpt")));
+}
+
+TEST(TrainerMain, LogIntervalZeroExitsNonZeroNamingTheFlag) {
+  const auto [status, err] = run_main({"--log-interval", "0", "--quiet"});
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(err.find("--log-interval=0"), std::string::npos) << err;
+}
+
 }  // namespace
