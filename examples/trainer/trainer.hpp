@@ -11,6 +11,8 @@
 //   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due;
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
 //      batches of the validation part of --split, forward only.
+// A NaN or infinite loss or gradient norm stops the run before the optimizer step (and so before
+// any save) unless --no-check-for-nan-in-loss-and-grad is given.
 // Everything is validated before the first allocation; checkpoints resume bit for bit.
 #pragma once
 
@@ -80,6 +82,7 @@ struct TrainArgs {
   double sample_temperature = 0.7;
   std::string log_jsonl;
   bool quiet = false;
+  bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
 };
 
 // The most bytes of text --sample-tokens may ask for (each one is a forward pass).
@@ -151,6 +154,8 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
   app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
   app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
+  app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
+               "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
 }
 
 // The learning-rate schedule of the flags (decay over --lr-decay-iters, or --train-iters when 0).
@@ -191,9 +196,37 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
 }
 
+// A floating-point flag that must be finite and within [low, high] (bounds inclusive unless open).
+// Every comparison is written so that NaN fails it.
+inline void check_real(const char* flag, double value, double low, double high, const char* meaning, bool open_low = false,
+                       bool open_high = false) {
+  const bool above = open_low ? value > low : value >= low;
+  const bool below = open_high ? value < high : value <= high;
+  if (!(std::isfinite(value) && above && below))
+    fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number in ", open_low ? "(" : "[", low, ", ",
+                      high, open_high ? ")" : "]", " (", meaning, ")");
+}
+
+inline void check_real_flags(const TrainArgs& a) {
+  constexpr double kMax = std::numeric_limits<double>::max();
+  check_real("--lr", a.lr, 0, kMax, "peak learning rate");
+  check_real("--min-lr", a.min_lr, 0, kMax, "learning rate at the end of decay");
+  check_real("--weight-decay", a.weight_decay, 0, kMax, "decoupled weight decay; 0 disables it");
+  check_real("--clip-grad", a.clip_grad, 0, kMax, "global gradient-norm clip; 0 disables clipping");
+  check_real("--adam-beta1", a.adam_beta1, 0, 1, "first-moment decay", false, true);
+  check_real("--adam-beta2", a.adam_beta2, 0, 1, "second-moment decay", false, true);
+  check_real("--adam-eps", a.adam_eps, 0, kMax, "added to the denominator", true);
+  check_real("--init-method-std", a.model.init_method_std, 0, kMax, "standard deviation of the initial weights", true);
+  check_real("--rotary-base", a.model.rope_base, 0, kMax, "RoPE base, 10000 for Llama 2", true);
+  check_real("--hidden-dropout", a.model.hidden_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
+  check_real("--label-smoothing", a.model.label_smoothing, 0, 1, "label smoothing; 0 disables it", false, true);
+  check_real("--sample-temperature", a.sample_temperature, 0, kMax, "softmax temperature; 0 = greedy");
+}
+
 // Checks everything that can be checked before a thread starts or a byte is allocated.
 inline void validate(const TrainArgs& a) {
   check_integer_flags(a);
+  check_real_flags(a);
   if (a.world_size % a.tensor_model_parallel_size != 0)
     fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
                       a.world_size, "; the world is tensor parallel x data parallel");
@@ -207,8 +240,6 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
                       a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
                       "; warmup must end before the learning rate decays (lower --lr-warmup-iters)");
-  if (a.sample_temperature < 0)
-    fail<ConfigError>("--sample-temperature=", a.sample_temperature, " must be >= 0 (0: greedy)");
   if (a.sample_tokens > 0 && a.model.vocab_size != data::ByteTokenizer::kVocabSize)
     fail<ConfigError>("--sample-tokens needs the byte tokenizer's vocabulary (--vocab-size=", data::ByteTokenizer::kVocabSize,
                       "), got --vocab-size=", a.model.vocab_size, "; pass --sample-tokens 0");
@@ -362,10 +393,19 @@ TrainResult train_with(const TrainArgs& a) {
       ctx.dp.all_reduce(std::span<double>(tokens + 1, 1), ReduceOp::sum);
       all_reduce_gradients(ctx.dp, model);
       const double grad_norm = clip_grad_norm(ctx, model, a.clip_grad);
+      const double loss = tokens[1] / tokens[0];
+      // Megatron's --check-for-nan-in-loss-and-grad: stop before the step, so the weights and the
+      // last checkpoint stay those of the last good iteration. Loss and norm are identical on every
+      // rank (all-reduced), so every rank stops here together.
+      if (a.check_for_nan_in_loss_and_grad && !(std::isfinite(loss) && std::isfinite(grad_norm)))
+        fail<Error>("iteration ", it + 1, ": the ", std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                    std::isfinite(loss) ? grad_norm : loss, " (loss ", loss, ", gradient norm ", grad_norm,
+                    "); training stopped before the optimizer step and nothing was saved",
+                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
+                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
       const double lr = schedule.lr(it);
       optimizer.step(model, lr);
       consumed += a.global_batch_size;
-      const double loss = tokens[1] / tokens[0];
       const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
       if (save_now)
         save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});

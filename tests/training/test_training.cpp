@@ -4,7 +4,9 @@
 // before anything runs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 
 #include "trainer/trainer.hpp"
@@ -193,6 +195,98 @@ TEST(TrainerMain, LogIntervalZeroExitsNonZeroNamingTheFlag) {
   const auto [status, err] = run_main({"--log-interval", "0", "--quiet"});
   EXPECT_EQ(status, 1);
   EXPECT_NE(err.find("--log-interval=0"), std::string::npos) << err;
+}
+
+TEST(TrainerFlags, NonFiniteAndOutOfRangeFloatsAreRefusedNamingTheFlag) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* flag;
+    void (*set)(trainer::TrainArgs&, double);
+    double value;
+  };
+  const Case cases[] = {
+      {"--init-method-std=nan", [](trainer::TrainArgs& a, double v) { a.model.init_method_std = v; }, nan},
+      {"--rotary-base=0", [](trainer::TrainArgs& a, double v) { a.model.rope_base = v; }, 0.0},
+      {"--hidden-dropout=nan", [](trainer::TrainArgs& a, double v) { a.model.hidden_dropout = v; }, nan},
+      {"--label-smoothing=nan", [](trainer::TrainArgs& a, double v) { a.model.label_smoothing = v; }, nan},
+      {"--clip-grad=nan", [](trainer::TrainArgs& a, double v) { a.clip_grad = v; }, nan},
+      {"--clip-grad=-1", [](trainer::TrainArgs& a, double v) { a.clip_grad = v; }, -1.0},
+      {"--sample-temperature=nan", [](trainer::TrainArgs& a, double v) { a.sample_temperature = v; }, nan},
+      {"--lr=inf", [](trainer::TrainArgs& a, double v) { a.lr = v; }, inf},
+      {"--adam-beta2=1", [](trainer::TrainArgs& a, double v) { a.adam_beta2 = v; }, 1.0},
+      {"--adam-eps=0", [](trainer::TrainArgs& a, double v) { a.adam_eps = v; }, 0.0},
+      {"--weight-decay=nan", [](trainer::TrainArgs& a, double v) { a.weight_decay = v; }, nan},
+  };
+  for (const Case& c : cases) {
+    auto a = tiny("llama");
+    c.set(a, c.value);
+    try {
+      trainer::validate(a);
+      ADD_FAILURE() << c.flag << " was accepted";
+    } catch (const strata::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.flag), std::string::npos) << e.what();
+    }
+  }
+  auto a = tiny("gpt");
+  a.clip_grad = -1;
+  try {
+    trainer::validate(a);
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 disables clipping"), std::string::npos) << e.what();
+  }
+}
+
+// ModelConfig's own validation refuses NaN too (the library path, without the trainer's flags).
+TEST(TrainerFlags, ModelValidationRefusesNonFiniteNumbers) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  strata::models::ModelConfig m = tiny("gpt").model;
+  const strata::ParallelConfig p{.tp = 1};
+  auto refused = [&](strata::models::ModelConfig c) {
+    EXPECT_THROW(strata::models::validate(c, p, false, 1), strata::ConfigError);
+  };
+  auto c = m;
+  c.init_method_std = nan;
+  refused(c);
+  c = m;
+  c.rope_base = 0;
+  refused(c);
+  c = m;
+  c.hidden_dropout = nan;
+  refused(c);
+  c = m;
+  c.label_smoothing = nan;
+  refused(c);
+  c = m;
+  c.norm_epsilon = nan;
+  refused(c);
+  EXPECT_NO_THROW(strata::models::validate(m, p, false, 1));
+}
+
+// An initial std beyond float range makes the first loss non-finite: the run stops at iteration 1 naming it, and
+// saves nothing; with the check off it runs to the end.
+TEST(Training, NonFiniteLossStopsTheRunWithoutSaving) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_nan";
+  std::filesystem::remove_all(dir);
+  auto a = tiny("gpt");
+  a.train_iters = 3;
+  a.eval_iters = 0;
+  a.model.init_method_std = 1e300;  // inf once rounded to float
+  a.save = dir.string();
+  try {
+    trainer::train<strata::models::Gpt>(a);
+    ADD_FAILURE() << "a non-finite loss did not stop the run";
+  } catch (const strata::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("iteration 1: the loss is"), std::string::npos) << m;
+    EXPECT_NE(m.find("--no-check-for-nan-in-loss-and-grad"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "latest_checkpointed_iteration.txt"));
+  a.save.clear();
+  a.check_for_nan_in_loss_and_grad = false;
+  const auto result = trainer::train<strata::models::Gpt>(a);
+  ASSERT_EQ(result.losses.size(), 3u);
+  EXPECT_FALSE(std::isfinite(result.losses[0]));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

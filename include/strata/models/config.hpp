@@ -1,9 +1,12 @@
 // strata/models/config.hpp: `ModelConfig`, the numbers of a decoder-only language model (GPT-2 and
 // Llama presets), and its validation against a parallel configuration before anything is allocated.
 //
-// Sizes derived from the configuration (the default ffn width 4 x hidden) use checked arithmetic.
+// Sizes derived from the configuration (the default ffn width 4 x hidden) use checked arithmetic,
+// and every floating-point field must be finite and in its range: NaN compares false with
+// everything, so each check is written so that NaN fails it.
 #pragma once
 
+#include <cmath>
 #include <string>
 
 #include "../core/checked.hpp"
@@ -60,8 +63,16 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
   dims.seq_length = m.seq_length;
   dims.sequence_parallel = sequence_parallel;
   check(p, dims, world_size);
-  if (m.init_method_std <= 0) fail<ConfigError>("init_method_std=", m.init_method_std, " must be positive");
-  if (m.hidden_dropout < 0 || m.hidden_dropout >= 1) fail<ConfigError>("hidden_dropout=", m.hidden_dropout, " must be in [0, 1)");
+  if (!(std::isfinite(m.init_method_std) && m.init_method_std > 0))
+    fail<ConfigError>("init_method_std=", m.init_method_std, " must be a finite positive number (Megatron's default is 0.02)");
+  if (!(m.hidden_dropout >= 0 && m.hidden_dropout < 1))
+    fail<ConfigError>("hidden_dropout=", m.hidden_dropout, " must be in [0, 1) (0 disables dropout)");
+  if (!(m.label_smoothing >= 0 && m.label_smoothing < 1))
+    fail<ConfigError>("label_smoothing=", m.label_smoothing, " must be in [0, 1) (0 disables smoothing)");
+  if (!(std::isfinite(m.rope_base) && m.rope_base > 0))
+    fail<ConfigError>("rope_base=", m.rope_base, " must be a finite positive number (10000 for Llama 2, 500000 for Llama 3)");
+  if (!(std::isfinite(m.norm_epsilon) && m.norm_epsilon > 0))
+    fail<ConfigError>("norm_epsilon=", m.norm_epsilon, " must be a finite positive number (1e-5 is usual)");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
 }
