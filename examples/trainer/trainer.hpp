@@ -13,7 +13,8 @@
 //      batches of the validation part of --split, forward only.
 // A NaN or infinite loss or gradient norm stops the run before the optimizer step (and so before
 // any save) unless --no-check-for-nan-in-loss-and-grad is given.
-// Everything is validated before the first allocation; checkpoints resume bit for bit.
+// Everything is validated before the first allocation, and the memory the run needs is estimated,
+// printed and compared with the memory available (plan_memory); checkpoints resume bit for bit.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -29,7 +30,10 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <strata/checkpoint.hpp>
 #include <strata/comm.hpp>
@@ -164,6 +168,81 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
                     .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = a.train_iters};
 }
 
+// Ranks are threads of this process: at most 4 per hardware thread (and at least 16 on any
+// machine), so a typo such as --world-size 3000 is an error, not thousands of threads.
+inline int max_world_size() {
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return std::max(16, 4 * static_cast<int>(hardware == 0 ? 1 : std::min(hardware, 1u << 20)));
+}
+
+// Bytes of memory this process can still allocate: /proc/meminfo's MemAvailable, else the free
+// physical pages (sysconf); -1 when neither is known.
+inline std::int64_t host_memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : -1;
+}
+
+// What a run needs in host memory, estimated before anything is allocated: every rank's model
+// memory (models::estimate_training_memory) and input batches, the dataset sample indices (24
+// bytes per sample: sample index pair + shuffle index) and the loss history.
+struct MemoryPlan {
+  models::MemoryEstimate per_rank;
+  std::int64_t batch_bytes = 0;       // per rank: the micro-batches of one iteration
+  std::int64_t ranks = 0;
+  std::int64_t train_index_bytes = 0;
+  std::int64_t validation_index_bytes = 0;
+  std::int64_t history_bytes = 0;
+  std::int64_t total = 0;
+  std::int64_t available = -1;
+};
+
+template <class T>
+MemoryPlan plan_memory(const TrainArgs& a) {
+  MemoryPlan plan;
+  const models::DecoderShape shape = a.model_kind == "llama" ? models::DecoderShape::llama() : models::DecoderShape::gpt();
+  plan.per_rank = models::estimate_training_memory(a.model, shape, a.tensor_model_parallel_size, a.sequence_parallel,
+                                                   a.micro_batch_size, models::element_bytes_of<T>());
+  const std::int64_t dp = a.world_size / a.tensor_model_parallel_size;
+  // tokens, labels (int32) and loss mask (float) of every micro-batch of an iteration
+  plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
+  plan.ranks = a.world_size;
+  const std::int64_t train_samples = checked_mul(a.train_iters, a.global_batch_size, "training samples");
+  plan.train_index_bytes = checked_mul(train_samples, 24, "training dataset index");
+  plan.history_bytes = checked_mul(a.train_iters, 8, "loss history");
+  std::int64_t total = checked_mul(checked_add(plan.per_rank.total(), plan.batch_bytes, "memory"), plan.ranks, "memory");
+  total = checked_add(total, plan.train_index_bytes, "memory");
+  total = checked_add(total, plan.validation_index_bytes, "memory");
+  plan.total = checked_add(total, plan.history_bytes, "memory");
+  plan.available = host_memory_available();
+  return plan;
+}
+
+// Megatron's memory report, one line.
+inline std::string describe(const MemoryPlan& p, const std::string& dtype) {
+  const auto& r = p.per_rank;
+  return ::strata::detail::concat(
+      "memory estimate per rank (", dtype, "): ", r.parameters, " parameters ", models::format_bytes(r.parameter_bytes),
+      ", gradients ", models::format_bytes(r.gradient_bytes), ", optimizer ", models::format_bytes(r.optimizer_bytes),
+      ", activations ", models::format_bytes(r.activation_bytes), ", batches ", models::format_bytes(p.batch_bytes), "; x ",
+      p.ranks, " ranks + dataset indices ", models::format_bytes(p.train_index_bytes + p.validation_index_bytes),
+      " + history ", models::format_bytes(p.history_bytes), " = ", models::format_bytes(p.total), " of ",
+      p.available < 0 ? std::string("unknown") : models::format_bytes(p.available), " available");
+}
+
+// Refuses a run whose estimate exceeds the memory available, with the numbers.
+inline void check_fits(const MemoryPlan& p, const std::string& dtype) {
+  if (p.available >= 0 && p.total > p.available)
+    fail<ConfigError>("the configuration does not fit in memory: ", describe(p, dtype),
+                      ". Use smaller --hidden-size, --num-layers, --vocab-size, --seq-length, --micro-batch-size, "
+                      "--train-iters or --eval-iters, or fewer ranks");
+}
+
 // An integer flag outside [low, high]: ConfigError naming the flag, its value, the range and its meaning.
 inline void check_range(const char* flag, std::int64_t value, std::int64_t low, std::int64_t high, const char* meaning) {
   if (value < low || value > high)
@@ -173,7 +252,8 @@ inline void check_range(const char* flag, std::int64_t value, std::int64_t low, 
 // Every integer flag against its range (the model's own numbers are checked again by models::validate).
 inline void check_integer_flags(const TrainArgs& a) {
   constexpr std::int64_t kInt = std::numeric_limits<int>::max();
-  check_range("--world-size", a.world_size, 1, kInt, "ranks in total");
+  check_range("--world-size", a.world_size, 1, max_world_size(),
+              "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
   check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
               "tensor-parallel group size, at most --world-size");
   check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
@@ -231,9 +311,10 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
                       a.world_size, "; the world is tensor parallel x data parallel");
   const int dp = a.world_size / a.tensor_model_parallel_size;
-  if (a.global_batch_size % (a.micro_batch_size * dp) != 0)
+  const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
+  if (a.global_batch_size % per_step != 0)
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
-                      a.micro_batch_size, " x ", dp, " = ", a.micro_batch_size * dp);
+                      a.micro_batch_size, " x ", dp, " = ", per_step);
   const LrSchedule schedule = schedule_of(a);
   const int decay_iters = schedule.effective_decay_iters();
   if (a.lr_warmup_iters > decay_iters)
@@ -291,6 +372,12 @@ template <template <class> class Model, class T, bool SP>
 TrainResult train_with(const TrainArgs& a) {
   using Policy = TrainPolicy<T, SP>;
   using Context = ParallelContext<inprocess::communicator>;
+  const MemoryPlan memory = plan_memory<T>(a);
+  if (!a.quiet) {
+    std::printf("%s\n", describe(memory, a.dtype).c_str());
+    std::fflush(stdout);
+  }
+  check_fits(memory, a.dtype);
   const int dp = a.world_size / a.tensor_model_parallel_size;
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
   const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;

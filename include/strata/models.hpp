@@ -2,6 +2,7 @@
 #pragma once
 
 #include "models/config.hpp"
+#include "models/memory_estimate.hpp"
 #include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "models/llama.hpp"

@@ -289,4 +289,69 @@ TEST(Training, NonFiniteLossStopsTheRunWithoutSaving) {
   std::filesystem::remove_all(dir);
 }
 
+// The estimate's parameter count is exactly what the models allocate on each rank.
+TEST(MemoryEstimate, ParameterCountIsTheModelsOwn) {
+  using Context = strata::ParallelContext<strata::inprocess::communicator>;
+  for (int tp : {1, 2}) {
+    for (std::string kind : {"gpt", "llama"}) {
+      auto a = tiny(kind);
+      if (kind == "llama") a.model.num_query_groups = 2;
+      const auto shape = kind == "llama" ? strata::models::DecoderShape::llama() : strata::models::DecoderShape::gpt();
+      const std::int64_t expected = strata::models::parameters_per_rank(a.model, shape, tp);
+      std::vector<std::int64_t> counted(static_cast<std::size_t>(tp));
+      strata::inprocess::run(tp, [&](strata::inprocess::communicator& world) {
+        Context ctx = Context::create(world, strata::ParallelConfig{.tp = tp});
+        std::int64_t n = 0;
+        auto count = [&](auto& p) { n += p.value.numel(); };
+        if (kind == "llama") {
+          strata::models::Llama<trainer::TrainPolicy<float, false>> model(ctx, a.model);
+          model.for_each_parameter(count);
+        } else {
+          strata::models::Gpt<trainer::TrainPolicy<float, false>> model(ctx, a.model);
+          model.for_each_parameter(count);
+        }
+        counted[static_cast<std::size_t>(world.rank())] = n;
+      });
+      for (int r = 0; r < tp; ++r) EXPECT_EQ(counted[static_cast<std::size_t>(r)], expected) << kind << " tp=" << tp << " rank " << r;
+    }
+  }
+}
+
+// Sizes that cannot fit are refused with the numbers before anything is allocated, instead of
+// std::bad_alloc or std::system_error from deep inside the run.
+TEST(TrainerMain, SizesThatCannotFitAreRefusedWithTheNumbers) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"--vocab-size", "2000000000", "--sample-tokens", "0"},
+      {"--num-layers", "1000000"},
+      {"--train-iters", "2000000000"},
+      {"--hidden-size", "1000000000", "--ffn-hidden-size", "512"},
+      {"--hidden-size", "1000000000"},
+  };
+  for (auto flags : runs) {
+    flags.push_back("--quiet");
+    const auto [status, err] = run_main(flags);
+    EXPECT_EQ(status, 1) << flags[0];
+    const bool named = err.find("does not fit in memory") != std::string::npos || err.find("64-bit") != std::string::npos ||
+                       err.find("32-bit") != std::string::npos;
+    EXPECT_TRUE(named) << flags[0] << ": " << err;
+    EXPECT_EQ(err.find("bad_alloc"), std::string::npos) << err;
+  }
+  const auto [status, err] = run_main({"--world-size", "3000", "--quiet"});
+  EXPECT_EQ(status, 1);
+  EXPECT_NE(err.find("--world-size=3000 is out of range"), std::string::npos) << err;
+}
+
+TEST(MemoryEstimate, ReportNamesEveryPartAndTheMemoryAvailable) {
+  const auto plan = trainer::plan_memory<float>(tiny("gpt"));
+  EXPECT_GT(plan.per_rank.parameter_bytes, 0);
+  EXPECT_EQ(plan.per_rank.optimizer_bytes, 3 * plan.per_rank.gradient_bytes);
+  EXPECT_GT(plan.total, plan.ranks * plan.per_rank.total());
+  const std::string line = trainer::describe(plan, "float");
+  for (const char* part : {"parameters", "gradients", "optimizer", "activations", "available"})
+    EXPECT_NE(line.find(part), std::string::npos) << line;
+  const auto bf16 = trainer::plan_memory<strata::bf16>(tiny("gpt"));
+  EXPECT_EQ(2 * bf16.per_rank.parameter_bytes, plan.per_rank.parameter_bytes);
+  EXPECT_EQ(bf16.per_rank.gradient_bytes, plan.per_rank.gradient_bytes);
+}
+
 }  // namespace

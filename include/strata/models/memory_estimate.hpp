@@ -1,0 +1,141 @@
+// strata/models/memory_estimate.hpp: `MemoryEstimate`, the bytes one rank of a decoder-only model
+// (GPT or Llama, `DecoderShape`) needs for training, computed from its ModelConfig before anything
+// is allocated -- Megatron's "theoretical memory usage" report, for host RAM today and for device
+// memory later.
+//
+// Per rank, with T the parameter/activation type and A = accumulate_t<T> (gradients, optimizer):
+//   parameters   P x sizeof(T), with P this rank's parameter count (sharded tensors / tp)
+//   gradients    P x sizeof(A)
+//   optimizer    P x 3 x sizeof(A)       AdamW's main copy, exp_avg and exp_avg_sq
+//   activations  what forward keeps for backward, for one micro-batch of b sequences of s tokens,
+//                Korthikanti et al. (2022) per layer, in elements of T:
+//                  sequence parallel: s b (17 h + 2.5 a s) / tp
+//                  otherwise:         s b (5 h + (12 h + 2.5 a s) / tp)
+//                plus the embedding output and final norm (s b h, sharded under sequence
+//                parallelism) and the logits with their softmax (2 s b V / tp, in A).
+// Parameter counts are exact (a test compares them with the models); activations are an estimate
+// of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
+// too large for 64-bit byte counts throws ConfigError instead of wrapping.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "../core/checked.hpp"
+#include "../core/dtype.hpp"
+#include "config.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace models {
+
+// The choices of a decoder model that change its parameter count.
+struct DecoderShape {
+  bool learned_positions = true;  // GPT: learned position embedding [seq, hidden]
+  bool tied_output = true;        // GPT: the output layer reuses the word embedding
+  bool linear_bias = true;        // GPT: every linear layer has a bias
+  bool norm_bias = true;          // GPT: LayerNorm (weight + bias); Llama: RMSNorm (weight)
+  bool gated_mlp = false;         // Llama: SwiGLU, fc1 produces [gate; up]
+
+  static constexpr DecoderShape gpt() { return {true, true, true, true, false}; }
+  static constexpr DecoderShape llama() { return {false, false, false, false, true}; }
+};
+
+// Bytes per element of the parameters / activations (T) and of gradients and optimizer state (A).
+struct ElementBytes {
+  std::int64_t value = 4;       // sizeof(T)
+  std::int64_t accumulate = 4;  // sizeof(accumulate_t<T>)
+};
+
+template <class T>
+constexpr ElementBytes element_bytes_of() {
+  return {static_cast<std::int64_t>(sizeof(T)), static_cast<std::int64_t>(sizeof(accumulate_t<T>))};
+}
+
+struct MemoryEstimate {
+  std::int64_t parameters = 0;        // this rank's parameter count
+  std::int64_t parameter_bytes = 0;
+  std::int64_t gradient_bytes = 0;
+  std::int64_t optimizer_bytes = 0;
+  std::int64_t activation_bytes = 0;  // one micro-batch
+
+  std::int64_t total() const {
+    std::int64_t sum = checked_add(parameter_bytes, gradient_bytes, "memory estimate");
+    sum = checked_add(sum, optimizer_bytes, "memory estimate");
+    return checked_add(sum, activation_bytes, "memory estimate");
+  }
+};
+
+// Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count).
+inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape, int tp) {
+  const char* what = "parameter count";
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads;
+  const std::int64_t groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
+  const std::int64_t head_dim = h / heads;
+  const std::int64_t ffn = m.ffn(), vocab = m.padded_vocab(tp);
+  const std::int64_t norm = shape.norm_bias ? checked_mul(2, h, what) : h;
+  // qkv: [heads + 2 groups] x head_dim output columns, sharded by tp.
+  const std::int64_t qkv_out = checked_product(what, checked_add(heads, checked_mul(2, groups, what), what), head_dim);
+  std::int64_t layer = checked_mul(2, norm, what);
+  layer = checked_add(layer, checked_product(what, qkv_out, h) / tp, what);
+  if (shape.linear_bias) layer = checked_add(layer, qkv_out / tp, what);
+  layer = checked_add(layer, checked_product(what, heads * head_dim, h) / tp, what);  // output projection
+  if (shape.linear_bias) layer = checked_add(layer, h, what);                            // its bias is replicated
+  const std::int64_t fc1_out = shape.gated_mlp ? checked_mul(2, ffn, what) : ffn;
+  layer = checked_add(layer, checked_product(what, fc1_out, h) / tp, what);
+  if (shape.linear_bias) layer = checked_add(layer, fc1_out / tp, what);
+  layer = checked_add(layer, checked_product(what, ffn, h) / tp, what);
+  if (shape.linear_bias) layer = checked_add(layer, h, what);
+
+  std::int64_t total = checked_product(what, vocab, h) / tp;  // word embedding (vocab-parallel)
+  if (shape.learned_positions) total = checked_add(total, checked_product(what, m.seq_length, h), what);
+  total = checked_add(total, checked_product(what, layer, m.num_layers), what);
+  total = checked_add(total, norm, what);  // final norm
+  if (!shape.tied_output) total = checked_add(total, checked_product(what, vocab, h) / tp, what);
+  return total;
+}
+
+// The estimate for one rank training micro-batches of `micro_batch_size` sequences.
+inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
+                                               std::int64_t micro_batch_size, ElementBytes bytes) {
+  const char* what = "activation memory";
+  MemoryEstimate e;
+  e.parameters = parameters_per_rank(m, shape, tp);
+  e.parameter_bytes = checked_mul(e.parameters, bytes.value, "parameter memory");
+  e.gradient_bytes = checked_mul(e.parameters, bytes.accumulate, "gradient memory");
+  e.optimizer_bytes = checked_product("optimizer memory", e.parameters, 3, bytes.accumulate);
+  const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
+  const std::int64_t tokens = checked_mul(s, b, what);
+  // Per layer, in halves of an element so 2.5 a s stays an integer: 5 a s halves.
+  const std::int64_t attention_halves = checked_product(what, 5, a, s);
+  std::int64_t layer_halves = 0;
+  if (sequence_parallel)
+    layer_halves = checked_add(checked_mul(34, h, what), attention_halves, what) / tp;
+  else
+    layer_halves = checked_add(checked_mul(10, h, what), checked_add(checked_mul(24, h, what), attention_halves, what) / tp, what);
+  std::int64_t elements = checked_product(what, tokens, layer_halves, m.num_layers) / 2;
+  // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
+  elements = checked_add(elements, checked_product(what, 2, tokens, h) / (sequence_parallel ? tp : 1), what);
+  e.activation_bytes = checked_mul(elements, bytes.value, what);
+  // logits and their softmax, [s, b, V / tp] each
+  const std::int64_t logits = checked_product(what, 2, tokens, m.padded_vocab(tp)) / tp;
+  e.activation_bytes = checked_add(e.activation_bytes, checked_mul(logits, bytes.accumulate, what), what);
+  return e;
+}
+
+// "1.23 GiB" style text for a byte count.
+inline std::string format_bytes(std::int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 6) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return text;
+}
+
+}  // namespace models
+STRATA_NAMESPACE_END
