@@ -10,7 +10,8 @@
 //      ranks), AdamW step with the scheduled learning rate;
 //   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due;
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
-//      batches of the validation part of --split, forward only.
+//      batches of the validation part of --split, forward only (its index is capped at
+//      kMaxValidationIndexSamples samples, read cyclically beyond, so memory does not grow with it).
 // A NaN or infinite loss or gradient norm stops the run before the optimizer step (and so before
 // any save) unless --no-check-for-nan-in-loss-and-grad is given.
 // Everything is validated before the first allocation, and the memory the run needs is estimated,
@@ -29,8 +30,10 @@
 #include <mutex>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -168,6 +171,21 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
                     .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = a.train_iters};
 }
 
+// The validation dataset's index holds at most this many samples (24 MiB); a longer evaluation
+// (--eval-iters x --global-batch-size beyond it) reads them again cyclically, so --eval-iters
+// bounds time, not memory.
+inline constexpr std::int64_t kMaxValidationIndexSamples = std::int64_t{1} << 20;
+
+// Samples [0, size) of `inner`, repeated: sample i is inner's sample i mod inner.size().
+template <class Source>
+struct CycledSamples {
+  const Source* inner;
+  std::int64_t count;
+  std::int64_t size() const { return count; }
+  std::int64_t seq_length() const { return inner->seq_length(); }
+  void sample(std::int64_t i, std::span<std::int32_t> out) const { inner->sample(i % inner->size(), out); }
+};
+
 // Ranks are threads of this process: at most 4 per hardware thread (and at least 16 on any
 // machine), so a typo such as --world-size 3000 is an error, not thousands of threads.
 inline int max_world_size() {
@@ -214,6 +232,10 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   plan.ranks = a.world_size;
   const std::int64_t train_samples = checked_mul(a.train_iters, a.global_batch_size, "training samples");
   plan.train_index_bytes = checked_mul(train_samples, 24, "training dataset index");
+  if (a.eval_iters > 0) {  // the validation index covers --eval-iters global batches, up to its cap
+    const std::int64_t eval_samples = checked_mul(a.eval_iters, a.global_batch_size, "validation samples");
+    plan.validation_index_bytes = checked_mul(std::min(eval_samples, kMaxValidationIndexSamples), 24, "validation dataset index");
+  }
   plan.history_bytes = checked_mul(a.train_iters, 8, "loss history");
   std::int64_t total = checked_mul(checked_add(plan.per_rank.total(), plan.batch_bytes, "memory"), plan.ranks, "memory");
   total = checked_add(total, plan.train_index_bytes, "memory");
@@ -386,10 +408,13 @@ TrainResult train_with(const TrainArgs& a) {
   auto dataset = data::build_blended_gpt_dataset(a.data_path, data_config, num_samples, split, 0);
   const bool evaluate = a.eval_iters > 0 && split[1] > 0;
   const std::int64_t eval_samples = static_cast<std::int64_t>(a.eval_iters) * a.global_batch_size;
+  const std::int64_t eval_index_samples = std::min(eval_samples, kMaxValidationIndexSamples);
   auto valid = evaluate ? data::build_blended_gpt_dataset(
-                              a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_samples, a.seed, true},
-                              eval_samples, split, 1)
+                              a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true},
+                              eval_index_samples, split, 1)
                         : nullptr;
+  using ValidationSet = std::remove_cvref_t<decltype(*valid)>;
+  const CycledSamples<ValidationSet> valid_samples{valid.get(), eval_samples};
   const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
 
   std::ofstream jsonl;
@@ -437,7 +462,7 @@ TrainResult train_with(const TrainArgs& a) {
         for (int m = 0; m < micro_steps; ++m) {
           const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
                                                             a.micro_batch_size, ctx.coords.dp, dp, m);
-          const data::Batch b = data::make_batch(*valid, first, a.micro_batch_size, batch_options);
+          const data::Batch b = data::make_batch(valid_samples, first, a.micro_batch_size, batch_options);
           const models::LossSum loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
           sums[0] += loss.loss_sum;
           sums[1] += loss.tokens;

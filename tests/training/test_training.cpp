@@ -83,6 +83,16 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
   }
 }
 
+// Runs a trainer's main() on the flags and returns (exit status, stderr).
+std::pair<int, std::string> run_main(std::vector<std::string> flags) {
+  flags.insert(flags.begin(), "train_gpt");
+  std::vector<char*> argv;
+  for (auto& f : flags) argv.push_back(f.data());
+  testing::internal::CaptureStderr();
+  const int status = trainer::main_for<strata::models::Gpt>("gpt", static_cast<int>(argv.size()), argv.data());
+  return {status, testing::internal::GetCapturedStderr()};
+}
+
 TEST(Training, ResumeEqualsStraightThrough) {
   const auto dir = std::filesystem::temp_directory_path() / "strata_training_resume";
   std::filesystem::remove_all(dir);
@@ -137,16 +147,6 @@ TEST(Training, BadConfigurationsAreRefusedWithTheValue) {
   a = tiny("gpt");
   a.split = "90,x,10";
   expect_error(a, "'x'");
-}
-
-// Runs a trainer's main() on the flags and returns (exit status, stderr).
-std::pair<int, std::string> run_main(std::vector<std::string> flags) {
-  flags.insert(flags.begin(), "train_gpt");
-  std::vector<char*> argv;
-  for (auto& f : flags) argv.push_back(f.data());
-  testing::internal::CaptureStderr();
-  const int status = trainer::main_for<strata::models::Gpt>("gpt", static_cast<int>(argv.size()), argv.data());
-  return {status, testing::internal::GetCapturedStderr()};
 }
 
 TEST(TrainerFlags, EveryIntegerFlagIsRangeCheckedNamingTheFlag) {
@@ -349,9 +349,32 @@ TEST(MemoryEstimate, ReportNamesEveryPartAndTheMemoryAvailable) {
   const std::string line = trainer::describe(plan, "float");
   for (const char* part : {"parameters", "gradients", "optimizer", "activations", "available"})
     EXPECT_NE(line.find(part), std::string::npos) << line;
+  auto evaluating = tiny("gpt");
+  evaluating.eval_iters = 100000000;
+  EXPECT_EQ(trainer::plan_memory<float>(evaluating).validation_index_bytes, trainer::kMaxValidationIndexSamples * 24)
+      << "the validation index does not grow with --eval-iters beyond its cap";
   const auto bf16 = trainer::plan_memory<strata::bf16>(tiny("gpt"));
   EXPECT_EQ(2 * bf16.per_rank.parameter_bytes, plan.per_rank.parameter_bytes);
   EXPECT_EQ(bf16.per_rank.gradient_bytes, plan.per_rank.gradient_bytes);
+}
+
+// Evaluation past the capped validation index reads it again: sample i of the evaluation is sample
+// i mod (index size), and the evaluation still has exactly --eval-iters x --global-batch-size samples.
+TEST(Training, EvaluationBeyondTheValidationIndexCapCyclesInsteadOfGrowing) {
+  struct Source {
+    std::int64_t size() const { return 3; }
+    std::int64_t seq_length() const { return 2; }
+    void sample(std::int64_t i, std::span<std::int32_t> out) const {
+      for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<std::int32_t>(10 * i + static_cast<std::int64_t>(k));
+    }
+  } source;
+  const trainer::CycledSamples<Source> cycled{&source, 7};
+  EXPECT_EQ(cycled.size(), 7);
+  const auto batch = strata::data::make_batch(cycled, 2, 3);  // samples 2, 3, 4 -> 2, 0, 1
+  EXPECT_EQ(batch.tokens[0], 20);
+  EXPECT_EQ(batch.tokens[2], 0);
+  EXPECT_EQ(batch.tokens[4], 10);
+  EXPECT_THROW(strata::data::make_batch(cycled, 6, 2), strata::ConfigError);
 }
 
 }  // namespace
