@@ -100,6 +100,7 @@ struct TrainResult {
   std::vector<double> losses;                           // one per iteration run
   std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
   std::string sample;                                     // text generated after training
+  std::string nothing_to_do;  // set when the loaded checkpoint is already at or past --train-iters
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -446,6 +447,14 @@ TrainResult train_with(const TrainArgs& a) {
       std::lock_guard lock(result_mutex);
       result.start_iteration = start;
     }
+    // A finished run resumed again: nothing to train, evaluate or sample (every rank returns here).
+    if (start >= a.train_iters) {
+      if (logger)
+        result.nothing_to_do = ::strata::detail::concat(
+            "nothing to do: the checkpoint in '", a.load, "' is at iteration ", start, ", already at or past --train-iters=",
+            a.train_iters, "; raise --train-iters to train further");
+      return;
+    }
     if (logger && !a.quiet) {
       std::int64_t params = 0;
       model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
@@ -581,6 +590,10 @@ int main_for(const char* kind, int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     const TrainResult result = train<Model>(args);
+    if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete
+      std::printf("%s\n", result.nothing_to_do.c_str());
+      return 0;
+    }
     if (!args.quiet && result.losses.size() >= 2)
       std::printf("done: loss %.4f -> %.4f over %zu iterations\n", result.losses.front(), result.losses.back(), result.losses.size());
     return 0;

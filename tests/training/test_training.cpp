@@ -120,6 +120,23 @@ TEST(Training, ResumeEqualsStraightThrough) {
   EXPECT_EQ(second.start_iteration, 6);
   ASSERT_EQ(second.losses.size(), 6u);
   for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(second.losses[i], straight.losses[6 + i]) << "iteration " << 7 + i;
+
+  // Resuming the iteration-6 checkpoint with --train-iters 3: nothing to do, said in words.
+  auto past = resumed;
+  past.train_iters = 3;
+  past.lr_warmup_iters = 1;
+  const auto nothing = trainer::train<strata::models::Gpt>(past);
+  EXPECT_TRUE(nothing.losses.empty());
+  EXPECT_NE(nothing.nothing_to_do.find("iteration 6, already at or past --train-iters=3"), std::string::npos)
+      << nothing.nothing_to_do;
+  testing::internal::CaptureStdout();
+  const auto [status, err] = run_main({"--load", dir.string(), "--train-iters", "3", "--lr-warmup-iters", "1", "--seq-length",
+                                       "32", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
+                                       "--eval-interval", "20", "--eval-iters", "2", "--lr", "1e-2", "--min-lr", "1e-3"});
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(status, 0) << err;
+  EXPECT_NE(out.find("nothing to do"), std::string::npos) << out;
+  EXPECT_EQ(out.find("iterations 7..3"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
