@@ -166,6 +166,36 @@ TEST(IndexedDataset, LargeTokenIdsInInt32AndRangeChecks) {
   EXPECT_THROW(ds->get(0, 2, 4), ConfigError);
 }
 
+// An int64 token above 2^32 used to come back truncated (4294967361 -> 65): reading it as the
+// model's int32 ids is an error naming the file, the sequence and the value.
+TEST(IndexedDataset, TokenIdsThatDoNotFitTheReadTypeAreAnErrorNotTruncated) {
+  TempDir dir;
+  {
+    IndexedDatasetWriter w(dir / "wide", DType::int64);
+    w.add_document(std::vector<std::int64_t>{1, 2});
+    w.add_document(std::vector<std::int64_t>{3, 4294967361LL, 5});
+    w.finalize();
+  }
+  auto ds = std::make_shared<const IndexedDataset>(dir / "wide");
+  EXPECT_EQ(ds->get(0), (std::vector<std::int32_t>{1, 2}));
+  try {
+    (void)ds->get(1);
+    ADD_FAILURE() << "token 4294967361 was read as an int32";
+  } catch (const FileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir / "wide.bin"), std::string::npos) << m;
+    EXPECT_NE(m.find("sequence 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("4294967361"), std::string::npos) << m;
+  }
+  EXPECT_EQ(ds->read<std::int64_t>(1), (std::vector<std::int64_t>{3, 4294967361LL, 5}));
+  {
+    IndexedDatasetWriter w(dir / "float", DType::float64);
+    w.add_document(std::vector<double>{1.0, 2.5});
+    w.finalize();
+  }
+  EXPECT_THROW((void)IndexedDataset(dir / "float").get(0), FileError);
+}
+
 TEST(IndexedDataset, UnfinishedWriterLeavesNoFiles) {
   TempDir dir;
   {

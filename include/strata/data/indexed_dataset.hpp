@@ -21,7 +21,8 @@
 // it before anything is read: magic, version, dtype code, sizes against the file length, every
 // sequence against the size of .bin, and the document indices (start at 0, never decrease, end at
 // S). Any violation is a FileError naming the file and the problem. Tokens come back converted to
-// int32 (the type embedding layers index with), or to any arithmetic type through read<T>().
+// int32 (the type embedding layers index with), or to any arithmetic type through read<T>(); a
+// token the requested type cannot hold exactly is a FileError naming the file, sequence and value.
 #pragma once
 
 #include <algorithm>
@@ -344,14 +345,33 @@ class IndexedDataset {
                         "' (length ", n, ")");
     return {offset, length};
   }
+  // Converts each stored token to T; a value T cannot hold exactly (an int64 id above 2^31 read as
+  // int32, a fractional or negative float id) is a FileError naming the file, sequence and value,
+  // never a silent truncation (4294967361 must not come back as 65).
   template <class T>
   void copy_tokens(std::int64_t i, std::int64_t begin, std::span<T> out) const {
     const std::byte* base = bin_.data() + pointers_[static_cast<std::size_t>(i)];
     visit_dtype(dtype_, [&](auto stored) {
       using Stored = decltype(stored);
       const std::byte* at = base + begin * static_cast<std::int64_t>(sizeof(Stored));
-      for (std::size_t k = 0; k < out.size(); ++k)
-        out[k] = static_cast<T>(detail::load<Stored>(at + k * sizeof(Stored)));
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        const Stored value = detail::load<Stored>(at + k * sizeof(Stored));
+        if constexpr (std::is_integral_v<T>) {
+          bool fits = false;
+          if constexpr (std::is_integral_v<Stored>) {
+            fits = std::in_range<T>(value);
+          } else {
+            fits = value >= static_cast<Stored>(std::numeric_limits<T>::min()) &&
+                   value <= static_cast<Stored>(std::numeric_limits<T>::max()) && value == static_cast<Stored>(static_cast<T>(value));
+          }
+          if (!fits)
+            fail<FileError>("'", bin_.path(), "': sequence ", i, " holds token ", +value, " at position ",
+                            begin + static_cast<std::int64_t>(k), ", which does not fit the ", sizeof(T) * 8,
+                            "-bit token ids the model reads (", dtype_name(dtype_),
+                            " dataset); re-tokenize with a vocabulary that fits, or check the file");
+        }
+        out[k] = static_cast<T>(value);
+      }
     });
   }
 
