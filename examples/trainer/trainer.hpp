@@ -117,6 +117,8 @@ inline TrainArgs default_args(std::string kind) {
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
+  // A repeated flag takes its last value, as Megatron's argparse (CLI11 refuses it by default).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--world-size,--threads", a.world_size, "ranks (one thread each) in total; data parallel = world / tensor parallel");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");

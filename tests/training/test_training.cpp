@@ -4,6 +4,7 @@
 // before anything runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -392,6 +393,25 @@ TEST(Training, EvaluationBeyondTheValidationIndexCapCyclesInsteadOfGrowing) {
   EXPECT_EQ(batch.tokens[2], 0);
   EXPECT_EQ(batch.tokens[4], 10);
   EXPECT_THROW(strata::data::make_batch(cycled, 6, 2), strata::ConfigError);
+}
+
+// Parses flags as a trainer's main() does (over default_args).
+trainer::TrainArgs parse(std::string kind, std::vector<std::string> flags) {
+  trainer::TrainArgs a = trainer::default_args(kind);
+  CLI::App app;
+  trainer::add_options(app, a);
+  std::reverse(flags.begin(), flags.end());  // CLI11 takes the vector back to front
+  app.parse(flags);
+  return a;
+}
+
+TEST(TrainerFlags, RepeatedFlagTakesTheLastValue) {
+  const auto a = parse("gpt", {"--lr", "1e-3", "--train-iters", "5", "--lr", "2e-3", "--train-iters", "7", "--quiet", "--quiet"});
+  EXPECT_EQ(a.lr, 2e-3);
+  EXPECT_EQ(a.train_iters, 7);
+  EXPECT_TRUE(a.quiet);
+  const auto b = parse("gpt", {"--sequence-parallel", "--no-sequence-parallel"});
+  EXPECT_FALSE(b.sequence_parallel);
 }
 
 }  // namespace
