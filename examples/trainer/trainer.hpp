@@ -109,11 +109,21 @@ inline TrainArgs default_args(std::string kind) {
   a.model.num_layers = 4;
   a.model.hidden_size = 128;
   a.model.num_attention_heads = 4;
-  a.model.ffn_hidden_size = kind == "llama" ? 352 : 512;
+  a.model.ffn_hidden_size = 0;  // 4 x hidden, as Megatron; the demo's own width: demo_ffn_hidden_size
   a.model.num_query_groups = kind == "llama" ? 2 : 0;
   a.model.vocab_size = data::ByteTokenizer::kVocabSize;
   a.model.seq_length = 128;
   return a;
+}
+
+// The MLP width of the demo run (hidden 128): GPT's 4 x 128, Llama's SwiGLU 8/3 x 128 rounded to 32.
+inline int demo_ffn_hidden_size(const std::string& kind) { return kind == "llama" ? 352 : 512; }
+
+// After parsing: the demo's MLP width applies only when neither --hidden-size nor
+// --ffn-hidden-size was given; otherwise an absent --ffn-hidden-size means 4 x --hidden-size.
+inline void apply_demo_defaults(const CLI::App& app, TrainArgs& a) {
+  if (app.count("--hidden-size") == 0 && app.count("--ffn-hidden-size") == 0)
+    a.model.ffn_hidden_size = demo_ffn_hidden_size(a.model_kind);
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
@@ -128,7 +138,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--hidden-size", a.model.hidden_size);
   app.add_option("--num-attention-heads", a.model.num_attention_heads);
   app.add_option("--num-query-groups", a.model.num_query_groups, "key/value heads (Llama); 0 = one per head");
-  app.add_option("--ffn-hidden-size", a.model.ffn_hidden_size, "0 = 4 x hidden");
+  app.add_option("--ffn-hidden-size", a.model.ffn_hidden_size,
+                 "MLP width; default (and 0) = 4 x --hidden-size, as Megatron's; without --hidden-size the demo uses 512 "
+                 "(GPT) or 352 (Llama)");
   app.add_option("--seq-length", a.model.seq_length);
   app.add_option("--vocab-size", a.model.vocab_size, "tokenizer vocabulary (the byte tokenizer has 257)");
   app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
@@ -590,6 +602,7 @@ int main_for(const char* kind, int argc, char** argv) {
   CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads"};
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
+  apply_demo_defaults(app, args);
   try {
     const TrainResult result = train<Model>(args);
     if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete

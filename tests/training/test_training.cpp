@@ -402,7 +402,18 @@ trainer::TrainArgs parse(std::string kind, std::vector<std::string> flags) {
   trainer::add_options(app, a);
   std::reverse(flags.begin(), flags.end());  // CLI11 takes the vector back to front
   app.parse(flags);
+  trainer::apply_demo_defaults(app, a);
   return a;
+}
+
+// --hidden-size 768 without --ffn-hidden-size used to keep the demo's 512: the default is 4 x hidden.
+TEST(TrainerFlags, FfnDefaultsToFourTimesHiddenUnlessTheDemoRuns) {
+  EXPECT_EQ(parse("gpt", {"--hidden-size", "768", "--num-attention-heads", "12"}).model.ffn(), 3072);
+  EXPECT_EQ(parse("llama", {"--hidden-size", "256"}).model.ffn(), 1024);
+  EXPECT_EQ(parse("gpt", {"--hidden-size", "768", "--ffn-hidden-size", "1000"}).model.ffn(), 1000);
+  EXPECT_EQ(parse("gpt", {}).model.ffn(), 512);    // the demo
+  EXPECT_EQ(parse("llama", {}).model.ffn(), 352);  // the demo
+  EXPECT_EQ(parse("llama", {"--ffn-hidden-size", "0"}).model.ffn(), 512);
 }
 
 TEST(TrainerFlags, RepeatedFlagTakesTheLastValue) {
