@@ -425,4 +425,28 @@ TEST(TrainerFlags, RepeatedFlagTakesTheLastValue) {
   EXPECT_FALSE(b.sequence_parallel);
 }
 
+// A batch shorter than seq_length and not divisible by tp under sequence parallelism: the model's
+// entry names sequence parallelism and the lengths, not an internal layout conversion.
+TEST(Training, SequenceParallelBatchNotDivisibleByTpNamesTheLengths) {
+  using Context = strata::ParallelContext<strata::inprocess::communicator>;
+  const auto a = tiny("gpt");
+  std::vector<std::string> messages(2);
+  strata::inprocess::run(2, [&](strata::inprocess::communicator& world) {
+    Context ctx = Context::create(world, strata::ParallelConfig{.tp = 2});
+    strata::models::Gpt<trainer::TrainPolicy<float, true>> model(ctx, a.model);
+    model.init(1);
+    const strata::Tensor<std::int32_t> tokens(strata::Shape{1, 31}, 1);
+    const strata::Tensor<float> mask(strata::Shape{1, 31}, 1.0f);
+    try {
+      (void)model.forward(ctx, tokens, tokens, mask);
+    } catch (const strata::ConfigError& e) {
+      messages[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (const std::string& m : messages) {
+    EXPECT_NE(m.find("sequence parallelism"), std::string::npos) << m;
+    EXPECT_NE(m.find("31 tokens per sequence (seq_length=32)"), std::string::npos) << m;
+  }
+}
+
 }  // namespace

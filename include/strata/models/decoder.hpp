@@ -82,6 +82,7 @@ class DecoderModel {
                        loss_mask.shape().str(), " must all be [batch, seq]");
     if (tokens.size(1) > config_.seq_length)
       fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
+    check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
     Saved saved;
     auto [x, emb] = embedding_.forward(ctx, transpose(tokens));
     saved.embedding = std::move(emb);
@@ -128,6 +129,7 @@ class DecoderModel {
     if (tokens.rank() != 2 || tokens.size(0) != 1 || position < 0 || position >= tokens.size(1))
       fail<ShapeError>("next_token_logits: tokens ", tokens.shape().str(), " must be [1, seq] and position ", position,
                        " inside it");
+    check_sequence_parallel_length(ctx, tokens.size(1), "next_token_logits");
     auto x = embedding_.forward(ctx, transpose(tokens)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     for (const auto& layer : layers_) x = layer.forward(ctx, x).first;
@@ -152,6 +154,19 @@ class DecoderModel {
   const ModelConfig& config() const { return config_; }
 
  private:
+  // Sequence parallelism splits every sequence over the tensor-parallel ranks: a batch shorter than
+  // seq_length must still be a multiple of tp. Checked here, before the layers, so the error names
+  // the lengths rather than a layout conversion deep inside.
+  void check_sequence_parallel_length(const Context& ctx, index_t length, const char* who) const {
+    if constexpr (Policy::sequence_parallel) {
+      const int tp = ctx.tp.size();
+      if (length % tp != 0)
+        fail<ConfigError>(who, ": sequence parallelism splits each sequence over the tp=", tp, " ranks, but this batch has ",
+                          length, " tokens per sequence (seq_length=", config_.seq_length, "), not a multiple of ", tp,
+                          "; pad the batch to a multiple of tp or run without sequence parallelism");
+    }
+  }
+
   template <class X>
   static Tensor<X> transpose(const Tensor<X>& in) {  // [b, s] -> [s, b]
     const index_t b = in.size(0), s = in.size(1);
