@@ -33,32 +33,43 @@ class JsonLine {
  public:
   JsonLine(std::string_view text, const std::string& file, std::int64_t line) : s_(text), file_(file), line_(line) {}
 
-  // The decoded string value of top-level key `key`, or nothing if the key is absent.
+  // The decoded string value of top-level key `key`, or nothing if the key is absent. The whole
+  // line is parsed, so an object that is not closed (`{"text": "abc"`) or text after it is an
+  // error naming the line, even when the key comes first.
   std::optional<std::string> string_field(std::string_view key) {
     pos_ = 0;
+    std::optional<std::string> found;
     skip_space();
     expect('{');
     skip_space();
-    if (peek() == '}') return std::nullopt;
-    while (true) {
-      skip_space();
-      std::string name = parse_string();
-      skip_space();
-      expect(':');
-      skip_space();
-      if (name == key) {
-        if (peek() != '"') error("the value of key \"", key, "\" is not a string");
-        return parse_string();
+    if (peek() == '}') {
+      ++pos_;
+    } else {
+      while (true) {
+        skip_space();
+        std::string name = parse_string();
+        skip_space();
+        expect(':');
+        skip_space();
+        if (name == key && !found) {
+          if (peek() != '"') error("the value of key \"", key, "\" is not a string");
+          found = parse_string();
+        } else {
+          skip_value();
+        }
+        skip_space();
+        if (pos_ >= s_.size()) error("the object is not closed: expected ',' or '}' before the end of the line");
+        if (peek() == ',') {
+          ++pos_;
+          continue;
+        }
+        expect('}');
+        break;
       }
-      skip_value();
-      skip_space();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}');
-      return std::nullopt;
     }
+    skip_space();
+    if (pos_ != s_.size()) error("unexpected '", s_[pos_], "' after the end of the object (one JSON object per line)");
+    return found;
   }
 
  private:

@@ -463,6 +463,20 @@ TEST(PreprocessData, JsonLinesWithEscapes) {
   expected.push_back(ByteTokenizer::kEod);
   EXPECT_EQ(ds.get(0), expected);
   EXPECT_EQ(ByteTokenizer::decode(ds.get(1)), "second");
+  // An unterminated object is refused with its line number, even though its key came first.
+  write_text(dir / "open.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"abc\"\n");
+  const std::string log = dir / "open.log";
+  EXPECT_NE(std::system(("\"" + std::string(STRATA_PREPROCESS_DATA) + "\" --input " + (dir / "open.jsonl") + " --output-prefix " +
+                         (dir / "open") + " > " + log + " 2>&1")
+                            .c_str()),
+            0);
+  std::ifstream log_in(log);
+  const std::string message((std::istreambuf_iterator<char>(log_in)), {});
+  EXPECT_NE(message.find("line 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("not closed"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(dir / "open_text_document.bin"));
+  write_text(dir / "trailing.jsonl", "{\"text\": \"abc\"} x\n");
+  EXPECT_NE(run_tool("--input " + (dir / "trailing.jsonl") + " --output-prefix " + (dir / "trailing")), 0);
   // A line without the key is an error naming the file and line.
   write_text(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
   EXPECT_NE(run_tool("--input " + (dir / "bad.jsonl") + " --output-prefix " + (dir / "bad")), 0);
