@@ -161,6 +161,8 @@ TEST(GradUtils, AllReduceSumsOverDataParallelAndZeroClears) {
     model.for_each_parameter([&](auto& p) {
       for (double g : p.grad.span()) EXPECT_EQ(g, 3.0);
     });
+    // Different values per rank (1 and 5), so a no-op (1 or 5) or a sum (6) cannot pass for the mean (3).
+    model.for_each_parameter([&](auto& p) { p.grad.fill(ctx.coords.dp == 0 ? 1.0 : 5.0); });
     all_reduce_gradients(ctx.dp, model, ReduceOp::avg);
     model.for_each_parameter([&](auto& p) {
       for (double g : p.grad.span()) EXPECT_EQ(g, 3.0);
