@@ -71,11 +71,22 @@ void gather_parameters(Context& ctx, Module& module, Snapshot& snapshot, std::mu
   });
 }
 
-// Every parameter, gradient and output of `got` within `tolerance` of `want`.
+inline double norm(const Values& v) {
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  return std::sqrt(sum);
+}
+
+// Every parameter, gradient and output of `got` within `tolerance` of `want`. relative_error falls
+// back to the absolute error when the reference is zero, so a gradient that is zero in both runs
+// (a backward that never ran, or never reached a parameter) would pass: every reference gradient
+// must also be non-zero, and so must the compared one.
 inline void expect_equivalent(const Snapshot& got, const Snapshot& want, double tolerance, const std::string& what) {
   ASSERT_EQ(got.grads.size(), want.grads.size()) << what;
   for (const auto& [name, w] : want.grads) {
     ASSERT_TRUE(got.grads.count(name)) << what << ": missing parameter " << name;
+    EXPECT_GT(norm(w), 0.0) << what << ": the reference gradient of " << name << " is zero, so comparing it proves nothing";
+    EXPECT_GT(norm(got.grads.at(name)), 0.0) << what << ": the gradient of " << name << " is zero";
     EXPECT_LE(relative_error(got.values.at(name), want.values.at(name)), tolerance) << what << ": value of " << name;
     EXPECT_LE(relative_error(got.grads.at(name), w), tolerance) << what << ": gradient of " << name;
   }
