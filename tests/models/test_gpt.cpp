@@ -1,5 +1,22 @@
 #include "model_equivalence.hpp"
 
+#include <cstdlib>
+#include <new>
+
+#include <strata/models/memory_estimate.hpp>
+
+// Bytes allocated with operator new by each thread (this test program only).
+namespace strata_test {
+thread_local std::int64_t allocated_bytes_on_this_thread = 0;
+}
+void* operator new(std::size_t bytes) {
+  strata_test::allocated_bytes_on_this_thread += static_cast<std::int64_t>(bytes);
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 namespace {
 
 strata::models::ModelConfig tiny_gpt() {
@@ -34,15 +51,39 @@ TEST(Gpt, ShardedEqualsUnshardedWithPaddedVocabulary) {
 }
 TEST(Gpt, FiniteDifferenceGradients) { strata_test::expect_finite_difference_gradients<strata::models::Gpt>(tiny_gpt()); }
 
+// "Before allocation", observed: operator new of this test counts the bytes each thread allocates.
+// Building the valid model allocates at least its parameter memory (so the counter sees the
+// model); the invalid one throws having allocated less than a tenth of it (no parameter tensor).
 TEST(Gpt, InvalidConfigRejectedBeforeAllocation) {
   using namespace strata;
-  auto c = tiny_gpt();
+  const auto valid = tiny_gpt();
+  auto c = valid;
   c.num_attention_heads = 3;  // does not divide hidden 32, nor tp 2
-  EXPECT_THROW(inprocess::run(2, [&](inprocess::communicator& world) {
-                 auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
-                 models::Gpt<strata_test::ModelPolicy<double, false>> model(ctx, c);
-               }),
-               ConfigError);
+  const std::int64_t parameter_bytes =
+      models::parameters_per_rank(valid, models::DecoderShape::gpt(), 2) * static_cast<std::int64_t>(sizeof(double));
+  std::vector<std::int64_t> valid_bytes(2), invalid_bytes(2);
+  std::vector<std::string> messages(2);
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
+    const auto rank = static_cast<std::size_t>(world.rank());
+    strata_test::allocated_bytes_on_this_thread = 0;
+    {
+      models::Gpt<strata_test::ModelPolicy<double, false>> model(ctx, valid);
+      valid_bytes[rank] = strata_test::allocated_bytes_on_this_thread;
+    }
+    strata_test::allocated_bytes_on_this_thread = 0;
+    try {
+      models::Gpt<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    } catch (const ConfigError& e) {
+      messages[rank] = e.what();
+    }
+    invalid_bytes[rank] = strata_test::allocated_bytes_on_this_thread;
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("num_attention_heads=3"), std::string::npos) << "rank " << r << ": " << messages[r];
+    EXPECT_GE(valid_bytes[r], parameter_bytes) << "rank " << r << ": the counter missed the valid model's parameters";
+    EXPECT_LT(invalid_bytes[r], parameter_bytes / 10) << "rank " << r << ": the invalid model allocated before refusing";
+  }
 }
 
 }  // namespace
