@@ -131,11 +131,22 @@ TEST(VocabParallelCrossEntropy, MatchesDirectComputation) {
     Tensor<std::int32_t> labels(Shape{1, 2}, std::vector<std::int32_t>{4, 0});
     Activation<double, layout::sharded<-1>> logits(z);
     auto [losses, saved] = loss.forward(ctx, logits, labels);
-    const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0) + std::exp(5.0));
-    EXPECT_NEAR(losses[0], lse0 - 5.0, 1e-12);  // column 5 (padding, logit 100) is left out
+    // Every row's loss and every gradient entry, computed directly (column 5, padding with logit
+    // 100, is left out of the softmax and gets no gradient).
+    const int labels_of[2] = {4, 0};
+    ASSERT_EQ(losses.numel(), 2);
     auto dz = loss.backward(ctx, saved, Tensor<double>(Shape{1, 2}, 1.0), z.shape());
-    EXPECT_NEAR(dz.tensor[4], std::exp(5.0 - lse0) - 1.0, 1e-12);
-    EXPECT_EQ(dz.tensor[5], 0.0);
+    ASSERT_EQ(dz.tensor.numel(), 12);
+    for (int row = 0; row < 2; ++row) {
+      double sum = 0;
+      for (int j = 0; j < 5; ++j) sum += std::exp(z[row * 6 + j]);
+      const double lse = std::log(sum);
+      EXPECT_NEAR(losses[row], lse - z[row * 6 + labels_of[row]], 1e-12) << "row " << row;
+      for (int j = 0; j < 5; ++j)  // (row, j): softmax - onehot
+        EXPECT_NEAR(dz.tensor[row * 6 + j], std::exp(z[row * 6 + j] - lse) - (j == labels_of[row] ? 1.0 : 0.0), 1e-12)
+            << "row " << row << ", column " << j;
+      EXPECT_EQ(dz.tensor[row * 6 + 5], 0.0) << "row " << row << ", padding column";
+    }
   });
 }
 
