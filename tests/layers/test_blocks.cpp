@@ -31,7 +31,7 @@ Tensor<T> from_residual(Context& ctx, const Activation<T, residual_layout_t<P>>&
 }
 
 template <class T, bool SP, bool Llama>
-Snapshot run_layer(int tp) {
+Snapshot run_layer(int tp, double dropout = 0.0) {
   using P = Policy<T, SP>;
   using Layer = std::conditional_t<Llama, TransformerLayer<P, RmsNorm, SelfAttention<P, rope, gqa>, Mlp<P, swiglu>>,
                                    TransformerLayer<P, LayerNorm, SelfAttention<P, no_rope, mha>, Mlp<P, gelu>>>;
@@ -39,13 +39,13 @@ Snapshot run_layer(int tp) {
   std::mutex mutex;
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
-    Layer layer(ctx, "layer", TransformerLayerConfig{kHidden, 1e-5, 0.0},
+    Layer layer(ctx, "layer", TransformerLayerConfig{kHidden, 1e-5, dropout},
                 AttentionConfig{kHidden, 8, Llama ? 4 : 0, 1000.0, !Llama}, MlpConfig{kHidden, 64, !Llama});
     layer.init(11, 0.3, 0.2);
     for (int step = 0; step < 2; ++step) {
       auto x = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 300 + step));
       auto dy = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 400 + step));
-      auto [y, saved] = layer.forward(ctx, x);
+      auto [y, saved] = layer.forward(ctx, x, 500 + static_cast<std::uint64_t>(step));  // dropout key
       auto dx = layer.backward(ctx, saved, dy);
       Tensor<T> y_full = from_residual<P>(ctx, y), dx_full = from_residual<P>(ctx, dx);
       if (world.rank() == 0) {
@@ -60,11 +60,17 @@ Snapshot run_layer(int tp) {
 }
 
 template <class T, bool Llama>
-void check_layer() {
-  const Snapshot reference = run_layer<T, false, Llama>(1);
+void check_layer(double dropout = 0.0) {
+  const Snapshot reference = run_layer<T, false, Llama>(1, dropout);
   for (int tp : {1, 2, 4}) {
-    strata_test::expect_equivalent(run_layer<T, false, Llama>(tp), reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp));
-    strata_test::expect_equivalent(run_layer<T, true, Llama>(tp), reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " SP");
+    strata_test::expect_equivalent(run_layer<T, false, Llama>(tp, dropout), reference, strata_test::tolerance<T>(),
+                                   "tp=" + std::to_string(tp));
+    strata_test::expect_equivalent(run_layer<T, true, Llama>(tp, dropout), reference, strata_test::tolerance<T>(),
+                                   "tp=" + std::to_string(tp) + " SP");
+  }
+  if (dropout > 0) {  // the masks changed the result: dropout ran, the match above is not vacuous
+    const Snapshot without = run_layer<T, false, Llama>(1, 0.0);
+    EXPECT_GT(strata_test::relative_error(reference.outputs[0], without.outputs[0]), 1e-3) << "dropout had no effect";
   }
 }
 
@@ -72,6 +78,9 @@ TEST(TransformerLayer, GptStyleShardedEqualsUnshardedDouble) { check_layer<doubl
 TEST(TransformerLayer, GptStyleShardedEqualsUnshardedFloat) { check_layer<float, false>(); }
 TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedDouble) { check_layer<double, true>(); }
 TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedFloat) { check_layer<float, true>(); }
+// Dropout masks are drawn per global element, so sharded runs with dropout match the single rank.
+TEST(TransformerLayer, GptStyleWithDropoutShardedEqualsUnsharded) { check_layer<double, false>(0.25); }
+TEST(TransformerLayer, LlamaStyleWithDropoutShardedEqualsUnsharded) { check_layer<double, true>(0.25); }
 
 // Embedding then (a fixed projection to) vocab-parallel cross-entropy: tokens -> residual -> loss.
 template <class T, bool SP>

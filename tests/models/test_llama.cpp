@@ -22,6 +22,14 @@ TEST(Llama, ShardedEqualsUnshardedDouble) {
 TEST(Llama, ShardedEqualsUnshardedFloat) {
   strata_test::expect_model_equivalence<strata::models::Llama, float>(tiny_llama());
 }
+// With dropout: the masks are drawn per global element, so every tp size, with and without
+// sequence parallelism, still follows the single-rank run.
+TEST(Llama, WithDropoutShardedEqualsUnsharded) {
+  auto c = tiny_llama();
+  c.hidden_dropout = 0.2;
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
+}
+
 TEST(Llama, FiniteDifferenceGradients) {
   strata_test::expect_finite_difference_gradients<strata::models::Llama>(tiny_llama());
 }
