@@ -298,6 +298,9 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
   check_range("--num-query-groups", a.model.num_query_groups, 0, kInt, "key/value heads; 0 = one per head");
   check_range("--ffn-hidden-size", a.model.ffn_hidden_size, 0, kInt, "MLP width; 0 = 4 x --hidden-size");
+  if (a.model.ffn_hidden_size == 0 && a.model.hidden_size > kInt / 4)
+    fail<ConfigError>("--hidden-size=", a.model.hidden_size, " makes the default --ffn-hidden-size 4 x ", a.model.hidden_size,
+                      " = ", 4 * std::int64_t{a.model.hidden_size}, ", more than a 32-bit int holds; use a smaller --hidden-size");
   check_range("--seq-length", a.model.seq_length, 1, kInt, "tokens per sequence");
   check_range("--vocab-size", a.model.vocab_size, 1, kInt, "tokenizer vocabulary");
   check_range("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by, 1, kInt, "vocabulary padding multiple");
@@ -319,9 +322,12 @@ inline void check_real(const char* flag, double value, double low, double high, 
                        bool open_high = false) {
   const bool above = open_low ? value > low : value >= low;
   const bool below = open_high ? value < high : value <= high;
-  if (!(std::isfinite(value) && above && below))
-    fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number in ", open_low ? "(" : "[", low, ", ",
-                      high, open_high ? ")" : "]", " (", meaning, ")");
+  if (std::isfinite(value) && above && below) return;
+  if (high == std::numeric_limits<double>::max())
+    fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number ", open_low ? "> " : ">= ", low, " (",
+                      meaning, ")");
+  fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number in ", open_low ? "(" : "[", low, ", ", high,
+                    open_high ? ")" : "]", " (", meaning, ")");
 }
 
 inline void check_real_flags(const TrainArgs& a) {

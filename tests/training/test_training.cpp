@@ -207,6 +207,16 @@ TEST(TrainerFlags, EveryIntegerFlagIsRangeCheckedNamingTheFlag) {
     }
   }
   EXPECT_NO_THROW(trainer::validate(tiny("gpt")));
+  auto wide = tiny("gpt");
+  wide.model.hidden_size = 600000000;
+  wide.model.ffn_hidden_size = 0;
+  try {
+    trainer::validate(wide);
+    ADD_FAILURE() << "--hidden-size=600000000 with the default ffn width was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--hidden-size=600000000 makes the default --ffn-hidden-size"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TrainerMain, LogIntervalZeroExitsNonZeroNamingTheFlag) {
