@@ -32,6 +32,7 @@
 #include <strata/data.hpp>
 #include <strata/models.hpp>
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #ifndef STRATA_DEFAULT_DATA_PATH
 #define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"

@@ -13,6 +13,7 @@
 
 #include <strata/checkpoint.hpp>
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 #include "temp_directory.hpp"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <strata/models.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 

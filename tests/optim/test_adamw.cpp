@@ -102,7 +102,7 @@ TEST(AdamW, SeveralStepsMatchScalarReferenceDouble) {
 TEST(AdamW, WeightDecayOnlyWhereParameterAsksForIt) {
   // Zero gradients: Adam's update is 0, so only decoupled decay moves a weight: w *= 1 - lr * wd.
   ToyModule<double> module(3);
-  const Tensor<double> weight0 = module.weight.value, bias0 = module.bias.value;
+  const Tensor<double> weight0 = module.weight.value.clone(), bias0 = module.bias.value.clone();  // snapshots
   AdamW<double> optimizer(module, AdamWConfig{.weight_decay = 0.5});
   zero_gradients(module);
   optimizer.step(module, 0.1);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 

@@ -45,10 +45,14 @@ class SelfAttention {
   using T = typename Policy::element;
   using A = accumulate_t<T>;
   using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
   using Qkv = ColumnParallelLinear<Policy>;
   using Proj = RowParallelLinear<Policy>;
+  static_assert(std::is_same_v<Position, rope> || std::is_same_v<Position, no_rope>,
+                "SelfAttention: the Position argument must be strata::rope or strata::no_rope.");
+  static_assert(std::is_same_v<Grouping, mha> || std::is_same_v<Grouping, gqa>,
+                "SelfAttention: the Grouping argument must be strata::mha or strata::gqa.");
 
   struct Saved {
     typename Qkv::Saved qkv;

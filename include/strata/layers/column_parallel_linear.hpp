@@ -35,7 +35,7 @@ class ColumnParallelLinear {
   using T = typename Policy::element;
   using Backend = typename Policy::backend;
   using Comm = typename Policy::comm;
-  using Context = ParallelContext<Comm>;
+  using Context = context_t<Policy>;
   static constexpr bool sequence_parallel = Policy::sequence_parallel;
   using input_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;
   using output_layout = std::conditional_t<Options.gather_output, layout::replicated, layout::sharded<-1>>;

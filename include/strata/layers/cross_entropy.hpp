@@ -35,7 +35,7 @@ class VocabParallelCrossEntropy {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
 
   struct Saved {
     Tensor<A> softmax;           // [rows, V_local]

@@ -28,7 +28,7 @@ class VocabParallelEmbedding {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using output_layout = residual_layout_t<Policy>;
 
   struct Saved {
@@ -87,7 +87,7 @@ class PositionEmbedding {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
 
   PositionEmbedding(const Context&, std::string name, index_t max_positions, index_t hidden)

@@ -29,7 +29,7 @@ class Mlp {
  public:
   using T = typename Policy::element;
   using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
   static constexpr bool gated = std::is_same_v<Act, swiglu>;
   static_assert(std::is_same_v<Act, gelu> || gated, "Mlp: the activation must be strata::gelu or strata::swiglu.");

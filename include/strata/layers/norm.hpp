@@ -32,7 +32,7 @@ class LayerNorm {
   using T = typename Policy::element;
   using A = accumulate_t<T>;
   using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
 
   struct Saved {
     Tensor<T> input;
@@ -91,7 +91,7 @@ class RmsNorm {
   using T = typename Policy::element;
   using A = accumulate_t<T>;
   using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
 
   struct Saved {
     Tensor<T> input;
@@ -136,5 +136,14 @@ class RmsNorm {
   Parameter<T> weight_;
   double eps_;
 };
+
+// Which class templates are norms (TransformerLayer checks its Norm argument against this;
+// specialize it for a norm of your own with the same forward / backward / init interface).
+template <template <class> class Norm>
+inline constexpr bool is_norm_v = false;
+template <>
+inline constexpr bool is_norm_v<LayerNorm> = true;
+template <>
+inline constexpr bool is_norm_v<RmsNorm> = true;
 
 STRATA_NAMESPACE_END

@@ -34,7 +34,7 @@ class RowParallelLinear {
   using T = typename Policy::element;
   using Backend = typename Policy::backend;
   using Comm = typename Policy::comm;
-  using Context = ParallelContext<Comm>;
+  using Context = context_t<Policy>;
   static constexpr bool sequence_parallel = Policy::sequence_parallel;
   using input_layout = std::conditional_t<Options.input_is_parallel, layout::sharded<-1>, layout::replicated>;
   using output_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;

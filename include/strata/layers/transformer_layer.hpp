@@ -14,6 +14,7 @@
 
 #include "../core/rng.hpp"
 #include "dropout.hpp"
+#include "norm.hpp"
 #include "policy.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -28,8 +29,11 @@ template <class Policy, template <class> class Norm, class Attention, class MlpB
 class TransformerLayer {
  public:
   using T = typename Policy::element;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
+  static_assert(is_norm_v<Norm>,
+                "TransformerLayer: the Norm argument must be strata::LayerNorm or strata::RmsNorm (or a norm "
+                "declared with strata::is_norm_v).");
   static_assert(std::is_same_v<typename Attention::Layout, Layout> && std::is_same_v<typename MlpBlock::Layout, Layout>,
                 "TransformerLayer: the attention and MLP blocks must be built with the layer's Policy (their "
                 "residual-stream layouts differ: one is sequence parallel and the other is not).");
@@ -69,11 +73,12 @@ class TransformerLayer {
   }
 
   Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
-    Activation<T, Layout> dm = dy;
+    // dropout_backward works in place: on a copy, never on the tensor we were given
+    Activation<T, Layout> dm = saved.mask2.empty() ? dy : Activation<T, Layout>(dy.tensor.clone());
     dropout_backward(dm, saved.mask2, config_.hidden_dropout);
     auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm));
     add_into(dh, dy);  // dh := dy + d(norm2 path)
-    Activation<T, Layout> da = dh;
+    Activation<T, Layout> da = saved.mask1.empty() ? dh : Activation<T, Layout>(dh.tensor.clone());
     dropout_backward(da, saved.mask1, config_.hidden_dropout);
     auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da));
     add_into(dx, dh);

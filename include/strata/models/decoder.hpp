@@ -32,7 +32,7 @@ class DecoderModel {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
   using Layer = TransformerLayer<Policy, Norm, Attention, MlpBlock>;
   using Output = ColumnParallelLinear<Policy>;
