@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include <strata/backend/cpu/backend.hpp>
 #include <strata/layers/parameter.hpp>
 #include <strata/optim.hpp>
 
@@ -18,8 +19,9 @@ struct ToyModule {
   Parameter<T> bias{"toy.bias", Shape{4}, ShardSpec::replicated(), false};
 
   explicit ToyModule(std::uint64_t seed) {
-    init_normal(weight, seed, 1.0);
-    init_normal(bias, seed + 1, 0.5);
+    strata::cpu::backend device;
+    init_normal(device, weight, seed, 1.0);
+    init_normal(device, bias, seed + 1, 0.5);
   }
   template <class V>
   void for_each_parameter(V&& visit) {

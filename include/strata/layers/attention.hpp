@@ -44,8 +44,10 @@ class SelfAttention {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Backend = typename Policy::backend;
   using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  template <class L>
+  using Act = Activation<T, L, Space>;
   using Layout = residual_layout_t<Policy>;
   using Qkv = ColumnParallelLinear<Policy>;
   using Proj = RowParallelLinear<Policy>;
@@ -57,8 +59,8 @@ class SelfAttention {
   struct Saved {
     typename Qkv::Saved qkv;
     typename Proj::Saved proj;
-    Tensor<T> q, k, v, out;  // q, out [s, b, np_local, d] (q after RoPE); k, v [s, b, ng_local, d]
-    Tensor<A> lse;           // [b, np_local, s]: log-sum-exp of each query's scores
+    Tensor<T, Space> q, k, v, out;  // q, out [s, b, np_local, d] (q after RoPE); k, v [s, b, ng_local, d]
+    Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
   };
 
   SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
@@ -72,48 +74,49 @@ class SelfAttention {
              config_.bias),
         proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
 
-  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     Saved saved;
     auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
-    saved.q = Tensor<T>(Shape{s, b, heads_local_, d});
-    saved.k = Tensor<T>(Shape{s, b, groups_local_, d});
-    saved.v = Tensor<T>(Shape{s, b, groups_local_, d});
-    Backend::qkv_split(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(), saved.v.data());
+    saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+    saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(), saved.v.data());
     if constexpr (std::is_same_v<Position, rope>) {
-      Backend::rope_forward(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
-      Backend::rope_forward(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
+      ctx.device.template rope_forward<T>(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
+      ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
     }
-    saved.out = Tensor<T>(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
-    saved.lse = Tensor<A>(Shape{b, heads_local_, s});
-    Backend::attention_forward(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_, groups_local_, d,
+    saved.out = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
+    saved.lse = Tensor<A, Space>::empty(Shape{b, heads_local_, s});
+    ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_, groups_local_, d,
                                scale(), saved.out.data(), saved.lse.data());
-    auto [y, proj_saved] = proj_.forward(ctx, Activation<T, layout::sharded<-1>>(saved.out));
+    auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(saved.out));
     saved.proj = std::move(proj_saved);
     return {std::move(y), std::move(saved)};
   }
 
-  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
     const index_t s = saved.q.size(0), b = saved.q.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy);  // (s, b, np_local * d)
-    Tensor<T> dq(saved.q.shape()), dk(saved.k.shape()), dv(saved.v.shape());
-    Backend::attention_backward(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
+    auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
+         dv = Tensor<T, Space>::empty(saved.v.shape());
+    ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
                                 saved.lse.data(), s, b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(),
                                 dv.data());
     if constexpr (std::is_same_v<Position, rope>) {
-      Backend::rope_backward(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
-      Backend::rope_backward(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
+      ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
+      ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
     }
-    Activation<T, layout::sharded<-1>> dqkv(Tensor<T>(Shape{s, b, groups_local_ * (hpg + 2) * d}));
-    Backend::qkv_merge(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
+    Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
+    ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
     return qkv_.backward(ctx, saved.qkv, dqkv);
   }
 
   // Megatron's init: N(0, std) for qkv; the output projection scaled by output_stddev.
-  void init(std::uint64_t seed, double stddev, double output_stddev) {
-    qkv_.init(seed, stddev);
-    proj_.init(seed, output_stddev);
+  void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
+    qkv_.init(ctx, seed, stddev);
+    proj_.init(ctx, seed, output_stddev);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
