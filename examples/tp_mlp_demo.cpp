@@ -24,8 +24,8 @@ Result run(int tp) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     ColumnParallelLinear<Policy> fc1(ctx, "fc1", 16, 64);  // weight [64/tp, 16]
     RowParallelLinear<Policy> fc2(ctx, "fc2", 64, 16);     // weight [16, 64/tp]
-    fc1.init(42, 0.2);
-    fc2.init(42, 0.2);
+    fc1.init(ctx, 42, 0.2);
+    fc2.init(ctx, 42, 0.2);
     Tensor<double> x(Shape{8, 2, 16});  // (seq, batch, hidden)
     for (index_t i = 0; i < x.numel(); ++i) x[i] = rng::normal(7, static_cast<std::uint64_t>(i));
     auto [h, s1] = fc1.forward(ctx, Activation<double, layout::replicated>(x));  // sharded<-1>

@@ -43,6 +43,7 @@
 #include <strata/data.hpp>
 #include <strata/models.hpp>
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #ifndef STRATA_DEFAULT_DATA_PATH
 #define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"
@@ -449,7 +450,7 @@ TrainResult train_with(const TrainArgs& a) {
   inprocess::run(a.world_size, [&](inprocess::communicator& world) {
     Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp});
     Model<Policy> model(ctx, a.model);
-    model.init(a.seed);
+    model.init(ctx, a.seed);
     AdamW<T> optimizer(model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
     const LrSchedule schedule = schedule_of(a);
     int start = 0;
@@ -492,8 +493,8 @@ TrainResult train_with(const TrainArgs& a) {
           const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
                                                             a.micro_batch_size, ctx.coords.dp, dp, m);
           const data::Batch b = data::make_batch(valid_samples, first, a.micro_batch_size, batch_options);
-          const models::LossSum loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
-          sums[0] += loss.loss_sum;
+          const auto loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
+          sums[0] += loss.loss_sum();
           sums[1] += loss.tokens;
         }
       ctx.dp.all_reduce(std::span<double>(sums, 2), ReduceOp::sum);
@@ -529,7 +530,7 @@ TrainResult train_with(const TrainArgs& a) {
         const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
         auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key);
         model.backward(ctx, saved, 1.0 / tokens[0]);
-        tokens[1] += loss.loss_sum;
+        tokens[1] += loss.loss_sum();
       }
       ctx.dp.all_reduce(std::span<double>(tokens + 1, 1), ReduceOp::sum);
       all_reduce_gradients(ctx.dp, model);

@@ -8,6 +8,7 @@
 #include "comm.hpp"
 #include "comm/parallel_context.hpp"
 #include "backend/cpu.hpp"
+#include "policy.hpp"
 #include "layers.hpp"
 #include "models.hpp"
 #include "data.hpp"

@@ -13,6 +13,7 @@
 
 #include <strata/checkpoint.hpp>
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 #include "temp_directory.hpp"
@@ -36,11 +37,11 @@ struct TwoLayer {
   ColumnParallelLinear<Policy<T>> fc1;
   RowParallelLinear<Policy<T>> fc2;
 
-  TwoLayer(const Context& ctx, std::uint64_t seed) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
-    fc1.init(seed, 0.5);
-    fc2.init(seed, 0.5);
-    init_normal(*fc1.bias(), seed + 1, 0.1);
-    init_normal(*fc2.bias(), seed + 2, 0.1);
+  TwoLayer(Context& ctx, std::uint64_t seed) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
+    fc1.init(ctx, seed, 0.5);
+    fc2.init(ctx, seed, 0.5);
+    init_normal(ctx.device, *fc1.bias(), seed + 1, 0.1);
+    init_normal(ctx.device, *fc2.bias(), seed + 2, 0.1);
   }
   template <class V>
   void for_each_parameter(V&& visit) {

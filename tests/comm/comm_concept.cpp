@@ -2,8 +2,10 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 #include <strata/comm.hpp>
+#include <strata/comm/parallel_context.hpp>
 
 namespace {
 
@@ -25,6 +27,7 @@ static_assert(strata::reduce_op_name(strata::ReduceOp::avg) == std::string_view(
 
 // A type that has everything but split is not a communicator.
 struct NoSplit {
+  using space = strata::space::host;
   int rank() const { return 0; }
   int size() const { return 1; }
   std::string_view name() const { return "x"; }
@@ -42,5 +45,11 @@ struct NoSplit {
 static_assert(!strata::is_communicator_v<NoSplit>);
 static_assert(strata::detail::communicator_moves<NoSplit, float>);
 static_assert(!strata::detail::communicator_has_barrier_and_split<NoSplit>);
+
+// The in-process communicator works in host memory and brings the CPU backend as its default.
+static_assert(std::is_same_v<communicator::space, strata::space::host>);
+static_assert(std::is_same_v<communicator::default_device, strata::cpu::backend>);
+static_assert(std::is_same_v<strata::ParallelContext<communicator>::device_type, strata::cpu::backend>);
+
 
 }  // namespace

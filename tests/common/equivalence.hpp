@@ -12,6 +12,7 @@
 
 #include <strata/comm.hpp>
 #include <strata/layers.hpp>
+#include <strata/policy.hpp>
 
 namespace strata_test {
 

@@ -2,6 +2,7 @@
 // RowParallelLinear that expects an input sharded on its last dimension. The control build pairs
 // it with a RowParallelLinear that splits a replicated input itself, which compiles.
 #include <strata/layers.hpp>
+#include <strata/policy.hpp>
 
 using namespace strata;
 

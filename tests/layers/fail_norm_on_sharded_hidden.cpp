@@ -1,6 +1,7 @@
 // Must fail to compile: a norm fed the hidden-sharded output of a ColumnParallelLinear (it needs
 // the whole hidden dimension). The control build gathers the output first.
 #include <strata/layers.hpp>
+#include <strata/policy.hpp>
 
 using namespace strata;
 

@@ -41,7 +41,7 @@ Snapshot run_layer(int tp, double dropout = 0.0) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     Layer layer(ctx, "layer", TransformerLayerConfig{kHidden, 1e-5, dropout},
                 AttentionConfig{kHidden, 8, Llama ? 4 : 0, 1000.0, !Llama}, MlpConfig{kHidden, 64, !Llama});
-    layer.init(11, 0.3, 0.2);
+    layer.init(ctx, 11, 0.3, 0.2);
     for (int step = 0; step < 2; ++step) {
       auto x = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 300 + step));
       auto dy = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 400 + step));
@@ -94,7 +94,7 @@ Snapshot run_embedding_and_loss(int tp, double smoothing) {
     VocabParallelEmbedding<P> embedding(ctx, "embedding", kVocab, kHidden);
     ColumnParallelLinear<P> output(embedding.weight());  // tied: logits = x E^T
     VocabParallelCrossEntropy<P> loss(smoothing, 60);      // 4 padded columns
-    embedding.init(21, 1.0);
+    embedding.init(ctx, 21, 1.0);
     Tensor<std::int32_t> tokens(Shape{kSeq, kBatch}), labels(Shape{kSeq, kBatch});
     for (index_t i = 0; i < tokens.numel(); ++i) {
       tokens[i] = static_cast<std::int32_t>(rng::uniform(5, static_cast<std::uint64_t>(i)) * 60);

@@ -25,10 +25,10 @@ Snapshot run_mlp(int tp) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
     RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
-    fc1.init(7, 0.5);
-    fc2.init(7, 0.5);
-    init_normal(*fc1.bias(), 8, 0.1);
-    init_normal(*fc2.bias(), 9, 0.1);
+    fc1.init(ctx, 7, 0.5);
+    fc2.init(ctx, 7, 0.5);
+    init_normal(ctx.device, *fc1.bias(), 8, 0.1);
+    init_normal(ctx.device, *fc2.bias(), 9, 0.1);
     for (int step = 0; step < 2; ++step) {
       Tensor<T> x_full = random_tensor<T>(Shape{kSeq, kBatch, kIn}, 100 + step);
       Tensor<T> dy_full = random_tensor<T>(Shape{kSeq, kBatch, kOut}, 200 + step);
@@ -92,10 +92,10 @@ TEST(ColumnRowParallelLinear, GatherOutputAndScatteredInput) {
       auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
       ColumnParallelLinear<P, ColumnOptions{.gather_output = true}> fc1(ctx, "fc1", kIn, kHidden);
       RowParallelLinear<P, RowOptions{.input_is_parallel = false}> fc2(ctx, "fc2", kHidden, kOut);
-      fc1.init(7, 0.5);
-      fc2.init(7, 0.5);
-      init_normal(*fc1.bias(), 8, 0.1);
-      init_normal(*fc2.bias(), 9, 0.1);
+      fc1.init(ctx, 7, 0.5);
+      fc2.init(ctx, 7, 0.5);
+      init_normal(ctx.device, *fc1.bias(), 8, 0.1);
+      init_normal(ctx.device, *fc2.bias(), 9, 0.1);
       for (int step = 0; step < 2; ++step) {
         Activation<double, layout::replicated> x(random_tensor<double>(Shape{kSeq, kBatch, kIn}, 100 + step));
         Activation<double, layout::replicated> dy(random_tensor<double>(Shape{kSeq, kBatch, kOut}, 200 + step));
@@ -123,8 +123,8 @@ TEST(ColumnRowParallelLinear, FiniteDifferenceGradient) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
     ColumnParallelLinear<P> fc1(ctx, "fc1", 6, 8);
     RowParallelLinear<P> fc2(ctx, "fc2", 8, 5);
-    fc1.init(3, 0.5);
-    fc2.init(3, 0.5);
+    fc1.init(ctx, 3, 0.5);
+    fc2.init(ctx, 3, 0.5);
     Activation<double, layout::replicated> x(random_tensor<double>(Shape{4, 1, 6}, 11));
     Tensor<double> w = random_tensor<double>(Shape{4, 1, 5}, 12);
     auto loss = [&] {
@@ -169,8 +169,8 @@ TEST(ColumnRowParallelLinear, ShardedInitIsSliceOfUnshardedInit) {
       auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
       ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden, true, /*stacks=*/2);
       RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
-      fc1.init(5, 1.0);
-      fc2.init(5, 1.0);
+      fc1.init(ctx, 5, 1.0);
+      fc2.init(ctx, 5, 1.0);
       // Every local element equals the unsharded init at its global index.
       auto expect_slice = [&](Parameter<double>& p) {
         const auto key = rng::parameter_key(5, p.name);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <strata/models.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 
@@ -40,14 +41,14 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config) {
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     Model<P> model(ctx, config);
-    model.init(1234);
+    model.init(ctx, 1234);
     for (int micro = 0; micro < 2; ++micro) {
       TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 77 + 10 * micro);
       auto [loss, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro);
       model.backward(ctx, saved, 1.0 / 30.0);
       if (world.rank() == 0) {
         std::lock_guard lock(mutex);
-        snapshot.outputs.push_back({loss.loss_sum, loss.tokens});
+        snapshot.outputs.push_back({loss.loss_sum(), loss.tokens});
       }
     }
     gather_parameters(ctx, model, snapshot, mutex);
@@ -74,9 +75,9 @@ void expect_finite_difference_gradients(const strata::models::ModelConfig& confi
   inprocess::run(1, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
     Model<P> model(ctx, config);
-    model.init(4321);
+    model.init(ctx, 4321);
     TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 5);
-    auto loss = [&] { return model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum; };
+    auto loss = [&] { return model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum(); };
     auto [l0, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask);
     model.backward(ctx, saved, 1.0);
     int checked = 0;
@@ -113,11 +114,11 @@ std::vector<double> next_token_logits_checked(int tp, const strata::models::Mode
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     Model<P> model(ctx, config);
-    model.init(99);
+    model.init(ctx, 99);
     TokenBatch batch = random_batch(config.vocab_size, 1, config.seq_length, 3);
     for (index_t i = 0; i < batch.mask.numel(); ++i) batch.mask[i] = i == position ? 1.0f : 0.0f;
     const auto logits = model.next_token_logits(ctx, batch.tokens, position);
-    const double loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum;
+    const double loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum();
     double top = logits[0], total = 0;
     for (double z : logits) top = std::max(top, z);
     for (double z : logits) total += std::exp(z - top);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include <strata/backend/cpu/backend.hpp>
 #include <strata/layers/parameter.hpp>
 #include <strata/optim.hpp>
 
@@ -18,8 +19,9 @@ struct ToyModule {
   Parameter<T> bias{"toy.bias", Shape{4}, ShardSpec::replicated(), false};
 
   explicit ToyModule(std::uint64_t seed) {
-    init_normal(weight, seed, 1.0);
-    init_normal(bias, seed + 1, 0.5);
+    strata::cpu::backend device;
+    init_normal(device, weight, seed, 1.0);
+    init_normal(device, bias, seed + 1, 0.5);
   }
   template <class V>
   void for_each_parameter(V&& visit) {
@@ -102,7 +104,7 @@ TEST(AdamW, SeveralStepsMatchScalarReferenceDouble) {
 TEST(AdamW, WeightDecayOnlyWhereParameterAsksForIt) {
   // Zero gradients: Adam's update is 0, so only decoupled decay moves a weight: w *= 1 - lr * wd.
   ToyModule<double> module(3);
-  const Tensor<double> weight0 = module.weight.value, bias0 = module.bias.value;
+  const Tensor<double> weight0 = module.weight.value.clone(), bias0 = module.bias.value.clone();  // snapshots
   AdamW<double> optimizer(module, AdamWConfig{.weight_decay = 0.5});
   zero_gradients(module);
   optimizer.step(module, 0.1);

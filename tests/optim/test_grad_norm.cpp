@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <strata/optim.hpp>
+#include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
 
@@ -36,11 +37,11 @@ struct TwoLayer {
   ColumnParallelLinear<Policy> fc1;
   RowParallelLinear<Policy> fc2;
 
-  explicit TwoLayer(const Context& ctx) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
-    fc1.init(11, 0.5);
-    fc2.init(11, 0.5);
-    init_normal(*fc1.bias(), 12, 0.1);
-    init_normal(*fc2.bias(), 13, 0.1);
+  explicit TwoLayer(Context& ctx) : fc1(ctx, "fc1", kIn, kHidden), fc2(ctx, "fc2", kHidden, kOut) {
+    fc1.init(ctx, 11, 0.5);
+    fc2.init(ctx, 11, 0.5);
+    init_normal(ctx.device, *fc1.bias(), 12, 0.1);
+    init_normal(ctx.device, *fc2.bias(), 13, 0.1);
   }
   template <class V>
   void for_each_parameter(V&& visit) {

@@ -1,8 +1,11 @@
 // strata/comm/communicator.hpp: the `Communicator` concept every communication backend models.
 //
 // A communicator is a cheap, copyable handle on one process group (the world, or a tp / dp / pp
-// ... group made by `split`). Buffers are typed spans; the element type is known at compile time
-// and is one of `CommElement` (float, double, bf16, fp16, int32, int64).
+// ... group made by `split`). It names the memory space its buffers live in (`using space`) and
+// the backend its operations are ordered with (`using default_device`); buffers are typed spans of
+// that space, `span_t<T, typename C::space>` (std::span on the host, device_span on a GPU); the
+// element type is known at compile time and is one of `CommElement` (float, double, bf16, fp16,
+// int32, int64).
 //
 //   all_reduce(buffer, op)                          in place; every rank gets op over all ranks
 //   all_gather(in, out)                             out = in_0 | in_1 | ... (rank-major), |out| = |in| * size
@@ -14,7 +17,7 @@
 //   all_to_all(in, send_counts, out, recv_counts)   block p of `in` (at the prefix sum of send_counts)
 //                                                   goes to rank p; block p of `out` comes from rank p
 //   barrier()
-//   split(color, key)                               collective; ranks with equal color form a new
+//   split(color, key), split(color, key, name)      collective; ranks with equal color form a new
 //                                                   group ordered by (key, old rank), as MPI_Comm_split
 //
 // Every rank of a group calls the same collectives in the same order with matching sizes. Errors
@@ -37,6 +40,7 @@
 
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../core/space.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
@@ -59,6 +63,13 @@ concept CommElement = Element<T> || std::is_same_v<T, std::int32_t> || std::is_s
 namespace detail {
 
 template <class C>
+concept communicator_has_space = requires { typename C::space; } && space::is_space_v<typename C::space>;
+
+// The span type a communicator takes (only asked once communicator_has_space holds).
+template <class C, class T>
+using comm_span_t = span_t<T, typename C::space>;
+
+template <class C>
 concept communicator_has_group_queries = requires(const C& c) {
   { c.rank() } -> std::same_as<int>;
   { c.size() } -> std::same_as<int>;
@@ -66,45 +77,46 @@ concept communicator_has_group_queries = requires(const C& c) {
 };
 
 template <class C, class T>
-concept communicator_has_all_reduce = requires(C& c, std::span<T> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
+concept communicator_has_all_reduce = requires(C& c, comm_span_t<C, T> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
 
 template <class C, class T>
-concept communicator_has_all_gather = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_all_gather = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
                                                std::span<const std::size_t> counts) {
   c.all_gather(in, out);
   c.all_gather_v(in, out, counts);
 };
 
 template <class C, class T>
-concept communicator_has_reduce_scatter = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_reduce_scatter = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
                                                    std::span<const std::size_t> counts, ReduceOp op) {
   c.reduce_scatter(in, out, op);
   c.reduce_scatter_v(in, out, counts, op);
 };
 
 template <class C, class T>
-concept communicator_has_broadcast = requires(C& c, std::span<T> buffer, int root) { c.broadcast(buffer, root); };
+concept communicator_has_broadcast = requires(C& c, comm_span_t<C, T> buffer, int root) { c.broadcast(buffer, root); };
 
 template <class C, class T>
-concept communicator_has_point_to_point = requires(C& c, std::span<const T> in, std::span<T> out, int peer) {
+concept communicator_has_point_to_point = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out, int peer) {
   c.send(in, peer);
   c.recv(out, peer);
 };
 
 template <class C, class T>
-concept communicator_has_all_to_all = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_all_to_all = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
                                                std::span<const std::size_t> counts) {
   c.all_to_all(in, counts, out, counts);
 };
 
 template <class C>
-concept communicator_has_barrier_and_split = requires(C& c, int color, int key) {
+concept communicator_has_barrier_and_split = requires(C& c, int color, int key, std::string name) {
   c.barrier();
   { c.split(color, key) } -> std::same_as<C>;
+  { c.split(color, key, name) } -> std::same_as<C>;
 };
 
 template <class C, class T>
-concept communicator_moves = communicator_has_all_reduce<C, T> && communicator_has_all_gather<C, T> &&
+concept communicator_moves = communicator_has_space<C> && communicator_has_all_reduce<C, T> && communicator_has_all_gather<C, T> &&
                              communicator_has_reduce_scatter<C, T> && communicator_has_broadcast<C, T> &&
                              communicator_has_point_to_point<C, T> && communicator_has_all_to_all<C, T>;
 
@@ -113,7 +125,7 @@ concept communicator_moves = communicator_has_all_reduce<C, T> && communicator_h
 // C is a handle on one process group. The concept checks float and double; backends provide the
 // same operations for every CommElement.
 template <class C>
-concept Communicator = std::copy_constructible<C> && std::is_move_assignable_v<C> &&
+concept Communicator = std::copy_constructible<C> && std::is_move_assignable_v<C> && detail::communicator_has_space<C> &&
                        detail::communicator_has_group_queries<C> && detail::communicator_has_barrier_and_split<C> &&
                        detail::communicator_moves<C, float> && detail::communicator_moves<C, double>;
 
@@ -127,32 +139,35 @@ consteval bool check_communicator() {
   static_assert(std::copy_constructible<C> && std::is_move_assignable_v<C>,
                 "The type does not model strata::Communicator: a communicator is a cheap handle that must be "
                 "copyable and movable.");
+  static_assert(detail::communicator_has_space<C>,
+                "The type does not model strata::Communicator: it lacks `using space = strata::space::host` (or "
+                "space::cuda), the memory space of the buffers it moves.");
   static_assert(detail::communicator_has_group_queries<C>,
                 "The type does not model strata::Communicator: it lacks `int rank() const`, `int size() const` "
                 "or `std::string_view name() const`.");
   static_assert(detail::communicator_has_all_reduce<C, float> && detail::communicator_has_all_reduce<C, double>,
-                "The type does not model strata::Communicator: it lacks all_reduce(std::span<T>, ReduceOp) for "
+                "The type does not model strata::Communicator: it lacks all_reduce(span_t<T, space>, ReduceOp) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_all_gather<C, float> && detail::communicator_has_all_gather<C, double>,
-                "The type does not model strata::Communicator: it lacks all_gather(std::span<const T>, std::span<T>) "
-                "or all_gather_v(std::span<const T>, std::span<T>, std::span<const std::size_t>) for T = float or "
+                "The type does not model strata::Communicator: it lacks all_gather(span_t<const T, space>, "
+                "span_t<T, space>) or all_gather_v(in, out, std::span<const std::size_t> counts) for T = float or "
                 "double.");
   static_assert(detail::communicator_has_reduce_scatter<C, float> && detail::communicator_has_reduce_scatter<C, double>,
-                "The type does not model strata::Communicator: it lacks reduce_scatter(std::span<const T>, "
-                "std::span<T>, ReduceOp) or reduce_scatter_v(std::span<const T>, std::span<T>, "
-                "std::span<const std::size_t>, ReduceOp) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks reduce_scatter(span_t<const T, space>, "
+                "span_t<T, space>, ReduceOp) or reduce_scatter_v(in, out, std::span<const std::size_t> counts, "
+                "ReduceOp) for T = float or double.");
   static_assert(detail::communicator_has_broadcast<C, float> && detail::communicator_has_broadcast<C, double>,
-                "The type does not model strata::Communicator: it lacks broadcast(std::span<T>, int root) for "
+                "The type does not model strata::Communicator: it lacks broadcast(span_t<T, space>, int root) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_point_to_point<C, float> && detail::communicator_has_point_to_point<C, double>,
-                "The type does not model strata::Communicator: it lacks send(std::span<const T>, int peer) or "
-                "recv(std::span<T>, int peer) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks send(span_t<const T, space>, int peer) "
+                "or recv(span_t<T, space>, int peer) for T = float or double.");
   static_assert(detail::communicator_has_all_to_all<C, float> && detail::communicator_has_all_to_all<C, double>,
-                "The type does not model strata::Communicator: it lacks all_to_all(std::span<const T>, "
-                "std::span<const std::size_t>, std::span<T>, std::span<const std::size_t>) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks all_to_all(span_t<const T, space>, "
+                "std::span<const std::size_t>, span_t<T, space>, std::span<const std::size_t>) for T = float or double.");
   static_assert(detail::communicator_has_barrier_and_split<C>,
-                "The type does not model strata::Communicator: it lacks barrier() or `C split(int color, int key)` "
-                "returning the same communicator type.");
+                "The type does not model strata::Communicator: it lacks barrier(), `C split(int color, int key)` "
+                "or `C split(int color, int key, std::string name)` returning the same communicator type.");
   return Communicator<C>;
 }
 

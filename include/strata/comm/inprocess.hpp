@@ -67,6 +67,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/cpu/backend.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "communicator.hpp"
@@ -415,6 +416,9 @@ bool overlaps(const T* a, std::size_t na, const T* b, std::size_t nb) {
 // and rank; one rank's handles are used from that rank's thread only.
 class communicator {
  public:
+  using space = strata::space::host;       // buffers are host memory
+  using default_device = cpu::backend;     // the compute backend its ranks use by default
+
   // An empty handle; every operation on it throws. Real ones come from run() and split().
   communicator() = default;
 

@@ -1,5 +1,7 @@
-// strata/comm/parallel_context.hpp: `ParallelContext<Comm>`, this rank's place in a parallel
-// configuration: one communicator per group and the rank's coordinates.
+// strata/comm/parallel_context.hpp: `ParallelContext<Comm, Device>`, this rank's place in a parallel
+// configuration: one communicator per group, the rank's coordinates, and the rank's compute
+// backend object (`device`, Comm::default_device unless given: cpu::backend for the in-process
+// communicator). Layers reach kernels only through `ctx.device`.
 //
 // Built collectively from a ParallelConfig and the world communicator: every group is carved out
 // with split(color = group index, key = position in group) following the rank generator's order
@@ -9,18 +11,27 @@
 
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "../shard/parallel_config.hpp"
 #include "../shard/rank_generator.hpp"
+#include "../backend/backend.hpp"
 #include "communicator.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
-template <class Comm>
+template <class Comm, class Device = typename Comm::default_device>
 struct ParallelContext {
   static_assert(is_communicator_v<Comm>,
                 "ParallelContext<Comm>: Comm does not model strata::Communicator (see strata/comm/communicator.hpp).");
+  static_assert(check_backend<Device>());
+  static_assert(std::is_same_v<typename Comm::space, typename Device::space>,
+                "ParallelContext<Comm, Device>: the communicator and the backend work in different memory spaces; "
+                "pair the in-process communicator with cpu::backend and the NCCL one with cuda::backend.");
   using communicator_type = Comm;
+  using device_type = Device;
+  using space = typename Device::space;
 
   ParallelConfig config{};
   Coordinates coords{};
@@ -32,9 +43,11 @@ struct ParallelContext {
   Comm ep;              // expert parallel
   Comm dp_cp;           // data x context parallel (gradient all-reduce when cp > 1)
   Comm model_parallel;  // tensor x pipeline parallel (gradient norm, found-inf)
+  Device device;        // this rank's compute backend
 
   // Collective over `world`: every rank must call it with the same config.
-  static ParallelContext create(Comm world, const ParallelConfig& config, std::string_view order = "tp-cp-ep-dp-pp") {
+  static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},
+                                std::string_view order = "tp-cp-ep-dp-pp") {
     check(config, world.size());
     const RankGenerator generator(config, order);
     const int rank = world.rank();
@@ -42,12 +55,14 @@ struct ParallelContext {
       return world.split(generator.group_index_of(rank, axes), generator.position_in_group(rank, axes), std::string(axes));
     };
     ParallelContext ctx{config, generator.coordinates(rank), world, make("tp"), make("cp"), make("dp"),
-                        make("pp"), make("ep"), make("dp-cp"), make("tp-pp")};
+                        make("pp"), make("ep"), make("dp-cp"), make("tp-pp"), std::move(device)};
     return ctx;
   }
 
   // A context for one rank that runs everything itself (tp = pp = dp = cp = ep = 1).
-  static ParallelContext single(Comm world) { return create(std::move(world), ParallelConfig{}); }
+  static ParallelContext single(Comm world, Device device = {}) {
+    return create(std::move(world), ParallelConfig{}, std::move(device));
+  }
 };
 
 STRATA_NAMESPACE_END

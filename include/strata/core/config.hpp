@@ -15,3 +15,11 @@
 #define STRATA_NAMESPACE_END \
   }                          \
   }
+
+// STRATA_HOST_DEVICE marks functions that kernels call too (index arithmetic, RNG, bf16 / fp16
+// conversions); empty outside nvcc.
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif

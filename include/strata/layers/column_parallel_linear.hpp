@@ -33,9 +33,12 @@ template <class Policy, ColumnOptions Options = ColumnOptions{}>
 class ColumnParallelLinear {
  public:
   using T = typename Policy::element;
-  using Backend = typename Policy::backend;
   using Comm = typename Policy::comm;
-  using Context = ParallelContext<Comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  using Param = Parameter<T, Space>;
+  template <class L>
+  using Act = Activation<T, L, Space>;
   static constexpr bool sequence_parallel = Policy::sequence_parallel;
   using input_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;
   using output_layout = std::conditional_t<Options.gather_output, layout::replicated, layout::sharded<-1>>;
@@ -44,18 +47,18 @@ class ColumnParallelLinear {
                 "output sharded and follow it with a RowParallelLinear.");
 
   struct Saved {
-    Tensor<T> input;  // the full-sequence input (gathered under sequence parallelism)
+    Tensor<T, Space> input;  // the full-sequence input (gathered under sequence parallelism)
   };
 
   // in, out: global feature counts. stacks: out is `stacks` equal blocks, each split over tp.
   ColumnParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true, int stacks = 1)
-      : owned_weight_(Parameter<T>(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
+      : owned_weight_(Param(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
         weight_(&*owned_weight_) {
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
     check_gather(stacks);
   }
   // Borrows `weight` (global [out, in], split on dim 0); no bias.
-  explicit ColumnParallelLinear(Parameter<T>& borrowed_weight) : weight_(&borrowed_weight) {
+  explicit ColumnParallelLinear(Param& borrowed_weight) : weight_(&borrowed_weight) {
     check_gather(borrowed_weight.shard.stacks);
   }
   ColumnParallelLinear(const ColumnParallelLinear&) = delete;  // weight_ may point into *this
@@ -70,32 +73,32 @@ class ColumnParallelLinear {
   }
 
   template <class Layout>
-  std::pair<Activation<T, output_layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     expect_layout<input_layout, Layout>();
     Saved saved;
-    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.tp, x).tensor;
-    else saved.input = x.tensor;
-    Tensor<T> y = detail::linear_forward<Backend>(saved.input, *weight_, Options.skip_bias_add || !bias_ ? nullptr : &*bias_,
-                                                  "ColumnParallelLinear");
-    Activation<T, layout::sharded<-1>> local(std::move(y));
-    if constexpr (Options.gather_output) return {gather_from_tensor_parallel(ctx.tp, local), std::move(saved)};
+    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.device, ctx.tp, x).tensor;
+    else saved.input = x.tensor;  // shared, read only
+    Tensor<T, Space> y = detail::linear_forward(ctx.device, saved.input, *weight_,
+                                                Options.skip_bias_add || !bias_ ? nullptr : &*bias_, "ColumnParallelLinear");
+    Act<layout::sharded<-1>> local(std::move(y));
+    if constexpr (Options.gather_output) return {gather_from_tensor_parallel(ctx.device, ctx.tp, local), std::move(saved)};
     else return {std::move(local), std::move(saved)};
   }
 
   template <class Layout>
-  Activation<T, input_layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
     expect_layout<output_layout, Layout>();
-    Tensor<T> dy_local;
-    if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.tp, dy).tensor;
-    else dy_local = dy.tensor;
-    Activation<T, layout::partial> dx(detail::linear_backward<Backend>(saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr));
-    if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.tp, dx);
+    Tensor<T, Space> dy_local;
+    if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
+    else dy_local = dy.tensor;  // shared, read only
+    Act<layout::partial> dx(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr));
+    if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.device, ctx.tp, dx);
     else return copy_to_tensor_parallel_backward(ctx.tp, std::move(dx));
   }
 
-  void init(std::uint64_t seed, double stddev) {
-    if (owned_weight_) init_normal(*owned_weight_, seed, stddev);
-    if (bias_) init_constant(*bias_, 0.0);
+  void init(Context& ctx, std::uint64_t seed, double stddev) {
+    if (owned_weight_) init_normal(ctx.device, *owned_weight_, seed, stddev);
+    if (bias_) init_constant(ctx.device, *bias_, 0.0);
   }
 
   template <class Visitor>
@@ -104,9 +107,9 @@ class ColumnParallelLinear {
     if (bias_) visit(*bias_);
   }
 
-  Parameter<T>& weight() { return *weight_; }
-  const Parameter<T>& weight() const { return *weight_; }
-  Parameter<T>* bias() { return bias_ ? &*bias_ : nullptr; }
+  Param& weight() { return *weight_; }
+  const Param& weight() const { return *weight_; }
+  Param* bias() { return bias_ ? &*bias_ : nullptr; }
 
  private:
   static void check_gather(int stacks) {
@@ -115,9 +118,9 @@ class ColumnParallelLinear {
                         "); gather each block's output separately instead");
   }
 
-  std::optional<Parameter<T>> owned_weight_;
-  std::optional<Parameter<T>> bias_;
-  Parameter<T>* weight_ = nullptr;
+  std::optional<Param> owned_weight_;
+  std::optional<Param> bias_;
+  Param* weight_ = nullptr;
 };
 
 STRATA_NAMESPACE_END

@@ -11,12 +11,14 @@
 //                                                                        or replicated -> sharded<0> (slice)
 //   reduce_scatter_to_sequence_parallel partial -> sharded<0>            sharded<0> -> replicated (all-gather)
 //
-// Tensors are [seq, batch, hidden] row-major, so sequence slices are contiguous row blocks. Every
-// function checks divisibility and throws ShapeError naming the conversion.
+// Tensors are [seq, batch, hidden] row-major, so sequence slices are contiguous row blocks (a
+// backend copy) and hidden slices are backend slice_columns / unstack_columns. Every function takes
+// the rank's backend object and the group (`device, tp`); for a host communicator the device may be
+// left out (its default backend is used). Collectives work in place only on tensors the function
+// made itself. Every function checks divisibility and throws ShapeError naming the conversion.
 #pragma once
 
-#include <algorithm>
-#include <span>
+#include <type_traits>
 
 #include "../comm/communicator.hpp"
 #include "layout.hpp"
@@ -31,125 +33,154 @@ inline void check_divisible(index_t extent, int parts, const char* what, const S
                      " tensor-parallel ranks");
 }
 
-template <class T, class Comm>
-Tensor<T> all_gather_dim0(Comm& comm, const Tensor<T>& in) {
-  Tensor<T> out(in.shape().with(0, in.size(0) * comm.size()));
-  comm.all_gather(std::span<const T>(in.span()), out.span());
+template <class Device, class Comm, class T, class Space>
+Tensor<T, Space> all_gather_dim0(Device&, Comm& comm, const Tensor<T, Space>& in) {
+  auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) * comm.size()));
+  comm.all_gather(in.buffer(), out.buffer());
   return out;
 }
 
-template <class T, class Comm>
-Tensor<T> reduce_scatter_dim0(Comm& comm, const Tensor<T>& in, const char* what) {
+template <class Device, class Comm, class T, class Space>
+Tensor<T, Space> reduce_scatter_dim0(Device&, Comm& comm, const Tensor<T, Space>& in, const char* what) {
   check_divisible(in.size(0), comm.size(), what, in.shape());
-  Tensor<T> out(in.shape().with(0, in.size(0) / comm.size()));
-  comm.reduce_scatter(std::span<const T>(in.span()), out.span(), ReduceOp::sum);
+  auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) / comm.size()));
+  comm.reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
   return out;
 }
 
-template <class T>
-Tensor<T> slice_dim0(const Tensor<T>& in, int rank, int parts, const char* what) {
+template <class Device, class T, class Space>
+Tensor<T, Space> slice_dim0(Device& device, const Tensor<T, Space>& in, int rank, int parts, const char* what) {
   check_divisible(in.size(0), parts, what, in.shape());
-  index_t n = in.size(0) / parts;
-  return Tensor<T>::copy_of(in.view().slice_rows(n * rank, n * (rank + 1)));
+  const index_t n = in.size(0) / parts, inner = in.size(0) == 0 ? 0 : in.numel() / in.size(0);
+  auto out = Tensor<T, Space>::empty(in.shape().with(0, n));  // rows [n * rank, n * (rank + 1))
+  device.template copy<T>(in.data() + n * rank * inner, out.numel(), out.data());
+  return out;
 }
 
-template <class T>
-Tensor<T> slice_last(const Tensor<T>& in, int rank, int parts, const char* what) {
+template <class Device, class T, class Space>
+Tensor<T, Space> slice_last(Device& device, const Tensor<T, Space>& in, int rank, int parts, const char* what) {
   check_divisible(in.shape().cols(), parts, what, in.shape());
   const index_t rows = in.shape().rows(), cols = in.shape().cols(), local = cols / parts;
-  Tensor<T> out(in.shape().with(-1, local));
-  for (index_t r = 0; r < rows; ++r)
-    std::copy_n(in.data() + r * cols + rank * local, local, out.data() + r * local);
+  auto out = Tensor<T, Space>::empty(in.shape().with(-1, local));  // (rows, local)
+  device.template slice_columns<T>(in.data(), rows, cols, rank * local, local, out.data());
   return out;
 }
 
-template <class T, class Comm>
-Tensor<T> all_gather_last(Comm& comm, const Tensor<T>& in) {
+template <class Device, class Comm, class T, class Space>
+Tensor<T, Space> all_gather_last(Device& device, Comm& comm, const Tensor<T, Space>& in) {
   const int parts = comm.size();
   const index_t rows = in.shape().rows(), local = in.shape().cols();
-  Tensor<T> stacked(Shape{parts, rows, local});  // (tp, rows, local)
-  comm.all_gather(std::span<const T>(in.span()), stacked.span());
-  Tensor<T> out(in.shape().with(-1, local * parts));  // (rows, tp * local)
-  for (int p = 0; p < parts; ++p)
-    for (index_t r = 0; r < rows; ++r)
-      std::copy_n(stacked.data() + (p * rows + r) * local, local, out.data() + r * local * parts + p * local);
+  auto stacked = Tensor<T, Space>::empty(Shape{parts, rows, local});  // (tp, rows, local)
+  comm.all_gather(in.buffer(), stacked.buffer());
+  auto out = Tensor<T, Space>::empty(in.shape().with(-1, local * parts));  // (rows, tp * local)
+  device.template unstack_columns<T>(stacked.data(), parts, rows, local, out.data());
   return out;
+}
+
+// The backend a host communicator brings (cpu::backend for the in-process one).
+template <class Comm>
+  requires std::is_same_v<typename Comm::space, space::host>
+typename Comm::default_device default_device_of() {
+  return {};
 }
 
 }  // namespace detail
 
 // f: identity forward; its backward all-reduces the partial gradient.
-template <class T>
-Activation<T, layout::replicated> copy_to_tensor_parallel(Activation<T, layout::replicated> x) {
+template <class T, class Space>
+Activation<T, layout::replicated, Space> copy_to_tensor_parallel(Activation<T, layout::replicated, Space> x) {
   return x;
 }
-template <class T, class Comm>
-Activation<T, layout::replicated> copy_to_tensor_parallel_backward(Comm& tp, Activation<T, layout::partial> dx) {
-  if (tp.size() > 1) tp.all_reduce(dx.tensor.span(), ReduceOp::sum);
-  return Activation<T, layout::replicated>(std::move(dx.tensor));
+template <class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> copy_to_tensor_parallel_backward(Comm& tp, Activation<T, layout::partial, Space> dx) {
+  // dx holds a fresh gradient (the caller's matmul output): reduced in place
+  if (tp.size() > 1) tp.all_reduce(dx.tensor.buffer(), ReduceOp::sum);
+  return Activation<T, layout::replicated, Space>(std::move(dx.tensor));
 }
 
 // g: all-reduce forward; identity backward (the complete gradient is every addend's gradient).
-template <class T, class Comm>
-Activation<T, layout::replicated> reduce_from_tensor_parallel(Comm& tp, Activation<T, layout::partial> y) {
-  if (tp.size() > 1) tp.all_reduce(y.tensor.span(), ReduceOp::sum);
-  return Activation<T, layout::replicated>(std::move(y.tensor));
+template <class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> reduce_from_tensor_parallel(Comm& tp, Activation<T, layout::partial, Space> y) {
+  // y holds a fresh partial sum (the caller's matmul output): reduced in place
+  if (tp.size() > 1) tp.all_reduce(y.tensor.buffer(), ReduceOp::sum);
+  return Activation<T, layout::replicated, Space>(std::move(y.tensor));
 }
-template <class T>
-Activation<T, layout::partial> reduce_from_tensor_parallel_backward(Activation<T, layout::replicated> dy) {
-  return Activation<T, layout::partial>(std::move(dy.tensor));
-}
-
-template <class T, class Comm>
-Activation<T, layout::sharded<-1>> scatter_to_tensor_parallel(Comm& tp, const Activation<T, layout::replicated>& x) {
-  return Activation<T, layout::sharded<-1>>(detail::slice_last(x.tensor, tp.rank(), tp.size(), "scatter_to_tensor_parallel"));
-}
-template <class T, class Comm>
-Activation<T, layout::replicated> scatter_to_tensor_parallel_backward(Comm& tp, const Activation<T, layout::sharded<-1>>& dy) {
-  return Activation<T, layout::replicated>(detail::all_gather_last(tp, dy.tensor));
+template <class T, class Space>
+Activation<T, layout::partial, Space> reduce_from_tensor_parallel_backward(Activation<T, layout::replicated, Space> dy) {
+  return Activation<T, layout::partial, Space>(std::move(dy.tensor));
 }
 
-template <class T, class Comm>
-Activation<T, layout::replicated> gather_from_tensor_parallel(Comm& tp, const Activation<T, layout::sharded<-1>>& x) {
-  return Activation<T, layout::replicated>(detail::all_gather_last(tp, x.tensor));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<-1>, Space> scatter_to_tensor_parallel(Device& device, Comm& tp, const Activation<T, layout::replicated, Space>& x) {
+  return Activation<T, layout::sharded<-1>, Space>(detail::slice_last(device, x.tensor, tp.rank(), tp.size(), "scatter_to_tensor_parallel"));
 }
-template <class T, class Comm>
-Activation<T, layout::sharded<-1>> gather_from_tensor_parallel_backward(Comm& tp, const Activation<T, layout::replicated>& dy) {
-  return Activation<T, layout::sharded<-1>>(detail::slice_last(dy.tensor, tp.rank(), tp.size(), "gather_from_tensor_parallel (backward)"));
-}
-
-template <class T, class Comm>
-Activation<T, layout::sharded<0>> scatter_to_sequence_parallel(Comm& tp, const Activation<T, layout::replicated>& x) {
-  return Activation<T, layout::sharded<0>>(detail::slice_dim0(x.tensor, tp.rank(), tp.size(), "scatter_to_sequence_parallel"));
-}
-template <class T, class Comm>
-Activation<T, layout::replicated> scatter_to_sequence_parallel_backward(Comm& tp, const Activation<T, layout::sharded<0>>& dy) {
-  return Activation<T, layout::replicated>(detail::all_gather_dim0(tp, dy.tensor));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> scatter_to_tensor_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::sharded<-1>, Space>& dy) {
+  return Activation<T, layout::replicated, Space>(detail::all_gather_last(device, tp, dy.tensor));
 }
 
-template <class T, class Comm>
-Activation<T, layout::replicated> gather_from_sequence_parallel(Comm& tp, const Activation<T, layout::sharded<0>>& x) {
-  return Activation<T, layout::replicated>(detail::all_gather_dim0(tp, x.tensor));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> gather_from_tensor_parallel(Device& device, Comm& tp, const Activation<T, layout::sharded<-1>, Space>& x) {
+  return Activation<T, layout::replicated, Space>(detail::all_gather_last(device, tp, x.tensor));
+}
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<-1>, Space> gather_from_tensor_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::replicated, Space>& dy) {
+  return Activation<T, layout::sharded<-1>, Space>(detail::slice_last(device, dy.tensor, tp.rank(), tp.size(), "gather_from_tensor_parallel (backward)"));
+}
+
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<0>, Space> scatter_to_sequence_parallel(Device& device, Comm& tp, const Activation<T, layout::replicated, Space>& x) {
+  return Activation<T, layout::sharded<0>, Space>(detail::slice_dim0(device, x.tensor, tp.rank(), tp.size(), "scatter_to_sequence_parallel"));
+}
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> scatter_to_sequence_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::sharded<0>, Space>& dy) {
+  return Activation<T, layout::replicated, Space>(detail::all_gather_dim0(device, tp, dy.tensor));
+}
+
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::replicated, Space> gather_from_sequence_parallel(Device& device, Comm& tp, const Activation<T, layout::sharded<0>, Space>& x) {
+  return Activation<T, layout::replicated, Space>(detail::all_gather_dim0(device, tp, x.tensor));
 }
 // Backward when the consumers of the gathered tensor were tensor-parallel (their input gradient is partial).
-template <class T, class Comm>
-Activation<T, layout::sharded<0>> gather_from_sequence_parallel_backward(Comm& tp, const Activation<T, layout::partial>& dy) {
-  return Activation<T, layout::sharded<0>>(detail::reduce_scatter_dim0(tp, dy.tensor, "gather_from_sequence_parallel (backward)"));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<0>, Space> gather_from_sequence_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::partial, Space>& dy) {
+  return Activation<T, layout::sharded<0>, Space>(detail::reduce_scatter_dim0(device, tp, dy.tensor, "gather_from_sequence_parallel (backward)"));
 }
 // Backward when the consumers were replicated computations (their input gradient is complete).
-template <class T, class Comm>
-Activation<T, layout::sharded<0>> gather_from_sequence_parallel_backward(Comm& tp, const Activation<T, layout::replicated>& dy) {
-  return Activation<T, layout::sharded<0>>(detail::slice_dim0(dy.tensor, tp.rank(), tp.size(), "gather_from_sequence_parallel (backward)"));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<0>, Space> gather_from_sequence_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::replicated, Space>& dy) {
+  return Activation<T, layout::sharded<0>, Space>(detail::slice_dim0(device, dy.tensor, tp.rank(), tp.size(), "gather_from_sequence_parallel (backward)"));
 }
 
-template <class T, class Comm>
-Activation<T, layout::sharded<0>> reduce_scatter_to_sequence_parallel(Comm& tp, const Activation<T, layout::partial>& y) {
-  return Activation<T, layout::sharded<0>>(detail::reduce_scatter_dim0(tp, y.tensor, "reduce_scatter_to_sequence_parallel"));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::sharded<0>, Space> reduce_scatter_to_sequence_parallel(Device& device, Comm& tp, const Activation<T, layout::partial, Space>& y) {
+  return Activation<T, layout::sharded<0>, Space>(detail::reduce_scatter_dim0(device, tp, y.tensor, "reduce_scatter_to_sequence_parallel"));
 }
-template <class T, class Comm>
-Activation<T, layout::partial> reduce_scatter_to_sequence_parallel_backward(Comm& tp, const Activation<T, layout::sharded<0>>& dy) {
-  return Activation<T, layout::partial>(detail::all_gather_dim0(tp, dy.tensor));
+template <class Device, class Comm, class T, class Space>
+Activation<T, layout::partial, Space> reduce_scatter_to_sequence_parallel_backward(Device& device, Comm& tp, const Activation<T, layout::sharded<0>, Space>& dy) {
+  return Activation<T, layout::partial, Space>(detail::all_gather_dim0(device, tp, dy.tensor));
 }
+
+// Host-communicator shorthands: the same conversions with the communicator's default backend.
+#define STRATA_HOST_CONVERSION(name, In, Out)                                                        \
+  template <class Comm, class T>                                                                     \
+    requires std::is_same_v<typename Comm::space, space::host>                                       \
+  Activation<T, Out> name(Comm& tp, const Activation<T, In>& x) {                                    \
+    auto device = detail::default_device_of<Comm>();                                                 \
+    return name(device, tp, x);                                                                      \
+  }
+STRATA_HOST_CONVERSION(scatter_to_tensor_parallel, layout::replicated, layout::sharded<-1>)
+STRATA_HOST_CONVERSION(scatter_to_tensor_parallel_backward, layout::sharded<-1>, layout::replicated)
+STRATA_HOST_CONVERSION(gather_from_tensor_parallel, layout::sharded<-1>, layout::replicated)
+STRATA_HOST_CONVERSION(gather_from_tensor_parallel_backward, layout::replicated, layout::sharded<-1>)
+STRATA_HOST_CONVERSION(scatter_to_sequence_parallel, layout::replicated, layout::sharded<0>)
+STRATA_HOST_CONVERSION(scatter_to_sequence_parallel_backward, layout::sharded<0>, layout::replicated)
+STRATA_HOST_CONVERSION(gather_from_sequence_parallel, layout::sharded<0>, layout::replicated)
+STRATA_HOST_CONVERSION(gather_from_sequence_parallel_backward, layout::partial, layout::sharded<0>)
+STRATA_HOST_CONVERSION(gather_from_sequence_parallel_backward, layout::replicated, layout::sharded<0>)
+STRATA_HOST_CONVERSION(reduce_scatter_to_sequence_parallel, layout::partial, layout::sharded<0>)
+STRATA_HOST_CONVERSION(reduce_scatter_to_sequence_parallel_backward, layout::sharded<0>, layout::partial)
+#undef STRATA_HOST_CONVERSION
 
 STRATA_NAMESPACE_END
 
@@ -159,15 +190,16 @@ STRATA_NAMESPACE_BEGIN
 // `Layout`. Applied to a sequence shard (sharded<0>), each rank saw only its part of the sequence,
 // so the increments are summed over the tensor-parallel group first: the reduction Megatron users
 // must remember for norm weights under sequence parallelism happens here, chosen by the type.
-template <class Layout, class Comm, class G>
-void add_replicated_gradient(Comm& tp, Tensor<G>& grad, Tensor<G>& increment) {
+// `increment` is the caller's own scratch tensor (reduced in place).
+template <class Layout, class Device, class Comm, class G, class Space>
+void add_replicated_gradient(Device& device, Comm& tp, Tensor<G, Space>& grad, Tensor<G, Space>& increment) {
   static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
                 "add_replicated_gradient: a replicated parameter acts on replicated or sequence-sharded "
                 "activations only.");
   check_same_shape(grad.shape(), increment.shape(), "add_replicated_gradient");
   if constexpr (std::is_same_v<Layout, layout::sharded<0>>)
-    if (tp.size() > 1) tp.all_reduce(increment.span(), ReduceOp::sum);
-  for (index_t i = 0; i < grad.numel(); ++i) grad[i] += increment[i];
+    if (tp.size() > 1) tp.all_reduce(increment.buffer(), ReduceOp::sum);
+  device.template add<G>(grad.data(), increment.data(), grad.numel(), grad.data());
 }
 
 STRATA_NAMESPACE_END

@@ -13,7 +13,8 @@
 // tensor-parallel size asked for (Megatron lets padded logits into the softmax; here a tp=2 run
 // follows the tp=1 trajectory even when their padded vocabularies differ).
 //
-// Per-token losses are returned in the accumulate type; how they are averaged (over non-masked
+// Only the logits (shared with the caller, in T) and the per-row log-sum-exp are saved: the softmax
+// is recomputed in the backward, never kept in fp32. Per-token losses are returned in the accumulate type; how they are averaged (over non-masked
 // tokens of the whole global batch) is the caller's choice, expressed through dloss.
 #pragma once
 
@@ -35,11 +36,13 @@ class VocabParallelCrossEntropy {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
 
   struct Saved {
-    Tensor<A> softmax;           // [rows, V_local]
-    Tensor<std::int32_t> labels;  // [rows]
+    Tensor<T, Space> logits;              // [rows, V_local], shared with the caller's logits (read only)
+    Tensor<A, Space> lse;                 // [rows]: log sum_j e^(z_j) over the whole vocabulary
+    Tensor<std::int32_t, Space> labels;   // [rows]
   };
 
   // vocab_size: the real (unpadded) vocabulary; 0 means every column is a real entry.
@@ -49,75 +52,59 @@ class VocabParallelCrossEntropy {
       fail<ConfigError>("label_smoothing=", label_smoothing, " must be in [0, 1)");
   }
 
-  // logits [s, b, V/tp]; labels [s, b] with ids in [0, V). Returns per-token losses [s, b].
-  std::pair<Tensor<A>, Saved> forward(Context& ctx, const Activation<T, layout::sharded<-1>>& logits,
-                                      const Tensor<std::int32_t>& labels) const {
+  // logits [s, b, V/tp]; labels [s, b] with ids in [0, V), in the backend's space (host labels
+  // are checked here; device labels must have been checked on the host before their upload).
+  // Returns per-token losses [s, b] in the backend's space.
+  std::pair<Tensor<A, Space>, Saved> forward(Context& ctx, const Activation<T, layout::sharded<-1>, Space>& logits,
+                                             const Tensor<std::int32_t, Space>& labels) const {
     const index_t rows = logits.shape().rows(), local = logits.shape().cols();
     if (labels.numel() != rows)
       fail<ShapeError>("VocabParallelCrossEntropy: ", labels.numel(), " labels for ", rows, " rows of logits ",
                        logits.shape().str());
     const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
     const index_t used = std::clamp<index_t>(vocab - begin, 0, local);  // real columns held here
-    std::vector<A> maxes(static_cast<std::size_t>(rows));
-    for (index_t r = 0; r < rows; ++r) {
-      A m = -std::numeric_limits<A>::infinity();
-      for (index_t j = 0; j < used; ++j) m = std::max(m, static_cast<A>(logits.tensor[r * local + j]));
-      maxes[r] = m;
-    }
-    if (ctx.tp.size() > 1) ctx.tp.all_reduce(std::span<A>(maxes), ReduceOp::max);
-    std::vector<A> sums(static_cast<std::size_t>(3 * rows));  // per row: sum exp, target logit, sum logits
-    for (index_t r = 0; r < rows; ++r) {
+    if constexpr (std::is_same_v<Space, space::host>) check_labels(labels, vocab);
+    Saved saved;
+    saved.logits = logits.tensor;
+    saved.labels = labels.reshaped(Shape{rows});
+    auto maxes = Tensor<A, Space>::empty(Shape{rows});
+    ctx.device.template cross_entropy_max<T>(logits.data(), rows, local, used, maxes.data());
+    if (ctx.tp.size() > 1) ctx.tp.all_reduce(maxes.buffer(), ReduceOp::max);
+    auto sums = Tensor<A, Space>::empty(Shape{rows, 3});  // per row: sum exp, target logit, sum logits
+    ctx.device.template cross_entropy_sums<T>(logits.data(), rows, local, used, maxes.data(), saved.labels.data(), begin,
+                                              sums.data());
+    if (ctx.tp.size() > 1) ctx.tp.all_reduce(sums.buffer(), ReduceOp::sum);
+    auto losses = Tensor<A, Space>::empty(labels.shape());
+    saved.lse = Tensor<A, Space>::empty(Shape{rows});
+    ctx.device.template cross_entropy_loss<A>(sums.data(), maxes.data(), rows, vocab, smoothing_factor(vocab),
+                                              losses.data(), saved.lse.data());
+    return {std::move(losses), std::move(saved)};
+  }
+
+  // dloss [s, b] (e.g. loss_mask / number of tokens), in the backend's space. Returns d logits,
+  // sharded like the logits; padded columns are 0.
+  Activation<T, layout::sharded<-1>, Space> backward(Context& ctx, const Saved& saved, const Tensor<A, Space>& dloss,
+                                                     const Shape& logits_shape) const {
+    const index_t rows = saved.logits.shape().rows(), local = saved.logits.shape().cols();
+    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
+    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);
+    Activation<T, layout::sharded<-1>, Space> dz{Tensor<T, Space>::empty(logits_shape)};
+    ctx.device.template cross_entropy_backward<T>(saved.logits.data(), saved.lse.data(), saved.labels.data(), begin, rows,
+                                                  local, used, vocab, smoothing_factor(vocab), dloss.data(), dz.data());
+    return dz;
+  }
+
+  // Labels on the host checked against the real vocabulary; the error names the label and its row.
+  static void check_labels(const Tensor<std::int32_t>& labels, index_t vocab) {
+    for (index_t r = 0; r < labels.numel(); ++r) {
       const index_t label = labels[r];
       if (label < 0 || label >= vocab)
         fail<ConfigError>("VocabParallelCrossEntropy: label ", label, " at row ", r, " is outside the vocabulary of ",
                           vocab, " entries");
-      A sum_exp = 0, sum_logits = 0;
-      for (index_t j = 0; j < used; ++j) {
-        A z = static_cast<A>(logits.tensor[r * local + j]);
-        sum_exp += std::exp(z - maxes[r]);
-        sum_logits += z;
-      }
-      sums[3 * r] = sum_exp;
-      sums[3 * r + 1] = (label >= begin && label < begin + local) ? static_cast<A>(logits.tensor[r * local + label - begin]) : A(0);
-      sums[3 * r + 2] = sum_logits;
     }
-    if (ctx.tp.size() > 1) ctx.tp.all_reduce(std::span<A>(sums), ReduceOp::sum);
-
-    const A s = smoothing_factor(vocab);
-    Tensor<A> losses(labels.shape());
-    Saved saved{Tensor<A>(Shape{rows, local}), Tensor<std::int32_t>(Shape{rows}, std::vector<std::int32_t>(labels.data(), labels.data() + rows))};
-    for (index_t r = 0; r < rows; ++r) {
-      const A log_sum = std::log(sums[3 * r]);
-      A loss = log_sum + maxes[r] - sums[3 * r + 1];
-      if (s > 0) {
-        const A mean_log_prob = sums[3 * r + 2] / A(vocab) - maxes[r] - log_sum;
-        loss = (A(1) - s) * loss - s * mean_log_prob;
-      }
-      losses[r] = loss;
-      for (index_t j = 0; j < used; ++j)
-        saved.softmax[r * local + j] = std::exp(static_cast<A>(logits.tensor[r * local + j]) - maxes[r]) / sums[3 * r];
-    }
-    return {std::move(losses), std::move(saved)};
   }
-
-  // dloss [s, b] (e.g. loss_mask / number of tokens). Returns d logits, sharded like the logits.
-  Activation<T, layout::sharded<-1>> backward(Context& ctx, const Saved& saved, const Tensor<A>& dloss,
-                                              const Shape& logits_shape) const {
-    const index_t rows = saved.softmax.size(0), local = saved.softmax.size(1);
-    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
-    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);
-    const A s = smoothing_factor(vocab);
-    Activation<T, layout::sharded<-1>> dz{Tensor<T>(logits_shape)};  // padded columns stay 0
-    for (index_t r = 0; r < rows; ++r) {
-      const index_t label = saved.labels[r] - begin;
-      for (index_t j = 0; j < used; ++j) {
-        A g = saved.softmax[r * local + j] - s / A(vocab);
-        if (j == label) g -= A(1) - s;
-        dz.tensor[r * local + j] = static_cast<T>(g * dloss[r]);
-      }
-    }
-    return dz;
-  }
+  // The real vocabulary for logits of `local` columns per rank.
+  index_t vocabulary(const Context& ctx, index_t local) const { return real_vocab(local * ctx.tp.size()); }
 
  private:
   index_t real_vocab(index_t padded) const {

@@ -1,4 +1,6 @@
-// strata/layers/dropout.hpp: dropout whose mask is a function of the *global* element position.
+// strata/layers/dropout.hpp: dropout whose mask is a function of the *global* element position and
+// a key, so nothing is stored: the backward recomputes the mask (backend dropout_forward /
+// dropout_backward with a GlobalIndexMap).
 //
 // The keep/drop decision for an element is uniform(key, global index) >= p, where the global index
 // is the element's position in the unsharded tensor. Replicated activations therefore get the same
@@ -8,50 +10,45 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "../comm/parallel_context.hpp"
-#include "../core/rng.hpp"
+#include "../shard/shard_spec.hpp"
 #include "layout.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
+// The map from a local element of an activation of layout `Layout` to its global index.
 template <class Layout>
-index_t global_element_index(const Shape& local, index_t i, int tp_rank, int tp_size) {
+GlobalIndexMap global_index_map(const Shape& local, int tp_rank, int tp_size) {
+  const index_t cols = local.cols();
   if constexpr (std::is_same_v<Layout, layout::sharded<0>>) {
-    return local.numel() * tp_rank + i;
+    return {cols, cols, local.numel() * tp_rank};
   } else if constexpr (std::is_same_v<Layout, layout::sharded<-1>>) {
-    const index_t cols = local.cols(), row = i / cols, col = i % cols;
-    return row * cols * tp_size + tp_rank * cols + col;
+    return {cols, cols * tp_size, tp_rank * cols};
   } else {
     static_assert(std::is_same_v<Layout, layout::replicated>, "dropout applies to replicated or sharded activations, not partial sums.");
     (void)tp_rank, (void)tp_size;
-    return i;
+    return {cols, cols, 0};
   }
 }
 
-// In place; returns the kept mask (1 kept, 0 dropped). Kept values are scaled by 1 / (1 - p).
-template <class T, class Layout, class Comm>
-std::vector<std::uint8_t> dropout_forward(Comm& tp, Activation<T, Layout>& x, double p, std::uint64_t key) {
-  std::vector<std::uint8_t> mask;
-  if (p <= 0.0) return mask;
+// In place on `x`, which must be the caller's own tensor (never one it was given). Kept values
+// are scaled by 1 / (1 - p). p = 0 does nothing.
+template <class Context, class T, class Layout, class Space>
+void dropout_forward(Context& ctx, Activation<T, Layout, Space>& x, double p, std::uint64_t key) {
+  if (p <= 0.0) return;
   if (p >= 1.0) fail<ConfigError>("dropout probability ", p, " must be below 1");
-  mask.resize(static_cast<std::size_t>(x.tensor.numel()));
-  const auto scale = static_cast<accumulate_t<T>>(1.0 / (1.0 - p));
-  for (index_t i = 0; i < x.tensor.numel(); ++i) {
-    const auto g = static_cast<std::uint64_t>(global_element_index<Layout>(x.shape(), i, tp.rank(), tp.size()));
-    mask[i] = rng::uniform(key, g) >= p;
-    x.tensor[i] = mask[i] ? static_cast<T>(static_cast<accumulate_t<T>>(x.tensor[i]) * scale) : T(0);
-  }
-  return mask;
+  ctx.device.template dropout_forward<T>(x.data(), x.tensor.numel(),
+                                         global_index_map<Layout>(x.shape(), ctx.tp.rank(), ctx.tp.size()), p, key);
 }
 
-template <class T, class Layout>
-void dropout_backward(Activation<T, Layout>& dy, const std::vector<std::uint8_t>& mask, double p) {
-  if (mask.empty()) return;
-  const auto scale = static_cast<accumulate_t<T>>(1.0 / (1.0 - p));
-  for (index_t i = 0; i < dy.tensor.numel(); ++i)
-    dy.tensor[i] = mask[i] ? static_cast<T>(static_cast<accumulate_t<T>>(dy.tensor[i]) * scale) : T(0);
+// The gradient through the same mask (recomputed from the key), in place on `dy`, which must be
+// the caller's own tensor.
+template <class Context, class T, class Layout, class Space>
+void dropout_backward(Context& ctx, Activation<T, Layout, Space>& dy, double p, std::uint64_t key) {
+  if (p <= 0.0) return;
+  ctx.device.template dropout_backward<T>(dy.data(), dy.tensor.numel(),
+                                          global_index_map<Layout>(dy.shape(), ctx.tp.rank(), ctx.tp.size()), p, key);
 }
 
 STRATA_NAMESPACE_END

@@ -42,17 +42,19 @@ inline constexpr bool is_layout_v = std::is_same_v<L, replicated> || std::is_sam
                                     std::is_same_v<L, sharded<0>> || std::is_same_v<L, sharded<-1>>;
 }  // namespace layout
 
-// A tensor together with its layout. Owning: layer outputs are values, never lazy expressions.
-template <class T, class Layout>
+// A tensor together with its layout, in memory space `Space` (the policy's backend space).
+// Owning: layer outputs are values, never lazy expressions.
+template <class T, class Layout, class Space = space::host>
 struct Activation {
   static_assert(layout::is_layout_v<Layout>, "Activation's second argument must be a strata::layout tag.");
   using element_type = T;
   using layout_type = Layout;
+  using space_type = Space;
 
-  Tensor<T> tensor;
+  Tensor<T, Space> tensor;
 
   Activation() = default;
-  explicit Activation(Tensor<T> t) : tensor(std::move(t)) {}
+  explicit Activation(Tensor<T, Space> t) : tensor(std::move(t)) {}
 
   const Shape& shape() const { return tensor.shape(); }
   T* data() { return tensor.data(); }

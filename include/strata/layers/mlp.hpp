@@ -28,8 +28,10 @@ template <class Policy, class Act = gelu>
 class Mlp {
  public:
   using T = typename Policy::element;
-  using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  template <class L>
+  using Edge = Activation<T, L, Space>;
   using Layout = residual_layout_t<Policy>;
   static constexpr bool gated = std::is_same_v<Act, swiglu>;
   static_assert(std::is_same_v<Act, gelu> || gated, "Mlp: the activation must be strata::gelu or strata::swiglu.");
@@ -37,39 +39,40 @@ class Mlp {
   struct Saved {
     typename ColumnParallelLinear<Policy>::Saved fc1;
     typename RowParallelLinear<Policy>::Saved fc2;
-    Tensor<T> pre_activation;  // fc1 output, sharded on features
+    Tensor<T, Space> pre_activation;  // fc1 output, sharded on features
   };
 
   Mlp(const Context& ctx, std::string name, MlpConfig c)
       : fc1_(ctx, name + ".fc1", c.hidden_size, (gated ? 2 : 1) * checked_ffn(c, ctx.tp.size()), c.bias, gated ? 2 : 1),
         fc2_(ctx, name + ".fc2", c.ffn_hidden_size, c.hidden_size, c.bias) {}
 
-  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
     Saved saved;
     auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, [2] ffn / tp)
     saved.fc1 = std::move(fc1_saved);
     const index_t rows = h.shape().rows(), width = h.shape().cols(), ffn_local = gated ? width / 2 : width;
-    Activation<T, layout::sharded<-1>> act(Tensor<T>(h.shape().with(-1, ffn_local)));
-    if constexpr (gated) Backend::swiglu_forward(h.data(), rows, ffn_local, act.data());
-    else Backend::gelu_forward(h.data(), h.tensor.numel(), act.data());
+    Edge<layout::sharded<-1>> act(Tensor<T, Space>::empty(h.shape().with(-1, ffn_local)));
+    if constexpr (gated) ctx.device.template swiglu_forward<T>(h.data(), rows, ffn_local, act.data());
+    else ctx.device.template gelu_forward<T>(h.data(), h.tensor.numel(), act.data());
     saved.pre_activation = std::move(h.tensor);
     auto [y, fc2_saved] = fc2_.forward(ctx, act);
     saved.fc2 = std::move(fc2_saved);
     return {std::move(y), std::move(saved)};
   }
 
-  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy) {
     auto dact = fc2_.backward(ctx, saved.fc2, dy);
-    const Tensor<T>& h = saved.pre_activation;
-    Activation<T, layout::sharded<-1>> dh{Tensor<T>(h.shape())};
-    if constexpr (gated) Backend::swiglu_backward(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
-    else Backend::gelu_backward(dact.data(), h.data(), h.numel(), dh.data());
+    const Tensor<T, Space>& h = saved.pre_activation;
+    Edge<layout::sharded<-1>> dh{Tensor<T, Space>::empty(h.shape())};
+    if constexpr (gated)
+      ctx.device.template swiglu_backward<T>(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
+    else ctx.device.template gelu_backward<T>(dact.data(), h.data(), h.numel(), dh.data());
     return fc1_.backward(ctx, saved.fc1, dh);
   }
 
-  void init(std::uint64_t seed, double stddev, double output_stddev) {
-    fc1_.init(seed, stddev);
-    fc2_.init(seed, output_stddev);
+  void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
+    fc1_.init(ctx, seed, stddev);
+    fc2_.init(ctx, seed, output_stddev);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {

@@ -31,48 +31,50 @@ class LayerNorm {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  template <class L>
+  using Act = Activation<T, L, Space>;
 
   struct Saved {
-    Tensor<T> input;
-    Tensor<A> mean, rstd;
+    Tensor<T, Space> input;  // shared with the caller's x, read only
+    Tensor<A, Space> mean, rstd;
   };
 
-  LayerNorm(const Context&, std::string name, index_t hidden, double eps = 1e-5)
+  LayerNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5)
       : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false),
         bias_(name + ".bias", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
-    init(0, 0);
+    init(ctx, 0, 0);
   }
 
   template <class Layout>
-  std::pair<Activation<T, Layout>, Saved> forward(Context&, const Activation<T, Layout>& x) const {
+  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     detail::expect_full_hidden<Layout>();
     const index_t rows = x.shape().rows(), h = weight_.value.numel();
     if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
-    Saved saved{x.tensor, Tensor<A>(Shape{rows}), Tensor<A>(Shape{rows})};
-    Activation<T, Layout> y{Tensor<T>(x.shape())};
-    Backend::layernorm_forward(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
+    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
+    ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
                                saved.mean.data(), saved.rstd.data());
     return {std::move(y), std::move(saved)};
   }
 
   template <class Layout>
-  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
-    Tensor<A> dweight(Shape{h}), dbias(Shape{h});
-    Activation<T, Layout> dx{Tensor<T>(dy.shape())};
-    Backend::layernorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
+    auto dweight = Tensor<A, Space>::empty(Shape{h}), dbias = Tensor<A, Space>::empty(Shape{h});  // written
+    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
+    ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
                                 saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data());
-    add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);
-    add_replicated_gradient<Layout>(ctx.tp, bias_.grad, dbias);
+    add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
+    add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);
     return dx;
   }
 
-  void init(std::uint64_t, double) {
-    init_constant(weight_, 1.0);
-    init_constant(bias_, 0.0);
+  void init(Context& ctx, std::uint64_t, double) {
+    init_constant(ctx.device, weight_, 1.0);
+    init_constant(ctx.device, bias_, 0.0);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
@@ -81,7 +83,7 @@ class LayerNorm {
   }
 
  private:
-  Parameter<T> weight_, bias_;
+  Parameter<T, Space> weight_, bias_;
   double eps_;
 };
 
@@ -90,51 +92,62 @@ class RmsNorm {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Backend = typename Policy::backend;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  template <class L>
+  using Act = Activation<T, L, Space>;
 
   struct Saved {
-    Tensor<T> input;
-    Tensor<A> rstd;
+    Tensor<T, Space> input;  // shared with the caller's x, read only
+    Tensor<A, Space> rstd;
   };
 
-  RmsNorm(const Context&, std::string name, index_t hidden, double eps = 1e-5)
+  RmsNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5)
       : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
-    init(0, 0);
+    init(ctx, 0, 0);
   }
 
   template <class Layout>
-  std::pair<Activation<T, Layout>, Saved> forward(Context&, const Activation<T, Layout>& x) const {
+  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     detail::expect_full_hidden<Layout>();
     const index_t rows = x.shape().rows(), h = weight_.value.numel();
     if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
-    Saved saved{x.tensor, Tensor<A>(Shape{rows})};
-    Activation<T, Layout> y{Tensor<T>(x.shape())};
-    Backend::rmsnorm_forward(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data());
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
+    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
+    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data());
     return {std::move(y), std::move(saved)};
   }
 
   template <class Layout>
-  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
-    Tensor<A> dweight(Shape{h});
-    Activation<T, Layout> dx{Tensor<T>(dy.shape())};
-    Backend::rmsnorm_backward(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
+    auto dweight = Tensor<A, Space>::empty(Shape{h});  // written
+    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
+    ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
                               dx.data(), dweight.data());
-    add_replicated_gradient<Layout>(ctx.tp, weight_.grad, dweight);
+    add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
     return dx;
   }
 
-  void init(std::uint64_t, double) { init_constant(weight_, 1.0); }
+  void init(Context& ctx, std::uint64_t, double) { init_constant(ctx.device, weight_, 1.0); }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     visit(weight_);
   }
 
  private:
-  Parameter<T> weight_;
+  Parameter<T, Space> weight_;
   double eps_;
 };
+
+// Which class templates are norms (TransformerLayer checks its Norm argument against this;
+// specialize it for a norm of your own with the same forward / backward / init interface).
+template <template <class> class Norm>
+inline constexpr bool is_norm_v = false;
+template <>
+inline constexpr bool is_norm_v<LayerNorm> = true;
+template <>
+inline constexpr bool is_norm_v<RmsNorm> = true;
 
 STRATA_NAMESPACE_END

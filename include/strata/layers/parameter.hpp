@@ -8,7 +8,9 @@
 // element), lets tests compare gathered gradients with an unsharded run, and lets checkpoints
 // record where a shard lives.
 //
-// Gradients are kept in accumulate_t<T> (float for bf16 parameters) and accumulate with +=.
+// Value and gradient live in the backend's memory space. Gradients are kept in accumulate_t<T>
+// (float for bf16 parameters) and accumulate with +=. Initialization runs on the backend
+// (init_normal at the element's global index through ShardIndexMap; fill for constants).
 #pragma once
 
 #include <array>
@@ -17,43 +19,46 @@
 #include <utility>
 
 #include "../core/rng.hpp"
+#include "../core/space.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/shard_spec.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
-template <class T>
+template <class T, class Space = space::host>
 struct Parameter {
   using value_type = T;
   using grad_type = accumulate_t<T>;
+  using space_type = Space;
 
   std::string name;
   Shape global_shape;
   ShardSpec shard;
   bool weight_decay = true;  // false for biases and norm weights
-  Tensor<T> value;
-  Tensor<grad_type> grad;
+  Tensor<T, Space> value;
+  Tensor<grad_type, Space> grad;
 
   Parameter() = default;
   Parameter(std::string name_, Shape global, ShardSpec spec, bool decay = true)
       : name(std::move(name_)), global_shape(global), shard(spec), weight_decay(decay),
-        value(local_shape(global, spec)), grad(local_shape(global, spec)) {}
+        value(Tensor<T, Space>::zeros(local_shape(global, spec))),
+        grad(Tensor<grad_type, Space>::zeros(local_shape(global, spec))) {}
 
   // True when the tensor-parallel ranks hold different pieces (counted by every rank in a norm).
   bool tensor_parallel() const { return shard.sharded && shard.parts > 1; }
+  // Where each local element lives in the global tensor (for kernels).
+  ShardIndexMap index_map() const { return ShardIndexMap(global_shape, shard); }
 };
 
-// value = std * N(0, 1), drawn per global element under key (seed, name).
-template <class T>
-void init_normal(Parameter<T>& p, std::uint64_t seed, double stddev) {
-  const std::uint64_t key = rng::parameter_key(seed, p.name);
-  for (index_t i = 0; i < p.value.numel(); ++i)
-    p.value[i] = static_cast<T>(stddev * rng::normal(key, static_cast<std::uint64_t>(global_index(p.global_shape, p.shard, i, p.shard.rank))));
+// value = std * N(0, 1), drawn per global element under key (seed, name), by the backend.
+template <class Device, class T, class Space>
+void init_normal(Device& device, Parameter<T, Space>& p, std::uint64_t seed, double stddev) {
+  device.template init_normal<T>(p.value.data(), p.value.numel(), p.index_map(), rng::parameter_key(seed, p.name), stddev);
 }
 
-template <class T>
-void init_constant(Parameter<T>& p, double value) {
-  p.value.fill(static_cast<T>(value));
+template <class Device, class T, class Space>
+void init_constant(Device& device, Parameter<T, Space>& p, double value) {
+  device.template fill<T>(p.value.data(), p.value.numel(), value);
 }
 
 STRATA_NAMESPACE_END

@@ -32,9 +32,12 @@ template <class Policy, RowOptions Options = RowOptions{}>
 class RowParallelLinear {
  public:
   using T = typename Policy::element;
-  using Backend = typename Policy::backend;
   using Comm = typename Policy::comm;
-  using Context = ParallelContext<Comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  using Param = Parameter<T, Space>;
+  template <class L>
+  using Act = Activation<T, L, Space>;
   static constexpr bool sequence_parallel = Policy::sequence_parallel;
   using input_layout = std::conditional_t<Options.input_is_parallel, layout::sharded<-1>, layout::replicated>;
   using output_layout = std::conditional_t<sequence_parallel, layout::sharded<0>, layout::replicated>;
@@ -43,7 +46,7 @@ class RowParallelLinear {
                 "from a ColumnParallelLinear without gather_output).");
 
   struct Saved {
-    Tensor<T> input;  // local input shard [rows, in/tp]
+    Tensor<T, Space> input;  // local input shard [rows, in/tp]
   };
 
   RowParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true)
@@ -52,33 +55,33 @@ class RowParallelLinear {
   }
 
   template <class Layout>
-  std::pair<Activation<T, output_layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x) const {
+  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     expect_layout<input_layout, Layout>();
     Saved saved;
-    if constexpr (Options.input_is_parallel) saved.input = x.tensor;
-    else saved.input = scatter_to_tensor_parallel(ctx.tp, x).tensor;
-    Activation<T, layout::partial> partial(detail::linear_forward<Backend>(saved.input, weight_, nullptr, "RowParallelLinear"));
-    Activation<T, output_layout> y;
-    if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.tp, partial);
+    if constexpr (Options.input_is_parallel) saved.input = x.tensor;  // shared, read only
+    else saved.input = scatter_to_tensor_parallel(ctx.device, ctx.tp, x).tensor;
+    Act<layout::partial> partial(detail::linear_forward(ctx.device, saved.input, weight_, nullptr, "RowParallelLinear"));
+    Act<output_layout> y;
+    if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
     else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
-    if (bias_ && !Options.skip_bias_add) detail::add_bias(y.tensor, *bias_);
+    if (bias_ && !Options.skip_bias_add) detail::add_bias(ctx.device, y.tensor, *bias_);  // y is ours
     return {std::move(y), std::move(saved)};
   }
 
   template <class Layout>
-  Activation<T, input_layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
     expect_layout<output_layout, Layout>();
-    Tensor<T> dy_full;
-    if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.tp, dy).tensor;
-    else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;
-    Activation<T, layout::sharded<-1>> dx(detail::linear_backward<Backend>(saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr));
+    Tensor<T, Space> dy_full;
+    if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
+    else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
+    Act<layout::sharded<-1>> dx(detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr));
     if constexpr (Options.input_is_parallel) return dx;
-    else return scatter_to_tensor_parallel_backward(ctx.tp, dx);
+    else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
   }
 
-  void init(std::uint64_t seed, double stddev) {
-    init_normal(weight_, seed, stddev);
-    if (bias_) init_constant(*bias_, 0.0);
+  void init(Context& ctx, std::uint64_t seed, double stddev) {
+    init_normal(ctx.device, weight_, seed, stddev);
+    if (bias_) init_constant(ctx.device, *bias_, 0.0);
   }
 
   template <class Visitor>
@@ -87,12 +90,12 @@ class RowParallelLinear {
     if (bias_) visit(*bias_);
   }
 
-  Parameter<T>& weight() { return weight_; }
-  Parameter<T>* bias() { return bias_ ? &*bias_ : nullptr; }
+  Param& weight() { return weight_; }
+  Param* bias() { return bias_ ? &*bias_ : nullptr; }
 
  private:
-  Parameter<T> weight_;
-  std::optional<Parameter<T>> bias_;
+  Param weight_;
+  std::optional<Param> bias_;
 };
 
 STRATA_NAMESPACE_END

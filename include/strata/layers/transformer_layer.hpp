@@ -14,6 +14,7 @@
 
 #include "../core/rng.hpp"
 #include "dropout.hpp"
+#include "norm.hpp"
 #include "policy.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -28,8 +29,13 @@ template <class Policy, template <class> class Norm, class Attention, class MlpB
 class TransformerLayer {
  public:
   using T = typename Policy::element;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
   using Layout = residual_layout_t<Policy>;
+  using Space = space_t<Policy>;
+  using Act = Activation<T, Layout, Space>;
+  static_assert(is_norm_v<Norm>,
+                "TransformerLayer: the Norm argument must be strata::LayerNorm or strata::RmsNorm (or a norm "
+                "declared with strata::is_norm_v).");
   static_assert(std::is_same_v<typename Attention::Layout, Layout> && std::is_same_v<typename MlpBlock::Layout, Layout>,
                 "TransformerLayer: the attention and MLP blocks must be built with the layer's Policy (their "
                 "residual-stream layouts differ: one is sequence parallel and the other is not).");
@@ -38,11 +44,11 @@ class TransformerLayer {
     typename Norm<Policy>::Saved norm1, norm2;
     typename Attention::Saved attention;
     typename MlpBlock::Saved mlp;
-    std::vector<std::uint8_t> mask1, mask2;
+    std::uint64_t dropout_key = 0;  // the masks are recomputed from it
   };
 
   template <class AttentionConfig, class MlpConfig>
-  TransformerLayer(const Context& ctx, std::string name, TransformerLayerConfig c, AttentionConfig ac, MlpConfig mc)
+  TransformerLayer(Context& ctx, std::string name, TransformerLayerConfig c, AttentionConfig ac, MlpConfig mc)
       : config_(c),
         norm1_(ctx, name + ".norm1", c.hidden_size, c.norm_epsilon),
         attention_(ctx, name + ".attention", ac),
@@ -50,17 +56,17 @@ class TransformerLayer {
         mlp_(ctx, name + ".mlp", mc) {}
 
   // dropout_key: distinct per layer and micro-batch when hidden_dropout > 0.
-  std::pair<Activation<T, Layout>, Saved> forward(Context& ctx, const Activation<T, Layout>& x,
-                                                  std::uint64_t dropout_key = 0) const {
+  std::pair<Act, Saved> forward(Context& ctx, const Act& x, std::uint64_t dropout_key = 0) const {
     Saved saved;
+    saved.dropout_key = dropout_key;
     auto [h1, n1] = norm1_.forward(ctx, x);
-    auto [a, at] = attention_.forward(ctx, h1);
-    saved.mask1 = dropout_forward(ctx.tp, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
-    add_into(a, x);  // a := x + attention
+    auto [a, at] = attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
+    dropout_forward(ctx, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
+    add_into(ctx, a, x);  // a := x + attention
     auto [h2, n2] = norm2_.forward(ctx, a);
     auto [m, ml] = mlp_.forward(ctx, h2);
-    saved.mask2 = dropout_forward(ctx.tp, m, config_.hidden_dropout, rng::mix(dropout_key, 2));
-    add_into(m, a);  // y := h + mlp
+    dropout_forward(ctx, m, config_.hidden_dropout, rng::mix(dropout_key, 2));
+    add_into(ctx, m, a);  // y := h + mlp
     saved.norm1 = std::move(n1);
     saved.attention = std::move(at);
     saved.norm2 = std::move(n2);
@@ -68,21 +74,23 @@ class TransformerLayer {
     return {std::move(m), std::move(saved)};
   }
 
-  Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
-    Activation<T, Layout> dm = dy;
-    dropout_backward(dm, saved.mask2, config_.hidden_dropout);
+  Act backward(Context& ctx, const Saved& saved, const Act& dy) {
+    const bool dropout = config_.hidden_dropout > 0;
+    // dropout_backward works in place: on a copy, never on the tensor we were given
+    Act dm = dropout ? Act(dy.tensor.clone()) : dy;
+    dropout_backward(ctx, dm, config_.hidden_dropout, rng::mix(saved.dropout_key, 2));
     auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm));
-    add_into(dh, dy);  // dh := dy + d(norm2 path)
-    Activation<T, Layout> da = dh;
-    dropout_backward(da, saved.mask1, config_.hidden_dropout);
+    add_into(ctx, dh, dy);  // dh := dy + d(norm2 path); dh is ours
+    Act da = dropout ? Act(dh.tensor.clone()) : dh;
+    dropout_backward(ctx, da, config_.hidden_dropout, rng::mix(saved.dropout_key, 1));
     auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da));
-    add_into(dx, dh);
+    add_into(ctx, dx, dh);
     return dx;
   }
 
-  void init(std::uint64_t seed, double stddev, double output_stddev) {
-    attention_.init(seed, stddev, output_stddev);
-    mlp_.init(seed, stddev, output_stddev);
+  void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
+    attention_.init(ctx, seed, stddev, output_stddev);
+    mlp_.init(ctx, seed, stddev, output_stddev);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
@@ -93,10 +101,10 @@ class TransformerLayer {
   }
 
  private:
-  static void add_into(Activation<T, Layout>& acc, const Activation<T, Layout>& other) {
+  // acc += other (acc is the caller's own tensor)
+  static void add_into(Context& ctx, Act& acc, const Act& other) {
     check_same_shape(acc.shape(), other.shape(), "TransformerLayer residual");
-    for (index_t i = 0; i < acc.tensor.numel(); ++i)
-      acc.tensor[i] = static_cast<T>(static_cast<accumulate_t<T>>(acc.tensor[i]) + static_cast<accumulate_t<T>>(other.tensor[i]));
+    ctx.device.template add<T>(acc.data(), other.data(), acc.tensor.numel(), acc.data());
   }
 
   TransformerLayerConfig config_;

@@ -22,9 +22,14 @@
 STRATA_NAMESPACE_BEGIN
 namespace models {
 
+// What a forward returns: the masked loss sum as a one-element tensor in the backend's space (read
+// it on the host only where needed: loss_sum()), and the token count, computed on the host.
+template <class Space = space::host>
 struct LossSum {
-  double loss_sum = 0;  // sum over tokens of mask * loss
-  double tokens = 0;    // sum of the mask
+  Tensor<double, Space> sum;  // [1]: sum over tokens of mask * loss
+  double tokens = 0;          // sum of the mask
+
+  double loss_sum() const { return sum.empty() ? 0.0 : to_host(sum)[0]; }
 };
 
 template <class Policy, template <class> class Norm, class Attention, class MlpBlock, bool LearnedPositions, bool TiedOutput>
@@ -32,7 +37,8 @@ class DecoderModel {
  public:
   using T = typename Policy::element;
   using A = accumulate_t<T>;
-  using Context = ParallelContext<typename Policy::comm>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
   using Layout = residual_layout_t<Policy>;
   using Layer = TransformerLayer<Policy, Norm, Attention, MlpBlock>;
   using Output = ColumnParallelLinear<Policy>;
@@ -43,11 +49,11 @@ class DecoderModel {
     typename Norm<Policy>::Saved final_norm;
     typename Output::Saved output;
     typename VocabParallelCrossEntropy<Policy>::Saved loss;
-    Tensor<A> mask;  // [s, b]
+    Tensor<A, Space> mask;  // [s, b]
     Shape logits_shape;
   };
 
-  DecoderModel(const Context& ctx, const ModelConfig& config, bool linear_bias)
+  DecoderModel(Context& ctx, const ModelConfig& config, bool linear_bias)
       : config_((validate(config, ctx.config, Policy::sequence_parallel, ctx.world.size()), config)),
         embedding_(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size),
         final_norm_(ctx, "final_norm", config.hidden_size, config.norm_epsilon),
@@ -66,17 +72,19 @@ class DecoderModel {
   DecoderModel(const DecoderModel&) = delete;  // the tied output layer points at the embedding
 
   // Megatron's init: N(0, std) everywhere, output projections of each layer N(0, std / sqrt(2 L)).
-  void init(std::uint64_t seed) {
+  void init(Context& ctx, std::uint64_t seed) {
     const double std = config_.init_method_std, scaled = std / std::sqrt(2.0 * config_.num_layers);
-    embedding_.init(seed, std);
-    if constexpr (LearnedPositions) positions_->init(seed, std);
-    for (auto& layer : layers_) layer.init(seed, std, scaled);
-    if constexpr (!TiedOutput) output_->init(seed, std);
+    embedding_.init(ctx, seed, std);
+    if constexpr (LearnedPositions) positions_->init(ctx, seed, std);
+    for (auto& layer : layers_) layer.init(ctx, seed, std, scaled);
+    if constexpr (!TiedOutput) output_->init(ctx, seed, std);
   }
 
-  // tokens, labels: [b, s]; loss_mask: [b, s] (1 = counts).
-  std::pair<LossSum, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
-                                    const Tensor<float>& loss_mask, std::uint64_t dropout_key = 0) const {
+  // tokens, labels: [b, s]; loss_mask: [b, s] (1 = counts), on the host. Ids are checked on the
+  // host, uploaded, and transposed to [s, b] by the backend.
+  std::pair<LossSum<Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens,
+                                           const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
+                                           std::uint64_t dropout_key = 0) const {
     if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
       fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
                        loss_mask.shape().str(), " must all be [batch, seq]");
@@ -84,7 +92,7 @@ class DecoderModel {
       fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
     check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
     Saved saved;
-    auto [x, emb] = embedding_.forward(ctx, transpose(tokens));
+    auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
     saved.embedding = std::move(emb);
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     saved.layers.reserve(layers_.size());
@@ -98,23 +106,26 @@ class DecoderModel {
     auto [logits, out] = output_->forward(ctx, h);
     saved.output = std::move(out);
     saved.logits_shape = logits.shape();
-    auto [losses, ls] = loss_.forward(ctx, logits, transpose(labels));
+    auto [losses, ls] = loss_.forward(ctx, logits, sequence_major(ctx, labels, /*are_labels=*/true));
     saved.loss = std::move(ls);
-    Tensor<float> mask_sb = transpose(loss_mask);
-    saved.mask = Tensor<A>(mask_sb.shape());
-    LossSum result;
-    for (index_t i = 0; i < losses.numel(); ++i) {
-      saved.mask[i] = static_cast<A>(mask_sb[i]);
-      result.loss_sum += static_cast<double>(losses[i]) * mask_sb[i];
-      result.tokens += mask_sb[i];
-    }
-    return {result, std::move(saved)};
+    // the mask: [b, s] floats -> [s, b] in A, on the backend; the token count on the host
+    const index_t b = loss_mask.size(0), s = loss_mask.size(1);
+    auto mask_bs = upload(loss_mask);
+    auto mask_sb = Tensor<float, Space>::empty(Shape{s, b});
+    ctx.device.template transpose<float>(mask_bs.data(), b, s, mask_sb.data());
+    saved.mask = Tensor<A, Space>::empty(Shape{s, b});
+    ctx.device.template convert<float, A>(mask_sb.data(), s * b, saved.mask.data());
+    LossSum<Space> result;
+    result.sum = Tensor<double, Space>::empty(Shape{1});
+    ctx.device.template masked_loss_sum<A>(losses.data(), saved.mask.data(), losses.numel(), result.sum.data());
+    for (index_t i = 0; i < loss_mask.numel(); ++i) result.tokens += loss_mask[i];
+    return {std::move(result), std::move(saved)};
   }
 
   // Accumulates every parameter's gradient of  loss_scale * sum(mask * loss).
   void backward(Context& ctx, const Saved& saved, double loss_scale) {
-    Tensor<A> dloss(saved.mask.shape());
-    for (index_t i = 0; i < dloss.numel(); ++i) dloss[i] = saved.mask[i] * static_cast<A>(loss_scale);
+    Tensor<A, Space> dloss = saved.mask.clone();
+    ctx.device.template scale<A>(dloss.data(), dloss.numel(), loss_scale);
     auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
     auto dx = final_norm_.backward(ctx, saved.final_norm, output_->backward(ctx, saved.output, dlogits));
     for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
@@ -123,18 +134,18 @@ class DecoderModel {
   }
 
   // Forward only: the logits (real vocabulary, gathered from the tensor-parallel shards, identical
-  // on every rank) that predict the token after `position` of `tokens` [1, s]. Tokens after
-  // `position` do not influence them (causal attention), so a prompt may be padded to s.
+  // on every rank, read on the host) that predict the token after `position` of `tokens` [1, s].
+  // Tokens after `position` do not influence them (causal attention), so a prompt may be padded to s.
   std::vector<double> next_token_logits(Context& ctx, const Tensor<std::int32_t>& tokens, index_t position) const {
     if (tokens.rank() != 2 || tokens.size(0) != 1 || position < 0 || position >= tokens.size(1))
       fail<ShapeError>("next_token_logits: tokens ", tokens.shape().str(), " must be [1, seq] and position ", position,
                        " inside it");
     check_sequence_parallel_length(ctx, tokens.size(1), "next_token_logits");
-    auto x = embedding_.forward(ctx, transpose(tokens)).first;
+    auto x = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     for (const auto& layer : layers_) x = layer.forward(ctx, x).first;
-    auto logits = output_->forward(ctx, final_norm_.forward(ctx, x).first).first;  // (s, 1, V / tp)
-    const Tensor<T> full = gather_from_tensor_parallel(ctx.tp, logits).tensor;       // (s, 1, V)
+    auto logits = output_->forward(ctx, final_norm_.forward(ctx, x).first).first;                     // (s, 1, V / tp)
+    const Tensor<T> full = to_host(gather_from_tensor_parallel(ctx.device, ctx.tp, logits).tensor);  // (s, 1, V)
     const index_t width = full.shape().cols();
     std::vector<double> out(static_cast<std::size_t>(config_.vocab_size));
     for (index_t v = 0; v < config_.vocab_size; ++v)
@@ -168,12 +179,23 @@ class DecoderModel {
   }
 
   template <class X>
-  static Tensor<X> transpose(const Tensor<X>& in) {  // [b, s] -> [s, b]
-    const index_t b = in.size(0), s = in.size(1);
-    Tensor<X> out(Shape{s, b});
-    for (index_t i = 0; i < b; ++i)
-      for (index_t t = 0; t < s; ++t) out[t * b + i] = in[i * s + t];
-    return out;
+  static Tensor<X, Space> upload(const Tensor<X>& host) {
+    if constexpr (std::is_same_v<Space, space::host>) return host;
+    else return to_device<Space>(host);
+  }
+
+  // Host ids [b, s] -> [s, b] in the backend's space. Device-bound ids are checked on the host first
+  // (host ones are checked by the embedding and the loss themselves).
+  Tensor<std::int32_t, Space> sequence_major(Context& ctx, const Tensor<std::int32_t>& ids, bool are_labels) const {
+    const index_t b = ids.size(0), s = ids.size(1);
+    if constexpr (!std::is_same_v<Space, space::host>) {
+      if (are_labels) VocabParallelCrossEntropy<Policy>::check_labels(ids, config_.vocab_size);
+      else check_token_ids(ids, embedding_.vocab_size(), "VocabParallelEmbedding " + embedding_.name());
+    }
+    auto bs = upload(ids);
+    auto sb = Tensor<std::int32_t, Space>::empty(Shape{s, b});
+    ctx.device.template transpose<std::int32_t>(bs.data(), b, s, sb.data());
+    return sb;
   }
 
   ModelConfig config_;

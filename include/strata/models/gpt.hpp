@@ -14,7 +14,7 @@ class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope
   using Base = DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>, true, true>;
 
  public:
-  Gpt(const typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, mha_only(config), /*linear_bias=*/true) {}
+  Gpt(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, mha_only(config), /*linear_bias=*/true) {}
 
  private:
   static const ModelConfig& mha_only(const ModelConfig& c) {

@@ -13,7 +13,7 @@ class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, g
   using Base = DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>, false, false>;
 
  public:
-  Llama(const typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
+  Llama(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
 };
 
 }  // namespace models
