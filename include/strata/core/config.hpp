@@ -15,3 +15,11 @@
 #define STRATA_NAMESPACE_END \
   }                          \
   }
+
+// STRATA_HOST_DEVICE marks functions that kernels call too (index arithmetic, RNG, bf16). Defined
+// here so that every core header can use it; core/space.hpp repeats the same definition.
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif

@@ -65,8 +65,9 @@ constexpr double uniform(std::uint64_t key, std::uint64_t index, std::uint32_t s
   return (static_cast<double>(r) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-// Standard normal (Box-Muller on two uniforms from the same counter).
-inline double normal(std::uint64_t key, std::uint64_t index, std::uint32_t stream = 0) {
+// Standard normal (Box-Muller on two uniforms from the same counter). Kernels call it too (the
+// constexpr functions above are callable from device code under nvcc's --expt-relaxed-constexpr).
+STRATA_HOST_DEVICE inline double normal(std::uint64_t key, std::uint64_t index, std::uint32_t stream = 0) {
   Block b = bits(key, index, stream);
   std::uint64_t r0 = ((static_cast<std::uint64_t>(b[0]) << 21) ^ b[1]) & ((1ull << 53) - 1);
   std::uint64_t r1 = ((static_cast<std::uint64_t>(b[2]) << 21) ^ b[3]) & ((1ull << 53) - 1);

@@ -1,0 +1,158 @@
+// strata/backend/cuda/kernels/common.cuh: what every kernel family shares: element loads and stores
+// in the accumulate type, the launch shape of grid-stride loops, a deterministic block sum, and the
+// launch check.
+//
+// Elements are strata's own types (float, double, strata::bf16, int32_t). A bf16 is read as its 16
+// bits and widened to float; a float is rounded to bf16 to nearest even (__float2bfloat16_rn, the
+// rounding of bf16::from_float). Every sum runs in a fixed order that depends on the sizes only
+// (never on timing or on the device), so two runs of a kernel give the same bits.
+//
+// CUDA only: the CPU build never includes a .cuh header.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "strata/backend/cuda/kernels/*.cuh are CUDA sources: compile them with nvcc (the CPU build never includes them)."
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "../../../core/dtype.hpp"
+#include "../../../core/shape.hpp"
+#include "../runtime.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda::kernels {
+
+inline constexpr int kThreads = 256;  // threads per block of the element-wise kernels
+
+// Blocks of a grid-stride loop over n elements (at most 64 Ki blocks, enough to fill any GPU).
+inline unsigned grid_for(index_t n, int threads = kThreads) {
+  const index_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    fail<Error>("cuda kernel ", kernel, " failed to launch: ", cudaGetErrorName(status), ": ",
+                cudaGetErrorString(status));
+}
+
+// Reads element i as accumulate_t<T>.
+template <class T>
+__device__ __forceinline__ accumulate_t<T> load(const T* p, index_t i) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const std::uint16_t bits = reinterpret_cast<const std::uint16_t*>(p)[i];
+    return __uint_as_float(static_cast<unsigned>(bits) << 16);
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    const std::uint16_t bits = reinterpret_cast<const std::uint16_t*>(p)[i];
+    return __half2float(__ushort_as_half(bits));
+  } else {
+    return p[i];
+  }
+}
+
+// Writes v (any arithmetic type) to element i of T, rounding to nearest even.
+template <class T, class V>
+__device__ __forceinline__ void store(T* p, index_t i, V v) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    reinterpret_cast<std::uint16_t*>(p)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(static_cast<float>(v)));
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    reinterpret_cast<std::uint16_t*>(p)[i] = __half_as_ushort(__float2half_rn(static_cast<float>(v)));
+  } else {
+    p[i] = static_cast<T>(v);
+  }
+}
+
+// The raw storage of an element (moves bits without converting; shared memory needs a type with
+// no constructor).
+template <class T>
+using storage_t = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                     std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+
+// Math in the accumulate type: float calls the single-precision functions, double the double ones.
+template <class A>
+__device__ __forceinline__ A exp_(A v) {
+  if constexpr (std::is_same_v<A, float>) return expf(v); else return exp(v);
+}
+template <class A>
+__device__ __forceinline__ A log_(A v) {
+  if constexpr (std::is_same_v<A, float>) return logf(v); else return log(v);
+}
+template <class A>
+__device__ __forceinline__ A sqrt_(A v) {
+  if constexpr (std::is_same_v<A, float>) return sqrtf(v); else return sqrt(v);
+}
+template <class A>
+__device__ __forceinline__ A tanh_(A v) {
+  if constexpr (std::is_same_v<A, float>) return tanhf(v); else return tanh(v);
+}
+template <class A>
+__device__ __forceinline__ A max_(A a, A b) { return a > b ? a : b; }
+
+// The sum of `value` over the block, returned to every thread. Fixed order: a butterfly within each
+// warp, then warp 0 sums the per-warp results in order. blockDim.x is a multiple of 32, at most 1024.
+template <class A>
+__device__ A block_sum(A value) {
+  __shared__ A partial[32];
+  __shared__ A total;
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();  // a previous call may still read `total`
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    A v = lane < warps ? partial[lane] : A(0);
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// The maximum of `value` over the block, returned to every thread (same shape as block_sum).
+template <class A>
+__device__ A block_max(A value) {
+  __shared__ A partial[32];
+  __shared__ A total;
+  for (int offset = 16; offset > 0; offset /= 2) value = max_(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    A v = lane < warps ? partial[lane] : -INFINITY;
+    for (int offset = 16; offset > 0; offset /= 2) v = max_(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// out[c] (= or +=) sum_{p < parts} partials[p, c] for c < cols, p ascending (the second phase of
+// the deterministic column sums: weight gradients of norms, bias gradients).
+template <class A, class Out>
+__global__ void sum_partials_kernel(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate) {
+  for (index_t c = blockIdx.x * index_t(blockDim.x) + threadIdx.x; c < cols; c += index_t(gridDim.x) * blockDim.x) {
+    A sum = accumulate ? A(out[c]) : A(0);
+    A part = 0;
+    for (index_t p = 0; p < parts; ++p) part += partials[p * cols + c];  // partials: [parts, cols]
+    out[c] = static_cast<Out>(sum + part);
+  }
+}
+
+template <class A, class Out>
+void sum_partials(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate, cudaStream_t stream) {
+  if (cols == 0) return;
+  sum_partials_kernel<A, Out><<<grid_for(cols), kThreads, 0, stream>>>(partials, parts, cols, out, accumulate);
+  check_launch("sum_partials");
+}
+
+}  // namespace cuda::kernels
+STRATA_NAMESPACE_END
