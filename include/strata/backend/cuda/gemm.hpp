@@ -131,6 +131,7 @@ struct gemm_plan {
   matmul_descriptor desc;
   layout_descriptor first, second, out_c, out_d;
   cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;  // the bias runs in the epilogue (else the caller adds it)
 };
 
 }  // namespace detail
@@ -208,17 +209,25 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
     const auto u = [](index_t v) { return static_cast<std::uint64_t>(v); };
     const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-    if (use_bias) {
-      // The bias runs along the rows of the column-major D [n, m]: one value per row-major column.
-      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-      const void* bias_pointer = bias;
-      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
-                                                         sizeof(bias_pointer)));
-    }
+    // The descriptor, with the BIAS epilogue or without it.
+    const auto describe = [&](bool with_bias) {
+      if (p.desc.handle) {
+        (void)cublasLtMatmulDescDestroy(p.desc.handle);
+        p.desc.handle = nullptr;
+      }
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+      if (with_bias) {
+        // The bias runs along the rows of the column-major D [n, m]: one value per row-major column.
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        const void* bias_pointer = bias;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                           sizeof(bias_pointer)));
+      }
+      p.bias_epilogue = with_bias;
+    };
     if (transpose_b)
       STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, types::data, u(k), u(n), k));
     else
@@ -245,16 +254,24 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
                                                              &key.align_c, sizeof(key.align_c)));
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
-                                                       p.out_c.handle, p.out_d.handle, preference.handle, 1, &heuristic,
-                                                       &found));
+    const auto ask = [&] {
+      STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
+                                                         p.out_c.handle, p.out_d.handle, preference.handle, 1,
+                                                         &heuristic, &found));
+    };
+    describe(use_bias);
+    ask();
+    if (found == 0 && use_bias) {  // no algorithm with the epilogue for this shape: the caller adds the bias
+      describe(false);
+      ask();
+    }
     if (found == 0)
       fail<Error>("cuda::gemm: cuBLASLt has no algorithm for ", dtype_name<T>(), " -> ", dtype_name<C>(), " m=", m,
                   " n=", n, " k=", k, " transpose_a=", transpose_a, " transpose_b=", transpose_b, " bias=", use_bias,
                   "; check the operands' alignment and the element types");
     p.algo = heuristic.algo;
   });
-  if (use_bias) {
+  if (plan.bias_epilogue) {
     const void* bias_pointer = bias;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                                        sizeof(bias_pointer)));
@@ -263,7 +280,7 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle,
                                      &beta, c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
-  return bias == nullptr || use_bias;
+  return bias == nullptr || plan.bias_epilogue;
 }
 
 }  // namespace cuda
