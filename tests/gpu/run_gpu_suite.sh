@@ -1,59 +1,56 @@
 #!/usr/bin/env bash
-# tests/gpu/run_gpu_suite.sh: runs every GPU test program and prints one summary line per suite.
-#
-#   tests/gpu/run_gpu_suite.sh [BIN_DIR] [LOG_DIR]
-#
-# BIN_DIR holds the strata_gpu_*_test programs (default: the directory of this script, which is
-# where the build copies it: <build>/gpu); full logs go to LOG_DIR (default: BIN_DIR/logs). Each
-# suite runs once as is; the kernel test runs again, at small sizes, under compute-sanitizer's
-# memcheck and racecheck when compute-sanitizer is found. To add a suite, append it to `suites`.
-# Each suite is stopped after STRATA_GPU_SUITE_TIMEOUT seconds (default 300; exit 124 = timed out).
-# Exits non-zero when any suite failed.
-set -uo pipefail
-
-bin=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
-logs=${2:-$bin/logs}
+# tests/gpu/run_gpu_suite.sh <build-dir> [log-dir]: runs every GPU test program built under
+# <build-dir>/tests/gpu (test_*), each with its full output in <log-dir>/<name>.log (default
+# <build-dir>/gpu-logs), then the kernel and GEMM tests again at small sizes under
+# compute-sanitizer's memcheck and racecheck (when compute-sanitizer is found), and prints one
+# summary line per suite. A new suite is picked up by its name (test_*.cu). Each run is stopped after
+# STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out). Exits non-zero if any failed.
+set -u
+build=${1:?usage: run_gpu_suite.sh <build-dir> [log-dir]}
+logs=${2:-$build/gpu-logs}
 mkdir -p "$logs"
+limit=${STRATA_GPU_SUITE_TIMEOUT:-300}
+status=0
+summary=()
 
-# name | command (relative to BIN_DIR)
-suites=(
-  "kernels|./strata_gpu_kernels_test --quiet"
-  "gemm|./strata_gpu_gemm_test"
-  "allocator|./strata_gpu_allocator_test"
-)
+# run <name> <command...>: one suite, its log, its summary line.
+run() {
+  local name=$1
+  shift
+  local start rc line
+  start=$(date +%s)
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  line=$(grep -E '^(SUMMARY|SUITE)' "$logs/$name.log" | tail -n 1)
+  if [[ $rc -ne 0 ]]; then
+    status=1
+    [[ -z $line ]] && line=$(grep -E 'ERROR SUMMARY|error' "$logs/$name.log" | tail -n 1)
+  fi
+  summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "${line:-no summary line}")")
+}
+
+dir="$build/tests/gpu"
+for program in "$dir"/test_*; do
+  [[ -x $program && -f $program ]] || continue
+  name=$(basename "$program")
+  if [[ $name == test_kernels ]]; then run "$name" "$program" --quiet; else run "$name" "$program"; fi
+done
+[[ ${#summary[@]} -eq 0 ]] && { echo "no GPU test programs under $dir"; exit 1; }
 
 sanitizer=$(command -v compute-sanitizer || true)
-for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer \
-                 /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
-  if [[ -z $sanitizer && -x $candidate ]]; then sanitizer=$candidate; fi
+for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer; do
+  [[ -z $sanitizer && -x $candidate ]] && sanitizer=$candidate
 done
 if [[ -n $sanitizer ]]; then
-  suites+=(
-    "kernels memcheck|SANITIZER --tool memcheck --leak-check full --error-exitcode 3 ./strata_gpu_kernels_test --small --quiet"
-    "kernels racecheck|SANITIZER --tool racecheck --racecheck-report all --error-exitcode 3 ./strata_gpu_kernels_test --small --quiet"
-    "gemm memcheck|SANITIZER --tool memcheck --error-exitcode 3 ./strata_gpu_gemm_test --small"
-  )
+  if [[ -x $dir/test_kernels ]]; then
+    run "test_kernels.memcheck" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 "$dir/test_kernels" --small --quiet
+    run "test_kernels.racecheck" "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 "$dir/test_kernels" --small --quiet
+  fi
+  if [[ -x $dir/test_gemm ]]; then
+    run "test_gemm.memcheck" "$sanitizer" --tool memcheck --error-exitcode 3 "$dir/test_gemm" --small
+  fi
+else
+  summary+=("compute-sanitizer not found: memcheck and racecheck skipped")
 fi
-
-summary=()
-failed=0
-for entry in "${suites[@]}"; do
-  name=${entry%%|*}
-  command=${entry#*|}
-  command=${command//SANITIZER/$sanitizer}
-  log="$logs/$(echo "$name" | tr ' ' '_').log"
-  start=$(date +%s%N)
-  (cd "$bin" && eval "timeout ${STRATA_GPU_SUITE_TIMEOUT:-300} $command") >"$log" 2>&1
-  status=$?
-  elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  seconds=$(printf '%d.%d' $((elapsed_ms / 1000)) $((elapsed_ms % 1000 / 100)))
-  checks=$(grep -E '^SUITE ' "$log" | tail -n1)
-  [[ -z $checks ]] && checks="no summary line (crashed?)"
-  if [[ $status -eq 0 ]]; then verdict=PASS; else verdict=FAIL; failed=$((failed + 1)); fi
-  summary+=("$(printf '%-4s %-20s %6ss  exit %-3s %s' "$verdict" "$name" "$seconds" "$status" "$checks")")
-done
-
-echo "==== GPU suites (logs in $logs)"
-for line in "${summary[@]}"; do echo "$line"; done
-if [[ -z $sanitizer ]]; then echo "note: compute-sanitizer not found, memcheck / racecheck skipped"; fi
-exit $(( failed > 0 ? 1 : 0 ))
+printf '%s\n' "${summary[@]}"
+exit $status

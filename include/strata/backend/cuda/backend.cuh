@@ -12,9 +12,9 @@
 // take it from the caching allocator and give it back right after enqueuing: reuse is ordered on the
 // same stream, so no synchronization is needed and a steady-state step makes no cudaMalloc.
 //
-// Attention comes from backend/cuda/attention.hpp (cuDNN SDPA), compiled in when the translation
-// unit defines STRATA_WITH_ATTENTION (it needs the cuDNN frontend headers); without it the two
-// attention members refuse to compile with a sentence saying so.
+// Attention forwards to backend/cuda/attention.hpp: cuDNN SDPA for bf16 / fp16 when the translation
+// unit is built with strata::cudnn (STRATA_WITH_CUDNN), the own flash kernels otherwise. The plans
+// (cuDNN handle, graphs, workspace) are created on the first attention call.
 //
 // Pointers are device pointers in the backend's space; sizes are index_t; `A` is accumulate_t<T>.
 // Everything returns as soon as the work is enqueued, except copy_to_host, copy_from_host and
@@ -28,6 +28,7 @@
 
 #include "../../core/space.hpp"
 #include "allocator.hpp"
+#include "attention.hpp"
 #include "gemm.hpp"
 #include "kernels/activation.cuh"
 #include "kernels/bias.cuh"
@@ -41,17 +42,9 @@
 #include "kernels/rope.cuh"
 #include "runtime.hpp"
 
-#if defined(STRATA_WITH_ATTENTION)
-#include "attention.hpp"
-#endif
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
-
-class attention_plans;  // backend/cuda/attention.hpp
-
-template <class T>
-inline constexpr bool always_false_v = false;
 
 class backend {
  public:
@@ -67,6 +60,11 @@ class backend {
   caching_allocator& allocator() const { return state_->allocator; }
   allocator_stats memory_stats() const { return state_->allocator.stats(); }
   blas_handle& blas() const { return state_->blas; }
+  // The attention plans (cuDNN handle and graphs, created on first use).
+  attention_plans& attention() const {
+    if (!state_->attention) state_->attention = std::make_shared<attention_plans>(state_->device);
+    return *state_->attention;
+  }
 
   // Makes this backend's device current on the calling thread and installs its allocator as the
   // thread's current_device_resource() (a rank that runs on several threads calls it on each).
@@ -200,25 +198,13 @@ class backend {
   template <class T, class A = accumulate_t<T>>
   void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
                          index_t d, A scale, T* out, A* lse) const {
-#if defined(STRATA_WITH_ATTENTION)
     cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse);
-#else
-    static_assert(always_false_v<T>,
-                  "cuda::backend::attention_forward needs backend/cuda/attention.hpp: define STRATA_WITH_ATTENTION "
-                  "(and put the cuDNN frontend headers on the include path) in translation units that run attention.");
-#endif
   }
   template <class T, class A = accumulate_t<T>>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
                           index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv) const {
-#if defined(STRATA_WITH_ATTENTION)
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
                                 dv);
-#else
-    static_assert(always_false_v<T>,
-                  "cuda::backend::attention_backward needs backend/cuda/attention.hpp: define STRATA_WITH_ATTENTION "
-                  "(and put the cuDNN frontend headers on the include path) in translation units that run attention.");
-#endif
   }
 
   // --- embeddings ----------------------------------------------------------------------------------
@@ -334,12 +320,6 @@ class backend {
   template <class X>
   static std::size_t bytes_of(index_t n) { return static_cast<std::size_t>(n) * sizeof(X); }
 
-#if defined(STRATA_WITH_ATTENTION)
-  attention_plans& attention() const {
-    if (!state_->attention) state_->attention = std::make_shared<attention_plans>(state_->device);
-    return *state_->attention;
-  }
-#endif
 
   std::shared_ptr<state> state_;
 };

@@ -7,7 +7,7 @@
 //   - both runs give the same bits (every kernel of the contract is deterministic), and
 //   - ||gpu - cpu|| / ||cpu|| <= 1e-12 (double), 1e-5 (float), 1e-2 (bf16).
 //
-// Usage: strata_gpu_kernels_test [--small] [--quiet]   (--small: sizes for compute-sanitizer)
+// Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
 #include <cmath>
 #include <cstdint>
 #include <cstring>
