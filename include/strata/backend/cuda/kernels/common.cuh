@@ -95,6 +95,12 @@ __device__ __forceinline__ A tanh_(A v) {
 }
 template <class A>
 __device__ __forceinline__ A max_(A a, A b) { return a > b ? a : b; }
+// a * b rounded on its own, never fused into a following add (so a product computed twice is
+// the same value both times, as on the host).
+template <class A>
+__device__ __forceinline__ A mul_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, float>) return __fmul_rn(a, b); else return __dmul_rn(a, b);
+}
 
 // The sum of `value` over the block, returned to every thread. Fixed order: a butterfly within each
 // warp, then warp 0 sums the per-warp results in order. blockDim.x is a multiple of 32, at most 1024.

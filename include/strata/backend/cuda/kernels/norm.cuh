@@ -12,6 +12,8 @@
 // block k of the backward handles rows k, k + blocks, ... and its thread owning column c adds that
 // row's dy * xhat into partials[k, c] (one writer per element, rows in order); a second kernel sums
 // the partials over k in order. The block count depends on `rows` only. Workspace: 2 * blocks * h.
+// gy is rounded on its own (mul_rn) in both passes, so gy - mean(gy) is exactly 0 where the host
+// gets 0 (h = 1), instead of the rounding error an FMA would leave.
 #pragma once
 
 #include "common.cuh"
@@ -68,7 +70,7 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     const A mu = layer ? mean[r] : A(0), rs = rstd[r];
     A sum_gy = 0, sum_gy_xhat = 0;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
-      const A d = load(dyr, i), xhat = (load(xr, i) - mu) * rs, gy = d * load(g, i);
+      const A d = load(dyr, i), xhat = (load(xr, i) - mu) * rs, gy = mul_rn(d, load(g, i));
       if constexpr (layer) sum_gy += gy;
       sum_gy_xhat += gy * xhat;
       dg_part[i] += d * xhat;
@@ -78,7 +80,7 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     const A mean_gy_xhat = block_sum(sum_gy_xhat) / A(h);
     T* dxr = dx + r * h;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
-      const A xhat = (load(xr, i) - mu) * rs, gy = load(dyr, i) * load(g, i);
+      const A xhat = (load(xr, i) - mu) * rs, gy = mul_rn(load(dyr, i), load(g, i));
       store(dxr, i, rs * (gy - mean_gy - xhat * mean_gy_xhat));
     }
   }
