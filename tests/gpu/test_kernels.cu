@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <span>
 #include <tuple>
 #include <limits>
 #include <string>
@@ -524,6 +526,69 @@ void test_rows(harness& h, index_t rows, index_t cols) {
   }
 }
 
+// adamw_step_many over 30 parameters (two launches of at most 24), some without weight decay, against
+// the single-parameter reference on each.
+template <class T>
+void test_adamw_many(harness& h) {
+  using A = accumulate_t<T>;
+  const std::vector<index_t> sizes{1, 7, 769, 4095, 4096, 4097, 100003, 3, 0, 12345};
+  test_adamw_step<A> step{A(2e-3), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(2e-3 * 0.1), A(1 - std::pow(0.9, 5)),
+                          A(1 - std::pow(0.95, 5))};
+  struct host_param {
+    std::vector<A> main, m, v, g;
+    std::vector<T> value;
+    bool decay;
+  };
+  std::vector<host_param> params;
+  auto rng = h.fresh();
+  for (int i = 0; i < 30; ++i) {
+    const auto n = static_cast<std::size_t>(sizes[i % sizes.size()]);
+    params.push_back({rng.template uniform<A>(n), rng.template uniform<A>(n, -0.1, 0.1), rng.template uniform<A>(n, 0, 0.01),
+                      rng.template uniform<A>(n), std::vector<T>(n), i % 3 != 0});
+  }
+  std::vector<std::unique_ptr<device_vector<A>>> state;
+  std::vector<std::unique_ptr<device_vector<T>>> values;
+  std::vector<strata::cuda::kernels::adamw_tensor<T, A>> tensors;
+  for (auto& p : params) {
+    const std::size_t n = p.main.size();
+    for (int j = 0; j < 4; ++j) state.push_back(std::make_unique<device_vector<A>>(n));
+    values.push_back(std::make_unique<device_vector<T>>(n));
+    auto* s = &state[state.size() - 4];
+    tensors.push_back({s[0]->data(), s[1]->data(), s[2]->data(), s[3]->data(), values.back()->data(),
+                       static_cast<index_t>(n), p.decay});
+  }
+  auto run = [&] {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      upload(h.device, params[i].main, *state[4 * i]); upload(h.device, params[i].m, *state[4 * i + 1]);
+      upload(h.device, params[i].v, *state[4 * i + 2]); upload(h.device, params[i].g, *state[4 * i + 3]);
+      nan_fill(h.device, *values[i]);
+    }
+    h.device.adamw_step_many<T>(std::span<const strata::cuda::kernels::adamw_tensor<T, A>>(tensors), step);
+    std::vector<A> main_out;
+    std::vector<T> value_out;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto a = download(h.device, *state[4 * i]);
+      auto v = download(h.device, *values[i]);
+      main_out.insert(main_out.end(), a.begin(), a.end());
+      value_out.insert(value_out.end(), v.begin(), v.end());
+    }
+    return std::pair{main_out, value_out};
+  };
+  std::vector<A> ref_main;
+  std::vector<T> ref_value;
+  for (auto p : params) {
+    auto one = step;
+    if (!p.decay) one.decay = A(0);
+    ref::adamw_step<T>(p.main.data(), p.m.data(), p.v.data(), p.g.data(), p.value.data(), static_cast<index_t>(p.main.size()), one);
+    ref_main.insert(ref_main.end(), p.main.begin(), p.main.end());
+    ref_value.insert(ref_value.end(), p.value.begin(), p.value.end());
+  }
+  auto r1 = run(), r2 = run();
+  const std::string label = "adamw_step_many<" + type_name<T>() + "> 30 parameters, every third without decay";
+  compare(h, label, "main", r1.first, r2.first, ref_main, tolerance<T>());
+  compare(h, label, "value", r1.second, r2.second, ref_value, tolerance<T>());
+}
+
 // The backend's attention members forward to backend/cuda/attention.hpp on the compute stream: the
 // same bits as calling it directly with plans of one's own (its accuracy is test_attention's job).
 template <class T>
@@ -614,6 +679,9 @@ int main(int argc, char** argv) {
       test_convert<double, bf16>(h, n);
     }
     test_clip_factor(h);
+    test_adamw_many<float>(h);
+    test_adamw_many<double>(h);
+    test_adamw_many<bf16>(h);
     test_attention_forwarding<float>(h);
     test_attention_forwarding<bf16>(h);
     device.synchronize();

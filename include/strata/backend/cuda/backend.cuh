@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -277,6 +278,12 @@ class backend {
   template <class T, class Step, class A = accumulate_t<T>>
   void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, const Step& step) const {
     kernels::adamw_step<T, Step, A>(main, exp_avg, exp_avg_sq, grad, value, n, step, stream());
+  }
+  // The step on many parameters in a few launches; each tensor decays by step.decay when its
+  // weight_decay is set, else not at all.
+  template <class T, class Step, class A = accumulate_t<T>>
+  void adamw_step_many(std::span<const kernels::adamw_tensor<T, A>> tensors, const Step& step) const {
+    kernels::adamw_step_many<T, Step, A>(tensors.data(), tensors.size(), step, stream());
   }
   template <class X>
   void sum_of_squares(const X* x, index_t n, double* accumulator) const {

@@ -4,6 +4,10 @@
 //   adamw_step       per element, in A = accumulate_t<T> (the math of optim/adamw.hpp):
 //                      x = main - decay * main;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //                      main = x - lr * (m / bc1) / (sqrt(v / bc2) + eps);  value = T(main)
+//   adamw_step_many  the same step on many parameters in a few launches: up to 24 tensors per launch
+//                    travel in the kernel's argument; block k finds its tensor in the table of first
+//                    blocks and updates one 4096-element chunk of it (decay per tensor: step.decay
+//                    or 0)
 //   sum_of_squares   accumulator[0] += sum_i x_i^2, in double
 //   clip_factor      norm = sqrt(square_sum); factor = max_norm / (norm + 1e-6) when max_norm > 0 and
 //                    that is < 1, else 1
@@ -20,20 +24,29 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
+template <class A>
+__device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, index_t i, A decay,
+                                              A lr, A beta1, A beta2, A one_minus_beta1, A one_minus_beta2, A eps,
+                                              A bias_correction1, A bias_correction2, A& out) {
+  const A g = grad[i];
+  A x = main[i];
+  x = x - decay * x;
+  const A m = beta1 * exp_avg[i] + one_minus_beta1 * g;
+  const A v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+  x = x - lr * (m / bias_correction1) / (sqrt_(v / bias_correction2) + eps);
+  main[i] = x;
+  out = x;
+}
+
 template <class T, class Step, class A = accumulate_t<T>>
 __global__ void adamw_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, Step step) {
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
-    const A g = grad[i];
-    A x = main[i];
-    x = x - step.decay * x;
-    const A m = step.beta1 * exp_avg[i] + step.one_minus_beta1 * g;
-    const A v = step.beta2 * exp_avg_sq[i] + step.one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const A m_hat = m / step.bias_correction1;
-    const A v_hat = v / step.bias_correction2;
-    x = x - step.lr * m_hat / (sqrt_(v_hat) + step.eps);
-    main[i] = x;
+    A x;
+    adamw_element<A>(main, exp_avg, exp_avg_sq, grad, i, step.decay, step.lr, step.beta1, step.beta2,
+                     step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
+                     step.bias_correction2, x);
     store(value, i, x);
   }
 }
@@ -46,6 +59,67 @@ void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, ind
   if (n <= 0) return;
   adamw_kernel<T, Step, A><<<grid_for(n), kThreads, 0, stream>>>(main, exp_avg, exp_avg_sq, grad, value, n, step);
   check_launch("adamw_step");
+}
+
+// One parameter of adamw_step_many: its state, gradient and value, and whether it decays.
+template <class T, class A = accumulate_t<T>>
+struct adamw_tensor {
+  A* main;
+  A* exp_avg;
+  A* exp_avg_sq;
+  const A* grad;
+  T* value;
+  index_t n;
+  bool weight_decay;
+};
+
+inline constexpr int kAdamWTensorsPerLaunch = 24;
+inline constexpr index_t kAdamWChunk = 4096;  // elements per block
+
+template <class T, class A>
+struct adamw_batch {
+  adamw_tensor<T, A> tensors[kAdamWTensorsPerLaunch];
+  index_t first_block[kAdamWTensorsPerLaunch + 1];  // tensor t owns blocks [first_block[t], first_block[t + 1])
+  int count;
+};
+
+template <class T, class Step, class A>
+__global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batch, Step step) {
+  const index_t block = blockIdx.x;
+  int t = 0;
+  while (t + 1 < batch.count && batch.first_block[t + 1] <= block) ++t;
+  const adamw_tensor<T, A>& p = batch.tensors[t];
+  const index_t begin = (block - batch.first_block[t]) * kAdamWChunk;
+  const index_t end = begin + kAdamWChunk < p.n ? begin + kAdamWChunk : p.n;
+  const A decay = p.weight_decay ? step.decay : A(0);
+  for (index_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    A x;
+    adamw_element<A>(p.main, p.exp_avg, p.exp_avg_sq, p.grad, i, decay, step.lr, step.beta1, step.beta2,
+                     step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
+                     step.bias_correction2, x);
+    store(p.value, i, x);
+  }
+}
+
+template <class T, class Step, class A = accumulate_t<T>>
+void adamw_step_many(const adamw_tensor<T, A>* tensors, std::size_t count, const Step& step, cudaStream_t stream) {
+  static_assert(std::is_trivially_copyable_v<Step>, "A kernel argument must be trivially copyable: the AdamW step is copied to the device.");
+  adamw_batch<T, A> batch{};
+  const auto launch = [&] {
+    if (batch.count == 0 || batch.first_block[batch.count] == 0) return;
+    adamw_many_kernel<T, Step, A><<<static_cast<unsigned>(batch.first_block[batch.count]), kThreads, 0, stream>>>(batch, step);
+    check_launch("adamw_step_many");
+    batch = adamw_batch<T, A>{};
+  };
+  for (std::size_t i = 0; i < count; ++i) {
+    if (tensors[i].n <= 0) continue;
+    const index_t blocks = (tensors[i].n + kAdamWChunk - 1) / kAdamWChunk;
+    if (batch.count == kAdamWTensorsPerLaunch || batch.first_block[batch.count] + blocks > 0x7fffffff) launch();
+    batch.tensors[batch.count] = tensors[i];
+    batch.first_block[batch.count + 1] = batch.first_block[batch.count] + blocks;
+    ++batch.count;
+  }
+  launch();
 }
 
 inline constexpr int kReduceThreads = 512;
