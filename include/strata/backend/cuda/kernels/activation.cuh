@@ -6,7 +6,8 @@
 //   swiglu(g, u)  = silu(g) u,  silu(g) = g sigmoid(g)
 //   d/du = dy silu(g),  d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g)))
 //
-// gate_up [rows, 2f] holds [gate (f) | up (f)] in each row; y [rows, f].
+// gate_up [rows, 2f] holds [gate (f) | up (f)] in each row; y [rows, f]. GELU runs through map
+// (16-byte accesses where the pointers allow).
 #pragma once
 
 #include "common.cuh"
@@ -14,35 +15,29 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
-template <class T, class A = accumulate_t<T>>
-__global__ void gelu_forward_kernel(const T* x, index_t n, T* y) {
-  const A c = A(0.7978845608028654);
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
-    const A v = load(x, i);
-    store(y, i, A(0.5) * v * (A(1) + tanh_(c * (v + A(0.044715) * v * v * v))));
+template <class A>
+struct gelu_forward_op {  // a = x
+  __device__ A operator()(A v, A, index_t) const {
+    const A c = A(0.7978845608028654);
+    return A(0.5) * v * (A(1) + tanh_(c * (v + A(0.044715) * v * v * v)));
   }
-}
-template <class T, class A = accumulate_t<T>>
-__global__ void gelu_backward_kernel(const T* dy, const T* x, index_t n, T* dx) {
-  const A c = A(0.7978845608028654);
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
-    const A v = load(x, i);
+};
+template <class A>
+struct gelu_backward_op {  // a = dy, b = x
+  __device__ A operator()(A dy, A v, index_t) const {
+    const A c = A(0.7978845608028654);
     const A t = tanh_(c * (v + A(0.044715) * v * v * v));
     const A dt = (A(1) - t * t) * c * (A(1) + A(3) * A(0.044715) * v * v);
-    store(dx, i, load(dy, i) * (A(0.5) * (A(1) + t) + A(0.5) * v * dt));
+    return dy * (A(0.5) * (A(1) + t) + A(0.5) * v * dt);
   }
-}
+};
 template <class T>
 void gelu_forward(const T* x, index_t n, T* y, cudaStream_t stream) {
-  if (n <= 0) return;
-  gelu_forward_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(x, n, y);
-  check_launch("gelu_forward");
+  map<T>(x, nullptr, n, y, gelu_forward_op<accumulate_t<T>>{}, "gelu_forward", stream);
 }
 template <class T>
 void gelu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream_t stream) {
-  if (n <= 0) return;
-  gelu_backward_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(dy, x, n, dx);
-  check_launch("gelu_backward");
+  map<T>(dy, x, n, dx, gelu_backward_op<accumulate_t<T>>{}, "gelu_backward", stream);
 }
 
 template <class T, class A = accumulate_t<T>>

@@ -15,16 +15,17 @@ STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
 template <class T>
-__global__ void bias_add_kernel(T* y, const T* bias, index_t rows, index_t cols) {
-  const index_t n = rows * cols;
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    store(y, i, load(y, i) + load(bias, i % cols));  // y (rows, cols), bias (cols)
-}
+struct bias_add_op {  // a = y
+  const T* bias;
+  index_t cols;
+  __device__ accumulate_t<T> operator()(accumulate_t<T> y, accumulate_t<T>, index_t i) const {
+    return y + load(bias, i % cols);  // y (rows, cols), bias (cols)
+  }
+};
 template <class T>
 void bias_add(T* y, const T* bias, index_t rows, index_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  bias_add_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
-  check_launch("bias_add");
+  map<T>(y, nullptr, rows * cols, y, bias_add_op<T>{bias, cols}, "bias_add", stream);
 }
 
 // Rows per chunk of the column sums: at least 32 rows, at most 256 chunks.

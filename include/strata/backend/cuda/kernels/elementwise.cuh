@@ -7,8 +7,9 @@
 //   scale_by   x[i] *= *factor          factor a device scalar in double (gradient clipping)
 //   transpose  in [rows, cols] -> out [cols, rows], through a 32 x 33 shared tile (no bank conflicts)
 //
-// Grid-stride loops over 256-thread blocks; each element is independent, so results do not depend
-// on the launch shape.
+// fill, add, scale and scale_by run through map (common.cuh): 16-byte loads and stores when the
+// pointers allow, a scalar loop otherwise; each element is independent, so results do not depend on
+// the launch shape or on the path.
 #pragma once
 
 #include "common.cuh"
@@ -16,16 +17,31 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
-template <class X>
-__global__ void fill_kernel(X* x, index_t n, double value) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    store(x, i, static_cast<accumulate_t<X>>(value));
-}
+// The element operations (a, b are the two inputs of map, i the index).
+template <class A>
+struct fill_op {
+  A value;
+  __device__ A operator()(A, A, index_t) const { return value; }
+};
+template <class A>
+struct add_op {
+  __device__ A operator()(A a, A b, index_t) const { return a + b; }
+};
+template <class A>
+struct scale_op {
+  A factor;
+  __device__ A operator()(A a, A, index_t) const { return a * factor; }
+};
+template <class A>
+struct scale_by_op {
+  const double* factor;  // a device scalar, read by every element (one cached load)
+  __device__ A operator()(A a, A, index_t) const { return a * static_cast<A>(*factor); }
+};
+
 template <class X>
 void fill(X* x, index_t n, double value, cudaStream_t stream) {
-  if (n <= 0) return;
-  fill_kernel<X><<<grid_for(n), kThreads, 0, stream>>>(x, n, value);
-  check_launch("fill");
+  using A = accumulate_t<X>;
+  map<X>(nullptr, nullptr, n, x, fill_op<A>{static_cast<A>(value)}, "fill", stream);
 }
 
 template <class From, class To>
@@ -41,40 +57,19 @@ void convert(const From* src, index_t n, To* dst, cudaStream_t stream) {
 }
 
 template <class X>
-__global__ void add_kernel(const X* a, const X* b, index_t n, X* out) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    store(out, i, load(a, i) + load(b, i));
-}
-template <class X>
 void add(const X* a, const X* b, index_t n, X* out, cudaStream_t stream) {
-  if (n <= 0) return;
-  add_kernel<X><<<grid_for(n), kThreads, 0, stream>>>(a, b, n, out);
-  check_launch("add");
+  map<X>(a, b, n, out, add_op<accumulate_t<X>>{}, "add", stream);
 }
 
-template <class X>
-__global__ void scale_kernel(X* x, index_t n, accumulate_t<X> factor) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    store(x, i, load(x, i) * factor);
-}
 template <class X>
 void scale(X* x, index_t n, double factor, cudaStream_t stream) {
-  if (n <= 0) return;
-  scale_kernel<X><<<grid_for(n), kThreads, 0, stream>>>(x, n, static_cast<accumulate_t<X>>(factor));
-  check_launch("scale");
+  using A = accumulate_t<X>;
+  map<X>(x, nullptr, n, x, scale_op<A>{static_cast<A>(factor)}, "scale", stream);
 }
 
 template <class X>
-__global__ void scale_by_kernel(X* x, index_t n, const double* factor) {
-  const auto f = static_cast<accumulate_t<X>>(*factor);
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    store(x, i, load(x, i) * f);
-}
-template <class X>
 void scale_by(X* x, index_t n, const double* factor, cudaStream_t stream) {
-  if (n <= 0) return;
-  scale_by_kernel<X><<<grid_for(n), kThreads, 0, stream>>>(x, n, factor);
-  check_launch("scale_by");
+  map<X>(x, nullptr, n, x, scale_by_op<accumulate_t<X>>{factor}, "scale_by", stream);
 }
 
 // in [rows, cols] -> out [cols, rows]. Block (32, 8) moves a 32 x 32 tile: read rows of `in`
