@@ -238,12 +238,10 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   std::vector<double> y(x.size()), mean(kRows), rstd(kRows), dx(x.size(), 99.0);
   strata::cpu::layernorm_forward<double>(x.data(), gamma.data(), beta.data(), kRows, kHidden, eps, y.data(),
                                          mean.data(), rstd.data());
-  // Parameter gradients accumulate: start from a known value and subtract it.
-  std::vector<double> dgamma(kHidden, 0.5), dbeta(kHidden, -0.25);
+  // Parameter gradients are written (=): start from other values.
+  std::vector<double> dgamma(kHidden, 0.5), dbeta(kHidden, -0.25);  // written, whatever they held
   strata::cpu::layernorm_backward<double>(w.data(), x.data(), gamma.data(), mean.data(), rstd.data(), kRows, kHidden,
                                           dx.data(), dgamma.data(), dbeta.data());
-  for (auto& g : dgamma) g -= 0.5;
-  for (auto& g : dbeta) g += 0.25;
   expect_gradient(dx, x, loss, 1e-7, "dx");
   expect_gradient(dgamma, gamma, loss, 1e-7, "dgamma");
   expect_gradient(dbeta, beta, loss, 1e-7, "dbeta");
@@ -271,11 +269,10 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   const auto w = random_values<double>(kRows * kHidden, 14);
   auto loss = [&] { return weighted_sum(w, rmsnorm_reference(x, gamma, kRows, kHidden, eps)); };
 
-  std::vector<double> y(x.size()), rstd(kRows), dx(x.size(), 99.0), dgamma(kHidden, 1.0);
+  std::vector<double> y(x.size()), rstd(kRows), dx(x.size(), 99.0), dgamma(kHidden, 1.0);  // dgamma is written
   strata::cpu::rmsnorm_forward<double>(x.data(), gamma.data(), kRows, kHidden, eps, y.data(), rstd.data());
   strata::cpu::rmsnorm_backward<double>(w.data(), x.data(), gamma.data(), rstd.data(), kRows, kHidden, dx.data(),
                                         dgamma.data());
-  for (auto& g : dgamma) g -= 1.0;
   expect_gradient(dx, x, loss, 1e-7, "dx");
   expect_gradient(dgamma, gamma, loss, 1e-7, "dgamma");
 }
@@ -364,7 +361,7 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Causal attention
+// Causal attention (saves the log-sum-exp; q, out [s, b, nq, d], k, v [s, b, nkv, d])
 
 struct AttentionSize {
   index_t batch, nq, nkv, s, d;
@@ -372,12 +369,31 @@ struct AttentionSize {
   index_t kv_size() const { return batch * nkv * s * d; }
 };
 
-// out[b,h,i,:] = sum_{j<=i} softmax_j(scale q_i . k_j) v_j, key/value head h / (nq / nkv); in double.
+// [s, b, n, d] -> [b, n, s, d] (the head-major layout of the references below) and back.
+std::vector<double> to_head_major(const std::vector<double>& x, index_t s, index_t b, index_t n, index_t d) {
+  std::vector<double> out(x.size());
+  for (index_t t = 0; t < s; ++t)
+    for (index_t j = 0; j < b; ++j)
+      for (index_t h = 0; h < n; ++h)
+        for (index_t e = 0; e < d; ++e) out[((j * n + h) * s + t) * d + e] = x[((t * b + j) * n + h) * d + e];
+  return out;
+}
+std::vector<double> to_sequence_major(const std::vector<double>& x, index_t s, index_t b, index_t n, index_t d) {
+  std::vector<double> out(x.size());
+  for (index_t t = 0; t < s; ++t)
+    for (index_t j = 0; j < b; ++j)
+      for (index_t h = 0; h < n; ++h)
+        for (index_t e = 0; e < d; ++e) out[((t * b + j) * n + h) * d + e] = x[((j * n + h) * s + t) * d + e];
+  return out;
+}
+
+// out[b,h,i,:] = sum_{j<=i} softmax_j(scale q_i . k_j) v_j, key/value head h / (nq / nkv); in double,
+// head-major [b, n, s, d]; lse[b,h,i] = log sum_{j<=i} e^(scale q_i . k_j).
 std::vector<double> attention_reference(const AttentionSize& z, const std::vector<double>& q,
                                         const std::vector<double>& k, const std::vector<double>& v, double scale,
-                                        std::vector<double>* probs = nullptr) {
+                                        std::vector<double>* lse = nullptr) {
   std::vector<double> out(static_cast<std::size_t>(z.q_size()), 0.0);
-  if (probs) probs->assign(static_cast<std::size_t>(z.batch * z.nq * z.s * z.s), 0.0);
+  if (lse) lse->assign(static_cast<std::size_t>(z.batch * z.nq * z.s), 0.0);
   const index_t group = z.nq / z.nkv;
   for (index_t b = 0; b < z.batch; ++b)
     for (index_t h = 0; h < z.nq; ++h) {
@@ -393,9 +409,9 @@ std::vector<double> attention_reference(const AttentionSize& z, const std::vecto
         }
         double sum = 0;
         for (auto& e : score) sum += (e = std::exp(e - mx));
+        if (lse) (*lse)[qh * z.s + i] = mx + std::log(sum);
         for (index_t j = 0; j <= i; ++j) {
           const double p = score[j] / sum;
-          if (probs) (*probs)[(qh * z.s + i) * z.s + j] = p;
           for (index_t c = 0; c < z.d; ++c) out[(qh * z.s + i) * z.d + c] += p * v[(kh * z.s + j) * z.d + c];
         }
       }
@@ -403,96 +419,205 @@ std::vector<double> attention_reference(const AttentionSize& z, const std::vecto
   return out;
 }
 
-struct AttentionRun {
-  std::vector<double> out, probs;
-};
+// The previous O(T^2) kernels, which stored the probabilities [b * nq, s, s] (head-major layout):
+// the backward of the new kernel must agree with theirs.
+namespace previous {
+void forward(const AttentionSize& z, const double* q, const double* k, const double* v, double scale, double* out,
+             double* probs) {
+  const index_t group = z.nq / z.nkv, s = z.s, d = z.d;
+  for (index_t b = 0; b < z.batch; ++b)
+    for (index_t h = 0; h < z.nq; ++h) {
+      const index_t qi = b * z.nq + h, ki = b * z.nkv + h / group;
+      double* p = probs + qi * s * s;
+      strata::cpu::gemm<double>(false, true, s, s, d, q + qi * s * d, k + ki * s * d, p, false, scale);
+      for (index_t i = 0; i < s; ++i) {
+        double* row = p + i * s;
+        double mx = row[0];
+        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        double sum = 0;
+        for (index_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (index_t j = 0; j <= i; ++j) row[j] /= sum;
+        for (index_t j = i + 1; j < s; ++j) row[j] = 0;
+      }
+      strata::cpu::gemm<double>(false, false, s, d, s, p, v + ki * s * d, out + qi * s * d, false);
+    }
+}
+void backward(const AttentionSize& z, const double* dout, const double* q, const double* k, const double* v,
+              const double* probs, double scale, double* dq, double* dk, double* dv) {
+  const index_t group = z.nq / z.nkv, s = z.s, d = z.d;
+  std::vector<double> dp(static_cast<std::size_t>(s * s));
+  std::fill(dk, dk + z.kv_size(), 0.0);
+  std::fill(dv, dv + z.kv_size(), 0.0);
+  for (index_t b = 0; b < z.batch; ++b)
+    for (index_t h = 0; h < z.nq; ++h) {
+      const index_t qi = b * z.nq + h, ki = b * z.nkv + h / group;
+      const double* p = probs + qi * s * s;
+      const double* dov = dout + qi * s * d;
+      strata::cpu::gemm<double>(true, false, s, d, s, p, dov, dv + ki * s * d, true);
+      strata::cpu::gemm<double>(false, true, s, s, d, dov, v + ki * s * d, dp.data(), false);
+      for (index_t i = 0; i < s; ++i) {
+        double* row = dp.data() + i * s;
+        const double* prow = p + i * s;
+        double dot = 0;
+        for (index_t j = 0; j <= i; ++j) dot += row[j] * prow[j];
+        for (index_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot);
+        for (index_t j = i + 1; j < s; ++j) row[j] = 0;
+      }
+      strata::cpu::gemm<double>(false, false, s, d, s, dp.data(), k + ki * s * d, dq + qi * s * d, false, scale);
+      strata::cpu::gemm<double>(true, false, s, d, s, dp.data(), q + qi * s * d, dk + ki * s * d, true, scale);
+    }
+}
+}  // namespace previous
 
-AttentionRun run_attention(const AttentionSize& z, const std::vector<double>& q, const std::vector<double>& k,
-                           const std::vector<double>& v, double scale) {
+// Random q, k, v in the kernel's layout, run forward; out and lse returned.
+struct AttentionRun {
+  std::vector<double> q, k, v, out, lse;
+};
+AttentionRun run_attention(const AttentionSize& z, std::uint64_t seed, double scale, double magnitude = 1.0) {
   AttentionRun r;
+  r.q = random_values<double>(z.q_size(), seed, magnitude);
+  r.k = random_values<double>(z.kv_size(), seed + 1, magnitude);
+  r.v = random_values<double>(z.kv_size(), seed + 2);
   r.out.assign(static_cast<std::size_t>(z.q_size()), 99.0);
-  r.probs.assign(static_cast<std::size_t>(z.batch * z.nq * z.s * z.s), 99.0);
-  strata::cpu::causal_attention_forward<double>(q.data(), k.data(), v.data(), z.batch, z.nq, z.nkv, z.s, z.d, scale,
-                                                r.out.data(), r.probs.data());
+  r.lse.assign(static_cast<std::size_t>(z.batch * z.nq * z.s), 99.0);
+  strata::cpu::attention_forward<double>(r.q.data(), r.k.data(), r.v.data(), z.s, z.batch, z.nq, z.nkv, z.d, scale,
+                                         r.out.data(), r.lse.data());
   return r;
 }
 
 void check_attention_forward(const AttentionSize& z) {
   const double scale = 1 / std::sqrt(static_cast<double>(z.d));
-  const auto q = random_values<double>(z.q_size(), 30), k = random_values<double>(z.kv_size(), 31),
-             v = random_values<double>(z.kv_size(), 32);
-  const AttentionRun got = run_attention(z, q, k, v, scale);
-  std::vector<double> want_probs;
-  const auto want = attention_reference(z, q, k, v, scale, &want_probs);
-  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got.out[i], want[i], 1e-12) << "out " << i;
-  for (std::size_t i = 0; i < want_probs.size(); ++i) ASSERT_NEAR(got.probs[i], want_probs[i], 1e-12) << "probs " << i;
+  const AttentionRun r = run_attention(z, 30, scale);
+  std::vector<double> want_lse;
+  const auto want = to_sequence_major(attention_reference(z, to_head_major(r.q, z.s, z.batch, z.nq, z.d),
+                                                          to_head_major(r.k, z.s, z.batch, z.nkv, z.d),
+                                                          to_head_major(r.v, z.s, z.batch, z.nkv, z.d), scale, &want_lse),
+                                      z.s, z.batch, z.nq, z.d);
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(r.out[i], want[i], 1e-12) << "out " << i;
+  for (std::size_t i = 0; i < want_lse.size(); ++i) ASSERT_NEAR(r.lse[i], want_lse[i], 1e-12) << "lse " << i;
 }
 
 TEST(CausalAttention, MultiHeadForwardMatchesNaiveReference) { check_attention_forward({2, 3, 3, 6, 4}); }
 
 TEST(CausalAttention, GroupedQueryForwardMatchesNaiveReference) { check_attention_forward({2, 4, 2, 5, 3}); }
 
+TEST(CausalAttention, ForwardMatchesPreviousProbabilityKernel) {
+  const AttentionSize z{2, 4, 2, 9, 5};
+  const double scale = 0.45;
+  const AttentionRun r = run_attention(z, 60, scale, 2.0);
+  std::vector<double> out(r.out.size()), probs(static_cast<std::size_t>(z.batch * z.nq * z.s * z.s));
+  previous::forward(z, to_head_major(r.q, z.s, z.batch, z.nq, z.d).data(),
+                    to_head_major(r.k, z.s, z.batch, z.nkv, z.d).data(),
+                    to_head_major(r.v, z.s, z.batch, z.nkv, z.d).data(), scale, out.data(), probs.data());
+  const auto want = to_sequence_major(out, z.s, z.batch, z.nq, z.d);
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(r.out[i], want[i], 1e-13) << i;
+}
+
 TEST(CausalAttention, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueHeads) {
   const AttentionSize gqa{2, 4, 2, 5, 3}, mha{2, 4, 4, 5, 3};
   const double scale = 0.7;
-  const auto q = random_values<double>(gqa.q_size(), 33), k = random_values<double>(gqa.kv_size(), 34),
-             v = random_values<double>(gqa.kv_size(), 35);
-  std::vector<double> k_rep, v_rep;  // [batch, nq, s, d]: head h gets key/value head h / 2
-  const index_t block = gqa.s * gqa.d;
-  for (index_t b = 0; b < 2; ++b)
-    for (index_t h = 0; h < 4; ++h) {
-      const auto from = static_cast<std::ptrdiff_t>((b * 2 + h / 2) * block);
-      k_rep.insert(k_rep.end(), k.begin() + from, k.begin() + from + block);
-      v_rep.insert(v_rep.end(), v.begin() + from, v.begin() + from + block);
-    }
-  const auto a = run_attention(gqa, q, k, v, scale), b = run_attention(mha, q, k_rep, v_rep, scale);
-  for (std::size_t i = 0; i < a.out.size(); ++i) EXPECT_NEAR(a.out[i], b.out[i], 1e-14) << i;
+  const AttentionRun a = run_attention(gqa, 33, scale);
+  std::vector<double> k_rep(static_cast<std::size_t>(mha.kv_size())), v_rep(k_rep.size());  // head h gets h / 2
+  for (index_t t = 0; t < 5; ++t)
+    for (index_t j = 0; j < 2; ++j)
+      for (index_t h = 0; h < 4; ++h)
+        for (index_t e = 0; e < 3; ++e) {
+          k_rep[((t * 2 + j) * 4 + h) * 3 + e] = a.k[((t * 2 + j) * 2 + h / 2) * 3 + e];
+          v_rep[((t * 2 + j) * 4 + h) * 3 + e] = a.v[((t * 2 + j) * 2 + h / 2) * 3 + e];
+        }
+  std::vector<double> out(a.out.size()), lse(a.lse.size());
+  strata::cpu::attention_forward<double>(a.q.data(), k_rep.data(), v_rep.data(), 5, 2, 4, 4, 3, scale, out.data(),
+                                         lse.data());
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_EQ(a.out[i], out[i]) << i;
+  for (std::size_t i = 0; i < lse.size(); ++i) EXPECT_EQ(a.lse[i], lse[i]) << i;
 }
 
-TEST(CausalAttention, ProbabilityRowsSumToOneAndAreZeroAboveDiagonal) {
-  const AttentionSize z{2, 4, 2, 7, 3};
-  const auto q = random_values<double>(z.q_size(), 36, 3.0), k = random_values<double>(z.kv_size(), 37, 3.0),
-             v = random_values<double>(z.kv_size(), 38);
-  const AttentionRun r = run_attention(z, q, k, v, 1.0);
-  for (index_t row = 0; row < z.batch * z.nq * z.s; ++row) {
-    const index_t i = row % z.s;
-    double sum = 0;
-    for (index_t j = 0; j < z.s; ++j) {
-      const double p = r.probs[row * z.s + j];
-      if (j > i) {
-        ASSERT_EQ(p, 0.0) << "row " << row << " column " << j;
-      } else {
-        ASSERT_GE(p, 0.0);
-      }
-      sum += p;
-    }
-    EXPECT_NEAR(sum, 1.0, 1e-14) << "row " << row;
-    if (i == 0) {
-      EXPECT_EQ(r.probs[row * z.s], 1.0);  // the first query sees only itself
-    }
+TEST(CausalAttention, LaterKeysDoNotChangeEarlierQueries) {
+  const AttentionSize z{2, 2, 1, 7, 4};
+  AttentionRun r = run_attention(z, 70, 0.5, 3.0);
+  const index_t cut = 3;  // change keys and values of positions > cut
+  auto k2 = r.k, v2 = r.v;
+  for (std::size_t i = static_cast<std::size_t>((cut + 1) * z.batch * z.nkv * z.d); i < k2.size(); ++i) {
+    k2[i] += 5.0;
+    v2[i] -= 3.0;
   }
+  std::vector<double> out(r.out.size()), lse(r.lse.size());
+  strata::cpu::attention_forward<double>(r.q.data(), k2.data(), v2.data(), z.s, z.batch, z.nq, z.nkv, z.d, 0.5,
+                                         out.data(), lse.data());
+  const std::size_t prefix = static_cast<std::size_t>((cut + 1) * z.batch * z.nq * z.d);
+  for (std::size_t i = 0; i < prefix; ++i) EXPECT_EQ(out[i], r.out[i]) << i;
+  EXPECT_NE(out[prefix], r.out[prefix]);
+  for (index_t bh = 0; bh < z.batch * z.nq; ++bh)
+    for (index_t t = 0; t <= cut; ++t) EXPECT_EQ(lse[bh * z.s + t], r.lse[bh * z.s + t]);
 }
 
-TEST(CausalAttention, BackwardMatchesFiniteDifferences) {
-  for (const AttentionSize& z : {AttentionSize{1, 2, 2, 4, 3}, AttentionSize{2, 4, 2, 5, 3}}) {
+TEST(CausalAttention, FirstQueryCopiesTheFirstValue) {
+  const AttentionSize z{1, 2, 2, 4, 3};
+  const AttentionRun r = run_attention(z, 80, 1.0, 3.0);
+  for (index_t h = 0; h < z.nq; ++h)
+    for (index_t e = 0; e < z.d; ++e) EXPECT_NEAR(r.out[h * z.d + e], r.v[h * z.d + e], 1e-15);
+}
+
+TEST(CausalAttention, BackwardMatchesPreviousKernelAndFiniteDifferences) {
+  for (const AttentionSize& z : {AttentionSize{1, 2, 2, 4, 3}, AttentionSize{2, 4, 2, 5, 3}, AttentionSize{2, 6, 3, 8, 4}}) {
     const double scale = 1 / std::sqrt(static_cast<double>(z.d));
-    auto q = random_values<double>(z.q_size(), 40), k = random_values<double>(z.kv_size(), 41),
-         v = random_values<double>(z.kv_size(), 42);
+    AttentionRun r = run_attention(z, 40, scale);
     const auto w = random_values<double>(z.q_size(), 43);
-    const AttentionRun fwd = run_attention(z, q, k, v, scale);
-    std::vector<double> dq(q.size(), 99.0), dk(k.size(), 99.0), dv(v.size(), 99.0);  // dk, dv must be reset
-    strata::cpu::causal_attention_backward<double>(w.data(), q.data(), k.data(), v.data(), fwd.probs.data(), z.batch,
-                                                   z.nq, z.nkv, z.s, z.d, scale, dq.data(), dk.data(), dv.data());
-    auto loss = [&] { return weighted_sum(w, attention_reference(z, q, k, v, scale)); };
-    const std::string what = "nq=" + std::to_string(z.nq) + " nkv=" + std::to_string(z.nkv) + " ";
-    expect_gradient(dq, q, loss, 1e-7, what + "dq");
-    expect_gradient(dk, k, loss, 1e-7, what + "dk");
-    expect_gradient(dv, v, loss, 1e-7, what + "dv");
+    std::vector<double> dq(r.q.size(), 99.0), dk(r.k.size(), 99.0), dv(r.v.size(), 99.0);  // all written
+    strata::cpu::attention_backward<double>(w.data(), r.q.data(), r.k.data(), r.v.data(), r.out.data(), r.lse.data(),
+                                            z.s, z.batch, z.nq, z.nkv, z.d, scale, dq.data(), dk.data(), dv.data());
+    const std::string what = "nq=" + std::to_string(z.nq) + " nkv=" + std::to_string(z.nkv) + " s=" + std::to_string(z.s) + " ";
+    // previous kernel, head-major
+    const auto qh = to_head_major(r.q, z.s, z.batch, z.nq, z.d), kh = to_head_major(r.k, z.s, z.batch, z.nkv, z.d),
+               vh = to_head_major(r.v, z.s, z.batch, z.nkv, z.d), wh = to_head_major(w, z.s, z.batch, z.nq, z.d);
+    std::vector<double> out(qh.size()), probs(static_cast<std::size_t>(z.batch * z.nq * z.s * z.s));
+    previous::forward(z, qh.data(), kh.data(), vh.data(), scale, out.data(), probs.data());
+    std::vector<double> pdq(qh.size()), pdk(kh.size()), pdv(vh.size());
+    previous::backward(z, wh.data(), qh.data(), kh.data(), vh.data(), probs.data(), scale, pdq.data(), pdk.data(), pdv.data());
+    const auto want_dq = to_sequence_major(pdq, z.s, z.batch, z.nq, z.d),
+               want_dk = to_sequence_major(pdk, z.s, z.batch, z.nkv, z.d),
+               want_dv = to_sequence_major(pdv, z.s, z.batch, z.nkv, z.d);
+    for (std::size_t i = 0; i < dq.size(); ++i) ASSERT_NEAR(dq[i], want_dq[i], 1e-12) << what << "dq " << i;
+    for (std::size_t i = 0; i < dk.size(); ++i) ASSERT_NEAR(dk[i], want_dk[i], 1e-12) << what << "dk " << i;
+    for (std::size_t i = 0; i < dv.size(); ++i) ASSERT_NEAR(dv[i], want_dv[i], 1e-12) << what << "dv " << i;
+    // finite differences of the double reference, in the kernel's layout
+    auto loss = [&] {
+      return weighted_sum(w, to_sequence_major(attention_reference(z, to_head_major(r.q, z.s, z.batch, z.nq, z.d),
+                                                                   to_head_major(r.k, z.s, z.batch, z.nkv, z.d),
+                                                                   to_head_major(r.v, z.s, z.batch, z.nkv, z.d), scale),
+                                               z.s, z.batch, z.nq, z.d));
+    };
+    if (z.s <= 5) {
+      expect_gradient(dq, r.q, loss, 1e-7, what + "dq");
+      expect_gradient(dk, r.k, loss, 1e-7, what + "dk");
+      expect_gradient(dv, r.v, loss, 1e-7, what + "dv");
+    }
   }
+}
+
+TEST(CausalAttention, FloatAndBf16FollowDouble) {
+  const AttentionSize z{2, 4, 2, 6, 8};
+  const double scale = 1 / std::sqrt(8.0);
+  const AttentionRun r = run_attention(z, 90, scale);
+  auto narrow = [](const std::vector<double>& x, auto zero) {
+    std::vector<decltype(zero)> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = static_cast<decltype(zero)>(x[i]);
+    return out;
+  };
+  const auto qf = narrow(r.q, 0.0f), kf = narrow(r.k, 0.0f), vf = narrow(r.v, 0.0f);
+  std::vector<float> out(qf.size()), lse(r.lse.size());
+  strata::cpu::attention_forward<float>(qf.data(), kf.data(), vf.data(), z.s, z.batch, z.nq, z.nkv, z.d, float(scale),
+                                        out.data(), lse.data());
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], r.out[i], 1e-5) << i;
+  const auto qb = narrow(r.q, bf16{}), kb = narrow(r.k, bf16{}), vb = narrow(r.v, bf16{});
+  std::vector<bf16> outb(qb.size());
+  strata::cpu::attention_forward<bf16>(qb.data(), kb.data(), vb.data(), z.s, z.batch, z.nq, z.nkv, z.d, float(scale),
+                                       outb.data(), lse.data());
+  for (std::size_t i = 0; i < outb.size(); ++i) EXPECT_NEAR(float(outb[i]), r.out[i], 3e-2) << i;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rotary position embedding
+// Rotary position embedding (x [s, n, d])
 
 constexpr index_t kRopeRows = 2, kRopeSeq = 6, kRopeDim = 8;
 constexpr double kRopeBase = 10000.0;
@@ -500,16 +625,16 @@ constexpr double kRopeBase = 10000.0;
 TEST(Rope, InverseUndoesForward) {
   const auto x = random_values<double>(kRopeRows * kRopeSeq * kRopeDim, 50);
   auto y = x;
-  strata::cpu::rope_apply<double>(y.data(), kRopeRows, kRopeSeq, kRopeDim, kRopeBase, 3, false);
+  strata::cpu::rope_forward<double>(y.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, 3);
   EXPECT_NE(y, x);
-  strata::cpu::rope_apply<double>(y.data(), kRopeRows, kRopeSeq, kRopeDim, kRopeBase, 3, true);
+  strata::cpu::rope_backward<double>(y.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, 3);
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-14) << i;
 }
 
 TEST(Rope, PreservesEachPairNorm) {
   const auto x = random_values<double>(kRopeRows * kRopeSeq * kRopeDim, 51);
   auto y = x;
-  strata::cpu::rope_apply<double>(y.data(), kRopeRows, kRopeSeq, kRopeDim, kRopeBase, 100, false);
+  strata::cpu::rope_forward<double>(y.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, 100);
   const index_t half = kRopeDim / 2;
   for (index_t row = 0; row < kRopeRows * kRopeSeq; ++row)
     for (index_t i = 0; i < half; ++i) {
@@ -522,43 +647,44 @@ TEST(Rope, PreservesEachPairNorm) {
 TEST(Rope, PositionZeroIsIdentity) {
   const auto x = random_values<double>(kRopeRows * kRopeSeq * kRopeDim, 52);
   auto y = x;
-  strata::cpu::rope_apply<double>(y.data(), kRopeRows, kRopeSeq, kRopeDim, kRopeBase, 0, false);
-  for (index_t r = 0; r < kRopeRows; ++r)
-    for (index_t c = 0; c < kRopeDim; ++c) {
-      const std::size_t i = static_cast<std::size_t>(r * kRopeSeq * kRopeDim + c);  // row t = 0 of each sequence
-      EXPECT_EQ(y[i], x[i]);
-    }
+  strata::cpu::rope_forward<double>(y.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, 0);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(kRopeRows * kRopeDim); ++i) EXPECT_EQ(y[i], x[i]);  // t = 0
+  EXPECT_NE(y[kRopeRows * kRopeDim], x[kRopeRows * kRopeDim]);
 }
 
 TEST(Rope, MatchesDirectRotationFormula) {
   const auto x = random_values<double>(kRopeRows * kRopeSeq * kRopeDim, 53);
   auto y = x;
   const index_t offset = 5;
-  strata::cpu::rope_apply<double>(y.data(), kRopeRows, kRopeSeq, kRopeDim, kRopeBase, offset, false);
-  const index_t half = kRopeDim / 2, r = 1, t = 3, i = 2;
-  const std::size_t row = static_cast<std::size_t>((r * kRopeSeq + t) * kRopeDim);
-  const double angle = static_cast<double>(offset + t) / std::pow(kRopeBase, 2.0 * i / kRopeDim);
-  const double a = x[row + i], b = x[row + i + half];
-  EXPECT_NEAR(y[row + i], a * std::cos(angle) - b * std::sin(angle), 1e-14);
-  EXPECT_NEAR(y[row + i + half], b * std::cos(angle) + a * std::sin(angle), 1e-14);
+  strata::cpu::rope_forward<double>(y.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, offset);
+  const index_t half = kRopeDim / 2;
+  for (index_t t = 0; t < kRopeSeq; ++t)
+    for (index_t r = 0; r < kRopeRows; ++r)
+      for (index_t i = 0; i < half; ++i) {
+        const std::size_t row = static_cast<std::size_t>((t * kRopeRows + r) * kRopeDim);  // (s, n, d)
+        const double angle = static_cast<double>(offset + t) / std::pow(kRopeBase, 2.0 * i / kRopeDim);
+        const double a = x[row + i], b = x[row + i + half];
+        EXPECT_NEAR(y[row + i], a * std::cos(angle) - b * std::sin(angle), 1e-14);
+        EXPECT_NEAR(y[row + i + half], b * std::cos(angle) + a * std::sin(angle), 1e-14);
+      }
 }
 
 TEST(Rope, OffsetContinuesTheSequence) {
-  // Rows [2, 6) of a sequence rotated from position 0 equal those rows rotated alone from offset 2.
-  const auto x = random_values<double>(kRopeSeq * kRopeDim, 54);
+  // Positions [2, 6) of a sequence rotated from position 0 equal those positions rotated alone from offset 2.
+  const auto x = random_values<double>(kRopeSeq * kRopeRows * kRopeDim, 54);
   auto whole = x;
-  strata::cpu::rope_apply<double>(whole.data(), 1, kRopeSeq, kRopeDim, kRopeBase, 0, false);
-  std::vector<double> tail(x.begin() + 2 * kRopeDim, x.end());
-  strata::cpu::rope_apply<double>(tail.data(), 1, kRopeSeq - 2, kRopeDim, kRopeBase, 2, false);
-  for (std::size_t i = 0; i < tail.size(); ++i) EXPECT_NEAR(tail[i], whole[2 * kRopeDim + i], 1e-14) << i;
+  strata::cpu::rope_forward<double>(whole.data(), kRopeSeq, kRopeRows, kRopeDim, kRopeBase, 0);
+  std::vector<double> tail(x.begin() + 2 * kRopeRows * kRopeDim, x.end());
+  strata::cpu::rope_forward<double>(tail.data(), kRopeSeq - 2, kRopeRows, kRopeDim, kRopeBase, 2);
+  for (std::size_t i = 0; i < tail.size(); ++i) EXPECT_NEAR(tail[i], whole[2 * kRopeRows * kRopeDim + i], 1e-14) << i;
 }
 
 TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
   const auto q = random_values<double>(kRopeDim, 55), k = random_values<double>(kRopeDim, 56);
   auto score = [&](index_t m, index_t n) {
     auto qr = q, kr = k;
-    strata::cpu::rope_apply<double>(qr.data(), 1, 1, kRopeDim, kRopeBase, m, false);
-    strata::cpu::rope_apply<double>(kr.data(), 1, 1, kRopeDim, kRopeBase, n, false);
+    strata::cpu::rope_forward<double>(qr.data(), 1, 1, kRopeDim, kRopeBase, m);
+    strata::cpu::rope_forward<double>(kr.data(), 1, 1, kRopeDim, kRopeBase, n);
     double dot = 0;
     for (index_t c = 0; c < kRopeDim; ++c) dot += qr[c] * kr[c];
     return dot;

@@ -16,8 +16,8 @@
   }                          \
   }
 
-// STRATA_HOST_DEVICE marks functions that kernels call too (index arithmetic, RNG, bf16). Defined
-// here so that every core header can use it; core/space.hpp repeats the same definition.
+// STRATA_HOST_DEVICE marks functions that kernels call too (index arithmetic, RNG, bf16 / fp16
+// conversions); empty outside nvcc.
 #if defined(__CUDACC__)
 #define STRATA_HOST_DEVICE __host__ __device__
 #else

@@ -21,25 +21,25 @@ struct bf16 {
   std::uint16_t bits = 0;
 
   constexpr bf16() = default;
-  explicit constexpr bf16(float value) : bits(from_float(value)) {}
-  explicit constexpr bf16(double value) : bf16(static_cast<float>(value)) {}
-  explicit constexpr bf16(int value) : bf16(static_cast<float>(value)) {}
-  constexpr operator float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+  STRATA_HOST_DEVICE explicit constexpr bf16(float value) : bits(from_float(value)) {}
+  STRATA_HOST_DEVICE explicit constexpr bf16(double value) : bf16(static_cast<float>(value)) {}
+  STRATA_HOST_DEVICE explicit constexpr bf16(int value) : bf16(static_cast<float>(value)) {}
+  STRATA_HOST_DEVICE constexpr operator float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
 
-  static constexpr bf16 from_bits(std::uint16_t raw) {
+  STRATA_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t raw) {
     bf16 out;
     out.bits = raw;
     return out;
   }
-  static constexpr std::uint16_t from_float(float value) {
+  STRATA_HOST_DEVICE static constexpr std::uint16_t from_float(float value) {
     std::uint32_t u = std::bit_cast<std::uint32_t>(value);
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return 0x7fc0;  // NaN
     std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);                          // to nearest even
     return static_cast<std::uint16_t>((u + rounding) >> 16);
   }
-  bf16& operator+=(float v) { return *this = bf16(float(*this) + v); }
-  bf16& operator-=(float v) { return *this = bf16(float(*this) - v); }
-  bf16& operator*=(float v) { return *this = bf16(float(*this) * v); }
+  STRATA_HOST_DEVICE bf16& operator+=(float v) { return *this = bf16(float(*this) + v); }
+  STRATA_HOST_DEVICE bf16& operator-=(float v) { return *this = bf16(float(*this) - v); }
+  STRATA_HOST_DEVICE bf16& operator*=(float v) { return *this = bf16(float(*this) * v); }
 };
 static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);
 
@@ -48,17 +48,17 @@ struct fp16 {
   std::uint16_t bits = 0;
 
   constexpr fp16() = default;
-  explicit constexpr fp16(float value) : bits(from_float(value)) {}
-  explicit constexpr fp16(double value) : fp16(static_cast<float>(value)) {}
-  explicit constexpr fp16(int value) : fp16(static_cast<float>(value)) {}
-  constexpr operator float() const { return to_float(bits); }
+  STRATA_HOST_DEVICE explicit constexpr fp16(float value) : bits(from_float(value)) {}
+  STRATA_HOST_DEVICE explicit constexpr fp16(double value) : fp16(static_cast<float>(value)) {}
+  STRATA_HOST_DEVICE explicit constexpr fp16(int value) : fp16(static_cast<float>(value)) {}
+  STRATA_HOST_DEVICE constexpr operator float() const { return to_float(bits); }
 
-  static constexpr fp16 from_bits(std::uint16_t raw) {
+  STRATA_HOST_DEVICE static constexpr fp16 from_bits(std::uint16_t raw) {
     fp16 out;
     out.bits = raw;
     return out;
   }
-  static constexpr std::uint16_t from_float(float value) {
+  STRATA_HOST_DEVICE static constexpr std::uint16_t from_float(float value) {
     std::uint32_t u = std::bit_cast<std::uint32_t>(value);
     std::uint32_t sign = (u >> 16) & 0x8000u;
     std::uint32_t abs = u & 0x7fffffffu;
@@ -77,7 +77,7 @@ struct fp16 {
     std::uint32_t rounded = abs + 0x0fffu + ((abs >> 13) & 1u);
     return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
   }
-  static constexpr float to_float(std::uint16_t h) {
+  STRATA_HOST_DEVICE static constexpr float to_float(std::uint16_t h) {
     std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     std::uint32_t exp = (h >> 10) & 0x1fu;
     std::uint32_t mant = h & 0x3ffu;

@@ -20,13 +20,6 @@
 
 #include "error.hpp"
 
-// STRATA_HOST_DEVICE marks functions that kernels call too (index arithmetic, RNG, bf16).
-#if defined(__CUDACC__)
-#define STRATA_HOST_DEVICE __host__ __device__
-#else
-#define STRATA_HOST_DEVICE
-#endif
-
 STRATA_NAMESPACE_BEGIN
 
 // A view of `size` elements of device memory: pointer arithmetic only, no element access.

@@ -3,8 +3,10 @@
 //
 //   qkv:  ColumnParallelLinear hidden -> groups * (heads/groups + 2) * head_dim, laid out group-major
 //         ([q heads of group g | k_g | v_g] for each g) so rank r holds whole query groups
-//   core: per local head, softmax(Q K^T / sqrt(d) + causal mask) V in the accumulate type (float for
-//         bf16), RoPE on Q and K when Position = rope
+//   core: qkv_split to q [s, b, np, d], k, v [s, b, ng, d]; RoPE on q and k when Position = rope;
+//         causal attention per local head (backend attention_forward, softmax in the accumulate
+//         type); only q, k, v, the output and the log-sum-exp [b, np, s] are saved, never the
+//         s x s probabilities (the backward recomputes them)
 //   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
 //
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
@@ -51,8 +53,8 @@ class SelfAttention {
   struct Saved {
     typename Qkv::Saved qkv;
     typename Proj::Saved proj;
-    std::vector<A> q, k, v, probs;  // q [b, np_local, s, d] after RoPE; k, v [b, ng_local, s, d]
-    index_t s = 0, b = 0;
+    Tensor<T> q, k, v, out;  // q, out [s, b, np_local, d] (q after RoPE); k, v [s, b, ng_local, d]
+    Tensor<A> lse;           // [b, np_local, s]: log-sum-exp of each query's scores
   };
 
   SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
@@ -70,76 +72,37 @@ class SelfAttention {
     Saved saved;
     auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
-    const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_;
-    const index_t hpg = heads_local_ / groups_local_, width = qkv.shape()[2];
-    saved.s = s;
-    saved.b = b;
-    saved.q.assign(static_cast<std::size_t>(b * heads_local_ * s * d), A(0));
-    saved.k.assign(static_cast<std::size_t>(b * groups_local_ * s * d), A(0));
-    saved.v.assign(saved.k.size(), A(0));
-    for (index_t t = 0; t < s; ++t)
-      for (index_t j = 0; j < b; ++j) {
-        const T* row = qkv.data() + (t * b + j) * width;
-        for (index_t g = 0; g < groups_local_; ++g) {
-          const T* block = row + g * (hpg + 2) * d;
-          for (index_t h = 0; h < hpg; ++h)
-            for (index_t e = 0; e < d; ++e)
-              saved.q[(((j * heads_local_ + g * hpg + h) * s) + t) * d + e] = static_cast<A>(block[h * d + e]);
-          for (index_t e = 0; e < d; ++e) {
-            saved.k[(((j * groups_local_ + g) * s) + t) * d + e] = static_cast<A>(block[hpg * d + e]);
-            saved.v[(((j * groups_local_ + g) * s) + t) * d + e] = static_cast<A>(block[(hpg + 1) * d + e]);
-          }
-        }
-      }
+    const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
+    saved.q = Tensor<T>(Shape{s, b, heads_local_, d});
+    saved.k = Tensor<T>(Shape{s, b, groups_local_, d});
+    saved.v = Tensor<T>(Shape{s, b, groups_local_, d});
+    Backend::qkv_split(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(), saved.v.data());
     if constexpr (std::is_same_v<Position, rope>) {
-      Backend::rope_apply(saved.q.data(), b * heads_local_, s, d, config_.rope_base, 0, false);
-      Backend::rope_apply(saved.k.data(), b * groups_local_, s, d, config_.rope_base, 0, false);
+      Backend::rope_forward(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
+      Backend::rope_forward(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
     }
-    std::vector<A> out(saved.q.size());
-    saved.probs.assign(static_cast<std::size_t>(b * heads_local_ * s * s), A(0));
-    Backend::causal_attention_forward(saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_, groups_local_,
-                                      s, d, scale(), out.data(), saved.probs.data());
-    Activation<T, layout::sharded<-1>> context(Tensor<T>(Shape{s, b, heads_local_ * d}));  // (s, b, np_local * d)
-    for (index_t j = 0; j < b; ++j)
-      for (index_t h = 0; h < heads_local_; ++h)
-        for (index_t t = 0; t < s; ++t)
-          for (index_t e = 0; e < d; ++e)
-            context.tensor[(t * b + j) * heads_local_ * d + h * d + e] = static_cast<T>(out[((j * heads_local_ + h) * s + t) * d + e]);
-    auto [y, proj_saved] = proj_.forward(ctx, context);
+    saved.out = Tensor<T>(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
+    saved.lse = Tensor<A>(Shape{b, heads_local_, s});
+    Backend::attention_forward(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_, groups_local_, d,
+                               scale(), saved.out.data(), saved.lse.data());
+    auto [y, proj_saved] = proj_.forward(ctx, Activation<T, layout::sharded<-1>>(saved.out));
     saved.proj = std::move(proj_saved);
     return {std::move(y), std::move(saved)};
   }
 
   Activation<T, Layout> backward(Context& ctx, const Saved& saved, const Activation<T, Layout>& dy) {
-    const index_t s = saved.s, b = saved.b, d = head_dim_, hpg = heads_local_ / groups_local_;
+    const index_t s = saved.q.size(0), b = saved.q.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy);  // (s, b, np_local * d)
-    std::vector<A> dout(saved.q.size()), dq(saved.q.size()), dk(saved.k.size()), dv(saved.v.size());
-    for (index_t j = 0; j < b; ++j)
-      for (index_t h = 0; h < heads_local_; ++h)
-        for (index_t t = 0; t < s; ++t)
-          for (index_t e = 0; e < d; ++e)
-            dout[((j * heads_local_ + h) * s + t) * d + e] = static_cast<A>(dcontext.tensor[(t * b + j) * heads_local_ * d + h * d + e]);
-    Backend::causal_attention_backward(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.probs.data(),
-                                       b, heads_local_, groups_local_, s, d, scale(), dq.data(), dk.data(), dv.data());
+    Tensor<T> dq(saved.q.shape()), dk(saved.k.shape()), dv(saved.v.shape());
+    Backend::attention_backward(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
+                                saved.lse.data(), s, b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(),
+                                dv.data());
     if constexpr (std::is_same_v<Position, rope>) {
-      Backend::rope_apply(dq.data(), b * heads_local_, s, d, config_.rope_base, 0, true);
-      Backend::rope_apply(dk.data(), b * groups_local_, s, d, config_.rope_base, 0, true);
+      Backend::rope_backward(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
+      Backend::rope_backward(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
     }
-    const index_t width = groups_local_ * (hpg + 2) * d;
-    Activation<T, layout::sharded<-1>> dqkv(Tensor<T>(Shape{s, b, width}));
-    for (index_t t = 0; t < s; ++t)
-      for (index_t j = 0; j < b; ++j) {
-        T* row = dqkv.data() + (t * b + j) * width;
-        for (index_t g = 0; g < groups_local_; ++g) {
-          T* block = row + g * (hpg + 2) * d;
-          for (index_t h = 0; h < hpg; ++h)
-            for (index_t e = 0; e < d; ++e) block[h * d + e] = static_cast<T>(dq[(((j * heads_local_ + g * hpg + h) * s) + t) * d + e]);
-          for (index_t e = 0; e < d; ++e) {
-            block[hpg * d + e] = static_cast<T>(dk[(((j * groups_local_ + g) * s) + t) * d + e]);
-            block[(hpg + 1) * d + e] = static_cast<T>(dv[(((j * groups_local_ + g) * s) + t) * d + e]);
-          }
-        }
-      }
+    Activation<T, layout::sharded<-1>> dqkv(Tensor<T>(Shape{s, b, groups_local_ * (hpg + 2) * d}));
+    Backend::qkv_merge(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
     return qkv_.backward(ctx, saved.qkv, dqkv);
   }
 

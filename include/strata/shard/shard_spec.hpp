@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <type_traits>
 
 #include "../core/error.hpp"
 #include "../core/shape.hpp"
@@ -52,5 +53,62 @@ inline index_t global_index(const Shape& global, const ShardSpec& spec, index_t 
   for (int d = 0; d < global.rank(); ++d) out = out * global[d] + coord[d];
   return out;
 }
+
+// global_index(global, spec, i, spec.rank) as a value a kernel can call: the local extents, the
+// split dimension and this rank's offset inside each stacked block.
+struct ShardIndexMap {
+  index_t local_extents[Shape::kMaxRank] = {};
+  index_t global_extents[Shape::kMaxRank] = {};
+  int rank = 0;                // number of dimensions
+  int dim = 0;                 // the split dimension (normalized), or -1 when not sharded
+  index_t block_global = 0;    // extent of one stacked block in the global tensor
+  index_t block_local = 0;     // extent of one stacked block in the local shard
+  index_t rank_offset = 0;     // tensor-parallel rank * block_local
+
+  ShardIndexMap() = default;
+  ShardIndexMap(const Shape& global, const ShardSpec& spec) : rank(global.rank()), dim(-1) {
+    const Shape shard = local_shape(global, spec);
+    for (int d = 0; d < rank; ++d) {
+      local_extents[d] = shard[d];
+      global_extents[d] = global[d];
+    }
+    if (spec.sharded) {
+      dim = global.normalize(spec.dim);
+      block_global = global[dim] / spec.stacks;
+      block_local = shard[dim] / spec.stacks;
+      rank_offset = static_cast<index_t>(spec.rank) * block_local;
+    }
+  }
+
+  // Global linear index of local element `local`.
+  STRATA_HOST_DEVICE constexpr index_t operator()(index_t local) const {
+    if (dim < 0) return local;
+    index_t coord[Shape::kMaxRank] = {};
+    for (int d = rank - 1; d >= 0; --d) {  // local linear index -> local coordinates
+      coord[d] = local % local_extents[d];
+      local /= local_extents[d];
+    }
+    const index_t block = coord[dim] / block_local, within = coord[dim] % block_local;
+    coord[dim] = block * block_global + rank_offset + within;
+    index_t out = 0;
+    for (int d = 0; d < rank; ++d) out = out * global_extents[d] + coord[d];
+    return out;
+  }
+};
+static_assert(std::is_trivially_copyable_v<ShardIndexMap>, "ShardIndexMap is passed to kernels by value, so it must be trivially copyable.");
+
+// An activation element's index in the unsharded activation: (i / cols) * row_stride + offset +
+// i % cols. Replicated: {cols, cols, 0}; sharded<0> over the sequence: {cols, cols, numel * rank};
+// sharded<-1> over the last dimension: {cols, cols * tp, rank * cols}.
+struct GlobalIndexMap {
+  index_t cols = 1;
+  index_t row_stride = 1;
+  index_t offset = 0;
+
+  STRATA_HOST_DEVICE constexpr index_t operator()(index_t i) const { return (i / cols) * row_stride + offset + i % cols; }
+
+  static constexpr GlobalIndexMap identity(index_t cols) { return {cols, cols, 0}; }
+};
+static_assert(std::is_trivially_copyable_v<GlobalIndexMap>, "GlobalIndexMap is passed to kernels by value, so it must be trivially copyable.");
 
 STRATA_NAMESPACE_END

@@ -1,11 +1,16 @@
-// strata/backend/cpu/attention.hpp: causal scaled-dot-product attention and rotary embeddings,
-// the straightforward O(T^2) CPU reference, computed in the accumulate type.
+// strata/backend/cpu/attention.hpp: causal grouped-query attention that saves the log-sum-exp
+// instead of the probabilities (the CPU twin of a flash-attention kernel), in the accumulate type.
 //
-//   S = scale * Q K^T (causal mask: key j > query i is -inf),  P = softmax(S),  O = P V
-//   backward: dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),  dQ = scale dS K,
-//             dK = scale dS^T Q
-// Heads are laid out [batch * heads, seq, head_dim]; query head h of a batch reads key/value head
-// h / heads_per_group (grouped-query attention; heads_per_group = 1 is multi-head attention).
+//   q, out [s, b, heads, d];  k, v [s, b, groups, d];  lse [b, heads, s];  query head h reads
+//   key/value head h / (heads / groups) (heads = groups is multi-head attention)
+//   forward, per (batch, head, query i), over keys j <= i only:
+//     z_j = scale q_i . k_j,  m = max_j z_j,  l = sum_j e^(z_j - m),  out_i = sum_j e^(z_j - m) v_j / l,
+//     lse_i = m + log l
+//   backward recomputes p_j = e^(z_j - lse_i) from q, k and lse:
+//     D_i = dout_i . out_i,  dp_j = dout_i . v_j,  ds_j = p_j (dp_j - D_i)
+//     dq_i = scale sum_j ds_j k_j;  dk_j += scale ds_j q_i;  dv_j += p_j dout_i
+// Only the causal half is computed. dk and dv are summed in A over (head of the group, query) in
+// ascending order in a scratch buffer and rounded once, so two runs give the same bits.
 #pragma once
 
 #include <algorithm>
@@ -13,86 +18,98 @@
 #include <limits>
 #include <vector>
 
-#include "gemm.hpp"
+#include "../../core/dtype.hpp"
+#include "../../core/shape.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cpu {
 
-// q, out: [batch * nq, s, d];  k, v: [batch * nkv, s, d];  probs: [batch * nq, s, s]
-template <class A>
-void causal_attention_forward(const A* q, const A* k, const A* v, index_t batch, index_t nq, index_t nkv, index_t s,
-                              index_t d, A scale, A* out, A* probs) {
-  const index_t group = nq / nkv;
-  for (index_t b = 0; b < batch; ++b) {
-    for (index_t h = 0; h < nq; ++h) {
-      const index_t qi = b * nq + h, ki = b * nkv + h / group;
-      A* p = probs + qi * s * s;
-      gemm<A>(false, true, s, s, d, q + qi * s * d, k + ki * s * d, p, false, scale);  // (s,s)
+template <class T, class A = accumulate_t<T>>
+void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
+                       index_t d, A scale, T* out, A* lse) {
+  const index_t hpg = heads / groups;
+  const index_t q_row = b * heads * d, kv_row = b * groups * d;  // strides of one position
+  std::vector<A> z(static_cast<std::size_t>(s)), acc(static_cast<std::size_t>(d));
+  for (index_t batch = 0; batch < b; ++batch)
+    for (index_t h = 0; h < heads; ++h) {
+      const index_t g = h / hpg;
+      const T* qh = q + (batch * heads + h) * d;  // q[i] at qh + i * q_row
+      const T* kh = k + (batch * groups + g) * d;
+      const T* vh = v + (batch * groups + g) * d;
       for (index_t i = 0; i < s; ++i) {
-        A* row = p + i * s;
-        A mx = row[0];
-        for (index_t j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        A sum = 0;
-        for (index_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        for (index_t j = 0; j <= i; ++j) row[j] /= sum;
-        for (index_t j = i + 1; j < s; ++j) row[j] = 0;
+        const T* qi = qh + i * q_row;
+        A m = -std::numeric_limits<A>::infinity();
+        for (index_t j = 0; j <= i; ++j) {
+          const T* kj = kh + j * kv_row;
+          A dot = 0;
+          for (index_t e = 0; e < d; ++e) dot += A(qi[e]) * A(kj[e]);
+          z[j] = scale * dot;
+          m = std::max(m, z[j]);
+        }
+        A l = 0;
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (index_t j = 0; j <= i; ++j) {
+          const A p = std::exp(z[j] - m);
+          l += p;
+          const T* vj = vh + j * kv_row;
+          for (index_t e = 0; e < d; ++e) acc[e] += p * A(vj[e]);
+        }
+        T* oi = out + i * q_row + (batch * heads + h) * d;
+        for (index_t e = 0; e < d; ++e) oi[e] = T(acc[e] / l);
+        lse[(batch * heads + h) * s + i] = m + std::log(l);
       }
-      gemm<A>(false, false, s, d, s, p, v + ki * s * d, out + qi * s * d, false);  // (s,d)
     }
-  }
 }
 
-// dq written; dk, dv accumulated (several query heads share one key/value head).
-template <class A>
-void causal_attention_backward(const A* dout, const A* q, const A* k, const A* v, const A* probs, index_t batch,
-                               index_t nq, index_t nkv, index_t s, index_t d, A scale, A* dq, A* dk, A* dv) {
-  const index_t group = nq / nkv;
-  std::vector<A> dp(static_cast<std::size_t>(s * s));
-  std::fill(dk, dk + batch * nkv * s * d, A(0));
-  std::fill(dv, dv + batch * nkv * s * d, A(0));
-  for (index_t b = 0; b < batch; ++b) {
-    for (index_t h = 0; h < nq; ++h) {
-      const index_t qi = b * nq + h, ki = b * nkv + h / group;
-      const A* p = probs + qi * s * s;
-      const A* dov = dout + qi * s * d;
-      gemm<A>(true, false, s, d, s, p, dov, dv + ki * s * d, true);           // dV += P^T dO
-      gemm<A>(false, true, s, s, d, dov, v + ki * s * d, dp.data(), false);  // dP = dO V^T
+template <class T, class A = accumulate_t<T>>
+void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
+                        index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv) {
+  const index_t hpg = heads / groups;
+  const index_t q_row = b * heads * d, kv_row = b * groups * d;
+  const std::size_t kv_size = static_cast<std::size_t>(s * kv_row);
+  std::vector<A> dk_acc(kv_size, A(0)), dv_acc(kv_size, A(0));  // [s, b, groups, d]
+  std::vector<A> ds(static_cast<std::size_t>(s)), dq_acc(static_cast<std::size_t>(d));
+  for (index_t batch = 0; batch < b; ++batch)
+    for (index_t h = 0; h < heads; ++h) {
+      const index_t g = h / hpg, q_off = (batch * heads + h) * d, kv_off = (batch * groups + g) * d;
       for (index_t i = 0; i < s; ++i) {
-        A* row = dp.data() + i * s;
-        const A* prow = p + i * s;
-        A dot = 0;
-        for (index_t j = 0; j <= i; ++j) dot += row[j] * prow[j];
-        for (index_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot);
-        for (index_t j = i + 1; j < s; ++j) row[j] = 0;
+        const T* qi = q + i * q_row + q_off;
+        const T* doi = dout + i * q_row + q_off;
+        const T* oi = out + i * q_row + q_off;
+        const A lse_i = lse[(batch * heads + h) * s + i];
+        A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j
+        for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
+        for (index_t j = 0; j <= i; ++j) {
+          const T* kj = k + j * kv_row + kv_off;
+          const T* vj = v + j * kv_row + kv_off;
+          A dot = 0, dp = 0;
+          for (index_t e = 0; e < d; ++e) {
+            dot += A(qi[e]) * A(kj[e]);
+            dp += A(doi[e]) * A(vj[e]);
+          }
+          const A p = std::exp(scale * dot - lse_i);
+          ds[j] = p * (dp - big_d);
+          A* dvj = dv_acc.data() + j * kv_row + kv_off;
+          for (index_t e = 0; e < d; ++e) dvj[e] += p * A(doi[e]);
+        }
+        std::fill(dq_acc.begin(), dq_acc.end(), A(0));
+        for (index_t j = 0; j <= i; ++j) {
+          const T* kj = k + j * kv_row + kv_off;
+          A* dkj = dk_acc.data() + j * kv_row + kv_off;
+          const A w = scale * ds[j];
+          for (index_t e = 0; e < d; ++e) {
+            dq_acc[e] += w * A(kj[e]);
+            dkj[e] += w * A(qi[e]);
+          }
+        }
+        T* dqi = dq + i * q_row + q_off;
+        for (index_t e = 0; e < d; ++e) dqi[e] = T(dq_acc[e]);
       }
-      gemm<A>(false, false, s, d, s, dp.data(), k + ki * s * d, dq + qi * s * d, false, scale);  // dQ
-      gemm<A>(true, false, s, d, s, dp.data(), q + qi * s * d, dk + ki * s * d, true, scale);    // dK
     }
+  for (std::size_t i = 0; i < kv_size; ++i) {
+    dk[i] = T(dk_acc[i]);
+    dv[i] = T(dv_acc[i]);
   }
-}
-
-// Rotary position embedding (rotate-half convention) applied in place to x: [n, s, d], position of
-// row t is position_offset + t. inverse = true applies the transpose rotation (the backward).
-template <class A>
-void rope_apply(A* x, index_t n, index_t s, index_t d, double base, index_t position_offset, bool inverse) {
-  const index_t half = d / 2;
-  std::vector<A> cosv(static_cast<std::size_t>(s * half)), sinv(static_cast<std::size_t>(s * half));
-  for (index_t t = 0; t < s; ++t)
-    for (index_t i = 0; i < half; ++i) {
-      double freq = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-      double angle = static_cast<double>(position_offset + t) * freq;
-      cosv[t * half + i] = A(std::cos(angle));
-      sinv[t * half + i] = A(inverse ? -std::sin(angle) : std::sin(angle));
-    }
-  for (index_t r = 0; r < n; ++r)
-    for (index_t t = 0; t < s; ++t) {
-      A* row = x + (r * s + t) * d;
-      for (index_t i = 0; i < half; ++i) {
-        A a = row[i], b = row[i + half], c = cosv[t * half + i], sn = sinv[t * half + i];
-        row[i] = a * c - b * sn;
-        row[i + half] = b * c + a * sn;
-      }
-    }
 }
 
 }  // namespace cpu

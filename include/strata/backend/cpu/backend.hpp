@@ -1,26 +1,88 @@
-// strata/backend/cpu/backend.hpp: `cpu::backend`, the CPU model of the Backend concept: static entry
-// points forwarding to the plain kernels of this folder.
+// strata/backend/cpu/backend.hpp: `cpu::backend`, the CPU model of the Backend concept: an empty
+// object whose static entry points forward to the plain kernels of this folder (one family per
+// header). These kernels are the reference every other backend is tested against.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <string_view>
 
+#include "../../core/space.hpp"
 #include "../backend.hpp"
 #include "activation.hpp"
+#include "adamw.hpp"
 #include "attention.hpp"
+#include "cross_entropy.hpp"
+#include "dropout.hpp"
+#include "elementwise.hpp"
+#include "embedding.hpp"
 #include "gemm.hpp"
+#include "init.hpp"
 #include "norm.hpp"
+#include "reduce.hpp"
+#include "rope.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cpu {
 
 struct backend {
+  using space = strata::space::host;
   static constexpr std::string_view name = "cpu";
 
+  // memory
+  template <class X>
+  static void fill(X* x, index_t n, double value) { cpu::fill<X>(x, n, value); }
+  template <class X>
+  static void copy(const X* src, index_t n, X* dst) { cpu::copy<X>(src, n, dst); }
+  template <class X>
+  static void copy_to_host(const X* src, index_t n, X* host) { cpu::copy<X>(src, n, host); }
+  template <class X>
+  static void copy_from_host(const X* host, index_t n, X* dst) { cpu::copy<X>(host, n, dst); }
+  template <class X>
+  static void transpose(const X* in, index_t rows, index_t cols, X* out) { cpu::transpose<X>(in, rows, cols, out); }
+  static void synchronize() {}
+
+  // arithmetic
+  template <class From, class To>
+  static void convert(const From* src, index_t n, To* dst) { cpu::convert<From, To>(src, n, dst); }
+  template <class X>
+  static void add(const X* a, const X* b, index_t n, X* out) { cpu::add<X>(a, b, n, out); }
+  template <class X>
+  static void scale(X* x, index_t n, double factor) { cpu::scale<X>(x, n, factor); }
+  template <class X>
+  static void scale_by(X* x, index_t n, const double* factor) { cpu::scale<X>(x, n, *factor); }
+
+  // gemm and bias
   template <class T, class C = T>
   static void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, C* c, bool accumulate,
-                   accumulate_t<T> alpha = accumulate_t<T>(1)) {
-    cpu::gemm<T, C>(ta, tb, m, n, k, a, b, c, accumulate, alpha);
+                   const T* bias = nullptr) {
+    cpu::gemm<T, C>(ta, tb, m, n, k, a, b, c, accumulate, accumulate_t<T>(1), bias);
   }
+  template <class T>
+  static void bias_add(T* y, const T* bias, index_t rows, index_t cols) { cpu::bias_add<T>(y, bias, rows, cols); }
+  template <class T, class A = accumulate_t<T>>
+  static void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) { cpu::bias_grad<T>(dy, rows, cols, dbias); }
+
+  // columns
+  template <class T>
+  static void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out) {
+    cpu::slice_columns<T>(in, rows, cols, begin, width, out);
+  }
+  template <class T>
+  static void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out) {
+    cpu::unstack_columns<T>(stacked, parts, rows, width, out);
+  }
+  template <class T>
+  static void qkv_split(const T* qkv, index_t rows, index_t groups, index_t heads_per_group, index_t d, T* q, T* k, T* v) {
+    cpu::qkv_split<T>(qkv, rows, groups, heads_per_group, d, q, k, v);
+  }
+  template <class T>
+  static void qkv_merge(const T* dq, const T* dk, const T* dv, index_t rows, index_t groups, index_t heads_per_group,
+                        index_t d, T* dqkv) {
+    cpu::qkv_merge<T>(dq, dk, dv, rows, groups, heads_per_group, d, dqkv);
+  }
+
+  // norms
   template <class T, class A = accumulate_t<T>>
   static void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
                                 A* rstd) {
@@ -40,6 +102,8 @@ struct backend {
                                A* dg) {
     cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg);
   }
+
+  // activations
   template <class T>
   static void gelu_forward(const T* x, index_t n, T* y) { cpu::gelu_forward<T>(x, n, y); }
   template <class T>
@@ -50,24 +114,102 @@ struct backend {
   static void swiglu_backward(const T* dy, const T* gu, index_t rows, index_t f, T* dgu) {
     cpu::swiglu_backward<T>(dy, gu, rows, f, dgu);
   }
-  template <class A>
-  static void causal_attention_forward(const A* q, const A* k, const A* v, index_t batch, index_t nq, index_t nkv,
-                                       index_t s, index_t d, A scale, A* out, A* probs) {
-    cpu::causal_attention_forward<A>(q, k, v, batch, nq, nkv, s, d, scale, out, probs);
+
+  // rotary embedding and attention
+  template <class T>
+  static void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset) {
+    cpu::rope_forward<T>(x, s, n, d, base, position_offset);
+  }
+  template <class T>
+  static void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset) {
+    cpu::rope_backward<T>(dx, s, n, d, base, position_offset);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
+                                index_t d, A scale, T* out, A* lse) {
+    cpu::attention_forward<T>(q, k, v, s, b, heads, groups, d, scale, out, lse);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse,
+                                 index_t s, index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk,
+                                 T* dv) {
+    cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv);
+  }
+
+  // embeddings
+  template <class T>
+  static void embedding_forward(const std::int32_t* tokens, index_t n, const T* weight, index_t row_begin,
+                                index_t rows_local, index_t h, T* out) {
+    cpu::embedding_forward<T>(tokens, n, weight, row_begin, rows_local, h, out);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void embedding_backward(const std::int32_t* tokens, index_t n, const T* dout, index_t row_begin,
+                                 index_t rows_local, index_t h, A* dweight) {
+    cpu::embedding_backward<T>(tokens, n, dout, row_begin, rows_local, h, dweight);
+  }
+  template <class T>
+  static void position_add(T* x, const T* weight, index_t s, index_t b, index_t h, index_t first) {
+    cpu::position_add<T>(x, weight, s, b, h, first);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void position_grad(const T* dy, index_t s, index_t b, index_t h, index_t first, A* dweight) {
+    cpu::position_grad<T>(dy, s, b, h, first, dweight);
+  }
+
+  // cross-entropy
+  template <class T, class A = accumulate_t<T>>
+  static void cross_entropy_max(const T* logits, index_t rows, index_t local, index_t used, A* row_max) {
+    cpu::cross_entropy_max<T>(logits, rows, local, used, row_max);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void cross_entropy_sums(const T* logits, index_t rows, index_t local, index_t used, const A* row_max,
+                                 const std::int32_t* labels, index_t begin, A* sums) {
+    cpu::cross_entropy_sums<T>(logits, rows, local, used, row_max, labels, begin, sums);
   }
   template <class A>
-  static void causal_attention_backward(const A* dout, const A* q, const A* k, const A* v, const A* probs,
-                                        index_t batch, index_t nq, index_t nkv, index_t s, index_t d, A scale, A* dq,
-                                        A* dk, A* dv) {
-    cpu::causal_attention_backward<A>(dout, q, k, v, probs, batch, nq, nkv, s, d, scale, dq, dk, dv);
+  static void cross_entropy_loss(const A* sums, const A* row_max, index_t rows, index_t vocab, A smoothing, A* loss,
+                                 A* lse) {
+    cpu::cross_entropy_loss<A>(sums, row_max, rows, vocab, smoothing, loss, lse);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* labels, index_t begin,
+                                     index_t rows, index_t local, index_t used, index_t vocab, A smoothing,
+                                     const A* dloss, T* dlogits) {
+    cpu::cross_entropy_backward<T>(logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss, dlogits);
   }
   template <class A>
-  static void rope_apply(A* x, index_t n, index_t s, index_t d, double base, index_t offset, bool inverse) {
-    cpu::rope_apply<A>(x, n, s, d, base, offset, inverse);
+  static void masked_loss_sum(const A* loss, const A* mask, index_t n, double* out) {
+    cpu::masked_loss_sum<A>(loss, mask, n, out);
+  }
+
+  // dropout and init
+  template <class T>
+  static void dropout_forward(T* x, index_t n, GlobalIndexMap map, double p, std::uint64_t key) {
+    cpu::dropout_forward<T>(x, n, map, p, key);
+  }
+  template <class T>
+  static void dropout_backward(T* dy, index_t n, GlobalIndexMap map, double p, std::uint64_t key) {
+    cpu::dropout_backward<T>(dy, n, map, p, key);
+  }
+  template <class T>
+  static void init_normal(T* x, index_t n, ShardIndexMap map, std::uint64_t key, double stddev) {
+    cpu::init_normal<T>(x, n, map, key, stddev);
+  }
+
+  // optimizer and reductions
+  template <class T, class A = accumulate_t<T>>
+  static void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n,
+                         const AdamWStep<A>& step) {
+    cpu::adamw_step<T>(main, exp_avg, exp_avg_sq, grad, value, n, step);
+  }
+  template <class X>
+  static void sum_of_squares(const X* x, index_t n, double* accumulator) { cpu::sum_of_squares<X>(x, n, accumulator); }
+  static void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor) {
+    cpu::clip_factor(square_sum, max_norm, norm, factor);
   }
 };
 
-static_assert(Backend<backend>);
+static_assert(check_backend<backend>());
 
 }  // namespace cpu
 STRATA_NAMESPACE_END

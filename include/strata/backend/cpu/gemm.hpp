@@ -1,6 +1,7 @@
 // strata/backend/cpu/gemm.hpp: row-major GEMM on the CPU through Eigen.
 //
-//   C[m,n] = (or +=) alpha * op(A)[m,k] * op(B)[k,n]
+//   C[m,n] = (or +=) alpha * op(A)[m,k] * op(B)[k,n]  (+ bias[n] on every row, when not accumulating)
+//   bias_add:  y[r,c] += bias[c];   bias_grad:  dbias[c] += sum_r dy[r,c] (rows in ascending order)
 //
 // A is stored [m,k] row-major, or [k,m] when transpose_a; B is stored [k,n], or [n,k] when
 // transpose_b. float and double map straight onto Eigen; bf16 and fp16 are widened to float,
@@ -45,10 +46,12 @@ void gemm_native(bool transpose_a, bool transpose_b, index_t m, index_t n, index
 }
 }  // namespace detail
 
-// C may be wider than the inputs (a bf16 GEMM accumulating into float gradients).
+// C may be wider than the inputs (a bf16 GEMM accumulating into float gradients). The bias (if
+// any) is added in the accumulate type before the single rounding to C.
 template <class T, class C = T>
 void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, const T* a, const T* b, C* c,
-          bool accumulate, accumulate_t<T> alpha = accumulate_t<T>(1)) {
+          bool accumulate, accumulate_t<T> alpha = accumulate_t<T>(1), const T* bias = nullptr) {
+  if (accumulate) bias = nullptr;
   if constexpr (is_half_v<T> || is_half_v<C>) {
     std::vector<float> a32(static_cast<std::size_t>(m * k)), b32(static_cast<std::size_t>(k * n)),
         c32(static_cast<std::size_t>(m * n));
@@ -58,11 +61,32 @@ void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, c
       for (std::size_t i = 0; i < c32.size(); ++i) c32[i] = static_cast<float>(c[i]);
     detail::gemm_native<float>(transpose_a, transpose_b, m, n, k, a32.data(), b32.data(), c32.data(), accumulate,
                                static_cast<float>(alpha));
+    if (bias)
+      for (index_t r = 0; r < m; ++r)
+        for (index_t j = 0; j < n; ++j) c32[static_cast<std::size_t>(r * n + j)] += static_cast<float>(bias[j]);
     for (std::size_t i = 0; i < c32.size(); ++i) c[i] = C(c32[i]);
   } else {
     static_assert(std::is_same_v<T, C>, "gemm: a wider output type is only supported for 16-bit inputs.");
     detail::gemm_native<T>(transpose_a, transpose_b, m, n, k, a, b, c, accumulate, alpha);
+    if (bias)
+      for (index_t r = 0; r < m; ++r)
+        for (index_t j = 0; j < n; ++j) c[r * n + j] += bias[j];
   }
+}
+
+// y [rows, cols] += bias [cols]
+template <class T>
+void bias_add(T* y, const T* bias, index_t rows, index_t cols) {
+  using A = accumulate_t<T>;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < cols; ++j) y[r * cols + j] = T(A(y[r * cols + j]) + A(bias[j]));
+}
+
+// dbias [cols] += sum over rows of dy [rows, cols], rows in ascending order
+template <class T, class A = accumulate_t<T>>
+void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < cols; ++j) dbias[j] += A(dy[r * cols + j]);
 }
 
 }  // namespace cpu

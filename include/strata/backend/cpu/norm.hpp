@@ -3,9 +3,11 @@
 //   LayerNorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)
 //   RMSNorm:   y = x * rstd * gamma,                   rstd = 1 / sqrt(mean(x^2) + eps)
 //
-// Statistics are computed and saved in accumulate_t<T>. Parameter gradients accumulate (+=).
+// Statistics are computed and saved in accumulate_t<T>. Parameter gradients are written (=), summed
+// over rows in ascending order; the layer adds them to its gradient.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "../../core/dtype.hpp"
@@ -36,10 +38,12 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, 
   }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma += dy * xhat;  dbeta += dy
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dgamma, A* dbeta) {
+  std::fill(dgamma, dgamma + h, A(0));
+  if (dbeta) std::fill(dbeta, dbeta + h, A(0));
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     const T* dyr = dy + r * h;
@@ -76,10 +80,11 @@ void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps,
   }
 }
 
-// dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma += dy * xhat
+// dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, index_t rows, index_t h, T* dx,
                       A* dgamma) {
+  std::fill(dgamma, dgamma + h, A(0));
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     const T* dyr = dy + r * h;

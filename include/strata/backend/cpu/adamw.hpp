@@ -1,0 +1,32 @@
+// strata/backend/cpu/adamw.hpp: one AdamW update of one parameter (the math of optim/adamw.hpp).
+//
+//   main -= decay * main;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   main -= lr * (m / bc1) / (sqrt(v / bc2) + eps);  value = T(main)       all in A
+#pragma once
+
+#include <cmath>
+
+#include "../../core/dtype.hpp"
+#include "../../core/shape.hpp"
+#include "../adamw_step.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cpu {
+
+template <class T, class A = accumulate_t<T>>
+void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, const AdamWStep<A>& step) {
+  for (index_t i = 0; i < n; ++i) {
+    A x = main[i];
+    x = x - step.decay * x;
+    exp_avg[i] = step.beta1 * exp_avg[i] + step.one_minus_beta1 * grad[i];
+    exp_avg_sq[i] = step.beta2 * exp_avg_sq[i] + step.one_minus_beta2 * grad[i] * grad[i];
+    const A m_hat = exp_avg[i] / step.bias_correction1;
+    const A v_hat = exp_avg_sq[i] / step.bias_correction2;
+    x = x - step.lr * m_hat / (std::sqrt(v_hat) + step.eps);
+    main[i] = x;
+    value[i] = static_cast<T>(x);
+  }
+}
+
+}  // namespace cpu
+STRATA_NAMESPACE_END
