@@ -1,6 +1,6 @@
-// tests/gpu/kernels_test.cu: every kernel of cuda::backend against its CPU twin (backend/cpu/ where
-// it has one, tests/gpu/reference.hpp otherwise), on fresh random inputs per check, for float,
-// double and bf16, on sizes that are not multiples of the block or tile sizes.
+// tests/gpu/test_kernels.cu: every kernel of cuda::backend against its CPU twin (the same entry point
+// of cpu::backend), on fresh random inputs per check, for float, double and bf16, on sizes that are
+// not multiples of the block or tile sizes.
 //
 // Each check runs the GPU entry point twice, each time on freshly uploaded inputs and outputs
 // filled with NaN (an element the kernel forgets to write shows as NaN), and asserts
@@ -19,29 +19,15 @@
 #include <string>
 #include <vector>
 
-#include <strata/backend/cpu/activation.hpp>
-#include <strata/backend/cpu/norm.hpp>
+#include <strata/backend/cpu/backend.hpp>
 
 #include "check.hpp"
-#include "reference.hpp"
 
 using namespace gpu_test;
 using strata::cuda::backend;
+using twin = strata::cpu::backend;  // the CPU twin of every entry point
 
 namespace {
-
-// The trivially copyable index map of docs/DEVICE.md's GlobalIndexMap: global(i) = (i / cols) *
-// row_stride + offset + i % cols.
-struct test_index_map {
-  index_t cols, row_stride, offset;
-  __host__ __device__ index_t operator()(index_t i) const { return (i / cols) * row_stride + offset + i % cols; }
-};
-
-// The AdamWStep of docs/DEVICE.md.
-template <class A>
-struct test_adamw_step {
-  A lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, bias_correction1, bias_correction2;
-};
 
 struct harness {
   backend& device;
@@ -113,7 +99,7 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto va = rng.template uniform<T>(N), vb = rng.template uniform<T>(N);
     std::vector<T> ref(N);
-    ref::add(va.data(), vb.data(), n, ref.data());
+    twin::add(va.data(), vb.data(), n, ref.data());
     device_vector<T> a(N), b(N), out(N);
     auto run = [&] {
       upload(dev, va, a); upload(dev, vb, b); nan_fill(dev, out);
@@ -130,7 +116,7 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vx = rng.template uniform<T>(N);
     std::vector<T> ref = vx;
-    ref::scale(ref.data(), n, -1.75);
+    twin::scale(ref.data(), n, -1.75);
     device_vector<T> x(N);
     auto run = [&] { upload(dev, vx, x); dev.scale(x.data(), n, -1.75); return download(dev, x); };
     auto r1 = run(), r2 = run();
@@ -138,7 +124,7 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     device_vector<double> factor(1);
     const std::vector<double> f{0.3125};
     std::vector<T> ref_by = vx;
-    ref::scale(ref_by.data(), n, 0.3125);
+    twin::scale(ref_by.data(), n, 0.3125);
     auto run_by = [&] { upload(dev, vx, x); upload(dev, f, factor); dev.scale_by(x.data(), n, factor.data()); return download(dev, x); };
     auto q1 = run_by(), q2 = run_by();
     compare(h, shape_label<T>("scale_by", dims(rows, cols)), "x", q1, q2, ref_by, tol);
@@ -147,7 +133,7 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vin = rng.template uniform<T>(N);
     std::vector<T> ref(N);
-    ref::transpose(vin.data(), rows, cols, ref.data());
+    twin::transpose(vin.data(), rows, cols, ref.data());
     device_vector<T> in(N), out(N);
     auto run = [&] { upload(dev, vin, in); nan_fill(dev, out); dev.transpose(in.data(), rows, cols, out.data()); return download(dev, out); };
     auto r1 = run(), r2 = run();
@@ -157,8 +143,8 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vx = rng.template uniform<T>(N, -3, 3), vdy = rng.template uniform<T>(N);
     std::vector<T> ref_y(N), ref_dx(N);
-    strata::cpu::gelu_forward<T>(vx.data(), n, ref_y.data());
-    strata::cpu::gelu_backward<T>(vdy.data(), vx.data(), n, ref_dx.data());
+    twin::gelu_forward<T>(vx.data(), n, ref_y.data());
+    twin::gelu_backward<T>(vdy.data(), vx.data(), n, ref_dx.data());
     device_vector<T> x(N), dy(N), y(N), dx(N);
     auto run = [&] {
       upload(dev, vx, x); upload(dev, vdy, dy); nan_fill(dev, y); nan_fill(dev, dx);
@@ -174,8 +160,8 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vgu = rng.template uniform<T>(2 * N, -3, 3), vdy = rng.template uniform<T>(N);
     std::vector<T> ref_y(N), ref_dgu(2 * N);
-    strata::cpu::swiglu_forward<T>(vgu.data(), rows, cols, ref_y.data());
-    strata::cpu::swiglu_backward<T>(vdy.data(), vgu.data(), rows, cols, ref_dgu.data());
+    twin::swiglu_forward<T>(vgu.data(), rows, cols, ref_y.data());
+    twin::swiglu_backward<T>(vdy.data(), vgu.data(), rows, cols, ref_dgu.data());
     device_vector<T> gu(2 * N), dy(N), y(N), dgu(2 * N);
     auto run = [&] {
       upload(dev, vgu, gu); upload(dev, vdy, dy); nan_fill(dev, y); nan_fill(dev, dgu);
@@ -190,11 +176,11 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
   {  // dropout forward / backward at a sharded<-1> global index (tp = 3, rank 1)
     auto rng = h.fresh();
     auto vx = rng.template uniform<T>(N);
-    const test_index_map map{cols, cols * 3, cols};
+    const strata::GlobalIndexMap map{cols, cols * 3, cols};
     const double p = 0.1;
     const std::uint64_t key = 0xd209ull + static_cast<std::uint64_t>(n);
     std::vector<T> ref = vx;
-    ref::dropout(ref.data(), n, map, p, key);
+    twin::dropout_forward(ref.data(), n, map, p, key);
     device_vector<T> x(N);
     auto run = [&](bool backward) {
       upload(dev, vx, x);
@@ -206,13 +192,14 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     compare(h, shape_label<T>("dropout_forward", dims(rows, cols)), "x", f1, f2, ref, tol);
     compare(h, shape_label<T>("dropout_backward", dims(rows, cols)), "dy (same mask as forward)", b1, f1, ref, tol);
   }
-  {  // init_normal at a global index (column shard 2 of 4)
-    const test_index_map map{cols, cols * 4, 2 * cols};
+  {  // init_normal at a global index: rank 2 of 4 of a [rows, 8 cols] weight split on its columns in two
+     // stacked blocks (SwiGLU's [gate; up]), so the local [rows, 2 cols] interleaves two global ranges
+    const strata::ShardIndexMap map(strata::Shape{rows, 8 * cols}, strata::ShardSpec::split(1, 2, 4, 2));
     const std::uint64_t key = strata::rng::parameter_key(1234, "layer.weight");
-    std::vector<T> ref(N);
-    ref::init_normal(ref.data(), n, map, key, 0.02);
-    device_vector<T> x(N);
-    auto run = [&] { nan_fill(dev, x); dev.init_normal(x.data(), n, map, key, 0.02); return download(dev, x); };
+    std::vector<T> ref(2 * N);
+    twin::init_normal(ref.data(), 2 * n, map, key, 0.02);
+    device_vector<T> x(2 * N);
+    auto run = [&] { nan_fill(dev, x); dev.init_normal(x.data(), 2 * n, map, key, 0.02); return download(dev, x); };
     auto r1 = run(), r2 = run();
     compare(h, shape_label<T>("init_normal", dims(rows, cols)), "x", r1, r2, ref, tol);
   }
@@ -220,11 +207,11 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vmain = rng.template uniform<A>(N), vm = rng.template uniform<A>(N, -0.1, 0.1),
          vv = rng.template uniform<A>(N, 0.0, 0.01), vg = rng.template uniform<A>(N);
-    test_adamw_step<A> step{A(1e-3), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(1e-3 * 0.1), A(1 - std::pow(0.9, 3)),
+    strata::AdamWStep<A> step{A(1e-3), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(1e-3 * 0.1), A(1 - std::pow(0.9, 3)),
                             A(1 - std::pow(0.95, 3))};
     std::vector<A> rmain = vmain, rm = vm, rv = vv;
     std::vector<T> rvalue(N);
-    ref::adamw_step<T>(rmain.data(), rm.data(), rv.data(), vg.data(), rvalue.data(), n, step);
+    twin::adamw_step<T>(rmain.data(), rm.data(), rv.data(), vg.data(), rvalue.data(), n, step);
     device_vector<A> main(N), m(N), v(N), g(N);
     device_vector<T> value(N);
     auto run = [&] {
@@ -243,7 +230,7 @@ void test_elementwise(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vx = rng.template uniform<T>(N);
     std::vector<double> ref{0.5};
-    ref::sum_of_squares(vx.data(), n, ref.data());
+    twin::sum_of_squares(vx.data(), n, ref.data());
     device_vector<T> x(N);
     device_vector<double> acc(1);
     auto run = [&] { upload(dev, vx, x); upload(dev, std::vector<double>{0.5}, acc); dev.sum_of_squares(x.data(), n, acc.data()); return download(dev, acc); };
@@ -257,7 +244,7 @@ void test_convert(harness& h, index_t n) {
   auto rng = h.fresh();
   auto vsrc = rng.template uniform<From>(static_cast<std::size_t>(n), -100, 100);
   std::vector<To> ref(static_cast<std::size_t>(n));
-  ref::convert(vsrc.data(), n, ref.data());
+  twin::convert(vsrc.data(), n, ref.data());
   device_vector<From> src(static_cast<std::size_t>(n));
   device_vector<To> dst(static_cast<std::size_t>(n));
   auto run = [&] { upload(h.device, vsrc, src); nan_fill(h.device, dst); h.device.convert(src.data(), n, dst.data()); return download(h.device, dst); };
@@ -270,7 +257,7 @@ void test_transpose_int(harness& h, index_t rows, index_t cols) {
   auto rng = h.fresh();
   auto vin = rng.integers(N, -1000000, 1000000);
   std::vector<std::int32_t> ref(N);
-  ref::transpose(vin.data(), rows, cols, ref.data());
+  twin::transpose(vin.data(), rows, cols, ref.data());
   device_vector<std::int32_t> in(N), out(N);
   auto run = [&] { upload(h.device, vin, in); nan_fill(h.device, out); h.device.transpose(in.data(), rows, cols, out.data()); return download(h.device, out); };
   auto r1 = run(), r2 = run();
@@ -289,9 +276,9 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto vy = rng.template uniform<T>(N), vb = rng.template uniform<T>(C);
     auto vdb = rng.template uniform<A>(C);
     std::vector<T> ref_y = vy;
-    ref::bias_add(ref_y.data(), vb.data(), rows, cols);
+    twin::bias_add(ref_y.data(), vb.data(), rows, cols);
     std::vector<A> ref_db = vdb;
-    ref::bias_grad(vy.data(), rows, cols, ref_db.data());
+    twin::bias_grad(vy.data(), rows, cols, ref_db.data());
     device_vector<T> y(N), b(C);
     device_vector<A> db(C);
     auto run = [&] {
@@ -309,7 +296,7 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vin = rng.template uniform<T>(N);
     std::vector<T> ref(R * static_cast<std::size_t>(width));
-    ref::slice_columns(vin.data(), rows, cols, begin, width, ref.data());
+    twin::slice_columns(vin.data(), rows, cols, begin, width, ref.data());
     device_vector<T> in(N), out(ref.size());
     auto run = [&] { upload(dev, vin, in); nan_fill(dev, out); dev.slice_columns(in.data(), rows, cols, begin, width, out.data()); return download(dev, out); };
     auto r1 = run(), r2 = run();
@@ -319,7 +306,7 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vin = rng.template uniform<T>(3 * N);
     std::vector<T> ref(3 * N);
-    ref::unstack_columns(vin.data(), 3, rows, cols, ref.data());
+    twin::unstack_columns(vin.data(), 3, rows, cols, ref.data());
     device_vector<T> in(3 * N), out(3 * N);
     auto run = [&] { upload(dev, vin, in); nan_fill(dev, out); dev.unstack_columns(in.data(), 3, rows, cols, out.data()); return download(dev, out); };
     auto r1 = run(), r2 = run();
@@ -331,8 +318,8 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vqkv = rng.template uniform<T>(total);
     std::vector<T> rq(nq), rk(nk), rv(nk), rqkv(total);
-    ref::qkv_split(vqkv.data(), rows, groups, hpg, d, rq.data(), rk.data(), rv.data());
-    ref::qkv_merge(rq.data(), rk.data(), rv.data(), rows, groups, hpg, d, rqkv.data());
+    twin::qkv_split(vqkv.data(), rows, groups, hpg, d, rq.data(), rk.data(), rv.data());
+    twin::qkv_merge(rq.data(), rk.data(), rv.data(), rows, groups, hpg, d, rqkv.data());
     device_vector<T> qkv(total), q(nq), k(nk), v(nk), back(total);
     auto run = [&] {
       upload(dev, vqkv, qkv); nan_fill(dev, q); nan_fill(dev, k); nan_fill(dev, v); nan_fill(dev, back);
@@ -356,8 +343,8 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     const A eps = A(1e-5);
     std::vector<T> ry(N), rdx(N);
     std::vector<A> rmean(R), rrstd(R), rdg(C, A(0)), rdb(C, A(0));
-    strata::cpu::layernorm_forward<T>(vx.data(), vg.data(), vb.data(), rows, cols, eps, ry.data(), rmean.data(), rrstd.data());
-    strata::cpu::layernorm_backward<T>(vdy.data(), vx.data(), vg.data(), rmean.data(), rrstd.data(), rows, cols, rdx.data(),
+    twin::layernorm_forward<T>(vx.data(), vg.data(), vb.data(), rows, cols, eps, ry.data(), rmean.data(), rrstd.data());
+    twin::layernorm_backward<T>(vdy.data(), vx.data(), vg.data(), rmean.data(), rrstd.data(), rows, cols, rdx.data(),
                                        rdg.data(), rdb.data());
     device_vector<T> x(N), g(C), b(C), dy(N), y(N), dx(N);
     device_vector<A> mean(R), rstd(R), dg(C), db(C);
@@ -385,8 +372,8 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     const A eps = A(cols == 1 ? 1.0 : 1e-6);
     std::vector<T> ry(N), rdx(N);
     std::vector<A> rrstd(R), rdg(C, A(0));
-    strata::cpu::rmsnorm_forward<T>(vx.data(), vg.data(), rows, cols, eps, ry.data(), rrstd.data());
-    strata::cpu::rmsnorm_backward<T>(vdy.data(), vx.data(), vg.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data());
+    twin::rmsnorm_forward<T>(vx.data(), vg.data(), rows, cols, eps, ry.data(), rrstd.data());
+    twin::rmsnorm_backward<T>(vdy.data(), vx.data(), vg.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data());
     device_vector<T> x(N), g(C), dy(N), y(N), dx(N);
     device_vector<A> rstd(R), dg(C);
     auto run = [&] {
@@ -409,8 +396,8 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto rng = h.fresh();
     auto vx = rng.template uniform<T>(total);
     std::vector<T> rf = vx, rb = vx;
-    ref::rope(rf.data(), s, heads, d, 10000.0, 5, false);
-    ref::rope(rb.data(), s, heads, d, 10000.0, 5, true);
+    twin::rope_forward(rf.data(), s, heads, d, 10000.0, 5);
+    twin::rope_backward(rb.data(), s, heads, d, 10000.0, 5);
     device_vector<T> x(total);
     auto run = [&](bool inverse) {
       upload(dev, vx, x);
@@ -430,9 +417,9 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto vweight = rng.template uniform<T>(static_cast<std::size_t>(rows_local) * C), vdout = rng.template uniform<T>(N);
     auto vdw = rng.template uniform<A>(static_cast<std::size_t>(rows_local) * C);
     std::vector<T> rout(N);
-    ref::embedding_forward(vtokens.data(), n, vweight.data(), row_begin, rows_local, h_, rout.data());
+    twin::embedding_forward(vtokens.data(), n, vweight.data(), row_begin, rows_local, h_, rout.data());
     std::vector<A> rdw = vdw;
-    ref::embedding_backward(vtokens.data(), n, vdout.data(), row_begin, rows_local, h_, rdw.data());
+    twin::embedding_backward(vtokens.data(), n, vdout.data(), row_begin, rows_local, h_, rdw.data());
     device_vector<std::int32_t> tokens(R);
     device_vector<T> weight(vweight.size()), dout(N), out(N);
     device_vector<A> dw(vdw.size());
@@ -454,9 +441,9 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto vx = rng.template uniform<T>(total), vw = rng.template uniform<T>(table), vdy = rng.template uniform<T>(total);
     auto vdw = rng.template uniform<A>(table);
     std::vector<T> rx = vx;
-    ref::position_add(rx.data(), vw.data(), s, b, h_, first);
+    twin::position_add(rx.data(), vw.data(), s, b, h_, first);
     std::vector<A> rdw = vdw;
-    ref::position_grad(vdy.data(), s, b, h_, first, rdw.data());
+    twin::position_grad(vdy.data(), s, b, h_, first, rdw.data());
     device_vector<T> x(total), w(table), dy(total);
     device_vector<A> dw(table);
     auto run = [&] {
@@ -470,8 +457,9 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     compare(h, shape_label<T>("position_add", dd), "x", r1.first, r2.first, rx, tol);
     compare(h, shape_label<T>("position_grad", dd), "dweight (accumulated)", r1.second, r2.second, rdw, tol);
   }
-  // cross-entropy: rank 1 of 2 holds columns [local, 2 local), the last fifth of them padding
-  for (const double smoothing : {0.0, 0.1}) {
+  // cross-entropy: rank 1 of 2 holds columns [local, 2 local), the last fifth of them padding; the
+  // entry points take the smoothing factor s = a K / (K - 1) of label smoothing a (the layer's).
+  for (const double label_smoothing : {0.0, 0.1}) {
     const index_t local = cols, used = cols - cols / 5, begin = local, vocab = begin + used;
     auto rng = h.fresh();
     auto vlogits = rng.template uniform<T>(N, -4, 4);
@@ -479,11 +467,12 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto vdloss = rng.template uniform<A>(R, 0.1, 1.0);
     std::vector<A> rmax(R), rsums(3 * R), rloss(R), rlse(R);
     std::vector<T> rdz(N);
+    const double smoothing = label_smoothing > 0 ? label_smoothing * double(vocab) / (double(vocab) - 1.0) : 0.0;
     const A a = A(smoothing);
-    ref::cross_entropy_max(vlogits.data(), rows, local, used, rmax.data());
-    ref::cross_entropy_sums(vlogits.data(), rows, local, used, rmax.data(), vlabels.data(), begin, rsums.data());
-    ref::cross_entropy_loss(rsums.data(), rmax.data(), rows, vocab, a, rloss.data(), rlse.data());
-    ref::cross_entropy_backward(vlogits.data(), rlse.data(), vlabels.data(), begin, rows, local, used, vocab, a,
+    twin::cross_entropy_max(vlogits.data(), rows, local, used, rmax.data());
+    twin::cross_entropy_sums(vlogits.data(), rows, local, used, rmax.data(), vlabels.data(), begin, rsums.data());
+    twin::cross_entropy_loss(rsums.data(), rmax.data(), rows, vocab, a, rloss.data(), rlse.data());
+    twin::cross_entropy_backward(vlogits.data(), rlse.data(), vlabels.data(), begin, rows, local, used, vocab, a,
                                 vdloss.data(), rdz.data());
     device_vector<T> logits(N), dz(N);
     device_vector<std::int32_t> labels(R);
@@ -499,7 +488,7 @@ void test_rows(harness& h, index_t rows, index_t cols) {
       return std::tuple{download(dev, row_max), download(dev, sums), download(dev, loss), download(dev, lse), download(dev, dz)};
     };
     auto r1 = run(), r2 = run();
-    const std::string dd = dims(rows, cols) + " used=" + std::to_string(used) + " smoothing=" + format("%.1f", smoothing);
+    const std::string dd = dims(rows, cols) + " used=" + std::to_string(used) + " label_smoothing=" + format("%.1f", label_smoothing);
     compare(h, shape_label<T>("cross_entropy_max", dd), "row_max", std::get<0>(r1), std::get<0>(r2), rmax, tol);
     compare(h, shape_label<T>("cross_entropy_sums", dd), "sums", std::get<1>(r1), std::get<1>(r2), rsums, tol);
     compare(h, shape_label<T>("cross_entropy_loss", dd), "loss", std::get<2>(r1), std::get<2>(r2), rloss, tol);
@@ -513,7 +502,7 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     std::vector<A> vmask(N);
     for (std::size_t i = 0; i < N; ++i) vmask[i] = A(bits[i]);
     std::vector<double> ref(1);
-    ref::masked_loss_sum(vloss.data(), vmask.data(), static_cast<index_t>(N), ref.data());
+    twin::masked_loss_sum(vloss.data(), vmask.data(), static_cast<index_t>(N), ref.data());
     device_vector<A> loss(N), mask(N);
     device_vector<double> out(1);
     auto run = [&] {
@@ -532,7 +521,7 @@ template <class T>
 void test_adamw_many(harness& h) {
   using A = accumulate_t<T>;
   const std::vector<index_t> sizes{1, 7, 769, 4095, 4096, 4097, 100003, 3, 0, 12345};
-  test_adamw_step<A> step{A(2e-3), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(2e-3 * 0.1), A(1 - std::pow(0.9, 5)),
+  strata::AdamWStep<A> step{A(2e-3), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(2e-3 * 0.1), A(1 - std::pow(0.9, 5)),
                           A(1 - std::pow(0.95, 5))};
   struct host_param {
     std::vector<A> main, m, v, g;
@@ -579,7 +568,7 @@ void test_adamw_many(harness& h) {
   for (auto p : params) {
     auto one = step;
     if (!p.decay) one.decay = A(0);
-    ref::adamw_step<T>(p.main.data(), p.m.data(), p.v.data(), p.g.data(), p.value.data(), static_cast<index_t>(p.main.size()), one);
+    twin::adamw_step<T>(p.main.data(), p.m.data(), p.v.data(), p.g.data(), p.value.data(), static_cast<index_t>(p.main.size()), one);
     ref_main.insert(ref_main.end(), p.main.begin(), p.main.end());
     ref_value.insert(ref_value.end(), p.value.begin(), p.value.end());
   }
@@ -633,7 +622,7 @@ void test_attention_forwarding(harness& h) {
 void test_clip_factor(harness& h) {
   for (const auto& [square_sum, max_norm] : std::vector<std::pair<double, double>>{{16.0, 1.0}, {0.25, 1.0}, {9.0, 0.0}, {0.0, 1.0}}) {
     std::vector<double> rnorm(1), rfactor(1);
-    ref::clip_factor(&square_sum, max_norm, rnorm.data(), rfactor.data());
+    twin::clip_factor(&square_sum, max_norm, rnorm.data(), rfactor.data());
     device_vector<double> sq(1), norm(1), factor(1);
     auto run = [&] {
       upload(h.device, std::vector<double>{square_sum}, sq); nan_fill(h.device, norm); nan_fill(h.device, factor);

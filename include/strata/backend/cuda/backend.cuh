@@ -28,6 +28,8 @@
 #include <type_traits>
 
 #include "../../core/space.hpp"
+#include "../adamw_step.hpp"
+#include "../backend.hpp"
 #include "allocator.hpp"
 #include "attention.hpp"
 #include "gemm.hpp"
@@ -330,6 +332,8 @@ class backend {
 
   std::shared_ptr<state> state_;
 };
+
+static_assert(check_backend<backend>());
 
 }  // namespace cuda
 STRATA_NAMESPACE_END

@@ -5,14 +5,14 @@
 //   cross_entropy_sums      sums[r] = (sum_{j<used} e^(z_j - m_r), z_label or 0, sum_{j<used} z_j)
 //                           z_label when begin <= label < begin + used (the label's column is held here)
 //   (the caller all-reduces max and sums over the tensor-parallel group between the steps)
-//   cross_entropy_loss      lse = m + log S;  loss = lse - z_t;  with label smoothing a over K = vocab:
-//                           s = a K / (K - 1),  loss = (1 - s) loss - s (Z / K - lse)
+//   cross_entropy_loss      lse = m + log S;  loss = lse - z_t;  with the smoothing factor s (K = vocab):
+//                           loss = (1 - s) loss - s (Z / K - lse)
 //   cross_entropy_backward  dz[r, j] = (e^(z_j - lse_r) - s / K - (1 - s) [j = label - begin]) dloss[r]
 //                           for j < used; padded columns j >= used get 0
 //   masked_loss_sum         out[0] = sum_i mask[i] loss[i] in double
 //
-// `smoothing` is the user's label_smoothing a (as VocabParallelCrossEntropy takes it); the kernels
-// derive s = a K / (K - 1) from it. Row kernels give one 256-thread block to a row (block sums in a
+// `smoothing` is the factor s = a K / (K - 1) the layer computes from the user's label smoothing a
+// (0: none), as in the CPU twin. Row kernels give one 256-thread block to a row (block sums in a
 // fixed order); masked_loss_sum is one block striding over n, so its order is fixed too.
 // logits, dlogits [rows, local]; labels, row_max, lse, loss, dloss [rows]; sums [rows, 3].
 #pragma once
@@ -70,14 +70,9 @@ void cross_entropy_sums(const T* logits, index_t rows, index_t local, index_t us
 }
 
 template <class A>
-__device__ __forceinline__ A smoothing_factor(A smoothing, index_t vocab) {
-  return smoothing > A(0) ? A(double(smoothing) * double(vocab) / (double(vocab) - 1.0)) : A(0);
-}
-
-template <class A>
 __global__ void cross_entropy_loss_kernel(const A* sums, const A* row_max, index_t rows, index_t vocab, A smoothing,
                                           A* loss, A* lse) {
-  const A s = smoothing_factor(smoothing, vocab);
+  const A s = smoothing;
   for (index_t r = blockIdx.x * index_t(blockDim.x) + threadIdx.x; r < rows; r += index_t(gridDim.x) * blockDim.x) {
     const A log_sum = log_(sums[3 * r]);
     const A row_lse = row_max[r] + log_sum;
@@ -102,7 +97,7 @@ template <class T, class A = accumulate_t<T>>
 __global__ void cross_entropy_backward_kernel(const T* logits, const A* lse, const std::int32_t* labels, index_t begin,
                                               index_t rows, index_t local, index_t used, index_t vocab, A smoothing,
                                               const A* dloss, T* dlogits) {
-  const A s = smoothing_factor(smoothing, vocab);
+  const A s = smoothing;
   const index_t n = rows * local;
   for (index_t e = blockIdx.x * index_t(blockDim.x) + threadIdx.x; e < n; e += index_t(gridDim.x) * blockDim.x) {
     const index_t r = e / local, j = e % local;  // logits (rows, local)
