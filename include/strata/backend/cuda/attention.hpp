@@ -9,9 +9,9 @@
 // Which engine runs:
 //   bf16, fp16 with cuDNN (STRATA_WITH_CUDNN, the strata::cudnn target): cuDNN 9 SDPA through the
 //              frontend (cudnn_sdpa.hpp); one graph per (dtype, s, b, heads, groups, d, direction),
-//              built on first use and cached here. A shape cuDNN refuses (head size not a multiple
-//              of 8, too large, a pointer not 16-byte aligned) runs the flash kernels instead and
-//              the refusal is kept (last_refusal()).
+//              built on first use and cached here. A call cuDNN refuses (the backward at s = 1, a
+//              head size not a multiple of 8 or too large, a pointer not 16-byte aligned) runs the
+//              flash kernels instead, and the reason is kept (last_refusal()).
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
 // cuDNN's Stats and the flash kernels' lse are the same quantity in the same layout, so a forward
 // on one engine and a backward on the other agree.
