@@ -4,6 +4,7 @@
 #   include/strata/...                       all headers (CUDA and NCCL ones are opt-in to include)
 #   lib/cmake/strata/strataConfig.cmake      + strataConfigVersion.cmake, strataTargets.cmake
 #   lib/cmake/strata/FindNCCL.cmake          so consumers of strata::nccl can find NCCL again
+#   lib/cmake/strata/FindCUDNN.cmake, FindCudnnFrontend.cmake   the same for strata::cudnn
 #   share/doc/strata/LICENSE
 include(CMakePackageConfigHelpers)
 
@@ -35,6 +36,8 @@ install(FILES
           ${PROJECT_BINARY_DIR}/strataConfig.cmake
           ${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
           ${CMAKE_CURRENT_LIST_DIR}/FindNCCL.cmake
+          ${CMAKE_CURRENT_LIST_DIR}/FindCUDNN.cmake
+          ${CMAKE_CURRENT_LIST_DIR}/FindCudnnFrontend.cmake
         DESTINATION ${STRATA_INSTALL_CMAKEDIR})
 
 if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)

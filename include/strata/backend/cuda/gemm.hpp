@@ -13,15 +13,25 @@
 // major product C = op(A) op(B) is computed as the column-major C^T[n,m] = op(B)^T op(A)^T: the
 // operands swap places and each keeps its own transpose flag.
 //
-// Every call builds its descriptors and asks the heuristic for one algorithm (a few
-// microseconds on the host); layers that call the same shape repeatedly may cache later.
+// Output type C: T, or float for 16-bit inputs (weight gradients: bf16 operands, an fp32 gradient
+// accumulated in place with beta = 1). A bias[n] added to every row of C (accumulate = false only)
+// runs in cuBLASLt's BIAS epilogue for float / bf16 / fp16 when C is T; gemm() returns false when
+// it could not apply the bias (double, or an operand not aligned for the epilogue) so the caller
+// adds it with a kernel.
+//
+// Descriptors and the heuristic's algorithm are built once per (types, transposes, m, n, k,
+// accumulate, bias, operand alignments) and cached in the blas_handle (a training step calls the
+// same few shapes over and over); a cached call only sets the bias pointer and launches.
 #pragma once
 
 #include <cublasLt.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <type_traits>
+#include <unordered_map>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
@@ -29,31 +39,6 @@
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
-
-// A cuBLASLt handle and the device workspace its algorithms may use (32 MiB is what NVIDIA
-// recommends on Hopper). One per device; calls on different streams may share it only if they
-// do not run at the same time, since they share the workspace.
-class blas_handle {
- public:
-  static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
-
-  explicit blas_handle(std::size_t workspace_bytes = kDefaultWorkspaceBytes) : workspace_(workspace_bytes) {
-    STRATA_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  }
-  blas_handle(const blas_handle&) = delete;
-  blas_handle& operator=(const blas_handle&) = delete;
-  ~blas_handle() {
-    if (handle_) (void)cublasLtDestroy(handle_);
-  }
-
-  cublasLtHandle_t get() const { return handle_; }
-  void* workspace() { return workspace_.data(); }
-  std::size_t workspace_bytes() const { return workspace_.bytes(); }
-
- private:
-  cublasLtHandle_t handle_ = nullptr;
-  device_buffer<std::byte> workspace_;
-};
 
 // gemm_types<T>: the cuBLASLt data, compute and scale (alpha, beta) types for element type T.
 template <class T>
@@ -117,72 +102,185 @@ inline std::uint32_t pointer_alignment(const void* p) {
   return alignment;
 }
 
+
+// Everything that selects descriptors and an algorithm.
+struct gemm_key {
+  int data_type, output_type;
+  bool transpose_a, transpose_b, accumulate, bias;
+  index_t m, n, k;
+  std::uint32_t align_a, align_b, align_c;
+  bool operator==(const gemm_key&) const = default;
+};
+struct gemm_key_hash {
+  std::size_t operator()(const gemm_key& key) const {
+    std::size_t h = 1469598103934665603ull;
+    const auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<std::uint64_t>(key.data_type) << 8 | static_cast<std::uint64_t>(key.output_type));
+    mix(static_cast<std::uint64_t>(key.transpose_a) | static_cast<std::uint64_t>(key.transpose_b) << 1 |
+        static_cast<std::uint64_t>(key.accumulate) << 2 | static_cast<std::uint64_t>(key.bias) << 3);
+    mix(static_cast<std::uint64_t>(key.m));
+    mix(static_cast<std::uint64_t>(key.n));
+    mix(static_cast<std::uint64_t>(key.k));
+    mix(static_cast<std::uint64_t>(key.align_a) << 32 | key.align_b);
+    mix(key.align_c);
+    return h;
+  }
+};
+// The descriptors of one problem and the algorithm the heuristic chose for it.
+struct gemm_plan {
+  matmul_descriptor desc;
+  layout_descriptor first, second, out_c, out_d;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;  // the bias runs in the epilogue (else the caller adds it)
+};
+
 }  // namespace detail
 
-template <class T>
-void gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
-          index_t k, const T* a, const T* b, T* c, bool accumulate) {
+// A cuBLASLt handle and the device workspace its algorithms may use (32 MiB is what NVIDIA
+// recommends on Hopper) and the plans built so far. One per device; calls on different streams may share it only if they
+// do not run at the same time, since they share the workspace.
+class blas_handle {
+ public:
+  static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
+
+  explicit blas_handle(std::size_t workspace_bytes = kDefaultWorkspaceBytes) : workspace_(workspace_bytes) {
+    STRATA_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  }
+  blas_handle(const blas_handle&) = delete;
+  blas_handle& operator=(const blas_handle&) = delete;
+  ~blas_handle() {
+    if (handle_) (void)cublasLtDestroy(handle_);
+  }
+
+  cublasLtHandle_t get() const { return handle_; }
+  void* workspace() { return workspace_.data(); }
+  std::size_t workspace_bytes() const { return workspace_.bytes(); }
+
+  // The cached plans (descriptors + algorithm), one per distinct GEMM problem seen.
+  detail::gemm_plan& plan(const detail::gemm_key& key, const std::function<void(detail::gemm_plan&)>& build) {
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      auto fresh = std::make_unique<detail::gemm_plan>();
+      build(*fresh);
+      it = plans_.emplace(key, std::move(fresh)).first;
+    }
+    return *it->second;
+  }
+  std::size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  device_buffer<std::byte> workspace_;
+  std::unordered_map<detail::gemm_key, std::unique_ptr<detail::gemm_plan>, detail::gemm_key_hash> plans_;
+};
+
+
+
+// Row-major C[m,n] (= or +=) op(A) op(B) (+ bias[n] on every row when bias and !accumulate), enqueued
+// on `stream`. Returns whether the bias was applied (always true when bias is null).
+template <class T, class C = T>
+bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
+          const T* a, const T* b, C* c, bool accumulate, const T* bias = nullptr) {
+  static_assert(std::is_same_v<C, T> || (is_half_v<T> && std::is_same_v<C, float>),
+                "cuda::gemm writes C of the input type, or float for 16-bit inputs (fp32 weight gradients).");
   using types = gemm_types<T>;
   using scale_t = typename types::scale;
   if (m < 0 || n < 0 || k < 0) fail<ShapeError>("cuda::gemm: negative size m=", m, " n=", n, " k=", k);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating
+  if (bias && accumulate)
+    fail<Error>("cuda::gemm: a bias is only added when the product is written (accumulate = false); add it to the "
+                "output before accumulating into it");
+  if (m == 0 || n == 0) return true;
+  if (k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating (a bias is left to the caller)
     if (!accumulate)
-      STRATA_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(T), stream));
-    return;
+      STRATA_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C), stream));
+    return bias == nullptr;
   }
+  constexpr bool epilogue_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
+  const bool use_bias = bias != nullptr && epilogue_types && detail::pointer_alignment(bias) >= 16;
+  const cudaDataType_t output_type = std::is_same_v<C, T> ? types::data : CUDA_R_32F;
 
-  // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
-  // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
-  // Second cuBLASLt operand: the A buffer, stored col-major as [k,m] (ld k) or, transposed, [m,k] (ld m).
-  const auto u = [](index_t v) { return static_cast<std::uint64_t>(v); };
-  const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const detail::gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
+                             accumulate, use_bias, m, n, k, detail::pointer_alignment(a), detail::pointer_alignment(b),
+                             detail::pointer_alignment(c)};
+  detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
+    // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
+    // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
+    // Second cuBLASLt operand: the A buffer, stored col-major as [k,m] (ld k) or, transposed, [m,k] (ld m).
+    const auto u = [](index_t v) { return static_cast<std::uint64_t>(v); };
+    const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    // The descriptor, with the BIAS epilogue or without it.
+    const auto describe = [&](bool with_bias) {
+      if (p.desc.handle) {
+        (void)cublasLtMatmulDescDestroy(p.desc.handle);
+        p.desc.handle = nullptr;
+      }
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+      if (with_bias) {
+        // The bias runs along the rows of the column-major D [n, m]: one value per row-major column.
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        const void* bias_pointer = bias;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                           sizeof(bias_pointer)));
+      }
+      p.bias_epilogue = with_bias;
+    };
+    if (transpose_b)
+      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, types::data, u(k), u(n), k));
+    else
+      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, types::data, u(n), u(k), n));
+    if (transpose_a)
+      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, types::data, u(m), u(k), m));
+    else
+      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, types::data, u(k), u(m), k));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, output_type, u(n), u(m), n));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, output_type, u(n), u(m), n));
 
-  detail::matmul_descriptor desc;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.handle, types::compute, types::scale_type));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-
-  detail::layout_descriptor first, second, out;
-  if (transpose_b)
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first.handle, types::data, u(k), u(n), k));
-  else
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first.handle, types::data, u(n), u(k), n));
-  if (transpose_a)
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second.handle, types::data, u(m), u(k), m));
-  else
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second.handle, types::data, u(k), u(m), k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out.handle, types::data, u(n), u(m), n));
-
-  detail::preference_descriptor preference;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
-  const std::size_t workspace_bytes = blas.workspace_bytes();
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace_bytes, sizeof(workspace_bytes)));
-  const std::uint32_t align_first = detail::pointer_alignment(b), align_second = detail::pointer_alignment(a),
-                      align_out = detail::pointer_alignment(c);
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                           &align_first, sizeof(align_first)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                           &align_second, sizeof(align_second)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                           &align_out, sizeof(align_out)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                           &align_out, sizeof(align_out)));
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), desc.handle, first.handle, second.handle, out.handle,
-                                                     out.handle, preference.handle, 1, &heuristic, &found));
-  if (found == 0)
-    fail<Error>("cuda::gemm: cuBLASLt has no algorithm for ", dtype_name<T>(), " m=", m, " n=", n, " k=", k,
-                " transpose_a=", transpose_a, " transpose_b=", transpose_b);
-
+    detail::preference_descriptor preference;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
+    const std::size_t workspace_bytes = blas.workspace_bytes();
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace_bytes, sizeof(workspace_bytes)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                             &key.align_b, sizeof(key.align_b)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                             &key.align_a, sizeof(key.align_a)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                             &key.align_c, sizeof(key.align_c)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                             &key.align_c, sizeof(key.align_c)));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    const auto ask = [&] {
+      STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
+                                                         p.out_c.handle, p.out_d.handle, preference.handle, 1,
+                                                         &heuristic, &found));
+    };
+    describe(use_bias);
+    ask();
+    if (found == 0 && use_bias) {  // no algorithm with the epilogue for this shape: the caller adds the bias
+      describe(false);
+      ask();
+    }
+    if (found == 0)
+      fail<Error>("cuda::gemm: cuBLASLt has no algorithm for ", dtype_name<T>(), " -> ", dtype_name<C>(), " m=", m,
+                  " n=", n, " k=", k, " transpose_a=", transpose_a, " transpose_b=", transpose_b, " bias=", use_bias,
+                  "; check the operands' alignment and the element types");
+    p.algo = heuristic.algo;
+  });
+  if (plan.bias_epilogue) {
+    const void* bias_pointer = bias;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                       sizeof(bias_pointer)));
+  }
   const scale_t alpha = 1, beta = accumulate ? 1 : 0;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), desc.handle, &alpha, b, first.handle, a, second.handle, &beta, c,
-                                     out.handle, c, out.handle, &heuristic.algo, blas.workspace(),
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle,
+                                     &beta, c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
+  return bias == nullptr || plan.bias_epilogue;
 }
 
 }  // namespace cuda

@@ -1,0 +1,180 @@
+// strata/backend/cuda/allocator.hpp: `caching_allocator`, the device memory resource a
+// cuda::backend installs for its rank's threads.
+//
+// A training step allocates and frees the same sizes in the same order every iteration, so the
+// allocator keeps every freed block in a bin of its exact (rounded) size and hands it out again
+// instead of calling cudaFree / cudaMalloc:
+//
+//   request <= 1 MiB   rounded up to a multiple of 512 bytes
+//   request >  1 MiB   rounded up to a multiple of 2 MiB
+//
+// After the first step has filled the bins, a step makes no cudaMalloc at all; `stats()` counts
+// the cudaMalloc calls, the bytes handed out (in use, and the peak) and the bytes held from CUDA
+// (reserved), so a test can prove it.
+//
+// Stream order: every block is used on the backend's compute stream only, so a block freed after
+// its last kernel was enqueued may be reused by the next kernel on the same stream without an
+// event (the CUDA stream orders the two). Memory handed to another stream (a communicator's) must
+// be synchronized with the compute stream by its user, as with any stream-ordered allocator.
+// When cudaMalloc fails, the cached blocks are returned to CUDA and the call is retried once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "../../core/space.hpp"
+#include "runtime.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda {
+
+struct allocator_stats {
+  std::uint64_t malloc_calls = 0;      // cudaMalloc calls made so far
+  std::uint64_t free_calls = 0;        // cudaFree calls made so far
+  std::uint64_t allocations = 0;       // allocate() calls served
+  std::size_t bytes_in_use = 0;        // rounded bytes handed out and not yet returned
+  std::size_t peak_bytes_in_use = 0;   // the largest bytes_in_use seen
+  std::size_t bytes_reserved = 0;      // bytes held from cudaMalloc (in use + cached)
+};
+
+class caching_allocator final : public device_memory_resource {
+ public:
+  static constexpr std::size_t kSmallLimit = std::size_t{1} << 20;
+  static constexpr std::size_t kSmallGranule = 512;
+  static constexpr std::size_t kLargeGranule = std::size_t{2} << 20;
+
+  caching_allocator(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+  ~caching_allocator() override {
+    (void)cudaSetDevice(device_);
+    (void)cudaStreamSynchronize(stream_);
+    for (auto& [bytes, blocks] : free_)
+      for (void* p : blocks) (void)cudaFree(p);
+    // Blocks still in use when the backend goes away are released by CUDA at process exit.
+  }
+
+  static constexpr std::size_t round_size(std::size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    const std::size_t granule = bytes <= kSmallLimit ? kSmallGranule : kLargeGranule;
+    return (bytes + granule - 1) / granule * granule;
+  }
+
+  void* allocate(std::size_t bytes) override {
+    const std::size_t rounded = round_size(bytes);
+    std::lock_guard lock(mutex_);
+    void* p = nullptr;
+    auto bin = free_.find(rounded);
+    if (bin != free_.end() && !bin->second.empty()) {
+      p = bin->second.back();
+      bin->second.pop_back();
+    } else {
+      p = malloc_locked(rounded);
+    }
+    ++stats_.allocations;
+    stats_.bytes_in_use += rounded;
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    return p;
+  }
+
+  void deallocate(void* pointer, std::size_t bytes) noexcept override {
+    if (!pointer) return;
+    const std::size_t rounded = round_size(bytes);
+    std::lock_guard lock(mutex_);
+    free_[rounded].push_back(pointer);
+    stats_.bytes_in_use -= rounded;
+  }
+
+  // Ordered on the compute stream; copies to and from the host return when the bytes have arrived.
+  void copy(void* destination, const void* source, std::size_t bytes, copy_kind kind) override {
+    if (bytes == 0) return;
+    const cudaMemcpyKind direction = kind == copy_kind::host_to_device   ? cudaMemcpyHostToDevice
+                                     : kind == copy_kind::device_to_host ? cudaMemcpyDeviceToHost
+                                                                         : cudaMemcpyDeviceToDevice;
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, direction, stream_));
+    if (kind != copy_kind::device_to_device) STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void zero(void* pointer, std::size_t bytes) override {
+    if (bytes > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(pointer, 0, bytes, stream_));
+  }
+
+  std::string_view name() const override { return "cuda caching allocator"; }
+
+  allocator_stats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Returns every cached (free) block to CUDA, after the stream has finished with them.
+  void release_cached() {
+    std::lock_guard lock(mutex_);
+    release_cached_locked();
+  }
+
+ private:
+  void* malloc_locked(std::size_t rounded) {
+    void* p = nullptr;
+    cudaError_t status = cudaMalloc(&p, rounded);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the error before retrying
+      release_cached_locked();
+      status = cudaMalloc(&p, rounded);
+    }
+    if (status != cudaSuccess)
+      fail<Error>("cuda::caching_allocator: cudaMalloc of ", rounded, " bytes on device ", device_,
+                  " failed (", cudaGetErrorString(status), ") with ", stats_.bytes_in_use, " bytes in use and ",
+                  stats_.bytes_reserved, " reserved; reduce the micro-batch size or the sequence length, or "
+                  "enable activation recomputation");
+    ++stats_.malloc_calls;
+    stats_.bytes_reserved += rounded;
+    return p;
+  }
+  void release_cached_locked() {
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& [bytes, blocks] : free_) {
+      for (void* p : blocks) {
+        (void)cudaFree(p);
+        ++stats_.free_calls;
+        stats_.bytes_reserved -= bytes;
+      }
+      blocks.clear();
+    }
+  }
+
+  int device_;
+  cudaStream_t stream_;
+  mutable std::mutex mutex_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;  // rounded size -> cached blocks
+  allocator_stats stats_;
+};
+
+// A block of `count` T from a device memory resource, returned to it on destruction (scratch space
+// of the kernels that need a workspace).
+template <class T>
+class scratch {
+ public:
+  scratch(device_memory_resource& resource, std::size_t count)
+      : resource_(&resource), count_(count), data_(static_cast<T*>(resource.allocate(count * sizeof(T)))) {}
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  ~scratch() { resource_->deallocate(data_, count_ * sizeof(T)); }
+  T* data() const { return data_; }
+  std::size_t size() const { return count_; }
+
+ private:
+  device_memory_resource* resource_;
+  std::size_t count_;
+  T* data_;
+};
+
+}  // namespace cuda
+STRATA_NAMESPACE_END

@@ -1,0 +1,259 @@
+// strata/backend/cuda/attention.hpp: causal grouped-query flash attention on the GPU, the backend's
+// attention_forward / attention_backward (docs/DEVICE.md).
+//
+//   forward   out = softmax(scale Q K^T, causal) V,  lse[b, heads, s] = natural-log log-sum-exp
+//   backward  dq, dk, dv written from dout and the saved out and lse (probabilities recomputed)
+//   q, out, dout, dq [s, b, heads, d];  k, v, dk, dv [s, b, groups, d];  query head h reads
+//   key/value head h / (heads / groups). Never an s x s matrix kept between calls.
+//
+// Which engine runs:
+//   bf16, fp16 with cuDNN (STRATA_WITH_CUDNN, the strata::cudnn target): cuDNN 9 SDPA through the
+//              frontend (cudnn_sdpa.hpp); one graph per (dtype, s, b, heads, groups, d, direction),
+//              built on first use and cached here. A call cuDNN refuses (the backward at s = 1, a
+//              head size not a multiple of 8 or too large, a pointer not 16-byte aligned) runs the
+//              flash kernels instead, and the reason is kept (last_refusal()).
+//   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
+// cuDNN's Stats and the flash kernels' lse are the same quantity in the same layout, so a forward
+// on one engine and a backward on the other agree.
+//
+// attention_plans owns the cuDNN handle, the graph cache and one grow-only device workspace (the
+// cuDNN workspace, or D = rowsum(dO * O) for the flash backward). Like a cuBLASLt handle it is one
+// per device and per thread: calls on different streams must not overlap, since they share the
+// workspace. Growing the workspace waits for the calling stream first.
+//
+// Needs nvcc (includes the kernels).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/shape.hpp"
+#include "cudnn_sdpa.hpp"
+#include "flash_attention.hpp"
+#include "runtime.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda {
+
+// The engine an attention call ran on.
+enum class attention_engine { none, cudnn, flash };
+
+inline std::string_view engine_name(attention_engine e) {
+  switch (e) {
+    case attention_engine::cudnn: return "cudnn";
+    case attention_engine::flash: return "flash";
+    default: return "none";
+  }
+}
+
+class attention_plans {
+ public:
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  static constexpr bool has_cudnn = true;
+#else
+  static constexpr bool has_cudnn = false;
+#endif
+
+  explicit attention_plans(int device) : device_(device) {
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+    int previous = current_device();
+    set_device(device_);
+    const cudnnStatus_t status = cudnnCreate(&handle_);
+    set_device(previous);
+    if (status != CUDNN_STATUS_SUCCESS)
+      fail<Error>("attention_plans: cudnnCreate on device ", device_, " failed: ", cudnnGetErrorString(status),
+                  "; check that libcudnn.so.9 and its engine libraries are on the library path");
+#endif
+  }
+  attention_plans(const attention_plans&) = delete;
+  attention_plans& operator=(const attention_plans&) = delete;
+  ~attention_plans() {
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+    graphs_.clear();
+    if (handle_) (void)cudnnDestroy(handle_);
+#endif
+  }
+
+  int device() const { return device_; }
+
+  // false: the flash kernels for every element type (comparisons, debugging). Default true.
+  void prefer_cudnn(bool on) { prefer_cudnn_ = on; }
+  bool prefers_cudnn() const { return prefer_cudnn_; }
+
+  // The engine of the most recent call, and why cuDNN was passed over for it (empty if it was not).
+  attention_engine last_engine() const { return last_engine_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+  // cuDNN graphs built so far (refused shapes included): each shape and direction is planned once.
+  std::size_t graphs_built() const { return graphs_built_; }
+
+  // Device scratch of at least `bytes`, valid until the next call on these plans.
+  void* workspace(std::size_t bytes, cudaStream_t stream) {
+    if (bytes > workspace_.bytes()) {
+      STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
+      workspace_ = device_buffer<std::byte>();
+      workspace_ = device_buffer<std::byte>(bytes);
+    }
+    return workspace_.data();
+  }
+
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  cudnnHandle_t handle() const { return handle_; }
+
+  // The graph for this shape and direction (built on first use), or one with `refusal` set.
+  template <class T>
+  const sdpa::graph_entry& graph(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward) {
+    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, backward};
+    auto found = graphs_.find(k);
+    if (found != graphs_.end()) return found->second;
+    const sdpa::shape x{s, b, heads, groups, d};
+    ++graphs_built_;
+    sdpa::graph_entry entry;
+    try {
+      entry = backward ? sdpa::build_backward<T>(handle_, x) : sdpa::build_forward<T>(handle_, x);
+    } catch (const std::exception& e) {  // the frontend reports some refusals by throwing
+      entry = sdpa::graph_entry{};
+      entry.refusal = e.what();
+    }
+    return graphs_.emplace(k, std::move(entry)).first->second;
+  }
+#endif
+
+  void note(attention_engine engine, std::string refusal = {}) {
+    last_engine_ = engine;
+    last_refusal_ = std::move(refusal);
+  }
+
+ private:
+  struct key {
+    int dtype;
+    index_t s, b, heads, groups, d;
+    bool backward;
+    friend bool operator<(const key& x, const key& y) {
+      return std::tie(x.dtype, x.s, x.b, x.heads, x.groups, x.d, x.backward) <
+             std::tie(y.dtype, y.s, y.b, y.heads, y.groups, y.d, y.backward);
+    }
+  };
+
+  int device_;
+  bool prefer_cudnn_ = true;
+  attention_engine last_engine_ = attention_engine::none;
+  std::string last_refusal_;
+  std::size_t graphs_built_ = 0;
+  device_buffer<std::byte> workspace_;
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  cudnnHandle_t handle_ = nullptr;
+  std::map<key, sdpa::graph_entry> graphs_;
+#endif
+};
+
+namespace detail {
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+// The cuDNN graph to run, or nullptr with the reason noted on `plans`.
+template <class T>
+const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups,
+                                     index_t d, bool backward, std::initializer_list<const void*> pointers) {
+  if (!plans.prefers_cudnn()) {
+    plans.note(attention_engine::flash, "cuDNN switched off with prefer_cudnn(false)");
+    return nullptr;
+  }
+  for (const void* p : pointers)
+    if (!aligned16(p)) {
+      plans.note(attention_engine::flash, "a tensor pointer is not 16-byte aligned, which cuDNN requires");
+      return nullptr;
+    }
+  const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, backward);
+  if (!entry.graph) {
+    plans.note(attention_engine::flash, "cuDNN refused the shape: " + entry.refusal);
+    return nullptr;
+  }
+  return &entry;
+}
+#endif
+}  // namespace detail
+
+// out [s, b, heads, d], lse [b, heads, s] (fp32 for bf16/fp16) written; see the note at the top.
+template <class T>
+void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, const T* k, const T* v, index_t s,
+                       index_t b, index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
+                       accumulate_t<T>* lse) {
+  static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
+  flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
+  if (s == 0 || b == 0) {
+    plans.note(attention_engine::none);
+    return;
+  }
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  if constexpr (is_half_v<T>) {
+    if (const sdpa::graph_entry* entry =
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, false, {q, k, v, out, lse})) {
+      STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
+      float scale_value = scale;
+      std::unordered_map<std::int64_t, void*> pack{
+          {sdpa::kQ, const_cast<T*>(q)}, {sdpa::kK, const_cast<T*>(k)}, {sdpa::kV, const_cast<T*>(v)},
+          {sdpa::kO, out},               {sdpa::kStats, lse},           {sdpa::kScale, &scale_value}};
+      void* ws = plans.workspace(static_cast<std::size_t>(entry->workspace_bytes), stream);
+      sdpa::execute(*entry, plans.handle(), pack, ws);
+      plans.note(attention_engine::cudnn);
+      return;
+    }
+    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse);  // reason noted
+    return;
+  }
+#endif
+  flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse);
+  plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
+}
+
+// dq [s, b, heads, d], dk, dv [s, b, groups, d] written from dout, q, k, v, out and lse.
+template <class T>
+void attention_backward(attention_plans& plans, cudaStream_t stream, const T* dout, const T* q, const T* k,
+                        const T* v, const T* out, const accumulate_t<T>* lse, index_t s, index_t b, index_t heads,
+                        index_t groups, index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv) {
+  static_assert(Element<T>, "attention_backward takes float, double, bf16 or fp16 elements.");
+  using A = accumulate_t<T>;
+  flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
+  if (s == 0 || b == 0) {
+    plans.note(attention_engine::none);
+    return;
+  }
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  if constexpr (is_half_v<T>) {
+    if (const sdpa::graph_entry* entry =
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, true, {dout, q, k, v, out, lse, dq, dk, dv})) {
+      STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
+      float scale_value = scale;
+      std::unordered_map<std::int64_t, void*> pack{
+          {sdpa::kQ, const_cast<T*>(q)},   {sdpa::kK, const_cast<T*>(k)},
+          {sdpa::kV, const_cast<T*>(v)},   {sdpa::kO, const_cast<T*>(out)},
+          {sdpa::kDO, const_cast<T*>(dout)}, {sdpa::kStats, const_cast<A*>(lse)},
+          {sdpa::kScale, &scale_value},    {sdpa::kDQ, dq},
+          {sdpa::kDK, dk},                 {sdpa::kDV, dv}};
+      void* ws = plans.workspace(static_cast<std::size_t>(entry->workspace_bytes), stream);
+      sdpa::execute(*entry, plans.handle(), pack, ws);
+      plans.note(attention_engine::cudnn);
+      return;
+    }
+    A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
+    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta);
+    return;
+  }
+#endif
+  A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
+  flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta);
+  plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
+}
+
+}  // namespace cuda
+STRATA_NAMESPACE_END

@@ -1,0 +1,339 @@
+// strata/backend/cuda/backend.cuh: `cuda::backend`, the CUDA model of the backend object of
+// docs/DEVICE.md: one per rank, every entry point a member function enqueued on the rank's compute
+// stream.
+//
+// The object is a cheap handle: copies share one state (as a shared_ptr does), which holds
+//   - the device ordinal, a compute stream and a communication stream (both non-blocking),
+//   - the cuBLASLt handle, its 32 MiB workspace and the cached GEMM plans (gemm.hpp),
+//   - the caching allocator (allocator.hpp), installed as current_device_resource() on the thread
+//     that creates the backend (install() installs it on another thread of the same rank),
+//   - the attention plans (cuDNN handle and graphs), created on first use.
+// Kernels that need scratch memory (deterministic column sums, the embedding sort, sum of squares)
+// take it from the caching allocator and give it back right after enqueuing: reuse is ordered on the
+// same stream, so no synchronization is needed and a steady-state step makes no cudaMalloc.
+//
+// Attention forwards to backend/cuda/attention.hpp: cuDNN SDPA for bf16 / fp16 when the translation
+// unit is built with strata::cudnn (STRATA_WITH_CUDNN), the own flash kernels otherwise. The plans
+// (cuDNN handle, graphs, workspace) are created on the first attention call.
+//
+// Pointers are device pointers in the backend's space; sizes are index_t; `A` is accumulate_t<T>.
+// Everything returns as soon as the work is enqueued, except copy_to_host, copy_from_host and
+// synchronize, which wait.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include "../../core/space.hpp"
+#include "../adamw_step.hpp"
+#include "../backend.hpp"
+#include "allocator.hpp"
+#include "attention.hpp"
+#include "gemm.hpp"
+#include "kernels/activation.cuh"
+#include "kernels/bias.cuh"
+#include "kernels/columns.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/optimizer.cuh"
+#include "kernels/random.cuh"
+#include "kernels/rope.cuh"
+#include "runtime.hpp"
+
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda {
+
+class backend {
+ public:
+  using space = strata::space::cuda;
+  static constexpr std::string_view name = "cuda";
+
+  // The backend of `device` (an ordinal below device_count()), installed on the calling thread.
+  explicit backend(int device = 0) : state_(std::make_shared<state>(device)) { install(); }
+
+  int device() const { return state_->device; }
+  cudaStream_t stream() const { return state_->compute.get(); }
+  cudaStream_t communication_stream() const { return state_->communication.get(); }
+  caching_allocator& allocator() const { return state_->allocator; }
+  allocator_stats memory_stats() const { return state_->allocator.stats(); }
+  blas_handle& blas() const { return state_->blas; }
+  // The attention plans (cuDNN handle and graphs, created on first use).
+  attention_plans& attention() const {
+    if (!state_->attention) state_->attention = std::make_shared<attention_plans>(state_->device);
+    return *state_->attention;
+  }
+
+  // Makes this backend's device current on the calling thread and installs its allocator as the
+  // thread's current_device_resource() (a rank that runs on several threads calls it on each).
+  void install() const {
+    set_device(state_->device);
+    current_device_resource() = &state_->allocator;
+  }
+
+  // --- memory ------------------------------------------------------------------------------------
+  template <class X>
+  void fill(X* x, index_t n, double value) const { kernels::fill<X>(x, n, value, stream()); }
+  template <class X>
+  void copy(const X* src, index_t n, X* dst) const {
+    if (n > 0) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes_of<X>(n), cudaMemcpyDeviceToDevice, stream()));
+  }
+  template <class From, class To>
+  void convert(const From* src, index_t n, To* dst) const { kernels::convert<From, To>(src, n, dst, stream()); }
+  template <class X>
+  void add(const X* a, const X* b, index_t n, X* out) const { kernels::add<X>(a, b, n, out, stream()); }
+  template <class X>
+  void scale(X* x, index_t n, double factor) const { kernels::scale<X>(x, n, factor, stream()); }
+  template <class X>
+  void scale_by(X* x, index_t n, const double* factor) const { kernels::scale_by<X>(x, n, factor, stream()); }
+  template <class X>
+  void transpose(const X* in, index_t rows, index_t cols, X* out) const {
+    kernels::transpose<X>(in, rows, cols, out, stream());
+  }
+  template <class X>
+  void copy_to_host(const X* src, index_t n, X* host) const {
+    if (n <= 0) return;
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes_of<X>(n), cudaMemcpyDeviceToHost, stream()));
+    synchronize();
+  }
+  template <class X>
+  void copy_from_host(const X* host, index_t n, X* dst) const {
+    if (n <= 0) return;
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes_of<X>(n), cudaMemcpyHostToDevice, stream()));
+    synchronize();
+  }
+  void synchronize() const { STRATA_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+  // --- GEMM ----------------------------------------------------------------------------------------
+  // C[m,n] = op(A) op(B) (+= when accumulate) (+ bias[n] on every row, only when !accumulate).
+  template <class T, class C = T>
+  void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, C* c, bool accumulate,
+            const T* bias = nullptr) const {
+    const bool bias_done = cuda::gemm<T, C>(state_->blas, stream(), ta, tb, m, n, k, a, b, c, accumulate, bias);
+    if (!bias_done) {
+      if constexpr (std::is_same_v<T, C>) kernels::bias_add<T>(c, bias, m, n, stream());
+    }
+  }
+
+  // --- bias, columns, heads ----------------------------------------------------------------------
+  template <class T>
+  void bias_add(T* y, const T* bias, index_t rows, index_t cols) const {
+    kernels::bias_add<T>(y, bias, rows, cols, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) const {
+    if (rows <= 0 || cols <= 0) return;
+    scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::column_sum_chunks(rows) * cols));
+    kernels::bias_grad<T, A>(dy, rows, cols, dbias, workspace.data(), stream());
+  }
+  template <class T>
+  void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out) const {
+    kernels::slice_columns<T>(in, rows, cols, begin, width, out, stream());
+  }
+  template <class T>
+  void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out) const {
+    kernels::unstack_columns<T>(stacked, parts, rows, width, out, stream());
+  }
+  template <class T>
+  void qkv_split(const T* qkv, index_t rows, index_t groups, index_t heads_per_group, index_t d, T* q, T* k,
+                 T* v) const {
+    kernels::qkv_split<T>(qkv, rows, groups, heads_per_group, d, q, k, v, stream());
+  }
+  template <class T>
+  void qkv_merge(const T* dq, const T* dk, const T* dv, index_t rows, index_t groups, index_t heads_per_group,
+                 index_t d, T* dqkv) const {
+    kernels::qkv_merge<T>(dq, dk, dv, rows, groups, heads_per_group, d, dqkv, stream());
+  }
+
+  // --- norms ---------------------------------------------------------------------------------------
+  template <class T, class A = accumulate_t<T>>
+  void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
+                         A* rstd) const {
+    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, y, mean, rstd, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
+                          T* dx, A* dg, A* db) const {
+    scratch<A> workspace(state_->allocator, static_cast<std::size_t>(2 * kernels::norm_backward_blocks(rows) * h));
+    kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, workspace.data(), stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd) const {
+    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
+                        A* dg) const {
+    scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::norm_backward_blocks(rows) * h));
+    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, workspace.data(), stream());
+  }
+
+  // --- activations and RoPE ------------------------------------------------------------------------
+  template <class T>
+  void gelu_forward(const T* x, index_t n, T* y) const { kernels::gelu_forward<T>(x, n, y, stream()); }
+  template <class T>
+  void gelu_backward(const T* dy, const T* x, index_t n, T* dx) const {
+    kernels::gelu_backward<T>(dy, x, n, dx, stream());
+  }
+  template <class T>
+  void swiglu_forward(const T* gu, index_t rows, index_t f, T* y) const {
+    kernels::swiglu_forward<T>(gu, rows, f, y, stream());
+  }
+  template <class T>
+  void swiglu_backward(const T* dy, const T* gu, index_t rows, index_t f, T* dgu) const {
+    kernels::swiglu_backward<T>(dy, gu, rows, f, dgu, stream());
+  }
+  template <class T>
+  void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset) const {
+    kernels::rope<T>(x, s, n, d, base, position_offset, false, stream());
+  }
+  template <class T>
+  void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset) const {
+    kernels::rope<T>(dx, s, n, d, base, position_offset, true, stream());
+  }
+
+  // --- attention (cuDNN SDPA through backend/cuda/attention.hpp) ------------------------------------
+  template <class T, class A = accumulate_t<T>>
+  void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
+                         index_t d, A scale, T* out, A* lse) const {
+    cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse);
+  }
+  template <class T, class A = accumulate_t<T>>
+  void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
+                          index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv) const {
+    cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
+                                dv);
+  }
+
+  // --- embeddings ----------------------------------------------------------------------------------
+  template <class T>
+  void embedding_forward(const std::int32_t* tokens, index_t n, const T* weight, index_t row_begin, index_t rows_local,
+                         index_t h, T* out) const {
+    kernels::embedding_forward<T>(tokens, n, weight, row_begin, rows_local, h, out, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void embedding_backward(const std::int32_t* tokens, index_t n, const T* dout, index_t row_begin, index_t rows_local,
+                          index_t h, A* dweight) const {
+    if (n <= 0 || h <= 0 || rows_local <= 0) return;
+    const std::size_t bytes = kernels::embedding_backward_workspace(n, rows_local);
+    scratch<unsigned char> workspace(state_->allocator, bytes);
+    kernels::embedding_backward<T, A>(tokens, n, dout, row_begin, rows_local, h, dweight, workspace.data(), bytes,
+                                      stream());
+  }
+  template <class T>
+  void position_add(T* x, const T* weight, index_t s, index_t b, index_t h, index_t first) const {
+    kernels::position_add<T>(x, weight, s, b, h, first, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void position_grad(const T* dy, index_t s, index_t b, index_t h, index_t first, A* dweight) const {
+    kernels::position_grad<T, A>(dy, s, b, h, first, dweight, stream());
+  }
+
+  // --- cross-entropy -------------------------------------------------------------------------------
+  template <class T, class A = accumulate_t<T>>
+  void cross_entropy_max(const T* logits, index_t rows, index_t local, index_t used, A* row_max) const {
+    kernels::cross_entropy_max<T, A>(logits, rows, local, used, row_max, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void cross_entropy_sums(const T* logits, index_t rows, index_t local, index_t used, const A* row_max,
+                          const std::int32_t* labels, index_t begin, A* sums) const {
+    kernels::cross_entropy_sums<T, A>(logits, rows, local, used, row_max, labels, begin, sums, stream());
+  }
+  template <class A>
+  void cross_entropy_loss(const A* sums, const A* row_max, index_t rows, index_t vocab, A smoothing, A* loss,
+                          A* lse) const {
+    kernels::cross_entropy_loss<A>(sums, row_max, rows, vocab, smoothing, loss, lse, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* labels, index_t begin, index_t rows,
+                              index_t local, index_t used, index_t vocab, A smoothing, const A* dloss,
+                              T* dlogits) const {
+    kernels::cross_entropy_backward<T, A>(logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss,
+                                          dlogits, stream());
+  }
+  template <class A>
+  void masked_loss_sum(const A* loss, const A* mask, index_t n, double* out) const {
+    kernels::masked_loss_sum<A>(loss, mask, n, out, stream());
+  }
+
+  // --- randomness ----------------------------------------------------------------------------------
+  // Map: GlobalIndexMap / ShardIndexMap (anything trivially copyable with a host-device operator()).
+  template <class T, class Map>
+  void dropout_forward(T* x, index_t n, Map map, double p, std::uint64_t key) const {
+    kernels::dropout<T, Map>(x, n, map, p, key, stream());
+  }
+  template <class T, class Map>
+  void dropout_backward(T* dy, index_t n, Map map, double p, std::uint64_t key) const {
+    kernels::dropout<T, Map>(dy, n, map, p, key, stream());
+  }
+  template <class T, class Map>
+  void init_normal(T* x, index_t n, Map map, std::uint64_t key, double stddev) const {
+    kernels::init_normal<T, Map>(x, n, map, key, stddev, stream());
+  }
+
+  // --- optimizer -----------------------------------------------------------------------------------
+  template <class T, class Step, class A = accumulate_t<T>>
+  void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, const Step& step) const {
+    kernels::adamw_step<T, Step, A>(main, exp_avg, exp_avg_sq, grad, value, n, step, stream());
+  }
+  // The step on many parameters in a few launches; each tensor decays by step.decay when its
+  // weight_decay is set, else not at all.
+  template <class T, class Step, class A = accumulate_t<T>>
+  void adamw_step_many(std::span<const kernels::adamw_tensor<T, A>> tensors, const Step& step) const {
+    kernels::adamw_step_many<T, Step, A>(tensors.data(), tensors.size(), step, stream());
+  }
+  template <class X>
+  void sum_of_squares(const X* x, index_t n, double* accumulator) const {
+    if (n <= 0) return;
+    scratch<double> workspace(state_->allocator, static_cast<std::size_t>(kernels::reduce_blocks(n)));
+    kernels::sum_of_squares<X>(x, n, accumulator, workspace.data(), stream());
+  }
+  void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor) const {
+    kernels::clip_factor(square_sum, max_norm, norm, factor, stream());
+  }
+
+ private:
+  struct state {
+    int device;
+    cuda::stream compute, communication;
+    caching_allocator allocator;
+    blas_handle blas;
+    std::shared_ptr<attention_plans> attention;
+
+    explicit state(int ordinal)
+        : device(checked(ordinal)), compute(), communication(), allocator(ordinal, compute.get()), blas() {}
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
+    ~state() {
+      (void)cudaSetDevice(device);
+      (void)cudaStreamSynchronize(compute.get());
+      (void)cudaStreamSynchronize(communication.get());
+      if (current_device_resource() == &allocator) current_device_resource() = nullptr;
+    }
+    // Validates the ordinal and makes it current before the streams and handles are created on it.
+    static int checked(int ordinal) {
+      const int count = device_count();
+      if (ordinal < 0 || ordinal >= count)
+        fail<ConfigError>("cuda::backend: device ", ordinal, " does not exist; this machine has ", count,
+                          " CUDA device(s) (ordinals 0 to ", count - 1, "); check LOCAL_RANK and CUDA_VISIBLE_DEVICES");
+      set_device(ordinal);
+      return ordinal;
+    }
+  };
+
+  template <class X>
+  static std::size_t bytes_of(index_t n) { return static_cast<std::size_t>(n) * sizeof(X); }
+
+
+  std::shared_ptr<state> state_;
+};
+
+static_assert(check_backend<backend>());
+
+}  // namespace cuda
+STRATA_NAMESPACE_END

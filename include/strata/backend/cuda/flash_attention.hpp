@@ -1,0 +1,515 @@
+// strata/backend/cuda/flash_attention.hpp: causal grouped-query attention, own flash-style kernels.
+//
+//   S = scale * Q K^T (key j > query i masked),  P = softmax(S),  O = P V,  lse_i = log sum_j e^(S_ij)
+//   backward: D_i = rowsum(dO_i * O_i),  P_ij = e^(S_ij - lse_i),  dP = dO V^T,  dS = P * (dP - D)
+//             dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K
+//
+// Layouts are the backend contract's (docs/DEVICE.md): q, out, dout, dq [s, b, heads, d]; k, v, dk,
+// dv [s, b, groups, d]; lse and D [b, heads, s]; query head h reads key/value head
+// h / (heads / groups). No s x s matrix is ever stored: probabilities live one tile at a time.
+//
+// Work split (plain, deterministic, no atomics; every sum has one fixed order):
+//   forward   one warp per query row, kRows rows per block; keys stream through shared memory in
+//             tiles of 32 (lane l scores key t0 + l), online softmax (running max m, sum l)
+//   delta     one warp per (batch, head, query): D = dO . O
+//   dK, dV    one warp per key row; loops over the group's query heads, then query tiles of 32
+//             (lane l takes query t0 + l) in ascending order
+//   dQ        one warp per query row; loops over key tiles of 32 in ascending order
+// Each lane owns output columns lane + 32 t (t < kChunks = ceil(d / 32)); warp sums are xor
+// butterflies, whose result is the same bits on every lane and in every run.
+//
+// Element types: float, double, bf16, fp16; tiles and sums are in accumulate_t<T> (float for the
+// 16-bit types). Head size d <= 256. Written for correctness and clarity first (CUDA cores, no
+// tensor cores): for bf16/fp16 training the cuDNN path in attention.hpp is the fast one.
+//
+// Needs nvcc (the header holds kernels).
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "strata/backend/cuda/flash_attention.hpp holds CUDA kernels: include it from a .cu file compiled by nvcc."
+#endif
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
+#include "../../core/shape.hpp"
+#include "runtime.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda {
+namespace flash {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr int kRows = 8;           // query (or key) rows per block, one per warp
+inline constexpr int kTile = kWarpSize;   // keys (or queries) per shared-memory tile, one per lane
+inline constexpr int kThreads = kRows * kWarpSize;
+inline constexpr index_t kMaxHeadSize = 256;
+
+// Loads and stores of T in accumulate precision. The 16-bit types move as their bit patterns
+// (round to nearest even on the way back, NaN kept a NaN), so no host-only member is called.
+template <class T>
+struct element_io {
+  static __device__ T load(const T* p, index_t i) { return p[i]; }
+  static __device__ void store(T* p, index_t i, T value) { p[i] = value; }
+};
+template <>
+struct element_io<bf16> {
+  static __device__ float load(const bf16* p, index_t i) {
+    const std::uint16_t bits = reinterpret_cast<const std::uint16_t*>(p)[i];
+    return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  }
+  static __device__ void store(bf16* p, index_t i, float value) {
+    const std::uint32_t u = __float_as_uint(value);
+    std::uint16_t bits;
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) bits = 0x7fc0;
+    else bits = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    reinterpret_cast<std::uint16_t*>(p)[i] = bits;
+  }
+};
+template <>
+struct element_io<fp16> {
+  static __device__ float load(const fp16* p, index_t i) {
+    return __half2float(__ushort_as_half(reinterpret_cast<const std::uint16_t*>(p)[i]));
+  }
+  static __device__ void store(fp16* p, index_t i, float value) {
+    reinterpret_cast<std::uint16_t*>(p)[i] = __half_as_ushort(__float2half_rn(value));
+  }
+};
+
+template <class A>
+__device__ A exp_of(A x) {
+  if constexpr (std::is_same_v<A, float>) return expf(x);
+  else return exp(x);
+}
+template <class A>
+__device__ A log_of(A x) {
+  if constexpr (std::is_same_v<A, float>) return logf(x);
+  else return log(x);
+}
+template <class A>
+__device__ A negative_infinity() {
+  return -A(INFINITY);
+}
+__device__ inline index_t min_index(index_t a, index_t b) { return a < b ? a : b; }
+__device__ inline index_t max_index(index_t a, index_t b) { return a < b ? b : a; }
+template <class A>
+__device__ A warp_sum(A x) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+template <class A>
+__device__ A warp_max(A x) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// Everything a kernel reads, passed by value.
+template <class T>
+struct attention_params {
+  using A = accumulate_t<T>;
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* out;
+  const T* dout;
+  const A* lse;
+  const A* delta;
+  T* out_w;     // forward: out
+  A* lse_w;     // forward: lse
+  A* delta_w;   // delta kernel: D
+  T* dq;
+  T* dk;
+  T* dv;
+  index_t s, b, heads, groups, d;
+  A scale;
+};
+static_assert(std::is_trivially_copyable_v<attention_params<float>>,
+              "attention_params is passed to kernels by value, so it must be trivially copyable.");
+
+// Offsets of the contract's layouts.
+template <class T>
+__device__ inline index_t q_offset(const attention_params<T>& p, index_t i, index_t bi, index_t h) {
+  return ((i * p.b + bi) * p.heads + h) * p.d;  // [s, b, heads, d]
+}
+template <class T>
+__device__ inline index_t kv_offset(const attention_params<T>& p, index_t j, index_t bi, index_t g) {
+  return ((j * p.b + bi) * p.groups + g) * p.d;  // [s, b, groups, d]
+}
+
+// Loads keys and values t0 .. t0 + kTile - 1 of key/value head g into [kTile, d + 1] tiles
+// (zeros past the end of the sequence; the padded row stride spreads lanes over the banks).
+template <class T>
+__device__ void load_kv_tile(const attention_params<T>& p, index_t t0, index_t bi, index_t g,
+                             accumulate_t<T>* k_tile, accumulate_t<T>* v_tile) {
+  using A = accumulate_t<T>;
+  const index_t d = p.d, ld = d + 1;
+  for (index_t e = threadIdx.x; e < kTile * d; e += blockDim.x) {
+    const index_t r = e / d, c = e % d, j = t0 + r;
+    A kx = 0, vx = 0;
+    if (j < p.s) {
+      const index_t off = kv_offset(p, j, bi, g) + c;
+      kx = element_io<T>::load(p.k, off);
+      vx = element_io<T>::load(p.v, off);
+    }
+    k_tile[r * ld + c] = kx;
+    v_tile[r * ld + c] = vx;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward. grid (ceil(s / kRows), b * heads), kThreads threads.
+// shared: k_tile, v_tile [kTile, d + 1]; q_rows [kRows, d]
+template <class T, int kChunks>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_params<T> p) {
+  using A = accumulate_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const index_t d = p.d, ld = d + 1;
+  A* k_tile = reinterpret_cast<A*>(shared_bytes);
+  A* v_tile = k_tile + kTile * ld;
+  A* q_rows = v_tile + kTile * ld;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const index_t bi = blockIdx.y / p.heads, h = blockIdx.y % p.heads, g = h / (p.heads / p.groups);
+  const index_t q_begin = static_cast<index_t>(blockIdx.x) * kRows, i = q_begin + warp;
+  const bool active = i < p.s;
+  A* q_row = q_rows + warp * d;
+  if (active)
+    for (index_t c = lane; c < d; c += kWarpSize) q_row[c] = element_io<T>::load(p.q, q_offset(p, i, bi, h) + c);
+
+  A m = negative_infinity<A>(), l = 0;
+  A o[kChunks];
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) o[t] = 0;
+
+  const index_t key_end = min_index(p.s, q_begin + kRows);  // the block's last query + 1
+  for (index_t t0 = 0; t0 < key_end; t0 += kTile) {
+    __syncthreads();
+    load_kv_tile(p, t0, bi, g, k_tile, v_tile);
+    __syncthreads();
+    if (!active || t0 > i) continue;  // warp-uniform
+
+    const index_t j = t0 + lane;
+    A score = negative_infinity<A>();
+    if (j <= i) {
+      A dot = 0;
+      for (index_t c = 0; c < d; ++c) dot += q_row[c] * k_tile[lane * ld + c];
+      score = dot * p.scale;
+    }
+    const A m_new = max(m, warp_max(score));  // finite: key t0 <= i is in the tile
+    const A pj = j <= i ? exp_of(score - m_new) : A(0);
+    const A alpha = exp_of(m - m_new);        // 0 on the first tile (m = -inf)
+    l = l * alpha + warp_sum(pj);
+    m = m_new;
+#pragma unroll
+    for (int t = 0; t < kChunks; ++t) o[t] *= alpha;
+    const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
+    for (int r = 0; r < r_end; ++r) {
+      const A pr = __shfl_sync(0xffffffffu, pj, r);
+#pragma unroll
+      for (int t = 0; t < kChunks; ++t) {
+        const index_t c = lane + t * kWarpSize;
+        if (c < d) o[t] += pr * v_tile[r * ld + c];
+      }
+    }
+  }
+  if (!active) return;
+  const A inv_l = A(1) / l;
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) {
+    const index_t c = lane + t * kWarpSize;
+    if (c < d) element_io<T>::store(p.out_w, q_offset(p, i, bi, h) + c, o[t] * inv_l);
+  }
+  if (lane == 0) p.lse_w[(bi * p.heads + h) * p.s + i] = m + log_of(l);  // [b, heads, s]
+}
+
+// ---------------------------------------------------------------------------------------------
+// D[b, heads, s] = sum_c dO * O. One warp per row, kRows rows per block.
+template <class T>
+__global__ void __launch_bounds__(kThreads) attention_delta_kernel(attention_params<T> p) {
+  using A = accumulate_t<T>;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const index_t row = static_cast<index_t>(blockIdx.x) * kRows + warp;  // (bi * heads + h) * s + i
+  if (row >= p.b * p.heads * p.s) return;
+  const index_t i = row % p.s, bh = row / p.s, bi = bh / p.heads, h = bh % p.heads;
+  const index_t off = q_offset(p, i, bi, h);
+  A sum = 0;
+  for (index_t c = lane; c < p.d; c += kWarpSize)
+    sum += element_io<T>::load(p.dout, off + c) * element_io<T>::load(p.out, off + c);
+  sum = warp_sum(sum);
+  if (lane == 0) p.delta_w[row] = sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// dK, dV. grid (ceil(s / kRows), b * groups), kThreads threads; warp w owns key j = block's
+// first key + w and sums over the group's query heads and the queries i >= j.
+// shared: q_tile, do_tile [kTile, d + 1]; lse_tile, delta_tile [kTile]; k_rows, v_rows [kRows, d]
+template <class T, int kChunks>
+__global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_params<T> p) {
+  using A = accumulate_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const index_t d = p.d, ld = d + 1;
+  A* q_tile = reinterpret_cast<A*>(shared_bytes);
+  A* do_tile = q_tile + kTile * ld;
+  A* lse_tile = do_tile + kTile * ld;
+  A* delta_tile = lse_tile + kTile;
+  A* k_rows = delta_tile + kTile;
+  A* v_rows = k_rows + kRows * d;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const index_t bi = blockIdx.y / p.groups, g = blockIdx.y % p.groups, per_group = p.heads / p.groups;
+  const index_t k_begin = static_cast<index_t>(blockIdx.x) * kRows, j = k_begin + warp;
+  const bool active = j < p.s;
+  A* k_row = k_rows + warp * d;
+  A* v_row = v_rows + warp * d;
+  if (active)
+    for (index_t c = lane; c < d; c += kWarpSize) {
+      k_row[c] = element_io<T>::load(p.k, kv_offset(p, j, bi, g) + c);
+      v_row[c] = element_io<T>::load(p.v, kv_offset(p, j, bi, g) + c);
+    }
+
+  A dk[kChunks], dv[kChunks];
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) dk[t] = dv[t] = 0;
+
+  const index_t t_first = (k_begin / kTile) * kTile;  // queries before the block's keys see none of them
+  for (index_t hh = 0; hh < per_group; ++hh) {
+    const index_t h = g * per_group + hh;
+    const index_t stat = (bi * p.heads + h) * p.s;  // row of lse / D
+    for (index_t t0 = t_first; t0 < p.s; t0 += kTile) {
+      __syncthreads();
+      for (index_t e = threadIdx.x; e < kTile * d; e += blockDim.x) {
+        const index_t r = e / d, c = e % d, i = t0 + r;
+        A qx = 0, dox = 0;
+        if (i < p.s) {
+          const index_t off = q_offset(p, i, bi, h) + c;
+          qx = element_io<T>::load(p.q, off);
+          dox = element_io<T>::load(p.dout, off);
+        }
+        q_tile[r * ld + c] = qx;
+        do_tile[r * ld + c] = dox;
+      }
+      for (index_t r = threadIdx.x; r < kTile; r += blockDim.x) {
+        const index_t i = t0 + r;
+        lse_tile[r] = i < p.s ? p.lse[stat + i] : A(0);
+        delta_tile[r] = i < p.s ? p.delta[stat + i] : A(0);
+      }
+      __syncthreads();
+      if (!active || t0 + kTile <= j) continue;  // warp-uniform: no query of the tile sees key j
+
+      const index_t i = t0 + lane;
+      A prob = 0, dscore = 0;
+      if (i >= j && i < p.s) {
+        A qk = 0, dov = 0;
+        for (index_t c = 0; c < d; ++c) {
+          qk += q_tile[lane * ld + c] * k_row[c];
+          dov += do_tile[lane * ld + c] * v_row[c];
+        }
+        prob = exp_of(qk * p.scale - lse_tile[lane]);
+        dscore = prob * (dov - delta_tile[lane]);
+      }
+      const int r_begin = static_cast<int>(max_index(0, j - t0));
+      for (int r = r_begin; r < kTile; ++r) {
+        const A pr = __shfl_sync(0xffffffffu, prob, r);
+        const A dsr = __shfl_sync(0xffffffffu, dscore, r);
+#pragma unroll
+        for (int t = 0; t < kChunks; ++t) {
+          const index_t c = lane + t * kWarpSize;
+          if (c < d) {
+            dv[t] += pr * do_tile[r * ld + c];
+            dk[t] += dsr * q_tile[r * ld + c];
+          }
+        }
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) {
+    const index_t c = lane + t * kWarpSize;
+    if (c < d) {
+      element_io<T>::store(p.dk, kv_offset(p, j, bi, g) + c, dk[t] * p.scale);
+      element_io<T>::store(p.dv, kv_offset(p, j, bi, g) + c, dv[t]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ. grid (ceil(s / kRows), b * heads), kThreads threads; warp w owns query i.
+// shared: k_tile, v_tile [kTile, d + 1]; q_rows, do_rows [kRows, d]
+template <class T, int kChunks>
+__global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params<T> p) {
+  using A = accumulate_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const index_t d = p.d, ld = d + 1;
+  A* k_tile = reinterpret_cast<A*>(shared_bytes);
+  A* v_tile = k_tile + kTile * ld;
+  A* q_rows = v_tile + kTile * ld;
+  A* do_rows = q_rows + kRows * d;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const index_t bi = blockIdx.y / p.heads, h = blockIdx.y % p.heads, g = h / (p.heads / p.groups);
+  const index_t q_begin = static_cast<index_t>(blockIdx.x) * kRows, i = q_begin + warp;
+  const bool active = i < p.s;
+  A* q_row = q_rows + warp * d;
+  A* do_row = do_rows + warp * d;
+  A lse_i = 0, delta_i = 0;
+  if (active) {
+    for (index_t c = lane; c < d; c += kWarpSize) {
+      q_row[c] = element_io<T>::load(p.q, q_offset(p, i, bi, h) + c);
+      do_row[c] = element_io<T>::load(p.dout, q_offset(p, i, bi, h) + c);
+    }
+    lse_i = p.lse[(bi * p.heads + h) * p.s + i];
+    delta_i = p.delta[(bi * p.heads + h) * p.s + i];
+  }
+
+  A dq[kChunks];
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) dq[t] = 0;
+
+  const index_t key_end = min_index(p.s, q_begin + kRows);
+  for (index_t t0 = 0; t0 < key_end; t0 += kTile) {
+    __syncthreads();
+    load_kv_tile(p, t0, bi, g, k_tile, v_tile);
+    __syncthreads();
+    if (!active || t0 > i) continue;  // warp-uniform
+
+    const index_t j = t0 + lane;
+    A dscore = 0;
+    if (j <= i) {
+      A qk = 0, dov = 0;
+      for (index_t c = 0; c < d; ++c) {
+        qk += q_row[c] * k_tile[lane * ld + c];
+        dov += do_row[c] * v_tile[lane * ld + c];
+      }
+      const A prob = exp_of(qk * p.scale - lse_i);
+      dscore = prob * (dov - delta_i);
+    }
+    const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
+    for (int r = 0; r < r_end; ++r) {
+      const A dsr = __shfl_sync(0xffffffffu, dscore, r);
+#pragma unroll
+      for (int t = 0; t < kChunks; ++t) {
+        const index_t c = lane + t * kWarpSize;
+        if (c < d) dq[t] += dsr * k_tile[r * ld + c];
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) {
+    const index_t c = lane + t * kWarpSize;
+    if (c < d) element_io<T>::store(p.dq, q_offset(p, i, bi, h) + c, dq[t] * p.scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+
+inline void check_attention_shape(const char* who, index_t s, index_t b, index_t heads, index_t groups, index_t d) {
+  if (s < 0 || b < 0 || heads <= 0 || groups <= 0)
+    fail<ShapeError>(who, ": s = ", s, ", b = ", b, ", heads = ", heads, ", groups = ", groups,
+                     " must be non-negative (heads and groups positive)");
+  if (heads % groups != 0)
+    fail<ShapeError>(who, ": heads = ", heads, " is not a multiple of groups = ", groups,
+                     "; grouped-query attention gives every key/value head the same number of query heads");
+  if (d <= 0 || d > kMaxHeadSize)
+    fail<ShapeError>(who, ": head size d = ", d, " is outside 1..", kMaxHeadSize,
+                     ", the range the flash kernels hold in registers; split the heads or use the cuDNN path");
+  if (b * heads > 65535)
+    fail<ShapeError>(who, ": b * heads = ", b * heads, " exceeds the 65535 blocks of a grid's y dimension; "
+                     "call attention on fewer sequences at a time");
+}
+
+// Launches kernel<T, kChunks> with the chunk count ceil(d / 32) rounded up to 1, 2, 4 or 8.
+template <template <class, int> class Launch, class T, class... Args>
+void dispatch_chunks(index_t d, Args&&... args) {
+  if (d <= 32) Launch<T, 1>::run(std::forward<Args>(args)...);
+  else if (d <= 64) Launch<T, 2>::run(std::forward<Args>(args)...);
+  else if (d <= 128) Launch<T, 4>::run(std::forward<Args>(args)...);
+  else Launch<T, 8>::run(std::forward<Args>(args)...);
+}
+
+template <class Kernel>
+void prepare_shared(Kernel kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+inline unsigned grid_count(index_t n, index_t per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
+
+template <class T, int kChunks>
+struct launch_forward {
+  static void run(const attention_params<T>& p, cudaStream_t stream) {
+    using A = accumulate_t<T>;
+    const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + kRows * p.d);
+    prepare_shared(attention_forward_kernel<T, kChunks>, bytes);
+    const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.heads));
+    attention_forward_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    STRATA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+template <class T, int kChunks>
+struct launch_dkdv {
+  static void run(const attention_params<T>& p, cudaStream_t stream) {
+    using A = accumulate_t<T>;
+    const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + 2 * kTile + 2 * kRows * p.d);
+    prepare_shared(attention_dkdv_kernel<T, kChunks>, bytes);
+    const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.groups));
+    attention_dkdv_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    STRATA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+template <class T, int kChunks>
+struct launch_dq {
+  static void run(const attention_params<T>& p, cudaStream_t stream) {
+    using A = accumulate_t<T>;
+    const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + 2 * kRows * p.d);
+    prepare_shared(attention_dq_kernel<T, kChunks>, bytes);
+    const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.heads));
+    attention_dq_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    STRATA_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+}  // namespace flash
+
+// out [s, b, heads, d] and lse [b, heads, s] from q [s, b, heads, d], k, v [s, b, groups, d].
+template <class T>
+void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const T* v, index_t s, index_t b,
+                             index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
+                             accumulate_t<T>* lse) {
+  flash::check_attention_shape("flash_attention_forward", s, b, heads, groups, d);
+  if (s == 0 || b == 0) return;
+  flash::attention_params<T> p{};
+  p.q = q, p.k = k, p.v = v, p.out_w = out, p.lse_w = lse;
+  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.scale = scale;
+  flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
+}
+
+// dq, dk, dv written. `delta` is scratch of b * heads * s accumulate_t<T> elements (D = rowsum(dO * O)).
+template <class T>
+void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                              const accumulate_t<T>* lse, index_t s, index_t b, index_t heads, index_t groups,
+                              index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv, accumulate_t<T>* delta) {
+  flash::check_attention_shape("flash_attention_backward", s, b, heads, groups, d);
+  if (s == 0 || b == 0) return;
+  flash::attention_params<T> p{};
+  p.q = q, p.k = k, p.v = v, p.out = out, p.dout = dout, p.lse = lse, p.delta = delta, p.delta_w = delta;
+  p.dq = dq, p.dk = dk, p.dv = dv;
+  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.scale = scale;
+  flash::attention_delta_kernel<T><<<flash::grid_count(b * heads * s, flash::kRows), flash::kThreads, 0, stream>>>(p);
+  STRATA_CUDA_CHECK(cudaGetLastError());
+  flash::dispatch_chunks<flash::launch_dkdv, T>(d, p, stream);
+  flash::dispatch_chunks<flash::launch_dq, T>(d, p, stream);
+}
+
+}  // namespace cuda
+STRATA_NAMESPACE_END

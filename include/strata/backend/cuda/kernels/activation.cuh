@@ -1,0 +1,79 @@
+// strata/backend/cuda/kernels/activation.cuh: GELU (tanh approximation) and SwiGLU, forward and
+// backward, element-wise in A = accumulate_t<T>.
+//
+//   gelu(x)       = 0.5 x (1 + tanh(c (x + 0.044715 x^3))),  c = sqrt(2 / pi)
+//   gelu'(x)      = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2),  t = tanh(...)
+//   swiglu(g, u)  = silu(g) u,  silu(g) = g sigmoid(g)
+//   d/du = dy silu(g),  d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g)))
+//
+// gate_up [rows, 2f] holds [gate (f) | up (f)] in each row; y [rows, f]. GELU runs through map
+// (16-byte accesses where the pointers allow).
+#pragma once
+
+#include "common.cuh"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda::kernels {
+
+template <class A>
+struct gelu_forward_op {  // a = x
+  __device__ A operator()(A v, A, index_t) const {
+    const A c = A(0.7978845608028654);
+    return A(0.5) * v * (A(1) + tanh_(c * (v + A(0.044715) * v * v * v)));
+  }
+};
+template <class A>
+struct gelu_backward_op {  // a = dy, b = x
+  __device__ A operator()(A dy, A v, index_t) const {
+    const A c = A(0.7978845608028654);
+    const A t = tanh_(c * (v + A(0.044715) * v * v * v));
+    const A dt = (A(1) - t * t) * c * (A(1) + A(3) * A(0.044715) * v * v);
+    return dy * (A(0.5) * (A(1) + t) + A(0.5) * v * dt);
+  }
+};
+template <class T>
+void gelu_forward(const T* x, index_t n, T* y, cudaStream_t stream) {
+  map<T>(x, nullptr, n, y, gelu_forward_op<accumulate_t<T>>{}, "gelu_forward", stream);
+}
+template <class T>
+void gelu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream_t stream) {
+  map<T>(dy, x, n, dx, gelu_backward_op<accumulate_t<T>>{}, "gelu_backward", stream);
+}
+
+template <class T, class A = accumulate_t<T>>
+__global__ void swiglu_forward_kernel(const T* gate_up, index_t rows, index_t f, T* y) {
+  const index_t n = rows * f;
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / f, j = i % f;  // y (rows, f)
+    const A gate = load(gate_up, r * 2 * f + j), up = load(gate_up, r * 2 * f + f + j);  // gate_up (rows, 2f)
+    const A sig = A(1) / (A(1) + exp_(-gate));
+    store(y, i, gate * sig * up);
+  }
+}
+template <class T, class A = accumulate_t<T>>
+__global__ void swiglu_backward_kernel(const T* dy, const T* gate_up, index_t rows, index_t f, T* dgate_up) {
+  const index_t n = rows * f;
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / f, j = i % f;
+    const index_t gate_at = r * 2 * f + j, up_at = gate_at + f;
+    const A gate = load(gate_up, gate_at), up = load(gate_up, up_at), d = load(dy, i);
+    const A sig = A(1) / (A(1) + exp_(-gate));
+    store(dgate_up, up_at, d * gate * sig);
+    store(dgate_up, gate_at, d * up * sig * (A(1) + gate * (A(1) - sig)));
+  }
+}
+template <class T>
+void swiglu_forward(const T* gate_up, index_t rows, index_t f, T* y, cudaStream_t stream) {
+  if (rows <= 0 || f <= 0) return;
+  swiglu_forward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(gate_up, rows, f, y);
+  check_launch("swiglu_forward");
+}
+template <class T>
+void swiglu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, T* dgate_up, cudaStream_t stream) {
+  if (rows <= 0 || f <= 0) return;
+  swiglu_backward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(dy, gate_up, rows, f, dgate_up);
+  check_launch("swiglu_backward");
+}
+
+}  // namespace cuda::kernels
+STRATA_NAMESPACE_END

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tests/gpu/run_gpu_suite.sh <build-dir> [log-dir]: runs every GPU test program built under
+# <build-dir>/tests/gpu (test_*), each with its full output in <log-dir>/<name>.log (default
+# <build-dir>/gpu-logs), then the kernel and GEMM tests again at small sizes under
+# compute-sanitizer's memcheck and racecheck (when compute-sanitizer is found), and prints one
+# summary line per suite. A new suite is picked up by its name (test_*.cu). Each run is stopped after
+# STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out). Exits non-zero if any failed.
+set -u
+build=${1:?usage: run_gpu_suite.sh <build-dir> [log-dir]}
+logs=${2:-$build/gpu-logs}
+mkdir -p "$logs"
+limit=${STRATA_GPU_SUITE_TIMEOUT:-300}
+status=0
+summary=()
+
+# run <name> <command...>: one suite, its log, its summary line.
+run() {
+  local name=$1
+  shift
+  local start rc line
+  start=$(date +%s)
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  line=$(grep -E '^(SUMMARY|SUITE)' "$logs/$name.log" | tail -n 1)
+  if [[ $rc -ne 0 ]]; then
+    status=1
+    [[ -z $line ]] && line=$(grep -E 'ERROR SUMMARY|error' "$logs/$name.log" | tail -n 1)
+  fi
+  summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" "$(( $(date +%s) - start ))" "${line:-no summary line}")")
+}
+
+dir="$build/tests/gpu"
+for program in "$dir"/test_*; do
+  [[ -x $program && -f $program ]] || continue
+  name=$(basename "$program")
+  if [[ $name == test_kernels ]]; then run "$name" "$program" --quiet; else run "$name" "$program"; fi
+done
+[[ ${#summary[@]} -eq 0 ]] && { echo "no GPU test programs under $dir"; exit 1; }
+
+sanitizer=$(command -v compute-sanitizer || true)
+for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer; do
+  [[ -z $sanitizer && -x $candidate ]] && sanitizer=$candidate
+done
+if [[ -n $sanitizer ]]; then
+  if [[ -x $dir/test_kernels ]]; then
+    run "test_kernels.memcheck" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 "$dir/test_kernels" --small --quiet
+    run "test_kernels.racecheck" "$sanitizer" --tool racecheck --racecheck-report all --error-exitcode 3 "$dir/test_kernels" --small --quiet
+  fi
+  if [[ -x $dir/test_gemm ]]; then
+    run "test_gemm.memcheck" "$sanitizer" --tool memcheck --error-exitcode 3 "$dir/test_gemm" --small
+  fi
+else
+  summary+=("compute-sanitizer not found: memcheck and racecheck skipped")
+fi
+printf '%s\n' "${summary[@]}"
+exit $status

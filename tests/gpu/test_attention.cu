@@ -1,0 +1,315 @@
+// tests/gpu/test_attention.cu: cuda::attention_forward / attention_backward against a double-
+// precision CPU reference of the same contract (docs/DEVICE.md): causal, grouped-query, q/out
+// [s, b, heads, d], k/v [s, b, groups, d], lse [b, heads, s] natural-log log-sum-exp.
+//
+// For every case: random inputs rounded to the element type (the reference sees the same values),
+// outputs NaN-poisoned before each run, relative errors ||x - ref|| / ||ref|| of out, lse, dq, dk
+// and dv within 1e-12 (double), 1e-5 (float), 1e-2 (bf16, fp16); the engine that ran (cuDNN for
+// bf16/fp16 at d = 64 and 128 when built with cuDNN, else the flash kernels); two runs give the same
+// bits; a second call of a shape builds no new cuDNN graph. cuDNN's backward refuses s = 1: there the
+// backward must run the flash kernels and name the refusal.
+//
+// Plain main(): one line per check, a summary line, exit status 1 on any failure. `--quick` runs
+// only the small shapes (for compute-sanitizer).
+#include <cuda_runtime.h>
+
+#include <strata/backend/cuda/attention.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cu = strata::cuda;
+using strata::bf16;
+using strata::fp16;
+using strata::index_t;
+
+namespace {
+
+int g_checks = 0, g_failures = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok) ++g_failures;
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+}
+
+template <class T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, double>) return "double";
+  else if constexpr (std::is_same_v<T, float>) return "float";
+  else if constexpr (std::is_same_v<T, bf16>) return "bf16";
+  else return "fp16";
+}
+
+template <class T>
+double tolerance() {
+  if constexpr (std::is_same_v<T, double>) return 1e-12;
+  else if constexpr (std::is_same_v<T, float>) return 1e-5;
+  else return 1e-2;
+}
+
+struct Shape {
+  index_t s, b, heads, groups, d;
+  std::string str() const {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "s=%lld b=%lld heads=%lld groups=%lld d=%lld", (long long)s, (long long)b,
+                  (long long)heads, (long long)groups, (long long)d);
+    return buf;
+  }
+};
+
+// The reference: everything in double, straight from the definitions.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Reference reference(const Shape& x, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v, const std::vector<double>& dout, double scale) {
+  const index_t s = x.s, b = x.b, H = x.heads, G = x.groups, d = x.d, per_group = H / G;
+  Reference r;
+  r.out.assign(q.size(), 0.0);
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(k.size(), 0.0);
+  r.lse.assign(static_cast<std::size_t>(b * H * s), 0.0);
+  auto qo = [&](index_t i, index_t bi, index_t h) { return ((i * b + bi) * H + h) * d; };   // [s, b, H, d]
+  auto ko = [&](index_t j, index_t bi, index_t g) { return ((j * b + bi) * G + g) * d; };   // [s, b, G, d]
+  // One task per (batch, kv head): it owns dk, dv of that head and the out/dq/lse of its query heads.
+  auto task = [&](index_t bi, index_t g) {
+    std::vector<double> p(static_cast<std::size_t>(s)), dp(static_cast<std::size_t>(s));
+    for (index_t h = g * per_group; h < (g + 1) * per_group; ++h)
+      for (index_t i = 0; i < s; ++i) {
+        double mx = -INFINITY;
+        for (index_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (index_t c = 0; c < d; ++c) dot += q[qo(i, bi, h) + c] * k[ko(j, bi, g) + c];
+          p[j] = scale * dot;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (index_t j = 0; j <= i; ++j) sum += std::exp(p[j] - mx);
+        const double lse = mx + std::log(sum);
+        r.lse[(bi * H + h) * s + i] = lse;
+        for (index_t j = 0; j <= i; ++j) p[j] = std::exp(p[j] - lse);
+        double* o = &r.out[qo(i, bi, h)];
+        for (index_t j = 0; j <= i; ++j)
+          for (index_t c = 0; c < d; ++c) o[c] += p[j] * v[ko(j, bi, g) + c];
+        // backward of this row: dP = dO V^T, D = rowsum(dP * P), dS = P (dP - D)
+        const double* go = &dout[qo(i, bi, h)];
+        double delta = 0;
+        for (index_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (index_t c = 0; c < d; ++c) dot += go[c] * v[ko(j, bi, g) + c];
+          dp[j] = dot;
+          delta += dot * p[j];
+        }
+        for (index_t j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - delta);
+          for (index_t c = 0; c < d; ++c) {
+            r.dq[qo(i, bi, h) + c] += scale * ds * k[ko(j, bi, g) + c];
+            r.dk[ko(j, bi, g) + c] += scale * ds * q[qo(i, bi, h) + c];
+            r.dv[ko(j, bi, g) + c] += p[j] * go[c];
+          }
+        }
+      }
+  };
+  std::vector<std::thread> workers;
+  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
+  const index_t tasks = b * G;
+  for (unsigned w = 0; w < n_threads; ++w)
+    workers.emplace_back([&, w] {
+      for (index_t t = w; t < tasks; t += n_threads) task(t / G, t % G);
+    });
+  for (auto& w : workers) w.join();
+  return r;
+}
+
+template <class X>
+struct DeviceArray {
+  X* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceArray(std::size_t count) : n(count) { STRATA_CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(1, n) * sizeof(X))); }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  void poison() { STRATA_CUDA_CHECK(cudaMemset(ptr, 0xff, n * sizeof(X))); }  // all-ones bytes: NaN
+  void upload(const std::vector<X>& h) { STRATA_CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(X), cudaMemcpyHostToDevice)); }
+  std::vector<X> download() const {
+    std::vector<X> h(n);
+    STRATA_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(X), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+template <class X>
+double to_double(X x) {
+  return static_cast<double>(static_cast<float>(x));
+}
+template <>
+double to_double<double>(double x) {
+  return x;
+}
+
+template <class X>
+double relative_error(const std::vector<X>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double g = to_double(got[i]);
+    if (!std::isfinite(g)) return INFINITY;
+    num += (g - ref[i]) * (g - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+template <class X>
+bool same_bits(const std::vector<X>& a, const std::vector<X>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(X)) == 0;
+}
+
+// Runs one case; expect_cudnn: the engine every call must report.
+template <class T>
+void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, bool use_cudnn, std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  plans.prefer_cudnn(use_cudnn);
+  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T>;
+  const std::string name = std::string(type_name<T>()) + (expect_cudnn ? " cudnn " : " flash ") + x.str();
+
+  const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
+  const std::size_t nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
+  const std::size_t nl = static_cast<std::size_t>(x.b * x.heads * x.s);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](std::size_t n, std::vector<T>& t, std::vector<double>& ref) {
+    t.resize(n);
+    ref.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      t[i] = T(normal(gen));
+      ref[i] = to_double(t[i]);
+    }
+  };
+  std::vector<T> hq, hk, hv, hdo;
+  std::vector<double> rq, rk, rv, rdo;
+  random(nq, hq, rq);
+  random(nk, hk, rk);
+  random(nk, hv, rv);
+  random(nq, hdo, rdo);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+  const Reference ref = reference(x, rq, rk, rv, rdo, scale);
+
+  DeviceArray<T> q(nq), k(nk), v(nk), dout(nq), out(nq), dq(nq), dk(nk), dv(nk);
+  DeviceArray<A> lse(nl);
+  q.upload(hq);
+  k.upload(hk);
+  v.upload(hv);
+  dout.upload(hdo);
+
+  struct Result {
+    std::vector<T> out, dq, dk, dv;
+    std::vector<A> lse;
+    cu::attention_engine forward_engine, backward_engine;
+    std::string refusal;
+  };
+  auto run = [&] {
+    out.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
+    Result r;
+    cu::attention_forward<T>(plans, stream, q.ptr, k.ptr, v.ptr, x.s, x.b, x.heads, x.groups, x.d, A(scale), out.ptr,
+                             lse.ptr);
+    r.forward_engine = plans.last_engine();
+    r.refusal = plans.last_refusal();
+    cu::attention_backward<T>(plans, stream, dout.ptr, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, x.s, x.b, x.heads,
+                              x.groups, x.d, A(scale), dq.ptr, dk.ptr, dv.ptr);
+    r.backward_engine = plans.last_engine();
+    if (r.refusal.empty()) r.refusal = plans.last_refusal();
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    r.out = out.download(), r.lse = lse.download(), r.dq = dq.download(), r.dk = dk.download(), r.dv = dv.download();
+    return r;
+  };
+
+  const Result first = run();
+  const std::size_t graphs_after_first = plans.graphs_built();
+  const Result second = run();
+
+  // cuDNN's backward refuses s_q = s_kv = 1; that call must then run the flash kernels and say why.
+  const cu::attention_engine want = expect_cudnn ? cu::attention_engine::cudnn : cu::attention_engine::flash;
+  const bool backward_ok = first.backward_engine == want ||
+                           (expect_cudnn && x.s == 1 && first.backward_engine == cu::attention_engine::flash &&
+                            first.refusal.find("cuDNN refused") != std::string::npos);
+  check(first.forward_engine == want && backward_ok,
+        name + " engine forward=" + std::string(cu::engine_name(first.forward_engine)) +
+            " backward=" + std::string(cu::engine_name(first.backward_engine)) +
+            (first.refusal.empty() ? "" : " (" + first.refusal + ")"));
+  const double tol = tolerance<T>();
+  auto report = [&](const char* what, double err) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s rel=%.3e (<= %.0e)", what, err, tol);
+    check(err <= tol, name + buf);
+  };
+  report("out", relative_error(first.out, ref.out));
+  report("lse", relative_error(first.lse, ref.lse));
+  report("dq", relative_error(first.dq, ref.dq));
+  report("dk", relative_error(first.dk, ref.dk));
+  report("dv", relative_error(first.dv, ref.dv));
+  check(same_bits(first.out, second.out) && same_bits(first.lse, second.lse) && same_bits(first.dq, second.dq) &&
+            same_bits(first.dk, second.dk) && same_bits(first.dv, second.dv),
+        name + " two runs bit-identical");
+  if (expect_cudnn)
+    check(plans.graphs_built() == graphs_after_first,
+          name + " second call built no graph (" + std::to_string(plans.graphs_built()) + " graphs)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("FAIL no CUDA device found\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  std::printf("cuDNN: library %zu, headers %d, frontend %d\n", cudnnGetVersion(), CUDNN_VERSION,
+              CUDNN_FRONTEND_VERSION);
+#else
+  std::printf("cuDNN: not built in; bf16/fp16 run on the flash kernels\n");
+#endif
+
+  try {
+    cu::stream stream;
+    cu::attention_plans plans(0);
+    std::uint64_t seed = 1;
+
+    // The flash kernels: head sizes 32, 48, 64, 128, 256; MHA and GQA; one query, odd lengths, 1024.
+    std::vector<Shape> flash_shapes = {{1, 2, 4, 4, 32},    {7, 3, 8, 2, 48},  {129, 2, 12, 12, 64},
+                                       {129, 1, 8, 2, 128}, {65, 1, 4, 2, 256}};
+    if (!quick) flash_shapes.insert(flash_shapes.end(), {{1024, 1, 4, 4, 64}, {1024, 2, 8, 2, 128}});
+    for (const Shape& x : flash_shapes) run_case<double>(plans, stream, x, false, seed++);
+    for (const Shape& x : flash_shapes) run_case<float>(plans, stream, x, false, seed++);
+    for (const Shape& x : {Shape{7, 3, 8, 2, 48}, Shape{129, 2, 12, 12, 64}, Shape{quick ? 33 : 1024, 1, 8, 2, 128}})
+      run_case<bf16>(plans, stream, x, false, seed++);
+
+    // cuDNN (or the flash kernels when built without it): s in {1, 7, 129, 1024}, heads/groups in
+    // {4/4, 8/2, 12/12}, d in {64, 128}.
+    const std::vector<index_t> lengths = quick ? std::vector<index_t>{1, 7, 129} : std::vector<index_t>{1, 7, 129, 1024};
+    for (index_t s : lengths)
+      for (auto [heads, groups] : {std::pair<index_t, index_t>{4, 4}, {8, 2}, {12, 12}})
+        for (index_t d : {64, 128})
+          run_case<bf16>(plans, stream, Shape{s, s == 1024 ? 1 : 2, heads, groups, d}, true, seed++);
+    run_case<fp16>(plans, stream, Shape{129, 2, 8, 2, 64}, true, seed++);
+    if (!quick) run_case<fp16>(plans, stream, Shape{1024, 1, 12, 12, 128}, true, seed++);
+  } catch (const std::exception& e) {
+    check(false, std::string("exception: ") + e.what());
+  }
+
+  std::printf("SUMMARY test_attention: %d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
