@@ -37,6 +37,7 @@
 
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../core/space.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
@@ -59,6 +60,27 @@ concept CommElement = Element<T> || std::is_same_v<T, std::int32_t> || std::is_s
 namespace detail {
 
 template <class C>
+struct communicator_space {
+  using type = space::host;
+};
+template <class C>
+  requires requires { typename C::space; }
+struct communicator_space<C> {
+  using type = typename C::space;
+};
+
+}  // namespace detail
+
+// The memory space a communicator's buffers live in: `C::space` where C names one, else host.
+// Buffers are `comm_span_t<T, C>`: std::span<T> for host communicators, device_span<T> for space::cuda.
+template <class C>
+using communicator_space_t = typename detail::communicator_space<C>::type;
+template <class T, class C>
+using comm_span_t = span_t<T, communicator_space_t<C>>;
+
+namespace detail {
+
+template <class C>
 concept communicator_has_group_queries = requires(const C& c) {
   { c.rank() } -> std::same_as<int>;
   { c.size() } -> std::same_as<int>;
@@ -66,33 +88,33 @@ concept communicator_has_group_queries = requires(const C& c) {
 };
 
 template <class C, class T>
-concept communicator_has_all_reduce = requires(C& c, std::span<T> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
+concept communicator_has_all_reduce = requires(C& c, comm_span_t<T, C> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
 
 template <class C, class T>
-concept communicator_has_all_gather = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_all_gather = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                std::span<const std::size_t> counts) {
   c.all_gather(in, out);
   c.all_gather_v(in, out, counts);
 };
 
 template <class C, class T>
-concept communicator_has_reduce_scatter = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_reduce_scatter = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                    std::span<const std::size_t> counts, ReduceOp op) {
   c.reduce_scatter(in, out, op);
   c.reduce_scatter_v(in, out, counts, op);
 };
 
 template <class C, class T>
-concept communicator_has_broadcast = requires(C& c, std::span<T> buffer, int root) { c.broadcast(buffer, root); };
+concept communicator_has_broadcast = requires(C& c, comm_span_t<T, C> buffer, int root) { c.broadcast(buffer, root); };
 
 template <class C, class T>
-concept communicator_has_point_to_point = requires(C& c, std::span<const T> in, std::span<T> out, int peer) {
+concept communicator_has_point_to_point = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out, int peer) {
   c.send(in, peer);
   c.recv(out, peer);
 };
 
 template <class C, class T>
-concept communicator_has_all_to_all = requires(C& c, std::span<const T> in, std::span<T> out,
+concept communicator_has_all_to_all = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                std::span<const std::size_t> counts) {
   c.all_to_all(in, counts, out, counts);
 };
@@ -111,7 +133,8 @@ concept communicator_moves = communicator_has_all_reduce<C, T> && communicator_h
 }  // namespace detail
 
 // C is a handle on one process group. The concept checks float and double; backends provide the
-// same operations for every CommElement.
+// same operations for every CommElement. Buffers are spans of C's memory space (`C::space`, host
+// when C names none); counts are always host spans.
 template <class C>
 concept Communicator = std::copy_constructible<C> && std::is_move_assignable_v<C> &&
                        detail::communicator_has_group_queries<C> && detail::communicator_has_barrier_and_split<C> &&
@@ -131,25 +154,25 @@ consteval bool check_communicator() {
                 "The type does not model strata::Communicator: it lacks `int rank() const`, `int size() const` "
                 "or `std::string_view name() const`.");
   static_assert(detail::communicator_has_all_reduce<C, float> && detail::communicator_has_all_reduce<C, double>,
-                "The type does not model strata::Communicator: it lacks all_reduce(std::span<T>, ReduceOp) for "
+                "The type does not model strata::Communicator: it lacks all_reduce(span_t<T, space>, ReduceOp) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_all_gather<C, float> && detail::communicator_has_all_gather<C, double>,
-                "The type does not model strata::Communicator: it lacks all_gather(std::span<const T>, std::span<T>) "
-                "or all_gather_v(std::span<const T>, std::span<T>, std::span<const std::size_t>) for T = float or "
+                "The type does not model strata::Communicator: it lacks all_gather(span_t<const T, space>, span_t<T, space>) "
+                "or all_gather_v(span_t<const T, space>, span_t<T, space>, std::span<const std::size_t>) for T = float or "
                 "double.");
   static_assert(detail::communicator_has_reduce_scatter<C, float> && detail::communicator_has_reduce_scatter<C, double>,
-                "The type does not model strata::Communicator: it lacks reduce_scatter(std::span<const T>, "
-                "std::span<T>, ReduceOp) or reduce_scatter_v(std::span<const T>, std::span<T>, "
+                "The type does not model strata::Communicator: it lacks reduce_scatter(span_t<const T, space>, "
+                "span_t<T, space>, ReduceOp) or reduce_scatter_v(span_t<const T, space>, span_t<T, space>, "
                 "std::span<const std::size_t>, ReduceOp) for T = float or double.");
   static_assert(detail::communicator_has_broadcast<C, float> && detail::communicator_has_broadcast<C, double>,
-                "The type does not model strata::Communicator: it lacks broadcast(std::span<T>, int root) for "
+                "The type does not model strata::Communicator: it lacks broadcast(span_t<T, space>, int root) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_point_to_point<C, float> && detail::communicator_has_point_to_point<C, double>,
-                "The type does not model strata::Communicator: it lacks send(std::span<const T>, int peer) or "
-                "recv(std::span<T>, int peer) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks send(span_t<const T, space>, int peer) or "
+                "recv(span_t<T, space>, int peer) for T = float or double.");
   static_assert(detail::communicator_has_all_to_all<C, float> && detail::communicator_has_all_to_all<C, double>,
-                "The type does not model strata::Communicator: it lacks all_to_all(std::span<const T>, "
-                "std::span<const std::size_t>, std::span<T>, std::span<const std::size_t>) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks all_to_all(span_t<const T, space>, "
+                "std::span<const std::size_t>, span_t<T, space>, std::span<const std::size_t>) for T = float or double.");
   static_assert(detail::communicator_has_barrier_and_split<C>,
                 "The type does not model strata::Communicator: it lacks barrier() or `C split(int color, int key)` "
                 "returning the same communicator type.");
