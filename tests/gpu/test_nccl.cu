@@ -447,7 +447,7 @@ void failure_test(int gpus, bool warm_up) {
 }
 
 int summary(const char* mode) {
-  std::printf("test_nccl %s: %d passed, %d failed\n", mode, passed.load(), failed.load());
+  std::printf("SUITE nccl %s: %d passed, %d failed\n", mode, passed.load(), failed.load());
   return failed.load() == 0 && passed.load() > 0 ? 0 : 1;
 }
 

@@ -179,6 +179,21 @@ consteval bool check_communicator() {
   return Communicator<C>;
 }
 
+// A batch of point-to-point calls that must be issued together. NCCL's send completes only when
+// the peer receives, so two ranks that exchange messages (or one that posts several) open a batch
+// first; a buffered communicator (in-process) needs none. Code written for every communicator:
+//   auto batch = strata::batch_point_to_point(comm);
+//   comm.send(a, next); comm.recv(b, previous);
+//   batch.end();
+struct unbatched {
+  void end() {}
+};
+template <class C>
+auto batch_point_to_point(C& comm) {
+  if constexpr (requires { comm.group(); }) return comm.group();
+  else return unbatched{};
+}
+
 // Size checks shared by the backends. Each throws ShapeError (or CommError for a bad peer or
 // root) whose message starts with the call site, e.g.
 //   "inprocess communicator: rank 1 of group 'tp' (world rank 3) in all_gather: ..."
