@@ -26,6 +26,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <string_view>
@@ -88,7 +89,7 @@ struct Context {
   std::string mode;  // "threads" or "process"
 };
 
-// Runs one case on this rank: the in-process communicator computes every rank's expected output
+// Runs one case on this rank (`label` must be the same on every rank: it seeds the inputs): the in-process communicator computes every rank's expected output
 // from the same inputs (group size and ranks as in `comm`), then `gpu` runs on the device and the
 // rank's output is compared with its expected one.
 //   in_counts[p], out_counts[p]: sizes of rank p's input and output
@@ -239,10 +240,10 @@ void broadcasts_and_point_to_point(const Context& ctx, nccl::communicator& comm)
         c.recv(out, (c.rank() + c.size() - 1) % c.size());
       },
       [](nccl::communicator& c, device_span<const T> in, device_span<T> out) {
-        auto group = c.group();
+        auto batch = strata::batch_point_to_point(c);  // c.group(): one NCCL group
         c.send(in, (c.rank() + 1) % c.size());
         c.recv(out, (c.rank() + c.size() - 1) % c.size());
-        group.end();
+        batch.end();
       });
 }
 
@@ -266,9 +267,9 @@ void all_to_all(const Context& ctx, nccl::communicator& comm) {
     out_counts.push_back(strata::detail::sum_of_counts(recv));
   }
   const auto [mine_send, mine_recv] = counts_of(comm.rank());
+  // The label seeds the inputs, so it must be the same on every rank (no rank's own counts in it).
   run_case<T>(
-      ctx, comm, strata::detail::concat("all_to_all uneven send_counts ", strata::detail::format_counts(mine_send)),
-      in_counts, out_counts,
+      ctx, comm, "all_to_all uneven (rank r sends (2 + 3r + p) % 7 to rank p)", in_counts, out_counts,
       [&](inprocess::communicator& c, std::span<const T> in, std::span<T> out) {
         auto [send, recv] = counts_of(c.rank());
         c.all_to_all(in, send, out, recv);
@@ -397,8 +398,20 @@ void failure_test(int gpus, bool warm_up) {
           try {
             comm.all_reduce(span);
             comm.synchronize();
-          } catch (...) {
+          } catch (const strata::CommError& e) {
             elapsed.store(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+            // A failed rank stays failed: its next call reports the same failure.
+            std::string next = "returned normally";
+            try {
+              comm.all_reduce(span);
+            } catch (const strata::CommError& again) {
+              next = again.what();
+            }
+            report(next.find("all_reduce<float32>(4096 elements, sum)") != std::string::npos,
+                   strata::detail::concat(label, ": the next all_reduce on the failed rank: '", next, "'"));
+            rank0_done.store(true);
+            throw;
+          } catch (...) {
             rank0_done.store(true);
             throw;
           }
@@ -444,6 +457,59 @@ void failure_test(int gpus, bool warm_up) {
     }
   }
   report(rank1_ok, strata::detail::concat(label, ": rank 1 (which skipped) ", rank1_text));
+}
+
+// A rank whose function throws stops its peers: the one waiting in a collective gets an
+// AbortedError naming the failed rank long before the timeout.
+void peer_exception_test(int gpus) {
+  const std::string label = "[threads] failure test: rank 0 throws, rank 1 waits in all_reduce, timeout 60 s";
+  std::atomic<double> elapsed{-1.0};
+  std::vector<std::exception_ptr> errors;
+  try {
+    nccl::RunOptions options;
+    options.timeout = std::chrono::duration<double>(60.0);
+    options.name = "peer";
+    errors = nccl::run_collect(
+        gpus,
+        [&](nccl::communicator& comm) {
+          if (comm.rank() == 0) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            throw std::runtime_error("deliberate failure of rank 0");
+          }
+          strata::cuda::device_buffer<float> buffer(1024);
+          buffer.zero(comm.stream());
+          const auto begin = std::chrono::steady_clock::now();
+          try {
+            comm.all_reduce(device_span<float>(buffer.data(), buffer.size()));
+            comm.synchronize();
+          } catch (...) {
+            elapsed.store(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+            throw;
+          }
+        },
+        options);
+  } catch (const std::exception& e) {
+    report(false, strata::detail::concat(label, ": the launcher threw ", e.what()));
+    return;
+  }
+  bool rank0_own = false;
+  try {
+    if (errors.at(0)) std::rethrow_exception(errors[0]);
+  } catch (const std::runtime_error& e) {
+    rank0_own = std::string(e.what()) == "deliberate failure of rank 0";
+  } catch (...) {
+  }
+  report(rank0_own, strata::detail::concat(label, ": rank 0 ends with its own exception"));
+  try {
+    if (errors.at(1)) std::rethrow_exception(errors[1]);
+    report(false, strata::detail::concat(label, ": rank 1 returned normally; it should have been aborted"));
+  } catch (const nccl::AbortedError& e) {
+    const std::string what = e.what();
+    report(what.find("rank 0 failed: deliberate failure of rank 0") != std::string::npos && elapsed.load() < 30.0,
+           strata::detail::concat(label, ": rank 1 got AbortedError after ", elapsed.load(), " s: '", what, "'"));
+  } catch (const std::exception& e) {
+    report(false, strata::detail::concat(label, ": rank 1 got another exception: ", e.what()));
+  }
 }
 
 int summary(const char* mode) {
@@ -493,6 +559,7 @@ int main(int argc, char** argv) {
     });
     failure_test(2, true);
     failure_test(2, false);
+    peer_exception_test(2);
   } catch (const std::exception& e) {
     report(false, strata::detail::concat("test_nccl stopped: ", e.what()));
   }

@@ -106,8 +106,7 @@ inline void wait_until_enqueued(Group& g, std::string_view operation) {
       fail_rank(g, operation, concat(g.site(operation).str(), ": NCCL reported ", describe_result(state),
                                      "; the rank's NCCL communicators were aborted"));
     if (r.stop_requested())
-      fail_rank(g, operation, concat(g.site(operation).str(), ": stopped because another rank of this process failed"),
-                true);
+      fail_rank(g, operation, concat(g.site(operation).str(), ": aborted because ", r.stop_reason()), true);
     if (clock::now() > deadline)
       fail_rank(g, operation,
                 concat(g.site(operation).str(), " could not be enqueued within the timeout of ", r.timeout.count(),
@@ -243,7 +242,7 @@ class group_guard {
 
 namespace detail {
 communicator make_world(const ncclUniqueId& id, int size, int rank, int device, Options options,
-                        const std::atomic<bool>* stop);
+                        const StopSignal* stop);
 struct launcher_access;
 }  // namespace detail
 
@@ -514,45 +513,26 @@ class communicator {
     detail::device_guard guard(g.rank_state->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclComm_t child = nullptr;
-    ncclResult_t result = ncclCommSplit(g.comm, color, key, &child, &config);
-    if (result != ncclSuccess && result != ncclInProgress)
+    // NCCL writes the new communicator into *slot from its own thread once the split is done
+    // (until then it stays null); the parent reports progress. If we leave early the slot is
+    // leaked on purpose, so a late write cannot land in freed memory.
+    auto slot = std::make_unique<ncclComm_t>(nullptr);
+    ncclResult_t result = ncclCommSplit(g.comm, color, key, slot.get(), &config);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      (void)slot.release();
       detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": ncclCommSplit returned ",
                                                      detail::describe_result(result)));
-    if (child == nullptr)
-      detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": ncclCommSplit returned no communicator"));
-    // The split is done when the child is ready; until then it belongs to no Group, so every way
-    // out aborts it here.
-    const auto deadline = detail::clock::now() + std::chrono::duration_cast<detail::clock::duration>(g.rank_state->timeout);
-    auto pause = std::chrono::microseconds(10);
-    for (;;) {
-      ncclResult_t state = ncclInProgress;
-      ncclResult_t queried = ncclCommGetAsyncError(child, &state);
-      if (queried != ncclSuccess) state = queried;
-      if (state == ncclSuccess) break;
-      std::string reason;
-      bool by_peer = false;
-      if (state != ncclInProgress) {
-        reason = detail::concat(": NCCL reported ", detail::describe_result(state));
-      } else if (g.rank_state->stop_requested()) {
-        reason = ": stopped because another rank of this process failed";
-        by_peer = true;
-      } else if (detail::clock::now() > deadline) {
-        reason = detail::concat(" did not complete within the timeout of ", g.rank_state->timeout.count(),
-                                " s: not every rank of group '", g.name, "' called split");
-      } else if (g.rank_state->failed.load()) {
-        reason = ": the rank failed meanwhile";
-      }
-      if (!reason.empty()) {
-        (void)ncclCommAbort(child);
-        detail::fail_rank(g, operation,
-                          detail::concat(g.site(operation).str(), reason, "; the rank's NCCL communicators were aborted"),
-                          by_peer);
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
     }
-    detail::wait_until_enqueued(g, operation);
+    try {
+      detail::wait_until_enqueued(g, operation);
+    } catch (...) {
+      (void)slot.release();
+      throw;
+    }
+    ncclComm_t child = *slot;
+    if (child == nullptr)
+      detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": ncclCommSplit completed without a new "
+                                                     "communicator for color ", color));
     int child_rank = 0, child_size = 0;
     if (ncclCommUserRank(child, &child_rank) != ncclSuccess || ncclCommCount(child, &child_size) != ncclSuccess) {
       (void)ncclCommAbort(child);
@@ -562,6 +542,7 @@ class communicator {
     auto ready = std::make_shared<detail::Group>(g.rank_state, child, std::move(new_name), child_rank, child_size, false);
     std::erase_if(g.rank_state->groups, [](const std::weak_ptr<detail::Group>& w) { return w.expired(); });
     g.rank_state->groups.push_back(ready);
+    detail::wait_until_enqueued(*ready, operation);
     allocate_barrier_word(*ready);
     return communicator(std::move(ready));
   }
@@ -569,7 +550,7 @@ class communicator {
   communicator split(int color, int key) { return split(color, key, group_ ? group_->name + ".split" : std::string()); }
 
  private:
-  friend communicator detail::make_world(const ncclUniqueId&, int, int, int, Options, const std::atomic<bool>*);
+  friend communicator detail::make_world(const ncclUniqueId&, int, int, int, Options, const detail::StopSignal*);
   friend struct detail::launcher_access;
 
   explicit communicator(std::shared_ptr<detail::Group> group) : group_(std::move(group)) {}
@@ -647,7 +628,7 @@ namespace detail {
 // Creates the world communicator of one rank (see communicator::create); `stop`, when set by the
 // thread launcher, ends the wait for the other ranks early.
 inline communicator make_world(const ncclUniqueId& id, int size, int rank, int device, Options options,
-                               const std::atomic<bool>* stop) {
+                               const StopSignal* stop) {
   const std::string where = concat(kBackend, ": rank ", rank, " of group '", options.name, "'");
   if (size < 1) fail<ConfigError>(where, ": the group needs at least 1 rank, got size ", size);
   if (rank < 0 || rank >= size) fail<ConfigError>(where, ": rank ", rank, " is outside [0, ", size, ")");
@@ -691,9 +672,9 @@ inline communicator make_world(const ncclUniqueId& id, int size, int rank, int d
       (void)ncclCommAbort(comm);
       fail<CommError>(where, " could not create its NCCL communicator: ", reason);
     }
-    if (stop != nullptr && stop->load()) {
+    if (stop != nullptr && stop->raised.load(std::memory_order_acquire)) {
       (void)ncclCommAbort(comm);
-      throw AbortedError(concat(where, ": creating the NCCL communicator was stopped because another rank failed"));
+      throw AbortedError(concat(where, ": creating the NCCL communicator was aborted because ", stop->reason));
     }
     if (clock::now() > deadline) {
       (void)ncclCommAbort(comm);

@@ -260,11 +260,13 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
   ncclUniqueId id{};
   detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
 
-  std::atomic<bool> stop{false};
+  detail::StopSignal stop;
   std::mutex ranks_mutex;
   std::vector<std::weak_ptr<detail::RankState>> ranks(static_cast<std::size_t>(num_gpus));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(num_gpus));
 
+  // The first rank to fail raises `stop` and aborts the others' communicators, so a rank waiting
+  // in a collective (or still in creation) gets an AbortedError naming the failed rank.
   auto abort_others = [&](int failed_rank, const std::exception_ptr& error) {
     std::string what;
     try {
@@ -274,10 +276,12 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
     } catch (...) {
       what = "an exception not derived from std::exception";
     }
-    stop.store(true);
     std::vector<std::shared_ptr<detail::RankState>> live;
     {
       std::lock_guard lock(ranks_mutex);
+      if (stop.raised.load()) return;  // a later failure, most likely caused by the first
+      stop.reason = detail::concat("rank ", failed_rank, " failed: ", what);
+      stop.raised.store(true, std::memory_order_release);
       for (int r = 0; r < num_gpus; ++r)
         if (r != failed_rank)
           if (auto state = ranks[static_cast<std::size_t>(r)].lock()) live.push_back(std::move(state));
@@ -285,7 +289,7 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
     for (auto& state : live) {
       std::lock_guard lock(state->mutex);
       state->fail(detail::concat(detail::kBackend, ": rank ", state->world_rank, " of group '", options.name,
-                                 "' was aborted because rank ", failed_rank, " failed: ", what),
+                                 "' was aborted because ", stop.reason),
                   true);
     }
   };
@@ -300,10 +304,11 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
         std::lock_guard lock(ranks_mutex);
         ranks[static_cast<std::size_t>(r)] = detail::launcher_access::rank_state(world);
       }
-      // abort_others sets `stop` before it looks at `ranks`, so a rank registered too late sees it here.
-      if (stop.load())
+      // abort_others raises `stop` and reads `ranks` under ranks_mutex, so a rank registered too
+      // late sees it here.
+      if (stop.raised.load(std::memory_order_acquire))
         throw AbortedError(detail::concat(detail::kBackend, ": rank ", r, " of group '", options.name,
-                                          "' did not start its function because another rank failed"));
+                                          "' did not start its function because ", stop.reason));
       std::invoke(fn, world);
     } catch (...) {
       errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -316,7 +321,13 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
   try {
     for (int r = 0; r < num_gpus; ++r) threads.emplace_back(body, r);
   } catch (...) {
-    stop.store(true);
+    {
+      std::lock_guard lock(ranks_mutex);
+      if (!stop.raised.load()) {
+        stop.reason = "the launcher could not start a thread for every rank";
+        stop.raised.store(true, std::memory_order_release);
+      }
+    }
     for (auto& t : threads) t.join();
     throw;
   }

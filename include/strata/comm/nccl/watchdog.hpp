@@ -45,6 +45,13 @@ using clock = std::chrono::steady_clock;
 
 struct Group;
 
+// Raised by the thread launcher when a rank failed: the others stop waiting. `reason` is written
+// once, before `raised` is set.
+struct StopSignal {
+  std::atomic<bool> raised{false};
+  std::string reason;  // "rank 0 failed: <its exception>"
+};
+
 // An operation enqueued on the stream whose completion the watchdog has not seen yet.
 struct Pending {
   cudaEvent_t event = nullptr;
@@ -74,7 +81,7 @@ struct RankState {
   const int world_rank;
   const int world_size;
   // Set by the thread launcher: another rank of the process failed, stop waiting.
-  const std::atomic<bool>* stop = nullptr;
+  const StopSignal* stop = nullptr;
 
   std::recursive_mutex mutex;
   std::atomic<bool> failed{false};
@@ -86,7 +93,8 @@ struct RankState {
   // Call with `mutex` held. Records the first failure and aborts every communicator of the rank.
   inline void fail(std::string message, bool by_peer = false);
 
-  bool stop_requested() const { return stop != nullptr && stop->load(); }
+  bool stop_requested() const { return stop != nullptr && stop->raised.load(std::memory_order_acquire); }
+  std::string stop_reason() const { return stop_requested() ? stop->reason : std::string(); }
 };
 
 struct Group {
