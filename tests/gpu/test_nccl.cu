@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -85,8 +86,64 @@ std::uint64_t salt_of(std::string_view label) {
   return h % 1000u;
 }
 
+// Device memory of one rank, allocated once before any collective and handed out per case.
+// When one process drives several GPUs, cudaMalloc / cudaFree on one GPU can wait for a kernel on
+// a peer GPU, which may be a collective waiting for this thread: a test that allocated per case
+// could deadlock (NCCL's known caveat for that mode), so it never does.
+class DeviceArena {
+ public:
+  explicit DeviceArena(std::size_t bytes) : capacity_(bytes) {
+    STRATA_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), capacity_));
+  }
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() { (void)cudaFree(base_); }
+
+  void reset() { used_ = 0; }
+  template <class T>
+  T* take(std::size_t n) {
+    const std::size_t begin = (used_ + 255) / 256 * 256;
+    if (begin + n * sizeof(T) > capacity_)
+      strata::fail<strata::Error>("DeviceArena: ", n * sizeof(T), " bytes do not fit (", capacity_ - begin, " left)");
+    used_ = begin + n * sizeof(T);
+    return reinterpret_cast<T*>(base_ + begin);
+  }
+
+ private:
+  char* base_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t used_ = 0;
+};
+
+// Threads of one process meeting on the host (no GPU work), reusable.
+class HostBarrier {
+ public:
+  explicit HostBarrier(int count) : count_(count) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(mutex_);
+    const long generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int count_;
+  int arrived_ = 0;
+  long generation_ = 0;
+};
+
+constexpr std::size_t kArenaBytes = std::size_t{96} << 20;
+
 struct Context {
   std::string mode;  // "threads" or "process"
+  DeviceArena* arena = nullptr;
 };
 
 // Runs one case on this rank (`label` must be the same on every rank: it seeds the inputs): the in-process communicator computes every rank's expected output
@@ -117,13 +174,17 @@ void run_case(const Context& ctx, nccl::communicator& comm, const std::string& l
     });
 
     const std::size_t me = static_cast<std::size_t>(rank);
-    strata::cuda::device_buffer<T> in{std::span<const T>(inputs[me])};
-    strata::cuda::device_buffer<T> out(out_counts[me]);
-    out.zero(comm.stream());
-    gpu(comm, device_span<const T>(in.data(), in.size()), device_span<T>(out.data(), out.size()));
-    comm.synchronize();
+    ctx.arena->reset();  // the previous case has finished: synchronized below
+    T* in = ctx.arena->take<T>(in_counts[me]);
+    T* out = ctx.arena->take<T>(out_counts[me]);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(in, inputs[me].data(), in_counts[me] * sizeof(T), cudaMemcpyHostToDevice,
+                                      comm.stream()));
+    STRATA_CUDA_CHECK(cudaMemsetAsync(out, 0, out_counts[me] * sizeof(T), comm.stream()));
+    gpu(comm, device_span<const T>(in, in_counts[me]), device_span<T>(out, out_counts[me]));
     std::vector<T> got(out_counts[me]);
-    out.copy_to_host(std::span<T>(got));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(got.data(), out, out_counts[me] * sizeof(T), cudaMemcpyDeviceToHost,
+                                      comm.stream()));
+    comm.synchronize();
 
     for (std::size_t i = 0; i < got.size(); ++i) {
       if (!same_bits(got[i], expected[me][i])) {
@@ -322,9 +383,10 @@ void splits(const Context& ctx, nccl::communicator& world) {
 
 // Sizes that do not fit are ShapeError before anything is enqueued, and the rank stays usable.
 void size_errors(const Context& ctx, nccl::communicator& comm) {
-  strata::cuda::device_buffer<float> a(10), b(7);
+  ctx.arena->reset();
+  device_span<float> a(ctx.arena->take<float>(10), 10), b(ctx.arena->take<float>(7), 7);
   try {
-    comm.all_gather(device_span<const float>(a.data(), a.size()), device_span<float>(b.data(), b.size()));
+    comm.all_gather(device_span<const float>(a), b);
     report(false, line_of(ctx, comm, "all_gather with a wrong output size did not throw"));
   } catch (const strata::ShapeError& e) {
     const bool names = std::string(e.what()).find("all_gather") != std::string::npos;
@@ -333,7 +395,7 @@ void size_errors(const Context& ctx, nccl::communicator& comm) {
     report(false, line_of(ctx, comm, strata::detail::concat("all_gather with a wrong output size threw another error: ", e.what())));
   }
   try {
-    comm.broadcast(device_span<float>(a.data(), a.size()), comm.size());
+    comm.broadcast(a, comm.size());
     report(false, line_of(ctx, comm, "broadcast from a root outside the group did not throw"));
   } catch (const strata::CommError& e) {
     report(true, line_of(ctx, comm, strata::detail::concat("broadcast from root ", comm.size(), ": CommError '", e.what(), "'")));
@@ -370,6 +432,7 @@ void failure_test(int gpus, bool warm_up) {
                                                    "): rank 1 skips all_reduce, timeout ", timeout_seconds, " s");
   std::atomic<double> elapsed{-1.0};
   std::atomic<bool> rank0_done{false};
+  HostBarrier allocated(gpus);
   std::vector<std::exception_ptr> errors;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -382,6 +445,7 @@ void failure_test(int gpus, bool warm_up) {
           strata::cuda::device_buffer<float> buffer(4096);
           buffer.zero(comm.stream());
           device_span<float> span(buffer.data(), buffer.size());
+          allocated.arrive_and_wait();  // no rank allocates while another's collective is in flight
           if (warm_up) {
             comm.all_reduce(span);
             comm.synchronize();
@@ -464,6 +528,7 @@ void failure_test(int gpus, bool warm_up) {
 void peer_exception_test(int gpus) {
   const std::string label = "[threads] failure test: rank 0 throws, rank 1 waits in all_reduce, timeout 60 s";
   std::atomic<double> elapsed{-1.0};
+  HostBarrier allocated(gpus);
   std::vector<std::exception_ptr> errors;
   try {
     nccl::RunOptions options;
@@ -472,12 +537,16 @@ void peer_exception_test(int gpus) {
     errors = nccl::run_collect(
         gpus,
         [&](nccl::communicator& comm) {
+          // Rank 0 owns no device memory: freeing it while unwinding could wait for rank 1's
+          // kernel on the peer GPU, which waits for rank 0 (see DeviceArena).
           if (comm.rank() == 0) {
+            allocated.arrive_and_wait();
             std::this_thread::sleep_for(std::chrono::milliseconds(500));
             throw std::runtime_error("deliberate failure of rank 0");
           }
           strata::cuda::device_buffer<float> buffer(1024);
           buffer.zero(comm.stream());
+          allocated.arrive_and_wait();  // no rank allocates while another's collective is in flight
           const auto begin = std::chrono::steady_clock::now();
           try {
             comm.all_reduce(device_span<float>(buffer.data(), buffer.size()));
@@ -533,10 +602,11 @@ int main(int argc, char** argv) {
   }
   try {
     if (process_mode) {
-      Context ctx{"process"};
       nccl::Options options;
       options.timeout = std::chrono::duration<double>(120.0);
       nccl::communicator world = nccl::init_from_environment(options);
+      DeviceArena arena(kArenaBytes);
+      Context ctx{"process", &arena};
       const nccl::LaunchEnvironment env = nccl::launch_environment();
       report(world.rank() == env.rank && world.size() == env.world_size,
              line_of(ctx, world, strata::detail::concat("init_from_environment (", env.launcher, "): rank ", world.rank(),
@@ -551,8 +621,11 @@ int main(int argc, char** argv) {
       std::printf("FAIL  test_nccl needs at least 2 GPUs; this process sees %d\n", available);
       return 1;
     }
-    Context ctx{"threads"};
+    HostBarrier allocated(gpus);
     nccl::run(gpus, [&](nccl::communicator& world) {
+      DeviceArena arena(kArenaBytes);
+      allocated.arrive_and_wait();  // every rank's memory exists before the first collective
+      Context ctx{"threads", &arena};
       report(world.size() == gpus, line_of(ctx, world, strata::detail::concat("nccl::run: rank ", world.rank(), " of ",
                                                                              world.size(), " on GPU ", world.device())));
       all_cases(ctx, world);

@@ -433,7 +433,8 @@ class communicator {
     require_valid("barrier");
     require_no_open_group("barrier");
     enqueue("barrier", [&](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllReduce(group_->barrier_word, group_->barrier_word, 1, ncclInt32, ncclSum, comm, stream);
+      std::int32_t* word = group_->rank_state->barrier_word;
+      return ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm, stream);
     });
     synchronize();
   }
@@ -543,7 +544,6 @@ class communicator {
     std::erase_if(g.rank_state->groups, [](const std::weak_ptr<detail::Group>& w) { return w.expired(); });
     g.rank_state->groups.push_back(ready);
     detail::wait_until_enqueued(*ready, operation);
-    allocate_barrier_word(*ready);
     return communicator(std::move(ready));
   }
   // The new group is named "<this group's name>.split".
@@ -554,14 +554,6 @@ class communicator {
   friend struct detail::launcher_access;
 
   explicit communicator(std::shared_ptr<detail::Group> group) : group_(std::move(group)) {}
-
-  static void allocate_barrier_word(detail::Group& g) {
-    detail::device_guard guard(g.rank_state->device);
-    cudaError_t status = cudaMalloc(reinterpret_cast<void**>(&g.barrier_word), sizeof(std::int32_t));
-    if (status == cudaSuccess) status = cudaMemset(g.barrier_word, 0, sizeof(std::int32_t));
-    if (status != cudaSuccess)
-      fail<Error>(g.site("creation").str(), ": could not allocate 4 bytes of device memory: ", detail::describe_cuda(status));
-  }
 
   strata::detail::CommCallSite site(std::string_view operation) const {
     if (!group_) return {detail::kBackend, "(none)", 0, 0, -1, operation};
@@ -652,6 +644,11 @@ inline communicator make_world(const ncclUniqueId& id, int size, int rank, int d
   }
   auto state = std::make_shared<RankState>(device, stream, owns_stream, timeout, rank, size);
   state->stop = stop;
+  state->defer_destroy = stop != nullptr;  // set by nccl::run: several ranks share this process
+  status = cudaMalloc(reinterpret_cast<void**>(&state->barrier_word), sizeof(std::int32_t));
+  if (status == cudaSuccess) status = cudaMemset(state->barrier_word, 0, sizeof(std::int32_t));
+  if (status != cudaSuccess)
+    fail<Error>(where, ": could not allocate 4 bytes of device memory: ", describe_cuda(status));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -692,7 +689,6 @@ inline communicator make_world(const ncclUniqueId& id, int size, int rank, int d
     state->groups.push_back(group);
   }
   communicator world(group);
-  communicator::allocate_barrier_word(*group);
   Watchdog::instance().watch(state);
   return world;
 }

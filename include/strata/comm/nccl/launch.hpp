@@ -35,6 +35,13 @@
 //    fn(communicator& world). The first rank to throw aborts the others, which then stop with an
 //    AbortedError instead of waiting; `run` rethrows the lowest rank's own exception and
 //    `run_collect` returns every rank's. Leave NCCL_COMM_ID unset for this mode.
+//    One caveat comes with this mode (NCCL's own): cudaMalloc / cudaFree on one GPU can wait for a
+//    kernel on another GPU of the process, and if that kernel is a collective waiting for the
+//    allocating thread, both hang. So `run` starts no function before every rank's communicator
+//    exists, synchronizes each rank's stream when its function returns, and destroys the
+//    communicators (all of them, split groups included) only after every rank has finished; the
+//    functions themselves should allocate device memory before their first collective or through
+//    a caching allocator (cuda::backend's), never while a peer may be inside a collective.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,6 +50,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -262,6 +270,9 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
 
   detail::StopSignal stop;
   std::mutex ranks_mutex;
+  std::condition_variable phase;  // with ranks_mutex: `created` and `finished` count ranks
+  int created = 0;
+  int finished = 0;
   std::vector<std::weak_ptr<detail::RankState>> ranks(static_cast<std::size_t>(num_gpus));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(num_gpus));
 
@@ -286,6 +297,7 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
         if (r != failed_rank)
           if (auto state = ranks[static_cast<std::size_t>(r)].lock()) live.push_back(std::move(state));
     }
+    phase.notify_all();
     for (auto& state : live) {
       std::lock_guard lock(state->mutex);
       state->fail(detail::concat(detail::kBackend, ": rank ", state->world_rank, " of group '", options.name,
@@ -294,25 +306,43 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
     }
   };
 
+  // Two host barriers keep device memory management away from collectives in flight (see
+  // watchdog.hpp, Lifetimes): no rank starts its function before every rank's communicator exists,
+  // and no rank destroys its communicators before every rank has finished.
   auto body = [&](int r) {
+    std::optional<communicator> world;
     try {
       Options rank_options;
       rank_options.timeout = options.timeout;
       rank_options.name = options.name;
-      communicator world = detail::make_world(id, num_gpus, r, r, std::move(rank_options), &stop);
+      world.emplace(detail::make_world(id, num_gpus, r, r, std::move(rank_options), &stop));
       {
-        std::lock_guard lock(ranks_mutex);
-        ranks[static_cast<std::size_t>(r)] = detail::launcher_access::rank_state(world);
+        std::unique_lock lock(ranks_mutex);
+        ranks[static_cast<std::size_t>(r)] = detail::launcher_access::rank_state(*world);
+        ++created;
+        phase.notify_all();
+        phase.wait(lock, [&] { return created == num_gpus || stop.raised.load(); });
+        // abort_others raises `stop` and reads `ranks` under ranks_mutex, so a rank registered
+        // too late sees it here.
+        if (stop.raised.load())
+          throw AbortedError(detail::concat(detail::kBackend, ": rank ", r, " of group '", options.name,
+                                            "' did not start its function because ", stop.reason));
       }
-      // abort_others raises `stop` and reads `ranks` under ranks_mutex, so a rank registered too
-      // late sees it here.
-      if (stop.raised.load(std::memory_order_acquire))
-        throw AbortedError(detail::concat(detail::kBackend, ": rank ", r, " of group '", options.name,
-                                          "' did not start its function because ", stop.reason));
-      std::invoke(fn, world);
+      std::invoke(fn, *world);
+      world->synchronize();  // what the function enqueued has finished, or its failure is thrown
     } catch (...) {
       errors[static_cast<std::size_t>(r)] = std::current_exception();
       abort_others(r, errors[static_cast<std::size_t>(r)]);
+    }
+    {
+      std::unique_lock lock(ranks_mutex);
+      ++finished;
+      phase.notify_all();
+      phase.wait(lock, [&] { return finished == num_gpus; });
+    }
+    try {
+      world.reset();
+    } catch (...) {
     }
   };
 
@@ -327,7 +357,9 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
         stop.reason = "the launcher could not start a thread for every rank";
         stop.raised.store(true, std::memory_order_release);
       }
+      finished += num_gpus - static_cast<int>(threads.size());  // the threads never started
     }
+    phase.notify_all();
     for (auto& t : threads) t.join();
     throw;
   }

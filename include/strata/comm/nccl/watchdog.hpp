@@ -18,6 +18,13 @@
 // the caller from the rank's next call of any operation, `check()` or `synchronize()` on any of
 // its communicators (a CommError; AbortedError when the failure started on another rank). The
 // watchdog never throws and only uses try_lock: a rank busy in a call is visited next round.
+//
+// Lifetimes. When one process drives several GPUs (nccl::run), freeing device memory on one GPU
+// (cudaFree, and the frees inside ncclCommDestroy) can wait for a kernel on a peer GPU, and that
+// kernel may be a collective waiting for this very thread: a deadlock. So a rank's device memory
+// is allocated once (the barrier word, in RankState) and, in that mode (`defer_destroy`), a group
+// that goes away is only retired: its communicator is finalized and destroyed with the RankState,
+// after the launcher has seen every rank finish. One process per GPU destroys at once.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -70,9 +78,7 @@ struct RankState {
         world_size(world_size_) {}
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
-  ~RankState() {
-    if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
-  }
+  inline ~RankState();
 
   const int device;
   const cudaStream_t stream;
@@ -89,6 +95,11 @@ struct RankState {
   std::string failure;
   bool aborted_by_peer = false;
   std::vector<std::weak_ptr<Group>> groups;
+  std::vector<ncclComm_t> retired;  // communicators of groups gone, destroyed with the RankState
+  // One int on the device that barrier() all-reduces (every group of the rank shares the stream).
+  std::int32_t* barrier_word = nullptr;
+  // Several ranks share the process (nccl::run): communicators are destroyed with the RankState.
+  bool defer_destroy = false;
 
   // Call with `mutex` held. Records the first failure and aborts every communicator of the rank.
   inline void fail(std::string message, bool by_peer = false);
@@ -116,7 +127,6 @@ struct Group {
   // Guarded by rank_state->mutex.
   std::deque<Pending> pending;
   std::vector<cudaEvent_t> spare_events;
-  std::int32_t* barrier_word = nullptr;  // one int on the device for barrier()
 
   strata::detail::CommCallSite site(std::string_view operation) const {
     return {kBackend, name, rank, size, is_world ? -1 : rank_state->world_rank, operation};
@@ -137,7 +147,27 @@ inline void RankState::fail(std::string message, bool by_peer) {
       g->comm = nullptr;
     }
   }
+  for (ncclComm_t comm : retired) (void)ncclCommAbort(comm);
+  retired.clear();
   if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
+}
+
+// Finalizes and destroys `comm`, or aborts it when `failed` or when finalizing takes longer than
+// `timeout` (a peer that never takes part keeps it in progress forever). Current device: its own.
+inline void release_comm(ncclComm_t comm, bool failed, std::chrono::duration<double> timeout) noexcept {
+  if (comm == nullptr) return;
+  if (failed) {
+    (void)ncclCommAbort(comm);
+    return;
+  }
+  ncclResult_t state = ncclCommFinalize(comm);
+  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(timeout);
+  while (state == ncclInProgress && clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+  }
+  if (state == ncclSuccess) (void)ncclCommDestroy(comm);
+  else (void)ncclCommAbort(comm);
 }
 
 inline Group::~Group() {
@@ -146,26 +176,24 @@ inline Group::~Group() {
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(rank_state->device);
   if (comm != nullptr) {
-    if (rank_state->failed.load()) {
-      (void)ncclCommAbort(comm);
-    } else {
-      // Finalize flushes this rank's outstanding operations; a peer that never takes part would
-      // keep it in progress forever, so it gets the timeout and then an abort.
-      ncclResult_t state = ncclCommFinalize(comm);
-      const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(rank_state->timeout);
-      while (state == ncclInProgress && clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
-      }
-      if (state == ncclSuccess) (void)ncclCommDestroy(comm);
-      else (void)ncclCommAbort(comm);
-    }
+    if (rank_state->defer_destroy && !rank_state->failed.load()) rank_state->retired.push_back(comm);
+    else release_comm(comm, rank_state->failed.load(), rank_state->timeout);
     comm = nullptr;
   }
   for (auto& p : pending) (void)cudaEventDestroy(p.event);
   for (cudaEvent_t e : spare_events) (void)cudaEventDestroy(e);
-  if (barrier_word != nullptr) (void)cudaFree(barrier_word);
   if (previous >= 0 && previous != rank_state->device) (void)cudaSetDevice(previous);
+}
+
+inline RankState::~RankState() {
+  int previous = -1;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device);
+  // Newest first: groups split from the world go before it.
+  for (auto it = retired.rbegin(); it != retired.rend(); ++it) release_comm(*it, failed.load(), timeout);
+  if (barrier_word != nullptr) (void)cudaFree(barrier_word);
+  if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
+  if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
 }
 
 // The message for an operation that the GPU did not finish within the timeout.
