@@ -146,6 +146,7 @@ struct GroupFrame {
   int depth = 0;
   std::vector<std::shared_ptr<Group>> groups;   // distinct, in order of first use
   std::vector<std::string> operations;          // per entry of `groups`, what was issued on it
+  std::vector<int> counts;                      // per entry of `groups`, how many operations
   std::vector<std::unique_lock<std::recursive_mutex>> locks;
 };
 
@@ -168,7 +169,9 @@ inline void frame_join(const std::shared_ptr<Group>& g, std::string_view operati
     frame.locks.emplace_back(g->rank_state->mutex);
     frame.groups.push_back(g);
     frame.operations.emplace_back(operation);
+    frame.counts.push_back(1);
   } else {
+    ++frame.counts[static_cast<std::size_t>(it - frame.groups.begin())];
     std::string& ops = frame.operations[static_cast<std::size_t>(it - frame.groups.begin())];
     if (ops.size() < 400) ops += concat(", ", operation);
     else if (ops.back() != '.') ops += ", ...";
@@ -188,12 +191,14 @@ inline void frame_end() {
   }
   std::vector<std::shared_ptr<Group>> groups = std::move(frame.groups);
   std::vector<std::string> operations = std::move(frame.operations);
+  std::vector<int> counts = std::move(frame.counts);
   std::vector<std::unique_lock<std::recursive_mutex>> locks = std::move(frame.locks);
   frame.groups.clear();
   frame.operations.clear();
+  frame.counts.clear();
   frame.locks.clear();
   const auto describe = [&](std::size_t i) {
-    return operations[i].find(", ") == std::string::npos ? operations[i] : concat("group(", operations[i], ")");
+    return counts[i] == 1 ? operations[i] : concat("group(", operations[i], ")");
   };
   if (result != ncclSuccess && result != ncclInProgress) {
     for (std::size_t i = 0; i < groups.size(); ++i)
