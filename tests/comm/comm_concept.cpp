@@ -3,6 +3,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include <strata/comm.hpp>
 #include <strata/comm/parallel_context.hpp>
@@ -51,5 +52,33 @@ static_assert(std::is_same_v<communicator::space, strata::space::host>);
 static_assert(std::is_same_v<communicator::default_device, strata::cpu::backend>);
 static_assert(std::is_same_v<strata::ParallelContext<communicator>::device_type, strata::cpu::backend>);
 
+// A communicator that names no space moves host memory; one that names space::cuda takes
+// device_span, and with std::span it would not be a communicator.
+static_assert(std::is_same_v<strata::communicator_space_t<communicator>, strata::space::host>);
+static_assert(std::is_same_v<strata::comm_span_t<float, communicator>, std::span<float>>);
+
+struct DeviceComm : NoSplit {
+  using space = strata::space::cuda;
+  DeviceComm split(int, int) { return *this; }
+  template <class T> void all_reduce(strata::device_span<T>, strata::ReduceOp) {}
+  template <class T> void all_gather(strata::device_span<const T>, strata::device_span<T>) {}
+  template <class T> void all_gather_v(strata::device_span<const T>, strata::device_span<T>, std::span<const std::size_t>) {}
+  template <class T> void reduce_scatter(strata::device_span<const T>, strata::device_span<T>, strata::ReduceOp) {}
+  template <class T> void reduce_scatter_v(strata::device_span<const T>, strata::device_span<T>, std::span<const std::size_t>, strata::ReduceOp) {}
+  template <class T> void broadcast(strata::device_span<T>, int) {}
+  template <class T> void send(strata::device_span<const T>, int) {}
+  template <class T> void recv(strata::device_span<T>, int) {}
+  template <class T> void all_to_all(strata::device_span<const T>, std::span<const std::size_t>, strata::device_span<T>, std::span<const std::size_t>) {}
+};
+static_assert(strata::is_communicator_v<DeviceComm>);
+static_assert(std::is_same_v<strata::comm_span_t<float, DeviceComm>, strata::device_span<float>>);
+struct HostSpansOnADeviceComm : NoSplit {
+  using space = strata::space::cuda;
+  HostSpansOnADeviceComm split(int, int) { return *this; }
+};
+static_assert(!strata::is_communicator_v<HostSpansOnADeviceComm>);
+
+// The in-process send is buffered: a point-to-point batch is a no-op there.
+static_assert(std::is_same_v<decltype(strata::batch_point_to_point(std::declval<communicator&>())), strata::unbatched>);
 
 }  // namespace

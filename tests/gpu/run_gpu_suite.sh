@@ -36,6 +36,11 @@ for program in "$dir"/test_*; do
   if [[ $name == test_kernels ]]; then run "$name" "$program" --quiet; else run "$name" "$program"; fi
 done
 [[ ${#summary[@]} -eq 0 ]] && { echo "no GPU test programs under $dir"; exit 1; }
+# The NCCL suite again as a job of one process per GPU (torchrun-style variables), when 2+ GPUs.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [[ -x $dir/test_nccl && ${gpus:-0} -ge 2 ]]; then
+  run "test_nccl.processes" env STRATA_TEST_LOG_DIR="$logs" bash "$(dirname "$0")/run_nccl_processes.sh" "$dir/test_nccl" 2
+fi
 
 sanitizer=$(command -v compute-sanitizer || true)
 for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer; do

@@ -63,11 +63,28 @@ concept CommElement = Element<T> || std::is_same_v<T, std::int32_t> || std::is_s
 namespace detail {
 
 template <class C>
-concept communicator_has_space = requires { typename C::space; } && space::is_space_v<typename C::space>;
+struct communicator_space {
+  using type = space::host;
+};
+template <class C>
+  requires requires { typename C::space; }
+struct communicator_space<C> {
+  using type = typename C::space;
+};
 
-// The span type a communicator takes (only asked once communicator_has_space holds).
-template <class C, class T>
-using comm_span_t = span_t<T, typename C::space>;
+}  // namespace detail
+
+// The memory space a communicator's buffers live in: `C::space` where C names one, else host.
+// Buffers are `comm_span_t<T, C>`: std::span<T> for host communicators, device_span<T> for space::cuda.
+template <class C>
+using communicator_space_t = typename detail::communicator_space<C>::type;
+template <class T, class C>
+using comm_span_t = span_t<T, communicator_space_t<C>>;
+
+namespace detail {
+
+template <class C>
+concept communicator_has_space = requires { typename C::space; } && space::is_space_v<typename C::space>;
 
 template <class C>
 concept communicator_has_group_queries = requires(const C& c) {
@@ -77,33 +94,33 @@ concept communicator_has_group_queries = requires(const C& c) {
 };
 
 template <class C, class T>
-concept communicator_has_all_reduce = requires(C& c, comm_span_t<C, T> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
+concept communicator_has_all_reduce = requires(C& c, comm_span_t<T, C> buffer, ReduceOp op) { c.all_reduce(buffer, op); };
 
 template <class C, class T>
-concept communicator_has_all_gather = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
+concept communicator_has_all_gather = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                std::span<const std::size_t> counts) {
   c.all_gather(in, out);
   c.all_gather_v(in, out, counts);
 };
 
 template <class C, class T>
-concept communicator_has_reduce_scatter = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
+concept communicator_has_reduce_scatter = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                    std::span<const std::size_t> counts, ReduceOp op) {
   c.reduce_scatter(in, out, op);
   c.reduce_scatter_v(in, out, counts, op);
 };
 
 template <class C, class T>
-concept communicator_has_broadcast = requires(C& c, comm_span_t<C, T> buffer, int root) { c.broadcast(buffer, root); };
+concept communicator_has_broadcast = requires(C& c, comm_span_t<T, C> buffer, int root) { c.broadcast(buffer, root); };
 
 template <class C, class T>
-concept communicator_has_point_to_point = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out, int peer) {
+concept communicator_has_point_to_point = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out, int peer) {
   c.send(in, peer);
   c.recv(out, peer);
 };
 
 template <class C, class T>
-concept communicator_has_all_to_all = requires(C& c, comm_span_t<C, const T> in, comm_span_t<C, T> out,
+concept communicator_has_all_to_all = requires(C& c, comm_span_t<const T, C> in, comm_span_t<T, C> out,
                                                std::span<const std::size_t> counts) {
   c.all_to_all(in, counts, out, counts);
 };
@@ -123,7 +140,8 @@ concept communicator_moves = communicator_has_space<C> && communicator_has_all_r
 }  // namespace detail
 
 // C is a handle on one process group. The concept checks float and double; backends provide the
-// same operations for every CommElement.
+// same operations for every CommElement. Buffers are spans of C's memory space (`C::space`, which every
+// communicator names); counts are always host spans.
 template <class C>
 concept Communicator = std::copy_constructible<C> && std::is_move_assignable_v<C> && detail::communicator_has_space<C> &&
                        detail::communicator_has_group_queries<C> && detail::communicator_has_barrier_and_split<C> &&
@@ -149,19 +167,19 @@ consteval bool check_communicator() {
                 "The type does not model strata::Communicator: it lacks all_reduce(span_t<T, space>, ReduceOp) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_all_gather<C, float> && detail::communicator_has_all_gather<C, double>,
-                "The type does not model strata::Communicator: it lacks all_gather(span_t<const T, space>, "
-                "span_t<T, space>) or all_gather_v(in, out, std::span<const std::size_t> counts) for T = float or "
+                "The type does not model strata::Communicator: it lacks all_gather(span_t<const T, space>, span_t<T, space>) "
+                "or all_gather_v(span_t<const T, space>, span_t<T, space>, std::span<const std::size_t>) for T = float or "
                 "double.");
   static_assert(detail::communicator_has_reduce_scatter<C, float> && detail::communicator_has_reduce_scatter<C, double>,
                 "The type does not model strata::Communicator: it lacks reduce_scatter(span_t<const T, space>, "
-                "span_t<T, space>, ReduceOp) or reduce_scatter_v(in, out, std::span<const std::size_t> counts, "
-                "ReduceOp) for T = float or double.");
+                "span_t<T, space>, ReduceOp) or reduce_scatter_v(span_t<const T, space>, span_t<T, space>, "
+                "std::span<const std::size_t>, ReduceOp) for T = float or double.");
   static_assert(detail::communicator_has_broadcast<C, float> && detail::communicator_has_broadcast<C, double>,
                 "The type does not model strata::Communicator: it lacks broadcast(span_t<T, space>, int root) for "
                 "T = float or double.");
   static_assert(detail::communicator_has_point_to_point<C, float> && detail::communicator_has_point_to_point<C, double>,
-                "The type does not model strata::Communicator: it lacks send(span_t<const T, space>, int peer) "
-                "or recv(span_t<T, space>, int peer) for T = float or double.");
+                "The type does not model strata::Communicator: it lacks send(span_t<const T, space>, int peer) or "
+                "recv(span_t<T, space>, int peer) for T = float or double.");
   static_assert(detail::communicator_has_all_to_all<C, float> && detail::communicator_has_all_to_all<C, double>,
                 "The type does not model strata::Communicator: it lacks all_to_all(span_t<const T, space>, "
                 "std::span<const std::size_t>, span_t<T, space>, std::span<const std::size_t>) for T = float or double.");
@@ -169,6 +187,21 @@ consteval bool check_communicator() {
                 "The type does not model strata::Communicator: it lacks barrier(), `C split(int color, int key)` "
                 "or `C split(int color, int key, std::string name)` returning the same communicator type.");
   return Communicator<C>;
+}
+
+// A batch of point-to-point calls that must be issued together. NCCL's send completes only when
+// the peer receives, so two ranks that exchange messages (or one that posts several) open a batch
+// first; a buffered communicator (in-process) needs none. Code written for every communicator:
+//   auto batch = strata::batch_point_to_point(comm);
+//   comm.send(a, next); comm.recv(b, previous);
+//   batch.end();
+struct unbatched {
+  void end() {}
+};
+template <class C>
+auto batch_point_to_point(C& comm) {
+  if constexpr (requires { comm.group(); }) return comm.group();
+  else return unbatched{};
 }
 
 // Size checks shared by the backends. Each throws ShapeError (or CommError for a bad peer or
