@@ -41,6 +41,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -267,6 +268,14 @@ class StateWriter {
   }
   template <class X>
   void add(std::string name, const Tensor<X>&& tensor, Shape global = {}, ShardSpec shard = {}) = delete;
+  // A tensor in another memory space: a host copy (to_host) is taken now and kept until written.
+  template <class X, class Space>
+    requires(!std::is_same_v<Space, space::host>)
+  void add(std::string name, const Tensor<X, Space>& tensor, Shape global = {}, ShardSpec shard = {}) {
+    auto copy = std::make_shared<Tensor<X>>(to_host(tensor));
+    add(std::move(name), *copy, global, shard);
+    host_copies_.push_back(std::move(copy));
+  }
 
   // A parameter's value under its name, with its global shape and shard.
   template <class P>
@@ -358,6 +367,7 @@ class StateWriter {
 
   std::vector<TensorRecord> records_;
   std::vector<const std::byte*> data_;
+  std::vector<std::shared_ptr<const void>> host_copies_;  // host copies of device tensors being written
   std::map<std::string, std::size_t> index_;
   std::map<std::string, StateValue> scalars_;
 };
@@ -439,6 +449,21 @@ class StateReader {
     if (computed != r.crc)
       fail<FileError>("checkpoint file ", path_, " is corrupt: tensor '", name, "' fails its CRC-32 check (stored ",
                       hex(r.crc), ", computed ", hex(computed), ")");
+  }
+  // A tensor in another memory space: read on the host, then copied in (to the device).
+  template <class X, class Space>
+    requires(!std::is_same_v<Space, space::host>)
+  void load_into(std::string_view name, Tensor<X, Space>& out) {
+    Tensor<X> host = Tensor<X>::empty(out.shape());
+    load_into(name, host);
+    strata::copy(out, host);
+  }
+  // Same, and checks that the stored global shape and shard match.
+  template <class X, class Space>
+    requires(!std::is_same_v<Space, space::host>)
+  void load_into(std::string_view name, Tensor<X, Space>& out, const Shape& global, const ShardSpec& shard) {
+    check_layout(record(name), global, shard);
+    load_into(name, out);
   }
   // Same, and checks that the stored global shape and shard match.
   template <class X>

@@ -12,7 +12,8 @@
 //   v = beta2 v + (1 - beta2) g^2
 //   main -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
 //   value = T(main)
-// computed in A (the bias corrections in double, then rounded to A). The gradient g is the
+// computed in A (the bias corrections in double, then rounded to A) by the backend's adamw_step,
+// one call per parameter; the state lives in the backend's space. The gradient g is the
 // parameter's grad (already in A), read as it is: reduce over data parallel and clip before step().
 //
 // Tensor parallelism needs no communication here: each rank updates its own shard, and replicated
@@ -35,6 +36,8 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../backend/adamw_step.hpp"
+#include "../backend/cpu/backend.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/shard_spec.hpp"
 
@@ -55,26 +58,27 @@ struct AdamWConfig {
   }
 };
 
-template <class T>
+template <class T, class Space = space::host>
 class AdamW {
  public:
   using element_type = T;
   using state_type = accumulate_t<T>;  // main params and moments
+  using space_type = Space;
 
   struct State {
     std::string name;     // the parameter's name
     Shape global_shape;   // the parameter's global (unsharded) shape
     ShardSpec shard;      // where this rank's piece lives
     bool weight_decay = true;
-    Tensor<state_type> main;
-    Tensor<state_type> exp_avg;
-    Tensor<state_type> exp_avg_sq;
+    Tensor<state_type, Space> main;
+    Tensor<state_type, Space> exp_avg;
+    Tensor<state_type, Space> exp_avg_sq;
   };
 
-  // Visits the module's parameters once: main = value, moments = 0.
-  template <class Module>
-    requires(!std::is_same_v<std::remove_cvref_t<Module>, AdamW>)
-  AdamW(Module& module, AdamWConfig config = {}) : config_(config) {
+  // Visits the module's parameters once: main = value (converted on `device`), moments = 0.
+  template <class Device, class Module>
+    requires(!std::is_same_v<std::remove_cvref_t<Module>, AdamW> && requires { typename Device::space; })
+  AdamW(Device& device, Module& module, AdamWConfig config = {}) : config_(config) {
     config_.validate();
     module.for_each_parameter([&](auto& p) {
       check_element_type(p);
@@ -83,68 +87,75 @@ class AdamW {
       s.global_shape = p.global_shape;
       s.shard = p.shard;
       s.weight_decay = p.weight_decay;
-      s.main = convert<state_type, T>(p.value.view());
-      s.exp_avg = Tensor<state_type>(p.value.shape());
-      s.exp_avg_sq = Tensor<state_type>(p.value.shape());
+      s.main = Tensor<state_type, Space>::empty(p.value.shape());
+      device.template convert<T, state_type>(p.value.data(), p.value.numel(), s.main.data());
+      s.exp_avg = Tensor<state_type, Space>::zeros(p.value.shape());
+      s.exp_avg_sq = Tensor<state_type, Space>::zeros(p.value.shape());
       states_.push_back(std::move(s));
     });
   }
+  // Host parameters: on the CPU backend.
+  template <class Module>
+    requires(!std::is_same_v<std::remove_cvref_t<Module>, AdamW> && std::is_same_v<Space, space::host>)
+  AdamW(Module& module, AdamWConfig config = {}) : AdamW(host_device(), module, config) {}
 
   // One AdamW step with learning rate lr on every parameter of `module` (the one given to the
-  // constructor, or one with the same parameters).
-  template <class Module>
-  void step(Module& module, double lr) {
+  // constructor, or one with the same parameters), one backend adamw_step per parameter.
+  template <class Device, class Module>
+  void step(Device& device, Module& module, double lr) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
     using A = state_type;
     const double t = static_cast<double>(steps_);
-    const A bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
-    const A bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
-    const A beta1 = static_cast<A>(config_.beta1), beta2 = static_cast<A>(config_.beta2);
-    const A one_minus_beta1 = static_cast<A>(1.0 - config_.beta1), one_minus_beta2 = static_cast<A>(1.0 - config_.beta2);
-    const A eps = static_cast<A>(config_.eps), rate = static_cast<A>(lr);
+    AdamWStep<A> constants;
+    constants.lr = static_cast<A>(lr);
+    constants.beta1 = static_cast<A>(config_.beta1);
+    constants.beta2 = static_cast<A>(config_.beta2);
+    constants.one_minus_beta1 = static_cast<A>(1.0 - config_.beta1);
+    constants.one_minus_beta2 = static_cast<A>(1.0 - config_.beta2);
+    constants.eps = static_cast<A>(config_.eps);
+    constants.bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
+    constants.bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
     const A decay = static_cast<A>(lr * config_.weight_decay);
     std::size_t index = 0;
     module.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
-      const index_t n = s.main.numel();
-      A* w = s.main.data();
-      A* m = s.exp_avg.data();
-      A* v = s.exp_avg_sq.data();
-      const A* g = p.grad.data();
-      T* value = p.value.data();
-      const bool apply_decay = s.weight_decay && config_.weight_decay != 0;
-      for (index_t i = 0; i < n; ++i) {
-        A x = w[i];
-        if (apply_decay) x = x - decay * x;
-        m[i] = beta1 * m[i] + one_minus_beta1 * g[i];
-        v[i] = beta2 * v[i] + one_minus_beta2 * g[i] * g[i];
-        const A m_hat = m[i] / bias_correction1;
-        const A v_hat = v[i] / bias_correction2;
-        x = x - rate * m_hat / (std::sqrt(v_hat) + eps);
-        w[i] = x;
-        value[i] = static_cast<T>(x);
-      }
+      AdamWStep<A> step = constants;
+      step.decay = s.weight_decay && config_.weight_decay != 0 ? decay : A(0);
+      device.template adamw_step<T>(s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),
+                                    s.main.numel(), step);
     });
     if (index != states_.size())
       fail<ConfigError>("AdamW::step: the module has ", index, " parameters but the optimizer was built for ",
                         states_.size());
   }
+  template <class Module>
+    requires std::is_same_v<Space, space::host>
+  void step(Module& module, double lr) {
+    auto device = host_device();
+    step(device, module, lr);
+  }
 
   // main = value for every parameter (after the model's weights were changed from outside, e.g.
   // loaded without the optimizer state; Megatron's reload_model_params).
-  template <class Module>
-  void reload_main_from_model(Module& module) {
+  template <class Device, class Module>
+  void reload_main_from_model(Device& device, Module& module) {
     std::size_t index = 0;
     module.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
-      s.main = convert<state_type, T>(p.value.view());
+      device.template convert<T, state_type>(p.value.data(), p.value.numel(), s.main.data());
     });
     if (index != states_.size())
       fail<ConfigError>("AdamW::reload_main_from_model: the module has ", index,
                         " parameters but the optimizer was built for ", states_.size());
+  }
+  template <class Module>
+    requires std::is_same_v<Space, space::host>
+  void reload_main_from_model(Module& module) {
+    auto device = host_device();
+    reload_main_from_model(device, module);
   }
 
   // visit(std::string name, Tensor<state_type>& tensor) for "<param>.main", "<param>.exp_avg" and
@@ -177,6 +188,11 @@ class AdamW {
   const std::vector<State>& states() const { return states_; }
 
  private:
+  static cpu::backend& host_device() {
+    static cpu::backend device;
+    return device;
+  }
+
   template <class P>
   static void check_element_type(const P&) {
     static_assert(std::is_same_v<typename P::value_type, T>,

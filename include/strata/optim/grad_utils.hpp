@@ -11,7 +11,7 @@
 //            a replicated parameter: counted on tensor-parallel rank 0 only, since every rank of
 //            the group holds the same copy -- Megatron's param_is_not_tensor_parallel_duplicate)
 //   norm  = sqrt(all_reduce_sum(local) over ctx.model_parallel)   (the tp x pp group)
-// Squares are summed in double, in visiting order, and the in-process all-reduce adds ranks in
+// Squares are summed in double on the backend (sum_of_squares), in visiting order, and the in-process all-reduce adds ranks in
 // rank order, so the norm is bit-identical from run to run and the same on every rank. Data-parallel
 // replicas hold the same (already reduced) gradients and compute the same norm without talking.
 // A parameter shared by two pipeline stages (tied embeddings) would be counted by both stages;
@@ -22,15 +22,26 @@
 #include <span>
 #include <type_traits>
 
+#include "../backend/cpu/backend.hpp"
 #include "../comm/communicator.hpp"
+#include "../core/tensor.hpp"
 #include "../core/error.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
-// grad = 0 for every parameter.
+// grad = 0 for every parameter, on the rank's backend.
+template <class Device, class Module>
+void zero_gradients(Device& device, Module& module) {
+  module.for_each_parameter([&](auto& p) {
+    using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
+    device.template fill<G>(p.grad.data(), p.grad.numel(), 0.0);
+  });
+}
+// Host parameters: on the CPU backend.
 template <class Module>
 void zero_gradients(Module& module) {
-  module.for_each_parameter([](auto& p) { p.grad.zero(); });
+  cpu::backend device;
+  zero_gradients(device, module);
 }
 
 // Sums (or averages, with op = ReduceOp::avg) every gradient over `dp`, the data-parallel group
@@ -39,56 +50,83 @@ void zero_gradients(Module& module) {
 template <class Comm, class Module>
 void all_reduce_gradients(Comm& dp, Module& module, ReduceOp op = ReduceOp::sum) {
   if (dp.size() == 1) return;
+  module.for_each_parameter([&](auto& p) { dp.all_reduce(p.grad.buffer(), op); });
+}
+
+// accumulator[0] += sum of squared gradient elements this rank counts towards the global norm
+// (see the note above), in double, in visiting order; accumulator is in the backend's space.
+template <class Device, class Module>
+void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double* accumulator) {
   module.for_each_parameter([&](auto& p) {
+    if (!p.tensor_parallel() && tp_rank != 0) return;
     using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
-    dp.all_reduce(std::span<G>(p.grad.span()), op);
+    device.template sum_of_squares<G>(p.grad.data(), p.grad.numel(), accumulator);
   });
 }
 
-// Sum of squared gradient elements this rank counts towards the global norm (see the note above).
+// Host parameters: the same sum returned as a number (CPU backend).
 template <class Module>
 double local_grad_square_sum(Module& module, int tp_rank) {
+  cpu::backend device;
   double sum = 0;
-  module.for_each_parameter([&](auto& p) {
-    if (!p.tensor_parallel() && tp_rank != 0) return;
-    for (const auto& g : p.grad.span()) {
-      const double x = static_cast<double>(g);
-      sum += x * x;
-    }
-  });
+  accumulate_grad_squares(device, module, tp_rank, &sum);
   return sum;
 }
 
-// The L2 norm of the whole model's gradient. Collective over ctx.model_parallel.
+// The squared L2 norm of the whole model's gradient as a one-element tensor in the backend's
+// space (a device scalar: nothing is read on the host). Collective over ctx.model_parallel.
+template <class Context, class Module>
+auto global_grad_square_sum(Context& ctx, Module& module) {
+  using Space = typename Context::space;
+  auto sum = Tensor<double, Space>::zeros(Shape{1});
+  accumulate_grad_squares(ctx.device, module, ctx.tp.rank(), sum.data());
+  if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
+  return sum;
+}
+
+// The L2 norm of the whole model's gradient, read on the host. Collective over ctx.model_parallel.
 template <class Context, class Module>
 double global_grad_norm(Context& ctx, Module& module) {
-  double sum = local_grad_square_sum(module, ctx.tp.rank());
-  if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(std::span<double>(&sum, 1), ReduceOp::sum);
-  return std::sqrt(sum);
+  const auto sum = global_grad_square_sum(ctx, module);
+  return std::sqrt(to_host(sum)[0]);
 }
 
-// grad *= factor for every parameter.
-template <class Module>
-void scale_gradients(Module& module, double factor) {
+// grad *= factor for every parameter (factor a host number).
+template <class Device, class Module>
+void scale_gradients(Device& device, Module& module, double factor) {
   module.for_each_parameter([&](auto& p) {
     using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
-    const G f = static_cast<G>(factor);
-    for (auto& g : p.grad.span()) g = static_cast<G>(g * f);
+    device.template scale<G>(p.grad.data(), p.grad.numel(), factor);
   });
 }
+template <class Module>
+void scale_gradients(Module& module, double factor) {
+  cpu::backend device;
+  scale_gradients(device, module, factor);
+}
 
-// Clips the global gradient norm to max_norm as Megatron does: with coefficient
-// max_norm / (norm + 1e-6), the gradients are scaled when the coefficient is below 1. max_norm <= 0
-// disables clipping (the norm is still computed). Returns the norm before clipping. Collective over
-// ctx.model_parallel.
+// Clips the global gradient norm to max_norm as Megatron does, without reading anything on the
+// host: factor = max_norm / (norm + 1e-6) when max_norm > 0 and that is below 1, else 1 (backend
+// clip_factor), then grad *= factor (scale_by). Returns the norm before clipping as a one-element
+// tensor in the backend's space. Collective over ctx.model_parallel.
+template <class Context, class Module>
+auto clip_grad_norm_device(Context& ctx, Module& module, double max_norm) {
+  using Space = typename Context::space;
+  const auto square_sum = global_grad_square_sum(ctx, module);
+  auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
+  ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+  if (max_norm > 0)
+    module.for_each_parameter([&](auto& p) {
+      using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
+      ctx.device.template scale_by<G>(p.grad.data(), p.grad.numel(), factor.data());
+    });
+  return norm;
+}
+
+// The same, returning the norm read on the host (for logging and tests).
 template <class Context, class Module>
 double clip_grad_norm(Context& ctx, Module& module, double max_norm) {
-  const double norm = global_grad_norm(ctx, module);
-  if (max_norm > 0) {
-    const double coefficient = max_norm / (norm + 1.0e-6);
-    if (coefficient < 1.0) scale_gradients(module, coefficient);
-  }
-  return norm;
+  return to_host(clip_grad_norm_device(ctx, module, max_norm))[0];
 }
 
 STRATA_NAMESPACE_END
