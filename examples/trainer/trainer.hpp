@@ -1,14 +1,25 @@
 // examples/trainer/trainer.hpp: the training loop shared by train_gpt and train_llama.
 //
-// Ranks are threads of this process (in-process communicator, CPU backend). The world is split
-// into tensor-parallel groups of --tensor-model-parallel-size ranks; the rest is data parallel.
-// Each iteration:
+// One loop, two devices (--device):
+//   cpu   ranks are threads of this process (in-process communicator, CPU backend);
+//   cuda  one rank per GPU (NCCL communicator, CUDA backend built on the rank's GPU and enqueuing on
+//         the communicator's stream, so kernels and collectives are ordered on one stream): one
+//         process driving --world-size local GPUs from threads (nccl::run), or one process per GPU
+//         when torchrun / Slurm / Open MPI variables are set (nccl::init_from_environment; the world
+//         size then comes from the environment). Only compiled by nvcc (STRATA_TRAINER_CUDA).
+// The world is split into tensor-parallel groups of --tensor-model-parallel-size ranks; the rest is
+// data parallel. Each iteration:
 //   1. fetch this rank's micro-batches of the global batch and count the tokens that carry loss
-//      (all-reduced over data parallel), so every token weighs 1 / tokens of the global batch;
+//      over every data-parallel rank's batches (on the host: every rank can build every batch), so
+//      every token weighs 1 / tokens of the global batch;
 //   2. forward + backward per micro-batch (gradients accumulate);
 //   3. all-reduce gradients over data parallel, clip by the global norm (across model-parallel
 //      ranks), AdamW step with the scheduled learning rate;
-//   4. log (iteration, loss, lr, grad norm, tokens/s, time left) to stdout and JSONL; save when due;
+//   4. log (iteration, loss, lr, grad norm, tokens/s, time left, peak device memory) to stdout and
+//      JSONL; save when due. Loss sums and gradient norms stay on the device (one slot per
+//      iteration) and are read by the host at log steps only, unless the NaN check needs them every
+//      iteration (it does by default: one device-to-host read, and so one stream synchronization,
+//      per iteration);
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
 //      batches of the validation part of --split, forward only (its index is capped at
 //      kMaxValidationIndexSamples samples, read cyclically beyond, so memory does not grow with it).
@@ -23,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -41,9 +53,17 @@
 #include <strata/checkpoint.hpp>
 #include <strata/comm.hpp>
 #include <strata/data.hpp>
+#include <strata/layers.hpp>
 #include <strata/models.hpp>
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
+
+#ifdef STRATA_TRAINER_CUDA
+#include <cuda_runtime_api.h>
+
+#include <strata/backend/cuda/backend.cuh>
+#include <strata/comm/nccl.hpp>
+#endif
 
 #ifndef STRATA_DEFAULT_DATA_PATH
 #define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"
@@ -59,7 +79,7 @@ struct TrainArgs {
   int world_size = 2;
   int tensor_model_parallel_size = 2;
   bool sequence_parallel = true;
-  std::string backend = "cpu";
+  std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
   std::string dtype = "float";  // float | double | bf16 (bf16 parameters and activations, fp32 main params)
   // model
   models::ModelConfig model{};
@@ -91,6 +111,7 @@ struct TrainArgs {
   std::string log_jsonl;
   bool quiet = false;
   bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
+  bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
 };
 
 // The most bytes of text --sample-tokens may ask for (each one is a forward pass).
@@ -102,6 +123,9 @@ struct TrainResult {
   std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
   std::string sample;                                     // text generated after training
   std::string nothing_to_do;  // set when the loaded checkpoint is already at or past --train-iters
+  // With keep_final_parameters: every parameter after the last step, gathered over tensor
+  // parallelism (global shape, row-major), in the model's parameter order.
+  std::vector<std::pair<std::string, std::vector<double>>> final_parameters;
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -130,11 +154,18 @@ inline void apply_demo_defaults(const CLI::App& app, TrainArgs& a) {
 inline void add_options(CLI::App& app, TrainArgs& a) {
   // A repeated flag takes its last value, as Megatron's argparse (CLI11 refuses it by default).
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--world-size,--threads", a.world_size, "ranks (one thread each) in total; data parallel = world / tensor parallel");
+  app.add_option("--world-size,--threads", a.world_size,
+                 "ranks in total (cpu: threads; cuda: local GPUs, one thread each; set by the launcher under torchrun, "
+                 "srun or mpirun); data parallel = world / tensor parallel");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
-  app.add_option("--backend", a.backend, "compute backend")->check(CLI::IsMember({"cpu"}));
-  app.add_option("--dtype", a.dtype, "parameter and activation type")->check(CLI::IsMember({"float", "double", "bf16"}));
+  app.add_option("--device,--backend", a.device,
+                 "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
+                 "GPU is present, else cpu")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--dtype", a.dtype, "parameter and activation type (default: bf16 on cuda, float on cpu)")
+      ->check(CLI::IsMember({"float", "double", "bf16"}));
+  app.add_flag_callback("--bf16", [&a] { a.dtype = "bf16"; }, "same as --dtype bf16 (Megatron's flag)");
   app.add_option("--num-layers", a.model.num_layers);
   app.add_option("--hidden-size", a.model.hidden_size);
   app.add_option("--num-attention-heads", a.model.num_attention_heads);
@@ -376,11 +407,46 @@ inline void validate(const TrainArgs& a) {
   schedule.validate();
 }
 
-template <class T, bool SP>
+template <class T, bool SP, class Backend = cpu::backend, class Comm = inprocess::communicator>
 struct TrainPolicy : default_policy {
   using element = T;
+  using backend = Backend;
+  using comm = Comm;
   static constexpr bool sequence_parallel = SP;
 };
+
+// Peak bytes the device allocator has held (the CUDA caching allocator's counter); -1 on the CPU.
+template <class Device>
+std::int64_t peak_device_bytes(const Device& device) {
+  if constexpr (requires { device.memory_stats().peak_bytes_in_use; })
+    return static_cast<std::int64_t>(device.memory_stats().peak_bytes_in_use);
+  else
+    return -1;
+}
+
+// Bytes the device allocator holds from the driver (in use or cached); -1 on the CPU.
+template <class Device>
+std::int64_t reserved_device_bytes(const Device& device) {
+  if constexpr (requires { device.memory_stats().bytes_reserved; })
+    return static_cast<std::int64_t>(device.memory_stats().bytes_reserved);
+  else
+    return -1;
+}
+
+// Sums `n` host doubles over `comm` (a group of ctx): directly on the host for a host
+// communicator, through a device buffer for a device one (one synchronization).
+template <class Context, class Comm>
+void all_reduce_host_values(Context& ctx, Comm& comm, double* values, index_t n) {
+  using Space = typename Context::space;
+  if constexpr (std::is_same_v<Space, space::host>) {
+    comm.all_reduce(std::span<double>(values, static_cast<std::size_t>(n)), ReduceOp::sum);
+  } else {
+    auto buffer = Tensor<double, Space>::empty(Shape{n});
+    ctx.device.template copy_from_host<double>(values, n, buffer.data());
+    comm.all_reduce(buffer.buffer(), ReduceOp::sum);
+    ctx.device.template copy_to_host<double>(buffer.data(), n, values);
+  }
+}
 
 // Continues --sample-prompt byte by byte: each step runs the model on the last seq_length tokens
 // (padded with EOD after the end, which causal attention ignores) and draws the next byte from
@@ -412,18 +478,265 @@ std::string generate(Context& ctx, const Model& model, const TrainArgs& a) {
   return data::ByteTokenizer::decode(tokens);
 }
 
+// Whether torchrun, Slurm or Open MPI variables say this process is one rank of a job (then the
+// cuda device runs one process per GPU and the world size comes from the environment).
+inline bool launched_as_job() {
+  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') return true;
+  }
+  return false;
+}
+
+// GPUs this process sees; 0 when it was built without CUDA or no GPU is present.
+inline int visible_gpus() {
+#ifdef STRATA_TRAINER_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+#else
+  return 0;
+#endif
+}
+
+// Everything the ranks share: datasets, the JSONL file, the result (written by rank 0).
+template <class Dataset, class Validation>
+struct SharedRun {
+  const Dataset& dataset;
+  const CycledSamples<Validation>& valid_samples;
+  bool evaluate;
+  std::ofstream& jsonl;
+  TrainResult& result;
+  std::mutex& result_mutex;
+};
+
+// One rank's training: `world` its world communicator, `device` its backend (Policy::backend).
+template <template <class> class Model, class Policy, class Comm, class Shared>
+void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a, Shared& shared) {
+  using T = typename Policy::element;
+  using Context = context_t<Policy>;
+  using Space = typename Context::space;
+  constexpr bool SP = Policy::sequence_parallel;
+  TrainResult& result = shared.result;
+  std::mutex& result_mutex = shared.result_mutex;
+  std::ofstream& jsonl = shared.jsonl;
+  const int dp = a.world_size / a.tensor_model_parallel_size;
+  const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
+  const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
+
+  Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, device);
+  Model<Policy> model(ctx, a.model);
+  model.init(ctx, a.seed);
+  AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
+  const LrSchedule schedule = schedule_of(a);
+  int start = 0;
+  std::int64_t consumed = 0;
+  if (!a.load.empty()) {
+    const TrainState state = load_checkpoint(ctx, a.load, model, optimizer);
+    start = static_cast<int>(state.iteration);
+    consumed = state.consumed_samples;
+    if (state.seed != a.seed)
+      fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
+                        "; resume with the same seed so the data order matches");
+  }
+  const bool logger = world.rank() == 0;
+  if (logger) {
+    std::lock_guard lock(result_mutex);
+    shared.result.start_iteration = start;
+  }
+  // A finished run resumed again: nothing to train, evaluate or sample (every rank returns here).
+  if (start >= a.train_iters) {
+    if (logger)
+      result.nothing_to_do = ::strata::detail::concat(
+          "nothing to do: the checkpoint in '", a.load, "' is at iteration ", start, ", already at or past --train-iters=",
+          a.train_iters, "; raise --train-iters to train further");
+    return;
+  }
+  if (logger && !a.quiet) {
+    std::int64_t params = 0;
+    model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
+    std::printf("strata %s: %d ranks on %s (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
+                a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, dp, SP ? "on" : "off",
+                a.dtype.c_str(), static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps,
+                a.micro_batch_size, start + 1, a.train_iters);
+    std::fflush(stdout);
+  }
+  // Mean loss over the first eval_iters global batches of the validation data (forward only).
+  auto validation_loss = [&] {
+    double sums[2] = {0, 0};  // loss, tokens
+    for (int k = 0; k < a.eval_iters; ++k)
+      for (int m = 0; m < micro_steps; ++m) {
+        const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
+                                                          a.micro_batch_size, ctx.coords.dp, dp, m);
+        const data::Batch b = data::make_batch(shared.valid_samples, first, a.micro_batch_size, batch_options);
+        const auto loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
+        sums[0] += loss.loss_sum();
+        sums[1] += loss.tokens;
+      }
+    all_reduce_host_values(ctx, ctx.dp, sums, 2);
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  };
+  auto report_validation = [&](int iteration) {
+    const double loss = validation_loss();
+    if (!logger) return;
+    {
+      std::lock_guard lock(result_mutex);
+      result.validation_losses.emplace_back(iteration, loss);
+    }
+    if (!a.quiet) {
+      std::printf("validation  %6d/%6d | loss %.4f | ppl %.3f\n", iteration, a.train_iters, loss, std::exp(loss));
+      std::fflush(stdout);
+    }
+    if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << loss << "}\n";
+  };
+  // Per iteration, on the device: the global loss sum and the gradient norm (slot it - start),
+  // read by the host at log steps (or every iteration for the NaN check).
+  const index_t slots = a.train_iters - start;
+  auto loss_history = Tensor<double, Space>::zeros(Shape{slots});
+  auto norm_history = Tensor<double, Space>::zeros(Shape{slots});
+  auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
+  std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
+  int read_up_to = start;  // iterations [start, read_up_to) have been read and logged
+  auto t_interval = std::chrono::steady_clock::now();
+  const auto t_begin = t_interval;
+  for (int it = start; it < a.train_iters; ++it) {
+    const index_t slot = it - start;
+    zero_gradients(ctx.device, model);
+    std::vector<data::Batch> batches;
+    double tokens = 0;  // tokens carrying loss in the global batch: every data-parallel rank's micro-batches
+    for (int d = 0; d < dp; ++d)
+      for (int m = 0; m < micro_steps; ++m) {
+        const auto first = data::micro_batch_first_sample(consumed, a.micro_batch_size, d, dp, m);
+        data::Batch batch = data::make_batch(shared.dataset, first, a.micro_batch_size, batch_options);
+        for (index_t i = 0; i < batch.loss_mask.numel(); ++i) tokens += batch.loss_mask[i];
+        if (d == ctx.coords.dp) batches.push_back(std::move(batch));
+      }
+    if (tokens <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
+    ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
+    for (int m = 0; m < micro_steps; ++m) {
+      const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
+      auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key);
+      model.backward(ctx, saved, 1.0 / tokens);
+      ctx.device.template add<double>(loss_sum.data(), loss.sum.data(), 1, loss_sum.data());
+    }
+    ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
+    ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
+    all_reduce_gradients(ctx.dp, model);
+    const auto norm = clip_grad_norm_device(ctx, model, a.clip_grad);
+    ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
+    loss_tokens[static_cast<std::size_t>(slot)] = tokens;
+    // Megatron's --check-for-nan-in-loss-and-grad: stop before the step, so the weights and the
+    // last checkpoint stay those of the last good iteration. Loss and norm are identical on every
+    // rank (all-reduced), so every rank stops here together.
+    if (a.check_for_nan_in_loss_and_grad) {
+      double values[2];
+      ctx.device.template copy_to_host<double>(loss_history.data() + slot, 1, values);
+      ctx.device.template copy_to_host<double>(norm_history.data() + slot, 1, values + 1);
+      const double loss = values[0] / tokens, grad_norm = values[1];
+      if (!(std::isfinite(loss) && std::isfinite(grad_norm)))
+        fail<Error>("iteration ", it + 1, ": the ", std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                    std::isfinite(loss) ? grad_norm : loss, " (loss ", loss, ", gradient norm ", grad_norm,
+                    "); training stopped before the optimizer step and nothing was saved",
+                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
+                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
+    }
+    const double lr = schedule.lr(it);
+    lrs[static_cast<std::size_t>(slot)] = lr;
+    optimizer.step(ctx.device, model, lr);
+    consumed += a.global_batch_size;
+    const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
+    if (save_now)
+      save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});
+    const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
+    if (logger && log_now) {
+      // One read of the iterations since the last log step (it waits for the device).
+      const index_t first = read_up_to - start, count = it + 1 - read_up_to;
+      std::vector<double> sums(static_cast<std::size_t>(count)), norms(static_cast<std::size_t>(count));
+      ctx.device.template copy_to_host<double>(loss_history.data() + first, count, sums.data());
+      ctx.device.template copy_to_host<double>(norm_history.data() + first, count, norms.data());
+      const auto t1 = std::chrono::steady_clock::now();
+      const double step_s = std::chrono::duration<double>(t1 - t_interval).count() / static_cast<double>(count);
+      const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
+      const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
+      const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
+      const std::int64_t peak = peak_device_bytes(ctx.device);
+      const std::string memory = peak >= 0 ? " | peak mem " + models::format_bytes(peak) : std::string();
+      double loss = 0, grad_norm = 0;
+      for (index_t k = 0; k < count; ++k) {
+        const std::size_t i = static_cast<std::size_t>(first + k), j = static_cast<std::size_t>(k);
+        loss = sums[j] / loss_tokens[i];
+        grad_norm = norms[j];
+        {
+          std::lock_guard lock(result_mutex);
+          result.losses.push_back(loss);
+        }
+        if (jsonl) {
+          jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << loss << ", \"lr\": " << lrs[i]
+                << ", \"grad_norm\": " << grad_norm << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
+                << ", \"consumed_samples\": " << consumed - (count - 1 - k) * a.global_batch_size;
+          if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
+          jsonl << "}\n";
+        }
+      }
+      if (jsonl) jsonl.flush();
+      if (!a.quiet) {
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s\n",
+                    it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
+                    static_cast<int>(left) % 60, memory.c_str(), save_now ? " | saved" : "");
+        std::fflush(stdout);
+      }
+      read_up_to = it + 1;
+      t_interval = t1;
+    }
+    if (shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
+      report_validation(it + 1);
+  }
+  if (a.sample_tokens > 0) {
+    const std::string text = generate(ctx, model, a);
+    if (logger) {
+      std::lock_guard lock(result_mutex);
+      result.sample = text;
+      if (!a.quiet) std::printf("sample: %s\n", text.c_str());
+    }
+  }
+  if (a.keep_final_parameters)
+    model.for_each_parameter([&](auto& p) {
+      const auto full = gather_global(ctx.tp, p, p.value);  // collective over tp
+      if (!logger) return;
+      std::vector<double> values(static_cast<std::size_t>(full.numel()));
+      for (index_t i = 0; i < full.numel(); ++i) {
+        if constexpr (std::is_same_v<T, bf16>) values[static_cast<std::size_t>(i)] = static_cast<float>(full[i]);
+        else values[static_cast<std::size_t>(i)] = static_cast<double>(full[i]);
+      }
+      std::lock_guard lock(result_mutex);
+      result.final_parameters.emplace_back(p.name, std::move(values));
+    });
+  ctx.device.synchronize();
+  const std::int64_t peak = peak_device_bytes(ctx.device);
+  if (logger && !a.quiet && peak >= 0) {
+    std::printf("peak device memory (rank 0, caching allocator): %s in use, %s reserved\n", models::format_bytes(peak).c_str(),
+                models::format_bytes(reserved_device_bytes(ctx.device)).c_str());
+    std::fflush(stdout);
+  }
+}
+
 template <template <class> class Model, class T, bool SP>
 TrainResult train_with(const TrainArgs& a) {
-  using Policy = TrainPolicy<T, SP>;
-  using Context = ParallelContext<inprocess::communicator>;
   const MemoryPlan memory = plan_memory<T>(a);
   if (!a.quiet) {
     std::printf("%s\n", describe(memory, a.dtype).c_str());
     std::fflush(stdout);
   }
-  check_fits(memory, a.dtype);
-  const int dp = a.world_size / a.tensor_model_parallel_size;
-  const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
+  if (a.device == "cpu") check_fits(memory, a.dtype);
+#ifdef STRATA_TRAINER_CUDA
+  if (a.device == "cuda") {  // the model's memory lives on each rank's GPU: compare one rank with GPU 0's free memory
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && memory.per_rank.total() > static_cast<std::int64_t>(free_bytes))
+      fail<ConfigError>("the configuration does not fit in GPU memory: one rank needs ", models::format_bytes(memory.per_rank.total()),
+                        " but GPU 0 has ", models::format_bytes(static_cast<std::int64_t>(free_bytes)),
+                        " free; use smaller sizes, a larger --tensor-model-parallel-size or --dtype bf16");
+  }
+#endif
   const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
   const std::vector<double> split = data::parse_split(a.split);
   data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
@@ -435,9 +748,9 @@ TrainResult train_with(const TrainArgs& a) {
                               a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true},
                               eval_index_samples, split, 1)
                         : nullptr;
+  using Dataset = std::remove_cvref_t<decltype(*dataset)>;
   using ValidationSet = std::remove_cvref_t<decltype(*valid)>;
   const CycledSamples<ValidationSet> valid_samples{valid.get(), eval_samples};
-  const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
 
   std::ofstream jsonl;
   if (!a.log_jsonl.empty()) {
@@ -447,151 +760,60 @@ TrainResult train_with(const TrainArgs& a) {
 
   TrainResult result;
   std::mutex result_mutex;
-  inprocess::run(a.world_size, [&](inprocess::communicator& world) {
-    Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp});
-    Model<Policy> model(ctx, a.model);
-    model.init(ctx, a.seed);
-    AdamW<T> optimizer(model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
-    const LrSchedule schedule = schedule_of(a);
-    int start = 0;
-    std::int64_t consumed = 0;
-    if (!a.load.empty()) {
-      const TrainState state = load_checkpoint(ctx, a.load, model, optimizer);
-      start = static_cast<int>(state.iteration);
-      consumed = state.consumed_samples;
-      if (state.seed != a.seed)
-        fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
-                          "; resume with the same seed so the data order matches");
-    }
-    const bool logger = world.rank() == 0;
-    if (logger) {
-      std::lock_guard lock(result_mutex);
-      result.start_iteration = start;
-    }
-    // A finished run resumed again: nothing to train, evaluate or sample (every rank returns here).
-    if (start >= a.train_iters) {
-      if (logger)
-        result.nothing_to_do = ::strata::detail::concat(
-            "nothing to do: the checkpoint in '", a.load, "' is at iteration ", start, ", already at or past --train-iters=",
-            a.train_iters, "; raise --train-iters to train further");
-      return;
-    }
-    if (logger && !a.quiet) {
-      std::int64_t params = 0;
-      model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
-      std::printf("strata %s: %d ranks (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
-                  a.model_kind.c_str(), a.world_size, a.tensor_model_parallel_size, dp, SP ? "on" : "off", a.dtype.c_str(),
-                  static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps, a.micro_batch_size,
-                  start + 1, a.train_iters);
-      std::fflush(stdout);
-    }
-    // Mean loss over the first eval_iters global batches of the validation data (forward only).
-    auto validation_loss = [&] {
-      double sums[2] = {0, 0};  // loss, tokens
-      for (int k = 0; k < a.eval_iters; ++k)
-        for (int m = 0; m < micro_steps; ++m) {
-          const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
-                                                            a.micro_batch_size, ctx.coords.dp, dp, m);
-          const data::Batch b = data::make_batch(valid_samples, first, a.micro_batch_size, batch_options);
-          const auto loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
-          sums[0] += loss.loss_sum();
-          sums[1] += loss.tokens;
-        }
-      ctx.dp.all_reduce(std::span<double>(sums, 2), ReduceOp::sum);
-      return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
-    };
-    auto report_validation = [&](int iteration) {
-      const double loss = validation_loss();
-      if (!logger) return;
-      {
-        std::lock_guard lock(result_mutex);
-        result.validation_losses.emplace_back(iteration, loss);
-      }
-      if (!a.quiet) {
-        std::printf("validation  %6d/%6d | loss %.4f | ppl %.3f\n", iteration, a.train_iters, loss, std::exp(loss));
-        std::fflush(stdout);
-      }
-      if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << loss << "}\n";
-    };
-    const auto t_begin = std::chrono::steady_clock::now();
-    for (int it = start; it < a.train_iters; ++it) {
-      const auto t0 = std::chrono::steady_clock::now();
-      zero_gradients(model);
-      std::vector<data::Batch> batches;
-      double tokens[2] = {0, 0};  // loss tokens, loss sum
-      for (int m = 0; m < micro_steps; ++m) {
-        const auto first = data::micro_batch_first_sample(consumed, a.micro_batch_size, ctx.coords.dp, dp, m);
-        batches.push_back(data::make_batch(*dataset, first, a.micro_batch_size, batch_options));
-        for (index_t i = 0; i < batches.back().loss_mask.numel(); ++i) tokens[0] += batches.back().loss_mask[i];
-      }
-      ctx.dp.all_reduce(std::span<double>(tokens, 1), ReduceOp::sum);
-      if (tokens[0] <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
-      for (int m = 0; m < micro_steps; ++m) {
-        const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
-        auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key);
-        model.backward(ctx, saved, 1.0 / tokens[0]);
-        tokens[1] += loss.loss_sum();
-      }
-      ctx.dp.all_reduce(std::span<double>(tokens + 1, 1), ReduceOp::sum);
-      all_reduce_gradients(ctx.dp, model);
-      const double grad_norm = clip_grad_norm(ctx, model, a.clip_grad);
-      const double loss = tokens[1] / tokens[0];
-      // Megatron's --check-for-nan-in-loss-and-grad: stop before the step, so the weights and the
-      // last checkpoint stay those of the last good iteration. Loss and norm are identical on every
-      // rank (all-reduced), so every rank stops here together.
-      if (a.check_for_nan_in_loss_and_grad && !(std::isfinite(loss) && std::isfinite(grad_norm)))
-        fail<Error>("iteration ", it + 1, ": the ", std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                    std::isfinite(loss) ? grad_norm : loss, " (loss ", loss, ", gradient norm ", grad_norm,
-                    "); training stopped before the optimizer step and nothing was saved",
-                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
-                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
-      const double lr = schedule.lr(it);
-      optimizer.step(model, lr);
-      consumed += a.global_batch_size;
-      const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
-      if (save_now)
-        save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});
-      if (logger) {
-        const auto t1 = std::chrono::steady_clock::now();
-        const double step_s = std::chrono::duration<double>(t1 - t0).count();
-        const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
-        const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
-        const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
-        {
-          std::lock_guard lock(result_mutex);
-          result.losses.push_back(loss);
-        }
-        if (!a.quiet && ((it + 1) % a.log_interval == 0 || it + 1 == a.train_iters)) {
-          std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.2f s/it | %dm%02ds left%s\n",
-                      it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                      static_cast<int>(left) % 60, save_now ? " | saved" : "");
-          std::fflush(stdout);
-        }
-        if (jsonl) {
-          jsonl << "{\"iteration\": " << it + 1 << ", \"loss\": " << loss << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
-                << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
-                << ", \"consumed_samples\": " << consumed << "}\n";
-          jsonl.flush();
-        }
-      }
-      if (evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
-        report_validation(it + 1);
-    }
-    if (a.sample_tokens > 0) {
-      const std::string text = generate(ctx, model, a);
-      if (logger) {
-        std::lock_guard lock(result_mutex);
-        result.sample = text;
-        if (!a.quiet) std::printf("sample: %s\n", text.c_str());
-      }
-    }
+  SharedRun<Dataset, ValidationSet> shared{*dataset, valid_samples, evaluate, jsonl, result, result_mutex};
+  if (a.device == "cpu") {
+    using Policy = TrainPolicy<T, SP>;
+    inprocess::run(a.world_size, [&](inprocess::communicator& world) {
+      train_rank<Model, Policy>(world, cpu::backend{}, a, shared);
+    });
+    return result;
+  }
+#ifdef STRATA_TRAINER_CUDA
+  using Policy = TrainPolicy<T, SP, cuda::backend, nccl::communicator>;
+  if (launched_as_job()) {  // one process per GPU: this process is one rank
+    const nccl::LaunchEnvironment env = nccl::launch_environment();
+    const int gpus = visible_gpus();
+    const int ordinal = env.local_rank < gpus ? env.local_rank : 0;  // srun --gpus-per-task=1: the one GPU it sees
+    cuda::backend device(ordinal);
+    nccl::Options options;
+    options.stream = device.stream();
+    nccl::communicator world = nccl::init_from_environment(options);
+    train_rank<Model, Policy>(world, device, a, shared);
+    return result;
+  }
+  nccl::run(a.world_size, [&](nccl::communicator& world) {
+    train_rank<Model, Policy>(world, cuda::backend(world.device(), world.stream()), a, shared);
   });
   return result;
+#else
+  fail<ConfigError>("--device ", a.device, ": this trainer was built without CUDA; rebuild with the CUDA toolkit and NCCL "
+                    "found (cmake prints 'strata::nccl available') or use --device cpu");
+#endif
+}
+
+// Settles --device auto and, on cuda, the world size of a launcher's job; the dtype default of the
+// device when --dtype was not given (dtype_given false).
+inline void resolve_device(TrainArgs& a, bool dtype_given) {
+  if (a.device == "auto") a.device = visible_gpus() > 0 ? "cuda" : "cpu";
+  if (a.device == "cuda" && !dtype_given) a.dtype = "bf16";
+#ifdef STRATA_TRAINER_CUDA
+  if (a.device == "cuda" && launched_as_job()) a.world_size = nccl::launch_environment().world_size;
+#endif
 }
 
 template <template <class> class Model>
 TrainResult train(const TrainArgs& a) {
   validate(a);
+  if (a.device != "cpu" && a.device != "cuda")
+    fail<ConfigError>("--device=", a.device, " is not a device: use cpu or cuda");
+  if (a.device == "cuda" && visible_gpus() == 0)
+    fail<ConfigError>("--device cuda: ",
+#ifdef STRATA_TRAINER_CUDA
+                      "this process sees no GPU (check CUDA_VISIBLE_DEVICES and the driver)",
+#else
+                      "this trainer was built without CUDA (configure with the CUDA toolkit and NCCL found)",
+#endif
+                      "; use --device cpu");
   if (a.dtype == "double") {
     return a.sequence_parallel ? train_with<Model, double, true>(a) : train_with<Model, double, false>(a);
   }
@@ -601,16 +823,25 @@ TrainResult train(const TrainArgs& a) {
   return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
 }
 
+
 // main() of a trainer: parse flags over the defaults, train, report errors as one clear line on
 // stderr with exit status 1 (every std::exception, not only strata's).
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
   TrainArgs args = default_args(kind);
-  CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads"};
+  args.device = "auto";
+  CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads or NVIDIA GPUs"};
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
   apply_demo_defaults(app, args);
   try {
+    resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
+    // The demo on GPUs: every visible GPU (threads mode), tp=2 when their number is even.
+    if (args.device == "cuda" && !launched_as_job() && app.count("--world-size") == 0 &&
+        app.count("--tensor-model-parallel-size") == 0) {
+      args.world_size = std::max(1, visible_gpus());
+      args.tensor_model_parallel_size = args.world_size % 2 == 0 ? 2 : 1;
+    }
     const TrainResult result = train<Model>(args);
     if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete
       std::printf("%s\n", result.nothing_to_do.c_str());

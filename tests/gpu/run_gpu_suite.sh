@@ -3,7 +3,8 @@
 # <build-dir>/tests/gpu (test_*), each with its full output in <log-dir>/<name>.log (default
 # <build-dir>/gpu-logs), then the kernel and GEMM tests again at small sizes under
 # compute-sanitizer's memcheck and racecheck (when compute-sanitizer is found), and prints one
-# summary line per suite. A new suite is picked up by its name (test_*.cu). Each run is stopped after
+# summary line per suite. A new suite is picked up by its name (test_*.cu). test_training (and its
+# 2-process twin) reads the corpus at STRATA_DATA_PATH when set (a .bin/.idx prefix). Each run is stopped after
 # STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out). Exits non-zero if any failed.
 set -u
 build=${1:?usage: run_gpu_suite.sh <build-dir> [log-dir]}
@@ -40,6 +41,11 @@ done
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ -x $dir/test_nccl && ${gpus:-0} -ge 2 ]]; then
   run "test_nccl.processes" env STRATA_TEST_LOG_DIR="$logs" bash "$(dirname "$0")/run_nccl_processes.sh" "$dir/test_nccl" 2
+fi
+# The 2-GPU training again as 2 processes, against test_training's threads-mode losses.
+if [[ -x $dir/test_training && ${gpus:-0} -ge 2 && -f $logs/test_training.log ]]; then
+  run "test_training.processes" env STRATA_TEST_LOG_DIR="$logs" bash "$(dirname "$0")/run_training_processes.sh" \
+    "$dir/test_training" "$logs/test_training.log"
 fi
 
 sanitizer=$(command -v compute-sanitizer || true)

@@ -3,7 +3,8 @@
 // stream.
 //
 // The object is a cheap handle: copies share one state (as a shared_ptr does), which holds
-//   - the device ordinal, a compute stream and a communication stream (both non-blocking),
+//   - the device ordinal, a compute stream and a communication stream (both non-blocking; the
+//     compute stream may instead be one the caller owns, such as a NCCL communicator's),
 //   - the cuBLASLt handle, its 32 MiB workspace and the cached GEMM plans (gemm.hpp),
 //   - the caching allocator (allocator.hpp), installed as current_device_resource() on the thread
 //     that creates the backend (install() installs it on another thread of the same rank),
@@ -55,10 +56,14 @@ class backend {
   static constexpr std::string_view name = "cuda";
 
   // The backend of `device` (an ordinal below device_count()), installed on the calling thread.
-  explicit backend(int device = 0) : state_(std::make_shared<state>(device)) { install(); }
+  explicit backend(int device = 0) : state_(std::make_shared<state>(device, nullptr)) { install(); }
+  // The same, enqueuing its work on `compute_stream` (a stream of `device` that outlives the
+  // backend, e.g. a NCCL communicator's stream()), so kernels and collectives are ordered on one
+  // stream. The backend synchronizes that stream when its last copy goes but never destroys it.
+  backend(int device, cudaStream_t compute_stream) : state_(std::make_shared<state>(device, compute_stream)) { install(); }
 
   int device() const { return state_->device; }
-  cudaStream_t stream() const { return state_->compute.get(); }
+  cudaStream_t stream() const { return state_->compute_stream; }
   cudaStream_t communication_stream() const { return state_->communication.get(); }
   caching_allocator& allocator() const { return state_->allocator; }
   allocator_stats memory_stats() const { return state_->allocator.stats(); }
@@ -301,17 +306,23 @@ class backend {
   struct state {
     int device;
     cuda::stream compute, communication;
+    cudaStream_t compute_stream;  // `compute`, or the stream the backend was given
     caching_allocator allocator;
     blas_handle blas;
     std::shared_ptr<attention_plans> attention;
 
-    explicit state(int ordinal)
-        : device(checked(ordinal)), compute(), communication(), allocator(ordinal, compute.get()), blas() {}
+    state(int ordinal, cudaStream_t given)
+        : device(checked(ordinal)),
+          compute(),
+          communication(),
+          compute_stream(given != nullptr ? given : compute.get()),
+          allocator(ordinal, compute_stream),
+          blas() {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
       (void)cudaSetDevice(device);
-      (void)cudaStreamSynchronize(compute.get());
+      (void)cudaStreamSynchronize(compute_stream);
       (void)cudaStreamSynchronize(communication.get());
       if (current_device_resource() == &allocator) current_device_resource() = nullptr;
     }

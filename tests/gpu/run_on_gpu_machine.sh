@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/gpu/run_on_gpu_machine.sh <build-dir> [log-dir]: everything a GPU machine checks, in one
+# call. Build first with the GPU tests and the CUDA trainers (README, third command):
+#   1. the whole GPU suite (tests/gpu/run_gpu_suite.sh): kernels, GEMM, allocator, attention, NCCL
+#      (threads and processes), models against the CPU path, multi-GPU training (threads and
+#      processes), and the sanitizer runs;
+#   2. the demo GPT trained on the GPUs (build/examples/train_gpt --device cuda) for
+#      STRATA_DEMO_ITERS iterations (default 300), as the README's GPU command does.
+# Logs go to <log-dir> (default <build-dir>/gpu-logs); a short table comes last. Libraries: CUDA's
+# lib64, and cuDNN / NCCL from a Python environment's nvidia-* packages when the system has none
+# (LD_LIBRARY_PATH is extended only with folders that exist). NCCL_NVLS_ENABLE=0 unless set.
+# The corpus: STRATA_DATA_PATH, else examples/data/corpus_text_document of this checkout.
+# Exits non-zero when any step failed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+build=$(cd "${1:?usage: run_on_gpu_machine.sh <build-dir> [log-dir]}" && pwd)
+logs=${2:-$build/gpu-logs}
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export STRATA_DATA_PATH=${STRATA_DATA_PATH:-$repo/examples/data/corpus_text_document}
+iters=${STRATA_DEMO_ITERS:-300}
+
+libs=()
+for dir in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64; do [[ -d $dir ]] && libs+=("$dir"); done
+for py in python3 python; do
+  command -v "$py" >/dev/null || continue
+  for module in nvidia.cudnn nvidia.nccl nvidia.cublas nvidia.cuda_runtime; do
+    dir=$("$py" -c "import $module as m; print(list(m.__path__)[0])" 2>/dev/null) && [[ -d $dir/lib ]] && libs+=("$dir/lib")
+  done
+  break
+done
+LD_LIBRARY_PATH=$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+{
+  nvidia-smi -L
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "STRATA_DATA_PATH=$STRATA_DATA_PATH"
+  for program in "$build"/tests/gpu/test_* "$build"/examples/train_gpt; do
+    [[ -x $program && -f $program ]] && ldd "$program" | grep -E 'not found|cudnn|nccl|cublas|cudart' | sed "s|^|$(basename "$program"): |"
+  done
+} >"$logs/environment.log" 2>&1
+
+status=0
+start=$(date +%s)
+bash "$here/run_gpu_suite.sh" "$build" "$logs" >"$logs/suite.log" 2>&1 || status=1
+suite_s=$(( $(date +%s) - start ))
+
+demo_line="train_gpt not built ($build/examples/train_gpt)"
+if [[ -x $build/examples/train_gpt ]]; then
+  start=$(date +%s)
+  timeout "${STRATA_DEMO_TIMEOUT:-300}" "$build/examples/train_gpt" --device cuda --train-iters "$iters" \
+    --data-path "$STRATA_DATA_PATH" --log-jsonl "$logs/train_gpt.jsonl" >"$logs/train_gpt.log" 2>&1
+  rc=$?
+  [[ $rc -ne 0 ]] && status=1
+  done_line=$(grep -E '^done:' "$logs/train_gpt.log" | tail -n1)
+  peak=$(grep -E '^peak device memory' "$logs/train_gpt.log" | tail -n1 | sed 's/.*: //')
+  speed=$(grep -E '^iteration' "$logs/train_gpt.log" | tail -n1 | grep -oE '[0-9]+ tokens/s')
+  demo_line=$(printf 'train_gpt --device cuda        rc=%-3d %4ds  %s | %s | peak %s' "$rc" "$(( $(date +%s) - start ))" \
+    "${done_line:-$(tail -n1 "$logs/train_gpt.log")}" "${speed:-?}" "${peak:-?}")
+fi
+
+echo "==== failures"
+grep -h '^FAIL' "$logs"/*.log 2>/dev/null | head -30
+echo "==== summary (logs in $logs; suite ${suite_s}s)"
+grep -vE '^(PASS|FAIL) ' "$logs/suite.log" | tail -n 20
+echo "$demo_line"
+exit $status

@@ -1,0 +1,217 @@
+// tests/gpu/test_models.cu: models::Gpt and models::Llama on one GPU against the CPU fp32 path.
+//
+// Each case builds the same model (small odd shapes: hidden 96, seq 24, batch 3, vocab 257 / 300,
+// 2 layers; Llama with GQA 4 heads / 2 groups, RoPE, SwiGLU) from the same seed on the CPU backend
+// in float and on the CUDA backend (NCCL communicator of one rank, so the device policy is the one
+// the trainers use) in bf16 or float, runs forward + backward + AdamW step, and compares
+//   - the loss, every gradient (before clipping) and every parameter after the step, as
+//     ||gpu - cpu|| / ||cpu|| per tensor: 1e-2 for bf16, 1e-5 for float (cuBLASLt float is FP32);
+//   - with dropout too (masks are drawn from (key, global index), so both devices drop the same);
+//   - determinism: a second identical GPU run gives bit-identical loss and gradients;
+//   - the second training step makes no cudaMalloc (the caching allocator's counter).
+// One line per check, `SUITE models: N passed, M failed` last, non-zero exit on a failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <strata/backend/cuda/backend.cuh>
+#include <strata/comm/nccl.hpp>
+#include <strata/models.hpp>
+#include <strata/optim.hpp>
+#include <strata/policy.hpp>
+
+#include "check.hpp"
+
+namespace {
+
+using namespace strata;
+
+template <class T, class Backend, class Comm>
+struct DevicePolicy : default_policy {
+  using element = T;
+  using backend = Backend;
+  using comm = Comm;
+  static constexpr bool sequence_parallel = false;
+};
+
+struct Batch {
+  Tensor<std::int32_t> tokens, labels;
+  Tensor<float> mask;
+};
+
+Batch make_batch(int vocab, index_t b, index_t s, std::uint64_t key) {
+  Batch batch{Tensor<std::int32_t>(Shape{b, s}), Tensor<std::int32_t>(Shape{b, s}), Tensor<float>(Shape{b, s})};
+  for (index_t i = 0; i < b * s; ++i) {
+    batch.tokens[i] = static_cast<std::int32_t>(rng::uniform(key, static_cast<std::uint64_t>(i)) * vocab);
+    batch.labels[i] = static_cast<std::int32_t>(rng::uniform(key + 1, static_cast<std::uint64_t>(i)) * vocab);
+    batch.mask[i] = (i % 7 == 3) ? 0.0f : 1.0f;  // some positions carry no loss
+  }
+  return batch;
+}
+
+// What one run produced: the first step's loss sum and gradients (host copies, as doubles), the
+// parameters after its AdamW step, and the caching allocator's cudaMalloc calls during step 2.
+struct RunResult {
+  double loss_sum = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> grads, params;
+  std::vector<std::vector<unsigned char>> grad_bits;  // the raw gradient bytes (determinism)
+  long long step2_mallocs = -1;
+};
+
+template <class X>
+std::vector<double> as_doubles(const Tensor<X>& t) {
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  for (index_t i = 0; i < t.numel(); ++i) out[static_cast<std::size_t>(i)] = gpu_test::as_double(t[i]);
+  return out;
+}
+
+// Two training steps (zero, forward, backward, clip at 1.0, AdamW at lr 1e-3) of Model<Policy> on
+// one rank; step 1 is recorded.
+template <template <class> class Model, class T, class Comm, class Backend>
+RunResult run_model(Comm& world, Backend device, const models::ModelConfig& config, const Batch& batch) {
+  using Policy = DevicePolicy<T, Backend, Comm>;
+  using Space = space_t<Policy>;
+  auto ctx = context_t<Policy>::create(world, ParallelConfig{.tp = 1}, device);
+  Model<Policy> model(ctx, config);
+  model.init(ctx, 1234);
+  AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{0.9, 0.95, 1e-8, 0.1});
+  RunResult r;
+  long long mallocs_after_step1 = 0;
+  for (int step = 0; step < 2; ++step) {
+    zero_gradients(ctx.device, model);
+    {
+      auto [loss, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask, /*dropout key=*/4242);
+      model.backward(ctx, saved, 1.0 / loss.tokens);
+      if (step == 0) {
+        r.loss_sum = loss.loss_sum();
+        model.for_each_parameter([&](auto& p) {
+          const auto grad = to_host(p.grad);
+          r.names.push_back(p.name);
+          r.grads.push_back(as_doubles(grad));
+          const auto* bytes = reinterpret_cast<const unsigned char*>(grad.data());
+          r.grad_bits.emplace_back(bytes, bytes + grad.bytes());
+        });
+      }
+    }
+    (void)clip_grad_norm_device(ctx, model, 1.0);
+    optimizer.step(ctx.device, model, 1e-3);
+    if (step == 0) {
+      model.for_each_parameter([&](auto& p) { r.params.push_back(as_doubles(to_host(p.value))); });
+      if constexpr (requires { ctx.device.memory_stats(); }) {
+        ctx.device.synchronize();
+        mallocs_after_step1 = static_cast<long long>(ctx.device.memory_stats().malloc_calls);
+      }
+    }
+  }
+  if constexpr (requires { ctx.device.memory_stats(); }) {
+    ctx.device.synchronize();
+    r.step2_mallocs = static_cast<long long>(ctx.device.memory_stats().malloc_calls) - mallocs_after_step1;
+  }
+  return r;
+}
+
+template <template <class> class Model>
+RunResult run_cpu(const models::ModelConfig& config, const Batch& batch) {
+  RunResult r;
+  inprocess::run(1, [&](inprocess::communicator& world) { r = run_model<Model, float>(world, cpu::backend{}, config, batch); });
+  return r;
+}
+
+template <template <class> class Model, class T>
+RunResult run_gpu(const models::ModelConfig& config, const Batch& batch) {
+  RunResult r;
+  nccl::run(1, [&](nccl::communicator& world) {
+    r = run_model<Model, T>(world, cuda::backend(world.device(), world.stream()), config, batch);
+  });
+  return r;
+}
+
+double relative_error(const std::vector<double>& a, const std::vector<double>& ref) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size() && i < ref.size(); ++i) {
+    diff += (a[i] - ref[i]) * (a[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  if (a.size() != ref.size()) return INFINITY;
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// Every tensor of `what` within tol; one line with the worst tensor.
+void compare_tensors(gpu_test::suite& s, const std::string& label, const char* what, const std::vector<std::string>& names,
+                     const std::vector<std::vector<double>>& gpu, const std::vector<std::vector<double>>& cpu, double tol) {
+  double worst = 0;
+  std::string worst_name = "(none)";
+  bool ok = gpu.size() == cpu.size() && !gpu.empty();
+  for (std::size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
+    const double e = relative_error(gpu[i], cpu[i]);
+    if (!(e <= worst)) {
+      worst = e;
+      worst_name = names[i];
+    }
+    if (!(e <= tol)) ok = false;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%s: %zu %s within %.0e of the CPU fp32 run (worst %s: %.3e)", label.c_str(), gpu.size(), what,
+                tol, worst_name.c_str(), worst);
+  s.record(ok, line);
+}
+
+template <template <class> class Model, class T>
+void model_case(gpu_test::suite& s, const std::string& model_name, models::ModelConfig config, double dropout) {
+  config.hidden_dropout = dropout;
+  const Batch batch = make_batch(config.vocab_size, 3, config.seq_length, 77);
+  const std::string label = model_name + " " + gpu_test::type_name<T>() + (dropout > 0 ? " dropout 0.1" : "");
+  const double tol = gpu_test::tolerance<T>();
+  try {
+    const RunResult cpu = run_cpu<Model>(config, batch);
+    const RunResult gpu = run_gpu<Model, T>(config, batch);
+    const double loss_error = std::abs(gpu.loss_sum - cpu.loss_sum) / std::abs(cpu.loss_sum);
+    char line[512];
+    std::snprintf(line, sizeof line, "%s: loss sum %.6f on the GPU, %.6f on the CPU (relative error %.3e, tolerance %.0e)",
+                  label.c_str(), gpu.loss_sum, cpu.loss_sum, loss_error, tol);
+    s.record(loss_error <= tol, line);
+    compare_tensors(s, label, "gradients", cpu.names, gpu.grads, cpu.grads, tol);
+    compare_tensors(s, label, "parameters after the AdamW step", cpu.names, gpu.params, cpu.params, tol);
+    std::snprintf(line, sizeof line, "%s: the second training step made %lld cudaMalloc calls (expected 0)", label.c_str(),
+                  gpu.step2_mallocs);
+    s.record(gpu.step2_mallocs == 0, line);
+    if (dropout > 0 || std::is_same_v<T, bf16>) {  // determinism: the same run again, bit for bit
+      const RunResult again = run_gpu<Model, T>(config, batch);
+      bool same = std::memcmp(&again.loss_sum, &gpu.loss_sum, sizeof(double)) == 0 && again.grad_bits == gpu.grad_bits;
+      std::snprintf(line, sizeof line, "%s: a second identical GPU run gives bit-identical loss (%.17g vs %.17g) and %zu gradients",
+                    label.c_str(), again.loss_sum, gpu.loss_sum, gpu.grad_bits.size());
+      s.record(same, line);
+    }
+  } catch (const std::exception& e) {
+    s.record(false, label + ": stopped: " + e.what());
+  }
+}
+
+}  // namespace
+
+int main() {
+  gpu_test::suite s("models");
+  models::ModelConfig gpt;
+  gpt.num_layers = 2;
+  gpt.hidden_size = 96;
+  gpt.num_attention_heads = 3;
+  gpt.seq_length = 24;
+  gpt.vocab_size = 257;
+  models::ModelConfig llama = gpt;
+  llama.num_attention_heads = 4;
+  llama.num_query_groups = 2;
+  llama.ffn_hidden_size = 160;
+  llama.vocab_size = 300;
+  for (double dropout : {0.0, 0.1}) {
+    model_case<models::Gpt, bf16>(s, "gpt", gpt, dropout);
+    model_case<models::Gpt, float>(s, "gpt", gpt, dropout);
+    model_case<models::Llama, bf16>(s, "llama", llama, dropout);
+    model_case<models::Llama, float>(s, "llama", llama, dropout);
+  }
+  return s.finish();
+}

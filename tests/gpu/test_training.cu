@@ -1,0 +1,147 @@
+// tests/gpu/test_training.cu: 20 training iterations of the trainers' loop (examples/trainer) on
+// GPUs, bf16, NCCL threads mode (nccl::run): tp=2 with sequence parallelism and dp=2 on 2 GPUs
+// follow tp=1 on 1 GPU. Checked per run: every iteration's loss within 2e-2 relative of the
+// single-GPU run, the loss falls, and every final parameter (gathered over tensor parallelism)
+// within 2e-2 relative (||p - p_ref|| / ||p_ref|| per tensor). Then the same 2-GPU runs again
+// give the same losses bit for bit (deterministic kernels and collectives), and the threads mode
+// finishes (no teardown hang: the suite script's timeout would catch one).
+//
+//   test_training [--data-path PREFIX] [--process]      (else STRATA_DATA_PATH, else the build's corpus)
+//
+// --process: one rank of a job started with torchrun-style variables (RANK, WORLD_SIZE, ...): runs
+// the tp=2 + sequence-parallel training as that rank and prints its losses, for
+// run_training_processes.sh to compare with the threads-mode run.
+// One line per check, `SUITE training: N passed, M failed` last, non-zero exit on a failure.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "trainer/trainer.hpp"
+
+namespace {
+
+trainer::TrainArgs args_for(const std::string& data_path, int world, int tp, bool sp) {
+  trainer::TrainArgs a = trainer::default_args("gpt");
+  a.device = "cuda";
+  a.dtype = "bf16";
+  a.world_size = world;
+  a.tensor_model_parallel_size = tp;
+  a.sequence_parallel = sp;
+  a.model.num_layers = 2;
+  a.model.hidden_size = 128;
+  a.model.num_attention_heads = 4;
+  a.model.ffn_hidden_size = 512;
+  a.model.seq_length = 64;
+  a.micro_batch_size = 4;
+  a.global_batch_size = 8;
+  a.train_iters = 20;
+  a.lr = 3e-3;
+  a.min_lr = 3e-4;
+  a.lr_warmup_iters = 3;
+  a.eval_iters = 0;
+  a.sample_tokens = 0;
+  a.quiet = true;
+  a.keep_final_parameters = true;
+  if (!data_path.empty()) a.data_path = data_path;
+  return a;
+}
+
+// The trainers' train() for this test's one dtype (bf16) only, to keep the nvcc build small.
+trainer::TrainResult train(const trainer::TrainArgs& a) {
+  trainer::validate(a);
+  return a.sequence_parallel ? trainer::train_with<strata::models::Gpt, strata::bf16, true>(a)
+                             : trainer::train_with<strata::models::Gpt, strata::bf16, false>(a);
+}
+
+double relative(const std::vector<double>& a, const std::vector<double>& ref) {
+  if (a.size() != ref.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - ref[i]) * (a[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+void compare(gpu_test::suite& s, const std::string& label, const trainer::TrainResult& run, const trainer::TrainResult& ref) {
+  constexpr double kTol = 2e-2;
+  double worst = 0;
+  int worst_at = -1;
+  bool ok = run.losses.size() == ref.losses.size() && !ref.losses.empty();
+  for (std::size_t i = 0; ok && i < ref.losses.size(); ++i) {
+    const double e = std::abs(run.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]);
+    if (!(e <= worst)) worst = e, worst_at = static_cast<int>(i) + 1;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%s: %zu losses within %.0e of tp=1 on 1 GPU (worst iteration %d: %.3e; last %.4f vs %.4f)",
+                label.c_str(), run.losses.size(), kTol, worst_at, worst, run.losses.empty() ? NAN : run.losses.back(),
+                ref.losses.empty() ? NAN : ref.losses.back());
+  s.record(ok && worst <= kTol, line);
+  double worst_p = 0;
+  std::string worst_name = "(none)";
+  bool params_ok = run.final_parameters.size() == ref.final_parameters.size() && !ref.final_parameters.empty();
+  for (std::size_t i = 0; params_ok && i < ref.final_parameters.size(); ++i) {
+    const double e = relative(run.final_parameters[i].second, ref.final_parameters[i].second);
+    if (!(e <= worst_p)) worst_p = e, worst_name = ref.final_parameters[i].first;
+  }
+  std::snprintf(line, sizeof line, "%s: %zu final parameters within %.0e of tp=1 (worst %s: %.3e)", label.c_str(),
+                run.final_parameters.size(), kTol, worst_name.c_str(), worst_p);
+  s.record(params_ok && worst_p <= kTol, line);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string data_path;
+  bool process = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--data-path" && i + 1 < argc) data_path = argv[++i];
+    else if (arg == "--process") process = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--process]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (data_path.empty() && std::getenv("STRATA_DATA_PATH") != nullptr) data_path = std::getenv("STRATA_DATA_PATH");
+  gpu_test::suite s("training");
+  try {
+    if (process) {  // one rank of a torchrun-style job (the world size comes from WORLD_SIZE)
+      trainer::TrainArgs a = args_for(data_path, 2, 2, true);
+      trainer::resolve_device(a, true);
+      const auto run = train(a);
+      if (!run.losses.empty()) {  // rank 0 logs
+        std::printf("LOSSES");
+        for (double l : run.losses) std::printf(" %.17g", l);
+        std::printf("\n");
+      }
+      return s.finish();
+    }
+    if (strata::cuda::device_count() < 2) {
+      s.record(false, "test_training needs 2 GPUs; this process sees " + std::to_string(strata::cuda::device_count()));
+      return s.finish();
+    }
+    const auto reference = train(args_for(data_path, 1, 1, false));
+    char line[256];
+    std::snprintf(line, sizeof line, "tp=1 on 1 GPU: 20 iterations, loss %.4f -> %.4f falls", reference.losses.front(),
+                  reference.losses.back());
+    s.record(reference.losses.size() == 20 && reference.losses.back() < reference.losses.front() - 0.5, line);
+    const auto tp2 = train(args_for(data_path, 2, 2, true));
+    compare(s, "tp=2 + sequence parallel on 2 GPUs", tp2, reference);
+    const auto dp2 = train(args_for(data_path, 2, 1, false));
+    compare(s, "dp=2 on 2 GPUs", dp2, reference);
+    const auto tp2_again = train(args_for(data_path, 2, 2, true));
+    s.record(tp2_again.losses == tp2.losses, "tp=2 + sequence parallel: a second run gives the same 20 losses bit for bit");
+    // For run_training_processes.sh: the threads-mode losses of the tp=2 run.
+    std::printf("LOSSES");
+    for (double l : tp2.losses) std::printf(" %.17g", l);
+    std::printf("\n");
+  } catch (const std::exception& e) {
+    s.record(false, std::string("test_training stopped: ") + e.what());
+  }
+  return s.finish();
+}
