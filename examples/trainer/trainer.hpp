@@ -488,6 +488,14 @@ inline bool launched_as_job() {
   return false;
 }
 
+// Threads mode drives several GPUs from one process: a kernel loaded lazily (CUDA's default) may
+// wait for the GPU's running kernels, one of which can be a collective waiting for this very
+// thread, so the CUDA modules are loaded at start-up instead. Call before the first CUDA call; an
+// explicit CUDA_MODULE_LOADING wins.
+inline void prefer_eager_module_loading() {
+  if (!launched_as_job()) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+}
+
 // GPUs this process sees; 0 when it was built without CUDA or no GPU is present.
 inline int visible_gpus() {
 #ifdef STRATA_TRAINER_CUDA
@@ -828,6 +836,7 @@ TrainResult train(const TrainArgs& a) {
 // stderr with exit status 1 (every std::exception, not only strata's).
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
+  prefer_eager_module_loading();
   TrainArgs args = default_args(kind);
   args.device = "auto";
   CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads or NVIDIA GPUs"};

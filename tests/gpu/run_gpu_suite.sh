@@ -5,7 +5,9 @@
 # compute-sanitizer's memcheck and racecheck (when compute-sanitizer is found), and prints one
 # summary line per suite. A new suite is picked up by its name (test_*.cu). test_training (and its
 # 2-process twin) reads the corpus at STRATA_DATA_PATH when set (a .bin/.idx prefix). Each run is stopped after
-# STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out). Exits non-zero if any failed.
+# STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out), and none runs past
+# STRATA_GPU_SUITE_DEADLINE (seconds since the epoch) when set: later ones are reported skipped.
+# Exits non-zero if any failed or was skipped.
 set -u
 build=${1:?usage: run_gpu_suite.sh <build-dir> [log-dir]}
 logs=${2:-$build/gpu-logs}
@@ -18,9 +20,18 @@ summary=()
 run() {
   local name=$1
   shift
-  local start rc line
+  local start rc line step_limit=$limit
   start=$(date +%s)
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  if [[ -n ${STRATA_GPU_SUITE_DEADLINE:-} ]]; then  # an overall end time (seconds since the epoch)
+    local left=$(( STRATA_GPU_SUITE_DEADLINE - start ))
+    if (( left < 10 )); then
+      status=1
+      summary+=("$(printf '%-28s skipped: STRATA_GPU_SUITE_DEADLINE reached' "$name")")
+      return
+    fi
+    (( left < step_limit )) && step_limit=$left
+  fi
+  timeout "$step_limit" "$@" >"$logs/$name.log" 2>&1
   rc=$?
   line=$(grep -E '^(SUMMARY|SUITE)' "$logs/$name.log" | tail -n 1)
   if [[ $rc -ne 0 ]]; then

@@ -10,6 +10,8 @@
 # lib64, and cuDNN / NCCL from a Python environment's nvidia-* packages when the system has none
 # (LD_LIBRARY_PATH is extended only with folders that exist). NCCL_NVLS_ENABLE=0 unless set.
 # The corpus: STRATA_DATA_PATH, else examples/data/corpus_text_document of this checkout.
+# STRATA_GPU_BUDGET=<seconds> bounds the whole call: the suite skips what would run past it less
+# STRATA_DEMO_RESERVE seconds (default 60) kept for the demo (STRATA_DEMO_TIMEOUT, default 300).
 # Exits non-zero when any step failed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,13 +46,21 @@ export LD_LIBRARY_PATH
 
 status=0
 start=$(date +%s)
+demo_timeout=${STRATA_DEMO_TIMEOUT:-300}
+if [[ -n ${STRATA_GPU_BUDGET:-} ]]; then  # seconds for everything: the suite stops in time for the demo
+  export STRATA_GPU_SUITE_DEADLINE=$(( start + STRATA_GPU_BUDGET - ${STRATA_DEMO_RESERVE:-60} ))
+fi
 bash "$here/run_gpu_suite.sh" "$build" "$logs" >"$logs/suite.log" 2>&1 || status=1
+if [[ -n ${STRATA_GPU_BUDGET:-} ]]; then
+  left=$(( start + STRATA_GPU_BUDGET - $(date +%s) - 5 ))
+  (( left < demo_timeout )) && demo_timeout=$(( left > 1 ? left : 1 ))
+fi
 suite_s=$(( $(date +%s) - start ))
 
 demo_line="train_gpt not built ($build/examples/train_gpt)"
 if [[ -x $build/examples/train_gpt ]]; then
   start=$(date +%s)
-  timeout "${STRATA_DEMO_TIMEOUT:-300}" "$build/examples/train_gpt" --device cuda --train-iters "$iters" \
+  timeout "$demo_timeout" "$build/examples/train_gpt" --device cuda --train-iters "$iters" \
     --data-path "$STRATA_DATA_PATH" --log-jsonl "$logs/train_gpt.jsonl" >"$logs/train_gpt.log" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && status=1

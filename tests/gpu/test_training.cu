@@ -96,6 +96,7 @@ void compare(gpu_test::suite& s, const std::string& label, const trainer::TrainR
 }  // namespace
 
 int main(int argc, char** argv) {
+  trainer::prefer_eager_module_loading();  // before the first CUDA call, as the trainers do
   std::string data_path;
   bool process = false;
   for (int i = 1; i < argc; ++i) {
