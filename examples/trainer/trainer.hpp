@@ -777,12 +777,12 @@ TrainResult train_with(const TrainArgs& a) {
     return result;
   }
 #ifdef STRATA_TRAINER_CUDA
-  using Policy = TrainPolicy<T, SP, cuda::backend, nccl::communicator>;
+  using Policy = TrainPolicy<T, SP, strata::cuda::backend, nccl::communicator>;
   if (launched_as_job()) {  // one process per GPU: this process is one rank
     const nccl::LaunchEnvironment env = nccl::launch_environment();
     const int gpus = visible_gpus();
     const int ordinal = env.local_rank < gpus ? env.local_rank : 0;  // srun --gpus-per-task=1: the one GPU it sees
-    cuda::backend device(ordinal);
+    strata::cuda::backend device(ordinal);
     nccl::Options options;
     options.stream = device.stream();
     nccl::communicator world = nccl::init_from_environment(options);
@@ -790,7 +790,7 @@ TrainResult train_with(const TrainArgs& a) {
     return result;
   }
   nccl::run(a.world_size, [&](nccl::communicator& world) {
-    train_rank<Model, Policy>(world, cuda::backend(world.device(), world.stream()), a, shared);
+    train_rank<Model, Policy>(world, strata::cuda::backend(world.device(), world.stream()), a, shared);
   });
   return result;
 #else
