@@ -845,11 +845,12 @@ int main_for(const char* kind, int argc, char** argv) {
   apply_demo_defaults(app, args);
   try {
     resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
-    // The demo on GPUs: every visible GPU (threads mode), tp=2 when their number is even.
+    // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or
+    // --world-size N for threads mode, which hung on 2 GPUs in its first iterations (README).
     if (args.device == "cuda" && !launched_as_job() && app.count("--world-size") == 0 &&
         app.count("--tensor-model-parallel-size") == 0) {
-      args.world_size = std::max(1, visible_gpus());
-      args.tensor_model_parallel_size = args.world_size % 2 == 0 ? 2 : 1;
+      args.world_size = 1;
+      args.tensor_model_parallel_size = 1;
     }
     const TrainResult result = train<Model>(args);
     if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete
