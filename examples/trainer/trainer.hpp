@@ -417,11 +417,11 @@ TrainResult train_with(const TrainArgs& a) {
   using Policy = TrainPolicy<T, SP>;
   using Context = ParallelContext<inprocess::communicator>;
   const MemoryPlan memory = plan_memory<T>(a);
+  check_fits(memory, a.dtype);  // its error carries the same report
   if (!a.quiet) {
     std::printf("%s\n", describe(memory, a.dtype).c_str());
     std::fflush(stdout);
   }
-  check_fits(memory, a.dtype);
   const int dp = a.world_size / a.tensor_model_parallel_size;
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
   const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
