@@ -676,4 +676,22 @@ TEST(CheckedArithmetic, ProductsAndSumsThatFitAreExactAndOthersThrow) {
   EXPECT_THROW(strata::checked_int(2147483648, "test"), strata::ConfigError);
   static_assert(strata::checked_mul(1 << 20, 1 << 20) == std::int64_t{1} << 40, "checked_mul is usable in constant expressions.");
 }
+
+// A step allocates the same large buffers every time: a freed one comes back for the next request of
+// its size instead of fresh pages, and a zero-filled tensor is zero even when its buffer is reused.
+TEST(HostMemory, FreedLargeBuffersAreReusedAndZerosStayZero) {
+  constexpr strata::index_t n = 100000;  // 400 KB of float: above the pool's threshold
+  const float* first = nullptr;
+  {
+    auto t = strata::Tensor<float>::empty(strata::Shape{n});
+    first = t.data();
+    t.fill(7.0f);
+  }
+  EXPECT_GE(strata::host_memory::idle_bytes(), static_cast<std::size_t>(n) * sizeof(float));
+  const auto again = strata::Tensor<float>::zeros(strata::Shape{n});
+  EXPECT_EQ(again.data(), first) << "the freed buffer of the same size was not reused";
+  for (strata::index_t i = 0; i < n; ++i) ASSERT_EQ(again[i], 0.0f) << "at " << i;
+  // Small buffers bypass the pool; a huge idle total is bounded.
+  EXPECT_LE(strata::host_memory::idle_bytes(), strata::host_memory::kMaxCachedBytes);
+}
 }  // namespace
