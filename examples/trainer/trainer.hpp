@@ -731,11 +731,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
 template <template <class> class Model, class T, bool SP>
 TrainResult train_with(const TrainArgs& a) {
   const MemoryPlan memory = plan_memory<T>(a);
+  if (a.device == "cpu") check_fits(memory, a.dtype);  // its error carries the same report
   if (!a.quiet) {
     std::printf("%s\n", describe(memory, a.dtype).c_str());
     std::fflush(stdout);
   }
-  if (a.device == "cpu") check_fits(memory, a.dtype);
 #ifdef STRATA_TRAINER_CUDA
   if (a.device == "cuda") {  // the model's memory lives on each rank's GPU: compare one rank with GPU 0's free memory
     std::size_t free_bytes = 0, total_bytes = 0;

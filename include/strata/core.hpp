@@ -6,5 +6,6 @@
 #include "core/dtype.hpp"
 #include "core/checked.hpp"
 #include "core/shape.hpp"
+#include "core/host_memory.hpp"
 #include "core/tensor.hpp"
 #include "core/rng.hpp"

@@ -1,6 +1,7 @@
 // Compile-only: which types model strata::Communicator, and the element types it moves.
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -60,6 +61,7 @@ static_assert(std::is_same_v<strata::comm_span_t<float, communicator>, std::span
 struct DeviceComm : NoSplit {
   using space = strata::space::cuda;
   DeviceComm split(int, int) { return *this; }
+  DeviceComm split(int, int, std::string) { return *this; }
   template <class T> void all_reduce(strata::device_span<T>, strata::ReduceOp) {}
   template <class T> void all_gather(strata::device_span<const T>, strata::device_span<T>) {}
   template <class T> void all_gather_v(strata::device_span<const T>, strata::device_span<T>, std::span<const std::size_t>) {}
@@ -75,6 +77,7 @@ static_assert(std::is_same_v<strata::comm_span_t<float, DeviceComm>, strata::dev
 struct HostSpansOnADeviceComm : NoSplit {
   using space = strata::space::cuda;
   HostSpansOnADeviceComm split(int, int) { return *this; }
+  HostSpansOnADeviceComm split(int, int, std::string) { return *this; }
 };
 static_assert(!strata::is_communicator_v<HostSpansOnADeviceComm>);
 

@@ -2,6 +2,8 @@
 // the error helpers.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -417,6 +419,77 @@ TEST(Tensor, ViewsAliasTheData) {
   EXPECT_EQ(copy.shape(), t.shape());
 }
 
+TEST(Tensor, CopiesShareTheBufferAndCloneDoesNot) {
+  Tensor<float> a(Shape{2, 2}, std::vector<float>{1, 2, 3, 4});
+  Tensor<float> b = a;  // a handle: same buffer
+  EXPECT_TRUE(b.shares_buffer_with(a));
+  b[0] = 9.0f;
+  EXPECT_EQ(a[0], 9.0f);
+  Tensor<float> c = a.clone();
+  EXPECT_FALSE(c.shares_buffer_with(a));
+  c[1] = -1.0f;
+  EXPECT_EQ(a[1], 2.0f);
+  EXPECT_EQ(c[0], 9.0f);
+  const Tensor<float> r = a.reshaped(Shape{4});  // a view of the same buffer under another shape
+  EXPECT_TRUE(r.shares_buffer_with(a));
+  EXPECT_EQ(Tensor<float>::zeros(Shape{3})[2], 0.0f);
+  EXPECT_EQ(Tensor<float>::empty(Shape{3}).numel(), 3);
+  EXPECT_TRUE(Tensor<float>::empty(Shape{0, 3}).empty());
+  const Tensor<float> h = strata::to_host(a);  // also a deep copy for a host tensor
+  EXPECT_FALSE(h.shares_buffer_with(a));
+  EXPECT_EQ(h[0], 9.0f);
+}
+
+// Device memory simulated in host memory, to test copies across spaces on a machine without a GPU.
+struct HostBackedDeviceResource final : strata::device_memory_resource {
+  int allocations = 0, frees = 0, uploads = 0, downloads = 0, device_copies = 0;
+  void* allocate(std::size_t bytes) override {
+    ++allocations;
+    return ::operator new(bytes);
+  }
+  void deallocate(void* p, std::size_t) noexcept override {
+    ++frees;
+    ::operator delete(p);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, strata::copy_kind kind) override {
+    if (kind == strata::copy_kind::host_to_device) ++uploads;
+    if (kind == strata::copy_kind::device_to_host) ++downloads;
+    if (kind == strata::copy_kind::device_to_device) ++device_copies;
+    std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
+  std::string_view name() const override { return "host-backed test resource"; }
+};
+
+TEST(Tensor, DeviceTensorsGoThroughTheThreadsResource) {
+  using DeviceTensor = Tensor<float, strata::space::cuda>;
+  EXPECT_THROW((void)DeviceTensor::empty(Shape{2}), strata::Error);  // no resource installed yet
+  HostBackedDeviceResource resource;
+  strata::current_device_resource() = &resource;
+  {
+    const Tensor<float> host(Shape{2, 3}, std::vector<float>{1, 2, 3, 4, 5, 6});
+    DeviceTensor d = strata::to_device(host);
+    EXPECT_EQ(resource.uploads, 1);
+    EXPECT_EQ(d.shape(), host.shape());
+    static_assert(std::is_same_v<decltype(d.buffer()), strata::device_span<float>>);
+    DeviceTensor shared = d;  // handle copy: no allocation, no copy
+    EXPECT_EQ(resource.allocations, 1);
+    DeviceTensor deep = d.clone();
+    EXPECT_EQ(resource.device_copies, 1);
+    EXPECT_FALSE(deep.shares_buffer_with(d));
+    const Tensor<float> back = strata::to_host(deep);
+    EXPECT_EQ(resource.downloads, 1);
+    for (index_t i = 0; i < 6; ++i) EXPECT_EQ(back[i], host[i]);
+    DeviceTensor zeros = DeviceTensor::zeros(Shape{4});
+    Tensor<float> z(Shape{4}, 7.0f);
+    strata::copy(z, zeros);
+    for (index_t i = 0; i < 4; ++i) EXPECT_EQ(z[i], 0.0f);
+    EXPECT_THROW(strata::copy(z, d), strata::ShapeError);  // shapes differ
+  }
+  EXPECT_EQ(resource.frees, resource.allocations);  // every buffer returned when its last handle goes
+  strata::current_device_resource() = nullptr;
+}
+
 TEST(Tensor, SliceRowsChecksBounds) {
   Tensor<float> t(Shape{4, 3});
   for (index_t i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(i);
@@ -602,5 +675,23 @@ TEST(CheckedArithmetic, ProductsAndSumsThatFitAreExactAndOthersThrow) {
   EXPECT_EQ(strata::checked_int(2147483647, "test"), 2147483647);
   EXPECT_THROW(strata::checked_int(2147483648, "test"), strata::ConfigError);
   static_assert(strata::checked_mul(1 << 20, 1 << 20) == std::int64_t{1} << 40, "checked_mul is usable in constant expressions.");
+}
+
+// A step allocates the same large buffers every time: a freed one comes back for the next request of
+// its size instead of fresh pages, and a zero-filled tensor is zero even when its buffer is reused.
+TEST(HostMemory, FreedLargeBuffersAreReusedAndZerosStayZero) {
+  constexpr strata::index_t n = 100000;  // 400 KB of float: above the pool's threshold
+  const float* first = nullptr;
+  {
+    auto t = strata::Tensor<float>::empty(strata::Shape{n});
+    first = t.data();
+    t.fill(7.0f);
+  }
+  EXPECT_GE(strata::host_memory::idle_bytes(), static_cast<std::size_t>(n) * sizeof(float));
+  const auto again = strata::Tensor<float>::zeros(strata::Shape{n});
+  EXPECT_EQ(again.data(), first) << "the freed buffer of the same size was not reused";
+  for (strata::index_t i = 0; i < n; ++i) ASSERT_EQ(again[i], 0.0f) << "at " << i;
+  // Small buffers bypass the pool; a huge idle total is bounded.
+  EXPECT_LE(strata::host_memory::idle_bytes(), strata::host_memory::kMaxCachedBytes);
 }
 }  // namespace

@@ -444,7 +444,7 @@ TEST(Training, SequenceParallelBatchNotDivisibleByTpNamesTheLengths) {
   strata::inprocess::run(2, [&](strata::inprocess::communicator& world) {
     Context ctx = Context::create(world, strata::ParallelConfig{.tp = 2});
     strata::models::Gpt<trainer::TrainPolicy<float, true>> model(ctx, a.model);
-    model.init(1);
+    model.init(ctx, 1);
     const strata::Tensor<std::int32_t> tokens(strata::Shape{1, 31}, 1);
     const strata::Tensor<float> mask(strata::Shape{1, 31}, 1.0f);
     try {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "host_memory.hpp"
 #include "shape.hpp"
 #include "space.hpp"
 
@@ -84,8 +85,10 @@ std::shared_ptr<T> allocate_buffer(index_t n, bool zero) {
   if (n == 0) return {};
   const std::size_t count = static_cast<std::size_t>(n);
   if constexpr (std::is_same_v<Space, space::host>) {
-    T* p = zero ? new T[count]() : new T[count];
-    return std::shared_ptr<T>(p, std::default_delete<T[]>());
+    const std::size_t bytes = count * sizeof(T);
+    T* p = static_cast<T*>(host_memory::allocate(bytes));  // recycled across steps (host_memory.hpp)
+    if (zero) std::memset(static_cast<void*>(p), 0, bytes);
+    return std::shared_ptr<T>(p, [bytes](T* q) { host_memory::deallocate(q, bytes); });
   } else {
     device_memory_resource& resource = require_device_resource("Tensor");
     const std::size_t bytes = count * sizeof(T);
