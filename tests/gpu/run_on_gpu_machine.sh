@@ -4,7 +4,7 @@
 #   1. the whole GPU suite (tests/gpu/run_gpu_suite.sh): kernels, GEMM, allocator, attention, NCCL
 #      (threads and processes), models against the CPU path, multi-GPU training (threads and
 #      processes), and the sanitizer runs;
-#   2. the demo GPT trained on the GPUs (build/examples/train_gpt --device cuda) for
+#   2. the demo GPT trained on one GPU (build/examples/train_gpt --device cuda) for
 #      STRATA_DEMO_ITERS iterations (default 300), as the README's GPU command does.
 # Logs go to <log-dir> (default <build-dir>/gpu-logs); a short table comes last. Libraries: CUDA's
 # lib64, and cuDNN / NCCL from a Python environment's nvidia-* packages when the system has none
@@ -60,7 +60,7 @@ suite_s=$(( $(date +%s) - start ))
 demo_line="train_gpt not built ($build/examples/train_gpt)"
 if [[ -x $build/examples/train_gpt ]]; then
   start=$(date +%s)
-  timeout "$demo_timeout" "$build/examples/train_gpt" --device cuda --train-iters "$iters" \
+  timeout "$demo_timeout" "$build/examples/train_gpt" --device cuda --world-size 1 --tensor-model-parallel-size 1 --train-iters "$iters" \
     --data-path "$STRATA_DATA_PATH" --log-jsonl "$logs/train_gpt.jsonl" >"$logs/train_gpt.log" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && status=1
