@@ -38,6 +38,7 @@
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
+#include "../../core/space.hpp"
 #include "cudnn_sdpa.hpp"
 #include "flash_attention.hpp"
 #include "runtime.hpp"
@@ -64,7 +65,11 @@ class attention_plans {
   static constexpr bool has_cudnn = false;
 #endif
 
-  explicit attention_plans(int device) : device_(device) {
+  // `memory`: where the workspace comes from. The backend passes its caching allocator, so growing
+  // the workspace in the middle of a step never calls cudaFree (which synchronizes the device and,
+  // with one process driving several GPUs, can wait on another GPU's collective that waits on this
+  // thread). Without one, the workspace is a plain device_buffer.
+  explicit attention_plans(int device, device_memory_resource* memory = nullptr) : device_(device), memory_(memory) {
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
     int previous = current_device();
     set_device(device_);
@@ -78,6 +83,7 @@ class attention_plans {
   attention_plans(const attention_plans&) = delete;
   attention_plans& operator=(const attention_plans&) = delete;
   ~attention_plans() {
+    if (memory_ && pooled_) memory_->deallocate(pooled_, pooled_bytes_);
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
     graphs_.clear();
     if (handle_) (void)cudnnDestroy(handle_);
@@ -98,6 +104,16 @@ class attention_plans {
 
   // Device scratch of at least `bytes`, valid until the next call on these plans.
   void* workspace(std::size_t bytes, cudaStream_t stream) {
+    if (memory_) {  // stream-ordered: the old block is reused only by work enqueued after this call
+      if (bytes > pooled_bytes_) {
+        if (pooled_) memory_->deallocate(pooled_, pooled_bytes_);
+        pooled_ = nullptr;
+        pooled_bytes_ = 0;
+        pooled_ = memory_->allocate(bytes);
+        pooled_bytes_ = bytes;
+      }
+      return pooled_;
+    }
     if (bytes > workspace_.bytes()) {
       STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
       workspace_ = device_buffer<std::byte>();
@@ -150,6 +166,9 @@ class attention_plans {
   std::string last_refusal_;
   std::size_t graphs_built_ = 0;
   device_buffer<std::byte> workspace_;
+  device_memory_resource* memory_ = nullptr;  // when set, the workspace is pooled_ from it
+  void* pooled_ = nullptr;
+  std::size_t pooled_bytes_ = 0;
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   cudnnHandle_t handle_ = nullptr;
   std::map<key, sdpa::graph_entry> graphs_;

@@ -56,11 +56,11 @@ class backend {
   static constexpr std::string_view name = "cuda";
 
   // The backend of `device` (an ordinal below device_count()), installed on the calling thread.
-  explicit backend(int device = 0) : state_(std::make_shared<state>(device, nullptr)) { install(); }
+  explicit backend(int device = 0) : state_(std::make_shared<state>(device, nullptr)) { start(); }
   // The same, enqueuing its work on `compute_stream` (a stream of `device` that outlives the
   // backend, e.g. a NCCL communicator's stream()), so kernels and collectives are ordered on one
   // stream. The backend synchronizes that stream when its last copy goes but never destroys it.
-  backend(int device, cudaStream_t compute_stream) : state_(std::make_shared<state>(device, compute_stream)) { install(); }
+  backend(int device, cudaStream_t compute_stream) : state_(std::make_shared<state>(device, compute_stream)) { start(); }
 
   int device() const { return state_->device; }
   cudaStream_t stream() const { return state_->compute_stream; }
@@ -70,8 +70,17 @@ class backend {
   blas_handle& blas() const { return state_->blas; }
   // The attention plans (cuDNN handle and graphs, created on first use).
   attention_plans& attention() const {
-    if (!state_->attention) state_->attention = std::make_shared<attention_plans>(state_->device);
+    if (!state_->attention) state_->attention = std::make_shared<attention_plans>(state_->device, &state_->allocator);
     return *state_->attention;
+  }
+
+  // Installs the backend on the creating thread and creates the attention plans (the cuDNN handle)
+  // now, before any collective: creating them later, in the middle of a step, makes CUDA calls that
+  // wait for the whole device, which with one process driving several GPUs can wait on another GPU's
+  // collective that waits on this thread.
+  void start() const {
+    install();
+    (void)attention();
   }
 
   // Makes this backend's device current on the calling thread and installs its allocator as the
