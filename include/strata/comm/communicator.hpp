@@ -30,6 +30,8 @@
 #pragma once
 
 #include <concepts>
+#include <vector>
+#include <exception>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -301,6 +303,28 @@ inline void check_all_to_all_sizes(const CommCallSite& site, std::size_t in, std
   if (out != sum_of_counts(recv_counts))
     fail<ShapeError>(site.str(), ": out has ", out, " elements but recv_counts ", format_counts(recv_counts),
                      " sum to ", sum_of_counts(recv_counts));
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// What a thread launcher (inprocess::run, nccl::run) rethrows from the ranks' exceptions: the
+// original exception of the lowest rank that failed first-hand, skipping `Aborted` errors (ranks
+// stopped because another rank failed), else the first exception at all. Returns if none threw.
+template <class Aborted>
+void rethrow_first_hand_failure(const std::vector<std::exception_ptr>& errors) {
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Aborted&) {
+    } catch (...) {
+      throw;
+    }
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace detail

@@ -870,17 +870,7 @@ std::vector<std::exception_ptr> run_collect(int world_size, F&& fn, RunOptions o
 template <class F>
 void run(int world_size, F&& fn, RunOptions options = {}) {
   std::vector<std::exception_ptr> errors = run_collect(world_size, std::forward<F>(fn), std::move(options));
-  for (const auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const AbortedError&) {
-    } catch (...) {
-      throw;
-    }
-  }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  strata::detail::rethrow_first_hand_failure<AbortedError>(errors);
 }
 
 // Like run, and returns each world rank's result: fn(communicator&) -> R. R defaults to fn's

@@ -372,17 +372,7 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
 template <class F>
 void run(int num_gpus, F&& fn, RunOptions options = {}) {
   std::vector<std::exception_ptr> errors = run_collect(num_gpus, std::forward<F>(fn), std::move(options));
-  for (const auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const AbortedError&) {
-    } catch (...) {
-      throw;
-    }
-  }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  strata::detail::rethrow_first_hand_failure<AbortedError>(errors);
 }
 
 }  // namespace nccl
