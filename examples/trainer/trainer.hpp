@@ -17,14 +17,15 @@
 //      ranks), AdamW step with the scheduled learning rate;
 //   4. log (iteration, loss, lr, grad norm, tokens/s, time left, peak device memory) to stdout and
 //      JSONL; save when due. Loss sums and gradient norms stay on the device (one slot per
-//      iteration) and are read by the host at log steps only, unless the NaN check needs them every
-//      iteration (it does by default: one device-to-host read, and so one stream synchronization,
-//      per iteration);
+//      iteration) and are read by the host at log steps only (the NaN check too: see below);
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
 //      batches of the validation part of --split, forward only (its index is capped at
 //      kMaxValidationIndexSamples samples, read cyclically beyond, so memory does not grow with it).
-// A NaN or infinite loss or gradient norm stops the run before the optimizer step (and so before
-// any save) unless --no-check-for-nan-in-loss-and-grad is given.
+// A NaN or infinite loss or gradient norm stops the run unless --no-check-for-nan-in-loss-and-grad
+// is given: from that iteration on the optimizer makes no update (its kernels read a device flag),
+// and the host, reading the flag at the next log or save step, stops there naming the iteration,
+// before any save. So the weights and the last checkpoint stay those of the last good iteration,
+// and the host never waits for the device between log steps.
 // Everything is validated before the first allocation, and the memory the run needs is estimated,
 // printed and compared with the memory available (plan_memory); checkpoints resume bit for bit.
 #pragma once
@@ -37,8 +38,11 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
+#include <functional>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -59,6 +63,7 @@
 #include <strata/policy.hpp>
 
 #ifdef STRATA_TRAINER_CUDA
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <strata/backend/cuda/backend.cuh>
@@ -98,6 +103,7 @@ struct TrainArgs {
   bool eod_mask_loss = false;
   // data, checkpoints, logging
   std::string data_path = STRATA_DEFAULT_DATA_PATH;
+  bool mock_data = false;  // random tokens instead of --data-path (benchmarks)
   std::string split = "969,30,1";  // train, validation, test parts of every dataset (by sequence)
   int eval_interval = 100;
   int eval_iters = 5;
@@ -112,6 +118,12 @@ struct TrainArgs {
   bool quiet = false;
   bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
   bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
+  // --profile: cudaProfilerStart before iteration profile_step_start and cudaProfilerStop after
+  // iteration profile_step_end - 1 (Megatron's flags), for a tracer or profiler to bracket those
+  // iterations (bench/kernel_trace.cpp reads the window; it is told the step count through
+  // STRATA_TRACE_STEPS); a no-op on the CPU.
+  bool profile = false;
+  int profile_step_start = 10, profile_step_end = 12;
 };
 
 // The most bytes of text --sample-tokens may ask for (each one is a forward pass).
@@ -123,6 +135,7 @@ struct TrainResult {
   std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
   std::string sample;                                     // text generated after training
   std::string nothing_to_do;  // set when the loaded checkpoint is already at or past --train-iters
+  double first_step_seconds = 0;  // from launch (main_for) to the end of the first iteration on the device
   // With keep_final_parameters: every parameter after the last step, gathered over tensor
   // parallelism (global shape, row-major), in the model's parameter order.
   std::vector<std::pair<std::string, std::vector<double>>> final_parameters;
@@ -195,6 +208,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--adam-eps", a.adam_eps);
   app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
   app.add_option("--data-path", a.data_path, "prefix of a .bin/.idx pair, or 'w1 prefix1 w2 prefix2 ...'");
+  app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
   app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
   app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
   app.add_option("--eval-iters", a.eval_iters, "global batches per evaluation (0: no evaluation)");
@@ -208,6 +222,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
   app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
   app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
+  app.add_flag("--profile", a.profile, "bracket iterations [--profile-step-start, --profile-step-end) with cudaProfilerStart/Stop");
+  app.add_option("--profile-step-start", a.profile_step_start, "first profiled iteration (0-based, as Megatron's)");
+  app.add_option("--profile-step-end", a.profile_step_end, "iteration after the last profiled one");
   app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
                "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
 }
@@ -222,6 +239,28 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
 // (--eval-iters x --global-batch-size beyond it) reads them again cyclically, so --eval-iters
 // bounds time, not memory.
 inline constexpr std::int64_t kMaxValidationIndexSamples = std::int64_t{1} << 20;
+
+// Any sample source behind one type (the datasets of --data-path, or --mock-data), so the training
+// loop is compiled once; a sample is one indirect call, next to the copy of seq_length tokens.
+class Samples {
+ public:
+  Samples() = default;
+  template <class Source>
+  static Samples of(std::shared_ptr<Source> source) {
+    Samples s;
+    s.size_ = static_cast<std::int64_t>(source->size());
+    s.seq_length_ = static_cast<std::int64_t>(source->seq_length());
+    s.sample_ = [source](std::int64_t i, std::span<std::int32_t> out) { source->sample(i, out); };
+    return s;
+  }
+  std::int64_t size() const { return size_; }
+  std::int64_t seq_length() const { return seq_length_; }
+  void sample(std::int64_t i, std::span<std::int32_t> out) const { sample_(i, out); }
+
+ private:
+  std::int64_t size_ = 0, seq_length_ = 0;
+  std::function<void(std::int64_t, std::span<std::int32_t>)> sample_;
+};
 
 // Samples [0, size) of `inner`, repeated: sample i is inner's sample i mod inner.size().
 template <class Source>
@@ -346,6 +385,11 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
   check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
   check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
+  if (a.profile) {
+    check_range("--profile-step-start", a.profile_step_start, 0, a.train_iters - 1, "first profiled iteration, 0-based");
+    check_range("--profile-step-end", a.profile_step_end, a.profile_step_start + 1, a.train_iters,
+                "iteration after the last profiled one");
+  }
 }
 
 // A floating-point flag that must be finite and within [low, high] (bounds inclusive unless open).
@@ -507,6 +551,28 @@ inline int visible_gpus() {
 #endif
 }
 
+// When the process started (main_for sets it first thing): the origin of "time to first step".
+inline std::chrono::steady_clock::time_point& launch_time() {
+  static std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  return t;
+}
+
+// --profile's window: cudaProfilerStart / cudaProfilerStop on a CUDA build (a tracer or profiler
+// brackets those iterations), nothing on the CPU.
+inline void profiler_window(bool start, int steps) {
+#ifdef STRATA_TRAINER_CUDA
+  if (start) {
+    ::setenv("STRATA_TRACE_STEPS", std::to_string(steps).c_str(), /*overwrite=*/0);
+    (void)cudaProfilerStart();
+  } else {
+    (void)cudaProfilerStop();
+  }
+#else
+  (void)start;
+  (void)steps;
+#endif
+}
+
 // Everything the ranks share: datasets, the JSONL file, the result (written by rank 0).
 template <class Dataset, class Validation>
 struct SharedRun {
@@ -534,6 +600,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
 
   Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, device);
   Model<Policy> model(ctx, a.model);
+  // Plan the attention of every shape the run uses now, before any collective: on the GPU that
+  // builds the cuDNN plans, whose code loading waits for every GPU of the process. With one process
+  // driving several GPUs, a plan built mid-step would wait for a peer GPU inside a collective that
+  // waits for this thread; so in that mode the plans are then frozen (a shape not planned here
+  // runs on the flash kernels).
+  model.prepare(ctx, a.micro_batch_size);
+  if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
+  if constexpr (requires(typename Policy::backend& d) { d.attention().freeze(); })
+    if (world.size() > 1 && !launched_as_job()) device.attention().freeze();
   model.init(ctx, a.seed);
   AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
   const LrSchedule schedule = schedule_of(a);
@@ -603,12 +678,20 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   auto loss_history = Tensor<double, Space>::zeros(Shape{slots});
   auto norm_history = Tensor<double, Space>::zeros(Shape{slots});
   auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
+  // The NaN check's running sum of every iteration's loss sum and gradient norm: finite exactly
+  // while every one of them was. The optimizer skips its update when it is not (read by the
+  // kernels), and the host reads it at log and save steps only.
+  auto health = Tensor<double, Space>::zeros(Shape{1});
   std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
   int read_up_to = start;  // iterations [start, read_up_to) have been read and logged
   auto t_interval = std::chrono::steady_clock::now();
   const auto t_begin = t_interval;
   for (int it = start; it < a.train_iters; ++it) {
     const index_t slot = it - start;
+    if (a.profile && it == a.profile_step_start) {
+      ctx.device.synchronize();
+      if (logger) profiler_window(true, a.profile_step_end - a.profile_step_start);
+    }
     zero_gradients(ctx.device, model);
     std::vector<data::Batch> batches;
     double tokens = 0;  // tokens carrying loss in the global batch: every data-parallel rank's micro-batches
@@ -633,29 +716,60 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const auto norm = clip_grad_norm_device(ctx, model, a.clip_grad);
     ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
     loss_tokens[static_cast<std::size_t>(slot)] = tokens;
-    // Megatron's --check-for-nan-in-loss-and-grad: stop before the step, so the weights and the
-    // last checkpoint stay those of the last good iteration. Loss and norm are identical on every
-    // rank (all-reduced), so every rank stops here together.
+    // Megatron's --check-for-nan-in-loss-and-grad, without a host synchronization per iteration:
+    // health += loss sum + gradient norm on the device, and the optimizer step does nothing once
+    // health is not finite, so the weights stay those of the last good iteration. The host reads
+    // health at log and save steps (below) and stops there, naming the first bad iteration.
     if (a.check_for_nan_in_loss_and_grad) {
-      double values[2];
-      ctx.device.template copy_to_host<double>(loss_history.data() + slot, 1, values);
-      ctx.device.template copy_to_host<double>(norm_history.data() + slot, 1, values + 1);
-      const double loss = values[0] / tokens, grad_norm = values[1];
-      if (!(std::isfinite(loss) && std::isfinite(grad_norm)))
-        fail<Error>("iteration ", it + 1, ": the ", std::isfinite(loss) ? "gradient norm" : "loss", " is ",
-                    std::isfinite(loss) ? grad_norm : loss, " (loss ", loss, ", gradient norm ", grad_norm,
-                    "); training stopped before the optimizer step and nothing was saved",
-                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
-                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
+      ctx.device.template add<double>(health.data(), loss_history.data() + slot, 1, health.data());
+      ctx.device.template add<double>(health.data(), norm_history.data() + slot, 1, health.data());
     }
     const double lr = schedule.lr(it);
     lrs[static_cast<std::size_t>(slot)] = lr;
-    optimizer.step(ctx.device, model, lr);
+    optimizer.step(ctx.device, model, lr, a.check_for_nan_in_loss_and_grad ? health.data() : nullptr);
     consumed += a.global_batch_size;
     const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
+    const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
+    // Loss and norm are identical on every rank (all-reduced), so every rank stops here together,
+    // before any save.
+    if (it == start || (a.profile && it + 1 == a.profile_step_end)) {  // one wait each: the first step, the window's end
+      ctx.device.synchronize();
+      if (logger && it == start) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_time()).count();
+        {
+          std::lock_guard lock(result_mutex);
+          result.first_step_seconds = seconds;
+        }
+        if (!a.quiet) {
+          std::printf("first iteration finished %.2f s after launch\n", seconds);
+          std::fflush(stdout);
+        }
+      }
+      if (logger && a.profile && it + 1 == a.profile_step_end) profiler_window(false, 0);
+    }
+    if (a.check_for_nan_in_loss_and_grad && (log_now || save_now)) {
+      double h = 0;
+      ctx.device.template copy_to_host<double>(health.data(), 1, &h);
+      if (!std::isfinite(h)) {
+        const index_t first = read_up_to - start, count = it + 1 - read_up_to;
+        std::vector<double> sums(static_cast<std::size_t>(count)), norms(static_cast<std::size_t>(count));
+        ctx.device.template copy_to_host<double>(loss_history.data() + first, count, sums.data());
+        ctx.device.template copy_to_host<double>(norm_history.data() + first, count, norms.data());
+        index_t bad = 0;
+        while (bad + 1 < count && std::isfinite(sums[static_cast<std::size_t>(bad)]) && std::isfinite(norms[static_cast<std::size_t>(bad)])) ++bad;
+        const double loss = sums[static_cast<std::size_t>(bad)] / loss_tokens[static_cast<std::size_t>(first + bad)];
+        const double grad_norm = norms[static_cast<std::size_t>(bad)];
+        const int bad_iteration = static_cast<int>(read_up_to + bad + 1);
+        fail<Error>("iteration ", bad_iteration, ": the ", std::isfinite(loss) ? "gradient norm" : "loss", " is ",
+                    std::isfinite(loss) ? grad_norm : loss, " (loss ", loss, ", gradient norm ", grad_norm,
+                    "); the optimizer made no update from that iteration on, so the weights are those after iteration ",
+                    bad_iteration - 1, "; training stopped at iteration ", it + 1, " and nothing was saved",
+                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
+                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
+      }
+    }
     if (save_now)
       save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});
-    const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
     if (logger && log_now) {
       // One read of the iterations since the last log step (it waits for the device).
       const index_t first = read_up_to - start, count = it + 1 - read_up_to;
@@ -693,9 +807,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                     static_cast<int>(left) % 60, memory.c_str(), save_now ? " | saved" : "");
         std::fflush(stdout);
       }
-      read_up_to = it + 1;
       t_interval = t1;
     }
+    if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
     if (shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
       report_validation(it + 1);
   }
@@ -747,28 +861,39 @@ TrainResult train_with(const TrainArgs& a) {
 #endif
   const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
   const std::vector<double> split = data::parse_split(a.split);
-  data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
-  auto dataset = data::build_blended_gpt_dataset(a.data_path, data_config, num_samples, split, 0);
-  const bool evaluate = a.eval_iters > 0 && split[1] > 0;
+  const bool evaluate = a.eval_iters > 0 && (a.mock_data || split[1] > 0);
   const std::int64_t eval_samples = static_cast<std::int64_t>(a.eval_iters) * a.global_batch_size;
   const std::int64_t eval_index_samples = std::min(eval_samples, kMaxValidationIndexSamples);
-  auto valid = evaluate ? data::build_blended_gpt_dataset(
-                              a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true},
-                              eval_index_samples, split, 1)
-                        : nullptr;
-  using Dataset = std::remove_cvref_t<decltype(*dataset)>;
-  using ValidationSet = std::remove_cvref_t<decltype(*valid)>;
-  const CycledSamples<ValidationSet> valid_samples{valid.get(), eval_samples};
+  // The training and validation samples: the datasets of --data-path and --split, or random tokens
+  // (--mock-data; validation on other random tokens).
+  Samples dataset, valid;
+  if (a.mock_data) {
+    dataset = Samples::of(std::make_shared<data::MockDataset>(num_samples, a.model.seq_length, a.model.vocab_size, a.seed));
+    if (evaluate)
+      valid = Samples::of(std::make_shared<data::MockDataset>(eval_index_samples, a.model.seq_length, a.model.vocab_size,
+                                                              rng::mix(a.seed, 1)));
+  } else {
+    data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
+    dataset = Samples::of(data::build_blended_gpt_dataset(a.data_path, data_config, num_samples, split, 0));
+    if (evaluate)
+      valid = Samples::of(data::build_blended_gpt_dataset(
+          a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true}, eval_index_samples,
+          split, 1));
+  }
+  using Dataset = Samples;
+  using ValidationSet = Samples;
+  const CycledSamples<ValidationSet> valid_samples{&valid, eval_samples};
 
   std::ofstream jsonl;
   if (!a.log_jsonl.empty()) {
     jsonl.open(a.log_jsonl, std::ios::app);
     if (!jsonl) fail<FileError>("cannot open --log-jsonl file '", a.log_jsonl, "' for appending");
+    jsonl << std::setprecision(17);  // every bit of a double, so two runs' losses compare exactly
   }
 
   TrainResult result;
   std::mutex result_mutex;
-  SharedRun<Dataset, ValidationSet> shared{*dataset, valid_samples, evaluate, jsonl, result, result_mutex};
+  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, result, result_mutex};
   if (a.device == "cpu") {
     using Policy = TrainPolicy<T, SP>;
     inprocess::run(a.world_size, [&](inprocess::communicator& world) {
@@ -836,6 +961,7 @@ TrainResult train(const TrainArgs& a) {
 // stderr with exit status 1 (every std::exception, not only strata's).
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
+  (void)launch_time();
   prefer_eager_module_loading();
   TrainArgs args = default_args(kind);
   args.device = "auto";

@@ -10,3 +10,4 @@
 #include "data/gpt_dataset.hpp"
 #include "data/batch.hpp"
 #include "data/blended_dataset.hpp"
+#include "data/mock_dataset.hpp"

@@ -62,6 +62,8 @@ struct mock_device_backend {
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
                           index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv);
   template <class T>
+  void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward);
+  template <class T>
   void embedding_forward(const std::int32_t* tokens, index_t n, const T* weight, index_t row_begin, index_t rows_local,
                          index_t h, T* out);
   template <class T, class A = strata::accumulate_t<T>>

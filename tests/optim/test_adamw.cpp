@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <strata/backend/cpu/backend.hpp>
@@ -66,6 +67,27 @@ TEST(AdamW, FirstStepMovesEachWeightByLearningRate) {
     const double g = module.weight.grad[i];
     EXPECT_NEAR(module.weight.value[i], before[i] - 1e-3 * g / (std::abs(g) + 1e-8), 1e-15);
   }
+}
+
+// skip_unless_finite: a NaN or infinite value leaves every weight as it was (the kernel reads it,
+// the host does not); a finite one lets the step run exactly as without it.
+TEST(AdamW, NonFiniteGateLeavesWeightsUnchanged) {
+  strata::cpu::backend device;
+  ToyModule<double> gated(1), plain(1);
+  AdamW<double> gated_optimizer(device, gated), plain_optimizer(device, plain);
+  gated.set_gradients(0);
+  plain.set_gradients(0);
+  const std::vector<double> before(gated.weight.value.span().begin(), gated.weight.value.span().end());
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+    gated_optimizer.step(device, gated, 1e-2, &bad);
+    for (index_t i = 0; i < gated.weight.value.numel(); ++i) ASSERT_EQ(gated.weight.value[i], before[static_cast<std::size_t>(i)]);
+  }
+  const double good = 12.5;
+  AdamW<double> fresh(device, gated);  // same starting point as plain_optimizer, moments still zero
+  fresh.step(device, gated, 1e-2, &good);
+  plain_optimizer.step(device, plain, 1e-2);
+  for (index_t i = 0; i < gated.weight.value.numel(); ++i) EXPECT_EQ(gated.weight.value[i], plain.weight.value[i]);
+  for (index_t i = 0; i < gated.bias.value.numel(); ++i) EXPECT_EQ(gated.bias.value[i], plain.bias.value[i]);
 }
 
 TEST(AdamW, SeveralStepsMatchScalarReferenceDouble) {

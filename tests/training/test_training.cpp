@@ -317,6 +317,33 @@ TEST(Training, NonFiniteLossStopsTheRunWithoutSaving) {
   std::filesystem::remove_all(dir);
 }
 
+// The check reads the device only at log steps: with --log-interval 3 a loss that is non-finite from
+// iteration 1 still stops the run naming iteration 1 (the optimizer skipped every update since), at
+// iteration 3, and nothing is saved.
+TEST(Training, NonFiniteLossIsFoundAtTheNextLogStep) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_nan_interval";
+  std::filesystem::remove_all(dir);
+  auto a = tiny("gpt");
+  a.train_iters = 5;
+  a.log_interval = 3;
+  a.eval_iters = 0;
+  a.lr_warmup_iters = 1;
+  a.model.init_method_std = 1e300;
+  a.save = dir.string();
+  a.save_interval = 4;
+  try {
+    trainer::train<strata::models::Gpt>(a);
+    ADD_FAILURE() << "a non-finite loss did not stop the run";
+  } catch (const strata::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("iteration 1: the loss is"), std::string::npos) << m;
+    EXPECT_NE(m.find("weights are those after iteration 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("training stopped at iteration 3"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "latest_checkpointed_iteration.txt"));
+  std::filesystem::remove_all(dir);
+}
+
 // The estimate's parameter count is exactly what the models allocate on each rank.
 TEST(MemoryEstimate, ParameterCountIsTheModelsOwn) {
   using Context = strata::ParallelContext<strata::inprocess::communicator>;

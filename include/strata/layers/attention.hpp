@@ -74,6 +74,12 @@ class SelfAttention {
              config_.bias),
         proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
 
+  // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
+  // backward when `backward`. Optional; the first call of a shape plans it otherwise.
+  void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
+    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, backward);
+  }
+
   std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     Saved saved;
     auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)

@@ -55,6 +55,9 @@ class TransformerLayer {
         norm2_(ctx, name + ".norm2", c.hidden_size, c.norm_epsilon),
         mlp_(ctx, name + ".mlp", mc) {}
 
+  // Plans what a [s, b] input needs in advance (the attention's plans; see SelfAttention::prepare).
+  void prepare(Context& ctx, index_t s, index_t b, bool backward) const { attention_.prepare(ctx, s, b, backward); }
+
   // dropout_key: distinct per layer and micro-batch when hidden_dropout > 0.
   std::pair<Act, Saved> forward(Context& ctx, const Act& x, std::uint64_t dropout_key = 0) const {
     Saved saved;

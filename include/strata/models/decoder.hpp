@@ -80,6 +80,14 @@ class DecoderModel {
     if constexpr (!TiedOutput) output_->init(ctx, seed, std);
   }
 
+  // Plans now what forward (and backward when `backward`) of a [micro_batch, seq_length] batch will
+  // use: the attention plans of the backend (cuDNN graphs on the GPU). A process that drives several
+  // GPUs from threads must do this before its first collective (docs/DEVICE.md); elsewhere it only
+  // moves the planning out of the first step.
+  void prepare(Context& ctx, index_t micro_batch, bool backward = true) const {
+    for (const auto& layer : layers_) layer.prepare(ctx, config_.seq_length, micro_batch, backward);
+  }
+
   // tokens, labels: [b, s]; loss_mask: [b, s] (1 = counts), on the host. Ids are checked on the
   // host, uploaded, and transposed to [s, b] by the backend.
   std::pair<LossSum<Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens,

@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -56,6 +57,12 @@ struct AdamWConfig {
     if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
       fail<ConfigError>("AdamW: weight_decay must be a finite number >= 0, got ", weight_decay);
   }
+};
+
+// A backend with a multi-tensor AdamW step (adamw_step_many over a span of AdamWTensor).
+template <class Device, class T, class A>
+concept has_adamw_step_many = requires(Device& d, std::span<const AdamWTensor<T, A>> list, const AdamWStep<A>& step) {
+  d.template adamw_step_many<T>(list, step);
 };
 
 template <class T, class Space = space::host>
@@ -100,9 +107,12 @@ class AdamW {
   AdamW(Module& module, AdamWConfig config = {}) : AdamW(host_device(), module, config) {}
 
   // One AdamW step with learning rate lr on every parameter of `module` (the one given to the
-  // constructor, or one with the same parameters), one backend adamw_step per parameter.
+  // constructor, or one with the same parameters): adamw_step_many where the backend has it, else
+  // one adamw_step per parameter.
+  // skip_unless_finite (optional, in the device's space): the step changes nothing when it points at
+  // a NaN or infinite value (AdamWStep), read by the kernels, so the host does not wait for it.
   template <class Device, class Module>
-  void step(Device& device, Module& module, double lr) {
+  void step(Device& device, Module& module, double lr, const double* skip_unless_finite = nullptr) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
     using A = state_type;
@@ -116,19 +126,35 @@ class AdamW {
     constants.eps = static_cast<A>(config_.eps);
     constants.bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
     constants.bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
+    constants.skip_unless_finite = skip_unless_finite;
     const A decay = static_cast<A>(lr * config_.weight_decay);
     std::size_t index = 0;
+    // A backend with a multi-tensor step updates every parameter in a few launches; otherwise one
+    // adamw_step per parameter.
+    constexpr bool many = has_adamw_step_many<Device, T, A>;
+    std::vector<AdamWTensor<T, A>> tensors;
     module.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
-      AdamWStep<A> step = constants;
-      step.decay = s.weight_decay && config_.weight_decay != 0 ? decay : A(0);
-      device.template adamw_step<T>(s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),
-                                    s.main.numel(), step);
+      const bool decays = s.weight_decay && config_.weight_decay != 0;
+      if constexpr (many) {
+        tensors.push_back(AdamWTensor<T, A>{s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(),
+                                            p.value.data(), s.main.numel(), decays});
+      } else {
+        AdamWStep<A> step = constants;
+        step.decay = decays ? decay : A(0);
+        device.template adamw_step<T>(s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),
+                                      s.main.numel(), step);
+      }
     });
     if (index != states_.size())
       fail<ConfigError>("AdamW::step: the module has ", index, " parameters but the optimizer was built for ",
                         states_.size());
+    if constexpr (many) {
+      AdamWStep<A> step = constants;
+      step.decay = decay;  // applied to the tensors whose weight_decay is set
+      device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), step);
+    }
   }
   template <class Module>
     requires std::is_same_v<Space, space::host>

@@ -2,6 +2,7 @@
 //
 //   main -= decay * main;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   main -= lr * (m / bc1) / (sqrt(v / bc2) + eps);  value = T(main)       all in A
+// Nothing changes when step.skip_unless_finite points at a non-finite value.
 #pragma once
 
 #include <cmath>
@@ -15,6 +16,7 @@ namespace cpu {
 
 template <class T, class A = accumulate_t<T>>
 void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, const AdamWStep<A>& step) {
+  if (step.skip_unless_finite != nullptr && !std::isfinite(*step.skip_unless_finite)) return;
   for (index_t i = 0; i < n; ++i) {
     A x = main[i];
     x = x - step.decay * x;

@@ -135,6 +135,9 @@ struct backend {
                                  T* dv) {
     cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv);
   }
+  // Nothing to plan on the CPU.
+  template <class T>
+  static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool) {}
 
   // embeddings
   template <class T>

@@ -26,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -102,6 +103,13 @@ class attention_plans {
   // cuDNN graphs built so far (refused shapes included): each shape and direction is planned once.
   std::size_t graphs_built() const { return graphs_built_; }
 
+  // After freeze(), a shape that was not planned before runs on the flash kernels instead of
+  // building a cuDNN plan (whose code loading waits for every GPU of the process and can deadlock
+  // against a peer GPU's collective when one process drives several GPUs); the refusal says so.
+  // Plan the shapes first with prepare_attention.
+  void freeze() { frozen_ = true; }
+  bool frozen() const { return frozen_; }
+
   // Device scratch of at least `bytes`, valid until the next call on these plans.
   void* workspace(std::size_t bytes, cudaStream_t stream) {
     if (memory_) {  // stream-ordered: the old block is reused only by work enqueued after this call
@@ -132,8 +140,13 @@ class attention_plans {
     auto found = graphs_.find(k);
     if (found != graphs_.end()) return found->second;
     const sdpa::shape x{s, b, heads, groups, d};
-    ++graphs_built_;
     sdpa::graph_entry entry;
+    if (frozen_) {  // not cached: the refusal is the same each time, and nothing is built
+      frozen_refusal_.refusal = "this shape was not planned before freeze() (prepare_attention), and building a plan "
+                                "now could wait on another GPU's collective";
+      return frozen_refusal_;
+    }
+    ++graphs_built_;
     try {
       entry = backward ? sdpa::build_backward<T>(handle_, x) : sdpa::build_forward<T>(handle_, x);
     } catch (const std::exception& e) {  // the frontend reports some refusals by throwing
@@ -162,6 +175,7 @@ class attention_plans {
 
   int device_;
   bool prefer_cudnn_ = true;
+  bool frozen_ = false;
   attention_engine last_engine_ = attention_engine::none;
   std::string last_refusal_;
   std::size_t graphs_built_ = 0;
@@ -172,6 +186,7 @@ class attention_plans {
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   cudnnHandle_t handle_ = nullptr;
   std::map<key, sdpa::graph_entry> graphs_;
+  sdpa::graph_entry frozen_refusal_;
 #endif
 };
 
@@ -201,6 +216,30 @@ const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t 
 }
 #endif
 }  // namespace detail
+
+// Builds the cuDNN graphs for this shape now (forward, and backward when `backward`), so that the
+// calls themselves plan nothing; a no-op for float and double, without cuDNN, or when cuDNN is not
+// preferred. A refused shape is remembered as refused (the calls then run on the flash kernels).
+template <class T>
+void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups, index_t d,
+                       bool backward) {
+  flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  if constexpr (is_half_v<T>) {
+    if (s == 0 || b == 0 || !plans.prefers_cudnn()) return;
+    std::size_t bytes = 0;
+    for (bool direction : {false, true}) {
+      if (direction && !backward) break;
+      const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, direction);
+      if (entry.graph) bytes = std::max(bytes, static_cast<std::size_t>(entry.workspace_bytes));
+    }
+    if (bytes > 0) (void)plans.workspace(bytes, nullptr);  // sized now, not in the middle of a step
+  }
+#else
+  (void)plans;
+  (void)backward;
+#endif
+}
 
 // out [s, b, heads, d], lse [b, heads, s] (fp32 for bf16/fp16) written; see the note at the top.
 template <class T>

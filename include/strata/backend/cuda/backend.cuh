@@ -223,6 +223,14 @@ class backend {
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
                                 dv);
   }
+  // Builds now the cuDNN plans the calls of this shape will use (forward, and backward when asked).
+  // Building one compiles and loads GPU code, which waits for every GPU of the process: with one
+  // process driving several GPUs that must happen before the first collective, never while a peer
+  // GPU may be inside one (docs/DEVICE.md). A no-op where the calls run on the flash kernels.
+  template <class T>
+  void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward) const {
+    cuda::prepare_attention<T>(attention(), s, b, heads, groups, d, backward);
+  }
 
   // --- embeddings ----------------------------------------------------------------------------------
   template <class T>

@@ -8,6 +8,7 @@
 //                    travel in the kernel's argument; block k finds its tensor in the table of first
 //                    blocks and updates one 4096-element chunk of it (decay per tensor: step.decay
 //                    or 0)
+//   Both do nothing when step.skip_unless_finite points at a non-finite value (adamw_step.hpp).
 //   sum_of_squares   accumulator[0] += sum_i x_i^2, in double
 //   clip_factor      norm = sqrt(square_sum); factor = max_norm / (norm + 1e-6) when max_norm > 0 and
 //                    that is < 1, else 1
@@ -19,6 +20,7 @@
 
 #include <type_traits>
 
+#include "../../adamw_step.hpp"
 #include "common.cuh"
 
 STRATA_NAMESPACE_BEGIN
@@ -42,6 +44,7 @@ __device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq
 
 template <class T, class Step, class A = accumulate_t<T>>
 __global__ void adamw_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, Step step) {
+  if (step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite)) return;
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
     A x;
     adamw_element<A>(main, exp_avg, exp_avg_sq, grad, i, step.decay, step.lr, step.beta1, step.beta2,
@@ -63,15 +66,7 @@ void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, ind
 
 // One parameter of adamw_step_many: its state, gradient and value, and whether it decays.
 template <class T, class A = accumulate_t<T>>
-struct adamw_tensor {
-  A* main;
-  A* exp_avg;
-  A* exp_avg_sq;
-  const A* grad;
-  T* value;
-  index_t n;
-  bool weight_decay;
-};
+using adamw_tensor = AdamWTensor<T, A>;
 
 inline constexpr int kAdamWTensorsPerLaunch = 24;
 inline constexpr index_t kAdamWChunk = 4096;  // elements per block
@@ -85,6 +80,7 @@ struct adamw_batch {
 
 template <class T, class Step, class A>
 __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batch, Step step) {
+  if (step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite)) return;
   const index_t block = blockIdx.x;
   int t = 0;
   while (t + 1 < batch.count && batch.first_block[t + 1] <= block) ++t;

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench/gpu_bench.sh [build-dir] [out-dir]: strata's GPT trainer beside the PyTorch peer on one GPU,
+# in one command, on the shapes of GPT-2 124M and 350M (seq 1024, vocab 50304, bf16, random tokens).
+#
+#   1. Builds what it needs when <build-dir> (default build-bench) has no CUDA train_gpt yet:
+#      configure with CUDA, NCCL, cuDNN (STRATA_CUDNN_FRONTEND_DIR, or the nvidia-cudnn-frontend
+#      Python package) and the CUPTI tracer, then build train_gpt and strata_kernel_trace. CLI11's
+#      headers: a system install, or CLI11_INCLUDE_DIR.
+#   2. Per shape: strata (--mock-data, one GPU, STRATA_BENCH_ITERS iterations, tokens/s of the last
+#      log interval), then the same run again under the CUPTI tracer with --profile (the per-kernel
+#      table of iterations [10, 12) goes to <out-dir>/kernels-<shape>.md) whose losses must be
+#      bit-identical to the first run's (determinism), then the peer bench/peers/torch_gpt.py
+#      (torch.compile) with the same shape and batch.
+#   3. Prints one table last: tokens/s, MFU (FLOPs per token 6 N_matmul + 6 L D T, the peer's count,
+#      over a 989 TFLOP/s dense bf16 peak), peak device memory, time from launch to the first
+#      finished step, and whether the two strata runs gave the same losses.
+# Full logs: <out-dir> (default <build-dir>/bench-logs). STRATA_BENCH_SHAPES picks shapes (default
+# "124M 350M"); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30).
+# It measures and prints; it asserts nothing about speed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+build=${1:-$repo/build-bench}
+out=${2:-$build/bench-logs}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+iters=${STRATA_BENCH_ITERS:-30}
+shapes=${STRATA_BENCH_SHAPES:-124M 350M}
+
+# Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS, CUPTI).
+libs=()
+for dir in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/extras/CUPTI/lib64; do [[ -d $dir ]] && libs+=("$dir"); done
+for module in nvidia.cudnn nvidia.nccl nvidia.cublas nvidia.cuda_runtime nvidia.cuda_cupti; do
+  dir=$(python3 -c "import $module as m; print(list(m.__path__)[0])" 2>/dev/null) && [[ -d $dir/lib ]] && libs+=("$dir/lib")
+done
+LD_LIBRARY_PATH=$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+
+trainer=$build/examples/train_gpt
+tracer=$build/bench/libstrata_kernel_trace.so
+if [[ ! -x $trainer || ! -f $tracer ]]; then
+  echo "building $build (train_gpt, strata_kernel_trace) ..."
+  frontend=${STRATA_CUDNN_FRONTEND_DIR:-$(python3 -c "import cudnn, os; print(os.path.dirname(cudnn.__file__))" 2>/dev/null)}
+  cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_CUDA_TRAINERS=ON \
+    -DSTRATA_BUILD_BENCH=ON -DSTRATA_BENCH_TRACE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    ${frontend:+-DSTRATA_CUDNN_FRONTEND_DIR=$frontend} ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} \
+    >"$out/configure.log" 2>&1 || { echo "configure failed: $out/configure.log"; exit 1; }
+  cmake --build "$build" -j"$(nproc)" --target train_gpt strata_kernel_trace >"$out/build.log" 2>&1 ||
+    { echo "build failed: $out/build.log"; tail -20 "$out/build.log"; exit 1; }
+fi
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; } >"$out/device.txt" 2>&1
+
+shape_args() {  # layers hidden heads batch
+  case $1 in
+    124M) echo "12 768 12 32" ;;
+    350M) echo "24 1024 16 16" ;;
+    1.4B) echo "24 2048 16 8" ;;
+    *) echo "unknown shape $1" >&2; return 1 ;;
+  esac
+}
+
+for shape in $shapes; do
+  read -r L D H B <<<"$(shape_args "$shape")" || exit 1
+  common=(--device cuda --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
+          --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
+          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234)
+  echo "strata $shape ..."
+  rm -f "$out/strata-$shape-1.jsonl" "$out/strata-$shape-2.jsonl"
+  timeout 600 "$trainer" "${common[@]}" --log-jsonl "$out/strata-$shape-1.jsonl" >"$out/strata-$shape.log" 2>&1
+  echo "exit $?" >>"$out/strata-$shape.log"
+  STRATA_TRACE_OUT="$out/kernels-$shape.md" CUDA_INJECTION64_PATH="$tracer" timeout 600 "$trainer" "${common[@]}" \
+    --profile --profile-step-start 10 --profile-step-end 12 --log-jsonl "$out/strata-$shape-2.jsonl" \
+    >"$out/strata-$shape-traced.log" 2>&1
+  echo "exit $?" >>"$out/strata-$shape-traced.log"
+  if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
+    echo "peer $shape ..."
+    timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" \
+      >"$out/peer-$shape.log" 2>&1
+    echo "exit $?" >>"$out/peer-$shape.log"
+  fi
+done
+
+python3 - "$out" $shapes <<'PY'
+import json, re, sys, os
+out, shapes = sys.argv[1], sys.argv[2:]
+dims = {"124M": (12, 768, 12, 32), "350M": (24, 1024, 16, 16), "1.4B": (24, 2048, 16, 8)}
+rows = ["| model | stack | batch | tokens/s | MFU | peak memory | launch to first step | same losses twice |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+for s in shapes:
+    L, D, H, B = dims[s]; T = 1024
+    log = open(f"{out}/strata-{s}.log").read() if os.path.exists(f"{out}/strata-{s}.log") else ""
+    params = re.search(r"bf16, (\d+) parameters", log)
+    tps = re.findall(r"\|\s+(\d+) tokens/s", log)
+    peak = re.search(r"peak device memory \(rank 0, caching allocator\): ([\d.]+ \w+) in use", log)
+    first = re.search(r"first iteration finished ([\d.]+) s after launch", log)
+    def losses(k):
+        try: return [json.loads(l)["loss"] for l in open(f"{out}/strata-{s}-{k}.jsonl") if '"loss"' in l]
+        except OSError: return []
+    l1, l2 = losses(1), losses(2)
+    same = "yes" if l1 and l1 == l2 else ("no" if l1 and l2 else "n/a")
+    if params and tps:
+        n = int(params.group(1)); tok = int(tps[-1])
+        mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
+        rows.append(f"| GPT-2 {s} | strata | {B} | {tok:,} | {mfu:.1f}% | {peak.group(1) if peak else '?'} | "
+                    f"{first.group(1) + ' s' if first else '?'} | {same} |")
+    else:
+        rows.append(f"| GPT-2 {s} | strata | {B} | failed (see strata-{s}.log) | | | | |")
+    try:
+        peer = [json.loads(l) for l in open(f"{out}/peer-{s}.log") if l.startswith("{")][-1]
+        rows.append(f"| GPT-2 {s} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "
+                    f"{peer['peak_mem_GiB']} GiB | {peer['first_step_s']} s | |")
+    except (OSError, IndexError, ValueError):
+        if os.path.exists(f"{out}/peer-{s}.log"): rows.append(f"| GPT-2 {s} | PyTorch | {B} | failed (see peer-{s}.log) | | | | |")
+print(open(f"{out}/device.txt").read().strip())
+print("\n".join(rows))
+open(f"{out}/summary.md", "w").write("\n".join(rows) + "\n")
+PY

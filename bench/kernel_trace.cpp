@@ -1,0 +1,249 @@
+// bench/kernel_trace.cpp: a per-kernel time table of any CUDA program, through CUPTI's activity API.
+//
+// Built as a shared library (libstrata_kernel_trace.so) that CUDA loads into the program when
+//   CUDA_INJECTION64_PATH=/path/to/libstrata_kernel_trace.so
+// is set; nothing in the program changes. It records every kernel, memcpy and memset with its GPU
+// start and end time, and at exit writes a table to STRATA_TRACE_OUT (default: stderr):
+//   - per kernel name: calls, total time, time per step, share of the GPU's busy time;
+//   - per category (GEMM, attention, NCCL, copies, norm, ..., by name);
+//   - the window's wall time against the GPU's busy time (the union of the intervals), so the gaps
+//     where the GPU waits for the host show.
+// Window: when the program calls cudaProfilerStart / cudaProfilerStop (the trainers do with
+// --profile, from --profile-step-start to --profile-step-end), only what starts between them
+// counts; otherwise everything. STRATA_TRACE_STEPS=<n> divides the totals by n steps (the
+// trainers' window covers profile-step-end - profile-step-start steps; they set it themselves).
+//
+// Times are the GPU's own timestamps; kernels on several streams may overlap, so the per-name sums
+// can add up to more than the busy time (the overlap is reported).
+#include <cupti.h>
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct Interval {
+  std::uint64_t start, end;
+  std::uint32_t device;
+  std::string name;  // kernel name, or "[memcpy HtoD]" etc.
+  std::uint64_t bytes;
+};
+
+std::mutex g_mutex;
+std::vector<Interval> g_intervals;
+std::vector<std::pair<std::uint64_t, std::uint64_t>> g_windows;  // [start, stop) of each profiler window
+std::uint64_t g_window_open = 0;
+bool g_window_seen = false;
+std::atomic<bool> g_done{false};
+
+constexpr std::size_t kBufferBytes = 8u << 20;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+const char* copy_kind(std::uint8_t kind) {
+  switch (kind) {
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[memcpy HtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[memcpy DtoH]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[memcpy DtoD]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "[memcpy PtoP]";
+    default: return "[memcpy other]";
+  }
+}
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "?";
+  int status = 0;
+  char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string out = status == 0 && plain ? plain : name;
+  std::free(plain);
+  return out;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::vector<Interval> batch;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        batch.push_back({k->start, k->end, k->deviceId, demangle(k->name), 0});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        batch.push_back({m->start, m->end, m->deviceId, copy_kind(m->copyKind), m->bytes});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        batch.push_back({m->start, m->end, m->deviceId, "[memset]", m->bytes});
+        break;
+      }
+      default: break;
+    }
+  }
+  std::free(buffer);
+  std::lock_guard lock(g_mutex);
+  for (auto& i : batch) g_intervals.push_back(std::move(i));
+}
+
+void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  std::uint64_t now = 0;
+  if (id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 && info->callbackSite == CUPTI_API_EXIT) {
+    cuptiGetTimestamp(&now);
+    std::lock_guard lock(g_mutex);
+    g_window_open = now;
+    g_window_seen = true;
+  } else if (id == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000 && info->callbackSite == CUPTI_API_ENTER) {
+    cuptiGetTimestamp(&now);
+    {
+      std::lock_guard lock(g_mutex);
+      if (g_window_open != 0) g_windows.emplace_back(g_window_open, now);
+      g_window_open = 0;
+    }
+    cuptiActivityFlushAll(1);  // the records are safe even if the runtime is torn down before exit
+  }
+}
+
+// Category of a kernel by its name (lower-case substrings).
+std::string category(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (n.rfind("[memcpy", 0) == 0 || n.rfind("[memset", 0) == 0) return "copies and memsets";
+  if (has("nccl")) return "NCCL collectives";
+  if (has("sdpa") || has("flash") || has("fmha") || has("attention") || has("cudnn")) return "attention";
+  if (has("gemm") || has("nvjet") || has("xmma") || has("cutlass") || has("cublas") || has("matmul") || has("sm90_"))
+    return "GEMM";
+  if (has("cross_entropy") || has("softmax") || has("logit") || has("classifier")) return "softmax / cross-entropy";
+  if (has("norm")) return "norms";
+  if (has("adam") || has("optimizer") || has("sum_of_squares") || has("grad_norm") || has("multi_tensor")) return "optimizer";
+  if (has("embedding") || has("gather") || has("scatter") || has("sort")) return "embedding";
+  if (has("gelu") || has("swiglu") || has("silu") || has("activation")) return "activations";
+  return "other";
+}
+
+// Busy time: the length of the union of intervals of one device.
+std::uint64_t union_length(std::vector<std::pair<std::uint64_t, std::uint64_t>> spans) {
+  std::sort(spans.begin(), spans.end());
+  std::uint64_t total = 0, cur_start = 0, cur_end = 0;
+  bool open = false;
+  for (const auto& [s, e] : spans) {
+    if (!open || s > cur_end) {
+      if (open) total += cur_end - cur_start;
+      cur_start = s;
+      cur_end = e;
+      open = true;
+    } else {
+      cur_end = std::max(cur_end, e);
+    }
+  }
+  if (open) total += cur_end - cur_start;
+  return total;
+}
+
+void report() {
+  if (g_done.exchange(true)) return;
+  cuptiActivityFlushAll(1);
+  std::lock_guard lock(g_mutex);
+  const char* path = std::getenv("STRATA_TRACE_OUT");
+  std::FILE* out = path && *path ? std::fopen(path, "w") : stderr;
+  if (!out) out = stderr;
+  const char* steps_env = std::getenv("STRATA_TRACE_STEPS");
+  const double steps = steps_env ? std::max(1.0, std::atof(steps_env)) : 1.0;
+  if (g_window_open != 0) {  // started and never stopped: up to the last record
+    std::uint64_t last = 0;
+    for (const auto& i : g_intervals) last = std::max(last, i.end);
+    g_windows.emplace_back(g_window_open, last);
+  }
+  auto in_window = [&](const Interval& i) {
+    if (!g_window_seen) return true;
+    for (const auto& [s, e] : g_windows)
+      if (i.start >= s && i.start < e) return true;
+    return false;
+  };
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_name;  // name -> (calls, ns)
+  std::map<std::string, std::uint64_t> by_category;
+  std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> spans;
+  std::uint64_t total = 0, first = UINT64_MAX, last = 0;
+  for (const auto& i : g_intervals) {
+    if (!in_window(i)) continue;
+    const std::uint64_t ns = i.end > i.start ? i.end - i.start : 0;
+    auto& slot = by_name[i.name];
+    slot.first += 1;
+    slot.second += ns;
+    by_category[category(i.name)] += ns;
+    spans[i.device].emplace_back(i.start, i.end);
+    total += ns;
+    first = std::min(first, i.start);
+    last = std::max(last, i.end);
+  }
+  std::uint64_t wall = 0;
+  if (g_window_seen)
+    for (const auto& [s, e] : g_windows) wall += e - s;
+  else if (last > first)
+    wall = last - first;
+  std::uint64_t busy = 0;
+  for (auto& [device, list] : spans) busy = std::max(busy, union_length(list));
+  const std::size_t devices = spans.size();
+  std::fprintf(out, "# kernel trace (CUPTI): %s, %zu device(s), %.0f step(s)\n",
+               g_window_seen ? "profiler window(s)" : "whole run", devices, steps);
+  std::fprintf(out, "window wall time per step: %.3f ms; GPU busy per step (busiest device): %.3f ms (%.1f%%); "
+                    "sum of kernel times per step: %.3f ms\n",
+               wall / steps / 1e6, busy / steps / 1e6, wall ? 100.0 * busy / wall : 0.0, total / steps / 1e6);
+  if (devices > 1)
+    std::fprintf(out, "(sums over %zu devices: per-device time is about the sum / %zu)\n", devices, devices);
+  std::fprintf(out, "\n| category | ms per step | share of kernel time |\n| --- | ---: | ---: |\n");
+  std::vector<std::pair<std::uint64_t, std::string>> cats;
+  for (const auto& [c, ns] : by_category) cats.emplace_back(ns, c);
+  std::sort(cats.rbegin(), cats.rend());
+  for (const auto& [ns, c] : cats)
+    std::fprintf(out, "| %s | %.3f | %.1f%% |\n", c.c_str(), ns / steps / 1e6, total ? 100.0 * ns / total : 0.0);
+  std::fprintf(out, "\n| kernel | category | calls per step | ms per step | us per call | share |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+  std::vector<std::pair<std::uint64_t, std::string>> names;
+  for (const auto& [n, v] : by_name) names.emplace_back(v.second, n);
+  std::sort(names.rbegin(), names.rend());
+  for (const auto& [ns, n] : names) {
+    const auto calls = by_name[n].first;
+    std::string shown = n.size() > 110 ? n.substr(0, 107) + "..." : n;
+    for (char& c : shown)
+      if (c == '|') c = '/';
+    std::fprintf(out, "| %s | %s | %.1f | %.3f | %.1f | %.1f%% |\n", shown.c_str(), category(n).c_str(), calls / steps,
+                 ns / steps / 1e6, calls ? ns / 1e3 / calls : 0.0, total ? 100.0 * ns / total : 0.0);
+  }
+  if (out != stderr) std::fclose(out);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
+  if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS) return 0;
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+  CUpti_SubscriberHandle subscriber;
+  if (cuptiSubscribe(&subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr) == CUPTI_SUCCESS) {
+    cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000);
+    cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000);
+  }
+  std::atexit(report);
+  return 1;
+}
