@@ -584,6 +584,13 @@ struct SharedRun {
   std::mutex& result_mutex;
 };
 
+// A backend whose attention plans can be frozen (cuda::backend), and a communicator with a
+// process-local host barrier (nccl::communicator).
+template <class B>
+concept has_frozen_plans = requires(B& b) { b.attention().freeze(); };
+template <class C>
+concept has_local_barrier = requires(C& c) { c.local_barrier(); };
+
 // One rank's training: `world` its world communicator, `device` its backend (Policy::backend).
 template <template <class> class Model, class Policy, class Comm, class Shared>
 void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a, Shared& shared) {
@@ -605,10 +612,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // driving several GPUs, a plan built mid-step would wait for a peer GPU inside a collective that
   // waits for this thread; so in that mode the plans are then frozen (a shape not planned here
   // runs on the flash kernels).
+  // Every thread of the process must be past its planning before any rank's first collective
+  // (local_barrier: host only; a no-op with one process per GPU).
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
-  if constexpr (requires(typename Policy::backend& d) { d.attention().freeze(); })
+  if constexpr (has_frozen_plans<typename Policy::backend>)
     if (world.size() > 1 && !launched_as_job()) device.attention().freeze();
+  if constexpr (has_local_barrier<Comm>) world.local_barrier();
   model.init(ctx, a.seed);
   AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
   const LrSchedule schedule = schedule_of(a);

@@ -546,7 +546,7 @@ void test_adamw_many(harness& h) {
     tensors.push_back({s[0]->data(), s[1]->data(), s[2]->data(), s[3]->data(), values.back()->data(),
                        static_cast<index_t>(n), p.decay});
   }
-  auto run = [&] {
+  auto run = [&](const strata::AdamWStep<A>& step) {
     for (std::size_t i = 0; i < params.size(); ++i) {
       upload(h.device, params[i].main, *state[4 * i]); upload(h.device, params[i].m, *state[4 * i + 1]);
       upload(h.device, params[i].v, *state[4 * i + 2]); upload(h.device, params[i].g, *state[4 * i + 3]);
@@ -572,10 +572,28 @@ void test_adamw_many(harness& h) {
     ref_main.insert(ref_main.end(), p.main.begin(), p.main.end());
     ref_value.insert(ref_value.end(), p.value.begin(), p.value.end());
   }
-  auto r1 = run(), r2 = run();
+  auto r1 = run(step), r2 = run(step);
   const std::string label = "adamw_step_many<" + type_name<T>() + "> 30 parameters, every third without decay";
   compare(h, label, "main", r1.first, r2.first, ref_main, tolerance<T>());
   compare(h, label, "value", r1.second, r2.second, ref_value, tolerance<T>());
+  // skip_unless_finite on the device: NaN or infinity there leaves every main copy as it was; a
+  // finite value gives the step above, bit for bit.
+  std::vector<A> initial_main;
+  for (const auto& p : params) initial_main.insert(initial_main.end(), p.main.begin(), p.main.end());
+  device_vector<double> gate(1);
+  for (double g : {std::nan(""), std::numeric_limits<double>::infinity(), 3.5}) {
+    upload(h.device, std::vector<double>{g}, gate);
+    auto gated = step;
+    gated.skip_unless_finite = gate.data();
+    auto r = run(gated);
+    const bool skip = !std::isfinite(g);
+    const auto& expected = skip ? initial_main : r1.first;
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < expected.size(); ++i) differ += std::memcmp(&r.first[i], &expected[i], sizeof(A)) != 0;
+    h.results.record(differ == 0, label + (skip ? ", skip_unless_finite non-finite: nothing changes"
+                                                : ", skip_unless_finite finite: the same bits as without it") +
+                                      " (" + std::to_string(differ) + " main values differ)");
+  }
 }
 
 // The backend's attention members forward to backend/cuda/attention.hpp on the compute stream: the

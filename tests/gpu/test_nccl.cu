@@ -621,11 +621,19 @@ int main(int argc, char** argv) {
       std::printf("FAIL  test_nccl needs at least 2 GPUs; this process sees %d\n", available);
       return 1;
     }
-    HostBarrier allocated(gpus);
+    std::atomic<bool> rank0_past_sleep{false};
     nccl::run(gpus, [&](nccl::communicator& world) {
       DeviceArena arena(kArenaBytes);
-      allocated.arrive_and_wait();  // every rank's memory exists before the first collective
+      if (world.rank() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        rank0_past_sleep.store(true);
+      }
+      world.local_barrier();  // every rank's memory exists before the first collective
       Context ctx{"threads", &arena};
+      report(rank0_past_sleep.load(), line_of(ctx, world, strata::detail::concat(
+                                          "local_barrier: rank ", world.rank(), " left it after rank 0 arrived (host only)")));
+      world.local_barrier();
+      world.local_barrier();  // generations reuse the same counter
       report(world.size() == gpus, line_of(ctx, world, strata::detail::concat("nccl::run: rank ", world.rank(), " of ",
                                                                              world.size(), " on GPU ", world.device())));
       all_cases(ctx, world);

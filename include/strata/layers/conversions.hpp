@@ -16,6 +16,8 @@
 // the rank's backend object and the group (`device, tp`); for a host communicator the device may be
 // left out (its default backend is used). Collectives work in place only on tensors the function
 // made itself. Every function checks divisibility and throws ShapeError naming the conversion.
+// On a group of one rank every conversion is the identity and returns its input's storage (no copy,
+// no collective): a caller that writes into a conversion's result in place must own its input.
 #pragma once
 
 #include <type_traits>
@@ -35,6 +37,7 @@ inline void check_divisible(index_t extent, int parts, const char* what, const S
 
 template <class Device, class Comm, class T, class Space>
 Tensor<T, Space> all_gather_dim0(Device&, Comm& comm, const Tensor<T, Space>& in) {
+  if (comm.size() == 1) return in;
   auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) * comm.size()));
   comm.all_gather(in.buffer(), out.buffer());
   return out;
@@ -43,6 +46,7 @@ Tensor<T, Space> all_gather_dim0(Device&, Comm& comm, const Tensor<T, Space>& in
 template <class Device, class Comm, class T, class Space>
 Tensor<T, Space> reduce_scatter_dim0(Device&, Comm& comm, const Tensor<T, Space>& in, const char* what) {
   check_divisible(in.size(0), comm.size(), what, in.shape());
+  if (comm.size() == 1) return in;
   auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) / comm.size()));
   comm.reduce_scatter(in.buffer(), out.buffer(), ReduceOp::sum);
   return out;
@@ -51,6 +55,7 @@ Tensor<T, Space> reduce_scatter_dim0(Device&, Comm& comm, const Tensor<T, Space>
 template <class Device, class T, class Space>
 Tensor<T, Space> slice_dim0(Device& device, const Tensor<T, Space>& in, int rank, int parts, const char* what) {
   check_divisible(in.size(0), parts, what, in.shape());
+  if (parts == 1) return in;
   const index_t n = in.size(0) / parts, inner = in.size(0) == 0 ? 0 : in.numel() / in.size(0);
   auto out = Tensor<T, Space>::empty(in.shape().with(0, n));  // rows [n * rank, n * (rank + 1))
   device.template copy<T>(in.data() + n * rank * inner, out.numel(), out.data());
@@ -60,6 +65,7 @@ Tensor<T, Space> slice_dim0(Device& device, const Tensor<T, Space>& in, int rank
 template <class Device, class T, class Space>
 Tensor<T, Space> slice_last(Device& device, const Tensor<T, Space>& in, int rank, int parts, const char* what) {
   check_divisible(in.shape().cols(), parts, what, in.shape());
+  if (parts == 1) return in;
   const index_t rows = in.shape().rows(), cols = in.shape().cols(), local = cols / parts;
   auto out = Tensor<T, Space>::empty(in.shape().with(-1, local));  // (rows, local)
   device.template slice_columns<T>(in.data(), rows, cols, rank * local, local, out.data());
@@ -69,6 +75,7 @@ Tensor<T, Space> slice_last(Device& device, const Tensor<T, Space>& in, int rank
 template <class Device, class Comm, class T, class Space>
 Tensor<T, Space> all_gather_last(Device& device, Comm& comm, const Tensor<T, Space>& in) {
   const int parts = comm.size();
+  if (parts == 1) return in;
   const index_t rows = in.shape().rows(), local = in.shape().cols();
   auto stacked = Tensor<T, Space>::empty(Shape{parts, rows, local});  // (tp, rows, local)
   comm.all_gather(in.buffer(), stacked.buffer());

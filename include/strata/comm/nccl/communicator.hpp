@@ -247,7 +247,7 @@ class group_guard {
 
 namespace detail {
 communicator make_world(const ncclUniqueId& id, int size, int rank, int device, Options options,
-                        const StopSignal* stop);
+                        StopSignal* stop);
 struct launcher_access;
 }  // namespace detail
 
@@ -433,6 +433,32 @@ class communicator {
             });
   }
 
+  // The ranks that share this process (threads of nccl::run) have all called it when it returns:
+  // a host-only barrier, with no GPU work, that a failure elsewhere ends with an AbortedError. A
+  // rank alone in its process (one process per GPU) returns at once. Work that waits for every GPU
+  // of the process (loading GPU code: building cuDNN plans, a library's first use) must be
+  // finished on every rank before any rank enqueues its first collective, or it can wait for a
+  // peer's collective that waits for this thread; call this between the two.
+  void local_barrier() {
+    require_valid("local_barrier");
+    detail::StopSignal* shared = group_->rank_state->stop;
+    if (shared == nullptr || shared->parties <= 1) return;
+    std::unique_lock lock(shared->barrier_mutex);
+    const std::uint64_t generation = shared->generation;
+    if (++shared->arrived == shared->parties) {
+      shared->arrived = 0;
+      ++shared->generation;
+      shared->barrier_cv.notify_all();
+      return;
+    }
+    while (shared->generation == generation) {
+      if (shared->raised.load(std::memory_order_acquire))
+        throw AbortedError(::strata::detail::concat(detail::kBackend, ": rank ", group_->rank_state->world_rank,
+                                  " left local_barrier because ", shared->reason));
+      shared->barrier_cv.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
+
   // Every rank of the group has reached the barrier when it returns (the host waits).
   void barrier() {
     require_valid("barrier");
@@ -555,7 +581,7 @@ class communicator {
   communicator split(int color, int key) { return split(color, key, group_ ? group_->name + ".split" : std::string()); }
 
  private:
-  friend communicator detail::make_world(const ncclUniqueId&, int, int, int, Options, const detail::StopSignal*);
+  friend communicator detail::make_world(const ncclUniqueId&, int, int, int, Options, detail::StopSignal*);
   friend struct detail::launcher_access;
 
   explicit communicator(std::shared_ptr<detail::Group> group) : group_(std::move(group)) {}
@@ -625,7 +651,7 @@ namespace detail {
 // Creates the world communicator of one rank (see communicator::create); `stop`, when set by the
 // thread launcher, ends the wait for the other ranks early.
 inline communicator make_world(const ncclUniqueId& id, int size, int rank, int device, Options options,
-                               const StopSignal* stop) {
+                               StopSignal* stop) {
   const std::string where = concat(kBackend, ": rank ", rank, " of group '", options.name, "'");
   if (size < 1) fail<ConfigError>(where, ": the group needs at least 1 rank, got size ", size);
   if (rank < 0 || rank >= size) fail<ConfigError>(where, ": rank ", rank, " is outside [0, ", size, ")");

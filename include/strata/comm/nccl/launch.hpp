@@ -269,6 +269,7 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
   detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
 
   detail::StopSignal stop;
+  stop.parties = num_gpus;  // communicator::local_barrier waits for every thread of this run
   std::mutex ranks_mutex;
   std::condition_variable phase;  // with ranks_mutex: `created` and `finished` count ranks
   int created = 0;

@@ -54,10 +54,16 @@ using clock = std::chrono::steady_clock;
 struct Group;
 
 // Raised by the thread launcher when a rank failed: the others stop waiting. `reason` is written
-// once, before `raised` is set.
+// once, before `raised` is set. It also carries the launcher's host barrier (communicator::
+// local_barrier): `parties` threads, `arrived` of them waiting in generation `generation`.
 struct StopSignal {
   std::atomic<bool> raised{false};
   std::string reason;  // "rank 0 failed: <its exception>"
+  int parties = 1;
+  std::mutex barrier_mutex;
+  std::condition_variable barrier_cv;
+  int arrived = 0;
+  std::uint64_t generation = 0;
 };
 
 // An operation enqueued on the stream whose completion the watchdog has not seen yet.
@@ -87,7 +93,7 @@ struct RankState {
   const int world_rank;
   const int world_size;
   // Set by the thread launcher: another rank of the process failed, stop waiting.
-  const StopSignal* stop = nullptr;
+  StopSignal* stop = nullptr;
 
   std::recursive_mutex mutex;
   std::atomic<bool> failed{false};
