@@ -534,10 +534,11 @@ inline bool launched_as_job() {
 
 // Threads mode drives several GPUs from one process: a kernel loaded lazily (CUDA's default) may
 // wait for the GPU's running kernels, one of which can be a collective waiting for this very
-// thread, so the CUDA modules are loaded at start-up instead. Call before the first CUDA call; an
-// explicit CUDA_MODULE_LOADING wins.
-inline void prefer_eager_module_loading() {
-  if (!launched_as_job()) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+// thread, so the CUDA modules are loaded at start-up instead (which costs start-up time: only when
+// this process drives several GPUs). Call before the first CUDA call; an explicit
+// CUDA_MODULE_LOADING wins.
+inline void prefer_eager_module_loading(int world_size) {
+  if (!launched_as_job() && world_size > 1) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
 }
 
 // GPUs this process sees; 0 when it was built without CUDA or no GPU is present.
@@ -972,13 +973,14 @@ TrainResult train(const TrainArgs& a) {
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
   (void)launch_time();
-  prefer_eager_module_loading();
   TrainArgs args = default_args(kind);
   args.device = "auto";
   CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads or NVIDIA GPUs"};
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
   apply_demo_defaults(app, args);
+  // Before the first CUDA call; the demo on a GPU runs one rank unless --world-size says otherwise.
+  prefer_eager_module_loading(app.count("--world-size") > 0 ? args.world_size : 1);
   try {
     resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
     // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or

@@ -5,6 +5,7 @@
 // kernel), accumulate into an existing C, and the weight-gradient form: bf16 operands accumulated
 // into an fp32 C (beta = 1). Relative error ||gpu - ref|| / ||ref|| within 1e-12 / 1e-5 / 1e-2;
 // each product runs twice and gives the same bits; a repeated shape reuses its cached plan.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -79,6 +80,78 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                      (plan_reused ? "" : ", the second call built a new plan"));
 }
 
+// gemm_gelu and gemm_gelu_backward (the fused cuBLASLt GELU epilogues where they run, the GEMM and the
+// GELU kernel where not: n not a multiple of 8) against the double product followed by the GELU math
+// in double: pre, gelu(pre), and (dY W) * gelu'(pre).
+double gelu_ref(double v) { return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
+double gelu_grad_ref(double v) {
+  const double u = 0.7978845608028654 * (v + 0.044715 * v * v * v), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * v * v);
+}
+template <class T>
+void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, bool with_bias) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.template uniform<T>(M * K), vb = rng.template uniform<T>(N * K), vbias = rng.template uniform<T>(N);
+  auto vpre_in = rng.template uniform<T>(M * N, -3, 3);
+  // forward: pre = A B^T (+ bias), out = gelu(pre)   (A [m,k], B [n,k]: the layers' x W^T)
+  std::vector<double> ref_pre(M * N), ref_out(M * N);
+  {
+    // the product in double, then the GELU in double
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = 0; j < n; ++j) {
+        double sum = with_bias ? as_double(vbias[j]) : 0.0;
+        for (index_t p = 0; p < k; ++p) sum += as_double(va[i * k + p]) * as_double(vb[j * k + p]);
+        ref_pre[i * n + j] = sum;
+        ref_out[i * n + j] = gelu_ref(sum);
+      }
+  }
+  device_vector<T> a(M * K), b(N * K), bias(N), pre(M * N), out(M * N), pre_in(M * N);
+  device.copy_from_host(va.data(), static_cast<index_t>(M * K), a.data());
+  device.copy_from_host(vb.data(), static_cast<index_t>(N * K), b.data());
+  device.copy_from_host(vbias.data(), static_cast<index_t>(N), bias.data());
+  device.copy_from_host(vpre_in.data(), static_cast<index_t>(M * N), pre_in.data());
+  auto download = [&](const device_vector<T>& d) {
+    std::vector<T> h(d.size());
+    device.copy_to_host(d.data(), static_cast<index_t>(h.size()), h.data());
+    std::vector<double> out_d(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) out_d[i] = as_double(h[i]);
+    return out_d;
+  };
+  auto forward = [&] {
+    device.fill(pre.data(), static_cast<index_t>(M * N), std::numeric_limits<double>::quiet_NaN());
+    device.fill(out.data(), static_cast<index_t>(M * N), std::numeric_limits<double>::quiet_NaN());
+    device.gemm_gelu<T>(false, true, m, n, k, a.data(), b.data(), with_bias ? bias.data() : nullptr, pre.data(), out.data());
+    return std::pair{download(pre), download(out)};
+  };
+  auto f1 = forward(), f2 = forward();
+  const double tol = tolerance<T>();
+  const std::string label = "gemm_gelu<" + type_name<T>() + "> m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                            " k=" + std::to_string(k) + (with_bias ? " bias" : "");
+  const double e_pre = relative_error(f1.first, ref_pre), e_out = relative_error(f1.second, ref_out);
+  results.record(same_bits(f1.first, f2.first) && same_bits(f1.second, f2.second) && e_pre <= tol && e_out <= tol,
+                 label + ": pre rel " + format("%.2e", e_pre) + ", gelu rel " + format("%.2e", e_out) + " (tol " +
+                     format("%.0e", tol) + ")");
+  // backward: out = (A B) * gelu'(pre_in) with A [m,k] and the same buffer read as B [k,n]
+  std::vector<double> ref_dx(M * N);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (index_t p = 0; p < k; ++p) sum += as_double(va[i * k + p]) * as_double(vb[p * n + j]);
+      ref_dx[i * n + j] = sum * gelu_grad_ref(as_double(vpre_in[i * n + j]));
+    }
+  auto backward = [&] {
+    device.fill(out.data(), static_cast<index_t>(M * N), std::numeric_limits<double>::quiet_NaN());
+    device.gemm_gelu_backward<T>(false, false, m, n, k, a.data(), b.data(), pre_in.data(), out.data());
+    return download(out);
+  };
+  auto b1 = backward(), b2 = backward();
+  const double e_dx = relative_error(b1, ref_dx);
+  results.record(same_bits(b1, b2) && e_dx <= tol, "gemm_gelu_backward<" + type_name<T>() + "> m=" + std::to_string(m) +
+                                                       " n=" + std::to_string(n) + " k=" + std::to_string(k) + ": rel " +
+                                                       format("%.2e", e_dx) + " (tol " + format("%.0e", tol) + ")");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,6 +178,11 @@ int main(int argc, char** argv) {
     check_gemm<float>(device, results, seed++, false, true, 127, 65, 33, false, true, 1);  // bias not 16-byte aligned
     check_gemm<bf16>(device, results, seed++, false, true, 127, 65, 33, false, true, 1);
     check_gemm<float>(device, results, seed++, false, false, 5, 7, 0, false, false);      // k = 0: C = 0
+    for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{64, 96, 48}, {129, 768, 200}, {33, 77, 65}})
+      for (bool bias : {false, true}) {  // n = 77: not a multiple of 8, the unfused path
+        check_gemm_gelu<bf16>(device, results, seed++, m, n, k, bias);
+        check_gemm_gelu<float>(device, results, seed++, m, n, k, bias);
+      }
     return results.finish();
   } catch (const std::exception& e) {
     std::printf("FAIL gemm: exception: %s\nSUITE gemm: aborted\n", e.what());

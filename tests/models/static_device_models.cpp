@@ -50,6 +50,10 @@ struct mock_device_backend {
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg);
   template <class T> void gelu_forward(const T* x, index_t n, T* y);
+  template <class T>
+  void gemm_gelu(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, T* pre, T* out);
+  template <class T>
+  void gemm_gelu_backward(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* pre, T* out);
   template <class T> void gelu_backward(const T* dy, const T* x, index_t n, T* dx);
   template <class T> void swiglu_forward(const T* gu, index_t rows, index_t f, T* y);
   template <class T> void swiglu_backward(const T* dy, const T* gu, index_t rows, index_t f, T* dgu);

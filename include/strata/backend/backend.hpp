@@ -59,6 +59,8 @@ concept gemm_of = requires(B& b, const T* ct, T* t, A* a, index_t n) {
   b.template gemm<T>(false, true, n, n, n, ct, ct, t, false);
   b.template gemm<T>(false, true, n, n, n, ct, ct, t, false, ct);
   b.template gemm<T, A>(true, false, n, n, n, ct, ct, a, true);
+  b.template gemm_gelu<T>(false, true, n, n, n, ct, ct, ct, t, t);
+  b.template gemm_gelu_backward<T>(false, false, n, n, n, ct, ct, ct, t);
   b.template bias_add<T>(t, ct, n, n);
   b.template bias_grad<T>(ct, n, n, a);
 };
@@ -183,7 +185,7 @@ constexpr bool check_backend() {
   static_assert(r::has_space<B>, "The backend needs `using space = strata::space::host` (or space::cuda): the memory space its pointers live in.");
   static_assert(r::memory<B>, "The backend is missing a memory entry point: fill, copy, copy_to_host, copy_from_host or transpose for float, double, bf16 and int32_t, or synchronize().");
   static_assert(r::arithmetic<B>, "The backend is missing an arithmetic entry point: add, scale or scale_by for float, double and bf16, or convert between float, bf16 and double.");
-  static_assert(r::gemm<B>, "The backend is missing gemm (with and without bias, and with an accumulate-type output), bias_add or bias_grad for float, double or bf16.");
+  static_assert(r::gemm<B>, "The backend is missing gemm (with and without bias, and with an accumulate-type output), gemm_gelu, gemm_gelu_backward, bias_add or bias_grad for float, double or bf16.");
   static_assert(r::columns<B>, "The backend is missing a column entry point: slice_columns, unstack_columns, qkv_split or qkv_merge for float, double or bf16.");
   static_assert(r::norm<B>, "The backend is missing a norm entry point: layernorm_forward, layernorm_backward, rmsnorm_forward or rmsnorm_backward for float, double or bf16.");
   static_assert(r::activation<B>, "The backend is missing an activation entry point: gelu_forward, gelu_backward, swiglu_forward or swiglu_backward for float, double or bf16.");

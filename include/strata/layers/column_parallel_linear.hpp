@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -83,6 +84,22 @@ class ColumnParallelLinear {
     Act<layout::sharded<-1>> local(std::move(y));
     if constexpr (Options.gather_output) return {gather_from_tensor_parallel(ctx.device, ctx.tp, local), std::move(saved)};
     else return {std::move(local), std::move(saved)};
+  }
+
+  // forward() followed by GELU, fused where the backend can (backend gemm_gelu): returns gelu(Y) and
+  // the pre-activation Y itself (which the GELU backward needs), both sharded<-1>.
+  template <class Layout>
+  std::tuple<Act<layout::sharded<-1>>, Tensor<T, Space>, Saved> forward_gelu(Context& ctx, const Act<Layout>& x) const
+    requires(!Options.gather_output && !Options.skip_bias_add)
+  {
+    expect_layout<input_layout, Layout>();
+    Saved saved;
+    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.device, ctx.tp, x).tensor;
+    else saved.input = x.tensor;  // shared, read only
+    Tensor<T, Space> pre;
+    Tensor<T, Space> y = detail::linear_forward_gelu(ctx.device, saved.input, *weight_, bias_ ? &*bias_ : nullptr, pre,
+                                                     "ColumnParallelLinear");
+    return {Act<layout::sharded<-1>>(std::move(y)), std::move(pre), std::move(saved)};
   }
 
   template <class Layout>

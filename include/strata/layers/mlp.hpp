@@ -1,7 +1,8 @@
 // strata/layers/mlp.hpp: `Mlp<Policy, Activation>`, the feed-forward block: column-parallel fc1,
 // an element-wise activation on the sharded hidden features, row-parallel fc2.
 //
-//   gelu:   fc1 hidden -> ffn,            y = fc2(gelu_tanh(fc1 x))          (GPT-2)
+//   gelu:   fc1 hidden -> ffn,            y = fc2(gelu_tanh(fc1 x))          (GPT-2; fc1 and the GELU
+//           are one backend gemm_gelu, fc2's dX and the GELU backward one gemm_gelu_backward)
 //   swiglu: fc1 hidden -> [gate; up] 2ffn, y = fc2(silu(gate) * up)          (Llama)
 // For swiglu fc1 is one weight of two stacked blocks, each split over tp, so every rank holds the
 // matching slices of gate and up. Input and output: the residual stream layout.
@@ -48,12 +49,19 @@ class Mlp {
 
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
     Saved saved;
-    auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, [2] ffn / tp)
+    if constexpr (!gated) {  // fc1 and the GELU in one GEMM where the backend fuses them
+      auto [act, pre, fc1_saved] = fc1_.forward_gelu(ctx, x);  // (s, b, ffn / tp) twice
+      saved.fc1 = std::move(fc1_saved);
+      saved.pre_activation = std::move(pre);
+      auto [y, fc2_saved] = fc2_.forward(ctx, act);
+      saved.fc2 = std::move(fc2_saved);
+      return {std::move(y), std::move(saved)};
+    }
+    auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, 2 ffn / tp)
     saved.fc1 = std::move(fc1_saved);
     const index_t rows = h.shape().rows(), width = h.shape().cols(), ffn_local = gated ? width / 2 : width;
     Edge<layout::sharded<-1>> act(Tensor<T, Space>::empty(h.shape().with(-1, ffn_local)));
-    if constexpr (gated) ctx.device.template swiglu_forward<T>(h.data(), rows, ffn_local, act.data());
-    else ctx.device.template gelu_forward<T>(h.data(), h.tensor.numel(), act.data());
+    ctx.device.template swiglu_forward<T>(h.data(), rows, ffn_local, act.data());
     saved.pre_activation = std::move(h.tensor);
     auto [y, fc2_saved] = fc2_.forward(ctx, act);
     saved.fc2 = std::move(fc2_saved);
@@ -61,12 +69,13 @@ class Mlp {
   }
 
   Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy) {
-    auto dact = fc2_.backward(ctx, saved.fc2, dy);
     const Tensor<T, Space>& h = saved.pre_activation;
+    if constexpr (!gated) {  // the GELU backward fused into fc2's dX GEMM where the backend can
+      return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h));
+    }
+    auto dact = fc2_.backward(ctx, saved.fc2, dy);
     Edge<layout::sharded<-1>> dh{Tensor<T, Space>::empty(h.shape())};
-    if constexpr (gated)
-      ctx.device.template swiglu_backward<T>(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
-    else ctx.device.template gelu_backward<T>(dact.data(), h.data(), h.numel(), dh.data());
+    ctx.device.template swiglu_backward<T>(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
     return fc1_.backward(ctx, saved.fc1, dh);
   }
 

@@ -60,25 +60,45 @@ class RowParallelLinear {
     Saved saved;
     if constexpr (Options.input_is_parallel) saved.input = x.tensor;  // shared, read only
     else saved.input = scatter_to_tensor_parallel(ctx.device, ctx.tp, x).tensor;
-    Act<layout::partial> partial(detail::linear_forward(ctx.device, saved.input, weight_, nullptr, "RowParallelLinear"));
+    // On one rank the sum is complete at once: the bias goes into the GEMM's epilogue.
+    const bool fused_bias = bias_ && !Options.skip_bias_add && ctx.tp.size() == 1;
+    Act<layout::partial> partial(
+        detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr, "RowParallelLinear"));
     Act<output_layout> y;
     if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
     else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
-    if (bias_ && !Options.skip_bias_add) detail::add_bias(ctx.device, y.tensor, *bias_);  // y is ours
+    if (bias_ && !Options.skip_bias_add && !fused_bias) detail::add_bias(ctx.device, y.tensor, *bias_);  // y is ours
     return {std::move(y), std::move(saved)};
   }
 
   template <class Layout>
   Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
+    return backward_impl(ctx, saved, dy, nullptr);
+  }
+  // backward() of a layer whose input was gelu(gelu_pre) (an MLP's fc2): returns the gradient with
+  // respect to gelu_pre, fused into the dX GEMM where the backend can (backend gemm_gelu_backward).
+  template <class Layout>
+  Act<input_layout> backward_through_gelu(Context& ctx, const Saved& saved, const Act<Layout>& dy,
+                                          const Tensor<T, Space>& gelu_pre)
+    requires(Options.input_is_parallel)
+  {
+    return backward_impl(ctx, saved, dy, &gelu_pre);
+  }
+
+ private:
+  template <class Layout>
+  Act<input_layout> backward_impl(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>* gelu_pre) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_full;
     if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
-    Act<layout::sharded<-1>> dx(detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr));
+    Act<layout::sharded<-1>> dx(
+        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr, gelu_pre));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
   }
 
+ public:
   void init(Context& ctx, std::uint64_t seed, double stddev) {
     init_normal(ctx.device, weight_, seed, stddev);
     if (bias_) init_constant(ctx.device, *bias_, 0.0);

@@ -58,6 +58,20 @@ struct backend {
                    const T* bias = nullptr) {
     cpu::gemm<T, C>(ta, tb, m, n, k, a, b, c, accumulate, accumulate_t<T>(1), bias);
   }
+  // pre = op(A) op(B) (+ bias), out = gelu(pre); and out = (op(A) op(B)) * gelu'(pre): the GEMM, then
+  // the GELU (the CUDA backend fuses them into one GEMM epilogue).
+  template <class T>
+  static void gemm_gelu(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, T* pre,
+                        T* out) {
+    gemm<T>(ta, tb, m, n, k, a, b, pre, false, bias);
+    cpu::gelu_forward<T>(pre, m * n, out);
+  }
+  template <class T>
+  static void gemm_gelu_backward(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* pre,
+                                 T* out) {
+    gemm<T>(ta, tb, m, n, k, a, b, out, false);
+    cpu::gelu_backward<T>(out, pre, m * n, out);  // element-wise, in place
+  }
   template <class T>
   static void bias_add(T* y, const T* bias, index_t rows, index_t cols) { cpu::bias_add<T>(y, bias, rows, cols); }
   template <class T, class A = accumulate_t<T>>

@@ -134,6 +134,24 @@ class backend {
     }
   }
 
+  // pre = op(A) op(B) (+ bias[n]), out = gelu(pre), in one cuBLASLt GEMM (GELU_AUX epilogue) where it
+  // can run, else the GEMM and the GELU kernel.
+  template <class T>
+  void gemm_gelu(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, T* pre,
+                 T* out) const {
+    if (cuda::gemm_gelu<T>(state_->blas, stream(), ta, tb, m, n, k, a, b, bias, pre, out)) return;
+    gemm<T>(ta, tb, m, n, k, a, b, pre, false, bias);
+    kernels::gelu_forward<T>(pre, m * n, out, stream());
+  }
+  // out = (op(A) op(B)) * gelu'(pre), in one GEMM (DGELU epilogue) where it can run.
+  template <class T>
+  void gemm_gelu_backward(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* pre,
+                          T* out) const {
+    if (cuda::gemm_dgelu<T>(state_->blas, stream(), ta, tb, m, n, k, a, b, pre, out)) return;
+    gemm<T>(ta, tb, m, n, k, a, b, out, false);
+    kernels::gelu_backward<T>(out, pre, m * n, out, stream());  // element-wise, in place
+  }
+
   // --- bias, columns, heads ----------------------------------------------------------------------
   template <class T>
   void bias_add(T* y, const T* bias, index_t rows, index_t cols) const {

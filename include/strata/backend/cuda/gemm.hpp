@@ -104,9 +104,14 @@ inline std::uint32_t pointer_alignment(const void* p) {
 
 
 // Everything that selects descriptors and an algorithm.
+// The epilogue fused into a GEMM: none (or BIAS), GELU of the product (+ bias) keeping the
+// pre-activation in an aux buffer, or the product times GELU'(aux) (the GELU backward).
+enum class gemm_epilogue : int { none = 0, gelu_aux = 1, dgelu = 2 };
+
 struct gemm_key {
   int data_type, output_type;
   bool transpose_a, transpose_b, accumulate, bias;
+  int epilogue;
   index_t m, n, k;
   std::uint32_t align_a, align_b, align_c;
   bool operator==(const gemm_key&) const = default;
@@ -117,7 +122,8 @@ struct gemm_key_hash {
     const auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(static_cast<std::uint64_t>(key.data_type) << 8 | static_cast<std::uint64_t>(key.output_type));
     mix(static_cast<std::uint64_t>(key.transpose_a) | static_cast<std::uint64_t>(key.transpose_b) << 1 |
-        static_cast<std::uint64_t>(key.accumulate) << 2 | static_cast<std::uint64_t>(key.bias) << 3);
+        static_cast<std::uint64_t>(key.accumulate) << 2 | static_cast<std::uint64_t>(key.bias) << 3 |
+        static_cast<std::uint64_t>(key.epilogue) << 4);
     mix(static_cast<std::uint64_t>(key.m));
     mix(static_cast<std::uint64_t>(key.n));
     mix(static_cast<std::uint64_t>(key.k));
@@ -132,6 +138,7 @@ struct gemm_plan {
   layout_descriptor first, second, out_c, out_d;
   cublasLtMatmulAlgo_t algo{};
   bool bias_epilogue = false;  // the bias runs in the epilogue (else the caller adds it)
+  bool fused = true;           // the requested GELU / dGELU epilogue runs (else nothing was planned for it)
 };
 
 }  // namespace detail
@@ -176,11 +183,15 @@ class blas_handle {
 
 
 
-// Row-major C[m,n] (= or +=) op(A) op(B) (+ bias[n] on every row when bias and !accumulate), enqueued
-// on `stream`. Returns whether the bias was applied (always true when bias is null).
+namespace detail {
+// The GEMM of gemm(), gemm_gelu() and gemm_dgelu(). With a GELU epilogue (C = T, !accumulate) `aux`
+// is the pre-activation [m, n] (written by gelu_aux, read by dgelu); returns false, having enqueued
+// nothing, when cuBLASLt has no algorithm with that epilogue (the caller then runs the unfused path).
+// Without one, returns whether the bias was applied (always true when bias is null).
 template <class T, class C = T>
-bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
-          const T* a, const T* b, C* c, bool accumulate, const T* bias = nullptr) {
+bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
+               index_t k, const T* a, const T* b, C* c, bool accumulate, const T* bias, gemm_epilogue epilogue,
+               const T* aux) {
   static_assert(std::is_same_v<C, T> || (is_half_v<T> && std::is_same_v<C, float>),
                 "cuda::gemm writes C of the input type, or float for 16-bit inputs (fp32 weight gradients).");
   using types = gemm_types<T>;
@@ -189,6 +200,12 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
   if (bias && accumulate)
     fail<Error>("cuda::gemm: a bias is only added when the product is written (accumulate = false); add it to the "
                 "output before accumulating into it");
+  if (epilogue != gemm_epilogue::none) {
+    constexpr bool gelu_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
+    if (!gelu_types || accumulate || m == 0 || n == 0 || k == 0 || n % 8 != 0 || pointer_alignment(aux) < 16 ||
+        (bias && pointer_alignment(bias) < 16))
+      return false;
+  }
   if (m == 0 || n == 0) return true;
   if (k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating (a bias is left to the caller)
     if (!accumulate)
@@ -196,20 +213,20 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
     return bias == nullptr;
   }
   constexpr bool epilogue_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
-  const bool use_bias = bias != nullptr && epilogue_types && detail::pointer_alignment(bias) >= 16;
+  const bool use_bias = bias != nullptr && epilogue_types && pointer_alignment(bias) >= 16;
   const cudaDataType_t output_type = std::is_same_v<C, T> ? types::data : CUDA_R_32F;
 
-  const detail::gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
-                             accumulate, use_bias, m, n, k, detail::pointer_alignment(a), detail::pointer_alignment(b),
-                             detail::pointer_alignment(c)};
-  detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
+  const gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
+                     accumulate, use_bias, static_cast<int>(epilogue), m, n, k, pointer_alignment(a),
+                     pointer_alignment(b), pointer_alignment(c)};
+  gemm_plan& plan = blas.plan(key, [&](gemm_plan& p) {
     // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
     // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
     // Second cuBLASLt operand: the A buffer, stored col-major as [k,m] (ld k) or, transposed, [m,k] (ld m).
     const auto u = [](index_t v) { return static_cast<std::uint64_t>(v); };
     const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    // The descriptor, with the BIAS epilogue or without it.
+    // The descriptor, with the BIAS epilogue or without it (and the GELU epilogue when asked).
     const auto describe = [&](bool with_bias) {
       if (p.desc.handle) {
         (void)cublasLtMatmulDescDestroy(p.desc.handle);
@@ -218,7 +235,23 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-      if (with_bias) {
+      if (epilogue != gemm_epilogue::none) {
+        // The aux matrix has D's column-major layout [n, m] (ld n).
+        const cublasLtEpilogue_t kind = epilogue == gemm_epilogue::dgelu
+                                            ? CUBLASLT_EPILOGUE_DGELU
+                                            : (with_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+        const std::int64_t ld = n;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+        const void* aux_pointer = aux;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                           &aux_pointer, sizeof(aux_pointer)));
+        if (with_bias) {
+          const void* bias_pointer = bias;
+          STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                             sizeof(bias_pointer)));
+        }
+      } else if (with_bias) {
         // The bias runs along the rows of the column-major D [n, m]: one value per row-major column.
         const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
         STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
@@ -239,7 +272,7 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
     STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, output_type, u(n), u(m), n));
     STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, output_type, u(n), u(m), n));
 
-    detail::preference_descriptor preference;
+    preference_descriptor preference;
     STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
     const std::size_t workspace_bytes = blas.workspace_bytes();
     STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -261,6 +294,10 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
     };
     describe(use_bias);
     ask();
+    if (found == 0 && epilogue != gemm_epilogue::none) {  // not fused: the caller runs the plain path
+      p.fused = false;
+      return;
+    }
     if (found == 0 && use_bias) {  // no algorithm with the epilogue for this shape: the caller adds the bias
       describe(false);
       ask();
@@ -271,16 +308,52 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
                   "; check the operands' alignment and the element types");
     p.algo = heuristic.algo;
   });
+  if (!plan.fused) return false;
   if (plan.bias_epilogue) {
     const void* bias_pointer = bias;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                                        sizeof(bias_pointer)));
+  }
+  if (epilogue != gemm_epilogue::none) {
+    const void* aux_pointer = aux;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                       &aux_pointer, sizeof(aux_pointer)));
   }
   const scale_t alpha = 1, beta = accumulate ? 1 : 0;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle,
                                      &beta, c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
   return bias == nullptr || plan.bias_epilogue;
+}
+}  // namespace detail
+
+// Row-major C[m,n] (= or +=) op(A) op(B) (+ bias[n] on every row when bias and !accumulate), enqueued
+// on `stream`. Returns whether the bias was applied (always true when bias is null).
+template <class T, class C = T>
+bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
+          const T* a, const T* b, C* c, bool accumulate, const T* bias = nullptr) {
+  return detail::gemm_impl<T, C>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, c, accumulate, bias,
+                                 detail::gemm_epilogue::none, nullptr);
+}
+
+// pre[m,n] = op(A) op(B) (+ bias[n]) and out = gelu_tanh(pre), in one GEMM (cuBLASLt's GELU_AUX(_BIAS)
+// epilogue; GELU computed from the fp32 product before rounding). Returns false, having enqueued
+// nothing, when that epilogue is unavailable (double, n not a multiple of 8, misaligned pointers,
+// no algorithm): the caller then runs gemm + gelu_forward.
+template <class T>
+bool gemm_gelu(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
+               const T* a, const T* b, const T* bias, T* pre, T* out) {
+  return detail::gemm_impl<T, T>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, out, false, bias,
+                                 detail::gemm_epilogue::gelu_aux, pre);
+}
+
+// out[m,n] = (op(A) op(B)) * gelu_tanh'(pre), in one GEMM (cuBLASLt's DGELU epilogue). Returns false,
+// having enqueued nothing, when unavailable: the caller runs gemm + gelu_backward.
+template <class T>
+bool gemm_dgelu(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
+                index_t k, const T* a, const T* b, const T* pre, T* out) {
+  return detail::gemm_impl<T, T>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, out, false, nullptr,
+                                 detail::gemm_epilogue::dgelu, pre);
 }
 
 }  // namespace cuda
