@@ -7,8 +7,8 @@
 // H100's HBM3 reaches about 3000 GB/s in practice, so a kernel near that is at its roofline.
 //
 // It measures and prints; it never asserts (tests/gpu/test_kernels.cu checks the results). Built by
-// bench/CMakeLists.txt when STRATA_BUILD_GPU_TESTS is on, or by hand:
-//   nvcc -std=c++20 -O3 -arch=sm_90 -I include bench/bench_cuda_kernels.cu -lcublas -lcublasLt
+// tests/gpu/CMakeLists.txt when STRATA_BUILD_GPU_TESTS is on, or by hand:
+//   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr -I include bench/bench_cuda_kernels.cu -lcublas -lcublasLt
 // Usage: bench_cuda_kernels [--rows N]   (default 32768 rows)
 #include <algorithm>
 #include <cstdio>
