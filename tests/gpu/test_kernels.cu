@@ -305,7 +305,9 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
   auto vdb = rng.template uniform<A>(C);
   T *x = tensor(N), *r = tensor(N), *dy = tensor(N), *y = tensor(N), *dx = tensor(N), *g = tensor(C), *b = tensor(C);
   A *mean = stats(R), *rstd = stats(R), *dg = stats(C), *db = stats(C);
-  auto fresh_inputs = [&] { upload_at(dev, vx, x); upload_at(dev, vr, r); upload_at(dev, vdy, dy); upload_at(dev, vg, g); upload_at(dev, vb, b); };
+  auto fresh_inputs = [&] {
+    upload_at(dev, vx, x); upload_at(dev, vr, r); upload_at(dev, vdy, dy); upload_at(dev, vg, g); upload_at(dev, vb, b);
+  };
 
   {  // add (residual) and GELU forward / backward over rows * cols elements
     std::vector<T> ref_add(N), ref_y(N), ref_dx(N);

@@ -18,8 +18,8 @@
 // Weight gradients never use atomics: block k of the backward (norm_backward_blocks(rows) blocks)
 // writes partials[k, c] for every column c, from the rows it owns in a fixed order (warp path: warp w
 // of block k owns rows (k * kNormWarps + w) + i * blocks * kNormWarps and keeps its running sums in
-// its own slice of shared memory; the block then adds its warps' sums in warp order); sum_partials then adds
-// the partials over k in a fixed order. Workspace: 2 * blocks * h.
+// its own slice of shared memory; the block then adds its warps' sums in warp order); sum_partials
+// then adds the partials over k in a fixed order. Workspace: 2 * blocks * h.
 // gy is rounded on its own (mul_rn) in both passes, so gy - mean(gy) is exactly 0 where the host
 // gets 0 (h = 1), instead of the rounding error an FMA would leave.
 #pragma once
