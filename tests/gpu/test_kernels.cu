@@ -6,6 +6,8 @@
 // filled with NaN (an element the kernel forgets to write shows as NaN), and asserts
 //   - both runs give the same bits (every kernel of the contract is deterministic), and
 //   - ||gpu - cpu|| / ||cpu|| <= 1e-12 (double), 1e-5 (float), 1e-2 (bf16).
+// The memory-bound kernels with 16-byte vector paths (norms, bias, add, GELU) are checked again on
+// aligned and misaligned tensors and on row widths that pick each path (test_vector_paths).
 //
 // Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
 #include <cmath>
@@ -262,6 +264,130 @@ void test_transpose_int(harness& h, index_t rows, index_t cols) {
   auto run = [&] { upload(h.device, vin, in); nan_fill(h.device, out); h.device.transpose(in.data(), rows, cols, out.data()); return download(h.device, out); };
   auto r1 = run(), r2 = run();
   h.results.record(same_bits(r1, ref) && same_bits(r2, ref), "transpose<int32> " + dims(rows, cols) + " out: exact");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The vector paths of the norms, bias_add, bias_grad, add and GELU (16-byte loads, a warp per norm
+// row held in registers) and their fallbacks: every tensor starts `offset` elements into its
+// allocation, so offset 0 takes the vector paths where cols allows and offset 1 the fallbacks.
+template <class V>
+std::vector<V> download_at(const backend& device, const V* p, std::size_t n) {
+  std::vector<V> host(n);
+  device.copy_to_host(p, static_cast<index_t>(n), host.data());
+  return host;
+}
+template <class V>
+void upload_at(const backend& device, const std::vector<V>& host, V* p) {
+  device.copy_from_host(host.data(), static_cast<index_t>(host.size()), p);
+}
+template <class V>
+void nan_fill_at(const backend& device, V* p, std::size_t n) {
+  device.fill(p, static_cast<index_t>(n), std::numeric_limits<double>::quiet_NaN());
+}
+
+template <class T>
+void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
+  using A = accumulate_t<T>;
+  const auto R = static_cast<std::size_t>(rows), C = static_cast<std::size_t>(cols), N = R * C;
+  const auto at = static_cast<std::size_t>(offset);
+  const double tol = tolerance<T>();
+  auto& dev = h.device;
+  const std::string shape = dims(rows, cols) + " offset=" + std::to_string(offset);
+  // Tensors of n elements starting `offset` elements into their allocation.
+  std::vector<std::unique_ptr<device_vector<T>>> keep_t;
+  std::vector<std::unique_ptr<device_vector<A>>> keep_a;
+  auto tensor = [&](std::size_t n) { keep_t.push_back(std::make_unique<device_vector<T>>(n + at)); return keep_t.back()->data() + at; };
+  auto stats = [&](std::size_t n) { keep_a.push_back(std::make_unique<device_vector<A>>(n + at)); return keep_a.back()->data() + at; };
+
+  auto rng = h.fresh();
+  auto vx = rng.template uniform<T>(N, -2, 3), vr = rng.template uniform<T>(N), vdy = rng.template uniform<T>(N),
+       vg = rng.template uniform<T>(C, 0.5, 1.5), vb = rng.template uniform<T>(C);
+  auto vdb = rng.template uniform<A>(C);
+  T *x = tensor(N), *r = tensor(N), *dy = tensor(N), *y = tensor(N), *dx = tensor(N), *g = tensor(C), *b = tensor(C);
+  A *mean = stats(R), *rstd = stats(R), *dg = stats(C), *db = stats(C);
+  auto fresh_inputs = [&] {
+    upload_at(dev, vx, x); upload_at(dev, vr, r); upload_at(dev, vdy, dy); upload_at(dev, vg, g); upload_at(dev, vb, b);
+  };
+
+  {  // add (residual) and GELU forward / backward over rows * cols elements
+    std::vector<T> ref_add(N), ref_y(N), ref_dx(N);
+    twin::add(vx.data(), vr.data(), rows * cols, ref_add.data());
+    twin::gelu_forward<T>(vx.data(), rows * cols, ref_y.data());
+    twin::gelu_backward<T>(vdy.data(), vx.data(), rows * cols, ref_dx.data());
+    auto run = [&] {
+      fresh_inputs(); nan_fill_at(dev, y, N); nan_fill_at(dev, dx, N);
+      dev.add(x, r, rows * cols, y);
+      auto sum = download_at(dev, y, N);
+      nan_fill_at(dev, y, N);
+      dev.gelu_forward(x, rows * cols, y);
+      dev.gelu_backward(dy, x, rows * cols, dx);
+      return std::tuple{sum, download_at(dev, y, N), download_at(dev, dx, N)};
+    };
+    auto r1 = run(), r2 = run();
+    compare(h, shape_label<T>("add", shape), "out", std::get<0>(r1), std::get<0>(r2), ref_add, tol);
+    compare(h, shape_label<T>("gelu_forward", shape), "y", std::get<1>(r1), std::get<1>(r2), ref_y, tol);
+    compare(h, shape_label<T>("gelu_backward", shape), "dx", std::get<2>(r1), std::get<2>(r2), ref_dx, tol);
+  }
+  {  // bias_add, bias_grad (accumulating into dbias)
+    std::vector<T> ref_y = vx;
+    twin::bias_add(ref_y.data(), vb.data(), rows, cols);
+    std::vector<A> ref_db = vdb;
+    twin::bias_grad(vdy.data(), rows, cols, ref_db.data());
+    auto run = [&] {
+      fresh_inputs(); upload_at(dev, vdb, db);
+      dev.bias_grad(dy, rows, cols, db);
+      dev.bias_add(x, b, rows, cols);
+      return std::pair{download_at(dev, x, N), download_at(dev, db, C)};
+    };
+    auto r1 = run(), r2 = run();
+    compare(h, shape_label<T>("bias_add", shape), "y", r1.first, r2.first, ref_y, tol);
+    compare(h, shape_label<T>("bias_grad", shape), "dbias (accumulated)", r1.second, r2.second, ref_db, tol);
+  }
+  {  // layernorm forward / backward
+    const A eps = A(1e-5);
+    std::vector<T> ry(N), rdx(N);
+    std::vector<A> rmean(R), rrstd(R), rdg(C, A(0)), rdb(C, A(0));
+    twin::layernorm_forward<T>(vx.data(), vg.data(), vb.data(), rows, cols, eps, ry.data(), rmean.data(), rrstd.data());
+    twin::layernorm_backward<T>(vdy.data(), vx.data(), vg.data(), rmean.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data(),
+                                rdb.data());
+    auto run = [&] {
+      fresh_inputs();
+      nan_fill_at(dev, y, N); nan_fill_at(dev, dx, N); nan_fill_at(dev, mean, R); nan_fill_at(dev, rstd, R);
+      nan_fill_at(dev, dg, C); nan_fill_at(dev, db, C);
+      dev.layernorm_forward(x, g, b, rows, cols, eps, y, mean, rstd);
+      dev.layernorm_backward(dy, x, g, mean, rstd, rows, cols, dx, dg, db);
+      return std::tuple{download_at(dev, y, N), download_at(dev, mean, R), download_at(dev, rstd, R), download_at(dev, dx, N),
+                        download_at(dev, dg, C), download_at(dev, db, C)};
+    };
+    auto r1 = run(), r2 = run();
+    const std::string f = shape_label<T>("layernorm_forward", shape), bk = shape_label<T>("layernorm_backward", shape);
+    compare(h, f, "y", std::get<0>(r1), std::get<0>(r2), ry, tol);
+    compare(h, f, "mean", std::get<1>(r1), std::get<1>(r2), rmean, tol);
+    compare(h, f, "rstd", std::get<2>(r1), std::get<2>(r2), rrstd, tol);
+    compare(h, bk, "dx", std::get<3>(r1), std::get<3>(r2), rdx, tol);
+    compare(h, bk, "dg", std::get<4>(r1), std::get<4>(r2), rdg, tol);
+    compare(h, bk, "db", std::get<5>(r1), std::get<5>(r2), rdb, tol);
+  }
+  {  // rmsnorm forward / backward
+    const A eps = A(1e-6);
+    std::vector<T> ry(N), rdx(N);
+    std::vector<A> rrstd(R), rdg(C, A(0));
+    twin::rmsnorm_forward<T>(vx.data(), vg.data(), rows, cols, eps, ry.data(), rrstd.data());
+    twin::rmsnorm_backward<T>(vdy.data(), vx.data(), vg.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data());
+    auto run = [&] {
+      fresh_inputs();
+      nan_fill_at(dev, y, N); nan_fill_at(dev, dx, N); nan_fill_at(dev, rstd, R); nan_fill_at(dev, dg, C);
+      dev.rmsnorm_forward(x, g, rows, cols, eps, y, rstd);
+      dev.rmsnorm_backward(dy, x, g, rstd, rows, cols, dx, dg);
+      return std::tuple{download_at(dev, y, N), download_at(dev, rstd, R), download_at(dev, dx, N), download_at(dev, dg, C)};
+    };
+    auto r1 = run(), r2 = run();
+    const std::string f = shape_label<T>("rmsnorm_forward", shape), bk = shape_label<T>("rmsnorm_backward", shape);
+    compare(h, f, "y", std::get<0>(r1), std::get<0>(r2), ry, tol);
+    compare(h, f, "rstd", std::get<1>(r1), std::get<1>(r2), rrstd, tol);
+    compare(h, bk, "dx", std::get<2>(r1), std::get<2>(r2), rdx, tol);
+    compare(h, bk, "dg", std::get<3>(r1), std::get<3>(r2), rdg, tol);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -678,6 +804,19 @@ int main(int argc, char** argv) {
         test_rows<bf16>(h, r, c);
         test_transpose_int(h, r, c);
       }
+    // The vector paths: cols a multiple of every 16-byte width (8 .. 8192; 1024 is the widest row a
+    // warp holds, 2048 and 8192 take the block-per-row norms), 1030 not a multiple of 8 (bf16) or 4
+    // (float); row counts that are not multiples of the warps per block.
+    const std::vector<index_t> vector_rows = small ? std::vector<index_t>{1, 37} : std::vector<index_t>{1, 5, 1001};
+    const std::vector<index_t> vector_cols =
+        small ? std::vector<index_t>{64, 1030} : std::vector<index_t>{8, 64, 768, 1024, 1030, 2048, 8192};
+    for (index_t r : vector_rows)
+      for (index_t c : vector_cols)
+        for (index_t offset : {0, 1}) {
+          test_vector_paths<float>(h, r, c, offset);
+          test_vector_paths<double>(h, r, c, offset);
+          test_vector_paths<bf16>(h, r, c, offset);
+        }
     for (index_t n : small ? std::vector<index_t>{1, 77} : std::vector<index_t>{1, 77, 100003}) {
       test_convert<float, bf16>(h, n);
       test_convert<bf16, float>(h, n);

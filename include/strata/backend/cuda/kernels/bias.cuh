@@ -3,10 +3,18 @@
 //   bias_add    y[r, c] += bias[c]                     y [rows, cols], bias [cols]
 //   bias_grad   dbias[c] += sum_r dy[r, c]             accumulates, in A = accumulate_t<T>
 //
-// bias_grad never adds floats atomically: phase 1 splits the rows into `chunks` equal ranges and
-// writes one partial per (chunk, column) (a thread per column walks its chunk's rows in order, so
-// neighbouring threads read neighbouring columns); phase 2 adds the partials of each column in chunk
-// order. The chunk count is a function of `rows` only, so every run gives the same bits.
+// bias_add: where cols * sizeof(T) % 16 == 0 and y, bias are 16-byte aligned, a thread adds one
+// 16-byte vector of bias to one 16-byte vector of y (one index division per vector); otherwise map's
+// element loop.
+//
+// bias_grad never adds floats atomically: phase 1 splits the rows into `chunks` equal ranges
+// (column_sum_chunks, a function of `rows` only) and writes one partial per (chunk, column); phase 2
+// (sum_partials) adds the partials of each column in a fixed order. Phase 1, vector path (cols a
+// multiple of the 16-byte width V, dy aligned): a block of kColumnWarps warps takes a tile of 32 * V
+// columns of one chunk; lane l of warp w adds the vectors dy[r, tile + l * V ..] of the rows
+// r = begin + w, begin + w + kColumnWarps, ... in ascending order (a warp reads 512 contiguous bytes
+// per row), and the block adds its warps' sums in warp order through shared memory. Otherwise a
+// thread per column walks its chunk's rows in order. Every run gives the same bits.
 #pragma once
 
 #include "common.cuh"
@@ -22,9 +30,33 @@ struct bias_add_op {  // a = y
     return y + load(bias, i % cols);  // y (rows, cols), bias (cols)
   }
 };
+
+// y (rows, cols) as `vectors` 16-byte vectors, row_vectors = cols / V of them per row.
+template <class T>
+__global__ void bias_add_vector_kernel(T* y, const T* __restrict__ bias, index_t vectors, index_t row_vectors) {
+  using A = accumulate_t<T>;
+  constexpr int V = packed<T>::width;
+  packed<T>* yv = reinterpret_cast<packed<T>*>(y);
+  const packed<T>* bv = reinterpret_cast<const packed<T>*>(bias);
+  for (index_t v = blockIdx.x * index_t(blockDim.x) + threadIdx.x; v < vectors; v += index_t(gridDim.x) * blockDim.x) {
+    packed<T> value = yv[v];
+    const packed<T> add = bv[v % row_vectors];  // bias (cols / V)
+#pragma unroll
+    for (int k = 0; k < V; ++k) value.raw[k] = pack<T>(A(unpack<T>(value.raw[k]) + unpack<T>(add.raw[k])));
+    yv[v] = value;
+  }
+}
+
 template <class T>
 void bias_add(T* y, const T* bias, index_t rows, index_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
+  constexpr int V = packed<T>::width;
+  if (cols % V == 0 && aligned_16(y) && aligned_16(bias)) {
+    const index_t vectors = rows * cols / V;
+    bias_add_vector_kernel<T><<<grid_for(vectors), kThreads, 0, stream>>>(y, bias, vectors, cols / V);
+    check_launch("bias_add");
+    return;
+  }
   map<T>(y, nullptr, rows * cols, y, bias_add_op<T>{bias, cols}, "bias_add", stream);
 }
 
@@ -34,7 +66,59 @@ inline index_t column_sum_chunks(index_t rows) {
   return by_rows < 1 ? 1 : (by_rows > 256 ? 256 : by_rows);
 }
 
-// partials[chunk, c] = sum of dy[r, c] over the rows r of the chunk, r ascending.
+inline constexpr int kColumnWarps = 8;  // warps per block of the vector column sums (rows in flight)
+
+// partials[chunk, c] = sum of dy[r, c] over the rows r of the chunk: grid (column tiles, chunks).
+template <class T, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kColumnWarps * 32) column_partials_vector_kernel(const T* __restrict__ dy, index_t rows,
+                                                                                   index_t cols, index_t chunks, A* partials) {
+  constexpr int V = packed<T>::width, kTile = 32 * V;
+  __shared__ A sums[kColumnWarps][kTile];
+  const index_t chunk = blockIdx.y;
+  const index_t per_chunk = (rows + chunks - 1) / chunks;
+  const index_t begin = chunk * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const index_t row_vectors = cols / V;
+  const packed<T>* dyv = reinterpret_cast<const packed<T>*>(dy);  // dy (rows, cols / V) vectors
+  for (index_t tile = blockIdx.x; tile * kTile < cols; tile += gridDim.x) {
+    const index_t v = tile * 32 + lane;  // this lane's vector within a row
+    A sum[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] = 0;
+    if (v < row_vectors) {
+      index_t r = begin + warp;
+      // Four rows' loads in flight at a time, added in ascending row order.
+      for (; r + 3 * kColumnWarps < end; r += 4 * kColumnWarps) {
+        packed<T> in[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) in[u] = dyv[(r + u * kColumnWarps) * row_vectors + v];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int k = 0; k < V; ++k) sum[k] += unpack<T>(in[u].raw[k]);
+      }
+      for (; r < end; r += kColumnWarps) {
+        const packed<T> in = dyv[r * row_vectors + v];
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum[k] += unpack<T>(in.raw[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[warp][lane * V + k] = sum[k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      const index_t c = tile * kTile + i;
+      if (c < cols) {
+        A total = sums[0][i];
+        for (int w = 1; w < kColumnWarps; ++w) total += sums[w][i];
+        partials[chunk * cols + c] = total;  // partials (chunks, cols)
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The same sums, a thread per column (any cols, any alignment).
 template <class T, class A = accumulate_t<T>>
 __global__ void column_partials_kernel(const T* dy, index_t rows, index_t cols, index_t chunks, A* partials) {
   const index_t chunk = blockIdx.y;
@@ -51,9 +135,16 @@ __global__ void column_partials_kernel(const T* dy, index_t rows, index_t cols, 
 template <class T, class A = accumulate_t<T>>
 void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias, A* workspace, cudaStream_t stream) {
   if (cols <= 0 || rows <= 0) return;
+  constexpr int V = packed<T>::width;
   const index_t chunks = column_sum_chunks(rows);
-  const dim3 grid(std::min<unsigned>(grid_for(cols), 65535u), static_cast<unsigned>(chunks));
-  column_partials_kernel<T, A><<<grid, kThreads, 0, stream>>>(dy, rows, cols, chunks, workspace);
+  if (cols % V == 0 && aligned_16(dy)) {
+    const auto tiles = static_cast<unsigned>(std::min<index_t>((cols + 32 * V - 1) / (32 * V), 65535));
+    column_partials_vector_kernel<T, A><<<dim3(tiles, static_cast<unsigned>(chunks)), kColumnWarps * 32, 0, stream>>>(
+        dy, rows, cols, chunks, workspace);
+  } else {
+    const dim3 grid(std::min<unsigned>(grid_for(cols), 65535u), static_cast<unsigned>(chunks));
+    column_partials_kernel<T, A><<<grid, kThreads, 0, stream>>>(dy, rows, cols, chunks, workspace);
+  }
   check_launch("bias_grad");
   sum_partials<A, A>(workspace, chunks, cols, dbias, true, stream);
 }

@@ -202,22 +202,40 @@ __device__ A block_max(A value) {
   return total;
 }
 
-// out[c] (= or +=) sum_{p < parts} partials[p, c] for c < cols, p ascending (the second phase of
-// the deterministic column sums: weight gradients of norms, bias gradients).
+// out[c] (= or +=) sum_{p < parts} partials[p, c] for c < cols (the second phase of the
+// deterministic column sums: weight gradients of norms, bias gradients). A block of
+// (32, kPartialGroups) threads takes 32 columns: thread (x, y) adds the parts p = y, y + groups, ...
+// in ascending order, then thread (x, 0) adds the groups' subtotals in order y = 0, 1, ... The order
+// depends on `parts` only, so every run gives the same bits.
+inline constexpr int kPartialGroups = 16;
+
 template <class A, class Out>
-__global__ void sum_partials_kernel(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate) {
-  for (index_t c = blockIdx.x * index_t(blockDim.x) + threadIdx.x; c < cols; c += index_t(gridDim.x) * blockDim.x) {
-    A sum = accumulate ? A(out[c]) : A(0);
+__global__ void __launch_bounds__(32 * kPartialGroups) sum_partials_kernel(const A* __restrict__ partials, index_t parts,
+                                                                           index_t cols, Out* out, bool accumulate) {
+  __shared__ A subtotal[kPartialGroups][33];
+  for (index_t tile = blockIdx.x; tile * 32 < cols; tile += gridDim.x) {
+    const index_t c = tile * 32 + threadIdx.x;
     A part = 0;
-    for (index_t p = 0; p < parts; ++p) part += partials[p * cols + c];  // partials: [parts, cols]
-    out[c] = static_cast<Out>(sum + part);
+    if (c < cols) {
+#pragma unroll 8
+      for (index_t p = threadIdx.y; p < parts; p += kPartialGroups) part += partials[p * cols + c];  // partials (parts, cols)
+    }
+    subtotal[threadIdx.y][threadIdx.x] = part;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      A total = subtotal[0][threadIdx.x];
+      for (int y = 1; y < kPartialGroups; ++y) total += subtotal[y][threadIdx.x];
+      out[c] = static_cast<Out>(accumulate ? A(out[c]) + total : total);
+    }
+    __syncthreads();
   }
 }
 
 template <class A, class Out>
 void sum_partials(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate, cudaStream_t stream) {
   if (cols == 0) return;
-  sum_partials_kernel<A, Out><<<grid_for(cols), kThreads, 0, stream>>>(partials, parts, cols, out, accumulate);
+  const auto tiles = static_cast<unsigned>(std::min<index_t>((cols + 31) / 32, 65535));
+  sum_partials_kernel<A, Out><<<tiles, dim3(32, kPartialGroups), 0, stream>>>(partials, parts, cols, out, accumulate);
   check_launch("sum_partials");
 }
 

@@ -7,23 +7,203 @@
 //              dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))   (RMSNorm: no mean(gy) term)
 //              dg = sum_r dy * xhat,  db = sum_r dy   (written, not accumulated)
 //
-// x, y, dy, dx [rows, h]; g, b [h]; mean, rstd [rows]. A 256-thread block normalizes one row at a
-// time (block_sum gives the row sums in a fixed order). The weight gradients are deterministic:
-// block k of the backward handles rows k, k + blocks, ... and its thread owning column c adds that
-// row's dy * xhat into partials[k, c] (one writer per element, rows in order); a second kernel sums
-// the partials over k in order. The block count depends on `rows` only. Workspace: 2 * blocks * h.
+// x, y, dy, dx [rows, h]; g, b [h]; mean, rstd [rows]. Two kernel shapes, chosen by the sizes and
+// the pointers only (never by the device), each deterministic:
+//   - a warp per row (the fast path): when h * sizeof(T) % 16 == 0, every row pointer is 16-byte
+//     aligned and h <= 32 * kNormMaxPerLane, each lane holds G 16-byte vectors of the row in
+//     registers (lane l owns elements [(j * 32 + l) * V, + V) for j < G, V = 16 / sizeof(T)), so
+//     x and dy are read from memory once; the row sums are warp butterflies (every lane gets the
+//     same bits), the mean and the variance two passes over the registers.
+//   - a 256-thread block per row (any h, any alignment): block_sum gives the row sums.
+// Weight gradients never use atomics: block k of the backward (norm_backward_blocks(rows) blocks)
+// writes partials[k, c] for every column c, from the rows it owns in a fixed order (warp path: warp w
+// of block k owns rows (k * kNormWarps + w) + i * blocks * kNormWarps and keeps its running sums in
+// its own slice of shared memory; the block then adds its warps' sums in warp order); sum_partials
+// then adds the partials over k in a fixed order. Workspace: 2 * blocks * h.
 // gy is rounded on its own (mul_rn) in both passes, so gy - mean(gy) is exactly 0 where the host
 // gets 0 (h = 1), instead of the rounding error an FMA would leave.
 #pragma once
+
+#include <type_traits>
 
 #include "common.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
-inline constexpr int kNormThreads = 256;
+inline constexpr int kNormThreads = 256;   // threads of the block-per-row kernels
+inline constexpr int kNormWarps = 4;       // warps (rows in flight) per block of the warp-per-row kernels
+inline constexpr int kNormMaxPerLane = 32; // elements of a row one lane may hold: the warp path takes h <= 1024
 
 inline index_t norm_backward_blocks(index_t rows) { return rows < 1 ? 1 : (rows > 512 ? 512 : rows); }
+
+// The sum of `value` over the warp, the same bits in every lane (an xor butterfly adds the same two
+// values in each pair of lanes).
+template <class A>
+__device__ __forceinline__ A warp_sum(A value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Calls f(std::integral_constant<int, G>{}) for the smallest G in {1, 2, 4, ...} with G >= vectors
+// (16-byte vectors per lane) and G * V <= kNormMaxPerLane; false when h is too large for the warp path.
+template <int V, int G = 1, class F>
+bool with_vectors_per_lane(index_t vectors, F&& f) {
+  if constexpr (G * V > kNormMaxPerLane) {
+    return false;
+  } else {
+    if (vectors <= G) {
+      f(std::integral_constant<int, G>{});
+      return true;
+    }
+    return with_vectors_per_lane<V, 2 * G>(vectors, f);
+  }
+}
+
+// --- warp per row ---------------------------------------------------------------------------------
+
+template <class T, bool layer, int G, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(const T* __restrict__ x, const T* __restrict__ g,
+                                                                            const T* __restrict__ b, index_t rows, int h, A eps,
+                                                                            T* __restrict__ y, A* mean, A* rstd) {
+  constexpr int V = packed<T>::width;
+  const int lane = threadIdx.x % 32;
+  const index_t warps = index_t(gridDim.x) * kNormWarps;
+  for (index_t r = blockIdx.x * index_t(kNormWarps) + threadIdx.x / 32; r < rows; r += warps) {
+    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x (rows, h), as (rows, h / V) vectors
+    packed<T> raw[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if ((j * 32 + lane) * V < h) raw[j] = xr[j * 32 + lane];
+    A mu = 0;
+    if constexpr (layer) {
+      A sum = 0;
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if ((j * 32 + lane) * V < h)
+#pragma unroll
+          for (int k = 0; k < V; ++k) sum += unpack<T>(raw[j].raw[k]);
+      mu = warp_sum(sum) / A(h);
+    }
+    A squares = 0;
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if ((j * 32 + lane) * V < h)
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const A centered = unpack<T>(raw[j].raw[k]) - mu;
+          squares += centered * centered;
+        }
+    const A rs = A(1) / sqrt_(warp_sum(squares) / A(h) + eps);
+    if (lane == 0) {
+      if constexpr (layer) mean[r] = mu;
+      rstd[r] = rs;
+    }
+    packed<T>* yr = reinterpret_cast<packed<T>*>(y + r * h);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int v = j * 32 + lane;  // vector index within the row
+      if (v * V >= h) continue;
+      const packed<T> gv = reinterpret_cast<const packed<T>*>(g)[v];
+      packed<T> bv{};
+      if (layer && b) bv = reinterpret_cast<const packed<T>*>(b)[v];
+      packed<T> result;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        A o = (unpack<T>(raw[j].raw[k]) - mu) * rs * unpack<T>(gv.raw[k]);
+        if (layer && b) o += unpack<T>(bv.raw[k]);
+        result.raw[k] = pack<T>(o);
+      }
+      yr[v] = result;
+    }
+  }
+}
+
+// Dynamic shared memory: 2 * kNormWarps * (G * V * 32) elements of A, each warp's running dg and db
+// sums (lane l only ever touches its own elements until the block adds the warps' sums together).
+// Element k of lane l's vector j sits at (j * V + k) * 32 + l, so a warp's accesses hit 32
+// different banks.
+template <class T, bool layer, int G, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                                                             const T* __restrict__ g, const A* mean, const A* rstd,
+                                                                             index_t rows, int h, T* __restrict__ dx,
+                                                                             A* dg_partials, A* db_partials) {
+  constexpr int V = packed<T>::width;
+  extern __shared__ unsigned char norm_shared[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  constexpr int P = G * V * 32;                     // elements of a warp's slice
+  A* dg_sums = reinterpret_cast<A*>(norm_shared);  // dg_sums, db_sums (kNormWarps, G, V, 32)
+  A* db_sums = dg_sums + kNormWarps * P;
+  A* dg_sum = dg_sums + warp * P + lane;           // this lane's element (j, k) at [(j * V + k) * 32]
+  A* db_sum = db_sums + warp * P + lane;
+  packed<T> gv[G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int e = (j * 32 + lane) * V;  // first element of vector j of this lane
+    if (e >= h) continue;
+    gv[j] = reinterpret_cast<const packed<T>*>(g)[j * 32 + lane];
+#pragma unroll
+    for (int k = 0; k < V; ++k) dg_sum[(j * V + k) * 32] = db_sum[(j * V + k) * 32] = A(0);
+  }
+
+  const index_t warps = index_t(gridDim.x) * kNormWarps;
+  for (index_t r = blockIdx.x * index_t(kNormWarps) + warp; r < rows; r += warps) {
+    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x, dy (rows, h) as vectors
+    const packed<T>* dyr = reinterpret_cast<const packed<T>*>(dy + r * h);
+    packed<T> xv[G], dv[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if ((j * 32 + lane) * V < h) {
+        xv[j] = xr[j * 32 + lane];
+        dv[j] = dyr[j * 32 + lane];
+      }
+    const A mu = layer ? mean[r] : A(0), rs = rstd[r];
+    A sum_gy = 0, sum_gy_xhat = 0;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int e = (j * 32 + lane) * V;
+      if (e >= h) continue;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A d = unpack<T>(dv[j].raw[k]), xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs;
+        const A gy = mul_rn(d, unpack<T>(gv[j].raw[k]));
+        if constexpr (layer) sum_gy += gy;
+        sum_gy_xhat += gy * xhat;
+        dg_sum[(j * V + k) * 32] += d * xhat;
+        if constexpr (layer) db_sum[(j * V + k) * 32] += d;
+      }
+    }
+    const A mean_gy = layer ? warp_sum(sum_gy) / A(h) : A(0);
+    const A mean_gy_xhat = warp_sum(sum_gy_xhat) / A(h);
+    packed<T>* dxr = reinterpret_cast<packed<T>*>(dx + r * h);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if ((j * 32 + lane) * V >= h) continue;
+      packed<T> result;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]));
+        result.raw[k] = pack<T>(rs * (gy - mean_gy - xhat * mean_gy_xhat));
+      }
+      dxr[j * 32 + lane] = result;
+    }
+  }
+
+  // The block's partial of each column: its warps' sums added in warp order.
+  __syncthreads();
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    const int at = ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;  // c = (j * 32 + l) * V + k
+    A dg_total = dg_sums[at], db_total = db_sums[at];
+    for (int w = 1; w < kNormWarps; ++w) {
+      dg_total += dg_sums[w * P + at];
+      db_total += db_sums[w * P + at];
+    }
+    dg_partials[blockIdx.x * index_t(h) + c] = dg_total;  // partials (blocks, h)
+    if (db_partials) db_partials[blockIdx.x * index_t(h) + c] = db_total;
+  }
+}
+
+// --- a block per row (any h, any alignment) -------------------------------------------------------
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
@@ -86,57 +266,89 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
   }
 }
 
-template <class T, class A = accumulate_t<T>>
-void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       cudaStream_t stream) {
-  if (rows <= 0 || h <= 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
-  norm_forward_kernel<T, true, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd);
-  check_launch("layernorm_forward");
+// --- launchers ------------------------------------------------------------------------------------
+
+// Whether the rows of [rows, h] at every pointer can be read as 16-byte vectors.
+template <class T>
+bool norm_vectorized(index_t h, std::initializer_list<const void*> pointers) {
+  if ((h * index_t(sizeof(T))) % 16 != 0) return false;
+  for (const void* p : pointers)
+    if (p && !aligned_16(p)) return false;
+  return true;
 }
 
-// workspace: 2 * norm_backward_blocks(rows) * h elements of A.
-template <class T, class A = accumulate_t<T>>
-void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dg, A* db, A* workspace, cudaStream_t stream) {
+template <class T, bool layer, class A>
+void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
+                  cudaStream_t stream, const char* name) {
+  if (rows <= 0 || h <= 0) return;
+  constexpr int V = packed<T>::width;
+  const bool warp_path = norm_vectorized<T>(h, {x, g, b, y}) &&
+                         with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
+                           const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + kNormWarps - 1) / kNormWarps, 65535));
+                           norm_forward_warp_kernel<T, layer, decltype(vectors)::value, A><<<blocks, kNormWarps * 32, 0, stream>>>(
+                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd);
+                         });
+  if (!warp_path) {
+    const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
+    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd);
+  }
+  check_launch(name);
+}
+
+template <class T, bool layer, class A>
+void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h, T* dx,
+                   A* dg, A* db, A* workspace, cudaStream_t stream, const char* name) {
   if (h <= 0) return;
   if (rows <= 0) {
     STRATA_CUDA_CHECK(cudaMemsetAsync(dg, 0, h * sizeof(A), stream));
     if (db) STRATA_CUDA_CHECK(cudaMemsetAsync(db, 0, h * sizeof(A), stream));
     return;
   }
+  constexpr int V = packed<T>::width;
   const index_t blocks = norm_backward_blocks(rows);
   A* dg_partials = workspace;
   A* db_partials = db ? workspace + blocks * h : nullptr;
-  norm_backward_kernel<T, true, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-      dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials);
-  check_launch("layernorm_backward");
+  const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx}) &&
+                         with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
+                           const std::size_t shared = 2 * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
+                           auto* kernel = &norm_backward_warp_kernel<T, layer, decltype(vectors)::value, A>;
+                           if (shared > 48 * 1024)  // above the default limit of dynamic shared memory (double rows)
+                             STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                    static_cast<int>(shared)));
+                           kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
+                                   dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials);
+                         });
+  if (!warp_path)
+    norm_backward_kernel<T, layer, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
+        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials);
+  check_launch(name);
   sum_partials<A, A>(dg_partials, blocks, h, dg, false, stream);
   if (db) sum_partials<A, A>(db_partials, blocks, h, db, false, stream);
 }
 
 template <class T, class A = accumulate_t<T>>
+void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
+                       cudaStream_t stream) {
+  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, stream, "layernorm_forward");
+}
+
+// workspace: 2 * norm_backward_blocks(rows) * h elements of A.
+template <class T, class A = accumulate_t<T>>
+void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
+                        T* dx, A* dg, A* db, A* workspace, cudaStream_t stream) {
+  norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, workspace, stream, "layernorm_backward");
+}
+
+template <class T, class A = accumulate_t<T>>
 void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, cudaStream_t stream) {
-  if (rows <= 0 || h <= 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
-  norm_forward_kernel<T, false, A><<<blocks, kNormThreads, 0, stream>>>(x, g, nullptr, rows, h, eps, y, nullptr, rstd);
-  check_launch("rmsnorm_forward");
+  norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, stream, "rmsnorm_forward");
 }
 
 // workspace: norm_backward_blocks(rows) * h elements of A.
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
                       A* workspace, cudaStream_t stream) {
-  if (h <= 0) return;
-  if (rows <= 0) {
-    STRATA_CUDA_CHECK(cudaMemsetAsync(dg, 0, h * sizeof(A), stream));
-    return;
-  }
-  const index_t blocks = norm_backward_blocks(rows);
-  norm_backward_kernel<T, false, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-      dy, x, g, nullptr, rstd, rows, h, dx, workspace, nullptr);
-  check_launch("rmsnorm_backward");
-  sum_partials<A, A>(workspace, blocks, h, dg, false, stream);
+  norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, workspace, stream, "rmsnorm_backward");
 }
 
 }  // namespace cuda::kernels
