@@ -532,14 +532,6 @@ inline bool launched_as_job() {
   return false;
 }
 
-// Threads mode drives several GPUs from one process: a kernel loaded lazily (CUDA's default) may
-// wait for the GPU's running kernels, one of which can be a collective waiting for this very
-// thread, so the CUDA modules are loaded at start-up instead (which costs start-up time: only when
-// this process drives several GPUs). Call before the first CUDA call; an explicit
-// CUDA_MODULE_LOADING wins.
-inline void prefer_eager_module_loading(int world_size) {
-  if (!launched_as_job() && world_size > 1) ::setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
-}
 
 // GPUs this process sees; 0 when it was built without CUDA or no GPU is present.
 inline int visible_gpus() {
@@ -591,6 +583,33 @@ template <class B>
 concept has_frozen_plans = requires(B& b) { b.attention().freeze(); };
 template <class C>
 concept has_local_barrier = requires(C& c) { c.local_barrier(); };
+template <class C>
+concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
+
+// The warm-up of a dry run (communicator::set_dry_run): one micro-batch forward and backward, the
+// gradient all-reduce and clipping, an optimizer step that changes nothing (its skip flag is NaN;
+// the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
+// after; the weights, moments and step count are as before.
+template <class Context, class Model, class Optimizer, class Dataset>
+void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset) {
+  using Space = typename Context::space;
+  const data::Batch b = data::make_batch(dataset, 0, a.micro_batch_size, data::BatchOptions{data::ByteTokenizer::kEod, false});
+  auto [loss, saved] = model.forward(ctx, b.tokens, b.labels, b.loss_mask, rng::mix(a.seed, 0x7761726dull));
+  model.backward(ctx, saved, 1.0);
+  all_reduce_gradients(ctx.dp, model);
+  (void)clip_grad_norm_device(ctx, model, a.clip_grad);
+  auto skip = Tensor<double, Space>::empty(Shape{1});
+  ctx.device.template fill<double>(skip.data(), 1, std::numeric_limits<double>::quiet_NaN());
+  const int steps = optimizer.steps();
+  optimizer.step(ctx.device, model, a.lr, skip.data());
+  optimizer.set_steps(steps);
+  zero_gradients(ctx.device, model);
+  if (a.sample_tokens > 0) {
+    Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, data::ByteTokenizer::kEod);
+    (void)model.next_token_logits(ctx, input, 0);
+  }
+  ctx.device.synchronize();
+}
 
 // One rank's training: `world` its world communicator, `device` its backend (Policy::backend).
 template <template <class> class Model, class Policy, class Comm, class Shared>
@@ -619,9 +638,20 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
   if constexpr (has_frozen_plans<typename Policy::backend>)
     if (world.size() > 1 && !launched_as_job()) device.attention().freeze();
-  if constexpr (has_local_barrier<Comm>) world.local_barrier();
   model.init(ctx, a.seed);
   AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
+  // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
+  // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective
+  // is in flight (docs/DEVICE.md), then a host barrier so no rank starts the real first step while
+  // another still loads.
+  if constexpr (has_dry_run<Comm>) {
+    if (world.size() > 1 && !launched_as_job()) {
+      world.set_dry_run(true);
+      warm_up_step(ctx, model, optimizer, a, shared.dataset);
+      world.set_dry_run(false);
+    }
+  }
+  if constexpr (has_local_barrier<Comm>) world.local_barrier();
   const LrSchedule schedule = schedule_of(a);
   int start = 0;
   std::int64_t consumed = 0;
@@ -979,8 +1009,6 @@ int main_for(const char* kind, int argc, char** argv) {
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
   apply_demo_defaults(app, args);
-  // Before the first CUDA call; the demo on a GPU runs one rank unless --world-size says otherwise.
-  prefer_eager_module_loading(app.count("--world-size") > 0 ? args.world_size : 1);
   try {
     resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
     // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or

@@ -106,7 +106,6 @@ void compare(gpu_test::suite& s, const std::string& label, const trainer::TrainR
 }  // namespace
 
 int main(int argc, char** argv) {
-  trainer::prefer_eager_module_loading();  // before the first CUDA call, as the trainers do
   std::string data_path;
   bool process = false, threads = false;
   std::string layout = "tp2";
@@ -147,6 +146,8 @@ int main(int argc, char** argv) {
       }
       const auto tp2 = train(args_for(data_path, 2, 2, true));
       compare(s, "tp=2 + sequence parallel on 2 GPUs (threads)", tp2, reference);
+      const auto tp2_no_sp = train(args_for(data_path, 2, 2, false));
+      compare(s, "tp=2 without sequence parallel on 2 GPUs (threads)", tp2_no_sp, reference);
       const auto dp2 = train(args_for(data_path, 2, 1, false));
       compare(s, "dp=2 on 2 GPUs (threads)", dp2, reference);
     }

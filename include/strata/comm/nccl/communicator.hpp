@@ -433,6 +433,18 @@ class communicator {
             });
   }
 
+  // Dry run (a warm-up pass): while on, every operation of every group of this rank (the world and
+  // its splits) checks its arguments and returns without enqueuing anything, leaving its outputs as
+  // they were. One process driving several GPUs runs one training step this way before its first
+  // real collective, so that every kernel, cuBLASLt algorithm and cuDNN plan the step uses is
+  // loaded while no collective is in flight (loading GPU code can wait for every GPU of the
+  // process). Results computed during a dry run are meaningless.
+  void set_dry_run(bool on) {
+    require_valid("set_dry_run");
+    group_->rank_state->dry_run.store(on, std::memory_order_relaxed);
+  }
+  bool dry_run() const { return group_ && group_->rank_state->dry_run.load(std::memory_order_relaxed); }
+
   // The ranks that share this process (threads of nccl::run) have all called it when it returns:
   // a host-only barrier, with no GPU work, that a failure elsewhere ends with an AbortedError. A
   // rank alone in its process (one process per GPU) returns at once. Work that waits for every GPU
@@ -629,6 +641,7 @@ class communicator {
   // Issues `issue(comm, stream)` inside a group of its own (nested in the caller's, if open).
   template <class Issue>
   void enqueue(const std::string& operation, Issue&& issue) {
+    if (group_->rank_state->dry_run.load(std::memory_order_relaxed)) return;  // set_dry_run: nothing to do
     group_guard frame;
     detail::frame_join(group_, operation);
     detail::Group& g = *group_;

@@ -106,6 +106,8 @@ struct RankState {
   std::int32_t* barrier_word = nullptr;
   // Several ranks share the process (nccl::run): communicators are destroyed with the RankState.
   bool defer_destroy = false;
+  // communicator::set_dry_run: every operation of every group of the rank enqueues nothing.
+  std::atomic<bool> dry_run{false};
 
   // Call with `mutex` held. Records the first failure and aborts every communicator of the rank.
   inline void fail(std::string message, bool by_peer = false);

@@ -8,10 +8,11 @@
 //   qkv_merge        the inverse (dq, dk, dv -> dqkv)
 //
 // Pure data movement, results independent of the launch shape: a thread per output element for the
-// column slices, a warp per head row (16-byte words where aligned) for the qkv permutations.
+// column slices, a thread per 16-byte word (where aligned) for the qkv permutations.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -52,29 +53,37 @@ void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t widt
   check_launch("unstack_columns");
 }
 
-// A warp per unit: one head's d values of one row, i.e. unit u of packed (rows, groups, slots, d)
-// with slots = heads_per_group + 2 (the query heads of the group, then k, then v). Each lane copies
-// `Word`s (16 bytes when every unit is 16-byte aligned, else single elements): the index arithmetic
-// (two 64-bit divisions) is per unit, not per element. `merge` picks the direction.
-template <class Word, bool merge>
-__global__ void qkv_permute_kernel(Word* packed, index_t units, index_t groups, index_t heads_per_group, index_t words,
-                                   Word* q, Word* k, Word* v) {
-  const index_t slots = heads_per_group + 2;
-  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  for (index_t u = blockIdx.x * index_t(warps) + threadIdx.x / 32; u < units; u += index_t(gridDim.x) * warps) {
-    const index_t slot = u % slots, rg = u / slots;  // rg = r * groups + g
+// A thread per word of packed (rows, groups, slots, d) with slots = heads_per_group + 2 (the query
+// heads of the group, then k, then v): unit u = one head's d values of one row. Words are 16 bytes
+// when every unit is 16-byte aligned, else single elements; neighbouring threads take neighbouring
+// words, so a warp covers several short units (d = 64 bf16 is 8 words) with full loads. Index
+// arithmetic in 32 bits (I) when the word count allows. `merge` picks the direction.
+template <class Word, class I, bool merge>
+__global__ void qkv_permute_kernel(Word* packed, I total, I heads_per_group, I words, Word* q, Word* k, Word* v) {
+  const I slots = heads_per_group + 2;
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < total; i += I(gridDim.x) * blockDim.x) {
+    const I u = i / words, e = i - u * words;
+    const I rg = u / slots, slot = u - rg * slots;  // rg = r * groups + g
     Word* target;
     if (slot < heads_per_group)
-      target = q + (rg * heads_per_group + slot) * words;  // q (rows, groups * heads_per_group, d)
+      target = q + (std::size_t(rg) * heads_per_group + slot) * words;  // q (rows, groups * heads_per_group, d)
     else
-      target = (slot == heads_per_group ? k : v) + rg * words;  // k, v (rows, groups, d)
-    Word* unit = packed + u * words;
-    for (index_t e = lane; e < words; e += 32) {
-      if constexpr (merge) unit[e] = target[e];
-      else target[e] = unit[e];
-    }
+      target = (slot == heads_per_group ? k : v) + std::size_t(rg) * words;  // k, v (rows, groups, d)
+    if constexpr (merge) packed[i] = target[e];
+    else target[e] = packed[i];
   }
-  (void)groups;
+}
+
+template <class Word, bool merge>
+void launch_qkv_permute(Word* packed, index_t units, index_t heads_per_group, index_t words, Word* q, Word* k, Word* v,
+                        cudaStream_t stream) {
+  const index_t total = units * words;
+  if (total < (index_t(1) << 31))
+    qkv_permute_kernel<Word, std::uint32_t, merge><<<grid_for(total), kThreads, 0, stream>>>(
+        packed, std::uint32_t(total), std::uint32_t(heads_per_group), std::uint32_t(words), q, k, v);
+  else
+    qkv_permute_kernel<Word, index_t, merge><<<grid_for(total), kThreads, 0, stream>>>(packed, total, heads_per_group, words,
+                                                                                       q, k, v);
 }
 
 template <bool merge, class S>
@@ -82,18 +91,13 @@ void qkv_permute(S* packed, index_t rows, index_t groups, index_t heads_per_grou
                  cudaStream_t stream, const char* name) {
   const index_t units = rows * groups * (heads_per_group + 2);
   if (units <= 0 || d <= 0) return;
-  constexpr int kWarpsPerBlock = 8;
-  const unsigned blocks = grid_for(units, kWarpsPerBlock);
   auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  if ((d * index_t(sizeof(S))) % 16 == 0 && aligned(packed) && aligned(q) && aligned(k) && aligned(v)) {
-    const index_t words = d * index_t(sizeof(S)) / 16;
-    qkv_permute_kernel<uint4, merge><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        reinterpret_cast<uint4*>(packed), units, groups, heads_per_group, words, reinterpret_cast<uint4*>(q),
-        reinterpret_cast<uint4*>(k), reinterpret_cast<uint4*>(v));
-  } else {
-    qkv_permute_kernel<S, merge><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(packed, units, groups, heads_per_group, d,
-                                                                             q, k, v);
-  }
+  if ((d * index_t(sizeof(S))) % 16 == 0 && aligned(packed) && aligned(q) && aligned(k) && aligned(v))
+    launch_qkv_permute<uint4, merge>(reinterpret_cast<uint4*>(packed), units, heads_per_group, d * index_t(sizeof(S)) / 16,
+                                     reinterpret_cast<uint4*>(q), reinterpret_cast<uint4*>(k), reinterpret_cast<uint4*>(v),
+                                     stream);
+  else
+    launch_qkv_permute<S, merge>(packed, units, heads_per_group, d, q, k, v, stream);
   check_launch(name);
 }
 template <class T>
