@@ -634,8 +634,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // runs on the flash kernels).
   // Every thread of the process must be past its planning before any rank's first collective
   // (local_barrier: host only; a no-op with one process per GPU).
+  const auto t_plan = std::chrono::steady_clock::now();
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
+  if (world.rank() == 0 && !a.quiet) {
+    const auto now = std::chrono::steady_clock::now();
+    std::printf("start-up: %.2f s from launch to the model, %.2f s planning attention\n",
+                std::chrono::duration<double>(t_plan - launch_time()).count(), std::chrono::duration<double>(now - t_plan).count());
+    std::fflush(stdout);
+  }
   if constexpr (has_frozen_plans<typename Policy::backend>)
     if (world.size() > 1 && !launched_as_job()) device.attention().freeze();
   model.init(ctx, a.seed);
