@@ -56,7 +56,7 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config, LossPath p
     for (int micro = 0; micro < 2; ++micro) {
       TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 77 + 10 * micro);
       auto [loss, saved] = path.fused ? model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro,
-                                                      models::FusedLoss{loss_scale, path.chunk_rows})
+                                                      models::FusedLoss{loss_scale, {path.chunk_rows}})
                                       : model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro);
       if (path.fused) {  // nothing of the size of the logits is kept for backward
         EXPECT_TRUE(saved.loss.logits.empty());
@@ -64,10 +64,14 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config, LossPath p
         EXPECT_EQ(saved.final_norm_output_gradient.tensor.numel(),
                   config.seq_length * 2 * config.hidden_size / (SP ? tp : 1));
       }
+      // the forward-only loss of validation, in blocks of the same rows
+      const double evaluated =
+          model.evaluate(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro, ClassifierChunks{path.chunk_rows}).loss_sum();
+      EXPECT_NEAR(evaluated, loss.loss_sum(), tolerance<T>() * std::abs(loss.loss_sum()));
       model.backward(ctx, saved, loss_scale);
       if (world.rank() == 0) {
         std::lock_guard lock(mutex);
-        snapshot.outputs.push_back({loss.loss_sum(), loss.tokens});
+        snapshot.outputs.push_back({loss.loss_sum(), loss.tokens, evaluated});
       }
     }
     gather_parameters(ctx, model, snapshot, mutex);

@@ -229,7 +229,7 @@ StepMemory measure_step(const models::ModelConfig& config, index_t chunk_rows) {
       {
         auto [loss, saved] = chunk_rows < 0 ? model.forward(ctx, batch.tokens, batch.labels, batch.mask, 7)
                                             : model.forward(ctx, batch.tokens, batch.labels, batch.mask, 7,
-                                                            models::FusedLoss{1.0 / 16, chunk_rows});
+                                                            models::FusedLoss{1.0 / 16, {chunk_rows}});
         model.backward(ctx, saved, 1.0 / 16);
       }
       if (world.rank() == 0) rank0 = {resource.peak - before, resource.largest};

@@ -168,7 +168,8 @@ TEST(Gpt, FusedClassifierEqualsUnfusedOddShapesAndPaddedVocabulary) {
   strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, float>(odd_gpt(), {3});
 }
 
-// backward after a fused forward must be given the forward's loss scale; the error names both.
+// backward after a fused forward must be given the forward's loss scale; the error names both. A
+// negative block size is refused.
 TEST(Gpt, FusedBackwardRefusesAnotherLossScale) {
   using namespace strata;
   const auto c = tiny_gpt();
@@ -187,6 +188,12 @@ TEST(Gpt, FusedBackwardRefusesAnotherLossScale) {
       EXPECT_NE(message.find("loss_scale=0.25"), std::string::npos) << message;
     }
     EXPECT_NO_THROW(model.backward(ctx, saved, 0.25));
+    try {
+      (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask, 0, models::FusedLoss{0.25, {-1}});
+      FAIL() << "a negative block size must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("rows=-1"), std::string::npos) << e.what();
+    }
   });
 }
 

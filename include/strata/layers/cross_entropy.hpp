@@ -18,7 +18,8 @@
 // accumulate type; how they are averaged (over non-masked tokens of the whole global batch) is the
 // caller's choice, expressed through dloss. When dloss is known before the forward (training),
 // forward_backward_rows runs both on a block of rows and writes d logits over the logits, so the
-// chunked classifier (chunked_classifier.hpp) never holds the whole [rows, V/tp] logits.
+// chunked classifier (chunked_classifier.hpp) never holds the whole [rows, V/tp] logits;
+// forward_rows is its forward-only form (evaluation).
 #pragma once
 
 #include <algorithm>
@@ -82,6 +83,14 @@ class VocabParallelCrossEntropy {
     Activation<T, layout::sharded<-1>, Space> dz{Tensor<T, Space>::empty(logits_shape)};
     gradient_rows(ctx, saved.logits.data(), saved.lse.data(), saved.labels.data(), rows, local, dloss.data(), dz.data());
     return dz;
+  }
+
+  // Forward only on `rows` rows of logits [rows, local]: the per-row losses (evaluation over blocks
+  // of rows). Collective like forward; labels are the caller's to check (check_labels).
+  void forward_rows(Context& ctx, const T* logits, index_t rows, index_t local, const std::int32_t* labels,
+                    A* losses) const {
+    auto lse = Tensor<A, Space>::empty(Shape{rows});
+    loss_rows(ctx, logits, rows, local, labels, losses, lse.data());
   }
 
   // Forward and backward at once on `rows` rows of logits [rows, local] whose loss gradient dloss

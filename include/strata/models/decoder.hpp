@@ -11,7 +11,7 @@
 //
 // Two paths through the output layer and the loss:
 //   forward(ctx, tokens, labels, mask, key)            the logits [s b, V/tp] are made whole and kept
-//                                                      for backward (evaluation, tests, next_token_logits)
+//                                                      for backward (the reference path; tests)
 //   forward(ctx, tokens, labels, mask, key, FusedLoss{loss_scale})
 //                                                      training: the loss gradient (mask * loss_scale) is
 //                                                      known ahead, so the output layer and the loss run
@@ -24,8 +24,9 @@
 //                                                      loss_scale other than the forward's. A fused Saved
 //                                                      is meant for one backward (the output layer's share of
 //                                                      the gradient was added once, in the forward).
-// Both give the same losses and, up to rounding of the blockwise weight-gradient sums, the same
-// gradients.
+// Both give the same losses and gradients up to rounding (GEMMs over blocks of rows, the output
+// weight's gradient summed block by block). evaluate(ctx, tokens, labels, mask) is the forward-only
+// loss for validation: chunked too, and keeping no layer's saved tensors.
 #pragma once
 
 #include <cmath>
@@ -53,15 +54,14 @@ struct LossSum {
   double loss_sum() const { return sum.empty() ? 0.0 : to_host(sum)[0]; }
 };
 
-// Asks forward to run the output layer and the loss fused, chunk by chunk, with the loss gradient
-// known ahead: each token's loss weighs mask * loss_scale (the scale backward will be given).
-// Blocks have chunk_rows rows, or, when it is 0, as many rows as keep a block of logits [rows, V/tp]
-// in the element type within max_chunk_bytes (at least one row). The block size changes nothing but
-// the rounding of the output weight's gradient sums.
+// Asks forward to run the output layer and the loss fused, block of rows by block, with the loss
+// gradient known ahead: each token's loss weighs mask * loss_scale (the scale backward will be
+// given). `chunks` sizes the blocks (layers/chunked_classifier.hpp: a row count, or by default as
+// many rows as keep a block of logits [rows, V/tp] in the element type within 256 MiB, at least
+// one); the block size changes nothing but rounding.
 struct FusedLoss {
   double loss_scale = 1.0;
-  index_t chunk_rows = 0;
-  std::size_t max_chunk_bytes = std::size_t{256} << 20;  // 256 MiB
+  ClassifierChunks chunks = {};
 };
 
 template <class Policy, template <class> class Norm, class Attention, class MlpBlock, bool LearnedPositions, bool TiedOutput>
@@ -149,19 +149,14 @@ class DecoderModel {
     if (!std::isfinite(fused.loss_scale))
       fail<ConfigError>("model forward: FusedLoss::loss_scale=", fused.loss_scale,
                         " must be a finite number (1 / tokens of the global batch)");
-    if (fused.chunk_rows < 0)
-      fail<ConfigError>("model forward: FusedLoss::chunk_rows=", fused.chunk_rows,
-                        " must be at least 1, or 0 to derive it from max_chunk_bytes");
+    fused.chunks.check();
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     saved.mask = sequence_major_mask(ctx, loss_mask);
     Tensor<A, Space> dloss = saved.mask.clone();  // [s, b]: mask * loss_scale, as backward makes it
     ctx.device.template scale<A>(dloss.data(), dloss.numel(), fused.loss_scale);
-    const index_t local_vocab = output_->weight().value.size(0);
-    const index_t chunk_rows = fused.chunk_rows > 0 ? fused.chunk_rows
-                                                    : classifier_chunk_rows(fused.max_chunk_bytes, local_vocab, sizeof(T));
     auto result = chunked_classifier(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), dloss,
-                                     chunk_rows);
+                                     fused.chunks);
     saved.final_norm_output_gradient = std::move(result.input_gradient);
     saved.fused_loss_scale = fused.loss_scale;
     return {masked_loss_sum(ctx, result.losses, saved.mask, loss_mask), std::move(saved)};
@@ -188,6 +183,22 @@ class DecoderModel {
     for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_.backward(ctx, saved.embedding, dx);
+  }
+
+  // Forward only, for evaluation: the loss sum of forward (up to the rounding of the output GEMM over
+  // blocks of rows), keeping nothing for a backward: each layer's saved tensors are dropped as soon
+  // as the next layer has run, and the output layer and the loss run over blocks of rows (`chunks`),
+  // so neither the activations of every layer nor the whole logits are held at once.
+  LossSum<Space> evaluate(Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
+                          const Tensor<float>& loss_mask, std::uint64_t dropout_key = 0, ClassifierChunks chunks = {}) const {
+    check_batch(ctx, tokens, labels, loss_mask);
+    chunks.check();
+    auto x = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
+    if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, rng::mix(dropout_key, i)).first;
+    const auto h = final_norm_.forward(ctx, x).first;
+    const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
+    return masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask);
   }
 
   // Forward only: the logits (real vocabulary, gathered from the tensor-parallel shards, identical
@@ -227,12 +238,7 @@ class DecoderModel {
   Activation<T, Layout, Space> forward_to_final_norm(Context& ctx, const Tensor<std::int32_t>& tokens,
                                                      const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
                                                      std::uint64_t dropout_key, Saved& saved) const {
-    if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
-      fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
-                       loss_mask.shape().str(), " must all be [batch, seq]");
-    if (tokens.size(1) > config_.seq_length)
-      fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
-    check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
+    check_batch(ctx, tokens, labels, loss_mask);
     auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
     saved.embedding = std::move(emb);
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
@@ -245,6 +251,16 @@ class DecoderModel {
     auto [h, fn] = final_norm_.forward(ctx, x);
     saved.final_norm = std::move(fn);
     return std::move(h);
+  }
+
+  void check_batch(const Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
+                   const Tensor<float>& loss_mask) const {
+    if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
+      fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
+                       loss_mask.shape().str(), " must all be [batch, seq]");
+    if (tokens.size(1) > config_.seq_length)
+      fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
+    check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
   }
 
   // The mask: [b, s] floats on the host -> [s, b] in A, on the backend.
