@@ -12,14 +12,15 @@
 //   1. fetch this rank's micro-batches of the global batch and count the tokens that carry loss
 //      over every data-parallel rank's batches (on the host: every rank can build every batch), so
 //      every token weighs 1 / tokens of the global batch;
-//   2. forward + backward per micro-batch (gradients accumulate);
+//   2. forward + backward per micro-batch (gradients accumulate), the output layer and the loss
+//      fused over blocks of rows (models::FusedLoss: the whole logits never exist);
 //   3. all-reduce gradients over data parallel, clip by the global norm (across model-parallel
 //      ranks), AdamW step with the scheduled learning rate;
 //   4. log (iteration, loss, lr, grad norm, tokens/s, time left, peak device memory) to stdout and
 //      JSONL; save when due. Loss sums and gradient norms stay on the device (one slot per
 //      iteration) and are read by the host at log steps only (the NaN check too: see below);
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
-//      batches of the validation part of --split, forward only (its index is capped at
+//      batches of the validation part of --split, forward only (model.evaluate; its index is capped at
 //      kMaxValidationIndexSamples samples, read cyclically beyond, so memory does not grow with it).
 // A NaN or infinite loss or gradient norm stops the run unless --no-check-for-nan-in-loss-and-grad
 // is given: from that iteration on the optimizer makes no update (its kernels read a device flag),
@@ -311,7 +312,8 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   MemoryPlan plan;
   const models::DecoderShape shape = a.model_kind == "llama" ? models::DecoderShape::llama() : models::DecoderShape::gpt();
   plan.per_rank = models::estimate_training_memory(a.model, shape, a.tensor_model_parallel_size, a.sequence_parallel,
-                                                   a.micro_batch_size, models::element_bytes_of<T>());
+                                                   a.micro_batch_size, models::element_bytes_of<T>(),
+                                                   static_cast<std::int64_t>(ClassifierChunks{}.max_bytes));
   const std::int64_t dp = a.world_size / a.tensor_model_parallel_size;
   // tokens, labels (int32) and loss mask (float) of every micro-batch of an iteration
   plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
@@ -700,7 +702,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
                                                           a.micro_batch_size, ctx.coords.dp, dp, m);
         const data::Batch b = data::make_batch(shared.valid_samples, first, a.micro_batch_size, batch_options);
-        const auto loss = model.forward(ctx, b.tokens, b.labels, b.loss_mask).first;
+        const auto loss = model.evaluate(ctx, b.tokens, b.labels, b.loss_mask);
         sums[0] += loss.loss_sum();
         sums[1] += loss.tokens;
       }
@@ -754,8 +756,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
     for (int m = 0; m < micro_steps; ++m) {
       const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
-      auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key);
-      model.backward(ctx, saved, 1.0 / tokens);
+      // The loss gradient (mask / tokens) is known before the forward, so the output layer and the
+      // loss run fused over blocks of rows and the whole logits never exist (models::FusedLoss).
+      const double loss_scale = 1.0 / tokens;
+      auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key,
+                                         models::FusedLoss{loss_scale});
+      model.backward(ctx, saved, loss_scale);
       ctx.device.template add<double>(loss_sum.data(), loss.sum.data(), 1, loss_sum.data());
     }
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);

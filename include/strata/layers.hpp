@@ -10,6 +10,7 @@
 #include "layers/row_parallel_linear.hpp"
 #include "layers/embedding.hpp"
 #include "layers/cross_entropy.hpp"
+#include "layers/chunked_classifier.hpp"
 #include "layers/norm.hpp"
 #include "layers/dropout.hpp"
 #include "layers/attention.hpp"

@@ -271,6 +271,25 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferencesAndZeroesPadding) {
   }
 }
 
+// The chunked classifier writes d logits over the logits: the backward in place gives the bits of
+// the backward into another buffer.
+TEST(CrossEntropy, BackwardInPlaceEqualsBackwardIntoAnotherBuffer) {
+  const index_t rows = 4, local = 7, used = 6, begin = 7, vocab = 13;  // rank 1 of 2, one padded column
+  const auto z = random_values(rows * local, 17, 3.0);
+  const std::vector<std::int32_t> labels = {8, 2, 12, 7};
+  const auto dloss = random_values(rows, 18);
+  const double s = 0.1 * vocab / (vocab - 1.0);
+  std::vector<double> lse(rows);
+  for (index_t r = 0; r < rows; ++r) lse[r] = 1.5 + 0.25 * r;  // any values: both calls read the same
+  std::vector<double> into(rows * local, 99.0), in_place = z;
+  B::cross_entropy_backward<double>(z.data(), lse.data(), labels.data(), begin, rows, local, used, vocab, s, dloss.data(),
+                                    into.data());
+  B::cross_entropy_backward<double>(in_place.data(), lse.data(), labels.data(), begin, rows, local, used, vocab, s,
+                                    dloss.data(), in_place.data());
+  EXPECT_EQ(in_place, into);
+  EXPECT_EQ(into[local - 1], 0.0);  // padding
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reductions
 

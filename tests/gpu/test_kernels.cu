@@ -600,18 +600,22 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     twin::cross_entropy_loss(rsums.data(), rmax.data(), rows, vocab, a, rloss.data(), rlse.data());
     twin::cross_entropy_backward(vlogits.data(), rlse.data(), vlabels.data(), begin, rows, local, used, vocab, a,
                                 vdloss.data(), rdz.data());
-    device_vector<T> logits(N), dz(N);
+    device_vector<T> logits(N), dz(N), in_place(N);
     device_vector<std::int32_t> labels(R);
     device_vector<A> row_max(R), sums(3 * R), loss(R), lse(R), dloss(R);
     auto run = [&] {
-      upload(dev, vlogits, logits); upload(dev, vlabels, labels); upload(dev, vdloss, dloss);
+      upload(dev, vlogits, logits); upload(dev, vlabels, labels); upload(dev, vdloss, dloss); upload(dev, vlogits, in_place);
       nan_fill(dev, row_max); nan_fill(dev, sums); nan_fill(dev, loss); nan_fill(dev, lse); nan_fill(dev, dz);
       dev.cross_entropy_max(logits.data(), rows, local, used, row_max.data());
       dev.cross_entropy_sums(logits.data(), rows, local, used, row_max.data(), labels.data(), begin, sums.data());
       dev.cross_entropy_loss(sums.data(), row_max.data(), rows, vocab, a, loss.data(), lse.data());
       dev.cross_entropy_backward(logits.data(), lse.data(), labels.data(), begin, rows, local, used, vocab, a,
                                  dloss.data(), dz.data());
-      return std::tuple{download(dev, row_max), download(dev, sums), download(dev, loss), download(dev, lse), download(dev, dz)};
+      // the chunked classifier's form: d logits written over the logits
+      dev.cross_entropy_backward(in_place.data(), lse.data(), labels.data(), begin, rows, local, used, vocab, a,
+                                 dloss.data(), in_place.data());
+      return std::tuple{download(dev, row_max), download(dev, sums), download(dev, loss), download(dev, lse), download(dev, dz),
+                        download(dev, in_place)};
     };
     auto r1 = run(), r2 = run();
     const std::string dd = dims(rows, cols) + " used=" + std::to_string(used) + " label_smoothing=" + format("%.1f", label_smoothing);
@@ -620,6 +624,10 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     compare(h, shape_label<T>("cross_entropy_loss", dd), "loss", std::get<2>(r1), std::get<2>(r2), rloss, tol);
     compare(h, shape_label<T>("cross_entropy_loss", dd), "lse", std::get<3>(r1), std::get<3>(r2), rlse, tol);
     compare(h, shape_label<T>("cross_entropy_backward", dd), "dlogits", std::get<4>(r1), std::get<4>(r2), rdz, tol);
+    compare(h, shape_label<T>("cross_entropy_backward", dd + " in place"), "dlogits", std::get<5>(r1), std::get<5>(r2),
+            rdz, tol);
+    h.results.record(same_bits(std::get<5>(r1), std::get<4>(r1)),
+                     shape_label<T>("cross_entropy_backward", dd) + " in place: the bits of the out-of-place call");
   }
   {  // masked_loss_sum over rows * cols losses, mask of 0 / 1
     auto rng = h.fresh();

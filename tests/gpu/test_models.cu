@@ -8,7 +8,10 @@
 //     ||gpu - cpu|| / ||cpu|| per tensor: 1e-2 for bf16, 1e-5 for float (cuBLASLt float is FP32);
 //   - with dropout too (masks are drawn from (key, global index), so both devices drop the same);
 //   - determinism: a second identical GPU run gives bit-identical loss and gradients;
-//   - the second training step makes no cudaMalloc (the caching allocator's counter).
+//   - the second training step makes no cudaMalloc (the caching allocator's counter);
+//   - the fused chunked classifier (FusedLoss, blocks of 7 of the 72 rows) against the same CPU fp32
+//     run of the unfused path, and its peak device memory against the unfused path's on a model
+//     whose logits dominate (vocabulary 8192): lower by at least the whole logits.
 // One line per check, `SUITE models: N passed, M failed` last, non-zero exit on a failure.
 #include <cmath>
 #include <cstdint>
@@ -61,6 +64,13 @@ struct RunResult {
   std::vector<std::vector<double>> grads, params;
   std::vector<std::vector<unsigned char>> grad_bits;  // the raw gradient bytes (determinism)
   long long step2_mallocs = -1;
+  long long peak_bytes = -1;  // the caching allocator's peak bytes in use over the run
+};
+
+// How a run takes the output layer and the loss: unfused, or fused in blocks of `chunk_rows` rows.
+struct LossPath {
+  bool fused = false;
+  index_t chunk_rows = 0;
 };
 
 template <class X>
@@ -73,7 +83,7 @@ std::vector<double> as_doubles(const Tensor<X>& t) {
 // Two training steps (zero, forward, backward, clip at 1.0, AdamW at lr 1e-3) of Model<Policy> on
 // one rank; step 1 is recorded.
 template <template <class> class Model, class T, class Comm, class Backend>
-RunResult run_model(Comm& world, Backend device, const models::ModelConfig& config, const Batch& batch) {
+RunResult run_model(Comm& world, Backend device, const models::ModelConfig& config, const Batch& batch, LossPath path) {
   using Policy = DevicePolicy<T, Backend, Comm>;
   using Space = space_t<Policy>;
   auto ctx = context_t<Policy>::create(world, ParallelConfig{.tp = 1}, device);
@@ -92,8 +102,12 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
   for (int step = 0; step < 2; ++step) {
     zero_gradients(ctx.device, model);
     {
-      auto [loss, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask, /*dropout key=*/4242);
-      model.backward(ctx, saved, 1.0 / loss.tokens);
+      double tokens = 0;
+      for (index_t i = 0; i < batch.mask.numel(); ++i) tokens += batch.mask[i];
+      auto [loss, saved] = path.fused ? model.forward(ctx, batch.tokens, batch.labels, batch.mask, /*dropout key=*/4242,
+                                                      models::FusedLoss{1.0 / tokens, {path.chunk_rows}})
+                                      : model.forward(ctx, batch.tokens, batch.labels, batch.mask, /*dropout key=*/4242);
+      model.backward(ctx, saved, 1.0 / tokens);
       if (step == 0) {
         r.loss_sum = loss.loss_sum();
         model.for_each_parameter([&](auto& p) {
@@ -118,6 +132,7 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
   if constexpr (requires { ctx.device.memory_stats(); }) {
     ctx.device.synchronize();
     r.step2_mallocs = static_cast<long long>(ctx.device.memory_stats().malloc_calls) - mallocs_after_step1;
+    r.peak_bytes = static_cast<long long>(ctx.device.memory_stats().peak_bytes_in_use);
   }
   return r;
 }
@@ -125,15 +140,17 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
 template <template <class> class Model>
 RunResult run_cpu(const models::ModelConfig& config, const Batch& batch) {
   RunResult r;
-  inprocess::run(1, [&](inprocess::communicator& world) { r = run_model<Model, float>(world, cpu::backend{}, config, batch); });
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    r = run_model<Model, float>(world, cpu::backend{}, config, batch, LossPath{});
+  });
   return r;
 }
 
 template <template <class> class Model, class T>
-RunResult run_gpu(const models::ModelConfig& config, const Batch& batch) {
+RunResult run_gpu(const models::ModelConfig& config, const Batch& batch, LossPath path = {}) {
   RunResult r;
   nccl::run(1, [&](nccl::communicator& world) {
-    r = run_model<Model, T>(world, strata::cuda::backend(world.device(), world.stream()), config, batch);
+    r = run_model<Model, T>(world, strata::cuda::backend(world.device(), world.stream()), config, batch, path);
   });
   return r;
 }
@@ -169,14 +186,16 @@ void compare_tensors(gpu_test::suite& s, const std::string& label, const char* w
 }
 
 template <template <class> class Model, class T>
-void model_case(gpu_test::suite& s, const std::string& model_name, models::ModelConfig config, double dropout) {
+void model_case(gpu_test::suite& s, const std::string& model_name, models::ModelConfig config, double dropout,
+                LossPath path = {}) {
   config.hidden_dropout = dropout;
   const Batch batch = make_batch(config.vocab_size, 3, config.seq_length, 77);
-  const std::string label = model_name + " " + gpu_test::type_name<T>() + (dropout > 0 ? " dropout 0.1" : "");
+  const std::string label = model_name + " " + gpu_test::type_name<T>() + (dropout > 0 ? " dropout 0.1" : "") +
+                            (path.fused ? " fused classifier (blocks of " + std::to_string(path.chunk_rows) + " rows)" : "");
   const double tol = gpu_test::tolerance<T>();
   try {
     const RunResult cpu = run_cpu<Model>(config, batch);
-    const RunResult gpu = run_gpu<Model, T>(config, batch);
+    const RunResult gpu = run_gpu<Model, T>(config, batch, path);
     const double loss_error = std::abs(gpu.loss_sum - cpu.loss_sum) / std::abs(cpu.loss_sum);
     char line[512];
     std::snprintf(line, sizeof line, "%s: loss sum %.6f on the GPU, %.6f on the CPU (relative error %.3e, tolerance %.0e)",
@@ -188,7 +207,7 @@ void model_case(gpu_test::suite& s, const std::string& model_name, models::Model
                   gpu.step2_mallocs);
     s.record(gpu.step2_mallocs == 0, line);
     if (dropout > 0 || std::is_same_v<T, bf16>) {  // determinism: the same run again, bit for bit
-      const RunResult again = run_gpu<Model, T>(config, batch);
+      const RunResult again = run_gpu<Model, T>(config, batch, path);
       bool same = std::memcmp(&again.loss_sum, &gpu.loss_sum, sizeof(double)) == 0 && again.grad_bits == gpu.grad_bits;
       std::snprintf(line, sizeof line, "%s: a second identical GPU run gives bit-identical loss (%.17g vs %.17g) and %zu gradients",
                     label.c_str(), again.loss_sum, gpu.loss_sum, gpu.grad_bits.size());
@@ -196,6 +215,34 @@ void model_case(gpu_test::suite& s, const std::string& model_name, models::Model
     }
   } catch (const std::exception& e) {
     s.record(false, label + ": stopped: " + e.what());
+  }
+}
+
+// The fused classifier's peak device memory against the unfused path's, GPT in bf16 with a
+// vocabulary of 8192 (logits [4 x 64, 8192] = 4 MiB in bf16, their gradient as much; blocks of 16
+// rows = 256 KiB): the fused run's peak is lower by at least the whole logits.
+void fused_memory_case(gpu_test::suite& s) {
+  models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 2;
+  c.seq_length = 64;
+  c.vocab_size = 8192;
+  c.make_vocab_size_divisible_by = 128;
+  const index_t b = 4;
+  const Batch batch = make_batch(c.vocab_size, b, c.seq_length, 78);
+  const long long logits_bytes = static_cast<long long>(b * c.seq_length * c.vocab_size * 2);
+  try {
+    const RunResult unfused = run_gpu<models::Gpt, bf16>(c, batch);
+    const RunResult fused = run_gpu<models::Gpt, bf16>(c, batch, LossPath{true, 16});
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "gpt bf16 vocabulary 8192: peak device memory %lld B fused (blocks of 16 rows), %lld B unfused; the "
+                  "difference %lld B is at least the logits' %lld B",
+                  fused.peak_bytes, unfused.peak_bytes, unfused.peak_bytes - fused.peak_bytes, logits_bytes);
+    s.record(fused.peak_bytes > 0 && unfused.peak_bytes - fused.peak_bytes >= logits_bytes, line);
+  } catch (const std::exception& e) {
+    s.record(false, std::string("fused classifier memory: stopped: ") + e.what());
   }
 }
 
@@ -220,5 +267,11 @@ int main() {
     model_case<models::Llama, bf16>(s, "llama", llama, dropout);
     model_case<models::Llama, float>(s, "llama", llama, dropout);
   }
+  const LossPath fused{true, 7};  // 72 rows: 10 blocks of 7 and one of 2
+  model_case<models::Gpt, bf16>(s, "gpt", gpt, 0.0, fused);
+  model_case<models::Gpt, float>(s, "gpt", gpt, 0.0, fused);
+  model_case<models::Llama, bf16>(s, "llama", llama, 0.0, fused);
+  model_case<models::Llama, float>(s, "llama", llama, 0.0, fused);
+  fused_memory_case(s);
   return s.finish();
 }

@@ -189,4 +189,77 @@ TEST(ColumnRowParallelLinear, ShardedInitIsSliceOfUnshardedInit) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The chunked classifier against the output layer followed by the cross-entropy, on the same ranks:
+// losses, input gradient and the (biased) output layer's gradients, for blocks of every size.
+
+template <class T, bool SP>
+void expect_chunked_classifier_equals_unfused(int tp) {
+  using P = Policy<T, SP>;
+  using A = accumulate_t<T>;
+  constexpr index_t seq = 6, batch = 2, rows = seq * batch, hidden = 10, padded_vocab = 24, vocab = 23;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    using In = typename ColumnParallelLinear<P>::input_layout;
+    const VocabParallelCrossEntropy<P> loss(0.1, vocab);  // label smoothing, one padded column
+    Tensor<std::int32_t> labels(Shape{seq, batch});
+    Tensor<A> dloss(Shape{seq, batch});
+    for (index_t i = 0; i < rows; ++i) {
+      labels[i] = static_cast<std::int32_t>((7 * i + 3) % vocab);
+      dloss[i] = i % 5 == 2 ? A(0) : A(0.1 + 0.05 * i);  // masked tokens weigh 0
+    }
+    Activation<T, layout::replicated> x_full(random_tensor<T>(Shape{seq, batch, hidden}, 31));
+    Activation<T, In> x;
+    if constexpr (SP) x = scatter_to_sequence_parallel(ctx.tp, x_full);
+    else x = x_full;
+    auto make_output = [&] {
+      ColumnParallelLinear<P> output(ctx, "output", hidden, padded_vocab);
+      output.init(ctx, 5, 0.5);
+      init_normal(ctx.device, *output.bias(), 6, 0.2);
+      return output;
+    };
+    ColumnParallelLinear<P> reference_layer = make_output();
+    auto [logits, out_saved] = reference_layer.forward(ctx, x);
+    auto [losses, loss_saved] = loss.forward(ctx, logits, labels);
+    auto dx = reference_layer.backward(ctx, out_saved, loss.backward(ctx, loss_saved, dloss, logits.shape()));
+    for (index_t chunk : {index_t{0}, index_t{1}, index_t{5}, index_t{rows}}) {
+      const std::string what = "tp=" + std::to_string(tp) + (SP ? " SP" : "") + " chunk_rows=" + std::to_string(chunk);
+      ColumnParallelLinear<P> layer = make_output();
+      auto fused = chunked_classifier(ctx, layer, loss, x, labels, dloss, ClassifierChunks{chunk});
+      const auto evaluated = chunked_classifier_loss(ctx, layer, loss, x, labels, ClassifierChunks{chunk});
+      const double tol = strata_test::tolerance<T>();
+      EXPECT_LE(strata_test::relative_error(strata_test::to_values(fused.losses), strata_test::to_values(losses)), tol) << what;
+      EXPECT_LE(strata_test::relative_error(strata_test::to_values(evaluated), strata_test::to_values(losses)), tol) << what;
+      EXPECT_EQ(fused.input_gradient.shape(), dx.shape()) << what;
+      EXPECT_LE(strata_test::relative_error(strata_test::to_values(fused.input_gradient.tensor), strata_test::to_values(dx.tensor)), tol)
+          << what;
+      EXPECT_LE(strata_test::relative_error(strata_test::to_values(layer.weight().grad),
+                                            strata_test::to_values(reference_layer.weight().grad)), tol) << what;
+      EXPECT_LE(strata_test::relative_error(strata_test::to_values(layer.bias()->grad),
+                                            strata_test::to_values(reference_layer.bias()->grad)), tol) << what;
+      EXPECT_GT(strata_test::norm(strata_test::to_values(layer.bias()->grad)), 0.0) << what;
+    }
+  });
+}
+
+TEST(ChunkedClassifier, EqualsOutputLayerThenCrossEntropyDouble) {
+  for (int tp : {1, 2, 3}) {
+    expect_chunked_classifier_equals_unfused<double, false>(tp);
+    expect_chunked_classifier_equals_unfused<double, true>(tp);
+  }
+}
+TEST(ChunkedClassifier, EqualsOutputLayerThenCrossEntropyFloat) {
+  for (int tp : {1, 3}) {
+    expect_chunked_classifier_equals_unfused<float, false>(tp);
+    expect_chunked_classifier_equals_unfused<float, true>(tp);
+  }
+}
+TEST(ChunkedClassifier, BlockRowsFromTheByteBudget) {
+  EXPECT_EQ((ClassifierChunks{0, 1000}.rows_for(10, 4)), 25);  // 40 bytes a row
+  EXPECT_EQ((ClassifierChunks{0, 10}.rows_for(10, 4)), 1);     // at least one row
+  EXPECT_EQ((ClassifierChunks{7, 10}.rows_for(10, 4)), 7);     // a row count wins
+  EXPECT_EQ(ClassifierChunks{}.rows_for(50304, 2), 2668);      // GPT-2's vocabulary in bf16: 256 MiB
+  EXPECT_THROW(ClassifierChunks{-1}.rows_for(10, 4), ConfigError);
+}
+
 }  // namespace

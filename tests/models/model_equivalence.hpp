@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+#include <string>
+
 #include <strata/models.hpp>
 #include <strata/policy.hpp>
 
@@ -31,9 +34,16 @@ inline TokenBatch random_batch(int vocab, strata::index_t b, strata::index_t s, 
   return batch;
 }
 
+// How a run takes the output layer and the loss: the unfused path (logits made whole), or the
+// fused chunked path with blocks of `chunk_rows` rows (0: the default byte budget).
+struct LossPath {
+  bool fused = false;
+  strata::index_t chunk_rows = 0;
+};
+
 // Runs two micro-batches forward and backward (gradients accumulate) on `tp` ranks.
 template <template <class> class Model, class T, bool SP>
-Snapshot run_model(int tp, const strata::models::ModelConfig& config) {
+Snapshot run_model(int tp, const strata::models::ModelConfig& config, LossPath path = {}) {
   using namespace strata;
   using P = ModelPolicy<T, SP>;
   Snapshot snapshot;
@@ -42,18 +52,54 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     Model<P> model(ctx, config);
     model.init(ctx, 1234);
+    const double loss_scale = 1.0 / 30.0;
     for (int micro = 0; micro < 2; ++micro) {
       TokenBatch batch = random_batch(config.vocab_size, 2, config.seq_length, 77 + 10 * micro);
-      auto [loss, saved] = model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro);
-      model.backward(ctx, saved, 1.0 / 30.0);
+      auto [loss, saved] = path.fused ? model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro,
+                                                      models::FusedLoss{loss_scale, {path.chunk_rows}})
+                                      : model.forward(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro);
+      if (path.fused) {  // nothing of the size of the logits is kept for backward
+        EXPECT_TRUE(saved.loss.logits.empty());
+        EXPECT_TRUE(saved.output.input.empty());
+        EXPECT_EQ(saved.final_norm_output_gradient.tensor.numel(),
+                  config.seq_length * 2 * config.hidden_size / (SP ? tp : 1));
+      }
+      // the forward-only loss of validation, in blocks of the same rows
+      const double evaluated =
+          model.evaluate(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro, ClassifierChunks{path.chunk_rows}).loss_sum();
+      EXPECT_NEAR(evaluated, loss.loss_sum(), tolerance<T>() * std::abs(loss.loss_sum()));
+      model.backward(ctx, saved, loss_scale);
       if (world.rank() == 0) {
         std::lock_guard lock(mutex);
-        snapshot.outputs.push_back({loss.loss_sum(), loss.tokens});
+        snapshot.outputs.push_back({loss.loss_sum(), loss.tokens, evaluated});
       }
     }
     gather_parameters(ctx, model, snapshot, mutex);
   });
   return snapshot;
+}
+
+// The fused chunked classifier against the unfused path on the same ranks: losses and every
+// gradient, for each tp in `tps`, with and without sequence parallelism (where the sequence divides
+// over tp), with the default block (all rows of these small models), a block of one row, and a block
+// that does not divide the rows.
+template <template <class> class Model, class T>
+void expect_fused_classifier_equals_unfused(const strata::models::ModelConfig& config, std::initializer_list<int> tps) {
+  const strata::index_t rows = 2 * config.seq_length;
+  for (int tp : tps) {
+    for (bool sp : {false, true}) {
+      if (sp && config.seq_length % tp != 0) continue;
+      const Snapshot reference = sp ? run_model<Model, T, true>(tp, config) : run_model<Model, T, false>(tp, config);
+      for (strata::index_t chunk : {strata::index_t{0}, strata::index_t{1}, strata::index_t{5}}) {
+        if (chunk == 5) EXPECT_NE(rows % chunk, 0) << "the uneven block must leave a shorter last block";
+        const LossPath path{true, chunk};
+        const std::string what = "tp=" + std::to_string(tp) + (sp ? " sequence parallel" : "") + ", chunk_rows=" +
+                                 std::to_string(chunk);
+        expect_equivalent(sp ? run_model<Model, T, true>(tp, config, path) : run_model<Model, T, false>(tp, config, path),
+                          reference, tolerance<T>(), what);
+      }
+    }
+  }
 }
 
 template <template <class> class Model, class T>

@@ -151,6 +151,16 @@ template <class Model, class Policy>
   auto norm = strata::clip_grad_norm_device(ctx, model, 1.0);
   static_assert(std::is_same_v<decltype(norm), strata::Tensor<double, space::cuda>>, "The gradient norm stays on the device.");
   optimizer.step(ctx.device, model, 1e-3);
+  // the training step through the fused chunked classifier, and the forward-only evaluation
+  auto [fused_loss, fused_saved] = model.forward(ctx, tokens, labels, mask, 8, strata::models::FusedLoss{0.5});
+  static_assert(std::is_same_v<decltype(fused_saved.final_norm_output_gradient.tensor),
+                               strata::Tensor<typename Policy::element, space::cuda>>,
+                "The fused path keeps the final norm's output gradient on the device.");
+  model.backward(ctx, fused_saved, 0.5);
+  auto evaluated = model.evaluate(ctx, tokens, labels, mask);
+  static_assert(std::is_same_v<decltype(evaluated.sum), strata::Tensor<double, space::cuda>>,
+                "The evaluated loss sum stays on the device.");
+  (void)fused_loss;
   (void)model.next_token_logits(ctx, tokens, 0);
 }
 

@@ -6,6 +6,7 @@
 // between spaces goes through the resource.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <span>
@@ -176,6 +177,94 @@ TEST(DeviceSpace, LlamaRunInDeviceMemoryEqualsHostRunBitForBit) {
 }
 TEST(DeviceSpace, Bf16GptRunInDeviceMemoryEqualsHostRunBitForBit) {
   expect_device_space_run_equals_host_run<models::Gpt, bf16, false>(tiny(false));
+}
+
+}  // namespace
+
+namespace {
+
+// Device bytes in use, their peak since start_measuring(), and the largest single allocation.
+struct CountingDeviceResource final : device_memory_resource {
+  std::size_t in_use = 0, peak = 0, largest = 0;
+  void* allocate(std::size_t bytes) override {
+    in_use += bytes;
+    peak = std::max(peak, in_use);
+    largest = std::max(largest, bytes);
+    return ::operator new(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    in_use -= bytes;
+    ::operator delete(p);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes, copy_kind) override { std::memcpy(dst, src, bytes); }
+  void zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
+  std::string_view name() const override { return "counting host-backed device memory"; }
+  void start_measuring() {
+    peak = in_use;
+    largest = 0;
+  }
+};
+
+struct StepMemory {
+  std::size_t peak = 0;     // most bytes in use during forward + backward, above those in use before
+  std::size_t largest = 0;  // largest allocation during forward + backward
+};
+
+// One training micro-batch (forward + backward) of GPT in float at tp = 2 with sequence
+// parallelism, in simulated device memory; the memory of rank 0. chunk_rows < 0: the unfused path.
+StepMemory measure_step(const models::ModelConfig& config, index_t chunk_rows) {
+  using Policy = DevicePolicy<float, true>;
+  std::vector<CountingDeviceResource> resources(2);
+  StepMemory rank0;
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    CountingDeviceResource& resource = resources[static_cast<std::size_t>(world.rank())];
+    current_device_resource() = &resource;
+    {
+      auto ctx = context_t<Policy>::create(simulated_device_communicator{world}, ParallelConfig{.tp = 2});
+      models::Gpt<Policy> model(ctx, config);
+      model.init(ctx, 1234);
+      const strata_test::TokenBatch batch = strata_test::random_batch(config.vocab_size, 2, config.seq_length, 5);
+      const std::size_t before = resource.in_use;
+      resource.start_measuring();
+      {
+        auto [loss, saved] = chunk_rows < 0 ? model.forward(ctx, batch.tokens, batch.labels, batch.mask, 7)
+                                            : model.forward(ctx, batch.tokens, batch.labels, batch.mask, 7,
+                                                            models::FusedLoss{1.0 / 16, {chunk_rows}});
+        model.backward(ctx, saved, 1.0 / 16);
+      }
+      if (world.rank() == 0) rank0 = {resource.peak - before, resource.largest};
+    }
+    current_device_resource() = nullptr;
+  });
+  return rank0;
+}
+
+// The fused classifier holds one block of logits at a time: no allocation of a forward + backward
+// is larger than one block [chunk_rows, V/tp]; the step's peak with blocks of 3 rows is that with
+// one block of all 16 rows less the difference of the blocks, and below the unfused step's peak
+// (logits kept, then their gradient beside them) by more than the whole logits. (A vocabulary much
+// wider than the hidden size makes the logits the largest tensors of the step, as in real models.)
+TEST(DeviceSpace, FusedClassifierHoldsOneBlockOfLogits) {
+  models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = 1000;  // padded to 1008: 504 columns per rank
+  c.make_vocab_size_divisible_by = 8;
+  c.seq_length = 8;
+  const std::size_t rows = 16, local = 504, chunk_rows = 3;
+  const std::size_t logits_bytes = rows * local * sizeof(float), block_bytes = chunk_rows * local * sizeof(float);
+  const StepMemory unfused = measure_step(c, -1);
+  const StepMemory fused = measure_step(c, static_cast<index_t>(chunk_rows));
+  const StepMemory whole = measure_step(c, static_cast<index_t>(rows));  // one block of every row
+  EXPECT_GE(unfused.largest, logits_bytes) << "the unfused step makes the whole logits (the counter sees them)";
+  EXPECT_EQ(fused.largest, block_bytes) << "the largest allocation of the fused step is its block of logits";
+  EXPECT_EQ(whole.largest, logits_bytes);
+  EXPECT_LE(fused.peak + logits_bytes, unfused.peak)
+      << "fused peak " << fused.peak << " B, unfused peak " << unfused.peak << " B, logits " << logits_bytes << " B";
+  EXPECT_EQ(fused.peak + logits_bytes - block_bytes, whole.peak)
+      << "the block is the only difference between the fused steps of 3 rows and of every row";
 }
 
 }  // namespace

@@ -134,3 +134,67 @@ TEST(Gpt, NextTokenLogitsMatchTheLossAndAllTpSizes) {
   strata_test::expect_next_token_logits_consistent<strata::models::Gpt>(c);
 }
 }  // namespace
+
+namespace {
+
+// The fused chunked classifier (output layer tied to the word embedding) equals the unfused path.
+TEST(Gpt, FusedClassifierEqualsUnfusedDouble) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, double>(tiny_gpt(), {1, 2, 4});
+}
+TEST(Gpt, FusedClassifierEqualsUnfusedFloat) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, float>(tiny_gpt(), {1, 2, 4});
+}
+TEST(Gpt, FusedClassifierEqualsUnfusedWithDropoutAndLabelSmoothing) {
+  auto c = tiny_gpt();
+  c.hidden_dropout = 0.2;
+  c.label_smoothing = 0.1;
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, double>(c, {1, 2, 4});
+}
+// Odd shapes at tp = 3: 18 rows (9 tokens x 2), and a vocabulary of 100 padded to 108 at tp = 3
+// (make_vocab_size_divisible_by 4 x tp 3), so the last rank holds 28 real columns of 36.
+strata::models::ModelConfig odd_gpt() {
+  auto c = tiny_gpt();
+  c.hidden_size = 24;
+  c.num_attention_heads = 3;
+  c.ffn_hidden_size = 36;
+  c.vocab_size = 100;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 9;
+  c.label_smoothing = 0.05;
+  return c;
+}
+TEST(Gpt, FusedClassifierEqualsUnfusedOddShapesAndPaddedVocabulary) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, double>(odd_gpt(), {1, 3});
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Gpt, float>(odd_gpt(), {3});
+}
+
+// backward after a fused forward must be given the forward's loss scale; the error names both. A
+// negative block size is refused.
+TEST(Gpt, FusedBackwardRefusesAnotherLossScale) {
+  using namespace strata;
+  const auto c = tiny_gpt();
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    models::Gpt<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    model.init(ctx, 1);
+    auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
+    auto saved = model.forward(ctx, batch.tokens, batch.labels, batch.mask, 0, models::FusedLoss{0.25}).second;
+    try {
+      model.backward(ctx, saved, 0.5);
+      FAIL() << "a loss scale other than the fused forward's must be refused";
+    } catch (const ConfigError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("loss_scale=0.5"), std::string::npos) << message;
+      EXPECT_NE(message.find("loss_scale=0.25"), std::string::npos) << message;
+    }
+    EXPECT_NO_THROW(model.backward(ctx, saved, 0.25));
+    try {
+      (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask, 0, models::FusedLoss{0.25, {-1}});
+      FAIL() << "a negative block size must be refused";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("rows=-1"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace

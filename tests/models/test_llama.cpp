@@ -56,3 +56,30 @@ TEST(Llama, NextTokenLogitsMatchTheLossAndAllTpSizes) {
   strata_test::expect_next_token_logits_consistent<strata::models::Llama>(tiny_llama());
 }
 }  // namespace
+
+namespace {
+
+// The fused chunked classifier with Llama's own (untied) output weight equals the unfused path.
+TEST(Llama, FusedClassifierEqualsUnfusedDouble) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Llama, double>(tiny_llama(), {1, 2, 4});
+}
+TEST(Llama, FusedClassifierEqualsUnfusedFloat) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Llama, float>(tiny_llama(), {1, 2, 4});
+}
+// Odd shapes at tp = 3: 18 rows, 6 query heads in 3 groups, and a vocabulary of 100 padded to 108,
+// with label smoothing.
+TEST(Llama, FusedClassifierEqualsUnfusedOddShapesPaddedVocabularyAndLabelSmoothing) {
+  auto c = tiny_llama();
+  c.hidden_size = 48;
+  c.num_attention_heads = 6;
+  c.num_query_groups = 3;
+  c.ffn_hidden_size = 36;
+  c.vocab_size = 100;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 9;
+  c.label_smoothing = 0.1;
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Llama, double>(c, {1, 3});
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Llama, float>(c, {3});
+}
+
+}  // namespace

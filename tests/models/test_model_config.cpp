@@ -40,4 +40,22 @@ TEST(ModelConfig, DefaultFfnThatOverflowsIntIsAnErrorNotANegativeWidth) {
   EXPECT_EQ(m.ffn(), 100);
 }
 
+// The fused classifier's estimate keeps one block of logits (and the final norm's output gradient)
+// where the unfused one keeps the logits and their softmax: GPT-2 124M, micro-batch 32 x 1024, bf16.
+TEST(MemoryEstimate, FusedClassifierKeepsOneBlockOfLogits) {
+  const auto m = ModelConfig::gpt2_124m();
+  const auto bytes = strata::models::element_bytes_of<strata::bf16>();
+  const auto shape = strata::models::DecoderShape::gpt();
+  const std::int64_t block = std::int64_t{256} << 20, tokens = 32 * 1024, vocab = 50304, hidden = 768;
+  const auto unfused = strata::models::estimate_training_memory(m, shape, 1, false, 32, bytes);
+  const auto fused = strata::models::estimate_training_memory(m, shape, 1, false, 32, bytes, block);
+  const std::int64_t block_rows = block / (vocab * 2);  // 2668 rows of bf16 logits
+  EXPECT_EQ(unfused.activation_bytes - fused.activation_bytes,
+            2 * tokens * vocab * 4 - block_rows * vocab * 2 - tokens * hidden * 2);
+  EXPECT_EQ(fused.parameter_bytes, unfused.parameter_bytes);
+  // a budget above the whole logits holds every row in one block
+  const auto whole = strata::models::estimate_training_memory(m, shape, 1, false, 32, bytes, std::int64_t{1} << 40);
+  EXPECT_EQ(whole.activation_bytes - fused.activation_bytes, (tokens - block_rows) * vocab * 2);
+}
+
 }  // namespace

@@ -75,10 +75,7 @@ class ColumnParallelLinear {
 
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    expect_layout<input_layout, Layout>();
-    Saved saved;
-    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.device, ctx.tp, x).tensor;
-    else saved.input = x.tensor;  // shared, read only
+    Saved saved{full_input(ctx, x)};
     Tensor<T, Space> y = detail::linear_forward(ctx.device, saved.input, *weight_,
                                                 Options.skip_bias_add || !bias_ ? nullptr : &*bias_, "ColumnParallelLinear");
     Act<layout::sharded<-1>> local(std::move(y));
@@ -92,10 +89,7 @@ class ColumnParallelLinear {
   std::tuple<Act<layout::sharded<-1>>, Tensor<T, Space>, Saved> forward_gelu(Context& ctx, const Act<Layout>& x) const
     requires(!Options.gather_output && !Options.skip_bias_add)
   {
-    expect_layout<input_layout, Layout>();
-    Saved saved;
-    if constexpr (sequence_parallel) saved.input = gather_from_sequence_parallel(ctx.device, ctx.tp, x).tensor;
-    else saved.input = x.tensor;  // shared, read only
+    Saved saved{full_input(ctx, x)};
     Tensor<T, Space> pre;
     Tensor<T, Space> y = detail::linear_forward_gelu(ctx.device, saved.input, *weight_, bias_ ? &*bias_ : nullptr, pre,
                                                      "ColumnParallelLinear");
@@ -108,7 +102,29 @@ class ColumnParallelLinear {
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
-    Act<layout::partial> dx(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr));
+    return reduce_input_gradient(
+        ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr)));
+  }
+
+  // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
+  // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
+  // under sequence parallelism; otherwise x's tensor, shared), the matmul of `rows` rows of it
+  // (y = x W^T (+ b), and its backward, which accumulates dW and db and writes dx), and the
+  // reduction of the partial input gradient to the input layout (reduce-scatter under sequence
+  // parallelism, all-reduce otherwise; `dx` is the caller's own tensor, reduced in place).
+  template <class Layout>
+  Tensor<T, Space> full_input(Context& ctx, const Act<Layout>& x) const {
+    expect_layout<input_layout, Layout>();
+    if constexpr (sequence_parallel) return gather_from_sequence_parallel(ctx.device, ctx.tp, x).tensor;
+    else return x.tensor;  // shared, read only
+  }
+  void forward_rows(Context& ctx, const T* input, index_t rows, T* y) const {
+    detail::linear_forward_rows(ctx.device, input, rows, *weight_, Options.skip_bias_add || !bias_ ? nullptr : &*bias_, y);
+  }
+  void backward_rows(Context& ctx, const T* input, const T* dy, index_t rows, T* dx) {
+    detail::linear_backward_rows(ctx.device, input, dy, rows, *weight_, bias_ ? &*bias_ : nullptr, dx);
+  }
+  Act<input_layout> reduce_input_gradient(Context& ctx, Act<layout::partial> dx) const {
     if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.device, ctx.tp, dx);
     else return copy_to_tensor_parallel_backward(ctx.tp, std::move(dx));
   }

@@ -14,8 +14,12 @@
 // follows the tp=1 trajectory even when their padded vocabularies differ).
 //
 // Only the logits (shared with the caller, in T) and the per-row log-sum-exp are saved: the softmax
-// is recomputed in the backward, never kept in fp32. Per-token losses are returned in the accumulate type; how they are averaged (over non-masked
-// tokens of the whole global batch) is the caller's choice, expressed through dloss.
+// is recomputed in the backward, never kept in fp32. Per-token losses are returned in the
+// accumulate type; how they are averaged (over non-masked tokens of the whole global batch) is the
+// caller's choice, expressed through dloss. When dloss is known before the forward (training),
+// forward_backward_rows runs both on a block of rows and writes d logits over the logits, so the
+// chunked classifier (chunked_classifier.hpp) never holds the whole [rows, V/tp] logits;
+// forward_rows is its forward-only form (evaluation).
 #pragma once
 
 #include <algorithm>
@@ -61,23 +65,13 @@ class VocabParallelCrossEntropy {
     if (labels.numel() != rows)
       fail<ShapeError>("VocabParallelCrossEntropy: ", labels.numel(), " labels for ", rows, " rows of logits ",
                        logits.shape().str());
-    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
-    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);  // real columns held here
-    if constexpr (std::is_same_v<Space, space::host>) check_labels(labels, vocab);
+    if constexpr (std::is_same_v<Space, space::host>) check_labels(labels, vocabulary(ctx, local));
     Saved saved;
     saved.logits = logits.tensor;
     saved.labels = labels.reshaped(Shape{rows});
-    auto maxes = Tensor<A, Space>::empty(Shape{rows});
-    ctx.device.template cross_entropy_max<T>(logits.data(), rows, local, used, maxes.data());
-    if (ctx.tp.size() > 1) ctx.tp.all_reduce(maxes.buffer(), ReduceOp::max);
-    auto sums = Tensor<A, Space>::empty(Shape{rows, 3});  // per row: sum exp, target logit, sum logits
-    ctx.device.template cross_entropy_sums<T>(logits.data(), rows, local, used, maxes.data(), saved.labels.data(), begin,
-                                              sums.data());
-    if (ctx.tp.size() > 1) ctx.tp.all_reduce(sums.buffer(), ReduceOp::sum);
     auto losses = Tensor<A, Space>::empty(labels.shape());
     saved.lse = Tensor<A, Space>::empty(Shape{rows});
-    ctx.device.template cross_entropy_loss<A>(sums.data(), maxes.data(), rows, vocab, smoothing_factor(vocab),
-                                              losses.data(), saved.lse.data());
+    loss_rows(ctx, logits.data(), rows, local, saved.labels.data(), losses.data(), saved.lse.data());
     return {std::move(losses), std::move(saved)};
   }
 
@@ -86,12 +80,29 @@ class VocabParallelCrossEntropy {
   Activation<T, layout::sharded<-1>, Space> backward(Context& ctx, const Saved& saved, const Tensor<A, Space>& dloss,
                                                      const Shape& logits_shape) const {
     const index_t rows = saved.logits.shape().rows(), local = saved.logits.shape().cols();
-    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
-    const index_t used = std::clamp<index_t>(vocab - begin, 0, local);
     Activation<T, layout::sharded<-1>, Space> dz{Tensor<T, Space>::empty(logits_shape)};
-    ctx.device.template cross_entropy_backward<T>(saved.logits.data(), saved.lse.data(), saved.labels.data(), begin, rows,
-                                                  local, used, vocab, smoothing_factor(vocab), dloss.data(), dz.data());
+    gradient_rows(ctx, saved.logits.data(), saved.lse.data(), saved.labels.data(), rows, local, dloss.data(), dz.data());
     return dz;
+  }
+
+  // Forward only on `rows` rows of logits [rows, local]: the per-row losses (evaluation over blocks
+  // of rows). Collective like forward; labels are the caller's to check (check_labels).
+  void forward_rows(Context& ctx, const T* logits, index_t rows, index_t local, const std::int32_t* labels,
+                    A* losses) const {
+    auto lse = Tensor<A, Space>::empty(Shape{rows});
+    loss_rows(ctx, logits, rows, local, labels, losses, lse.data());
+  }
+
+  // Forward and backward at once on `rows` rows of logits [rows, local] whose loss gradient dloss
+  // [rows] is known ahead (training: mask / tokens): writes the per-row losses and overwrites the
+  // logits with d logits (the chunked classifier's block, reused in place; padded columns get 0).
+  // Collective over the tensor-parallel group (two all-reduces), like forward. Labels are not
+  // checked here: the caller checks them once for all its blocks (check_labels).
+  void forward_backward_rows(Context& ctx, T* logits, index_t rows, index_t local, const std::int32_t* labels,
+                             const A* dloss, A* losses) const {
+    auto lse = Tensor<A, Space>::empty(Shape{rows});
+    loss_rows(ctx, logits, rows, local, labels, losses, lse.data());
+    gradient_rows(ctx, logits, lse.data(), labels, rows, local, dloss, logits);  // in place (docs/DEVICE.md)
   }
 
   // Labels on the host checked against the real vocabulary; the error names the label and its row.
@@ -107,6 +118,37 @@ class VocabParallelCrossEntropy {
   index_t vocabulary(const Context& ctx, index_t local) const { return real_vocab(local * ctx.tp.size()); }
 
  private:
+  // Global column of this rank's first logit, the real vocabulary, and the real columns held here.
+  struct Columns {
+    index_t begin, vocab, used;
+  };
+  Columns columns(const Context& ctx, index_t local) const {
+    const index_t begin = local * ctx.tp.rank(), vocab = real_vocab(local * ctx.tp.size());
+    return {begin, vocab, std::clamp<index_t>(vocab - begin, 0, local)};
+  }
+
+  // losses[rows] and lse[rows] of logits [rows, local]: the local max, all-reduced (max); the
+  // three sums per row, all-reduced (sum); then the loss per row.
+  void loss_rows(Context& ctx, const T* logits, index_t rows, index_t local, const std::int32_t* labels, A* losses,
+                 A* lse) const {
+    const auto [begin, vocab, used] = columns(ctx, local);
+    auto maxes = Tensor<A, Space>::empty(Shape{rows});
+    ctx.device.template cross_entropy_max<T>(logits, rows, local, used, maxes.data());
+    if (ctx.tp.size() > 1) ctx.tp.all_reduce(maxes.buffer(), ReduceOp::max);
+    auto sums = Tensor<A, Space>::empty(Shape{rows, 3});  // per row: sum exp, target logit, sum logits
+    ctx.device.template cross_entropy_sums<T>(logits, rows, local, used, maxes.data(), labels, begin, sums.data());
+    if (ctx.tp.size() > 1) ctx.tp.all_reduce(sums.buffer(), ReduceOp::sum);
+    ctx.device.template cross_entropy_loss<A>(sums.data(), maxes.data(), rows, vocab, smoothing_factor(vocab), losses, lse);
+  }
+
+  // dlogits [rows, local] = (softmax - targets) * dloss per row; dlogits may be logits.
+  void gradient_rows(Context& ctx, const T* logits, const A* lse, const std::int32_t* labels, index_t rows,
+                     index_t local, const A* dloss, T* dlogits) const {
+    const auto [begin, vocab, used] = columns(ctx, local);
+    ctx.device.template cross_entropy_backward<T>(logits, lse, labels, begin, rows, local, used, vocab,
+                                                  smoothing_factor(vocab), dloss, dlogits);
+  }
+
   index_t real_vocab(index_t padded) const {
     if (vocab_size_ > padded)
       fail<ConfigError>("VocabParallelCrossEntropy: vocab_size=", vocab_size_, " exceeds the ", padded, " logit columns");

@@ -8,6 +8,9 @@
 //   linear_forward_gelu   pre = x W^T (+ b), y = gelu(pre)
 //   linear_backward with gelu_pre: dx = (dy W) * gelu'(gelu_pre), the gradient before the GELU that
 //                         produced this layer's input
+//
+// The `_rows` forms take pointers to a block of rows, so a caller may run a layer over its rows in
+// pieces (the chunked classifier); the tensor forms check shapes and run them on every row.
 #pragma once
 
 #include <type_traits>
@@ -24,6 +27,16 @@ void add_bias(Device& device, Tensor<T, Space>& y, const Parameter<T, Space>& bi
   device.template bias_add<T>(y.data(), bias.value.data(), y.shape().rows(), y.shape().cols());
 }
 
+// y[rows, out] = x[rows, in] W^T (+ b): `rows` rows starting at x and y (the whole tensor, or a
+// block of rows of it, as the chunked classifier runs it).
+template <class Device, class T, class Space>
+void linear_forward_rows(Device& device, const T* x, index_t rows, const Parameter<T, Space>& weight,
+                         const std::type_identity_t<Parameter<T, Space>>* bias, T* y) {
+  const index_t in = weight.value.size(1), out = weight.value.size(0);
+  device.template gemm<T>(false, true, rows, out, in, x, weight.value.data(), y, false,  // (rows, out)
+                          bias ? bias->value.data() : nullptr);
+}
+
 template <class Device, class T, class Space>
 Tensor<T, Space> linear_forward(Device& device, const Tensor<T, Space>& x, const Parameter<T, Space>& weight,
                                 const std::type_identity_t<Parameter<T, Space>>* bias, const char* who) {
@@ -31,10 +44,8 @@ Tensor<T, Space> linear_forward(Device& device, const Tensor<T, Space>& x, const
   if (x.shape().cols() != in)
     fail<ShapeError>(who, ": input ", x.shape().str(), " has ", x.shape().cols(), " features, the weight ",
                      weight.value.shape().str(), " expects ", in);
-  const index_t rows = x.shape().rows();
   auto y = Tensor<T, Space>::empty(x.shape().with(-1, out));  // (rows, out)
-  device.template gemm<T>(false, true, rows, out, in, x.data(), weight.value.data(), y.data(), false,
-                          bias ? bias->value.data() : nullptr);
+  linear_forward_rows(device, x.data(), x.shape().rows(), weight, bias, y.data());
   return y;
 }
 
@@ -55,28 +66,36 @@ Tensor<T, Space> linear_forward_gelu(Device& device, const Tensor<T, Space>& x, 
   return y;
 }
 
+// The backward of linear_forward_rows on `rows` rows: accumulates dW[out, in] += dy^T x (and
+// db[out] += sum_rows dy), writes dx[rows, in] = dy W, or (dy W) * gelu'(gelu_pre) when gelu_pre
+// (rows x in, the pre-activation of the GELU that produced x) is given.
+template <class Device, class T, class Space>
+void linear_backward_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
+                          Parameter<T, Space>* bias, T* dx, const T* gelu_pre = nullptr) {
+  using A = accumulate_t<T>;
+  const index_t in = weight.value.size(1), out = weight.value.size(0);
+  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
+  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
+  if (gelu_pre)
+    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy, weight.value.data(), gelu_pre, dx);
+  else
+    device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
+}
+
 // Accumulates dW (and db), returns dx (times gelu'(*gelu_pre) when gelu_pre is given).
 template <class Device, class T, class Space>
 Tensor<T, Space> linear_backward(Device& device, const Tensor<T, Space>& x, const Tensor<T, Space>& dy,
                                  Parameter<T, Space>& weight, Parameter<T, Space>* bias,
                                  const Tensor<T, Space>* gelu_pre = nullptr) {
-  using A = accumulate_t<T>;
-  const index_t in = weight.value.size(1), out = weight.value.size(0), rows = x.shape().rows();
+  const index_t out = weight.value.size(0), rows = x.shape().rows();
   if (dy.shape().rows() != rows || dy.shape().cols() != out)
     fail<ShapeError>("linear backward: output gradient ", dy.shape().str(), " does not match ", rows, " rows of ", out,
                      " features");
-  device.template gemm<T, A>(true, false, out, in, rows, dy.data(), x.data(), weight.grad.data(), true);  // (out,in)
-  if (bias) device.template bias_grad<T>(dy.data(), rows, out, bias->grad.data());
-  auto dx = Tensor<T, Space>::empty(x.shape());  // (rows,in)
-  if (gelu_pre) {
-    if (!(gelu_pre->shape() == x.shape()))
-      fail<ShapeError>("linear backward: the GELU pre-activation ", gelu_pre->shape().str(), " does not match the input ",
-                       x.shape().str());
-    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy.data(), weight.value.data(), gelu_pre->data(),
-                                          dx.data());
-  } else {
-    device.template gemm<T>(false, false, rows, in, out, dy.data(), weight.value.data(), dx.data(), false);
-  }
+  if (gelu_pre && !(gelu_pre->shape() == x.shape()))
+    fail<ShapeError>("linear backward: the GELU pre-activation ", gelu_pre->shape().str(), " does not match the input ",
+                     x.shape().str());
+  auto dx = Tensor<T, Space>::empty(x.shape());  // (rows, in)
+  linear_backward_rows(device, x.data(), dy.data(), rows, weight, bias, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
   return dx;
 }
 

@@ -8,9 +8,31 @@
 // the sum of masked per-token losses and the token count; backward takes the scale of each
 // token's loss (1 / tokens of the global batch), so gradients of micro-batches and data-parallel
 // ranks add up to the gradient of the global mean.
+//
+// Two paths through the output layer and the loss:
+//   forward(ctx, tokens, labels, mask, key)            the logits [s b, V/tp] are made whole and kept
+//                                                      for backward (the reference path; tests)
+//   forward(ctx, tokens, labels, mask, key, FusedLoss{loss_scale})
+//                                                      training: the loss gradient (mask * loss_scale) is
+//                                                      known ahead, so the output layer and the loss run
+//                                                      fused over blocks of rows (layers/chunked_classifier.hpp):
+//                                                      one block of logits lives at a time, the output
+//                                                      weight's gradient is accumulated during the forward,
+//                                                      and Saved keeps the gradient with respect to the final
+//                                                      norm's output instead of the logits. backward(ctx,
+//                                                      saved, loss_scale) then starts from it, and refuses a
+//                                                      loss_scale other than the forward's. A fused Saved
+//                                                      is meant for one backward (the output layer's share of
+//                                                      the gradient was added once, in the forward).
+// Both give the same losses and gradients up to rounding (GEMMs over blocks of rows, the output
+// weight's gradient summed block by block). evaluate(ctx, tokens, labels, mask) is the forward-only
+// loss for validation: chunked too, and keeping no layer's saved tensors.
 #pragma once
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <iomanip>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,6 +54,16 @@ struct LossSum {
   double loss_sum() const { return sum.empty() ? 0.0 : to_host(sum)[0]; }
 };
 
+// Asks forward to run the output layer and the loss fused, block of rows by block, with the loss
+// gradient known ahead: each token's loss weighs mask * loss_scale (the scale backward will be
+// given). `chunks` sizes the blocks (layers/chunked_classifier.hpp: a row count, or by default as
+// many rows as keep a block of logits [rows, V/tp] in the element type within 256 MiB, at least
+// one); the block size changes nothing but rounding.
+struct FusedLoss {
+  double loss_scale = 1.0;
+  ClassifierChunks chunks = {};
+};
+
 template <class Policy, template <class> class Norm, class Attention, class MlpBlock, bool LearnedPositions, bool TiedOutput>
 class DecoderModel {
  public:
@@ -51,6 +83,10 @@ class DecoderModel {
     typename VocabParallelCrossEntropy<Policy>::Saved loss;
     Tensor<A, Space> mask;  // [s, b]
     Shape logits_shape;
+    // The fused path only (output and loss then stay empty): d loss / d final norm output, in the
+    // residual layout, and the loss scale it was computed with.
+    Activation<T, Layout, Space> final_norm_output_gradient;
+    std::optional<double> fused_loss_scale;
   };
 
   DecoderModel(Context& ctx, const ModelConfig& config, bool linear_bias)
@@ -93,52 +129,76 @@ class DecoderModel {
   std::pair<LossSum<Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens,
                                            const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
                                            std::uint64_t dropout_key = 0) const {
-    if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
-      fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
-                       loss_mask.shape().str(), " must all be [batch, seq]");
-    if (tokens.size(1) > config_.seq_length)
-      fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
-    check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
     Saved saved;
-    auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
-    saved.embedding = std::move(emb);
-    if constexpr (LearnedPositions) positions_->forward(ctx, x);
-    saved.layers.reserve(layers_.size());
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      auto [y, s] = layers_[i].forward(ctx, x, rng::mix(dropout_key, i));
-      x = std::move(y);
-      saved.layers.push_back(std::move(s));
-    }
-    auto [h, fn] = final_norm_.forward(ctx, x);
-    saved.final_norm = std::move(fn);
+    auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     auto [logits, out] = output_->forward(ctx, h);
     saved.output = std::move(out);
     saved.logits_shape = logits.shape();
     auto [losses, ls] = loss_.forward(ctx, logits, sequence_major(ctx, labels, /*are_labels=*/true));
     saved.loss = std::move(ls);
-    // the mask: [b, s] floats -> [s, b] in A, on the backend; the token count on the host
-    const index_t b = loss_mask.size(0), s = loss_mask.size(1);
-    auto mask_bs = upload(loss_mask);
-    auto mask_sb = Tensor<float, Space>::empty(Shape{s, b});
-    ctx.device.template transpose<float>(mask_bs.data(), b, s, mask_sb.data());
-    saved.mask = Tensor<A, Space>::empty(Shape{s, b});
-    ctx.device.template convert<float, A>(mask_sb.data(), s * b, saved.mask.data());
-    LossSum<Space> result;
-    result.sum = Tensor<double, Space>::empty(Shape{1});
-    ctx.device.template masked_loss_sum<A>(losses.data(), saved.mask.data(), losses.numel(), result.sum.data());
-    for (index_t i = 0; i < loss_mask.numel(); ++i) result.tokens += loss_mask[i];
-    return {std::move(result), std::move(saved)};
+    saved.mask = sequence_major_mask(ctx, loss_mask);
+    return {masked_loss_sum(ctx, losses, saved.mask, loss_mask), std::move(saved)};
   }
 
-  // Accumulates every parameter's gradient of  loss_scale * sum(mask * loss).
+  // The training forward: as above, with the output layer and the loss fused and chunked (FusedLoss).
+  // Accumulates the output weight's gradient of  fused.loss_scale * sum(mask * loss)  now; backward
+  // adds the rest.
+  std::pair<LossSum<Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens,
+                                           const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
+                                           std::uint64_t dropout_key, const FusedLoss& fused) {
+    if (!std::isfinite(fused.loss_scale))
+      fail<ConfigError>("model forward: FusedLoss::loss_scale=", fused.loss_scale,
+                        " must be a finite number (1 / tokens of the global batch)");
+    fused.chunks.check();
+    Saved saved;
+    auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
+    saved.mask = sequence_major_mask(ctx, loss_mask);
+    Tensor<A, Space> dloss = saved.mask.clone();  // [s, b]: mask * loss_scale, as backward makes it
+    ctx.device.template scale<A>(dloss.data(), dloss.numel(), fused.loss_scale);
+    auto result = chunked_classifier(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), dloss,
+                                     fused.chunks);
+    saved.final_norm_output_gradient = std::move(result.input_gradient);
+    saved.fused_loss_scale = fused.loss_scale;
+    return {masked_loss_sum(ctx, result.losses, saved.mask, loss_mask), std::move(saved)};
+  }
+
+  // Accumulates every parameter's gradient of  loss_scale * sum(mask * loss)  (after a fused
+  // forward: of every parameter but the output weight, whose share the forward added).
   void backward(Context& ctx, const Saved& saved, double loss_scale) {
-    Tensor<A, Space> dloss = saved.mask.clone();
-    ctx.device.template scale<A>(dloss.data(), dloss.numel(), loss_scale);
-    auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
-    auto dx = final_norm_.backward(ctx, saved.final_norm, output_->backward(ctx, saved.output, dlogits));
+    Activation<T, Layout, Space> dh;  // d loss / d final norm output
+    if (saved.fused_loss_scale) {
+      if (*saved.fused_loss_scale != loss_scale)
+        fail<ConfigError>("model backward: loss_scale=", std::setprecision(17), loss_scale,
+                          " differs from the loss_scale=", *saved.fused_loss_scale,
+                          " the fused forward (FusedLoss) computed the output layer's gradients with; pass the same "
+                          "scale to both");
+      dh = saved.final_norm_output_gradient;  // shared, read only
+    } else {
+      Tensor<A, Space> dloss = saved.mask.clone();
+      ctx.device.template scale<A>(dloss.data(), dloss.numel(), loss_scale);
+      auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
+      dh = output_->backward(ctx, saved.output, dlogits);
+    }
+    auto dx = final_norm_.backward(ctx, saved.final_norm, dh);
     for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_.backward(ctx, saved.embedding, dx);
+  }
+
+  // Forward only, for evaluation: the loss sum of forward (up to the rounding of the output GEMM over
+  // blocks of rows), keeping nothing for a backward: each layer's saved tensors are dropped as soon
+  // as the next layer has run, and the output layer and the loss run over blocks of rows (`chunks`),
+  // so neither the activations of every layer nor the whole logits are held at once.
+  LossSum<Space> evaluate(Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
+                          const Tensor<float>& loss_mask, std::uint64_t dropout_key = 0, ClassifierChunks chunks = {}) const {
+    check_batch(ctx, tokens, labels, loss_mask);
+    chunks.check();
+    auto x = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
+    if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, rng::mix(dropout_key, i)).first;
+    const auto h = final_norm_.forward(ctx, x).first;
+    const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
+    return masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask);
   }
 
   // Forward only: the logits (real vocabulary, gathered from the tensor-parallel shards, identical
@@ -173,6 +233,57 @@ class DecoderModel {
   const ModelConfig& config() const { return config_; }
 
  private:
+  // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),
+  // returns the final norm's output [s, b, h] in the residual layout.
+  Activation<T, Layout, Space> forward_to_final_norm(Context& ctx, const Tensor<std::int32_t>& tokens,
+                                                     const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
+                                                     std::uint64_t dropout_key, Saved& saved) const {
+    check_batch(ctx, tokens, labels, loss_mask);
+    auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
+    saved.embedding = std::move(emb);
+    if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    saved.layers.reserve(layers_.size());
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      auto [y, s] = layers_[i].forward(ctx, x, rng::mix(dropout_key, i));
+      x = std::move(y);
+      saved.layers.push_back(std::move(s));
+    }
+    auto [h, fn] = final_norm_.forward(ctx, x);
+    saved.final_norm = std::move(fn);
+    return std::move(h);
+  }
+
+  void check_batch(const Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
+                   const Tensor<float>& loss_mask) const {
+    if (tokens.rank() != 2 || !(tokens.shape() == labels.shape()) || !(tokens.shape() == loss_mask.shape()))
+      fail<ShapeError>("model forward: tokens ", tokens.shape().str(), ", labels ", labels.shape().str(), " and loss mask ",
+                       loss_mask.shape().str(), " must all be [batch, seq]");
+    if (tokens.size(1) > config_.seq_length)
+      fail<ConfigError>("model forward: sequence of ", tokens.size(1), " tokens exceeds seq_length=", config_.seq_length);
+    check_sequence_parallel_length(ctx, tokens.size(1), "model forward");
+  }
+
+  // The mask: [b, s] floats on the host -> [s, b] in A, on the backend.
+  Tensor<A, Space> sequence_major_mask(Context& ctx, const Tensor<float>& loss_mask) const {
+    const index_t b = loss_mask.size(0), s = loss_mask.size(1);
+    auto mask_bs = upload(loss_mask);
+    auto mask_sb = Tensor<float, Space>::empty(Shape{s, b});
+    ctx.device.template transpose<float>(mask_bs.data(), b, s, mask_sb.data());
+    auto mask = Tensor<A, Space>::empty(Shape{s, b});
+    ctx.device.template convert<float, A>(mask_sb.data(), s * b, mask.data());
+    return mask;
+  }
+
+  // sum(mask * loss) on the backend; the token count on the host.
+  LossSum<Space> masked_loss_sum(Context& ctx, const Tensor<A, Space>& losses, const Tensor<A, Space>& mask,
+                                 const Tensor<float>& loss_mask) const {
+    LossSum<Space> result;
+    result.sum = Tensor<double, Space>::empty(Shape{1});
+    ctx.device.template masked_loss_sum<A>(losses.data(), mask.data(), losses.numel(), result.sum.data());
+    for (index_t i = 0; i < loss_mask.numel(); ++i) result.tokens += loss_mask[i];
+    return result;
+  }
+
   // Sequence parallelism splits every sequence over the tensor-parallel ranks: a batch shorter than
   // seq_length must still be a multiple of tp. Checked here, before the layers, so the error names
   // the lengths rather than a layout conversion deep inside.

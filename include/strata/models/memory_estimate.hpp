@@ -12,12 +12,18 @@
 //                  sequence parallel: s b (17 h + 2.5 a s) / tp
 //                  otherwise:         s b (5 h + (12 h + 2.5 a s) / tp)
 //                plus the embedding output and final norm (s b h, sharded under sequence
-//                parallelism) and the logits with their softmax (2 s b V / tp, in A).
+//                parallelism), and for the output layer and the loss either
+//                  unfused: the logits with their softmax (2 s b V / tp, in A), or
+//                  fused (classifier_block_bytes > 0, the budget of DecoderModel's FusedLoss
+//                  blocks): one block of logits [rows, V / tp] in T, rows = budget / row bytes
+//                  (at least 1, at most s b), and the final norm's output gradient (s b h, in T,
+//                  sharded under sequence parallelism).
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -97,7 +103,8 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
 
 // The estimate for one rank training micro-batches of `micro_batch_size` sequences.
 inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
-                                               std::int64_t micro_batch_size, ElementBytes bytes) {
+                                               std::int64_t micro_batch_size, ElementBytes bytes,
+                                               std::int64_t classifier_block_bytes = 0) {
   const char* what = "activation memory";
   MemoryEstimate e;
   e.parameters = parameters_per_rank(m, shape, tp);
@@ -117,9 +124,17 @@ inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShap
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   elements = checked_add(elements, checked_product(what, 2, tokens, h) / (sequence_parallel ? tp : 1), what);
   e.activation_bytes = checked_mul(elements, bytes.value, what);
-  // logits and their softmax, [s, b, V / tp] each
-  const std::int64_t logits = checked_product(what, 2, tokens, m.padded_vocab(tp)) / tp;
-  e.activation_bytes = checked_add(e.activation_bytes, checked_mul(logits, bytes.accumulate, what), what);
+  const std::int64_t local_vocab = m.padded_vocab(tp) / tp;
+  if (classifier_block_bytes <= 0) {  // logits and their softmax, [s, b, V / tp] each
+    const std::int64_t logits = checked_product(what, 2, tokens, local_vocab);
+    e.activation_bytes = checked_add(e.activation_bytes, checked_mul(logits, bytes.accumulate, what), what);
+  } else {  // one block of logits, and d(final norm output)
+    const std::int64_t row_bytes = checked_mul(local_vocab, bytes.value, what);
+    const std::int64_t block_rows = std::min(tokens, std::max<std::int64_t>(1, classifier_block_bytes / row_bytes));
+    e.activation_bytes = checked_add(e.activation_bytes, checked_mul(block_rows, row_bytes, what), what);
+    const std::int64_t gradient = checked_product(what, tokens, h, bytes.value) / (sequence_parallel ? tp : 1);
+    e.activation_bytes = checked_add(e.activation_bytes, gradient, what);
+  }
   return e;
 }
 

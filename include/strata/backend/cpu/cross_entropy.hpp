@@ -8,7 +8,9 @@
 //                        factor s = a K / (K - 1) (computed by the layer; K = vocab):
 //                        loss_r = (1 - s) loss_r - s (Z_r / K - lse_r)
 //   cross_entropy_backward: dz_rj = (e^(z_rj - lse_r) - s / K - (1 - s) [j = label]) dloss_r,
-//                        padded columns 0 (the softmax is recomputed: no copy of it is kept)
+//                        padded columns 0 (the softmax is recomputed: no copy of it is kept);
+//                        each element is read before it is written, so dlogits may be logits
+//                        (the chunked classifier writes the gradient over its block of logits)
 #pragma once
 
 #include <algorithm>

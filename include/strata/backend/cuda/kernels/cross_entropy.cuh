@@ -8,7 +8,8 @@
 //   cross_entropy_loss      lse = m + log S;  loss = lse - z_t;  with the smoothing factor s (K = vocab):
 //                           loss = (1 - s) loss - s (Z / K - lse)
 //   cross_entropy_backward  dz[r, j] = (e^(z_j - lse_r) - s / K - (1 - s) [j = label - begin]) dloss[r]
-//                           for j < used; padded columns j >= used get 0
+//                           for j < used; padded columns j >= used get 0; a thread reads the element
+//                           it writes and no other, so dlogits may be logits (in place)
 //   masked_loss_sum         out[0] = sum_i mask[i] loss[i] in double
 //
 // `smoothing` is the factor s = a K / (K - 1) the layer computes from the user's label smoothing a
