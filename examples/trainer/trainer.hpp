@@ -588,7 +588,8 @@ concept has_local_barrier = requires(C& c) { c.local_barrier(); };
 template <class C>
 concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
 
-// The warm-up of a dry run (communicator::set_dry_run): one micro-batch forward and backward, the
+// The warm-up of a dry run (communicator::set_dry_run): one micro-batch forward and backward (fused
+// classifier, as training runs it) and one validation forward, the
 // gradient all-reduce and clipping, an optimizer step that changes nothing (its skip flag is NaN;
 // the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
 // after; the weights, moments and step count are as before.
@@ -596,8 +597,12 @@ template <class Context, class Model, class Optimizer, class Dataset>
 void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset) {
   using Space = typename Context::space;
   const data::Batch b = data::make_batch(dataset, 0, a.micro_batch_size, data::BatchOptions{data::ByteTokenizer::kEod, false});
-  auto [loss, saved] = model.forward(ctx, b.tokens, b.labels, b.loss_mask, rng::mix(a.seed, 0x7761726dull));
-  model.backward(ctx, saved, 1.0);
+  {  // the training step's own path (fused classifier), then the validation path
+    auto [loss, saved] = model.forward(ctx, b.tokens, b.labels, b.loss_mask, rng::mix(a.seed, 0x7761726dull),
+                                       models::FusedLoss{1.0});
+    model.backward(ctx, saved, 1.0);
+  }
+  (void)model.evaluate(ctx, b.tokens, b.labels, b.loss_mask);
   all_reduce_gradients(ctx.dp, model);
   (void)clip_grad_norm_device(ctx, model, a.clip_grad);
   auto skip = Tensor<double, Space>::empty(Shape{1});
