@@ -1,6 +1,7 @@
 // bench/bench_cuda_kernels.cu: the memory-bound kernels of cuda::backend at the shapes of one GPT-2
-// 124M training step (32 x 1024 tokens, hidden 768, MLP 3072, bf16), each timed through its backend
-// entry point with CUDA events: 3 warm-up calls, then the median of 20 timed calls.
+// 124M training step (32 x 1024 tokens, hidden 768, MLP 3072, vocabulary 50257 padded to 50304,
+// bf16), each timed through its backend entry point with CUDA events: 3 warm-up calls, then the
+// median of 20 timed calls.
 //
 // GB/s is the bytes the entry point must move at least (every input read once, every output written
 // once; the small fp32 statistics and weight gradients included) divided by the median time; an
@@ -114,9 +115,48 @@ int main(int argc, char** argv) {
   time("gelu_forward", mlp, 2 * nm * e, [&] { device.gelu_forward(x, rows * mlp, out); });
   time("gelu_backward", mlp, 3 * nm * e, [&] { device.gelu_backward(dy, x, rows * mlp, out); });
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out}) cudaFree(p);
 
-  std::printf("%-22s %-16s %10s %10s\n", "kernel (bf16)", "shape", "us", "GB/s");
-  for (const auto& o : rows_out) std::printf("%-22s %-16s %10.1f %10.0f\n", o.kernel.c_str(), o.shape.c_str(), o.us, o.gbps);
-  for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out, (void*)g, (void*)b, (void*)mean, (void*)rstd, (void*)dg, (void*)db}) cudaFree(p);
+  // Cross-entropy on the [rows, 50304] logits (50257 real columns): normal logits of stddev 2, labels
+  // spread over the vocabulary, one tensor-parallel rank holding everything (begin = 0).
+  const index_t local = 50304, used = 50257;
+  const double nl = double(rows) * local, nu = double(rows) * used;
+  T* logits = nullptr;
+  T* dlogits = nullptr;
+  check(cudaMalloc(&logits, R * local * sizeof(T)), "cudaMalloc (logits)");
+  check(cudaMalloc(&dlogits, R * local * sizeof(T)), "cudaMalloc (dlogits)");
+  device.init_normal(logits, rows * local, strata::GlobalIndexMap{local, local, 0}, 0x10917ull, 2.0);
+  std::int32_t* labels = nullptr;
+  {
+    std::vector<std::int32_t> host(R);
+    for (std::size_t i = 0; i < R; ++i) host[i] = static_cast<std::int32_t>((i * 7919u) % used);
+    check(cudaMalloc(&labels, R * sizeof(std::int32_t)), "cudaMalloc (labels)");
+    check(cudaMemcpy(labels, host.data(), R * sizeof(std::int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  A* row_max = device_array<A>(R);
+  A* sums = device_array<A>(3 * R);
+  A* loss = device_array<A>(R);
+  A* lse = device_array<A>(R);
+  A* dloss = device_array<A>(R);
+  device.fill(dloss, rows, 1.0 / double(rows));
+  const A smoothing = A(0.1 * double(used) / double(used - 1));
+  time("cross_entropy_max", local, nu * e + rows * f, [&] { device.cross_entropy_max(logits, rows, local, used, row_max); });
+  time("cross_entropy_sums", local, nu * e + 5.0 * rows * f, [&] {
+    device.cross_entropy_sums(logits, rows, local, used, row_max, labels, 0, sums);
+  });
+  device.cross_entropy_loss(sums, row_max, rows, used, A(0), loss, lse);
+  time("cross_entropy_backward", local, nu * e + nl * e + 3.0 * rows * f, [&] {
+    device.cross_entropy_backward(logits, lse, labels, 0, rows, local, used, used, A(0), dloss, dlogits);
+  });
+  time("cross_entropy_backward (smoothing 0.1)", local, nu * e + nl * e + 3.0 * rows * f, [&] {
+    device.cross_entropy_backward(logits, lse, labels, 0, rows, local, used, used, smoothing, dloss, dlogits);
+  });
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  std::printf("%-40s %-16s %10s %10s\n", "kernel (bf16)", "shape", "us", "GB/s");
+  for (const auto& o : rows_out) std::printf("%-40s %-16s %10.1f %10.0f\n", o.kernel.c_str(), o.shape.c_str(), o.us, o.gbps);
+  for (void* p : {(void*)g, (void*)b, (void*)mean, (void*)rstd, (void*)dg, (void*)db, (void*)logits, (void*)dlogits,
+                  (void*)labels, (void*)row_max, (void*)sums, (void*)loss, (void*)lse, (void*)dloss})
+    cudaFree(p);
   return 0;
 }
