@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "../../tensor_ref.hpp"
 #include "common.cuh"
@@ -143,7 +144,7 @@ __global__ void map_many_kernel(const __grid_constant__ tensor_batch<X> batch, O
   const index_t begin = (blockIdx.x - batch.first_block[t]) * kMultiTensorChunk;
   const index_t end = begin + kMultiTensorChunk < batch.n[t] ? begin + kMultiTensorChunk : batch.n[t];
   index_t done = begin;
-  if (aligned_16(x)) {  // chunks start at multiples of kMultiTensorChunk, so every chunk is aligned
+  if (reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {  // chunks start at multiples of kMultiTensorChunk: all aligned
     const index_t vectors = (end - begin) / width;
     packed<X>* body = reinterpret_cast<packed<X>*>(x + begin);  // (vectors, width)
     for (index_t v = threadIdx.x; v < vectors; v += blockDim.x) {
