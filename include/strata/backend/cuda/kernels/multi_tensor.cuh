@@ -82,8 +82,9 @@ __global__ void sum_of_squares_many_tensor_kernel(const __grid_constant__ tensor
 }
 
 // Phase 3: accumulator[0] += sums[0], += sums[1], ... (one thread, list order).
-inline __global__ void add_in_order_kernel(const double* sums, index_t count, double* accumulator) {
-  double total = accumulator[0];
+template <class Real>
+__global__ void add_in_order_kernel(const Real* sums, index_t count, Real* accumulator) {
+  Real total = accumulator[0];
   for (index_t t = 0; t < count; ++t) total += sums[t];
   accumulator[0] = total;
 }
@@ -129,7 +130,7 @@ void sum_of_squares_many(const TensorRef<const X>* tensors, std::size_t count, d
     ++batch.count;
   }
   launch();
-  add_in_order_kernel<<<1, 1, 0, stream>>>(sums, static_cast<index_t>(nonempty), accumulator);
+  add_in_order_kernel<double><<<1, 1, 0, stream>>>(sums, static_cast<index_t>(nonempty), accumulator);
   check_launch("sum_of_squares_many (accumulate)");
 }
 
