@@ -1,6 +1,7 @@
 // bench/bench_cuda_kernels.cu: the memory-bound kernels of cuda::backend at the shapes of one GPT-2
-// 124M training step (32 x 1024 tokens, hidden 768, MLP 3072, bf16), each timed through its backend
-// entry point with CUDA events: 3 warm-up calls, then the median of 20 timed calls.
+// 124M training step (32 x 1024 tokens, hidden 768, MLP 3072, vocabulary 50257 padded to 50304,
+// bf16), each timed through its backend entry point with CUDA events: 3 warm-up calls, then the
+// median of 20 timed calls.
 //
 // GB/s is the bytes the entry point must move at least (every input read once, every output written
 // once; the small fp32 statistics and weight gradients included) divided by the median time; an
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,6 +100,10 @@ int main(int argc, char** argv) {
     const double us = median_us(device, call);
     rows_out.push_back({kernel, "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]", us, bytes / (us * 1e3)});
   };
+  auto time_labeled = [&](const std::string& kernel, const std::string& shape, double bytes, const std::function<void()>& call) {
+    const double us = median_us(device, call);
+    rows_out.push_back({kernel, shape, us, bytes / (us * 1e3)});
+  };
   const double n = double(rows) * hidden, nm = double(rows) * mlp;
   // The forward statistics (mean, rstd) were computed for these inputs, so the backward is realistic.
   device.layernorm_forward(x, g, b, rows, hidden, A(1e-5), out, mean, rstd);
@@ -114,9 +120,97 @@ int main(int argc, char** argv) {
   time("gelu_forward", mlp, 2 * nm * e, [&] { device.gelu_forward(x, rows * mlp, out); });
   time("gelu_backward", mlp, 3 * nm * e, [&] { device.gelu_backward(dy, x, rows * mlp, out); });
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out}) cudaFree(p);
 
-  std::printf("%-22s %-16s %10s %10s\n", "kernel (bf16)", "shape", "us", "GB/s");
-  for (const auto& o : rows_out) std::printf("%-22s %-16s %10.1f %10.0f\n", o.kernel.c_str(), o.shape.c_str(), o.us, o.gbps);
-  for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out, (void*)g, (void*)b, (void*)mean, (void*)rstd, (void*)dg, (void*)db}) cudaFree(p);
+  // Cross-entropy on the [rows, 50304] logits (50257 real columns): normal logits of stddev 2, labels
+  // spread over the vocabulary, one tensor-parallel rank holding everything (begin = 0).
+  const index_t local = 50304, used = 50257;
+  const double nl = double(rows) * local, nu = double(rows) * used;
+  T* logits = nullptr;
+  T* dlogits = nullptr;
+  check(cudaMalloc(&logits, R * local * sizeof(T)), "cudaMalloc (logits)");
+  check(cudaMalloc(&dlogits, R * local * sizeof(T)), "cudaMalloc (dlogits)");
+  device.init_normal(logits, rows * local, strata::GlobalIndexMap{local, local, 0}, 0x10917ull, 2.0);
+  std::int32_t* labels = nullptr;
+  {
+    std::vector<std::int32_t> host(R);
+    for (std::size_t i = 0; i < R; ++i) host[i] = static_cast<std::int32_t>((i * 7919u) % used);
+    check(cudaMalloc(&labels, R * sizeof(std::int32_t)), "cudaMalloc (labels)");
+    check(cudaMemcpy(labels, host.data(), R * sizeof(std::int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  A* row_max = device_array<A>(R);
+  A* sums = device_array<A>(3 * R);
+  A* loss = device_array<A>(R);
+  A* lse = device_array<A>(R);
+  A* dloss = device_array<A>(R);
+  device.fill(dloss, rows, 1.0 / double(rows));
+  const A smoothing = A(0.1 * double(used) / double(used - 1));
+  time("cross_entropy_max", local, nu * e + rows * f, [&] { device.cross_entropy_max(logits, rows, local, used, row_max); });
+  time("cross_entropy_sums", local, nu * e + 5.0 * rows * f, [&] {
+    device.cross_entropy_sums(logits, rows, local, used, row_max, labels, 0, sums);
+  });
+  device.cross_entropy_loss(sums, row_max, rows, used, A(0), loss, lse);
+  time("cross_entropy_backward", local, nu * e + nl * e + 3.0 * rows * f, [&] {
+    device.cross_entropy_backward(logits, lse, labels, 0, rows, local, used, used, A(0), dloss, dlogits);
+  });
+  time("cross_entropy_backward (smoothing 0.1)", local, nu * e + nl * e + 3.0 * rows * f, [&] {
+    device.cross_entropy_backward(logits, lse, labels, 0, rows, local, used, used, smoothing, dloss, dlogits);
+  });
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaFree(logits);
+  cudaFree(dlogits);
+
+  // Gradient clipping and zeroing over the 148 fp32 gradients of GPT-2 124M (wte [50304, 768], wpe
+  // [1024, 768], per layer: ln_1 and ln_2 weight and bias, qkv [768, 2304] + bias, attention
+  // projection [768, 768] + bias, fc [768, 3072] + bias, projection [3072, 768] + bias; ln_f): one
+  // call per tensor, as before the multi-tensor entry points, against the multi-tensor calls.
+  std::vector<index_t> sizes{50304 * hidden, 1024 * hidden};
+  for (int layer = 0; layer < 12; ++layer)
+    for (index_t n : {hidden, hidden, hidden * qkv, qkv, hidden * hidden, hidden, hidden, hidden, hidden * mlp, mlp, mlp * hidden, hidden})
+      sizes.push_back(n);
+  sizes.push_back(hidden);
+  sizes.push_back(hidden);
+  // Each gradient starts at a 512-byte boundary, as the caching allocator hands them out.
+  std::vector<index_t> offsets;
+  index_t total = 0;
+  for (index_t n : sizes) offsets.push_back(total), total += (n + 127) / 128 * 128;
+  A* grads = nullptr;
+  check(cudaMalloc(&grads, static_cast<std::size_t>(total) * sizeof(A)), "cudaMalloc (gradients)");
+  device.init_normal(grads, total, strata::GlobalIndexMap{total, total, 0}, 0x6a4dull, 1e-3);
+  std::vector<strata::TensorRef<A>> list;
+  std::vector<strata::SquaresTensor<A>> read;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    list.push_back({grads + offsets[i], sizes[i]});
+    read.push_back({grads + offsets[i], sizes[i]});
+  }
+  double* square_sum = device_array<double>(1);
+  double* norm = device_array<double>(1);
+  double* factor = device_array<double>(1);
+  const std::string count = std::to_string(sizes.size()) + " tensors";
+  double grad_bytes = 0;
+  for (index_t n : sizes) grad_bytes += double(n) * f;
+  const auto clip_one_by_one = [&] {
+    device.fill(square_sum, 1, 0.0);
+    for (const auto& t : read) device.sum_of_squares(t.data, t.n, square_sum);
+    device.clip_factor(square_sum, 1.0, norm, factor);
+    for (const auto& t : list) device.scale_by(t.data, t.n, factor);
+  };
+  const auto clip_many = [&] {
+    device.fill(square_sum, 1, 0.0);
+    device.sum_of_squares_many<A>(std::span<const strata::SquaresTensor<A>>(read), square_sum);
+    device.clip_factor(square_sum, 1.0, norm, factor);
+    device.scale_by_many<A>(std::span<const strata::TensorRef<A>>(list), factor);
+  };
+  time_labeled("clip: per tensor (sum_of_squares, scale_by)", count, 3 * grad_bytes, clip_one_by_one);
+  time_labeled("clip: sum_of_squares_many, scale_by_many", count, 3 * grad_bytes, clip_many);
+  time_labeled("zero gradients: fill per tensor", count, grad_bytes, [&] { for (const auto& t : list) device.fill(t.data, t.n, 0.0); });
+  time_labeled("zero gradients: fill_many", count, grad_bytes, [&] { device.fill_many<A>(std::span<const strata::TensorRef<A>>(list), 0.0); });
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  for (void* p : {(void*)grads, (void*)square_sum, (void*)norm, (void*)factor}) cudaFree(p);
+
+  std::printf("%-44s %-16s %10s %10s\n", "entry point (bf16 activations, fp32 gradients)", "shape", "us", "GB/s");
+  for (const auto& o : rows_out) std::printf("%-44s %-16s %10.1f %10.0f\n", o.kernel.c_str(), o.shape.c_str(), o.us, o.gbps);
+  for (void* p : {(void*)g, (void*)b, (void*)mean, (void*)rstd, (void*)dg, (void*)db, (void*)labels, (void*)row_max, (void*)sums, (void*)loss, (void*)lse, (void*)dloss})
+    cudaFree(p);
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include <span>
 #include <vector>
 
 #include <strata/backend/cpu.hpp>
@@ -312,6 +313,42 @@ TEST(Reduce, MaskedLossSumSumOfSquaresAndClipFactor) {
   EXPECT_EQ(factor, 1.0);  // below the threshold: no clipping
   B::clip_factor(&square, 0.0, &norm, &factor);
   EXPECT_EQ(factor, 1.0);  // disabled
+}
+
+// The multi-tensor forms give the same bits as the one-tensor calls in list order (empty tensors
+// included), for float and double.
+template <class X>
+void check_many_equals_one_by_one() {
+  const std::vector<index_t> sizes{5, 0, 1, 1000, 77};
+  std::vector<std::vector<X>> one, many;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto values = random_values(sizes[t], 40 + t);
+    one.emplace_back(values.begin(), values.end());
+  }
+  many = one;
+  std::vector<strata::SquaresTensor<X>> read;
+  std::vector<strata::TensorRef<X>> write;
+  for (auto& v : many) {
+    read.push_back({v.data(), static_cast<index_t>(v.size())});
+    write.push_back({v.data(), static_cast<index_t>(v.size())});
+  }
+  double acc_one = 0.25, acc_many = 0.25;
+  for (auto& v : one) B::sum_of_squares<X>(v.data(), static_cast<index_t>(v.size()), &acc_one);
+  B::sum_of_squares_many<X>(std::span<const strata::SquaresTensor<X>>(read), &acc_many);
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(acc_one), std::bit_cast<std::uint64_t>(acc_many));
+  const double factor = 0.3;
+  for (auto& v : one) B::scale_by<X>(v.data(), static_cast<index_t>(v.size()), &factor);
+  B::scale_by_many<X>(std::span<const strata::TensorRef<X>>(write), &factor);
+  for (std::size_t t = 0; t < one.size(); ++t)
+    for (std::size_t i = 0; i < one[t].size(); ++i) ASSERT_EQ(one[t][i], many[t][i]) << "scale_by_many: tensor " << t << " element " << i;
+  B::fill_many<X>(std::span<const strata::TensorRef<X>>(write), 0.0);
+  for (const auto& v : many)
+    for (X x : v) ASSERT_EQ(x, X(0)) << "fill_many left an element unset";
+}
+
+TEST(Reduce, MultiTensorFormsEqualOneByOne) {
+  check_many_equals_one_by_one<float>();
+  check_many_equals_one_by_one<double>();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@
 //   - both runs give the same bits (every kernel of the contract is deterministic), and
 //   - ||gpu - cpu|| / ||cpu|| <= 1e-12 (double), 1e-5 (float), 1e-2 (bf16).
 // The memory-bound kernels with 16-byte vector paths (norms, bias, add, GELU) are checked again on
-// aligned and misaligned tensors and on row widths that pick each path (test_vector_paths).
+// aligned and misaligned tensors and on row widths that pick each path (test_vector_paths), the
+// cross-entropy row kernels likewise, with padded columns and labels on and off this rank
+// (test_cross_entropy_paths).
 //
 // Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
 #include <cmath>
@@ -391,6 +393,80 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// The cross-entropy row kernels on every path: logits and dlogits starting `logits_offset` and
+// `dlogits_offset` elements into their allocations (the same offset: 16-byte loads and stores after
+// a scalar head; different offsets: the backward writes one element at a time), `local` columns of
+// which the first `used` are real (neither need be a multiple of a 16-byte vector), rows down to one.
+// This rank is rank 2 holding columns [2 local, 2 local + used) of a vocabulary that ends there; row i
+// has its label held here at a random column (i % 4 = 0), before this rank's columns (1), at the last
+// used column (2) or at the first column (3). Max and dlogits are checked against the twin in T, the
+// sums and the loss against the exact (double) sums.
+template <class T>
+void test_cross_entropy_paths(harness& h, index_t rows, index_t local, index_t used, index_t logits_offset,
+                              index_t dlogits_offset, double label_smoothing) {
+  using A = accumulate_t<T>;
+  const auto R = static_cast<std::size_t>(rows), N = R * static_cast<std::size_t>(local);
+  const index_t begin = 2 * local, vocab = begin + used;
+  const double tol = tolerance<T>();
+  auto& dev = h.device;
+  auto rng = h.fresh();
+  auto vlogits = rng.template uniform<T>(N, -6, 6);
+  auto held = rng.integers(R, 0, static_cast<std::int32_t>(used - 1)), before = rng.integers(R, 0, static_cast<std::int32_t>(begin - 1));
+  std::vector<std::int32_t> vlabels(R);
+  for (std::size_t i = 0; i < R; ++i) {
+    const index_t cases[4] = {begin + held[i], before[i], begin + used - 1, begin};
+    vlabels[i] = static_cast<std::int32_t>(cases[i % 4]);
+  }
+  auto vdloss = rng.template uniform<A>(R, 0.1, 1.0);
+  const A smoothing = A(label_smoothing > 0 ? label_smoothing * double(vocab) / (double(vocab) - 1.0) : 0.0);
+  std::vector<A> rmax(R), rsums(3 * R), rloss(R), rlse(R);
+  std::vector<T> rdz(N);
+  twin::cross_entropy_max(vlogits.data(), rows, local, used, rmax.data());
+  twin::cross_entropy_sums(vlogits.data(), rows, local, used, rmax.data(), vlabels.data(), begin, rsums.data());
+  twin::cross_entropy_loss(rsums.data(), rmax.data(), rows, vocab, smoothing, rloss.data(), rlse.data());
+  twin::cross_entropy_backward(vlogits.data(), rlse.data(), vlabels.data(), begin, rows, local, used, vocab, smoothing,
+                               vdloss.data(), rdz.data());
+  // The sums and the loss against the twin run in double on the same logits (the exact sums, rounded
+  // to A once): over 50257 columns the float twin's own running sum drifts by about n * eps / 2
+  // (5e-5 relative), more than the float tolerance, while the kernel's per-thread sums do not.
+  if constexpr (!std::is_same_v<T, double>) {
+    std::vector<double> logits64(vlogits.begin(), vlogits.end()), max64(R), sums64(3 * R), loss64(R), lse64(R);
+    strata::cpu::backend::cross_entropy_max(logits64.data(), rows, local, used, max64.data());
+    strata::cpu::backend::cross_entropy_sums(logits64.data(), rows, local, used, max64.data(), vlabels.data(), begin, sums64.data());
+    strata::cpu::backend::cross_entropy_loss(sums64.data(), max64.data(), rows, vocab, double(smoothing), loss64.data(), lse64.data());
+    rsums.assign(sums64.begin(), sums64.end());
+    rloss.assign(loss64.begin(), loss64.end());
+  }
+  device_vector<T> logits_at(N + static_cast<std::size_t>(logits_offset)), dz_at(N + static_cast<std::size_t>(dlogits_offset));
+  T* logits = logits_at.data() + logits_offset;
+  T* dz = dz_at.data() + dlogits_offset;
+  device_vector<std::int32_t> labels(R);
+  device_vector<A> row_max(R), sums(3 * R), loss(R), lse(R), dloss(R);
+  auto run = [&] {
+    upload_at(dev, vlogits, logits); upload(dev, vlabels, labels); upload(dev, vdloss, dloss);
+    nan_fill(dev, row_max); nan_fill(dev, sums); nan_fill(dev, loss); nan_fill(dev, lse); nan_fill_at(dev, dz, N);
+    dev.cross_entropy_max(logits, rows, local, used, row_max.data());
+    dev.cross_entropy_sums(logits, rows, local, used, row_max.data(), labels.data(), begin, sums.data());
+    dev.cross_entropy_loss(sums.data(), row_max.data(), rows, vocab, smoothing, loss.data(), lse.data());
+    dev.cross_entropy_backward(logits, lse.data(), labels.data(), begin, rows, local, used, vocab, smoothing, dloss.data(), dz);
+    return std::tuple{download(dev, row_max), download(dev, sums), download(dev, loss), download_at(dev, dz, N)};
+  };
+  auto r1 = run(), r2 = run();
+  const std::string dd = "rows=" + std::to_string(rows) + " local=" + std::to_string(local) + " used=" + std::to_string(used) +
+                         " offsets=" + std::to_string(logits_offset) + "," + std::to_string(dlogits_offset) +
+                         " label_smoothing=" + format("%.1f", label_smoothing);
+  compare(h, shape_label<T>("cross_entropy_max", dd), "row_max", std::get<0>(r1), std::get<0>(r2), rmax, tol);
+  compare(h, shape_label<T>("cross_entropy_sums", dd), "sums", std::get<1>(r1), std::get<1>(r2), rsums, tol);
+  compare(h, shape_label<T>("cross_entropy_loss", dd), "loss", std::get<2>(r1), std::get<2>(r2), rloss, tol);
+  compare(h, shape_label<T>("cross_entropy_backward", dd), "dlogits", std::get<3>(r1), std::get<3>(r2), rdz, tol);
+  // Padded columns are exactly zero (not just small against the norm).
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < R; ++i)
+    for (index_t j = used; j < local; ++j) nonzero += static_cast<double>(std::get<3>(r1)[i * static_cast<std::size_t>(local) + j]) != 0.0;
+  h.results.record(nonzero == 0, shape_label<T>("cross_entropy_backward", dd) + " padded columns: " + std::to_string(nonzero) + " not zero");
+}
+
+// ---------------------------------------------------------------------------------------------------
 template <class T>
 void test_rows(harness& h, index_t rows, index_t cols) {
   using A = accumulate_t<T>;
@@ -771,6 +847,75 @@ void test_attention_forwarding(harness& h) {
   compare(h, label, "dv", std::get<4>(first), std::get<4>(second), std::get<4>(direct), 0.0);
 }
 
+// sum_of_squares_many, scale_by_many and fill_many on 140 tensors (two launches of at most 128):
+// sizes around the 16 Ki-element partials and the 4096-element chunks, an empty one, one of 20 M
+// elements (whose 1024 partials stride), every third starting one element into its allocation (no
+// 16-byte path). The same bits as the one-tensor calls on the GPU, and the CPU twin's values.
+template <class X>
+void test_multi_tensor(harness& h) {
+  const std::vector<index_t> sizes{1, 0, 7, 4096, 4097, 16384, 16385, 100003, 3, 20000000};
+  std::vector<index_t> n;
+  for (int i = 0; i < 140; ++i) n.push_back(i < 10 ? sizes[i] : 1 + (i * 37) % 900);
+  auto rng = h.fresh();
+  std::vector<std::vector<X>> host;
+  std::vector<std::unique_ptr<device_vector<X>>> keep;
+  std::vector<X*> data;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    host.push_back(rng.template uniform<X>(static_cast<std::size_t>(n[i])));
+    const std::size_t offset = i % 3 == 2 ? 1 : 0;
+    keep.push_back(std::make_unique<device_vector<X>>(static_cast<std::size_t>(n[i]) + offset + 1));
+    data.push_back(keep.back()->data() + offset);
+  }
+  std::vector<strata::SquaresTensor<X>> read;
+  std::vector<strata::TensorRef<X>> write;
+  for (std::size_t i = 0; i < n.size(); ++i) read.push_back({data[i], n[i]}), write.push_back({data[i], n[i]});
+  auto& dev = h.device;
+  auto upload_all = [&] { for (std::size_t i = 0; i < n.size(); ++i) upload_at(dev, host[i], data[i]); };
+  auto download_all = [&] {
+    std::vector<X> out;
+    for (std::size_t i = 0; i < n.size(); ++i) {
+      auto part = download_at(dev, data[i], static_cast<std::size_t>(n[i]));
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+  };
+  device_vector<double> acc(1), factor(1);
+  const double start = 0.5, scale = 0.3125;
+  upload(dev, std::vector<double>{scale}, factor);
+  // One tensor at a time (the reference on the GPU), then the multi-tensor calls, twice.
+  auto run = [&](bool many) {
+    upload_all();
+    upload(dev, std::vector<double>{start}, acc);
+    if (many) {
+      dev.sum_of_squares_many<X>(std::span<const strata::SquaresTensor<X>>(read), acc.data());
+      dev.scale_by_many<X>(std::span<const strata::TensorRef<X>>(write), factor.data());
+    } else {
+      for (std::size_t i = 0; i < n.size(); ++i) dev.sum_of_squares(data[i], n[i], acc.data());
+      for (std::size_t i = 0; i < n.size(); ++i) dev.scale_by(data[i], n[i], factor.data());
+    }
+    auto scaled = download_all();
+    if (many) dev.fill_many<X>(std::span<const strata::TensorRef<X>>(write), -2.5);
+    else for (std::size_t i = 0; i < n.size(); ++i) dev.fill(data[i], n[i], -2.5);
+    return std::tuple{download(dev, acc), scaled, download_all()};
+  };
+  std::vector<double> ref_acc{start};
+  std::vector<X> ref_scaled, ref_filled;
+  for (auto v : host) {
+    twin::sum_of_squares(v.data(), static_cast<index_t>(v.size()), ref_acc.data());
+    twin::scale(v.data(), static_cast<index_t>(v.size()), scale);
+    ref_scaled.insert(ref_scaled.end(), v.begin(), v.end());
+    ref_filled.insert(ref_filled.end(), v.size(), X(-2.5));
+  }
+  auto one = run(false), m1 = run(true), m2 = run(true);
+  const std::string label = "multi-tensor<" + type_name<X>() + "> 140 tensors";
+  compare(h, label + " sum_of_squares_many", "accumulator", std::get<0>(m1), std::get<0>(m2), ref_acc, tolerance<double>() * 10);
+  compare(h, label + " scale_by_many", "x", std::get<1>(m1), std::get<1>(m2), ref_scaled, tolerance<X>());
+  compare(h, label + " fill_many", "x", std::get<2>(m1), std::get<2>(m2), ref_filled, 0.0);
+  h.results.record(same_bits(std::get<0>(m1), std::get<0>(one)), label + " sum_of_squares_many: the same bits as sum_of_squares per tensor");
+  h.results.record(same_bits(std::get<1>(m1), std::get<1>(one)), label + " scale_by_many: the same bits as scale_by per tensor");
+  h.results.record(same_bits(std::get<2>(m1), std::get<2>(one)), label + " fill_many: the same bits as fill per tensor");
+}
+
 void test_clip_factor(harness& h) {
   for (const auto& [square_sum, max_norm] : std::vector<std::pair<double, double>>{{16.0, 1.0}, {0.25, 1.0}, {9.0, 0.0}, {0.0, 1.0}}) {
     std::vector<double> rnorm(1), rfactor(1);
@@ -825,6 +970,20 @@ int main(int argc, char** argv) {
           test_vector_paths<double>(h, r, c, offset);
           test_vector_paths<bf16>(h, r, c, offset);
         }
+    // The cross-entropy paths: widths below, at and far above one 16-byte vector per thread (50304:
+    // GPT-2's padded vocabulary), used a multiple of no vector width, logits and dlogits aligned,
+    // both misaligned alike, or misaligned differently.
+    struct ce_shape { index_t rows, local, used; };
+    const std::vector<ce_shape> ce_shapes = small ? std::vector<ce_shape>{{1, 1030, 1021}, {5, 64, 64}}
+                                                  : std::vector<ce_shape>{{1, 8, 8}, {1, 1030, 1021}, {5, 64, 64}, {33, 769, 700},
+                                                                          {301, 2048, 2043}, {3, 50304, 50257}};
+    for (const auto& shape : ce_shapes)
+      for (const auto& [logits_offset, dlogits_offset] : std::vector<std::pair<index_t, index_t>>{{0, 0}, {1, 1}, {3, 3}, {1, 0}})
+        for (const double label_smoothing : {0.0, 0.1}) {
+          test_cross_entropy_paths<float>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
+          test_cross_entropy_paths<double>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
+          test_cross_entropy_paths<bf16>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
+        }
     for (index_t n : small ? std::vector<index_t>{1, 77} : std::vector<index_t>{1, 77, 100003}) {
       test_convert<float, bf16>(h, n);
       test_convert<bf16, float>(h, n);
@@ -833,6 +992,8 @@ int main(int argc, char** argv) {
       test_convert<double, bf16>(h, n);
     }
     test_clip_factor(h);
+    test_multi_tensor<float>(h);
+    test_multi_tensor<double>(h);
     test_adamw_many<float>(h);
     test_adamw_many<double>(h);
     test_adamw_many<bf16>(h);

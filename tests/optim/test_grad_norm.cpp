@@ -3,7 +3,10 @@
 // data-parallel sum, and AdamW + clipping + schedule at tp=2 following the tp=1 trajectory.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <span>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -177,6 +180,85 @@ TEST(GradUtils, AllReduceSumsOverDataParallelAndZeroClears) {
       for (double g : p.grad.span()) EXPECT_EQ(g, 0.0);
     });
   });
+}
+
+// A module whose gradients mix float and double (runs float, float | double | float, float | double,
+// with empty tensors and replicated parameters in between), and two backends: the CPU one with the
+// multi-tensor forms and one that has only the one-tensor calls. Both count their calls.
+Tensor<float> as_float(const Tensor<double>& t) {
+  Tensor<float> out(t.shape());
+  for (index_t i = 0; i < t.numel(); ++i) out[i] = static_cast<float>(t[i]);
+  return out;
+}
+template <class G>
+struct MixedParameter {
+  Tensor<G> grad;
+  bool sharded;
+  bool tensor_parallel() const { return sharded; }
+};
+struct MixedModule {
+  MixedParameter<float> a{as_float(random_tensor(Shape{100}, 1)), true};
+  MixedParameter<float> b{Tensor<float>(Shape{0}), false};
+  MixedParameter<float> c{as_float(random_tensor(Shape{7}, 2)), false};
+  MixedParameter<double> d{random_tensor(Shape{33}, 3), true};
+  MixedParameter<float> e{as_float(random_tensor(Shape{1000}, 4)), true};
+  MixedParameter<float> f{as_float(random_tensor(Shape{5}, 5)), false};
+  MixedParameter<double> g{random_tensor(Shape{1}, 6), false};
+  template <class V>
+  void for_each_parameter(V&& visit) {
+    visit(a), visit(b), visit(c), visit(d), visit(e), visit(f), visit(g);
+  }
+};
+struct OneByOneBackend {
+  int calls = 0;
+  template <class X>
+  void fill(X* x, index_t n, double value) { ++calls, cpu::backend::fill<X>(x, n, value); }
+  template <class X>
+  void sum_of_squares(const X* x, index_t n, double* accumulator) { ++calls, cpu::backend::sum_of_squares<X>(x, n, accumulator); }
+  template <class X>
+  void scale_by(X* x, index_t n, const double* factor) { ++calls, cpu::backend::scale_by<X>(x, n, factor); }
+};
+struct ManyBackend : OneByOneBackend {
+  template <class X>
+  void sum_of_squares_many(std::span<const SquaresTensor<X>> list, double* accumulator) { ++calls, cpu::backend::sum_of_squares_many<X>(list, accumulator); }
+  template <class X>
+  void scale_by_many(std::span<const TensorRef<X>> list, const double* factor) { ++calls, cpu::backend::scale_by_many<X>(list, factor); }
+  template <class X>
+  void fill_many(std::span<const TensorRef<X>> list, double value) { ++calls, cpu::backend::fill_many<X>(list, value); }
+};
+static_assert(!has_sum_of_squares_many<OneByOneBackend, float> && has_sum_of_squares_many<ManyBackend, float> &&
+                  has_scale_by_many<cpu::backend, double> && has_fill_many<cpu::backend, float>,
+              "The multi-tensor forms are detected on the backends that have them and only there.");
+
+TEST(GradUtils, MultiTensorFormsGiveTheSameBitsInFewerCalls) {
+  for (int tp_rank : {0, 1}) {
+    MixedModule one, many;
+    OneByOneBackend plain;
+    ManyBackend batched;
+    double sum_one = 0.5, sum_many = 0.5;
+    accumulate_grad_squares(plain, one, tp_rank, &sum_one);
+    accumulate_grad_squares(batched, many, tp_rank, &sum_many);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(sum_one), std::bit_cast<std::uint64_t>(sum_many)) << "tp rank " << tp_rank;
+    // Counted on tp rank 0: every parameter (runs a b c | d | e f | g); on rank 1 the sharded ones (a | d | e).
+    EXPECT_EQ(plain.calls, tp_rank == 0 ? 7 : 3);
+    EXPECT_EQ(batched.calls, tp_rank == 0 ? 4 : 3);
+    const double factor = 0.375;
+    plain.calls = batched.calls = 0;
+    scale_gradients_by(plain, one, &factor);
+    scale_gradients_by(batched, many, &factor);
+    EXPECT_EQ(plain.calls, 7);
+    EXPECT_EQ(batched.calls, 4);
+    auto bits = [](MixedModule& m) {
+      std::vector<std::uint64_t> out;
+      m.for_each_parameter([&](auto& p) {
+        for (auto v : p.grad.span()) out.push_back(std::bit_cast<std::uint64_t>(static_cast<double>(v)));
+      });
+      return out;
+    };
+    EXPECT_EQ(bits(one), bits(many));
+    zero_gradients(batched, many);
+    for (auto v : bits(many)) EXPECT_EQ(v, 0u);
+  }
 }
 
 // Trains `steps` steps on `tp` ranks: zero, forward/backward, clip, AdamW with a warmup + cosine

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string_view>
 
 #include "../../core/space.hpp"
 #include "../backend.hpp"
+#include "../tensor_ref.hpp"
 #include "activation.hpp"
 #include "adamw.hpp"
 #include "attention.hpp"
@@ -223,6 +225,19 @@ struct backend {
   static void sum_of_squares(const X* x, index_t n, double* accumulator) { cpu::sum_of_squares<X>(x, n, accumulator); }
   static void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor) {
     cpu::clip_factor(square_sum, max_norm, norm, factor);
+  }
+  // The multi-tensor forms (backend/tensor_ref.hpp): the one-tensor calls in list order.
+  template <class X>
+  static void sum_of_squares_many(std::span<const SquaresTensor<X>> tensors, double* accumulator) {
+    for (const auto& t : tensors) cpu::sum_of_squares<X>(t.data, t.n, accumulator);
+  }
+  template <class X>
+  static void scale_by_many(std::span<const TensorRef<X>> tensors, const double* factor) {
+    for (const auto& t : tensors) cpu::scale<X>(t.data, t.n, *factor);
+  }
+  template <class X>
+  static void fill_many(std::span<const TensorRef<X>> tensors, double value) {
+    for (const auto& t : tensors) cpu::fill<X>(t.data, t.n, value);
   }
 };
 

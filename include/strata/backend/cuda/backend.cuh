@@ -31,6 +31,7 @@
 #include "../../core/space.hpp"
 #include "../adamw_step.hpp"
 #include "../backend.hpp"
+#include "../tensor_ref.hpp"
 #include "allocator.hpp"
 #include "attention.hpp"
 #include "gemm.hpp"
@@ -40,6 +41,7 @@
 #include "kernels/cross_entropy.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/multi_tensor.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/optimizer.cuh"
 #include "kernels/random.cuh"
@@ -335,6 +337,23 @@ class backend {
   }
   void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor) const {
     kernels::clip_factor(square_sum, max_norm, norm, factor, stream());
+  }
+  // sum_of_squares, scale_by and fill on many tensors in a few launches (backend/tensor_ref.hpp): the
+  // same bits as the one-tensor calls in list order.
+  template <class X>
+  void sum_of_squares_many(std::span<const SquaresTensor<X>> tensors, double* accumulator) const {
+    const std::size_t doubles = kernels::sum_of_squares_many_workspace<X>(tensors.data(), tensors.size());
+    if (doubles == 0) return;
+    scratch<double> workspace(state_->allocator, doubles);
+    kernels::sum_of_squares_many<X>(tensors.data(), tensors.size(), accumulator, workspace.data(), stream());
+  }
+  template <class X>
+  void scale_by_many(std::span<const TensorRef<X>> tensors, const double* factor) const {
+    kernels::scale_by_many<X>(tensors.data(), tensors.size(), factor, stream());
+  }
+  template <class X>
+  void fill_many(std::span<const TensorRef<X>> tensors, double value) const {
+    kernels::fill_many<X>(tensors.data(), tensors.size(), value, stream());
   }
 
  private:

@@ -13,9 +13,18 @@
 //   masked_loss_sum         out[0] = sum_i mask[i] loss[i] in double
 //
 // `smoothing` is the factor s = a K / (K - 1) the layer computes from the user's label smoothing a
-// (0: none), as in the CPU twin. Row kernels give one 256-thread block to a row (block sums in a
-// fixed order); masked_loss_sum is one block striding over n, so its order is fixed too.
-// logits, dlogits [rows, local]; labels, row_max, lse, loss, dloss [rows]; sums [rows, 3].
+// (0: none), as in the CPU twin. logits, dlogits [rows, local]; labels, row_max, lse, loss, dloss
+// [rows]; sums [rows, 3].
+//
+// The row kernels (max, sums, backward) each move the whole [rows, local] logits once, so they are
+// bound by memory bandwidth: one 256-thread block per row, each thread keeping four 16-byte loads in
+// flight. A row is read as a scalar head up to its first 16-byte boundary, 16-byte vectors, and a
+// scalar tail, so any row start and any `used` take the vector loads; the backward writes dlogits
+// in 16-byte stores when its rows sit at the same offset from a 16-byte boundary as the logits' rows
+// (else one element at a time). In float, e^x is exp2f of a pre-scaled argument (one fused
+// multiply-add and the hardware exp2). Each thread adds its columns in a fixed order and the block
+// sum is fixed (common.cuh), so the order depends on sizes and alignment only: same bits every run,
+// no atomics. masked_loss_sum is one block striding over n, so its order is fixed too.
 #pragma once
 
 #include "common.cuh"
@@ -23,11 +32,83 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
+// Tuning (never changes what is computed, only how fast; the order of the sums depends on these and
+// on the sizes and alignment, so it is fixed for a given call): threads per row and 16-byte vectors
+// each thread loads before it uses them.
+inline constexpr int kCrossEntropyThreads = 256;
+inline constexpr int kCrossEntropyUnroll = 4;
+
+// e^(z - shift) for many z of one row. float: exp2f of z log2(e) - shift log2(e) (one fused
+// multiply-add and the hardware exp2, within a few ulp of expf for the arguments of a softmax);
+// double: exp.
+template <class A>
+struct shifted_exp {
+  A shift;  // float: shift log2(e)
+  __device__ explicit shifted_exp(A shift_by) {
+    if constexpr (std::is_same_v<A, float>) shift = shift_by * 1.4426950408889634f; else shift = shift_by;
+  }
+  __device__ __forceinline__ A operator()(A z) const {
+    if constexpr (std::is_same_v<A, float>) return exp2f(fmaf(z, 1.4426950408889634f, -shift));
+    else return exp(z - shift);
+  }
+};
+
+// The columns [0, n) of one row, split for 16-byte loads: `head` (< width) scalar columns up to the
+// first 16-byte boundary of the row, then `vectors` whole 16-byte vectors, then the scalar tail from
+// column `tail`. Not vectorized: no head and no vectors, every column in the tail.
+template <class T>
+struct row_split {
+  index_t head = 0, vectors = 0, tail = 0;
+  __device__ row_split(const T* row, index_t n, bool vectorized) {
+    constexpr index_t width = packed<T>::width;
+    if (!vectorized) return;
+    const auto misaligned = static_cast<index_t>((reinterpret_cast<std::uintptr_t>(row) % 16) / sizeof(T));
+    head = misaligned == 0 ? 0 : (width - misaligned < n ? width - misaligned : n);
+    vectors = (n - head) / width;
+    tail = head + vectors * width;
+  }
+};
+
+// Calls visit(z, j) for the columns j < n of `row` that this thread holds, in a fixed order: its head
+// column, its 16-byte vectors (kCrossEntropyUnroll loads in flight), its tail column. Any row start
+// (aligned to its element) reads 16 bytes at a time between its head and its tail.
+template <class T, class Visit>
+__device__ __forceinline__ void visit_row(const T* __restrict__ row, index_t n, Visit&& visit) {
+  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
+  const row_split<T> split(row, n, true);
+  const index_t threads = blockDim.x;
+  if (threadIdx.x < split.head) visit(load(row, threadIdx.x), index_t(threadIdx.x));
+  const packed<T>* body = reinterpret_cast<const packed<T>*>(row + split.head);  // (vectors, width)
+  index_t v = threadIdx.x;
+  for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
+    packed<T> in[unroll];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) in[u] = body[v + u * threads];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u)
+#pragma unroll
+      for (int k = 0; k < width; ++k) visit(unpack<T>(in[u].raw[k]), split.head + (v + u * threads) * width + k);
+  }
+  for (; v < split.vectors; v += threads) {
+    const packed<T> in = body[v];
+#pragma unroll
+    for (int k = 0; k < width; ++k) visit(unpack<T>(in.raw[k]), split.head + v * width + k);
+  }
+  for (index_t j = split.tail + threadIdx.x; j < n; j += threads) visit(load(row, j), j);
+}
+
+template <class A>
+__device__ __forceinline__ A fmax_(A a, A b) {
+  if constexpr (std::is_same_v<A, float>) return fmaxf(a, b); else return fmax(a, b);
+}
+
+// One block per row.
 template <class T, class A = accumulate_t<T>>
-__global__ void cross_entropy_max_kernel(const T* logits, index_t rows, index_t local, index_t used, A* row_max) {
+__global__ void __launch_bounds__(kCrossEntropyThreads) cross_entropy_max_kernel(const T* __restrict__ logits, index_t rows,
+                                                                                 index_t local, index_t used, A* row_max) {
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     A m = -INFINITY;
-    for (index_t j = threadIdx.x; j < used; j += blockDim.x) m = max_(m, load(logits, r * local + j));
+    visit_row(logits + r * local, used, [&](A z, index_t) { m = fmax_(m, z); });  // logits (rows, local)
     m = block_max(m);
     if (threadIdx.x == 0) row_max[r] = m;
   }
@@ -35,22 +116,22 @@ __global__ void cross_entropy_max_kernel(const T* logits, index_t rows, index_t 
 template <class T, class A = accumulate_t<T>>
 void cross_entropy_max(const T* logits, index_t rows, index_t local, index_t used, A* row_max, cudaStream_t stream) {
   if (rows <= 0) return;
-  cross_entropy_max_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kThreads, 0, stream>>>(
+  cross_entropy_max_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kCrossEntropyThreads, 0, stream>>>(
       logits, rows, local, used, row_max);
   check_launch("cross_entropy_max");
 }
 
 template <class T, class A = accumulate_t<T>>
-__global__ void cross_entropy_sums_kernel(const T* logits, index_t rows, index_t local, index_t used, const A* row_max,
-                                          const std::int32_t* labels, index_t begin, A* sums) {
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_sums_kernel(const T* __restrict__ logits, index_t rows, index_t local, index_t used, const A* row_max,
+                              const std::int32_t* labels, index_t begin, A* sums) {
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const A m = row_max[r];
+    const shifted_exp<A> exp_minus_max(row_max[r]);
     A sum_exp = 0, sum_logits = 0;
-    for (index_t j = threadIdx.x; j < used; j += blockDim.x) {
-      const A z = load(logits, r * local + j);
-      sum_exp += exp_(z - m);
+    visit_row(logits + r * local, used, [&](A z, index_t) {  // logits (rows, local)
+      sum_exp += exp_minus_max(z);
       sum_logits += z;
-    }
+    });
     sum_exp = block_sum(sum_exp);
     sum_logits = block_sum(sum_logits);
     if (threadIdx.x == 0) {
@@ -65,7 +146,7 @@ template <class T, class A = accumulate_t<T>>
 void cross_entropy_sums(const T* logits, index_t rows, index_t local, index_t used, const A* row_max,
                         const std::int32_t* labels, index_t begin, A* sums, cudaStream_t stream) {
   if (rows <= 0) return;
-  cross_entropy_sums_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kThreads, 0, stream>>>(
+  cross_entropy_sums_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kCrossEntropyThreads, 0, stream>>>(
       logits, rows, local, used, row_max, labels, begin, sums);
   check_launch("cross_entropy_sums");
 }
@@ -94,21 +175,56 @@ void cross_entropy_loss(const A* sums, const A* row_max, index_t rows, index_t v
   check_launch("cross_entropy_loss");
 }
 
+// One block per row; every column of the row written, in 16-byte vectors where the logits and dlogits
+// rows start at the same offset from a 16-byte boundary (vectorized), else one element at a time.
 template <class T, class A = accumulate_t<T>>
-__global__ void cross_entropy_backward_kernel(const T* logits, const A* lse, const std::int32_t* labels, index_t begin,
-                                              index_t rows, index_t local, index_t used, index_t vocab, A smoothing,
-                                              const A* dloss, T* dlogits) {
-  const A s = smoothing;
-  const index_t n = rows * local;
-  for (index_t e = blockIdx.x * index_t(blockDim.x) + threadIdx.x; e < n; e += index_t(gridDim.x) * blockDim.x) {
-    const index_t r = e / local, j = e % local;  // logits (rows, local)
-    if (j >= used) {
-      store(dlogits, e, A(0));
-      continue;
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_backward_kernel(const T* __restrict__ logits, const A* lse, const std::int32_t* labels, index_t begin,
+                                  index_t rows, index_t local, index_t used, index_t vocab, A smoothing, const A* dloss,
+                                  T* __restrict__ dlogits, bool vectorized) {
+  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
+  const A uniform = smoothing / A(vocab), hit = A(1) - smoothing;
+  const index_t threads = blockDim.x;
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* in = logits + r * local;  // logits, dlogits (rows, local)
+    T* out = dlogits + r * local;
+    const shifted_exp<A> softmax(lse[r]);
+    const A scale = dloss[r];
+    const index_t label = static_cast<index_t>(labels[r]) - begin;
+    // Column j's gradient from its logit z (the CPU twin's order of operations).
+    const auto gradient = [&](A z, index_t j) -> A {
+      if (j >= used) return A(0);
+      A g = softmax(z) - uniform;
+      if (j == label) g -= hit;
+      return g * scale;
+    };
+    const row_split<T> split(in, local, vectorized);
+    if (threadIdx.x < split.head) store(out, threadIdx.x, gradient(load(in, threadIdx.x), threadIdx.x));
+    const packed<T>* body_in = reinterpret_cast<const packed<T>*>(in + split.head);  // (vectors, width)
+    packed<T>* body_out = reinterpret_cast<packed<T>*>(out + split.head);
+    // One vector whose first column is j: the plain formula unless it holds the label or padding.
+    const auto vector_gradient = [&](const packed<T>& z, index_t j) {
+      packed<T> g;
+      if (j + width <= used && (label < j || label >= j + width)) {
+#pragma unroll
+        for (int k = 0; k < width; ++k) g.raw[k] = pack<T>((softmax(unpack<T>(z.raw[k])) - uniform) * scale);
+      } else {
+#pragma unroll
+        for (int k = 0; k < width; ++k) g.raw[k] = pack<T>(gradient(unpack<T>(z.raw[k]), j + k));
+      }
+      return g;
+    };
+    index_t v = threadIdx.x;
+    for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
+      packed<T> z[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) z[u] = body_in[v + u * threads];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u)
+        body_out[v + u * threads] = vector_gradient(z[u], split.head + (v + u * threads) * width);
     }
-    A g = exp_(load(logits, e) - lse[r]) - s / A(vocab);
-    if (j == static_cast<index_t>(labels[r]) - begin) g -= A(1) - s;
-    store(dlogits, e, g * dloss[r]);
+    for (; v < split.vectors; v += threads) body_out[v] = vector_gradient(body_in[v], split.head + v * width);
+    for (index_t j = split.tail + threadIdx.x; j < local; j += threads) store(out, j, gradient(load(in, j), j));
   }
 }
 template <class T, class A = accumulate_t<T>>
@@ -116,8 +232,9 @@ void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* l
                             index_t local, index_t used, index_t vocab, A smoothing, const A* dloss, T* dlogits,
                             cudaStream_t stream) {
   if (rows <= 0 || local <= 0) return;
-  cross_entropy_backward_kernel<T, A><<<grid_for(rows * local), kThreads, 0, stream>>>(
-      logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss, dlogits);
+  const bool vectorized = reinterpret_cast<std::uintptr_t>(logits) % 16 == reinterpret_cast<std::uintptr_t>(dlogits) % 16;
+  cross_entropy_backward_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kCrossEntropyThreads, 0, stream>>>(
+      logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss, dlogits, vectorized);
   check_launch("cross_entropy_backward");
 }
 
