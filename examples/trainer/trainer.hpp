@@ -639,8 +639,6 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // driving several GPUs, a plan built mid-step would wait for a peer GPU inside a collective that
   // waits for this thread; so in that mode the plans are then frozen (a shape not planned here
   // runs on the flash kernels).
-  // Every thread of the process must be past its planning before any rank's first collective
-  // (local_barrier: host only; a no-op with one process per GPU).
   const auto t_plan = std::chrono::steady_clock::now();
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
