@@ -64,6 +64,7 @@ struct RunResult {
   std::vector<std::vector<double>> grads, params;
   std::vector<std::vector<unsigned char>> grad_bits;  // the raw gradient bytes (determinism)
   long long step2_mallocs = -1;
+  long long last_malloc_bytes = 0;  // the size of the allocator's most recent cudaMalloc
   long long peak_bytes = -1;  // the caching allocator's peak bytes in use over the run
 };
 
@@ -132,6 +133,7 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
   if constexpr (requires { ctx.device.memory_stats(); }) {
     ctx.device.synchronize();
     r.step2_mallocs = static_cast<long long>(ctx.device.memory_stats().malloc_calls) - mallocs_after_step1;
+    r.last_malloc_bytes = static_cast<long long>(ctx.device.memory_stats().last_malloc_bytes);
     r.peak_bytes = static_cast<long long>(ctx.device.memory_stats().peak_bytes_in_use);
   }
   return r;
@@ -203,8 +205,8 @@ void model_case(gpu_test::suite& s, const std::string& model_name, models::Model
     s.record(loss_error <= tol, line);
     compare_tensors(s, label, "gradients", cpu.names, gpu.grads, cpu.grads, tol);
     compare_tensors(s, label, "parameters after the AdamW step", cpu.names, gpu.params, cpu.params, tol);
-    std::snprintf(line, sizeof line, "%s: the second training step made %lld cudaMalloc calls (expected 0)", label.c_str(),
-                  gpu.step2_mallocs);
+    std::snprintf(line, sizeof line, "%s: the second training step made %lld cudaMalloc calls (expected 0; the last one of %lld bytes)",
+                  label.c_str(), gpu.step2_mallocs, gpu.last_malloc_bytes);
     s.record(gpu.step2_mallocs == 0, line);
     if (dropout > 0 || std::is_same_v<T, bf16>) {  // determinism: the same run again, bit for bit
       const RunResult again = run_gpu<Model, T>(config, batch, path);

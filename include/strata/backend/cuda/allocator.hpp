@@ -36,6 +36,7 @@ namespace cuda {
 
 struct allocator_stats {
   std::uint64_t malloc_calls = 0;      // cudaMalloc calls made so far
+  std::uint64_t last_malloc_bytes = 0; // the (rounded) size of the most recent cudaMalloc
   std::uint64_t free_calls = 0;        // cudaFree calls made so far
   std::uint64_t allocations = 0;       // allocate() calls served
   std::size_t bytes_in_use = 0;        // rounded bytes handed out and not yet returned
@@ -135,6 +136,7 @@ class caching_allocator final : public device_memory_resource {
                   stats_.bytes_reserved, " reserved; reduce the micro-batch size or the sequence length, or "
                   "enable activation recomputation");
     ++stats_.malloc_calls;
+    stats_.last_malloc_bytes = rounded;
     stats_.bytes_reserved += rounded;
     return p;
   }
