@@ -106,6 +106,21 @@ void compare(gpu_test::suite& s, const std::string& label, const trainer::TrainR
       got.resize(real_rows);
       want.resize(real_rows);
     }
+    // The key part of the QKV bias has a zero gradient in exact arithmetic (adding a constant to
+    // every key shifts all scores of a query alike, which the softmax ignores): what it holds after
+    // AdamW's normalized steps is rounding noise, different at every tp size. Compare q and v.
+    if (name.size() >= 18 && name.compare(name.size() - 18, 18, "attention.qkv.bias") == 0) {
+      const std::size_t d = static_cast<std::size_t>(shape.model.hidden_size / shape.model.num_attention_heads);
+      const std::size_t slots = 3;  // MHA: per head q, k, v
+      auto drop_keys = [&](const std::vector<double>& v) {
+        std::vector<double> kept;
+        for (std::size_t i = 0; i < v.size(); ++i)
+          if ((i / d) % slots != 1) kept.push_back(v[i]);
+        return kept;
+      };
+      got = drop_keys(got);
+      want = drop_keys(want);
+    }
     const double e = relative(got, want);
     if (!(e <= worst_p)) worst_p = e, worst_name = ref.final_parameters[i].first;
   }
