@@ -1028,7 +1028,7 @@ int main_for(const char* kind, int argc, char** argv) {
   try {
     resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
     // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or
-    // --world-size N for threads mode, which hung on 2 GPUs in its first iterations (README).
+    // --world-size N for threads mode (README).
     if (args.device == "cuda" && !launched_as_job() && app.count("--world-size") == 0 &&
         app.count("--tensor-model-parallel-size") == 0) {
       args.world_size = 1;

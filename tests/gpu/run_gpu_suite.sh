@@ -4,7 +4,8 @@
 # <build-dir>/gpu-logs), then the kernel and GEMM tests again at small sizes under
 # compute-sanitizer's memcheck and racecheck (racecheck on strata's own kernels: cuDNN's generated
 # attention kernels are not ours to check; when compute-sanitizer is found), and prints one
-# summary line per suite. A new suite is picked up by its name (test_*.cu). test_training (and its
+# summary line per suite. A new suite is picked up by its name (test_*.cu). With 2+ GPUs test_training
+# runs with --threads (tp=2 with and without SP, dp=2 from threads of one process). test_training (and its
 # 2-process twin) reads the corpus at STRATA_DATA_PATH when set (a .bin/.idx prefix). Each run is stopped after
 # STRATA_GPU_SUITE_TIMEOUT seconds (default 300; rc 124 = timed out), and none runs past
 # STRATA_GPU_SUITE_DEADLINE (seconds since the epoch) when set: later ones are reported skipped.
@@ -46,7 +47,9 @@ dir="$build/tests/gpu"
 for program in "$dir"/test_*; do
   [[ -x $program && -f $program ]] || continue
   name=$(basename "$program")
-  if [[ $name == test_kernels ]]; then run "$name" "$program" --quiet; else run "$name" "$program"; fi
+  if [[ $name == test_kernels ]]; then run "$name" "$program" --quiet
+  elif [[ $name == test_training && $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') -ge 2 ]]; then run "$name" "$program" --threads
+  else run "$name" "$program"; fi
 done
 [[ ${#summary[@]} -eq 0 ]] && { echo "no GPU test programs under $dir"; exit 1; }
 # The NCCL suite again as a job of one process per GPU (torchrun-style variables), when 2+ GPUs.

@@ -4,11 +4,10 @@
 //
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`
-//   test_training --threads              also tp=2 + SP and dp=2 on 2 GPUs from threads of this
-//                                        process (nccl::run(2)), losses and final parameters
-//                                        (gathered) within 2e-2 of tp=1. Not run by the suite: on
-//                                        2 H200s this mode hung in the first iterations (see
-//                                        docs/DEVICE.md), so the 2-GPU runs are processes:
+//   test_training --threads              also tp=2 + SP, tp=2 without SP and dp=2 on 2 GPUs from
+//                                        threads of this process (nccl::run(2)), losses and final
+//                                        parameters (gathered) within 2e-2 of tp=1 (the suite runs
+//                                        it with 2+ GPUs); the same 2-GPU runs as processes:
 //   test_training --process [--process-layout tp2|dp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
