@@ -277,6 +277,57 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   expect_gradient(dgamma, gamma, loss, 1e-7, "dgamma");
 }
 
+// The residual add fused into the norms: the same bits as adding first (forward) or after
+// (backward), in place too (sum = x, dx = dresidual). float: one rounding either way, so equal.
+template <class T, bool layer>
+void check_norm_fuses_residual() {
+  using A = strata::accumulate_t<T>;
+  const A eps = A(1e-5);
+  const auto x = random_values<T>(kRows * kHidden, 31), residual = random_values<T>(kRows * kHidden, 32);
+  const auto gamma = random_values<T>(kHidden, 33), beta = random_values<T>(kHidden, 34);
+  const auto dy = random_values<T>(kRows * kHidden, 35), dres = random_values<T>(kRows * kHidden, 36);
+  const std::size_t n = x.size();
+  auto forward = [&](const T* in, const T* res, T* sum, T* y, A* mean, A* rstd) {
+    if constexpr (layer) strata::cpu::layernorm_forward<T>(in, gamma.data(), beta.data(), kRows, kHidden, eps, y, mean, rstd, res, sum);
+    else strata::cpu::rmsnorm_forward<T>(in, gamma.data(), kRows, kHidden, eps, y, rstd, res, sum);
+  };
+  auto backward = [&](const T* in, const A* mean, const A* rstd, T* dx, A* dg, A* db, const T* dr) {
+    if constexpr (layer) strata::cpu::layernorm_backward<T>(dy.data(), in, gamma.data(), mean, rstd, kRows, kHidden, dx, dg, db, dr);
+    else strata::cpu::rmsnorm_backward<T>(dy.data(), in, gamma.data(), rstd, kRows, kHidden, dx, dg, dr);
+  };
+  // Unfused: sum = x + residual, norm(sum); dx = norm backward, then + dres.
+  std::vector<T> sum(n), y(n), dx(n);
+  std::vector<A> mean(kRows), rstd(kRows), dg(kHidden), db(kHidden);
+  for (std::size_t i = 0; i < n; ++i) sum[i] = T(A(x[i]) + A(residual[i]));
+  forward(sum.data(), nullptr, nullptr, y.data(), mean.data(), rstd.data());
+  backward(sum.data(), mean.data(), rstd.data(), dx.data(), dg.data(), db.data(), nullptr);
+  for (std::size_t i = 0; i < n; ++i) dx[i] = T(A(dx[i]) + A(dres[i]));
+  // Fused, in place: the sum overwrites x, dx overwrites dres.
+  std::vector<T> fx = x, fy(n), fdx = dres;
+  std::vector<A> fmean(kRows), frstd(kRows), fdg(kHidden), fdb(kHidden);
+  forward(fx.data(), residual.data(), fx.data(), fy.data(), fmean.data(), frstd.data());
+  backward(fx.data(), fmean.data(), frstd.data(), fdx.data(), fdg.data(), fdb.data(), fdx.data());
+  EXPECT_EQ(fx, sum);
+  EXPECT_EQ(fy, y);
+  EXPECT_EQ(frstd, rstd);
+  EXPECT_EQ(fdx, dx);
+  EXPECT_EQ(fdg, dg);
+  if constexpr (layer) {
+    EXPECT_EQ(fmean, mean);
+    EXPECT_EQ(fdb, db);
+  }
+}
+
+TEST(LayerNorm, FusedResidualAddEqualsAddingApart) {
+  check_norm_fuses_residual<double, true>();
+  check_norm_fuses_residual<float, true>();
+}
+
+TEST(RmsNorm, FusedResidualAddEqualsAddingApart) {
+  check_norm_fuses_residual<double, false>();
+  check_norm_fuses_residual<float, false>();
+}
+
 // ---------------------------------------------------------------------------------------------
 // GELU and SwiGLU
 

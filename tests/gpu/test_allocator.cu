@@ -81,6 +81,21 @@ int main() {
                        std::to_string(second.peak_bytes_in_use) + " after step 2");
     results.record(second.bytes_reserved == first.bytes_reserved,
                    "bytes reserved from CUDA unchanged by the second step (" + std::to_string(second.bytes_reserved) + ")");
+    // A long-lived block (a backend's workspace) never takes a cached block a step will want again.
+    {
+      auto& memory = device.allocator();
+      void* cached = memory.allocate(4096);
+      memory.deallocate(cached, 4096);  // a 4096-byte block now waits in the cache
+      const auto ahead = device.memory_stats();
+      void* kept = memory.allocate_long_lived(4096);
+      void* again = memory.allocate(4096);
+      const auto after = device.memory_stats();
+      results.record(kept != cached && again == cached && after.malloc_calls == ahead.malloc_calls + 1,
+                     "allocate_long_lived takes a fresh block (" + std::to_string(after.malloc_calls - ahead.malloc_calls) +
+                         " cudaMalloc) and leaves the cached block of its size to the next allocate");
+      memory.deallocate(again, 4096);
+      memory.deallocate(kept, 4096);
+    }
     // A different shape needs new blocks; the old ones stay cached until released.
     step(device, 333, 129, 50);
     device.allocator().release_cached();

@@ -370,6 +370,49 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
     compare(h, bk, "dg", std::get<4>(r1), std::get<4>(r2), rdg, tol);
     compare(h, bk, "db", std::get<5>(r1), std::get<5>(r2), rdb, tol);
   }
+  // The norms fused with the residual add, in place as the layers call them: the sum overwrites x,
+  // and the input gradient overwrites the residual gradient (dr holds vr on entry).
+  for (const bool layer : {true, false}) {
+    const A eps = A(1e-5);
+    std::vector<T> rsum(N), ry(N), rdx(N);
+    std::vector<A> rmean(R), rrstd(R), rdg(C, A(0)), rdb(C, A(0));
+    T* dr = tensor(N);
+    if (layer) {
+      twin::layernorm_forward<T>(vx.data(), vg.data(), vb.data(), rows, cols, eps, ry.data(), rmean.data(), rrstd.data(),
+                                 vr.data(), rsum.data());
+      twin::layernorm_backward<T>(vdy.data(), rsum.data(), vg.data(), rmean.data(), rrstd.data(), rows, cols, rdx.data(),
+                                  rdg.data(), rdb.data(), vr.data());
+    } else {
+      twin::rmsnorm_forward<T>(vx.data(), vg.data(), rows, cols, eps, ry.data(), rrstd.data(), vr.data(), rsum.data());
+      twin::rmsnorm_backward<T>(vdy.data(), rsum.data(), vg.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data(),
+                                vr.data());
+    }
+    auto run = [&] {
+      fresh_inputs(); upload_at(dev, vr, dr);
+      nan_fill_at(dev, y, N); nan_fill_at(dev, mean, R); nan_fill_at(dev, rstd, R); nan_fill_at(dev, dg, C); nan_fill_at(dev, db, C);
+      if (layer) {
+        dev.layernorm_forward(x, g, b, rows, cols, eps, y, mean, rstd, r, x);
+        dev.layernorm_backward(dy, x, g, mean, rstd, rows, cols, dr, dg, db, dr);
+      } else {
+        dev.rmsnorm_forward(x, g, rows, cols, eps, y, rstd, r, x);
+        dev.rmsnorm_backward(dy, x, g, rstd, rows, cols, dr, dg, dr);
+      }
+      return std::tuple{download_at(dev, x, N), download_at(dev, y, N), download_at(dev, rstd, R), download_at(dev, dr, N),
+                        download_at(dev, dg, C), download_at(dev, mean, R), download_at(dev, db, C)};
+    };
+    auto r1 = run(), r2 = run();
+    const std::string name = layer ? "layernorm" : "rmsnorm";
+    const std::string f = shape_label<T>(name + "_forward + residual", shape), bk = shape_label<T>(name + "_backward + dresidual", shape);
+    compare(h, f, "sum (in place of x)", std::get<0>(r1), std::get<0>(r2), rsum, tol);
+    compare(h, f, "y", std::get<1>(r1), std::get<1>(r2), ry, tol);
+    compare(h, f, "rstd", std::get<2>(r1), std::get<2>(r2), rrstd, tol);
+    compare(h, bk, "dx (in place of dresidual)", std::get<3>(r1), std::get<3>(r2), rdx, tol);
+    compare(h, bk, "dg", std::get<4>(r1), std::get<4>(r2), rdg, tol);
+    if (layer) {
+      compare(h, f, "mean", std::get<5>(r1), std::get<5>(r2), rmean, tol);
+      compare(h, bk, "db", std::get<6>(r1), std::get<6>(r2), rdb, tol);
+    }
+  }
   {  // rmsnorm forward / backward
     const A eps = A(1e-6);
     std::vector<T> ry(N), rdx(N);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -101,6 +102,7 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
   RunResult r;
   long long mallocs_after_step1 = 0;
   for (int step = 0; step < 2; ++step) {
+    if (step == 1 && std::getenv("STRATA_CUDA_MALLOC_TRACE")) std::fprintf(stderr, "--- step 2 begins\n");
     zero_gradients(ctx.device, model);
     {
       double tokens = 0;
@@ -139,11 +141,11 @@ RunResult run_model(Comm& world, Backend device, const models::ModelConfig& conf
   return r;
 }
 
-template <template <class> class Model>
+template <template <class> class Model, class T = float>
 RunResult run_cpu(const models::ModelConfig& config, const Batch& batch) {
   RunResult r;
   inprocess::run(1, [&](inprocess::communicator& world) {
-    r = run_model<Model, float>(world, cpu::backend{}, config, batch, LossPath{});
+    r = run_model<Model, T>(world, cpu::backend{}, config, batch, LossPath{});
   });
   return r;
 }
@@ -167,23 +169,44 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& r
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-// Every tensor of `what` within tol; one line with the worst tensor.
+// Every tensor of `what` within tol of the CPU fp32 run; one line with the worst tensor.
+//
+// bf16 runs: a tensor that is a long reduction with cancellation (a norm weight's gradient sums
+// dy * xhat over every token) can sit above 1e-2 from the fp32 run through bf16 rounding of the
+// activations alone. `bf16_cpu` is the same model computed in bf16 on the CPU, whose kernels are
+// the reference twins; a GPU tensor then passes when it is within tol of fp32 or no further from
+// fp32 than twice the CPU bf16 tensor is (two implementations of the same bf16 arithmetic differ
+// only in summation order, so their distances from fp32 are alike; a kernel bug shows as a
+// distance many times the rounding's).
 void compare_tensors(gpu_test::suite& s, const std::string& label, const char* what, const std::vector<std::string>& names,
-                     const std::vector<std::vector<double>>& gpu, const std::vector<std::vector<double>>& cpu, double tol) {
-  double worst = 0;
+                     const std::vector<std::vector<double>>& gpu, const std::vector<std::vector<double>>& cpu, double tol,
+                     const std::vector<std::vector<double>>* bf16_cpu = nullptr) {
+  double worst = 0, worst_base = 0;
   std::string worst_name = "(none)";
-  bool ok = gpu.size() == cpu.size() && !gpu.empty();
+  int above_tol = 0;
+  bool ok = gpu.size() == cpu.size() && !gpu.empty() && (!bf16_cpu || bf16_cpu->size() == cpu.size());
   for (std::size_t i = 0; i < gpu.size() && i < cpu.size(); ++i) {
     const double e = relative_error(gpu[i], cpu[i]);
+    const double base = bf16_cpu && i < bf16_cpu->size() ? relative_error((*bf16_cpu)[i], cpu[i]) : 0.0;
     if (!(e <= worst)) {
       worst = e;
+      worst_base = base;
       worst_name = names[i];
     }
-    if (!(e <= tol)) ok = false;
+    if (!(e <= tol)) {
+      ++above_tol;
+      if (!(bf16_cpu && e <= 2 * base)) ok = false;
+    }
   }
-  char line[512];
-  std::snprintf(line, sizeof line, "%s: %zu %s within %.0e of the CPU fp32 run (worst %s: %.3e)", label.c_str(), gpu.size(), what,
-                tol, worst_name.c_str(), worst);
+  char line[640];
+  if (bf16_cpu)
+    std::snprintf(line, sizeof line,
+                  "%s: %zu %s within %.0e of the CPU fp32 run, or within twice the CPU bf16 run's distance from it "
+                  "(%d above %.0e; worst %s: %.3e, CPU bf16 %.3e)",
+                  label.c_str(), gpu.size(), what, tol, above_tol, tol, worst_name.c_str(), worst, worst_base);
+  else
+    std::snprintf(line, sizeof line, "%s: %zu %s within %.0e of the CPU fp32 run (worst %s: %.3e)", label.c_str(), gpu.size(),
+                  what, tol, worst_name.c_str(), worst);
   s.record(ok, line);
 }
 
@@ -197,14 +220,18 @@ void model_case(gpu_test::suite& s, const std::string& model_name, models::Model
   const double tol = gpu_test::tolerance<T>();
   try {
     const RunResult cpu = run_cpu<Model>(config, batch);
+    RunResult bf16_cpu;
+    if constexpr (std::is_same_v<T, bf16>) bf16_cpu = run_cpu<Model, bf16>(config, batch);
+    const bool with_base = std::is_same_v<T, bf16>;
     const RunResult gpu = run_gpu<Model, T>(config, batch, path);
     const double loss_error = std::abs(gpu.loss_sum - cpu.loss_sum) / std::abs(cpu.loss_sum);
     char line[512];
     std::snprintf(line, sizeof line, "%s: loss sum %.6f on the GPU, %.6f on the CPU (relative error %.3e, tolerance %.0e)",
                   label.c_str(), gpu.loss_sum, cpu.loss_sum, loss_error, tol);
     s.record(loss_error <= tol, line);
-    compare_tensors(s, label, "gradients", cpu.names, gpu.grads, cpu.grads, tol);
-    compare_tensors(s, label, "parameters after the AdamW step", cpu.names, gpu.params, cpu.params, tol);
+    compare_tensors(s, label, "gradients", cpu.names, gpu.grads, cpu.grads, tol, with_base ? &bf16_cpu.grads : nullptr);
+    compare_tensors(s, label, "parameters after the AdamW step", cpu.names, gpu.params, cpu.params, tol,
+                    with_base ? &bf16_cpu.params : nullptr);
     std::snprintf(line, sizeof line, "%s: the second training step made %lld cudaMalloc calls (expected 0; the last one of %lld bytes)",
                   label.c_str(), gpu.step2_mallocs, gpu.last_malloc_bytes);
     s.record(gpu.step2_mallocs == 0, line);

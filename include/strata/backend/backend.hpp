@@ -79,10 +79,10 @@ concept columns = columns_of<B, float> && columns_of<B, double> && columns_of<B,
 
 template <class B, class T, class A = accumulate_t<T>>
 concept norm_of = requires(B& b, const T* ct, T* t, A* a, const A* ca, index_t n, A eps) {
-  b.template layernorm_forward<T>(ct, ct, ct, n, n, eps, t, a, a);
-  b.template layernorm_backward<T>(ct, ct, ct, ca, ca, n, n, t, a, a);
-  b.template rmsnorm_forward<T>(ct, ct, n, n, eps, t, a);
-  b.template rmsnorm_backward<T>(ct, ct, ct, ca, n, n, t, a);
+  b.template layernorm_forward<T>(ct, ct, ct, n, n, eps, t, a, a, ct, t);  // residual, sum
+  b.template layernorm_backward<T>(ct, ct, ct, ca, ca, n, n, t, a, a, ct);  // dresidual
+  b.template rmsnorm_forward<T>(ct, ct, n, n, eps, t, a, ct, t);
+  b.template rmsnorm_backward<T>(ct, ct, ct, ca, n, n, t, a, ct);
 };
 template <class B>
 concept norm = norm_of<B, float> && norm_of<B, double> && norm_of<B, bf16>;
@@ -187,7 +187,7 @@ constexpr bool check_backend() {
   static_assert(r::arithmetic<B>, "The backend is missing an arithmetic entry point: add, scale or scale_by for float, double and bf16, or convert between float, bf16 and double.");
   static_assert(r::gemm<B>, "The backend is missing gemm (with and without bias, and with an accumulate-type output), gemm_gelu, gemm_gelu_backward, bias_add or bias_grad for float, double or bf16.");
   static_assert(r::columns<B>, "The backend is missing a column entry point: slice_columns, unstack_columns, qkv_split or qkv_merge for float, double or bf16.");
-  static_assert(r::norm<B>, "The backend is missing a norm entry point: layernorm_forward, layernorm_backward, rmsnorm_forward or rmsnorm_backward for float, double or bf16.");
+  static_assert(r::norm<B>, "The backend is missing a norm entry point: layernorm_forward, layernorm_backward, rmsnorm_forward or rmsnorm_backward (with the residual arguments) for float, double or bf16.");
   static_assert(r::activation<B>, "The backend is missing an activation entry point: gelu_forward, gelu_backward, swiglu_forward or swiglu_backward for float, double or bf16.");
   static_assert(r::rope<B>, "The backend is missing rope_forward or rope_backward for float, double or bf16.");
   static_assert(r::attention<B>, "The backend is missing attention_forward, attention_backward (causal, saving the log-sum-exp) or prepare_attention for float, double or bf16.");

@@ -60,6 +60,10 @@ class device_memory_resource {
  public:
   virtual ~device_memory_resource() = default;
   virtual void* allocate(std::size_t bytes) = 0;
+  // A block that lives across steps (a workspace kept by a backend), returned with deallocate. A
+  // caching resource takes it fresh rather than from the blocks the step frees and reuses, so that
+  // holding it does not leave the next step one block short.
+  virtual void* allocate_long_lived(std::size_t bytes) { return allocate(bytes); }
   virtual void deallocate(void* pointer, std::size_t bytes) noexcept = 0;
   virtual void copy(void* destination, const void* source, std::size_t bytes, copy_kind kind) = 0;
   virtual void zero(void* pointer, std::size_t bytes) = 0;

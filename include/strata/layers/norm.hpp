@@ -4,6 +4,10 @@
 // keeps the layout. Its weights are replicated on the tensor-parallel group; when the input is a
 // sequence shard their gradients are summed over the group inside backward (chosen from the input
 // layout's type), so a sequence-parallel norm cannot silently train on a partial gradient.
+//
+// Both norms fuse the residual add of a transformer layer (one pass over the activations instead
+// of two): forward_add(ctx, x, residual) adds residual into x in place and normalizes the sum;
+// backward(ctx, saved, dy, &dresidual) returns dresidual + the norm's input gradient.
 #pragma once
 
 #include <string>
@@ -59,14 +63,31 @@ class LayerNorm {
     return {std::move(y), std::move(saved)};
   }
 
+  // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
   template <class Layout>
-  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
+  std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    check_same_shape(x.shape(), residual.shape(), "LayerNorm residual");
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
+    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
+    ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
+                               saved.mean.data(), saved.rstd.data(), residual.data(), x.data());
+    return {std::move(y), std::move(saved)};
+  }
+
+  // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
+  template <class Layout>
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr) {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "LayerNorm residual gradient");
     auto dweight = Tensor<A, Space>::empty(Shape{h}), dbias = Tensor<A, Space>::empty(Shape{h});  // written
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
-                                saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data());
+                                saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data(),
+                                dresidual ? dresidual->data() : nullptr);
     add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
     add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);
     return dx;
@@ -118,14 +139,30 @@ class RmsNorm {
     return {std::move(y), std::move(saved)};
   }
 
+  // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
   template <class Layout>
-  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
+  std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    check_same_shape(x.shape(), residual.shape(), "RmsNorm residual");
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
+    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
+    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data(),
+                                           residual.data(), x.data());
+    return {std::move(y), std::move(saved)};
+  }
+
+  // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
+  template <class Layout>
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr) {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "RmsNorm residual gradient");
     auto dweight = Tensor<A, Space>::empty(Shape{h});  // written
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
-                              dx.data(), dweight.data());
+                              dx.data(), dweight.data(), dresidual ? dresidual->data() : nullptr);
     add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
     return dx;
   }
@@ -142,7 +179,8 @@ class RmsNorm {
 };
 
 // Which class templates are norms (TransformerLayer checks its Norm argument against this;
-// specialize it for a norm of your own with the same forward / backward / init interface).
+// specialize it for a norm of your own with the same forward / forward_add / backward (with the
+// optional residual gradient) / init interface).
 template <template <class> class Norm>
 inline constexpr bool is_norm_v = false;
 template <>

@@ -3,6 +3,9 @@
 //
 //   h = x + dropout(attention(norm1(x)));   y = h + dropout(mlp(norm2(h)))
 //
+// The first residual add runs inside norm2 (forward_add), and the backward hands each norm the
+// residual branch's gradient to add into its own (one pass over the activations each).
+//
 // Norm is a template (strata::LayerNorm or strata::RmsNorm); Attention and Mlp are complete types
 // (e.g. SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>) whose layouts must agree with the
 // residual stream, checked at compile time.
@@ -65,8 +68,7 @@ class TransformerLayer {
     auto [h1, n1] = norm1_.forward(ctx, x);
     auto [a, at] = attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
     dropout_forward(ctx, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
-    add_into(ctx, a, x);  // a := x + attention
-    auto [h2, n2] = norm2_.forward(ctx, a);
+    auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
     auto [m, ml] = mlp_.forward(ctx, h2);
     dropout_forward(ctx, m, config_.hidden_dropout, rng::mix(dropout_key, 2));
     add_into(ctx, m, a);  // y := h + mlp
@@ -82,13 +84,10 @@ class TransformerLayer {
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
     dropout_backward(ctx, dm, config_.hidden_dropout, rng::mix(saved.dropout_key, 2));
-    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm));
-    add_into(ctx, dh, dy);  // dh := dy + d(norm2 path); dh is ours
+    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm), &dy);  // dy + d(norm2 path)
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
     dropout_backward(ctx, da, config_.hidden_dropout, rng::mix(saved.dropout_key, 1));
-    auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da));
-    add_into(ctx, dx, dh);
-    return dx;
+    return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da), &dh);  // dh + d(norm1 path)
   }
 
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {

@@ -98,25 +98,26 @@ struct backend {
     cpu::qkv_merge<T>(dq, dk, dv, rows, groups, heads_per_group, d, dqkv);
   }
 
-  // norms
+  // norms (optionally fused with the residual add: cpu/norm.hpp)
   template <class T, class A = accumulate_t<T>>
   static void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                                A* rstd) {
-    cpu::layernorm_forward<T>(x, g, b, rows, h, eps, y, mean, rstd);
+                                A* rstd, const T* residual = nullptr, T* sum = nullptr) {
+    cpu::layernorm_forward<T>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum);
   }
   template <class T, class A = accumulate_t<T>>
   static void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
-                                 index_t h, T* dx, A* dg, A* db) {
-    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db);
+                                 index_t h, T* dx, A* dg, A* db, const T* dresidual = nullptr) {
+    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual);
   }
   template <class T, class A = accumulate_t<T>>
-  static void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd) {
-    cpu::rmsnorm_forward<T>(x, g, rows, h, eps, y, rstd);
+  static void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,
+                              const T* residual = nullptr, T* sum = nullptr) {
+    cpu::rmsnorm_forward<T>(x, g, rows, h, eps, y, rstd, residual, sum);
   }
   template <class T, class A = accumulate_t<T>>
   static void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
-                               A* dg) {
-    cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg);
+                               A* dg, const T* dresidual = nullptr) {
+    cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg, dresidual);
   }
 
   // activations

@@ -5,6 +5,11 @@
 //
 // Statistics are computed and saved in accumulate_t<T>. Parameter gradients are written (=), summed
 // over rows in ascending order; the layer adds them to its gradient.
+//
+// Fused with the residual add of a transformer layer:
+//   forward with `residual`:   sum = T(x + residual) is written (sum may be x or residual) and the
+//                              norm is taken of sum, as if the caller had added first
+//   backward with `dresidual`: dx = T(dresidual + the norm's dx), one rounding (dx may be dresidual)
 #pragma once
 
 #include <algorithm>
@@ -19,9 +24,14 @@ namespace cpu {
 // x, y: [rows, h]; gamma, beta: [h]; mean, rstd: [rows]
 template <class T, class A = accumulate_t<T>>
 void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, index_t h, A eps, T* y, A* mean,
-                       A* rstd) {
+                       A* rstd, const T* residual = nullptr, T* sum = nullptr) {
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
+    if (residual) {  // sum (rows, h) = x + residual, then the norm of sum
+      T* sr = sum + r * h;
+      for (index_t i = 0; i < h; ++i) sr[i] = T(A(xr[i]) + A(residual[r * h + i]));
+      xr = sr;
+    }
     A sum = 0;
     for (index_t i = 0; i < h; ++i) sum += A(xr[i]);
     A mu = sum / A(h);
@@ -41,7 +51,7 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dgamma, A* dbeta) {
+                        T* dx, A* dgamma, A* dbeta, const T* dresidual = nullptr) {
   std::fill(dgamma, dgamma + h, A(0));
   if (dbeta) std::fill(dbeta, dbeta + h, A(0));
   for (index_t r = 0; r < rows; ++r) {
@@ -62,15 +72,22 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
     for (index_t i = 0; i < h; ++i) {
       A xhat = (A(xr[i]) - mean[r]) * rstd[r];
       A g = A(dyr[i]) * A(gamma[i]);
-      dxr[i] = T(rstd[r] * (g - mean_g - xhat * mean_gx));
+      const A grad = rstd[r] * (g - mean_g - xhat * mean_gx);
+      dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
     }
   }
 }
 
 template <class T, class A = accumulate_t<T>>
-void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps, T* y, A* rstd) {
+void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps, T* y, A* rstd,
+                     const T* residual = nullptr, T* sum = nullptr) {
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
+    if (residual) {  // sum (rows, h) = x + residual, then the norm of sum
+      T* sr = sum + r * h;
+      for (index_t i = 0; i < h; ++i) sr[i] = T(A(xr[i]) + A(residual[r * h + i]));
+      xr = sr;
+    }
     A ss = 0;
     for (index_t i = 0; i < h; ++i) ss += A(xr[i]) * A(xr[i]);
     A rs = A(1) / std::sqrt(ss / A(h) + eps);
@@ -83,7 +100,7 @@ void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps,
 // dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, index_t rows, index_t h, T* dx,
-                      A* dgamma) {
+                      A* dgamma, const T* dresidual = nullptr) {
   std::fill(dgamma, dgamma + h, A(0));
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
@@ -99,7 +116,8 @@ void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, in
     T* dxr = dx + r * h;
     for (index_t i = 0; i < h; ++i) {
       A xhat = A(xr[i]) * rstd[r];
-      dxr[i] = T(rstd[r] * (A(dyr[i]) * A(gamma[i]) - xhat * mean_gx));
+      const A grad = rstd[r] * (A(dyr[i]) * A(gamma[i]) - xhat * mean_gx);
+      dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
     }
   }
 }

@@ -8,7 +8,9 @@
 //   request <= 1 MiB   rounded up to a multiple of 512 bytes
 //   request >  1 MiB   rounded up to a multiple of 2 MiB
 //
-// After the first step has filled the bins, a step makes no cudaMalloc at all; `stats()` counts
+// After the first step has filled the bins, a step makes no cudaMalloc at all; a block kept across
+// steps (allocate_long_lived: the attention workspace) is always a fresh cudaMalloc, so holding it
+// never leaves the bins one block short in the next step. `stats()` counts
 // the cudaMalloc calls, the bytes handed out (in use, and the peak) and the bytes held from CUDA
 // (reserved), so a test can prove it.
 //
@@ -17,14 +19,26 @@
 // event (the CUDA stream orders the two). Memory handed to another stream (a communicator's) must
 // be synchronized with the compute stream by its user, as with any stream-ordered allocator.
 // When cudaMalloc fails, the cached blocks are returned to CUDA and the call is retried once.
+//
+// To find the allocation that makes a steady-state step call cudaMalloc, set the environment
+// variable STRATA_CUDA_MALLOC_TRACE=1: every cudaMalloc then prints its size, the allocator's
+// counters and the calling stack to stderr, followed by the stacks that allocated the blocks of the
+// same size still in use (one of them is usually held longer than it was in the previous step).
+// Function names need the executable linked with -rdynamic; static functions show as offsets for
+// addr2line.
 #pragma once
+
+#include <execinfo.h>
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string_view>
+#include <array>
 #include <unordered_map>
 #include <vector>
 
@@ -67,16 +81,28 @@ class caching_allocator final : public device_memory_resource {
     return (bytes + granule - 1) / granule * granule;
   }
 
-  void* allocate(std::size_t bytes) override {
+  void* allocate(std::size_t bytes) override { return allocate_from(bytes, /*cached=*/true); }
+
+  // A workspace kept across steps: always a fresh cudaMalloc, so it never takes a block that a
+  // step frees and needs again (which would make the next step call cudaMalloc once more).
+  void* allocate_long_lived(std::size_t bytes) override { return allocate_from(bytes, /*cached=*/false); }
+
+ private:
+  void* allocate_from(std::size_t bytes, bool cached) {
     const std::size_t rounded = round_size(bytes);
     std::lock_guard lock(mutex_);
     void* p = nullptr;
-    auto bin = free_.find(rounded);
+    auto bin = cached ? free_.find(rounded) : free_.end();
     if (bin != free_.end() && !bin->second.empty()) {
       p = bin->second.back();
       bin->second.pop_back();
     } else {
       p = malloc_locked(rounded);
+    }
+    if (trace_mallocs()) {
+      traced& t = live_[p];
+      t.bytes = rounded;
+      t.depth = backtrace(t.frames.data(), static_cast<int>(t.frames.size()));
     }
     ++stats_.allocations;
     stats_.bytes_in_use += rounded;
@@ -84,10 +110,12 @@ class caching_allocator final : public device_memory_resource {
     return p;
   }
 
+ public:
   void deallocate(void* pointer, std::size_t bytes) noexcept override {
     if (!pointer) return;
     const std::size_t rounded = round_size(bytes);
     std::lock_guard lock(mutex_);
+    if (trace_mallocs()) live_.erase(pointer);
     free_[rounded].push_back(pointer);
     stats_.bytes_in_use -= rounded;
   }
@@ -136,9 +164,31 @@ class caching_allocator final : public device_memory_resource {
                   stats_.bytes_reserved, " reserved; reduce the micro-batch size or the sequence length, or "
                   "enable activation recomputation");
     ++stats_.malloc_calls;
+    if (trace_mallocs()) print_trace(rounded);
     stats_.last_malloc_bytes = rounded;
     stats_.bytes_reserved += rounded;
     return p;
+  }
+  static bool trace_mallocs() {
+    static const bool on = [] {
+      const char* v = std::getenv("STRATA_CUDA_MALLOC_TRACE");
+      return v && *v && *v != '0';
+    }();
+    return on;
+  }
+  void print_trace(std::size_t rounded) const {
+    std::fprintf(stderr, "cudaMalloc #%llu of %zu bytes on device %d (%zu bytes in use, %zu reserved), from:\n",
+                 static_cast<unsigned long long>(stats_.malloc_calls), rounded, device_, stats_.bytes_in_use,
+                 stats_.bytes_reserved);
+    void* frames[32];
+    const int depth = backtrace(frames, 32);
+    backtrace_symbols_fd(frames, depth, 2);
+    int held = 0;
+    for (const auto& [pointer, t] : live_) {
+      if (t.bytes != rounded) continue;
+      std::fprintf(stderr, "  block %p of %zu bytes in use (#%d), allocated from:\n", pointer, rounded, ++held);
+      backtrace_symbols_fd(const_cast<void* const*>(t.frames.data()), t.depth, 2);
+    }
   }
   void release_cached_locked() {
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -157,6 +207,12 @@ class caching_allocator final : public device_memory_resource {
   mutable std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;  // rounded size -> cached blocks
   allocator_stats stats_;
+  struct traced {
+    std::size_t bytes = 0;
+    std::array<void*, 24> frames{};
+    int depth = 0;
+  };
+  std::unordered_map<void*, traced> live_;  // blocks in use and their stacks (STRATA_CUDA_MALLOC_TRACE only)
 };
 
 // A block of `count` T from a device memory resource, returned to it on destruction (scratch space

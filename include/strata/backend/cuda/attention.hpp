@@ -117,7 +117,7 @@ class attention_plans {
         if (pooled_) memory_->deallocate(pooled_, pooled_bytes_);
         pooled_ = nullptr;
         pooled_bytes_ = 0;
-        pooled_ = memory_->allocate(bytes);
+        pooled_ = memory_->allocate_long_lived(bytes);
         pooled_bytes_ = bytes;
       }
       return pooled_;

@@ -184,27 +184,28 @@ class backend {
     kernels::qkv_merge<T>(dq, dk, dv, rows, groups, heads_per_group, d, dqkv, stream());
   }
 
-  // --- norms ---------------------------------------------------------------------------------------
+  // --- norms (optionally fused with the residual add: kernels/norm.cuh) ---------------------------
   template <class T, class A = accumulate_t<T>>
   void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                         A* rstd) const {
-    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, y, mean, rstd, stream());
+                         A* rstd, const T* residual = nullptr, T* sum = nullptr) const {
+    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream());
   }
   template <class T, class A = accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                          T* dx, A* dg, A* db) const {
+                          T* dx, A* dg, A* db, const T* dresidual = nullptr) const {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(2 * kernels::norm_backward_blocks(rows) * h));
-    kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, workspace.data(), stream());
+    kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace.data(), stream());
   }
   template <class T, class A = accumulate_t<T>>
-  void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd) const {
-    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, stream());
+  void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,
+                       const T* residual = nullptr, T* sum = nullptr) const {
+    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, residual, sum, stream());
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
-                        A* dg) const {
+                        A* dg, const T* dresidual = nullptr) const {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::norm_backward_blocks(rows) * h));
-    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, workspace.data(), stream());
+    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, dresidual, workspace.data(), stream());
   }
 
   // --- activations and RoPE ------------------------------------------------------------------------

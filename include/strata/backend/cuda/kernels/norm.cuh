@@ -7,6 +7,11 @@
 //              dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))   (RMSNorm: no mean(gy) term)
 //              dg = sum_r dy * xhat,  db = sum_r dy   (written, not accumulated)
 //
+// Fused with the residual add (CPU twin: cpu/norm.hpp): the forward with `residual` writes
+// sum = T(x + residual) (sum may be x or residual) and normalizes sum; the backward with `dresidual`
+// writes dx = T(dresidual + the norm's dx) (dx may be dresidual). Each element is read and written by
+// the same thread, so the aliases are safe.
+//
 // x, y, dy, dx [rows, h]; g, b [h]; mean, rstd [rows]. Two kernel shapes, chosen by the sizes and
 // the pointers only (never by the device), each deterministic:
 //   - a warp per row (the fast path): when h * sizeof(T) % 16 == 0, every row pointer is 16-byte
@@ -63,9 +68,10 @@ bool with_vectors_per_lane(index_t vectors, F&& f) {
 // --- warp per row ---------------------------------------------------------------------------------
 
 template <class T, bool layer, int G, class A = accumulate_t<T>>
-__global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(const T* __restrict__ x, const T* __restrict__ g,
+__global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(const T* x, const T* __restrict__ g,
                                                                             const T* __restrict__ b, index_t rows, int h, A eps,
-                                                                            T* __restrict__ y, A* mean, A* rstd) {
+                                                                            T* __restrict__ y, A* mean, A* rstd,
+                                                                            const T* residual, T* sum_out) {
   constexpr int V = packed<T>::width;
   const int lane = threadIdx.x % 32;
   const index_t warps = index_t(gridDim.x) * kNormWarps;
@@ -75,6 +81,18 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(cons
 #pragma unroll
     for (int j = 0; j < G; ++j)
       if ((j * 32 + lane) * V < h) raw[j] = xr[j * 32 + lane];
+    if (residual) {  // raw := T(x + residual), written to sum (rows, h)
+      const packed<T>* rr = reinterpret_cast<const packed<T>*>(residual + r * h);
+      packed<T>* sr = reinterpret_cast<packed<T>*>(sum_out + r * h);
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if ((j * 32 + lane) * V < h) {
+          const packed<T> add = rr[j * 32 + lane];
+#pragma unroll
+          for (int k = 0; k < V; ++k) raw[j].raw[k] = pack<T>(unpack<T>(raw[j].raw[k]) + unpack<T>(add.raw[k]));
+          sr[j * 32 + lane] = raw[j];
+        }
+    }
     A mu = 0;
     if constexpr (layer) {
       A sum = 0;
@@ -126,8 +144,8 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(cons
 template <class T, bool layer, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                              const T* __restrict__ g, const A* mean, const A* rstd,
-                                                                             index_t rows, int h, T* __restrict__ dx,
-                                                                             A* dg_partials, A* db_partials) {
+                                                                             index_t rows, int h, T* dx,
+                                                                             A* dg_partials, A* db_partials, const T* dresidual) {
   constexpr int V = packed<T>::width;
   extern __shared__ unsigned char norm_shared[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -176,14 +194,17 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
     const A mean_gy = layer ? warp_sum(sum_gy) / A(h) : A(0);
     const A mean_gy_xhat = warp_sum(sum_gy_xhat) / A(h);
     packed<T>* dxr = reinterpret_cast<packed<T>*>(dx + r * h);
+    const packed<T>* drr = dresidual ? reinterpret_cast<const packed<T>*>(dresidual + r * h) : nullptr;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       if ((j * 32 + lane) * V >= h) continue;
-      packed<T> result;
+      packed<T> result, add{};
+      if (drr) add = drr[j * 32 + lane];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]));
-        result.raw[k] = pack<T>(rs * (gy - mean_gy - xhat * mean_gy_xhat));
+        const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
+        result.raw[k] = pack<T>(drr ? unpack<T>(add.raw[k]) + grad : grad);
       }
       dxr[j * 32 + lane] = result;
     }
@@ -207,9 +228,14 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                                    A* rstd) {
+                                    A* rstd, const T* residual, T* sum_out) {
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * h;  // x (rows, h)
+    if (residual) {  // sum (rows, h) = T(x + residual); each thread reads back only its own elements
+      T* sr = sum_out + r * h;
+      for (index_t i = threadIdx.x; i < h; i += blockDim.x) store(sr, i, load(xr, i) + load(residual + r * h, i));
+      xr = sr;
+    }
     A mu = 0;
     if constexpr (layer) {
       A sum = 0;
@@ -237,7 +263,7 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
-                                     index_t h, T* dx, A* dg_partials, A* db_partials) {
+                                     index_t h, T* dx, A* dg_partials, A* db_partials, const T* dresidual) {
   A* dg_part = dg_partials + blockIdx.x * h;  // partials (blocks, h)
   A* db_part = db_partials ? db_partials + blockIdx.x * h : nullptr;
   for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
@@ -261,7 +287,8 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     T* dxr = dx + r * h;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
       const A xhat = (load(xr, i) - mu) * rs, gy = mul_rn(load(dyr, i), load(g, i));
-      store(dxr, i, rs * (gy - mean_gy - xhat * mean_gy_xhat));
+      const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
+      store(dxr, i, dresidual ? load(dresidual + r * h, i) + grad : grad);
     }
   }
 }
@@ -279,25 +306,25 @@ bool norm_vectorized(index_t h, std::initializer_list<const void*> pointers) {
 
 template <class T, bool layer, class A>
 void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                  cudaStream_t stream, const char* name) {
+                  const T* residual, T* sum, cudaStream_t stream, const char* name) {
   if (rows <= 0 || h <= 0) return;
   constexpr int V = packed<T>::width;
-  const bool warp_path = norm_vectorized<T>(h, {x, g, b, y}) &&
+  const bool warp_path = norm_vectorized<T>(h, {x, g, b, y, residual, sum}) &&
                          with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
                            const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + kNormWarps - 1) / kNormWarps, 65535));
                            norm_forward_warp_kernel<T, layer, decltype(vectors)::value, A><<<blocks, kNormWarps * 32, 0, stream>>>(
-                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd);
+                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum);
                          });
   if (!warp_path) {
     const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
-    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd);
+    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum);
   }
   check_launch(name);
 }
 
 template <class T, bool layer, class A>
 void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h, T* dx,
-                   A* dg, A* db, A* workspace, cudaStream_t stream, const char* name) {
+                   A* dg, A* db, const T* dresidual, A* workspace, cudaStream_t stream, const char* name) {
   if (h <= 0) return;
   if (rows <= 0) {
     STRATA_CUDA_CHECK(cudaMemsetAsync(dg, 0, h * sizeof(A), stream));
@@ -308,7 +335,7 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
   const index_t blocks = norm_backward_blocks(rows);
   A* dg_partials = workspace;
   A* db_partials = db ? workspace + blocks * h : nullptr;
-  const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx}) &&
+  const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx, dresidual}) &&
                          with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
                            const std::size_t shared = 2 * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
                            auto* kernel = &norm_backward_warp_kernel<T, layer, decltype(vectors)::value, A>;
@@ -316,11 +343,11 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
                              STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                     static_cast<int>(shared)));
                            kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
-                                   dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials);
+                                   dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, dresidual);
                          });
   if (!warp_path)
     norm_backward_kernel<T, layer, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials);
+        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, dresidual);
   check_launch(name);
   sum_partials<A, A>(dg_partials, blocks, h, dg, false, stream);
   if (db) sum_partials<A, A>(db_partials, blocks, h, db, false, stream);
@@ -328,27 +355,29 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
 
 template <class T, class A = accumulate_t<T>>
 void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       cudaStream_t stream) {
-  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, stream, "layernorm_forward");
+                       const T* residual, T* sum, cudaStream_t stream) {
+  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward");
 }
 
 // workspace: 2 * norm_backward_blocks(rows) * h elements of A.
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dg, A* db, A* workspace, cudaStream_t stream) {
-  norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, workspace, stream, "layernorm_backward");
+                        T* dx, A* dg, A* db, const T* dresidual, A* workspace, cudaStream_t stream) {
+  norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, stream, "layernorm_backward");
 }
 
 template <class T, class A = accumulate_t<T>>
-void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, cudaStream_t stream) {
-  norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, stream, "rmsnorm_forward");
+void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual, T* sum,
+                     cudaStream_t stream) {
+  norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, residual, sum, stream, "rmsnorm_forward");
 }
 
 // workspace: norm_backward_blocks(rows) * h elements of A.
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                      A* workspace, cudaStream_t stream) {
-  norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, workspace, stream, "rmsnorm_backward");
+                      const T* dresidual, A* workspace, cudaStream_t stream) {
+  norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, dresidual, workspace, stream,
+                             "rmsnorm_backward");
 }
 
 }  // namespace cuda::kernels
