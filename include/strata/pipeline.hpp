@@ -5,3 +5,5 @@
 #include "pipeline/action.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/schedule_check.hpp"
+#include "pipeline/stage.hpp"
+#include "pipeline/executor.hpp"

@@ -77,16 +77,18 @@ class TransformerLayer {
     return {std::move(m), std::move(saved)};
   }
 
-  Act backward(Context& ctx, const Saved& saved, const Act& dy) {
+  // With `deferred`, the linear layers' weight gradients are appended to it (a split backward:
+  // DeferredWeightGradients); the norms' gradients are taken now.
+  Act backward(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred = nullptr) {
     const bool dropout = config_.hidden_dropout > 0;
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
     dropout_backward(ctx, dm, config_.hidden_dropout, rng::mix(saved.dropout_key, 2));
-    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm));
+    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm, deferred));
     add_into(ctx, dh, dy);  // dh := dy + d(norm2 path); dh is ours
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
     dropout_backward(ctx, da, config_.hidden_dropout, rng::mix(saved.dropout_key, 1));
-    auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da));
+    auto dx = norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred));
     add_into(ctx, dx, dh);
     return dx;
   }
