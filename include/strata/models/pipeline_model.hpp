@@ -93,7 +93,7 @@ class PipelineModel {
     const int peer = ctx.pp.rank() == 0 ? ctx.pp.size() - 1 : 0;
     auto other = Tensor<G, Space>::empty(local[0]->grad.shape());
     auto batch = batch_point_to_point(ctx.pp);
-    ctx.pp.send(local[0]->grad.buffer(), peer);
+    ctx.pp.send(std::as_const(local[0]->grad).buffer(), peer);
     ctx.pp.recv(other.buffer(), peer);
     batch.end();
     ctx.device.template add<G>(local[0]->grad.data(), other.data(), other.numel(), local[0]->grad.data());
@@ -119,7 +119,7 @@ class PipelineModel {
           ctx.pp.recv(input.tensor.buffer(), pipeline::rank_of_stage(pp, vs - 1));
         }
         auto [out, loss] = chunk.evaluate_stage(ctx, vs > 0 ? &input : nullptr, b.tokens, b.labels, b.loss_mask, dropout_key, classifier);
-        if (vs < last) ctx.pp.send(out.tensor.buffer(), pipeline::rank_of_stage(pp, vs + 1));
+        if (vs < last) ctx.pp.send(std::as_const(out.tensor).buffer(), pipeline::rank_of_stage(pp, vs + 1));
         else ctx.device.template add<double>(total.sum.data(), loss.sum.data(), 1, total.sum.data());
       }
     }

@@ -120,7 +120,7 @@ PipelineStepResult<typename Context::space> run_schedule(Context& ctx, const Sch
         ++result.transfers;
         if (t.send) {
           if (next_out >= outgoing.size()) fail<Error>("run_schedule: rank ", rank, " has no output to send in step ", step);
-          ctx.pp.send(outgoing[next_out++].tensor.buffer(), t.peer);
+          ctx.pp.send(std::as_const(outgoing[next_out++].tensor).buffer(), t.peer);
         } else {
           const int receiving_stage = t.message.gradient ? t.message.from_stage - 1 : t.message.from_stage + 1;
           const Batch& b = batches[static_cast<std::size_t>(t.message.micro_batch)];

@@ -38,7 +38,7 @@ constexpr StageLayers stage_layers_of(int num_layers, int pp, int virtual_stages
     raise_if(Problem::sentence("rank=", rank, " chunk=", chunk, " is outside a pipeline of pp=", pp, " ranks with ",
                                virtual_stages, " chunks each."));
   const int total = pp * virtual_stages;
-  const Problem split = detail::stage_split_problem(num_layers, total, first_stage_layers, last_stage_layers);
+  const Problem split = ::strata::detail::stage_split_problem(num_layers, total, first_stage_layers, last_stage_layers);
   if (!split.ok()) {
     if (virtual_stages == 1) raise_if(split);
     raise_if(Problem::sentence("with virtual_stages=", virtual_stages, " the model is cut into pp x virtual_stages = ", total,
