@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "../core/rng.hpp"
+#include "deferred_weight_gradients.hpp"
 #include "dropout.hpp"
 #include "norm.hpp"
 #include "policy.hpp"

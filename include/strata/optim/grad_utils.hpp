@@ -89,6 +89,13 @@ using as_const = const X;
 template <class X>
 using as_mutable = X;
 
+// A parameter type without the pipeline_copy flag is never a copy.
+template <class P>
+constexpr bool is_pipeline_copy(const P& p) {
+  if constexpr (requires { p.pipeline_copy; }) return p.pipeline_copy;
+  else return false;
+}
+
 template <class G>
 inline constexpr bool float_or_double = std::is_same_v<G, float> || std::is_same_v<G, double>;
 
@@ -147,7 +154,7 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
     };
     detail::tensor_runs<detail::as_const, decltype(send)> runs(send);
     module.for_each_parameter([&](auto& p) {
-      if (p.pipeline_copy || (!p.tensor_parallel() && tp_rank != 0)) return;
+      if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       if constexpr (detail::float_or_double<G>) {
         runs.add(static_cast<const G*>(p.grad.data()), p.grad.numel());
@@ -159,7 +166,7 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
     runs.flush();
   } else {
     module.for_each_parameter([&](auto& p) {
-      if (p.pipeline_copy || (!p.tensor_parallel() && tp_rank != 0)) return;
+      if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       device.template sum_of_squares<G>(p.grad.data(), p.grad.numel(), accumulator);
     });
