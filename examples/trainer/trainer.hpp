@@ -63,6 +63,8 @@
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
 
+#include "pipeline_step.hpp"
+
 #ifdef STRATA_TRAINER_CUDA
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -85,6 +87,7 @@ struct TrainArgs {
   int world_size = 2;
   int tensor_model_parallel_size = 2;
   bool sequence_parallel = true;
+  PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
   std::string dtype = "float";  // float | double | bf16 (bf16 parameters and activations, fp32 main params)
   // model
@@ -161,6 +164,7 @@ inline int demo_ffn_hidden_size(const std::string& kind) { return kind == "llama
 // After parsing: the demo's MLP width applies only when neither --hidden-size nor
 // --ffn-hidden-size was given; otherwise an absent --ffn-hidden-size means 4 x --hidden-size.
 inline void apply_demo_defaults(const CLI::App& app, TrainArgs& a) {
+  if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
   if (app.count("--hidden-size") == 0 && app.count("--ffn-hidden-size") == 0)
     a.model.ffn_hidden_size = demo_ffn_hidden_size(a.model_kind);
 }
@@ -173,6 +177,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "srun or mpirun); data parallel = world / tensor parallel");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
+  add_pipeline_options(app, a.pipeline);
   app.add_option("--device,--backend", a.device,
                  "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
                  "GPU is present, else cpu")
@@ -431,7 +436,11 @@ inline void validate(const TrainArgs& a) {
   if (a.world_size % a.tensor_model_parallel_size != 0)
     fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
                       a.world_size, "; the world is tensor parallel x data parallel");
-  const int dp = a.world_size / a.tensor_model_parallel_size;
+  const int pp = a.pipeline.pipeline_model_parallel_size;
+  if (pp < 1 || a.world_size % (a.tensor_model_parallel_size * pp) != 0)
+    fail<ConfigError>("--pipeline-model-parallel-size=", pp, " x --tensor-model-parallel-size=", a.tensor_model_parallel_size,
+                      " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
+  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
   const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
   if (a.global_batch_size % per_step != 0)
     fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
@@ -449,7 +458,9 @@ inline void validate(const TrainArgs& a) {
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
     fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
-  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size);
+  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
+  check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size,
+                      static_cast<int>(a.global_batch_size / per_step), a.sample_tokens > 0);
   schedule.validate();
 }
 
@@ -628,12 +639,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   TrainResult& result = shared.result;
   std::mutex& result_mutex = shared.result_mutex;
   std::ofstream& jsonl = shared.jsonl;
-  const int dp = a.world_size / a.tensor_model_parallel_size;
+  const int pp = a.pipeline.pipeline_model_parallel_size;
+  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
   const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
 
-  Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, device);
-  Model<Policy> model(ctx, a.model);
+  Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .pp = pp, .dp = dp}, device);
+  // This rank's pipeline stage(s); with pp = 1 one chunk holding the whole model (pipeline_step.hpp).
+  models::PipelineModel<Model, Policy> model(ctx, a.model, layout_of(a.pipeline, a.model));
+  auto& whole_model = *model.chunks().front();  // the whole model when pp = 1 (warm-up step, sampling)
   // Plan the attention of every shape the run uses now, before any collective: on the GPU that
   // builds the cuDNN plans, whose code loading waits for every GPU of the process. With one process
   // driving several GPUs, a plan built mid-step would wait for a peer GPU inside a collective that
@@ -659,7 +673,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_dry_run<Comm>) {
     if (world.size() > 1 && !launched_as_job()) {
       world.set_dry_run(true);
-      warm_up_step(ctx, model, optimizer, a, shared.dataset);
+      if (pp == 1 && model.virtual_stages() == 1) warm_up_step(ctx, whole_model, optimizer, a, shared.dataset);
       world.set_dry_run(false);
     }
   }
@@ -691,8 +705,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (logger && !a.quiet) {
     std::int64_t params = 0;
     model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
-    std::printf("strata %s: %d ranks on %s (tp=%d, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
-                a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, dp, SP ? "on" : "off",
+    std::printf("strata %s: %d ranks on %s (tp=%d, pp=%d %s, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
+                a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, pp, a.pipeline.pipeline_schedule.c_str(), dp, SP ? "on" : "off",
                 a.dtype.c_str(), static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps,
                 a.micro_batch_size, start + 1, a.train_iters);
     std::fflush(stdout);
@@ -705,7 +719,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         const auto first = data::micro_batch_first_sample(static_cast<std::int64_t>(k) * a.global_batch_size,
                                                           a.micro_batch_size, ctx.coords.dp, dp, m);
         const data::Batch b = data::make_batch(shared.valid_samples, first, a.micro_batch_size, batch_options);
-        const auto loss = model.evaluate(ctx, b.tokens, b.labels, b.loss_mask);
+        const auto loss = model.evaluate(ctx, std::span<const data::Batch>(&b, 1));
         sums[0] += loss.loss_sum();
         sums[1] += loss.tokens;
       }
@@ -757,16 +771,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
     if (tokens <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
     ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
-    for (int m = 0; m < micro_steps; ++m) {
-      const std::uint64_t dropout_key = rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m);
-      // The loss gradient (mask / tokens) is known before the forward, so the output layer and the
-      // loss run fused over blocks of rows and the whole logits never exist (models::FusedLoss).
-      const double loss_scale = 1.0 / tokens;
-      auto [loss, saved] = model.forward(ctx, batches[m].tokens, batches[m].labels, batches[m].loss_mask, dropout_key,
-                                         models::FusedLoss{loss_scale});
-      model.backward(ctx, saved, loss_scale);
-      ctx.device.template add<double>(loss_sum.data(), loss.sum.data(), 1, loss_sum.data());
-    }
+    std::vector<std::uint64_t> dropout_keys;
+    for (int m = 0; m < micro_steps; ++m) dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m));
+    // The loss gradient (mask / tokens) is known before the forward, so the output layer and the
+    // loss run fused over blocks of rows and the whole logits never exist; the schedule runs the
+    // micro-batches (with pp = 1: forward and backward of each in turn).
+    pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, 1.0 / tokens, loss_sum);
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
     all_reduce_gradients(ctx.dp, model);
@@ -871,7 +881,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       report_validation(it + 1);
   }
   if (a.sample_tokens > 0) {
-    const std::string text = generate(ctx, model, a);
+    const std::string text = generate(ctx, whole_model, a);
     if (logger) {
       std::lock_guard lock(result_mutex);
       result.sample = text;

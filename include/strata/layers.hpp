@@ -4,6 +4,7 @@
 #include "layers/layout.hpp"
 #include "layers/conversions.hpp"
 #include "layers/parameter.hpp"
+#include "layers/deferred_weight_gradients.hpp"
 #include "layers/gather.hpp"
 #include "layers/policy.hpp"
 #include "layers/column_parallel_linear.hpp"

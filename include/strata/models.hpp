@@ -6,3 +6,4 @@
 #include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "models/llama.hpp"
+#include "models/pipeline_model.hpp"

@@ -167,6 +167,44 @@ template <class Model, class Policy>
   (void)model.next_token_logits(ctx, tokens, 0);
 }
 
+// The pipeline path on the device space: a stage of each model, one step of every schedule (the
+// executor's batched send/recv, the split backward, the tied-embedding gradient sum), the
+// pipelined evaluation, clipping and the optimizer step.
+struct DeviceBatch {
+  strata::Tensor<std::int32_t> tokens, labels;
+  strata::Tensor<float> loss_mask;
+};
+
+template <template <class> class Model, class Policy>
+[[maybe_unused]] void pipeline_step(mock_device_communicator world, const strata::models::ModelConfig& config,
+                                    std::span<const DeviceBatch> batches, std::span<const std::uint64_t> keys) {
+  using Space = strata::space_t<Policy>;
+  auto ctx = strata::context_t<Policy>::create(world, strata::ParallelConfig{.tp = 2, .pp = 2});
+  strata::models::PipelineModel<Model, Policy> model(ctx, config, {2, -1, -1});
+  model.init(ctx, 1234);
+  strata::AdamW<typename Policy::element, Space> optimizer(ctx.device, model);
+  for (auto kind : {strata::pipeline::ScheduleKind::gpipe, strata::pipeline::ScheduleKind::one_f_one_b,
+                    strata::pipeline::ScheduleKind::interleaved, strata::pipeline::ScheduleKind::zero_bubble}) {
+    auto result = model.train_step(ctx, kind, batches, keys, 0.5);
+    static_assert(std::is_same_v<decltype(result.loss_sum), strata::Tensor<double, space::cuda>>,
+                  "The pipeline's loss sum stays on the device.");
+  }
+  auto evaluated = model.evaluate(ctx, batches);
+  static_assert(std::is_same_v<decltype(evaluated.sum), strata::Tensor<double, space::cuda>>,
+                "The pipelined evaluation's loss sum stays on the device.");
+  (void)strata::clip_grad_norm_device(ctx, model, 1.0);
+  optimizer.step(ctx.device, model, 1e-3);
+}
+
+template void pipeline_step<strata::models::Gpt, DevicePolicy<strata::bf16, true>>(mock_device_communicator,
+                                                                                   const strata::models::ModelConfig&,
+                                                                                   std::span<const DeviceBatch>,
+                                                                                   std::span<const std::uint64_t>);
+template void pipeline_step<strata::models::Llama, DevicePolicy<float, false>>(mock_device_communicator,
+                                                                               const strata::models::ModelConfig&,
+                                                                               std::span<const DeviceBatch>,
+                                                                               std::span<const std::uint64_t>);
+
 template void train_one_step<strata::models::Gpt<DevicePolicy<strata::bf16, true>>, DevicePolicy<strata::bf16, true>>(
     mock_device_communicator, const strata::models::ModelConfig&, const strata::Tensor<std::int32_t>&,
     const strata::Tensor<std::int32_t>&, const strata::Tensor<float>&);

@@ -102,9 +102,10 @@ class SelfAttention {
     return {std::move(y), std::move(saved)};
   }
 
-  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
+  // With `deferred`, the qkv and output projections' weight gradients are appended to it.
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     const index_t s = saved.q.size(0), b = saved.q.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
-    auto dcontext = proj_.backward(ctx, saved.proj, dy);  // (s, b, np_local * d)
+    auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred);  // (s, b, np_local * d)
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
          dv = Tensor<T, Space>::empty(saved.v.shape());
     ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
@@ -116,7 +117,7 @@ class SelfAttention {
     }
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
-    return qkv_.backward(ctx, saved.qkv, dqkv);
+    return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
   }
 
   // Megatron's init: N(0, std) for qkv; the output projection scaled by output_stddev.

@@ -96,14 +96,16 @@ class ColumnParallelLinear {
     return {Act<layout::sharded<-1>>(std::move(y)), std::move(pre), std::move(saved)};
   }
 
+  // With `deferred`, the weight gradients are appended to it instead (a split backward).
   template <class Layout>
-  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
     return reduce_input_gradient(
-        ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr)));
+        ctx, Act<layout::partial>(
+                 detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr, nullptr, deferred)));
   }
 
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "../core/tensor.hpp"
+#include "deferred_weight_gradients.hpp"
 #include "parameter.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -82,11 +83,24 @@ void linear_backward_rows(Device& device, const T* x, const T* dy, index_t rows,
     device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
 }
 
-// Accumulates dW (and db), returns dx (times gelu'(*gelu_pre) when gelu_pre is given).
+// The weight half of linear_backward_rows: dW[out, in] += dy^T x and db[out] += sum_rows dy.
+template <class Device, class T, class Space>
+void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
+                                 Parameter<T, Space>* bias) {
+  using A = accumulate_t<T>;
+  const index_t in = weight.value.size(1), out = weight.value.size(0);
+  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
+  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
+}
+
+// Accumulates dW (and db), returns dx (times gelu'(*gelu_pre) when gelu_pre is given). With
+// `deferred`, dx is computed now and the dW (and db) accumulation is appended to the list: the
+// closure keeps x and dy (shared handles) and the device, which must outlive it.
 template <class Device, class T, class Space>
 Tensor<T, Space> linear_backward(Device& device, const Tensor<T, Space>& x, const Tensor<T, Space>& dy,
                                  Parameter<T, Space>& weight, Parameter<T, Space>* bias,
-                                 const Tensor<T, Space>* gelu_pre = nullptr) {
+                                 const std::type_identity_t<Tensor<T, Space>>* gelu_pre = nullptr,
+                                 DeferredWeightGradients* deferred = nullptr) {
   const index_t out = weight.value.size(0), rows = x.shape().rows();
   if (dy.shape().rows() != rows || dy.shape().cols() != out)
     fail<ShapeError>("linear backward: output gradient ", dy.shape().str(), " does not match ", rows, " rows of ", out,
@@ -95,7 +109,18 @@ Tensor<T, Space> linear_backward(Device& device, const Tensor<T, Space>& x, cons
     fail<ShapeError>("linear backward: the GELU pre-activation ", gelu_pre->shape().str(), " does not match the input ",
                      x.shape().str());
   auto dx = Tensor<T, Space>::empty(x.shape());  // (rows, in)
-  linear_backward_rows(device, x.data(), dy.data(), rows, weight, bias, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
+  if (!deferred) {
+    linear_backward_rows(device, x.data(), dy.data(), rows, weight, bias, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
+    return dx;
+  }
+  const index_t in = weight.value.size(1);
+  if (gelu_pre)
+    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy.data(), weight.value.data(), gelu_pre->data(), dx.data());
+  else
+    device.template gemm<T>(false, false, rows, in, out, dy.data(), weight.value.data(), dx.data(), false);  // (rows, in)
+  deferred->add([&device, x, dy, rows, &weight, bias] {
+    linear_weight_gradient_rows(device, x.data(), dy.data(), rows, weight, bias);
+  });
   return dx;
 }
 

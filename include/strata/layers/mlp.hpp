@@ -68,15 +68,16 @@ class Mlp {
     return {std::move(y), std::move(saved)};
   }
 
-  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy) {
+  // With `deferred`, fc1's and fc2's weight gradients are appended to it (a split backward).
+  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     const Tensor<T, Space>& h = saved.pre_activation;
     if constexpr (!gated) {  // the GELU backward fused into fc2's dX GEMM where the backend can
-      return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h));
+      return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h, deferred), deferred);
     }
-    auto dact = fc2_.backward(ctx, saved.fc2, dy);
+    auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred);
     Edge<layout::sharded<-1>> dh{Tensor<T, Space>::empty(h.shape())};
     ctx.device.template swiglu_backward<T>(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
-    return fc1_.backward(ctx, saved.fc1, dh);
+    return fc1_.backward(ctx, saved.fc1, dh, deferred);
   }
 
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {

@@ -35,6 +35,10 @@ struct Parameter {
   Shape global_shape;
   ShardSpec shard;
   bool weight_decay = true;  // false for biases and norm weights
+  // A copy of a parameter another pipeline stage holds (the tied output embedding on the last
+  // stage): its gradient is summed with the original's every step, so both stay the same, and
+  // gradient norms count it once (on the original).
+  bool pipeline_copy = false;
   Tensor<T, Space> value;
   Tensor<grad_type, Space> grad;
 

@@ -71,29 +71,31 @@ class RowParallelLinear {
     return {std::move(y), std::move(saved)};
   }
 
+  // With `deferred`, the weight gradients are appended to it instead (a split backward).
   template <class Layout>
-  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy) {
-    return backward_impl(ctx, saved, dy, nullptr);
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+    return backward_impl(ctx, saved, dy, nullptr, deferred);
   }
   // backward() of a layer whose input was gelu(gelu_pre) (an MLP's fc2): returns the gradient with
   // respect to gelu_pre, fused into the dX GEMM where the backend can (backend gemm_gelu_backward).
   template <class Layout>
   Act<input_layout> backward_through_gelu(Context& ctx, const Saved& saved, const Act<Layout>& dy,
-                                          const Tensor<T, Space>& gelu_pre)
+                                          const Tensor<T, Space>& gelu_pre, DeferredWeightGradients* deferred = nullptr)
     requires(Options.input_is_parallel)
   {
-    return backward_impl(ctx, saved, dy, &gelu_pre);
+    return backward_impl(ctx, saved, dy, &gelu_pre, deferred);
   }
 
  private:
   template <class Layout>
-  Act<input_layout> backward_impl(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>* gelu_pre) {
+  Act<input_layout> backward_impl(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>* gelu_pre,
+                                  DeferredWeightGradients* deferred) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_full;
     if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
     Act<layout::sharded<-1>> dx(
-        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr, gelu_pre));
+        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
   }

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "../core/rng.hpp"
+#include "deferred_weight_gradients.hpp"
 #include "dropout.hpp"
 #include "norm.hpp"
 #include "policy.hpp"
@@ -79,15 +80,17 @@ class TransformerLayer {
     return {std::move(m), std::move(saved)};
   }
 
-  Act backward(Context& ctx, const Saved& saved, const Act& dy) {
+  // With `deferred`, the linear layers' weight gradients are appended to it (a split backward:
+  // DeferredWeightGradients); the norms' gradients are taken now.
+  Act backward(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred = nullptr) {
     const bool dropout = config_.hidden_dropout > 0;
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
     dropout_backward(ctx, dm, config_.hidden_dropout, rng::mix(saved.dropout_key, 2));
-    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm), &dy);  // dy + d(norm2 path)
+    auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm, deferred), &dy);  // dy + d(norm2 path)
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
     dropout_backward(ctx, da, config_.hidden_dropout, rng::mix(saved.dropout_key, 1));
-    return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da), &dh);  // dh + d(norm1 path)
+    return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
   }
 
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {

@@ -27,6 +27,17 @@
 // Both give the same losses and gradients up to rounding (GEMMs over blocks of rows, the output
 // weight's gradient summed block by block). evaluate(ctx, tokens, labels, mask) is the forward-only
 // loss for validation: chunked too, and keeping no layer's saved tensors.
+//
+// Pipeline stages: built with a pipeline::StageLayers, a DecoderModel holds only the transformer
+// layers of that range (named by their global index, so names, initial values and dropout masks
+// are those of the whole model), the embedding only on the first stage, and the final norm, output
+// layer and loss only on the last. forward_stage / backward_stage run such a piece on the residual
+// stream that crosses stages (the boundary, [s, b, h], or its sequence shard [s/tp, b, h] under
+// sequence parallelism), always with the fused loss; backward_stage may split its backward
+// (DeferredWeightGradients). With a tied output layer the last stage holds a copy of the word
+// embedding (same name, same initial value, Parameter::pipeline_copy set); the pipeline sums the two
+// copies' gradients every step, so they stay bit-identical. The whole-model entry points (forward,
+// backward, evaluate, next_token_logits) need a stage that holds everything.
 #pragma once
 
 #include <cmath>
@@ -39,6 +50,7 @@
 #include <vector>
 
 #include "../layers.hpp"
+#include "../pipeline/stage.hpp"
 #include "config.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -89,31 +101,48 @@ class DecoderModel {
     std::optional<double> fused_loss_scale;
   };
 
+  using Boundary = Activation<T, Layout, Space>;  // the residual stream between pipeline stages
+
+  // The whole model.
   DecoderModel(Context& ctx, const ModelConfig& config, bool linear_bias)
-      : config_((validate(config, ctx.config, Policy::sequence_parallel, ctx.world.size()), config)),
-        embedding_(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size),
-        final_norm_(ctx, "final_norm", config.hidden_size, config.norm_epsilon),
+      : DecoderModel(ctx, config, linear_bias, pipeline::StageLayers::whole(config.num_layers)) {}
+
+  // One pipeline stage: the layers stage.layers, the embedding when stage.has_embedding, the head
+  // when stage.has_head (pipeline::stage_layers_of makes the split).
+  DecoderModel(Context& ctx, const ModelConfig& config, bool linear_bias, pipeline::StageLayers stage)
+      : config_((validate(config, without_pipeline(ctx.config), Policy::sequence_parallel, ctx.world.size() / ctx.config.pp),
+                 check_stage(config, stage), config)),
+        stage_(stage),
         loss_(config.label_smoothing, config.vocab_size) {
-    if constexpr (LearnedPositions) positions_.emplace(ctx, "embedding.position", config.seq_length, config.hidden_size);
-    layers_.reserve(static_cast<std::size_t>(config.num_layers));
-    for (int i = 0; i < config.num_layers; ++i)
+    if (stage.has_embedding || (TiedOutput && stage.has_head)) {
+      embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size);
+      embedding_->weight().pipeline_copy = !stage.has_embedding;
+    }
+    if constexpr (LearnedPositions)
+      if (stage.has_embedding) positions_.emplace(ctx, "embedding.position", config.seq_length, config.hidden_size);
+    layers_.reserve(static_cast<std::size_t>(stage.layers.size()));
+    for (index_t i = stage.layers.begin; i < stage.layers.end; ++i)
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout},
                            AttentionConfig{config.hidden_size, config.num_attention_heads, config.num_query_groups,
                                            config.rope_base, linear_bias},
                            MlpConfig{config.hidden_size, config.ffn(), linear_bias});
-    if constexpr (TiedOutput) output_.emplace(embedding_.weight());
-    else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
+    if (stage.has_head) {
+      final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon);
+      if constexpr (TiedOutput) output_.emplace(embedding_->weight());
+      else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
+    }
   }
   DecoderModel(const DecoderModel&) = delete;  // the tied output layer points at the embedding
 
   // Megatron's init: N(0, std) everywhere, output projections of each layer N(0, std / sqrt(2 L)).
   void init(Context& ctx, std::uint64_t seed) {
     const double std = config_.init_method_std, scaled = std / std::sqrt(2.0 * config_.num_layers);
-    embedding_.init(ctx, seed, std);
-    if constexpr (LearnedPositions) positions_->init(ctx, seed, std);
+    if (embedding_) embedding_->init(ctx, seed, std);  // the tied copy draws the same values (same name)
+    if (positions_) positions_->init(ctx, seed, std);
     for (auto& layer : layers_) layer.init(ctx, seed, std, scaled);
-    if constexpr (!TiedOutput) output_->init(ctx, seed, std);
+    if constexpr (!TiedOutput)
+      if (output_) output_->init(ctx, seed, std);
   }
 
   // Plans now what forward (and backward when `backward`) of a [micro_batch, seq_length] batch will
@@ -129,6 +158,7 @@ class DecoderModel {
   std::pair<LossSum<Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t>& tokens,
                                            const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
                                            std::uint64_t dropout_key = 0) const {
+    require_whole("model forward");
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     auto [logits, out] = output_->forward(ctx, h);
@@ -150,28 +180,126 @@ class DecoderModel {
       fail<ConfigError>("model forward: FusedLoss::loss_scale=", fused.loss_scale,
                         " must be a finite number (1 / tokens of the global batch)");
     fused.chunks.check();
+    require_whole("model forward");
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
-    saved.mask = sequence_major_mask(ctx, loss_mask);
-    Tensor<A, Space> dloss = saved.mask.clone();  // [s, b]: mask * loss_scale, as backward makes it
-    ctx.device.template scale<A>(dloss.data(), dloss.numel(), fused.loss_scale);
-    auto result = chunked_classifier(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), dloss,
-                                     fused.chunks);
-    saved.final_norm_output_gradient = std::move(result.input_gradient);
-    saved.fused_loss_scale = fused.loss_scale;
-    return {masked_loss_sum(ctx, result.losses, saved.mask, loss_mask), std::move(saved)};
+    auto loss = fused_head(ctx, h, labels, loss_mask, fused, saved);
+    return {std::move(loss), std::move(saved)};
+  }
+
+  // ---- pipeline stage entry points ----
+
+  const pipeline::StageLayers& stage() const { return stage_; }
+  bool has_embedding() const { return stage_.has_embedding; }
+  bool has_head() const { return stage_.has_head; }
+
+  // The shape of the residual stream a stage receives and sends for a [b, s] batch:
+  // [s, b, h], or [s / tp, b, h] under sequence parallelism (each rank sends its sequence shard).
+  Shape boundary_shape(const Context& ctx, index_t micro_batch, index_t seq) const {
+    return Shape{Policy::sequence_parallel ? seq / ctx.tp.size() : seq, micro_batch, static_cast<index_t>(config_.hidden_size)};
+  }
+
+  struct StageForward {
+    Boundary output;     // to the next stage (empty on the last)
+    LossSum<Space> loss;  // the last stage only
+    Saved saved;
+  };
+
+  // The forward of this stage on one micro-batch: from the tokens (first stage) or the previous
+  // stage's output `input`; the last stage runs the fused loss with `loss_scale` (the scale
+  // backward_stage must be given; blocks of rows as `chunks` says) and returns the loss sum. tokens, labels, loss_mask: [b, s] on the
+  // host (every stage checks the shapes; the first reads the tokens, the last the labels and mask).
+  StageForward forward_stage(Context& ctx, const Boundary* input, const Tensor<std::int32_t>& tokens,
+                             const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask, std::uint64_t dropout_key,
+                             double loss_scale, ClassifierChunks chunks = {}) {
+    const FusedLoss fused{loss_scale, chunks};
+    check_batch(ctx, tokens, labels, loss_mask);
+    fused.chunks.check();
+    StageForward out;
+    Boundary x;
+    if (stage_.has_embedding) {
+      auto [e, emb] = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
+      out.saved.embedding = std::move(emb);
+      x = std::move(e);
+      if (positions_) positions_->forward(ctx, x);
+    } else {
+      if (input == nullptr || !(input->shape() == boundary_shape(ctx, tokens.size(0), tokens.size(1))))
+        fail<ShapeError>("forward_stage of layers [", stage_.layers.begin, ", ", stage_.layers.end,
+                         "): the input from the previous stage must be ",
+                         boundary_shape(ctx, tokens.size(0), tokens.size(1)).str(), ", got ",
+                         input ? input->shape().str() : std::string("none"));
+      x = *input;  // shared, read only
+    }
+    run_layers(ctx, x, dropout_key, out.saved);
+    if (!stage_.has_head) {
+      out.output = std::move(x);
+      return out;
+    }
+    auto [h, fn] = final_norm_->forward(ctx, x);
+    out.saved.final_norm = std::move(fn);
+    out.loss = fused_head(ctx, h, labels, loss_mask, fused, out.saved);
+    return out;
+  }
+
+  // The backward of this stage: from the loss (last stage; loss_scale must be the forward's) or the
+  // next stage's gradient `dy`; accumulates this stage's gradients and returns the gradient for the
+  // previous stage (empty on the first). With `deferred`, the linear layers' weight gradients are
+  // appended to it instead of computed (the first half of a split backward).
+  Boundary backward_stage(Context& ctx, const Saved& saved, const Boundary* dy, double loss_scale,
+                          DeferredWeightGradients* deferred = nullptr) {
+    Boundary dx;
+    if (stage_.has_head) {
+      check_fused_scale(saved, loss_scale);
+      dx = final_norm_->backward(ctx, saved.final_norm, saved.final_norm_output_gradient);
+    } else {
+      if (dy == nullptr) fail<ShapeError>("backward_stage of layers [", stage_.layers.begin, ", ", stage_.layers.end,
+                                          "): a stage without the head needs the next stage's gradient");
+      dx = *dy;  // shared, read only
+    }
+    for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx, deferred);
+    if (!stage_.has_embedding) return dx;
+    if (positions_) positions_->backward(ctx, dx);
+    embedding_->backward(ctx, saved.embedding, dx);
+    return {};
+  }
+
+  // Forward only (validation): this stage's output for the next stage, or on the last stage the
+  // loss sum (chunked, as evaluate); nothing is kept for a backward and no gradient is touched.
+  std::pair<Boundary, LossSum<Space>> evaluate_stage(Context& ctx, const Boundary* input, const Tensor<std::int32_t>& tokens,
+                                                     const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
+                                                     std::uint64_t dropout_key = 0, ClassifierChunks chunks = {}) const {
+    check_batch(ctx, tokens, labels, loss_mask);
+    chunks.check();
+    Boundary x;
+    if (stage_.has_embedding) {
+      x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
+      if (positions_) positions_->forward(ctx, x);
+    } else {
+      if (input == nullptr) fail<ShapeError>("evaluate_stage: a stage without the embedding needs the previous stage's output");
+      x = *input;
+    }
+    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, layer_key(dropout_key, i)).first;
+    if (!stage_.has_head) return {std::move(x), {}};
+    const auto h = final_norm_->forward(ctx, x).first;
+    const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
+    return {Boundary{}, masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask)};
+  }
+
+  // The word embedding when this stage holds one of two tied copies (the first or the last stage of
+  // a pipeline with a tied output layer), else nullptr: the pipeline sums their gradients.
+  Parameter<T, Space>* tied_embedding_copy() {
+    if constexpr (TiedOutput)
+      if (embedding_ && stage_.virtual_stages_total > 1) return &embedding_->weight();
+    return nullptr;
   }
 
   // Accumulates every parameter's gradient of  loss_scale * sum(mask * loss)  (after a fused
   // forward: of every parameter but the output weight, whose share the forward added).
   void backward(Context& ctx, const Saved& saved, double loss_scale) {
+    require_whole("model backward");
     Activation<T, Layout, Space> dh;  // d loss / d final norm output
     if (saved.fused_loss_scale) {
-      if (*saved.fused_loss_scale != loss_scale)
-        fail<ConfigError>("model backward: loss_scale=", std::setprecision(17), loss_scale,
-                          " differs from the loss_scale=", *saved.fused_loss_scale,
-                          " the fused forward (FusedLoss) computed the output layer's gradients with; pass the same "
-                          "scale to both");
+      check_fused_scale(saved, loss_scale);
       dh = saved.final_norm_output_gradient;  // shared, read only
     } else {
       Tensor<A, Space> dloss = saved.mask.clone();
@@ -179,10 +307,10 @@ class DecoderModel {
       auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
       dh = output_->backward(ctx, saved.output, dlogits);
     }
-    auto dx = final_norm_.backward(ctx, saved.final_norm, dh);
+    auto dx = final_norm_->backward(ctx, saved.final_norm, dh);
     for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
-    embedding_.backward(ctx, saved.embedding, dx);
+    embedding_->backward(ctx, saved.embedding, dx);
   }
 
   // Forward only, for evaluation: the loss sum of forward (up to the rounding of the output GEMM over
@@ -191,12 +319,13 @@ class DecoderModel {
   // so neither the activations of every layer nor the whole logits are held at once.
   LossSum<Space> evaluate(Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
                           const Tensor<float>& loss_mask, std::uint64_t dropout_key = 0, ClassifierChunks chunks = {}) const {
+    require_whole("model evaluate");
     check_batch(ctx, tokens, labels, loss_mask);
     chunks.check();
-    auto x = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
+    auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
-    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, rng::mix(dropout_key, i)).first;
-    const auto h = final_norm_.forward(ctx, x).first;
+    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, layer_key(dropout_key, i)).first;
+    const auto h = final_norm_->forward(ctx, x).first;
     const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
     return masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask);
   }
@@ -209,10 +338,11 @@ class DecoderModel {
       fail<ShapeError>("next_token_logits: tokens ", tokens.shape().str(), " must be [1, seq] and position ", position,
                        " inside it");
     check_sequence_parallel_length(ctx, tokens.size(1), "next_token_logits");
-    auto x = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
+    require_whole("next_token_logits");
+    auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     for (const auto& layer : layers_) x = layer.forward(ctx, x).first;
-    auto logits = output_->forward(ctx, final_norm_.forward(ctx, x).first).first;                     // (s, 1, V / tp)
+    auto logits = output_->forward(ctx, final_norm_->forward(ctx, x).first).first;                    // (s, 1, V / tp)
     const Tensor<T> full = to_host(gather_from_tensor_parallel(ctx.device, ctx.tp, logits).tensor);  // (s, 1, V)
     const index_t width = full.shape().cols();
     std::vector<double> out(static_cast<std::size_t>(config_.vocab_size));
@@ -223,11 +353,12 @@ class DecoderModel {
 
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
-    embedding_.for_each_parameter(visit);
-    if constexpr (LearnedPositions) positions_->for_each_parameter(visit);
+    if (embedding_) embedding_->for_each_parameter(visit);  // on the last stage: the tied copy
+    if (positions_) positions_->for_each_parameter(visit);
     for (auto& layer : layers_) layer.for_each_parameter(visit);
-    final_norm_.for_each_parameter(visit);
-    if constexpr (!TiedOutput) output_->for_each_parameter(visit);
+    if (final_norm_) final_norm_->for_each_parameter(visit);
+    if constexpr (!TiedOutput)
+      if (output_) output_->for_each_parameter(visit);
   }
 
   const ModelConfig& config() const { return config_; }
@@ -239,18 +370,73 @@ class DecoderModel {
                                                      const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
                                                      std::uint64_t dropout_key, Saved& saved) const {
     check_batch(ctx, tokens, labels, loss_mask);
-    auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
+    auto [x, emb] = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
     saved.embedding = std::move(emb);
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    run_layers(ctx, x, dropout_key, saved);
+    auto [h, fn] = final_norm_->forward(ctx, x);
+    saved.final_norm = std::move(fn);
+    return std::move(h);
+  }
+
+  // The dropout key of local layer i: keyed by the global layer index, so a stage draws the masks
+  // the whole model draws.
+  std::uint64_t layer_key(std::uint64_t dropout_key, std::size_t i) const {
+    return rng::mix(dropout_key, static_cast<std::uint64_t>(stage_.layers.begin) + i);
+  }
+
+  // x := the layers' output; their Saved go to `saved`.
+  void run_layers(Context& ctx, Activation<T, Layout, Space>& x, std::uint64_t dropout_key, Saved& saved) const {
     saved.layers.reserve(layers_.size());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      auto [y, s] = layers_[i].forward(ctx, x, rng::mix(dropout_key, i));
+      auto [y, s] = layers_[i].forward(ctx, x, layer_key(dropout_key, i));
       x = std::move(y);
       saved.layers.push_back(std::move(s));
     }
-    auto [h, fn] = final_norm_.forward(ctx, x);
-    saved.final_norm = std::move(fn);
-    return std::move(h);
+  }
+
+  // The output layer and the loss fused over blocks of rows (the training path); fills the head's
+  // part of `saved` and returns the loss sum.
+  LossSum<Space> fused_head(Context& ctx, const Activation<T, Layout, Space>& h, const Tensor<std::int32_t>& labels,
+                            const Tensor<float>& loss_mask, const FusedLoss& fused, Saved& saved) {
+    if (!std::isfinite(fused.loss_scale))
+      fail<ConfigError>("model forward: FusedLoss::loss_scale=", fused.loss_scale,
+                        " must be a finite number (1 / tokens of the global batch)");
+    saved.mask = sequence_major_mask(ctx, loss_mask);
+    Tensor<A, Space> dloss = saved.mask.clone();  // [s, b]: mask * loss_scale, as backward makes it
+    ctx.device.template scale<A>(dloss.data(), dloss.numel(), fused.loss_scale);
+    auto result = chunked_classifier(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), dloss,
+                                     fused.chunks);
+    saved.final_norm_output_gradient = std::move(result.input_gradient);
+    saved.fused_loss_scale = fused.loss_scale;
+    return masked_loss_sum(ctx, result.losses, saved.mask, loss_mask);
+  }
+
+  static void check_fused_scale(const Saved& saved, double loss_scale) {
+    if (!saved.fused_loss_scale) return;
+    if (*saved.fused_loss_scale != loss_scale)
+      fail<ConfigError>("model backward: loss_scale=", std::setprecision(17), loss_scale,
+                        " differs from the loss_scale=", *saved.fused_loss_scale,
+                        " the fused forward (FusedLoss) computed the output layer's gradients with; pass the same "
+                        "scale to both");
+  }
+
+  void require_whole(const char* who) const {
+    if (!stage_.has_embedding || !stage_.has_head)
+      fail<ConfigError>(who, " needs the whole model, but this one is the pipeline stage of layers [", stage_.layers.begin, ", ",
+                        stage_.layers.end, ")", stage_.has_embedding ? " with the embedding" : "",
+                        stage_.has_head ? " with the head" : "", "; run a pipeline stage with forward_stage / backward_stage");
+  }
+
+  static ParallelConfig without_pipeline(ParallelConfig c) {
+    c.pp = 1;  // the stage split is checked by check_stage (pipeline::stage_layers_of made it)
+    return c;
+  }
+  static bool check_stage(const ModelConfig& config, const pipeline::StageLayers& s) {
+    if (s.layers.begin < 0 || s.layers.end > config.num_layers || s.layers.empty())
+      fail<ConfigError>("pipeline stage of layers [", s.layers.begin, ", ", s.layers.end, ") is not a non-empty range of the ",
+                        config.num_layers, " layers; make it with pipeline::stage_layers_of");
+    return true;
   }
 
   void check_batch(const Context& ctx, const Tensor<std::int32_t>& tokens, const Tensor<std::int32_t>& labels,
@@ -309,7 +495,7 @@ class DecoderModel {
     const index_t b = ids.size(0), s = ids.size(1);
     if constexpr (!std::is_same_v<Space, space::host>) {
       if (are_labels) VocabParallelCrossEntropy<Policy>::check_labels(ids, config_.vocab_size);
-      else check_token_ids(ids, embedding_.vocab_size(), "VocabParallelEmbedding " + embedding_.name());
+      else check_token_ids(ids, embedding_->vocab_size(), "VocabParallelEmbedding " + embedding_->name());
     }
     auto bs = upload(ids);
     auto sb = Tensor<std::int32_t, Space>::empty(Shape{s, b});
@@ -318,10 +504,11 @@ class DecoderModel {
   }
 
   ModelConfig config_;
-  VocabParallelEmbedding<Policy> embedding_;
+  pipeline::StageLayers stage_;
+  std::optional<VocabParallelEmbedding<Policy>> embedding_;  // first stage, or the tied copy on the last
   std::optional<PositionEmbedding<Policy>> positions_;
   std::vector<Layer> layers_;
-  Norm<Policy> final_norm_;
+  std::optional<Norm<Policy>> final_norm_;
   std::optional<Output> output_;
   VocabParallelCrossEntropy<Policy> loss_;
 };

@@ -15,6 +15,9 @@ class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope
 
  public:
   Gpt(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, mha_only(config), /*linear_bias=*/true) {}
+  // One pipeline stage (pipeline::stage_layers_of).
+  Gpt(typename Base::Context& ctx, const ModelConfig& config, pipeline::StageLayers stage)
+      : Base(ctx, mha_only(config), /*linear_bias=*/true, stage) {}
 
  private:
   static const ModelConfig& mha_only(const ModelConfig& c) {

@@ -14,6 +14,9 @@ class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, g
 
  public:
   Llama(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
+  // One pipeline stage (pipeline::stage_layers_of).
+  Llama(typename Base::Context& ctx, const ModelConfig& config, pipeline::StageLayers stage)
+      : Base(ctx, config, /*linear_bias=*/false, stage) {}
 };
 
 }  // namespace models

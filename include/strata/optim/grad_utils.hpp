@@ -14,8 +14,9 @@
 // Squares are summed in double on the backend (sum_of_squares), in visiting order, and the in-process all-reduce adds ranks in
 // rank order, so the norm is bit-identical from run to run and the same on every rank. Data-parallel
 // replicas hold the same (already reduced) gradients and compute the same norm without talking.
-// A parameter shared by two pipeline stages (tied embeddings) would be counted by both stages;
-// this function does not deduplicate that case yet.
+// A parameter held by two pipeline stages (the tied word embedding, whose gradients the pipeline
+// sums between the two copies) is counted on the first stage only: the copy on the last stage has
+// Parameter::pipeline_copy set.
 //
 // Zeroing, the sum of squares and the clipping scale go to the backend's multi-tensor entry points
 // (fill_many, sum_of_squares_many, scale_by_many over backend/tensor_ref.hpp lists) where it has
@@ -88,6 +89,13 @@ using as_const = const X;
 template <class X>
 using as_mutable = X;
 
+// A parameter type without the pipeline_copy flag is never a copy.
+template <class P>
+constexpr bool is_pipeline_copy(const P& p) {
+  if constexpr (requires { p.pipeline_copy; }) return p.pipeline_copy;
+  else return false;
+}
+
 template <class G>
 inline constexpr bool float_or_double = std::is_same_v<G, float> || std::is_same_v<G, double>;
 
@@ -146,7 +154,7 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
     };
     detail::tensor_runs<detail::as_const, decltype(send)> runs(send);
     module.for_each_parameter([&](auto& p) {
-      if (!p.tensor_parallel() && tp_rank != 0) return;
+      if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       if constexpr (detail::float_or_double<G>) {
         runs.add(static_cast<const G*>(p.grad.data()), p.grad.numel());
@@ -158,7 +166,7 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
     runs.flush();
   } else {
     module.for_each_parameter([&](auto& p) {
-      if (!p.tensor_parallel() && tp_rank != 0) return;
+      if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       device.template sum_of_squares<G>(p.grad.data(), p.grad.numel(), accumulator);
     });

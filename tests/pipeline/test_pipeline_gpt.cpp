@@ -1,0 +1,45 @@
+// GPT-2 (tied embeddings, learned positions, GELU, biases) cut into pipeline stages: every
+// schedule equals the single-rank run, on tp 1 and 2 with and without sequence parallelism.
+#include "pipeline_equivalence.hpp"
+
+namespace {
+
+using strata::pipeline::ScheduleKind;
+
+strata::models::ModelConfig tiny_gpt() {
+  strata::models::ModelConfig c;
+  c.num_layers = 8;  // pp=4 x 2 chunks
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = 32;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 4;
+  c.hidden_dropout = 0.1;  // masks keyed by the global layer index: the same on every split
+  return c;
+}
+
+TEST(PipelineGpt, GpipeEqualsSingleRank) { strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 1, ScheduleKind::gpipe); }
+TEST(PipelineGpt, OneFOneBEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 1, ScheduleKind::one_f_one_b);
+}
+TEST(PipelineGpt, InterleavedEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 1, ScheduleKind::interleaved);
+}
+TEST(PipelineGpt, ZeroBubbleEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 1, ScheduleKind::zero_bubble);
+}
+TEST(PipelineGpt, TensorParallelGpipeEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 2, ScheduleKind::gpipe);
+}
+TEST(PipelineGpt, TensorParallelOneFOneBEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 2, ScheduleKind::one_f_one_b);
+}
+TEST(PipelineGpt, TensorParallelInterleavedEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 2, ScheduleKind::interleaved);
+}
+TEST(PipelineGpt, TensorParallelZeroBubbleEqualsSingleRank) {
+  strata_test::expect_pipeline_equivalence<strata::models::Gpt, double>(tiny_gpt(), 2, ScheduleKind::zero_bubble);
+}
+
+}  // namespace

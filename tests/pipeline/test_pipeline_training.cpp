@@ -1,0 +1,79 @@
+// Pipeline training beyond one step: AdamW steps under every schedule follow the single-rank
+// trajectory (losses of every step, final values), the tied embedding copies stay bit-identical
+// (checked inside pipeline_run), uneven first/last stages split as asked, and splits that leave a
+// stage empty or do not add up are refused with a sentence.
+#include "pipeline_equivalence.hpp"
+
+namespace {
+
+using strata::pipeline::ScheduleKind;
+
+strata::models::ModelConfig tiny_gpt(int layers) {
+  strata::models::ModelConfig c;
+  c.num_layers = layers;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = 32;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 4;
+  return c;
+}
+
+TEST(PipelineTraining, StepsFollowTheSingleRankTrajectory) {
+  const auto config = tiny_gpt(4);
+  const strata_test::Snapshot reference = strata_test::reference_run<strata::models::Gpt, double>(config, 4, 3);
+  ASSERT_EQ(reference.outputs.size(), 4u);
+  EXPECT_NE(reference.outputs.front()[0], reference.outputs.back()[0]) << "the steps must change the loss";
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zero_bubble}) {
+    const strata_test::PipelineRun run{kind, 2, 2, kind == ScheduleKind::interleaved ? 2 : 1, 4, -1, -1, 3};
+    strata_test::expect_equivalent(strata_test::pipeline_run<strata::models::Gpt, double, true>(config, run), reference, 1e-10,
+                                   run.str() + " SP, 3 AdamW steps");
+  }
+}
+
+TEST(PipelineTraining, UnevenFirstAndLastStages) {
+  const auto config = tiny_gpt(6);
+  const strata_test::Snapshot reference = strata_test::reference_run<strata::models::Gpt, double>(config, 4);
+  // pp=3: 1 + 4 + 1 layers; pp=2: 2 + 4.
+  strata_test::expect_equivalent(strata_test::pipeline_run<strata::models::Gpt, double, false>(
+                                     config, {ScheduleKind::one_f_one_b, 1, 3, 1, 4, 1, 1}),
+                                 reference, 1e-12, "pp=3 with 1 + 4 + 1 layers");
+  strata_test::expect_equivalent(strata_test::pipeline_run<strata::models::Gpt, double, false>(
+                                     config, {ScheduleKind::zero_bubble, 1, 2, 1, 4, 2, -1}),
+                                 reference, 1e-12, "pp=2 with 2 + 4 layers");
+  EXPECT_EQ(strata::pipeline::stage_layers_of(6, 3, 1, 1, 0, 1, 1).layers, (strata::Range{1, 5}));
+  EXPECT_EQ(strata::pipeline::stage_layers_of(8, 2, 2, 1, 1).layers, (strata::Range{6, 8}));  // virtual stage 3 of 4
+  EXPECT_TRUE(strata::pipeline::stage_layers_of(8, 2, 2, 1, 1).has_head);
+  EXPECT_FALSE(strata::pipeline::stage_layers_of(8, 2, 2, 1, 0).has_head);
+}
+
+TEST(PipelineTraining, RefusesSplitsThatCannotWork) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const strata::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // 4 layers over pp=2 x 2 chunks with a first stage of 3 leaves 1 layer for 3 pieces.
+  EXPECT_NE(message([] { (void)strata::pipeline::stage_layers_of(4, 2, 2, 0, 0, 3, -1); }).find("every stage needs at least one layer"),
+            std::string::npos);
+  EXPECT_NE(message([] { (void)strata::pipeline::stage_layers_of(4, 2, 2, 0, 0, 3, -1); }).find("pp x virtual_stages = 4"),
+            std::string::npos);
+  // 5 layers do not split evenly over 2 stages.
+  EXPECT_NE(message([] { (void)strata::pipeline::stage_layers_of(5, 2, 1, 0, 0); }).find("does not divide num_layers=5"),
+            std::string::npos);
+  // 2 + 3 leave nothing over and the sum is not 6.
+  EXPECT_NE(message([] { (void)strata::pipeline::stage_layers_of(6, 2, 1, 0, 0, 2, 3); }).find("hold all num_layers=6"),
+            std::string::npos);
+  // The executor refuses a micro-batch count the interleaved schedule cannot run, before any transfer.
+  const auto config = tiny_gpt(4);
+  EXPECT_NE(message([&] {
+              (void)strata_test::pipeline_run<strata::models::Gpt, double, false>(config, {ScheduleKind::interleaved, 1, 2, 2, 3});
+            }).find("needs the number of micro-batches to be a multiple of pp=2"),
+            std::string::npos);
+}
+
+}  // namespace
