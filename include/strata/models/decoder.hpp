@@ -40,6 +40,7 @@
 
 #include "../layers.hpp"
 #include "config.hpp"
+#include "recompute.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace models {
@@ -77,7 +78,9 @@ class DecoderModel {
 
   struct Saved {
     typename VocabParallelEmbedding<Policy>::Saved embedding;
-    std::vector<typename Layer::Saved> layers;
+    std::vector<std::optional<typename Layer::Saved>> layers;  // empty for a layer recomputed in backward
+    std::vector<std::optional<Activation<T, Layout, Space>>> layer_inputs;  // full recompute: each chunk's input
+    std::uint64_t dropout_key = 0;
     typename Norm<Policy>::Saved final_norm;
     typename Output::Saved output;
     typename VocabParallelCrossEntropy<Policy>::Saved loss;
@@ -180,7 +183,7 @@ class DecoderModel {
       dh = output_->backward(ctx, saved.output, dlogits);
     }
     auto dx = final_norm_.backward(ctx, saved.final_norm, dh);
-    for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
+    dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs);
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_.backward(ctx, saved.embedding, dx);
   }
@@ -232,6 +235,14 @@ class DecoderModel {
 
   const ModelConfig& config() const { return config_; }
 
+  // Activation recompute from the next forward on (models/recompute.hpp).
+  void set_recompute(const RecomputeConfig& recompute) {
+    recompute.validate(config_.num_layers);
+    recompute_ = recompute;
+    for (auto& layer : layers_) layer.set_recompute_attention_core(recompute.granularity == RecomputeGranularity::selective);
+  }
+  const RecomputeConfig& recompute() const { return recompute_; }
+
  private:
   // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),
   // returns the final norm's output [s, b, h] in the residual layout.
@@ -242,12 +253,8 @@ class DecoderModel {
     auto [x, emb] = embedding_.forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
     saved.embedding = std::move(emb);
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
-    saved.layers.reserve(layers_.size());
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      auto [y, s] = layers_[i].forward(ctx, x, rng::mix(dropout_key, i));
-      x = std::move(y);
-      saved.layers.push_back(std::move(s));
-    }
+    saved.dropout_key = dropout_key;
+    x = forward_layers(ctx, layers_, std::move(x), dropout_key, recompute_, saved.layers, saved.layer_inputs);
     auto [h, fn] = final_norm_.forward(ctx, x);
     saved.final_norm = std::move(fn);
     return std::move(h);
@@ -324,6 +331,7 @@ class DecoderModel {
   Norm<Policy> final_norm_;
   std::optional<Output> output_;
   VocabParallelCrossEntropy<Policy> loss_;
+  RecomputeConfig recompute_{};
 };
 
 }  // namespace models
