@@ -138,7 +138,7 @@ class Tensor {
     if (offset < 0 || shape.numel() < 0 || offset + shape.numel() > owner.numel())
       fail<ShapeError>("Tensor::alias: elements [", offset, ", ", offset + shape.numel(), ") are outside a buffer of ",
                        owner.numel(), " elements");
-    if (shape.numel() == 0) return Tensor(shape, {});
+    if (shape.numel() == 0) return Tensor(shape, std::shared_ptr<T>());
     return Tensor(shape, std::shared_ptr<T>(owner.buffer_, owner.buffer_.get() + offset));
   }
   static Tensor copy_of(TensorView<const T> view)
