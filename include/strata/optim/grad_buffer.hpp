@@ -98,14 +98,14 @@ class GradBuffer {
     bool started = false;
   };
 
-  // Places every parameter of `module` (all of type Parameter<T, Space>), moves their gradients
-  // (and values, with param_buffer) into the buffers and points them there. The module must stay
+  // Places every parameter of `model` (all of type Parameter<T, Space>), moves their gradients
+  // (and values, with param_buffer) into the buffers and points them there. The model must stay
   // where it is (its parameters are held by address) for the buffer's lifetime.
   template <class Device, class Module>
-  GradBuffer(Device& device, Module& module, GradBufferOptions options) : options_(options) {
+  GradBuffer(Device& device, Module& model, GradBufferOptions options) : options_(options) {
     options_.validate();
     std::vector<Param*> order;
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       static_assert(std::is_same_v<std::remove_cvref_t<decltype(p)>, Param>,
                     "GradBuffer<T, Space>: every parameter of the module must be a Parameter<T, Space> of the "
                     "buffer's element type and space.");
