@@ -1033,9 +1033,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
       if (jsonl) jsonl.flush();
       if (!a.quiet) {
-        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s\n",
+        const std::string scaling =
+            scaled ? ::strata::detail::concat(" | loss scale ", optimizer.loss_scale(), " | skipped ", optimizer.skipped_iterations())
+                   : std::string();
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                    static_cast<int>(left) % 60, memory.c_str(), save_now ? " | saved" : "");
+                    static_cast<int>(left) % 60, scaling.c_str(), memory.c_str(), save_now ? " | saved" : "");
         std::fflush(stdout);
       }
       t_interval = t1;
