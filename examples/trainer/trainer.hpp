@@ -34,12 +34,14 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -63,6 +65,7 @@
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
 
+#include "data_parallel.hpp"
 #include "pipeline_step.hpp"
 
 #ifdef STRATA_TRAINER_CUDA
@@ -128,6 +131,22 @@ struct TrainArgs {
   // STRATA_TRACE_STEPS); a no-op on the CPU.
   bool profile = false;
   int profile_step_start = 10, profile_step_end = 12;
+  // data parallelism, mixed precision, activation recompute (data_parallel.hpp, models/recompute.hpp)
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;    // accepted; the reduction runs after the backward (see --help)
+  bool overlap_param_gather = false;   // accepted; the all-gather runs right after the step
+  std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
+  bool fp16 = false;                   // dynamic loss scaling (see --help for the element type)
+  double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
+  double initial_loss_scale = 4294967296.0;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+  bool skip_nonfinite_iterations = false;  // skip the update of a non-finite iteration instead of stopping
+  std::string recompute_granularity;       // "", selective, full
+  std::string recompute_method = "uniform";
+  int recompute_num_layers = 1;
+  int inject_nonfinite_gradient_at = -1;   // (tests) iteration (0-based) whose gradients are set to inf
 };
 
 // The most bytes of text --sample-tokens may ask for (each one is a forward pass).
@@ -143,6 +162,9 @@ struct TrainResult {
   // With keep_final_parameters: every parameter after the last step, gathered over tensor
   // parallelism (global shape, row-major), in the model's parameter order.
   std::vector<std::pair<std::string, std::vector<double>>> final_parameters;
+  MemoryReport memory;                   // rank 0's allocations (printed at start)
+  std::vector<double> loss_scales;       // with a loss scaler: the scale after each iteration
+  std::vector<int> skipped_iterations;   // iterations (1-based) whose update was skipped
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -167,6 +189,68 @@ inline void apply_demo_defaults(const CLI::App& app, TrainArgs& a) {
   if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
   if (app.count("--hidden-size") == 0 && app.count("--ffn-hidden-size") == 0)
     a.model.ffn_hidden_size = demo_ffn_hidden_size(a.model_kind);
+}
+
+// The flags of data parallelism at scale, mixed precision and activation recompute (Megatron's names).
+inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
+  app.add_flag("--use-distributed-optimizer", a.use_distributed_optimizer,
+               "shard the optimizer state over data parallelism (ZeRO-1): gradient buckets are reduce-scattered, each "
+               "rank updates its shard (fp32 main weights and Adam moments for it only) and the parameters are "
+               "all-gathered");
+  app.add_flag("--overlap-grad-reduce", a.overlap_grad_reduce,
+               "accepted for Megatron compatibility; the gradient buckets are reduced after the backward, synchronously "
+               "(on the CPU the in-process collectives are blocking; no communication stream is used yet)");
+  app.add_flag("--overlap-param-gather", a.overlap_param_gather,
+               "accepted for Megatron compatibility; with --use-distributed-optimizer the parameters are all-gathered "
+               "right after the step, synchronously");
+  app.add_option("--ddp-bucket-size", a.ddp_bucket_size,
+                 "gradient elements per bucket before padding (0: max(40M, 1M x data-parallel size))");
+  app.add_flag("--fp16", a.fp16,
+               "dynamic loss scaling, skipping an iteration whose gradients overflow; the parameters keep --dtype "
+               "(fp16 kernels are not in the backends yet, so the scaler runs over float or double on the cpu and bf16 "
+               "on cuda)");
+  app.add_option("--loss-scale", a.loss_scale, "a constant loss scale (> 0) instead of the dynamic one (implies --fp16)");
+  app.add_option("--initial-loss-scale", a.initial_loss_scale, "the dynamic loss scale at the start (default 2^32)");
+  app.add_option("--loss-scale-window", a.loss_scale_window, "iterations without overflow before the scale doubles");
+  app.add_option("--hysteresis", a.hysteresis, "overflowing iterations before the scale halves");
+  app.add_option("--min-loss-scale", a.min_loss_scale, "the dynamic scale never goes below this");
+  app.add_flag("--skip-nonfinite-iterations", a.skip_nonfinite_iterations,
+               "an iteration whose loss or gradient norm is NaN or infinite makes no update, is reported with its number "
+               "at the next log step, and training goes on (default: the run stops there)");
+  app.add_option("--recompute-granularity", a.recompute_granularity,
+                 "activation recompute: selective (the attention core) or full (whole layers, see --recompute-method)")
+      ->check(CLI::IsMember({"", "none", "selective", "full"}));
+  app.add_option("--recompute-method", a.recompute_method,
+                 "full recompute: uniform (chunks of --recompute-num-layers layers keep only their input) or block "
+                 "(the first --recompute-num-layers layers are recomputed)")
+      ->check(CLI::IsMember({"uniform", "block"}));
+  app.add_option("--recompute-num-layers", a.recompute_num_layers, "layers per chunk (uniform) or recomputed layers (block)");
+}
+
+// The recompute configuration of the flags.
+inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
+  models::RecomputeConfig c;
+  c.granularity = models::parse_recompute_granularity(a.recompute_granularity);
+  c.method = models::parse_recompute_method(a.recompute_method);
+  c.num_layers = a.recompute_num_layers;
+  return c;
+}
+
+// The loss scaler of the flags: none without --fp16 / --loss-scale.
+inline std::optional<LossScalerConfig> loss_scaler_of(const TrainArgs& a) {
+  if (!a.fp16 && a.loss_scale <= 0) return std::nullopt;
+  LossScalerConfig c;
+  if (a.loss_scale > 0) {
+    c.dynamic = false;
+    c.initial_scale = a.loss_scale;
+    c.min_scale = std::min(a.min_loss_scale, a.loss_scale);
+  } else {
+    c.initial_scale = a.initial_loss_scale;
+    c.min_scale = a.min_loss_scale;
+    c.growth_interval = a.loss_scale_window;
+    c.hysteresis = a.hysteresis;
+  }
+  return c;
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
@@ -233,6 +317,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--profile-step-end", a.profile_step_end, "iteration after the last profiled one");
   app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
                "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
+  add_data_parallel_options(app, a);
 }
 
 // The learning-rate schedule of the flags (decay over --lr-decay-iters, or --train-iters when 0).
@@ -350,6 +435,39 @@ inline std::string describe(const MemoryPlan& p, const std::string& dtype) {
       p.available < 0 ? std::string("unknown") : models::format_bytes(p.available), " available");
 }
 
+// The allocation report printed at start: what rank 0 allocated for parameters, gradients and the
+// optimizer state (exact bytes), bytes per parameter, and the activation estimate.
+inline std::string describe(const MemoryReport& m, bool distributed, int dp) {
+  auto part = [](std::int64_t bytes) { return ::strata::detail::concat(models::format_bytes(bytes), " (", bytes, " B)"); };
+  char per_parameter[32];
+  std::snprintf(per_parameter, sizeof per_parameter, "%.2f", m.bytes_per_parameter());
+  return ::strata::detail::concat(
+      "memory allocated per rank (rank 0", distributed ? ", distributed optimizer over dp=" : ", dp=", dp, "): ",
+      m.parameters, " parameters ", part(m.parameter_bytes), ", gradients ", part(m.gradient_bytes), ", optimizer state ",
+      part(m.optimizer_bytes), " = ", per_parameter, " bytes per parameter; activations ", part(m.activation_bytes),
+      " (estimate per micro-batch, without recompute)");
+}
+
+// The loss scaler's state as TrainState extras (the scale as the bits of its double), and back.
+template <class Optimizer>
+std::map<std::string, std::int64_t> loss_scaler_state(Optimizer& optimizer) {
+  std::map<std::string, std::int64_t> extra;
+  if (const LossScaler* s = optimizer.loss_scaler()) {
+    extra["loss_scale_bits"] = std::bit_cast<std::int64_t>(s->scale());
+    extra["loss_scale_growth_tracker"] = s->growth_tracker();
+    extra["loss_scale_hysteresis_tracker"] = s->hysteresis_tracker();
+  }
+  return extra;
+}
+template <class Optimizer>
+void restore_loss_scaler(Optimizer& optimizer, const TrainState& state) {
+  LossScaler* s = optimizer.loss_scaler();
+  if (!s || !state.extra.count("loss_scale_bits")) return;
+  s->restore(std::bit_cast<double>(state.extra.at("loss_scale_bits")),
+             static_cast<int>(state.extra.at("loss_scale_growth_tracker")),
+             static_cast<int>(state.extra.at("loss_scale_hysteresis_tracker")));
+}
+
 // Refuses a run whose estimate exceeds the memory available, with the numbers.
 inline void check_fits(const MemoryPlan& p, const std::string& dtype) {
   if (p.available >= 0 && p.total > p.available)
@@ -392,6 +510,13 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
   check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
   check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
+  check_range("--ddp-bucket-size", a.ddp_bucket_size, 0, std::numeric_limits<std::int64_t>::max() / 2,
+              "gradient elements per bucket; 0 = max(40M, 1M x data-parallel size)");
+  check_range("--loss-scale-window", a.loss_scale_window, 1, kInt, "iterations without overflow before the loss scale grows");
+  check_range("--hysteresis", a.hysteresis, 1, kInt, "overflowing iterations before the loss scale backs off");
+  if (a.recompute_granularity == "full")
+    check_range("--recompute-num-layers", a.recompute_num_layers, 1, a.model.num_layers,
+                "layers per recomputed chunk (uniform) or recomputed layers (block), at most --num-layers");
   if (a.profile) {
     check_range("--profile-step-start", a.profile_step_start, 0, a.train_iters - 1, "first profiled iteration, 0-based");
     check_range("--profile-step-end", a.profile_step_end, a.profile_step_start + 1, a.train_iters,
@@ -427,6 +552,12 @@ inline void check_real_flags(const TrainArgs& a) {
   check_real("--hidden-dropout", a.model.hidden_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
   check_real("--label-smoothing", a.model.label_smoothing, 0, 1, "label smoothing; 0 disables it", false, true);
   check_real("--sample-temperature", a.sample_temperature, 0, kMax, "softmax temperature; 0 = greedy");
+  check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with --fp16) or none");
+  check_real("--initial-loss-scale", a.initial_loss_scale, 0, kMax, "the dynamic loss scale at the start", true);
+  check_real("--min-loss-scale", a.min_loss_scale, 0, kMax, "the smallest dynamic loss scale", true);
+  if (a.fp16 && a.loss_scale <= 0 && a.min_loss_scale > a.initial_loss_scale)
+    fail<ConfigError>("--min-loss-scale=", a.min_loss_scale, " is above --initial-loss-scale=", a.initial_loss_scale,
+                      "; lower --min-loss-scale");
 }
 
 // Checks everything that can be checked before a thread starts or a byte is allocated.
@@ -614,14 +745,14 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
     model.backward(ctx, saved, 1.0);
   }
   (void)model.evaluate(ctx, b.tokens, b.labels, b.loss_mask);
-  all_reduce_gradients(ctx.dp, model);
-  (void)clip_grad_norm_device(ctx, model, a.clip_grad);
+  optimizer.reduce_gradients(ctx);
+  (void)optimizer.unscale_and_clip(ctx, model, a.clip_grad);
   auto skip = Tensor<double, Space>::empty(Shape{1});
   ctx.device.template fill<double>(skip.data(), 1, std::numeric_limits<double>::quiet_NaN());
   const int steps = optimizer.steps();
-  optimizer.step(ctx.device, model, a.lr, skip.data());
+  optimizer.step(ctx, model, a.lr, skip.data());
   optimizer.set_steps(steps);
-  zero_gradients(ctx.device, model);
+  optimizer.zero_gradients(ctx);
   if (a.sample_tokens > 0) {
     Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, data::ByteTokenizer::kEod);
     (void)model.next_token_logits(ctx, input, 0);
@@ -665,7 +796,14 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_frozen_plans<typename Policy::backend>)
     if (world.size() > 1 && !launched_as_job()) device.attention().freeze();
   model.init(ctx, a.seed);
-  AdamW<T, Space> optimizer(ctx.device, model, AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay});
+  model.set_recompute(recompute_of(a));
+  // Gradients in bucketed buffers reduced over data parallelism; AdamW, or its state sharded over
+  // data parallelism (--use-distributed-optimizer); the loss scaler of --fp16 / --loss-scale.
+  DataParallelOptimizer<T, Space> optimizer(
+      ctx, model,
+      DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
+                          AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a)});
+  const MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).per_rank.activation_bytes);
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
   // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective
   // is in flight (docs/DEVICE.md), then a host barrier so no rank starts the real first step while
@@ -683,6 +821,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   std::int64_t consumed = 0;
   if (!a.load.empty()) {
     const TrainState state = load_checkpoint(ctx, a.load, model, optimizer);
+    restore_loss_scaler(optimizer, state);
     start = static_cast<int>(state.iteration);
     consumed = state.consumed_samples;
     if (state.seed != a.seed)
@@ -709,7 +848,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                 a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, pp, a.pipeline.pipeline_schedule.c_str(), dp, SP ? "on" : "off",
                 a.dtype.c_str(), static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps,
                 a.micro_batch_size, start + 1, a.train_iters);
+    std::printf("%s\n", describe(memory, optimizer.distributed(), dp).c_str());
     std::fflush(stdout);
+  }
+  if (logger) {
+    std::lock_guard lock(result_mutex);
+    shared.result.memory = memory;
   }
   // Mean loss over the first eval_iters global batches of the validation data (forward only).
   auto validation_loss = [&] {
@@ -749,6 +893,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // while every one of them was. The optimizer skips its update when it is not (read by the
   // kernels), and the host reads it at log and save steps only.
   auto health = Tensor<double, Space>::zeros(Shape{1});
+  auto iteration_health = Tensor<double, Space>::zeros(Shape{1});  // --skip-nonfinite-iterations
   std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
   int read_up_to = start;  // iterations [start, read_up_to) have been read and logged
   auto t_interval = std::chrono::steady_clock::now();
@@ -759,7 +904,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx.device.synchronize();
       if (logger) profiler_window(true, a.profile_step_end - a.profile_step_start);
     }
-    zero_gradients(ctx.device, model);
+    optimizer.zero_gradients(ctx);
     std::vector<data::Batch> batches;
     double tokens = 0;  // tokens carrying loss in the global batch: every data-parallel rank's micro-batches
     for (int d = 0; d < dp; ++d)
@@ -773,27 +918,49 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
     std::vector<std::uint64_t> dropout_keys;
     for (int m = 0; m < micro_steps; ++m) dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m));
-    // The loss gradient (mask / tokens) is known before the forward, so the output layer and the
-    // loss run fused over blocks of rows and the whole logits never exist; the schedule runs the
-    // micro-batches (with pp = 1: forward and backward of each in turn).
-    pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, 1.0 / tokens, loss_sum);
+    // The loss gradient (mask / tokens, times the loss scaler's factor: 1 without one) is known
+    // before the forward, so the output layer and the loss run fused over blocks of rows and the
+    // whole logits never exist; the schedule runs the micro-batches (with pp = 1: forward and
+    // backward of each in turn).
+    pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
+                           loss_sum);
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
-    all_reduce_gradients(ctx.dp, model);
-    const auto norm = clip_grad_norm_device(ctx, model, a.clip_grad);
+    optimizer.reduce_gradients(ctx);
+    if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
+      ctx.device.template fill<accumulate_t<T>>(optimizer.gradients().data(), optimizer.gradients().numel(),
+                                                std::numeric_limits<double>::infinity());
+    const auto norm = optimizer.unscale_and_clip(ctx, model, a.clip_grad);
     ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
     loss_tokens[static_cast<std::size_t>(slot)] = tokens;
     // Megatron's --check-for-nan-in-loss-and-grad, without a host synchronization per iteration:
     // health += loss sum + gradient norm on the device, and the optimizer step does nothing once
     // health is not finite, so the weights stay those of the last good iteration. The host reads
     // health at log and save steps (below) and stops there, naming the first bad iteration.
+    // With a loss scaler an overflowing gradient is expected now and then: the scaler skips that
+    // step (reading the norm on the host) and only the loss counts towards health.
+    const bool scaled = optimizer.scaling();
     if (a.check_for_nan_in_loss_and_grad) {
       ctx.device.template add<double>(health.data(), loss_history.data() + slot, 1, health.data());
-      ctx.device.template add<double>(health.data(), norm_history.data() + slot, 1, health.data());
+      if (!scaled) ctx.device.template add<double>(health.data(), norm_history.data() + slot, 1, health.data());
+    }
+    const bool scaler_skips = optimizer.update_loss_scale(norm);
+    if (logger && scaled) {
+      std::lock_guard lock(result_mutex);
+      result.loss_scales.push_back(optimizer.loss_scale());
+      if (scaler_skips) result.skipped_iterations.push_back(it + 1);
+    }
+    // --skip-nonfinite-iterations: the update reads this iteration's own loss (and norm) instead of
+    // the running health, so a bad iteration is skipped and the next good one updates again.
+    const double* gate = a.check_for_nan_in_loss_and_grad ? health.data() : nullptr;
+    if (a.skip_nonfinite_iterations) {
+      ctx.device.template copy<double>(loss_history.data() + slot, 1, iteration_health.data());
+      if (!scaled) ctx.device.template add<double>(iteration_health.data(), norm_history.data() + slot, 1, iteration_health.data());
+      gate = iteration_health.data();
     }
     const double lr = schedule.lr(it);
     lrs[static_cast<std::size_t>(slot)] = lr;
-    optimizer.step(ctx.device, model, lr, a.check_for_nan_in_loss_and_grad ? health.data() : nullptr);
+    if (!scaler_skips) optimizer.step(ctx, model, lr, gate);
     consumed += a.global_batch_size;
     const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
     const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
@@ -814,7 +981,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
       if (logger && a.profile && it + 1 == a.profile_step_end) profiler_window(false, 0);
     }
-    if (a.check_for_nan_in_loss_and_grad && (log_now || save_now)) {
+    if (a.check_for_nan_in_loss_and_grad && !a.skip_nonfinite_iterations && (log_now || save_now)) {
       double h = 0;
       ctx.device.template copy_to_host<double>(health.data(), 1, &h);
       if (!std::isfinite(h)) {
@@ -823,7 +990,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         ctx.device.template copy_to_host<double>(loss_history.data() + first, count, sums.data());
         ctx.device.template copy_to_host<double>(norm_history.data() + first, count, norms.data());
         index_t bad = 0;
-        while (bad + 1 < count && std::isfinite(sums[static_cast<std::size_t>(bad)]) && std::isfinite(norms[static_cast<std::size_t>(bad)])) ++bad;
+        while (bad + 1 < count && std::isfinite(sums[static_cast<std::size_t>(bad)]) &&
+               (scaled || std::isfinite(norms[static_cast<std::size_t>(bad)])))
+          ++bad;
         const double loss = sums[static_cast<std::size_t>(bad)] / loss_tokens[static_cast<std::size_t>(first + bad)];
         const double grad_norm = norms[static_cast<std::size_t>(bad)];
         const int bad_iteration = static_cast<int>(read_up_to + bad + 1);
@@ -836,7 +1005,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
     }
     if (save_now)
-      save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, {}});
+      save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, loss_scaler_state(optimizer)});
     if (logger && log_now) {
       // One read of the iterations since the last log step (it waits for the device).
       const index_t first = read_up_to - start, count = it + 1 - read_up_to;
@@ -858,6 +1027,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         {
           std::lock_guard lock(result_mutex);
           result.losses.push_back(loss);
+          if (a.skip_nonfinite_iterations && !(std::isfinite(sums[j]) && (scaled || std::isfinite(norms[j])))) {
+            result.skipped_iterations.push_back(read_up_to + k + 1);
+            if (!a.quiet)
+              std::printf("iteration %6d: the loss (%g) or the gradient norm (%g) is not finite; its update was skipped\n",
+                          static_cast<int>(read_up_to + k + 1), loss, grad_norm);
+          }
         }
         if (jsonl) {
           jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << loss << ", \"lr\": " << lrs[i]
@@ -869,9 +1044,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
       if (jsonl) jsonl.flush();
       if (!a.quiet) {
-        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s\n",
+        const std::string scaling =
+            scaled ? ::strata::detail::concat(" | loss scale ", optimizer.loss_scale(), " | skipped ", optimizer.skipped_iterations())
+                   : std::string();
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                    static_cast<int>(left) % 60, memory.c_str(), save_now ? " | saved" : "");
+                    static_cast<int>(left) % 60, scaling.c_str(), memory.c_str(), save_now ? " | saved" : "");
         std::fflush(stdout);
       }
       t_interval = t1;

@@ -4,3 +4,6 @@
 #include "optim/lr_schedule.hpp"
 #include "optim/grad_utils.hpp"
 #include "optim/adamw.hpp"
+#include "optim/grad_buffer.hpp"
+#include "optim/distributed_optimizer.hpp"
+#include "optim/loss_scaler.hpp"

@@ -9,11 +9,16 @@
 // freed beyond that goes back to the system. Ranks are threads that may free each other's buffers,
 // so the pool is one structure under a mutex (a few hundred operations per step).
 //
+// The pool counts the bytes handed out and not yet returned, and their peak (process-wide: every
+// rank thread together), so a test or a report can measure what a step holds at most
+// (bytes_in_use, peak_bytes_in_use, reset_peak).
+//
 // Buffers come from the global operator new (so a program that replaces it sees them) and have its
 // alignment; the kernels use unaligned vector loads. Contents are whatever the previous user left:
 // callers that need zeros clear them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <new>
@@ -47,6 +52,22 @@ inline pool& instance() {
   return p;
 }
 
+struct counters {
+  std::atomic<std::size_t> in_use{0};
+  std::atomic<std::size_t> peak{0};
+};
+inline counters& usage() {
+  static counters c;
+  return c;
+}
+inline void count_allocation(std::size_t size) {
+  counters& c = usage();
+  const std::size_t now = c.in_use.fetch_add(size, std::memory_order_relaxed) + size;
+  std::size_t peak = c.peak.load(std::memory_order_relaxed);
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 inline std::size_t rounded(std::size_t bytes) { return (bytes + kGranule - 1) / kGranule * kGranule; }
 
 }  // namespace detail
@@ -62,16 +83,20 @@ inline void* allocate(std::size_t bytes) {
       void* out = it->second.back();
       it->second.pop_back();
       p.idle_bytes -= size;
+      detail::count_allocation(size);
       return out;
     }
   }
-  return ::operator new(size);
+  void* out = ::operator new(size);
+  detail::count_allocation(size);
+  return out;
 }
 
 // Returns memory from allocate(bytes) (the same `bytes`).
 inline void deallocate(void* pointer, std::size_t bytes) noexcept {
   if (!pointer) return;
   const std::size_t size = detail::rounded(bytes == 0 ? 1 : bytes);
+  detail::usage().in_use.fetch_sub(size, std::memory_order_relaxed);
   if (size >= kMinCachedBytes) {
     detail::pool& p = detail::instance();
     std::lock_guard lock(p.mutex);
@@ -93,6 +118,12 @@ inline std::size_t idle_bytes() {
   std::lock_guard lock(p.mutex);
   return p.idle_bytes;
 }
+
+// Bytes handed out by allocate() and not yet deallocated, and the most there were at once since
+// the start or the last reset_peak() (which sets the peak to the bytes in use now).
+inline std::size_t bytes_in_use() { return detail::usage().in_use.load(std::memory_order_relaxed); }
+inline std::size_t peak_bytes_in_use() { return detail::usage().peak.load(std::memory_order_relaxed); }
+inline void reset_peak() { detail::usage().peak.store(bytes_in_use(), std::memory_order_relaxed); }
 
 }  // namespace host_memory
 STRATA_NAMESPACE_END

@@ -132,6 +132,15 @@ class Tensor {
   static Tensor empty(Shape shape) { return Tensor(shape, detail::allocate_buffer<T, Space>(shape.numel(), false)); }
   static Tensor zeros(Shape shape) { return Tensor(shape, detail::allocate_buffer<T, Space>(shape.numel(), true)); }
   static Tensor zeros_like(const Tensor& other) { return zeros(other.shape()); }
+  // Elements [offset, offset + shape.numel()) of `owner`'s buffer as a tensor of `shape` that shares
+  // (and keeps alive) that buffer: a parameter's gradient inside a contiguous gradient buffer.
+  static Tensor alias(const Tensor& owner, index_t offset, Shape shape) {
+    if (offset < 0 || shape.numel() < 0 || offset + shape.numel() > owner.numel())
+      fail<ShapeError>("Tensor::alias: elements [", offset, ", ", offset + shape.numel(), ") are outside a buffer of ",
+                       owner.numel(), " elements");
+    if (shape.numel() == 0) return Tensor(shape, std::shared_ptr<T>());
+    return Tensor(shape, std::shared_ptr<T>(owner.buffer_, owner.buffer_.get() + offset));
+  }
   static Tensor copy_of(TensorView<const T> view)
     requires on_host
   {

@@ -9,6 +9,13 @@
 //         s x s probabilities (the backward recomputes them)
 //   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
 //
+// Selective recompute (set_recompute_core(true), Megatron's --recompute-granularity selective): the
+// forward keeps the qkv projection's output instead of q, k, v, the attention output and lse, and
+// the backward runs the core (qkv_split, RoPE, attention_forward) again before its own backward.
+// The core is deterministic, so gradients are bit for bit those without recompute; the output
+// [s, b, np_local * d] and lse are not held between forward and backward (q, k, v and the qkv
+// output have the same size).
+//
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
 #pragma once
@@ -61,6 +68,7 @@ class SelfAttention {
     typename Proj::Saved proj;
     Tensor<T, Space> q, k, v, out;  // q, out [s, b, np_local, d] (q after RoPE); k, v [s, b, ng_local, d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
+    Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
   };
 
   SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
@@ -84,6 +92,36 @@ class SelfAttention {
     Saved saved;
     auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
+    core_forward(ctx, qkv.tensor, saved);
+    auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(saved.out));
+    saved.proj = std::move(proj_saved);
+    if (recompute_core_) {  // keep the core's input only; backward runs the core again
+      saved.qkv_output = std::move(qkv.tensor);
+      saved.q = saved.k = saved.v = saved.out = Tensor<T, Space>();
+      saved.lse = Tensor<A, Space>();
+      saved.proj.input = Tensor<T, Space>();
+    }
+    return {std::move(y), std::move(saved)};
+  }
+
+  // With `deferred`, the qkv and output projections' weight gradients are appended to it.
+  Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+    if (!stored.qkv_output.empty()) {  // selective recompute: the core's tensors again, then the backward
+      Saved saved = stored;
+      core_forward(ctx, saved.qkv_output, saved);
+      saved.proj.input = saved.out;
+      return backward_from(ctx, saved, dy, deferred);
+    }
+    return backward_from(ctx, stored, dy, deferred);
+  }
+
+  // On: forward keeps only the qkv output and backward recomputes the attention core (see above).
+  void set_recompute_core(bool on) { recompute_core_ = on; }
+  bool recompute_core() const { return recompute_core_; }
+
+ private:
+  // q, k, v (RoPE applied), out and lse of `saved` from the qkv projection's output.
+  void core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
     saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
     saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
@@ -97,13 +135,10 @@ class SelfAttention {
     saved.lse = Tensor<A, Space>::empty(Shape{b, heads_local_, s});
     ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_, groups_local_, d,
                                scale(), saved.out.data(), saved.lse.data());
-    auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(saved.out));
-    saved.proj = std::move(proj_saved);
-    return {std::move(y), std::move(saved)};
   }
 
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
-  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+  Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred) {
     const index_t s = saved.q.size(0), b = saved.q.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred);  // (s, b, np_local * d)
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
@@ -119,6 +154,8 @@ class SelfAttention {
     ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
     return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
   }
+
+ public:
 
   // Megatron's init: N(0, std) for qkv; the output projection scaled by output_stddev.
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
@@ -154,6 +191,7 @@ class SelfAttention {
   index_t heads_local_, groups_local_, head_dim_;
   Qkv qkv_;
   Proj proj_;
+  bool recompute_core_ = false;
 };
 
 STRATA_NAMESPACE_END

@@ -93,6 +93,13 @@ class TransformerLayer {
     return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
   }
 
+  // Selective recompute of the attention core (SelfAttention::set_recompute_core).
+  void set_recompute_attention_core(bool on) {
+    static_assert(requires { attention_.set_recompute_core(on); },
+                  "TransformerLayer: selective recompute needs an attention block with set_recompute_core(bool).");
+    attention_.set_recompute_core(on);
+  }
+
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     attention_.init(ctx, seed, stddev, output_stddev);
     mlp_.init(ctx, seed, stddev, output_stddev);

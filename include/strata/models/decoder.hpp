@@ -52,6 +52,7 @@
 #include "../layers.hpp"
 #include "../pipeline/stage.hpp"
 #include "config.hpp"
+#include "recompute.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace models {
@@ -89,7 +90,9 @@ class DecoderModel {
 
   struct Saved {
     typename VocabParallelEmbedding<Policy>::Saved embedding;
-    std::vector<typename Layer::Saved> layers;
+    std::vector<std::optional<typename Layer::Saved>> layers;  // empty for a layer recomputed in backward
+    std::vector<std::optional<Activation<T, Layout, Space>>> layer_inputs;  // full recompute: each chunk's input
+    std::uint64_t dropout_key = 0;
     typename Norm<Policy>::Saved final_norm;
     typename Output::Saved output;
     typename VocabParallelCrossEntropy<Policy>::Saved loss;
@@ -256,7 +259,8 @@ class DecoderModel {
                                           "): a stage without the head needs the next stage's gradient");
       dx = *dy;  // shared, read only
     }
-    for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx, deferred);
+    dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
+                         first_layer(), deferred);
     if (!stage_.has_embedding) return dx;
     if (positions_) positions_->backward(ctx, dx);
     embedding_->backward(ctx, saved.embedding, dx);
@@ -308,7 +312,8 @@ class DecoderModel {
       dh = output_->backward(ctx, saved.output, dlogits);
     }
     auto dx = final_norm_->backward(ctx, saved.final_norm, dh);
-    for (std::size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(ctx, saved.layers[i], dx);
+    dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
+                         first_layer(), static_cast<DeferredWeightGradients*>(nullptr));
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_->backward(ctx, saved.embedding, dx);
   }
@@ -363,6 +368,14 @@ class DecoderModel {
 
   const ModelConfig& config() const { return config_; }
 
+  // Activation recompute from the next forward on (models/recompute.hpp).
+  void set_recompute(const RecomputeConfig& recompute) {
+    recompute.validate(config_.num_layers);
+    recompute_ = recompute;
+    for (auto& layer : layers_) layer.set_recompute_attention_core(recompute.granularity == RecomputeGranularity::selective);
+  }
+  const RecomputeConfig& recompute() const { return recompute_; }
+
  private:
   // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),
   // returns the final norm's output [s, b, h] in the residual layout.
@@ -386,14 +399,12 @@ class DecoderModel {
   }
 
   // x := the layers' output; their Saved go to `saved`.
+  // (recompute.hpp: under activation recompute some layers keep only their input.)
   void run_layers(Context& ctx, Activation<T, Layout, Space>& x, std::uint64_t dropout_key, Saved& saved) const {
-    saved.layers.reserve(layers_.size());
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      auto [y, s] = layers_[i].forward(ctx, x, layer_key(dropout_key, i));
-      x = std::move(y);
-      saved.layers.push_back(std::move(s));
-    }
+    saved.dropout_key = dropout_key;
+    x = forward_layers(ctx, layers_, std::move(x), dropout_key, recompute_, saved.layers, saved.layer_inputs, first_layer());
   }
+  std::uint64_t first_layer() const { return static_cast<std::uint64_t>(stage_.layers.begin); }
 
   // The output layer and the loss fused over blocks of rows (the training path); fills the head's
   // part of `saved` and returns the loss sum.
@@ -511,6 +522,7 @@ class DecoderModel {
   std::optional<Norm<Policy>> final_norm_;
   std::optional<Output> output_;
   VocabParallelCrossEntropy<Policy> loss_;
+  RecomputeConfig recompute_{};
 };
 
 }  // namespace models

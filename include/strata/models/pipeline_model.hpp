@@ -54,7 +54,12 @@ class PipelineModel {
   void init(Context& ctx, std::uint64_t seed) {
     for (auto& chunk : chunks_) chunk->init(ctx, seed);
   }
-  void prepare(Context& ctx, index_t micro_batch, bool backward = true) const {
+  // Activation recompute in every chunk (models/recompute.hpp; --recompute-num-layers counts the
+  // layers of a chunk, as Megatron's does those of a pipeline stage).
+  void set_recompute(const RecomputeConfig& recompute) {
+    for (auto& chunk : chunks_) chunk->set_recompute(recompute);
+  }
+    void prepare(Context& ctx, index_t micro_batch, bool backward = true) const {
     for (const auto& chunk : chunks_) chunk->prepare(ctx, micro_batch, backward);
   }
   template <class Visitor>

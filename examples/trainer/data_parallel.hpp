@@ -1,0 +1,163 @@
+// examples/trainer/data_parallel.hpp: the trainers' gradient and optimizer machinery in one object:
+// the gradient buffer and its buckets (reduced over the data-parallel group), AdamW or the
+// distributed optimizer (--use-distributed-optimizer), and the loss scaler (--fp16, --loss-scale).
+//
+// Per iteration the trainer calls
+//   zero_gradients()                  before the first micro-batch (one fill of the buffer)
+//   loss_scale()                      the factor the backward multiplies the loss by (1 without a scaler)
+//   reduce_gradients()                after the last micro-batch: every bucket's all-reduce or
+//                                     reduce-scatter (the in-process communicator runs it then and
+//                                     there; the overlap with the backward is the buffer's mark_ready)
+//   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), clipping
+//   step(lr, skip_unless_finite)      AdamW or the sharded AdamW + parameter all-gather
+// and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_sharded_state,
+// steps, set_steps, config).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <type_traits>
+#include <optional>
+#include <string>
+
+#include <strata/optim.hpp>
+
+namespace trainer {
+
+using namespace strata;
+
+// Bytes this rank allocated for the model's state, and the estimate of its activations.
+struct MemoryReport {
+  std::int64_t parameters = 0;      // parameter values (count)
+  std::int64_t parameter_bytes = 0;
+  std::int64_t gradient_bytes = 0;
+  std::int64_t optimizer_bytes = 0;
+  std::int64_t activation_bytes = 0;  // an estimate (models::estimate_training_memory), not an allocation
+  double bytes_per_parameter() const {
+    return parameters == 0 ? 0.0 : static_cast<double>(parameter_bytes + gradient_bytes + optimizer_bytes) / static_cast<double>(parameters);
+  }
+};
+
+struct DataParallelOptions {
+  bool distributed_optimizer = false;
+  index_t bucket_size = 0;  // elements; 0: Megatron's default max(40M, 1M x dp)
+  AdamWConfig adam{};
+  std::optional<LossScalerConfig> loss_scaler;  // set: fp16-style loss scaling
+};
+
+template <class T, class Space>
+class DataParallelOptimizer {
+ public:
+  template <class Context, class Model>
+  DataParallelOptimizer(Context& ctx, Model& model, const DataParallelOptions& options)
+      : buffer_(ctx.device, model, buffer_options(ctx.dp.size(), options)) {
+    if (options.distributed_optimizer) distributed_.emplace(ctx.device, buffer_, ctx.dp.rank(), options.adam);
+    else adamw_.emplace(ctx.device, model, options.adam);
+    if (options.loss_scaler) scaler_.emplace(*options.loss_scaler);
+  }
+
+  template <class Context>
+  void zero_gradients(Context& ctx) {
+    buffer_.zero(ctx.device);
+  }
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  bool scaling() const { return scaler_.has_value(); }
+
+  template <class Context>
+  void reduce_gradients(Context& ctx) {
+    buffer_.finish_reduction(ctx.device, ctx.dp);
+  }
+
+  // Divides the gradients by the loss scale (with a scaler), then measures the global norm and clips
+  // (--clip-grad); returns the norm before clipping as a device scalar. Collective over dp (sharded)
+  // and ctx.model_parallel.
+  template <class Context, class Model>
+  Tensor<double, Space> unscale_and_clip(Context& ctx, Model& model, double max_norm) {
+    using G = accumulate_t<T>;
+    if (scaler_) {
+      const double inverse = scaler_->inverse_scale();
+      if (distributed_) distributed_->scale_gradients(ctx.device, inverse);
+      else ctx.device.template scale<G>(buffer_.grads().data(), buffer_.grads().numel(), inverse);
+    }
+    if (distributed_) return distributed_->clip_grad_norm_device(ctx, ctx.dp, max_norm);
+    return clip_grad_norm_device(ctx, model, max_norm);
+  }
+
+  // With a loss scaler: reads the norm on the host (one wait per iteration), updates the scale and
+  // returns true when this iteration's step must be skipped (a gradient overflowed).
+  bool update_loss_scale(const Tensor<double, Space>& norm) {
+    if (!scaler_) return false;
+    double value = 0;
+    if constexpr (std::is_same_v<Space, space::host>) value = norm[0];
+    else value = to_host(norm)[0];
+    const bool skip = scaler_->update(!std::isfinite(value));
+    if (skip) ++skipped_;
+    return skip;
+  }
+
+  template <class Context, class Model>
+  void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite) {
+    if (distributed_) distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite);
+    else adamw_->step(ctx.device, model, lr, skip_unless_finite);
+  }
+
+  // Checkpoints: the optimizer's state tensors, its step count and its AdamW numbers.
+  template <class Visitor>
+  void for_each_sharded_state(Visitor&& visit) {
+    if (distributed_) distributed_->for_each_sharded_state(visit);
+    else adamw_->for_each_sharded_state(visit);
+  }
+  int steps() const { return distributed_ ? distributed_->steps() : adamw_->steps(); }
+  void set_steps(int steps) {
+    if (distributed_) distributed_->set_steps(steps);
+    else adamw_->set_steps(steps);
+  }
+  const AdamWConfig& config() const { return distributed_ ? distributed_->config() : adamw_->config(); }
+
+  LossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  int skipped_iterations() const { return skipped_; }
+  const GradBuffer<T, Space>& buffer() const { return buffer_; }
+  Tensor<accumulate_t<T>, Space>& gradients() { return buffer_.grads(); }
+  bool distributed() const { return distributed_.has_value(); }
+
+  // What this rank allocated: values (the parameter buffer when sharded, else the parameters'
+  // own tensors), the gradient buffer, the optimizer state.
+  template <class Model>
+  MemoryReport memory(Model& model, std::int64_t activation_bytes) const {
+    MemoryReport r;
+    model.for_each_parameter([&](auto& p) {
+      r.parameters += p.value.numel();
+      if (!distributed_) r.parameter_bytes += static_cast<std::int64_t>(p.value.bytes());
+    });
+    if (distributed_) r.parameter_bytes = buffer_.param_bytes();
+    r.gradient_bytes = buffer_.grad_bytes();
+    if (distributed_) {
+      r.optimizer_bytes = distributed_->state_bytes();
+    } else {
+      for (const auto& s : adamw_->states())
+        r.optimizer_bytes += static_cast<std::int64_t>(s.main.bytes() + s.exp_avg.bytes() + s.exp_avg_sq.bytes());
+    }
+    r.activation_bytes = activation_bytes;
+    return r;
+  }
+
+ private:
+  static GradBufferOptions buffer_options(int dp, const DataParallelOptions& options) {
+    GradBufferOptions o;
+    o.dp = dp;
+    o.bucket_size = options.bucket_size > 0 ? options.bucket_size : std::max<index_t>(40'000'000, index_t{1'000'000} * dp);
+    o.distributed = options.distributed_optimizer;
+    o.param_buffer = options.distributed_optimizer;
+    o.gradient_scaling_factor = 1.0;  // each rank's loss is already divided by the global batch's tokens
+    return o;
+  }
+
+  GradBuffer<T, Space> buffer_;
+  std::optional<AdamW<T, Space>> adamw_;
+  std::optional<DistributedOptimizer<T, Space>> distributed_;
+  std::optional<LossScaler> scaler_;
+  int skipped_ = 0;
+};
+
+}  // namespace trainer

@@ -1,0 +1,240 @@
+// strata/optim/distributed_optimizer.hpp: `DistributedOptimizer<T, Space>`, AdamW with its state
+// sharded over the data-parallel group (ZeRO stage 1; Megatron's --use-distributed-optimizer).
+//
+// It works on a GradBuffer built with `distributed = true, param_buffer = true`. Every bucket of
+// that buffer is split into dp equal shards; data-parallel rank r owns shard r of every bucket:
+//
+//   bucket b:   | shard 0 | shard 1 | ... | shard dp-1 |       (shard_size = bucket.numel / dp)
+//   rank r:                 ^ owned: fp32 main copy, exp_avg, exp_avg_sq for these elements only
+//
+// One iteration:
+//   1. GradBuffer reduction: reduce-scatter of each bucket, so shard r holds the summed gradient;
+//   2. the global gradient norm over the owned shards (below), clipping of the owned shards;
+//   3. AdamW (backend adamw_step / adamw_step_many, the math of optim/adamw.hpp) on the owned
+//      elements, one piece per (parameter x owned shard) intersection, so parameters without weight
+//      decay (biases, norms) keep it off; the updated values are written in T into the parameter
+//      buffer's owned shard;
+//   4. all-gather of the parameter buffer over dp (GradBuffer::all_gather_parameters), in place.
+// Padding between and after parameters is never updated (its gradient is zero and no piece covers it).
+//
+// Memory per rank for N parameters in T with fp32 gradients (A = float): values 2N (bf16), gradients
+// 4N, optimizer state 12N / dp (main, exp_avg, exp_avg_sq), plus padding; AdamW keeps 12N on every
+// rank. So bf16 training needs 6 + 12 / dp bytes per parameter instead of 18.
+//
+// Gradient norm. Rank r's shard holds complete (reduced) gradients for its elements, so the square
+// sum over owned elements, summed over dp and then over ctx.model_parallel, is the whole model's,
+// with Megatron's rule for tensor-parallel duplicates: a replicated parameter (a norm weight, a
+// row-parallel bias) is counted on tp rank 0 only. The sum runs in another order than over whole
+// parameters, so it equals the unsharded norm to rounding, and is identical on every rank.
+//
+// Checkpoints: for_each_sharded_state names this rank's three state tensors "distributed.main",
+// "distributed.exp_avg", "distributed.exp_avg_sq" (one flat tensor each, all of its shards in bucket
+// order); a checkpoint loads bit for bit into the same dp and bucket layout (the shapes check it).
+#pragma once
+
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../backend/adamw_step.hpp"
+#include "../core/error.hpp"
+#include "../core/tensor.hpp"
+#include "../shard/shard_spec.hpp"
+#include "adamw.hpp"
+#include "grad_buffer.hpp"
+#include "grad_utils.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+template <class T, class Space = space::host>
+class DistributedOptimizer {
+ public:
+  using element_type = T;
+  using state_type = accumulate_t<T>;
+  using space_type = Space;
+  using Buffer = GradBuffer<T, Space>;
+
+  // One parameter's share of this rank's shard of its bucket.
+  struct Piece {
+    std::string name;      // the parameter's
+    index_t buffer_offset; // first element in the gradient and parameter buffers
+    index_t state_offset;  // first element in main / exp_avg / exp_avg_sq
+    index_t n;
+    bool weight_decay;
+    bool tensor_parallel;  // the parameter is split over tp (else it is counted on tp rank 0 only)
+    bool pipeline_copy;    // a tied weight's copy on another pipeline stage: never counted in the norm
+  };
+
+  // main = this rank's shards of the parameter buffer (converted to A), moments = 0.
+  template <class Device>
+  DistributedOptimizer(Device& device, Buffer& buffer, int dp_rank, AdamWConfig config = {})
+      : buffer_(&buffer), dp_rank_(dp_rank), config_(config) {
+    config_.validate();
+    const GradBufferOptions& options = buffer.options();
+    if (!options.distributed || !options.param_buffer)
+      fail<ConfigError>("DistributedOptimizer: the gradient buffer must be built with distributed = true and "
+                        "param_buffer = true (its buckets are reduce-scattered and its values all-gathered)");
+    if (dp_rank < 0 || dp_rank >= options.dp)
+      fail<ConfigError>("DistributedOptimizer: dp_rank=", dp_rank, " is not a rank of the dp=", options.dp, " group");
+    index_t state = 0;
+    for (std::size_t b = 0; b < buffer.buckets().size(); ++b) {
+      const index_t first = buffer.shard_begin(b, dp_rank), size = buffer.shard_size(b);
+      shard_offsets_.push_back(state);
+      for (const auto& e : buffer.entries()) {
+        if (e.bucket != b) continue;
+        const index_t begin = std::max(first, e.offset), end = std::min(first + size, e.offset + e.numel);
+        if (begin >= end) continue;
+        pieces_.push_back(Piece{e.param->name, begin, state + (begin - first), end - begin, e.param->weight_decay,
+                                e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param)});
+      }
+      state += size;
+    }
+    main_ = Tensor<state_type, Space>::empty(Shape{state});
+    exp_avg_ = Tensor<state_type, Space>::zeros(Shape{state});
+    exp_avg_sq_ = Tensor<state_type, Space>::zeros(Shape{state});
+    reload_main_from_model(device);
+  }
+
+  // main = the values of the owned shards (after the model's weights were loaded from outside).
+  template <class Device>
+  void reload_main_from_model(Device& device) {
+    for (std::size_t b = 0; b < buffer_->buckets().size(); ++b)
+      device.template convert<T, state_type>(buffer_->params().data() + buffer_->shard_begin(b, dp_rank_),
+                                             buffer_->shard_size(b), main_.data() + shard_offsets_[b]);
+  }
+
+  // accumulator[0] += sum of squares of the owned, reduced gradient elements this rank counts.
+  template <class Device>
+  void accumulate_grad_squares(Device& device, int tp_rank, double* accumulator) const {
+    std::vector<SquaresTensor<state_type>> list;
+    for (const Piece& p : pieces_)
+      if (!p.pipeline_copy && (p.tensor_parallel || tp_rank == 0))
+        list.push_back({buffer_->grads().data() + p.buffer_offset, p.n});
+    if constexpr (has_sum_of_squares_many<Device, state_type>) {
+      device.template sum_of_squares_many<state_type>(std::span<const SquaresTensor<state_type>>(list), accumulator);
+    } else {
+      for (const auto& t : list) device.template sum_of_squares<state_type>(t.data, t.n, accumulator);
+    }
+  }
+
+  // The squared global gradient norm as a device scalar. Collective over dp, then ctx.model_parallel.
+  template <class Context, class Comm>
+  Tensor<double, Space> global_grad_square_sum(Context& ctx, Comm& dp) const {
+    auto sum = Tensor<double, Space>::zeros(Shape{1});
+    accumulate_grad_squares(ctx.device, ctx.tp.rank(), sum.data());
+    if (dp.size() > 1) dp.all_reduce(sum.buffer(), ReduceOp::sum);
+    if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
+    return sum;
+  }
+
+  // grad *= *factor on the owned shards (a device scalar), or *= factor (a host number).
+  template <class Device>
+  void scale_gradients_by(Device& device, const double* factor) {
+    const auto list = owned_shards();
+    if constexpr (has_scale_by_many<Device, state_type>) {
+      device.template scale_by_many<state_type>(std::span<const TensorRef<state_type>>(list), factor);
+    } else {
+      for (const auto& t : list) device.template scale_by<state_type>(t.data, t.n, factor);
+    }
+  }
+  template <class Device>
+  void scale_gradients(Device& device, double factor) {
+    for (const auto& t : owned_shards()) device.template scale<state_type>(t.data, t.n, factor);
+  }
+
+  // Megatron's clipping on the owned shards: returns the norm before clipping as a device scalar.
+  // Collective over dp and ctx.model_parallel.
+  template <class Context, class Comm>
+  Tensor<double, Space> clip_grad_norm_device(Context& ctx, Comm& dp, double max_norm) {
+    const auto square_sum = global_grad_square_sum(ctx, dp);
+    auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
+    ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+    if (max_norm > 0) scale_gradients_by(ctx.device, factor.data());
+    return norm;
+  }
+
+  // One AdamW step on the owned shards, then the all-gather of the parameters over `dp`.
+  // skip_unless_finite as in AdamW::step (the update changes nothing when it points at NaN or inf;
+  // the all-gather still runs, and moves the unchanged values).
+  template <class Device, class Comm>
+  void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr) {
+    if (!std::isfinite(lr) || lr < 0)
+      fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
+    ++steps_;
+    using A = state_type;
+    const double t = static_cast<double>(steps_);
+    AdamWStep<A> constants;
+    constants.lr = static_cast<A>(lr);
+    constants.beta1 = static_cast<A>(config_.beta1);
+    constants.beta2 = static_cast<A>(config_.beta2);
+    constants.one_minus_beta1 = static_cast<A>(1.0 - config_.beta1);
+    constants.one_minus_beta2 = static_cast<A>(1.0 - config_.beta2);
+    constants.eps = static_cast<A>(config_.eps);
+    constants.bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
+    constants.bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
+    constants.skip_unless_finite = skip_unless_finite;
+    constants.decay = static_cast<A>(lr * config_.weight_decay);
+    A* grads = buffer_->grads().data();
+    T* values = buffer_->params().data();
+    if constexpr (has_adamw_step_many<Device, T, A>) {
+      std::vector<AdamWTensor<T, A>> tensors;
+      tensors.reserve(pieces_.size());
+      for (const Piece& p : pieces_)
+        tensors.push_back(AdamWTensor<T, A>{main_.data() + p.state_offset, exp_avg_.data() + p.state_offset,
+                                            exp_avg_sq_.data() + p.state_offset, grads + p.buffer_offset,
+                                            values + p.buffer_offset, p.n, p.weight_decay && config_.weight_decay != 0});
+      device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), constants);
+    } else {
+      for (const Piece& p : pieces_) {
+        AdamWStep<A> step = constants;
+        if (!(p.weight_decay && config_.weight_decay != 0)) step.decay = A(0);
+        device.template adamw_step<T>(main_.data() + p.state_offset, exp_avg_.data() + p.state_offset,
+                                      exp_avg_sq_.data() + p.state_offset, grads + p.buffer_offset,
+                                      values + p.buffer_offset, p.n, step);
+      }
+    }
+    buffer_->all_gather_parameters(dp);
+  }
+
+  template <class Visitor>
+  void for_each_state(Visitor&& visit) {
+    visit(std::string("distributed.main"), main_);
+    visit(std::string("distributed.exp_avg"), exp_avg_);
+    visit(std::string("distributed.exp_avg_sq"), exp_avg_sq_);
+  }
+  template <class Visitor>
+  void for_each_sharded_state(Visitor&& visit) {
+    for_each_state([&](const std::string& name, auto& tensor) { visit(name, tensor, tensor.shape(), ShardSpec{}); });
+  }
+
+  int steps() const { return steps_; }
+  void set_steps(int steps) {
+    if (steps < 0) fail<ConfigError>("DistributedOptimizer::set_steps: the step count must be >= 0, got ", steps);
+    steps_ = steps;
+  }
+  const AdamWConfig& config() const { return config_; }
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  // Bytes of optimizer state this rank allocated (main, exp_avg, exp_avg_sq of its shards).
+  std::int64_t state_bytes() const {
+    return static_cast<std::int64_t>(main_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  }
+
+ private:
+  std::vector<TensorRef<state_type>> owned_shards() const {
+    std::vector<TensorRef<state_type>> list;
+    for (std::size_t b = 0; b < buffer_->buckets().size(); ++b)
+      list.push_back({buffer_->grads().data() + buffer_->shard_begin(b, dp_rank_), buffer_->shard_size(b)});
+    return list;
+  }
+
+  Buffer* buffer_;
+  int dp_rank_;
+  AdamWConfig config_;
+  std::vector<Piece> pieces_;
+  std::vector<index_t> shard_offsets_;
+  Tensor<state_type, Space> main_, exp_avg_, exp_avg_sq_;
+  int steps_ = 0;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,265 @@
+// strata/optim/grad_buffer.hpp: `GradBuffer<T, Space>`, the gradients of a model in one contiguous
+// buffer split into buckets, and their reduction over the data-parallel group (Megatron's
+// ParamAndGradBuffer).
+//
+// Layout. Parameters are placed in the reverse of their for_each_parameter order, since backward
+// produces gradients roughly from the last layer to the first, so the first bucket completes first:
+//
+//   buffer (G = accumulate_t<T>):  | bucket 0                      | bucket 1            | ...
+//                                  | p_last | pad | p_last-1 | pad |  ...          | pad |
+//
+//   - each parameter starts at a multiple of `alignment` elements (64: 256 bytes of float);
+//   - a bucket is closed after the parameter that brings it to at least `bucket_size` elements (a
+//     parameter is never split across buckets; the last bucket holds whatever remains);
+//   - each bucket is padded at its end to a multiple of dp x alignment elements, so it splits into dp
+//     equal shards of a multiple of `alignment` elements each; padding holds zeros;
+//   - each parameter's `grad` becomes a view into the buffer (Tensor::alias), so the layers keep
+//     accumulating into p.grad as before. With `param_buffer` (the distributed optimizer) the values
+//     get the same layout in a buffer of T, and each `value` becomes a view into it.
+//
+// Reduction. With plain data parallelism a bucket is all-reduced (sum) in place; with the
+// distributed optimizer it is reduce-scattered in place, so dp rank r then holds the sum of shard r
+// of every bucket (the rest of the buffer keeps this rank's own partial sums and is not read
+// again). `gradient_scaling_factor` (1 / (dp x micro-batches) when the loss is a per-micro-batch
+// mean; 1 when each rank's loss is already divided by the global batch's token count, as the
+// trainers do) is applied once, to the bucket, right before its collective.
+//
+// Overlap. Each bucket counts the parameters whose gradient is not final yet; mark_ready(param)
+// counts one down and starts the bucket's collective when it reaches zero, so a backward that
+// reports each parameter as it finishes has every bucket reduced while later layers still run.
+// Buckets are started in order (a bucket that completes early waits for the ones before it), since
+// every rank must issue the same collectives in the same order. finish_reduction() starts every
+// bucket not started yet. On the in-process communicator a collective returns when it is done; on
+// NCCL it is enqueued on the rank's stream (a separate communication stream is not used yet).
+//
+// Groups. Gradients of replicated parameters under sequence parallelism (norm weights) are already
+// summed over tensor parallelism by their layers' backward; the tied output layer shares the
+// embedding's Parameter, which is visited (and placed) once. So every gradient of the buffer is
+// reduced over the data-parallel group only (pass ctx.dp_cp under context parallelism).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../comm/communicator.hpp"
+#include "../core/error.hpp"
+#include "../core/tensor.hpp"
+#include "../layers/parameter.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct GradBufferOptions {
+  // Elements per bucket before padding (Megatron's --ddp-bucket-size; its default is
+  // max(40M, 1M x dp)). 0 means one bucket for the whole model.
+  index_t bucket_size = 40'000'000;
+  int dp = 1;                     // data-parallel size: buckets pad to dp x alignment
+  index_t alignment = 64;         // elements; parameter starts and shard sizes are multiples of it
+  bool distributed = false;       // reduce-scatter (the distributed optimizer) instead of all-reduce
+  bool param_buffer = false;      // also place the values in a contiguous buffer (needed when distributed)
+  double gradient_scaling_factor = 1.0;
+
+  void validate() const {
+    if (bucket_size < 0) fail<ConfigError>("GradBuffer: bucket_size=", bucket_size, " must be >= 0 (0: one bucket)");
+    if (dp < 1) fail<ConfigError>("GradBuffer: dp=", dp, " must be >= 1");
+    if (alignment < 1) fail<ConfigError>("GradBuffer: alignment=", alignment, " must be >= 1");
+    if (distributed && !param_buffer)
+      fail<ConfigError>("GradBuffer: the distributed optimizer all-gathers parameters in place, so it needs "
+                        "param_buffer = true");
+  }
+};
+
+// a rounded up to a multiple of m
+constexpr index_t round_up(index_t a, index_t m) { return (a + m - 1) / m * m; }
+
+template <class T, class Space = space::host>
+class GradBuffer {
+ public:
+  using element_type = T;
+  using grad_type = accumulate_t<T>;
+  using space_type = Space;
+  using Param = Parameter<T, Space>;
+
+  struct Entry {
+    Param* param;
+    index_t offset;  // first element in the buffer
+    index_t numel;
+    std::size_t bucket;
+  };
+  struct Bucket {
+    index_t offset;  // first element in the buffer
+    index_t numel;   // padded: a multiple of dp x alignment
+    index_t used;    // elements up to the end of its last parameter (numel - used is the end padding)
+    int parameters;  // how many parameters it holds
+    int pending = 0; // parameters whose gradient is not final yet (mark_ready)
+    bool started = false;
+  };
+
+  // Places every parameter of `model` (all of type Parameter<T, Space>), moves their gradients
+  // (and values, with param_buffer) into the buffers and points them there. The model must stay
+  // where it is (its parameters are held by address) for the buffer's lifetime.
+  template <class Device, class Module>
+  GradBuffer(Device& device, Module& model, GradBufferOptions options) : options_(options) {
+    options_.validate();
+    std::vector<Param*> order;
+    model.for_each_parameter([&](auto& p) {
+      static_assert(std::is_same_v<std::remove_cvref_t<decltype(p)>, Param>,
+                    "GradBuffer<T, Space>: every parameter of the module must be a Parameter<T, Space> of the "
+                    "buffer's element type and space.");
+      order.push_back(&p);
+    });
+    std::reverse(order.begin(), order.end());
+    const index_t pad = static_cast<index_t>(options_.dp) * options_.alignment;
+    index_t cursor = 0, bucket_start = 0;
+    int in_bucket = 0;
+    auto close_bucket = [&] {
+      const index_t end = round_up(cursor, pad);
+      buckets_.push_back(Bucket{bucket_start, end - bucket_start, cursor - bucket_start, in_bucket});
+      cursor = bucket_start = end;
+      in_bucket = 0;
+    };
+    for (Param* p : order) {
+      const index_t offset = round_up(cursor, options_.alignment);
+      entries_.push_back(Entry{p, offset, p->value.numel(), buckets_.size()});
+      cursor = offset + p->value.numel();
+      ++in_bucket;
+      if (options_.bucket_size > 0 && cursor - bucket_start >= options_.bucket_size) close_bucket();
+    }
+    if (in_bucket > 0) close_bucket();
+    total_ = cursor;
+
+    grads_ = Tensor<grad_type, Space>::zeros(Shape{std::max<index_t>(total_, 1)});
+    if (options_.param_buffer) {
+      params_ = Tensor<T, Space>::empty(Shape{std::max<index_t>(total_, 1)});
+      device.template fill<T>(params_.data(), params_.numel(), 0.0);
+    }
+    for (Entry& e : entries_) {
+      Param& p = *e.param;
+      auto grad = Tensor<grad_type, Space>::alias(grads_, e.offset, p.grad.shape());
+      if (e.numel > 0) device.template copy<grad_type>(p.grad.data(), e.numel, grad.data());
+      p.grad = std::move(grad);
+      if (options_.param_buffer) {
+        auto value = Tensor<T, Space>::alias(params_, e.offset, p.value.shape());
+        if (e.numel > 0) device.template copy<T>(p.value.data(), e.numel, value.data());
+        p.value = std::move(value);
+      }
+    }
+    reset_ready();
+  }
+  GradBuffer(const GradBuffer&) = delete;
+  GradBuffer& operator=(const GradBuffer&) = delete;
+  GradBuffer(GradBuffer&&) = default;
+
+  // grad = 0 for every parameter (one fill over the whole buffer, padding included), and every
+  // bucket waits for its parameters again.
+  template <class Device>
+  void zero(Device& device) {
+    device.template fill<grad_type>(grads_.data(), grads_.numel(), 0.0);
+    reset_ready();
+  }
+
+  // The gradient of `param` is final for this iteration: counts its bucket down, and starts the
+  // collectives of every complete bucket whose predecessors have started.
+  template <class Device, class Comm>
+  void mark_ready(Device& device, Comm& dp, const Param& param) {
+    const Entry& e = entry_of(param);
+    Bucket& b = buckets_[e.bucket];
+    if (b.pending <= 0)
+      fail<Error>("GradBuffer::mark_ready: parameter '", param.name, "' was reported twice in one iteration (its bucket ",
+                  e.bucket, " has no parameter left to wait for); call zero() at the start of every iteration");
+    --b.pending;
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) start_bucket(device, dp, next_bucket_++);
+  }
+
+  // Starts the collective of every bucket not started yet, in order (the end of the backward).
+  template <class Device, class Comm>
+  void finish_reduction(Device& device, Comm& dp) {
+    while (next_bucket_ < buckets_.size()) start_bucket(device, dp, next_bucket_++);
+  }
+
+  // This rank's shard of bucket b (distributed): elements [first, first + size) of the buffer.
+  index_t shard_begin(std::size_t b, int dp_rank) const { return buckets_[b].offset + dp_rank * shard_size(b); }
+  index_t shard_size(std::size_t b) const { return buckets_[b].numel / options_.dp; }
+
+  // All-gathers the parameter buffer over `dp` in place, bucket by bucket: after the distributed
+  // optimizer updated this rank's shards, every rank holds every updated value.
+  template <class Comm>
+  void all_gather_parameters(Comm& dp) {
+    if (!options_.param_buffer)
+      fail<ConfigError>("GradBuffer::all_gather_parameters: this buffer has no parameter buffer (param_buffer = false)");
+    check_group(dp, "all_gather_parameters");
+    if (dp.size() == 1) return;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bucket = buckets_[b];
+      const index_t shard = shard_size(b);
+      T* whole = params_.data() + bucket.offset;
+      dp.all_gather(comm_span_t<const T, Comm>(whole + dp.rank() * shard, static_cast<std::size_t>(shard)),
+                    comm_span_t<T, Comm>(whole, static_cast<std::size_t>(bucket.numel)));
+    }
+  }
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const GradBufferOptions& options() const { return options_; }
+  index_t size() const { return total_; }  // elements, padding included
+  Tensor<grad_type, Space>& grads() { return grads_; }
+  Tensor<T, Space>& params() { return params_; }
+  // Bytes allocated for gradients and (with param_buffer) for values.
+  std::int64_t grad_bytes() const { return total_ == 0 ? 0 : static_cast<std::int64_t>(grads_.bytes()); }
+  std::int64_t param_bytes() const { return total_ == 0 || params_.empty() ? 0 : static_cast<std::int64_t>(params_.bytes()); }
+
+ private:
+  const Entry& entry_of(const Param& param) const {
+    for (const Entry& e : entries_)
+      if (e.param == &param) return e;
+    fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the module the "
+                      "buffer was built for");
+  }
+
+  template <class Comm>
+  void check_group(const Comm& dp, const char* who) const {
+    if (dp.size() != options_.dp)
+      fail<ConfigError>("GradBuffer::", who, ": the group has ", dp.size(), " ranks but the buffer was laid out for dp=",
+                        options_.dp, "; pass the data-parallel group the buffer was built for");
+  }
+
+  void reset_ready() {
+    for (Bucket& b : buckets_) {
+      b.pending = b.parameters;
+      b.started = false;
+    }
+    next_bucket_ = 0;
+  }
+
+  template <class Device, class Comm>
+  void start_bucket(Device& device, Comm& dp, std::size_t index) {
+    check_group(dp, "reduction");
+    Bucket& b = buckets_[index];
+    b.started = true;
+    grad_type* data = grads_.data() + b.offset;
+    if (options_.gradient_scaling_factor != 1.0)
+      device.template scale<grad_type>(data, b.numel, options_.gradient_scaling_factor);
+    if (dp.size() == 1) return;
+    if (options_.distributed) {
+      const index_t shard = shard_size(index);
+      dp.reduce_scatter(comm_span_t<const grad_type, Comm>(data, static_cast<std::size_t>(b.numel)),
+                        comm_span_t<grad_type, Comm>(data + dp.rank() * shard, static_cast<std::size_t>(shard)),
+                        ReduceOp::sum);
+    } else {
+      dp.all_reduce(comm_span_t<grad_type, Comm>(data, static_cast<std::size_t>(b.numel)), ReduceOp::sum);
+    }
+  }
+
+  GradBufferOptions options_;
+  std::vector<Entry> entries_;
+  std::vector<Bucket> buckets_;
+  index_t total_ = 0;
+  std::size_t next_bucket_ = 0;
+  Tensor<grad_type, Space> grads_;
+  Tensor<T, Space> params_;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,226 @@
+// Gradient buffers and buckets: the documented layout (reverse parameter order, aligned starts,
+// buckets closed at bucket_size and padded to dp x alignment), gradients as views into the buffer,
+// bucketed all-reduce and reduce-scatter against the per-parameter reduction, buckets started in
+// order as their parameters become ready.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <strata/comm.hpp>
+#include <strata/comm/parallel_context.hpp>
+#include <strata/optim.hpp>
+
+namespace {
+
+using namespace strata;
+
+// A module of float parameters of the given sizes ("p0", "p1", ...), values i + 1000 * index.
+struct Flat {
+  std::vector<std::unique_ptr<Parameter<float>>> params;
+  explicit Flat(const std::vector<index_t>& sizes) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      params.push_back(std::make_unique<Parameter<float>>("p" + std::to_string(k), Shape{sizes[k]}, ShardSpec::replicated()));
+      for (index_t i = 0; i < sizes[k]; ++i) params.back()->value[i] = static_cast<float>(i + 1000 * static_cast<index_t>(k));
+    }
+  }
+  template <class V>
+  void for_each_parameter(V&& visit) {
+    for (auto& p : params) visit(*p);
+  }
+};
+
+TEST(GradBuffer, LayoutReversesOrderAlignsStartsAndPadsBucketsToDpShards) {
+  Flat m({100, 7, 300, 50});
+  m.params[2]->grad[5] = 3.5f;  // an existing gradient moves into the buffer
+  cpu::backend device;
+  GradBuffer<float> buffer(device, m, GradBufferOptions{.bucket_size = 256, .dp = 4, .alignment = 64});
+  // reverse order: p3 (50) at 0, p2 (300) at 64 -> 364 >= 256 closes bucket 0 at round_up(364, 4 x 64) = 512;
+  // p1 (7) at 512, p0 (100) at round_up(519, 64) = 576 -> 676, the last bucket padded to 768.
+  const auto& e = buffer.entries();
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_EQ(e[0].param, m.params[3].get());
+  EXPECT_EQ(e[0].offset, 0);
+  EXPECT_EQ(e[1].offset, 64);
+  EXPECT_EQ(e[2].offset, 512);
+  EXPECT_EQ(e[3].offset, 576);
+  ASSERT_EQ(buffer.buckets().size(), 2u);
+  EXPECT_EQ(buffer.buckets()[0].offset, 0);
+  EXPECT_EQ(buffer.buckets()[0].numel, 512);
+  EXPECT_EQ(buffer.buckets()[0].used, 364);
+  EXPECT_EQ(buffer.buckets()[1].offset, 512);
+  EXPECT_EQ(buffer.buckets()[1].numel, 256);
+  EXPECT_EQ(buffer.size(), 768);
+  for (std::size_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(buffer.buckets()[b].numel % (4 * 64), 0);
+    EXPECT_EQ(buffer.shard_size(b) % 64, 0);
+  }
+  for (const auto& entry : e) EXPECT_EQ(entry.param->grad.data(), buffer.grads().data() + entry.offset) << entry.param->name;
+  EXPECT_EQ(m.params[2]->grad[5], 3.5f);
+  EXPECT_EQ(m.params[1]->value[3], 1003.f);  // values stay where they were without param_buffer
+  // zero() clears every gradient at once
+  buffer.zero(device);
+  EXPECT_EQ(m.params[2]->grad[5], 0.f);
+  // bucket_size 0: one bucket
+  Flat one({100, 7});
+  GradBuffer<float> single(device, one, GradBufferOptions{.bucket_size = 0, .dp = 3, .alignment = 64});
+  ASSERT_EQ(single.buckets().size(), 1u);
+  EXPECT_EQ(single.buckets()[0].numel, 192);  // 64 + 100 = 164 -> a multiple of 3 x 64
+}
+
+TEST(GradBuffer, ParamBufferHoldsTheValuesAndTheParametersViewIt) {
+  Flat m({10, 20});
+  cpu::backend device;
+  GradBuffer<float> buffer(device, m,
+                           GradBufferOptions{.bucket_size = 0, .dp = 2, .distributed = true, .param_buffer = true});
+  for (const auto& entry : buffer.entries()) {
+    EXPECT_EQ(entry.param->value.data(), buffer.params().data() + entry.offset);
+  }
+  EXPECT_EQ(m.params[0]->value[9], 9.f);
+  EXPECT_EQ(m.params[1]->value[0], 1000.f);
+  EXPECT_THROW(GradBuffer<float>(device, m, GradBufferOptions{.distributed = true}), ConfigError);
+}
+
+// dp = 4 ranks: rank r's gradient element i of parameter k is (r + 1) * (i + 1) + k. The bucketed
+// all-reduce equals the per-parameter all-reduce bit for bit; the reduce-scatter leaves the same
+// sums in each rank's shard.
+TEST(GradBuffer, BucketedReductionEqualsPerParameterSums) {
+  const std::vector<index_t> sizes{33, 70, 5, 129, 64};
+  for (bool distributed : {false, true}) {
+    inprocess::run(4, [&](inprocess::communicator& dp) {
+      cpu::backend device;
+      Flat reference(sizes), m(sizes);
+      for (Flat* f : {&reference, &m})
+        for (std::size_t k = 0; k < sizes.size(); ++k)
+          for (index_t i = 0; i < sizes[k]; ++i)
+            f->params[k]->grad[i] = static_cast<float>((dp.rank() + 1) * (i + 1)) * 0.37f + static_cast<float>(k);
+      all_reduce_gradients(dp, reference);
+      GradBuffer<float> buffer(device, m,
+                               GradBufferOptions{.bucket_size = 100, .dp = 4, .alignment = 8, .distributed = distributed,
+                                                 .param_buffer = distributed});
+      EXPECT_GT(buffer.buckets().size(), 1u);
+      buffer.finish_reduction(device, dp);
+      for (const auto& e : buffer.entries()) {
+        const Parameter<float>& ref = *reference.params[static_cast<std::size_t>(
+            std::find_if(m.params.begin(), m.params.end(), [&](auto& p) { return p.get() == e.param; }) - m.params.begin())];
+        const index_t first = distributed ? buffer.shard_begin(e.bucket, dp.rank()) : 0;
+        const index_t last = distributed ? first + buffer.shard_size(e.bucket) : buffer.size();
+        for (index_t i = 0; i < e.numel; ++i) {
+          if (e.offset + i < first || e.offset + i >= last) continue;  // another rank's shard
+          EXPECT_EQ(e.param->grad[i], ref.grad[i]) << e.param->name << "[" << i << "] distributed=" << distributed;
+        }
+      }
+    });
+  }
+}
+
+// A bucket's collective starts when its last parameter is reported ready, not before, and buckets
+// start in order.
+TEST(GradBuffer, MarkReadyStartsEachBucketWhenItsParametersAreDone) {
+  inprocess::run(2, [&](inprocess::communicator& dp) {
+    cpu::backend device;
+    Flat m({64, 64, 64});  // reverse order: p2, p1 | p0 with bucket_size 128
+    for (auto& p : m.params) p->grad.fill(1.f);
+    GradBuffer<float> buffer(device, m, GradBufferOptions{.bucket_size = 128, .dp = 2, .alignment = 64});
+    ASSERT_EQ(buffer.buckets().size(), 2u);
+    buffer.mark_ready(device, dp, *m.params[2]);
+    EXPECT_EQ(m.params[2]->grad[0], 1.f);  // bucket 0 still waits for p1
+    buffer.mark_ready(device, dp, *m.params[0]);
+    EXPECT_EQ(m.params[0]->grad[0], 1.f);  // bucket 1 is complete but waits for bucket 0
+    buffer.mark_ready(device, dp, *m.params[1]);
+    EXPECT_EQ(m.params[2]->grad[0], 2.f);  // both reduced, in order
+    EXPECT_EQ(m.params[0]->grad[0], 2.f);
+    EXPECT_THROW(buffer.mark_ready(device, dp, *m.params[1]), Error);
+    buffer.zero(device);
+    buffer.finish_reduction(device, dp);
+    EXPECT_EQ(m.params[1]->grad[0], 0.f);
+  });
+}
+
+// The distributed optimizer updates exactly as AdamW on the all-reduced gradients (the same math
+// element by element), and its gradient norm equals the unsharded one to rounding.
+TEST(DistributedOptimizer, StepEqualsAdamWOnAllReducedGradients) {
+  const std::vector<index_t> sizes{33, 70, 5, 129};
+  for (int dp_size : {2, 4}) {
+    inprocess::run(dp_size, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.dp = dp_size});
+      Flat reference(sizes), m(sizes);
+      reference.params[1]->weight_decay = m.params[1]->weight_decay = false;
+      AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+      AdamW<float> adamw(ctx.device, reference, config);
+      GradBuffer<float> buffer(ctx.device, m,
+                               GradBufferOptions{.bucket_size = 96, .dp = dp_size, .alignment = 4, .distributed = true,
+                                                 .param_buffer = true});
+      DistributedOptimizer<float> sharded(ctx.device, buffer, ctx.dp.rank(), config);
+      for (int step = 0; step < 3; ++step) {
+        zero_gradients(ctx.device, reference);
+        buffer.zero(ctx.device);
+        for (Flat* f : {&reference, &m})
+          for (std::size_t k = 0; k < sizes.size(); ++k)
+            for (index_t i = 0; i < sizes[k]; ++i)
+              f->params[k]->grad[i] =
+                  std::sin(static_cast<float>((world.rank() + 1) * (i + 3) + step)) * static_cast<float>(k + 1);
+        all_reduce_gradients(ctx.dp, reference);
+        buffer.finish_reduction(ctx.device, ctx.dp);
+        const double expected_norm = global_grad_norm(ctx, reference);
+        const double norm = std::sqrt(to_host(sharded.global_grad_square_sum(ctx, ctx.dp))[0]);
+        EXPECT_NEAR(norm, expected_norm, 1e-6 * expected_norm);
+        adamw.step(reference, 1e-2);
+        sharded.step(ctx.device, ctx.dp, 1e-2);
+      }
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        for (index_t i = 0; i < sizes[k]; ++i)
+          ASSERT_EQ(m.params[k]->value[i], reference.params[k]->value[i]) << "p" << k << "[" << i << "] dp=" << dp_size;
+      // 12 bytes per owned element: the state is 1/dp of AdamW's (plus padding)
+      EXPECT_EQ(sharded.state_bytes(), 12 * buffer.size() / dp_size);
+    });
+  }
+}
+
+TEST(LossScaler, InfSkipsTheStepAndBacksOffAfterHysteresis) {
+  LossScalerConfig c;
+  c.initial_scale = 1024;
+  c.hysteresis = 2;
+  c.growth_interval = 3;
+  c.min_scale = 256;
+  LossScaler s(c);
+  EXPECT_TRUE(s.update(true));  // skipped; hysteresis 2 -> 1, scale kept
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_TRUE(s.update(true));  // second overflow: backs off
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 256);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 256);  // never below min_scale
+}
+
+TEST(LossScaler, GrowsAfterTheWindowOfCleanIterations) {
+  LossScalerConfig c;
+  c.initial_scale = 8;
+  c.growth_interval = 3;
+  c.hysteresis = 1;
+  LossScaler s(c);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 8);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 16);  // after 3 clean iterations
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 8);   // hysteresis 1: at once
+  EXPECT_FALSE(s.update(false));
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 8);   // an overflow restarts the window
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 16);
+  LossScaler fixed = LossScaler::constant(128);
+  EXPECT_TRUE(fixed.update(true));
+  EXPECT_EQ(fixed.scale(), 128);
+  c.backoff_factor = 1.5;
+  EXPECT_THROW(LossScaler{c}, ConfigError);
+}
+
+}  // namespace

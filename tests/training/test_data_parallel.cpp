@@ -1,0 +1,250 @@
+// Data parallelism at scale through the trainers' loop: dp in {2, 4} with and without the
+// distributed optimizer, with tp = 2, ends with the parameters of dp = 1 on the same global batch;
+// the distributed optimizer resumes bit for bit; the printed allocation report matches what was
+// allocated (18 bytes per bf16 parameter without the distributed optimizer, 6 + 12 / dp with);
+// an injected overflow skips the step and backs the loss scale off; --skip-nonfinite-iterations
+// goes on past a bad iteration; activation recompute trains the same numbers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "trainer/trainer.hpp"
+
+namespace {
+
+trainer::TrainArgs tiny() {
+  trainer::TrainArgs a = trainer::default_args("gpt");
+  a.model.num_layers = 2;
+  a.model.hidden_size = 32;
+  a.model.num_attention_heads = 4;
+  a.model.ffn_hidden_size = 64;
+  a.model.seq_length = 16;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.lr = 1e-2;
+  a.min_lr = 1e-3;
+  a.lr_warmup_iters = 1;
+  a.quiet = true;
+  a.eval_iters = 0;
+  a.sample_tokens = 0;
+  a.dtype = "double";
+  a.train_iters = 4;
+  a.keep_final_parameters = true;
+  return a;
+}
+
+// max over parameters of |a - b| / max|b| (the parameter's own scale)
+double worst_relative_difference(const trainer::TrainResult& a, const trainer::TrainResult& b) {
+  EXPECT_EQ(a.final_parameters.size(), b.final_parameters.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < a.final_parameters.size() && k < b.final_parameters.size(); ++k) {
+    const auto& x = a.final_parameters[k].second;
+    const auto& y = b.final_parameters[k].second;
+    EXPECT_EQ(a.final_parameters[k].first, b.final_parameters[k].first);
+    EXPECT_EQ(x.size(), y.size());
+    double scale = 0, diff = 0;
+    for (std::size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      scale = std::max(scale, std::abs(y[i]));
+      diff = std::max(diff, std::abs(x[i] - y[i]));
+    }
+    if (scale > 0) worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+// Double on the CPU: DESIGN.md's 1e-12 holds per operation; after 4 AdamW steps (whose update
+// divides by sqrt(v), amplifying the last bits of small gradients) the parameters agree to 1e-10.
+TEST(DataParallel, Dp2And4WithAndWithoutDistributedOptimizerEqualDp1AtTp2) {
+  auto base = tiny();
+  base.world_size = 2;
+  base.tensor_model_parallel_size = 2;
+  base.ddp_bucket_size = 3000;  // several buckets
+  const auto reference = trainer::train<strata::models::Gpt>(base);
+  ASSERT_EQ(reference.losses.size(), 4u);
+  for (int dp : {2, 4})
+    for (bool distributed : {false, true}) {
+      auto a = base;
+      a.world_size = 2 * dp;
+      a.use_distributed_optimizer = distributed;
+      const auto run = trainer::train<strata::models::Gpt>(a);
+      ASSERT_EQ(run.losses.size(), 4u);
+      for (std::size_t i = 0; i < 4; ++i)
+        EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << "dp=" << dp << " iteration " << i + 1;
+      EXPECT_LT(worst_relative_difference(run, reference), 1e-10) << "dp=" << dp << " distributed=" << distributed;
+    }
+}
+
+TEST(DataParallel, DistributedOptimizerResumesBitForBit) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_dp_resume";
+  std::filesystem::remove_all(dir);
+  auto a = tiny();
+  a.dtype = "float";
+  a.world_size = 4;
+  a.tensor_model_parallel_size = 2;
+  a.use_distributed_optimizer = true;
+  a.ddp_bucket_size = 3000;
+  a.train_iters = 6;
+  const auto straight = trainer::train<strata::models::Gpt>(a);
+  auto first = a;
+  first.train_iters = 3;
+  first.lr_decay_iters = 6;
+  first.save = dir.string();
+  auto straight_schedule = a;
+  straight_schedule.lr_decay_iters = 6;
+  const auto reference = trainer::train<strata::models::Gpt>(straight_schedule);
+  (void)straight;
+  trainer::train<strata::models::Gpt>(first);
+  auto second = straight_schedule;
+  second.load = dir.string();
+  const auto resumed = trainer::train<strata::models::Gpt>(second);
+  ASSERT_EQ(resumed.start_iteration, 3);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], reference.losses[3 + i]) << "iteration " << 4 + i;
+  ASSERT_EQ(resumed.final_parameters.size(), reference.final_parameters.size());
+  for (std::size_t k = 0; k < reference.final_parameters.size(); ++k)
+    EXPECT_EQ(resumed.final_parameters[k].second, reference.final_parameters[k].second) << reference.final_parameters[k].first;
+  std::filesystem::remove_all(dir);
+}
+
+// The report's figures are the bytes of the tensors the run allocated; for bf16 parameters with
+// fp32 gradients they are Megatron's 2 + 4 + 12 bytes per parameter, and 2 + 4 + 12 / dp with the
+// distributed optimizer, up to the buffer's padding (which the report counts, since it is allocated).
+TEST(DataParallel, PrintedMemoryReportMatchesAllocationsAndMegatronsRule) {
+  for (bool distributed : {false, true}) {
+    auto a = tiny();
+    a.dtype = "bf16";
+    a.world_size = 4;
+    a.tensor_model_parallel_size = 1;
+    a.use_distributed_optimizer = distributed;
+    a.train_iters = 1;
+    a.quiet = false;
+    testing::internal::CaptureStdout();
+    const auto result = trainer::train<strata::models::Gpt>(a);
+    const std::string out = testing::internal::GetCapturedStdout();
+    const trainer::MemoryReport& m = result.memory;
+    // what was allocated, rebuilt here: the same model and buffer layout on one rank of dp = 4
+    strata::inprocess::run(1, [&](strata::inprocess::communicator& world) {
+      using Policy = trainer::TrainPolicy<strata::bf16, true>;
+      auto ctx = strata::context_t<Policy>::create(world, strata::ParallelConfig{});
+      strata::models::Gpt<Policy> model(ctx, a.model);
+      std::int64_t n = 0;
+      model.for_each_parameter([&](auto& p) { n += p.value.numel(); });
+      strata::GradBuffer<strata::bf16> buffer(ctx.device, model,
+                                              strata::GradBufferOptions{.bucket_size = 40'000'000, .dp = 4});
+      const std::int64_t padded = buffer.size();
+      EXPECT_EQ(m.parameters, n);
+      EXPECT_EQ(m.gradient_bytes, 4 * padded);
+      if (distributed) {
+        EXPECT_EQ(m.parameter_bytes, 2 * padded);
+        EXPECT_EQ(m.optimizer_bytes, 12 * padded / 4);
+        // Megatron's 6 + 12 / dp bytes per element of the (padded) buffer
+        EXPECT_EQ(m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes, (6 + 12 / 4) * padded);
+        EXPECT_NEAR(m.bytes_per_parameter(), 6 + 12.0 / 4, (6 + 12.0 / 4) * static_cast<double>(padded - n) / n);
+      } else {
+        EXPECT_EQ(m.parameter_bytes, 2 * n);
+        EXPECT_EQ(m.optimizer_bytes, 12 * n);
+        // Megatron's 18 bytes per parameter, plus the gradient buffer's padding
+        EXPECT_EQ(m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes, 18 * n + 4 * (padded - n));
+        EXPECT_NEAR(m.bytes_per_parameter(), 18, 4.0 * static_cast<double>(padded - n) / n);
+      }
+      EXPECT_LT(padded - n, 64 * 4 * 64) << "padding: at most one alignment per parameter and one dp x alignment per bucket";
+    });
+    for (std::int64_t bytes : {m.parameter_bytes, m.gradient_bytes, m.optimizer_bytes})
+      EXPECT_NE(out.find("(" + std::to_string(bytes) + " B)"), std::string::npos) << bytes << " not printed in\n" << out;
+    EXPECT_NE(out.find(distributed ? "distributed optimizer over dp=4" : "dp=4"), std::string::npos) << out;
+  }
+}
+
+// An overflow injected into every gradient of iteration 2 (0-based 1): that step is skipped (the
+// parameters after 2 iterations equal those after 1), the dynamic scale backs off at once with
+// hysteresis 1, and it grows again after --loss-scale-window clean iterations.
+TEST(DataParallel, LossScalerSkipsAnOverflowingStepAndBacksOff) {
+  auto a = tiny();
+  a.dtype = "float";
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 1;
+  a.fp16 = true;
+  a.initial_loss_scale = 1024;
+  a.hysteresis = 1;
+  a.loss_scale_window = 2;
+  a.train_iters = 1;
+  a.lr_warmup_iters = 0;
+  a.lr_decay_style = "constant";
+  const auto one = trainer::train<strata::models::Gpt>(a);
+  a.train_iters = 2;
+  a.inject_nonfinite_gradient_at = 1;
+  const auto two = trainer::train<strata::models::Gpt>(a);
+  ASSERT_EQ(two.skipped_iterations, std::vector<int>{2});
+  EXPECT_EQ(two.loss_scales, (std::vector<double>{1024, 512}));
+  ASSERT_EQ(one.final_parameters.size(), two.final_parameters.size());
+  for (std::size_t k = 0; k < one.final_parameters.size(); ++k)
+    EXPECT_EQ(one.final_parameters[k].second, two.final_parameters[k].second) << one.final_parameters[k].first;
+  a.train_iters = 4;
+  const auto four = trainer::train<strata::models::Gpt>(a);
+  EXPECT_EQ(four.loss_scales, (std::vector<double>{1024, 512, 512, 1024}));
+  // the scaled loss trains as the unscaled one (the scale is a power of two: exact in float)
+  a.fp16 = false;
+  a.inject_nonfinite_gradient_at = -1;
+  a.train_iters = 1;
+  const auto unscaled = trainer::train<strata::models::Gpt>(a);
+  EXPECT_LT(worst_relative_difference(unscaled, one), 1e-6);
+}
+
+// --skip-nonfinite-iterations: the bad iteration makes no update, is reported, and training goes on.
+TEST(DataParallel, SkipNonfiniteIterationsGoesOnAfterReportingTheIteration) {
+  auto a = tiny();
+  a.dtype = "float";
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 1;
+  a.train_iters = 3;
+  a.inject_nonfinite_gradient_at = 1;
+  a.skip_nonfinite_iterations = true;
+  a.quiet = false;
+  testing::internal::CaptureStdout();
+  const auto run = trainer::train<strata::models::Gpt>(a);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(run.skipped_iterations, std::vector<int>{2});
+  EXPECT_NE(out.find("iteration      2: the loss"), std::string::npos) << out;
+  EXPECT_EQ(run.losses.size(), 3u);
+  EXPECT_TRUE(std::isfinite(run.losses[2]));
+  // without the flag the run stops, naming the iteration
+  a.skip_nonfinite_iterations = false;
+  a.quiet = true;
+  try {
+    trainer::train<strata::models::Gpt>(a);
+    ADD_FAILURE() << "an infinite gradient did not stop the run";
+  } catch (const strata::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("iteration 2: the gradient norm is inf"), std::string::npos) << e.what();
+  }
+}
+
+// Recompute changes no number the run produces (bit for bit on the CPU), with dropout on.
+TEST(DataParallel, RecomputeTrainsTheSameBits) {
+  auto a = tiny();
+  a.dtype = "float";
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 2;
+  a.model.num_layers = 3;
+  a.model.hidden_dropout = 0.1;
+  a.train_iters = 2;
+  const auto plain = trainer::train<strata::models::Gpt>(a);
+  for (const char* granularity : {"selective", "full"})
+    for (const char* method : {"uniform", "block"})
+      for (int layers : {1, 2}) {
+        auto r = a;
+        r.recompute_granularity = granularity;
+        r.recompute_method = method;
+        r.recompute_num_layers = layers;
+        const auto run = trainer::train<strata::models::Gpt>(r);
+        EXPECT_EQ(run.losses, plain.losses) << granularity << " " << method << " " << layers;
+        ASSERT_EQ(run.final_parameters.size(), plain.final_parameters.size());
+        for (std::size_t k = 0; k < plain.final_parameters.size(); ++k)
+          EXPECT_EQ(run.final_parameters[k].second, plain.final_parameters[k].second)
+              << granularity << " " << method << " " << layers << " " << plain.final_parameters[k].first;
+      }
+}
+
+}  // namespace
