@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numbers>
@@ -665,6 +666,119 @@ TEST(CausalAttention, FloatAndBf16FollowDouble) {
   strata::cpu::attention_forward<bf16>(qb.data(), kb.data(), vb.data(), z.s, z.batch, z.nq, z.nkv, z.d, float(scale),
                                        outb.data(), lse.data());
   for (std::size_t i = 0; i < outb.size(); ++i) EXPECT_NEAR(float(outb[i]), r.out[i], 3e-2) << i;
+}
+
+// Strided views (backend/attention_strides.hpp): attention reading q, k, v from the packed qkv
+// projection [s, b, groups, hpg + 2, d] and writing dq, dk, dv into a packed gradient gives the
+// same bits as the contiguous twin on the split copies (and the merged gradients).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class T>
+void check_packed_view(index_t s, index_t b, index_t groups, index_t hpg, index_t d, std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  const index_t heads = groups * hpg, rows = s * b, width = groups * (hpg + 2) * d;
+  const std::string what = std::string("s=") + std::to_string(s) + " b=" + std::to_string(b) +
+                           " groups=" + std::to_string(groups) + " hpg=" + std::to_string(hpg) + " d=" + std::to_string(d);
+  const strata::PackedQkvView view = strata::packed_qkv_view(groups, hpg, d);
+  ASSERT_TRUE(view.is_view) << what;
+  const auto packed = random_values<T>(rows * width, seed);
+  const auto dout = random_values<T>(rows * heads * d, seed + 1);
+  const A scale = A(1) / std::sqrt(A(d));
+  // the contiguous twin on split copies
+  std::vector<T> q(static_cast<std::size_t>(rows * heads * d)), k(static_cast<std::size_t>(rows * groups * d)), v(k.size());
+  strata::cpu::qkv_split<T>(packed.data(), rows, groups, hpg, d, q.data(), k.data(), v.data());
+  std::vector<T> out(q.size()), dq(q.size()), dk(k.size()), dv(k.size());
+  std::vector<A> lse(static_cast<std::size_t>(b * heads * s));
+  strata::cpu::attention_forward<T>(q.data(), k.data(), v.data(), s, b, heads, groups, d, scale, out.data(), lse.data());
+  strata::cpu::attention_backward<T>(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), s, b, heads,
+                                     groups, d, scale, dq.data(), dk.data(), dv.data());
+  std::vector<T> want_dpacked(packed.size());
+  strata::cpu::qkv_merge<T>(dq.data(), dk.data(), dv.data(), rows, groups, hpg, d, want_dpacked.data());
+  // the strided twin on views, outputs NaN-filled first (each element must be written)
+  const T nan = T(std::numeric_limits<float>::quiet_NaN());
+  std::vector<T> view_out(out.size(), nan), dpacked(packed.size(), nan);
+  std::vector<A> view_lse(lse.size(), std::numeric_limits<A>::quiet_NaN());
+  const T* p = packed.data();
+  strata::cpu::attention_forward<T>(p, p + view.k_offset, p + view.v_offset, s, b, heads, groups, d, scale,
+                                    view_out.data(), view_lse.data(), view.strides);
+  strata::cpu::attention_backward<T>(dout.data(), p, p + view.k_offset, p + view.v_offset, view_out.data(),
+                                     view_lse.data(), s, b, heads, groups, d, scale, dpacked.data(),
+                                     dpacked.data() + view.k_offset, dpacked.data() + view.v_offset, view.strides);
+  EXPECT_TRUE(same_bits(view_out, out)) << what << " out";
+  EXPECT_TRUE(same_bits(view_lse, lse)) << what << " lse";
+  EXPECT_TRUE(same_bits(dpacked, want_dpacked)) << what << " dqkv";
+}
+
+TEST(CausalAttention, MultiHeadViewsOfPackedQkvEqualContiguousBitForBit) {
+  check_packed_view<double>(5, 2, 3, 1, 4, 200);
+  check_packed_view<float>(7, 3, 4, 1, 8, 201);
+  check_packed_view<bf16>(9, 1, 2, 1, 8, 202);
+}
+
+TEST(CausalAttention, OneGroupViewsOfPackedQkvEqualContiguousBitForBit) {
+  check_packed_view<double>(5, 2, 1, 3, 4, 210);
+  check_packed_view<float>(7, 3, 1, 4, 8, 211);
+  check_packed_view<bf16>(9, 2, 1, 2, 8, 212);
+  check_packed_view<float>(6, 2, 1, 1, 8, 213);  // one head: both layouts at once
+}
+
+TEST(CausalAttention, PackedQkvIsNoViewForSeveralGroupsOfSeveralHeads) {
+  EXPECT_FALSE(strata::packed_qkv_view(2, 2, 8).is_view);
+  const strata::AttentionStrides mha = strata::packed_qkv_view(4, 1, 8).strides;
+  EXPECT_EQ(mha, (strata::AttentionStrides{96, 24, 96, 24}));  // 4 groups of [q | k | v], 8 each
+  const strata::AttentionStrides mqa = strata::packed_qkv_view(1, 4, 8).strides;
+  EXPECT_EQ(mqa.q_row, 48);
+  EXPECT_EQ(mqa.q_head, 8);
+  EXPECT_EQ(mqa.kv_row, 48);
+  EXPECT_TRUE(strata::AttentionStrides{}.is_contiguous(4, 2, 8));
+  EXPECT_FALSE(mha.is_contiguous(4, 4, 8));
+}
+
+// Any strided layout, not only the packed ones: heads stored head-major [heads, s, b, d] (head
+// stride s b d, row stride d) give the bits of the contiguous layout.
+TEST(CausalAttention, HeadMajorStridesEqualContiguousBitForBit) {
+  const index_t s = 6, b = 2, heads = 4, groups = 2, d = 5;
+  const double scale = 0.4;
+  const auto q = random_values<double>(s * b * heads * d, 220), k = random_values<double>(s * b * groups * d, 221),
+             v = random_values<double>(s * b * groups * d, 222), dout = random_values<double>(s * b * heads * d, 223);
+  auto head_major = [&](const std::vector<double>& x, index_t n) {  // [s, b, n, d] -> [n, s, b, d]
+    std::vector<double> y(x.size());
+    for (index_t r = 0; r < s * b; ++r)
+      for (index_t h = 0; h < n; ++h)
+        for (index_t e = 0; e < d; ++e) y[(h * s * b + r) * d + e] = x[(r * n + h) * d + e];
+    return y;
+  };
+  std::vector<double> out(q.size()), lse(static_cast<std::size_t>(b * heads * s)), dq(q.size()), dk(k.size()),
+      dv(k.size());
+  strata::cpu::attention_forward<double>(q.data(), k.data(), v.data(), s, b, heads, groups, d, scale, out.data(), lse.data());
+  strata::cpu::attention_backward<double>(dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), s, b, heads,
+                                          groups, d, scale, dq.data(), dk.data(), dv.data());
+  const auto qh = head_major(q, heads), kh = head_major(k, groups), vh = head_major(v, groups);
+  const strata::AttentionStrides strides{d, s * b * d, d, s * b * d};
+  std::vector<double> out2(out.size()), lse2(lse.size()), dq2(q.size()), dk2(k.size()), dv2(k.size());
+  strata::cpu::attention_forward<double>(qh.data(), kh.data(), vh.data(), s, b, heads, groups, d, scale, out2.data(),
+                                         lse2.data(), strides);
+  strata::cpu::attention_backward<double>(dout.data(), qh.data(), kh.data(), vh.data(), out2.data(), lse2.data(), s, b,
+                                          heads, groups, d, scale, dq2.data(), dk2.data(), dv2.data(), strides);
+  EXPECT_TRUE(same_bits(out2, out));
+  EXPECT_TRUE(same_bits(lse2, lse));
+  EXPECT_TRUE(same_bits(dq2, head_major(dq, heads)));
+  EXPECT_TRUE(same_bits(dk2, head_major(dk, groups)));
+  EXPECT_TRUE(same_bits(dv2, head_major(dv, groups)));
+}
+
+TEST(CausalAttention, StrideShorterThanAHeadIsAShapeError) {
+  std::vector<double> x(64), out(64), lse(8);
+  try {
+    strata::cpu::attention_forward<double>(x.data(), x.data(), x.data(), 2, 1, 2, 2, 4, 0.5, out.data(), lse.data(),
+                                           strata::AttentionStrides{8, 3, 0, 0});
+    FAIL() << "a head stride of 3 < d = 4 was accepted";
+  } catch (const strata::ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("q_head = 3"), std::string::npos) << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,10 +9,20 @@
 // bits; a second call of a shape builds no new cuDNN graph. cuDNN's backward refuses s = 1: there the
 // backward must run the flash kernels and name the refusal.
 //
+// Strided views (backend/attention_strides.hpp): q, k, v read from one packed qkv projection
+// [s, b, groups, heads/groups + 2, d] (multi-head: one query head per group; multi-query: one
+// group) and dq, dk, dv written into one packed gradient, on both engines, against the CPU twin
+// (cpu::attention_forward / attention_backward in double on the split copies, the gradients merged
+// with cpu::qkv_merge); the packed gradient NaN-filled first, so every element must be written;
+// two runs bit-identical; on the flash kernels also the same bits as the contiguous call on the
+// split copies, since only addresses change.
+//
 // Plain main(): one line per check, a summary line, exit status 1 on any failure. `--quick` runs
 // only the small shapes (for compute-sanitizer).
 #include <cuda_runtime.h>
 
+#include <strata/backend/cpu/attention.hpp>
+#include <strata/backend/cpu/elementwise.hpp>
 #include <strata/backend/cuda/attention.hpp>
 
 #include <algorithm>
@@ -264,6 +274,115 @@ void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, b
           name + " second call built no graph (" + std::to_string(plans.graphs_built()) + " graphs)");
 }
 
+// Views of a packed qkv projection; x.groups == x.heads (multi-head) or x.groups == 1 (multi-query).
+template <class T>
+void run_packed_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, bool use_cudnn,
+                     std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  plans.prefer_cudnn(use_cudnn);
+  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T>;
+  const index_t hpg = x.heads / x.groups, rows = x.s * x.b, width = x.groups * (hpg + 2) * x.d;
+  const strata::PackedQkvView view = strata::packed_qkv_view(x.groups, hpg, x.d);
+  const std::string name = std::string(type_name<T>()) + (expect_cudnn ? " cudnn " : " flash ") +
+                           (x.groups == 1 ? "packed-mqa " : "packed-mha ") + x.str();
+  if (!view.is_view) {
+    check(false, name + " is not a strided view of the packed projection");
+    return;
+  }
+  const std::size_t np = static_cast<std::size_t>(rows * width), nq = static_cast<std::size_t>(rows * x.heads * x.d),
+                    nk = static_cast<std::size_t>(rows * x.groups * x.d), nl = static_cast<std::size_t>(x.b * x.heads * x.s);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> hpacked(np), hdo(nq);
+  std::vector<double> rpacked(np), rdo(nq);
+  for (std::size_t i = 0; i < np; ++i) rpacked[i] = to_double(hpacked[i] = T(normal(gen)));
+  for (std::size_t i = 0; i < nq; ++i) rdo[i] = to_double(hdo[i] = T(normal(gen)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+
+  // the CPU twin in double on the split copies; its gradients merged into the packed layout
+  std::vector<double> rq(nq), rk(nk), rv(nk), rout(nq), rlse(nl), rdq(nq), rdk(nk), rdv(nk), rdpacked(np);
+  strata::cpu::qkv_split<double>(rpacked.data(), rows, x.groups, hpg, x.d, rq.data(), rk.data(), rv.data());
+  strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
+                                         rout.data(), rlse.data());
+  strata::cpu::attention_backward<double>(rdo.data(), rq.data(), rk.data(), rv.data(), rout.data(), rlse.data(), x.s,
+                                          x.b, x.heads, x.groups, x.d, scale, rdq.data(), rdk.data(), rdv.data());
+  strata::cpu::qkv_merge<double>(rdq.data(), rdk.data(), rdv.data(), rows, x.groups, hpg, x.d, rdpacked.data());
+
+  DeviceArray<T> packed(np), dpacked(np), dout(nq), out(nq);
+  DeviceArray<A> lse(nl);
+  packed.upload(hpacked);
+  dout.upload(hdo);
+  struct Result {
+    std::vector<T> out, dpacked;
+    std::vector<A> lse;
+    cu::attention_engine forward_engine, backward_engine;
+    std::string refusal;
+  };
+  auto run = [&] {
+    out.poison(), lse.poison(), dpacked.poison();
+    Result r;
+    const T* p = packed.ptr;
+    cu::attention_forward<T>(plans, stream, p, p + view.k_offset, p + view.v_offset, x.s, x.b, x.heads, x.groups, x.d,
+                             A(scale), out.ptr, lse.ptr, view.strides);
+    r.forward_engine = plans.last_engine();
+    r.refusal = plans.last_refusal();
+    T* g = dpacked.ptr;
+    cu::attention_backward<T>(plans, stream, dout.ptr, p, p + view.k_offset, p + view.v_offset, out.ptr, lse.ptr, x.s,
+                              x.b, x.heads, x.groups, x.d, A(scale), g, g + view.k_offset, g + view.v_offset,
+                              view.strides);
+    r.backward_engine = plans.last_engine();
+    if (r.refusal.empty()) r.refusal = plans.last_refusal();
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    r.out = out.download(), r.lse = lse.download(), r.dpacked = dpacked.download();
+    return r;
+  };
+  const Result first = run();
+  const std::size_t graphs_after_first = plans.graphs_built();
+  const Result second = run();
+
+  const cu::attention_engine want = expect_cudnn ? cu::attention_engine::cudnn : cu::attention_engine::flash;
+  const bool backward_ok = first.backward_engine == want ||
+                           (expect_cudnn && x.s == 1 && first.backward_engine == cu::attention_engine::flash &&
+                            first.refusal.find("cuDNN refused") != std::string::npos);
+  check(first.forward_engine == want && backward_ok,
+        name + " engine forward=" + std::string(cu::engine_name(first.forward_engine)) +
+            " backward=" + std::string(cu::engine_name(first.backward_engine)) +
+            (first.refusal.empty() ? "" : " (" + first.refusal + ")"));
+  const double tol = tolerance<T>();
+  auto report = [&](const char* what, double err) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s rel=%.3e (<= %.0e)", what, err, tol);
+    check(err <= tol, name + buf);
+  };
+  report("out", relative_error(first.out, rout));
+  report("lse", relative_error(first.lse, rlse));
+  report("dqkv", relative_error(first.dpacked, rdpacked));  // infinite if an element stayed NaN
+  check(same_bits(first.out, second.out) && same_bits(first.lse, second.lse) && same_bits(first.dpacked, second.dpacked),
+        name + " two runs bit-identical");
+  if (expect_cudnn)
+    check(plans.graphs_built() == graphs_after_first,
+          name + " second call built no graph (" + std::to_string(plans.graphs_built()) + " graphs)");
+
+  if (!expect_cudnn) {  // the flash kernels: the views give the bits of the contiguous call on copies
+    std::vector<T> hq(nq), hk(nk), hv(nk);
+    strata::cpu::qkv_split<T>(hpacked.data(), rows, x.groups, hpg, x.d, hq.data(), hk.data(), hv.data());
+    DeviceArray<T> q(nq), k(nk), v(nk), dq(nq), dk(nk), dv(nk);
+    q.upload(hq), k.upload(hk), v.upload(hv);
+    out.poison(), lse.poison();
+    cu::attention_forward<T>(plans, stream, q.ptr, k.ptr, v.ptr, x.s, x.b, x.heads, x.groups, x.d, A(scale), out.ptr,
+                             lse.ptr);
+    cu::attention_backward<T>(plans, stream, dout.ptr, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, x.s, x.b, x.heads,
+                              x.groups, x.d, A(scale), dq.ptr, dk.ptr, dv.ptr);
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto cq = dq.download(), ck = dk.download(), cv = dv.download();
+    std::vector<T> merged(np);
+    strata::cpu::qkv_merge<T>(cq.data(), ck.data(), cv.data(), rows, x.groups, hpg, x.d, merged.data());
+    check(same_bits(first.out, out.download()) && same_bits(first.lse, lse.download()) &&
+              same_bits(first.dpacked, merged),
+          name + " views give the bits of the contiguous call on split copies");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,6 +425,19 @@ int main(int argc, char** argv) {
           run_case<bf16>(plans, stream, Shape{s, s == 1024 ? 1 : 2, heads, groups, d}, true, seed++);
     run_case<fp16>(plans, stream, Shape{129, 2, 8, 2, 64}, true, seed++);
     if (!quick) run_case<fp16>(plans, stream, Shape{1024, 1, 12, 12, 128}, true, seed++);
+
+    // Strided views of a packed qkv projection: multi-head (groups = heads) and multi-query
+    // (groups = 1), odd lengths, b = 1..3, on the flash kernels (float, double, bf16) and cuDNN.
+    const std::vector<Shape> packed_flash = {{7, 3, 4, 4, 48},  {129, 2, 12, 12, 64}, {1, 1, 2, 2, 32},
+                                             {7, 2, 8, 1, 48},  {65, 3, 4, 1, 128},   {129, 1, 8, 1, 64}};
+    for (const Shape& x : packed_flash) run_packed_case<double>(plans, stream, x, false, seed++);
+    for (const Shape& x : packed_flash) run_packed_case<float>(plans, stream, x, false, seed++);
+    for (const Shape& x : {Shape{7, 3, 4, 4, 48}, Shape{33, 2, 4, 1, 64}}) run_packed_case<bf16>(plans, stream, x, false, seed++);
+    std::vector<Shape> packed_cudnn = {{7, 3, 4, 4, 64},  {129, 2, 12, 12, 64}, {1, 2, 4, 4, 64}, {129, 1, 8, 8, 128},
+                                       {7, 2, 8, 1, 64},  {129, 3, 8, 1, 128},  {33, 1, 4, 1, 64}, {1, 3, 4, 1, 64}};
+    if (!quick) packed_cudnn.insert(packed_cudnn.end(), {{1023, 1, 12, 12, 64}, {1023, 2, 8, 1, 128}});
+    for (const Shape& x : packed_cudnn) run_packed_case<bf16>(plans, stream, x, true, seed++);
+    for (const Shape& x : {Shape{129, 2, 8, 8, 64}, Shape{65, 2, 4, 1, 64}}) run_packed_case<fp16>(plans, stream, x, true, seed++);
   } catch (const std::exception& e) {
     check(false, std::string("exception: ") + e.what());
   }

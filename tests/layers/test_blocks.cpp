@@ -1,7 +1,8 @@
 // Layer by layer: TransformerLayer (GPT-style: LayerNorm, MHA, GELU; Llama-style: RmsNorm, RoPE +
 // GQA, SwiGLU), VocabParallelEmbedding and vocab-parallel cross-entropy, each at tp in {1, 2, 4}
 // with and without sequence parallelism, against the single-rank run: outputs, input gradients and
-// every gathered parameter gradient.
+// every gathered parameter gradient. SelfAttention alone where its two ways to q, k, v (views of
+// the packed projection, split copies) meet across tp sizes.
 #include <gtest/gtest.h>
 
 #include "../common/equivalence.hpp"
@@ -73,6 +74,64 @@ void check_layer(double dropout = 0.0) {
     EXPECT_GT(strata_test::relative_error(reference.outputs[0], without.outputs[0]), 1e-3) << "dropout had no effect";
   }
 }
+
+// SelfAttention alone, without RoPE: 8 heads in `groups` query groups. Per rank, attention reads
+// q, k, v as views of the packed projection when each group has one query head or the rank holds
+// one group, and splits copies otherwise: 2 groups run the copies at tp = 1 and views at tp = 2,
+// so the sharded run checks one path against the other.
+template <class T, bool SP>
+Snapshot run_attention(int tp, int groups, bool expect_views) {
+  using P = Policy<T, SP>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    SelfAttention<P, no_rope, gqa> layer(ctx, "attention", AttentionConfig{kHidden, 8, groups, 1000.0, true});
+    EXPECT_EQ(layer.reads_packed_qkv(), expect_views) << "tp=" << tp << " groups=" << groups;
+    layer.init(ctx, 11, 0.3, 0.2);
+    for (int step = 0; step < 2; ++step) {
+      auto x = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 300 + step));
+      auto dy = to_residual<P>(ctx, random_tensor<T>(Shape{kSeq, kBatch, kHidden}, 400 + step));
+      auto [y, saved] = layer.forward(ctx, x);
+      // views save the projection instead of q, k, v: the same number of elements
+      const index_t qkv_local = kSeq * kBatch * (8 + 2 * groups) / tp * (kHidden / 8);
+      auto held = [](const Tensor<T>& t) { return t.empty() ? index_t{0} : t.numel(); };
+      EXPECT_EQ(held(saved.packed) + held(saved.q) + held(saved.k) + held(saved.v), qkv_local);
+      EXPECT_EQ(!saved.packed.empty(), expect_views);
+      EXPECT_EQ(saved.q.empty(), expect_views);
+      auto dx = layer.backward(ctx, saved, dy);
+      Tensor<T> y_full = from_residual<P>(ctx, y), dx_full = from_residual<P>(ctx, dx);
+      if (world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back(strata_test::to_values(y_full));
+        snapshot.outputs.push_back(strata_test::to_values(dx_full));
+      }
+    }
+    strata_test::gather_parameters(ctx, layer, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+template <class T>
+void check_attention_paths() {
+  // 2 groups of 4: copies at tp = 1, one group per rank (views) at tp = 2
+  const Snapshot copies = run_attention<T, false>(1, 2, false);
+  strata_test::expect_equivalent(run_attention<T, false>(2, 2, true), copies, strata_test::tolerance<T>(), "groups=2 tp=2");
+  strata_test::expect_equivalent(run_attention<T, true>(2, 2, true), copies, strata_test::tolerance<T>(), "groups=2 tp=2 SP");
+  // 8 groups of 1 (multi-head): views at every tp
+  const Snapshot heads = run_attention<T, false>(1, 8, true);
+  for (int tp : {2, 4}) {
+    strata_test::expect_equivalent(run_attention<T, false>(tp, 8, true), heads, strata_test::tolerance<T>(),
+                                   "groups=8 tp=" + std::to_string(tp));
+    strata_test::expect_equivalent(run_attention<T, true>(tp, 8, true), heads, strata_test::tolerance<T>(),
+                                   "groups=8 tp=" + std::to_string(tp) + " SP");
+  }
+  // one group (multi-query): views
+  (void)run_attention<T, false>(1, 1, true);
+}
+
+TEST(SelfAttention, PackedViewsEqualSplitCopiesDouble) { check_attention_paths<double>(); }
+TEST(SelfAttention, PackedViewsEqualSplitCopiesFloat) { check_attention_paths<float>(); }
 
 TEST(TransformerLayer, GptStyleShardedEqualsUnshardedDouble) { check_layer<double, false>(); }
 TEST(TransformerLayer, GptStyleShardedEqualsUnshardedFloat) { check_layer<float, false>(); }

@@ -3,10 +3,15 @@
 //
 //   qkv:  ColumnParallelLinear hidden -> groups * (heads/groups + 2) * head_dim, laid out group-major
 //         ([q heads of group g | k_g | v_g] for each g) so rank r holds whole query groups
-//   core: qkv_split to q [s, b, np, d], k, v [s, b, ng, d]; RoPE on q and k when Position = rope;
-//         causal attention per local head (backend attention_forward, softmax in the accumulate
+//   core: causal attention per local head (backend attention_forward, softmax in the accumulate
 //         type); only q, k, v, the output and the log-sum-exp [b, np, s] are saved, never the
-//         s x s probabilities (the backward recomputes them)
+//         s x s probabilities (the backward recomputes them). q, k, v come one of two ways:
+//         - views: without RoPE, when the local layout is a strided view of heads (one query head
+//           per group, or one group: backend/attention_strides.hpp), attention reads q, k, v
+//           straight from the packed projection, which is saved instead of them, and its backward
+//           writes dq, dk, dv straight into the packed gradient (no split or merge copy)
+//         - copies: otherwise qkv_split to q [s, b, np, d], k, v [s, b, ng, d], RoPE on q and k
+//           when Position = rope, and qkv_merge of dq, dk, dv in the backward
 //   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
 //
 // Selective recompute (set_recompute_core(true), Megatron's --recompute-granularity selective): the
@@ -25,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "../backend/attention_strides.hpp"
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
 #include "row_parallel_linear.hpp"
@@ -66,10 +72,16 @@ class SelfAttention {
   struct Saved {
     typename Qkv::Saved qkv;
     typename Proj::Saved proj;
-    Tensor<T, Space> q, k, v, out;  // q, out [s, b, np_local, d] (q after RoPE); k, v [s, b, ng_local, d]
+    // copies: q [s, b, np_local, d] (after RoPE), k, v [s, b, ng_local, d]; views: all three empty
+    Tensor<T, Space> q, k, v;
+    Tensor<T, Space> packed;      // views: the projection (s, b, ng_local * (hpg + 2) * d); copies: empty
+    Tensor<T, Space> out;         // [s, b, np_local * d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
-    Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
+    Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
   };
+
+  // Whether attention reads q, k, v as views of the packed projection (see the note at the top).
+  bool reads_packed_qkv() const { return packed_view().is_view; }
 
   SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
       : config_(validated(config, ctx.tp.size())),
@@ -85,7 +97,8 @@ class SelfAttention {
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
   // backward when `backward`. Optional; the first call of a shape plans it otherwise.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
-    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, backward);
+    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, backward,
+                                             packed_view().strides);
   }
 
   std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
@@ -97,7 +110,7 @@ class SelfAttention {
     saved.proj = std::move(proj_saved);
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
-      saved.q = saved.k = saved.v = saved.out = Tensor<T, Space>();
+      saved.q = saved.k = saved.v = saved.out = saved.packed = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
       saved.proj.input = Tensor<T, Space>();
     }
@@ -123,34 +136,53 @@ class SelfAttention {
   // q, k, v (RoPE applied), out and lse of `saved` from the qkv projection's output.
   void core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
-    saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
-    saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
-    saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
-    ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(), saved.v.data());
-    if constexpr (std::is_same_v<Position, rope>) {
-      ctx.device.template rope_forward<T>(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
-      ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
-    }
     saved.out = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
     saved.lse = Tensor<A, Space>::empty(Shape{b, heads_local_, s});
-    ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_, groups_local_, d,
-                               scale(), saved.out.data(), saved.lse.data());
+    if (const PackedQkvView view = packed_view(); view.is_view) {
+      saved.packed = qkv;  // shared, read only
+      const T* packed = saved.packed.data();
+      ctx.device.template attention_forward<T>(packed, packed + view.k_offset, packed + view.v_offset, s, b, heads_local_,
+                                               groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
+                                               view.strides);
+    } else {
+      saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+      saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+      saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+      ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
+                                       saved.v.data());
+      if constexpr (std::is_same_v<Position, rope>) {
+        ctx.device.template rope_forward<T>(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
+        ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
+      }
+      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_,
+                                               groups_local_, d, scale(), saved.out.data(), saved.lse.data());
+    }
   }
 
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
   Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred) {
-    const index_t s = saved.q.size(0), b = saved.q.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
+    const index_t s = saved.out.size(0), b = saved.out.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred);  // (s, b, np_local * d)
+    Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
+    if (const PackedQkvView view = packed_view(); view.is_view) {
+      // dq, dk, dv are views of dqkv that together cover each of its elements once: no zeroing
+      const T* packed = saved.packed.data();
+      T* dpacked = dqkv.data();
+      ctx.device.template attention_backward<T>(dcontext.data(), packed, packed + view.k_offset, packed + view.v_offset,
+                                                saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_,
+                                                d, scale(), dpacked, dpacked + view.k_offset,
+                                                dpacked + view.v_offset, view.strides);
+      return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+    }
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
          dv = Tensor<T, Space>::empty(saved.v.shape());
-    ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
-                                saved.lse.data(), s, b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(),
-                                dv.data());
+    ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
+                                              saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_, d,
+                                              scale(), dq.data(), dk.data(), dv.data());
     if constexpr (std::is_same_v<Position, rope>) {
       ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
       ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
     }
-    Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
     return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
   }
@@ -186,6 +218,12 @@ class SelfAttention {
 
  private:
   A scale() const { return A(1) / std::sqrt(A(head_dim_)); }
+  // The local heads as views of the packed projection, or is_view = false where they are not one
+  // (several groups of several query heads) or RoPE must rewrite q and k first.
+  PackedQkvView packed_view() const {
+    if constexpr (std::is_same_v<Position, rope>) return {};
+    else return packed_qkv_view(groups_local_, heads_local_ / groups_local_, head_dim_);
+  }
 
   AttentionConfig config_;
   index_t heads_local_, groups_local_, head_dim_;

@@ -143,18 +143,18 @@ struct backend {
   }
   template <class T, class A = accumulate_t<T>>
   static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                                index_t d, A scale, T* out, A* lse) {
-    cpu::attention_forward<T>(q, k, v, s, b, heads, groups, d, scale, out, lse);
+                                index_t d, A scale, T* out, A* lse, AttentionStrides strides = {}) {
+    cpu::attention_forward<T>(q, k, v, s, b, heads, groups, d, scale, out, lse, strides);
   }
   template <class T, class A = accumulate_t<T>>
   static void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse,
                                  index_t s, index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk,
-                                 T* dv) {
-    cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv);
+                                 T* dv, AttentionStrides strides = {}) {
+    cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, strides);
   }
   // Nothing to plan on the CPU.
   template <class T>
-  static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool) {}
+  static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool, AttentionStrides = {}) {}
 
   // embeddings
   template <class T>

@@ -5,13 +5,17 @@
 //   backward  dq, dk, dv written from dout and the saved out and lse (probabilities recomputed)
 //   q, out, dout, dq [s, b, heads, d];  k, v, dk, dv [s, b, groups, d];  query head h reads
 //   key/value head h / (heads / groups). Never an s x s matrix kept between calls.
+//   q, dq and k, v, dk, dv may be strided views (a trailing AttentionStrides,
+//   backend/attention_strides.hpp; the default is the contiguous layout): both engines read and
+//   write through the strides, no copy is made.
 //
 // Which engine runs:
 //   bf16, fp16 with cuDNN (STRATA_WITH_CUDNN, the strata::cudnn target): cuDNN 9 SDPA through the
-//              frontend (cudnn_sdpa.hpp); one graph per (dtype, s, b, heads, groups, d, direction),
-//              built on first use and cached here. A call cuDNN refuses (the backward at s = 1, a
-//              head size not a multiple of 8 or too large, a pointer not 16-byte aligned) runs the
-//              flash kernels instead, and the reason is kept (last_refusal()).
+//              frontend (cudnn_sdpa.hpp); one graph per (dtype, s, b, heads, groups, d, strides,
+//              direction), built on first use and cached here. A call cuDNN refuses (the backward
+//              at s = 1, a head size not a multiple of 8 or too large, a pointer not 16-byte
+//              aligned, a stride not a multiple of 16 bytes) runs the flash kernels instead, and
+//              the reason is kept (last_refusal()).
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
 // cuDNN's Stats and the flash kernels' lse are the same quantity in the same layout, so a forward
 // on one engine and a backward on the other agree.
@@ -40,6 +44,7 @@
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
 #include "../../core/space.hpp"
+#include "../attention_strides.hpp"
 #include "cudnn_sdpa.hpp"
 #include "flash_attention.hpp"
 #include "runtime.hpp"
@@ -133,13 +138,15 @@ class attention_plans {
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   cudnnHandle_t handle() const { return handle_; }
 
-  // The graph for this shape and direction (built on first use), or one with `refusal` set.
+  // The graph for this shape, strides (resolved) and direction (built on first use), or one with
+  // `refusal` set.
   template <class T>
-  const sdpa::graph_entry& graph(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward) {
-    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, backward};
+  const sdpa::graph_entry& graph(index_t s, index_t b, index_t heads, index_t groups, index_t d,
+                                 const AttentionStrides& strides, bool backward) {
+    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, strides, backward};
     auto found = graphs_.find(k);
     if (found != graphs_.end()) return found->second;
-    const sdpa::shape x{s, b, heads, groups, d};
+    const sdpa::shape x{s, b, heads, groups, d, strides};
     sdpa::graph_entry entry;
     if (frozen_) {  // not cached: the refusal is the same each time, and nothing is built
       frozen_refusal_.refusal = "this shape was not planned before freeze() (prepare_attention), and building a plan "
@@ -166,10 +173,13 @@ class attention_plans {
   struct key {
     int dtype;
     index_t s, b, heads, groups, d;
+    AttentionStrides strides;  // resolved
     bool backward;
     friend bool operator<(const key& x, const key& y) {
-      return std::tie(x.dtype, x.s, x.b, x.heads, x.groups, x.d, x.backward) <
-             std::tie(y.dtype, y.s, y.b, y.heads, y.groups, y.d, y.backward);
+      return std::tie(x.dtype, x.s, x.b, x.heads, x.groups, x.d, x.strides.q_row, x.strides.q_head, x.strides.kv_row,
+                      x.strides.kv_head, x.backward) <
+             std::tie(y.dtype, y.s, y.b, y.heads, y.groups, y.d, y.strides.q_row, y.strides.q_head, y.strides.kv_row,
+                      y.strides.kv_head, y.backward);
     }
   };
 
@@ -194,10 +204,18 @@ namespace detail {
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
-// The cuDNN graph to run, or nullptr with the reason noted on `plans`.
+// Whether every stride (resolved) keeps each head's start 16-byte aligned, as cuDNN requires.
+template <class T>
+bool strides_aligned16(const AttentionStrides& x) {
+  constexpr index_t step = 16 / static_cast<index_t>(sizeof(T));
+  return x.q_row % step == 0 && x.q_head % step == 0 && x.kv_row % step == 0 && x.kv_head % step == 0;
+}
+
+// The cuDNN graph to run, or nullptr with the reason noted on `plans`. `strides` resolved.
 template <class T>
 const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups,
-                                     index_t d, bool backward, std::initializer_list<const void*> pointers) {
+                                     index_t d, const AttentionStrides& strides, bool backward,
+                                     std::initializer_list<const void*> pointers) {
   if (!plans.prefers_cudnn()) {
     plans.note(attention_engine::flash, "cuDNN switched off with prefer_cudnn(false)");
     return nullptr;
@@ -207,7 +225,11 @@ const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t 
       plans.note(attention_engine::flash, "a tensor pointer is not 16-byte aligned, which cuDNN requires");
       return nullptr;
     }
-  const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, backward);
+  if (!strides_aligned16<T>(strides)) {
+    plans.note(attention_engine::flash, "a stride of q, k or v is not a multiple of 16 bytes, which cuDNN requires");
+    return nullptr;
+  }
+  const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, strides, backward);
   if (!entry.graph) {
     plans.note(attention_engine::flash, "cuDNN refused the shape: " + entry.refusal);
     return nullptr;
@@ -217,20 +239,22 @@ const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t 
 #endif
 }  // namespace detail
 
-// Builds the cuDNN graphs for this shape now (forward, and backward when `backward`), so that the
-// calls themselves plan nothing; a no-op for float and double, without cuDNN, or when cuDNN is not
-// preferred. A refused shape is remembered as refused (the calls then run on the flash kernels).
+// Builds the cuDNN graphs for this shape and these strides now (forward, and backward when
+// `backward`), so that the calls themselves plan nothing; a no-op for float and double, without
+// cuDNN, when cuDNN is not preferred, or for strides cuDNN cannot take. A refused shape is
+// remembered as refused (the calls then run on the flash kernels).
 template <class T>
 void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups, index_t d,
-                       bool backward) {
+                       bool backward, AttentionStrides strides = {}) {
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("prepare_attention", strides, heads, groups, d);
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
-    if (s == 0 || b == 0 || !plans.prefers_cudnn()) return;
+    if (s == 0 || b == 0 || !plans.prefers_cudnn() || !detail::strides_aligned16<T>(resolved)) return;
     std::size_t bytes = 0;
     for (bool direction : {false, true}) {
       if (direction && !backward) break;
-      const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, direction);
+      const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, resolved, direction);
       if (entry.graph) bytes = std::max(bytes, static_cast<std::size_t>(entry.workspace_bytes));
     }
     if (bytes > 0) (void)plans.workspace(bytes, nullptr);  // sized now, not in the middle of a step
@@ -238,6 +262,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
 #else
   (void)plans;
   (void)backward;
+  (void)resolved;
 #endif
 }
 
@@ -245,9 +270,10 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
 template <class T>
 void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, const T* k, const T* v, index_t s,
                        index_t b, index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
-                       accumulate_t<T>* lse) {
+                       accumulate_t<T>* lse, AttentionStrides strides = {}) {
   static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("attention_forward", strides, heads, groups, d);
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
     return;
@@ -255,7 +281,7 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
     if (const sdpa::graph_entry* entry =
-            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, false, {q, k, v, out, lse})) {
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, false, {q, k, v, out, lse})) {
       STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
       float scale_value = scale;
       std::unordered_map<std::int64_t, void*> pack{
@@ -266,22 +292,25 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
       plans.note(attention_engine::cudnn);
       return;
     }
-    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse);  // reason noted
+    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, resolved);  // reason noted
     return;
   }
 #endif
-  flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse);
+  flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, resolved);
   plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
 }
 
-// dq [s, b, heads, d], dk, dv [s, b, groups, d] written from dout, q, k, v, out and lse.
+// dq [s, b, heads, d], dk, dv [s, b, groups, d] (or views through the strides of q and k, v)
+// written from dout, q, k, v, out and lse.
 template <class T>
 void attention_backward(attention_plans& plans, cudaStream_t stream, const T* dout, const T* q, const T* k,
                         const T* v, const T* out, const accumulate_t<T>* lse, index_t s, index_t b, index_t heads,
-                        index_t groups, index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv) {
+                        index_t groups, index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv,
+                        AttentionStrides strides = {}) {
   static_assert(Element<T>, "attention_backward takes float, double, bf16 or fp16 elements.");
   using A = accumulate_t<T>;
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("attention_backward", strides, heads, groups, d);
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
     return;
@@ -289,7 +318,8 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
     if (const sdpa::graph_entry* entry =
-            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, true, {dout, q, k, v, out, lse, dq, dk, dv})) {
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, true,
+                                   {dout, q, k, v, out, lse, dq, dk, dv})) {
       STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
       float scale_value = scale;
       std::unordered_map<std::int64_t, void*> pack{
@@ -304,12 +334,12 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
       return;
     }
     A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
-    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta);
+    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta, resolved);
     return;
   }
 #endif
   A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
-  flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta);
+  flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta, resolved);
   plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
 }
 

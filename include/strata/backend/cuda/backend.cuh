@@ -235,22 +235,24 @@ class backend {
   // --- attention (cuDNN SDPA through backend/cuda/attention.hpp) ------------------------------------
   template <class T, class A = accumulate_t<T>>
   void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                         index_t d, A scale, T* out, A* lse) const {
-    cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse);
+                         index_t d, A scale, T* out, A* lse, AttentionStrides strides = {}) const {
+    cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse, strides);
   }
   template <class T, class A = accumulate_t<T>>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
-                          index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv) const {
+                          index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv,
+                          AttentionStrides strides = {}) const {
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
-                                dv);
+                                dv, strides);
   }
   // Builds now the cuDNN plans the calls of this shape will use (forward, and backward when asked).
   // Building one compiles and loads GPU code, which waits for every GPU of the process: with one
   // process driving several GPUs that must happen before the first collective, never while a peer
   // GPU may be inside one (docs/DEVICE.md). A no-op where the calls run on the flash kernels.
   template <class T>
-  void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward) const {
-    cuda::prepare_attention<T>(attention(), s, b, heads, groups, d, backward);
+  void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward,
+                         AttentionStrides strides = {}) const {
+    cuda::prepare_attention<T>(attention(), s, b, heads, groups, d, backward, strides);
   }
 
   // --- embeddings ----------------------------------------------------------------------------------

@@ -5,6 +5,10 @@
 //   q, out, dout, dq  [s, b, heads, d]   -> dims (b, heads, s, d), strides (heads d, d, b heads d, 1)
 //   k, v, dk, dv      [s, b, groups, d]  -> dims (b, groups, s, d), strides (groups d, d, b groups d, 1)
 //   lse               [b, heads, s] fp32 -> cuDNN's "Stats" (b, heads, s, 1), packed
+// q, dq and k, v, dk, dv may be strided views (backend/attention_strides.hpp): element (t, batch,
+// head, e) at (t b + batch) row + head head_stride + e goes to cuDNN as strides
+// (row, head_stride, b row, 1), which the contiguous layouts above are the case of; the graph is
+// built for, and cached with, those strides.
 // cuDNN's Stats is max + ln(sum exp(S - max)) of the scaled scores S: the natural-log log-sum-exp
 // the contract names, in the contract's layout, so no conversion is needed (base 2 only when asked
 // for with set_stats_use_log2, which is never done here). Grouped-query attention is cuDNN's own
@@ -32,6 +36,7 @@
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
+#include "../attention_strides.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
@@ -79,19 +84,26 @@ struct graph_entry {
 
 struct shape {
   std::int64_t s, b, heads, groups, d;
+  AttentionStrides strides;  // resolved: of q, dq and of k, v, dk, dv
 };
+
+// Where one tensor's heads lie: elements between [s, b] positions and between heads.
+struct head_layout {
+  std::int64_t row, head;
+};
+inline head_layout contiguous(std::int64_t heads, std::int64_t d) { return {heads * d, d}; }
 
 inline std::shared_ptr<fe::graph::Tensor_attributes> strided(fe::graph::Graph& graph, const char* name,
                                                              std::int64_t uid, std::int64_t b, std::int64_t h,
-                                                             std::int64_t s, std::int64_t d) {
-  // [s, b, h, d] storage seen as (b, h, s, d)
+                                                             std::int64_t s, std::int64_t d, head_layout at) {
+  // storage (t, batch, head, e) at (t b + batch) row + head stride + e, seen as (b, h, s, d)
   return graph.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim({b, h, s, d}).set_stride(
-      {h * d, d, b * h * d, 1}));
+      {at.row, at.head, b * at.row, 1}));
 }
 
 inline void set_strided(fe::graph::Tensor_attributes& t, std::int64_t uid, std::int64_t b, std::int64_t h,
-                        std::int64_t s, std::int64_t d) {
-  t.set_output(true).set_uid(uid).set_dim({b, h, s, d}).set_stride({h * d, d, b * h * d, 1});
+                        std::int64_t s, std::int64_t d, head_layout at) {
+  t.set_output(true).set_uid(uid).set_dim({b, h, s, d}).set_stride({at.row, at.head, b * at.row, 1});
 }
 
 inline std::shared_ptr<fe::graph::Tensor_attributes> scale_input(fe::graph::Graph& graph) {
@@ -129,16 +141,17 @@ graph_entry build_forward(cudnnHandle_t handle, const shape& x) {
   graph->set_io_data_type(io_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = strided(*graph, "Q", kQ, x.b, x.heads, x.s, x.d);
-  auto k = strided(*graph, "K", kK, x.b, x.groups, x.s, x.d);
-  auto v = strided(*graph, "V", kV, x.b, x.groups, x.s, x.d);
+  const head_layout q_at{x.strides.q_row, x.strides.q_head}, kv_at{x.strides.kv_row, x.strides.kv_head};
+  auto q = strided(*graph, "Q", kQ, x.b, x.heads, x.s, x.d, q_at);
+  auto k = strided(*graph, "K", kK, x.b, x.groups, x.s, x.d, kv_at);
+  auto v = strided(*graph, "V", kV, x.b, x.groups, x.s, x.d, kv_at);
   auto options = fe::graph::SDPA_attributes()
                      .set_name("causal_gqa_attention")
                      .set_generate_stats(true)
                      .set_causal_mask(true)
                      .set_attn_scale(scale_input(*graph));
   auto [o, stats] = graph->sdpa(q, k, v, options);
-  set_strided(*o, kO, x.b, x.heads, x.s, x.d);
+  set_strided(*o, kO, x.b, x.heads, x.s, x.d, contiguous(x.heads, x.d));
   stats->set_output(true)
       .set_uid(kStats)
       .set_data_type(fe::DataType_t::FLOAT)
@@ -153,11 +166,12 @@ graph_entry build_backward(cudnnHandle_t handle, const shape& x) {
   graph->set_io_data_type(io_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = strided(*graph, "Q", kQ, x.b, x.heads, x.s, x.d);
-  auto k = strided(*graph, "K", kK, x.b, x.groups, x.s, x.d);
-  auto v = strided(*graph, "V", kV, x.b, x.groups, x.s, x.d);
-  auto o = strided(*graph, "O", kO, x.b, x.heads, x.s, x.d);
-  auto dout = strided(*graph, "dO", kDO, x.b, x.heads, x.s, x.d);
+  const head_layout q_at{x.strides.q_row, x.strides.q_head}, kv_at{x.strides.kv_row, x.strides.kv_head};
+  auto q = strided(*graph, "Q", kQ, x.b, x.heads, x.s, x.d, q_at);
+  auto k = strided(*graph, "K", kK, x.b, x.groups, x.s, x.d, kv_at);
+  auto v = strided(*graph, "V", kV, x.b, x.groups, x.s, x.d, kv_at);
+  auto o = strided(*graph, "O", kO, x.b, x.heads, x.s, x.d, contiguous(x.heads, x.d));
+  auto dout = strided(*graph, "dO", kDO, x.b, x.heads, x.s, x.d, contiguous(x.heads, x.d));
   auto stats = graph->tensor(fe::graph::Tensor_attributes()
                                  .set_name("Stats")
                                  .set_uid(kStats)
@@ -170,9 +184,9 @@ graph_entry build_backward(cudnnHandle_t handle, const shape& x) {
                      .set_attn_scale(scale_input(*graph))
                      .set_deterministic_algorithm(true);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, options);
-  set_strided(*dq, kDQ, x.b, x.heads, x.s, x.d);
-  set_strided(*dk, kDK, x.b, x.groups, x.s, x.d);
-  set_strided(*dv, kDV, x.b, x.groups, x.s, x.d);
+  set_strided(*dq, kDQ, x.b, x.heads, x.s, x.d, q_at);
+  set_strided(*dk, kDK, x.b, x.groups, x.s, x.d, kv_at);
+  set_strided(*dv, kDV, x.b, x.groups, x.s, x.d, kv_at);
   return finish(std::move(graph), handle);
 }
 

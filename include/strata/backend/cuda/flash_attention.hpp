@@ -7,6 +7,8 @@
 // Layouts are the backend contract's (docs/DEVICE.md): q, out, dout, dq [s, b, heads, d]; k, v, dk,
 // dv [s, b, groups, d]; lse and D [b, heads, s]; query head h reads key/value head
 // h / (heads / groups). No s x s matrix is ever stored: probabilities live one tile at a time.
+// q, dq and k, v, dk, dv may be strided views (backend/attention_strides.hpp): only their addresses
+// change, never the order of any sum, so a view gives the bits of the contiguous layout.
 //
 // Work split (plain, deterministic, no atomics; every sum has one fixed order):
 //   forward   one warp per query row, kRows rows per block; keys stream through shared memory in
@@ -41,6 +43,7 @@
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
+#include "../attention_strides.hpp"
 #include "runtime.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -129,6 +132,7 @@ struct attention_params {
   T* dk;
   T* dv;
   index_t s, b, heads, groups, d;
+  AttentionStrides strides;  // resolved: of q, dq and of k, v, dk, dv
   A scale;
 };
 static_assert(std::is_trivially_copyable_v<attention_params<float>>,
@@ -137,11 +141,15 @@ static_assert(std::is_trivially_copyable_v<attention_params<float>>,
 // Offsets of the contract's layouts.
 template <class T>
 __device__ inline index_t q_offset(const attention_params<T>& p, index_t i, index_t bi, index_t h) {
-  return ((i * p.b + bi) * p.heads + h) * p.d;  // [s, b, heads, d]
+  return (i * p.b + bi) * p.strides.q_row + h * p.strides.q_head;  // q, dq: position (i, bi), head h
+}
+template <class T>
+__device__ inline index_t out_offset(const attention_params<T>& p, index_t i, index_t bi, index_t h) {
+  return ((i * p.b + bi) * p.heads + h) * p.d;  // out, dout [s, b, heads, d]
 }
 template <class T>
 __device__ inline index_t kv_offset(const attention_params<T>& p, index_t j, index_t bi, index_t g) {
-  return ((j * p.b + bi) * p.groups + g) * p.d;  // [s, b, groups, d]
+  return (j * p.b + bi) * p.strides.kv_row + g * p.strides.kv_head;  // k, v, dk, dv: position (j, bi), head g
 }
 
 // Loads keys and values t0 .. t0 + kTile - 1 of key/value head g into [kTile, d + 1] tiles
@@ -225,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) {
     const index_t c = lane + t * kWarpSize;
-    if (c < d) element_io<T>::store(p.out_w, q_offset(p, i, bi, h) + c, o[t] * inv_l);
+    if (c < d) element_io<T>::store(p.out_w, out_offset(p, i, bi, h) + c, o[t] * inv_l);
   }
   if (lane == 0) p.lse_w[(bi * p.heads + h) * p.s + i] = m + log_of(l);  // [b, heads, s]
 }
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) attention_delta_kernel(attention_par
   const index_t row = static_cast<index_t>(blockIdx.x) * kRows + warp;  // (bi * heads + h) * s + i
   if (row >= p.b * p.heads * p.s) return;
   const index_t i = row % p.s, bh = row / p.s, bi = bh / p.heads, h = bh % p.heads;
-  const index_t off = q_offset(p, i, bi, h);
+  const index_t off = out_offset(p, i, bi, h);
   A sum = 0;
   for (index_t c = lane; c < p.d; c += kWarpSize)
     sum += element_io<T>::load(p.dout, off + c) * element_io<T>::load(p.out, off + c);
@@ -289,9 +297,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
         const index_t r = e / d, c = e % d, i = t0 + r;
         A qx = 0, dox = 0;
         if (i < p.s) {
-          const index_t off = q_offset(p, i, bi, h) + c;
-          qx = element_io<T>::load(p.q, off);
-          dox = element_io<T>::load(p.dout, off);
+          qx = element_io<T>::load(p.q, q_offset(p, i, bi, h) + c);
+          dox = element_io<T>::load(p.dout, out_offset(p, i, bi, h) + c);
         }
         q_tile[r * ld + c] = qx;
         do_tile[r * ld + c] = dox;
@@ -364,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
   if (active) {
     for (index_t c = lane; c < d; c += kWarpSize) {
       q_row[c] = element_io<T>::load(p.q, q_offset(p, i, bi, h) + c);
-      do_row[c] = element_io<T>::load(p.dout, q_offset(p, i, bi, h) + c);
+      do_row[c] = element_io<T>::load(p.dout, out_offset(p, i, bi, h) + c);
     }
     lse_i = p.lse[(bi * p.heads + h) * p.s + i];
     delta_i = p.delta[(bi * p.heads + h) * p.s + i];
@@ -481,30 +488,34 @@ struct launch_dq {
 
 }  // namespace flash
 
-// out [s, b, heads, d] and lse [b, heads, s] from q [s, b, heads, d], k, v [s, b, groups, d].
+// out [s, b, heads, d] and lse [b, heads, s] from q [s, b, heads, d], k, v [s, b, groups, d] (or
+// strided views of them).
 template <class T>
 void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const T* v, index_t s, index_t b,
                              index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
-                             accumulate_t<T>* lse) {
+                             accumulate_t<T>* lse, AttentionStrides strides = {}) {
   flash::check_attention_shape("flash_attention_forward", s, b, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("flash_attention_forward", strides, heads, groups, d);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out_w = out, p.lse_w = lse;
-  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.scale = scale;
+  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
 }
 
-// dq, dk, dv written. `delta` is scratch of b * heads * s accumulate_t<T> elements (D = rowsum(dO * O)).
+// dq, dk, dv written (through the same strides as q and k, v). `delta` is scratch of b * heads * s accumulate_t<T> elements (D = rowsum(dO * O)).
 template <class T>
 void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const accumulate_t<T>* lse, index_t s, index_t b, index_t heads, index_t groups,
-                              index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv, accumulate_t<T>* delta) {
+                              index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv, accumulate_t<T>* delta,
+                              AttentionStrides strides = {}) {
   flash::check_attention_shape("flash_attention_backward", s, b, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("flash_attention_backward", strides, heads, groups, d);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out = out, p.dout = dout, p.lse = lse, p.delta = delta, p.delta_w = delta;
   p.dq = dq, p.dk = dk, p.dv = dv;
-  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.scale = scale;
+  p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   flash::attention_delta_kernel<T><<<flash::grid_count(b * heads * s, flash::kRows), flash::kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK(cudaGetLastError());
   flash::dispatch_chunks<flash::launch_dkdv, T>(d, p, stream);
