@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -49,6 +50,25 @@ struct AdamWConfig {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+
+  // The constants of update number `step` (1, 2, ...) at learning rate lr, in A: bias corrections
+  // 1 - beta^step, decay = lr * weight_decay (applied where a tensor decays), the skip flag.
+  template <class A>
+  AdamWStep<A> step_constants(double lr, std::int64_t step, const double* skip_unless_finite) const {
+    const double t = static_cast<double>(step);
+    AdamWStep<A> c;
+    c.lr = static_cast<A>(lr);
+    c.beta1 = static_cast<A>(beta1);
+    c.beta2 = static_cast<A>(beta2);
+    c.one_minus_beta1 = static_cast<A>(1.0 - beta1);
+    c.one_minus_beta2 = static_cast<A>(1.0 - beta2);
+    c.eps = static_cast<A>(eps);
+    c.bias_correction1 = static_cast<A>(1.0 - std::pow(beta1, t));
+    c.bias_correction2 = static_cast<A>(1.0 - std::pow(beta2, t));
+    c.skip_unless_finite = skip_unless_finite;
+    c.decay = static_cast<A>(lr * weight_decay);
+    return c;
+  }
 
   void validate() const {
     if (!(beta1 >= 0 && beta1 < 1)) fail<ConfigError>("AdamW: beta1 must lie in [0, 1), got ", beta1);
@@ -116,18 +136,8 @@ class AdamW {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
     using A = state_type;
-    const double t = static_cast<double>(steps_);
-    AdamWStep<A> constants;
-    constants.lr = static_cast<A>(lr);
-    constants.beta1 = static_cast<A>(config_.beta1);
-    constants.beta2 = static_cast<A>(config_.beta2);
-    constants.one_minus_beta1 = static_cast<A>(1.0 - config_.beta1);
-    constants.one_minus_beta2 = static_cast<A>(1.0 - config_.beta2);
-    constants.eps = static_cast<A>(config_.eps);
-    constants.bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
-    constants.bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
-    constants.skip_unless_finite = skip_unless_finite;
-    const A decay = static_cast<A>(lr * config_.weight_decay);
+    const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
+    const A decay = constants.decay;
     std::size_t index = 0;
     // A backend with a multi-tensor step updates every parameter in a few launches; otherwise one
     // adamw_step per parameter.

@@ -163,18 +163,7 @@ class DistributedOptimizer {
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
     using A = state_type;
-    const double t = static_cast<double>(steps_);
-    AdamWStep<A> constants;
-    constants.lr = static_cast<A>(lr);
-    constants.beta1 = static_cast<A>(config_.beta1);
-    constants.beta2 = static_cast<A>(config_.beta2);
-    constants.one_minus_beta1 = static_cast<A>(1.0 - config_.beta1);
-    constants.one_minus_beta2 = static_cast<A>(1.0 - config_.beta2);
-    constants.eps = static_cast<A>(config_.eps);
-    constants.bias_correction1 = static_cast<A>(1.0 - std::pow(config_.beta1, t));
-    constants.bias_correction2 = static_cast<A>(1.0 - std::pow(config_.beta2, t));
-    constants.skip_unless_finite = skip_unless_finite;
-    constants.decay = static_cast<A>(lr * config_.weight_decay);
+    const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
     A* grads = buffer_->grads().data();
     T* values = buffer_->params().data();
     if constexpr (has_adamw_step_many<Device, T, A>) {
