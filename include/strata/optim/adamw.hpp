@@ -105,9 +105,9 @@ class AdamW {
   // Visits the module's parameters once: main = value (converted on `device`), moments = 0.
   template <class Device, class Module>
     requires(!std::is_same_v<std::remove_cvref_t<Module>, AdamW> && requires { typename Device::space; })
-  AdamW(Device& device, Module& module, AdamWConfig config = {}) : config_(config) {
+  AdamW(Device& device, Module& model, AdamWConfig config = {}) : config_(config) {
     config_.validate();
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State s;
       s.name = p.name;
@@ -124,15 +124,15 @@ class AdamW {
   // Host parameters: on the CPU backend.
   template <class Module>
     requires(!std::is_same_v<std::remove_cvref_t<Module>, AdamW> && std::is_same_v<Space, space::host>)
-  AdamW(Module& module, AdamWConfig config = {}) : AdamW(host_device(), module, config) {}
+  AdamW(Module& model, AdamWConfig config = {}) : AdamW(host_device(), model, config) {}
 
-  // One AdamW step with learning rate lr on every parameter of `module` (the one given to the
+  // One AdamW step with learning rate lr on every parameter of `model` (the one given to the
   // constructor, or one with the same parameters): adamw_step_many where the backend has it, else
   // one adamw_step per parameter.
   // skip_unless_finite (optional, in the device's space): the step changes nothing when it points at
   // a NaN or infinite value (AdamWStep), read by the kernels, so the host does not wait for it.
   template <class Device, class Module>
-  void step(Device& device, Module& module, double lr, const double* skip_unless_finite = nullptr) {
+  void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
     using A = state_type;
@@ -143,7 +143,7 @@ class AdamW {
     // adamw_step per parameter.
     constexpr bool many = has_adamw_step_many<Device, T, A>;
     std::vector<AdamWTensor<T, A>> tensors;
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
       const bool decays = s.weight_decay && config_.weight_decay != 0;
@@ -158,7 +158,7 @@ class AdamW {
       }
     });
     if (index != states_.size())
-      fail<ConfigError>("AdamW::step: the module has ", index, " parameters but the optimizer was built for ",
+      fail<ConfigError>("AdamW::step: the model has ", index, " parameters but the optimizer was built for ",
                         states_.size());
     if constexpr (many) {
       AdamWStep<A> step = constants;
@@ -168,30 +168,30 @@ class AdamW {
   }
   template <class Module>
     requires std::is_same_v<Space, space::host>
-  void step(Module& module, double lr) {
+  void step(Module& model, double lr) {
     auto device = host_device();
-    step(device, module, lr);
+    step(device, model, lr);
   }
 
   // main = value for every parameter (after the model's weights were changed from outside, e.g.
   // loaded without the optimizer state; Megatron's reload_model_params).
   template <class Device, class Module>
-  void reload_main_from_model(Device& device, Module& module) {
+  void reload_main_from_model(Device& device, Module& model) {
     std::size_t index = 0;
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
       device.template convert<T, state_type>(p.value.data(), p.value.numel(), s.main.data());
     });
     if (index != states_.size())
-      fail<ConfigError>("AdamW::reload_main_from_model: the module has ", index,
+      fail<ConfigError>("AdamW::reload_main_from_model: the model has ", index,
                         " parameters but the optimizer was built for ", states_.size());
   }
   template <class Module>
     requires std::is_same_v<Space, space::host>
-  void reload_main_from_model(Module& module) {
+  void reload_main_from_model(Module& model) {
     auto device = host_device();
-    reload_main_from_model(device, module);
+    reload_main_from_model(device, model);
   }
 
   // visit(std::string name, Tensor<state_type>& tensor) for "<param>.main", "<param>.exp_avg" and
@@ -232,19 +232,19 @@ class AdamW {
   template <class P>
   static void check_element_type(const P&) {
     static_assert(std::is_same_v<typename P::value_type, T>,
-                  "AdamW<T>: the module has a parameter whose element type is not T; build the optimizer with "
+                  "AdamW<T>: the model has a parameter whose element type is not T; build the optimizer with "
                   "the model's element type.");
   }
 
   template <class P>
   State& state_for(const P& p, std::size_t index) {
     if (index >= states_.size())
-      fail<ConfigError>("AdamW: the module has more parameters than the ", states_.size(),
+      fail<ConfigError>("AdamW: the model has more parameters than the ", states_.size(),
                         " the optimizer was built for (first extra: '", p.name, "')");
     State& s = states_[index];
     if (s.name != p.name)
       fail<ConfigError>("AdamW: parameter ", index, " is '", p.name, "' but the optimizer was built with '", s.name,
-                        "' in that place; pass the same module the optimizer was built for");
+                        "' in that place; pass the same model the optimizer was built for");
     if (!(s.main.shape() == p.value.shape()) || !(p.grad.shape() == p.value.shape()))
       fail<ShapeError>("AdamW: parameter '", p.name, "' has value ", p.value.shape().str(), " and gradient ",
                        p.grad.shape().str(), " but the optimizer state is ", s.main.shape().str());

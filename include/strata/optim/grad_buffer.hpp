@@ -107,7 +107,7 @@ class GradBuffer {
     std::vector<Param*> order;
     model.for_each_parameter([&](auto& p) {
       static_assert(std::is_same_v<std::remove_cvref_t<decltype(p)>, Param>,
-                    "GradBuffer<T, Space>: every parameter of the module must be a Parameter<T, Space> of the "
+                    "GradBuffer<T, Space>: every parameter of the model must be a Parameter<T, Space> of the "
                     "buffer's element type and space.");
       order.push_back(&p);
     });
@@ -215,7 +215,7 @@ class GradBuffer {
   const Entry& entry_of(const Param& param) const {
     for (const Entry& e : entries_)
       if (e.param == &param) return e;
-    fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the module the "
+    fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the model the "
                       "buffer was built for");
   }
 

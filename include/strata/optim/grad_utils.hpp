@@ -103,14 +103,14 @@ inline constexpr bool float_or_double = std::is_same_v<G, float> || std::is_same
 
 // grad = 0 for every parameter, on the rank's backend.
 template <class Device, class Module>
-void zero_gradients(Device& device, Module& module) {
+void zero_gradients(Device& device, Module& model) {
   if constexpr (has_fill_many<Device, float> && has_fill_many<Device, double>) {
     auto send = [&](auto list) {
       using X = typename decltype(list)::value_type::element_type;
       device.template fill_many<X>(list, 0.0);
     };
     detail::tensor_runs<detail::as_mutable, decltype(send)> runs(send);
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       if constexpr (detail::float_or_double<G>) {
         runs.add(p.grad.data(), p.grad.numel());
@@ -121,7 +121,7 @@ void zero_gradients(Device& device, Module& module) {
     });
     runs.flush();
   } else {
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       device.template fill<G>(p.grad.data(), p.grad.numel(), 0.0);
     });
@@ -129,31 +129,31 @@ void zero_gradients(Device& device, Module& module) {
 }
 // Host parameters: on the CPU backend.
 template <class Module>
-void zero_gradients(Module& module) {
+void zero_gradients(Module& model) {
   cpu::backend device;
-  zero_gradients(device, module);
+  zero_gradients(device, model);
 }
 
 // Sums (or averages, with op = ReduceOp::avg) every gradient over `dp`, the data-parallel group
 // (pass ctx.dp_cp when context parallelism is on). A no-op for a group of one rank. With the
 // default sum the loss each rank backpropagates must already be divided by the global batch.
 template <class Comm, class Module>
-void all_reduce_gradients(Comm& dp, Module& module, ReduceOp op = ReduceOp::sum) {
+void all_reduce_gradients(Comm& dp, Module& model, ReduceOp op = ReduceOp::sum) {
   if (dp.size() == 1) return;
-  module.for_each_parameter([&](auto& p) { dp.all_reduce(p.grad.buffer(), op); });
+  model.for_each_parameter([&](auto& p) { dp.all_reduce(p.grad.buffer(), op); });
 }
 
 // accumulator[0] += sum of squared gradient elements this rank counts towards the global norm
 // (see the note above), in double, in visiting order; accumulator is in the backend's space.
 template <class Device, class Module>
-void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double* accumulator) {
+void accumulate_grad_squares(Device& device, Module& model, int tp_rank, double* accumulator) {
   if constexpr (has_sum_of_squares_many<Device, float> && has_sum_of_squares_many<Device, double>) {
     auto send = [&](auto list) {
       using X = std::remove_const_t<typename decltype(list)::value_type::element_type>;
       device.template sum_of_squares_many<X>(list, accumulator);
     };
     detail::tensor_runs<detail::as_const, decltype(send)> runs(send);
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       if constexpr (detail::float_or_double<G>) {
@@ -165,7 +165,7 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
     });
     runs.flush();
   } else {
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       if (detail::is_pipeline_copy(p) || (!p.tensor_parallel() && tp_rank != 0)) return;
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       device.template sum_of_squares<G>(p.grad.data(), p.grad.numel(), accumulator);
@@ -175,55 +175,55 @@ void accumulate_grad_squares(Device& device, Module& module, int tp_rank, double
 
 // Host parameters: the same sum returned as a number (CPU backend).
 template <class Module>
-double local_grad_square_sum(Module& module, int tp_rank) {
+double local_grad_square_sum(Module& model, int tp_rank) {
   cpu::backend device;
   double sum = 0;
-  accumulate_grad_squares(device, module, tp_rank, &sum);
+  accumulate_grad_squares(device, model, tp_rank, &sum);
   return sum;
 }
 
 // The squared L2 norm of the whole model's gradient as a one-element tensor in the backend's
 // space (a device scalar: nothing is read on the host). Collective over ctx.model_parallel.
 template <class Context, class Module>
-auto global_grad_square_sum(Context& ctx, Module& module) {
+auto global_grad_square_sum(Context& ctx, Module& model) {
   using Space = typename Context::space;
   auto sum = Tensor<double, Space>::zeros(Shape{1});
-  accumulate_grad_squares(ctx.device, module, ctx.tp.rank(), sum.data());
+  accumulate_grad_squares(ctx.device, model, ctx.tp.rank(), sum.data());
   if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
   return sum;
 }
 
 // The L2 norm of the whole model's gradient, read on the host. Collective over ctx.model_parallel.
 template <class Context, class Module>
-double global_grad_norm(Context& ctx, Module& module) {
-  const auto sum = global_grad_square_sum(ctx, module);
+double global_grad_norm(Context& ctx, Module& model) {
+  const auto sum = global_grad_square_sum(ctx, model);
   return std::sqrt(to_host(sum)[0]);
 }
 
 // grad *= factor for every parameter (factor a host number).
 template <class Device, class Module>
-void scale_gradients(Device& device, Module& module, double factor) {
-  module.for_each_parameter([&](auto& p) {
+void scale_gradients(Device& device, Module& model, double factor) {
+  model.for_each_parameter([&](auto& p) {
     using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
     device.template scale<G>(p.grad.data(), p.grad.numel(), factor);
   });
 }
 template <class Module>
-void scale_gradients(Module& module, double factor) {
+void scale_gradients(Module& model, double factor) {
   cpu::backend device;
-  scale_gradients(device, module, factor);
+  scale_gradients(device, model, factor);
 }
 
 // grad *= *factor for every parameter (factor a scalar in the backend's space).
 template <class Device, class Module>
-void scale_gradients_by(Device& device, Module& module, const double* factor) {
+void scale_gradients_by(Device& device, Module& model, const double* factor) {
   if constexpr (has_scale_by_many<Device, float> && has_scale_by_many<Device, double>) {
     auto send = [&](auto list) {
       using X = typename decltype(list)::value_type::element_type;
       device.template scale_by_many<X>(list, factor);
     };
     detail::tensor_runs<detail::as_mutable, decltype(send)> runs(send);
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       if constexpr (detail::float_or_double<G>) {
         runs.add(p.grad.data(), p.grad.numel());
@@ -234,7 +234,7 @@ void scale_gradients_by(Device& device, Module& module, const double* factor) {
     });
     runs.flush();
   } else {
-    module.for_each_parameter([&](auto& p) {
+    model.for_each_parameter([&](auto& p) {
       using G = typename std::remove_cvref_t<decltype(p.grad)>::value_type;
       device.template scale_by<G>(p.grad.data(), p.grad.numel(), factor);
     });
@@ -246,19 +246,19 @@ void scale_gradients_by(Device& device, Module& module, const double* factor) {
 // clip_factor), then grad *= factor (scale_by). Returns the norm before clipping as a one-element
 // tensor in the backend's space. Collective over ctx.model_parallel.
 template <class Context, class Module>
-auto clip_grad_norm_device(Context& ctx, Module& module, double max_norm) {
+auto clip_grad_norm_device(Context& ctx, Module& model, double max_norm) {
   using Space = typename Context::space;
-  const auto square_sum = global_grad_square_sum(ctx, module);
+  const auto square_sum = global_grad_square_sum(ctx, model);
   auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
   ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
-  if (max_norm > 0) scale_gradients_by(ctx.device, module, factor.data());
+  if (max_norm > 0) scale_gradients_by(ctx.device, model, factor.data());
   return norm;
 }
 
 // The same, returning the norm read on the host (for logging and tests).
 template <class Context, class Module>
-double clip_grad_norm(Context& ctx, Module& module, double max_norm) {
-  return to_host(clip_grad_norm_device(ctx, module, max_norm))[0];
+double clip_grad_norm(Context& ctx, Module& model, double max_norm) {
+  return to_host(clip_grad_norm_device(ctx, model, max_norm))[0];
 }
 
 STRATA_NAMESPACE_END
