@@ -5,11 +5,16 @@
 // Per iteration the trainer calls
 //   zero_gradients()                  before the first micro-batch (one fill of the buffer)
 //   loss_scale()                      the factor the backward multiplies the loss by (1 without a scaler)
-//   reduce_gradients()                after the last micro-batch: every bucket's all-reduce or
-//                                     reduce-scatter (the in-process communicator runs it then and
-//                                     there; the overlap with the backward is the buffer's mark_ready)
+//   gradient_ready(ctx)               with --overlap-grad-reduce: the hook the step's backward calls
+//                                     per parameter whose gradient is final, which starts each
+//                                     bucket's collective on the communication stream as soon as the
+//                                     bucket is complete (null without the flag)
+//   reduce_gradients()                after the last micro-batch: the collectives of the buckets not
+//                                     started yet, then (overlapped) the compute stream waits for all
 //   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), clipping
-//   step(lr, skip_unless_finite)      AdamW or the sharded AdamW + parameter all-gather
+//   step(lr, skip_unless_finite)      AdamW or the sharded AdamW + parameter all-gather (with
+//                                     --overlap-param-gather on the communication stream, the buckets
+//                                     last first; wait_parameters() joins before the parameters are read)
 // and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_sharded_state,
 // steps, set_steps, config).
 #pragma once
@@ -44,6 +49,8 @@ struct DataParallelOptions {
   index_t bucket_size = 0;  // elements; 0: Megatron's default max(40M, 1M x dp)
   AdamWConfig adam{};
   std::optional<LossScalerConfig> loss_scaler;  // set: fp16-style loss scaling
+  bool overlap_grad_reduce = false;   // bucket collectives during the backward, beside compute
+  bool overlap_param_gather = false;  // (distributed optimizer) the parameter all-gather beside compute
 };
 
 template <class T, class Space>
@@ -51,7 +58,8 @@ class DataParallelOptimizer {
  public:
   template <class Context, class Model>
   DataParallelOptimizer(Context& ctx, Model& model, const DataParallelOptions& options)
-      : buffer_(ctx.device, model, buffer_options(ctx.dp.size(), options)) {
+      : buffer_(ctx.device, model, buffer_options(ctx.dp.size(), options)),
+        overlap_param_gather_(options.overlap_param_gather && options.distributed_optimizer) {
     if (options.distributed_optimizer) distributed_.emplace(ctx.device, buffer_, ctx.dp.rank(), options.adam);
     else adamw_.emplace(ctx.device, model, options.adam);
     if (options.loss_scaler) scaler_.emplace(*options.loss_scaler);
@@ -64,9 +72,24 @@ class DataParallelOptimizer {
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool scaling() const { return scaler_.has_value(); }
 
+  // The hook for the step's backward (null: no overlap). It holds ctx: rebuild it per step.
+  template <class Context>
+  GradientReady<T, Space> gradient_ready(Context& ctx) {
+    if (!buffer_.options().overlap_communication) return {};
+    return buffer_.ready_hook(ctx.device, ctx.dp);
+  }
+
   template <class Context>
   void reduce_gradients(Context& ctx) {
     buffer_.finish_reduction(ctx.device, ctx.dp);
+  }
+
+  // With --overlap-param-gather: the compute stream waits for the parameter all-gather of the last
+  // step. Call before anything reads the parameters (the next forward, evaluation, a checkpoint).
+  template <class Context>
+  void wait_parameters(Context& ctx) {
+    if (gather_pending_) join_overlapped(ctx.dp);
+    gather_pending_ = false;
   }
 
   // Divides the gradients by the loss scale (with a scaler), then measures the global norm and clips
@@ -98,8 +121,12 @@ class DataParallelOptimizer {
 
   template <class Context, class Model>
   void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite) {
-    if (distributed_) distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite);
-    else adamw_->step(ctx.device, model, lr, skip_unless_finite);
+    if (distributed_) {
+      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_);
+      gather_pending_ = overlap_param_gather_ && ctx.dp.size() > 1;
+    } else {
+      adamw_->step(ctx.device, model, lr, skip_unless_finite);
+    }
   }
 
   // Checkpoints: the optimizer's state tensors, its step count and its AdamW numbers.
@@ -149,6 +176,7 @@ class DataParallelOptimizer {
     o.bucket_size = options.bucket_size > 0 ? options.bucket_size : std::max<index_t>(40'000'000, index_t{1'000'000} * dp);
     o.distributed = options.distributed_optimizer;
     o.param_buffer = options.distributed_optimizer;
+    o.overlap_communication = options.overlap_grad_reduce;
     o.gradient_scaling_factor = 1.0;  // each rank's loss is already divided by the global batch's tokens
     return o;
   }
@@ -158,6 +186,8 @@ class DataParallelOptimizer {
   std::optional<DistributedOptimizer<T, Space>> distributed_;
   std::optional<LossScaler> scaler_;
   int skipped_ = 0;
+  bool overlap_param_gather_ = false;
+  bool gather_pending_ = false;  // an overlapped parameter all-gather not joined yet
 };
 
 }  // namespace trainer

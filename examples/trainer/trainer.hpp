@@ -133,8 +133,8 @@ struct TrainArgs {
   int profile_step_start = 10, profile_step_end = 12;
   // data parallelism, mixed precision, activation recompute (data_parallel.hpp, models/recompute.hpp)
   bool use_distributed_optimizer = false;
-  bool overlap_grad_reduce = false;    // accepted; the reduction runs after the backward (see --help)
-  bool overlap_param_gather = false;   // accepted; the all-gather runs right after the step
+  bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
+  bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
   std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
   bool fp16 = false;                   // dynamic loss scaling (see --help for the element type)
   double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
@@ -198,11 +198,12 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
                "rank updates its shard (fp32 main weights and Adam moments for it only) and the parameters are "
                "all-gathered");
   app.add_flag("--overlap-grad-reduce", a.overlap_grad_reduce,
-               "accepted for Megatron compatibility; the gradient buckets are reduced after the backward, synchronously "
-               "(on the CPU the in-process collectives are blocking; no communication stream is used yet)");
+               "start each gradient bucket's all-reduce (reduce-scatter with --use-distributed-optimizer) during the "
+               "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
+               "the CPU the in-process collectives run at once, in the same order)");
   app.add_flag("--overlap-param-gather", a.overlap_param_gather,
-               "accepted for Megatron compatibility; with --use-distributed-optimizer the parameters are all-gathered "
-               "right after the step, synchronously");
+               "with --use-distributed-optimizer: all-gather the updated parameters on the communication stream, the "
+               "buckets the next forward needs first going first, joined right before that forward");
   app.add_option("--ddp-bucket-size", a.ddp_bucket_size,
                  "gradient elements per bucket before padding (0: max(40M, 1M x data-parallel size))");
   app.add_flag("--fp16", a.fp16,
@@ -751,6 +752,7 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   ctx.device.template fill<double>(skip.data(), 1, std::numeric_limits<double>::quiet_NaN());
   const int steps = optimizer.steps();
   optimizer.step(ctx, model, a.lr, skip.data());
+  optimizer.wait_parameters(ctx);
   optimizer.set_steps(steps);
   optimizer.zero_gradients(ctx);
   if (a.sample_tokens > 0) {
@@ -802,7 +804,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   DataParallelOptimizer<T, Space> optimizer(
       ctx, model,
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
-                          AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a)});
+                          AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
+                          a.overlap_grad_reduce, a.overlap_param_gather});
   const MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).per_rank.activation_bytes);
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
   // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective
@@ -922,11 +925,14 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     // before the forward, so the output layer and the loss run fused over blocks of rows and the
     // whole logits never exist; the schedule runs the micro-batches (with pp = 1: forward and
     // backward of each in turn).
+    // With --overlap-grad-reduce the backward starts each bucket's collective once it is complete.
+    optimizer.wait_parameters(ctx);
+    const auto ready = optimizer.gradient_ready(ctx);
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
-                           loss_sum);
+                           loss_sum, ready);
+    optimizer.reduce_gradients(ctx);
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
-    optimizer.reduce_gradients(ctx);
     if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
       ctx.device.template fill<accumulate_t<T>>(optimizer.gradients().data(), optimizer.gradients().numel(),
                                                 std::numeric_limits<double>::infinity());
@@ -963,6 +969,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (!scaler_skips) optimizer.step(ctx, model, lr, gate);
     consumed += a.global_batch_size;
     const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
+    const bool evaluate_now =
+        shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters);
+    if (save_now || evaluate_now || it + 1 == a.train_iters) optimizer.wait_parameters(ctx);  // they read the parameters
     const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
     // Loss and norm are identical on every rank (all-reduced), so every rank stops here together,
     // before any save.
@@ -1055,8 +1064,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       t_interval = t1;
     }
     if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
-    if (shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters))
-      report_validation(it + 1);
+    if (evaluate_now) report_validation(it + 1);
   }
   if (a.sample_tokens > 0) {
     const std::string text = generate(ctx, whole_model, a);

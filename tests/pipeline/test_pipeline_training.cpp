@@ -4,6 +4,8 @@
 // stage empty or do not add up are refused with a sentence.
 #include "pipeline_equivalence.hpp"
 
+#include <map>
+
 namespace {
 
 using strata::pipeline::ScheduleKind;
@@ -46,6 +48,68 @@ TEST(PipelineTraining, UnevenFirstAndLastStages) {
   EXPECT_EQ(strata::pipeline::stage_layers_of(8, 2, 2, 1, 1).layers, (strata::Range{6, 8}));  // virtual stage 3 of 4
   EXPECT_TRUE(strata::pipeline::stage_layers_of(8, 2, 2, 1, 1).has_head);
   EXPECT_FALSE(strata::pipeline::stage_layers_of(8, 2, 2, 1, 0).has_head);
+}
+
+// The gradient-ready hook (what starts the data-parallel buckets during the backward) reports every
+// parameter of the rank exactly once per step, holding its final gradient at that moment, under
+// every schedule, with recompute too; on the stage with the embedding the first report comes
+// before the position embedding's gradient is complete (the reports run during the backward, not after),
+// except under zero-bubble, whose chunks are reported whole after their last weight pass.
+TEST(PipelineTraining, GradientReadyReportsEachParameterOnceWithItsFinalGradient) {
+  using namespace strata;
+  using T = double;
+  using P = strata_test::ModelPolicy<T, false>;
+  const auto config = tiny_gpt(4);
+  struct Case {
+    ScheduleKind kind;
+    int pp, v, m;
+    bool recompute;
+  };
+  for (const Case c : {Case{ScheduleKind::one_f_one_b, 1, 1, 2, false}, Case{ScheduleKind::one_f_one_b, 1, 1, 2, true},
+                       Case{ScheduleKind::gpipe, 2, 1, 3, false}, Case{ScheduleKind::one_f_one_b, 2, 1, 4, true},
+                       Case{ScheduleKind::interleaved, 2, 2, 4, false}, Case{ScheduleKind::zero_bubble, 2, 1, 4, false}}) {
+    const std::string label = std::string(pipeline::schedule_name(c.kind)) + " pp=" + std::to_string(c.pp) +
+                              " v=" + std::to_string(c.v) + (c.recompute ? " recompute" : "");
+    inprocess::run(c.pp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.pp = c.pp});
+      models::PipelineModel<models::Gpt, P> model(ctx, config, {c.v, -1, -1});
+      model.init(ctx, 1234);
+      if (c.recompute) model.set_recompute(models::RecomputeConfig{models::RecomputeGranularity::full, models::RecomputeMethod::uniform, 1});
+      const auto batches = strata_test::as_pipeline_batches(strata_test::micro_batches(config, c.m));
+      const auto keys = strata_test::dropout_keys(c.m);
+      double tokens = 0;
+      for (const auto& b : batches)
+        for (index_t i = 0; i < b.loss_mask.numel(); ++i) tokens += b.loss_mask[i];
+      Parameter<T>* positions = nullptr;
+      model.for_each_parameter([&](Parameter<T>& p) {
+        if (p.name.find("position") != std::string::npos) positions = &p;
+      });
+      std::map<const Parameter<T>*, int> reports;
+      std::map<const Parameter<T>*, std::vector<double>> at_report;
+      std::vector<double> positions_at_first_report;
+      const GradientReady<T> ready = [&](Parameter<T>& p) {
+        if (reports.empty() && positions != nullptr)
+          positions_at_first_report.assign(positions->grad.data(), positions->grad.data() + positions->grad.numel());
+        ++reports[&p];
+        at_report[&p] = std::vector<double>(p.grad.data(), p.grad.data() + p.grad.numel());
+      };
+      zero_gradients(ctx.device, model);
+      (void)model.train_step(ctx, c.kind, std::span<const strata_test::PipelineBatch>(batches), std::span<const std::uint64_t>(keys),
+                             1.0 / tokens, {}, &ready);
+      int parameters = 0;
+      model.for_each_parameter([&](Parameter<T>& p) {
+        ++parameters;
+        EXPECT_EQ(reports[&p], 1) << label << ": " << p.name << " on pipeline rank " << ctx.pp.rank();
+        const std::vector<double> final_grad(p.grad.data(), p.grad.data() + p.grad.numel());
+        EXPECT_TRUE(at_report[&p] == final_grad) << label << ": " << p.name << " was reported before its gradient was final";
+      });
+      EXPECT_EQ(static_cast<int>(reports.size()), parameters) << label;
+      if (positions != nullptr && c.kind != ScheduleKind::zero_bubble) {
+        const std::vector<double> final_grad(positions->grad.data(), positions->grad.data() + positions->grad.numel());
+        EXPECT_TRUE(positions_at_first_report != final_grad) << label << ": the first report came after the embedding's backward";
+      }
+    });
+  }
 }
 
 TEST(PipelineTraining, RefusesSplitsThatCannotWork) {

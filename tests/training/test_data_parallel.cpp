@@ -3,7 +3,8 @@
 // the distributed optimizer resumes bit for bit; the printed allocation report matches what was
 // allocated (18 bytes per bf16 parameter without the distributed optimizer, 6 + 12 / dp with);
 // an injected overflow skips the step and backs the loss scale off; --skip-nonfinite-iterations
-// goes on past a bad iteration; activation recompute trains the same numbers.
+// goes on past a bad iteration; activation recompute trains the same numbers; overlapping the
+// reduction with the backward trains the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +75,33 @@ TEST(DataParallel, Dp2And4WithAndWithoutDistributedOptimizerEqualDp1AtTp2) {
       for (std::size_t i = 0; i < 4; ++i)
         EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << "dp=" << dp << " iteration " << i + 1;
       EXPECT_LT(worst_relative_difference(run, reference), 1e-10) << "dp=" << dp << " distributed=" << distributed;
+    }
+}
+
+// --overlap-grad-reduce starts each bucket's collective from the backward as its gradients become
+// final, and --overlap-param-gather moves the all-gather beside compute; the collectives are the
+// same ones in the same order, so the run is bit-identical to the one without overlap, for plain
+// data parallelism and the distributed optimizer, with pp = 2 (1F1B) too.
+TEST(DataParallel, OverlappedReductionTrainsTheSameBits) {
+  auto base = tiny();
+  base.dtype = "float";
+  base.ddp_bucket_size = 3000;  // several buckets, started during the backward
+  for (int pp : {1, 2})
+    for (bool distributed : {false, true}) {
+      auto a = base;
+      a.world_size = 2 * pp;
+      a.pipeline.pipeline_model_parallel_size = pp;
+      a.use_distributed_optimizer = distributed;
+      const auto reference = trainer::train<strata::models::Gpt>(a);
+      a.overlap_grad_reduce = true;
+      a.overlap_param_gather = distributed;
+      const auto overlapped = trainer::train<strata::models::Gpt>(a);
+      ASSERT_EQ(overlapped.losses.size(), reference.losses.size());
+      EXPECT_EQ(overlapped.losses, reference.losses) << "pp=" << pp << " distributed=" << distributed;
+      ASSERT_EQ(overlapped.final_parameters.size(), reference.final_parameters.size());
+      for (std::size_t k = 0; k < reference.final_parameters.size(); ++k)
+        EXPECT_EQ(overlapped.final_parameters[k].second, reference.final_parameters[k].second)
+            << reference.final_parameters[k].first << " pp=" << pp << " distributed=" << distributed;
     }
 }
 

@@ -206,6 +206,36 @@ auto batch_point_to_point(C& comm) {
   else return unbatched{};
 }
 
+// Communication beside compute. A backend whose operations can run concurrently with the rank's
+// compute (NCCL: on a second, communication stream) gives
+//   c.overlapped()        a handle on the same group whose operations run on the communication
+//                         stream, each after everything enqueued on the compute stream before it
+//                         was issued (so it reads finished inputs) and concurrently with what the
+//                         compute stream does next;
+//   c.join_overlapped()   work enqueued on the compute stream from now on runs after every
+//                         overlapped operation issued so far.
+// Code written for every communicator uses the free functions below: on a communicator whose
+// operations are done when they return (in-process) the handle is the same one and join does
+// nothing. Between an overlapped operation and the join, the compute stream must neither write
+// the operation's buffers nor read its outputs.
+namespace detail {
+template <class C>
+concept communicator_overlaps = requires(const C& c, C& m) {
+  { c.overlapped() } -> std::same_as<C>;
+  m.join_overlapped();
+};
+}  // namespace detail
+
+template <class C>
+C overlapped_handle(const C& comm) {
+  if constexpr (detail::communicator_overlaps<C>) return comm.overlapped();
+  else return comm;
+}
+template <class C>
+void join_overlapped(C& comm) {
+  if constexpr (detail::communicator_overlaps<C>) comm.join_overlapped();
+}
+
 // Size checks shared by the backends. Each throws ShapeError (or CommError for a bad peer or
 // root) whose message starts with the call site, e.g.
 //   "inprocess communicator: rank 1 of group 'tp' (world rank 3) in all_gather: ..."

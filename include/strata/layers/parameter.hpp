@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -53,6 +54,13 @@ struct Parameter {
   // Where each local element lives in the global tensor (for kernels).
   ShardIndexMap index_map() const { return ShardIndexMap(global_shape, shard); }
 };
+
+// Told that a parameter's gradient is final for this iteration: no later backward of the step
+// adds to it. A model's backward given one calls it for each of its parameters as soon as their
+// gradients are complete (layer by layer), so the data-parallel gradient buffer can start reducing
+// them while the rest of the backward runs (GradBuffer::mark_ready).
+template <class T, class Space = space::host>
+using GradientReady = std::function<void(Parameter<T, Space>&)>;
 
 // value = std * N(0, 1), drawn per global element under key (seed, name), by the backend.
 template <class Device, class T, class Space>

@@ -247,23 +247,41 @@ class DecoderModel {
   // The backward of this stage: from the loss (last stage; loss_scale must be the forward's) or the
   // next stage's gradient `dy`; accumulates this stage's gradients and returns the gradient for the
   // previous stage (empty on the first). With `deferred`, the linear layers' weight gradients are
-  // appended to it instead of computed (the first half of a split backward).
+  // appended to it instead of computed (the first half of a split backward). With `ready` (and no
+  // `deferred`: the step's last backward of this stage), each parameter is handed to it as soon as
+  // its gradient is complete, from the head down to the embedding; the tied embedding's copies are
+  // not (their gradients are summed between the stages after the step).
   Boundary backward_stage(Context& ctx, const Saved& saved, const Boundary* dy, double loss_scale,
-                          DeferredWeightGradients* deferred = nullptr) {
+                          DeferredWeightGradients* deferred = nullptr, const GradientReady<T, Space>* ready = nullptr) {
+    if (deferred != nullptr) ready = nullptr;
+    if (ready != nullptr && !*ready) ready = nullptr;
+    const Parameter<T, Space>* tied_copy = tied_embedding_copy();
+    auto done = [&](auto& module) {
+      if (ready == nullptr) return;
+      module.for_each_parameter([&](Parameter<T, Space>& p) {
+        if (&p != tied_copy) (*ready)(p);
+      });
+    };
     Boundary dx;
     if (stage_.has_head) {
       check_fused_scale(saved, loss_scale);
       dx = final_norm_->backward(ctx, saved.final_norm, saved.final_norm_output_gradient);
+      done(*final_norm_);
+      if constexpr (!TiedOutput) done(*output_);  // its gradient came with the fused forward
     } else {
       if (dy == nullptr) fail<ShapeError>("backward_stage of layers [", stage_.layers.begin, ", ", stage_.layers.end,
                                           "): a stage without the head needs the next stage's gradient");
       dx = *dy;  // shared, read only
     }
     dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
-                         first_layer(), deferred);
+                         first_layer(), deferred, ready);
     if (!stage_.has_embedding) return dx;
-    if (positions_) positions_->backward(ctx, dx);
+    if (positions_) {
+      positions_->backward(ctx, dx);
+      done(*positions_);
+    }
     embedding_->backward(ctx, saved.embedding, dx);
+    done(*embedding_);
     return {};
   }
 

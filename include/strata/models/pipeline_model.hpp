@@ -76,10 +76,15 @@ class PipelineModel {
   template <class Batch>
   pipeline::PipelineStepResult<Space> train_step(Context& ctx, pipeline::ScheduleKind kind, std::span<const Batch> batches,
                                                  std::span<const std::uint64_t> dropout_keys, double loss_scale,
-                                                 const pipeline::ExecutorOptions& options = {}) {
+                                                 const pipeline::ExecutorOptions& options = {},
+                                                 const GradientReady<typename Chunk::T, Space>* ready = nullptr) {
     const pipeline::ScheduleShape shape{kind, ctx.pp.size(), static_cast<int>(batches.size()), layout_.virtual_stages};
-    auto result = pipeline::run_schedule(ctx, shape, std::span<Chunk* const>(pointers_), batches, dropout_keys, loss_scale, options);
+    auto result =
+        pipeline::run_schedule(ctx, shape, std::span<Chunk* const>(pointers_), batches, dropout_keys, loss_scale, options, ready);
     sum_tied_embedding_gradients(ctx);
+    if (ready != nullptr && *ready)  // the tied embedding's copies are final once summed
+      for (auto& chunk : chunks_)
+        if (auto* p = chunk->tied_embedding_copy()) (*ready)(*p);
     return result;
   }
 

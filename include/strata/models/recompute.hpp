@@ -22,9 +22,11 @@
 // of the group alike.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../core/error.hpp"
@@ -90,15 +92,22 @@ Act forward_layers(Context& ctx, const Layers& layers, Act x, std::uint64_t drop
 // The backward of forward_layers: returns d loss / d input. A recomputed chunk runs its forward
 // again from its kept input (the same dropout keys) before its backward. `deferred`: the layers'
 // weight gradients go there (the pipeline's split backward), as TransformerLayer::backward says.
-template <class Context, class Layers, class Act, class LayerSaved, class Deferred>
+// `ready` (with no `deferred`): called for each parameter of a layer once that layer's backward is
+// done, when this is the step's last backward through these layers.
+template <class Context, class Layers, class Act, class LayerSaved, class Deferred, class Ready = std::nullptr_t>
 Act backward_layers(Context& ctx, Layers& layers, Act dx, std::uint64_t dropout_key, const RecomputeConfig& config,
                     const std::vector<std::optional<LayerSaved>>& saved, const std::vector<std::optional<Act>>& inputs,
-                    std::uint64_t first_layer, Deferred* deferred) {
+                    std::uint64_t first_layer, Deferred* deferred, const Ready* ready = nullptr) {
+  auto layer_done = [&](std::size_t k) {
+    if constexpr (!std::is_same_v<Ready, std::nullptr_t>)
+      if (ready != nullptr && *ready && deferred == nullptr) layers[k].for_each_parameter(*ready);
+  };
   int i = static_cast<int>(layers.size()) - 1;
   while (i >= 0) {
     const std::size_t k = static_cast<std::size_t>(i);
     if (saved[k]) {
       dx = layers[k].backward(ctx, *saved[k], dx, deferred);
+      layer_done(k);
       --i;
       continue;
     }
@@ -115,8 +124,10 @@ Act backward_layers(Context& ctx, Layers& layers, Act dx, std::uint64_t dropout_
       chunk.push_back(std::move(s));
       x = std::move(y);
     }
-    for (int j = i; j >= first; --j)
+    for (int j = i; j >= first; --j) {
       dx = layers[static_cast<std::size_t>(j)].backward(ctx, chunk[static_cast<std::size_t>(j - first)], dx, deferred);
+      layer_done(static_cast<std::size_t>(j));
+    }
     i = first - 1;
   }
   return dx;

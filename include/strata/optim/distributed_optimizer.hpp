@@ -158,7 +158,9 @@ class DistributedOptimizer {
   // skip_unless_finite as in AdamW::step (the update changes nothing when it points at NaN or inf;
   // the all-gather still runs, and moves the unchanged values).
   template <class Device, class Comm>
-  void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr) {
+  // With `overlap_gather` the parameter all-gather runs beside compute (GradBuffer::
+  // all_gather_parameters): join_overlapped(dp) before anything reads the parameters.
+  void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr, bool overlap_gather = false) {
     if (!std::isfinite(lr) || lr < 0)
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
     ++steps_;
@@ -183,7 +185,7 @@ class DistributedOptimizer {
                                       values + p.buffer_offset, p.n, step);
       }
     }
-    buffer_->all_gather_parameters(dp);
+    buffer_->all_gather_parameters(dp, overlap_gather);
   }
 
   template <class Visitor>

@@ -26,11 +26,15 @@
 //
 // Overlap. Each bucket counts the parameters whose gradient is not final yet; mark_ready(param)
 // counts one down and starts the bucket's collective when it reaches zero, so a backward that
-// reports each parameter as it finishes has every bucket reduced while later layers still run.
-// Buckets are started in order (a bucket that completes early waits for the ones before it), since
-// every rank must issue the same collectives in the same order. finish_reduction() starts every
-// bucket not started yet. On the in-process communicator a collective returns when it is done; on
-// NCCL it is enqueued on the rank's stream (a separate communication stream is not used yet).
+// reports each parameter as it finishes (a GradientReady hook, layers/parameter.hpp) has every
+// bucket reduced while later layers still run. Buckets are started in order (a bucket that
+// completes early waits for the ones before it), since every rank must issue the same collectives
+// in the same order. finish_reduction() starts every bucket not started yet. With
+// `overlap_communication` the collectives go through the communicator's overlapped handle (NCCL:
+// the rank's communication stream, ordered after the compute stream's work so far, so the
+// backward's next kernels run beside it) and finish_reduction() joins the compute stream to it;
+// the in-process communicator's collectives are done when they return either way. Without it,
+// every collective is enqueued on the compute stream.
 //
 // Groups. Gradients of replicated parameters under sequence parallelism (norm weights) are already
 // summed over tensor parallelism by their layers' backward; the tied output layer shares the
@@ -42,6 +46,7 @@
 #include <cstddef>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,6 +65,7 @@ struct GradBufferOptions {
   index_t alignment = 64;         // elements; parameter starts and shard sizes are multiples of it
   bool distributed = false;       // reduce-scatter (the distributed optimizer) instead of all-reduce
   bool param_buffer = false;      // also place the values in a contiguous buffer (needed when distributed)
+  bool overlap_communication = false;  // collectives beside compute (the communicator's overlapped handle)
   double gradient_scaling_factor = 1.0;
 
   void validate() const {
@@ -123,6 +129,7 @@ class GradBuffer {
     };
     for (Param* p : order) {
       const index_t offset = round_up(cursor, options_.alignment);
+      index_of_.emplace(p, entries_.size());
       entries_.push_back(Entry{p, offset, p->value.numel(), buckets_.size()});
       cursor = offset + p->value.numel();
       ++in_bucket;
@@ -174,30 +181,46 @@ class GradBuffer {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) start_bucket(device, dp, next_bucket_++);
   }
 
-  // Starts the collective of every bucket not started yet, in order (the end of the backward).
+  // Starts the collective of every bucket not started yet, in order (the end of the backward); with
+  // overlap_communication the compute stream then waits for them all.
   template <class Device, class Comm>
   void finish_reduction(Device& device, Comm& dp) {
     while (next_bucket_ < buckets_.size()) start_bucket(device, dp, next_bucket_++);
+    if (options_.overlap_communication && dp.size() > 1) join_overlapped(dp);
   }
+
+  // The mark_ready of every parameter, as a GradientReady hook for a model's backward.
+  template <class Device, class Comm>
+  GradientReady<T, Space> ready_hook(Device& device, Comm& dp) {
+    return [this, &device, &dp](Param& p) { mark_ready(device, dp, p); };
+  }
+
+  // Buckets whose collective has started in this iteration.
+  std::size_t buckets_started() const { return next_bucket_; }
 
   // This rank's shard of bucket b (distributed): elements [first, first + size) of the buffer.
   index_t shard_begin(std::size_t b, int dp_rank) const { return buckets_[b].offset + dp_rank * shard_size(b); }
   index_t shard_size(std::size_t b) const { return buckets_[b].numel / options_.dp; }
 
   // All-gathers the parameter buffer over `dp` in place, bucket by bucket: after the distributed
-  // optimizer updated this rank's shards, every rank holds every updated value.
+  // optimizer updated this rank's shards, every rank holds every updated value. With `overlapped`
+  // the gathers run beside compute (the communicator's overlapped handle) and the caller joins
+  // (join_overlapped(dp)) before anything reads the parameters; the buckets go last first, since
+  // the next forward starts with the parameters placed last.
   template <class Comm>
-  void all_gather_parameters(Comm& dp) {
+  void all_gather_parameters(Comm& dp, bool overlapped = false) {
     if (!options_.param_buffer)
       fail<ConfigError>("GradBuffer::all_gather_parameters: this buffer has no parameter buffer (param_buffer = false)");
     check_group(dp, "all_gather_parameters");
     if (dp.size() == 1) return;
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Comm comm = overlapped ? overlapped_handle(dp) : dp;
+    for (std::size_t k = buckets_.size(); k-- > 0;) {
+      const std::size_t b = overlapped ? k : buckets_.size() - 1 - k;
       const Bucket& bucket = buckets_[b];
       const index_t shard = shard_size(b);
       T* whole = params_.data() + bucket.offset;
-      dp.all_gather(comm_span_t<const T, Comm>(whole + dp.rank() * shard, static_cast<std::size_t>(shard)),
-                    comm_span_t<T, Comm>(whole, static_cast<std::size_t>(bucket.numel)));
+      comm.all_gather(comm_span_t<const T, Comm>(whole + dp.rank() * shard, static_cast<std::size_t>(shard)),
+                      comm_span_t<T, Comm>(whole, static_cast<std::size_t>(bucket.numel)));
     }
   }
 
@@ -213,8 +236,7 @@ class GradBuffer {
 
  private:
   const Entry& entry_of(const Param& param) const {
-    for (const Entry& e : entries_)
-      if (e.param == &param) return e;
+    if (auto it = index_of_.find(&param); it != index_of_.end()) return entries_[it->second];
     fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the model the "
                       "buffer was built for");
   }
@@ -243,18 +265,20 @@ class GradBuffer {
     if (options_.gradient_scaling_factor != 1.0)
       device.template scale<grad_type>(data, b.numel, options_.gradient_scaling_factor);
     if (dp.size() == 1) return;
+    Comm comm = options_.overlap_communication ? overlapped_handle(dp) : dp;
     if (options_.distributed) {
       const index_t shard = shard_size(index);
-      dp.reduce_scatter(comm_span_t<const grad_type, Comm>(data, static_cast<std::size_t>(b.numel)),
+      comm.reduce_scatter(comm_span_t<const grad_type, Comm>(data, static_cast<std::size_t>(b.numel)),
                         comm_span_t<grad_type, Comm>(data + dp.rank() * shard, static_cast<std::size_t>(shard)),
                         ReduceOp::sum);
     } else {
-      dp.all_reduce(comm_span_t<grad_type, Comm>(data, static_cast<std::size_t>(b.numel)), ReduceOp::sum);
+      comm.all_reduce(comm_span_t<grad_type, Comm>(data, static_cast<std::size_t>(b.numel)), ReduceOp::sum);
     }
   }
 
   GradBufferOptions options_;
   std::vector<Entry> entries_;
+  std::unordered_map<const Param*, std::size_t> index_of_;  // entry of each parameter
   std::vector<Bucket> buckets_;
   index_t total_ = 0;
   std::size_t next_bucket_ = 0;

@@ -41,6 +41,7 @@
 #include "../core/tensor.hpp"
 #include "../layers/chunked_classifier.hpp"
 #include "../layers/deferred_weight_gradients.hpp"
+#include "../layers/parameter.hpp"
 #include "schedule_check.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -63,15 +64,18 @@ struct ExecutorOptions {
 
 // Runs one step of `shape` on this rank. chunks[c]: this rank's model chunk c; batches[mb] and
 // dropout_keys[mb]: micro-batch mb. Collective over ctx.pp (and, inside the chunks, ctx.tp).
+// `ready` (optional): handed every parameter of a chunk once its gradient is final for the step:
+// layer by layer during the chunk's last backward, or the whole chunk after its last W.
 template <class Context, class Stage, class Batch>
-PipelineStepResult<typename Context::space> run_schedule(Context& ctx, const ScheduleShape& shape, std::span<Stage* const> chunks,
-                                                         std::span<const Batch> batches,
-                                                         std::span<const std::uint64_t> dropout_keys, double loss_scale,
-                                                         const ExecutorOptions& options = {}) {
+PipelineStepResult<typename Context::space> run_schedule(
+    Context& ctx, const ScheduleShape& shape, std::span<Stage* const> chunks, std::span<const Batch> batches,
+    std::span<const std::uint64_t> dropout_keys, double loss_scale, const ExecutorOptions& options = {},
+    const GradientReady<typename Stage::Boundary::element_type, typename Context::space>* ready = nullptr) {
   using Space = typename Context::space;
   using Boundary = typename Stage::Boundary;
   using Saved = typename Stage::Saved;
   using T = typename Boundary::element_type;
+  if (ready != nullptr && !*ready) ready = nullptr;
   if (shape.pp != ctx.pp.size())
     fail<ConfigError>("run_schedule: the schedule is for pp=", shape.pp, " but the pipeline group has ", ctx.pp.size(), " ranks");
   if (static_cast<int>(chunks.size()) != shape.virtual_stages)
@@ -86,6 +90,10 @@ PipelineStepResult<typename Context::space> run_schedule(Context& ctx, const Sch
   const int rank = ctx.pp.rank(), last_stage = shape.stages() - 1;
   const std::vector<Action> actions = rank_actions(shape, rank);
   const std::vector<std::size_t> starts = step_starts(actions);
+  std::vector<std::size_t> last_gradient_action(chunks.size(), actions.size());  // per chunk: its last B, Bi or W
+  for (std::size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].op != Op::forward && actions[i].chunk >= 0 && actions[i].chunk < static_cast<int>(chunks.size()))
+      last_gradient_action[static_cast<std::size_t>(actions[i].chunk)] = i;
   using Key = std::pair<int, int>;  // (micro-batch, chunk)
   std::map<Key, Saved> saved;
   std::map<Key, DeferredWeightGradients> deferred;
@@ -174,7 +182,9 @@ PipelineStepResult<typename Context::space> run_schedule(Context& ctx, const Sch
         auto it = saved.find(key);
         if (it == saved.end()) fail<Error>("run_schedule: rank ", rank, " runs a backward of micro-batch ", a.micro_batch, " it never ran forward");
         DeferredWeightGradients* list = a.op == Op::backward_input ? &deferred[key] : nullptr;
-        Boundary dx = chunk.backward_stage(ctx, it->second, vs < last_stage ? &dy : nullptr, loss_scale, list);
+        const bool final_backward = list == nullptr && last_gradient_action[static_cast<std::size_t>(a.chunk)] == i;
+        Boundary dx = chunk.backward_stage(ctx, it->second, vs < last_stage ? &dy : nullptr, loss_scale, list,
+                                           final_backward ? ready : nullptr);
         saved.erase(it);  // the activations are freed once the input gradient is taken
         if (vs > 0) outgoing.push_back(std::move(dx));
       } else {
@@ -182,6 +192,12 @@ PipelineStepResult<typename Context::space> run_schedule(Context& ctx, const Sch
         if (it == deferred.end()) fail<Error>("run_schedule: rank ", rank, " runs W of micro-batch ", a.micro_batch, " before its Bi");
         it->second.run();
         deferred.erase(it);
+        if (ready != nullptr && last_gradient_action[static_cast<std::size_t>(a.chunk)] == i) {
+          Parameter<T, Space>* tied_copy = chunk.tied_embedding_copy();
+          chunk.for_each_parameter([&](Parameter<T, Space>& p) {
+            if (&p != tied_copy) (*ready)(p);
+          });
+        }
       }
     }
   }

@@ -1,10 +1,14 @@
 // strata/comm/nccl/communicator.hpp: `strata::nccl::communicator`, the Communicator concept on
-// NCCL: buffers are device_span<T>, every operation is enqueued on the rank's compute stream.
+// NCCL: buffers are device_span<T>, every operation is enqueued on the rank's compute stream (or,
+// through an overlapped() handle, on its communication stream).
 //
 // Ordering. An operation is enqueued on the stream the communicator was created with (the rank's
 // cuda::backend compute stream), so it runs after the kernels that produced its input and before
 // the kernels enqueued after it; the call returns once NCCL has enqueued it, not when the data
-// has arrived. `synchronize()` waits for the stream. `barrier()` is an all-reduce of one integer
+// has arrived. `synchronize()` waits for the stream. An `overlapped()` handle enqueues on the
+// rank's communication stream (one per rank, high priority, made on first use) after an event
+// that orders it behind the compute stream's work so far; `join_overlapped()` makes the compute
+// stream wait for the communication stream (see communicator.hpp). `barrier()` is an all-reduce of one integer
 // followed by synchronize(), so it also holds the host.
 //
 //   all_reduce       ncclAllReduce, in place (sum, max, min, avg)
@@ -118,9 +122,9 @@ inline void wait_until_enqueued(Group& g, std::string_view operation) {
   }
 }
 
-// Records an event after everything enqueued so far on the rank's stream and hands it to the
-// watchdog under the name `operation` (mutex held).
-inline void record_pending(Group& g, std::string operation) {
+// Records an event after everything enqueued so far on `stream` (the rank's compute stream, or its
+// communication stream) and hands it to the watchdog under the name `operation` (mutex held).
+inline void record_pending(Group& g, std::string operation, cudaStream_t stream) {
   cudaEvent_t event = nullptr;
   if (!g.spare_events.empty()) {
     event = g.spare_events.back();
@@ -131,13 +135,40 @@ inline void record_pending(Group& g, std::string operation) {
     if (status != cudaSuccess)
       fail_rank(g, operation, concat(g.site(operation).str(), ": cudaEventCreateWithFlags failed: ", describe_cuda(status)));
   }
-  cudaError_t status = cudaEventRecord(event, g.rank_state->stream);
+  cudaError_t status = cudaEventRecord(event, stream);
   if (status != cudaSuccess) {
     (void)cudaEventDestroy(event);
     fail_rank(g, operation, concat(g.site(operation).str(), ": cudaEventRecord on the rank's stream failed: ",
                                    describe_cuda(status)));
   }
   g.pending.push_back(Pending{event, std::move(operation), clock::now()});
+}
+
+// The rank's communication stream, made on first use with the fork and join events (mutex held).
+inline cudaStream_t communication_stream(Group& g, std::string_view operation) {
+  RankState& r = *g.rank_state;
+  if (r.comm_stream != nullptr) return r.comm_stream;
+  device_guard guard(r.device);
+  int least = 0, greatest = 0;  // the higher priority lets communication kernels start while compute runs
+  cudaError_t status = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  cudaStream_t stream = nullptr;
+  if (status == cudaSuccess) status = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest);
+  if (status == cudaSuccess) status = cudaEventCreateWithFlags(&r.fork_event, cudaEventDisableTiming);
+  if (status == cudaSuccess) status = cudaEventCreateWithFlags(&r.join_event, cudaEventDisableTiming);
+  if (status != cudaSuccess)
+    fail_rank(g, operation, concat(g.site(operation).str(), ": could not create the communication stream: ", describe_cuda(status)));
+  r.comm_stream = stream;
+  return stream;
+}
+
+// Makes `stream` wait for everything enqueued on the compute stream so far (mutex held).
+inline void fork_from_compute(Group& g, cudaStream_t stream, std::string_view operation) {
+  RankState& r = *g.rank_state;
+  cudaError_t status = cudaEventRecord(r.fork_event, r.stream);
+  if (status == cudaSuccess) status = cudaStreamWaitEvent(stream, r.fork_event, 0);
+  if (status != cudaSuccess)
+    fail_rank(g, operation, concat(g.site(operation).str(), ": could not order the communication stream after the compute "
+                                   "stream: ", describe_cuda(status)));
 }
 
 // The NCCL group calls this thread has open (ncclGroupStart nests; the outermost ncclGroupEnd
@@ -147,6 +178,7 @@ struct GroupFrame {
   std::vector<std::shared_ptr<Group>> groups;   // distinct, in order of first use
   std::vector<std::string> operations;          // per entry of `groups`, what was issued on it
   std::vector<int> counts;                      // per entry of `groups`, how many operations
+  std::vector<std::vector<cudaStream_t>> streams;  // per entry of `groups`, the streams used
   std::vector<std::unique_lock<std::recursive_mutex>> locks;
 };
 
@@ -161,8 +193,8 @@ inline void frame_begin() {
   ++group_frame().depth;
 }
 
-// Locks g for the rest of the frame and notes `operation` on it.
-inline void frame_join(const std::shared_ptr<Group>& g, std::string_view operation) {
+// Locks g for the rest of the frame and notes `operation` on it, enqueued on `stream`.
+inline void frame_join(const std::shared_ptr<Group>& g, std::string_view operation, cudaStream_t stream) {
   GroupFrame& frame = group_frame();
   auto it = std::find(frame.groups.begin(), frame.groups.end(), g);
   if (it == frame.groups.end()) {
@@ -170,8 +202,12 @@ inline void frame_join(const std::shared_ptr<Group>& g, std::string_view operati
     frame.groups.push_back(g);
     frame.operations.emplace_back(operation);
     frame.counts.push_back(1);
+    frame.streams.push_back({stream});
   } else {
-    ++frame.counts[static_cast<std::size_t>(it - frame.groups.begin())];
+    const std::size_t at = static_cast<std::size_t>(it - frame.groups.begin());
+    auto& used = frame.streams[at];
+    if (std::find(used.begin(), used.end(), stream) == used.end()) used.push_back(stream);
+    ++frame.counts[at];
     std::string& ops = frame.operations[static_cast<std::size_t>(it - frame.groups.begin())];
     if (ops.size() < 400) ops += concat(", ", operation);
     else if (ops.back() != '.') ops += ", ...";
@@ -192,10 +228,12 @@ inline void frame_end() {
   std::vector<std::shared_ptr<Group>> groups = std::move(frame.groups);
   std::vector<std::string> operations = std::move(frame.operations);
   std::vector<int> counts = std::move(frame.counts);
+  std::vector<std::vector<cudaStream_t>> streams = std::move(frame.streams);
   std::vector<std::unique_lock<std::recursive_mutex>> locks = std::move(frame.locks);
   frame.groups.clear();
   frame.operations.clear();
   frame.counts.clear();
+  frame.streams.clear();
   frame.locks.clear();
   const auto describe = [&](std::size_t i) {
     return counts[i] == 1 ? operations[i] : concat("group(", operations[i], ")");
@@ -208,7 +246,8 @@ inline void frame_end() {
     throw_failed(*groups.front(), describe(0));
   }
   for (std::size_t i = 0; i < groups.size(); ++i) wait_until_enqueued(*groups[i], describe(i));
-  for (std::size_t i = 0; i < groups.size(); ++i) record_pending(*groups[i], describe(i));
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    for (cudaStream_t stream : streams[i]) record_pending(*groups[i], describe(i), stream);
 }
 
 }  // namespace detail
@@ -272,8 +311,38 @@ class communicator {
   int world_rank() const { return group_ ? group_->rank_state->world_rank : -1; }
   int world_size() const { return group_ ? group_->rank_state->world_size : 0; }
   int device() const { return group_ ? group_->rank_state->device : -1; }
-  // The stream every operation is enqueued on.
-  cudaStream_t stream() const { return group_ ? group_->rank_state->stream : nullptr; }
+  // The stream every operation is enqueued on: the compute stream, or for an overlapped() handle
+  // the communication stream (null until its first operation).
+  cudaStream_t stream() const {
+    if (!group_) return nullptr;
+    if (!overlapped_) return group_->rank_state->stream;
+    std::lock_guard lock(group_->rank_state->mutex);
+    return group_->rank_state->comm_stream;
+  }
+
+  // A handle on this group whose operations run on the rank's communication stream, each after
+  // everything enqueued on the compute stream before it (communicator.hpp, "Communication beside
+  // compute"). join_overlapped() orders the compute stream after all of them.
+  communicator overlapped() const {
+    communicator c = *this;
+    c.overlapped_ = true;
+    return c;
+  }
+  bool is_overlapped() const { return overlapped_; }
+  void join_overlapped() {
+    require_valid("join_overlapped");
+    detail::Group& g = *group_;
+    std::lock_guard lock(g.rank_state->mutex);
+    if (g.rank_state->failed.load()) detail::throw_failed(g, "join_overlapped");
+    detail::RankState& r = *g.rank_state;
+    if (r.comm_stream == nullptr) return;  // nothing was ever overlapped on this rank
+    cudaError_t status = cudaEventRecord(r.join_event, r.comm_stream);
+    if (status == cudaSuccess) status = cudaStreamWaitEvent(r.stream, r.join_event, 0);
+    if (status != cudaSuccess)
+      detail::fail_rank(g, "join_overlapped", detail::concat(site("join_overlapped").str(),
+                                                             ": could not order the compute stream after the communication "
+                                                             "stream: ", detail::describe_cuda(status)));
+  }
   std::chrono::duration<double> timeout() const {
     return group_ ? group_->rank_state->timeout : std::chrono::duration<double>{};
   }
@@ -502,7 +571,8 @@ class communicator {
         if (status != cudaSuccess)
           fail<Error>(site("synchronize").str(), ": cudaEventCreateWithFlags failed: ", detail::describe_cuda(status));
       }
-      cudaError_t status = cudaEventRecord(event, g.rank_state->stream);
+      cudaStream_t stream = overlapped_ && g.rank_state->comm_stream != nullptr ? g.rank_state->comm_stream : g.rank_state->stream;
+      cudaError_t status = cudaEventRecord(event, stream);
       if (status != cudaSuccess) {
         (void)cudaEventDestroy(event);
         detail::fail_rank(g, "synchronize", detail::concat(site("synchronize").str(), ": cudaEventRecord failed: ",
@@ -643,10 +713,17 @@ class communicator {
   void enqueue(const std::string& operation, Issue&& issue) {
     if (group_->rank_state->dry_run.load(std::memory_order_relaxed)) return;  // set_dry_run: nothing to do
     group_guard frame;
-    detail::frame_join(group_, operation);
     detail::Group& g = *group_;
+    cudaStream_t stream = g.rank_state->stream;
+    if (overlapped_) {
+      std::lock_guard lock(g.rank_state->mutex);
+      if (g.rank_state->failed.load() || g.comm == nullptr) detail::throw_failed(g, operation);
+      stream = detail::communication_stream(g, operation);
+      detail::fork_from_compute(g, stream, operation);
+    }
+    detail::frame_join(group_, operation, stream);
     if (g.rank_state->failed.load() || g.comm == nullptr) detail::throw_failed(g, operation);
-    const ncclResult_t result = issue(g.comm, g.rank_state->stream);
+    const ncclResult_t result = issue(g.comm, stream);
     if (result != ncclSuccess && result != ncclInProgress)
       detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": NCCL refused the call: ",
                                                      detail::describe_result(result)));
@@ -654,6 +731,7 @@ class communicator {
   }
 
   std::shared_ptr<detail::Group> group_{};
+  bool overlapped_ = false;  // operations on the rank's communication stream
 };
 
 static_assert(check_communicator<communicator>());

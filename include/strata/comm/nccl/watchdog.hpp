@@ -108,6 +108,12 @@ struct RankState {
   bool defer_destroy = false;
   // communicator::set_dry_run: every operation of every group of the rank enqueues nothing.
   std::atomic<bool> dry_run{false};
+  // communicator::overlapped: the communication stream (made on first use, shared by the rank's
+  // groups) and the events that order it after the compute stream (fork) and back (join).
+  // Guarded by mutex.
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t fork_event = nullptr;
+  cudaEvent_t join_event = nullptr;
 
   // Call with `mutex` held. Records the first failure and aborts every communicator of the rank.
   inline void fail(std::string message, bool by_peer = false);
@@ -200,6 +206,9 @@ inline RankState::~RankState() {
   // Newest first: groups split from the world go before it.
   for (auto it = retired.rbegin(); it != retired.rend(); ++it) release_comm(*it, failed.load(), timeout);
   if (barrier_word != nullptr) (void)cudaFree(barrier_word);
+  if (fork_event != nullptr) (void)cudaEventDestroy(fork_event);
+  if (join_event != nullptr) (void)cudaEventDestroy(join_event);
+  if (comm_stream != nullptr) (void)cudaStreamDestroy(comm_stream);
   if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
   if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
 }
