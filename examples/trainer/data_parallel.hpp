@@ -39,6 +39,9 @@ struct MemoryReport {
   std::int64_t gradient_bytes = 0;
   std::int64_t optimizer_bytes = 0;
   std::int64_t activation_bytes = 0;  // an estimate (models::estimate_training_memory), not an allocation
+  // On a device: the allocator's bytes in use grown by building the model and its optimizer (the
+  // three figures above as allocated, with the allocator's rounding); -1 on the CPU.
+  std::int64_t measured_state_bytes = -1;
   double bytes_per_parameter() const {
     return parameters == 0 ? 0.0 : static_cast<double>(parameter_bytes + gradient_bytes + optimizer_bytes) / static_cast<double>(parameters);
   }

@@ -446,7 +446,10 @@ inline std::string describe(const MemoryReport& m, bool distributed, int dp) {
       "memory allocated per rank (rank 0", distributed ? ", distributed optimizer over dp=" : ", dp=", dp, "): ",
       m.parameters, " parameters ", part(m.parameter_bytes), ", gradients ", part(m.gradient_bytes), ", optimizer state ",
       part(m.optimizer_bytes), " = ", per_parameter, " bytes per parameter; activations ", part(m.activation_bytes),
-      " (estimate per micro-batch, without recompute)");
+      " (estimate per micro-batch, without recompute)",
+      m.measured_state_bytes >= 0
+          ? ::strata::detail::concat("; the device allocator holds ", part(m.measured_state_bytes), " for that state")
+          : std::string());
 }
 
 // The loss scaler's state as TrainState extras (the scale as the bits of its double), and back.
@@ -613,6 +616,15 @@ std::int64_t peak_device_bytes(const Device& device) {
     return -1;
 }
 
+// Bytes the device allocator has handed out and not taken back (rounded to its granule); -1 on the CPU.
+template <class Device>
+std::int64_t device_bytes_in_use(const Device& device) {
+  if constexpr (requires { device.memory_stats().bytes_in_use; })
+    return static_cast<std::int64_t>(device.memory_stats().bytes_in_use);
+  else
+    return -1;
+}
+
 // Bytes the device allocator holds from the driver (in use or cached); -1 on the CPU.
 template <class Device>
 std::int64_t reserved_device_bytes(const Device& device) {
@@ -731,21 +743,22 @@ concept has_local_barrier = requires(C& c) { c.local_barrier(); };
 template <class C>
 concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
 
-// The warm-up of a dry run (communicator::set_dry_run): one micro-batch forward and backward (fused
-// classifier, as training runs it) and one validation forward, the
-// gradient all-reduce and clipping, an optimizer step that changes nothing (its skip flag is NaN;
+// The warm-up of a dry run (communicator::set_dry_run): one training step's forwards and backwards
+// through the pipeline schedule (fused classifier, as training runs it; with pp > 1 the stages
+// compute on whatever the dry receives left in their buffers), one validation forward, the
+// gradient reduction and clipping, an optimizer step that changes nothing (its skip flag is NaN;
 // the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
 // after; the weights, moments and step count are as before.
 template <class Context, class Model, class Optimizer, class Dataset>
-void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset) {
+void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset, int micro_steps) {
   using Space = typename Context::space;
   const data::Batch b = data::make_batch(dataset, 0, a.micro_batch_size, data::BatchOptions{data::ByteTokenizer::kEod, false});
-  {  // the training step's own path (fused classifier), then the validation path
-    auto [loss, saved] = model.forward(ctx, b.tokens, b.labels, b.loss_mask, rng::mix(a.seed, 0x7761726dull),
-                                       models::FusedLoss{1.0});
-    model.backward(ctx, saved, 1.0);
-  }
-  (void)model.evaluate(ctx, b.tokens, b.labels, b.loss_mask);
+  const std::vector<data::Batch> batches(static_cast<std::size_t>(micro_steps), b);
+  std::vector<std::uint64_t> keys(static_cast<std::size_t>(micro_steps), rng::mix(a.seed, 0x7761726dull));
+  auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
+  pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, keys, 1.0, loss_sum,
+                         GradientReady<typename Model::Chunk::T, Space>{});
+  (void)model.evaluate(ctx, std::span<const data::Batch>(&b, 1));
   optimizer.reduce_gradients(ctx);
   (void)optimizer.unscale_and_clip(ctx, model, a.clip_grad);
   auto skip = Tensor<double, Space>::empty(Shape{1});
@@ -755,9 +768,9 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   optimizer.wait_parameters(ctx);
   optimizer.set_steps(steps);
   optimizer.zero_gradients(ctx);
-  if (a.sample_tokens > 0) {
+  if (a.sample_tokens > 0 && a.pipeline.pipeline_model_parallel_size == 1 && model.virtual_stages() == 1) {
     Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, data::ByteTokenizer::kEod);
-    (void)model.next_token_logits(ctx, input, 0);
+    (void)model.chunks().front()->next_token_logits(ctx, input, 0);
   }
   ctx.device.synchronize();
 }
@@ -778,6 +791,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
 
   Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .pp = pp, .dp = dp}, device);
+  // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
+  // around its construction for the allocation report, leaving out the attention plans' workspace.
+  const std::int64_t in_use_before_model = device_bytes_in_use(ctx.device);
   // This rank's pipeline stage(s); with pp = 1 one chunk holding the whole model (pipeline_step.hpp).
   models::PipelineModel<Model, Policy> model(ctx, a.model, layout_of(a.pipeline, a.model));
   auto& whole_model = *model.chunks().front();  // the whole model when pp = 1 (warm-up step, sampling)
@@ -787,8 +803,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // waits for this thread; so in that mode the plans are then frozen (a shape not planned here
   // runs on the flash kernels).
   const auto t_plan = std::chrono::steady_clock::now();
+  const std::int64_t in_use_before_plans = device_bytes_in_use(ctx.device);
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
+  const std::int64_t plan_bytes = device_bytes_in_use(ctx.device) - in_use_before_plans;
   if (world.rank() == 0 && !a.quiet) {
     const auto now = std::chrono::steady_clock::now();
     std::printf("start-up: %.2f s from launch to the model, %.2f s planning attention\n",
@@ -806,7 +824,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
                           a.overlap_grad_reduce, a.overlap_param_gather});
-  const MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).per_rank.activation_bytes);
+  MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).per_rank.activation_bytes);
+  if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
   // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective
   // is in flight (docs/DEVICE.md), then a host barrier so no rank starts the real first step while
@@ -814,7 +833,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_dry_run<Comm>) {
     if (world.size() > 1 && !launched_as_job()) {
       world.set_dry_run(true);
-      if (pp == 1 && model.virtual_stages() == 1) warm_up_step(ctx, whole_model, optimizer, a, shared.dataset);
+      warm_up_step(ctx, model, optimizer, a, shared.dataset, micro_steps);
       world.set_dry_run(false);
     }
   }

@@ -352,6 +352,51 @@ std::string line_of(const Context& ctx, const nccl::communicator& comm, std::str
   return strata::detail::concat("[", ctx.mode, "] world rank ", comm.world_rank(), " group '", comm.name(), "': ", what);
 }
 
+// Spins for about `cycles` clock cycles, then writes value to p[0..n): a producer that finishes
+// well after the host has enqueued what follows it.
+__global__ void spin_then_fill(float* p, std::size_t n, float value, long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+// An overlapped handle runs on the rank's communication stream, after what the compute stream had
+// enqueued (a slow producer's output is what gets reduced), and join_overlapped() holds the compute
+// stream until the overlapped work is done (a slow write on the communication stream is what the
+// compute stream reads after the join).
+void overlapped_operations(const Context& ctx, nccl::communicator& world) {
+  const std::size_t n = std::size_t{1} << 20;
+  ctx.arena->reset();
+  float* buffer = ctx.arena->take<float>(2 * n);
+  float* other = buffer + n;
+  const cudaStream_t compute = world.stream();
+  const long long cycles = 20'000'000;  // ~10 ms
+  spin_then_fill<<<64, 256, 0, compute>>>(buffer, n, static_cast<float>(world.rank() + 1), cycles);
+  nccl::communicator side = world.overlapped();
+  side.all_reduce(device_span<float>(buffer, n), ReduceOp::sum);
+  const cudaStream_t comm_stream = side.stream();
+  spin_then_fill<<<64, 256, 0, comm_stream>>>(other, n, 7.0f, cycles);
+  world.join_overlapped();
+  std::vector<float> got(2 * n);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(got.data(), buffer, 2 * n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(compute));
+  world.synchronize();
+  const float sum = static_cast<float>(world.size() * (world.size() + 1) / 2);
+  std::size_t bad_sum = 0, bad_other = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bad_sum += got[i] != sum;
+    bad_other += got[n + i] != 7.0f;
+  }
+  report(comm_stream != nullptr && comm_stream != compute,
+         line_of(ctx, world, "overlapped() enqueues on a communication stream of its own"));
+  report(bad_sum == 0, line_of(ctx, world, strata::detail::concat("overlapped all_reduce reads the compute stream's slow producer's "
+                                                                  "output: ", n - bad_sum, " of ", n, " elements are the sum ", sum)));
+  report(bad_other == 0, line_of(ctx, world, strata::detail::concat("after join_overlapped the compute stream sees the communication "
+                                                                    "stream's slow write: ", n - bad_other, " of ", n, " elements")));
+}
+
 // Splits: singletons (color = rank) and the whole group with reversed keys.
 void splits(const Context& ctx, nccl::communicator& world) {
   try {
@@ -413,6 +458,7 @@ void all_cases(const Context& ctx, nccl::communicator& world) {
   gathers<std::int64_t>(ctx, world);
   reductions<float>(ctx, world, std::size_t{1} << 22);  // several NCCL chunks and channels
   splits(ctx, world);
+  overlapped_operations(ctx, world);
   size_errors(ctx, world);
   try {
     world.barrier();

@@ -1,14 +1,17 @@
 // tests/gpu/test_training.cu: 20 training iterations of the trainers' loop (examples/trainer) on
-// GPUs in bf16: tp=2 with sequence parallelism and dp=2 on 2 GPUs must follow tp=1 on 1 GPU (every
-// iteration's loss within 2e-2 relative).
+// GPUs in bf16: tp=2 with sequence parallelism, dp=2 (with the distributed optimizer, with the
+// reduction overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs must follow tp=1 on 1 GPU (every
+// iteration's loss within 2e-2 relative); the distributed optimizer's state takes on the device
+// what the allocation report says.
 //
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`
-//   test_training --threads              also tp=2 + SP, tp=2 without SP and dp=2 on 2 GPUs from
+//   test_training --threads              also tp=2 + SP, tp=2 without SP, dp=2 (also ZeRO-1, also
+//                                        overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs from
 //                                        threads of this process (nccl::run(2)), losses and final
 //                                        parameters (gathered) within 2e-2 of tp=1 (the suite runs
 //                                        it with 2+ GPUs); the same 2-GPU runs as processes:
-//   test_training --process [--process-layout tp2|dp2]
+//   test_training --process [--process-layout tp2|dp2|dp2-zero|pp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
 //                                        both jobs and compares them with the 1-GPU losses.
@@ -128,6 +131,28 @@ void compare(gpu_test::suite& s, const std::string& label, const trainer::TrainR
   s.record(params_ok && worst_p <= kTol, line);
 }
 
+// The device bytes the model's state took (measured by the trainer around building the model and
+// its optimizer) against the report's figures as the caching allocator rounds them: with the
+// distributed optimizer the state is five flat tensors (parameter buffer, gradient buffer, main
+// weights, exp_avg, exp_avg_sq), and the report is Megatron's 6 + 12 / dp bytes per element.
+void check_state_memory(gpu_test::suite& s, const std::string& label, const trainer::MemoryReport& m, int dp) {
+  auto rounded = [](std::int64_t bytes) {
+    const std::int64_t mib = std::int64_t{1} << 20;
+    return bytes <= mib ? (bytes + 511) / 512 * 512 : (bytes + 2 * mib - 1) / (2 * mib) * (2 * mib);
+  };
+  const std::int64_t expected = rounded(m.parameter_bytes) + rounded(m.gradient_bytes) + 3 * rounded(m.optimizer_bytes / 3);
+  const double formula = 6.0 + 12.0 / dp;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "%s: the device holds %lld B for the model state, the report's %lld + %lld + %lld B as allocated = %lld B "
+                "(within 64 KiB); %.3f bytes per parameter against Megatron's 6 + 12/dp = %.3f (padding aside)",
+                label.c_str(), static_cast<long long>(m.measured_state_bytes), static_cast<long long>(m.parameter_bytes),
+                static_cast<long long>(m.gradient_bytes), static_cast<long long>(m.optimizer_bytes),
+                static_cast<long long>(expected), m.bytes_per_parameter(), formula);
+  const bool close = m.measured_state_bytes >= 0 && std::llabs(m.measured_state_bytes - expected) <= (64 << 10);
+  s.record(close && std::abs(m.bytes_per_parameter() - formula) <= 0.05 * formula, line);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,7 +166,8 @@ int main(int argc, char** argv) {
     else if (arg == "--process-layout" && i + 1 < argc) layout = argv[++i];
     else if (arg == "--threads") threads = true;
     else {
-      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|dp2]]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|dp2|dp2-zero|pp2]]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -149,8 +175,11 @@ int main(int argc, char** argv) {
   gpu_test::suite s("training");
   try {
     if (process) {  // one rank of a torchrun-style job (the world size comes from WORLD_SIZE)
-      // --process tp2: tp=2 + sequence parallel; --process dp2: dp=2.
-      trainer::TrainArgs a = layout == "dp2" ? args_for(data_path, 2, 1, false) : args_for(data_path, 2, 2, true);
+      // --process tp2: tp=2 + sequence parallel; dp2: dp=2; dp2-zero: dp=2 with the distributed
+      // optimizer and both overlaps; pp2: 2 pipeline stages (1F1B).
+      trainer::TrainArgs a = layout == "tp2" ? args_for(data_path, 2, 2, true) : args_for(data_path, 2, 1, false);
+      if (layout == "dp2-zero") a.use_distributed_optimizer = a.overlap_grad_reduce = a.overlap_param_gather = true;
+      if (layout == "pp2") a.pipeline.pipeline_model_parallel_size = 2;
       trainer::resolve_device(a, true);
       const auto run = train(a);
       if (!run.losses.empty()) print_losses(run);  // rank 0 logs
@@ -175,6 +204,27 @@ int main(int argc, char** argv) {
       compare(s, "tp=2 without sequence parallel on 2 GPUs (threads)", tp2_no_sp, reference);
       const auto dp2 = train(args_for(data_path, 2, 1, false));
       compare(s, "dp=2 on 2 GPUs (threads)", dp2, reference);
+      // The distributed optimizer, then the same with the reduction and the parameter all-gather
+      // on the communication stream: the same collectives in the same order give the same bits.
+      auto zero = args_for(data_path, 2, 1, false);
+      zero.use_distributed_optimizer = true;
+      const auto dp2_zero = train(zero);
+      compare(s, "dp=2 + distributed optimizer on 2 GPUs (threads)", dp2_zero, reference);
+      check_state_memory(s, "dp=2 + distributed optimizer", dp2_zero.memory, 2);
+      zero.overlap_grad_reduce = zero.overlap_param_gather = true;
+      const auto dp2_overlap = train(zero);
+      s.record(dp2_overlap.losses == dp2_zero.losses && !dp2_zero.losses.empty(),
+               "dp=2 + distributed optimizer with --overlap-grad-reduce --overlap-param-gather: the same 20 losses bit for "
+               "bit as without overlap");
+      compare(s, "dp=2 + distributed optimizer, overlapped, on 2 GPUs (threads)", dp2_overlap, reference);
+      // Pipeline parallelism over NCCL: 2 stages, the 2 micro-batches of each step under 1F1B and
+      // zero-bubble.
+      for (const char* schedule : {"1f1b", "zero-bubble"}) {
+        auto pp2 = args_for(data_path, 2, 1, false);
+        pp2.pipeline.pipeline_model_parallel_size = 2;
+        pp2.pipeline.pipeline_schedule = schedule;
+        compare(s, std::string("pp=2 ") + schedule + " on 2 GPUs (threads)", train(pp2), reference);
+      }
     }
   } catch (const std::exception& e) {
     s.record(false, std::string("test_training stopped: ") + e.what());
