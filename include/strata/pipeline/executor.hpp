@@ -25,11 +25,18 @@
 // The table is checked (verify_schedule) before anything runs; the result reports the measured
 // peak of micro-batch chunks in flight (Saved or deferred weight gradients held), which equals
 // claimed_peak_in_flight.
+//
+// An observer (ExecutorOptions::on_action) is called with (action, true) right before and
+// (action, false) right after each F / B / Bi / W, in table order, and never around the transfer
+// batches: what runs between one action's end and the next one's begin is the rank's transfers and
+// its wait for them. The executor knows nothing of clocks or streams; a caller measures with them
+// (the trainers time each action with the device's events to report the measured bubble).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <span>
@@ -60,6 +67,8 @@ struct PipelineStepResult {
 struct ExecutorOptions {
   ClassifierChunks classifier = {};  // blocks of rows of the fused output layer and loss
   bool verify = true;                // check the table before running it
+  // Called right before (begin = true) and right after (begin = false) each action's compute; empty: none.
+  std::function<void(const Action&, bool begin)> on_action = {};
 };
 
 // Runs one step of `shape` on this rank. chunks[c]: this rank's model chunk c; batches[mb] and
@@ -152,6 +161,7 @@ PipelineStepResult<typename Context::space> run_schedule(
     const std::size_t end = step + 1 < starts.size() ? starts[step + 1] : actions.size();
     for (std::size_t i = starts[step]; i < end; ++i) {
       const Action& a = actions[i];
+      if (options.on_action) options.on_action(a, true);
       Stage& chunk = chunk_of(a);
       const Key key{a.micro_batch, a.chunk};
       const int vs = virtual_stage(shape.pp, rank, a.chunk);
@@ -199,6 +209,7 @@ PipelineStepResult<typename Context::space> run_schedule(
           });
         }
       }
+      if (options.on_action) options.on_action(a, false);
     }
   }
   if (!saved.empty() || !deferred.empty() || !received.empty())
