@@ -67,6 +67,7 @@
 
 #include "data_parallel.hpp"
 #include "pipeline_step.hpp"
+#include "pipeline_timing.hpp"
 
 #ifdef STRATA_TRAINER_CUDA
 #include <cuda_profiler_api.h>
@@ -165,6 +166,11 @@ struct TrainResult {
   MemoryReport memory;                   // rank 0's allocations (printed at start)
   std::vector<double> loss_scales;       // with a loss scaler: the scale after each iteration
   std::vector<int> skipped_iterations;   // iterations (1-based) whose update was skipped
+  // pp > 1: per pipeline rank (of tensor- and data-parallel rank 0), the mean time of the schedule's
+  // actions and of the whole schedule per step, over the steps after the first (pipeline_timing.hpp),
+  // and the bubble the schedule table predicts (its unit-cost model).
+  std::vector<double> pipeline_busy_seconds, pipeline_step_seconds;
+  double pipeline_predicted_bubble = 0;
 };
 
 inline TrainArgs default_args(std::string kind) {
@@ -649,6 +655,45 @@ void all_reduce_host_values(Context& ctx, Comm& comm, double* values, index_t n)
   }
 }
 
+// pp > 1, at the end of training: the mean busy and schedule time per step of every pipeline rank
+// (pipeline_timing.hpp), gathered over the pipeline group (collective over ctx.pp), and one line per
+// pipeline rank printed by world rank 0 beside the bubble the schedule table predicts
+// (pipeline::verify_schedule(shape).bubble_fraction(), as examples/tools/pipeline_schedule prints).
+template <class Context, class Timer>
+void report_pipeline_times(Context& ctx, Timer& timer, const pipeline::ScheduleShape& shape, bool logger, bool print,
+                           TrainResult& result, std::mutex& result_mutex) {
+  const PipelineTimes times = timer.finish();
+  const int pp = shape.pp, rank = ctx.pp.rank();
+  std::vector<double> values(static_cast<std::size_t>(2 * pp), 0.0);  // [pp, 2]: busy, step seconds
+  values[static_cast<std::size_t>(2 * rank)] = times.mean_busy();
+  values[static_cast<std::size_t>(2 * rank + 1)] = times.mean_step();
+  all_reduce_host_values(ctx, ctx.pp, values.data(), 2 * pp);
+  if (!logger) return;
+  const double predicted = pipeline::verify_schedule(shape).bubble_fraction();
+  {
+    std::lock_guard lock(result_mutex);
+    result.pipeline_predicted_bubble = predicted;
+    for (int r = 0; r < pp; ++r) {
+      result.pipeline_busy_seconds.push_back(values[static_cast<std::size_t>(2 * r)]);
+      result.pipeline_step_seconds.push_back(values[static_cast<std::size_t>(2 * r + 1)]);
+    }
+  }
+  if (!print) return;
+  const std::string name(pipeline::schedule_name(shape.kind));
+  const std::string over = ::strata::detail::concat(" [", pp, " stages, ", shape.micro_batches, " micro-batches, ", shape.virtual_stages,
+                                                    " chunk(s) per rank; ",
+                                                    times.first_only ? std::string("the first step only")
+                                                                     : ::strata::detail::concat("mean of ", times.steps, " steps after the first"),
+                                                    "]");
+  for (int r = 0; r < pp; ++r) {
+    const double busy = values[static_cast<std::size_t>(2 * r)], step = values[static_cast<std::size_t>(2 * r + 1)];
+    std::printf("pipeline rank %d: busy %.1f ms of %.1f ms per step (measured bubble %.1f%%; the %s table predicts %.1f%%)%s\n", r,
+                1e3 * busy, 1e3 * step, step > 0 ? 100.0 * (1.0 - busy / step) : 0.0, name.c_str(), 100.0 * predicted,
+                r + 1 == pp ? over.c_str() : "");
+  }
+  std::fflush(stdout);
+}
+
 // Continues --sample-prompt byte by byte: each step runs the model on the last seq_length tokens
 // (padded with EOD after the end, which causal attention ignores) and draws the next byte from
 // softmax(logits / temperature) with the counter-based RNG, so every rank draws the same byte.
@@ -837,6 +882,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       world.set_dry_run(false);
     }
   }
+  // pp > 1: every action of the schedule timed on this rank, for the measured bubble
+  // (pipeline_timing.hpp: device events on CUDA, created here, before the first step).
+  const pipeline::ScheduleShape schedule_shape{schedule_kind_of(a.pipeline), pp, micro_steps, model.virtual_stages()};
+  std::optional<PipelineTimer<typename Policy::backend>> pipeline_timer;
+  pipeline::ExecutorOptions executor_options;
+  if (pp > 1) {
+    pipeline_timer.emplace(ctx.device, pipeline::rank_actions(schedule_shape, ctx.pp.rank()).size());
+    executor_options.on_action = [&pipeline_timer](const pipeline::Action&, bool begin) { pipeline_timer->on_action(begin); };
+  }
   if constexpr (has_local_barrier<Comm>) world.local_barrier();
   const LrSchedule schedule = schedule_of(a);
   int start = 0;
@@ -947,8 +1001,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     // With --overlap-grad-reduce the backward starts each bucket's collective once it is complete.
     optimizer.wait_parameters(ctx);
     const auto ready = optimizer.gradient_ready(ctx);
+    if (pipeline_timer) pipeline_timer->begin_step();
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
-                           loss_sum, ready);
+                           loss_sum, ready, executor_options);
+    if (pipeline_timer) pipeline_timer->end_step();
     optimizer.reduce_gradients(ctx);
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
@@ -1085,6 +1141,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
     if (evaluate_now) report_validation(it + 1);
   }
+  if (pipeline_timer)
+    report_pipeline_times(ctx, *pipeline_timer, schedule_shape, logger, !a.quiet, result, result_mutex);
   if (a.sample_tokens > 0) {
     const std::string text = generate(ctx, whole_model, a);
     if (logger) {
