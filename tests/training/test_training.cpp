@@ -1,7 +1,7 @@
 // End-to-end training through the trainers' loop on the shipped corpus: the loss falls; tp=2 (with
 // and without sequence parallelism) and data parallelism follow the single-rank trajectory; a run
-// resumed from a checkpoint reproduces the straight run bit for bit; bad configurations are refused
-// before anything runs.
+// resumed from a checkpoint reproduces the straight run bit for bit; pipeline ranks report their
+// measured bubble; bad configurations are refused before anything runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,6 +81,40 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
     for (std::size_t i = 0; i < run.losses.size(); ++i)
       EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i])
           << "world=" << l.world << " tp=" << l.tp << " sp=" << l.sp << " iteration " << i + 1;
+  }
+}
+
+// pp = 2 under each schedule: every pipeline rank reports the time of its actions within the
+// time of its schedule per step, and the bubble the table predicts; pp = 1 reports nothing.
+TEST(Training, PipelineRanksReportTheirMeasuredBubble) {
+  auto a = tiny("gpt");
+  a.model.num_layers = 4;
+  a.train_iters = 3;
+  a.lr_warmup_iters = 1;
+  a.eval_iters = 0;
+  a.sample_tokens = 0;
+  a.micro_batch_size = 2;  // 4 micro-batches per step
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 1;
+  const auto single = trainer::train<strata::models::Gpt>(a);
+  EXPECT_TRUE(single.pipeline_busy_seconds.empty()) << "pp = 1 has no pipeline bubble to report";
+  a.pipeline.pipeline_model_parallel_size = 2;
+  a.world_size = 2;
+  using strata::pipeline::ScheduleKind;
+  for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zero_bubble}) {
+    a.pipeline.pipeline_schedule = std::string(strata::pipeline::schedule_name(kind));
+    a.pipeline.num_layers_per_virtual_pipeline_stage = kind == ScheduleKind::interleaved ? 1 : 0;  // 2 chunks per rank
+    const auto run = trainer::train<strata::models::Gpt>(a);
+    const std::string what = a.pipeline.pipeline_schedule;
+    ASSERT_EQ(run.pipeline_busy_seconds.size(), 2u) << what;
+    ASSERT_EQ(run.pipeline_step_seconds.size(), 2u) << what;
+    for (std::size_t r = 0; r < 2; ++r) {
+      EXPECT_GT(run.pipeline_busy_seconds[r], 0.0) << what << " rank " << r;
+      EXPECT_LE(run.pipeline_busy_seconds[r], run.pipeline_step_seconds[r]) << what << " rank " << r << ": busy beyond the step";
+    }
+    const int v = kind == ScheduleKind::interleaved ? 2 : 1;
+    EXPECT_EQ(run.pipeline_predicted_bubble, strata::pipeline::verify_schedule({kind, 2, 4, v}).bubble_fraction()) << what;
+    EXPECT_GT(run.pipeline_predicted_bubble, 0.0) << what;
   }
 }
 
