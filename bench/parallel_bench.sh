@@ -39,7 +39,7 @@
 # STRATA_PARBENCH_PEER=0 skips the peers; STRATA_PARBENCH_DRY=1 prints the command lines only;
 # STRATA_PARBENCH_TINY=1 runs tiny shapes on the CPU (--device cpu, a CPU build's trainers, every
 # layout as threads of one process with --world-size N, no peer): a check of the script itself.
-# A <build-dir> without train_gpt and train_llama is configured and built with CUDA and NCCL first
+# A <build-dir> without the trainers the suites need is configured and built with CUDA and NCCL first
 # (as bench/gpu_bench.sh does). Full logs in <out-dir> (default <build-dir>/parbench-logs); the
 # tables last, also in <out-dir>/summary.md. It measures and prints; it asserts nothing about speed.
 set -u
@@ -72,7 +72,10 @@ export LD_LIBRARY_PATH
 
 gpt=$build/examples/train_gpt
 llama=$build/examples/train_llama
-if [[ $dry != 1 && (! -x $gpt || ! -x $llama) ]]; then
+missing=0  # the trainers the chosen suites run: train_gpt for dp and tp, train_llama for pp
+[[ " $suites " == *" dp "* || " $suites " == *" tp "* ]] && [[ ! -x $gpt ]] && missing=1
+[[ " $suites " == *" pp "* && ! -x $llama ]] && missing=1
+if [[ $dry != 1 && $missing == 1 ]]; then
   if [[ $tiny == 1 ]]; then echo "no $gpt or $llama: build the trainers first (a CPU build is enough for STRATA_PARBENCH_TINY)"; exit 1; fi
   echo "building $build (train_gpt, train_llama with CUDA) ..."
   frontend=${STRATA_CUDNN_FRONTEND_DIR:-$(python3 -c "import cudnn, os; print(os.path.dirname(cudnn.__file__))" 2>/dev/null)}
