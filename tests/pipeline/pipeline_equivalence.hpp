@@ -35,6 +35,19 @@ struct PipelineRun {
   }
 };
 
+// A GPT small enough for every schedule on CPU threads (seq 4, hidden 16, 2 heads, vocab 32).
+inline strata::models::ModelConfig tiny_gpt(int layers) {
+  strata::models::ModelConfig c;
+  c.num_layers = layers;
+  c.hidden_size = 16;
+  c.num_attention_heads = 2;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = 32;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 4;
+  return c;
+}
+
 inline std::vector<TokenBatch> micro_batches(const strata::models::ModelConfig& config, int m) {
   std::vector<TokenBatch> out;
   for (int i = 0; i < m; ++i) out.push_back(random_batch(config.vocab_size, 1, config.seq_length, 500 + 17 * i));

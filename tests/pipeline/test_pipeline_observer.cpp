@@ -13,18 +13,6 @@ struct Seen {
   bool begin = false;
 };
 
-strata::models::ModelConfig tiny_gpt(int layers) {
-  strata::models::ModelConfig c;
-  c.num_layers = layers;
-  c.hidden_size = 16;
-  c.num_attention_heads = 2;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = 32;
-  c.make_vocab_size_divisible_by = 4;
-  c.seq_length = 4;
-  return c;
-}
-
 // What the observer saw on each pipeline rank (tp rank 0) in one step of `run`.
 std::vector<std::vector<Seen>> observe(const strata::models::ModelConfig& config, const strata_test::PipelineRun& run) {
   using namespace strata;
@@ -48,7 +36,7 @@ std::vector<std::vector<Seen>> observe(const strata::models::ModelConfig& config
 }
 
 TEST(PipelineObserver, SeesBeginAndEndOfEveryActionInTableOrder) {
-  const auto config = tiny_gpt(4);
+  const auto config = strata_test::tiny_gpt(4);
   for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zero_bubble})
     for (int pp : {2, 4}) {
       const int v = kind == ScheduleKind::interleaved ? 2 : 1;

@@ -10,20 +10,8 @@ namespace {
 
 using strata::pipeline::ScheduleKind;
 
-strata::models::ModelConfig tiny_gpt(int layers) {
-  strata::models::ModelConfig c;
-  c.num_layers = layers;
-  c.hidden_size = 16;
-  c.num_attention_heads = 2;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = 32;
-  c.make_vocab_size_divisible_by = 4;
-  c.seq_length = 4;
-  return c;
-}
-
 TEST(PipelineTraining, StepsFollowTheSingleRankTrajectory) {
-  const auto config = tiny_gpt(4);
+  const auto config = strata_test::tiny_gpt(4);
   const strata_test::Snapshot reference = strata_test::reference_run<strata::models::Gpt, double>(config, 4, 3);
   ASSERT_EQ(reference.outputs.size(), 4u);
   EXPECT_NE(reference.outputs.front()[0], reference.outputs.back()[0]) << "the steps must change the loss";
@@ -35,7 +23,7 @@ TEST(PipelineTraining, StepsFollowTheSingleRankTrajectory) {
 }
 
 TEST(PipelineTraining, UnevenFirstAndLastStages) {
-  const auto config = tiny_gpt(6);
+  const auto config = strata_test::tiny_gpt(6);
   const strata_test::Snapshot reference = strata_test::reference_run<strata::models::Gpt, double>(config, 4);
   // pp=3: 1 + 4 + 1 layers; pp=2: 2 + 4.
   strata_test::expect_equivalent(strata_test::pipeline_run<strata::models::Gpt, double, false>(
@@ -59,7 +47,7 @@ TEST(PipelineTraining, GradientReadyReportsEachParameterOnceWithItsFinalGradient
   using namespace strata;
   using T = double;
   using P = strata_test::ModelPolicy<T, false>;
-  const auto config = tiny_gpt(4);
+  const auto config = strata_test::tiny_gpt(4);
   struct Case {
     ScheduleKind kind;
     int pp, v, m;
@@ -133,7 +121,7 @@ TEST(PipelineTraining, RefusesSplitsThatCannotWork) {
   EXPECT_NE(message([] { (void)strata::pipeline::stage_layers_of(6, 2, 1, 0, 0, 2, 3); }).find("hold all num_layers=6"),
             std::string::npos);
   // The executor refuses a micro-batch count the interleaved schedule cannot run, before any transfer.
-  const auto config = tiny_gpt(4);
+  const auto config = strata_test::tiny_gpt(4);
   EXPECT_NE(message([&] {
               (void)strata_test::pipeline_run<strata::models::Gpt, double, false>(config, {ScheduleKind::interleaved, 1, 2, 2, 3});
             }).find("needs the number of micro-batches to be a multiple of pp=2"),
