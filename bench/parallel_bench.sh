@@ -3,7 +3,7 @@
 # data-parallel, tensor-parallel and pipeline-parallel layouts, beside the PyTorch peer
 # bench/peers/torch_gpt_parallel.py where it has the layout. Random tokens (--mock-data), bf16.
 #
-#   STRATA_PARBENCH="dp tp pp"   the suites, any of them, space-separated (default all three):
+#   STRATA_PARBENCH="dp tp pp recompute"   the suites, any of them, space-separated (default all four):
 #     dp  GPT 24 x 1024 (16 heads, seq 1024, vocab 50304, ~405M with the tied embedding; the
 #         shape of GPT-2 350M, reported as "24x1024"), micro-batch 16 per GPU, global 16 x dp:
 #         1 GPU; dp=2 without and with --overlap-grad-reduce; dp=2 with --use-distributed-optimizer
@@ -18,6 +18,10 @@
 #         multiple of pp), schedules 1f1b, interleaved (--num-layers-per-virtual-pipeline-stage 7:
 #         2 chunks of 7 layers per rank) and zero-bubble; no peer. Each run's rank 0 prints the
 #         measured bubble of every pipeline rank beside the table's prediction (docs/PIPELINE.md).
+#     recompute  the dp shape on 1 GPU (micro-batch 16): no recompute, --recompute-granularity
+#         selective (the attention core), full (--recompute-method uniform, 1 layer per chunk): tokens/s,
+#         peak memory, and the peak less the model state (the trainer's measured state bytes), which
+#         is the activations' and workspaces' share.
 #   The trainers take positions up to --seq-length (no --max-position-embeddings flag) and GQA from
 #   --num-query-groups alone (no --group-query-attention flag).
 #
@@ -51,7 +55,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 unset NCCL_COMM_ID STRATA_NCCL_ID_FILE
-suites=${STRATA_PARBENCH:-dp tp pp}
+suites=${STRATA_PARBENCH:-dp tp pp recompute}
 iters=${STRATA_PARBENCH_ITERS:-20}
 interval=$((iters >= 10 ? iters / 5 : 1))
 run_timeout=${STRATA_PARBENCH_TIMEOUT:-300}
@@ -72,8 +76,8 @@ export LD_LIBRARY_PATH
 
 gpt=$build/examples/train_gpt
 llama=$build/examples/train_llama
-missing=0  # the trainers the chosen suites run: train_gpt for dp and tp, train_llama for pp
-[[ " $suites " == *" dp "* || " $suites " == *" tp "* ]] && [[ ! -x $gpt ]] && missing=1
+missing=0  # the trainers the chosen suites run: train_gpt for dp, tp, recompute; train_llama for pp
+[[ " $suites " == *" dp "* || " $suites " == *" tp "* || " $suites " == *" recompute "* ]] && [[ ! -x $gpt ]] && missing=1
 [[ " $suites " == *" pp "* && ! -x $llama ]] && missing=1
 if [[ $dry != 1 && $missing == 1 ]]; then
   if [[ $tiny == 1 ]]; then echo "no $gpt or $llama: build the trainers first (a CPU build is enough for STRATA_PARBENCH_TINY)"; exit 1; fi
@@ -241,7 +245,20 @@ for suite in $suites; do
         fi
       done
       ;;
-    *) echo "STRATA_PARBENCH: unknown suite '$suite' (use dp, tp, pp)"; exit 1 ;;
+    recompute)
+      echo "recompute: GPT ${DP_L}x${DP_D}, micro-batch $DP_B, 1 GPU: none, selective, full ..."
+      model="L=$DP_L D=$DP_D H=$DP_H T=$DP_T V=$DP_V"
+      shape=(--num-layers "$DP_L" --hidden-size "$DP_D" --num-attention-heads "$DP_H" --seq-length "$DP_T"
+             --vocab-size "$DP_V" --micro-batch-size "$DP_B" --global-batch-size "$DP_B" --tensor-model-parallel-size 1)
+      strata rc-none 1 "$gpt" "${common[@]}" "${shape[@]}"
+      record recompute rc-none strata 1 "none" "$model" rc-none.rank0.log ""
+      strata rc-selective 1 "$gpt" "${common[@]}" "${shape[@]}" --recompute-granularity selective
+      record recompute rc-selective strata 1 "selective (attention core)" "$model" rc-selective.rank0.log ""
+      strata rc-full 1 "$gpt" "${common[@]}" "${shape[@]}" --recompute-granularity full --recompute-method uniform \
+        --recompute-num-layers 1
+      record recompute rc-full strata 1 "full, uniform, 1 layer per chunk" "$model" rc-full.rank0.log ""
+      ;;
+    *) echo "STRATA_PARBENCH: unknown suite '$suite' (use dp, tp, pp, recompute)"; exit 1 ;;
   esac
 done
 [[ $dry == 1 ]] && exit 0
@@ -263,10 +280,17 @@ def strata_figures(log):
     used = tps[2:] if len(tps) > 2 else tps[-1:]
     params = re.search(r", (\d+) parameters", log)
     peak_mem = re.search(r"peak device memory \(rank 0, caching allocator\): ([\d.]+ \w+) in use", log)
+    state = re.search(r"the device allocator holds .*?\((\d+) B\) for that state", log)
     bubbles = re.findall(r"^pipeline rank (\d+): busy ([\d.]+) ms of ([\d.]+) ms per step \(measured bubble ([\d.]+)%; "
                          r"the (\S+) table predicts ([\d.]+)%\)", log, re.M)
     return (sum(used) / len(used) if used else None, len(tps), len(used), int(params.group(1)) if params else None,
-            peak_mem.group(1) if peak_mem else "?", bubbles)
+            peak_mem.group(1) if peak_mem else "?", bubbles, int(state.group(1)) if state else None)
+
+UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+def to_bytes(text):  # "12.3 GiB" -> bytes; None when unreadable
+    parts = text.split()
+    return float(parts[0]) * UNITS[parts[1]] if len(parts) == 2 and parts[1] in UNITS else None
 
 def peer_figures(log):
     try:
@@ -288,7 +312,7 @@ def llama_flops(m):
     return 6 * n + 6 * L * D * T, n
 
 tables = []
-for suite in ("dp", "tp", "pp"):
+for suite in ("dp", "tp", "pp", "recompute"):
     mine = [r for r in rows if r[0] == suite]
     if not mine:
         continue
@@ -300,9 +324,24 @@ for suite in ("dp", "tp", "pp"):
         text = read(log)
         figures[run] = strata_figures(text) if stack == "strata" else peer_figures(text)
         if gpus == "1" and figures[run][0]:
-            base[stack] = figures[run][0]
+            base.setdefault(stack, figures[run][0])  # the suite's first 1-GPU run
     lines = []
-    if suite in ("dp", "tp"):
+    if suite == "recompute":
+        m = dims(mine[0][5])
+        lines.append(f"### recompute: GPT {m['L']}x{m['D']} ({m['H']} heads, seq {m['T']}, vocab {m['V']}), 1 GPU, {dtype}")
+        lines.append("")
+        lines.append("| recompute | tokens/s | vs none | peak memory | model state | peak less the state |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for s, run, stack, gpus, label, model, log, note in mine:
+            f = figures.get(run)
+            if not f or not f[0]:
+                lines.append(f"| {label} | failed (see {log}) | | | | |")
+                continue
+            peak_b, state_b = to_bytes(f[4]), f[6]
+            rest = f"{(peak_b - state_b) / 2**30:.2f} GiB" if peak_b is not None and state_b is not None else "?"
+            state = f"{state_b / 2**30:.2f} GiB" if state_b is not None else "?"
+            lines.append(f"| {label} | {f[0]:,.0f} | {f[0] / base['strata']:.2f}x | {f[4]} | {state} | {rest} |")
+    elif suite in ("dp", "tp"):
         m = dims(mine[0][5])
         fpt = gpt_flops(m)
         lines.append(f"### {suite}: GPT {m['L']}x{m['D']} ({m['H']} heads, seq {m['T']}, vocab {m['V']}), {dtype}")
