@@ -12,9 +12,14 @@
 //   reduce_gradients()                after the last micro-batch: the collectives of the buckets not
 //                                     started yet, then (overlapped) the compute stream waits for all
 //   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), clipping
+//   parameters_needed(ctx)            with --overlap-param-gather, after a step: the hook the next
+//                                     forward calls per parameter right before reading it, which
+//                                     makes the compute stream wait for that bucket's all-gather
+//                                     (null when no gather is pending)
 //   step(lr, skip_unless_finite)      AdamW or the sharded AdamW + parameter all-gather (with
 //                                     --overlap-param-gather on the communication stream, the buckets
-//                                     last first; wait_parameters() joins before the parameters are read)
+//                                     last first; wait_parameters() waits for all of it before
+//                                     anything else reads the parameters)
 // and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_sharded_state,
 // steps, set_steps, config).
 #pragma once
@@ -87,12 +92,21 @@ class DataParallelOptimizer {
     buffer_.finish_reduction(ctx.device, ctx.dp);
   }
 
-  // With --overlap-param-gather: the compute stream waits for the parameter all-gather of the last
-  // step. Call before anything reads the parameters (the next forward, evaluation, a checkpoint).
+  // The hook for the next forward (null: no gather pending): each bucket of the last step's
+  // overlapped parameter all-gather is waited for right before the forward first reads one of its
+  // parameters. It holds ctx: rebuild it per step; call wait_parameters after the step.
+  template <class Context>
+  ParameterNeeded<T, Space> parameters_needed(Context& ctx) {
+    if (!buffer_.gather_pending()) return {};
+    return buffer_.needed_hook(ctx.dp);
+  }
+
+  // With --overlap-param-gather: the compute stream waits for whatever is left of the parameter
+  // all-gather of the last step. Call before anything reads the parameters without the hook above
+  // (evaluation, a checkpoint, a forward without the hook) and after each training step.
   template <class Context>
   void wait_parameters(Context& ctx) {
-    if (gather_pending_) join_overlapped(ctx.dp);
-    gather_pending_ = false;
+    buffer_.wait_gathered(ctx.dp);
   }
 
   // Divides the gradients by the loss scale (with a scaler), then measures the global norm and clips
@@ -126,7 +140,6 @@ class DataParallelOptimizer {
   void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite) {
     if (distributed_) {
       distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_);
-      gather_pending_ = overlap_param_gather_ && ctx.dp.size() > 1;
     } else {
       adamw_->step(ctx.device, model, lr, skip_unless_finite);
     }
@@ -190,7 +203,6 @@ class DataParallelOptimizer {
   std::optional<LossScaler> scaler_;
   int skipped_ = 0;
   bool overlap_param_gather_ = false;
-  bool gather_pending_ = false;  // an overlapped parameter all-gather not joined yet
 };
 
 }  // namespace trainer

@@ -95,15 +95,16 @@ inline void check_pipeline_args(const PipelineArgs& p, const strata::models::Mod
 
 // The step's forwards and backwards: every micro-batch of this data-parallel rank through the
 // schedule; the loss sum (on every rank) is added to `loss_sum`. `ready` (when set) is told each
-// parameter whose gradient is final (the data-parallel buckets' overlap); `options` may carry an
-// observer of the actions (pipeline_timing.hpp).
-template <class Context, class Model, class Batch, class Ready>
+// parameter whose gradient is final (the data-parallel buckets' overlap), `needed` (when set) each
+// parameter the forward is about to read (the overlapped parameter all-gather); `options` may
+// carry an observer of the actions (pipeline_timing.hpp).
+template <class Context, class Model, class Batch, class Ready, class Needed>
 void pipeline_micro_batches(Context& ctx, Model& model, strata::pipeline::ScheduleKind kind, const std::vector<Batch>& batches,
                             const std::vector<std::uint64_t>& dropout_keys, double loss_scale,
-                            strata::Tensor<double, typename Context::space>& loss_sum, const Ready& ready,
+                            strata::Tensor<double, typename Context::space>& loss_sum, const Ready& ready, const Needed& needed,
                             const strata::pipeline::ExecutorOptions& options = {}) {
   const auto result = model.train_step(ctx, kind, std::span<const Batch>(batches), std::span<const std::uint64_t>(dropout_keys),
-                                       loss_scale, options, ready ? &ready : nullptr);
+                                       loss_scale, options, ready ? &ready : nullptr, needed ? &needed : nullptr);
   ctx.device.template add<double>(loss_sum.data(), result.loss_sum.data(), 1, loss_sum.data());
 }
 

@@ -802,7 +802,7 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   std::vector<std::uint64_t> keys(static_cast<std::size_t>(micro_steps), rng::mix(a.seed, 0x7761726dull));
   auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
   pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, keys, 1.0, loss_sum,
-                         GradientReady<typename Model::Chunk::T, Space>{});
+                         GradientReady<typename Model::Chunk::T, Space>{}, ParameterNeeded<typename Model::Chunk::T, Space>{});
   (void)model.evaluate(ctx, std::span<const data::Batch>(&b, 1));
   optimizer.reduce_gradients(ctx);
   (void)optimizer.unscale_and_clip(ctx, model, a.clip_grad);
@@ -999,12 +999,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     // whole logits never exist; the schedule runs the micro-batches (with pp = 1: forward and
     // backward of each in turn).
     // With --overlap-grad-reduce the backward starts each bucket's collective once it is complete.
-    optimizer.wait_parameters(ctx);
+    // With --overlap-param-gather the forward waits for each bucket of the last step's parameter
+    // all-gather right before it reads the bucket's parameters (and for the rest after the step).
     const auto ready = optimizer.gradient_ready(ctx);
+    const auto needed = optimizer.parameters_needed(ctx);
     if (pipeline_timer) pipeline_timer->begin_step();
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
-                           loss_sum, ready, executor_options);
+                           loss_sum, ready, needed, executor_options);
     if (pipeline_timer) pipeline_timer->end_step();
+    optimizer.wait_parameters(ctx);
     optimizer.reduce_gradients(ctx);
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -138,6 +139,69 @@ TEST(GradBuffer, MarkReadyStartsEachBucketWhenItsParametersAreDone) {
     buffer.zero(device);
     buffer.finish_reduction(device, dp);
     EXPECT_EQ(m.params[1]->grad[0], 0.f);
+  });
+}
+
+// The in-process communicator with the overlap interface recorded: overlapped_mark() counts up,
+// and each join (up to a mark, or of everything) is logged. The operations themselves are the
+// in-process ones, done when they return.
+struct MarkingComm : inprocess::communicator {
+  struct Log {
+    std::uint64_t marks = 0;
+    std::vector<std::uint64_t> joins;  // the mark of each join_overlapped(mark)
+    int full_joins = 0;
+  };
+  std::shared_ptr<Log> log = std::make_shared<Log>();
+  explicit MarkingComm(const inprocess::communicator& c) : inprocess::communicator(c) {}
+  MarkingComm overlapped() const { return *this; }
+  void join_overlapped() { ++log->full_joins; }
+  std::uint64_t overlapped_mark() { return log->marks++; }
+  void join_overlapped(std::uint64_t mark) { log->joins.push_back(mark); }
+};
+
+// An overlapped parameter all-gather marks each bucket's gather, the last bucket first; the
+// forward's hook waits up to the mark of the bucket it needs, once, and never for a later one;
+// wait_gathered() waits for the rest; a gather still pending is waited for before the next one.
+TEST(GradBuffer, OverlappedParameterGatherIsWaitedForBucketByBucket) {
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    cpu::backend device;
+    MarkingComm dp(world);
+    Flat m({64, 64, 64});  // one bucket each: bucket 0 = p2, bucket 1 = p1, bucket 2 = p0
+    GradBuffer<float> buffer(device, m,
+                             GradBufferOptions{.bucket_size = 64, .dp = 2, .alignment = 32, .distributed = true, .param_buffer = true});
+    ASSERT_EQ(buffer.buckets().size(), 3u);
+    for (std::size_t b = 0; b < 3; ++b)  // this rank's shard of every bucket: its rank + 1
+      std::fill_n(buffer.params().data() + buffer.shard_begin(b, dp.rank()), buffer.shard_size(b), float(dp.rank() + 1));
+    buffer.all_gather_parameters(dp, /*overlapped=*/true);
+    EXPECT_EQ(dp.log->marks, 3u);  // one mark per bucket
+    EXPECT_TRUE(buffer.gather_pending());
+    EXPECT_EQ(buffer.gathers_waited(), 0u);
+    EXPECT_EQ(m.params[1]->value[0], 1.f);  // gathered: rank 0's shard first, then rank 1's
+    EXPECT_EQ(m.params[1]->value[63], 2.f);
+    const auto needed = buffer.needed_hook(dp);
+    needed(*m.params[0]);  // bucket 2, gathered first: its mark is 0
+    EXPECT_EQ(dp.log->joins, (std::vector<std::uint64_t>{0}));
+    EXPECT_EQ(buffer.gathers_waited(), 1u);
+    needed(*m.params[0]);  // waited already
+    EXPECT_EQ(dp.log->joins.size(), 1u);
+    needed(*m.params[2]);  // bucket 0, gathered last: mark 2 (bucket 1's gather ends before it)
+    EXPECT_EQ(dp.log->joins, (std::vector<std::uint64_t>{0, 2}));
+    EXPECT_FALSE(buffer.gather_pending());
+    needed(*m.params[1]);
+    EXPECT_EQ(dp.log->joins.size(), 2u);
+    buffer.all_gather_parameters(dp, true);  // marks 3, 4, 5
+    buffer.wait_gathered(dp);
+    EXPECT_EQ(dp.log->joins.back(), 5u);
+    EXPECT_FALSE(buffer.gather_pending());
+    buffer.all_gather_parameters(dp, true);  // marks 6, 7, 8, never waited for ...
+    buffer.all_gather_parameters(dp, true);  // ... so the next gather waits for mark 8 before writing
+    EXPECT_EQ(dp.log->joins.back(), 8u);
+    EXPECT_EQ(dp.log->marks, 12u);
+    buffer.wait_gathered(dp);
+    buffer.all_gather_parameters(dp, false);  // on the compute stream: no marks, nothing pending
+    EXPECT_EQ(dp.log->marks, 12u);
+    EXPECT_FALSE(buffer.gather_pending());
+    EXPECT_EQ(dp.log->full_joins, 0);
   });
 }
 

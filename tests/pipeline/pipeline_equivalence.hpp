@@ -48,6 +48,21 @@ inline strata::models::ModelConfig tiny_gpt(int layers) {
   return c;
 }
 
+// A Llama as small (untied output layer, RoPE, RMSNorm, SwiGLU, 4 heads in 2 query groups), 8
+// layers: pp=4 x 2 chunks.
+inline strata::models::ModelConfig tiny_llama() {
+  strata::models::ModelConfig c;
+  c.num_layers = 8;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 32;
+  c.vocab_size = 32;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 4;
+  return c;
+}
+
 inline std::vector<TokenBatch> micro_batches(const strata::models::ModelConfig& config, int m) {
   std::vector<TokenBatch> out;
   for (int i = 0; i < m; ++i) out.push_back(random_batch(config.vocab_size, 1, config.seq_length, 500 + 17 * i));

@@ -6,18 +6,7 @@ namespace {
 
 using strata::pipeline::ScheduleKind;
 
-strata::models::ModelConfig tiny_llama() {
-  strata::models::ModelConfig c;
-  c.num_layers = 8;  // pp=4 x 2 chunks
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = 32;
-  c.make_vocab_size_divisible_by = 4;
-  c.seq_length = 4;
-  return c;
-}
+using strata_test::tiny_llama;
 
 TEST(PipelineLlama, GpipeEqualsSingleRank) { strata_test::expect_pipeline_equivalence<strata::models::Llama, double>(tiny_llama(), 1, ScheduleKind::gpipe); }
 TEST(PipelineLlama, OneFOneBEqualsSingleRank) {

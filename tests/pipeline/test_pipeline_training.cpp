@@ -4,7 +4,10 @@
 // stage empty or do not add up are refused with a sentence.
 #include "pipeline_equivalence.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <map>
+#include <vector>
 
 namespace {
 
@@ -98,6 +101,79 @@ TEST(PipelineTraining, GradientReadyReportsEachParameterOnceWithItsFinalGradient
       }
     });
   }
+}
+
+// The parameter-needed hook (where the forward waits for the overlapped parameter all-gather of the
+// distributed optimizer) announces every parameter before the forward first reads it: with every
+// value poisoned (NaN) and restored only when the hook announces it, a step gives the losses and
+// gradients of the unpoisoned step bit for bit, under every schedule and with recompute, for GPT
+// (tied output layer, learned positions) and Llama (untied output layer). Every parameter of the
+// rank is announced.
+template <template <class> class Model>
+void expect_parameters_announced_before_read(const strata::models::ModelConfig& config, const char* model_name) {
+  using namespace strata;
+  using T = double;
+  using P = strata_test::ModelPolicy<T, false>;
+  struct Case {
+    ScheduleKind kind;
+    int pp, v, m;
+    bool recompute;
+  };
+  struct Outcome {
+    double loss = 0;
+    std::vector<std::vector<double>> grads;
+  };
+  for (const Case c : {Case{ScheduleKind::one_f_one_b, 1, 1, 2, false}, Case{ScheduleKind::one_f_one_b, 1, 1, 2, true},
+                       Case{ScheduleKind::gpipe, 2, 1, 3, false}, Case{ScheduleKind::one_f_one_b, 2, 1, 4, true},
+                       Case{ScheduleKind::interleaved, 2, 2, 4, false}, Case{ScheduleKind::zero_bubble, 2, 1, 4, false}}) {
+    const std::string label = std::string(model_name) + " " + std::string(pipeline::schedule_name(c.kind)) + " pp=" + std::to_string(c.pp) +
+                              " v=" + std::to_string(c.v) + (c.recompute ? " recompute" : "");
+    inprocess::run(c.pp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.pp = c.pp});
+      const auto batches = strata_test::as_pipeline_batches(strata_test::micro_batches(config, c.m));
+      const auto keys = strata_test::dropout_keys(c.m);
+      double tokens = 0;
+      for (const auto& b : batches)
+        for (index_t i = 0; i < b.loss_mask.numel(); ++i) tokens += b.loss_mask[i];
+      auto run = [&](bool poison) {
+        models::PipelineModel<Model, P> model(ctx, config, {c.v, -1, -1});
+        model.init(ctx, 1234);
+        if (c.recompute) model.set_recompute(models::RecomputeConfig{models::RecomputeGranularity::full, models::RecomputeMethod::uniform, 1});
+        std::map<const Parameter<T>*, std::vector<double>> stash;
+        std::map<const Parameter<T>*, Parameter<T>*> writable;
+        std::map<const Parameter<T>*, int> announced;
+        model.for_each_parameter([&](Parameter<T>& p) {
+          writable[&p] = &p;
+          if (!poison) return;
+          stash[&p].assign(p.value.data(), p.value.data() + p.value.numel());
+          std::fill(p.value.data(), p.value.data() + p.value.numel(), std::numeric_limits<double>::quiet_NaN());
+        });
+        const ParameterNeeded<T> needed = [&](const Parameter<T>& p) {
+          if (announced[&p]++ > 0 || !poison) return;
+          const std::vector<double>& values = stash.at(&p);
+          std::copy(values.begin(), values.end(), writable.at(&p)->value.data());
+        };
+        zero_gradients(ctx.device, model);
+        const auto result = model.train_step(ctx, c.kind, std::span<const strata_test::PipelineBatch>(batches),
+                                             std::span<const std::uint64_t>(keys), 1.0 / tokens, {}, nullptr, &needed);
+        Outcome out;
+        out.loss = result.loss_sum_on_host();
+        model.for_each_parameter([&](Parameter<T>& p) {
+          EXPECT_GE(announced[&p], 1) << label << ": " << p.name << " was never announced on pipeline rank " << ctx.pp.rank();
+          out.grads.emplace_back(p.grad.data(), p.grad.data() + p.grad.numel());
+        });
+        return out;
+      };
+      const Outcome reference = run(false), poisoned = run(true);
+      EXPECT_EQ(poisoned.loss, reference.loss) << label << ": a poisoned value was read before the hook announced it";
+      EXPECT_TRUE(poisoned.grads == reference.grads) << label << ": the gradients differ from the unpoisoned step";
+    });
+  }
+}
+
+TEST(PipelineTraining, ParameterNeededAnnouncesEachParameterBeforeTheForwardReadsIt) {
+  expect_parameters_announced_before_read<strata::models::Gpt>(strata_test::tiny_gpt(4), "GPT");
+  expect_parameters_announced_before_read<strata::models::Llama>(strata_test::tiny_llama(), "Llama");
 }
 
 TEST(PipelineTraining, RefusesSplitsThatCannotWork) {

@@ -213,7 +213,12 @@ auto batch_point_to_point(C& comm) {
 //                         was issued (so it reads finished inputs) and concurrently with what the
 //                         compute stream does next;
 //   c.join_overlapped()   work enqueued on the compute stream from now on runs after every
-//                         overlapped operation issued so far.
+//                         overlapped operation issued so far;
+//   c.overlapped_mark()   (optional) a point in the overlapped operations issued so far, and
+//   c.join_overlapped(m)  work enqueued on the compute stream from now on runs after every
+//                         overlapped operation issued before mark m (and perhaps after a few
+//                         more: a backend may reuse a mark's slot for a later one), so a consumer
+//                         waits for exactly the operations whose outputs it reads.
 // Code written for every communicator uses the free functions below: on a communicator whose
 // operations are done when they return (in-process) the handle is the same one and join does
 // nothing. Between an overlapped operation and the join, the compute stream must neither write
@@ -223,6 +228,11 @@ template <class C>
 concept communicator_overlaps = requires(const C& c, C& m) {
   { c.overlapped() } -> std::same_as<C>;
   m.join_overlapped();
+};
+template <class C>
+concept communicator_marks = requires(C& m, std::uint64_t mark) {
+  { m.overlapped_mark() } -> std::same_as<std::uint64_t>;
+  m.join_overlapped(mark);
 };
 }  // namespace detail
 
@@ -234,6 +244,18 @@ C overlapped_handle(const C& comm) {
 template <class C>
 void join_overlapped(C& comm) {
   if constexpr (detail::communicator_overlaps<C>) comm.join_overlapped();
+}
+// The mark of the overlapped operations issued so far (0 where they are done when they return),
+// and the join up to one: a backend that overlaps without marks joins everything.
+template <class C>
+std::uint64_t overlapped_mark(C& comm) {
+  if constexpr (detail::communicator_marks<C>) return comm.overlapped_mark();
+  else return 0;
+}
+template <class C>
+void join_overlapped(C& comm, std::uint64_t mark) {
+  if constexpr (detail::communicator_marks<C>) comm.join_overlapped(mark);
+  else join_overlapped(comm);
 }
 
 // Size checks shared by the backends. Each throws ShapeError (or CommError for a bad peer or

@@ -62,6 +62,14 @@ struct Parameter {
 template <class T, class Space = space::host>
 using GradientReady = std::function<void(Parameter<T, Space>&)>;
 
+// The forward's counterpart: told that a parameter is about to be read for the first time in this
+// iteration's forward. A model's forward given one calls it for each parameter of a layer right
+// before that layer runs, so the values can still be arriving while earlier layers compute (the
+// distributed optimizer's overlapped all-gather: GradBuffer::needed_hook waits for just the
+// parameter's bucket).
+template <class T, class Space = space::host>
+using ParameterNeeded = std::function<void(const Parameter<T, Space>&)>;
+
 // value = std * N(0, 1), drawn per global element under key (seed, name), by the backend.
 template <class Device, class T, class Space>
 void init_normal(Device& device, Parameter<T, Space>& p, std::uint64_t seed, double stddev) {

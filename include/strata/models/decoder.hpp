@@ -212,15 +212,23 @@ class DecoderModel {
   // stage's output `input`; the last stage runs the fused loss with `loss_scale` (the scale
   // backward_stage must be given; blocks of rows as `chunks` says) and returns the loss sum. tokens, labels, loss_mask: [b, s] on the
   // host (every stage checks the shapes; the first reads the tokens, the last the labels and mask).
+  // With `needed`, each module's parameters are handed to it right before the module runs (the
+  // embedding, each layer, the final norm, the output layer or the tied embedding it reads).
   StageForward forward_stage(Context& ctx, const Boundary* input, const Tensor<std::int32_t>& tokens,
                              const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask, std::uint64_t dropout_key,
-                             double loss_scale, ClassifierChunks chunks = {}) {
+                             double loss_scale, ClassifierChunks chunks = {}, const ParameterNeeded<T, Space>* needed = nullptr) {
     const FusedLoss fused{loss_scale, chunks};
     check_batch(ctx, tokens, labels, loss_mask);
     fused.chunks.check();
+    if (needed != nullptr && !*needed) needed = nullptr;
+    auto need = [&](auto& module) {
+      if (needed != nullptr) module.for_each_parameter([&](const Parameter<T, Space>& p) { (*needed)(p); });
+    };
     StageForward out;
     Boundary x;
     if (stage_.has_embedding) {
+      need(*embedding_);
+      if (positions_) need(*positions_);
       auto [e, emb] = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
       out.saved.embedding = std::move(emb);
       x = std::move(e);
@@ -233,11 +241,15 @@ class DecoderModel {
                          input ? input->shape().str() : std::string("none"));
       x = *input;  // shared, read only
     }
-    run_layers(ctx, x, dropout_key, out.saved);
+    if (needed != nullptr) run_layers(ctx, x, dropout_key, out.saved, [&](std::size_t k) { need(layers_[k]); });
+    else run_layers(ctx, x, dropout_key, out.saved);
     if (!stage_.has_head) {
       out.output = std::move(x);
       return out;
     }
+    need(*final_norm_);
+    if constexpr (TiedOutput) need(*embedding_);  // the output layer reads the (tied copy of the) embedding
+    else need(*output_);
     auto [h, fn] = final_norm_->forward(ctx, x);
     out.saved.final_norm = std::move(fn);
     out.loss = fused_head(ctx, h, labels, loss_mask, fused, out.saved);
@@ -418,9 +430,12 @@ class DecoderModel {
 
   // x := the layers' output; their Saved go to `saved`.
   // (recompute.hpp: under activation recompute some layers keep only their input.)
-  void run_layers(Context& ctx, Activation<T, Layout, Space>& x, std::uint64_t dropout_key, Saved& saved) const {
+  template <class BeforeLayer = NoLayerHook>
+  void run_layers(Context& ctx, Activation<T, Layout, Space>& x, std::uint64_t dropout_key, Saved& saved,
+                  const BeforeLayer& before_layer = {}) const {
     saved.dropout_key = dropout_key;
-    x = forward_layers(ctx, layers_, std::move(x), dropout_key, recompute_, saved.layers, saved.layer_inputs, first_layer());
+    x = forward_layers(ctx, layers_, std::move(x), dropout_key, recompute_, saved.layers, saved.layer_inputs, first_layer(),
+                       before_layer);
   }
   std::uint64_t first_layer() const { return static_cast<std::uint64_t>(stage_.layers.begin); }
 

@@ -72,15 +72,17 @@ class PipelineModel {
   const ModelConfig& config() const { return chunks_.front()->config(); }
 
   // One training step's forwards and backwards under `kind` (pp from ctx, micro-batches from
-  // batches), then the tied-embedding gradient sum. Collective over ctx.pp and ctx.tp.
+  // batches), then the tied-embedding gradient sum. Collective over ctx.pp and ctx.tp. `ready` and
+  // `needed`: the parameter hooks of pipeline::run_schedule.
   template <class Batch>
   pipeline::PipelineStepResult<Space> train_step(Context& ctx, pipeline::ScheduleKind kind, std::span<const Batch> batches,
                                                  std::span<const std::uint64_t> dropout_keys, double loss_scale,
                                                  const pipeline::ExecutorOptions& options = {},
-                                                 const GradientReady<typename Chunk::T, Space>* ready = nullptr) {
+                                                 const GradientReady<typename Chunk::T, Space>* ready = nullptr,
+                                                 const ParameterNeeded<typename Chunk::T, Space>* needed = nullptr) {
     const pipeline::ScheduleShape shape{kind, ctx.pp.size(), static_cast<int>(batches.size()), layout_.virtual_stages};
-    auto result =
-        pipeline::run_schedule(ctx, shape, std::span<Chunk* const>(pointers_), batches, dropout_keys, loss_scale, options, ready);
+    auto result = pipeline::run_schedule(ctx, shape, std::span<Chunk* const>(pointers_), batches, dropout_keys, loss_scale,
+                                         options, ready, needed);
     sum_tied_embedding_gradients(ctx);
     if (ready != nullptr && *ready)  // the tied embedding's copies are final once summed
       for (auto& chunk : chunks_)

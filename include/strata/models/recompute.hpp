@@ -72,15 +72,20 @@ inline RecomputeMethod parse_recompute_method(const std::string& s) {
 
 // Runs layers[0..L) forward on x under `config`: saved[i] is layer i's Saved, or empty when it is
 // recomputed; inputs[i] holds the input of each chunk's first recomputed layer. Returns the output.
-template <class Context, class Layers, class Act, class LayerSaved>
+// before_layer(i), when given, runs right before layer i (the ParameterNeeded hook's place).
+struct NoLayerHook {
+  void operator()(std::size_t) const {}
+};
+template <class Context, class Layers, class Act, class LayerSaved, class BeforeLayer = NoLayerHook>
 Act forward_layers(Context& ctx, const Layers& layers, Act x, std::uint64_t dropout_key, const RecomputeConfig& config,
                    std::vector<std::optional<LayerSaved>>& saved, std::vector<std::optional<Act>>& inputs,
-                   std::uint64_t first_layer = 0) {
+                   std::uint64_t first_layer = 0, const BeforeLayer& before_layer = {}) {
   const int count = static_cast<int>(layers.size());
   saved.assign(static_cast<std::size_t>(count), std::nullopt);
   inputs.assign(static_cast<std::size_t>(count), std::nullopt);
   for (int i = 0; i < count; ++i) {
     const std::size_t k = static_cast<std::size_t>(i);
+    before_layer(k);
     if (config.recomputed(i) && config.chunk_start(i) == i) inputs[k] = x;
     auto [y, s] = layers[k].forward(ctx, x, rng::mix(dropout_key, first_layer + k));
     if (!config.recomputed(i)) saved[k] = std::move(s);

@@ -157,12 +157,15 @@ class DistributedOptimizer {
   // One AdamW step on the owned shards, then the all-gather of the parameters over `dp`.
   // skip_unless_finite as in AdamW::step (the update changes nothing when it points at NaN or inf;
   // the all-gather still runs, and moves the unchanged values).
-  template <class Device, class Comm>
   // With `overlap_gather` the parameter all-gather runs beside compute (GradBuffer::
-  // all_gather_parameters): join_overlapped(dp) before anything reads the parameters.
+  // all_gather_parameters): the next forward waits bucket by bucket through the buffer's
+  // needed_hook, anything else reading the parameters after the buffer's wait_gathered(dp). A gather
+  // still pending when step() is called is waited for first.
+  template <class Device, class Comm>
   void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr, bool overlap_gather = false) {
     if (!std::isfinite(lr) || lr < 0)
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
+    buffer_->wait_gathered(dp);
     ++steps_;
     using A = state_type;
     const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);

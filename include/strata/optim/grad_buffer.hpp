@@ -36,6 +36,13 @@
 // the in-process communicator's collectives are done when they return either way. Without it,
 // every collective is enqueued on the compute stream.
 //
+// Parameter gather. With the distributed optimizer, all_gather_parameters() brings every rank the
+// updated values, bucket by bucket, the last bucket first (the next forward reads the parameters
+// placed last, the embedding, first). Overlapped, each bucket's gather is followed by a mark of
+// the communication stream, and the forward's ParameterNeeded hook (needed_hook) makes the compute
+// stream wait for the gather of the bucket it is about to read, and no later one; wait_gathered()
+// waits for them all (before anything else reads the parameters).
+//
 // Groups. Gradients of replicated parameters under sequence parallelism (norm weights) are already
 // summed over tensor parallelism by their layers' backward; the tied output layer shares the
 // embedding's Parameter, which is visited (and placed) once. So every gradient of the buffer is
@@ -44,6 +51,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -204,25 +212,53 @@ class GradBuffer {
 
   // All-gathers the parameter buffer over `dp` in place, bucket by bucket: after the distributed
   // optimizer updated this rank's shards, every rank holds every updated value. With `overlapped`
-  // the gathers run beside compute (the communicator's overlapped handle) and the caller joins
-  // (join_overlapped(dp)) before anything reads the parameters; the buckets go last first, since
-  // the next forward starts with the parameters placed last.
+  // the gathers run beside compute (the communicator's overlapped handle), the last bucket first,
+  // each followed by a mark; until wait_gathered(dp) (or needed_hook for every parameter) nothing
+  // may read or write the parameters.
   template <class Comm>
   void all_gather_parameters(Comm& dp, bool overlapped = false) {
     if (!options_.param_buffer)
       fail<ConfigError>("GradBuffer::all_gather_parameters: this buffer has no parameter buffer (param_buffer = false)");
     check_group(dp, "all_gather_parameters");
+    wait_gathered(dp);  // a gather still pending (nothing read every bucket) ends before this one writes
     if (dp.size() == 1) return;
     Comm comm = overlapped ? overlapped_handle(dp) : dp;
     for (std::size_t k = buckets_.size(); k-- > 0;) {
-      const std::size_t b = overlapped ? k : buckets_.size() - 1 - k;
-      const Bucket& bucket = buckets_[b];
-      const index_t shard = shard_size(b);
+      const Bucket& bucket = buckets_[k];
+      const index_t shard = shard_size(k);
       T* whole = params_.data() + bucket.offset;
       comm.all_gather(comm_span_t<const T, Comm>(whole + dp.rank() * shard, static_cast<std::size_t>(shard)),
                       comm_span_t<T, Comm>(whole, static_cast<std::size_t>(bucket.numel)));
+      if (overlapped) gather_marks_.push_back(overlapped_mark(comm));
     }
+    gathers_waited_ = 0;
   }
+
+  // After an overlapped all_gather_parameters: the compute stream waits for the gather of bucket b
+  // (and of the buckets issued before it, which end first). Does nothing once waited.
+  template <class Comm>
+  void wait_gathered(Comm& dp, std::size_t b) {
+    if (gather_marks_.empty()) return;
+    const std::size_t position = buckets_.size() - 1 - b;  // issue order: the last bucket first
+    if (position < gathers_waited_) return;
+    join_overlapped(dp, gather_marks_[position]);
+    gathers_waited_ = position + 1;
+    if (gathers_waited_ == gather_marks_.size()) gather_marks_.clear();
+  }
+  // ... for every bucket (before the optimizer, an evaluation or a checkpoint reads the parameters).
+  template <class Comm>
+  void wait_gathered(Comm& dp) {
+    if (!gather_marks_.empty()) wait_gathered(dp, 0);
+  }
+  // The ParameterNeeded hook for the forward after an overlapped gather: waits for the parameter's
+  // bucket the first time one of its parameters is needed.
+  template <class Comm>
+  ParameterNeeded<T, Space> needed_hook(Comm& dp) {
+    return [this, &dp](const Param& p) { wait_gathered(dp, entry_of(p).bucket); };
+  }
+  // Buckets of the overlapped gather waited for so far (all of them once nothing is pending).
+  std::size_t gathers_waited() const { return gather_marks_.empty() ? buckets_.size() : gathers_waited_; }
+  bool gather_pending() const { return !gather_marks_.empty(); }
 
   const std::vector<Entry>& entries() const { return entries_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -282,6 +318,8 @@ class GradBuffer {
   std::vector<Bucket> buckets_;
   index_t total_ = 0;
   std::size_t next_bucket_ = 0;
+  std::vector<std::uint64_t> gather_marks_;  // per bucket of an overlapped gather, in issue order; empty: none pending
+  std::size_t gathers_waited_ = 0;           // of gather_marks_
   Tensor<grad_type, Space> grads_;
   Tensor<T, Space> params_;
 };

@@ -75,16 +75,20 @@ struct ExecutorOptions {
 // dropout_keys[mb]: micro-batch mb. Collective over ctx.pp (and, inside the chunks, ctx.tp).
 // `ready` (optional): handed every parameter of a chunk once its gradient is final for the step:
 // layer by layer during the chunk's last backward, or the whole chunk after its last W.
+// `needed` (optional): handed every parameter of a chunk during its first forward of the step,
+// module by module right before each runs (ParameterNeeded).
 template <class Context, class Stage, class Batch>
 PipelineStepResult<typename Context::space> run_schedule(
     Context& ctx, const ScheduleShape& shape, std::span<Stage* const> chunks, std::span<const Batch> batches,
     std::span<const std::uint64_t> dropout_keys, double loss_scale, const ExecutorOptions& options = {},
-    const GradientReady<typename Stage::Boundary::element_type, typename Context::space>* ready = nullptr) {
+    const GradientReady<typename Stage::Boundary::element_type, typename Context::space>* ready = nullptr,
+    const ParameterNeeded<typename Stage::Boundary::element_type, typename Context::space>* needed = nullptr) {
   using Space = typename Context::space;
   using Boundary = typename Stage::Boundary;
   using Saved = typename Stage::Saved;
   using T = typename Boundary::element_type;
   if (ready != nullptr && !*ready) ready = nullptr;
+  if (needed != nullptr && !*needed) needed = nullptr;
   if (shape.pp != ctx.pp.size())
     fail<ConfigError>("run_schedule: the schedule is for pp=", shape.pp, " but the pipeline group has ", ctx.pp.size(), " ranks");
   if (static_cast<int>(chunks.size()) != shape.virtual_stages)
@@ -100,6 +104,7 @@ PipelineStepResult<typename Context::space> run_schedule(
   const std::vector<Action> actions = rank_actions(shape, rank);
   const std::vector<std::size_t> starts = step_starts(actions);
   std::vector<std::size_t> last_gradient_action(chunks.size(), actions.size());  // per chunk: its last B, Bi or W
+  std::vector<bool> forward_seen(chunks.size(), false);                           // per chunk: its first F has run
   for (std::size_t i = 0; i < actions.size(); ++i)
     if (actions[i].op != Op::forward && actions[i].chunk >= 0 && actions[i].chunk < static_cast<int>(chunks.size()))
       last_gradient_action[static_cast<std::size_t>(actions[i].chunk)] = i;
@@ -174,8 +179,11 @@ PipelineStepResult<typename Context::space> run_schedule(
           input = std::move(it->second);
           received.erase(it);
         }
+        const bool first_forward = !forward_seen[static_cast<std::size_t>(a.chunk)];
+        forward_seen[static_cast<std::size_t>(a.chunk)] = true;
         auto out = chunk.forward_stage(ctx, vs > 0 ? &input : nullptr, b.tokens, b.labels, b.loss_mask,
-                                       dropout_keys[static_cast<std::size_t>(a.micro_batch)], loss_scale, options.classifier);
+                                       dropout_keys[static_cast<std::size_t>(a.micro_batch)], loss_scale, options.classifier,
+                                       first_forward ? needed : nullptr);
         saved[key] = std::move(out.saved);
         result.peak_in_flight = std::max(result.peak_in_flight, in_flight());  // only a forward adds to it
         if (vs == last_stage) ctx.device.template add<double>(result.loss_sum.data(), out.loss.sum.data(), 1, result.loss_sum.data());

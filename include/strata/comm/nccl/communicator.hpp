@@ -343,6 +343,48 @@ class communicator {
                                                              ": could not order the compute stream after the communication "
                                                              "stream: ", detail::describe_cuda(status)));
   }
+  // A mark of the overlapped operations this rank issued so far (on any of its groups: they share
+  // the communication stream); join_overlapped(mark) orders the compute stream after them alone.
+  // no_mark when nothing was ever overlapped on this rank (its join does nothing).
+  static constexpr std::uint64_t no_mark = ~std::uint64_t{0};
+  std::uint64_t overlapped_mark() {
+    require_valid("overlapped_mark");
+    detail::Group& g = *group_;
+    std::lock_guard lock(g.rank_state->mutex);
+    if (g.rank_state->failed.load()) detail::throw_failed(g, "overlapped_mark");
+    detail::RankState& r = *g.rank_state;
+    if (r.comm_stream == nullptr) return no_mark;
+    const std::size_t slot = static_cast<std::size_t>(r.marks_issued % detail::RankState::kMarkSlots);
+    cudaError_t status = cudaSuccess;
+    if (slot == r.mark_events.size()) {
+      detail::device_guard guard(r.device);
+      cudaEvent_t event = nullptr;
+      status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+      if (status == cudaSuccess) r.mark_events.push_back(event);
+    }
+    if (status == cudaSuccess) status = cudaEventRecord(r.mark_events[slot], r.comm_stream);
+    if (status != cudaSuccess)
+      detail::fail_rank(g, "overlapped_mark", detail::concat(site("overlapped_mark").str(), ": could not record a mark on the "
+                                                             "communication stream: ", detail::describe_cuda(status)));
+    return r.marks_issued++;
+  }
+  void join_overlapped(std::uint64_t mark) {
+    require_valid("join_overlapped");
+    if (mark == no_mark) return;
+    detail::Group& g = *group_;
+    std::lock_guard lock(g.rank_state->mutex);
+    if (g.rank_state->failed.load()) detail::throw_failed(g, "join_overlapped");
+    detail::RankState& r = *g.rank_state;
+    if (mark >= r.marks_issued)
+      fail<CommError>(site("join_overlapped").str(), ": mark ", mark, " was never issued on this rank (", r.marks_issued,
+                      " so far); pass a value overlapped_mark() returned");
+    const cudaError_t status =
+        cudaStreamWaitEvent(r.stream, r.mark_events[static_cast<std::size_t>(mark % detail::RankState::kMarkSlots)], 0);
+    if (status != cudaSuccess)
+      detail::fail_rank(g, "join_overlapped", detail::concat(site("join_overlapped").str(),
+                                                             ": could not order the compute stream after a mark of the "
+                                                             "communication stream: ", detail::describe_cuda(status)));
+  }
   std::chrono::duration<double> timeout() const {
     return group_ ? group_->rank_state->timeout : std::chrono::duration<double>{};
   }

@@ -114,6 +114,12 @@ struct RankState {
   cudaStream_t comm_stream = nullptr;
   cudaEvent_t fork_event = nullptr;
   cudaEvent_t join_event = nullptr;
+  // communicator::overlapped_mark: mark m is recorded on the communication stream in slot
+  // m % kMarkSlots (events made on first use); a later mark may reuse the slot, and a join then
+  // waits for that later point, which is later in the same stream: never too early.
+  static constexpr std::size_t kMarkSlots = 64;
+  std::vector<cudaEvent_t> mark_events;
+  std::uint64_t marks_issued = 0;
 
   // Call with `mutex` held. Records the first failure and aborts every communicator of the rank.
   inline void fail(std::string message, bool by_peer = false);
@@ -208,6 +214,7 @@ inline RankState::~RankState() {
   if (barrier_word != nullptr) (void)cudaFree(barrier_word);
   if (fork_event != nullptr) (void)cudaEventDestroy(fork_event);
   if (join_event != nullptr) (void)cudaEventDestroy(join_event);
+  for (cudaEvent_t e : mark_events) (void)cudaEventDestroy(e);
   if (comm_stream != nullptr) (void)cudaStreamDestroy(comm_stream);
   if (owns_stream && stream != nullptr) (void)cudaStreamDestroy(stream);
   if (previous >= 0 && previous != device) (void)cudaSetDevice(previous);
