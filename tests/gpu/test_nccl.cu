@@ -397,6 +397,57 @@ void overlapped_operations(const Context& ctx, nccl::communicator& world) {
                                                                     "stream's slow write: ", n - bad_other, " of ", n, " elements")));
 }
 
+// A mark of the communication stream: join_overlapped(mark) holds the compute stream until the
+// overlapped work issued before the mark is done (an overlapped all_reduce of a slow producer's
+// output, then a slow write), and not until the work issued after it (a much slower write is
+// still running when the compute stream has read the first results).
+void overlapped_marks(const Context& ctx, nccl::communicator& world) {
+  const std::size_t n = std::size_t{1} << 20;
+  ctx.arena->reset();
+  float* reduced = ctx.arena->take<float>(3 * n);
+  float* written = reduced + n;
+  float* later = written + n;
+  const cudaStream_t compute = world.stream();
+  nccl::communicator side = world.overlapped();
+  spin_then_fill<<<64, 256, 0, compute>>>(reduced, n, static_cast<float>(world.rank() + 1), 20'000'000);
+  side.all_reduce(device_span<float>(reduced, n), ReduceOp::sum);
+  const cudaStream_t comm_stream = side.stream();
+  spin_then_fill<<<64, 256, 0, comm_stream>>>(written, n, 5.0f, 20'000'000);
+  const std::uint64_t mark = world.overlapped_mark();
+  spin_then_fill<<<64, 256, 0, comm_stream>>>(later, n, 9.0f, 800'000'000);  // ~0.4 s
+  cudaEvent_t later_done = nullptr;
+  STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&later_done, cudaEventDisableTiming));
+  STRATA_CUDA_CHECK(cudaEventRecord(later_done, comm_stream));
+  world.join_overlapped(mark);
+  std::vector<float> got(2 * n);
+  STRATA_CUDA_CHECK(cudaMemcpyAsync(got.data(), reduced, 2 * n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(compute));
+  const cudaError_t later_state = cudaEventQuery(later_done);
+  world.join_overlapped();
+  world.synchronize();
+  STRATA_CUDA_CHECK(cudaEventDestroy(later_done));
+  const float sum = static_cast<float>(world.size() * (world.size() + 1) / 2);
+  std::size_t good_sum = 0, good_written = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    good_sum += got[i] == sum;
+    good_written += got[n + i] == 5.0f;
+  }
+  report(good_sum == n && good_written == n,
+         line_of(ctx, world, strata::detail::concat("after join_overlapped(mark) the compute stream sees the work issued before "
+                                                    "the mark: ", good_sum, " and ", good_written, " of ", n, " elements")));
+  report(later_state == cudaErrorNotReady,
+         line_of(ctx, world, strata::detail::concat("join_overlapped(mark) does not wait for work issued after the mark (a 0.4 s "
+                                                    "write was ", later_state == cudaErrorNotReady ? "still running" : "done",
+                                                    " when the compute stream had read the results)")));
+  bool refused = false;
+  try {
+    world.join_overlapped(mark + 1000);
+  } catch (const strata::CommError&) {
+    refused = true;
+  }
+  report(refused, line_of(ctx, world, "join_overlapped refuses a mark that was never issued"));
+}
+
 // Splits: singletons (color = rank) and the whole group with reversed keys.
 void splits(const Context& ctx, nccl::communicator& world) {
   try {
@@ -459,6 +510,7 @@ void all_cases(const Context& ctx, nccl::communicator& world) {
   reductions<float>(ctx, world, std::size_t{1} << 22);  // several NCCL chunks and channels
   splits(ctx, world);
   overlapped_operations(ctx, world);
+  overlapped_marks(ctx, world);
   size_errors(ctx, world);
   try {
     world.barrier();
