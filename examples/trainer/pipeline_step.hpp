@@ -93,6 +93,25 @@ inline void check_pipeline_args(const PipelineArgs& p, const strata::models::Mod
                                       pp, " pass --sample-tokens 0");
 }
 
+// What each pipeline rank holds of the model (its chunks' layers and ends) and its schedule's peak
+// of micro-batch chunks in flight (pipeline::claimed_peak_in_flight), for the memory plan.
+inline std::vector<strata::models::PipelineRankHolding> pipeline_holdings(const PipelineArgs& p, const strata::models::ModelConfig& m,
+                                                                          int micro_steps) {
+  const int pp = p.pipeline_model_parallel_size, v = virtual_stages_of(p, m);
+  const strata::pipeline::ScheduleShape shape{schedule_kind_of(p), pp, micro_steps, v};
+  std::vector<strata::models::PipelineRankHolding> out(static_cast<std::size_t>(pp));
+  for (int r = 0; r < pp; ++r) {
+    auto& rank = out[static_cast<std::size_t>(r)];
+    rank.peak_in_flight = strata::pipeline::claimed_peak_in_flight(shape, r);
+    for (int c = 0; c < v; ++c) {
+      const auto stage = strata::pipeline::stage_layers_of(m.num_layers, pp, v, r, c, p.decoder_first_pipeline_num_layers,
+                                                           p.decoder_last_pipeline_num_layers);
+      rank.chunks.push_back({stage.layers.end - stage.layers.begin, stage.has_embedding, stage.has_head});
+    }
+  }
+  return out;
+}
+
 // The step's forwards and backwards: every micro-batch of this data-parallel rank through the
 // schedule; the loss sum (on every rank) is added to `loss_sum`. `ready` (when set) is told each
 // parameter whose gradient is final (the data-parallel buckets' overlap), `needed` (when set) each

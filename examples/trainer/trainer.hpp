@@ -391,10 +391,15 @@ inline std::int64_t host_memory_available() {
 }
 
 // What a run needs in host memory, estimated before anything is allocated: every rank's model
-// memory (models::estimate_training_memory) and input batches, the dataset sample indices (24
-// bytes per sample: sample index pair + shuffle index) and the loss history.
+// memory (models::estimate_pipeline_rank_memory: its pipeline stage's parameters, the activations
+// its schedule keeps in flight, the optimizer state over dp with the distributed optimizer) and
+// input batches, the dataset sample indices (24 bytes per sample: sample index pair + shuffle
+// index) and the loss history.
 struct MemoryPlan {
-  models::MemoryEstimate per_rank;
+  models::MemoryEstimate per_rank;    // the pipeline rank that needs the most (every rank without a pipeline)
+  int per_rank_stage = 0;             // which pipeline rank that is
+  int stages = 1;                     // pipeline ranks
+  std::vector<models::MemoryEstimate> stage_estimates;  // per pipeline rank
   std::int64_t batch_bytes = 0;       // per rank: the micro-batches of one iteration
   std::int64_t ranks = 0;
   std::int64_t train_index_bytes = 0;
@@ -408,13 +413,26 @@ template <class T>
 MemoryPlan plan_memory(const TrainArgs& a) {
   MemoryPlan plan;
   const models::DecoderShape shape = a.model_kind == "llama" ? models::DecoderShape::llama() : models::DecoderShape::gpt();
-  plan.per_rank = models::estimate_training_memory(a.model, shape, a.tensor_model_parallel_size, a.sequence_parallel,
-                                                   a.micro_batch_size, models::element_bytes_of<T>(),
-                                                   static_cast<std::int64_t>(ClassifierChunks{}.max_bytes));
-  const std::int64_t dp = a.world_size / a.tensor_model_parallel_size;
+  const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
+  const std::int64_t dp = a.world_size / (static_cast<std::int64_t>(tp) * pp);
   // tokens, labels (int32) and loss mask (float) of every micro-batch of an iteration
   plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
   plan.ranks = a.world_size;
+  plan.stages = pp;
+  const int micro_steps = static_cast<int>(a.global_batch_size / (static_cast<std::int64_t>(a.micro_batch_size) * dp));
+  std::int64_t pipeline_total = 0;  // one rank of each pipeline stage, batches included
+  const auto holdings = pipeline_holdings(a.pipeline, a.model, micro_steps);
+  for (std::size_t r = 0; r < holdings.size(); ++r) {
+    const models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
+        a.model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
+        static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r], a.use_distributed_optimizer ? dp : 1);
+    plan.stage_estimates.push_back(e);
+    if (r == 0 || e.total() > plan.per_rank.total()) {
+      plan.per_rank = e;
+      plan.per_rank_stage = static_cast<int>(r);
+    }
+    pipeline_total = checked_add(pipeline_total, checked_add(e.total(), plan.batch_bytes, "memory"), "memory");
+  }
   const std::int64_t train_samples = checked_mul(a.train_iters, a.global_batch_size, "training samples");
   plan.train_index_bytes = checked_mul(train_samples, 24, "training dataset index");
   if (a.eval_iters > 0) {  // the validation index covers --eval-iters global batches, up to its cap
@@ -422,7 +440,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
     plan.validation_index_bytes = checked_mul(std::min(eval_samples, kMaxValidationIndexSamples), 24, "validation dataset index");
   }
   plan.history_bytes = checked_mul(a.train_iters, 8, "loss history");
-  std::int64_t total = checked_mul(checked_add(plan.per_rank.total(), plan.batch_bytes, "memory"), plan.ranks, "memory");
+  std::int64_t total = checked_mul(pipeline_total, plan.ranks / pp, "memory");
   total = checked_add(total, plan.train_index_bytes, "memory");
   total = checked_add(total, plan.validation_index_bytes, "memory");
   plan.total = checked_add(total, plan.history_bytes, "memory");
@@ -434,10 +452,11 @@ MemoryPlan plan_memory(const TrainArgs& a) {
 inline std::string describe(const MemoryPlan& p, const std::string& dtype) {
   const auto& r = p.per_rank;
   return ::strata::detail::concat(
-      "memory estimate per rank (", dtype, "): ", r.parameters, " parameters ", models::format_bytes(r.parameter_bytes),
+      "memory estimate per rank (", dtype, p.stages > 1 ? ::strata::detail::concat(", pipeline rank ", p.per_rank_stage, " of ", p.stages, ", the largest") : std::string(),
+      "): ", r.parameters, " parameters ", models::format_bytes(r.parameter_bytes),
       ", gradients ", models::format_bytes(r.gradient_bytes), ", optimizer ", models::format_bytes(r.optimizer_bytes),
-      ", activations ", models::format_bytes(r.activation_bytes), ", batches ", models::format_bytes(p.batch_bytes), "; x ",
-      p.ranks, " ranks + dataset indices ", models::format_bytes(p.train_index_bytes + p.validation_index_bytes),
+      ", activations ", models::format_bytes(r.activation_bytes), ", batches ", models::format_bytes(p.batch_bytes), p.stages > 1 ? "; over the stages, x " : "; x ",
+      p.stages > 1 ? p.ranks / p.stages : p.ranks, p.stages > 1 ? " replicas" : " ranks", " + dataset indices ", models::format_bytes(p.train_index_bytes + p.validation_index_bytes),
       " + history ", models::format_bytes(p.history_bytes), " = ", models::format_bytes(p.total), " of ",
       p.available < 0 ? std::string("unknown") : models::format_bytes(p.available), " available");
 }
@@ -452,7 +471,7 @@ inline std::string describe(const MemoryReport& m, bool distributed, int dp) {
       "memory allocated per rank (rank 0", distributed ? ", distributed optimizer over dp=" : ", dp=", dp, "): ",
       m.parameters, " parameters ", part(m.parameter_bytes), ", gradients ", part(m.gradient_bytes), ", optimizer state ",
       part(m.optimizer_bytes), " = ", per_parameter, " bytes per parameter; activations ", part(m.activation_bytes),
-      " (estimate per micro-batch, without recompute)",
+      " (estimate for the micro-batches in flight, without recompute)",
       m.measured_state_bytes >= 0
           ? ::strata::detail::concat("; the device allocator holds ", part(m.measured_state_bytes), " for that state")
           : std::string());
@@ -869,7 +888,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
                           a.overlap_grad_reduce, a.overlap_param_gather});
-  MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).per_rank.activation_bytes);
+  MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
   if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
   // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective

@@ -406,6 +406,74 @@ TEST(MemoryEstimate, ParameterCountIsTheModelsOwn) {
   }
 }
 
+// Under pipeline parallelism each rank's estimate counts its own stage: the parameters of its
+// chunks exactly as the pipeline model allocates them (on the last stage the tied output layer's
+// copy of the embedding), the activations of the micro-batch chunks its schedule keeps in flight at
+// its peak, and with the distributed optimizer 1/dp of the optimizer state.
+TEST(MemoryEstimate, PipelineRanksCountTheirOwnStage) {
+  using Context = strata::ParallelContext<strata::inprocess::communicator>;
+  using strata::models::DecoderShape;
+  for (std::string kind : {"gpt", "llama"}) {
+    for (int v : {1, 2}) {
+      auto a = tiny(kind);
+      a.model.num_layers = 4;
+      a.pipeline.pipeline_model_parallel_size = 2;
+      if (v == 2) {
+        a.pipeline.pipeline_schedule = "interleaved";
+        a.pipeline.num_layers_per_virtual_pipeline_stage = 1;
+      }
+      const auto shape = kind == "llama" ? DecoderShape::llama() : DecoderShape::gpt();
+      const auto holdings = trainer::pipeline_holdings(a.pipeline, a.model, 4);
+      ASSERT_EQ(holdings.size(), 2u);
+      std::vector<std::int64_t> counted(2);
+      strata::inprocess::run(2, [&](strata::inprocess::communicator& world) {
+        Context ctx = Context::create(world, strata::ParallelConfig{.pp = 2});
+        std::int64_t n = 0;
+        auto count = [&](auto& p) { n += p.value.numel(); };
+        if (kind == "llama") {
+          strata::models::PipelineModel<strata::models::Llama, trainer::TrainPolicy<float, false>> model(
+              ctx, a.model, trainer::layout_of(a.pipeline, a.model));
+          model.for_each_parameter(count);
+        } else {
+          strata::models::PipelineModel<strata::models::Gpt, trainer::TrainPolicy<float, false>> model(
+              ctx, a.model, trainer::layout_of(a.pipeline, a.model));
+          model.for_each_parameter(count);
+        }
+        counted[static_cast<std::size_t>(ctx.pp.rank())] = n;
+      });
+      for (std::size_t r = 0; r < 2; ++r) {
+        std::int64_t expected = 0;
+        for (const auto& piece : holdings[r].chunks) expected += strata::models::parameters_per_rank(a.model, shape, 1, piece);
+        EXPECT_EQ(counted[r], expected) << kind << " v=" << v << " pipeline rank " << r;
+      }
+    }
+  }
+  // 1F1B over pp=2 with 4 micro-batches: rank 0 keeps 2 in flight, rank 1 one; dp = 2 shards the
+  // optimizer state.
+  auto a = tiny("gpt");
+  a.model.num_layers = 4;
+  a.world_size = 4;
+  a.tensor_model_parallel_size = 1;
+  a.pipeline.pipeline_model_parallel_size = 2;
+  a.micro_batch_size = 1;
+  a.global_batch_size = 8;
+  a.use_distributed_optimizer = true;
+  const auto plan = trainer::plan_memory<float>(a);
+  ASSERT_EQ(plan.stage_estimates.size(), 2u);
+  const auto bytes = strata::models::element_bytes_of<float>();
+  const auto block = static_cast<std::int64_t>(strata::ClassifierChunks{}.max_bytes);
+  const auto first = strata::models::activations_of(a.model, 1, false, 1, bytes, block, {2, true, false});
+  const auto last = strata::models::activations_of(a.model, 1, false, 1, bytes, block, {2, false, true});
+  EXPECT_EQ(plan.stage_estimates[0].activation_bytes, 2 * first.kept + first.transient);
+  EXPECT_EQ(plan.stage_estimates[1].activation_bytes, last.kept + last.transient);
+  EXPECT_EQ(first.transient, 0);
+  EXPECT_GT(last.transient, 0);
+  for (const auto& e : plan.stage_estimates) EXPECT_EQ(2 * e.optimizer_bytes, 3 * e.gradient_bytes);
+  EXPECT_EQ(plan.per_rank.total(), std::max(plan.stage_estimates[0].total(), plan.stage_estimates[1].total()));
+  EXPECT_NE(trainer::describe(plan, "float").find("pipeline rank " + std::to_string(plan.per_rank_stage) + " of 2"), std::string::npos)
+      << trainer::describe(plan, "float");
+}
+
 // Sizes that cannot fit are refused with the numbers before anything is allocated, instead of
 // std::bad_alloc or std::system_error from deep inside the run.
 TEST(TrainerMain, SizesThatCannotFitAreRefusedWithTheNumbers) {

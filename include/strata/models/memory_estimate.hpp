@@ -21,12 +21,20 @@
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
+//
+// Under pipeline parallelism a rank holds a piece of the model (`ModelPiece`): the layers of its
+// chunks, the embedding on the first stage, the final norm and output layer on the last (with a
+// tied output layer, a copy of the word embedding there). estimate_pipeline_rank_memory sums its
+// chunks' parameters and counts the activations of the micro-batch chunks its schedule keeps in
+// flight at its peak (pipeline::claimed_peak_in_flight), each as large as its largest chunk's; the
+// distributed optimizer divides the optimizer state by dp.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "../core/checked.hpp"
 #include "../core/dtype.hpp"
@@ -63,7 +71,7 @@ struct MemoryEstimate {
   std::int64_t parameter_bytes = 0;
   std::int64_t gradient_bytes = 0;
   std::int64_t optimizer_bytes = 0;
-  std::int64_t activation_bytes = 0;  // one micro-batch
+  std::int64_t activation_bytes = 0;  // the micro-batches in flight at the peak (one without a pipeline)
 
   std::int64_t total() const {
     std::int64_t sum = checked_add(parameter_bytes, gradient_bytes, "memory estimate");
@@ -72,8 +80,17 @@ struct MemoryEstimate {
   }
 };
 
-// Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count).
-inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape, int tp) {
+// What a rank holds of the model (the whole model by default).
+struct ModelPiece {
+  std::int64_t layers = -1;  // transformer layers; -1: all of them
+  bool embedding = true;     // the word (and position) embedding: the first pipeline stage
+  bool head = true;          // the final norm and the output layer: the last pipeline stage
+
+  std::int64_t layer_count(const ModelConfig& m) const { return layers < 0 ? m.num_layers : layers; }
+};
+
+// Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
+inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape, int tp, ModelPiece piece = {}) {
   const char* what = "parameter count";
   const std::int64_t h = m.hidden_size, heads = m.num_attention_heads;
   const std::int64_t groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
@@ -93,24 +110,30 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   layer = checked_add(layer, checked_product(what, ffn, h) / tp, what);
   if (shape.linear_bias) layer = checked_add(layer, h, what);
 
-  std::int64_t total = checked_product(what, vocab, h) / tp;  // word embedding (vocab-parallel)
-  if (shape.learned_positions) total = checked_add(total, checked_product(what, m.seq_length, h), what);
-  total = checked_add(total, checked_product(what, layer, m.num_layers), what);
-  total = checked_add(total, norm, what);  // final norm
-  if (!shape.tied_output) total = checked_add(total, checked_product(what, vocab, h) / tp, what);
+  const std::int64_t word_embedding = checked_product(what, vocab, h) / tp;  // vocab-parallel
+  std::int64_t total = checked_product(what, layer, piece.layer_count(m));
+  if (piece.embedding) {
+    total = checked_add(total, word_embedding, what);
+    if (shape.learned_positions) total = checked_add(total, checked_product(what, m.seq_length, h), what);
+  }
+  if (piece.head) {
+    total = checked_add(total, norm, what);  // final norm
+    // the output layer: its own weight, or (tied) the embedding's, a copy of it on a last stage
+    if (!shape.tied_output || !piece.embedding) total = checked_add(total, word_embedding, what);
+  }
   return total;
 }
 
-// The estimate for one rank training micro-batches of `micro_batch_size` sequences.
-inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
-                                               std::int64_t micro_batch_size, ElementBytes bytes,
-                                               std::int64_t classifier_block_bytes = 0) {
+// The activations `piece` keeps for one micro-batch (see the top), and the transient logits block
+// of the fused output layer (or the unfused logits), which a rank holds for one micro-batch at a time.
+struct PieceActivations {
+  std::int64_t kept = 0;       // bytes kept from the forward to the backward of one micro-batch
+  std::int64_t transient = 0;  // bytes of the output layer's logits (block) while it runs
+};
+inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequence_parallel, std::int64_t micro_batch_size,
+                                       ElementBytes bytes, std::int64_t classifier_block_bytes, ModelPiece piece) {
   const char* what = "activation memory";
-  MemoryEstimate e;
-  e.parameters = parameters_per_rank(m, shape, tp);
-  e.parameter_bytes = checked_mul(e.parameters, bytes.value, "parameter memory");
-  e.gradient_bytes = checked_mul(e.parameters, bytes.accumulate, "gradient memory");
-  e.optimizer_bytes = checked_product("optimizer memory", e.parameters, 3, bytes.accumulate);
+  PieceActivations out;
   const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
   const std::int64_t tokens = checked_mul(s, b, what);
   // Per layer, in halves of an element so 2.5 a s stays an integer: 5 a s halves.
@@ -120,21 +143,72 @@ inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShap
     layer_halves = checked_add(checked_mul(34, h, what), attention_halves, what) / tp;
   else
     layer_halves = checked_add(checked_mul(10, h, what), checked_add(checked_mul(24, h, what), attention_halves, what) / tp, what);
-  std::int64_t elements = checked_product(what, tokens, layer_halves, m.num_layers) / 2;
+  std::int64_t elements = checked_product(what, tokens, layer_halves, piece.layer_count(m)) / 2;
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
-  elements = checked_add(elements, checked_product(what, 2, tokens, h) / (sequence_parallel ? tp : 1), what);
-  e.activation_bytes = checked_mul(elements, bytes.value, what);
+  const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);
+  elements = checked_add(elements, checked_product(what, ends, tokens, h) / (sequence_parallel ? tp : 1), what);
+  out.kept = checked_mul(elements, bytes.value, what);
+  if (!piece.head) return out;
   const std::int64_t local_vocab = m.padded_vocab(tp) / tp;
   if (classifier_block_bytes <= 0) {  // logits and their softmax, [s, b, V / tp] each
     const std::int64_t logits = checked_product(what, 2, tokens, local_vocab);
-    e.activation_bytes = checked_add(e.activation_bytes, checked_mul(logits, bytes.accumulate, what), what);
+    out.transient = checked_mul(logits, bytes.accumulate, what);
   } else {  // one block of logits, and d(final norm output)
     const std::int64_t row_bytes = checked_mul(local_vocab, bytes.value, what);
     const std::int64_t block_rows = std::min(tokens, std::max<std::int64_t>(1, classifier_block_bytes / row_bytes));
-    e.activation_bytes = checked_add(e.activation_bytes, checked_mul(block_rows, row_bytes, what), what);
+    out.transient = checked_mul(block_rows, row_bytes, what);
     const std::int64_t gradient = checked_product(what, tokens, h, bytes.value) / (sequence_parallel ? tp : 1);
-    e.activation_bytes = checked_add(e.activation_bytes, gradient, what);
+    out.kept = checked_add(out.kept, gradient, what);
   }
+  return out;
+}
+
+// Parameters, gradients and AdamW state of `parameters` (the optimizer state over `optimizer_shards`
+// ranks: dp under the distributed optimizer, else 1).
+inline MemoryEstimate state_estimate(std::int64_t parameters, ElementBytes bytes, std::int64_t optimizer_shards = 1) {
+  MemoryEstimate e;
+  e.parameters = parameters;
+  e.parameter_bytes = checked_mul(e.parameters, bytes.value, "parameter memory");
+  e.gradient_bytes = checked_mul(e.parameters, bytes.accumulate, "gradient memory");
+  e.optimizer_bytes = checked_product("optimizer memory", e.parameters, 3, bytes.accumulate) / std::max<std::int64_t>(1, optimizer_shards);
+  return e;
+}
+
+// The estimate for one rank training micro-batches of `micro_batch_size` sequences (the whole
+// model; one micro-batch in flight).
+inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
+                                               std::int64_t micro_batch_size, ElementBytes bytes,
+                                               std::int64_t classifier_block_bytes = 0) {
+  MemoryEstimate e = state_estimate(parameters_per_rank(m, shape, tp), bytes);
+  const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, {});
+  e.activation_bytes = checked_add(act.kept, act.transient, "activation memory");
+  return e;
+}
+
+// One pipeline rank's chunks (their pieces, in chunk order) and the micro-batch chunks its
+// schedule keeps in flight at its peak.
+struct PipelineRankHolding {
+  std::vector<ModelPiece> chunks;
+  std::int64_t peak_in_flight = 1;
+};
+
+// The estimate for one pipeline rank: the parameters of all its chunks; the activations of
+// peak_in_flight micro-batch chunks, each counted as the largest of its chunks keeps, plus one
+// logits block; optimizer state over `optimizer_shards` ranks.
+inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
+                                                    std::int64_t micro_batch_size, ElementBytes bytes,
+                                                    std::int64_t classifier_block_bytes, const PipelineRankHolding& rank,
+                                                    std::int64_t optimizer_shards = 1) {
+  const char* what = "pipeline rank memory";
+  std::int64_t parameters = 0, largest_kept = 0, transient = 0;
+  for (const ModelPiece& piece : rank.chunks) {
+    parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
+    const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece);
+    largest_kept = std::max(largest_kept, act.kept);
+    transient = std::max(transient, act.transient);
+  }
+  MemoryEstimate e = state_estimate(parameters, bytes, optimizer_shards);
+  e.activation_bytes = checked_add(checked_mul(largest_kept, std::max<std::int64_t>(1, rank.peak_in_flight), what), transient, what);
   return e;
 }
 
