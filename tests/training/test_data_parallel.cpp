@@ -37,6 +37,15 @@ trainer::TrainArgs tiny() {
   return a;
 }
 
+// Every final parameter of `a` is bit for bit that of `b` (same names, same order).
+void expect_same_parameters(const trainer::TrainResult& a, const trainer::TrainResult& b, const std::string& what) {
+  ASSERT_EQ(a.final_parameters.size(), b.final_parameters.size()) << what;
+  for (std::size_t k = 0; k < b.final_parameters.size(); ++k) {
+    EXPECT_EQ(a.final_parameters[k].first, b.final_parameters[k].first) << what;
+    EXPECT_EQ(a.final_parameters[k].second, b.final_parameters[k].second) << what << ": " << b.final_parameters[k].first;
+  }
+}
+
 // max over parameters of |a - b| / max|b| (the parameter's own scale)
 double worst_relative_difference(const trainer::TrainResult& a, const trainer::TrainResult& b) {
   EXPECT_EQ(a.final_parameters.size(), b.final_parameters.size());
@@ -98,10 +107,7 @@ TEST(DataParallel, OverlappedReductionTrainsTheSameBits) {
       const auto overlapped = trainer::train<strata::models::Gpt>(a);
       ASSERT_EQ(overlapped.losses.size(), reference.losses.size());
       EXPECT_EQ(overlapped.losses, reference.losses) << "pp=" << pp << " distributed=" << distributed;
-      ASSERT_EQ(overlapped.final_parameters.size(), reference.final_parameters.size());
-      for (std::size_t k = 0; k < reference.final_parameters.size(); ++k)
-        EXPECT_EQ(overlapped.final_parameters[k].second, reference.final_parameters[k].second)
-            << reference.final_parameters[k].first << " pp=" << pp << " distributed=" << distributed;
+      expect_same_parameters(overlapped, reference, "pp=" + std::to_string(pp) + " distributed=" + std::to_string(distributed));
     }
 }
 
@@ -131,9 +137,7 @@ TEST(DataParallel, DistributedOptimizerResumesBitForBit) {
   ASSERT_EQ(resumed.start_iteration, 3);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], reference.losses[3 + i]) << "iteration " << 4 + i;
-  ASSERT_EQ(resumed.final_parameters.size(), reference.final_parameters.size());
-  for (std::size_t k = 0; k < reference.final_parameters.size(); ++k)
-    EXPECT_EQ(resumed.final_parameters[k].second, reference.final_parameters[k].second) << reference.final_parameters[k].first;
+  expect_same_parameters(resumed, reference, "resumed");
   std::filesystem::remove_all(dir);
 }
 
@@ -207,9 +211,7 @@ TEST(DataParallel, LossScalerSkipsAnOverflowingStepAndBacksOff) {
   const auto two = trainer::train<strata::models::Gpt>(a);
   ASSERT_EQ(two.skipped_iterations, std::vector<int>{2});
   EXPECT_EQ(two.loss_scales, (std::vector<double>{1024, 512}));
-  ASSERT_EQ(one.final_parameters.size(), two.final_parameters.size());
-  for (std::size_t k = 0; k < one.final_parameters.size(); ++k)
-    EXPECT_EQ(one.final_parameters[k].second, two.final_parameters[k].second) << one.final_parameters[k].first;
+  expect_same_parameters(two, one, "an injected overflow skipped");
   a.train_iters = 4;
   const auto four = trainer::train<strata::models::Gpt>(a);
   EXPECT_EQ(four.loss_scales, (std::vector<double>{1024, 512, 512, 1024}));
@@ -268,10 +270,7 @@ TEST(DataParallel, RecomputeTrainsTheSameBits) {
         r.recompute_num_layers = layers;
         const auto run = trainer::train<strata::models::Gpt>(r);
         EXPECT_EQ(run.losses, plain.losses) << granularity << " " << method << " " << layers;
-        ASSERT_EQ(run.final_parameters.size(), plain.final_parameters.size());
-        for (std::size_t k = 0; k < plain.final_parameters.size(); ++k)
-          EXPECT_EQ(run.final_parameters[k].second, plain.final_parameters[k].second)
-              << granularity << " " << method << " " << layers << " " << plain.final_parameters[k].first;
+        expect_same_parameters(run, plain, std::string(granularity) + " " + method + " " + std::to_string(layers));
       }
 }
 
