@@ -7,14 +7,7 @@ namespace {
 using strata::pipeline::ScheduleKind;
 
 strata::models::ModelConfig tiny_gpt() {
-  strata::models::ModelConfig c;
-  c.num_layers = 8;  // pp=4 x 2 chunks
-  c.hidden_size = 16;
-  c.num_attention_heads = 2;
-  c.ffn_hidden_size = 32;
-  c.vocab_size = 32;
-  c.make_vocab_size_divisible_by = 4;
-  c.seq_length = 4;
+  strata::models::ModelConfig c = strata_test::tiny_gpt(8);  // pp=4 x 2 chunks
   c.hidden_dropout = 0.1;  // masks keyed by the global layer index: the same on every split
   return c;
 }
