@@ -15,7 +15,9 @@
 #      over a 989 TFLOP/s dense bf16 peak), peak device memory, time from launch to the first
 #      finished step, and whether the two strata runs gave the same losses.
 # Full logs: <out-dir> (default <build-dir>/bench-logs). STRATA_BENCH_SHAPES picks shapes (default
-# "124M 350M"); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30).
+# "124M 350M"); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
+# STRATA_BENCH_DTYPE=fp16 runs both in fp16 with dynamic loss scaling (strata --fp16, the peer's
+# --dtype fp16 with torch.amp.GradScaler) instead of bf16.
 # It measures and prints; it asserts nothing about speed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +29,8 @@ out=$(cd "$out" && pwd)
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 iters=${STRATA_BENCH_ITERS:-30}
 shapes=${STRATA_BENCH_SHAPES:-124M 350M}
+dtype=${STRATA_BENCH_DTYPE:-bf16}
+[[ $dtype == bf16 || $dtype == fp16 ]] || { echo "STRATA_BENCH_DTYPE=$dtype: use bf16 or fp16"; exit 1; }
 
 # Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS, CUPTI).
 libs=()
@@ -64,7 +68,7 @@ for shape in $shapes; do
   read -r L D H B <<<"$(shape_args "$shape")" || exit 1
   common=(--device cuda --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
           --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
-          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234)
+          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype")
   echo "strata $shape ..."
   rm -f "$out/strata-$shape-1.jsonl" "$out/strata-$shape-2.jsonl"
   timeout 600 "$trainer" "${common[@]}" --log-jsonl "$out/strata-$shape-1.jsonl" >"$out/strata-$shape.log" 2>&1
@@ -75,22 +79,22 @@ for shape in $shapes; do
   echo "exit $?" >>"$out/strata-$shape-traced.log"
   if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
     echo "peer $shape ..."
-    timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" \
+    timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" --dtype "$dtype" \
       >"$out/peer-$shape.log" 2>&1
     echo "exit $?" >>"$out/peer-$shape.log"
   fi
 done
 
-python3 - "$out" $shapes <<'PY'
+python3 - "$out" "$dtype" $shapes <<'PY'
 import json, re, sys, os
-out, shapes = sys.argv[1], sys.argv[2:]
+out, dtype, shapes = sys.argv[1], sys.argv[2], sys.argv[3:]
 dims = {"124M": (12, 768, 12, 32), "350M": (24, 1024, 16, 16), "1.4B": (24, 2048, 16, 8)}
-rows = ["| model | stack | batch | tokens/s | MFU | peak memory | launch to first step | same losses twice |",
+rows = [f"| model ({dtype}) | stack | batch | tokens/s | MFU | peak memory | launch to first step | same losses twice |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
 for s in shapes:
     L, D, H, B = dims[s]; T = 1024
     log = open(f"{out}/strata-{s}.log").read() if os.path.exists(f"{out}/strata-{s}.log") else ""
-    params = re.search(r"bf16, (\d+) parameters", log)
+    params = re.search(r"(?:bf16|fp16), (\d+) parameters", log)
     tps = re.findall(r"\|\s+(\d+) tokens/s", log)
     peak = re.search(r"peak device memory \(rank 0, caching allocator\): ([\d.]+ \w+) in use", log)
     first = re.search(r"first iteration finished ([\d.]+) s after launch", log)

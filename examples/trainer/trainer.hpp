@@ -93,7 +93,7 @@ struct TrainArgs {
   bool sequence_parallel = true;
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
-  std::string dtype = "float";  // float | double | bf16 (bf16 parameters and activations, fp32 main params)
+  std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
   // model
   models::ModelConfig model{};
   // training
@@ -137,7 +137,7 @@ struct TrainArgs {
   bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
   bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
   std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
-  bool fp16 = false;                   // dynamic loss scaling (see --help for the element type)
+  bool dynamic_loss_scale = false;     // the dynamic loss scaler over any --dtype (--fp16 sets it; fp16 always scales)
   double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
   double initial_loss_scale = 4294967296.0;
   int loss_scale_window = 1000;
@@ -212,11 +212,16 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
                "buckets the next forward needs first going first, joined right before that forward");
   app.add_option("--ddp-bucket-size", a.ddp_bucket_size,
                  "gradient elements per bucket before padding (0: max(40M, 1M x data-parallel size))");
-  app.add_flag("--fp16", a.fp16,
-               "dynamic loss scaling, skipping an iteration whose gradients overflow; the parameters keep --dtype "
-               "(fp16 kernels are not in the backends yet, so the scaler runs over float or double on the cpu and bf16 "
-               "on cuda)");
-  app.add_option("--loss-scale", a.loss_scale, "a constant loss scale (> 0) instead of the dynamic one (implies --fp16)");
+  app.add_flag_callback(
+      "--fp16",
+      [&a] {
+        a.dtype = "fp16";
+        a.dynamic_loss_scale = true;
+      },
+      "fp16 parameters and activations (fp32 main parameters and moments) with the dynamic loss scaler, which skips an "
+      "iteration whose gradients overflow and backs the scale off (Megatron's flag; same as --dtype fp16)");
+  app.add_option("--loss-scale", a.loss_scale,
+                 "a constant loss scale (> 0) instead of the dynamic one; also over float, double or bf16");
   app.add_option("--initial-loss-scale", a.initial_loss_scale, "the dynamic loss scale at the start (default 2^32)");
   app.add_option("--loss-scale-window", a.loss_scale_window, "iterations without overflow before the scale doubles");
   app.add_option("--hysteresis", a.hysteresis, "overflowing iterations before the scale halves");
@@ -243,9 +248,15 @@ inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
   return c;
 }
 
-// The loss scaler of the flags: none without --fp16 / --loss-scale.
+// Whether the dynamic loss scaler runs: fp16 always has a scaler (dynamic unless --loss-scale), the
+// other types when asked (TrainArgs::dynamic_loss_scale).
+inline bool dynamic_loss_scaling(const TrainArgs& a) {
+  return a.loss_scale <= 0 && (a.dynamic_loss_scale || a.dtype == "fp16");
+}
+
+// The loss scaler of the flags: none for float, double and bf16 without --loss-scale.
 inline std::optional<LossScalerConfig> loss_scaler_of(const TrainArgs& a) {
-  if (!a.fp16 && a.loss_scale <= 0) return std::nullopt;
+  if (!dynamic_loss_scaling(a) && a.loss_scale <= 0) return std::nullopt;
   LossScalerConfig c;
   if (a.loss_scale > 0) {
     c.dynamic = false;
@@ -273,8 +284,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
                  "GPU is present, else cpu")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", a.dtype, "parameter and activation type (default: bf16 on cuda, float on cpu)")
-      ->check(CLI::IsMember({"float", "double", "bf16"}));
+  app.add_option("--dtype", a.dtype,
+                 "parameter and activation type (default: bf16 on cuda, float on cpu); fp16 runs with a loss scaler")
+      ->check(CLI::IsMember({"float", "double", "bf16", "fp16"}));
   app.add_flag_callback("--bf16", [&a] { a.dtype = "bf16"; }, "same as --dtype bf16 (Megatron's flag)");
   app.add_option("--num-layers", a.model.num_layers);
   app.add_option("--hidden-size", a.model.hidden_size);
@@ -581,10 +593,10 @@ inline void check_real_flags(const TrainArgs& a) {
   check_real("--hidden-dropout", a.model.hidden_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
   check_real("--label-smoothing", a.model.label_smoothing, 0, 1, "label smoothing; 0 disables it", false, true);
   check_real("--sample-temperature", a.sample_temperature, 0, kMax, "softmax temperature; 0 = greedy");
-  check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with --fp16) or none");
+  check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with fp16) or none");
   check_real("--initial-loss-scale", a.initial_loss_scale, 0, kMax, "the dynamic loss scale at the start", true);
   check_real("--min-loss-scale", a.min_loss_scale, 0, kMax, "the smallest dynamic loss scale", true);
-  if (a.fp16 && a.loss_scale <= 0 && a.min_loss_scale > a.initial_loss_scale)
+  if (dynamic_loss_scaling(a) && a.min_loss_scale > a.initial_loss_scale)
     fail<ConfigError>("--min-loss-scale=", a.min_loss_scale, " is above --initial-loss-scale=", a.initial_loss_scale,
                       "; lower --min-loss-scale");
 }
@@ -906,6 +918,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const pipeline::ScheduleShape schedule_shape{schedule_kind_of(a.pipeline), pp, micro_steps, model.virtual_stages()};
   std::optional<PipelineTimer<typename Policy::backend>> pipeline_timer;
   pipeline::ExecutorOptions executor_options;
+  executor_options.overlap_transfers = a.pipeline.overlap_p2p_communication;
   if (pp > 1) {
     pipeline_timer.emplace(ctx.device, pipeline::rank_actions(schedule_shape, ctx.pp.rank()).size());
     executor_options.on_action = [&pipeline_timer](const pipeline::Action&, bool begin) { pipeline_timer->on_action(begin); };
@@ -1179,7 +1192,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (!logger) return;
       std::vector<double> values(static_cast<std::size_t>(full.numel()));
       for (index_t i = 0; i < full.numel(); ++i) {
-        if constexpr (std::is_same_v<T, bf16>) values[static_cast<std::size_t>(i)] = static_cast<float>(full[i]);
+        if constexpr (is_half_v<T>) values[static_cast<std::size_t>(i)] = static_cast<float>(full[i]);
         else values[static_cast<std::size_t>(i)] = static_cast<double>(full[i]);
       }
       std::lock_guard lock(result_mutex);
@@ -1276,6 +1289,21 @@ TrainResult train_with(const TrainArgs& a) {
 #endif
 }
 
+// Each (model, element type) pair of train_with is compiled once, in a translation unit of its own
+// in the strata_trainer library (examples/trainer/instance.cpp.in, one file per pair generated by
+// CMake), and not again in every program that includes this header: those are the heavy
+// instantiations (the model, its backward, the optimizer, the backend's kernels for T), so the
+// trainers and the training tests link them, and a parallel build compiles the pairs side by side.
+#define STRATA_TRAINER_FOR_EACH_INSTANCE(X)                                                                  \
+  X(::strata::models::Gpt, float) X(::strata::models::Gpt, double) X(::strata::models::Gpt, ::strata::bf16)  \
+  X(::strata::models::Gpt, ::strata::fp16) X(::strata::models::Llama, float) X(::strata::models::Llama, double) \
+  X(::strata::models::Llama, ::strata::bf16) X(::strata::models::Llama, ::strata::fp16)
+#define STRATA_TRAINER_EXTERN_INSTANCE(Model, T)                              \
+  extern template TrainResult train_with<Model, T, false>(const TrainArgs&); \
+  extern template TrainResult train_with<Model, T, true>(const TrainArgs&);
+STRATA_TRAINER_FOR_EACH_INSTANCE(STRATA_TRAINER_EXTERN_INSTANCE)
+#undef STRATA_TRAINER_EXTERN_INSTANCE
+
 // Settles --device auto and, on cuda, the world size of a launcher's job; the dtype default of the
 // device when --dtype was not given (dtype_given false).
 inline void resolve_device(TrainArgs& a, bool dtype_given) {
@@ -1305,6 +1333,9 @@ TrainResult train(const TrainArgs& a) {
   if (a.dtype == "bf16") {
     return a.sequence_parallel ? train_with<Model, bf16, true>(a) : train_with<Model, bf16, false>(a);
   }
+  if (a.dtype == "fp16") {
+    return a.sequence_parallel ? train_with<Model, fp16, true>(a) : train_with<Model, fp16, false>(a);
+  }
   return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
 }
 
@@ -1321,7 +1352,10 @@ int main_for(const char* kind, int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   apply_demo_defaults(app, args);
   try {
-    resolve_device(args, app.count("--dtype") + app.count("--bf16") > 0);
+    if (app.count("--fp16") > 0 && (app.count("--bf16") > 0 || (app.count("--dtype") > 0 && app["--dtype"]->as<std::string>() != "fp16")))
+      fail<ConfigError>("--fp16 asks for fp16 parameters, but ", app.count("--bf16") > 0 ? std::string("--bf16") : "--dtype " + app["--dtype"]->as<std::string>(),
+                        " asks for another type; give one of them");
+    resolve_device(args, app.count("--dtype") + app.count("--bf16") + app.count("--fp16") > 0);
     // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or
     // --world-size N for threads mode (README).
     if (args.device == "cuda" && !launched_as_job() && app.count("--world-size") == 0 &&

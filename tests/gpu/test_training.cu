@@ -2,10 +2,13 @@
 // GPUs in bf16: tp=2 with sequence parallelism, dp=2 (with the distributed optimizer, with the
 // reduction overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs must follow tp=1 on 1 GPU (every
 // iteration's loss within 2e-2 relative); the distributed optimizer's state takes on the device
-// what the allocation report says.
+// what the allocation report says; fp16 under the dynamic loss scaler follows bf16 on 1 GPU and
+// backs its scale off from 2^32; pp=2 with the transfers on the communication stream trains the
+// same bits.
 //
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
-//                                        gives the same losses bit for bit; prints `LOSSES ...`
+//                                        gives the same losses bit for bit; prints `LOSSES ...`;
+//                                        fp16 with the loss scaler against it
 //   test_training --threads              also tp=2 + SP, tp=2 without SP, dp=2 (also ZeRO-1, also
 //                                        overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs from
 //                                        threads of this process (nccl::run(2)), losses and final
@@ -55,12 +58,8 @@ trainer::TrainArgs args_for(const std::string& data_path, int world, int tp, boo
   return a;
 }
 
-// The trainers' train() for this test's one dtype (bf16) only, to keep the nvcc build small.
-trainer::TrainResult train(const trainer::TrainArgs& a) {
-  trainer::validate(a);
-  return a.sequence_parallel ? trainer::train_with<strata::models::Gpt, strata::bf16, true>(a)
-                             : trainer::train_with<strata::models::Gpt, strata::bf16, false>(a);
-}
+// The trainers' train() (its instances come compiled from the strata_trainer library).
+trainer::TrainResult train(const trainer::TrainArgs& a) { return trainer::train<strata::models::Gpt>(a); }
 
 void print_losses(const trainer::TrainResult& run) {
   std::printf("LOSSES");
@@ -203,6 +202,34 @@ int main(int argc, char** argv) {
     const auto again = train(args_for(data_path, 1, 1, false));
     s.record(again.losses == reference.losses, "tp=1 on 1 GPU: a second run gives the same 20 losses bit for bit");
     print_losses(reference);  // run_training_processes.sh compares the 2-GPU jobs with these
+    // fp16 parameters and activations (--fp16) under the dynamic loss scaler. From a scale that fits
+    // (2^12) no iteration is skipped and every loss follows bf16's; from the default 2^32 the first
+    // iterations' gradients overflow fp16, and each is skipped and halves the scale (hysteresis 1)
+    // until one fits.
+    auto half = args_for(data_path, 1, 1, false);
+    half.dtype = "fp16";
+    half.initial_loss_scale = 4096;
+    const auto fp16_run = train(half);
+    s.record(fp16_run.skipped_iterations.empty() && fp16_run.loss_scales == std::vector<double>(20, 4096),
+             "fp16 on 1 GPU from loss scale 2^12: no iteration skipped, the scale stays");
+    compare(s, "fp16 on 1 GPU (against bf16)", fp16_run, reference);
+    half.initial_loss_scale = 4294967296.0;
+    half.hysteresis = 1;
+    const auto backed_off = train(half);
+    const std::vector<int>& skipped = backed_off.skipped_iterations;
+    std::size_t lead = 0;  // the leading run of skipped iterations: 1, 2, ..., lead
+    while (lead < skipped.size() && skipped[lead] == static_cast<int>(lead + 1)) ++lead;
+    bool halved = lead > 0 && lead < 15 && backed_off.losses.size() == 20 && backed_off.loss_scales.size() == 20;
+    for (std::size_t j = 0; halved && j < skipped.size(); ++j) {  // each overflow halves the scale (hysteresis 1)
+      const int it = skipped[j];
+      const double before = it >= 2 ? backed_off.loss_scales[static_cast<std::size_t>(it - 2)] : std::ldexp(1.0, 32);
+      halved = backed_off.loss_scales[static_cast<std::size_t>(it - 1)] == before / 2;
+    }
+    std::snprintf(line, sizeof line,
+                  "fp16 on 1 GPU from loss scale 2^32: iterations 1..%zu skipped (%zu in all), each halving the scale, then "
+                  "the loss falls %.4f -> %.4f",
+                  lead, skipped.size(), halved ? backed_off.losses[lead] : NAN, halved ? backed_off.losses.back() : NAN);
+    s.record(halved && backed_off.losses.back() < backed_off.losses[lead] - 0.2, line);
     if (threads) {  // 2 GPUs driven from threads of this process (nccl::run)
       if (strata::cuda::device_count() < 2) {
         s.record(false, "test_training --threads needs 2 GPUs; this process sees " + std::to_string(strata::cuda::device_count()));
@@ -229,11 +256,18 @@ int main(int argc, char** argv) {
       compare(s, "dp=2 + distributed optimizer, overlapped, on 2 GPUs (threads)", dp2_overlap, reference);
       // Pipeline parallelism over NCCL: 2 stages, the 2 micro-batches of each step under 1F1B and
       // zero-bubble.
+      // With --overlap-p2p-communication the transfers run on the communication stream: the same
+      // transfers in the same order, so the same bits.
       for (const char* schedule : {"1f1b", "zero-bubble"}) {
         auto pp2 = args_for(data_path, 2, 1, false);
         pp2.pipeline.pipeline_model_parallel_size = 2;
         pp2.pipeline.pipeline_schedule = schedule;
-        compare(s, std::string("pp=2 ") + schedule + " on 2 GPUs (threads)", train(pp2), reference);
+        const auto plain = train(pp2);
+        compare(s, std::string("pp=2 ") + schedule + " on 2 GPUs (threads)", plain, reference);
+        pp2.pipeline.overlap_p2p_communication = true;
+        const auto overlapped = train(pp2);
+        s.record(overlapped.losses == plain.losses && !plain.losses.empty(),
+                 std::string("pp=2 ") + schedule + " with --overlap-p2p-communication: the same 20 losses bit for bit");
       }
     }
   } catch (const std::exception& e) {

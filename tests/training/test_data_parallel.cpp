@@ -2,9 +2,9 @@
 // distributed optimizer, with tp = 2, ends with the parameters of dp = 1 on the same global batch;
 // the distributed optimizer resumes bit for bit; the printed allocation report matches what was
 // allocated (18 bytes per bf16 parameter without the distributed optimizer, 6 + 12 / dp with);
-// an injected overflow skips the step and backs the loss scale off; --skip-nonfinite-iterations
-// goes on past a bad iteration; activation recompute trains the same numbers; overlapping the
-// reduction with the backward trains the same bits.
+// an injected overflow skips the step and backs the loss scale off; fp16 trains under the dynamic
+// loss scaler; --skip-nonfinite-iterations goes on past a bad iteration; activation recompute
+// trains the same numbers; overlapping the reduction with the backward trains the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -198,7 +198,7 @@ TEST(DataParallel, LossScalerSkipsAnOverflowingStepAndBacksOff) {
   a.dtype = "float";
   a.world_size = 2;
   a.tensor_model_parallel_size = 1;
-  a.fp16 = true;
+  a.dynamic_loss_scale = true;
   a.initial_loss_scale = 1024;
   a.hysteresis = 1;
   a.loss_scale_window = 2;
@@ -216,11 +216,53 @@ TEST(DataParallel, LossScalerSkipsAnOverflowingStepAndBacksOff) {
   const auto four = trainer::train<strata::models::Gpt>(a);
   EXPECT_EQ(four.loss_scales, (std::vector<double>{1024, 512, 512, 1024}));
   // the scaled loss trains as the unscaled one (the scale is a power of two: exact in float)
-  a.fp16 = false;
+  a.dynamic_loss_scale = false;
   a.inject_nonfinite_gradient_at = -1;
   a.train_iters = 1;
   const auto unscaled = trainer::train<strata::models::Gpt>(a);
   EXPECT_LT(worst_relative_difference(unscaled, one), 1e-6);
+}
+
+// --dtype fp16 (Megatron's --fp16): fp16 parameters and activations, fp32 main parameters, always
+// under the dynamic loss scaler. With a scale that fits, every iteration's loss is the float run's
+// within fp16 rounding (1%); with the default 2^32 the first iterations' scaled gradients overflow
+// fp16: each is skipped and halves the scale (hysteresis 1) until one fits, and training goes on
+// (a later overflow, as the gradients grow, halves it again).
+TEST(DataParallel, Fp16TrainsUnderTheDynamicLossScaler) {
+  auto a = tiny();
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 1;
+  a.lr_warmup_iters = 0;
+  a.lr_decay_style = "constant";
+  a.train_iters = 6;
+  a.dtype = "float";
+  const auto reference = trainer::train<strata::models::Gpt>(a);
+  a.dtype = "fp16";
+  a.initial_loss_scale = 4096;
+  const auto half = trainer::train<strata::models::Gpt>(a);
+  EXPECT_TRUE(half.skipped_iterations.empty());
+  EXPECT_EQ(half.loss_scales, std::vector<double>(6, 4096));
+  ASSERT_EQ(half.losses.size(), reference.losses.size());
+  for (std::size_t i = 0; i < half.losses.size(); ++i)
+    EXPECT_NEAR(half.losses[i], reference.losses[i], 0.01 * reference.losses[i]) << "iteration " << i + 1;
+
+  a.initial_loss_scale = 4294967296.0;
+  a.hysteresis = 1;
+  a.train_iters = 30;
+  const auto backed_off = trainer::train<strata::models::Gpt>(a);
+  const std::vector<int>& skipped = backed_off.skipped_iterations;
+  std::size_t lead = 0;  // the leading run of skipped iterations: 1, 2, ..., lead
+  while (lead < skipped.size() && skipped[lead] == static_cast<int>(lead + 1)) ++lead;
+  ASSERT_GT(lead, 0u) << "2^32 should overflow fp16 gradients";
+  ASSERT_LT(lead, 20u);
+  ASSERT_EQ(backed_off.loss_scales.size(), 30u);
+  EXPECT_EQ(backed_off.loss_scales[lead - 1], std::ldexp(1.0, 32 - static_cast<int>(lead)));
+  for (int it : skipped) {  // each overflow halves the scale (hysteresis 1); window 1000: no growth
+    const double before = it >= 2 ? backed_off.loss_scales[static_cast<std::size_t>(it - 2)] : std::ldexp(1.0, 32);
+    EXPECT_EQ(backed_off.loss_scales[static_cast<std::size_t>(it - 1)], before / 2) << "iteration " << it;
+  }
+  EXPECT_EQ(backed_off.loss_scales.back(), std::ldexp(1.0, 32 - static_cast<int>(skipped.size())));
+  EXPECT_LT(backed_off.losses.back(), backed_off.losses[lead]);
 }
 
 // --skip-nonfinite-iterations: the bad iteration makes no update, is reported, and training goes on.
