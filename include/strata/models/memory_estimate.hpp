@@ -8,9 +8,11 @@
 //   gradients    P x sizeof(A)
 //   optimizer    P x 3 x sizeof(A)       AdamW's main copy, exp_avg and exp_avg_sq
 //   activations  what forward keeps for backward, for one micro-batch of b sequences of s tokens,
-//                Korthikanti et al. (2022) per layer, in elements of T:
-//                  sequence parallel: s b (17 h + 2.5 a s) / tp
-//                  otherwise:         s b (5 h + (12 h + 2.5 a s) / tp)
+//                per layer Korthikanti et al. (2022) without their attention-probability term
+//                (2.5 a s elements per token): every strata attention (the flash kernels, cuDNN,
+//                the CPU twin) keeps the log-sum-exp of each head and row instead, a values of A:
+//                  sequence parallel: s b (17 h / tp in T + a / tp in A)
+//                  otherwise:         s b (5 h + 12 h / tp in T + a / tp in A)
 //                plus the embedding output and final norm (s b h, sharded under sequence
 //                parallelism), and for the output layer and the loss either
 //                  unfused: the logits with their softmax (2 s b V / tp, in A), or
@@ -136,18 +138,17 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   PieceActivations out;
   const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
   const std::int64_t tokens = checked_mul(s, b, what);
-  // Per layer, in halves of an element so 2.5 a s stays an integer: 5 a s halves.
-  const std::int64_t attention_halves = checked_product(what, 5, a, s);
-  std::int64_t layer_halves = 0;
-  if (sequence_parallel)
-    layer_halves = checked_add(checked_mul(34, h, what), attention_halves, what) / tp;
-  else
-    layer_halves = checked_add(checked_mul(10, h, what), checked_add(checked_mul(24, h, what), attention_halves, what) / tp, what);
-  std::int64_t elements = checked_product(what, tokens, layer_halves, piece.layer_count(m)) / 2;
+  // Per layer and token: 17 h elements (sharded, or 5 h replicated + 12 h sharded), and the a / tp
+  // log-sum-exp values.
+  const std::int64_t layer_elements = sequence_parallel ? checked_mul(17, h, what) / tp
+                                                        : checked_add(checked_mul(5, h, what), checked_mul(12, h, what) / tp, what);
+  const std::int64_t layer_bytes = checked_add(checked_mul(layer_elements, bytes.value, what),
+                                               checked_mul(a / tp, bytes.accumulate, what), what);
+  out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);
-  elements = checked_add(elements, checked_product(what, ends, tokens, h) / (sequence_parallel ? tp : 1), what);
-  out.kept = checked_mul(elements, bytes.value, what);
+  const std::int64_t end_elements = checked_product(what, ends, tokens, h) / (sequence_parallel ? tp : 1);
+  out.kept = checked_add(out.kept, checked_mul(end_elements, bytes.value, what), what);
   if (!piece.head) return out;
   const std::int64_t local_vocab = m.padded_vocab(tp) / tp;
   if (classifier_block_bytes <= 0) {  // logits and their softmax, [s, b, V / tp] each
