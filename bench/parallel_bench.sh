@@ -18,6 +18,9 @@
 #         multiple of pp), schedules 1f1b, interleaved (--num-layers-per-virtual-pipeline-stage 7:
 #         2 chunks of 7 layers per rank) and zero-bubble; no peer. Each run's rank 0 prints the
 #         measured bubble of every pipeline rank beside the table's prediction (docs/PIPELINE.md).
+#         STRATA_PARBENCH_PP_TP (default 2) sets tp (1: the same model on 2 GPUs, tp=1 x pp=2);
+#         STRATA_PARBENCH_PP_OVERLAP (default "off") lists the p2p modes per schedule: off (the
+#         transfers on the compute stream), on (--overlap-p2p-communication), or "off on".
 #     recompute  the dp shape on 1 GPU (micro-batch 16): no recompute, --recompute-granularity
 #         selective (the attention core), full (--recompute-method uniform, 1 layer per chunk): tokens/s,
 #         peak memory, and the peak less the model state (the trainer's measured state bytes), which
@@ -63,6 +66,8 @@ peer=${STRATA_PARBENCH_PEER:-1}
 dry=${STRATA_PARBENCH_DRY:-0}
 tiny=${STRATA_PARBENCH_TINY:-0}
 peak_tflops=${STRATA_PARBENCH_PEAK_TFLOPS:-989}
+pp_tp=${STRATA_PARBENCH_PP_TP:-2}
+pp_overlaps=${STRATA_PARBENCH_PP_OVERLAP:-off}
 [[ $tiny == 1 ]] && peer=0
 
 # Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS).
@@ -230,19 +235,23 @@ for suite in $suites; do
       fi
       ;;
     pp)
-      echo "pp: Llama ${PP_L}x${PP_D}, tp=2 x pp=2, seq $PP_T, global batch $PP_GLOBAL ..."
-      model="L=$PP_L D=$PP_D H=$PP_H G=$PP_G F=$PP_F T=$PP_T V=$PP_V"
+      echo "pp: Llama ${PP_L}x${PP_D}, tp=$pp_tp x pp=2, seq $PP_T, global batch $PP_GLOBAL, p2p overlap: $pp_overlaps ..."
+      model="L=$PP_L D=$PP_D H=$PP_H G=$PP_G F=$PP_F T=$PP_T V=$PP_V TP=$pp_tp"
       shape=(--num-layers "$PP_L" --hidden-size "$PP_D" --num-attention-heads "$PP_H" --num-query-groups "$PP_G"
              --ffn-hidden-size "$PP_F" --seq-length "$PP_T" --vocab-size "$PP_V" --micro-batch-size 1
-             --global-batch-size "$PP_GLOBAL" --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2)
+             --global-batch-size "$PP_GLOBAL" --tensor-model-parallel-size "$pp_tp" --pipeline-model-parallel-size 2)
+      ((pp_tp > 1)) && shape+=(--sequence-parallel)
       for schedule in 1f1b interleaved zero-bubble; do
-        extra=()
-        [[ $schedule == interleaved ]] && extra=(--num-layers-per-virtual-pipeline-stage "$PP_VPP")
-        if needs 4 "tp=2 x pp=2 $schedule" "pp-$schedule"; then
-          strata "pp-$schedule" 4 "$llama" "${common[@]}" "${shape[@]}" --pipeline-schedule "$schedule" "${extra[@]}"
-          record pp "pp-$schedule" strata 4 "$schedule${extra[*]:+ ($((PP_L / (2 * PP_VPP))) chunks of $PP_VPP layers per rank)}" "$model" \
-            "pp-$schedule.rank0.log" ""
-        fi
+        for overlap in $pp_overlaps; do
+          extra=() run=pp-$schedule label=$schedule
+          [[ $schedule == interleaved ]] && extra=(--num-layers-per-virtual-pipeline-stage "$PP_VPP") &&
+            label+=" ($((PP_L / (2 * PP_VPP))) chunks of $PP_VPP layers per rank)"
+          [[ $overlap == on ]] && extra+=(--overlap-p2p-communication) && run+=-overlap && label+=", p2p overlapped"
+          if needs $((2 * pp_tp)) "tp=$pp_tp x pp=2 $schedule" "$run"; then
+            strata "$run" $((2 * pp_tp)) "$llama" "${common[@]}" "${shape[@]}" --pipeline-schedule "$schedule" "${extra[@]}"
+            record pp "$run" strata $((2 * pp_tp)) "$label" "$model" "$run.rank0.log" ""
+          fi
+        done
       done
       ;;
     recompute)
@@ -367,9 +376,9 @@ for suite in ("dp", "tp", "pp", "recompute"):
         m = dims(mine[0][5])
         fpt, n_matmul = llama_flops(m)
         lines.append(f"### pp: Llama {m['L']}x{m['D']} ({m['H']} heads, {m['G']} query groups, SwiGLU {m['F']}, seq {m['T']}, "
-                     f"vocab {m['V']}), tp=2 x pp=2 + sequence parallel, {dtype}")
+                     f"vocab {m['V']}), tp={m['TP']} x pp=2{' + sequence parallel' if m['TP'] > 1 else ''}, {dtype}")
         lines.append(f"N_matmul = L (2 D^2 + 2 D G D/H + 3 D F) + D V = {n_matmul:,}; FLOPs per token 6 N_matmul + 6 L D T = "
-                     f"{fpt / 1e9:.2f} GFLOP; MFU over 4 GPUs x {peak / 1e12:.0f} TFLOP/s")
+                     f"{fpt / 1e9:.2f} GFLOP; MFU over {2 * m['TP']} GPUs x {peak / 1e12:.0f} TFLOP/s")
         lines.append("")
         lines.append("| schedule | tokens/s | MFU per GPU | schedule time per step | measured bubble per pipeline rank | "
                      "the table predicts | peak memory (rank 0) |")

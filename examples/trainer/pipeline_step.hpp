@@ -30,6 +30,7 @@ struct PipelineArgs {
   int decoder_first_pipeline_num_layers = -1;     // -1: even split
   int decoder_last_pipeline_num_layers = -1;
   std::string pipeline_schedule = "1f1b";
+  bool overlap_p2p_communication = false;  // the transfers beside the compute (ExecutorOptions::overlap_transfers)
 };
 
 inline void add_pipeline_options(CLI::App& app, PipelineArgs& p) {
@@ -42,6 +43,11 @@ inline void add_pipeline_options(CLI::App& app, PipelineArgs& p) {
                  "layers of the last pipeline stage (-1: split evenly)");
   app.add_option("--pipeline-schedule", p.pipeline_schedule, "pipeline schedule")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zero-bubble"}));
+  app.add_flag("--overlap-p2p-communication,!--no-overlap-p2p-communication", p.overlap_p2p_communication,
+               "send and receive the activations and gradients between stages on the communication stream, beside the "
+               "compute: a rank goes on computing while its peers take its sends, and waits for a received tensor only "
+               "right before the action that reads it (NCCL; the same bits; on the CPU the in-process transfers are done "
+               "when issued)");
 }
 
 inline strata::pipeline::ScheduleKind schedule_kind_of(const PipelineArgs& p) {

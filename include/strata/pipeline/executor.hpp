@@ -11,6 +11,9 @@
 //       weight gradients appended to the list; the Saved freed at once
 //   W   the list run and freed
 //
+// With ExecutorOptions::overlap_transfers the batches run beside the compute (NCCL: on the
+// communication stream), each action waiting only for the batch that brought its input.
+//
 // Shapes are known in advance (chunk.boundary_shape), so receives need no handshake; under sequence
 // parallelism each tensor-parallel rank sends its own sequence shard. The loss sum of every
 // micro-batch is added on the backend by the rank that holds the last stage and broadcast over the
@@ -69,6 +72,13 @@ struct ExecutorOptions {
   bool verify = true;                // check the table before running it
   // Called right before (begin = true) and right after (begin = false) each action's compute; empty: none.
   std::function<void(const Action&, bool begin)> on_action = {};
+  // Transfers beside the compute (communicator.hpp, "Communication beside compute"; NCCL: on the
+  // communication stream): each step's batch is issued and the rank goes on computing; an action
+  // waits for the batch that brought its input right before it begins (so the wait is not counted
+  // in its time), and a sent tensor is kept until the compute stream has waited for its batch.
+  // The same transfers in the same order: the same bits. A communicator whose operations are done
+  // when they return (in-process) runs as without it.
+  bool overlap_transfers = false;
 };
 
 // Runs one step of `shape` on this rank. chunks[c]: this rank's model chunk c; batches[mb] and
@@ -109,10 +119,33 @@ PipelineStepResult<typename Context::space> run_schedule(
     if (actions[i].op != Op::forward && actions[i].chunk >= 0 && actions[i].chunk < static_cast<int>(chunks.size()))
       last_gradient_action[static_cast<std::size_t>(actions[i].chunk)] = i;
   using Key = std::pair<int, int>;  // (micro-batch, chunk)
+  struct Received {
+    Boundary tensor;
+    std::uint64_t mark = 0;  // with overlap_transfers: the compute stream joins this before reading it
+  };
   std::map<Key, Saved> saved;
   std::map<Key, DeferredWeightGradients> deferred;
-  std::map<std::tuple<bool, int, int>, Boundary> received;  // (gradient, micro-batch, chunk) -> tensor
+  std::map<std::tuple<bool, int, int>, Received> received;  // (gradient, micro-batch, chunk) -> tensor
   std::vector<Boundary> outgoing;                            // outputs of the last step, in action order
+  // The transfers' communicator: the pipeline group, or its overlapped handle; tensors sent beside
+  // the compute, kept with their batch's mark until the compute stream has joined it.
+  const bool overlap = options.overlap_transfers;
+  auto transfers = overlap ? overlapped_handle(ctx.pp) : ctx.pp;
+  std::vector<std::pair<std::uint64_t, Boundary>> sending;
+  auto join = [&](std::uint64_t mark) {
+    join_overlapped(transfers, mark);
+    std::erase_if(sending, [&](const auto& entry) { return entry.first <= mark; });
+  };
+  auto take_received = [&](bool gradient, const Action& a) -> Boundary {
+    auto it = received.find({gradient, a.micro_batch, a.chunk});
+    if (it == received.end())
+      fail<Error>("run_schedule: rank ", rank, " has no ", gradient ? "gradient for the backward" : "input for F", " of micro-batch ",
+                  a.micro_batch);
+    if (overlap) join(it->second.mark);
+    Boundary tensor = std::move(it->second.tensor);
+    received.erase(it);
+    return tensor;
+  };
 
   PipelineStepResult<Space> result;
   result.loss_sum = Tensor<double, Space>::zeros(Shape{1});
@@ -137,48 +170,50 @@ PipelineStepResult<typename Context::space> run_schedule(
     if (!batch.empty()) {
       std::size_t next_out = 0;
       std::vector<Boundary> incoming;
-      auto group = batch_point_to_point(ctx.pp);
+      auto group = batch_point_to_point(transfers);
       for (const Transfer& t : batch) {
         ++result.transfers;
         if (t.send) {
           if (next_out >= outgoing.size()) fail<Error>("run_schedule: rank ", rank, " has no output to send in step ", step);
-          ctx.pp.send(std::as_const(outgoing[next_out++].tensor).buffer(), t.peer);
+          transfers.send(std::as_const(outgoing[next_out++].tensor).buffer(), t.peer);
         } else {
           const int receiving_stage = t.message.gradient ? t.message.from_stage - 1 : t.message.from_stage + 1;
           const Batch& b = batches[static_cast<std::size_t>(t.message.micro_batch)];
           Stage& chunk = *chunks[static_cast<std::size_t>(chunk_of_stage(shape.pp, receiving_stage))];
           incoming.emplace_back(Tensor<T, Space>::empty(chunk.boundary_shape(ctx, b.tokens.size(0), b.tokens.size(1))));
-          ctx.pp.recv(incoming.back().tensor.buffer(), t.peer);
+          transfers.recv(incoming.back().tensor.buffer(), t.peer);
         }
       }
       group.end();
+      const std::uint64_t mark = overlap ? overlapped_mark(transfers) : 0;
       std::size_t next_in = 0;
       for (const Transfer& t : batch)
         if (!t.send) {
           const int receiving_stage = t.message.gradient ? t.message.from_stage - 1 : t.message.from_stage + 1;
           received[{t.message.gradient, t.message.micro_batch, chunk_of_stage(shape.pp, receiving_stage)}] =
-              std::move(incoming[next_in++]);
+              Received{std::move(incoming[next_in++]), mark};
         }
+      // Sent: on the compute stream the allocator may reuse the memory at once (stream-ordered);
+      // beside it, only once the compute stream has joined the batch.
+      if (overlap)
+        for (Boundary& out : outgoing) sending.emplace_back(mark, std::move(out));
     }
-    outgoing.clear();  // sent (stream-ordered on a device: the allocator reuses the memory after the send)
+    outgoing.clear();
     if (step == starts.size()) break;
 
     const std::size_t end = step + 1 < starts.size() ? starts[step + 1] : actions.size();
     for (std::size_t i = starts[step]; i < end; ++i) {
       const Action& a = actions[i];
-      if (options.on_action) options.on_action(a, true);
       Stage& chunk = chunk_of(a);
       const Key key{a.micro_batch, a.chunk};
       const int vs = virtual_stage(shape.pp, rank, a.chunk);
       const Batch& b = batches[static_cast<std::size_t>(a.micro_batch)];
+      // The received input (F) or output gradient (B, Bi), joined before the action begins.
+      Boundary input;
+      const bool receives = a.op == Op::forward ? vs > 0 : a.op != Op::backward_weight && vs < last_stage;
+      if (receives) input = take_received(a.op != Op::forward, a);
+      if (options.on_action) options.on_action(a, true);
       if (a.op == Op::forward) {
-        Boundary input;
-        if (vs > 0) {
-          auto it = received.find({false, a.micro_batch, a.chunk});
-          if (it == received.end()) fail<Error>("run_schedule: rank ", rank, " has no input for F of micro-batch ", a.micro_batch);
-          input = std::move(it->second);
-          received.erase(it);
-        }
         const bool first_forward = !forward_seen[static_cast<std::size_t>(a.chunk)];
         forward_seen[static_cast<std::size_t>(a.chunk)] = true;
         auto out = chunk.forward_stage(ctx, vs > 0 ? &input : nullptr, b.tokens, b.labels, b.loss_mask,
@@ -189,14 +224,7 @@ PipelineStepResult<typename Context::space> run_schedule(
         if (vs == last_stage) ctx.device.template add<double>(result.loss_sum.data(), out.loss.sum.data(), 1, result.loss_sum.data());
         else outgoing.push_back(std::move(out.output));
       } else if (a.op == Op::backward || a.op == Op::backward_input) {
-        Boundary dy;
-        if (vs < last_stage) {
-          auto it = received.find({true, a.micro_batch, a.chunk});
-          if (it == received.end())
-            fail<Error>("run_schedule: rank ", rank, " has no gradient for the backward of micro-batch ", a.micro_batch);
-          dy = std::move(it->second);
-          received.erase(it);
-        }
+        Boundary& dy = input;
         auto it = saved.find(key);
         if (it == saved.end()) fail<Error>("run_schedule: rank ", rank, " runs a backward of micro-batch ", a.micro_batch, " it never ran forward");
         DeferredWeightGradients* list = a.op == Op::backward_input ? &deferred[key] : nullptr;
@@ -219,6 +247,10 @@ PipelineStepResult<typename Context::space> run_schedule(
       }
       if (options.on_action) options.on_action(a, false);
     }
+  }
+  if (overlap) {  // the last sends and any batch not yet joined
+    join_overlapped(transfers);
+    sending.clear();
   }
   if (!saved.empty() || !deferred.empty() || !received.empty())
     fail<Error>("run_schedule: rank ", rank, " ends the step holding ", saved.size(), " saved forwards, ", deferred.size(),
