@@ -248,6 +248,15 @@ inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
   return c;
 }
 
+// A number in the JSONL log: JSON has no NaN or infinity, so a non-finite value (a skipped
+// iteration's gradient norm, a diverged loss) is written as null.
+struct JsonNumber {
+  double value;
+  friend std::ostream& operator<<(std::ostream& out, JsonNumber n) {
+    return std::isfinite(n.value) ? out << n.value : out << "null";
+  }
+};
+
 // Whether the dynamic loss scaler runs: fp16 always has a scaler (dynamic unless --loss-scale), the
 // other types when asked (TrainArgs::dynamic_loss_scale).
 inline bool dynamic_loss_scaling(const TrainArgs& a) {
@@ -989,7 +998,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       std::printf("validation  %6d/%6d | loss %.4f | ppl %.3f\n", iteration, a.train_iters, loss, std::exp(loss));
       std::fflush(stdout);
     }
-    if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << loss << "}\n";
+    if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << JsonNumber{loss} << "}\n";
   };
   // Per iteration, on the device: the global loss sum and the gradient norm (slot it - start),
   // read by the host at log steps (or every iteration for the NaN check).
@@ -1154,8 +1163,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           }
         }
         if (jsonl) {
-          jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << loss << ", \"lr\": " << lrs[i]
-                << ", \"grad_norm\": " << grad_norm << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
+          jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << JsonNumber{loss} << ", \"lr\": " << lrs[i]
+                << ", \"grad_norm\": " << JsonNumber{grad_norm} << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
                 << ", \"consumed_samples\": " << consumed - (count - 1 - k) * a.global_batch_size;
           if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
           jsonl << "}\n";
