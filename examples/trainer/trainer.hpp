@@ -817,6 +817,7 @@ struct SharedRun {
   std::ofstream& jsonl;
   TrainResult& result;
   std::mutex& result_mutex;
+  const MemoryPlan& memory;  // plan_memory's estimate, made once before the ranks start
 };
 
 // A backend whose attention plans can be frozen (cuda::backend), and a communicator with a
@@ -909,7 +910,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
                           a.overlap_grad_reduce, a.overlap_param_gather});
-  MemoryReport memory = optimizer.memory(model, plan_memory<T>(a).stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
+  MemoryReport memory = optimizer.memory(model, shared.memory.stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
   if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
   // so every kernel, cuBLASLt algorithm and cuDNN plan a step uses is loaded before any collective
@@ -1267,7 +1268,7 @@ TrainResult train_with(const TrainArgs& a) {
 
   TrainResult result;
   std::mutex result_mutex;
-  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, result, result_mutex};
+  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, result, result_mutex, memory};
   if (a.device == "cpu") {
     using Policy = TrainPolicy<T, SP>;
     inprocess::run(a.world_size, [&](inprocess::communicator& world) {
