@@ -308,6 +308,16 @@ def peer_figures(log):
     except (IndexError, ValueError, KeyError):
         return None, "?", None
 
+def unusable(lead, note, log, f, columns):
+    """The row of a skipped or failed run (lead: its first cells, columns: the table's), or None when it has figures."""
+    if note.startswith("skipped"):
+        text = note
+    elif not f or not f[0]:
+        text = f"failed (see {log})"
+    else:
+        return None
+    return "| " + " | ".join(lead + [text]) + " |" + " |" * (columns - len(lead) - 1)
+
 def dims(model):
     return {k: int(v) for k, v in (p.split("=") for p in model.split())}
 
@@ -343,8 +353,9 @@ for suite in ("dp", "tp", "pp", "recompute"):
         lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
         for s, run, stack, gpus, label, model, log, note in mine:
             f = figures.get(run)
-            if not f or not f[0]:
-                lines.append(f"| {label} | failed (see {log}) | | | | |")
+            row = unusable([label], note, log, f, 6)
+            if row:
+                lines.append(row)
                 continue
             peak_b, state_b = to_bytes(f[4]), f[6]
             rest = f"{(peak_b - state_b) / 2**30:.2f} GiB" if peak_b is not None and state_b is not None else "?"
@@ -360,12 +371,10 @@ for suite in ("dp", "tp", "pp", "recompute"):
         lines.append("| layout | stack | GPUs | tokens/s | vs its own 1 GPU | MFU per GPU | peak memory per GPU |")
         lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for s, run, stack, gpus, label, model, log, note in mine:
-            if note.startswith("skipped"):
-                lines.append(f"| {label} | {stack} | {gpus} | {note} | | | |")
-                continue
-            f = figures[run]
-            if not f[0]:
-                lines.append(f"| {label} | {stack} | {gpus} | failed (see {log}) | | | |")
+            f = figures.get(run)
+            row = unusable([label, stack, gpus], note, log, f, 7)
+            if row:
+                lines.append(row)
                 continue
             tok, n = f[0], int(gpus)
             scale = f"{tok / base[stack]:.2f}x ({100 * tok / base[stack] / n:.0f}% of {n}x)" if stack in base else "?"
@@ -384,12 +393,10 @@ for suite in ("dp", "tp", "pp", "recompute"):
                      "the table predicts | peak memory (rank 0) |")
         lines.append("| --- | ---: | ---: | ---: | --- | ---: | ---: |")
         for s, run, stack, gpus, label, model, log, note in mine:
-            if note.startswith("skipped"):
-                lines.append(f"| {label} | {note} | | | | | |")
-                continue
-            f = figures[run]
-            if not f[0]:
-                lines.append(f"| {label} | failed (see {log}) | | | | | |")
+            f = figures.get(run)
+            row = unusable([label], note, log, f, 7)
+            if row:
+                lines.append(row)
                 continue
             tok, bubbles = f[0], f[5]
             measured = ", ".join(f"rank {b[0]}: {b[3]}% (busy {b[1]} of {b[2]} ms)" for b in bubbles) or "?"
