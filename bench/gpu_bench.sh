@@ -103,8 +103,7 @@ for s in shapes:
     peak = re.search(r"peak device memory \(rank 0, caching allocator\): ([\d.]+ \w+) in use", log)
     first = re.search(r"first iteration finished ([\d.]+) s after launch", log)
     def losses(k):
-        # (a trainer older than its JSON fix wrote non-finite numbers as nan / inf: read them as null)
-        try: return [json.loads(re.sub(r"-?\b(nan|inf)\b", "null", l))["loss"] for l in open(f"{out}/strata-{s}-{k}.jsonl") if '"loss"' in l]
+        try: return [json.loads(l)["loss"] for l in open(f"{out}/strata-{s}-{k}.jsonl") if '"loss"' in l]
         except OSError: return []
     l1, l2 = losses(1), losses(2)
     same = "yes" if l1 and l1 == l2 else ("no" if l1 and l2 else "n/a")
