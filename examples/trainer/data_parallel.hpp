@@ -20,8 +20,8 @@
 //                                     --overlap-param-gather on the communication stream, the buckets
 //                                     last first; wait_parameters() waits for all of it before
 //                                     anything else reads the parameters)
-// and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_sharded_state,
-// steps, set_steps, config).
+// and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_state_piece,
+// steps, set_steps, config, reload_main_from_model, reset_moments).
 #pragma once
 
 #include <cmath>
@@ -145,11 +145,22 @@ class DataParallelOptimizer {
     }
   }
 
-  // Checkpoints: the optimizer's state tensors, its step count and its AdamW numbers.
+  // Checkpoints: the optimizer's state in pieces (for_each_state_piece: any layout loads it), its
+  // step count and its AdamW numbers; a fresh state over loaded weights (--no-load-optim).
   template <class Visitor>
-  void for_each_sharded_state(Visitor&& visit) {
-    if (distributed_) distributed_->for_each_sharded_state(visit);
-    else adamw_->for_each_sharded_state(visit);
+  void for_each_state_piece(Visitor&& visit) {
+    if (distributed_) distributed_->for_each_state_piece(visit);
+    else adamw_->for_each_state_piece(visit);
+  }
+  template <class Device, class Model>
+  void reload_main_from_model(Device& device, Model& model) {
+    if (distributed_) distributed_->reload_main_from_model(device);
+    else adamw_->reload_main_from_model(device, model);
+  }
+  template <class Device>
+  void reset_moments(Device& device) {
+    if (distributed_) distributed_->reset_moments(device);
+    else adamw_->reset_moments(device);
   }
   int steps() const { return distributed_ ? distributed_->steps() : adamw_->steps(); }
   void set_steps(int steps) {

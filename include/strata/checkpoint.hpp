@@ -4,4 +4,5 @@
 #include "checkpoint/crc32.hpp"
 #include "checkpoint/durable_file.hpp"
 #include "checkpoint/format.hpp"
+#include "checkpoint/reshard.hpp"
 #include "checkpoint/checkpoint.hpp"

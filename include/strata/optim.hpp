@@ -2,6 +2,7 @@
 #pragma once
 
 #include "optim/lr_schedule.hpp"
+#include "optim/state_piece.hpp"
 #include "optim/grad_utils.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_buffer.hpp"

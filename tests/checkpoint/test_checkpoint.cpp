@@ -1,13 +1,15 @@
 // save_checkpoint / load_checkpoint on in-process ranks: a bit-exact round trip (bf16 model with
 // fp32 master weights), resuming equal to training straight through (tp=2, double), an interrupted
-// save that leaves the previous checkpoint and tracker intact, and a clear error when the parallel
-// layout differs.
+// save that leaves the previous checkpoint and tracker intact, loading into another
+// tensor-parallel size bit for bit, replicas written once, partial reads of only the CRC chunks a
+// shard needs, and clear errors for damaged or missing files (the previous checkpoint still loads).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,7 +116,10 @@ TEST(Checkpoint, RoundTripIsBitExact) {
     EXPECT_EQ(w.shard.rank, world.rank());
     EXPECT_EQ(reader.record("optimizer.fc1.weight.main").dtype, StoredDtype::float32);
     EXPECT_EQ(w.dtype, StoredDtype::bfloat16);
-    EXPECT_FALSE(reader.record("model.fc2.bias").shard.sharded);
+    // A replicated parameter (and its state) is written once, by tensor-parallel rank 0.
+    EXPECT_EQ(reader.has_tensor("model.fc2.bias"), world.rank() == 0);
+    EXPECT_EQ(reader.has_tensor("optimizer.fc2.bias.exp_avg"), world.rank() == 0);
+    if (world.rank() == 0) EXPECT_FALSE(reader.record("model.fc2.bias").shard.sharded);
   });
 }
 
@@ -274,27 +279,189 @@ TEST(Checkpoint, CrashWhileReplacingSameIterationFallsBackToOld) {
   EXPECT_EQ(load_marked(dir.path()), 6);
 }
 
-TEST(Checkpoint, DifferentTensorParallelSizeIsAClearConfigError) {
+// Every parameter and optimizer state tensor as its global tensor (values at their global
+// indices), assembled from all ranks of a run.
+using GlobalState = std::map<std::string, std::vector<double>>;
+
+template <class T>
+void add_to_global(GlobalState& out, std::mutex& mutex, TwoLayer<T>& model, AdamW<T>& optimizer) {
+  std::lock_guard lock(mutex);
+  auto place = [&](const std::string& name, const auto& tensor, const Shape& global, const ShardSpec& shard) {
+    auto& g = out[name];
+    g.resize(static_cast<std::size_t>(global.numel()));
+    for (index_t i = 0; i < tensor.numel(); ++i)
+      g[static_cast<std::size_t>(global_index(global, shard, i, shard.rank))] = static_cast<double>(tensor[i]);
+  };
+  model.for_each_parameter([&](auto& p) { place("model." + p.name, p.value, p.global_shape, p.shard); });
+  optimizer.for_each_sharded_state([&](const std::string& name, auto& t, const Shape& global, const ShardSpec& shard) {
+    place("optimizer." + name, t, global, shard);
+  });
+}
+
+TEST(Checkpoint, LoadsIntoAnyTensorParallelSizeBitForBit) {
   TempDirectory dir("checkpoint");
-  save_marked(dir.path(), 1);
-  for (int tp : {1, 4}) {
+  GlobalState saved;
+  std::mutex mutex;
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 31);
+    AdamW<double> optimizer(model);
+    for (int step = 0; step < 2; ++step) {
+      fake_gradients(model, step);
+      optimizer.step(model, 1e-2);
+    }
+    save_checkpoint(ctx, dir.path(), 2, model, optimizer, TrainState{.consumed_samples = 8, .seed = 31});
+    add_to_global(saved, mutex, model, optimizer);
+  });
+  for (int world_size : {1, 4, 8}) {
+    const int tp = std::min(world_size, 4);  // 8 ranks: tp=4 x dp=2
+    GlobalState loaded;
+    inprocess::run(world_size, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = tp, .dp = world_size / tp});
+      TwoLayer<double> model(ctx, 99);
+      AdamW<double> optimizer(model);
+      const TrainState state = load_checkpoint(ctx, dir.path(), model, optimizer);
+      EXPECT_EQ(state.iteration, 2);
+      EXPECT_EQ(state.consumed_samples, 8);
+      EXPECT_EQ(optimizer.steps(), 2);
+      add_to_global(loaded, mutex, model, optimizer);
+    });
+    ASSERT_EQ(loaded.size(), saved.size()) << "tp=" << tp;
+    for (const auto& [name, values] : saved)
+      EXPECT_EQ(std::memcmp(loaded[name].data(), values.data(), values.size() * sizeof(double)), 0)
+          << name << " at tp=" << tp << " dp=" << world_size / tp;
+  }
+}
+
+TEST(Checkpoint, ShardGeometryRunsAgreeWithGlobalIndex) {
+  const std::vector<std::pair<Shape, ShardSpec>> cases = {
+      {Shape{12, 6}, ShardSpec::split(0, 0, 3)},           {Shape{12, 6}, ShardSpec::split(-1, 0, 2)},
+      {Shape{2, 12, 5}, ShardSpec::split(1, 0, 3, 2)},     {Shape{8, 3, 4}, ShardSpec::split(0, 0, 2, 2)},
+      {Shape{7, 5}, ShardSpec::replicated()},              {Shape{4, 6, 2}, ShardSpec::split(2, 0, 2)}};
+  for (const auto& [global, base] : cases) {
+    const ShardGeometry geometry(global, base);
+    std::vector<int> seen(static_cast<std::size_t>(global.numel()), 0);
+    for (int r = 0; r < (base.sharded ? base.parts : 1); ++r) {
+      ShardSpec spec = base;
+      spec.rank = r;
+      const index_t n = local_shape(global, spec).numel();
+      for (index_t l = 0; l < n; ++l) {
+        const ShardGeometry::Run run = geometry.to_global(l, r);
+        ASSERT_EQ(run.index, global_index(global, spec, l, r)) << global.str() << " rank " << r << " local " << l;
+        ASSERT_GE(run.length, 1);
+        ASSERT_LE(l + run.length, n);
+        for (index_t k = 1; k < run.length; ++k)  // a run is consecutive in both numberings
+          ASSERT_EQ(global_index(global, spec, l + k, r), run.index + k);
+        const ShardGeometry::Run back = geometry.to_local(run.index);
+        ASSERT_EQ(back.rank, r);
+        ASSERT_EQ(back.index, l);
+        ++seen[static_cast<std::size_t>(run.index)];
+      }
+    }
+    for (int count : seen) ASSERT_EQ(count, 1) << global.str();
+  }
+}
+
+// Sum of the tensor bytes of every rank file of one iteration.
+std::uint64_t checkpoint_data_bytes(const std::filesystem::path& iteration_dir) {
+  std::uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(iteration_dir)) {
+    StateReader reader(entry.path());
+    for (const TensorRecord& r : reader.tensors()) total += r.bytes;
+  }
+  return total;
+}
+
+TEST(Checkpoint, DataParallelReplicasWriteOnce) {
+  TempDirectory dir1("checkpoint"), dir4("checkpoint");
+  for (auto [world, path] : {std::pair{2, dir1.path()}, std::pair{8, dir4.path()}}) {
+    inprocess::run(world, [&](Comm& comm) {
+      auto ctx = Context::create(comm, ParallelConfig{.tp = 2, .dp = world / 2});
+      TwoLayer<double> model(ctx, 3);
+      AdamW<double> optimizer(model);
+      save_checkpoint(ctx, path, 1, model, optimizer, TrainState{});
+    });
+  }
+  const std::uint64_t one = checkpoint_data_bytes(dir1.path() / "iter_0000001");
+  // The global tensors, once each: 3 x (values and main, exp_avg, exp_avg_sq) in double.
+  const std::uint64_t global = (kHidden * kIn + kHidden + kOut * kHidden + kOut) * sizeof(double) * 4;
+  EXPECT_EQ(one, global);
+  EXPECT_EQ(checkpoint_data_bytes(dir4.path() / "iter_0000001"), one) << "dp=4 wrote more than dp=1";
+}
+
+TEST(Checkpoint, ReshardingReadsOnlyTheChunksItNeeds) {
+  // A [1024, 1024] float tensor saved in two shards of 2 MiB (2 CRC chunks of 1 MiB each).
+  constexpr index_t kN = 1024;
+  for (int dim : {0, 1}) {
+    TempDirectory dir("checkpoint");
+    inprocess::run(2, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+      const ShardSpec spec = ShardSpec::split(dim, world.rank(), 2);
+      Tensor<float> shard(local_shape(Shape{kN, kN}, spec));
+      for (index_t i = 0; i < shard.numel(); ++i) shard[i] = static_cast<float>(global_index(Shape{kN, kN}, spec, i, world.rank()));
+      StateWriter writer;
+      writer.add("big", shard, Shape{kN, kN}, spec);
+      save(ctx, dir.path(), 1, writer);
+    });
+    ShardedCheckpoint checkpoint(dir.path() / "iter_0000001");
+    // tp=4, rank 1: rows [256, 512) (dim 0: one chunk of saved shard 0) or columns [256, 512)
+    // (dim 1: the second half of every row of saved shard 0, so both of its chunks).
+    const ShardSpec wanted = ShardSpec::split(dim, 1, 4);
+    Tensor<float> out(local_shape(Shape{kN, kN}, wanted));
+    checkpoint.read_into("big", out, Shape{kN, kN}, wanted);
+    for (index_t i = 0; i < out.numel(); ++i)
+      ASSERT_EQ(out[i], static_cast<float>(global_index(Shape{kN, kN}, wanted, i, 1))) << "dim " << dim << " element " << i;
+    EXPECT_EQ(checkpoint.bytes_read(), (dim == 0 ? 1u : 2u) * kCheckpointCrcChunkBytes) << "dim " << dim;
+  }
+}
+
+TEST(Checkpoint, DamagedOrMissingFilesNameTheFileAndTheTensorAndTheOlderCheckpointStillLoads) {
+  TempDirectory dir("checkpoint");
+  save_marked(dir.path(), 2);
+  save_marked(dir.path(), 4);
+  auto load_at = [&](int tp, std::optional<std::int64_t> iteration) {
+    inprocess::run(tp, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+      TwoLayer<double> model(ctx, 1);
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer, LoadOptions{.iteration = iteration});
+    });
+  };
+  const auto file = dir.path() / "iter_0000004" / "rank_00001.strata";
+  StateReader reader(file);
+  const TensorRecord victim = reader.record("model.fc1.weight");
+  {  // flip one byte of that tensor's data
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(victim.offset + 3));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    io.seekp(static_cast<std::streamoff>(victim.offset + 3));
+    io.write(&c, 1);
+  }
+  for (int tp : {2, 1}) {  // the same layout, and a layout whose rank 0 needs that shard too
     try {
-      inprocess::run(tp, [&](Comm& world) {
-        auto ctx = Context::create(world, ParallelConfig{.tp = tp});
-        TwoLayer<double> model(ctx, 1);
-        AdamW<double> optimizer(model);
-        load_checkpoint(ctx, dir.path(), model, optimizer);
-      });
-      ADD_FAILURE() << "tp=" << tp << ": expected ConfigError";
-    } catch (const ConfigError& e) {
+      load_at(tp, std::nullopt);
+      ADD_FAILURE() << "tp=" << tp << ": expected FileError";
+    } catch (const FileError& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("iter_0000001/rank_0000"), std::string::npos) << m;  // whichever rank failed first
-      EXPECT_NE(m.find("was saved with tp=2 pp=1 dp=1"), std::string::npos) << m;
-      EXPECT_NE(m.find("(2 ranks)"), std::string::npos) << m;
-      EXPECT_NE(m.find("this run has tp=" + std::to_string(tp)), std::string::npos) << m;
-      EXPECT_NE(m.find("resharding is not supported"), std::string::npos) << m;
+      EXPECT_NE(m.find(file.string()), std::string::npos) << m;
+      EXPECT_NE(m.find("'model.fc1.weight' fails its CRC-32 check"), std::string::npos) << m;
     }
   }
+  EXPECT_NO_THROW(load_at(1, 2));
+  EXPECT_NO_THROW(load_at(2, 2));
+  // A missing rank file is named, with the number of ranks that saved.
+  std::filesystem::remove(file);
+  try {
+    load_at(4, std::nullopt);
+    ADD_FAILURE() << "expected FileError";
+  } catch (const FileError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("saved by 2 ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find(file.string()), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(load_at(4, 2));
 }
 
 TEST(Checkpoint, MissingOrCorruptCheckpointIsFileError) {

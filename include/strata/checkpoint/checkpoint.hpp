@@ -15,15 +15,23 @@
 // A loader that finds iter_N missing but iter_N.old present (a crash inside step 3) uses the .old
 // directory, which is the complete earlier save of that iteration.
 //
-// Loading reads only this rank's file and needs no communication. It checks that the checkpoint
-// was saved with this run's parallel layout (tp, pp, dp, cp, ep, etp and world size); loading into
-// a different layout (resharding) is not supported by this loader yet, though every tensor already
-// records its global shape and shard for the loader that will. Each model parameter must be present
-// with the same local shape, global shape and shard, and the file must hold no model parameter the
-// model lacks.
+// Each tensor-parallel piece of a parameter and of its optimizer state is written once: by the
+// first data-parallel (and context-parallel) replica, by tensor-parallel rank 0 when the
+// parameter is replicated, never by a pipeline stage's copy of a tied weight; a distributed
+// optimizer's share by the rank that owns it (as flat ranges of the parameter's shard). So the
+// checkpoint does not grow with dp, and a rank file may hold scalars only.
+//
+// Loading (load_checkpoint) works in any layout: tensor, pipeline and data-parallel sizes, with or
+// without the distributed optimizer, other than the saving run's. It reads the tables of every
+// rank file of the iteration and, of the data, only the CRC chunks holding this rank's shards
+// (reshard.hpp); no communication. Pipeline layers are named by their global index, so depth can
+// be re-split. The model's architecture ("model.*" scalars) and every tensor's global shape are
+// checked first; the vocabulary padding, which depends on tp, may differ (padding rows past the
+// saved ones load as zero). open_checkpoint reads this rank's own file of a checkpoint saved in
+// the same layout.
 //
 // Names in the file: "model.<param>" for parameter values, "optimizer.<param>.main" (".exp_avg",
-// ".exp_avg_sq") for the optimizer state, scalars "train.*", "optimizer.*", "parallel.*", "rank.*".
+// ".exp_avg_sq") for the optimizer state, scalars "train.*", "optimizer.*", "model.*" (the architecture), "parallel.*", "rank.*".
 #pragma once
 
 #include <cstdint>
@@ -44,6 +52,8 @@
 #include "../shard/parallel_config.hpp"
 #include "durable_file.hpp"
 #include "format.hpp"
+#include "reshard.hpp"
+#include "../optim/state_piece.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
@@ -64,6 +74,7 @@ struct SaveOptions {
 
 struct LoadOptions {
   std::optional<std::int64_t> iteration;  // unset: the tracker's
+  bool load_optimizer = true;             // false: the model alone (Megatron's --no-load-optim)
 };
 
 inline constexpr std::string_view kCheckpointTrackerName = "latest_checkpointed_iteration.txt";
@@ -138,7 +149,7 @@ void check_same_layout(const StateReader& r, const Context& ctx) {
   if (!(saved == ctx.config) || saved_world != world)
     fail<ConfigError>("checkpoint ", r.path(), " was saved with ", describe_layout(saved, saved_world),
                       "; this run has ", describe_layout(ctx.config, world),
-                      "; resharding is not supported by this loader yet, so run with the saved layout");
+                      "; open_checkpoint reads a rank's own file in the saving layout (load_checkpoint loads any layout)");
 }
 
 inline void call_stage(const SaveOptions& options, std::string_view stage) {
@@ -262,18 +273,106 @@ StateReader open_checkpoint(const Context& ctx, const std::filesystem::path& dir
   return reader;
 }
 
-// Collective over ctx.world: saves the model's parameter values, the optimizer's state (anything
-// with for_each_state(visit(name, tensor)) and steps(), such as AdamW) and the training state as
-// iteration `iteration` (which is what the checkpoint records, whatever state.iteration says).
+// The rank files of one saved iteration of `dir` (the tracker's unless options say otherwise), all
+// tables opened and checked, for loading into any layout. No communication.
+inline ShardedCheckpoint open_sharded_checkpoint(const std::filesystem::path& dir, const LoadOptions& options = {}) {
+  std::int64_t iteration = 0;
+  if (options.iteration) {
+    iteration = *options.iteration;
+  } else {
+    std::optional<std::int64_t> latest = latest_checkpointed_iteration(dir);
+    if (!latest) fail<FileError>("no checkpoint to load in ", dir, ": ", tracker_path(dir), " does not exist");
+    iteration = *latest;
+  }
+  ShardedCheckpoint checkpoint(find_iteration_directory(dir, iteration));
+  if (checkpoint.first().get_int("train.iteration") != iteration)
+    fail<FileError>("checkpoint ", checkpoint.directory(), " records iteration ", checkpoint.first().get_int("train.iteration"),
+                    " but lies in the directory of iteration ", iteration);
+  return checkpoint;
+}
+
+namespace checkpoint_detail {
+
+// The model's architecture, recorded so that a load into another model is refused by name.
+template <class Module>
+void describe_model(StateWriter& writer, const Module& model) {
+  if constexpr (requires { model.config().num_layers; model.config().vocab_size; }) {
+    const auto& c = model.config();
+    writer.set("model.num_layers", c.num_layers);
+    writer.set("model.hidden_size", c.hidden_size);
+    writer.set("model.num_attention_heads", c.num_attention_heads);
+    writer.set("model.num_query_groups", c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups);
+    writer.set("model.ffn_hidden_size", c.ffn());
+    writer.set("model.vocab_size", c.vocab_size);
+  }
+}
+
+template <class Module>
+void check_model(const StateReader& r, const Module& model) {
+  if constexpr (requires { model.config().num_layers; model.config().vocab_size; }) {
+    const auto& c = model.config();
+    auto check = [&](const char* key, const char* flag, std::int64_t mine) {
+      if (r.has(key) && r.get_int(key) != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model with ", flag, "=", r.get_int(key),
+                          "; this run's model has ", flag, "=", mine, ". Build the model the checkpoint was saved with");
+    };
+    check("model.num_layers", "--num-layers", c.num_layers);
+    check("model.hidden_size", "--hidden-size", c.hidden_size);
+    check("model.num_attention_heads", "--num-attention-heads", c.num_attention_heads);
+    check("model.num_query_groups", "--num-query-groups", c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups);
+    check("model.ffn_hidden_size", "--ffn-hidden-size", c.ffn());
+    check("model.vocab_size", "the vocabulary size", c.vocab_size);
+  }
+}
+
+// Whether this rank writes a model parameter: one copy of each tensor-parallel piece per
+// checkpoint (data-parallel rank 0, context-parallel rank 0, tensor-parallel rank 0 for a
+// replicated parameter), never a pipeline stage's copy of a tied weight.
+template <class Context>
+bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy, bool data_parallel_replica) {
+  if (pipeline_copy || ctx.coords.cp != 0) return false;
+  if (data_parallel_replica && ctx.coords.dp != 0) return false;
+  return (shard.sharded && shard.parts > 1) || ctx.coords.tp == 0;
+}
+
+template <class P>
+constexpr bool is_pipeline_copy(const P& p) {
+  if constexpr (requires { p.pipeline_copy; }) return p.pipeline_copy;
+  else return false;
+}
+
+template <class Optimizer>
+concept has_state_pieces = requires(Optimizer& o) {
+  o.for_each_state_piece([](const StatePiece&, auto&, auto&, auto&) {});
+};
+
+}  // namespace checkpoint_detail
+
+// This rank's part of a checkpoint of `model`, `optimizer` and `state`, ready for save() (or for an
+// AsyncSaver, with copy_data so that training may go on while it is written).
 template <class Context, class Module, class Optimizer>
-void save_checkpoint(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, Module& model,
-                     Optimizer& optimizer, const TrainState& state, const SaveOptions& options = {}) {
+StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& optimizer, const TrainState& state,
+                              bool copy_data = false) {
+  namespace cd = checkpoint_detail;
   StateWriter writer;
-  model.for_each_parameter([&](auto& p) { writer.add_parameter(p, "model." + p.name); });
-  checkpoint_detail::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global,
-                                                          const ShardSpec& shard) {
-    writer.add("optimizer." + name, tensor, global, shard);
+  writer.copy_data(copy_data);
+  model.for_each_parameter([&](auto& p) {
+    if (cd::writes_piece(ctx, p.shard, cd::is_pipeline_copy(p), true)) writer.add_parameter(p, "model." + p.name);
   });
+  if constexpr (cd::has_state_pieces<Optimizer>) {
+    optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {
+      if (!cd::writes_piece(ctx, piece.shard, piece.pipeline_copy, piece.data_parallel_replica)) return;
+      const std::string base = "optimizer." + piece.name;
+      writer.add_range(base + ".main", main, piece.offset, piece.count, piece.global_shape, piece.shard, piece.flat_begin);
+      writer.add_range(base + ".exp_avg", exp_avg, piece.offset, piece.count, piece.global_shape, piece.shard, piece.flat_begin);
+      writer.add_range(base + ".exp_avg_sq", exp_avg_sq, piece.offset, piece.count, piece.global_shape, piece.shard,
+                       piece.flat_begin);
+    });
+  } else {
+    cd::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global, const ShardSpec& shard) {
+      writer.add("optimizer." + name, tensor, global, shard);
+    });
+  }
   writer.set("optimizer.steps", static_cast<std::int64_t>(optimizer.steps()));
   if constexpr (requires { optimizer.config().beta1; }) {
     writer.set("optimizer.beta1", optimizer.config().beta1);
@@ -281,47 +380,100 @@ void save_checkpoint(Context& ctx, const std::filesystem::path& dir, std::int64_
     writer.set("optimizer.eps", optimizer.config().eps);
     writer.set("optimizer.weight_decay", optimizer.config().weight_decay);
   }
+  cd::describe_model(writer, model);
   writer.set("train.consumed_samples", state.consumed_samples);
   writer.set("train.seed", static_cast<std::int64_t>(state.seed));
   for (const auto& [key, value] : state.extra) writer.set("train.extra." + key, value);
+  return writer;
+}
+
+// Collective over ctx.world: saves the model's parameter values, the optimizer's state (anything
+// with for_each_state_piece, or for_each_state(visit(name, tensor)), and steps(), such as AdamW)
+// and the training state as iteration `iteration` (which is what the checkpoint records, whatever
+// state.iteration says). Each tensor-parallel piece of a parameter and of its state is written
+// once (by the first data-parallel replica; a distributed optimizer's share by its owner), so the
+// checkpoint's size does not grow with dp.
+template <class Context, class Module, class Optimizer>
+void save_checkpoint(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, Module& model,
+                     Optimizer& optimizer, const TrainState& state, const SaveOptions& options = {}) {
+  StateWriter writer = checkpoint_writer(ctx, model, optimizer, state);
   save(ctx, dir, iteration, writer, options);
 }
 
-// Loads what save_checkpoint wrote into `model` and `optimizer` (built as for the saving run) and
-// returns the training state. Reads this rank's file only. The layout, header and table are checked
-// before anything is loaded; a tensor that fails its own check (shape, CRC) throws after the tensors
-// before it were loaded, so a failed load leaves the model in no defined state.
+// Loads what save_checkpoint wrote into `model` and `optimizer`, in this run's parallel layout
+// whatever the saving run's was (tensor, pipeline and data-parallel sizes, the distributed
+// optimizer or not), and returns the training state. Reads the tables of every rank file and, of
+// the data, only the CRC chunks holding this rank's shards. No communication. The model's
+// architecture and every tensor's global shape are checked before anything is loaded; a tensor
+// that fails its own check (CRC) throws after the tensors before it were loaded, so a failed load
+// leaves the model in no defined state.
+// options.load_optimizer = false (--no-load-optim, --finetune): the optimizer's main parameters are
+// taken from the loaded model and its moments and step count start from zero.
 template <class Context, class Module, class Optimizer>
 TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir, Module& model, Optimizer& optimizer,
                            const LoadOptions& options = {}) {
-  StateReader reader = open_checkpoint(ctx, dir, options);
-  std::set<std::string, std::less<>> loaded;
+  namespace cd = checkpoint_detail;
+  ShardedCheckpoint checkpoint = open_sharded_checkpoint(dir, options);
+  const StateReader& first = checkpoint.first();
+  cd::check_model(first, model);
+  ShardedCheckpoint::ReadOptions read;
+  if (first.has("model.vocab_size")) read.real_rows = first.get_int("model.vocab_size");
+  // Every parameter and its shape, before any data is read.
   model.for_each_parameter([&](auto& p) {
     const std::string name = "model." + p.name;
-    if (!reader.has_tensor(name))
-      fail<ConfigError>("checkpoint file ", reader.path(), " has no parameter '", p.name, "', which the model has");
-    reader.load_parameter(p, name);
-    loaded.insert(name);
+    if (!checkpoint.has_tensor(name))
+      fail<ConfigError>("checkpoint ", checkpoint.directory(), " has no parameter '", p.name, "', which the model has");
   });
-  for (const TensorRecord& r : reader.tensors())
-    if (r.name.starts_with("model.") && !loaded.count(r.name))
-      fail<ConfigError>("checkpoint file ", reader.path(), " holds parameter '", r.name.substr(6),
-                        "', which the model lacks");
-  checkpoint_detail::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global,
-                                                          const ShardSpec& shard) {
-    const std::string stored = "optimizer." + name;
-    if (!reader.has_tensor(stored))
-      fail<ConfigError>("checkpoint file ", reader.path(), " has no optimizer state '", name, "'");
-    reader.load_into(stored, tensor, global, shard);
+  if (ctx.config.pp == 1) {  // the whole model on this rank: the checkpoint must hold nothing more
+    std::set<std::string, std::less<>> names;
+    model.for_each_parameter([&](auto& p) { names.insert("model." + p.name); });
+    for (const auto& [name, entry] : checkpoint.entries())
+      if (name.starts_with("model.") && !names.count(name))
+        fail<ConfigError>("checkpoint ", checkpoint.directory(), " holds parameter '", name.substr(6),
+                          "', which the model lacks");
+  }
+  model.for_each_parameter([&](auto& p) {
+    checkpoint.read_into("model." + p.name, p.value, p.global_shape, p.shard, read);
   });
-  optimizer.set_steps(static_cast<int>(reader.get_int("optimizer.steps")));
+  if (options.load_optimizer) {
+    if constexpr (cd::has_state_pieces<Optimizer>) {
+      optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {
+        const std::string base = "optimizer." + piece.name;
+        for (const char* which : {".main", ".exp_avg", ".exp_avg_sq"})
+          if (!checkpoint.has_tensor(base + which))
+            fail<ConfigError>("checkpoint ", checkpoint.directory(), " has no optimizer state '", piece.name, which,
+                              "'; pass --no-load-optim to load the model alone");
+        checkpoint.read_into(base + ".main", main, piece.offset, piece.count, piece.global_shape, piece.shard, piece.flat_begin, read);
+        checkpoint.read_into(base + ".exp_avg", exp_avg, piece.offset, piece.count, piece.global_shape, piece.shard,
+                             piece.flat_begin, read);
+        checkpoint.read_into(base + ".exp_avg_sq", exp_avg_sq, piece.offset, piece.count, piece.global_shape, piece.shard,
+                             piece.flat_begin, read);
+      });
+    } else {
+      cd::visit_optimizer_state(optimizer, [&](const std::string& name, auto& tensor, const Shape& global, const ShardSpec& shard) {
+        const std::string stored = "optimizer." + name;
+        if (!checkpoint.has_tensor(stored))
+          fail<ConfigError>("checkpoint ", checkpoint.directory(), " has no optimizer state '", name,
+                            "'; pass --no-load-optim to load the model alone");
+        checkpoint.read_into(stored, tensor, global, shard, read);
+      });
+    }
+    optimizer.set_steps(static_cast<int>(first.get_int("optimizer.steps")));
+  } else {
+    if constexpr (requires { optimizer.reload_main_from_model(ctx.device, model); })
+      optimizer.reload_main_from_model(ctx.device, model);
+    else
+      optimizer.reload_main_from_model(ctx.device);
+    optimizer.reset_moments(ctx.device);
+    optimizer.set_steps(0);
+  }
   TrainState state;
-  state.iteration = reader.get_int("train.iteration");
-  state.consumed_samples = reader.get_int("train.consumed_samples");
-  state.seed = static_cast<std::uint64_t>(reader.get_int("train.seed"));
+  state.iteration = first.get_int("train.iteration");
+  state.consumed_samples = first.get_int("train.consumed_samples");
+  state.seed = static_cast<std::uint64_t>(first.get_int("train.seed"));
   constexpr std::string_view prefix = "train.extra.";
-  for (const auto& [key, value] : reader.scalars())
-    if (key.starts_with(prefix)) state.extra[key.substr(prefix.size())] = reader.get_int(key);
+  for (const auto& [key, value] : first.scalars())
+    if (key.starts_with(prefix)) state.extra[key.substr(prefix.size())] = first.get_int(key);
   return state;
 }
 

@@ -2,11 +2,15 @@
 // writes one and `StateReader` which reads and checks one.
 //
 // A file holds named tensors and named scalars (the training state). Every tensor records its
-// local shape, its global (unsharded) shape and its ShardSpec, so a later loader can reshard.
+// global (unsharded) shape, its ShardSpec (which tensor-parallel piece of the global tensor this
+// rank's local shard is) and which elements of that local shard it holds: elements
+// [flat_begin, flat_begin + numel) in row-major order, so a whole shard (flat_begin 0, the local
+// shape) or a flat range of one (a distributed optimizer's share). That is enough for a loader to
+// assemble any other layout's shards (reshard.hpp).
 // Layout (all integers little-endian; tensor data in the host's order, which must be little-endian):
 //
 //   offset 0   "STRATACK"                     8 bytes, the magic
-//          8   u32 format version (1)
+//          8   u32 format version (2; version 1 files are read too)
 //         12   u32 reserved (0)
 //         16   u64 file size                  the whole file; checked against the file on disk
 //         24   u64 table size                 bytes of the table that starts at offset 32
@@ -14,20 +18,26 @@
 //                u32 scalar count, then per scalar (sorted by key):
 //                  str key, u8 kind (1 int64, 2 double, 3 string), value (i64 | f64 bits | str)
 //                u32 tensor count, then per tensor (in the order added):
-//                  str name, u8 dtype, u8 rank + i64 local extents, u8 rank + i64 global extents,
+//                  str name, u8 dtype, u8 rank + i64 stored extents, u8 rank + i64 global extents,
 //                  u8 sharded, i32 dim, i32 stacks, i32 shard rank, i32 parts,
-//                  u64 data offset, u64 data bytes, u32 CRC-32 of the data
+//                  i64 flat_begin, u64 data offset, u64 data bytes,
+//                  u64 chunk bytes, u32 chunk count, u32 CRC-32 of each chunk of the data
+//                (version 1: no flat_begin, and one u32 CRC-32 of the whole data instead of chunks)
 //              u32 CRC-32 of bytes [0, 32 + table size)   (header and table)
 //              zero padding to a multiple of 64, then each tensor's data at its 64-byte-aligned offset
 //   where str = u32 length + bytes.
 //
-// Checks on read: magic, version, file size (truncation), the table's CRC and bounds, and each
-// tensor's CRC when it is loaded. Errors in the file are FileError; a file that is fine but does
-// not fit what the caller asks for (another dtype, another shape) is ConfigError. Both name the
-// file.
+// The data of a tensor is checked in chunks of kCheckpointCrcChunkBytes (1 MiB), each with its own
+// CRC-32, so a loader that needs part of a tensor reads and checks only the chunks holding it.
 //
-// StateWriter does not copy tensor data: `add` keeps a pointer, so every tensor added must stay
-// alive and unchanged until write() returns (passing a temporary does not compile).
+// Checks on read: magic, version, file size (truncation), the table's CRC and bounds, and the CRC
+// of every chunk read. Errors in the file are FileError; a file that is fine but does not fit what
+// the caller asks for (another dtype, another shape) is ConfigError. Both name the file.
+//
+// StateWriter does not copy host tensor data unless asked (copy_data(true), for a write that runs
+// while training goes on): `add` keeps a pointer, so every tensor added must stay alive and
+// unchanged until write() returns (passing a temporary does not compile). Tensors in device memory
+// are always copied to the host when added. CRCs are computed by write().
 //
 // Parameters are taken by their members (name, value, global_shape, shard), so this header needs
 // no layer type: any parameter-like struct can be stored.
@@ -64,7 +74,8 @@ static_assert(std::endian::native == std::endian::little,
               "strata checkpoints store tensor data in little-endian order; big-endian hosts are not supported.");
 
 inline constexpr char kCheckpointMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
-inline constexpr std::uint32_t kCheckpointFormatVersion = 1;
+inline constexpr std::uint32_t kCheckpointFormatVersion = 2;
+inline constexpr std::uint64_t kCheckpointCrcChunkBytes = std::uint64_t{1} << 20;
 inline constexpr std::size_t kCheckpointHeaderBytes = 32;
 inline constexpr std::size_t kCheckpointDataAlignment = 64;
 
@@ -120,12 +131,18 @@ constexpr std::size_t stored_dtype_size(StoredDtype d) {
 struct TensorRecord {
   std::string name;
   StoredDtype dtype = StoredDtype::float32;
-  Shape local_shape;
+  Shape local_shape;   // the stored data's shape: the local shard's, or [n] for a flat range of it
   Shape global_shape;
   ShardSpec shard;
+  index_t flat_begin = 0;    // first element of the local shard held (row-major)
   std::uint64_t offset = 0;  // of the data, from the start of the file
   std::uint64_t bytes = 0;
-  std::uint32_t crc = 0;
+  std::uint64_t chunk_bytes = kCheckpointCrcChunkBytes;
+  std::vector<std::uint32_t> crcs;  // one per chunk of the data
+
+  index_t numel() const { return local_shape.numel(); }
+  // True when the data is the whole local shard in its own shape (what StateReader::load_into reads).
+  bool whole_shard() const { return flat_begin == 0 && local_shape == strata::local_shape(global_shape, shard); }
 };
 
 // A named scalar of the training state.
@@ -242,29 +259,21 @@ constexpr std::uint64_t align_up(std::uint64_t n, std::uint64_t alignment) { ret
 // Collects named tensors and scalars, then writes them as one checkpoint file.
 class StateWriter {
  public:
+  StateWriter() = default;
+  // With copy_data(true), host tensors added from then on are copied, so they may change (training
+  // goes on) before write() runs.
+  void copy_data(bool copy) { copy_data_ = copy; }
+
   // Adds `tensor` under `name`. global: the unsharded shape (empty: the tensor's own shape);
-  // shard: where this piece lives (default: replicated). The tensor is not copied.
+  // shard: where this piece lives (default: replicated).
   template <class X>
   void add(std::string name, const Tensor<X>& tensor, Shape global = {}, ShardSpec shard = {}) {
-    static_assert(is_storable_v<X>,
-                  "StateWriter::add: a checkpoint stores tensors of float, double, bf16, fp16, int32, int64 or uint8.");
-    if (index_.count(name)) fail<ConfigError>("StateWriter: a tensor named '", name, "' was added twice");
     if (global.rank() == 0 && tensor.shape().rank() != 0) global = tensor.shape();
     if (!(local_shape(global, shard) == tensor.shape()))
       fail<ShapeError>("StateWriter: tensor '", name, "' has shape ", tensor.shape().str(), " but a ",
                        format_shard(shard), " piece of global shape ", global.str(), " has shape ",
                        local_shape(global, shard).str());
-    TensorRecord r;
-    r.name = std::move(name);
-    r.dtype = stored_dtype<X>();
-    r.local_shape = tensor.shape();
-    r.global_shape = global;
-    r.shard = shard;
-    r.bytes = static_cast<std::uint64_t>(tensor.numel()) * sizeof(X);
-    r.crc = crc32(std::as_bytes(tensor.span()));
-    index_.emplace(r.name, records_.size());
-    records_.push_back(std::move(r));
-    data_.push_back(reinterpret_cast<const std::byte*>(tensor.data()));
+    add_record<X>(std::move(name), tensor.data(), tensor.shape(), global, shard, 0);
   }
   template <class X>
   void add(std::string name, const Tensor<X>&& tensor, Shape global = {}, ShardSpec shard = {}) = delete;
@@ -272,9 +281,34 @@ class StateWriter {
   template <class X, class Space>
     requires(!std::is_same_v<Space, space::host>)
   void add(std::string name, const Tensor<X, Space>& tensor, Shape global = {}, ShardSpec shard = {}) {
-    auto copy = std::make_shared<Tensor<X>>(to_host(tensor));
-    add(std::move(name), *copy, global, shard);
-    host_copies_.push_back(std::move(copy));
+    const bool copying = copy_data_;
+    copy_data_ = false;  // the host copy below is already this writer's own
+    add(std::move(name), keep(to_host(tensor)), global, shard);
+    copy_data_ = copying;
+  }
+
+  // Elements [begin, begin + count) of `tensor` (any memory space), which are elements
+  // [flat_begin, flat_begin + count) of the local shard `shard` of a tensor of shape `global`.
+  template <class X, class Space>
+  void add_range(std::string name, const Tensor<X, Space>& tensor, index_t begin, index_t count, const Shape& global,
+                 const ShardSpec& shard, index_t flat_begin) {
+    const index_t shard_numel = local_shape(global, shard).numel();
+    if (begin < 0 || count < 0 || begin + count > tensor.numel() || flat_begin < 0 || flat_begin + count > shard_numel)
+      fail<ShapeError>("StateWriter: range '", name, "' of ", count, " elements at ", begin, " of a tensor of ",
+                       tensor.numel(), ", placed at ", flat_begin, " of a ", format_shard(shard), " piece of ",
+                       global.str(), " (", shard_numel, " elements), does not fit");
+    if constexpr (std::is_same_v<Space, space::host>) {
+      add_record<X>(std::move(name), tensor.data() + begin, Shape{count}, global, shard, flat_begin);
+    } else {
+      // One host copy per device tensor, however many ranges of it are added.
+      auto it = device_copies_.find(tensor.data());
+      if (it == device_copies_.end()) it = device_copies_.emplace(tensor.data(), &keep(to_host(tensor))).first;
+      const bool copying = copy_data_;
+      copy_data_ = false;
+      add_record<X>(std::move(name), static_cast<const Tensor<X>*>(it->second)->data() + begin, Shape{count}, global,
+                    shard, flat_begin);
+      copy_data_ = copying;
+    }
   }
 
   // A parameter's value under its name, with its global shape and shard.
@@ -295,11 +329,26 @@ class StateWriter {
 
   const std::vector<TensorRecord>& tensors() const { return records_; }
   const std::map<std::string, StateValue>& scalars() const { return scalars_; }
+  // Bytes of tensor data the file will hold.
+  std::uint64_t data_bytes() const {
+    std::uint64_t n = 0;
+    for (const TensorRecord& r : records_) n += r.bytes;
+    return n;
+  }
 
-  // Writes the file durably: to "<path>.part", fsync'd, renamed to `path`.
+  // Writes the file durably: to "<path>.part", fsync'd, renamed to `path`. Computes the CRCs.
   void write(const std::filesystem::path& path) const {
     namespace cd = checkpoint_detail;
     std::vector<TensorRecord> records = records_;
+    for (std::size_t i = 0; i < records.size(); ++i) {
+      TensorRecord& r = records[i];
+      const std::uint64_t chunks = (r.bytes + r.chunk_bytes - 1) / r.chunk_bytes;
+      r.crcs.resize(static_cast<std::size_t>(chunks));
+      for (std::uint64_t c = 0; c < chunks; ++c) {
+        const std::uint64_t first = c * r.chunk_bytes, n = std::min(r.chunk_bytes, r.bytes - first);
+        r.crcs[static_cast<std::size_t>(c)] = crc32(std::span<const std::byte>(data_[i] + first, static_cast<std::size_t>(n)));
+      }
+    }
     const std::uint64_t table_size = table(records).size();  // offsets are fixed-width: size known now
     std::uint64_t offset = cd::align_up(kCheckpointHeaderBytes + table_size + 4, kCheckpointDataAlignment);
     for (TensorRecord& r : records) {
@@ -331,6 +380,38 @@ class StateWriter {
   }
 
  private:
+  template <class X>
+  const Tensor<X>& keep(Tensor<X> copy) {
+    auto owned = std::make_shared<Tensor<X>>(std::move(copy));
+    const Tensor<X>& ref = *owned;
+    host_copies_.push_back(std::move(owned));
+    return ref;
+  }
+
+  template <class X>
+  void add_record(std::string name, const X* data, const Shape& stored, const Shape& global, const ShardSpec& shard,
+                  index_t flat_begin) {
+    static_assert(is_storable_v<X>,
+                  "StateWriter::add: a checkpoint stores tensors of float, double, bf16, fp16, int32, int64 or uint8.");
+    if (index_.count(name)) fail<ConfigError>("StateWriter: a tensor named '", name, "' was added twice");
+    if (copy_data_) {
+      auto copy = std::make_shared<std::vector<X>>(data, data + stored.numel());
+      data = copy->data();
+      host_copies_.push_back(std::move(copy));
+    }
+    TensorRecord r;
+    r.name = std::move(name);
+    r.dtype = stored_dtype<X>();
+    r.local_shape = stored;
+    r.global_shape = global;
+    r.shard = shard;
+    r.flat_begin = flat_begin;
+    r.bytes = static_cast<std::uint64_t>(stored.numel()) * sizeof(X);
+    index_.emplace(r.name, records_.size());
+    records_.push_back(std::move(r));
+    data_.push_back(reinterpret_cast<const std::byte*>(data));
+  }
+
   std::vector<std::byte> table(const std::vector<TensorRecord>& records) const {
     checkpoint_detail::ByteSink t;
     t.u32(static_cast<std::uint32_t>(scalars_.size()));
@@ -358,16 +439,21 @@ class StateWriter {
       t.i32(r.shard.stacks);
       t.i32(r.shard.rank);
       t.i32(r.shard.parts);
+      t.i64(r.flat_begin);
       t.u64(r.offset);
       t.u64(r.bytes);
-      t.u32(r.crc);
+      t.u64(r.chunk_bytes);
+      t.u32(static_cast<std::uint32_t>(r.crcs.size()));
+      for (std::uint32_t crc : r.crcs) t.u32(crc);
     }
     return std::move(t.bytes());
   }
 
+  bool copy_data_ = false;
   std::vector<TensorRecord> records_;
   std::vector<const std::byte*> data_;
-  std::vector<std::shared_ptr<const void>> host_copies_;  // host copies of device tensors being written
+  std::vector<std::shared_ptr<const void>> host_copies_;  // data this writer owns (device copies, copy_data)
+  std::map<const void*, const void*> device_copies_;       // device tensor data -> its host copy (add_range)
   std::map<std::string, std::size_t> index_;
   std::map<std::string, StateValue> scalars_;
 };
@@ -392,9 +478,9 @@ class StateReader {
     if (std::memcmp(head.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0)
       fail<FileError>("checkpoint file ", path_, " is not a strata checkpoint (bad magic; expected \"STRATACK\")");
     cd::ByteSource header(std::span<const std::byte>(head).subspan(8), path_);
-    const std::uint32_t version = header.u32();
-    if (version != kCheckpointFormatVersion)
-      fail<FileError>("checkpoint file ", path_, " has format version ", version, "; this build reads version ",
+    version_ = header.u32();
+    if (version_ != 1 && version_ != kCheckpointFormatVersion)
+      fail<FileError>("checkpoint file ", path_, " has format version ", version_, "; this build reads versions 1 to ",
                       kCheckpointFormatVersion);
     header.u32();
     const std::uint64_t file_size = header.u64();
@@ -416,6 +502,39 @@ class StateReader {
   }
 
   const std::filesystem::path& path() const { return path_; }
+  std::uint32_t version() const { return version_; }
+
+  // Bytes [first, first + out.size()) of the data of tensor `r` (a record of this file). Every
+  // CRC chunk touched is read whole and checked.
+  void read_bytes(const TensorRecord& r, std::uint64_t first, std::span<std::byte> out) {
+    if (first > r.bytes || out.size() > r.bytes - first)
+      fail<ConfigError>("checkpoint file ", path_, ": bytes [", first, ", ", first + out.size(), ") of tensor '", r.name,
+                        "' lie outside its ", r.bytes, " bytes");
+    if (out.empty()) return;
+    const std::uint64_t last = first + out.size();
+    std::vector<std::byte> chunk;
+    for (std::uint64_t c = first / r.chunk_bytes; c * r.chunk_bytes < last; ++c) {
+      const std::uint64_t begin = c * r.chunk_bytes, n = std::min(r.chunk_bytes, r.bytes - begin);
+      const std::uint64_t lo = std::max(begin, first), hi = std::min(begin + n, last);
+      const bool whole = lo == begin && hi == begin + n;
+      std::span<std::byte> target;
+      if (whole) {
+        target = out.subspan(static_cast<std::size_t>(begin - first), static_cast<std::size_t>(n));
+      } else {
+        chunk.resize(static_cast<std::size_t>(n));
+        target = chunk;
+      }
+      read_at(r.offset + begin, target);
+      const std::uint32_t computed = crc32(std::span<const std::byte>(target));
+      const std::uint32_t stored = r.crcs[static_cast<std::size_t>(c)];
+      if (computed != stored)
+        fail<FileError>("checkpoint file ", path_, " is corrupt: tensor '", r.name, "' fails its CRC-32 check",
+                        r.crcs.size() > 1 ? detail::concat(" in bytes [", begin, ", ", begin + n, ")") : std::string(),
+                        " (stored ", hex(stored), ", computed ", hex(computed), ")");
+      if (!whole)
+        std::memcpy(out.data() + (lo - first), chunk.data() + (lo - begin), static_cast<std::size_t>(hi - lo));
+    }
+  }
 
   // Scalars.
   bool has(std::string_view key) const { return scalars_.find(key) != scalars_.end(); }
@@ -443,12 +562,10 @@ class StateReader {
     if (!(r.local_shape == out.shape()))
       fail<ConfigError>("checkpoint file ", path_, ": tensor '", name, "' has shape ", r.local_shape.str(),
                         " but the tensor it is loaded into has shape ", out.shape().str());
-    std::span<std::byte> bytes = std::as_writable_bytes(out.span());
-    read_at(r.offset, bytes);
-    const std::uint32_t computed = crc32(std::span<const std::byte>(bytes));
-    if (computed != r.crc)
-      fail<FileError>("checkpoint file ", path_, " is corrupt: tensor '", name, "' fails its CRC-32 check (stored ",
-                      hex(r.crc), ", computed ", hex(computed), ")");
+    if (r.flat_begin != 0)
+      fail<ConfigError>("checkpoint file ", path_, ": tensor '", name, "' holds elements from ", r.flat_begin,
+                        " of its shard, not the whole shard; load it through a ShardedCheckpoint");
+    read_bytes(r, 0, std::as_writable_bytes(out.span()));
   }
   // A tensor in another memory space: read on the host, then copied in (to the device).
   template <class X, class Space>
@@ -543,9 +660,22 @@ class StateReader {
       r.shard.stacks = t.i32();
       r.shard.rank = t.i32();
       r.shard.parts = t.i32();
+      if (version_ >= 2) r.flat_begin = t.i64();
       r.offset = t.u64();
       r.bytes = t.u64();
-      r.crc = t.u32();
+      if (version_ >= 2) {
+        r.chunk_bytes = t.u64();
+        const std::uint32_t chunks = t.u32();
+        if (r.chunk_bytes == 0 || chunks != (r.bytes + r.chunk_bytes - 1) / r.chunk_bytes)
+          t.malformed(detail::concat("tensor '", r.name, "' with ", chunks, " CRC chunks of ", r.chunk_bytes, " bytes for ",
+                                     r.bytes, " bytes of data"));
+        r.crcs.resize(chunks);
+        for (std::uint32_t& crc : r.crcs) crc = t.u32();
+      } else {  // version 1: one CRC of the whole data
+        r.chunk_bytes = std::max<std::uint64_t>(r.bytes, 1);
+        r.crcs.assign(1, t.u32());
+        if (r.bytes == 0) r.crcs.clear();
+      }
       // Extents are file contents: their products are checked, so a huge table entry is reported
       // as corrupt instead of wrapping into a plausible byte count.
       std::int64_t local_bytes = 0;
@@ -559,6 +689,21 @@ class StateReader {
       if (r.bytes != static_cast<std::uint64_t>(local_bytes))
         t.malformed(detail::concat("tensor '", r.name, "' of ", r.bytes, " bytes for ", r.local_shape.str(), " ",
                                    stored_dtype_name(r.dtype), " elements"));
+      const int dims = r.global_shape.rank();
+      if (r.shard.sharded && (r.shard.parts < 1 || r.shard.stacks < 1 || r.shard.rank < 0 || r.shard.rank >= r.shard.parts ||
+                              r.shard.dim < -dims || r.shard.dim >= dims))
+        t.malformed(detail::concat("tensor '", r.name, "' with an impossible shard (dim ", r.shard.dim, " of ", dims,
+                                   ", rank ", r.shard.rank, " of ", r.shard.parts, ", ", r.shard.stacks, " stacks)"));
+      std::int64_t shard_numel = 0;
+      try {
+        shard_numel = local_shape(r.global_shape, r.shard).numel();
+      } catch (const Error&) {
+        t.malformed(detail::concat("tensor '", r.name, "' of global shape ", r.global_shape.str(), " that its shard (",
+                                   format_shard(r.shard), ") does not divide"));
+      }
+      if (r.flat_begin < 0 || r.flat_begin > shard_numel || r.local_shape.numel() > shard_numel - r.flat_begin)
+        t.malformed(detail::concat("tensor '", r.name, "' holding elements [", r.flat_begin, ", ",
+                                   r.flat_begin + r.local_shape.numel(), ") of a shard of ", shard_numel));
       if (r.offset > file_size || r.bytes > file_size - r.offset)
         t.malformed(detail::concat("tensor '", r.name, "' at bytes [", r.offset, ", ", r.offset + r.bytes,
                                    ") outside the file"));
@@ -570,6 +715,7 @@ class StateReader {
   }
 
   std::filesystem::path path_;
+  std::uint32_t version_ = kCheckpointFormatVersion;
   std::ifstream in_;
   std::map<std::string, StateValue, std::less<>> scalars_;
   std::vector<TensorRecord> records_;

@@ -42,6 +42,7 @@
 #include "../backend/cpu/backend.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/shard_spec.hpp"
+#include "grad_utils.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
@@ -97,6 +98,7 @@ class AdamW {
     Shape global_shape;   // the parameter's global (unsharded) shape
     ShardSpec shard;      // where this rank's piece lives
     bool weight_decay = true;
+    bool pipeline_copy = false;  // a tied weight's copy on another pipeline stage (same name, same state)
     Tensor<state_type, Space> main;
     Tensor<state_type, Space> exp_avg;
     Tensor<state_type, Space> exp_avg_sq;
@@ -114,6 +116,7 @@ class AdamW {
       s.global_shape = p.global_shape;
       s.shard = p.shard;
       s.weight_decay = p.weight_decay;
+      s.pipeline_copy = detail::is_pipeline_copy(p);
       s.main = Tensor<state_type, Space>::empty(p.value.shape());
       device.template convert<T, state_type>(p.value.data(), p.value.numel(), s.main.data());
       s.exp_avg = Tensor<state_type, Space>::zeros(p.value.shape());
@@ -194,6 +197,15 @@ class AdamW {
     reload_main_from_model(device, model);
   }
 
+  // exp_avg = exp_avg_sq = 0 (a fresh optimizer over loaded weights).
+  template <class Device>
+  void reset_moments(Device& device) {
+    for (State& s : states_) {
+      device.template fill<state_type>(s.exp_avg.data(), s.exp_avg.numel(), 0.0);
+      device.template fill<state_type>(s.exp_avg_sq.data(), s.exp_avg_sq.numel(), 0.0);
+    }
+  }
+
   // visit(std::string name, Tensor<state_type>& tensor) for "<param>.main", "<param>.exp_avg" and
   // "<param>.exp_avg_sq" of every parameter, in parameter order.
   template <class Visitor>
@@ -212,6 +224,16 @@ class AdamW {
       visit(s.name + ".main", s.main, s.global_shape, s.shard);
       visit(s.name + ".exp_avg", s.exp_avg, s.global_shape, s.shard);
       visit(s.name + ".exp_avg_sq", s.exp_avg_sq, s.global_shape, s.shard);
+    }
+  }
+
+  // The state for checkpoints that reshard: visit(piece, main, exp_avg, exp_avg_sq), one piece per
+  // parameter covering its whole local shard, the same on every data-parallel rank.
+  template <class Visitor>
+  void for_each_state_piece(Visitor&& visit) {
+    for (State& s : states_) {
+      const StatePiece piece{s.name, s.global_shape, s.shard, 0, s.main.numel(), 0, true, s.pipeline_copy};
+      visit(piece, s.main, s.exp_avg, s.exp_avg_sq);
     }
   }
 

@@ -27,9 +27,10 @@
 // row-parallel bias) is counted on tp rank 0 only. The sum runs in another order than over whole
 // parameters, so it equals the unsharded norm to rounding, and is identical on every rank.
 //
-// Checkpoints: for_each_sharded_state names this rank's three state tensors "distributed.main",
-// "distributed.exp_avg", "distributed.exp_avg_sq" (one flat tensor each, all of its shards in bucket
-// order); a checkpoint loads bit for bit into the same dp and bucket layout (the shapes check it).
+// Checkpoints: for_each_state_piece gives each (parameter x owned shard) piece of the state with
+// where it lies in its parameter's local shard, so a checkpoint stores it under the parameter's
+// name and loads into any dp size or bucket layout (checkpoint.hpp). for_each_sharded_state, the
+// three flat tensors "distributed.main", ".exp_avg", ".exp_avg_sq" whole, fit only the same layout.
 #pragma once
 
 #include <cmath>
@@ -64,6 +65,9 @@ class DistributedOptimizer {
     bool weight_decay;
     bool tensor_parallel;  // the parameter is split over tp (else it is counted on tp rank 0 only)
     bool pipeline_copy;    // a tied weight's copy on another pipeline stage: never counted in the norm
+    index_t param_offset;  // first element within the parameter's local shard
+    Shape global_shape;    // the parameter's, and its shard (for checkpoints)
+    ShardSpec shard;
   };
 
   // main = this rank's shards of the parameter buffer (converted to A), moments = 0.
@@ -86,7 +90,8 @@ class DistributedOptimizer {
         const index_t begin = std::max(first, e.offset), end = std::min(first + size, e.offset + e.numel);
         if (begin >= end) continue;
         pieces_.push_back(Piece{e.param->name, begin, state + (begin - first), end - begin, e.param->weight_decay,
-                                e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param)});
+                                e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), begin - e.offset,
+                                e.param->global_shape, e.param->shard});
       }
       state += size;
     }
@@ -102,6 +107,12 @@ class DistributedOptimizer {
     for (std::size_t b = 0; b < buffer_->buckets().size(); ++b)
       device.template convert<T, state_type>(buffer_->params().data() + buffer_->shard_begin(b, dp_rank_),
                                              buffer_->shard_size(b), main_.data() + shard_offsets_[b]);
+  }
+  // exp_avg = exp_avg_sq = 0 (a fresh optimizer over loaded weights).
+  template <class Device>
+  void reset_moments(Device& device) {
+    device.template fill<state_type>(exp_avg_.data(), exp_avg_.numel(), 0.0);
+    device.template fill<state_type>(exp_avg_sq_.data(), exp_avg_sq_.numel(), 0.0);
   }
 
   // accumulator[0] += sum of squares of the owned, reduced gradient elements this rank counts.
@@ -200,6 +211,16 @@ class DistributedOptimizer {
   template <class Visitor>
   void for_each_sharded_state(Visitor&& visit) {
     for_each_state([&](const std::string& name, auto& tensor) { visit(name, tensor, tensor.shape(), ShardSpec{}); });
+  }
+
+  // The state for checkpoints that reshard: visit(piece, main, exp_avg, exp_avg_sq), one piece per
+  // (parameter x owned shard) intersection, each this data-parallel rank's own.
+  template <class Visitor>
+  void for_each_state_piece(Visitor&& visit) {
+    for (const Piece& p : pieces_) {
+      const StatePiece piece{p.name, p.global_shape, p.shard, p.param_offset, p.n, p.state_offset, false, p.pipeline_copy};
+      visit(piece, main_, exp_avg_, exp_avg_sq_);
+    }
   }
 
   int steps() const { return steps_; }

@@ -35,6 +35,7 @@
 #include "../comm/communicator.hpp"
 #include "../core/tensor.hpp"
 #include "../core/error.hpp"
+#include "state_piece.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
