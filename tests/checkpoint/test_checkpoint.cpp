@@ -464,6 +464,62 @@ TEST(Checkpoint, DamagedOrMissingFilesNameTheFileAndTheTensorAndTheOlderCheckpoi
   EXPECT_NO_THROW(load_at(4, 2));
 }
 
+TEST(Checkpoint, AsyncSaveStoresItsStepWhileTrainingGoesOnAndReportsAFailedWriteOnEveryRank) {
+  TempDirectory dir("checkpoint");
+  GlobalState at_save;
+  std::mutex mutex;
+  std::vector<std::string> errors(2);
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 8);
+    AdamW<double> optimizer(model);
+    AsyncSaver<Context> saver(/*max_in_flight=*/1);
+    fake_gradients(model, 0);
+    optimizer.step(model, 1e-2);
+    saver.save(ctx, dir.path(), 1, checkpoint_writer(ctx, model, optimizer, TrainState{.seed = 8}, /*copy_data=*/true));
+    add_to_global(at_save, mutex, model, optimizer);
+    for (int step = 1; step < 4; ++step) {  // training goes on while the files are written
+      fake_gradients(model, step);
+      optimizer.step(model, 1e-2);
+      saver.poll(ctx);
+    }
+    // A second save waits for the first (one in flight) and commits it.
+    saver.save(ctx, dir.path(), 4, checkpoint_writer(ctx, model, optimizer, TrainState{.seed = 8}, true));
+    EXPECT_EQ(saver.last_committed(), 1);
+    EXPECT_EQ(saver.pending(), 1u);
+    saver.finish(ctx);
+    EXPECT_EQ(saver.last_committed(), 4);
+    // A write that fails on rank 1 is reported on both ranks at the next poll; the tracker stays.
+    SaveOptions failing;
+    if (world.rank() == 1)
+      failing.on_stage = [](std::string_view stage) {
+        if (stage == "background_write") throw std::runtime_error("disk full (simulated)");
+      };
+    saver.save(ctx, dir.path(), 5, checkpoint_writer(ctx, model, optimizer, TrainState{.seed = 8}, true), failing);
+    try {
+      saver.poll(ctx, /*wait=*/true);
+    } catch (const FileError& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (const std::string& m : errors) {
+    EXPECT_NE(m.find("background save of iteration 5"), std::string::npos) << m;
+    EXPECT_NE(m.find("failed on rank 1"), std::string::npos) << m;
+  }
+  EXPECT_NE(errors[1].find("disk full (simulated)"), std::string::npos) << errors[1];
+  EXPECT_EQ(latest_checkpointed_iteration(dir.path()), 4);
+  GlobalState loaded;
+  inprocess::run(1, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    TwoLayer<double> model(ctx, 99);
+    AdamW<double> optimizer(model);
+    EXPECT_EQ(load_checkpoint(ctx, dir.path(), model, optimizer, LoadOptions{.iteration = 1}).iteration, 1);
+    add_to_global(loaded, mutex, model, optimizer);
+  });
+  ASSERT_EQ(loaded.size(), at_save.size());
+  for (const auto& [name, values] : at_save) EXPECT_EQ(loaded[name], values) << name << ": not the state at the save";
+}
+
 TEST(Checkpoint, MissingOrCorruptCheckpointIsFileError) {
   TempDirectory dir("checkpoint");
   auto load = [&] {

@@ -34,8 +34,12 @@
 // ".exp_avg_sq") for the optimizer state, scalars "train.*", "optimizer.*", "model.*" (the architecture), "parallel.*", "rank.*".
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <thread>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -48,7 +52,9 @@
 #include <system_error>
 #include <utility>
 
+#include "../comm/communicator.hpp"
 #include "../core/error.hpp"
+#include "../core/tensor.hpp"
 #include "../shard/parallel_config.hpp"
 #include "durable_file.hpp"
 #include "format.hpp"
@@ -67,7 +73,8 @@ struct TrainState {
 
 struct SaveOptions {
   // Called on each rank at each stage of a save: "begin", "rank_file_written", "all_files_written",
-  // then on rank 0 only "directory_renamed" and "tracker_updated", then "end" on every rank. An
+  // then on rank 0 only "directory_renamed" and "tracker_updated", then "end" on every rank (an
+  // AsyncSaver calls "background_write" on its writing thread instead of "rank_file_written"). An
   // exception thrown here stops the save at that point (tests use it to simulate a crash).
   std::function<void(std::string_view stage)> on_stage;
 };
@@ -185,6 +192,60 @@ void describe_parallel_layout(StateWriter& writer, const Context& ctx) {
   writer.set("rank.ep", ctx.coords.ep);
 }
 
+namespace checkpoint_detail {
+
+// The scalars every rank file carries: the layout, this rank's place in it, the iteration.
+template <class Context>
+void stamp(StateWriter& writer, const Context& ctx, std::int64_t iteration) {
+  describe_parallel_layout(writer, ctx);
+  writer.set("train.iteration", iteration);
+  writer.set("strata.version", detail::concat(STRATA_VERSION_MAJOR, ".", STRATA_VERSION_MINOR, ".", STRATA_VERSION_PATCH));
+}
+
+struct SavePaths {
+  std::filesystem::path dir, final_dir, tmp_dir, old_dir;
+  SavePaths(const std::filesystem::path& d, std::int64_t iteration)
+      : dir(d), final_dir(iteration_directory(d, iteration)), tmp_dir(final_dir), old_dir(final_dir) {
+    tmp_dir += ".tmp";
+    old_dir += ".old";
+  }
+};
+
+// Step 1 on rank 0: a fresh <dir>/iter_N.tmp/.
+inline void make_temporary_directory(const SavePaths& p) {
+  std::error_code ec;
+  std::filesystem::create_directories(p.dir, ec);
+  if (ec) fail<FileError>("cannot create checkpoint directory ", p.dir, ": ", ec.message());
+  std::filesystem::remove_all(p.tmp_dir, ec);
+  if (ec) fail<FileError>("cannot remove the unfinished checkpoint ", p.tmp_dir, ": ", ec.message());
+  std::filesystem::create_directory(p.tmp_dir, ec);
+  if (ec) fail<FileError>("cannot create ", p.tmp_dir, ": ", ec.message());
+}
+
+// Steps 3 and 4 on rank 0, once every rank file is written: iter_N.tmp becomes iter_N, then the
+// tracker names N.
+inline void commit_directory(const SavePaths& p, std::int64_t iteration, const SaveOptions& options) {
+  std::error_code ec;
+  sync_directory(p.tmp_dir);
+  const bool replacing = std::filesystem::exists(p.final_dir, ec);
+  if (replacing) {
+    std::filesystem::remove_all(p.old_dir, ec);
+    if (ec) fail<FileError>("cannot remove ", p.old_dir, ": ", ec.message());
+    rename_path(p.final_dir, p.old_dir);
+  }
+  rename_path(p.tmp_dir, p.final_dir);
+  sync_directory(p.dir);
+  if (replacing) {
+    std::filesystem::remove_all(p.old_dir, ec);
+    if (ec) fail<FileError>("cannot remove ", p.old_dir, ": ", ec.message());
+  }
+  call_stage(options, "directory_renamed");
+  write_text_file_durably(tracker_path(p.dir), std::to_string(iteration) + "\n");
+  call_stage(options, "tracker_updated");
+}
+
+}  // namespace checkpoint_detail
+
 // Collective over ctx.world: writes each rank's `writer` as <dir>/iter_N/rank_R.strata and then
 // points the tracker at N, with the crash-safe protocol described at the top of this file. Adds the
 // layout ("parallel.*", "rank.*") and "train.iteration" = iteration to the writer.
@@ -192,51 +253,138 @@ template <class Context>
 void save(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, StateWriter& writer,
           const SaveOptions& options = {}) {
   namespace cd = checkpoint_detail;
-  const std::filesystem::path final_dir = iteration_directory(dir, iteration);
-  std::filesystem::path tmp_dir = final_dir, old_dir = final_dir;
-  tmp_dir += ".tmp";
-  old_dir += ".old";
-  describe_parallel_layout(writer, ctx);
-  writer.set("train.iteration", iteration);
-  writer.set("strata.version", detail::concat(STRATA_VERSION_MAJOR, ".", STRATA_VERSION_MINOR, ".", STRATA_VERSION_PATCH));
+  const cd::SavePaths paths(dir, iteration);
+  cd::stamp(writer, ctx, iteration);
   cd::call_stage(options, "begin");
   const bool leader = ctx.world.rank() == 0;
-  if (leader) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) fail<FileError>("cannot create checkpoint directory ", dir, ": ", ec.message());
-    std::filesystem::remove_all(tmp_dir, ec);
-    if (ec) fail<FileError>("cannot remove the unfinished checkpoint ", tmp_dir, ": ", ec.message());
-    std::filesystem::create_directory(tmp_dir, ec);
-    if (ec) fail<FileError>("cannot create ", tmp_dir, ": ", ec.message());
-  }
+  if (leader) cd::make_temporary_directory(paths);
   ctx.world.barrier();
-  writer.write(tmp_dir / rank_file_name(ctx.world.rank()));
+  writer.write(paths.tmp_dir / rank_file_name(ctx.world.rank()));
   cd::call_stage(options, "rank_file_written");
   ctx.world.barrier();
   cd::call_stage(options, "all_files_written");
-  if (leader) {
-    std::error_code ec;
-    cd::sync_directory(tmp_dir);
-    const bool replacing = std::filesystem::exists(final_dir, ec);
-    if (replacing) {
-      std::filesystem::remove_all(old_dir, ec);
-      if (ec) fail<FileError>("cannot remove ", old_dir, ": ", ec.message());
-      cd::rename_path(final_dir, old_dir);
-    }
-    cd::rename_path(tmp_dir, final_dir);
-    cd::sync_directory(dir);
-    if (replacing) {
-      std::filesystem::remove_all(old_dir, ec);
-      if (ec) fail<FileError>("cannot remove ", old_dir, ": ", ec.message());
-    }
-    cd::call_stage(options, "directory_renamed");
-    cd::write_text_file_durably(tracker_path(dir), std::to_string(iteration) + "\n");
-    cd::call_stage(options, "tracker_updated");
-  }
+  if (leader) cd::commit_directory(paths, iteration, options);
   ctx.world.barrier();
   cd::call_stage(options, "end");
 }
+
+// Saves that write their files in the background while training goes on (Megatron's
+// --async-save). save() takes this rank's StateWriter, which must own its data (checkpoint_writer
+// with copy_data: host copies of device tensors are taken at the step boundary), creates the
+// temporary directory, and starts a thread that writes the rank file. poll(), called by every rank
+// at every step boundary, commits the oldest save once every rank's file is written (the same
+// rename and tracker steps as save(), so a crash at any point leaves the tracker on a complete
+// checkpoint), and throws on every rank if a background write failed anywhere, naming the
+// iteration, the rank and the error. At most max_in_flight saves are pending: another save() first
+// waits for the oldest. finish() waits for and commits every pending save.
+//
+// Collective: every rank calls save(), poll() and finish() in the same order. poll() communicates
+// (one small all-reduce over ctx.world) only while a save is pending.
+template <class Context>
+class AsyncSaver {
+ public:
+  explicit AsyncSaver(int max_in_flight = 1) : max_in_flight_(max_in_flight) {
+    if (max_in_flight < 1) fail<ConfigError>("AsyncSaver: max_in_flight must be at least 1, got ", max_in_flight);
+  }
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+  // Joins the writing threads; a save not yet committed is left as iter_N.tmp (never the tracker's).
+  ~AsyncSaver() {
+    for (auto& p : pending_)
+      if (p->thread.joinable()) p->thread.join();
+  }
+
+  void save(Context& ctx, const std::filesystem::path& dir, std::int64_t iteration, StateWriter writer,
+            const SaveOptions& options = {}) {
+    namespace cd = checkpoint_detail;
+    while (static_cast<int>(pending_.size()) >= max_in_flight_) poll(ctx, true);
+    auto p = std::make_unique<Pending>(dir, iteration, std::move(writer), options);
+    cd::stamp(p->writer, ctx, iteration);
+    cd::call_stage(options, "begin");
+    if (ctx.world.rank() == 0) cd::make_temporary_directory(p->paths);
+    ctx.world.barrier();
+    Pending* raw = p.get();
+    const std::filesystem::path file = p->paths.tmp_dir / rank_file_name(ctx.world.rank());
+    p->thread = std::thread([raw, file] {
+      try {
+        cd::call_stage(raw->options, "background_write");
+        raw->writer.write(file);
+        raw->status.store(1, std::memory_order_release);
+      } catch (const std::exception& e) {
+        raw->error = e.what();
+        raw->status.store(2, std::memory_order_release);
+      } catch (...) {
+        raw->error = "unknown exception";
+        raw->status.store(2, std::memory_order_release);
+      }
+    });
+    pending_.push_back(std::move(p));
+  }
+
+  // Commits the oldest pending save if every rank has written its file (with wait: waits for this
+  // rank's write first). Throws on every rank when a rank's write failed.
+  void poll(Context& ctx, bool wait = false) {
+    namespace cd = checkpoint_detail;
+    if (pending_.empty()) return;
+    Pending& p = *pending_.front();
+    if (wait && p.thread.joinable()) p.thread.join();
+    const int status = p.status.load(std::memory_order_acquire);
+    // max over ranks of (not written yet, failed rank + 1)
+    std::int32_t local[2] = {status == 0 ? 1 : 0, status == 2 ? ctx.world.rank() + 1 : 0};
+    using Space = typename std::remove_cvref_t<decltype(ctx.world)>::space;
+    Tensor<std::int32_t> host(Shape{2});
+    host[0] = local[0];
+    host[1] = local[1];
+    Tensor<std::int32_t, Space> flags = Tensor<std::int32_t, Space>::empty(Shape{2});
+    strata::copy(flags, host);
+    ctx.world.all_reduce(flags.buffer(), ReduceOp::max);
+    strata::copy(host, flags);
+    if (host[1] > 0) {
+      const int failed = host[1] - 1;
+      if (p.thread.joinable()) p.thread.join();
+      const std::string error = status == 2 ? p.error : std::string();
+      const std::int64_t iteration = p.iteration;
+      const std::filesystem::path dir = p.paths.dir;
+      pending_.erase(pending_.begin());
+      fail<FileError>("the background save of iteration ", iteration, " into ", dir, " failed on rank ", failed,
+                      error.empty() ? std::string() : ": " + error,
+                      "; the tracker still names the last complete checkpoint");
+    }
+    if (host[0] > 0) return;  // a rank is still writing
+    if (p.thread.joinable()) p.thread.join();
+    cd::call_stage(p.options, "all_files_written");
+    if (ctx.world.rank() == 0) cd::commit_directory(p.paths, p.iteration, p.options);
+    ctx.world.barrier();
+    cd::call_stage(p.options, "end");
+    last_committed_ = p.iteration;
+    pending_.erase(pending_.begin());
+  }
+
+  // Waits for every pending save and commits it.
+  void finish(Context& ctx) {
+    while (!pending_.empty()) poll(ctx, true);
+  }
+
+  std::size_t pending() const { return pending_.size(); }
+  // The iteration of the last save this object committed; -1 before the first.
+  std::int64_t last_committed() const { return last_committed_; }
+
+ private:
+  struct Pending {
+    Pending(const std::filesystem::path& dir, std::int64_t it, StateWriter w, const SaveOptions& o)
+        : paths(dir, it), iteration(it), writer(std::move(w)), options(o) {}
+    checkpoint_detail::SavePaths paths;
+    std::int64_t iteration;
+    StateWriter writer;
+    SaveOptions options;
+    std::thread thread;
+    std::atomic<int> status{0};  // 0 writing, 1 written, 2 failed (error says why)
+    std::string error;
+  };
+  int max_in_flight_;
+  std::int64_t last_committed_ = -1;
+  std::vector<std::unique_ptr<Pending>> pending_;
+};
 
 // This rank's file of the checkpoint in `dir` (the tracker's iteration unless options say
 // otherwise), opened and checked: header, table, and that it was saved with this run's parallel
