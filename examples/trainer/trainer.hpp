@@ -117,6 +117,11 @@ struct TrainArgs {
   int eval_iters = 5;
   std::string save, load;
   int save_interval = 0;
+  int ckpt_step = -1;          // load this iteration instead of the tracker's
+  bool no_load_optim = false;  // load the model alone; the optimizer starts fresh over it
+  bool no_load_rng = false;    // accepted: strata's randomness is a function of --seed and the iteration
+  bool finetune = false;       // load the model alone and start at iteration 0
+  bool async_save = false;     // write checkpoint files in the background while training goes on
   std::uint64_t seed = 1234;
   int log_interval = 10;
   int sample_tokens = 160;  // generated after training (byte tokenizer only); 0: none
@@ -333,6 +338,11 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--save", a.save, "checkpoint directory to save into");
   app.add_option("--load", a.load, "checkpoint directory to resume from");
   app.add_option("--save-interval", a.save_interval, "iterations between checkpoints (0 = only at the end when --save)");
+  app.add_option("--ckpt-step", a.ckpt_step, "iteration of the --load checkpoint to load (default: the latest)");
+  app.add_flag("--no-load-optim", a.no_load_optim, "load the model's weights alone; the optimizer starts fresh over them");
+  app.add_flag("--no-load-rng", a.no_load_rng, "accepted: every random draw is a function of --seed and the iteration, so there is no generator state to load");
+  app.add_flag("--finetune", a.finetune, "load the model's weights alone and start at iteration 0 (no optimizer state, no data position)");
+  app.add_flag("--async-save", a.async_save, "write checkpoint files in the background while training goes on (committed at a later step)");
   app.add_option("--seed", a.seed);
   app.add_option("--log-interval", a.log_interval);
   app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
@@ -558,6 +568,7 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--eval-interval", a.eval_interval, 0, kInt, "iterations between evaluations; 0 = only at the end");
   check_range("--eval-iters", a.eval_iters, 0, kInt, "global batches per evaluation; 0 = none");
   check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
+  check_range("--ckpt-step", a.ckpt_step, -1, kInt, "a saved iteration; -1 = the latest");
   check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
   check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
   check_range("--ddp-bucket-size", a.ddp_bucket_size, 0, std::numeric_limits<std::int64_t>::max() / 2,
@@ -637,6 +648,10 @@ inline void validate(const TrainArgs& a) {
                       "), got --vocab-size=", a.model.vocab_size, "; pass --sample-tokens 0");
   data::parse_split(a.split);
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
+  if (a.ckpt_step >= 0 && a.load.empty()) fail<ConfigError>("--ckpt-step needs --load <directory>");
+  if ((a.no_load_optim || a.finetune) && a.load.empty())
+    fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
+  if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
     fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
   models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
@@ -937,16 +952,27 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const LrSchedule schedule = schedule_of(a);
   int start = 0;
   std::int64_t consumed = 0;
-  if (!a.load.empty()) {
-    const TrainState state = load_checkpoint(ctx, a.load, model, optimizer);
-    restore_loss_scaler(optimizer, state);
-    start = static_cast<int>(state.iteration);
-    consumed = state.consumed_samples;
-    if (state.seed != a.seed)
-      fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
-                        "; resume with the same seed so the data order matches");
-  }
   const bool logger = world.rank() == 0;
+  // A --load directory without a checkpoint yet (scripts pass --save X --load X from the first run
+  // on): start from scratch, and say so.
+  const bool load = !a.load.empty() && (a.ckpt_step >= 0 || latest_checkpointed_iteration(a.load).has_value());
+  if (!a.load.empty() && !load && logger)
+    std::printf("warning: --load %s holds no checkpoint (no %s); training starts from scratch\n", a.load.c_str(),
+                std::string(kCheckpointTrackerName).c_str());
+  if (load) {
+    LoadOptions options;
+    if (a.ckpt_step >= 0) options.iteration = a.ckpt_step;
+    options.load_optimizer = !a.no_load_optim && !a.finetune;
+    const TrainState state = load_checkpoint(ctx, a.load, model, optimizer, options);
+    if (options.load_optimizer) restore_loss_scaler(optimizer, state);
+    if (!a.finetune) {
+      start = static_cast<int>(state.iteration);
+      consumed = state.consumed_samples;
+      if (state.seed != a.seed)
+        fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
+                          "; resume with the same seed so the data order matches (or pass --finetune)");
+    }
+  }
   if (logger) {
     std::lock_guard lock(result_mutex);
     shared.result.start_iteration = start;
@@ -1016,7 +1042,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   int read_up_to = start;  // iterations [start, read_up_to) have been read and logged
   auto t_interval = std::chrono::steady_clock::now();
   const auto t_begin = t_interval;
+  std::optional<AsyncSaver<Context>> saver;
+  if (a.async_save) saver.emplace(1);
   for (int it = start; it < a.train_iters; ++it) {
+    if (saver) saver->poll(ctx);  // commits a background save all ranks have written; reports a failed one
     const index_t slot = it - start;
     if (a.profile && it == a.profile_step_start) {
       ctx.device.synchronize();
@@ -1133,8 +1162,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                     ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
       }
     }
-    if (save_now)
-      save_checkpoint(ctx, a.save, it + 1, model, optimizer, TrainState{it + 1, consumed, a.seed, loss_scaler_state(optimizer)});
+    if (save_now) {
+      const TrainState state{it + 1, consumed, a.seed, loss_scaler_state(optimizer)};
+      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true));
+      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state);
+    }
     if (logger && log_now) {
       // One read of the iterations since the last log step (it waits for the device).
       const index_t first = read_up_to - start, count = it + 1 - read_up_to;
@@ -1178,7 +1210,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                    : std::string();
         std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                    static_cast<int>(left) % 60, scaling.c_str(), memory.c_str(), save_now ? " | saved" : "");
+                    static_cast<int>(left) % 60, scaling.c_str(), memory.c_str(), !save_now ? "" : saver ? " | saving" : " | saved");
         std::fflush(stdout);
       }
       t_interval = t1;
@@ -1186,6 +1218,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
     if (evaluate_now) report_validation(it + 1);
   }
+  if (saver) saver->finish(ctx);
   if (pipeline_timer)
     report_pipeline_times(ctx, *pipeline_timer, schedule_shape, logger, !a.quiet, result, result_mutex);
   if (a.sample_tokens > 0) {

@@ -225,6 +225,7 @@ TEST(TrainerFlags, EveryIntegerFlagIsRangeCheckedNamingTheFlag) {
       {"--eval-interval=-1", [](trainer::TrainArgs& a) { a.eval_interval = -1; }},
       {"--eval-iters=-1", [](trainer::TrainArgs& a) { a.eval_iters = -1; }},
       {"--save-interval=-1", [](trainer::TrainArgs& a) { a.save_interval = -1; }},
+      {"--ckpt-step=-2", [](trainer::TrainArgs& a) { a.ckpt_step = -2; }},
       {"--log-interval=0", [](trainer::TrainArgs& a) { a.log_interval = 0; }},
       {"--sample-tokens=-1", [](trainer::TrainArgs& a) { a.sample_tokens = -1; }},
       {"--sample-tokens=2000000", [](trainer::TrainArgs& a) { a.sample_tokens = 2000000; }},
