@@ -1,0 +1,861 @@
+// strata/checkpoint/huggingface.hpp: import and export of Hugging Face transformers checkpoints
+// (config.json + safetensors) for strata's GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM).
+//
+//   save_hf(dir, architecture, config, get_global, options)   export from whole (global) tensors
+//   save_hf_from_model(ctx, dir, model, options)              export a model held with pp = 1
+//   load_hf(ctx, dir, model)                                  import into any tp / pp layout
+//   read_config(dir)                                          what config.json says, as a ModelConfig
+//
+// Names and layouts (strata -> transformers; L = layer index, d = head dim, G query groups, H heads):
+//
+//   GPT-2 (prefix "transformer.", or none in files saved from GPT2Model)
+//     embedding.word.weight [Vp, h]        wte.weight [V, h]               rows >= V: vocabulary padding
+//     embedding.position.weight [s, h]     wpe.weight [n_positions, h]
+//     layers.L.norm1.{weight,bias}         h.L.ln_1.{weight,bias}
+//     layers.L.attention.qkv.weight        h.L.attn.c_attn.weight [h, 3h]  Conv1D: stored [in, out]
+//     layers.L.attention.qkv.bias          h.L.attn.c_attn.bias [3h]
+//     layers.L.attention.proj.{weight,bias} h.L.attn.c_proj                Conv1D
+//     layers.L.norm2.{weight,bias}         h.L.ln_2
+//     layers.L.mlp.fc1.{weight,bias}       h.L.mlp.c_fc                    Conv1D
+//     layers.L.mlp.fc2.{weight,bias}       h.L.mlp.c_proj                  Conv1D
+//     final_norm.{weight,bias}             ln_f
+//     (output layer tied to embedding.word; lm_head.weight, attn.bias and attn.masked_bias in a file are ignored)
+//   Llama (no biases; output untied, unless config.json ties it: then lm_head comes from embed_tokens)
+//     embedding.word.weight [Vp, h]        model.embed_tokens.weight [V, h]
+//     layers.L.norm1.weight                model.layers.L.input_layernorm.weight
+//     layers.L.attention.qkv.weight        model.layers.L.self_attn.{q,k,v}_proj.weight  [H d, h], [G d, h], [G d, h]
+//     layers.L.attention.proj.weight       model.layers.L.self_attn.o_proj.weight
+//     layers.L.norm2.weight                model.layers.L.post_attention_layernorm.weight
+//     layers.L.mlp.fc1.weight [2f, h]      model.layers.L.mlp.{gate,up}_proj.weight     [gate; up] stacked
+//     layers.L.mlp.fc2.weight              model.layers.L.mlp.down_proj.weight
+//     final_norm.weight                    model.norm.weight
+//     output.weight [Vp, h]                lm_head.weight [V, h]
+//
+// strata's qkv rows are group-major (layers/attention.hpp): for each query group g, [the H/G query
+// heads of g | k_g | v_g], d rows each. transformers keeps [all q heads | all k | all v] (GPT-2's
+// c_attn columns) or three tensors (Llama), and its query head h uses key/value head h / (H/G)
+// (repeat_kv), which is strata's grouping; the rows are permuted accordingly, the same for the bias.
+// RoPE needs no permutation: strata's (backend/cpu/rope.hpp) and transformers' Llama
+// (rotate_half, cos/sin of cat(freqs, freqs)) both rotate the pair (x[i], x[i + d/2]) by
+// position * base^(-2i/d). GELU is the tanh one on both sides ("gelu_new"), RMSNorm and LayerNorm
+// are the usual ones, attention scales by 1/sqrt(d).
+//
+// Vocabulary padding: export writes the real vocab_size rows; import fills the padded rows with zeros.
+//
+// config.json is written with what transformers needs, and read back on import: each field that
+// shapes the weights or the math is checked against the model's ModelConfig (a mismatch names the
+// field and both values), and settings strata cannot express (another activation, RoPE scaling,
+// attention biases in Llama, GPT-2's inverse-layer-index scaling) are refused. Llama's
+// max_position_embeddings is not checked (RoPE has no table): it is written as seq_length.
+//
+// Import reads, on every rank, only the part of each file its shards need (one positioned read per
+// source tensor, from the first to the last element it uses), converts to the parameter's element
+// type, and copies into the parameter (to the device for device parameters). No communication.
+//
+// This header knows the names of models/ (and includes models/config.hpp, which needs only core
+// and shard) while living in checkpoint/: the mapping is a table of names and index arithmetic, and
+// the model types are only forward-declared, so no layer header is included.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/shape.hpp"
+#include "../core/tensor.hpp"
+#include "../models/config.hpp"
+#include "../shard/shard_spec.hpp"
+#include "durable_file.hpp"
+#include "json.hpp"
+#include "safetensors.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+namespace models {
+template <class Policy>
+class Gpt;
+template <class Policy>
+class Llama;
+template <template <class> class Model, class Policy>
+class PipelineModel;
+}  // namespace models
+
+namespace hf {
+
+enum class Architecture : std::uint8_t { gpt2, llama };
+
+constexpr std::string_view architecture_name(Architecture a) { return a == Architecture::gpt2 ? "gpt2" : "llama"; }
+constexpr std::string_view architecture_class(Architecture a) {
+  return a == Architecture::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+}
+inline std::optional<Architecture> parse_architecture(std::string_view name) {
+  if (name == "gpt2") return Architecture::gpt2;
+  if (name == "llama") return Architecture::llama;
+  return std::nullopt;
+}
+
+template <class>
+inline constexpr bool always_false_v = false;
+
+// The architecture of a strata model type: Gpt -> gpt2, Llama -> llama (and a PipelineModel of either).
+template <class Model>
+struct architecture_of {
+  static_assert(always_false_v<Model>,
+                "hf::architecture_of: this model type has no Hugging Face architecture; use models::Gpt or "
+                "models::Llama, or pass the architecture to load_hf / save_hf yourself.");
+};
+template <class Policy>
+struct architecture_of<models::Gpt<Policy>> {
+  static constexpr Architecture value = Architecture::gpt2;
+  using element = typename Policy::element;
+};
+template <class Policy>
+struct architecture_of<models::Llama<Policy>> {
+  static constexpr Architecture value = Architecture::llama;
+  using element = typename Policy::element;
+};
+template <template <class> class Model, class Policy>
+struct architecture_of<models::PipelineModel<Model, Policy>> : architecture_of<Model<Policy>> {};
+
+// One strata parameter and the Hugging Face tensors ("pieces") it is made of.
+struct TensorMapping {
+  enum class Rows : std::uint8_t {
+    same,          // row r is row r of the one piece
+    padded_vocab,  // same, and rows >= real_rows are vocabulary padding (in no piece)
+    qkv,           // group-major qkv rows from [q | k | v] (one piece, GPT-2) or q, k, v (three pieces, Llama)
+    gate_up,       // [gate; up] rows from two pieces
+  };
+  struct Source {
+    int piece = -1;  // -1: padding
+    index_t index = 0;
+  };
+
+  std::string strata_name;
+  Shape strata_shape;  // global; the vocabulary padded
+  std::vector<std::string> pieces;
+  std::vector<std::vector<std::int64_t>> piece_shapes;
+  bool conv1d = false;  // a matrix the piece stores transposed ([in, out], GPT-2's Conv1D)
+  Rows rows = Rows::same;
+  index_t real_rows = 0;                        // padded_vocab
+  index_t heads = 0, groups = 0, head_dim = 0;  // qkv
+  index_t ffn = 0;                              // gate_up
+
+  // Where row r of the strata tensor lives: {piece, row of the piece}.
+  Source row_source(index_t r) const {
+    switch (rows) {
+      case Rows::same: return {0, r};
+      case Rows::padded_vocab: return r < real_rows ? Source{0, r} : Source{};
+      case Rows::gate_up: return r < ffn ? Source{0, r} : Source{1, r - ffn};
+      case Rows::qkv: {
+        const index_t per_group = heads / groups, block = (per_group + 2) * head_dim;  // rows of one group
+        const index_t group = r / block, slot = (r % block) / head_dim, within = r % head_dim;
+        const index_t q_rows = heads * head_dim, kv_rows = groups * head_dim;
+        const bool fused = pieces.size() == 1;
+        if (slot < per_group) return {0, (group * per_group + slot) * head_dim + within};  // query head g*H/G + slot
+        if (slot == per_group) return fused ? Source{0, q_rows + group * head_dim + within} : Source{1, group * head_dim + within};
+        return fused ? Source{0, q_rows + kv_rows + group * head_dim + within} : Source{2, group * head_dim + within};
+      }
+    }
+    return {};
+  }
+
+  // Where element `global` (row-major) of the strata tensor lives: {piece, linear index in the piece}.
+  Source element_source(index_t global) const {
+    if (strata_shape.rank() == 1) return row_source(global);
+    const index_t cols = strata_shape[1];
+    Source s = row_source(global / cols);
+    if (s.piece < 0) return s;
+    const index_t col = global % cols;
+    if (conv1d) return {s.piece, col * piece_shapes[static_cast<std::size_t>(s.piece)][1] + s.index};
+    return {s.piece, s.index * cols + col};
+  }
+};
+
+struct MappingOptions {
+  index_t padded_vocab = 0;               // the strata vocabulary rows (0: config.padded_vocab(1))
+  std::string gpt2_prefix = "transformer.";  // "" for files saved from GPT2Model
+  bool llama_tied_output = false;         // output.weight from model.embed_tokens.weight
+};
+
+// The table of every parameter of the whole model, in the model's order (embedding, layers, head).
+inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, const models::ModelConfig& c,
+                                                  const MappingOptions& options = {}) {
+  const index_t h = c.hidden_size, vocab = c.vocab_size, ffn = c.ffn();
+  const index_t padded = options.padded_vocab != 0 ? options.padded_vocab : c.padded_vocab(1);
+  if (padded < vocab)
+    fail<ConfigError>("hf::tensor_mappings: a padded vocabulary of ", padded, " rows is smaller than vocab_size=", vocab);
+  if (c.num_attention_heads <= 0 || h % c.num_attention_heads != 0)
+    fail<ConfigError>("hf::tensor_mappings: num_attention_heads=", c.num_attention_heads, " does not divide hidden_size=", h);
+  const index_t heads = c.num_attention_heads, d = h / heads;
+  const index_t groups = architecture == Architecture::gpt2 || c.num_query_groups == 0 ? heads : c.num_query_groups;
+  if (heads % groups != 0)
+    fail<ConfigError>("hf::tensor_mappings: num_query_groups=", groups, " does not divide num_attention_heads=", heads);
+  const index_t qkv_rows = groups * (heads / groups + 2) * d;
+
+  std::vector<TensorMapping> out;
+  auto add = [&](std::string strata, Shape shape, std::vector<std::string> pieces, std::vector<std::vector<std::int64_t>> shapes,
+                 TensorMapping::Rows rows = TensorMapping::Rows::same, bool conv1d = false) -> TensorMapping& {
+    TensorMapping m;
+    m.strata_name = std::move(strata);
+    m.strata_shape = shape;
+    m.pieces = std::move(pieces);
+    m.piece_shapes = std::move(shapes);
+    m.rows = rows;
+    m.conv1d = conv1d;
+    m.real_rows = vocab;
+    m.heads = heads;
+    m.groups = groups;
+    m.head_dim = d;
+    m.ffn = ffn;
+    out.push_back(std::move(m));
+    return out.back();
+  };
+  using R = TensorMapping::Rows;
+  if (architecture == Architecture::gpt2) {
+    const std::string p = options.gpt2_prefix;
+    add("embedding.word.weight", Shape{padded, h}, {p + "wte.weight"}, {{vocab, h}}, R::padded_vocab);
+    add("embedding.position.weight", Shape{c.seq_length, h}, {p + "wpe.weight"}, {{c.seq_length, h}});
+    for (int i = 0; i < c.num_layers; ++i) {
+      const std::string s = "layers." + std::to_string(i) + ".", t = p + "h." + std::to_string(i) + ".";
+      add(s + "norm1.weight", Shape{h}, {t + "ln_1.weight"}, {{h}});
+      add(s + "norm1.bias", Shape{h}, {t + "ln_1.bias"}, {{h}});
+      add(s + "attention.qkv.weight", Shape{qkv_rows, h}, {t + "attn.c_attn.weight"}, {{h, 3 * h}}, R::qkv, true);
+      add(s + "attention.qkv.bias", Shape{qkv_rows}, {t + "attn.c_attn.bias"}, {{3 * h}}, R::qkv);
+      add(s + "attention.proj.weight", Shape{h, h}, {t + "attn.c_proj.weight"}, {{h, h}}, R::same, true);
+      add(s + "attention.proj.bias", Shape{h}, {t + "attn.c_proj.bias"}, {{h}});
+      add(s + "norm2.weight", Shape{h}, {t + "ln_2.weight"}, {{h}});
+      add(s + "norm2.bias", Shape{h}, {t + "ln_2.bias"}, {{h}});
+      add(s + "mlp.fc1.weight", Shape{ffn, h}, {t + "mlp.c_fc.weight"}, {{h, ffn}}, R::same, true);
+      add(s + "mlp.fc1.bias", Shape{ffn}, {t + "mlp.c_fc.bias"}, {{ffn}});
+      add(s + "mlp.fc2.weight", Shape{h, ffn}, {t + "mlp.c_proj.weight"}, {{ffn, h}}, R::same, true);
+      add(s + "mlp.fc2.bias", Shape{h}, {t + "mlp.c_proj.bias"}, {{h}});
+    }
+    add("final_norm.weight", Shape{h}, {p + "ln_f.weight"}, {{h}});
+    add("final_norm.bias", Shape{h}, {p + "ln_f.bias"}, {{h}});
+    return out;
+  }
+  add("embedding.word.weight", Shape{padded, h}, {"model.embed_tokens.weight"}, {{vocab, h}}, R::padded_vocab);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string s = "layers." + std::to_string(i) + ".", t = "model.layers." + std::to_string(i) + ".";
+    add(s + "norm1.weight", Shape{h}, {t + "input_layernorm.weight"}, {{h}});
+    add(s + "attention.qkv.weight", Shape{qkv_rows, h},
+        {t + "self_attn.q_proj.weight", t + "self_attn.k_proj.weight", t + "self_attn.v_proj.weight"},
+        {{heads * d, h}, {groups * d, h}, {groups * d, h}}, R::qkv);
+    add(s + "attention.proj.weight", Shape{h, h}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
+    add(s + "norm2.weight", Shape{h}, {t + "post_attention_layernorm.weight"}, {{h}});
+    add(s + "mlp.fc1.weight", Shape{2 * ffn, h}, {t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"},
+        {{ffn, h}, {ffn, h}}, R::gate_up);
+    add(s + "mlp.fc2.weight", Shape{h, ffn}, {t + "mlp.down_proj.weight"}, {{h, ffn}});
+  }
+  add("final_norm.weight", Shape{h}, {"model.norm.weight"}, {{h}});
+  add("output.weight", Shape{padded, h}, {options.llama_tied_output ? "model.embed_tokens.weight" : "lm_head.weight"},
+      {{vocab, h}}, R::padded_vocab);
+  return out;
+}
+
+// Tensors a transformers file may hold that have no strata parameter and carry nothing strata
+// needs: GPT-2's tied lm_head and causal-mask buffers, old Llama files' rotary inverse frequencies.
+inline bool ignorable_tensor(Architecture architecture, std::string_view name, bool llama_tied_output) {
+  if (architecture == Architecture::gpt2)
+    return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+  return name.ends_with(".rotary_emb.inv_freq") || (llama_tied_output && name == "lm_head.weight");
+}
+
+// ---- config.json ----
+
+// What a transformers config.json says, as strata sees it.
+struct HfConfig {
+  Architecture architecture = Architecture::gpt2;
+  models::ModelConfig config;    // make_vocab_size_divisible_by and the training fields keep their defaults
+  bool tie_word_embeddings = false;
+  std::string torch_dtype;       // "" when absent
+  std::filesystem::path path;    // the file
+};
+
+constexpr std::string_view torch_dtype_name(SafetensorsDtype d) {
+  switch (d) {
+    case SafetensorsDtype::float32: return "float32";
+    case SafetensorsDtype::bfloat16: return "bfloat16";
+    case SafetensorsDtype::float16: return "float16";
+    case SafetensorsDtype::float64: return "float64";
+    default: return "";
+  }
+}
+
+namespace hf_detail {
+
+inline std::string read_text_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) fail<FileError>(path, " does not exist");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail<FileError>("cannot open ", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Typed access to the fields of config.json, with transformers' defaults for absent ones.
+class ConfigFields {
+ public:
+  ConfigFields(const json::Value& root, std::filesystem::path path) : root_(root), path_(std::move(path)) {}
+
+  const json::Value* find(std::string_view key) const { return root_.find(key); }
+  bool present(std::string_view key) const {
+    const json::Value* v = find(key);
+    return v && !v->is_null();
+  }
+  std::int64_t integer(std::string_view key, std::optional<std::int64_t> fallback = std::nullopt) const {
+    const json::Value* v = find(key);
+    if (!v || v->is_null()) return required(key, fallback);
+    std::int64_t out = 0;
+    if (!v->to_int64(out)) wrong(key, *v, "an integer");
+    return out;
+  }
+  int small_integer(std::string_view key, std::optional<std::int64_t> fallback = std::nullopt) const {
+    const std::int64_t v = integer(key, fallback);
+    if (v < 0 || v > std::numeric_limits<int>::max())
+      fail<ConfigError>("config.json ", path_, ": \"", key, "\" is ", v, ", not a size strata can hold (0 to 2^31 - 1)");
+    return static_cast<int>(v);
+  }
+  double real(std::string_view key, std::optional<double> fallback = std::nullopt) const {
+    const json::Value* v = find(key);
+    if (!v || v->is_null()) return required(key, fallback);
+    double out = 0;
+    if (!v->to_double(out)) wrong(key, *v, "a number");
+    return out;
+  }
+  bool flag(std::string_view key, bool fallback) const {
+    const json::Value* v = find(key);
+    if (!v || v->is_null()) return fallback;
+    if (!v->is_bool()) wrong(key, *v, "true or false");
+    return v->boolean();
+  }
+  std::string text(std::string_view key, std::optional<std::string> fallback = std::nullopt) const {
+    const json::Value* v = find(key);
+    if (!v || v->is_null()) return required(key, fallback);
+    if (!v->is_string()) wrong(key, *v, "a string");
+    return v->text();
+  }
+
+ private:
+  template <class V>
+  V required(std::string_view key, const std::optional<V>& fallback) const {
+    if (!fallback) fail<FileError>("config.json ", path_, " has no \"", key, "\"");
+    return *fallback;
+  }
+  [[noreturn]] void wrong(std::string_view key, const json::Value& v, const char* expected) const {
+    fail<FileError>("config.json ", path_, ": \"", key, "\" is ", json::Value::kind_name(v.kind()),
+                    v.is_number() || v.is_string() ? " " + v.text() : std::string(), ", not ", expected);
+  }
+
+  const json::Value& root_;
+  std::filesystem::path path_;
+};
+
+// Pretty-printed JSON object from already-serialized values, in the given order.
+inline std::string json_object(const std::vector<std::pair<std::string, std::string>>& members) {
+  std::string out = "{\n";
+  for (std::size_t i = 0; i < members.size(); ++i)
+    out += "  " + json::quote(members[i].first) + ": " + members[i].second + (i + 1 < members.size() ? ",\n" : "\n");
+  return out + "}\n";
+}
+
+// Collective over `tp`: the whole (global) value of parameter p on the host (as layers/gather.hpp's
+// gather_global, which checkpoint/ may not include).
+template <class Comm, class Param>
+auto gather_parameter(Comm& tp, const Param& p) {
+  using X = typename Param::value_type;
+  Tensor<X> mine = to_host(p.value);
+  if (!p.shard.sharded || tp.size() == 1) return mine;
+  if (tp.size() != p.shard.parts)
+    fail<ConfigError>("hf::save_hf_from_model: parameter '", p.name, "' is split over ", p.shard.parts,
+                      " ranks but the tensor-parallel group has ", tp.size());
+  const index_t n = mine.numel();
+  using Space = typename Param::space_type;
+  auto all = Tensor<X, Space>::empty(Shape{tp.size(), n});
+  tp.all_gather(p.value.buffer(), all.buffer());
+  const Tensor<X> all_host = to_host(all);
+  Tensor<X> out = Tensor<X>::empty(p.global_shape);
+  for (int r = 0; r < tp.size(); ++r)
+    for (index_t i = 0; i < n; ++i) out[global_index(p.global_shape, p.shard, i, r)] = all_host[r * n + i];
+  return out;
+}
+
+}  // namespace hf_detail
+
+// Parses <dir>/config.json (or a config.json path) into the architecture and a ModelConfig.
+// Settings strata cannot reproduce are a ConfigError naming the field.
+inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
+  std::error_code ec;
+  const std::filesystem::path path =
+      std::filesystem::is_directory(dir_or_file, ec) ? dir_or_file / "config.json" : dir_or_file;
+  const std::string text = hf_detail::read_text_file(path);
+  const json::Value root = json::parse(text, detail::concat("config.json ", path));
+  if (!root.is_object()) fail<FileError>("config.json ", path, " is not a JSON object");
+  const hf_detail::ConfigFields f(root, path);
+  const std::string model_type = f.text("model_type");
+  const auto architecture = parse_architecture(model_type);
+  if (!architecture)
+    fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
+                      "\" is not one strata imports (\"gpt2\" or \"llama\")");
+  auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
+    fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
+  };
+  HfConfig out;
+  out.architecture = *architecture;
+  out.path = path;
+  out.torch_dtype = f.text("torch_dtype", f.text("dtype", std::string()));  // "dtype" from transformers 4.56 on
+  models::ModelConfig& c = out.config;
+  if (*architecture == Architecture::gpt2) {
+    c.vocab_size = f.small_integer("vocab_size", 50257);
+    c.seq_length = f.small_integer("n_positions", 1024);
+    c.hidden_size = f.small_integer("n_embd", 768);
+    c.num_layers = f.small_integer("n_layer", 12);
+    c.num_attention_heads = f.small_integer("n_head", 12);
+    c.num_query_groups = 0;
+    c.ffn_hidden_size = f.present("n_inner") ? f.small_integer("n_inner") : 0;
+    c.norm_epsilon = f.real("layer_norm_epsilon", 1e-5);
+    c.init_method_std = f.real("initializer_range", 0.02);
+    const std::string activation = f.text("activation_function", std::string("gelu_new"));
+    if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+      refuse("activation_function", json::quote(activation), "strata's GPT uses the tanh GELU (\"gelu_new\")");
+    if (!f.flag("scale_attn_weights", true))
+      refuse("scale_attn_weights", "false", "strata always scales attention scores by 1/sqrt(head_dim)");
+    if (f.flag("scale_attn_by_inverse_layer_idx", false))
+      refuse("scale_attn_by_inverse_layer_idx", "true", "strata does not scale attention by the layer index");
+    if (f.flag("add_cross_attention", false)) refuse("add_cross_attention", "true", "strata's GPT is decoder-only");
+    out.tie_word_embeddings = f.flag("tie_word_embeddings", true);
+    if (!out.tie_word_embeddings)
+      refuse("tie_word_embeddings", "false", "strata's GPT ties its output layer to the word embedding");
+  } else {
+    c.vocab_size = f.small_integer("vocab_size", 32000);
+    c.hidden_size = f.small_integer("hidden_size", 4096);
+    c.ffn_hidden_size = f.small_integer("intermediate_size", 11008);
+    c.num_layers = f.small_integer("num_hidden_layers", 32);
+    c.num_attention_heads = f.small_integer("num_attention_heads", 32);
+    c.num_query_groups = f.small_integer("num_key_value_heads", c.num_attention_heads);
+    c.seq_length = f.small_integer("max_position_embeddings", 2048);
+    c.norm_epsilon = f.real("rms_norm_eps", 1e-6);
+    c.init_method_std = f.real("initializer_range", 0.02);
+    const std::string activation = f.text("hidden_act", std::string("silu"));
+    if (activation != "silu") refuse("hidden_act", json::quote(activation), "strata's Llama uses SwiGLU with SiLU");
+    // RoPE: "rope_theta" (transformers 4), or "rope_parameters": {"rope_type": "default", "rope_theta": ...}
+    // (transformers 5); a "rope_scaling" or rope_parameters of any other type is a scaling strata lacks.
+    std::optional<double> theta;
+    if (f.present("rope_theta")) theta = f.real("rope_theta");
+    for (const char* field : {"rope_parameters", "rope_scaling"}) {
+      if (!f.present(field)) continue;
+      const json::Value& rope = *f.find(field);
+      if (!rope.is_object()) refuse(field, "(not an object)", "expected {\"rope_type\": \"default\", ...}");
+      for (const auto& [key, value] : rope.members()) {
+        if ((key == "rope_type" || key == "type") && value.is_string() && value.text() == "default") continue;
+        if (key == "rope_theta") {
+          double t = 0;
+          if (!value.to_double(t)) refuse(detail::concat(field, ".rope_theta"), value.text(), "not a number");
+          if (theta && *theta != t)
+            refuse(detail::concat(field, ".rope_theta"), value.text(), detail::concat("rope_theta says ", *theta));
+          theta = t;
+          continue;
+        }
+        refuse(detail::concat(field, ".", key), value.is_string() || value.is_number() ? value.text() : "(set)",
+               "strata's RoPE is the default one, with no scaling");
+      }
+    }
+    c.rope_base = theta.value_or(10000.0);
+    if (f.flag("attention_bias", false)) refuse("attention_bias", "true", "strata's Llama has no biases");
+    if (f.flag("mlp_bias", false)) refuse("mlp_bias", "true", "strata's Llama has no biases");
+    if (f.present("head_dim") && c.num_attention_heads > 0 &&
+        f.integer("head_dim") * c.num_attention_heads != c.hidden_size)
+      refuse("head_dim", std::to_string(f.integer("head_dim")),
+             detail::concat("strata's head dimension is hidden_size / num_attention_heads = ",
+                            c.hidden_size / c.num_attention_heads));
+    out.tie_word_embeddings = f.flag("tie_word_embeddings", false);
+  }
+  return out;
+}
+
+// Throws ConfigError when what config.json says does not fit the strata model's configuration,
+// naming the field and both values.
+inline void check_config(const HfConfig& file, Architecture architecture, const models::ModelConfig& model) {
+  if (file.architecture != architecture)
+    fail<ConfigError>("config.json ", file.path, ": model_type is \"", architecture_name(file.architecture),
+                      "\" but the strata model is ", architecture_name(architecture));
+  const bool gpt = architecture == Architecture::gpt2;
+  auto same_int = [&](std::string_view hf_field, std::int64_t theirs, std::string_view ours_field, std::int64_t ours) {
+    if (theirs != ours)
+      fail<ConfigError>("config.json ", file.path, ": ", hf_field, " is ", theirs, " but the strata model has ", ours_field,
+                        "=", ours);
+  };
+  auto same_real = [&](std::string_view hf_field, double theirs, std::string_view ours_field, double ours) {
+    if (!(std::abs(theirs - ours) <= 1e-12 * std::max(std::abs(theirs), std::abs(ours))))
+      fail<ConfigError>("config.json ", file.path, ": ", hf_field, " is ", theirs, " but the strata model has ", ours_field,
+                        "=", ours);
+  };
+  const models::ModelConfig& c = file.config;
+  same_int(gpt ? "n_layer" : "num_hidden_layers", c.num_layers, "num_layers", model.num_layers);
+  same_int(gpt ? "n_embd" : "hidden_size", c.hidden_size, "hidden_size", model.hidden_size);
+  same_int(gpt ? "n_head" : "num_attention_heads", c.num_attention_heads, "num_attention_heads", model.num_attention_heads);
+  if (!gpt) {
+    const int theirs = c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups;
+    const int ours = model.num_query_groups == 0 ? model.num_attention_heads : model.num_query_groups;
+    same_int("num_key_value_heads", theirs, "num_query_groups", ours);
+  }
+  same_int(gpt ? "n_inner" : "intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+  same_int("vocab_size", c.vocab_size, "vocab_size", model.vocab_size);
+  if (gpt) same_int("n_positions", c.seq_length, "seq_length", model.seq_length);
+  same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
+  if (!gpt) same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
+}
+
+// The text of config.json for a strata model of this configuration.
+inline std::string config_json(Architecture architecture, const models::ModelConfig& c, SafetensorsDtype dtype) {
+  using json::boolean;
+  using json::number;
+  using json::quote;
+  const std::string torch_dtype = quote(torch_dtype_name(dtype));
+  if (architecture == Architecture::gpt2)
+    return hf_detail::json_object({
+        {"architectures", "[" + quote("GPT2LMHeadModel") + "]"},
+        {"model_type", quote("gpt2")},
+        {"vocab_size", number(c.vocab_size)},
+        {"n_positions", number(c.seq_length)},
+        {"n_ctx", number(c.seq_length)},
+        {"n_embd", number(c.hidden_size)},
+        {"n_layer", number(c.num_layers)},
+        {"n_head", number(c.num_attention_heads)},
+        {"n_inner", number(c.ffn())},
+        {"activation_function", quote("gelu_new")},
+        {"layer_norm_epsilon", number(c.norm_epsilon)},
+        {"initializer_range", number(c.init_method_std)},
+        {"resid_pdrop", number(c.hidden_dropout)},
+        {"embd_pdrop", number(c.hidden_dropout)},
+        {"attn_pdrop", number(0.0)},
+        {"scale_attn_weights", boolean(true)},
+        {"scale_attn_by_inverse_layer_idx", boolean(false)},
+        {"reorder_and_upcast_attn", boolean(false)},
+        {"tie_word_embeddings", boolean(true)},
+        {"use_cache", boolean(true)},
+        {"torch_dtype", torch_dtype},
+    });
+  const int groups = c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups;
+  return hf_detail::json_object({
+      {"architectures", "[" + quote("LlamaForCausalLM") + "]"},
+      {"model_type", quote("llama")},
+      {"vocab_size", number(c.vocab_size)},
+      {"hidden_size", number(c.hidden_size)},
+      {"intermediate_size", number(c.ffn())},
+      {"num_hidden_layers", number(c.num_layers)},
+      {"num_attention_heads", number(c.num_attention_heads)},
+      {"num_key_value_heads", number(groups)},
+      {"head_dim", number(c.hidden_size / c.num_attention_heads)},
+      {"hidden_act", quote("silu")},
+      {"max_position_embeddings", number(c.seq_length)},
+      {"rms_norm_eps", number(c.norm_epsilon)},
+      {"rope_theta", number(c.rope_base)},
+      {"attention_bias", boolean(false)},
+      {"attention_dropout", number(0.0)},
+      {"mlp_bias", boolean(false)},
+      {"pretraining_tp", number(1)},
+      {"initializer_range", number(c.init_method_std)},
+      {"tie_word_embeddings", boolean(false)},
+      {"use_cache", boolean(true)},
+      {"torch_dtype", torch_dtype},
+  });
+}
+
+// ---- export ----
+
+struct SaveOptions {
+  std::optional<SafetensorsDtype> dtype;          // F32, BF16, F16 or F64; unset: the parameters' own type
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // above this, shards + index (transformers' default "5GB")
+  index_t padded_vocab = 0;                       // rows of the strata vocabulary tensors (0: config.padded_vocab(1))
+};
+
+// Writes <dir>/config.json and the weights (model.safetensors, or model-0000k-of-0000n.safetensors
+// shards and model.safetensors.index.json when they exceed options.max_shard_bytes), every file
+// durably. get_global(strata_name, global_shape) returns the whole host tensor (Tensor<X>) of a
+// strata parameter: from a single-rank model, or assembled from a checkpoint. Each parameter is
+// fetched once, and released once its Hugging Face tensors are written. A stale model.safetensors
+// (or index, and shards it no longer names) left by an earlier export to `dir` is removed after
+// the new files are in place.
+template <class GetGlobal>
+void save_hf(const std::filesystem::path& dir, Architecture architecture, const models::ModelConfig& config,
+             GetGlobal&& get_global, const SaveOptions& options = {}) {
+  using Result = std::remove_cvref_t<std::invoke_result_t<GetGlobal&, const std::string&, const Shape&>>;
+  using X = typename Result::value_type;
+  static_assert(std::is_same_v<Result, Tensor<X>>,
+                "hf::save_hf: get_global(name, global_shape) must return a host Tensor<X> of the whole parameter.");
+  const SafetensorsDtype dtype = options.dtype.value_or(safetensors_dtype<X>());
+  if (!is_safetensors_float(dtype))
+    fail<ConfigError>("hf::save_hf: weights are written as F32, BF16, F16 or F64, not ", safetensors_dtype_code(dtype));
+  const std::vector<TensorMapping> mappings =
+      tensor_mappings(architecture, config, MappingOptions{.padded_vocab = options.padded_vocab});
+  const std::size_t element = safetensors_dtype_size(dtype);
+
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail<FileError>("cannot create directory ", dir, ": ", ec.message());
+
+  // Shards: whole parameters, in the model's order.
+  std::vector<std::vector<std::size_t>> shards(1);
+  std::uint64_t shard_bytes = 0, total_bytes = 0;
+  for (std::size_t m = 0; m < mappings.size(); ++m) {
+    std::uint64_t bytes = 0;
+    for (const auto& shape : mappings[m].piece_shapes) {
+      std::uint64_t n = element;
+      for (std::int64_t x : shape) n *= static_cast<std::uint64_t>(x);
+      bytes += n;
+    }
+    if (!shards.back().empty() && options.max_shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(m);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+
+  // Each parameter's global value, converted to `dtype` once, kept until its last piece is written.
+  struct Fetched {
+    std::vector<std::byte> bytes;
+    std::size_t pieces_left = 0;
+  };
+  std::map<std::size_t, Fetched> fetched;
+  auto fill_piece = [&](std::size_t m, std::size_t piece, std::span<std::byte> out) {
+    const TensorMapping& map = mappings[m];
+    auto it = fetched.find(m);
+    if (it == fetched.end()) {
+      const Tensor<X> global = get_global(map.strata_name, map.strata_shape);
+      if (!(global.shape() == map.strata_shape))
+        fail<ShapeError>("hf::save_hf: parameter '", map.strata_name, "' came back with shape ", global.shape().str(),
+                         "; its global shape is ", map.strata_shape.str());
+      Fetched f;
+      f.bytes.resize(static_cast<std::size_t>(global.numel()) * element);
+      safetensors_detail::store_elements(global.data(), static_cast<std::size_t>(global.numel()), dtype, f.bytes.data());
+      f.pieces_left = map.pieces.size();
+      it = fetched.emplace(m, std::move(f)).first;
+    }
+    const std::byte* in = it->second.bytes.data();
+    const Shape& shape = map.strata_shape;
+    const index_t rows = shape[0], cols = shape.rank() == 2 ? shape[1] : 1;
+    for (index_t r = 0; r < rows; ++r) {
+      const TensorMapping::Source s = map.row_source(r);
+      if (s.piece != static_cast<int>(piece)) continue;
+      if (shape.rank() == 1 || !map.conv1d) {  // a whole row
+        std::memcpy(out.data() + static_cast<std::size_t>(s.index * cols) * element,
+                    in + static_cast<std::size_t>(r * cols) * element, static_cast<std::size_t>(cols) * element);
+      } else {  // column s.index of the [in, out] piece
+        const index_t piece_cols = map.piece_shapes[piece][1];
+        for (index_t c = 0; c < cols; ++c)
+          std::memcpy(out.data() + static_cast<std::size_t>(c * piece_cols + s.index) * element,
+                      in + static_cast<std::size_t>(r * cols + c) * element, element);
+      }
+    }
+    if (--it->second.pieces_left == 0) fetched.erase(it);
+  };
+
+  auto file_name = [&](std::size_t k) {
+    if (shards.size() == 1) return std::string(kSafetensorsModelFile);
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    return std::string(buffer);
+  };
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (std::size_t k = 0; k < shards.size(); ++k) {
+    SafetensorsWriter writer;
+    writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+    for (std::size_t m : shards[k])
+      for (std::size_t piece = 0; piece < mappings[m].pieces.size(); ++piece) {
+        writer.add(mappings[m].pieces[piece], dtype, mappings[m].piece_shapes[piece],
+                   [&fill_piece, m, piece](std::span<std::byte> out) { fill_piece(m, piece, out); });
+        weight_map.emplace_back(mappings[m].pieces[piece], file_name(k));
+      }
+    writer.write(dir / file_name(k));
+  }
+  checkpoint_detail::write_text_file_durably(dir / "config.json", config_json(architecture, config, dtype));
+
+  const std::filesystem::path single = dir / kSafetensorsModelFile, index = dir / kSafetensorsIndexFile;
+  if (shards.size() > 1) {
+    std::sort(weight_map.begin(), weight_map.end());
+    std::string text = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total_bytes) +
+                       "\n  },\n  \"weight_map\": {\n";
+    for (std::size_t i = 0; i < weight_map.size(); ++i)
+      text += "    " + json::quote(weight_map[i].first) + ": " + json::quote(weight_map[i].second) +
+              (i + 1 < weight_map.size() ? ",\n" : "\n");
+    text += "  }\n}\n";
+    checkpoint_detail::write_text_file_durably(index, text);
+    std::filesystem::remove(single, ec);  // transformers would prefer it over the index
+  } else {
+    std::filesystem::remove(index, ec);
+  }
+  // Shards of an earlier export that the new files do not name.
+  std::set<std::string> written;
+  for (std::size_t k = 0; k < shards.size(); ++k) written.insert(file_name(k));
+  for (const auto& item : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = item.path().filename().string();
+    if (name.starts_with("model-") && name.ends_with(".safetensors") && name.find("-of-") != std::string::npos &&
+        !written.count(name))
+      std::filesystem::remove(item.path(), ec);
+  }
+  checkpoint_detail::sync_directory(dir);
+}
+
+// Collective over ctx.world: exports a model that each rank holds whole but for tensor parallelism
+// (pp = 1): every parameter is gathered over ctx.tp, and world rank 0 writes the files (save_hf);
+// every rank returns once they are written. Holds the whole model on the host of each rank while
+// writing, which suits the small and mid-sized models this convenience is for; export a large
+// model from its checkpoint with save_hf.
+template <class Context, class Model>
+void save_hf_from_model(Context& ctx, const std::filesystem::path& dir, Model& model, SaveOptions options = {}) {
+  if (ctx.config.pp != 1)
+    fail<ConfigError>("hf::save_hf_from_model: the model is split over pp=", ctx.config.pp,
+                      " pipeline stages; it needs every layer on each rank (pp=1), or export with hf::save_hf and a "
+                      "getter that reads the checkpoint");
+  using Traits = architecture_of<std::remove_cvref_t<Model>>;
+  using X = typename Traits::element;
+  const bool writer = ctx.world.rank() == 0;
+  std::map<std::string, Tensor<X>> globals;
+  model.for_each_parameter([&](auto& p) {
+    if (p.pipeline_copy) return;
+    Tensor<X> global = hf_detail::gather_parameter(ctx.tp, p);
+    if (p.name == "embedding.word.weight" && options.padded_vocab == 0) options.padded_vocab = p.global_shape[0];
+    if (writer) globals.emplace(p.name, std::move(global));
+  });
+  if (writer) {
+    save_hf(dir, Traits::value, model.config(),
+            [&](const std::string& name, const Shape&) -> Tensor<X> {
+              auto it = globals.find(name);
+              if (it == globals.end())
+                fail<ConfigError>("hf::save_hf_from_model: the model has no parameter '", name, "', which ",
+                                  architecture_class(Traits::value), " needs");
+              Tensor<X> out = std::move(it->second);
+              globals.erase(it);
+              return out;
+            },
+            options);
+  }
+  ctx.world.barrier();
+}
+
+// ---- import ----
+
+struct LoadOptions {
+  bool check_config = true;  // read <dir>/config.json and check it against the model's configuration
+};
+
+// Loads the transformers checkpoint in `dir` (config.json + model.safetensors or shards with an
+// index) into `model`, on each rank its own shards of the parameters it holds (any tp, any pipeline
+// stage). No communication. Throws ConfigError when config.json does not fit the model, when a
+// parameter has no Hugging Face tensor or a tensor has the wrong shape, and when the directory holds
+// a tensor the architecture has no place for; FileError for missing or corrupt files.
+template <class Context, class Model>
+void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Architecture architecture,
+             const models::ModelConfig& config, const LoadOptions& options = {}) {
+  const SafetensorsDirectory files(dir);
+  MappingOptions mapping_options;
+  if (options.check_config) {
+    const HfConfig file = read_config(dir);
+    check_config(file, architecture, config);
+    mapping_options.llama_tied_output = architecture == Architecture::llama && file.tie_word_embeddings;
+  } else {
+    mapping_options.llama_tied_output =
+        architecture == Architecture::llama && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
+  }
+  if (architecture == Architecture::gpt2 && !files.has("transformer.wte.weight") && files.has("wte.weight"))
+    mapping_options.gpt2_prefix = "";  // saved from GPT2Model rather than GPT2LMHeadModel
+  const std::string where = files.index_path().empty() ? detail::concat(files.directory() / kSafetensorsModelFile)
+                                                       : detail::concat(files.index_path());
+
+  // The padded vocabulary: the rows of the model's own embedding or output layer.
+  mapping_options.padded_vocab = config.padded_vocab(ctx.tp.size());
+  model.for_each_parameter([&](auto& p) {
+    if ((p.name == "embedding.word.weight" || p.name == "output.weight") && p.global_shape.rank() == 2)
+      mapping_options.padded_vocab = p.global_shape[0];
+  });
+  std::map<std::string, TensorMapping, std::less<>> by_name;
+  for (TensorMapping& m : tensor_mappings(architecture, config, mapping_options)) by_name.emplace(m.strata_name, m);
+  // Every tensor in the files must have a place (a config that does not match the files, or files of another model).
+  std::set<std::string, std::less<>> expected;
+  for (const auto& [name, m] : by_name)
+    for (const std::string& piece : m.pieces) expected.insert(piece);
+  for (const std::string& name : files.names())
+    if (!expected.count(name) && !ignorable_tensor(architecture, name, mapping_options.llama_tied_output))
+      fail<ConfigError>(where, " holds tensor '", name, "', which has no place in strata's ", architecture_name(architecture),
+                        " of this configuration");
+
+  model.for_each_parameter([&](auto& p) {
+    using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+    auto it = by_name.find(p.name);
+    if (it == by_name.end())
+      fail<ConfigError>("hf::load_hf: the model's parameter '", p.name, "' has no counterpart in ",
+                        architecture_class(architecture));
+    const TensorMapping& m = it->second;
+    if (!(p.global_shape == m.strata_shape))
+      fail<ConfigError>("hf::load_hf: the model's parameter '", p.name, "' has global shape ", p.global_shape.str(),
+                        " but the configuration gives ", m.strata_shape.str());
+    if (p.shard.sharded && p.shard.parts != ctx.tp.size())
+      fail<ConfigError>("hf::load_hf: parameter '", p.name, "' is split over ", p.shard.parts,
+                        " ranks but the tensor-parallel group has ", ctx.tp.size());
+    for (std::size_t k = 0; k < m.pieces.size(); ++k) {
+      if (!files.has(m.pieces[k]))
+        fail<ConfigError>(where, " has no tensor '", m.pieces[k], "', which strata's parameter '", p.name, "' needs");
+      const SafetensorsEntry& e = files.entry(m.pieces[k]);
+      if (e.shape != m.piece_shapes[k]) {
+        SafetensorsEntry wanted;
+        wanted.shape = m.piece_shapes[k];
+        fail<ConfigError>("safetensors file ", files.file_of(m.pieces[k]).path(), ": tensor '", m.pieces[k], "' has shape ",
+                          e.shape_str(), " but strata's ", architecture_name(architecture), " of this configuration needs ",
+                          wanted.shape_str());
+      }
+    }
+    // This rank's elements: where each comes from, and the span of each piece they touch.
+    const index_t n = p.value.numel();
+    const ShardIndexMap index_map = p.index_map();
+    std::vector<index_t> first(m.pieces.size(), std::numeric_limits<index_t>::max()), last(m.pieces.size(), -1);
+    for (index_t i = 0; i < n; ++i) {
+      const TensorMapping::Source s = m.element_source(index_map(i));
+      if (s.piece < 0) continue;
+      first[s.piece] = std::min(first[s.piece], s.index);
+      last[s.piece] = std::max(last[s.piece], s.index);
+    }
+    std::vector<std::vector<T>> spans(m.pieces.size());
+    for (std::size_t k = 0; k < m.pieces.size(); ++k) {
+      if (last[k] < 0) continue;
+      spans[k].resize(static_cast<std::size_t>(last[k] - first[k] + 1));
+      files.read<T>(m.pieces[k], std::span<T>(spans[k]), first[k]);
+    }
+    Tensor<T> local = Tensor<T>::zeros(p.value.shape());  // padded vocabulary rows stay zero
+    for (index_t i = 0; i < n; ++i) {
+      const TensorMapping::Source s = m.element_source(index_map(i));
+      if (s.piece >= 0) local[i] = spans[s.piece][static_cast<std::size_t>(s.index - first[s.piece])];
+    }
+    strata::copy(p.value, local);  // into the parameter's own storage (a gradient buffer may alias it), on its device
+  });
+}
+
+// The same, for models::Gpt, models::Llama or a PipelineModel of either (the architecture and the
+// configuration come from the model).
+template <class Context, class Model>
+void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, const LoadOptions& options = {}) {
+  load_hf(ctx, dir, model, architecture_of<std::remove_cvref_t<Model>>::value, model.config(), options);
+}
+
+}  // namespace hf
+STRATA_NAMESPACE_END

@@ -1,0 +1,347 @@
+// Shared body of the Hugging Face import/export tests: export a model (single rank or tp), import
+// it into any tp x pp layout, gather what came back, and a plain transformers-style forward pass
+// written from the Hugging Face equations (Conv1D, [q | k | v], repeat_kv, rotate_half), in double,
+// that reads the exported files directly: an independent check of the name and layout mapping.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <strata/checkpoint/huggingface.hpp>
+#include <strata/models.hpp>
+#include <strata/pipeline.hpp>
+#include <strata/policy.hpp>
+
+#include "../common/equivalence.hpp"
+#include "temp_directory.hpp"
+
+namespace strata_test {
+
+template <class X>
+bool same_bytes(const strata::Tensor<X>& a, const strata::Tensor<X>& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+// Runs `f`, expects an exception of type E whose message holds every one of `parts`.
+template <class E>
+void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception; none was thrown (wanted: " << *parts.begin() << ")";
+  } catch (const E& e) {
+    const std::string m = e.what();
+    for (const std::string& part : parts) EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+inline void write_text(const std::filesystem::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+// `text` with `from` replaced once by `to` (which must be there).
+inline std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "'" << from << "' not in the text";
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+inline strata::Tensor<std::int32_t> prompt(const std::vector<std::int32_t>& ids) {
+  return strata::Tensor<std::int32_t>(strata::Shape{1, static_cast<strata::index_t>(ids.size())}, ids);
+}
+
+// What a run saw: every parameter's global value (host) and the logits at every position.
+template <class T>
+struct ModelState {
+  std::map<std::string, strata::Tensor<T>> values;
+  std::vector<std::vector<double>> logits;  // [position][vocab]
+};
+
+template <class Context, class Model>
+std::vector<std::vector<double>> all_logits(Context& ctx, const Model& model, const std::vector<std::int32_t>& tokens) {
+  std::vector<std::vector<double>> out;
+  const auto ids = prompt(tokens);
+  for (strata::index_t t = 0; t < ids.size(1); ++t) out.push_back(model.next_token_logits(ctx, ids, t));
+  return out;
+}
+
+// Collective over ctx: gathers every parameter over tp into `state` (tp rank 0 of each stage writes;
+// a parameter two stages hold, the tied embedding, must come back the same from both).
+template <class T, class Context, class Model>
+void gather_values(Context& ctx, Model& model, ModelState<T>& state, std::mutex& mutex) {
+  model.for_each_parameter([&](auto& p) {
+    auto global = strata::gather_global(ctx.tp, p, p.value);
+    if (ctx.tp.rank() != 0 || ctx.coords.dp != 0) return;
+    std::lock_guard lock(mutex);
+    auto [it, inserted] = state.values.emplace(p.name, std::move(global));
+    if (!inserted) {
+      EXPECT_TRUE(same_bytes(it->second, global)) << "the two copies of " << p.name << " differ";
+    }
+  });
+}
+
+// Builds a model on `tp` ranks, initializes it with `seed`, exports it to `dir` (save_hf_from_model)
+// and returns its values and logits.
+template <template <class> class Model, class T>
+ModelState<T> export_model(const strata::models::ModelConfig& config, const std::filesystem::path& dir,
+                           const std::vector<std::int32_t>& tokens, strata::hf::SaveOptions options = {}, int tp = 1,
+                           std::uint64_t seed = 2024) {
+  using namespace strata;
+  ModelState<T> state;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    Model<TestPolicy<T, false>> model(ctx, config);
+    model.init(ctx, seed);
+    hf::save_hf_from_model(ctx, dir, model, options);
+    gather_values(ctx, model, state, mutex);
+    auto logits = all_logits(ctx, model, tokens);
+    if (world.rank() == 0) state.logits = std::move(logits);
+  });
+  return state;
+}
+
+// Builds a model on tp x pp ranks (pipeline stages as pipeline::stage_layers_of splits them),
+// initializes it with another seed (so every value must come from the files), loads `dir` and
+// returns the gathered values, and the logits when pp = 1.
+template <template <class> class Model, class T, bool SP = false>
+ModelState<T> import_model(const strata::models::ModelConfig& config, const std::filesystem::path& dir,
+                           const std::vector<std::int32_t>& tokens, int tp, int pp = 1) {
+  using namespace strata;
+  ModelState<T> state;
+  std::mutex mutex;
+  inprocess::run(tp * pp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp, .pp = pp});
+    Model<TestPolicy<T, SP>> model(ctx, config, pipeline::stage_layers_of(config.num_layers, pp, 1, ctx.pp.rank(), 0));
+    model.init(ctx, 7);
+    hf::load_hf(ctx, dir, model);
+    gather_values(ctx, model, state, mutex);
+    if (pp == 1) {
+      auto logits = all_logits(ctx, model, tokens);
+      if (world.rank() == 0) state.logits = std::move(logits);
+    }
+  });
+  return state;
+}
+
+// The values an import of `exported` must give: the same, with the vocabulary padding rows (which
+// the files do not hold) zero.
+template <class T>
+std::map<std::string, strata::Tensor<T>> without_padding(const ModelState<T>& exported, strata::index_t vocab_size) {
+  std::map<std::string, strata::Tensor<T>> out;
+  for (const auto& [name, value] : exported.values) {
+    strata::Tensor<T> copy = value.clone();
+    if (name == "embedding.word.weight" || name == "output.weight")
+      for (strata::index_t i = vocab_size * value.shape()[1]; i < value.numel(); ++i) copy[i] = T(0.0f);
+    out.emplace(name, std::move(copy));
+  }
+  return out;
+}
+
+// Every value of `imported` is bit for bit the exported one (but for the vocabulary padding, zero).
+template <class T>
+void expect_same_values(const ModelState<T>& imported, const ModelState<T>& exported, strata::index_t vocab_size,
+                        const std::string& what) {
+  const auto expected = without_padding(exported, vocab_size);
+  EXPECT_EQ(imported.values.size(), expected.size()) << what;
+  for (const auto& [name, value] : expected) {
+    auto it = imported.values.find(name);
+    if (it == imported.values.end()) {
+      ADD_FAILURE() << what << ": " << name << " did not come back";
+      continue;
+    }
+    EXPECT_TRUE(same_bytes(it->second, value)) << what << ": " << name << " differs";
+  }
+}
+
+inline double logits_error(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  Values flat_a, flat_b;
+  for (const auto& row : a) flat_a.insert(flat_a.end(), row.begin(), row.end());
+  for (const auto& row : b) flat_b.insert(flat_b.end(), row.begin(), row.end());
+  EXPECT_EQ(flat_a.size(), flat_b.size());
+  return relative_error(flat_a, flat_b);
+}
+
+// ---- a transformers-style forward pass, written from the Hugging Face equations ----
+
+class HfReference {
+ public:
+  HfReference(const std::filesystem::path& dir, strata::hf::Architecture architecture)
+      : files_(dir), architecture_(architecture), config_(strata::hf::read_config(dir).config) {}
+
+  // Logits [position][vocab] of the whole prompt.
+  std::vector<std::vector<double>> logits(const std::vector<std::int32_t>& tokens) const {
+    return architecture_ == strata::hf::Architecture::gpt2 ? gpt2(tokens) : llama(tokens);
+  }
+
+ private:
+  using Rows = std::vector<std::vector<double>>;
+
+  std::vector<double> tensor(const std::string& name) const {
+    std::vector<double> v(static_cast<std::size_t>(files_.entry(name).numel));
+    files_.read<double>(name, std::span<double>(v));
+    return v;
+  }
+  // x [n][in] @ W, W stored [in, out] (Conv1D), + b [out]
+  static Rows conv1d(const Rows& x, const std::vector<double>& w, const std::vector<double>& b) {
+    const std::size_t in = x[0].size(), out = b.size();
+    Rows y(x.size(), std::vector<double>(out));
+    for (std::size_t t = 0; t < x.size(); ++t)
+      for (std::size_t o = 0; o < out; ++o) {
+        double s = b[o];
+        for (std::size_t i = 0; i < in; ++i) s += x[t][i] * w[i * out + o];
+        y[t][o] = s;
+      }
+    return y;
+  }
+  // x [n][in] @ W^T, W stored [out, in] (nn.Linear, no bias)
+  static Rows linear(const Rows& x, const std::vector<double>& w) {
+    const std::size_t in = x[0].size(), out = w.size() / in;
+    Rows y(x.size(), std::vector<double>(out));
+    for (std::size_t t = 0; t < x.size(); ++t)
+      for (std::size_t o = 0; o < out; ++o) {
+        double s = 0;
+        for (std::size_t i = 0; i < in; ++i) s += x[t][i] * w[o * in + i];
+        y[t][o] = s;
+      }
+    return y;
+  }
+  static Rows layer_norm(const Rows& x, const std::vector<double>& g, const std::vector<double>& b, double eps) {
+    Rows y = x;
+    for (auto& row : y) {
+      double mean = 0, var = 0;
+      for (double v : row) mean += v;
+      mean /= static_cast<double>(row.size());
+      for (double v : row) var += (v - mean) * (v - mean);
+      var /= static_cast<double>(row.size());
+      for (std::size_t i = 0; i < row.size(); ++i) row[i] = (row[i] - mean) / std::sqrt(var + eps) * g[i] + b[i];
+    }
+    return y;
+  }
+  static Rows rms_norm(const Rows& x, const std::vector<double>& g, double eps) {
+    Rows y = x;
+    for (auto& row : y) {
+      double ms = 0;
+      for (double v : row) ms += v * v;
+      ms /= static_cast<double>(row.size());
+      for (std::size_t i = 0; i < row.size(); ++i) row[i] = row[i] / std::sqrt(ms + eps) * g[i];
+    }
+    return y;
+  }
+  // Causal attention; query head h reads key/value head h / (heads / kv_heads) (repeat_kv).
+  // q [n][heads*d] at columns q_at + h*d, k and v [n][kv_heads*d] at k_at / v_at + g*d.
+  static Rows attention(const Rows& q, std::size_t q_at, const Rows& k, std::size_t k_at, const Rows& v, std::size_t v_at,
+                        int heads, int kv_heads, int d) {
+    const std::size_t n = q.size();
+    Rows out(n, std::vector<double>(static_cast<std::size_t>(heads * d)));
+    for (int h = 0; h < heads; ++h) {
+      const int g = h / (heads / kv_heads);
+      for (std::size_t t = 0; t < n; ++t) {
+        std::vector<double> score(t + 1);
+        double top = -1e300;
+        for (std::size_t u = 0; u <= t; ++u) {
+          double s = 0;
+          for (int j = 0; j < d; ++j) s += q[t][q_at + h * d + j] * k[u][k_at + g * d + j];
+          score[u] = s / std::sqrt(static_cast<double>(d));
+          top = std::max(top, score[u]);
+        }
+        double total = 0;
+        for (double& s : score) total += (s = std::exp(s - top));
+        for (std::size_t u = 0; u <= t; ++u)
+          for (int j = 0; j < d; ++j) out[t][h * d + j] += score[u] / total * v[u][v_at + g * d + j];
+      }
+    }
+    return out;
+  }
+  static void add(Rows& x, const Rows& y) {
+    for (std::size_t t = 0; t < x.size(); ++t)
+      for (std::size_t i = 0; i < x[t].size(); ++i) x[t][i] += y[t][i];
+  }
+  // Logits against a [vocab, hidden] matrix.
+  static Rows unembed(const Rows& x, const std::vector<double>& w) { return linear(x, w); }
+
+  Rows gpt2(const std::vector<std::int32_t>& tokens) const {
+    const auto& c = config_;
+    const int h = c.hidden_size, heads = c.num_attention_heads, d = h / heads;
+    const auto wte = tensor("transformer.wte.weight"), wpe = tensor("transformer.wpe.weight");
+    Rows x(tokens.size(), std::vector<double>(static_cast<std::size_t>(h)));
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+      for (int i = 0; i < h; ++i) x[t][i] = wte[tokens[t] * h + i] + wpe[t * h + i];
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      const Rows a = layer_norm(x, tensor(p + "ln_1.weight"), tensor(p + "ln_1.bias"), c.norm_epsilon);
+      const Rows qkv = conv1d(a, tensor(p + "attn.c_attn.weight"), tensor(p + "attn.c_attn.bias"));  // [q | k | v]
+      const Rows context = attention(qkv, 0, qkv, static_cast<std::size_t>(h), qkv, static_cast<std::size_t>(2 * h), heads, heads, d);
+      add(x, conv1d(context, tensor(p + "attn.c_proj.weight"), tensor(p + "attn.c_proj.bias")));
+      const Rows m = layer_norm(x, tensor(p + "ln_2.weight"), tensor(p + "ln_2.bias"), c.norm_epsilon);
+      Rows f = conv1d(m, tensor(p + "mlp.c_fc.weight"), tensor(p + "mlp.c_fc.bias"));
+      for (auto& row : f)
+        for (double& v : row) v = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));  // gelu_new
+      add(x, conv1d(f, tensor(p + "mlp.c_proj.weight"), tensor(p + "mlp.c_proj.bias")));
+    }
+    return unembed(layer_norm(x, tensor("transformer.ln_f.weight"), tensor("transformer.ln_f.bias"), c.norm_epsilon), wte);
+  }
+
+  // q*cos + rotate_half(q)*sin, rotate_half(x) = [-x2, x1], cos/sin of cat(freqs, freqs)
+  void rope(Rows& x, int heads, int d) const {
+    for (std::size_t t = 0; t < x.size(); ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d / 2; ++i) {
+          const double inv_freq = 1.0 / std::pow(config_.rope_base, 2.0 * i / d);
+          const double angle = static_cast<double>(t) * inv_freq;
+          double& a = x[t][h * d + i];
+          double& b = x[t][h * d + i + d / 2];
+          const double ra = a * std::cos(angle) - b * std::sin(angle);
+          const double rb = b * std::cos(angle) + a * std::sin(angle);
+          a = ra;
+          b = rb;
+        }
+  }
+
+  Rows llama(const std::vector<std::int32_t>& tokens) const {
+    const auto& c = config_;
+    const int h = c.hidden_size, heads = c.num_attention_heads, kv = c.num_query_groups, d = h / heads;
+    const auto embed = tensor("model.embed_tokens.weight");
+    Rows x(tokens.size(), std::vector<double>(static_cast<std::size_t>(h)));
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+      for (int i = 0; i < h; ++i) x[t][i] = embed[tokens[t] * h + i];
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const Rows a = rms_norm(x, tensor(p + "input_layernorm.weight"), c.norm_epsilon);
+      Rows q = linear(a, tensor(p + "self_attn.q_proj.weight"));
+      Rows k = linear(a, tensor(p + "self_attn.k_proj.weight"));
+      const Rows v = linear(a, tensor(p + "self_attn.v_proj.weight"));
+      rope(q, heads, d);
+      rope(k, kv, d);
+      add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d), tensor(p + "self_attn.o_proj.weight")));
+      const Rows m = rms_norm(x, tensor(p + "post_attention_layernorm.weight"), c.norm_epsilon);
+      Rows gate = linear(m, tensor(p + "mlp.gate_proj.weight"));
+      const Rows up = linear(m, tensor(p + "mlp.up_proj.weight"));
+      for (std::size_t t = 0; t < gate.size(); ++t)
+        for (std::size_t i = 0; i < gate[t].size(); ++i) gate[t][i] = gate[t][i] / (1.0 + std::exp(-gate[t][i])) * up[t][i];
+      add(x, linear(gate, tensor(p + "mlp.down_proj.weight")));
+    }
+    const bool tied = !files_.has("lm_head.weight");
+    return unembed(rms_norm(x, tensor("model.norm.weight"), c.norm_epsilon),
+                   tensor(tied ? "model.embed_tokens.weight" : "lm_head.weight"));
+  }
+
+  strata::SafetensorsDirectory files_;
+  strata::hf::Architecture architecture_;
+  strata::models::ModelConfig config_;
+};
+
+}  // namespace strata_test
