@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Cross-check of strata's Hugging Face import and export against transformers itself.
+
+Two directions, each comparing the logits of every position of a 16-token prompt:
+
+  strata -> transformers   hf_crosscheck builds a tiny float32 model (GPT-2; Llama with 4 query heads
+                           in 2 key/value groups), exports it (config.json + model.safetensors) with
+                           its own logits; GPT2LMHeadModel / LlamaForCausalLM.from_pretrained loads the
+                           directory and computes the logits again.
+  transformers -> strata   a transformers model with random weights (norm weights and biases too) is
+                           saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
+                           with tied embeddings, Llama in shards with an index -- and hf_crosscheck
+                           imports it at tp=2 (CPU threads) and computes the logits.
+
+Prints a table (max |difference|, relative error = ||strata - transformers|| / ||transformers||) and
+the versions of torch, transformers and safetensors, and exits 1 when a case fails: a relative error
+above --rtol (1e-4: float32 rounding of two different summation orders is ~1e-6), a weight
+transformers reports missing or unexpected, or an error on either side. Exits 2 when numpy, torch or
+transformers is missing or hf_crosscheck cannot be found.
+
+Needs numpy, torch and transformers (CPU is enough). Build the strata program first:
+
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target hf_crosscheck -j
+    python3 tests/hf/check_transformers.py --binary build/tests/hf/hf_crosscheck
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+PROMPT_LENGTH = 16
+VOCAB = 101
+
+# Weights transformers may report missing from a file without harm: tied or derived buffers.
+HARMLESS_MISSING = [r"(^|\.)attn\.(masked_)?bias$", r"^lm_head\.weight$", r"rotary_emb\.inv_freq$"]
+
+
+def parse_args():
+    here = pathlib.Path(__file__).resolve().parent
+    default_binary = here.parent.parent / "build" / "tests" / "hf" / "hf_crosscheck"
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--binary", default=str(default_binary), help="the hf_crosscheck program (default: %(default)s)")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the strata import (default: 2)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="largest relative error that passes (default: 1e-4)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of both sides' random weights")
+    p.add_argument("--keep", metavar="DIR", help="write the checkpoints under DIR and keep them (default: a temporary directory)")
+    p.add_argument("--verbose", action="store_true", help="print the output of hf_crosscheck")
+    return p.parse_args()
+
+
+def run(binary, args, verbose):
+    command = [binary] + [str(a) for a in args]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if verbose or done.returncode != 0:
+        print("$ " + " ".join(command))
+        print(done.stdout, end="")
+    if done.returncode != 0:
+        raise RuntimeError(f"hf_crosscheck exited with {done.returncode}: {done.stdout.strip().splitlines()[-1:]}")
+
+
+def strata_logits(directory, np):
+    meta = json.loads((directory / "crosscheck.json").read_text())
+    logits = np.fromfile(directory / meta["logits_file"], dtype="<f4")
+    return logits.reshape(meta["logits_shape"]).astype(np.float64), meta["tokens"]
+
+
+def prompt():
+    return [(i * 29 + 7) % VOCAB for i in range(PROMPT_LENGTH)]
+
+
+def load_pretrained(cls, directory):
+    """from_pretrained with the plain (eager) attention and the loading report, where this transformers has them."""
+    attempts = [dict(attn_implementation="eager", output_loading_info=True), dict(output_loading_info=True), {}]
+    for i, kwargs in enumerate(attempts):
+        try:
+            loaded = cls.from_pretrained(str(directory), **kwargs)
+            break
+        except TypeError:
+            if i + 1 == len(attempts):
+                raise
+    model, info = loaded if isinstance(loaded, tuple) else (loaded, {})
+    return model.float().eval(), info
+
+
+def transformers_logits(model, tokens, torch, np):
+    with torch.no_grad():
+        out = model(torch.tensor([tokens], dtype=torch.long))
+    return out.logits[0].to(torch.float64).numpy()
+
+
+def loading_problems(info):
+    problems = []
+    for key in info.get("missing_keys", []):
+        if not any(re.search(p, key) for p in HARMLESS_MISSING):
+            problems.append(f"missing {key}")
+    problems += [f"unexpected {k}" for k in info.get("unexpected_keys", [])]
+    problems += [f"mismatched {k}" for k in info.get("mismatched_keys", [])]
+    problems += [str(e) for e in info.get("error_msgs", [])]
+    return problems
+
+
+def compare(ours, theirs, np):
+    if ours.shape != theirs.shape:
+        raise RuntimeError(f"logits of shape {list(ours.shape)} against transformers' {list(theirs.shape)}")
+    difference = ours - theirs
+    max_abs = float(np.max(np.abs(difference)))
+    relative = float(np.linalg.norm(difference) / max(np.linalg.norm(theirs), 1e-30))
+    return max_abs, relative
+
+
+def randomize(model, seed, torch, std=0.1):
+    """Random weights everywhere (transformers' init leaves norm weights at 1 and biases at 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = std * torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            is_norm_weight = p.dim() == 1 and name.endswith("weight") and ("ln" in name or "norm" in name)
+            p.copy_(1.0 + noise if is_norm_weight else noise)
+
+
+def make_config(cls, torch, **fields):
+    config = cls(**fields)
+    try:
+        config._attn_implementation = "eager"
+    except Exception:  # older transformers: eager is the only attention
+        pass
+    return config
+
+
+def hf_cases(transformers, torch):
+    """(name, architecture, model class, config, save_pretrained keyword arguments)."""
+    gpt2 = make_config(transformers.GPT2Config, torch, vocab_size=VOCAB, n_positions=PROMPT_LENGTH, n_embd=48, n_layer=2,
+                       n_head=4, n_inner=112, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    llama_fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=PROMPT_LENGTH,
+                        rms_norm_eps=1e-5, hidden_act="silu")  # RoPE theta: the default 10000
+    llama = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=False, **llama_fields)
+    llama_tied = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=True, **llama_fields)
+    return [
+        ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
+        ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
+        ("llama, tied lm_head", "llama", transformers.LlamaForCausalLM, llama_tied, {}),
+        ("llama, sharded", "llama", transformers.LlamaForCausalLM, llama, {"max_shard_size": "40KB"}),
+    ]
+
+
+def save_pretrained(model, directory, extra):
+    try:
+        model.save_pretrained(str(directory), safe_serialization=True, **extra)
+    except TypeError:  # a transformers where safetensors is the only format
+        model.save_pretrained(str(directory), **extra)
+
+
+def main():
+    args = parse_args()
+    try:
+        import numpy as np
+        import torch
+        import transformers
+    except ImportError as error:
+        print(f"check_transformers.py needs numpy, torch and transformers: {error}", file=sys.stderr)
+        return 2
+    try:
+        import safetensors
+        safetensors_version = getattr(safetensors, "__version__", "unknown")
+    except ImportError:
+        safetensors_version = "not installed"
+    binary = shutil.which(args.binary) or args.binary
+    if not os.access(binary, os.X_OK):
+        print(f"check_transformers.py: no hf_crosscheck program at {args.binary}; build it "
+              "(cmake --build build --target hf_crosscheck) or pass --binary", file=sys.stderr)
+        return 2
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+
+    if args.keep:
+        work = pathlib.Path(args.keep)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = pathlib.Path(tempfile.mkdtemp(prefix="strata_hf_check_"))
+    rows = []
+
+    def record(direction, name, action):
+        try:
+            max_abs, relative, shape, problems = action()
+            ok = relative <= args.rtol and not problems
+            rows.append((direction, name, shape, f"{max_abs:.3g}", f"{relative:.3g}", "ok" if ok else "FAIL", "; ".join(problems)))
+        except Exception as error:  # one failing case must not hide the others
+            rows.append((direction, name, "-", "-", "-", "FAIL", f"{type(error).__name__}: {error}"))
+
+    # strata -> transformers
+    classes = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM}
+    for architecture in ("gpt2", "llama"):
+        def export_case(architecture=architecture):
+            directory = work / f"strata_to_transformers_{architecture}"
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            run(binary, ["export", directory, architecture, "--seed", args.seed], args.verbose)
+            ours, tokens = strata_logits(directory, np)
+            model, info = load_pretrained(classes[architecture], directory)
+            theirs = transformers_logits(model, tokens, torch, np)
+            max_abs, relative = compare(ours, theirs, np)
+            return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", loading_problems(info)
+        name = "gpt2" if architecture == "gpt2" else "llama (GQA 4/2)"
+        record("strata -> transformers", name, export_case)
+
+    # transformers -> strata
+    for index, (name, architecture, cls, config, extra) in enumerate(hf_cases(transformers, torch)):
+        def import_case(name=name, architecture=architecture, cls=cls, config=config, extra=extra, index=index):
+            directory = work / f"transformers_to_strata_{index}_{architecture}"
+            shutil.rmtree(directory, ignore_errors=True)
+            torch.manual_seed(args.seed + index)
+            model = cls(config)
+            randomize(model, args.seed + index, torch)
+            model.eval()
+            save_pretrained(model, directory, extra)
+            if extra.get("max_shard_size") and not (directory / "model.safetensors.index.json").exists():
+                raise RuntimeError("save_pretrained wrote no shard index; lower max_shard_size")
+            tokens = prompt()
+            (directory / "tokens.json").write_text(json.dumps({"tokens": tokens}))
+            run(binary, ["import", directory, architecture, "--tp", args.tp], args.verbose)
+            ours, _ = strata_logits(directory, np)
+            theirs = transformers_logits(model, tokens, torch, np)
+            max_abs, relative = compare(ours, theirs, np)
+            return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", []
+        record(f"transformers -> strata (tp={args.tp})", name, import_case)
+
+    header = ("direction", "case", "logits", "max |diff|", "rel. error", "result")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "  ".join("{:<%d}" % w for w in widths)
+    print(line.format(*header))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(line.format(*r[:6]))
+        if r[6]:
+            print("    " + r[6])
+    print()
+    print(f"python {platform.python_version()}, numpy {np.__version__}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, safetensors {safetensors_version}; "
+          f"pass: relative error <= {args.rtol:g}")
+    if args.keep:
+        print(f"checkpoints kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [r for r in rows if r[5] != "ok"]
+    print(f"{len(rows) - len(failed)} of {len(rows)} cases passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+// hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
+// (tests/hf/check_transformers.py drives it on a machine with PyTorch).
+//
+//   hf_crosscheck export <dir> gpt2|llama [--seed N]
+//       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups) on one
+//       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
+//       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
+//   hf_crosscheck import <dir> gpt2|llama [--tp N]
+//       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
+//       model on N tensor-parallel ranks (threads, default 2) and writes the logits of the prompt
+//       in <dir>/tokens.json
+//   hf_crosscheck roundtrip <dir> gpt2|llama [--tp N]
+//       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
+//       they differ by more than float rounding)
+//
+// Logits: <dir>/strata_logits.f32, float32 little-endian [positions, vocab_size], row p predicting
+// the token after position p; <dir>/crosscheck.json describes it:
+//   {"architecture": "gpt2", "mode": "export", "tp": 1, "tokens": [...], "logits_file": "strata_logits.f32",
+//    "logits_shape": [16, 101], "logits_dtype": "float32"}
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <strata/checkpoint/huggingface.hpp>
+#include <strata/models.hpp>
+#include <strata/policy.hpp>
+
+namespace {
+
+using namespace strata;
+
+struct Policy : default_policy {
+  using element = float;
+};
+
+constexpr int kPromptLength = 16;
+
+models::ModelConfig tiny_config(hf::Architecture architecture) {
+  models::ModelConfig c;
+  c.num_layers = 2;
+  c.vocab_size = 101;
+  c.make_vocab_size_divisible_by = 8;
+  c.seq_length = kPromptLength;
+  c.init_method_std = 0.1;
+  c.norm_epsilon = 1e-5;
+  if (architecture == hf::Architecture::gpt2) {
+    c.hidden_size = 48;
+    c.num_attention_heads = 4;
+    c.ffn_hidden_size = 112;
+  } else {
+    c.hidden_size = 64;
+    c.num_attention_heads = 4;
+    c.num_query_groups = 2;
+    c.ffn_hidden_size = 96;
+    c.rope_base = 10000.0;
+  }
+  return c;
+}
+
+std::vector<std::int32_t> default_prompt(int vocab) {
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < kPromptLength; ++i) ids.push_back(static_cast<std::int32_t>((i * 37 + 11) % vocab));
+  return ids;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail<FileError>("cannot open ", p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::int32_t> read_prompt(const std::filesystem::path& dir) {
+  const auto path = dir / "tokens.json";
+  const json::Value root = json::parse(read_file(path), detail::concat(path));
+  const json::Value* tokens = root.is_object() ? root.find("tokens") : nullptr;
+  if (!tokens || !tokens->is_array() || tokens->items().empty())
+    fail<FileError>(path, " must be {\"tokens\": [id, ...]} with at least one id");
+  std::vector<std::int32_t> ids;
+  for (const json::Value& v : tokens->items()) {
+    std::int64_t id = 0;
+    if (!v.to_int64(id) || id < 0 || id > INT32_MAX) fail<FileError>(path, ": token ", v.text(), " is not a token id");
+    ids.push_back(static_cast<std::int32_t>(id));
+  }
+  return ids;
+}
+
+std::string int_list(const std::vector<std::int32_t>& ids) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+  return s + "]";
+}
+
+template <class Context, class Model>
+std::vector<std::vector<double>> logits_of(Context& ctx, const Model& model, const std::vector<std::int32_t>& ids) {
+  const Tensor<std::int32_t> tokens(Shape{1, static_cast<index_t>(ids.size())}, ids);
+  std::vector<std::vector<double>> out;
+  for (index_t t = 0; t < tokens.size(1); ++t) out.push_back(model.next_token_logits(ctx, tokens, t));
+  return out;
+}
+
+void write_logits(const std::filesystem::path& dir, hf::Architecture architecture, const char* mode, int tp,
+                  const std::vector<std::int32_t>& ids, const std::vector<std::vector<double>>& logits) {
+  std::vector<float> flat;
+  for (const auto& row : logits)
+    for (double v : row) flat.push_back(static_cast<float>(v));
+  std::ofstream out(dir / "strata_logits.f32", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(flat.data()), static_cast<std::streamsize>(flat.size() * sizeof(float)));
+  if (!out) fail<FileError>("cannot write ", dir / "strata_logits.f32");
+  std::ofstream meta(dir / "crosscheck.json");
+  meta << "{\n  \"architecture\": " << json::quote(hf::architecture_name(architecture)) << ",\n  \"mode\": \"" << mode
+       << "\",\n  \"tp\": " << tp << ",\n  \"tokens\": " << int_list(ids) << ",\n  \"logits_file\": \"strata_logits.f32\",\n"
+       << "  \"logits_shape\": [" << logits.size() << ", " << (logits.empty() ? 0 : logits[0].size())
+       << "],\n  \"logits_dtype\": \"float32\"\n}\n";
+  if (!meta) fail<FileError>("cannot write ", dir / "crosscheck.json");
+}
+
+template <template <class> class Model>
+std::vector<std::vector<double>> export_model(const std::filesystem::path& dir, hf::Architecture architecture,
+                                              std::uint64_t seed) {
+  const models::ModelConfig config = tiny_config(architecture);
+  const std::vector<std::int32_t> ids = default_prompt(config.vocab_size);
+  std::vector<std::vector<double>> logits;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    Model<Policy> model(ctx, config);
+    model.init(ctx, seed);
+    hf::save_hf_from_model(ctx, dir, model);
+    logits = logits_of(ctx, model, ids);
+  });
+  std::ofstream(dir / "tokens.json") << "{\"tokens\": " << int_list(ids) << "}\n";
+  write_logits(dir, architecture, "export", 1, ids, logits);
+  return logits;
+}
+
+template <template <class> class Model>
+std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, hf::Architecture architecture, int tp) {
+  hf::HfConfig file = hf::read_config(dir);
+  if (file.architecture != architecture)
+    fail<ConfigError>(dir / "config.json", " describes a ", hf::architecture_name(file.architecture), " model, not ",
+                      hf::architecture_name(architecture));
+  models::ModelConfig config = file.config;
+  config.make_vocab_size_divisible_by = 8;  // some padding rows, which the import fills with zeros
+  const std::vector<std::int32_t> ids = read_prompt(dir);
+  if (static_cast<int>(ids.size()) > config.seq_length)
+    fail<ConfigError>("the prompt of ", ids.size(), " tokens is longer than the model's ", config.seq_length, " positions");
+  std::vector<std::vector<double>> logits;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    Model<Policy> model(ctx, config);
+    hf::load_hf(ctx, dir, model);
+    auto mine = logits_of(ctx, model, ids);
+    if (world.rank() == 0) {
+      std::lock_guard lock(mutex);
+      logits = std::move(mine);
+    }
+  });
+  write_logits(dir, architecture, "import", tp, ids, logits);
+  return logits;
+}
+
+int usage() {
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama [--tp N]\n";
+  return 2;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 4) return usage();
+  const std::string mode = argv[1];
+  const std::filesystem::path dir = argv[2];
+  const auto architecture = hf::parse_architecture(argv[3]);
+  if (!architecture) {
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2 or llama)\n";
+    return 2;
+  }
+  int tp = 2;
+  std::uint64_t seed = 1234;
+  for (int i = 4; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return usage();
+    if (flag == "--tp") tp = std::atoi(argv[++i]);
+    else if (flag == "--seed") seed = std::strtoull(argv[++i], nullptr, 10);
+    else return usage();
+  }
+  if (tp < 1) return usage();
+  const bool gpt = *architecture == hf::Architecture::gpt2;
+  if (mode == "export") {
+    gpt ? export_model<models::Gpt>(dir, *architecture, seed) : export_model<models::Llama>(dir, *architecture, seed);
+  } else if (mode == "import") {
+    gpt ? import_model<models::Gpt>(dir, *architecture, tp) : import_model<models::Llama>(dir, *architecture, tp);
+  } else if (mode == "roundtrip") {
+    const auto exported =
+        gpt ? export_model<models::Gpt>(dir, *architecture, seed) : export_model<models::Llama>(dir, *architecture, seed);
+    const auto imported = gpt ? import_model<models::Gpt>(dir, *architecture, tp) : import_model<models::Llama>(dir, *architecture, tp);
+    double diff = 0, norm = 0, max_abs = 0;
+    for (std::size_t t = 0; t < exported.size(); ++t)
+      for (std::size_t v = 0; v < exported[t].size(); ++v) {
+        const double d = imported.at(t).at(v) - exported[t][v];
+        diff += d * d;
+        norm += exported[t][v] * exported[t][v];
+        max_abs = std::max(max_abs, std::abs(d));
+      }
+    const double relative = std::sqrt(diff / norm);
+    std::printf("%s: export at tp=1, import at tp=%d: max |difference| %.3g, relative %.3g over %zu x %zu logits\n",
+                argv[3], tp, max_abs, relative, exported.size(), exported.empty() ? std::size_t{0} : exported[0].size());
+    if (!(relative <= 1e-5)) {
+      std::fprintf(stderr, "hf_crosscheck: the imported model's logits differ from the exported model's\n");
+      return 1;
+    }
+  } else {
+    return usage();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "hf_crosscheck: " << e.what() << "\n";
+    return 1;
+  }
+}
