@@ -6,3 +6,4 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/reshard.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/convert.hpp"

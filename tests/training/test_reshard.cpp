@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "trainer/trainer.hpp"
 
@@ -92,6 +93,31 @@ TEST(Reshard, GptSavedAtTp2Pp2ContinuesAtTp4AndAtPp4) {
     a.load = dir.str();
     expect_continues(run<strata::models::Gpt>(a), straight, "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp));
   }
+}
+
+TEST(Reshard, ConvertedCheckpointHoldsEachRanksShardsAndContinues) {
+  TempDir dir("convert_source"), converted("convert_target");
+  const auto saving = layout(tiny("gpt"), 4, 2, 2);
+  const auto straight = run<strata::models::Gpt>(saving);
+  save_at_three<strata::models::Gpt>(saving, dir);
+  strata::ShardedCheckpoint source(dir.path() / "iter_0000003");
+  std::vector<strata::ConvertProgress> seen;
+  strata::convert_checkpoint(source, converted.path(),
+                             strata::ConvertOptions{.tp = 1, .pp = 4, .dp = 1,
+                                                    .progress = [&](const strata::ConvertProgress& p) { seen.push_back(p); }});
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().tensors_done, seen.back().tensors_total);
+  EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
+  EXPECT_EQ(strata::latest_checkpointed_iteration(converted.path()), 3);
+  // Rank 3 of tp=1 x pp=4 holds layer 3, the final norm and their state, and nothing of layer 0.
+  strata::StateReader last(converted.path() / "iter_0000003" / "rank_00003.strata");
+  EXPECT_TRUE(last.has_tensor("model.layers.3.norm1.weight"));
+  EXPECT_TRUE(last.has_tensor("optimizer.final_norm.weight.exp_avg"));
+  EXPECT_FALSE(last.has_tensor("model.layers.0.norm1.weight"));
+  EXPECT_EQ(last.get_int("parallel.pp"), 4);
+  auto a = layout(tiny("gpt"), 4, 1, 4);
+  a.load = converted.str();
+  expect_continues(run<strata::models::Gpt>(a), straight, "converted to tp=1 pp=4");
 }
 
 TEST(Reshard, LlamaWithGroupedQueriesSavedAtTp2ContinuesAtTp1Pp2) {

@@ -443,7 +443,7 @@ namespace checkpoint_detail {
 
 // The model's architecture, recorded so that a load into another model is refused by name.
 template <class Module>
-void describe_model(StateWriter& writer, const Module& model) {
+void describe_model(StateWriter& writer, const Module& model, int tp) {
   if constexpr (requires { model.config().num_layers; model.config().vocab_size; }) {
     const auto& c = model.config();
     writer.set("model.num_layers", c.num_layers);
@@ -452,6 +452,8 @@ void describe_model(StateWriter& writer, const Module& model) {
     writer.set("model.num_query_groups", c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups);
     writer.set("model.ffn_hidden_size", c.ffn());
     writer.set("model.vocab_size", c.vocab_size);
+    writer.set("model.make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
+    writer.set("model.padded_vocab_size", c.padded_vocab(tp));
   }
 }
 
@@ -528,7 +530,7 @@ StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& opti
     writer.set("optimizer.eps", optimizer.config().eps);
     writer.set("optimizer.weight_decay", optimizer.config().weight_decay);
   }
-  cd::describe_model(writer, model);
+  cd::describe_model(writer, model, ctx.tp.size());
   writer.set("train.consumed_samples", state.consumed_samples);
   writer.set("train.seed", static_cast<std::int64_t>(state.seed));
   for (const auto& [key, value] : state.extra) writer.set("train.extra." + key, value);

@@ -1,0 +1,76 @@
+// strata-convert: a saved checkpoint rewritten for another parallel layout (the flag names of
+// Megatron's checkpoint converter).
+//
+//   strata-convert --load ckpt --save ckpt_tp4 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 1
+//   strata-convert --load ckpt --ckpt-step 2000 --save weights --no-load-optim   # parameters only
+//
+// The trainers load a checkpoint of any layout directly; converting writes each rank's shards into
+// its own file for the target layout (checkpoint/convert.hpp). A progress line (tensors and bytes)
+// goes to stderr.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include <strata/checkpoint.hpp>
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata-convert: rewrite a strata checkpoint for another parallel layout"};
+  std::string load, save, ckpt_format = "strata";
+  int ckpt_step = -1, tp = 1, pp = 1, dp = 1;
+  bool no_load_optim = false, no_load_rng = false, quiet = false;
+  app.add_option("--load", load, "checkpoint directory to read")->required();
+  app.add_option("--ckpt-step", ckpt_step, "iteration to read (default: the latest)");
+  app.add_option("--save", save, "directory to write the converted checkpoint into")->required();
+  app.add_option("--target-tensor-parallel-size", tp, "tensor-parallel size of the result");
+  app.add_option("--target-pipeline-parallel-size", pp, "pipeline-parallel size of the result");
+  app.add_option("--target-data-parallel-size", dp, "data-parallel size of the result (its files hold the scalars only)");
+  app.add_flag("--no-load-optim", no_load_optim, "leave the optimizer state out (load the result with --no-load-optim or --finetune)");
+  app.add_flag("--no-load-rng", no_load_rng, "accepted: strata keeps no generator state (draws are functions of the seed and the iteration)");
+  app.add_option("--ckpt-format", ckpt_format, "format of --load and --save: strata (Megatron's torch and torch_dist are not read)");
+  app.add_flag("--quiet", quiet, "no progress line");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (ckpt_format != "strata")
+      strata::fail<strata::ConfigError>("--ckpt-format ", ckpt_format,
+                                        ": strata-convert reads and writes strata's sharded format only (--ckpt-format strata)");
+    for (auto [flag, value] : {std::pair{"--target-tensor-parallel-size", tp}, std::pair{"--target-pipeline-parallel-size", pp},
+                               std::pair{"--target-data-parallel-size", dp}})
+      if (value < 1) strata::fail<strata::ConfigError>(flag, "=", value, " is out of range: it must be at least 1");
+    if (std::filesystem::weakly_canonical(load) == std::filesystem::weakly_canonical(save))
+      strata::fail<strata::ConfigError>("--save must be another directory than --load (", load, ")");
+    strata::LoadOptions which;
+    if (ckpt_step >= 0) which.iteration = ckpt_step;
+    strata::ShardedCheckpoint source = strata::open_sharded_checkpoint(load, which);
+    const auto t0 = std::chrono::steady_clock::now();
+    strata::ConvertOptions options;
+    options.tp = tp;
+    options.pp = pp;
+    options.dp = dp;
+    options.optimizer = !no_load_optim;
+    if (!quiet)
+      options.progress = [&](const strata::ConvertProgress& p) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double fraction = p.bytes_total > 0 ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 1.0;
+        char bar[31] = {};
+        for (int i = 0; i < 30; ++i) bar[i] = i < static_cast<int>(fraction * 30) ? '#' : '.';
+        std::fprintf(stderr, "\r[%s] %lld/%lld tensors, %.1f/%.1f MiB, %.1f MiB/s", bar, static_cast<long long>(p.tensors_done),
+                     static_cast<long long>(p.tensors_total), static_cast<double>(p.bytes_done) / 1048576.0,
+                     static_cast<double>(p.bytes_total) / 1048576.0,
+                     seconds > 0 ? static_cast<double>(p.bytes_done) / 1048576.0 / seconds : 0.0);
+        if (p.tensors_done == p.tensors_total) std::fprintf(stderr, "\n");
+      };
+    strata::convert_checkpoint(source, save, options);
+    if (!quiet)
+      std::printf("strata-convert: iteration %lld of %s written to %s for tp=%d pp=%d dp=%d%s\n",
+                  static_cast<long long>(source.first().get_int("train.iteration")), load.c_str(), save.c_str(), tp, pp, dp,
+                  no_load_optim ? " (parameters only)" : "");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-convert: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,193 @@
+// strata/checkpoint/convert.hpp: `convert_checkpoint`, a saved checkpoint rewritten for another
+// parallel layout, offline (no communicator, one process): what the strata-convert tool runs.
+//
+// load_checkpoint already loads any layout, so conversion is never required to train; it makes a
+// checkpoint whose files match a layout (each rank's shards in its own file), e.g. before copying
+// it to the machines that will train at that layout, and it is the converter's path to and from
+// other formats. The target holds, per rank file of (tp, pp, dp) in Megatron's rank order:
+// - data-parallel rank 0 of each (tp, pp): every tensor-parallel shard of the parameters and of
+//   their optimizer state that its pipeline stage holds (layers by their global index, split as
+//   the trainers split them; embeddings on the first stage, the final norm and output layer on the
+//   last), replicated tensors on tensor-parallel rank 0 only; a distributed optimizer's flat
+//   ranges become whole shards (any dp, with or without the distributed optimizer, loads them);
+// - every rank: the scalars (training state, layout, its coordinates).
+// The vocabulary tables take the padding of the new tensor-parallel size (rows past the real
+// vocabulary are zero where the source had none). The result is committed like a save: written
+// under iter_N.tmp, renamed, then the tracker. Progress (tensors and bytes) goes to a callback.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../pipeline/stage.hpp"
+#include "../shard/partition.hpp"
+#include "../shard/rank_generator.hpp"
+#include "checkpoint.hpp"
+#include "format.hpp"
+#include "reshard.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct ConvertProgress {
+  std::int64_t tensors_done = 0, tensors_total = 0;
+  std::uint64_t bytes_done = 0, bytes_total = 0;
+};
+
+struct ConvertOptions {
+  int tp = 1, pp = 1, dp = 1;           // the target layout
+  bool optimizer = true;                // false: parameters only (load with --no-load-optim / --finetune)
+  std::function<void(const ConvertProgress&)> progress;  // after each tensor written
+};
+
+namespace checkpoint_detail {
+
+// "layers.<i>.rest" -> i, else -1.
+inline int layer_index(std::string_view parameter) {
+  constexpr std::string_view prefix = "layers.";
+  if (!parameter.starts_with(prefix)) return -1;
+  parameter.remove_prefix(prefix.size());
+  int value = 0;
+  std::size_t digits = 0;
+  while (digits < parameter.size() && parameter[digits] >= '0' && parameter[digits] <= '9')
+    value = value * 10 + (parameter[digits++] - '0');
+  return digits == 0 ? -1 : value;
+}
+
+// The parameter a stored tensor belongs to: "model.<p>" -> p, "optimizer.<p>.main" -> p.
+inline std::string parameter_of(std::string_view name) {
+  if (name.starts_with("model.")) return std::string(name.substr(6));
+  if (name.starts_with("optimizer.")) {
+    name.remove_prefix(10);
+    for (std::string_view suffix : {".main", ".exp_avg_sq", ".exp_avg"})
+      if (name.ends_with(suffix)) return std::string(name.substr(0, name.size() - suffix.size()));
+  }
+  return std::string();
+}
+
+// Calls f(X{}) with X the element type of `dtype`.
+template <class F>
+void with_stored_type(StoredDtype dtype, F&& f) {
+  switch (dtype) {
+    case StoredDtype::float32: return f(float{});
+    case StoredDtype::float64: return f(double{});
+    case StoredDtype::bfloat16: return f(bf16{});
+    case StoredDtype::float16: return f(fp16{});
+    case StoredDtype::int32: return f(std::int32_t{});
+    case StoredDtype::int64: return f(std::int64_t{});
+    case StoredDtype::uint8: return f(std::uint8_t{});
+  }
+  fail<FileError>("unknown stored dtype code ", static_cast<int>(dtype));
+}
+
+}  // namespace checkpoint_detail
+
+// Writes the checkpoint `source` as the same iteration in `target_dir`, laid out for options.tp x
+// options.pp x options.dp. Refuses a target whose sizes do not divide the tensors or the layers.
+inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem::path& target_dir,
+                               const ConvertOptions& options) {
+  namespace cd = checkpoint_detail;
+  const StateReader& first = source.first();
+  const ParallelConfig target{.tp = options.tp, .pp = options.pp, .dp = options.dp};
+  raise_if(validate(target));
+  const RankGenerator ranks(target);
+  const std::int64_t iteration = first.get_int("train.iteration");
+  for (const char* key : {"model.num_layers", "model.vocab_size"})
+    if (!first.has(key))
+      fail<FileError>("checkpoint ", source.directory(), " does not record '", key,
+                      "' (saved by an older strata?); it cannot be laid out again by the converter");
+  const int num_layers = static_cast<int>(first.get_int("model.num_layers"));
+  const index_t vocab = first.get_int("model.vocab_size");
+  const int divisible_by = first.has("model.make_vocab_size_divisible_by")
+                               ? static_cast<int>(first.get_int("model.make_vocab_size_divisible_by")) : 128;
+  const index_t saved_padded = first.has("model.padded_vocab_size") ? first.get_int("model.padded_vocab_size") : -1;
+  const index_t padded = padded_vocab_size(vocab, options.tp, divisible_by);
+  // Each layer's pipeline stage in the target (the trainers' even split).
+  std::vector<int> stage_of(static_cast<std::size_t>(num_layers), 0);
+  for (int p = 0; p < options.pp; ++p) {
+    const pipeline::StageLayers stage = pipeline::stage_layers_of(num_layers, options.pp, 1, p, 0);
+    for (index_t l = stage.layers.begin; l < stage.layers.end; ++l) stage_of[static_cast<std::size_t>(l)] = p;
+  }
+  auto stage_for = [&](const std::string& parameter) {
+    const int layer = cd::layer_index(parameter);
+    if (layer >= num_layers)
+      fail<FileError>("checkpoint ", source.directory(), " holds '", parameter, "' but records ", num_layers, " layers");
+    if (layer >= 0) return stage_of[static_cast<std::size_t>(layer)];
+    if (parameter.starts_with("final_norm") || parameter.starts_with("output")) return options.pp - 1;
+    return 0;
+  };
+  auto target_global = [&](const ShardedCheckpoint::Entry& e) {
+    Shape global = e.global_shape;
+    if (saved_padded > 0 && global.rank() >= 1 && global[0] == saved_padded) global = global.with(0, padded);
+    return global;
+  };
+  // The shards each rank file holds (data-parallel rank 0 of each (tp, pp)), and the progress totals.
+  struct Job {
+    const ShardedCheckpoint::Entry* entry;
+    Shape global;
+    ShardSpec spec;
+  };
+  std::vector<std::vector<Job>> jobs(static_cast<std::size_t>(ranks.world_size()));
+  ConvertProgress progress;
+  for (int r = 0; r < ranks.world_size(); ++r) {
+    const Coordinates c = ranks.coordinates(r);
+    if (c.dp != 0) continue;
+    for (const auto& [name, e] : source.entries()) {
+      const std::string parameter = cd::parameter_of(name);
+      if (parameter.empty() || (!options.optimizer && name.starts_with("optimizer."))) continue;
+      if (stage_for(parameter) != c.pp) continue;
+      const bool sharded = e.shard.sharded && e.shard.parts > 1;
+      if (!sharded && c.tp != 0) continue;
+      const ShardSpec spec = sharded ? ShardSpec::split(e.shard.dim, c.tp, options.tp, e.shard.stacks) : ShardSpec{};
+      const Shape global = target_global(e);
+      (void)local_shape(global, spec);  // a size the new tp does not divide: ConfigError naming the shape
+      jobs[static_cast<std::size_t>(r)].push_back(Job{&e, global, spec});
+      ++progress.tensors_total;
+      progress.bytes_total += static_cast<std::uint64_t>(local_shape(global, spec).numel()) * stored_dtype_size(e.dtype);
+    }
+  }
+
+  const cd::SavePaths paths(target_dir, iteration);
+  cd::make_temporary_directory(paths);
+  ShardedCheckpoint::ReadOptions read;
+  read.real_rows = vocab;
+  for (int r = 0; r < ranks.world_size(); ++r) {
+    const Coordinates c = ranks.coordinates(r);
+    StateWriter writer;
+    writer.copy_data(true);  // each shard is read into a tensor that goes away before the file is written
+    for (const auto& [key, value] : first.scalars()) {
+      if (key.starts_with("parallel.") || key.starts_with("rank.")) continue;
+      std::visit([&](const auto& v) { writer.set(key, v); }, value);
+    }
+    if (saved_padded > 0) writer.set("model.padded_vocab_size", padded);
+    const int layout[] = {options.tp, options.pp, options.dp, 1, 1, 1};
+    const char* layout_keys[] = {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp", "parallel.ep", "parallel.etp"};
+    for (int k = 0; k < 6; ++k) writer.set(layout_keys[k], layout[k]);
+    writer.set("parallel.world_size", ranks.world_size());
+    writer.set("rank.world", r);
+    writer.set("rank.tp", c.tp);
+    writer.set("rank.cp", c.cp);
+    writer.set("rank.dp", c.dp);
+    writer.set("rank.pp", c.pp);
+    writer.set("rank.ep", c.ep);
+    for (const Job& job : jobs[static_cast<std::size_t>(r)]) {
+      cd::with_stored_type(job.entry->dtype, [&](auto zero) {
+        using X = decltype(zero);
+        Tensor<X> shard = Tensor<X>::empty(local_shape(job.global, job.spec));
+        source.read_into(job.entry->name, shard, job.global, job.spec, read);
+        writer.add(job.entry->name, shard, job.global, job.spec);
+        progress.bytes_done += shard.bytes();
+      });
+      ++progress.tensors_done;
+      if (options.progress) options.progress(progress);
+    }
+    writer.write(paths.tmp_dir / rank_file_name(r));
+  }
+  cd::commit_directory(paths, iteration, SaveOptions{});
+}
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# strata-convert from the command line: a tiny GPT trained at tp=2 x pp=2 on CPU threads and saved,
+# converted to tp=4 x pp=1, then resumed from the converted checkpoint; the resumed run starts at
+# the saved iteration. Bad flags exit non-zero naming the flag.
+#   convert_cli.sh <train_gpt> <strata-convert>
+set -euo pipefail
+train=$1
+convert=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --ffn-hidden-size 64 --seq-length 16
+        --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet)
+"$train" "${common[@]}" --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+  --train-iters 2 --save "$work/a"
+"$convert" --load "$work/a" --save "$work/b" --target-tensor-parallel-size 4 --target-pipeline-parallel-size 1 2> "$work/progress"
+grep -q "tensors" "$work/progress" || { echo "no progress line"; cat "$work/progress"; exit 1; }
+test "$(cat "$work/b/latest_checkpointed_iteration.txt")" = 2
+test -f "$work/b/iter_0000002/rank_00003.strata"
+"$train" "${common[@]}" --world-size 4 --tensor-model-parallel-size 4 --train-iters 3 --load "$work/b" --log-jsonl "$work/log.jsonl"
+grep -q '"iteration": 3' "$work/log.jsonl" || { echo "the resumed run did not run iteration 3"; exit 1; }
+if grep -q '"iteration": 1,' "$work/log.jsonl"; then echo "the resumed run started from scratch"; exit 1; fi
+if "$convert" --load "$work/a" --save "$work/c" --target-tensor-parallel-size 3 2> "$work/err"; then
+  echo "tp=3 (4 heads) was accepted"; exit 1
+fi
+grep -q "divide" "$work/err" || { echo "the tp=3 error does not say what does not divide:"; cat "$work/err"; exit 1; }
+echo "strata-convert: converted, resumed, refused tp=3"
