@@ -47,7 +47,8 @@ def parse_args():
     default_binary = here.parent.parent / "build" / "tests" / "hf" / "hf_crosscheck"
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--binary", default=str(default_binary), help="the hf_crosscheck program (default: %(default)s)")
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the strata import (default: 2)")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the strata import (default: 2; at most 2 for the Llama cases, "
+                   "whose 2 key/value groups strata splits whole over the ranks)")
     p.add_argument("--rtol", type=float, default=1e-4, help="largest relative error that passes (default: 1e-4)")
     p.add_argument("--seed", type=int, default=1234, help="seed of both sides' random weights")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoints under DIR and keep them (default: a temporary directory)")
@@ -138,7 +139,8 @@ def hf_cases(transformers, torch):
     """(name, architecture, model class, config, save_pretrained keyword arguments)."""
     gpt2 = make_config(transformers.GPT2Config, torch, vocab_size=VOCAB, n_positions=PROMPT_LENGTH, n_embd=48, n_layer=2,
                        n_head=4, n_inner=112, activation_function="gelu_new", layer_norm_epsilon=1e-5,
-                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                       bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)  # GPT-2's are its last token
     llama_fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=PROMPT_LENGTH,
                         rms_norm_eps=1e-5, hidden_act="silu")  # RoPE theta: the default 10000

@@ -551,6 +551,8 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
         {"scale_attn_by_inverse_layer_idx", boolean(false)},
         {"reorder_and_upcast_attn", boolean(false)},
         {"tie_word_embeddings", boolean(true)},
+        {"bos_token_id", number(c.vocab_size - 1)},  // GPT-2's <|endoftext|> is its last token (50256)
+        {"eos_token_id", number(c.vocab_size - 1)},
         {"use_cache", boolean(true)},
         {"torch_dtype", torch_dtype},
     });
