@@ -3,10 +3,12 @@
 //
 //   strata-convert --load ckpt --save ckpt_tp4 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 1
 //   strata-convert --load ckpt --ckpt-step 2000 --save weights --no-load-optim   # parameters only
+//   strata-convert --load ckpt --save-hf gpt2-hf              # Hugging Face transformers' format
 //
 // The trainers load a checkpoint of any layout directly; converting writes each rank's shards into
 // its own file for the target layout (checkpoint/convert.hpp). A progress line (tensors and bytes)
-// goes to stderr.
+// goes to stderr. --save-hf writes the model as transformers' config.json + safetensors instead
+// (GPT2LMHeadModel, LlamaForCausalLM; import goes through the trainers' --load-hf).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -14,17 +16,20 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <strata/checkpoint.hpp>
 
 int main(int argc, char** argv) {
   CLI::App app{"strata-convert: rewrite a strata checkpoint for another parallel layout"};
-  std::string load, save, ckpt_format = "strata";
+  std::string load, save, save_hf, ckpt_format = "strata";
   int ckpt_step = -1, tp = 1, pp = 1, dp = 1;
   bool no_load_optim = false, no_load_rng = false, quiet = false;
   app.add_option("--load", load, "checkpoint directory to read")->required();
   app.add_option("--ckpt-step", ckpt_step, "iteration to read (default: the latest)");
-  app.add_option("--save", save, "directory to write the converted checkpoint into")->required();
+  auto* save_option = app.add_option("--save", save, "directory to write the converted checkpoint into");
+  auto* save_hf_option = app.add_option("--save-hf", save_hf, "directory to write the model into in Hugging Face transformers' format");
+  save_option->excludes(save_hf_option);
   app.add_option("--target-tensor-parallel-size", tp, "tensor-parallel size of the result");
   app.add_option("--target-pipeline-parallel-size", pp, "pipeline-parallel size of the result");
   app.add_option("--target-data-parallel-size", dp, "data-parallel size of the result (its files hold the scalars only)");
@@ -40,11 +45,28 @@ int main(int argc, char** argv) {
     for (auto [flag, value] : {std::pair{"--target-tensor-parallel-size", tp}, std::pair{"--target-pipeline-parallel-size", pp},
                                std::pair{"--target-data-parallel-size", dp}})
       if (value < 1) strata::fail<strata::ConfigError>(flag, "=", value, " is out of range: it must be at least 1");
-    if (std::filesystem::weakly_canonical(load) == std::filesystem::weakly_canonical(save))
+    if (save.empty() && save_hf.empty()) strata::fail<strata::ConfigError>("give --save <directory> or --save-hf <directory>");
+    const std::string& out = save.empty() ? save_hf : save;
+    if (std::filesystem::weakly_canonical(load) == std::filesystem::weakly_canonical(out))
       strata::fail<strata::ConfigError>("--save must be another directory than --load (", load, ")");
     strata::LoadOptions which;
     if (ckpt_step >= 0) which.iteration = ckpt_step;
     strata::ShardedCheckpoint source = strata::open_sharded_checkpoint(load, which);
+    if (!save_hf.empty()) {
+      const auto [architecture, config] = strata::checkpoint_model(source);
+      strata::with_stored_type(source.entry("model.embedding.word.weight").dtype, [&](auto zero) {
+        using X = decltype(zero);
+        if constexpr (std::is_floating_point_v<X> || std::is_same_v<X, strata::bf16> || std::is_same_v<X, strata::fp16>)
+          strata::export_hf_from_checkpoint<X>(source, architecture, config, save_hf);
+        else
+          strata::fail<strata::FileError>("checkpoint ", load, " holds integer weights");
+      });
+      if (!quiet)
+        std::printf("strata-convert: iteration %lld of %s written to %s as a Hugging Face %s model\n",
+                    static_cast<long long>(source.first().get_int("train.iteration")), load.c_str(), save_hf.c_str(),
+                    std::string(strata::hf::architecture_class(architecture)).c_str());
+      return 0;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     strata::ConvertOptions options;
     options.tp = tp;

@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include <strata/checkpoint.hpp>
+#include <strata/checkpoint/huggingface.hpp>
 #include <strata/comm.hpp>
 #include <strata/data.hpp>
 #include <strata/layers.hpp>
@@ -122,6 +123,9 @@ struct TrainArgs {
   bool no_load_rng = false;    // accepted: strata's randomness is a function of --seed and the iteration
   bool finetune = false;       // load the model alone and start at iteration 0
   bool async_save = false;     // write checkpoint files in the background while training goes on
+  std::string load_hf;         // start from Hugging Face transformers weights (when --load has no checkpoint)
+  std::string save_hf;         // write the trained model in transformers' format at the end
+  std::string ckpt_format = "strata";
   std::uint64_t seed = 1234;
   int log_interval = 10;
   int sample_tokens = 160;  // generated after training (byte tokenizer only); 0: none
@@ -343,6 +347,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--no-load-rng", a.no_load_rng, "accepted: every random draw is a function of --seed and the iteration, so there is no generator state to load");
   app.add_flag("--finetune", a.finetune, "load the model's weights alone and start at iteration 0 (no optimizer state, no data position)");
   app.add_flag("--async-save", a.async_save, "write checkpoint files in the background while training goes on (committed at a later step)");
+  app.add_option("--load-hf", a.load_hf, "start from a Hugging Face transformers model (config.json + safetensors) when --load holds no checkpoint");
+  app.add_option("--save-hf", a.save_hf, "write the trained model as a Hugging Face transformers model (config.json + safetensors) at the end");
+  app.add_option("--ckpt-format", a.ckpt_format, "checkpoint format: strata (one sharded file per rank, loadable in any layout)");
   app.add_option("--seed", a.seed);
   app.add_option("--log-interval", a.log_interval);
   app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
@@ -652,6 +659,13 @@ inline void validate(const TrainArgs& a) {
   if ((a.no_load_optim || a.finetune) && a.load.empty())
     fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
   if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
+  if (a.ckpt_format != "strata")
+    fail<ConfigError>("--ckpt-format ", a.ckpt_format, ": strata saves and loads its own sharded format (--ckpt-format strata), "
+                      "which loads into any parallel layout; Megatron's torch and torch_dist formats are not read. Exchange "
+                      "weights with other stacks through Hugging Face's format (--load-hf, --save-hf)");
+  if (!a.save_hf.empty() && a.pipeline.pipeline_model_parallel_size > 1 && a.save.empty())
+    fail<ConfigError>("--save-hf with --pipeline-model-parallel-size ", a.pipeline.pipeline_model_parallel_size,
+                      " needs --save <directory>: the export reads the final checkpoint, which holds every stage");
   if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
     fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
   models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
@@ -957,8 +971,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // on): start from scratch, and say so.
   const bool load = !a.load.empty() && (a.ckpt_step >= 0 || latest_checkpointed_iteration(a.load).has_value());
   if (!a.load.empty() && !load && logger)
-    std::printf("warning: --load %s holds no checkpoint (no %s); training starts from scratch\n", a.load.c_str(),
-                std::string(kCheckpointTrackerName).c_str());
+    std::printf("warning: --load %s holds no checkpoint (no %s); training starts from %s\n", a.load.c_str(),
+                std::string(kCheckpointTrackerName).c_str(), a.load_hf.empty() ? "scratch" : "--load-hf");
+  if (!load && !a.load_hf.empty()) {  // transformers' weights, into this rank's shards; a fresh optimizer over them
+    hf::load_hf(ctx, a.load_hf, model);
+    optimizer.reload_main_from_model(ctx.device, model);
+    if (logger && !a.quiet) std::printf("loaded the Hugging Face model in %s\n", a.load_hf.c_str());
+  }
   if (load) {
     LoadOptions options;
     if (a.ckpt_step >= 0) options.iteration = a.ckpt_step;
@@ -1219,6 +1238,16 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (evaluate_now) report_validation(it + 1);
   }
   if (saver) saver->finish(ctx);
+  if (!a.save_hf.empty()) {
+    optimizer.wait_parameters(ctx);
+    if (ctx.config.pp == 1) {
+      hf::save_hf_from_model(ctx, a.save_hf, model);  // gathered over tp; rank 0 writes
+    } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
+      if (world.rank() == 0) export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf);
+      world.barrier();
+    }
+    if (logger && !a.quiet) std::printf("saved the model in Hugging Face format to %s\n", a.save_hf.c_str());
+  }
   if (pipeline_timer)
     report_pipeline_times(ctx, *pipeline_timer, schedule_shape, logger, !a.quiet, result, result_mutex);
   if (a.sample_tokens > 0) {

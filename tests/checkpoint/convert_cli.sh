@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # strata-convert from the command line: a tiny GPT trained at tp=2 x pp=2 on CPU threads and saved,
 # converted to tp=4 x pp=1, then resumed from the converted checkpoint; the resumed run starts at
-# the saved iteration. Bad flags exit non-zero naming the flag.
+# the saved iteration; a size the target does not divide is refused; --save-hf exports it to
+# Hugging Face's format, and the trainer starts from that with --load-hf.
 #   convert_cli.sh <train_gpt> <strata-convert>
 set -euo pipefail
 train=$1
@@ -23,4 +24,10 @@ if "$convert" --load "$work/a" --save "$work/c" --target-tensor-parallel-size 3 
   echo "tp=3 (4 heads) was accepted"; exit 1
 fi
 grep -q "divide" "$work/err" || { echo "the tp=3 error does not say what does not divide:"; cat "$work/err"; exit 1; }
-echo "strata-convert: converted, resumed, refused tp=3"
+"$convert" --load "$work/a" --save-hf "$work/hf" --quiet
+test -f "$work/hf/config.json" && test -f "$work/hf/model.safetensors" || { echo "--save-hf wrote no model"; exit 1; }
+grep -q GPT2LMHeadModel "$work/hf/config.json" || { echo "config.json does not name GPT2LMHeadModel"; exit 1; }
+"$train" "${common[@]}" --world-size 2 --tensor-model-parallel-size 2 --train-iters 1 --load-hf "$work/hf" \
+  --log-jsonl "$work/hf.jsonl"
+grep -q '"iteration": 1,' "$work/hf.jsonl" || { echo "training from the exported model did not run"; exit 1; }
+echo "strata-convert: converted, resumed, refused tp=3, exported to Hugging Face and trained from it"

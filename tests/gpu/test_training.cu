@@ -4,7 +4,8 @@
 // iteration's loss within 2e-2 relative); the distributed optimizer's state takes on the device
 // what the allocation report says; fp16 under the dynamic loss scaler follows bf16 on 1 GPU and
 // backs its scale off from 2^32; pp=2 with the transfers on the communication stream trains the
-// same bits.
+// same bits; checkpoints saved on a GPU (in place and --async-save) resume bit for bit, and the
+// 1-GPU checkpoint resumes at tp=2 + SP on the tp=2 trajectory.
 //
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`;
@@ -24,7 +25,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "check.hpp"
@@ -230,6 +233,29 @@ int main(int argc, char** argv) {
                   "the loss falls %.4f -> %.4f",
                   lead, skipped.size(), halved ? backed_off.losses[lead] : NAN, halved ? backed_off.losses.back() : NAN);
     s.record(halved && backed_off.losses.back() < backed_off.losses[lead] - 0.2, line);
+    // Checkpoints on the GPU: saved at iteration 10 in place or in the background (--async-save:
+    // device-to-host copies at the step boundary, the files written while training goes on), the
+    // run's losses are unchanged and the run resumed from iteration 10 gives the same bits.
+    const std::filesystem::path ckpt =
+        std::filesystem::temp_directory_path() / ("strata_gpu_checkpoint_" + std::to_string(::getpid()));
+    const std::vector<double> last_ten(reference.losses.begin() + 10, reference.losses.end());
+    for (bool async : {false, true}) {
+      std::filesystem::remove_all(ckpt);
+      auto saving = args_for(data_path, 1, 1, false);
+      saving.save = ckpt.string();
+      saving.save_interval = 10;
+      saving.async_save = async;
+      const auto saved = train(saving);
+      const std::string how = async ? "--async-save" : "save";
+      s.record(saved.losses == reference.losses && strata::latest_checkpointed_iteration(ckpt) == 20,
+               "checkpoint on 1 GPU (" + how + " at 10 and 20): the 20 losses are unchanged bit for bit");
+      auto resumed = args_for(data_path, 1, 1, false);
+      resumed.load = ckpt.string();
+      resumed.ckpt_step = 10;
+      const auto from10 = train(resumed);
+      s.record(from10.start_iteration == 10 && from10.losses == last_ten,
+               "checkpoint on 1 GPU (" + how + "): resumed from iteration 10, iterations 11-20 give the same losses bit for bit");
+    }
     if (threads) {  // 2 GPUs driven from threads of this process (nccl::run)
       if (strata::cuda::device_count() < 2) {
         s.record(false, "test_training --threads needs 2 GPUs; this process sees " + std::to_string(strata::cuda::device_count()));
@@ -237,6 +263,19 @@ int main(int argc, char** argv) {
       }
       const auto tp2 = train(args_for(data_path, 2, 2, true));
       compare(s, "tp=2 + sequence parallel on 2 GPUs (threads)", tp2, reference);
+      // The 1-GPU checkpoint of iteration 10 loaded at tp=2 + SP (resharded): iterations 11-20
+      // follow the straight tp=2 run.
+      auto resharded = args_for(data_path, 2, 2, true);
+      resharded.load = ckpt.string();
+      resharded.ckpt_step = 10;
+      const auto tp2_from10 = train(resharded);
+      double worst = tp2_from10.losses.size() == 10 ? 0.0 : INFINITY;
+      for (std::size_t i = 0; i < tp2_from10.losses.size() && i < 10; ++i)
+        worst = std::max(worst, std::abs(tp2_from10.losses[i] - tp2.losses[10 + i]) / tp2.losses[10 + i]);
+      std::snprintf(line, sizeof line,
+                    "the 1-GPU checkpoint of iteration 10 resumed at tp=2 + SP on 2 GPUs: iterations 11-20 within %.1e "
+                    "of the straight tp=2 run (bound 2e-2)", worst);
+      s.record(tp2_from10.start_iteration == 10 && worst <= 2e-2, line);
       const auto tp2_no_sp = train(args_for(data_path, 2, 2, false));
       compare(s, "tp=2 without sequence parallel on 2 GPUs (threads)", tp2_no_sp, reference);
       const auto dp2 = train(args_for(data_path, 2, 1, false));
@@ -273,5 +312,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     s.record(false, std::string("test_training stopped: ") + e.what());
   }
+  std::error_code ec;
+  std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("strata_gpu_checkpoint_" + std::to_string(::getpid())), ec);
   return s.finish();
 }

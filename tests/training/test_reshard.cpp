@@ -6,6 +6,7 @@
 // saved one, and background saves (--async-save) that resume bit for bit.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -177,6 +178,31 @@ TEST(Reshard, NoLoadOptimFinetuneAndCkptStep) {
   EXPECT_EQ(tuned.start_iteration, 0);
   ASSERT_EQ(tuned.losses.size(), 6u);
   EXPECT_LT(tuned.losses[0], straight.losses[0] - 0.1);
+}
+
+// --save-hf then --load-hf is --save then --load --finetune (the weights alone, iteration 0): the
+// same losses bit for bit, with the export made from the model (pp=1) and from the final
+// checkpoint (pp=2), each loaded at another layout.
+TEST(Reshard, HuggingFaceExportThenImportTrainsLikeFinetuningTheCheckpoint) {
+  for (auto [from_tp, from_pp, to_tp, to_pp] : {std::array{2, 1, 1, 2}, std::array{1, 2, 2, 1}}) {
+    const std::string what = "saved at tp=" + std::to_string(from_tp) + " pp=" + std::to_string(from_pp);
+    TempDir ckpt("hf_ckpt"), hf("hf_model");
+    auto saving = layout(tiny("gpt"), 2, from_tp, from_pp);
+    saving.train_iters = 3;
+    saving.save = ckpt.str();
+    saving.save_hf = hf.str();
+    run<strata::models::Gpt>(saving);
+    ASSERT_TRUE(std::filesystem::exists(hf.path() / "config.json")) << what;
+    ASSERT_TRUE(std::filesystem::exists(hf.path() / "model.safetensors")) << what;
+    auto finetune = layout(tiny("gpt"), 2, to_tp, to_pp);
+    finetune.load = ckpt.str();
+    finetune.finetune = true;
+    auto imported = layout(tiny("gpt"), 2, to_tp, to_pp);
+    imported.load_hf = hf.str();
+    const auto a = run<strata::models::Gpt>(finetune), b = run<strata::models::Gpt>(imported);
+    EXPECT_EQ(b.start_iteration, 0) << what;
+    EXPECT_EQ(a.losses, b.losses) << what;
+  }
 }
 
 TEST(Reshard, LoadDirectoryWithoutCheckpointStartsFromScratch) {

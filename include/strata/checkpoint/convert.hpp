@@ -29,6 +29,7 @@
 #include "../shard/rank_generator.hpp"
 #include "checkpoint.hpp"
 #include "format.hpp"
+#include "huggingface.hpp"
 #include "reshard.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -69,6 +70,8 @@ inline std::string parameter_of(std::string_view name) {
   return std::string();
 }
 
+}  // namespace checkpoint_detail
+
 // Calls f(X{}) with X the element type of `dtype`.
 template <class F>
 void with_stored_type(StoredDtype dtype, F&& f) {
@@ -83,8 +86,6 @@ void with_stored_type(StoredDtype dtype, F&& f) {
   }
   fail<FileError>("unknown stored dtype code ", static_cast<int>(dtype));
 }
-
-}  // namespace checkpoint_detail
 
 // Writes the checkpoint `source` as the same iteration in `target_dir`, laid out for options.tp x
 // options.pp x options.dp. Refuses a target whose sizes do not divide the tensors or the layers.
@@ -175,7 +176,7 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
     writer.set("rank.pp", c.pp);
     writer.set("rank.ep", c.ep);
     for (const Job& job : jobs[static_cast<std::size_t>(r)]) {
-      cd::with_stored_type(job.entry->dtype, [&](auto zero) {
+      with_stored_type(job.entry->dtype, [&](auto zero) {
         using X = decltype(zero);
         Tensor<X> shard = Tensor<X>::empty(local_shape(job.global, job.spec));
         source.read_into(job.entry->name, shard, job.global, job.spec, read);
@@ -188,6 +189,59 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
     writer.write(paths.tmp_dir / rank_file_name(r));
   }
   cd::commit_directory(paths, iteration, SaveOptions{});
+}
+
+// Writes the model of the checkpoint `source` (any layout) as a Hugging Face transformers model
+// (config.json + safetensors) in `out`: each parameter is assembled whole from the rank files
+// (ShardedCheckpoint), the vocabulary padding dropped. X: the element type the parameters were
+// saved in.
+template <class X>
+void export_hf_from_checkpoint(ShardedCheckpoint& source, hf::Architecture architecture, const models::ModelConfig& config,
+                               const std::filesystem::path& out, hf::SaveOptions options = {}) {
+  const std::string word = "model.embedding.word.weight";
+  if (options.padded_vocab == 0) options.padded_vocab = source.entry(word).global_shape[0];
+  ShardedCheckpoint::ReadOptions read;
+  read.real_rows = config.vocab_size;
+  hf::save_hf(out, architecture, config,
+              [&](const std::string& name, const Shape& global) {
+                Tensor<X> whole = Tensor<X>::empty(global);
+                source.read_into("model." + name, whole, global, ShardSpec{}, read);
+                return whole;
+              },
+              options);
+}
+template <class X>
+void export_hf_from_checkpoint(const std::filesystem::path& dir, std::int64_t iteration, hf::Architecture architecture,
+                               const models::ModelConfig& config, const std::filesystem::path& out, hf::SaveOptions options = {}) {
+  ShardedCheckpoint source = open_sharded_checkpoint(dir, LoadOptions{.iteration = iteration});
+  export_hf_from_checkpoint<X>(source, architecture, config, out, options);
+}
+
+// The model a checkpoint holds, as its "model.*" scalars describe it (saved by save_checkpoint of
+// a models::Gpt, models::Llama or PipelineModel of either), for export without the model's type.
+inline std::pair<hf::Architecture, models::ModelConfig> checkpoint_model(const ShardedCheckpoint& source) {
+  const StateReader& r = source.first();
+  for (const char* key : {"model.architecture", "model.num_layers", "model.seq_length"})
+    if (!r.has(key))
+      fail<FileError>("checkpoint ", source.directory(), " does not record '", key,
+                      "': it was not saved from a strata GPT or Llama model (or by an older strata)");
+  const std::optional<hf::Architecture> architecture = hf::parse_architecture(r.get_string("model.architecture"));
+  if (!architecture)
+    fail<FileError>("checkpoint ", source.directory(), " holds a model of architecture '", r.get_string("model.architecture"),
+                    "', which has no Hugging Face mapping");
+  models::ModelConfig c;
+  auto get = [&](const char* key) { return static_cast<int>(r.get_int(key)); };
+  c.num_layers = get("model.num_layers");
+  c.hidden_size = get("model.hidden_size");
+  c.num_attention_heads = get("model.num_attention_heads");
+  c.num_query_groups = *architecture == hf::Architecture::gpt2 ? 0 : get("model.num_query_groups");
+  c.ffn_hidden_size = get("model.ffn_hidden_size");
+  c.vocab_size = get("model.vocab_size");
+  c.seq_length = get("model.seq_length");
+  c.make_vocab_size_divisible_by = get("model.make_vocab_size_divisible_by");
+  c.norm_epsilon = r.get_double("model.norm_epsilon");
+  c.rope_base = r.get_double("model.rope_base");
+  return {*architecture, c};
 }
 
 STRATA_NAMESPACE_END

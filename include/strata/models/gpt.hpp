@@ -3,6 +3,8 @@
 // is the sum of both uses).
 #pragma once
 
+#include <string_view>
+
 #include "decoder.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -14,6 +16,8 @@ class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope
   using Base = DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>, true, true>;
 
  public:
+  // Recorded in checkpoints ("model.architecture"), for converters that read them without the type.
+  static constexpr std::string_view architecture = "gpt2";
   Gpt(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, mha_only(config), /*linear_bias=*/true) {}
   // One pipeline stage (pipeline::stage_layers_of).
   Gpt(typename Base::Context& ctx, const ModelConfig& config, pipeline::StageLayers stage)

@@ -2,6 +2,8 @@
 // no biases, untied output layer.
 #pragma once
 
+#include <string_view>
+
 #include "decoder.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -13,6 +15,8 @@ class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, g
   using Base = DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>, false, false>;
 
  public:
+  // Recorded in checkpoints ("model.architecture"), for converters that read them without the type.
+  static constexpr std::string_view architecture = "llama";
   Llama(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
   // One pipeline stage (pipeline::stage_layers_of).
   Llama(typename Base::Context& ctx, const ModelConfig& config, pipeline::StageLayers stage)

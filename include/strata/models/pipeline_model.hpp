@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct PipelineLayout {
 template <template <class> class Model, class Policy>
 class PipelineModel {
  public:
+  static constexpr std::string_view architecture = Model<Policy>::architecture;
   using Chunk = Model<Policy>;
   using Context = context_t<Policy>;
   using Space = space_t<Policy>;
