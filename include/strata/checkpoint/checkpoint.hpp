@@ -137,6 +137,39 @@ inline std::filesystem::path find_iteration_directory(const std::filesystem::pat
 
 namespace checkpoint_detail {
 
+// Namespace-scope concepts: nvcc's front end mis-evaluates requires-expressions that name local
+// variables or parameters inside function bodies (they come out false), so every test of what a
+// model or an optimizer offers is spelled here.
+struct StatePieceProbe {
+  template <class A, class B, class C>
+  void operator()(const StatePiece&, A&, B&, C&) const {}
+};
+struct ShardedStateProbe {
+  template <class X>
+  void operator()(const std::string&, X&, const Shape&, const ShardSpec&) const {}
+};
+template <class Optimizer>
+concept has_state_pieces = requires(Optimizer& o, StatePieceProbe probe) { o.for_each_state_piece(probe); };
+template <class Optimizer>
+concept has_sharded_state = requires(Optimizer& o, ShardedStateProbe probe) { o.for_each_sharded_state(probe); };
+template <class Optimizer>
+concept has_adamw_config = requires(const Optimizer& o) { o.config().beta1; };
+template <class Optimizer, class Device, class Module>
+concept reloads_main_from_model = requires(Optimizer& o, Device& d, Module& m) { o.reload_main_from_model(d, m); };
+template <class Module>
+concept has_model_config = requires(const Module& m) {
+  m.config().num_layers;
+  m.config().vocab_size;
+};
+template <class Module>
+concept has_architecture = requires { Module::architecture; };
+template <class P>
+concept has_pipeline_copy_flag = requires(const P& p) { p.pipeline_copy; };
+
+}  // namespace checkpoint_detail
+
+namespace checkpoint_detail {
+
 inline std::string describe_layout(const ParallelConfig& c, std::int64_t world_size) {
   return detail::concat("tp=", c.tp, " pp=", c.pp, " dp=", c.dp, " cp=", c.cp, " ep=", c.ep, " etp=", c.etp, " (",
                         world_size, world_size == 1 ? " rank)" : " ranks)");
@@ -165,7 +198,7 @@ inline void call_stage(const SaveOptions& options, std::string_view stage) {
 
 template <class Optimizer>
 void visit_optimizer_state(Optimizer& optimizer, auto&& visit) {
-  if constexpr (requires { optimizer.for_each_sharded_state(visit); }) {
+  if constexpr (has_sharded_state<Optimizer>) {
     optimizer.for_each_sharded_state(visit);
   } else {
     optimizer.for_each_state([&](const std::string& name, auto& tensor) { visit(name, tensor, tensor.shape(), ShardSpec{}); });
@@ -444,7 +477,7 @@ namespace checkpoint_detail {
 // The model's architecture, recorded so that a load into another model is refused by name.
 template <class Module>
 void describe_model(StateWriter& writer, const Module& model, int tp) {
-  if constexpr (requires { model.config().num_layers; model.config().vocab_size; }) {
+  if constexpr (has_model_config<Module>) {
     const auto& c = model.config();
     writer.set("model.num_layers", c.num_layers);
     writer.set("model.hidden_size", c.hidden_size);
@@ -458,12 +491,12 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
     writer.set("model.norm_epsilon", c.norm_epsilon);
     writer.set("model.rope_base", c.rope_base);
   }
-  if constexpr (requires { Module::architecture; }) writer.set("model.architecture", std::string(Module::architecture));
+  if constexpr (has_architecture<Module>) writer.set("model.architecture", std::string(Module::architecture));
 }
 
 template <class Module>
 void check_model(const StateReader& r, const Module& model) {
-  if constexpr (requires { model.config().num_layers; model.config().vocab_size; }) {
+  if constexpr (has_model_config<Module>) {
     const auto& c = model.config();
     auto check = [&](const char* key, const char* flag, std::int64_t mine) {
       if (r.has(key) && r.get_int(key) != mine)
@@ -491,14 +524,10 @@ bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy
 
 template <class P>
 constexpr bool is_pipeline_copy(const P& p) {
-  if constexpr (requires { p.pipeline_copy; }) return p.pipeline_copy;
+  if constexpr (has_pipeline_copy_flag<P>) return p.pipeline_copy;
   else return false;
 }
 
-template <class Optimizer>
-concept has_state_pieces = requires(Optimizer& o) {
-  o.for_each_state_piece([](const StatePiece&, auto&, auto&, auto&) {});
-};
 
 }  // namespace checkpoint_detail
 
@@ -528,7 +557,7 @@ StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& opti
     });
   }
   writer.set("optimizer.steps", static_cast<std::int64_t>(optimizer.steps()));
-  if constexpr (requires { optimizer.config().beta1; }) {
+  if constexpr (cd::has_adamw_config<Optimizer>) {
     writer.set("optimizer.beta1", optimizer.config().beta1);
     writer.set("optimizer.beta2", optimizer.config().beta2);
     writer.set("optimizer.eps", optimizer.config().eps);
@@ -614,7 +643,7 @@ TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir,
     }
     optimizer.set_steps(static_cast<int>(first.get_int("optimizer.steps")));
   } else {
-    if constexpr (requires { optimizer.reload_main_from_model(ctx.device, model); })
+    if constexpr (cd::reloads_main_from_model<Optimizer, std::remove_cvref_t<decltype(ctx.device)>, Module>)
       optimizer.reload_main_from_model(ctx.device, model);
     else
       optimizer.reload_main_from_model(ctx.device);
