@@ -1,8 +1,14 @@
-// preprocess_data: text or JSONL to a Megatron indexed dataset (<prefix>_<key>_document.bin/.idx),
-// with the byte tokenizer. The flags follow Megatron's tools/preprocess_data.py.
+// preprocess_data: text or JSONL to a Megatron indexed dataset (<prefix>_<key>_document.bin/.idx).
+// The flags follow Megatron's tools/preprocess_data.py.
 //
 //   preprocess_data --input book.txt --output-prefix data/book --append-eod
 //   preprocess_data --input corpus.jsonl --json-keys text --output-prefix data/corpus --append-eod
+//       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+//
+// Tokenizers: ByteTokenizer (the default: bytes 0..255, EOD 256; strata/data/tokenizer.hpp) or
+// GPT2BPETokenizer (GPT-2's byte-level BPE from --vocab-file and --merge-file, EOD
+// "<|endoftext|>"; strata/data/bpe_tokenizer.hpp). The token type is the smallest that holds
+// the vocabulary unless --dtype says otherwise.
 //
 // Plain text: one document per paragraph (paragraphs are separated by one or more blank lines; the
 // lines of a paragraph keep their newlines, a trailing '\r' is dropped). JSONL: one JSON object per
@@ -25,7 +31,9 @@
 
 namespace {
 
+using strata::ConfigError;
 using strata::FileError;
+using strata::data::BpeTokenizer;
 using strata::data::ByteTokenizer;
 
 // A minimal reader of one JSON object per line: finds top-level string fields by key.
@@ -212,6 +220,7 @@ struct Output {
 int main(int argc, char** argv) {
   CLI::App app{"Tokenize text or JSONL into a Megatron indexed dataset (<output-prefix>_<key>_document.bin/.idx)."};
   std::string input, output_prefix, format = "auto", dtype_name = "auto", tokenizer_type = "ByteTokenizer";
+  std::string vocab_file, merge_file;
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
   std::int64_t log_interval = 10000;
@@ -227,9 +236,12 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_name, "token type in .bin: uint16, int32, or auto (the smallest that fits)")
       ->check(CLI::IsMember({"auto", "uint16", "int32"}))
       ->capture_default_str();
-  app.add_option("--tokenizer-type", tokenizer_type, "tokenizer (only ByteTokenizer: bytes 0..255, EOD 256)")
-      ->check(CLI::IsMember({"ByteTokenizer"}))
+  app.add_option("--tokenizer-type", tokenizer_type,
+                 "ByteTokenizer (bytes 0..255, EOD 256) or GPT2BPETokenizer (GPT-2's byte-level BPE, EOD <|endoftext|>)")
+      ->check(CLI::IsMember({"ByteTokenizer", "GPT2BPETokenizer"}))
       ->capture_default_str();
+  app.add_option("--vocab-file", vocab_file, "GPT2BPETokenizer: the vocabulary, vocab.json (token -> id)");
+  app.add_option("--merge-file", merge_file, "GPT2BPETokenizer: the merges, merges.txt");
   app.add_option("--log-interval", log_interval, "print progress every this many documents")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -240,8 +252,21 @@ int main(int argc, char** argv) {
     }
     const bool jsonl = format == "jsonl";
     if (!jsonl) json_keys.resize(1);
-    const auto dtype = dtype_name == "auto" ? strata::data::smallest_token_dtype(ByteTokenizer::kVocabSize)
-                                            : strata::data::dtype_from_name(dtype_name);
+
+    std::optional<BpeTokenizer> bpe;
+    if (tokenizer_type == "GPT2BPETokenizer") {
+      if (vocab_file.empty() || merge_file.empty())
+        strata::fail<ConfigError>("--tokenizer-type GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
+      bpe.emplace(vocab_file, merge_file);
+    } else if (!vocab_file.empty() || !merge_file.empty()) {
+      strata::fail<ConfigError>("--vocab-file and --merge-file are the files of --tokenizer-type GPT2BPETokenizer; the ",
+                                tokenizer_type, " needs none");
+    }
+    const std::int64_t vocab_size = bpe ? bpe->vocab_size() : ByteTokenizer::kVocabSize;
+    const std::int32_t eod = bpe ? bpe->eod() : ByteTokenizer::kEod;
+    if (dtype_name == "uint16" && vocab_size > 65536)
+      strata::fail<ConfigError>("--dtype uint16 cannot hold the ids of a vocabulary of ", vocab_size, " tokens; use int32 or auto");
+    const auto dtype = dtype_name == "auto" ? strata::data::smallest_token_dtype(vocab_size) : strata::data::dtype_from_name(dtype_name);
 
     std::ifstream in(input, std::ios::binary);
     if (!in) strata::fail<FileError>("cannot open '", input, "' for reading");
@@ -264,8 +289,9 @@ int main(int argc, char** argv) {
         return;
       }
       tokens.clear();
-      ByteTokenizer::encode_into(text, tokens);
-      if (append_eod) tokens.push_back(ByteTokenizer::kEod);
+      if (bpe) bpe->encode_into(text, tokens);
+      else ByteTokenizer::encode_into(text, tokens);
+      if (append_eod) tokens.push_back(eod);
       out.writer->add_document(tokens);
     };
     auto progress = [&] {
@@ -313,8 +339,13 @@ int main(int argc, char** argv) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("input:      %s (%s, %lld lines, %.2f MB)\n", input.c_str(), jsonl ? "jsonl" : "text",
                 static_cast<long long>(line_number), static_cast<double>(bytes_read) / 1e6);
-    std::printf("tokenizer:  ByteTokenizer (vocab %lld, eod %d%s)\n", static_cast<long long>(ByteTokenizer::kVocabSize),
-                ByteTokenizer::kEod, append_eod ? ", appended" : ", not appended");
+    if (bpe)
+      std::printf("tokenizer:  GPT2BPETokenizer (vocab %lld from '%s', %lld merges from '%s', eod %d%s)\n",
+                  static_cast<long long>(vocab_size), vocab_file.c_str(), static_cast<long long>(bpe->merge_count()), merge_file.c_str(),
+                  eod, append_eod ? ", appended" : ", not appended");
+    else
+      std::printf("tokenizer:  ByteTokenizer (vocab %lld, eod %d%s)\n", static_cast<long long>(vocab_size), eod,
+                  append_eod ? ", appended" : ", not appended");
     for (const auto& out : outputs)
       std::printf("output:     %s.bin/.idx  key \"%s\": %lld documents, %lld tokens, dtype %s, %lld empty skipped\n",
                   out.prefix.c_str(), out.key.c_str(), static_cast<long long>(out.writer->document_count()),
