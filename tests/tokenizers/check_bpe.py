@@ -291,6 +291,8 @@ def tokenizers_reference(vocab_path, merges_path):
 
 
 def transformers_references(vocab_path, merges_path, workdir):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: never wait on the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import transformers
     try:
         transformers.logging.set_verbosity_error()
