@@ -67,6 +67,7 @@
 #include <strata/policy.hpp>
 
 #include "data_parallel.hpp"
+#include "tensorboard.hpp"
 #include "pipeline_step.hpp"
 #include "pipeline_timing.hpp"
 
@@ -132,6 +133,8 @@ struct TrainArgs {
   std::string sample_prompt = "And God said";
   double sample_temperature = 0.7;
   std::string log_jsonl;
+  std::string tensorboard_dir;  // TensorBoard event files (rank 0)
+  std::string wandb_project, wandb_exp_name, wandb_save_dir;  // refused: Weights & Biases needs a network
   bool quiet = false;
   bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
   bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
@@ -353,6 +356,10 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--seed", a.seed);
   app.add_option("--log-interval", a.log_interval);
   app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
+  app.add_option("--tensorboard-dir", a.tensorboard_dir, "write TensorBoard event files here (loss, learning rate, grad norm, throughput, memory, validation loss)");
+  app.add_option("--wandb-project", a.wandb_project, "refused: Weights & Biases logging needs a network; use --tensorboard-dir");
+  app.add_option("--wandb-exp-name", a.wandb_exp_name, "refused (see --wandb-project)");
+  app.add_option("--wandb-save-dir", a.wandb_save_dir, "refused (see --wandb-project)");
   app.add_flag("--quiet", a.quiet, "no per-iteration output");
   app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
   app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
@@ -659,6 +666,11 @@ inline void validate(const TrainArgs& a) {
   if ((a.no_load_optim || a.finetune) && a.load.empty())
     fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
   if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
+  for (auto [flag, value] : {std::pair{"--wandb-project", &a.wandb_project}, std::pair{"--wandb-exp-name", &a.wandb_exp_name},
+                             std::pair{"--wandb-save-dir", &a.wandb_save_dir}})
+    if (!value->empty())
+      fail<ConfigError>(flag, " ", *value, ": strata does not log to Weights & Biases, which needs a network; "
+                        "--tensorboard-dir <dir> writes the same scalars as TensorBoard event files");
   if (a.ckpt_format != "strata")
     fail<ConfigError>("--ckpt-format ", a.ckpt_format, ": strata saves and loads its own sharded format (--ckpt-format strata), "
                       "which loads into any parallel layout; Megatron's torch and torch_dist formats are not read. Exchange "
@@ -844,6 +856,7 @@ struct SharedRun {
   const CycledSamples<Validation>& valid_samples;
   bool evaluate;
   std::ofstream& jsonl;
+  TensorBoardWriter* tensorboard;  // --tensorboard-dir (rank 0 writes), or null
   TrainResult& result;
   std::mutex& result_mutex;
   const MemoryPlan& memory;  // plan_memory's estimate, made once before the ranks start
@@ -1045,6 +1058,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       std::fflush(stdout);
     }
     if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << JsonNumber{loss} << "}\n";
+    if (shared.tensorboard) {
+      shared.tensorboard->scalar("lm loss validation", loss, iteration);
+      shared.tensorboard->scalar("lm loss validation ppl", std::exp(loss), iteration);
+      shared.tensorboard->flush();
+    }
   };
   // Per iteration, on the device: the global loss sum and the gradient norm (slot it - start),
   // read by the host at log steps (or every iteration for the NaN check).
@@ -1221,8 +1239,19 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
           jsonl << "}\n";
         }
+        if (TensorBoardWriter* tb = shared.tensorboard) {  // Megatron's tag names
+          const std::int64_t step = read_up_to + k + 1;
+          tb->scalar("lm loss", loss, step);
+          tb->scalar("learning-rate", lrs[i], step);
+          tb->scalar("grad-norm", grad_norm, step);
+          tb->scalar("throughput (tokens/s)", tokens_per_s, step);
+          tb->scalar("consumed-samples", static_cast<double>(consumed - (count - 1 - k) * a.global_batch_size), step);
+          if (scaled) tb->scalar("loss-scale", optimizer.loss_scale(), step);
+          if (peak >= 0) tb->scalar("mem-max-allocated-bytes", static_cast<double>(peak), step);
+        }
       }
       if (jsonl) jsonl.flush();
+      if (shared.tensorboard) shared.tensorboard->flush();
       if (!a.quiet) {
         const std::string scaling =
             scaled ? ::strata::detail::concat(" | loss scale ", optimizer.loss_scale(), " | skipped ", optimizer.skipped_iterations())
@@ -1328,9 +1357,13 @@ TrainResult train_with(const TrainArgs& a) {
     jsonl << std::setprecision(17);  // every bit of a double, so two runs' losses compare exactly
   }
 
+  std::optional<TensorBoardWriter> tensorboard;
+  if (!a.tensorboard_dir.empty()) tensorboard.emplace(a.tensorboard_dir);
+
   TrainResult result;
   std::mutex result_mutex;
-  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, result, result_mutex, memory};
+  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, tensorboard ? &*tensorboard : nullptr,
+                                           result, result_mutex, memory};
   if (a.device == "cpu") {
     using Policy = TrainPolicy<T, SP>;
     inprocess::run(a.world_size, [&](inprocess::communicator& world) {

@@ -2,6 +2,8 @@
 // record by record -- lengths and data under their masked CRCs, the version record first, then
 // each scalar's tag, step and value decoded from the protocol buffer. (tests/tensorboard/
 // read_events.py reads the trainer's files with TensorBoard's own reader where it is installed.)
+// The trainer's --tensorboard-dir: Megatron's scalars at every iteration, equal to the run's losses
+// in float, and the validation loss at each evaluation.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -10,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "trainer/tensorboard.hpp"
+#include "trainer/trainer.hpp"
 
 namespace {
 
@@ -52,24 +56,12 @@ struct Reader {
   }
 };
 
-TEST(TensorBoard, EventFileReadsBackRecordByRecord) {
-  const auto dir = std::filesystem::temp_directory_path() / ("strata_tensorboard_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::path file;
-  {
-    trainer::TensorBoardWriter writer(dir);
-    writer.scalar("lm loss", 5.25, 1);
-    writer.scalar("learning-rate", 3e-4, 1);
-    writer.scalar("lm loss", 4.5, 300);
-    writer.flush();
-    file = writer.path();
-  }
-  EXPECT_NE(file.filename().string().find("events.out.tfevents."), std::string::npos);
+// Every record of an event file, each checked against its masked CRCs: the file version and the
+// scalars (tag, step, value).
+void read_events(const std::filesystem::path& file, std::string& version, std::vector<Scalar>& scalars) {
   std::ifstream in(file, std::ios::binary);
   const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   std::size_t at = 0;
-  std::vector<Scalar> scalars;
-  std::string version;
   while (at < bytes.size()) {
     ASSERT_LE(at + 12, bytes.size());
     const std::span<const std::uint8_t> length_bytes(bytes.data() + at, 8);
@@ -121,6 +113,24 @@ TEST(TensorBoard, EventFileReadsBackRecordByRecord) {
     }
     if (!s.tag.empty()) scalars.push_back(s);
   }
+}
+
+TEST(TensorBoard, EventFileReadsBackRecordByRecord) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strata_tensorboard_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::path file;
+  {
+    trainer::TensorBoardWriter writer(dir);
+    writer.scalar("lm loss", 5.25, 1);
+    writer.scalar("learning-rate", 3e-4, 1);
+    writer.scalar("lm loss", 4.5, 300);
+    writer.flush();
+    file = writer.path();
+  }
+  EXPECT_NE(file.filename().string().find("events.out.tfevents."), std::string::npos);
+  std::vector<Scalar> scalars;
+  std::string version;
+  read_events(file, version, scalars);
   EXPECT_EQ(version, "brain.Event:2");
   ASSERT_EQ(scalars.size(), 3u);
   EXPECT_EQ(scalars[0].tag, "lm loss");
@@ -131,6 +141,62 @@ TEST(TensorBoard, EventFileReadsBackRecordByRecord) {
   EXPECT_EQ(scalars[2].step, 300);
   EXPECT_EQ(scalars[2].value, 4.5f);
   std::filesystem::remove_all(dir);
+}
+
+TEST(TensorBoard, TrainerWritesMegatronsScalarsEveryIterationAndTheValidationLoss) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strata_tensorboard_run_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  trainer::TrainArgs a = trainer::default_args("gpt");
+  a.model.num_layers = 2;
+  a.model.hidden_size = 32;
+  a.model.num_attention_heads = 4;
+  a.model.ffn_hidden_size = 64;
+  a.model.seq_length = 16;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 4;
+  a.train_iters = 6;
+  a.lr_warmup_iters = 1;
+  a.log_interval = 3;
+  a.eval_interval = 3;
+  a.eval_iters = 1;
+  a.sample_tokens = 0;
+  a.quiet = true;
+  a.tensorboard_dir = dir.string();
+  const auto run = trainer::train<strata::models::Gpt>(a);
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  std::string version;
+  std::vector<Scalar> scalars;
+  read_events(files[0], version, scalars);
+  std::map<std::string, std::vector<Scalar>> by_tag;
+  for (const Scalar& s : scalars) by_tag[s.tag].push_back(s);
+  for (const char* tag : {"lm loss", "learning-rate", "grad-norm", "throughput (tokens/s)", "consumed-samples"})
+    EXPECT_EQ(by_tag[tag].size(), 6u) << tag;
+  ASSERT_EQ(by_tag["lm loss"].size(), run.losses.size());
+  for (std::size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_EQ(by_tag["lm loss"][i].step, static_cast<std::int64_t>(i + 1));
+    EXPECT_EQ(by_tag["lm loss"][i].value, static_cast<float>(run.losses[i]));
+  }
+  ASSERT_EQ(by_tag["lm loss validation"].size(), run.validation_losses.size());
+  for (std::size_t i = 0; i < run.validation_losses.size(); ++i) {
+    EXPECT_EQ(by_tag["lm loss validation"][i].step, run.validation_losses[i].first);
+    EXPECT_EQ(by_tag["lm loss validation"][i].value, static_cast<float>(run.validation_losses[i].second));
+  }
+  EXPECT_EQ(by_tag["consumed-samples"].back().value, 24.0f);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TensorBoard, WeightsAndBiasesFlagsAreRefusedNamingTheAlternative) {
+  trainer::TrainArgs a = trainer::default_args("gpt");
+  a.wandb_project = "my-project";
+  try {
+    trainer::validate(a);
+    ADD_FAILURE() << "--wandb-project was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--wandb-project my-project"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--tensorboard-dir"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
