@@ -30,7 +30,7 @@ for mode in none sync async; do
   status=$?
   end=$(date +%s.%N)
   echo "exit $status" >>"$out/$mode.log"
-  echo "$end - $start" | bc >"$out/$mode.wall"
+  python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$end" >"$out/$mode.wall"
   if [[ $mode != none ]]; then du -sb "$ckpt/iter_$(printf %07d "$interval")" 2>/dev/null | cut -f1 >"$out/$mode.bytes"; fi
 done
 rm -rf "$ckpt"
