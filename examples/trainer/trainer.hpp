@@ -337,7 +337,17 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--adam-beta2", a.adam_beta2);
   app.add_option("--adam-eps", a.adam_eps);
   app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
-  app.add_option("--data-path", a.data_path, "prefix of a .bin/.idx pair, or 'w1 prefix1 w2 prefix2 ...'");
+  // Megatron's nargs='*': `--data-path 0.5 a 0.5 b` (several arguments) or one quoted string; a
+  // repeated flag takes the last occurrence's arguments, as argparse does.
+  app.add_option_function<std::vector<std::vector<std::string>>>(
+         "--data-path",
+         [&a](const std::vector<std::vector<std::string>>& occurrences) {
+           a.data_path.clear();
+           for (const std::string& part : occurrences.back()) a.data_path += (a.data_path.empty() ? "" : " ") + part;
+         },
+         "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
   app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
   app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");

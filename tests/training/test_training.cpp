@@ -565,6 +565,19 @@ TEST(TrainerFlags, RepeatedFlagTakesTheLastValue) {
   EXPECT_FALSE(b.sequence_parallel);
 }
 
+// Megatron's launch lines: --data-path as several arguments (or one string), the last --data-path
+// winning; --split with the quotes a script leaves in, and spaces.
+TEST(TrainerFlags, DataPathTakesSeveralArgumentsAndSplitIgnoresQuotes) {
+  const auto a = parse("gpt", {"--data-path", "0.3", "corpus_a", "0.7", "corpus_b", "--lr", "1e-3"});
+  EXPECT_EQ(a.data_path, "0.3 corpus_a 0.7 corpus_b");
+  EXPECT_EQ(a.lr, 1e-3);
+  EXPECT_EQ(parse("gpt", {"--data-path", "0.5 x 0.5 y"}).data_path, "0.5 x 0.5 y");
+  EXPECT_EQ(parse("gpt", {"--data-path", "a", "--data-path", "0.1", "b", "0.9", "c"}).data_path, "0.1 b 0.9 c");
+  for (const char* split : {"'99,1,0'", "\"99,1,0\"", "99, 1, 0", "99,1,0"})
+    EXPECT_EQ(strata::data::parse_split(split), (std::vector<double>{0.99, 0.01, 0.0})) << split;
+  EXPECT_THROW(strata::data::parse_split("'99,x,0'"), strata::ConfigError);
+}
+
 // A batch shorter than seq_length and not divisible by tp under sequence parallelism: the model's
 // entry names sequence parallelism and the lengths, not an internal layout conversion.
 TEST(Training, SequenceParallelBatchNotDivisibleByTpNamesTheLengths) {

@@ -176,12 +176,20 @@ inline GptSampleIndex build_gpt_sample_index(std::span<const std::int32_t> docum
   return build_gpt_sample_index(document_lengths, all, config);
 }
 
-// Megatron's --split: "969,30,1" -> normalized weights.
+// Megatron's --split: "969,30,1" -> normalized weights. Quotes that a launch script leaves in the
+// value ('99,1,0') and spaces around the numbers are ignored, as Megatron's parser (which picks the
+// numbers out of the string) ignores them.
 inline std::vector<double> parse_split(std::string_view text) {
+  auto trim = [](std::string_view t) {
+    while (!t.empty() && (t.front() == ' ' || t.front() == '\'' || t.front() == '"')) t.remove_prefix(1);
+    while (!t.empty() && (t.back() == ' ' || t.back() == '\'' || t.back() == '"')) t.remove_suffix(1);
+    return t;
+  };
+  text = trim(text);
   std::vector<double> weights;
   while (!text.empty()) {
     auto comma = text.find_first_of(",/");
-    std::string part(text.substr(0, comma));
+    std::string part(trim(text.substr(0, comma)));
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     std::size_t used = 0;
     double w = 0;
