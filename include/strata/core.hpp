@@ -1,4 +1,4 @@
-// strata/core.hpp: the core module (dtypes, shapes, tensors, errors, random numbers).
+// strata/core.hpp: the core module (dtypes, shapes, tensors, errors, random numbers, UTF-8).
 #pragma once
 
 #include "core/config.hpp"
@@ -9,3 +9,4 @@
 #include "core/host_memory.hpp"
 #include "core/tensor.hpp"
 #include "core/rng.hpp"
+#include "core/utf8.hpp"

@@ -71,7 +71,7 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
 // The byte-symbol spelling of `bytes`, as vocab.json writes tokens.
 std::string spelled(std::string_view bytes) {
   std::string s;
-  for (char c : bytes) append_utf8(s, byte_symbol(static_cast<std::uint8_t>(c)));
+  for (char c : bytes) strata::append_utf8(s, byte_symbol(static_cast<std::uint8_t>(c)));
   return s;
 }
 std::string json_quoted(std::string_view s) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/utf8.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace json {
@@ -260,24 +261,6 @@ class Parser {
     return value;
   }
 
-  static void append_utf8(std::string& out, unsigned code) {
-    if (code < 0x80) {
-      out += static_cast<char>(code);
-    } else if (code < 0x800) {
-      out += static_cast<char>(0xc0 | (code >> 6));
-      out += static_cast<char>(0x80 | (code & 0x3f));
-    } else if (code < 0x10000) {
-      out += static_cast<char>(0xe0 | (code >> 12));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (code & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (code >> 18));
-      out += static_cast<char>(0x80 | ((code >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (code & 0x3f));
-    }
-  }
-
   // One UTF-8 sequence starting at pos_ (its first byte >= 0x80), checked and copied.
   void copy_utf8(std::string& out) {
     const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text_[i]); };
@@ -340,7 +323,7 @@ class Parser {
             if (low < 0xdc00 || low > 0xdfff) error("a high surrogate not followed by a low surrogate");
             code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
           }
-          append_utf8(out, code);
+          append_utf8(out, static_cast<char32_t>(code));
           break;
         }
         default: --pos_; error(detail::concat("an unknown escape '\\", printable(e), "'"));

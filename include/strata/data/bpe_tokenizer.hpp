@@ -63,6 +63,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/utf8.hpp"
 #include "unicode_tables.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -127,25 +128,6 @@ inline Utf8Char utf8_char_at(std::string_view text, std::size_t i) {
               true};
   }
   return {1, b0, false};
-}
-
-// Appends the UTF-8 encoding of `cp` (a scalar value) to `out`.
-inline void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
