@@ -23,28 +23,10 @@
 #include <strata/policy.hpp>
 
 #include "../common/equivalence.hpp"
+#include "expect_error.hpp"
 #include "temp_directory.hpp"
 
 namespace strata_test {
-
-template <class X>
-bool same_bytes(const strata::Tensor<X>& a, const strata::Tensor<X>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
-
-// Runs `f`, expects an exception of type E whose message holds every one of `parts`.
-template <class E>
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception; none was thrown (wanted: " << *parts.begin() << ")";
-  } catch (const E& e) {
-    const std::string m = e.what();
-    for (const std::string& part : parts) EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
 
 inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);

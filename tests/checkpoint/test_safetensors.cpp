@@ -15,26 +15,15 @@
 #include <strata/checkpoint/json.hpp>
 #include <strata/checkpoint/safetensors.hpp>
 
+#include "expect_error.hpp"
 #include "temp_directory.hpp"
 
 namespace {
 
 using namespace strata;
+using strata_test::expect_error;
+using strata_test::same_bytes;
 using strata_test::TempDirectory;
-
-// Runs `f`, expects an exception of type E whose message holds every one of `parts`.
-template <class E>
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception; none was thrown (wanted: " << *parts.begin() << ")";
-  } catch (const E& e) {
-    const std::string m = e.what();
-    for (const std::string& part : parts) EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-  }
-}
 
 std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -129,11 +118,6 @@ Tensor<X> ramp(Shape shape, double scale, double offset) {
   Tensor<X> t(shape);
   for (index_t i = 0; i < t.numel(); ++i) t[i] = static_cast<X>(scale * static_cast<double>(i) + offset);
   return t;
-}
-
-template <class X>
-bool same_bytes(const Tensor<X>& a, const Tensor<X>& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
 }
 
 TEST(Safetensors, RoundTripOfEveryDtype) {
