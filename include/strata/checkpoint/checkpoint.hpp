@@ -56,6 +56,7 @@
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/parallel_config.hpp"
+#include "../shard/rank_generator.hpp"
 #include "durable_file.hpp"
 #include "format.hpp"
 #include "reshard.hpp"
@@ -207,22 +208,27 @@ void visit_optimizer_state(Optimizer& optimizer, auto&& visit) {
 
 }  // namespace checkpoint_detail
 
-// Records the parallel layout and this rank's place in it ("parallel.*", "rank.*").
+// Records the parallel layout and a rank's place in it ("parallel.*", "rank.*").
+inline void describe_parallel_layout(StateWriter& writer, const ParallelConfig& config, int world_size, int world_rank,
+                                     const Coordinates& coords) {
+  writer.set("parallel.tp", config.tp);
+  writer.set("parallel.pp", config.pp);
+  writer.set("parallel.dp", config.dp);
+  writer.set("parallel.cp", config.cp);
+  writer.set("parallel.ep", config.ep);
+  writer.set("parallel.etp", config.etp);
+  writer.set("parallel.world_size", world_size);
+  writer.set("rank.world", world_rank);
+  writer.set("rank.tp", coords.tp);
+  writer.set("rank.cp", coords.cp);
+  writer.set("rank.dp", coords.dp);
+  writer.set("rank.pp", coords.pp);
+  writer.set("rank.ep", coords.ep);
+}
+// This rank's.
 template <class Context>
 void describe_parallel_layout(StateWriter& writer, const Context& ctx) {
-  writer.set("parallel.tp", ctx.config.tp);
-  writer.set("parallel.pp", ctx.config.pp);
-  writer.set("parallel.dp", ctx.config.dp);
-  writer.set("parallel.cp", ctx.config.cp);
-  writer.set("parallel.ep", ctx.config.ep);
-  writer.set("parallel.etp", ctx.config.etp);
-  writer.set("parallel.world_size", ctx.world.size());
-  writer.set("rank.world", ctx.world.rank());
-  writer.set("rank.tp", ctx.coords.tp);
-  writer.set("rank.cp", ctx.coords.cp);
-  writer.set("rank.dp", ctx.coords.dp);
-  writer.set("rank.pp", ctx.coords.pp);
-  writer.set("rank.ep", ctx.coords.ep);
+  describe_parallel_layout(writer, ctx.config, ctx.world.size(), ctx.world.rank(), ctx.coords);
 }
 
 namespace checkpoint_detail {

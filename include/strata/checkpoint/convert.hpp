@@ -169,16 +169,7 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
       std::visit([&](const auto& v) { writer.set(key, v); }, value);
     }
     if (saved_padded > 0) writer.set("model.padded_vocab_size", padded);
-    const int layout[] = {options.tp, options.pp, options.dp, 1, 1, 1};
-    const char* layout_keys[] = {"parallel.tp", "parallel.pp", "parallel.dp", "parallel.cp", "parallel.ep", "parallel.etp"};
-    for (int k = 0; k < 6; ++k) writer.set(layout_keys[k], layout[k]);
-    writer.set("parallel.world_size", ranks.world_size());
-    writer.set("rank.world", r);
-    writer.set("rank.tp", c.tp);
-    writer.set("rank.cp", c.cp);
-    writer.set("rank.dp", c.dp);
-    writer.set("rank.pp", c.pp);
-    writer.set("rank.ep", c.ep);
+    describe_parallel_layout(writer, target, ranks.world_size(), r, c);
     for (const Job& job : jobs[static_cast<std::size_t>(r)]) {
       with_stored_type(job.entry->dtype, [&](auto zero) {
         using X = decltype(zero);
