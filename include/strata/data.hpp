@@ -8,6 +8,7 @@
 #include "data/llmc_shard.hpp"
 #include "data/tokenizer.hpp"
 #include "data/bpe_tokenizer.hpp"
+#include "data/text_tokenizer.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/batch.hpp"
 #include "data/blended_dataset.hpp"
