@@ -494,6 +494,7 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
     writer.set("model.make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
     writer.set("model.padded_vocab_size", c.padded_vocab(tp));
     writer.set("model.seq_length", c.seq_length);
+    writer.set("model.max_position_embeddings", c.positions());
     writer.set("model.norm_epsilon", c.norm_epsilon);
     writer.set("model.rope_base", c.rope_base);
   }

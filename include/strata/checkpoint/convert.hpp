@@ -233,6 +233,7 @@ inline std::pair<hf::Architecture, models::ModelConfig> checkpoint_model(const S
   c.ffn_hidden_size = get("model.ffn_hidden_size");
   c.vocab_size = get("model.vocab_size");
   c.seq_length = get("model.seq_length");
+  if (r.has("model.max_position_embeddings")) c.max_position_embeddings = get("model.max_position_embeddings");
   c.make_vocab_size_divisible_by = get("model.make_vocab_size_divisible_by");
   c.norm_epsilon = r.get_double("model.norm_epsilon");
   c.rope_base = r.get_double("model.rope_base");

@@ -46,7 +46,7 @@
 // shapes the weights or the math is checked against the model's ModelConfig (a mismatch names the
 // field and both values), and settings strata cannot express (another activation, RoPE scaling,
 // attention biases in Llama, GPT-2's inverse-layer-index scaling) are refused. Llama's
-// max_position_embeddings is not checked (RoPE has no table): it is written as seq_length.
+// max_position_embeddings is not checked (RoPE has no table): it is written as ModelConfig::positions().
 //
 // Import reads, on every rank, only the part of each file its shards need (one positioned read per
 // source tensor, from the first to the last element it uses), converts to the parameter's element
@@ -231,7 +231,7 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
   if (architecture == Architecture::gpt2) {
     const std::string p = options.gpt2_prefix;
     add("embedding.word.weight", Shape{padded, h}, {p + "wte.weight"}, {{vocab, h}}, R::padded_vocab);
-    add("embedding.position.weight", Shape{c.seq_length, h}, {p + "wpe.weight"}, {{c.seq_length, h}});
+    add("embedding.position.weight", Shape{c.positions(), h}, {p + "wpe.weight"}, {{c.positions(), h}});
     for (int i = 0; i < c.num_layers; ++i) {
       const std::string s = "layers." + std::to_string(i) + ".", t = p + "h." + std::to_string(i) + ".";
       add(s + "norm1.weight", Shape{h}, {t + "ln_1.weight"}, {{h}});
@@ -426,6 +426,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   if (*architecture == Architecture::gpt2) {
     c.vocab_size = f.small_integer("vocab_size", 50257);
     c.seq_length = f.small_integer("n_positions", 1024);
+    c.max_position_embeddings = c.seq_length;
     c.hidden_size = f.small_integer("n_embd", 768);
     c.num_layers = f.small_integer("n_layer", 12);
     c.num_attention_heads = f.small_integer("n_head", 12);
@@ -452,6 +453,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     c.num_attention_heads = f.small_integer("num_attention_heads", 32);
     c.num_query_groups = f.small_integer("num_key_value_heads", c.num_attention_heads);
     c.seq_length = f.small_integer("max_position_embeddings", 2048);
+    c.max_position_embeddings = c.seq_length;
     c.norm_epsilon = f.real("rms_norm_eps", 1e-6);
     c.init_method_std = f.real("initializer_range", 0.02);
     const std::string activation = f.text("hidden_act", std::string("silu"));
@@ -519,7 +521,7 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
   }
   same_int(gpt ? "n_inner" : "intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
   same_int("vocab_size", c.vocab_size, "vocab_size", model.vocab_size);
-  if (gpt) same_int("n_positions", c.seq_length, "seq_length", model.seq_length);
+  if (gpt) same_int("n_positions", c.positions(), "max_position_embeddings", model.positions());
   same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
   if (!gpt) same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
 }
@@ -535,8 +537,8 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
         {"architectures", "[" + quote("GPT2LMHeadModel") + "]"},
         {"model_type", quote("gpt2")},
         {"vocab_size", number(c.vocab_size)},
-        {"n_positions", number(c.seq_length)},
-        {"n_ctx", number(c.seq_length)},
+        {"n_positions", number(c.positions())},
+        {"n_ctx", number(c.positions())},
         {"n_embd", number(c.hidden_size)},
         {"n_layer", number(c.num_layers)},
         {"n_head", number(c.num_attention_heads)},
@@ -546,7 +548,7 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
         {"initializer_range", number(c.init_method_std)},
         {"resid_pdrop", number(c.hidden_dropout)},
         {"embd_pdrop", number(c.hidden_dropout)},
-        {"attn_pdrop", number(0.0)},
+        {"attn_pdrop", number(c.attention_dropout)},
         {"scale_attn_weights", boolean(true)},
         {"scale_attn_by_inverse_layer_idx", boolean(false)},
         {"reorder_and_upcast_attn", boolean(false)},
@@ -568,11 +570,11 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"num_key_value_heads", number(groups)},
       {"head_dim", number(c.hidden_size / c.num_attention_heads)},
       {"hidden_act", quote("silu")},
-      {"max_position_embeddings", number(c.seq_length)},
+      {"max_position_embeddings", number(c.positions())},
       {"rms_norm_eps", number(c.norm_epsilon)},
       {"rope_theta", number(c.rope_base)},
       {"attention_bias", boolean(false)},
-      {"attention_dropout", number(0.0)},
+      {"attention_dropout", number(c.attention_dropout)},
       {"mlp_bias", boolean(false)},
       {"pretraining_tp", number(1)},
       {"initializer_range", number(c.init_method_std)},

@@ -50,6 +50,7 @@ struct AttentionConfig {
   int num_query_groups = 0;  // 0: same as num_heads
   double rope_base = 10000.0;
   bool bias = true;  // biases on the qkv and output projections
+  double dropout = 0.0;  // on the attention probabilities (training forward and its backward)
 };
 
 template <class Policy, class Position = no_rope, class Grouping = mha>

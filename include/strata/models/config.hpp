@@ -23,12 +23,14 @@ struct ModelConfig {
   int num_query_groups = 0;  // 0: multi-head attention
   int ffn_hidden_size = 0;   // 0: 4 * hidden_size
   int vocab_size = 257;
-  int seq_length = 64;       // also the number of learned positions (GPT)
+  int seq_length = 64;       // tokens per sample
+  int max_position_embeddings = 0;  // rows of the learned position table (GPT); 0: seq_length
   int make_vocab_size_divisible_by = 128;
   double init_method_std = 0.02;
   double norm_epsilon = 1e-5;
   double rope_base = 10000.0;
-  double hidden_dropout = 0.0;
+  double hidden_dropout = 0.0;     // on the embedding output and on each block's output before the residual add
+  double attention_dropout = 0.0;  // on the attention probabilities
   double label_smoothing = 0.0;
 
   // The MLP width: ffn_hidden_size, or 4 x hidden_size when it is 0 (ConfigError when that does not fit an int).
@@ -37,6 +39,8 @@ struct ModelConfig {
                                 : checked_int(checked_mul(4, hidden_size, "4 x hidden_size"),
                                               "the default ffn_hidden_size (4 x hidden_size)");
   }
+  // Rows of the learned position table: max_position_embeddings, or seq_length when it is 0.
+  int positions() const { return max_position_embeddings != 0 ? max_position_embeddings : seq_length; }
   index_t padded_vocab(int tp) const { return padded_vocab_size(vocab_size, tp, make_vocab_size_divisible_by); }
 
   // GPT-2 shapes (vocab padded as Megatron's GPT2BPETokenizer: 50257).
@@ -67,6 +71,12 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("init_method_std=", m.init_method_std, " must be a finite positive number (Megatron's default is 0.02)");
   if (!(m.hidden_dropout >= 0 && m.hidden_dropout < 1))
     fail<ConfigError>("hidden_dropout=", m.hidden_dropout, " must be in [0, 1) (0 disables dropout)");
+  if (!(m.attention_dropout >= 0 && m.attention_dropout < 1))
+    fail<ConfigError>("attention_dropout=", m.attention_dropout, " must be in [0, 1) (0 disables dropout)");
+  if (m.max_position_embeddings < 0 || (m.max_position_embeddings != 0 && m.max_position_embeddings < m.seq_length))
+    fail<ConfigError>("max_position_embeddings=", m.max_position_embeddings, " is less than seq_length=", m.seq_length,
+                      ": the position table needs a row per position of a sample (raise --max-position-embeddings or "
+                      "lower --seq-length)");
   if (!(m.label_smoothing >= 0 && m.label_smoothing < 1))
     fail<ConfigError>("label_smoothing=", m.label_smoothing, " must be in [0, 1) (0 disables smoothing)");
   if (!(std::isfinite(m.rope_base) && m.rope_base > 0))

@@ -122,13 +122,13 @@ class DecoderModel {
       embedding_->weight().pipeline_copy = !stage.has_embedding;
     }
     if constexpr (LearnedPositions)
-      if (stage.has_embedding) positions_.emplace(ctx, "embedding.position", config.seq_length, config.hidden_size);
+      if (stage.has_embedding) positions_.emplace(ctx, "embedding.position", config.positions(), config.hidden_size);
     layers_.reserve(static_cast<std::size_t>(stage.layers.size()));
     for (index_t i = stage.layers.begin; i < stage.layers.end; ++i)
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout},
                            AttentionConfig{config.hidden_size, config.num_attention_heads, config.num_query_groups,
-                                           config.rope_base, linear_bias},
+                                           config.rope_base, linear_bias, config.attention_dropout},
                            MlpConfig{config.hidden_size, config.ffn(), linear_bias});
     if (stage.has_head) {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon);

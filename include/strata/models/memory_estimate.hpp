@@ -116,7 +116,7 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   std::int64_t total = checked_product(what, layer, piece.layer_count(m));
   if (piece.embedding) {
     total = checked_add(total, word_embedding, what);
-    if (shape.learned_positions) total = checked_add(total, checked_product(what, m.seq_length, h), what);
+    if (shape.learned_positions) total = checked_add(total, checked_product(what, m.positions(), h), what);
   }
   if (piece.head) {
     total = checked_add(total, norm, what);  // final norm
