@@ -7,6 +7,14 @@
 // with split(color = group index, key = position in group) following the rank generator's order
 // (Megatron's default tp-cp-ep-dp-pp, leftmost fastest), so the groups are exactly Megatron's.
 // The configuration is checked against the world size before any communicator is created.
+//
+// Dense layers use tp, cp, dp, pp and their products. Expert (mixture-of-experts) layers regroup
+// the ranks of one pipeline stage with Megatron's second, expert rank generator (tp = etp, cp = 1,
+// ep, dp = expert_dp, pp, in the same order string): expert_tp (etp), ep, expert_dp (edp),
+// expert_tp_ep (the ranks that exchange tokens, Megatron's expert tensor-and-model-parallel group)
+// and expert_model_parallel (etp x ep x pp: expert gradient norms). The router's token counts are
+// summed over tp_cp (the ranks that split one sequence) and the expert-bias load over tp_cp_dp
+// (every rank of a stage).
 #pragma once
 
 #include <string>
@@ -43,6 +51,13 @@ struct ParallelContext {
   Comm ep;              // expert parallel
   Comm dp_cp;           // data x context parallel (gradient all-reduce when cp > 1)
   Comm model_parallel;  // tensor x pipeline parallel (gradient norm, found-inf)
+  Comm tp_cp;           // tensor x context parallel (the ranks that split one sequence)
+  Comm tp_cp_dp;        // tensor x context x data parallel (every rank of a pipeline stage)
+  Comm expert_tp;              // expert tensor parallel (etp): the ranks that split each expert's MLP
+  Comm expert_dp;              // expert data parallel (edp): replicas of the same expert shards
+  Comm expert_tp_ep;           // expert tensor x expert parallel: the ranks that exchange tokens
+  Comm expert_model_parallel;  // expert tensor x expert x pipeline parallel (expert gradient norms)
+  ExpertCoordinates expert_coords{};  // this rank's {etp, ep, edp, pp}
   Device device;        // this rank's compute backend
 
   // Collective over `world`: every rank must call it with the same config.
@@ -54,8 +69,11 @@ struct ParallelContext {
     auto make = [&](std::string_view axes) {
       return world.split(generator.group_index_of(rank, axes), generator.position_in_group(rank, axes), std::string(axes));
     };
-    ParallelContext ctx{config, generator.coordinates(rank), world, make("tp"), make("cp"), make("dp"),
-                        make("pp"), make("ep"), make("dp-cp"), make("tp-pp"), std::move(device)};
+    ParallelContext ctx{config,         generator.coordinates(rank), world,         make("tp"),
+                        make("cp"),     make("dp"),                  make("pp"),    make("ep"),
+                        make("dp-cp"),  make("tp-pp"),               make("tp-cp"), make("tp-cp-dp"),
+                        make("etp"),    make("edp"),                 make("etp-ep"), make("etp-ep-pp"),
+                        generator.expert_coordinates(rank),          std::move(device)};
     return ctx;
   }
 
