@@ -1,4 +1,4 @@
-// strata/core.hpp: the core module (dtypes, shapes, tensors, errors, random numbers, UTF-8).
+// strata/core.hpp: the core module (dtypes, shapes, tensors, errors, random numbers, UTF-8, JSON).
 #pragma once
 
 #include "core/config.hpp"
@@ -10,3 +10,4 @@
 #include "core/tensor.hpp"
 #include "core/rng.hpp"
 #include "core/utf8.hpp"
+#include "core/json.hpp"

@@ -514,11 +514,11 @@ TEST(BpeTokenizer, FileErrorsNameTheFileAndLine) {
   with_vocab("", {vocab, "empty"});
   with_vocab("[1, 2]", {vocab, "line 1, column 1", "'{'"});
   with_vocab("{\"a\": 1,\n \"b\" 2}", {vocab, "line 2, column 6", "':'"});
-  with_vocab("{\"a\": 1,\n \"b\": 2", {vocab, "line 2", "end of the text"});
+  with_vocab("{\"a\": 1,\n \"b\": 2", {vocab, "line 2", "ends inside an object"});
   with_vocab("{\"a\": 1,\n \"b\": 2.5}", {vocab, "line 2", "integer"});
   with_vocab("{\"a\": 1,\n \"b\": \"2\"}", {vocab, "line 2", "integer"});
   with_vocab("{\"a\": 1,\n \"b\": -3}", {vocab, "line 2", "-3", "outside"});
-  with_vocab("{\"a\": 1}\n{}", {vocab, "line 2", "after the vocabulary"});
+  with_vocab("{\"a\": 1}\n{}", {vocab, "line 2", "after the value"});
   with_vocab("{\"a\": 1,\n \"\\ud83d\": 2}", {vocab, "line 2", "surrogate"});
   with_vocab("{\"a\": 1,\n \"b\\q\": 2}", {vocab, "line 2", "escape"});
   with_vocab("{\"a\": 1,\n \"b\": 2,\n \"c\": 1}", {vocab, "line 3", "id 1", "\"c\"", "\"a\"", "line 1"});
@@ -542,7 +542,7 @@ TEST(BpeTokenizer, FileErrorsNameTheFileAndLine) {
   with_merges("h e\n\xe2\x98\x83 e\n", {merges, "line 2", "left part", "\xe2\x98\x83", vocab});
   with_merges("h e\nh \xc4\xa0\xc4\xa0\xc4\xa0\n", {merges, "line 2", "right part"});
   with_merges("h e\nx y\n", {merges, "line 2", "result", "\"xy\""});
-  with_merges("#version: 0.2\nh e\ni n\nh e\n", {merges, "line 4", "already given on line 2"});
+  with_merges("#version: 0.2\nh e\ni n\nh e\n", {merges, "line 4", "already given", "at line 2"});
   write_text(merges, "");
   EXPECT_NO_THROW(load());  // no merges: every byte is its own token
 }

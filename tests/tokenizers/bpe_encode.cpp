@@ -25,15 +25,21 @@ namespace {
 
 std::vector<std::string> read_texts(const std::string& path) {
   const std::string content = strata::data::detail::read_whole_file(path, "texts, one JSON string per line");
-  strata::data::detail::JsonReader json(content, path);
   std::vector<std::string> texts;
-  while (true) {
-    json.skip_space();
-    if (json.at_end()) break;
-    texts.push_back(json.string());
-    std::size_t p = json.position();
-    while (p < content.size() && (content[p] == ' ' || content[p] == '\t' || content[p] == '\r')) ++p;
-    if (p < content.size() && content[p] != '\n') json.fail_at(p, "expected one JSON string per line");
+  std::size_t line_number = 0;
+  for (std::size_t start = 0; start < content.size();) {
+    std::size_t end = content.find('\n', start);
+    if (end == std::string::npos) end = content.size();
+    const std::string_view line = std::string_view(content).substr(start, end - start);
+    ++line_number;
+    start = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const strata::json::Value value =
+        strata::json::parse(line, strata::detail::concat("line ", line_number, " of '", path, "' (one JSON string per line)"));
+    if (!value.is_string())
+      strata::fail<strata::FileError>("line ", line_number, " of '", path, "' holds ", strata::json::Value::kind_name(value.kind()),
+                                      "; expected one JSON string per line");
+    texts.push_back(value.text());
   }
   return texts;
 }

@@ -1,19 +1,23 @@
-// strata/checkpoint/json.hpp: a small strict JSON reader, and the few writing helpers, for the
-// files that travel with Hugging Face checkpoints: the safetensors header, config.json and the
-// shard index model.safetensors.index.json.
+// strata/core/json.hpp: a small strict JSON reader, and the few writing helpers, for the JSON files
+// strata reads and writes: the safetensors header, config.json and the shard index
+// model.safetensors.index.json of Hugging Face checkpoints, and the tokenizers' vocab.json and
+// tokenizer.json.
 //
 // The reader takes RFC 8259 JSON and nothing else: no comments, no trailing commas, no NaN or
 // Infinity, no leading zeros, no control characters or invalid UTF-8 inside strings, no
 // duplicate object keys (a safetensors header with a tensor named twice is corrupt, not "the
-// last one wins"). \uXXXX escapes are decoded to UTF-8 (surrogate pairs included; a lone
+// last one wins"; found by sorting, so an object of 100k keys costs O(n log n)). \uXXXX escapes are decoded to UTF-8 (surrogate pairs included; a lone
 // surrogate is an error). Nesting is limited to 64 levels so a hostile file cannot exhaust the
 // stack. Numbers keep their text: as_int64 / as_uint64 accept only integers that fit, as_double
 // any number. Whitespace may follow the value (safetensors pads its header with spaces).
 //
 // Every error is a FileError that names the document (the caller's words, e.g. "the header of
-// safetensors file \"/ckpt/model.safetensors\"") and the byte offset of the problem.
+// safetensors file \"/ckpt/model.safetensors\"") and where the problem is: line, column (counted
+// in bytes from 1) and byte offset. Each value keeps the offset where it starts (`offset()`), so a
+// caller that finds a value it cannot use can say where it is with `position(text, offset)`.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
@@ -24,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "../core/error.hpp"
-#include "../core/utf8.hpp"
+#include "error.hpp"
+#include "utf8.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace json {
@@ -47,6 +51,8 @@ class Value {
   const std::string& text() const { return text_; }
   const std::vector<Value>& items() const { return items_; }
   const std::vector<std::pair<std::string, Value>>& members() const { return members_; }
+  // The byte offset in the document where the value starts.
+  std::size_t offset() const { return offset_; }
 
   // The member named `key` of an object, or nullptr.
   const Value* find(std::string_view key) const {
@@ -90,10 +96,22 @@ class Value {
   Kind kind_ = Kind::null;
   bool boolean_ = false;
   bool integral_ = false;  // a number literal without fraction or exponent
+  std::size_t offset_ = 0;
   std::string text_;
   std::vector<Value> items_;
   std::vector<std::pair<std::string, Value>> members_;
 };
+
+// "line L, column C (byte N)" for byte offset `offset` of `text` (lines and columns from 1,
+// columns counted in bytes).
+inline std::string position(std::string_view text, std::size_t offset) {
+  offset = std::min(offset, text.size());
+  const std::string_view before = text.substr(0, offset);
+  const std::size_t line = 1 + static_cast<std::size_t>(std::count(before.begin(), before.end(), '\n'));
+  const std::size_t line_start = before.rfind('\n');
+  const std::size_t column = line_start == std::string_view::npos ? offset + 1 : offset - line_start;
+  return detail::concat("line ", line, ", column ", column, " (byte ", offset, ")");
+}
 
 class Parser {
  public:
@@ -111,7 +129,7 @@ class Parser {
 
  private:
   [[noreturn]] void error(std::string_view what) const {
-    fail<FileError>(document_, " is not valid JSON: ", what, " at byte ", pos_);
+    fail<FileError>(document_, " is not valid JSON: ", what, " at ", position(text_, pos_));
   }
 
   void skip_whitespace() {
@@ -129,6 +147,7 @@ class Parser {
     if (depth >= kMaxDepth) error("nesting deeper than 64 levels");
     if (pos_ >= text_.size()) error("the text ends where a value should start");
     Value v;
+    v.offset_ = pos_;
     const char c = text_[pos_];
     if (c == '{') {
       v.kind_ = Value::Kind::object;
@@ -162,16 +181,13 @@ class Parser {
       ++pos_;
       return;
     }
+    std::vector<std::size_t> key_offsets;
     for (;;) {
       skip_whitespace();
-      if (pos_ >= text_.size() || text_[pos_] != '"') error("expected a string as object key");
-      const std::size_t key_at = pos_;
+      if (pos_ >= text_.size()) error("the text ends inside an object, expected a string as object key");
+      if (text_[pos_] != '"') error("expected a string as object key");
+      key_offsets.push_back(pos_);
       std::string key = parse_string();
-      for (const auto& member : v.members_)
-        if (member.first == key) {
-          pos_ = key_at;
-          error(detail::concat("the key \"", key, "\" appears twice in one object"));
-        }
       skip_whitespace();
       if (pos_ >= text_.size() || text_[pos_] != ':') error("expected ':' after an object key");
       ++pos_;
@@ -179,17 +195,39 @@ class Parser {
       Value member = parse_value(depth + 1);
       v.members_.emplace_back(std::move(key), std::move(member));
       skip_whitespace();
-      if (pos_ >= text_.size()) error("the text ends inside an object");
+      if (pos_ >= text_.size()) error("the text ends inside an object, expected ',' or '}'");
       if (text_[pos_] == ',') {
         ++pos_;
         continue;
       }
       if (text_[pos_] == '}') {
         ++pos_;
+        check_unique_keys(v, key_offsets);
         return;
       }
       error("expected ',' or '}' in an object");
     }
+  }
+
+  // A key given twice: the error points at its second occurrence and names the first.
+  void check_unique_keys(const Value& v, const std::vector<std::size_t>& key_offsets) {
+    const auto& members = v.members_;
+    if (members.size() < 2) return;
+    std::vector<std::size_t> order(members.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return members[a].first != members[b].first ? members[a].first < members[b].first : a < b;
+    });
+    std::size_t first = members.size(), second = members.size();
+    for (std::size_t k = 0; k + 1 < order.size(); ++k)
+      if (members[order[k]].first == members[order[k + 1]].first && order[k + 1] < second) {
+        first = order[k];
+        second = order[k + 1];
+      }
+    if (second == members.size()) return;
+    pos_ = key_offsets[second];
+    error(detail::concat("the key \"", members[second].first, "\" appears twice in one object (first at ",
+                         position(text_, key_offsets[first]), ")"));
   }
 
   void parse_array(Value& v, int depth) {
@@ -203,7 +241,7 @@ class Parser {
       skip_whitespace();
       v.items_.push_back(parse_value(depth + 1));
       skip_whitespace();
-      if (pos_ >= text_.size()) error("the text ends inside an array");
+      if (pos_ >= text_.size()) error("the text ends inside an array, expected ',' or ']'");
       if (text_[pos_] == ',') {
         ++pos_;
         continue;

@@ -43,6 +43,10 @@
 //
 // A BpeTokenizer keeps its cache, so encoding is not const: give each thread its own copy; copies
 // share the loaded vocabulary and merges.
+//
+// The BPE core (the model with its checks, `BpeWordEncoder`'s merge loop and cache) is shared with
+// HuggingFaceTokenizer (huggingface_tokenizer.hpp), which reads the same model from tokenizer.json.
+// vocab.json is read with the strict JSON reader of core/json.hpp.
 #pragma once
 
 #include <algorithm>
@@ -63,6 +67,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/json.hpp"
 #include "../core/utf8.hpp"
 #include "unicode_tables.hpp"
 
@@ -128,6 +133,53 @@ inline Utf8Char utf8_char_at(std::string_view text, std::size_t i) {
               true};
   }
   return {1, b0, false};
+}
+
+// Whether `text` is well-formed UTF-8.
+inline bool is_valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const Utf8Char c = utf8_char_at(text, i);
+    if (!c.valid) return false;
+    i += c.length;
+  }
+  return true;
+}
+
+// `text` as Python's bytes.decode("utf-8", errors="replace") sees it, back in UTF-8: each maximal
+// ill-formed subpart (a byte that starts no sequence, or the longest start of a sequence that is
+// cut short; Unicode's "best practice", section 3.9) becomes U+FFFD. Valid text comes back as it is.
+inline std::string replace_invalid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  for (std::size_t i = 0; i < text.size();) {
+    const Utf8Char c = utf8_char_at(text, i);
+    if (c.valid) {
+      out.append(text.substr(i, c.length));
+      i += c.length;
+      continue;
+    }
+    // The length of the well-formed prefix of the sequence the lead byte starts (at least 1).
+    const unsigned char b0 = byte(i);
+    std::size_t need = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF) need = 1;
+    else if (b0 >= 0xE0 && b0 <= 0xEF) need = 2, low = b0 == 0xE0 ? 0xA0 : 0x80, high = b0 == 0xED ? 0x9F : 0xBF;
+    else if (b0 >= 0xF0 && b0 <= 0xF4) need = 3, low = b0 == 0xF0 ? 0x90 : 0x80, high = b0 == 0xF4 ? 0x8F : 0xBF;
+    std::size_t length = 1;
+    for (std::size_t k = 1; k <= need && i + k < text.size(); ++k) {
+      const unsigned char b = byte(i + k);
+      if (b < (k == 1 ? low : 0x80) || b > (k == 1 ? high : 0xBF)) break;
+      ++length;
+    }
+    out.append("\xEF\xBF\xBD");
+    i += length;
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,151 +288,9 @@ constexpr char32_t byte_symbol(std::uint8_t b) { return detail::kByteSymbols[b];
 constexpr int symbol_byte(char32_t symbol) { return symbol < detail::kByteSymbolEnd ? detail::kSymbolBytes[symbol] : -1; }
 
 // ---------------------------------------------------------------------------------------------
-// A small JSON reader for vocab.json (and for test programs reading JSON strings); its errors
-// name the file, line and column.
+// Files
 
 namespace detail {
-class JsonReader {
- public:
-  JsonReader(std::string_view text, std::string_view file) : text_(text), file_(file) {}
-
-  std::size_t position() const { return pos_; }
-  bool at_end() const { return pos_ >= text_.size(); }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
-      ++pos_;
-  }
-  char peek(std::string_view expected) const {
-    if (at_end()) fail_at(pos_, "unexpected end of the text, expected ", expected);
-    return text_[pos_];
-  }
-  void expect(char c, std::string_view what) {
-    const char found = peek(what);
-    if (found != c) fail_at(pos_, "expected ", what, ", found ", shown(found));
-    ++pos_;
-  }
-  // A string literal, unescaped to UTF-8. A \u escape of half a surrogate pair is an error (it is
-  // not a character).
-  std::string string() {
-    const std::size_t start = pos_;
-    expect('"', "'\"' (a string)");
-    std::string out;
-    while (true) {
-      if (at_end()) fail_at(start, "the string is not closed");
-      const char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail_at(pos_, "a control character (byte ", static_cast<int>(c), ") inside a string must be escaped");
-      if (c != '\\') {
-        out.push_back(c);
-        ++pos_;
-        continue;
-      }
-      const std::size_t escape = pos_++;
-      if (at_end()) fail_at(start, "the string is not closed");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          char32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00) {
-            if (pos_ + 2 > text_.size() || text_[pos_] != '\\' || text_[pos_ + 1] != 'u')
-              fail_at(escape, "\\u", hex(cp), " is the first half of a surrogate pair without its second half");
-            pos_ += 2;
-            const char32_t low = hex4();
-            if (low < 0xDC00 || low >= 0xE000)
-              fail_at(escape, "\\u", hex(cp), " is the first half of a surrogate pair but \\u", hex(low), " is not a second half");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp < 0xE000) {
-            fail_at(escape, "\\u", hex(cp), " is the second half of a surrogate pair without its first half");
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default: fail_at(escape, "unknown escape '\\", e, "'");
-      }
-    }
-  }
-  // A JSON integer (no fraction, no exponent) as int64; `what` names it in errors.
-  std::int64_t integer(std::string_view what) {
-    const std::size_t start = pos_;
-    bool negative = false;
-    if (!at_end() && text_[pos_] == '-') {
-      negative = true;
-      ++pos_;
-    }
-    if (at_end() || text_[pos_] < '0' || text_[pos_] > '9') fail_at(start, "expected ", what, " (an integer), found ", shown_rest(start));
-    std::int64_t value = 0;
-    while (!at_end() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      if (value > (std::numeric_limits<std::int64_t>::max() - 9) / 10) fail_at(start, what, " is too large");
-      value = value * 10 + (text_[pos_++] - '0');
-    }
-    if (!at_end() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E'))
-      fail_at(start, "expected ", what, " (an integer), found ", shown_rest(start));
-    return negative ? -value : value;
-  }
-
-  std::int64_t line_of(std::size_t pos) const {
-    return 1 + std::count(text_.begin(), text_.begin() + static_cast<std::ptrdiff_t>(std::min(pos, text_.size())), '\n');
-  }
-  template <class... Parts>
-  [[noreturn]] void fail_at(std::size_t pos, const Parts&... parts) const {
-    pos = std::min(pos, text_.size());
-    const std::size_t line_start = text_.rfind('\n', pos == 0 ? 0 : pos - 1);
-    const std::size_t column = line_start == std::string_view::npos || pos == 0 ? pos + 1 : pos - line_start;
-    fail<FileError>("'", file_, "' line ", line_of(pos), ", column ", column, ": ", parts...);
-  }
-
- private:
-  char32_t hex4() {
-    if (pos_ + 4 > text_.size()) fail_at(pos_, "truncated \\u escape");
-    char32_t v = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char c = text_[pos_];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<char32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<char32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<char32_t>(c - 'A' + 10);
-      else fail_at(pos_, "bad hex digit ", shown(c), " in a \\u escape");
-      ++pos_;
-    }
-    return v;
-  }
-  static std::string hex(char32_t v) {
-    static constexpr char kDigits[] = "0123456789ABCDEF";
-    std::string s(4, '0');
-    for (int k = 3; k >= 0; --k, v >>= 4) s[static_cast<std::size_t>(k)] = kDigits[v & 0xF];
-    return s;
-  }
-  static std::string shown(char c) {
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F)
-      return "byte 0x" + hex(static_cast<unsigned char>(c)).substr(2);
-    return std::string("'") + c + "'";
-  }
-  std::string shown_rest(std::size_t start) const {
-    if (start >= text_.size()) return "the end of the text";
-    std::string_view rest = text_.substr(start, 16);
-    rest = rest.substr(0, std::min(rest.find('\n'), rest.size()));
-    std::string quoted(1, '"');
-    quoted.append(rest);
-    quoted.push_back('"');
-    return quoted;
-  }
-
-  std::string_view text_;
-  std::string_view file_;
-  std::size_t pos_ = 0;
-};
-
 // The whole content of `path`; `what` says what the file is, for the error.
 inline std::string read_whole_file(const std::string& path, std::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -405,8 +315,6 @@ auto find_key(Map& map, std::string_view key) {
 #endif
 }
 
-// Merge rank and merged id of each pair of ids: open addressing with linear probing, keys
-// (left << 32) | right (ids are >= 0, so the all-ones key never occurs and marks an empty slot).
 class PairMerges {
  public:
   struct Merge {
@@ -474,10 +382,15 @@ class PairMerges {
   std::size_t size_ = 0;
 };
 
-// What a BpeTokenizer loads: immutable, shared by copies.
+// ---------------------------------------------------------------------------------------------
+// The byte-level BPE core, shared by BpeTokenizer (vocab.json + merges.txt) and
+// HuggingFaceTokenizer (tokenizer.json): the vocabulary and merges, checked as they are loaded,
+// and the merge loop with its word cache.
+
+// What a byte-level BPE loads: immutable, shared by copies.
 struct BpeModel {
-  std::string vocab_name;
-  std::string merges_name;
+  std::string vocab_name;                                                     // the file of the vocabulary, for errors
+  std::string merges_name;                                                    // the file of the merges, for errors
   std::vector<std::string> tokens;                                            // by id; "" where no token has the id
   std::vector<std::uint8_t> has_id;                                           // by id
   std::unordered_map<std::string, std::int32_t, StringHash, std::equal_to<>> ids;
@@ -486,71 +399,54 @@ struct BpeModel {
   std::array<std::int32_t, 256> byte_ids{};                                   // the id of each byte's symbol
   PairMerges merges;
   std::int64_t merge_count = 0;
-  std::int32_t eod = -1;
+  bool ignore_merges = false;  // a word that is itself a token is that token, unmerged (tokenizers' ignore_merges)
 };
 
-inline void load_vocabulary(BpeModel& model, std::string_view text) {
-  JsonReader json(text, model.vocab_name);
-  std::vector<std::size_t> where;  // by id: the position of its entry, for errors
-  json.skip_space();
-  if (json.at_end()) fail<FileError>("'", model.vocab_name, "' is empty; expected a JSON object of token -> id");
-  json.expect('{', "'{' (vocab.json is one JSON object of token -> id)");
-  json.skip_space();
-  std::vector<std::pair<std::string, std::int32_t>> entries;
-  std::vector<std::size_t> entry_positions;
-  if (json.peek("a token or '}'") == '}') {
-    json.expect('}', "'}'");
-  } else {
-    while (true) {
-      json.skip_space();
-      const std::size_t entry = json.position();
-      std::string token = json.string();
-      json.skip_space();
-      json.expect(':', "':' after the token");
-      json.skip_space();
-      const std::size_t value_position = json.position();
-      const std::int64_t id = json.integer("the token's id");
-      if (id < 0 || id > std::numeric_limits<std::int32_t>::max())
-        json.fail_at(value_position, "id ", id, " of token \"", token, "\" is outside [0, 2^31)");
-      entries.emplace_back(std::move(token), static_cast<std::int32_t>(id));
-      entry_positions.push_back(entry);
-      json.skip_space();
-      const char c = json.peek("',' or '}'");
-      if (c == ',') {
-        json.expect(',', "','");
-        continue;
-      }
-      json.expect('}', "',' or '}' after an entry");
-      break;
-    }
-  }
-  json.skip_space();
-  if (!json.at_end()) json.fail_at(json.position(), "unexpected text after the vocabulary object");
-  if (entries.empty()) fail<FileError>("'", model.vocab_name, "' holds no tokens");
+// One token of a vocabulary as a file gives it; `offset` is where, for errors.
+struct BpeVocabEntry {
+  std::string token;  // spelled with byte symbols
+  std::int64_t id;
+  std::size_t offset;
+};
 
-  std::int32_t largest = 0;
-  for (const auto& e : entries) largest = std::max(largest, e.second);
+// Fills the vocabulary of `model` from `entries`. `where(offset)` says where an entry is ("line 3,
+// column 2 (byte 30)"); errors are FileErrors "'<vocab_name>' <where>: <what>".
+inline void set_vocabulary(BpeModel& model, std::vector<BpeVocabEntry> entries,
+                           const std::function<std::string(std::size_t)>& where) {
+  const auto at = [&](std::size_t offset) { return strata::detail::concat("'", model.vocab_name, "' ", where(offset), ": "); };
+  if (entries.empty()) fail<FileError>("'", model.vocab_name, "' holds no tokens");
+  std::int64_t largest = 0;
+  for (const auto& e : entries) {
+    if (e.id < 0 || e.id > std::numeric_limits<std::int32_t>::max())
+      fail<FileError>(at(e.offset), "id ", e.id, " of token \"", e.token, "\" is outside [0, 2^31)");
+    largest = std::max(largest, e.id);
+  }
   if (static_cast<std::size_t>(largest) > 2 * entries.size() + 1024)
     fail<FileError>("'", model.vocab_name, "' numbers ", entries.size(), " tokens with ids up to ", largest,
                     "; a BPE vocabulary numbers its tokens from 0 without large gaps");
   const auto size = static_cast<std::size_t>(largest) + 1;
+  std::vector<std::size_t> offset_of(size, 0);  // by id: where its entry is, for errors
   model.tokens.assign(size, std::string());
   model.has_id.assign(size, 0);
-  where.assign(size, 0);
   model.ids.reserve(entries.size());
-  for (std::size_t k = 0; k < entries.size(); ++k) {
-    auto& [token, id] = entries[k];
-    const auto slot = static_cast<std::size_t>(id);
+  for (auto& [token, id64, offset] : entries) {
+    const auto slot = static_cast<std::size_t>(id64);
+    const auto id = static_cast<std::int32_t>(id64);
     if (const auto it = find_key(model.ids, token); it != model.ids.end())
-      json.fail_at(entry_positions[k], "token \"", token, "\" appears twice (first on line ",
-                   json.line_of(where[static_cast<std::size_t>(it->second)]), ")");
+      fail<FileError>(at(offset), "token \"", token, "\" appears twice (first at ",
+                      where(offset_of[static_cast<std::size_t>(it->second)]), ")");
     if (model.has_id[slot])
-      json.fail_at(entry_positions[k], "id ", id, " is given to \"", token, "\" and, on line ", json.line_of(where[slot]), ", to \"",
-                   model.tokens[slot], "\"; each id must name one token");
+      fail<FileError>(at(offset), "id ", id, " is given to \"", token, "\" and, at ", where(offset_of[slot]), ", to \"",
+                      model.tokens[slot], "\"; each id must name one token");
+    for (std::size_t i = 0; i < token.size();) {
+      const Utf8Char c = utf8_char_at(token, i);
+      if (!c.valid) fail<FileError>(at(offset), "token \"", token, "\" is not valid UTF-8");
+      i += c.length;
+    }
     model.ids.emplace(token, id);
     model.has_id[slot] = 1;
     model.tokens[slot] = std::move(token);
-    where[slot] = entry_positions[k];
+    offset_of[slot] = offset;
   }
 
   // The bytes each id stands for: its characters as byte symbols, or, for a token with a character
@@ -565,7 +461,6 @@ inline void load_vocabulary(BpeModel& model, std::string_view text) {
     bool all_symbols = true;
     for (std::size_t i = 0; i < token.size();) {
       const Utf8Char c = utf8_char_at(token, i);
-      if (!c.valid) json.fail_at(where[id], "token \"", token, "\" is not valid UTF-8");
       const int b = symbol_byte(c.code_point);
       if (b < 0) all_symbols = false;
       bytes.push_back(static_cast<char>(b));
@@ -584,57 +479,58 @@ inline void load_vocabulary(BpeModel& model, std::string_view text) {
                       ": a byte-level BPE vocabulary holds all 256 byte symbols (GPT-2's vocab.json does)");
     model.byte_ids[b] = it->second;
   }
-  const auto eod = find_key(model.ids, "<|endoftext|>");
-  if (eod == model.ids.end())
-    fail<FileError>("'", model.vocab_name, "' has no token \"<|endoftext|>\", the end-of-document token of GPT2BPETokenizer");
-  model.eod = eod->second;
 }
 
-inline void load_merges(BpeModel& model, std::string_view text) {
-  std::vector<std::pair<std::int64_t, std::string_view>> lines;  // (line number, merge line)
-  std::int64_t line_number = 0;
-  for (std::size_t start = 0; start < text.size();) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(start, end - start);
-    ++line_number;
-    start = end + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || line.starts_with("#version")) continue;
-    lines.emplace_back(line_number, line);
+// Gives `id` the bytes `text` when decoded (an added token decodes to its own text).
+inline void set_id_bytes(BpeModel& model, std::int32_t id, std::string_view text) {
+  std::string bytes;
+  const auto size = model.tokens.size();
+  for (std::size_t k = 0; k < size; ++k) {
+    const std::uint32_t begin = model.id_bytes_offset[k], end = model.id_bytes_offset[k + 1];
+    model.id_bytes_offset[k] = static_cast<std::uint32_t>(bytes.size());
+    if (static_cast<std::int32_t>(k) == id) bytes.append(text);
+    else bytes.append(model.id_bytes, begin, end - begin);
   }
-  model.merges.reserve(lines.size());
-  std::vector<std::int64_t> line_of_rank;
-  line_of_rank.reserve(lines.size());
-  const auto at = [&](std::int64_t line) { return strata::detail::concat("'", model.merges_name, "' line ", line, ": "); };
-  for (const auto& entry : lines) {
-    const std::int64_t number = entry.first;
-    const std::string_view line = entry.second;
-    const std::size_t space = line.find(' ');
-    if (space == std::string_view::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string_view::npos)
-      fail<FileError>(at(number), "expected a merge \"<left> <right>\" (two tokens and one space), found \"", line, "\"");
-    const std::string_view left = line.substr(0, space), right = line.substr(space + 1);
+  model.id_bytes_offset[size] = static_cast<std::uint32_t>(bytes.size());
+  model.id_bytes = std::move(bytes);
+}
+
+// One merge "left right" as a file gives it; `index` is passed to `where` for errors.
+struct BpeMergeEntry {
+  std::string_view left, right;
+  std::size_t index;
+};
+
+// Fills the merges of `model`, in rank order. `where(index)` says where a merge is ("line 3",
+// "model.merges[2]"); errors are FileErrors "'<merges_name>' <where>: <what>".
+inline void set_merges(BpeModel& model, const std::vector<BpeMergeEntry>& merges,
+                       const std::function<std::string(std::size_t)>& where) {
+  model.merges.reserve(merges.size());
+  std::vector<std::size_t> index_of_rank;
+  index_of_rank.reserve(merges.size());
+  std::string merged;
+  for (const auto& entry : merges) {
+    const auto at = [&] { return strata::detail::concat("'", model.merges_name, "' ", where(entry.index), ": "); };
     const auto find = [&](std::string_view token, std::string_view role) {
       const auto it = find_key(model.ids, token);
       if (it == model.ids.end())
-        fail<FileError>(at(number), "the merge's ", role, " \"", token, "\" is not a token of '", model.vocab_name, "'");
+        fail<FileError>(at(), "the merge's ", role, " \"", token, "\" is not a token of '", model.vocab_name, "'");
       return it->second;
     };
-    const std::int32_t left_id = find(left, "left part");
-    const std::int32_t right_id = find(right, "right part");
-    const std::int32_t merged_id = find(std::string(left) + std::string(right), "result");
-    const auto rank = static_cast<std::int32_t>(line_of_rank.size());
+    const std::int32_t left_id = find(entry.left, "left part");
+    const std::int32_t right_id = find(entry.right, "right part");
+    merged.assign(entry.left);
+    merged.append(entry.right);
+    const std::int32_t merged_id = find(merged, "result");
+    const auto rank = static_cast<std::int32_t>(index_of_rank.size());
     if (const auto earlier = model.merges.insert(left_id, right_id, {rank, merged_id}))
-      fail<FileError>(at(number), "the merge \"", line, "\" was already given on line ",
-                      line_of_rank[static_cast<std::size_t>(earlier->rank)]);
-    line_of_rank.push_back(number);
+      fail<FileError>(at(), "the merge \"", entry.left, " ", entry.right, "\" was already given, at ",
+                      where(index_of_rank[static_cast<std::size_t>(earlier->rank)]));
+    index_of_rank.push_back(entry.index);
   }
-  model.merge_count = static_cast<std::int64_t>(line_of_rank.size());
+  model.merge_count = static_cast<std::int64_t>(index_of_rank.size());
 }
 }  // namespace detail
-
-// ---------------------------------------------------------------------------------------------
-// The tokenizer
 
 struct BpeOptions {
   std::size_t cache_words = std::size_t{1} << 16;  // words whose ids are kept (0: no cache)
@@ -643,82 +539,46 @@ struct BpeOptions {
                                                     // ones through a heap (the same result; a speed choice)
 };
 
-class BpeTokenizer {
+// The merge loop over a shared BpeModel: the ids of one pre-tokenized word (its bytes), with a
+// cache of the words seen. Not const (the cache); copies share the model and keep their own cache.
+class BpeWordEncoder {
  public:
-  static constexpr std::string_view kEndOfText = "<|endoftext|>";
+  BpeWordEncoder() = default;
+  BpeWordEncoder(std::shared_ptr<const detail::BpeModel> model, BpeOptions options) : model_(std::move(model)), options_(options) {}
 
-  BpeTokenizer(const std::string& vocab_file, const std::string& merge_file, BpeOptions options = {})
-      : BpeTokenizer(detail::read_whole_file(vocab_file, "the BPE vocabulary, vocab.json"),
-                     detail::read_whole_file(merge_file, "the BPE merges, merges.txt"), options, vocab_file, merge_file) {}
-
-  // From the files' contents; the names are used in error messages.
-  static BpeTokenizer from_text(std::string_view vocab_json, std::string_view merges_text, BpeOptions options = {},
-                                std::string vocab_name = "vocab.json", std::string merges_name = "merges.txt") {
-    return BpeTokenizer(vocab_json, merges_text, options, std::move(vocab_name), std::move(merges_name));
-  }
-
-  // Largest id + 1: the size of an embedding that holds every id (for GPT-2's dense vocabulary,
-  // the number of tokens, 50257).
-  std::int64_t vocab_size() const { return static_cast<std::int64_t>(model_->tokens.size()); }
-  std::int32_t eod() const { return model_->eod; }
-  std::int64_t merge_count() const { return model_->merge_count; }
-  const std::string& vocab_file() const { return model_->vocab_name; }
-  const std::string& merge_file() const { return model_->merges_name; }
-
-  // The id of `token` (spelled with byte symbols, as in vocab.json), if it is one.
-  std::optional<std::int32_t> token_to_id(std::string_view token) const {
-    const auto it = detail::find_key(model_->ids, token);
-    if (it == model_->ids.end()) return std::nullopt;
-    return it->second;
-  }
-  // The vocabulary's spelling of `id`.
-  const std::string& id_to_token(std::int32_t id) const {
-    check_id(id, 0, "id_to_token");
-    return model_->tokens[static_cast<std::size_t>(id)];
-  }
-
-  std::vector<std::int32_t> encode(std::string_view text) {
-    std::vector<std::int32_t> out;
-    out.reserve(text.size() / 3 + 1);
-    encode_into(text, out);
-    return out;
-  }
-  // Appends the ids of `text` to `out`.
-  void encode_into(std::string_view text, std::vector<std::int32_t>& out) {
-    gpt2_pre_tokenize(text, [&](std::string_view word) { encode_word(word, out); });
-  }
-  // The bytes the ids stand for ("<|endoftext|>" for EOD, as GPT-2 decodes it).
-  std::string decode(std::span<const std::int32_t> ids) const {
-    std::string out;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      check_id(ids[i], i, "decode");
-      const auto id = static_cast<std::size_t>(ids[i]);
-      const std::uint32_t begin = model_->id_bytes_offset[id], end = model_->id_bytes_offset[id + 1];
-      out.append(model_->id_bytes, begin, end - begin);
-    }
-    return out;
-  }
-
+  const detail::BpeModel& model() const { return *model_; }
   std::size_t cached_words() const { return cache_.size(); }
 
+  // Appends the ids of `word` (raw bytes, one pre-tokenized piece) to `out`.
+  void encode_word(std::string_view word, std::vector<std::int32_t>& out) {
+    const detail::BpeModel& m = *model_;
+    if (word.empty()) return;
+    if (word.size() == 1) {
+      out.push_back(m.byte_ids[static_cast<unsigned char>(word[0])]);
+      return;
+    }
+    const bool cacheable = options_.cache_words > 0 && word.size() <= options_.cache_word_bytes;
+    if (cacheable) {
+      const auto it = detail::find_key(cache_, word);
+      if (it != cache_.end()) {
+        const auto begin = cache_ids_.begin() + it->second.offset;
+        out.insert(out.end(), begin, begin + it->second.length);
+        return;
+      }
+    }
+    const std::size_t before = out.size();
+    if (!(m.ignore_merges && whole_word(word, out))) {
+      if (word.size() <= options_.linear_merge_limit) merge_by_scanning(word, out);
+      else merge_with_heap(word, out);
+    }
+    if (cacheable && cache_.size() < options_.cache_words) {
+      const CachedIds entry{static_cast<std::uint32_t>(cache_ids_.size()), static_cast<std::uint32_t>(out.size() - before)};
+      cache_ids_.insert(cache_ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
+      cache_.emplace(std::string(word), entry);
+    }
+  }
+
  private:
-  BpeTokenizer(std::string_view vocab_json, std::string_view merges_text, BpeOptions options, std::string vocab_name,
-               std::string merges_name)
-      : options_(options) {
-    auto model = std::make_shared<detail::BpeModel>();
-    model->vocab_name = std::move(vocab_name);
-    model->merges_name = std::move(merges_name);
-    detail::load_vocabulary(*model, vocab_json);
-    detail::load_merges(*model, merges_text);
-    model_ = std::move(model);
-  }
-
-  void check_id(std::int32_t id, std::size_t position, std::string_view where) const {
-    if (id < 0 || id >= vocab_size() || !model_->has_id[static_cast<std::size_t>(id)])
-      fail<ConfigError>("BpeTokenizer::", where, ": token ", id, " at position ", position, " is not in the vocabulary of '",
-                        model_->vocab_name, "' (ids 0..", vocab_size() - 1, ")");
-  }
-
   struct CachedIds {
     std::uint32_t offset;
     std::uint32_t length;
@@ -736,29 +596,14 @@ class BpeTokenizer {
     bool operator>(const Candidate& other) const { return rank != other.rank ? rank > other.rank : position > other.position; }
   };
 
-  void encode_word(std::string_view word, std::vector<std::int32_t>& out) {
-    const detail::BpeModel& m = *model_;
-    if (word.size() == 1) {
-      out.push_back(m.byte_ids[static_cast<unsigned char>(word[0])]);
-      return;
-    }
-    const bool cacheable = options_.cache_words > 0 && word.size() <= options_.cache_word_bytes;
-    if (cacheable) {
-      const auto it = detail::find_key(cache_, word);
-      if (it != cache_.end()) {
-        const auto begin = cache_ids_.begin() + it->second.offset;
-        out.insert(out.end(), begin, begin + it->second.length);
-        return;
-      }
-    }
-    const std::size_t before = out.size();
-    if (word.size() <= options_.linear_merge_limit) merge_by_scanning(word, out);
-    else merge_with_heap(word, out);
-    if (cacheable && cache_.size() < options_.cache_words) {
-      const CachedIds entry{static_cast<std::uint32_t>(cache_ids_.size()), static_cast<std::uint32_t>(out.size() - before)};
-      cache_ids_.insert(cache_ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-      cache_.emplace(std::string(word), entry);
-    }
+  // ignore_merges: a word spelled as one token of the vocabulary is that token.
+  bool whole_word(std::string_view word, std::vector<std::int32_t>& out) {
+    spelled_.clear();
+    for (char c : word) append_utf8(spelled_, byte_symbol(static_cast<std::uint8_t>(c)));
+    const auto it = detail::find_key(model_->ids, spelled_);
+    if (it == model_->ids.end()) return false;
+    out.push_back(it->second);
+    return true;
   }
 
   // Short words: the ranks of all adjacent pairs in an array; each step merges the leftmost pair
@@ -838,6 +683,143 @@ class BpeTokenizer {
   std::vector<std::int32_t> scan_symbols_, scan_ranks_;
   std::vector<Symbol> heap_symbols_;
   std::vector<Candidate> heap_candidates_;
+  std::string spelled_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// GPT-2's files: vocab.json and merges.txt
+
+namespace detail {
+inline void load_vocabulary(BpeModel& model, std::string_view text) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    fail<FileError>("'", model.vocab_name, "' is empty; expected a JSON object of token -> id");
+  const json::Value root = json::parse(text, strata::detail::concat("'", model.vocab_name, "' (the BPE vocabulary)"));
+  const auto where = [&](std::size_t offset) { return json::position(text, offset); };
+  if (!root.is_object())
+    fail<FileError>("'", model.vocab_name, "' ", where(root.offset()), ": expected '{' (vocab.json is one JSON object of token -> id), found ",
+                    json::Value::kind_name(root.kind()));
+  std::vector<BpeVocabEntry> entries;
+  entries.reserve(root.members().size());
+  for (const auto& [token, value] : root.members()) {
+    std::int64_t id = 0;
+    if (!value.to_int64(id)) {
+      if (value.is_number() && !value.text().empty() && value.text()[0] == '-' && value.text().find_first_of(".eE") == std::string::npos)
+        fail<FileError>("'", model.vocab_name, "' ", where(value.offset()), ": id ", value.text(), " of token \"", token, "\" is outside [0, 2^31)");
+      fail<FileError>("'", model.vocab_name, "' ", where(value.offset()), ": the id of token \"", token, "\" must be an integer, found ",
+                      value.is_number() ? value.text() : std::string(json::Value::kind_name(value.kind())));
+    }
+    entries.push_back({token, id, value.offset()});
+  }
+  set_vocabulary(model, std::move(entries), where);
+}
+
+inline void load_merges(BpeModel& model, std::string_view text) {
+  std::vector<BpeMergeEntry> merges;
+  std::size_t line_number = 0;
+  const auto at = [&](std::size_t line) { return strata::detail::concat("'", model.merges_name, "' line ", line, ": "); };
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    ++line_number;
+    start = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line.starts_with("#version")) continue;
+    const std::size_t space = line.find(' ');
+    if (space == std::string_view::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string_view::npos)
+      fail<FileError>(at(line_number), "expected a merge \"<left> <right>\" (two tokens and one space), found \"", line, "\"");
+    merges.push_back({line.substr(0, space), line.substr(space + 1), line_number});
+  }
+  set_merges(model, merges, [](std::size_t line) { return strata::detail::concat("line ", line); });
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// The tokenizer
+
+class BpeTokenizer {
+ public:
+  static constexpr std::string_view kEndOfText = "<|endoftext|>";
+
+  BpeTokenizer(const std::string& vocab_file, const std::string& merge_file, BpeOptions options = {})
+      : BpeTokenizer(detail::read_whole_file(vocab_file, "the BPE vocabulary, vocab.json"),
+                     detail::read_whole_file(merge_file, "the BPE merges, merges.txt"), options, vocab_file, merge_file) {}
+
+  // From the files' contents; the names are used in error messages.
+  static BpeTokenizer from_text(std::string_view vocab_json, std::string_view merges_text, BpeOptions options = {},
+                                std::string vocab_name = "vocab.json", std::string merges_name = "merges.txt") {
+    return BpeTokenizer(vocab_json, merges_text, options, std::move(vocab_name), std::move(merges_name));
+  }
+
+  // Largest id + 1: the size of an embedding that holds every id (for GPT-2's dense vocabulary,
+  // the number of tokens, 50257).
+  std::int64_t vocab_size() const { return static_cast<std::int64_t>(model().tokens.size()); }
+  std::int32_t eod() const { return eod_; }
+  std::int64_t merge_count() const { return model().merge_count; }
+  const std::string& vocab_file() const { return model().vocab_name; }
+  const std::string& merge_file() const { return model().merges_name; }
+
+  // The id of `token` (spelled with byte symbols, as in vocab.json), if it is one.
+  std::optional<std::int32_t> token_to_id(std::string_view token) const {
+    const auto it = detail::find_key(model().ids, token);
+    if (it == model().ids.end()) return std::nullopt;
+    return it->second;
+  }
+  // The vocabulary's spelling of `id`.
+  const std::string& id_to_token(std::int32_t id) const {
+    check_id(id, 0, "id_to_token");
+    return model().tokens[static_cast<std::size_t>(id)];
+  }
+
+  std::vector<std::int32_t> encode(std::string_view text) {
+    std::vector<std::int32_t> out;
+    out.reserve(text.size() / 3 + 1);
+    encode_into(text, out);
+    return out;
+  }
+  // Appends the ids of `text` to `out`.
+  void encode_into(std::string_view text, std::vector<std::int32_t>& out) {
+    gpt2_pre_tokenize(text, [&](std::string_view word) { words_.encode_word(word, out); });
+  }
+  // The bytes the ids stand for ("<|endoftext|>" for EOD, as GPT-2 decodes it).
+  std::string decode(std::span<const std::int32_t> ids) const {
+    std::string out;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      check_id(ids[i], i, "decode");
+      const auto id = static_cast<std::size_t>(ids[i]);
+      const std::uint32_t begin = model().id_bytes_offset[id], end = model().id_bytes_offset[id + 1];
+      out.append(model().id_bytes, begin, end - begin);
+    }
+    return out;
+  }
+
+  std::size_t cached_words() const { return words_.cached_words(); }
+
+ private:
+  BpeTokenizer(std::string_view vocab_json, std::string_view merges_text, BpeOptions options, std::string vocab_name,
+               std::string merges_name) {
+    auto model = std::make_shared<detail::BpeModel>();
+    model->vocab_name = std::move(vocab_name);
+    model->merges_name = std::move(merges_name);
+    detail::load_vocabulary(*model, vocab_json);
+    const auto eod = detail::find_key(model->ids, kEndOfText);
+    if (eod == model->ids.end())
+      fail<FileError>("'", model->vocab_name, "' has no token \"<|endoftext|>\", the end-of-document token of GPT2BPETokenizer");
+    eod_ = eod->second;
+    detail::load_merges(*model, merges_text);
+    words_ = BpeWordEncoder(std::move(model), options);
+  }
+
+  const detail::BpeModel& model() const { return words_.model(); }
+
+  void check_id(std::int32_t id, std::size_t position, std::string_view where) const {
+    if (id < 0 || id >= vocab_size() || !model().has_id[static_cast<std::size_t>(id)])
+      fail<ConfigError>("BpeTokenizer::", where, ": token ", id, " at position ", position, " is not in the vocabulary of '",
+                        model().vocab_name, "' (ids 0..", vocab_size() - 1, ")");
+  }
+
+  BpeWordEncoder words_;
+  std::int32_t eod_ = -1;
 };
 
 }  // namespace data
