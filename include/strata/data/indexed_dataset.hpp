@@ -17,6 +17,8 @@
 //
 // The writer streams tokens to `<prefix>.bin.tmp`, keeps the small index in memory, and on
 // finalize() writes `<prefix>.idx.tmp` and renames both, so readers never see half a dataset.
+// A document may hold no sequence (two equal document indices): Megatron's preprocess_data writes
+// an empty text that way. add_index() appends a finished dataset (Megatron's merge of partitions).
 // The reader copies the index arrays (20 bytes per sequence) out of the map and validates all of
 // it before anything is read: magic, version, dtype code, sizes against the file length, every
 // sequence against the size of .bin, and the document indices (start at 0, never decrease, end at
@@ -28,6 +30,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -171,6 +175,38 @@ class IndexedDatasetWriter {
     add_item(tokens);
     end_document();
   }
+  // A document of several sequences (Megatron's add_document(tensor, lengths)): `tokens` back to
+  // back, cut into sequences of `sequence_lengths`, which must sum to tokens.size(). No lengths
+  // (and no tokens) is a document of no sequence: its document index repeats the previous one, as
+  // Megatron's preprocess_data writes an empty text.
+  template <std::ranges::contiguous_range Range>
+  void add_document(const Range& tokens, std::span<const std::int32_t> sequence_lengths) {
+    check_open("add_document");
+    std::span<const std::ranges::range_value_t<Range>> all(std::ranges::data(tokens), std::ranges::size(tokens));
+    std::size_t begin = 0;
+    for (std::int32_t length : sequence_lengths) {
+      if (length < 0 || static_cast<std::size_t>(length) > all.size() - begin)
+        fail<ConfigError>("IndexedDatasetWriter '", prefix_, "': add_document with sequence lengths that do not cut ",
+                          all.size(), " tokens (a length of ", length, " at token ", begin, ")");
+      begin += static_cast<std::size_t>(length);
+    }
+    if (begin != all.size())
+      fail<ConfigError>("IndexedDatasetWriter '", prefix_, "': add_document with sequence lengths summing to ", begin,
+                        " for ", all.size(), " tokens");
+    begin = 0;
+    for (std::int32_t length : sequence_lengths) {
+      add_item(all.subspan(begin, static_cast<std::size_t>(length)));
+      begin += static_cast<std::size_t>(length);
+    }
+    end_document();
+  }
+
+  // Appends every sequence and document of the finished dataset at `path_prefix` (Megatron's
+  // IndexedDatasetBuilder.add_index): its .bin is copied, its lengths and document indices follow
+  // this writer's, so writing parts and merging them gives the bytes of writing the whole. The
+  // dtypes must be equal and the part's sequences must lie back to back in its .bin, as a writer
+  // lays them (anything else is a FileError naming the part).
+  void add_index(std::string_view path_prefix);  // defined after IndexedDataset, which reads the part
 
   // Writes .idx, then moves both files to their final names. Sequences added after the last
   // end_document() form a final document.
@@ -383,6 +419,52 @@ class IndexedDataset {
   std::int64_t token_count_ = 0;
   MappedFile bin_{};
 };
+
+inline void IndexedDatasetWriter::add_index(std::string_view path_prefix) {
+  check_open("add_index");
+  const std::string part_idx = idx_path(path_prefix), part_bin = bin_path(path_prefix);
+  std::vector<std::int32_t> lengths;
+  std::vector<std::int64_t> documents;
+  std::int64_t bin_bytes = 0;
+  {
+    IndexedDataset part{std::string(path_prefix)};  // validates the whole index against the .bin
+    lengths.assign(part.sequence_lengths().begin(), part.sequence_lengths().end());
+    documents.assign(part.document_indices().begin(), part.document_indices().end());
+    if (part.dtype() != dtype_)
+      fail<FileError>("'", part_idx, "' holds ", dtype_name(part.dtype()), " tokens but the dataset being written ('", prefix_,
+                      "') is ", dtype_name(dtype_), "; only parts of one dtype can be merged");
+    const auto item = static_cast<std::int64_t>(dtype_size(dtype_));
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      if (part.sequence_pointers()[i] != bin_bytes)
+        fail<FileError>("'", part_idx, "': sequence ", i, " starts at byte ", part.sequence_pointers()[i], ", not at ", bin_bytes,
+                        " right after the previous one; only datasets whose sequences lie back to back can be merged");
+      bin_bytes += std::int64_t{lengths[i]} * item;
+    }
+  }
+  std::ifstream in(part_bin, std::ios::binary);
+  if (!in) fail<FileError>("cannot open '", part_bin, "' for reading");
+  in.seekg(0, std::ios::end);
+  if (static_cast<std::int64_t>(in.tellg()) != bin_bytes)
+    fail<FileError>("'", part_bin, "' has ", static_cast<std::int64_t>(in.tellg()), " bytes but its index covers ", bin_bytes,
+                    "; only datasets whose .bin holds exactly their sequences can be merged");
+  in.seekg(0);
+  buffer_.resize(std::size_t{1} << 20);
+  for (std::int64_t left = bin_bytes; left > 0;) {
+    const auto chunk = static_cast<std::size_t>(std::min<std::int64_t>(left, static_cast<std::int64_t>(buffer_.size())));
+    if (!in.read(reinterpret_cast<char*>(buffer_.data()), static_cast<std::streamsize>(chunk)))
+      fail<FileError>("error while reading '", part_bin, "'");
+    bin_.write(buffer_.data(), chunk);
+    left -= static_cast<std::int64_t>(chunk);
+  }
+  const auto offset = static_cast<std::int64_t>(lengths_.size());
+  for (std::int32_t length : lengths) {
+    pointers_.push_back(bytes_written_);
+    lengths_.push_back(length);
+    bytes_written_ += std::int64_t{length} * static_cast<std::int64_t>(dtype_size(dtype_));
+    tokens_written_ += length;
+  }
+  for (std::size_t d = 1; d < documents.size(); ++d) document_indices_.push_back(offset + documents[d]);
+}
 
 }  // namespace data
 STRATA_NAMESPACE_END
