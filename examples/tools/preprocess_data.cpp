@@ -1,52 +1,112 @@
-// preprocess_data: text or JSONL to a Megatron indexed dataset (<prefix>_<key>_document.bin/.idx).
-// The flags follow Megatron's tools/preprocess_data.py.
+// preprocess_data: JSONL (or plain text) to Megatron indexed datasets, with the command line of
+// Megatron's tools/preprocess_data.py and the bytes of its IndexedDatasetBuilder.
 //
-//   preprocess_data --input book.txt --output-prefix data/book --append-eod
-//   preprocess_data --input corpus.jsonl --json-keys text --output-prefix data/corpus --append-eod
+//   preprocess_data --input corpus.jsonl --output-prefix data/corpus --json-keys text --append-eod
 //       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+//       --workers 2
+//   preprocess_data --input book.txt --output-prefix data/book --append-eod      (plain text)
 //
-// Tokenizers: ByteTokenizer (the default: bytes 0..255, EOD 256; strata/data/tokenizer.hpp) or
-// GPT2BPETokenizer (GPT-2's byte-level BPE from --vocab-file and --merge-file, EOD
-// "<|endoftext|>"; strata/data/bpe_tokenizer.hpp). The token type is the smallest that holds
-// the vocabulary unless --dtype says otherwise.
+// Writes <output-prefix>_<key>_document.bin/.idx for each --json-keys key (_sentence instead of
+// _document with --split-sentences), as Megatron names them. As Megatron does:
+//  - Input: one JSON object per line; a key's value is a string (one text) or a list of strings (a
+//    text already cut into sentences, as Megatron's own sentence-split files hold them).
+//  - A document is one line; its sequences are its sentences (a text is one sentence without
+//    --split-sentences). A sentence that tokenizes to nothing is dropped, and --append-eod adds
+//    the end-of-document id to the last sequence of a document that has one. So an empty text is a
+//    document of no sequence (its document index repeats the previous one) and gets no EOD.
+//  - Tokens: the tokenizer of --tokenizer-type and its files (data::make_tokenizer); .bin holds
+//    uint16 when the vocabulary has fewer than 65500 ids, else int32.
+//  - --workers N encodes on N threads, each with its own copy of the tokenizer; documents are
+//    written in input order, so the files do not depend on N. Every --log-interval documents a
+//    line "Processed <n> documents (<docs/s> docs/s, <MB/s> MB/s)." (MB = 2^20 bytes) on stderr.
+//  - --partitions N (N > 1): --input is a glob pattern; the documents of the files it matches go
+//    round robin (in N consecutive runs with --keep-sequential-samples) into N partition files
+//    <input stem>_<i><input extension> beside the input; each is encoded to
+//    <output-prefix>_<i>_<key>_<level>, and those are merged (IndexedDatasetWriter::add_index) into
+//    <output-prefix>_<key>_<level>. The partition files and per-partition datasets stay, as
+//    Megatron leaves them. With --keep-sequential-samples the merged files equal those of one
+//    partition; round robin changes the order of the documents, as it does in Megatron.
+//  - --split-sentences: each text is cut into sentences, one sequence each; --keep-newlines keeps
+//    the whitespace (newlines included) after each sentence in it.
 //
-// Plain text: one document per paragraph (paragraphs are separated by one or more blank lines; the
-// lines of a paragraph keep their newlines, a trailing '\r' is dropped). JSONL: one JSON object per
-// line; each key named in --json-keys must hold a string and goes to its own dataset. Empty
-// documents are skipped. Each document is one sequence, followed by EOD with --append-eod.
+// Where strata differs from Megatron:
+//  - The sentence splitter is a short rule set (sentence_splitter.hpp), NOT NLTK's punkt: sentence
+//    boundaries may differ where punkt's trained model knows better (abbreviations, initials).
+//    --lang is accepted and changes nothing. Splitting and encoding happen in one run with no
+//    intermediate <input stem>_ss file (Megatron with one partition writes that file and stops;
+//    a second run encodes it).
+//  - A gzip input (recognized by its bytes) is read through zlib with or without partitions
+//    (Megatron reads .gz only while writing partitions).
+//  - Partition files are written anew on every run (Megatron reuses partition files it finds).
+//    Partitions are encoded one after another, each on all --workers threads, so --workers need
+//    not be a multiple of --partitions; --workers defaults to 1 (Megatron requires it).
+//  - Blank lines of a JSONL file are skipped (Megatron stops on them); a bad line, a missing key or
+//    an unreadable input is an error naming the file and the line.
+//  - strata's additions: plain-text input (--input-format text, or any file not named .json/.jsonl:
+//    one document per paragraph, paragraphs separated by blank lines, a paragraph's lines joined
+//    with '\n', a trailing '\r' dropped), --dtype to force the token type, and the ByteTokenizer
+//    (bytes 0..255, end of document 256; the default).
 #include <CLI/CLI.hpp>
+#include <glob.h>
+#include <zlib.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <strata/data.hpp>
+
+#include "sentence_splitter.hpp"
 
 namespace {
 
 using strata::ConfigError;
 using strata::FileError;
-using strata::data::BpeTokenizer;
-using strata::data::ByteTokenizer;
+namespace data = strata::data;
 
-// A minimal reader of one JSON object per line: finds top-level string fields by key.
+// ---------------------------------------------------------------------------------------------
+// JSON: one object per line
+
+// A key's value: one text, or a list of texts (sentences).
+struct Field {
+  bool found = false;
+  bool list = false;
+  std::vector<std::string> texts;
+};
+
+// Reads one JSON object per line and picks out the values of the wanted keys. The whole line is
+// parsed, so an object that is not closed (`{"text": "abc"`) or text after it is an error naming
+// the line, even when the key comes first. A key given twice takes its last value (Python's json).
 class JsonLine {
  public:
   JsonLine(std::string_view text, const std::string& file, std::int64_t line) : s_(text), file_(file), line_(line) {}
 
-  // The decoded string value of top-level key `key`, or nothing if the key is absent. The whole
-  // line is parsed, so an object that is not closed (`{"text": "abc"`) or text after it is an
-  // error naming the line, even when the key comes first.
-  std::optional<std::string> string_field(std::string_view key) {
+  void parse(std::span<const std::string> keys, std::vector<Field>& fields) {
+    fields.resize(keys.size());
+    for (auto& f : fields) {
+      f.found = false;
+      f.list = false;
+      f.texts.clear();
+    }
     pos_ = 0;
-    std::optional<std::string> found;
     skip_space();
     expect('{');
     skip_space();
@@ -59,9 +119,20 @@ class JsonLine {
         skip_space();
         expect(':');
         skip_space();
-        if (name == key && !found) {
-          if (peek() != '"') error("the value of key \"", key, "\" is not a string");
-          found = parse_string();
+        const auto wanted = std::find(keys.begin(), keys.end(), name);
+        if (wanted != keys.end()) {
+          Field& f = fields[static_cast<std::size_t>(wanted - keys.begin())];
+          f.found = true;
+          f.texts.clear();
+          if (peek() == '"') {
+            f.list = false;
+            f.texts.push_back(parse_string());
+          } else if (peek() == '[') {
+            f.list = true;
+            parse_string_list(name, f.texts);
+          } else {
+            error("the value of key \"", name, "\" is not a string or a list of strings");
+          }
         } else {
           skip_value();
         }
@@ -77,7 +148,6 @@ class JsonLine {
     }
     skip_space();
     if (pos_ != s_.size()) error("unexpected '", s_[pos_], "' after the end of the object (one JSON object per line)");
-    return found;
   }
 
  private:
@@ -113,13 +183,15 @@ class JsonLine {
     expect('"');
     std::string out;
     while (true) {
-      char c = peek();
-      ++pos_;
-      if (c == '"') return out;
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
+      // Copy the run up to the next quote or backslash at once.
+      const std::size_t stop = s_.find_first_of("\"\\", pos_);
+      if (stop == std::string_view::npos) {
+        pos_ = s_.size();
+        error("unexpected end of line inside a string");
       }
+      out.append(s_.substr(pos_, stop - pos_));
+      pos_ = stop + 1;
+      if (s_[stop] == '"') return out;
       char e = peek();
       ++pos_;
       switch (e) {
@@ -145,6 +217,26 @@ class JsonLine {
         }
         default: error("unknown escape '\\", e, "'");
       }
+    }
+  }
+  void parse_string_list(const std::string& name, std::vector<std::string>& out) {
+    expect('[');
+    skip_space();
+    if (peek() == ']') {
+      ++pos_;
+      return;
+    }
+    while (true) {
+      skip_space();
+      if (peek() != '"') error("the list under key \"", name, "\" holds something other than a string");
+      out.push_back(parse_string());
+      skip_space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      expect(']');
+      return;
     }
   }
   void skip_value() {
@@ -191,150 +283,576 @@ class JsonLine {
   std::size_t pos_ = 0;
 };
 
-struct Output {
-  std::string key;
-  std::string prefix;
-  std::unique_ptr<strata::data::IndexedDatasetWriter> writer;
-  std::int64_t empty = 0;
+// ---------------------------------------------------------------------------------------------
+// Input: lines of a plain or gzip file, and documents made of them
+
+// Lines of a file, plain or gzip (zlib reads a file without the gzip header as it is).
+class LineReader {
+ public:
+  // Reads in 64 KiB steps: zlib drops the data of a step that fails, so a damaged file is
+  // reported within 64 KiB of the damage.
+  explicit LineReader(std::string path) : path_(std::move(path)), buffer_(std::size_t{1} << 16) {
+    errno = 0;
+    file_ = gzopen(path_.c_str(), "rb");
+    if (file_ == nullptr)
+      strata::fail<FileError>("cannot open '", path_, "' for reading: ", errno != 0 ? std::strerror(errno) : "out of memory");
+    gzbuffer(file_, 1u << 16);
+  }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+  ~LineReader() { gzclose(file_); }
+
+  // The next line without its '\n' (and without a '\r' before it); false at the end of the file.
+  bool next(std::string& line) {
+    line.clear();
+    bool any = false;
+    while (true) {
+      if (pos_ == size_ && !refill()) {
+        if (!any) return false;
+        break;
+      }
+      any = true;
+      const char* begin = buffer_.data() + pos_;
+      const auto* newline = static_cast<const char*>(std::memchr(begin, '\n', size_ - pos_));
+      if (newline != nullptr) {
+        const auto n = static_cast<std::size_t>(newline - begin);
+        line.append(begin, n);
+        pos_ += n + 1;
+        bytes_ += static_cast<std::int64_t>(n) + 1;
+        break;
+      }
+      line.append(begin, size_ - pos_);
+      bytes_ += static_cast<std::int64_t>(size_ - pos_);
+      pos_ = size_;
+    }
+    ++line_number_;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
+  }
+  const std::string& path() const { return path_; }
+  std::int64_t line_number() const { return line_number_; }
+  std::int64_t bytes() const { return bytes_; }  // uncompressed bytes read so far
+  bool gzip() const { return gzdirect(file_) == 0; }
+
+ private:
+  bool refill() {
+    if (eof_) return false;
+    const int n = gzread(file_, buffer_.data(), static_cast<unsigned>(buffer_.size()));
+    int code = Z_OK;
+    const char* message = gzerror(file_, &code);
+    if (n < 0 || (code != Z_OK && code != Z_STREAM_END))
+      strata::fail<FileError>("'", path_, "' line ", line_number_ + 1, ": cannot read", gzdirect(file_) == 0 ? " the gzip data" : "",
+                              " past this line (zlib: ", message != nullptr ? message : "unknown error", ")",
+                              code == Z_ERRNO ? std::string(" (") + std::strerror(errno) + ")" : std::string());
+    if (n == 0) {
+      eof_ = true;
+      return false;
+    }
+    pos_ = 0;
+    size_ = static_cast<std::size_t>(n);
+    return true;
+  }
+
+  std::string path_;
+  gzFile file_ = nullptr;
+  std::vector<char> buffer_;
+  std::size_t pos_ = 0, size_ = 0;
+  std::int64_t line_number_ = 0, bytes_ = 0;
+  bool eof_ = false;
 };
+
+// One document of the input: a JSON line or a paragraph, with the line it starts on.
+struct Record {
+  std::int64_t line = 0;
+  std::string text;
+};
+
+// Documents of a file: its non-blank lines (JSONL) or its paragraphs (plain text).
+class RecordReader {
+ public:
+  RecordReader(const std::string& path, bool jsonl) : lines_(path), jsonl_(jsonl) {}
+
+  bool next(Record& record) {
+    record.text.clear();
+    if (jsonl_) {
+      while (lines_.next(line_)) {
+        if (line_.find_first_not_of(" \t") == std::string::npos) continue;
+        record.line = lines_.line_number();
+        std::swap(record.text, line_);
+        return true;
+      }
+      return false;
+    }
+    while (lines_.next(line_)) {
+      if (line_.find_first_not_of(" \t\f\v") == std::string::npos) {
+        if (!record.text.empty()) return true;
+        continue;
+      }
+      if (record.text.empty()) record.line = lines_.line_number();
+      else record.text.push_back('\n');
+      record.text += line_;
+    }
+    return !record.text.empty();
+  }
+  const LineReader& lines() const { return lines_; }
+
+ private:
+  LineReader lines_;
+  bool jsonl_;
+  std::string line_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Encoding (Megatron's Encoder.encode), in batches on worker threads
+
+struct Settings {
+  std::vector<std::string> keys;
+  bool jsonl = true;
+  bool append_eod = false;
+  bool split_sentences = false;
+  bool keep_newlines = false;
+  std::int64_t log_interval = 1000;
+};
+
+// One key's documents of a batch: tokens back to back, the sequence lengths, and how many
+// sequences each document has (0: an empty document).
+struct KeyDocuments {
+  std::vector<std::int32_t> tokens;
+  std::vector<std::int32_t> lengths;
+  std::vector<std::int32_t> sequences;
+};
+
+struct Batch {
+  std::vector<Record> records;
+  std::int64_t bytes = 0;
+  const std::string* file = nullptr;
+  std::vector<KeyDocuments> documents;  // [key]
+  std::exception_ptr error;
+  bool done = false;
+};
+
+class Encoder {
+ public:
+  Encoder(const Settings& settings, data::Tokenizer tokenizer) : settings_(settings), tokenizer_(std::move(tokenizer)) {}
+
+  void encode(Batch& batch) {
+    const auto& keys = settings_.keys;
+    batch.documents.assign(keys.size(), KeyDocuments{});
+    for (const Record& record : batch.records) {
+      if (!settings_.jsonl) {
+        add_document(std::span<const std::string>(&record.text, 1), false, batch.documents[0]);
+        continue;
+      }
+      JsonLine(record.text, *batch.file, record.line).parse(keys, fields_);
+      for (std::size_t k = 0; k < keys.size(); ++k) {
+        if (!fields_[k].found) strata::fail<FileError>("'", *batch.file, "' line ", record.line, ": no key \"", keys[k], "\"");
+        add_document(fields_[k].texts, fields_[k].list, batch.documents[k]);
+      }
+    }
+  }
+
+ private:
+  // A document of `texts`: sentences if `already_split` (a JSON list), else texts to split (with
+  // --split-sentences) or to take whole.
+  void add_document(std::span<const std::string> texts, bool already_split, KeyDocuments& out) {
+    std::int32_t sequences = 0;
+    auto add_sentence = [&](std::string_view sentence) {
+      const std::size_t before = out.tokens.size();
+      tokenizer_.encode_into(sentence, out.tokens);
+      const std::size_t length = out.tokens.size() - before;
+      if (length == 0) return;  // Megatron keeps only sentences with tokens
+      if (length >= static_cast<std::size_t>(INT32_MAX))
+        strata::fail<ConfigError>("a sentence of ", length, " tokens does not fit the int32 length field of .idx");
+      out.lengths.push_back(static_cast<std::int32_t>(length));
+      ++sequences;
+    };
+    for (const std::string& text : texts) {
+      if (settings_.split_sentences && !already_split) {
+        for (std::string_view sentence : strata::tools::split_sentences(text, settings_.keep_newlines)) add_sentence(sentence);
+      } else {
+        add_sentence(text);
+      }
+    }
+    if (sequences > 0 && settings_.append_eod) {
+      out.tokens.push_back(tokenizer_.eod());
+      ++out.lengths.back();
+    }
+    out.sequences.push_back(sequences);
+  }
+
+  const Settings& settings_;
+  data::Tokenizer tokenizer_;
+  std::vector<Field> fields_;
+};
+
+// Worker threads that encode batches; the caller takes the results back in the order it submitted
+// them, so the output never depends on the number of workers.
+class EncoderPool {
+ public:
+  EncoderPool(const Settings& settings, const data::Tokenizer& tokenizer, int workers) {
+    for (int w = 0; w < workers; ++w) encoders_.emplace_back(std::make_unique<Encoder>(settings, tokenizer));
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { run(*encoders_[static_cast<std::size_t>(w)]); });
+  }
+  EncoderPool(const EncoderPool&) = delete;
+  EncoderPool& operator=(const EncoderPool&) = delete;
+  ~EncoderPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_ready_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+  void submit(Batch* batch) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(batch);
+    }
+    work_ready_.notify_one();
+  }
+  // Waits until `batch` is encoded; rethrows what encoding it threw.
+  void wait(Batch& batch) {
+    std::unique_lock lock(mutex_);
+    batch_done_.wait(lock, [&] { return batch.done; });
+    if (batch.error) std::rethrow_exception(batch.error);
+  }
+
+ private:
+  void run(Encoder& encoder) {
+    while (true) {
+      Batch* batch = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        work_ready_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        batch = queue_.front();
+        queue_.pop_front();
+      }
+      try {
+        encoder.encode(*batch);
+      } catch (...) {
+        batch->error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        batch->done = true;
+      }
+      batch_done_.notify_all();
+    }
+  }
+
+  std::vector<std::unique_ptr<Encoder>> encoders_;
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable work_ready_, batch_done_;
+  std::deque<Batch*> queue_;
+  bool stop_ = false;
+};
+
+struct KeyTotals {
+  std::int64_t documents = 0, empty_documents = 0;
+};
+
+// Encodes the documents of `path` into one writer per key, in input order. Returns the number of
+// documents and adds to each key's totals.
+std::int64_t encode_file(const std::string& path, const Settings& settings, EncoderPool& pool,
+                         std::span<const std::unique_ptr<data::IndexedDatasetWriter>> writers, std::vector<KeyTotals>& totals,
+                         std::int64_t& bytes_total) {
+  std::fprintf(stderr, "Opening %s\n", path.c_str());
+  RecordReader reader(path, settings.jsonl);
+  const std::size_t max_in_flight = 4 * static_cast<std::size_t>(pool.workers()) + 2;
+  constexpr std::size_t kBatchRecords = 256;
+  constexpr std::int64_t kBatchBytes = std::int64_t{1} << 20;
+
+  std::deque<std::unique_ptr<Batch>> in_flight;
+  std::exception_ptr read_error;  // raised after the documents before it are written
+  bool input_left = true;
+  std::int64_t documents = 0, bytes_done = 0;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    while (true) {
+      while (input_left && !read_error && in_flight.size() < max_in_flight) {
+        auto batch = std::make_unique<Batch>();
+        batch->file = &path;
+        const std::int64_t bytes_before = reader.lines().bytes();
+        try {
+          Record record;
+          while (batch->records.size() < kBatchRecords && reader.lines().bytes() - bytes_before < kBatchBytes) {
+            if (!reader.next(record)) {
+              input_left = false;
+              break;
+            }
+            batch->records.push_back(std::move(record));
+          }
+        } catch (const FileError&) {
+          read_error = std::current_exception();
+        }
+        batch->bytes = reader.lines().bytes() - bytes_before;
+        if (batch->records.empty()) break;
+        pool.submit(batch.get());
+        in_flight.push_back(std::move(batch));
+      }
+      if (in_flight.empty()) break;
+      Batch& batch = *in_flight.front();
+      pool.wait(batch);
+      for (std::size_t k = 0; k < writers.size(); ++k) {
+        const KeyDocuments& docs = batch.documents[k];
+        std::size_t token = 0, sequence = 0;
+        for (std::int32_t count : docs.sequences) {
+          std::span<const std::int32_t> lengths(docs.lengths.data() + sequence, static_cast<std::size_t>(count));
+          std::size_t tokens = 0;
+          for (std::int32_t length : lengths) tokens += static_cast<std::size_t>(length);
+          writers[k]->add_document(std::span<const std::int32_t>(docs.tokens.data() + token, tokens), lengths);
+          token += tokens;
+          sequence += static_cast<std::size_t>(count);
+          ++totals[k].documents;
+          if (count == 0) ++totals[k].empty_documents;
+        }
+      }
+      // Progress as Megatron prints it, with bytes spread evenly over the batch's documents.
+      const auto records = static_cast<std::int64_t>(batch.records.size());
+      for (std::int64_t r = 1; r <= records; ++r) {
+        ++documents;
+        if (settings.log_interval > 0 && documents % settings.log_interval == 0) {
+          const double seconds = std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          const double bytes = static_cast<double>(bytes_done) + static_cast<double>(batch.bytes) * static_cast<double>(r) / static_cast<double>(records);
+          std::fprintf(stderr, "Processed %lld documents (%.1f docs/s, %.2f MB/s).\n", static_cast<long long>(documents),
+                       static_cast<double>(documents) / seconds, bytes / seconds / 1024 / 1024);
+        }
+      }
+      bytes_done += batch.bytes;
+      in_flight.pop_front();
+    }
+  } catch (...) {
+    // Let the workers finish the batches they hold before those batches are freed.
+    for (auto& batch : in_flight) {
+      try {
+        pool.wait(*batch);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  if (read_error) std::rethrow_exception(read_error);
+  bytes_total += bytes_done;
+  return documents;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Partitions
+
+// Python's os.path.splitext: the extension is the last '.' of the file name and what follows,
+// unless the name only starts with dots.
+std::pair<std::string, std::string> split_extension(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t name = slash == std::string::npos ? 0 : slash + 1;
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || dot < name) return {path, ""};
+  std::size_t first = name;
+  while (first < path.size() && path[first] == '.') ++first;
+  if (dot < first) return {path, ""};
+  return {path.substr(0, dot), path.substr(dot)};
+}
+
+std::vector<std::string> expand_glob(const std::string& pattern) {
+  glob_t matches{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (std::size_t i = 0; i < matches.gl_pathc; ++i) files.emplace_back(matches.gl_pathv[i]);
+  globfree(&matches);
+  if (rc == GLOB_NOMATCH || files.empty()) strata::fail<FileError>("no file matches --input '", pattern, "'");
+  if (rc != 0) strata::fail<FileError>("cannot list the files of --input '", pattern, "'");
+  return files;
+}
+
+// Writes the documents of `inputs` into the partition files, round robin or in consecutive runs
+// (Megatron's --keep-sequential-samples: runs of ceil(documents / partitions)).
+void write_partitions(const std::vector<std::string>& inputs, const std::vector<std::string>& partitions, bool sequential,
+                      bool jsonl) {
+  const auto count = static_cast<std::int64_t>(partitions.size());
+  std::int64_t run = 0;
+  if (sequential) {
+    std::int64_t total = 0;
+    Record record;
+    for (const auto& input : inputs) {
+      RecordReader reader(input, jsonl);
+      while (reader.next(record)) ++total;
+    }
+    run = std::max<std::int64_t>(1, (total + count - 1) / count);
+  }
+  std::vector<std::ofstream> outs;
+  for (const auto& p : partitions) {
+    outs.emplace_back(p, std::ios::binary | std::ios::trunc);
+    if (!outs.back()) strata::fail<FileError>("cannot create the partition file '", p, "': ", std::strerror(errno));
+  }
+  std::int64_t index = 0, seen = 0;
+  Record record;
+  for (const auto& input : inputs) {
+    RecordReader reader(input, jsonl);
+    while (reader.next(record)) {
+      auto& out = outs[static_cast<std::size_t>(index)];
+      out << record.text << (jsonl ? "\n" : "\n\n");
+      ++seen;
+      index = sequential ? std::min(count - 1, seen / run) : (index + 1) % count;
+    }
+  }
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    outs[i].close();
+    if (!outs[i]) strata::fail<FileError>("cannot write the partition file '", partitions[i], "' (disk full?)");
+  }
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Tokenize text or JSONL into a Megatron indexed dataset (<output-prefix>_<key>_document.bin/.idx)."};
-  std::string input, output_prefix, format = "auto", dtype_name = "auto", tokenizer_type = "ByteTokenizer";
-  std::string vocab_file, merge_file;
+  CLI::App app{
+      "Tokenize JSONL (or plain text) into Megatron indexed datasets, <output-prefix>_<key>_document.bin/.idx, with the "
+      "flags and the bytes of Megatron's tools/preprocess_data.py."};
+  std::string input, output_prefix, format = "auto", dtype_name = "auto", lang = "english";
+  data::TokenizerOptions tokenizer_options;
   std::vector<std::string> json_keys{"text"};
-  bool append_eod = false;
-  std::int64_t log_interval = 10000;
-  app.add_option("--input", input, "input file: plain text (documents separated by blank lines) or JSONL")->required();
-  app.add_option("--output-prefix", output_prefix, "output path prefix; files are <prefix>_<key>_document.bin/.idx")
+  bool append_eod = false, split_sentences = false, keep_newlines = false, keep_sequential = false;
+  int workers = 1, partitions = 1;
+  std::int64_t log_interval = 1000;
+  app.add_option("--input", input,
+                 "input file: JSONL (one JSON object per line; a .gz is read through zlib) or plain text (documents separated "
+                 "by blank lines); with --partitions > 1 a glob pattern")
       ->required();
-  app.add_option("--json-keys", json_keys, "JSONL keys to extract, one dataset each (plain text uses the first)")
+  app.add_option("--output-prefix", output_prefix, "output path prefix: <prefix>_<key>_document.bin/.idx")->required();
+  app.add_option("--json-keys", json_keys, "JSON keys to extract, one dataset each (plain text uses the first)")
       ->capture_default_str();
-  app.add_option("--input-format", format, "text, jsonl, or auto (jsonl for .jsonl/.json files)")
+  app.add_flag("--split-sentences", split_sentences,
+               "one sequence per sentence (output _sentence.bin/.idx); strata's simple rule-based splitter, not NLTK punkt");
+  app.add_flag("--keep-newlines", keep_newlines,
+               "with --split-sentences: keep the whitespace (newlines included) after each sentence in it");
+  app.add_option("--lang", lang, "accepted for Megatron's command lines; the simple sentence splitter ignores it")
+      ->capture_default_str();
+  app.add_option("--tokenizer-type", tokenizer_options.type,
+                 "Megatron's tokenizer type (ByteTokenizer: bytes 0..255, end of document 256; GPT2BPETokenizer: "
+                 "--vocab-file and --merge-file; see data/text_tokenizer.hpp for the others)")
+      ->capture_default_str();
+  app.add_option("--vocab-file", tokenizer_options.vocab_file, "the tokenizer's vocabulary file (GPT2BPETokenizer: vocab.json)");
+  app.add_option("--merge-file", tokenizer_options.merge_file, "the tokenizer's merges file (GPT2BPETokenizer: merges.txt)");
+  app.add_option("--tokenizer-model", tokenizer_options.tokenizer_model, "the tokenizer's model file, for the types that take one");
+  app.add_option("--vocab-size", tokenizer_options.vocab_size, "the vocabulary size, for the types that take one (NullTokenizer)");
+  app.add_flag("--append-eod", append_eod, "append the end-of-document token to every non-empty document");
+  app.add_option("--workers", workers, "encoding threads; the output does not depend on their number")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--partitions", partitions, "split the input into this many partition files, encode each, merge the results")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--keep-sequential-samples", keep_sequential,
+               "with --partitions > 1: consecutive runs of documents per partition (input order kept) instead of round robin");
+  app.add_option("--log-interval", log_interval, "print progress every this many documents (0: never)")->capture_default_str();
+  app.add_option("--input-format", format, "jsonl, text, or auto (jsonl for .json/.jsonl, also under .gz)")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}))
       ->capture_default_str();
-  app.add_flag("--append-eod", append_eod, "append the end-of-document token to every document");
-  app.add_option("--dtype", dtype_name, "token type in .bin: uint16, int32, or auto (the smallest that fits)")
+  app.add_option("--dtype", dtype_name, "token type in .bin: uint16, int32, or auto (uint16 below 65500 ids, as Megatron)")
       ->check(CLI::IsMember({"auto", "uint16", "int32"}))
       ->capture_default_str();
-  app.add_option("--tokenizer-type", tokenizer_type,
-                 "ByteTokenizer (bytes 0..255, EOD 256) or GPT2BPETokenizer (GPT-2's byte-level BPE, EOD <|endoftext|>)")
-      ->check(CLI::IsMember({"ByteTokenizer", "GPT2BPETokenizer"}))
-      ->capture_default_str();
-  app.add_option("--vocab-file", vocab_file, "GPT2BPETokenizer: the vocabulary, vocab.json (token -> id)");
-  app.add_option("--merge-file", merge_file, "GPT2BPETokenizer: the merges, merges.txt");
-  app.add_option("--log-interval", log_interval, "print progress every this many documents")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (format == "auto") {
-      const bool json = input.ends_with(".jsonl") || input.ends_with(".json");
-      format = json ? "jsonl" : "text";
+      std::string name = input;
+      if (name.ends_with(".gz")) name.resize(name.size() - 3);
+      format = name.ends_with(".jsonl") || name.ends_with(".json") ? "jsonl" : "text";
     }
-    const bool jsonl = format == "jsonl";
-    if (!jsonl) json_keys.resize(1);
+    Settings settings;
+    settings.jsonl = format == "jsonl";
+    settings.append_eod = append_eod;
+    settings.split_sentences = split_sentences;
+    settings.keep_newlines = keep_newlines;
+    settings.log_interval = log_interval;
+    if (!settings.jsonl) json_keys.resize(1);
+    for (std::size_t i = 0; i < json_keys.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (json_keys[i] == json_keys[j]) strata::fail<ConfigError>("--json-keys names \"", json_keys[i], "\" twice");
+    settings.keys = json_keys;
+    const std::string level = split_sentences ? "sentence" : "document";
 
-    std::optional<BpeTokenizer> bpe;
-    if (tokenizer_type == "GPT2BPETokenizer") {
-      if (vocab_file.empty() || merge_file.empty())
-        strata::fail<ConfigError>("--tokenizer-type GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
-      bpe.emplace(vocab_file, merge_file);
-    } else if (!vocab_file.empty() || !merge_file.empty()) {
-      strata::fail<ConfigError>("--vocab-file and --merge-file are the files of --tokenizer-type GPT2BPETokenizer; the ",
-                                tokenizer_type, " needs none");
-    }
-    const std::int64_t vocab_size = bpe ? bpe->vocab_size() : ByteTokenizer::kVocabSize;
-    const std::int32_t eod = bpe ? bpe->eod() : ByteTokenizer::kEod;
+    data::Tokenizer tokenizer = data::make_tokenizer(tokenizer_options);
+    const std::int64_t vocab_size = tokenizer.vocab_size();
     if (dtype_name == "uint16" && vocab_size > 65536)
       strata::fail<ConfigError>("--dtype uint16 cannot hold the ids of a vocabulary of ", vocab_size, " tokens; use int32 or auto");
-    const auto dtype = dtype_name == "auto" ? strata::data::smallest_token_dtype(vocab_size) : strata::data::dtype_from_name(dtype_name);
+    const data::DType dtype = dtype_name == "auto" ? data::smallest_token_dtype(vocab_size) : data::dtype_from_name(dtype_name);
 
-    std::ifstream in(input, std::ios::binary);
-    if (!in) strata::fail<FileError>("cannot open '", input, "' for reading");
-
-    std::vector<Output> outputs;
-    for (const auto& key : json_keys) {
-      Output o;
-      o.key = key;
-      o.prefix = output_prefix + "_" + key + "_document";
-      o.writer = std::make_unique<strata::data::IndexedDatasetWriter>(o.prefix, dtype);
-      outputs.push_back(std::move(o));
+    // What to encode: the input, or the partition files made from the files its pattern matches.
+    struct Part {
+      std::string input, output_prefix;
+    };
+    std::vector<Part> parts;
+    if (partitions == 1) {
+      parts.push_back({input, output_prefix});
+    } else {
+      const auto [stem, extension] = split_extension(input);
+      std::vector<std::string> partition_files;
+      for (int i = 0; i < partitions; ++i) {
+        partition_files.push_back(stem + "_" + std::to_string(i) + extension);
+        parts.push_back({partition_files.back(), output_prefix + "_" + std::to_string(i)});
+      }
+      std::vector<std::string> inputs;
+      for (auto& file : expand_glob(input))  // never the partition files of an earlier run
+        if (std::find(partition_files.begin(), partition_files.end(), file) == partition_files.end()) inputs.push_back(file);
+      if (inputs.empty()) strata::fail<FileError>("no file matches --input '", input, "' but its own partition files");
+      for (const auto& file : inputs) {
+        // Fail early on an unreadable input, before the partition files are created.
+        LineReader probe(file);
+      }
+      std::fprintf(stderr, "Writing %d partition files from %zu input file(s)\n", partitions, inputs.size());
+      write_partitions(inputs, partition_files, keep_sequential, settings.jsonl);
     }
 
     const auto start = std::chrono::steady_clock::now();
-    std::int64_t documents = 0, bytes_read = 0;
-    std::vector<std::int32_t> tokens;
-    auto add = [&](Output& out, std::string_view text) {
-      if (text.empty()) {
-        ++out.empty;
-        return;
-      }
-      tokens.clear();
-      if (bpe) bpe->encode_into(text, tokens);
-      else ByteTokenizer::encode_into(text, tokens);
-      if (append_eod) tokens.push_back(eod);
-      out.writer->add_document(tokens);
-    };
-    auto progress = [&] {
-      ++documents;
-      if (log_interval > 0 && documents % log_interval == 0) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::fprintf(stderr, "processed %lld documents (%.1f MB, %.1f MB/s)\n", static_cast<long long>(documents),
-                     static_cast<double>(bytes_read) / 1e6, static_cast<double>(bytes_read) / 1e6 / std::max(seconds, 1e-9));
-      }
-    };
-
-    std::string line, paragraph;
-    std::int64_t line_number = 0;
-    while (std::getline(in, line)) {
-      ++line_number;
-      bytes_read += static_cast<std::int64_t>(line.size()) + 1;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (jsonl) {
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
-        JsonLine json(line, input, line_number);
-        for (auto& out : outputs) {
-          auto text = json.string_field(out.key);
-          if (!text) strata::fail<FileError>("'", input, "' line ", line_number, ": no key \"", out.key, "\"");
-          add(out, *text);
+    std::vector<KeyTotals> totals(json_keys.size());
+    std::int64_t documents = 0, bytes = 0;
+    {
+      EncoderPool pool(settings, tokenizer, workers);
+      for (const Part& part : parts) {
+        std::vector<std::unique_ptr<data::IndexedDatasetWriter>> writers;
+        for (const auto& key : json_keys)
+          writers.push_back(std::make_unique<data::IndexedDatasetWriter>(part.output_prefix + "_" + key + "_" + level, dtype));
+        std::vector<KeyTotals> part_totals(json_keys.size());
+        documents += encode_file(part.input, settings, pool, writers, part_totals, bytes);
+        for (auto& w : writers) w->finalize();
+        for (std::size_t k = 0; k < totals.size(); ++k) {
+          totals[k].documents += part_totals[k].documents;
+          totals[k].empty_documents += part_totals[k].empty_documents;
         }
-        progress();
-      } else if (line.find_first_not_of(" \t\f\v") == std::string::npos) {
-        if (!paragraph.empty()) {
-          add(outputs[0], paragraph);
-          paragraph.clear();
-          progress();
-        }
-      } else {
-        if (!paragraph.empty()) paragraph.push_back('\n');
-        paragraph += line;
       }
     }
-    if (in.bad()) strata::fail<FileError>("error while reading '", input, "'");
-    if (!jsonl && !paragraph.empty()) {
-      add(outputs[0], paragraph);
-      progress();
-    }
+    const double encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-    for (auto& out : outputs) out.writer->finalize();
+    if (partitions > 1) {  // Megatron's merge: the partitions' datasets in order, by the writer
+      for (const auto& key : json_keys) {
+        data::IndexedDatasetWriter writer(output_prefix + "_" + key + "_" + level, dtype);
+        for (const Part& part : parts) writer.add_index(part.output_prefix + "_" + key + "_" + level);
+        writer.finalize();
+      }
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("input:      %s (%s, %lld lines, %.2f MB)\n", input.c_str(), jsonl ? "jsonl" : "text",
-                static_cast<long long>(line_number), static_cast<double>(bytes_read) / 1e6);
-    if (bpe)
-      std::printf("tokenizer:  GPT2BPETokenizer (vocab %lld from '%s', %lld merges from '%s', eod %d%s)\n",
-                  static_cast<long long>(vocab_size), vocab_file.c_str(), static_cast<long long>(bpe->merge_count()), merge_file.c_str(),
-                  eod, append_eod ? ", appended" : ", not appended");
-    else
-      std::printf("tokenizer:  ByteTokenizer (vocab %lld, eod %d%s)\n", static_cast<long long>(vocab_size), eod,
-                  append_eod ? ", appended" : ", not appended");
-    for (const auto& out : outputs)
-      std::printf("output:     %s.bin/.idx  key \"%s\": %lld documents, %lld tokens, dtype %s, %lld empty skipped\n",
-                  out.prefix.c_str(), out.key.c_str(), static_cast<long long>(out.writer->document_count()),
-                  static_cast<long long>(out.writer->token_count()),
-                  std::string(strata::data::dtype_name(dtype)).c_str(), static_cast<long long>(out.empty));
-    std::printf("time:       %.2f s\n", seconds);
+
+    std::printf("input:      %s (%s, %d partition%s, %.2f MB)\n", input.c_str(), settings.jsonl ? "jsonl" : "text", partitions,
+                partitions == 1 ? "" : "s", static_cast<double>(bytes) / 1e6);
+    std::printf("tokenizer:  %s, eod %s\n", tokenizer.description().c_str(), append_eod ? "appended" : "not appended");
+    if (split_sentences)
+      std::printf("sentences:  split by strata's rule-based splitter (not NLTK punkt)%s\n",
+                  keep_newlines ? ", whitespace after each sentence kept" : "");
+    for (std::size_t k = 0; k < json_keys.size(); ++k) {
+      const std::string prefix = output_prefix + "_" + json_keys[k] + "_" + level;
+      const data::IndexedDataset written(prefix);
+      std::printf("output:     %s.bin/.idx  key \"%s\": %lld documents (%lld empty), %lld sequences, %lld tokens, dtype %s\n",
+                  prefix.c_str(), json_keys[k].c_str(), static_cast<long long>(written.document_count()),
+                  static_cast<long long>(totals[k].empty_documents), static_cast<long long>(written.sequence_count()),
+                  static_cast<long long>(written.token_count()), std::string(data::dtype_name(dtype)).c_str());
+    }
+    std::printf("time:       %.2f s (%d worker%s): %.1f documents/s, %.2f MB/s (MB = 10^6 bytes)\n", seconds, workers,
+                workers == 1 ? "" : "s", static_cast<double>(documents) / std::max(encode_seconds, 1e-9),
+                static_cast<double>(bytes) / 1e6 / std::max(encode_seconds, 1e-9));
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "preprocess_data: error: %s\n", e.what());
     return 1;
