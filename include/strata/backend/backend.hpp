@@ -17,6 +17,7 @@
 #include "../core/shape.hpp"
 #include "../core/space.hpp"
 #include "../shard/shard_spec.hpp"
+#include "moe_routing.hpp"
 #include "adamw_step.hpp"
 #include "attention_strides.hpp"
 
@@ -171,6 +172,29 @@ concept reduction = requires(B& b, const float* f, const double* cd, double* d, 
   b.clip_factor(cd, 1.0, d, d);
 };
 
+// The mixture-of-experts entry points (cpu/moe.hpp lists them). Separate from Backend: only the
+// MoE layers need them, and they check it with check_moe_backend.
+template <class B, class T, class A = accumulate_t<T>>
+concept moe_of = requires(B& b, const T* ct, T* t, const A* ca, A* a, const std::int32_t* ci, std::int32_t* i, index_t n,
+                          MoeRouting routing, double* d, const index_t* sizes, const T* const* cts, T* const* ts,
+                          A* const* as) {
+  b.template moe_router_forward<A>(ca, n, n, n, routing, ca, i, a, a, a);
+  b.template moe_router_backward<A>(ca, n, n, n, routing, ci, ca, ca, n, 1.0, 1.0, a);
+  b.template moe_drop<A>(ci, ca, n, n, true, i);
+  b.template moe_count<A>(ci, n, n, n, n, a, true);
+  b.template moe_count<std::int32_t>(ci, n, n, n, n, i, false);
+  b.moe_sort_by_expert(ci, n, n, n, n, n, i, i, n);
+  b.template moe_gather_rows<T>(ct, n, ci, n, t);
+  b.template moe_combine<T>(ct, ci, ca, n, n, n, t);
+  b.template moe_combine_backward<T>(ct, ct, ci, ca, n, n, n, n, t, a);
+  b.template moe_aux_loss<A>(ca, ca, n, 1.0, d, a);
+  b.template moe_expert_bias_update<A>(ca, n, 1.0, a);
+  b.template grouped_gemm<T>(false, true, n, sizes, sizes, sizes, cts, cts, ts, false);
+  b.template grouped_gemm<T, A>(true, false, n, sizes, sizes, sizes, cts, cts, as, true);
+};
+template <class B>
+concept moe = moe_of<B, float> && moe_of<B, double> && moe_of<B, bf16>;
+
 }  // namespace backend_requirements
 
 template <class B>
@@ -203,6 +227,17 @@ constexpr bool check_backend() {
   static_assert(r::init<B>, "The backend is missing init_normal (normal values at a ShardIndexMap's global index) for float, double or bf16.");
   static_assert(r::adamw<B>, "The backend is missing adamw_step (fp32 main parameters and moments, an AdamWStep of constants) for float, double or bf16.");
   static_assert(r::reduction<B>, "The backend is missing sum_of_squares for float or double, or clip_factor.");
+  return true;
+}
+
+// What the mixture-of-experts layers need beyond Backend (layers/moe/), checked by them.
+template <class B>
+constexpr bool check_moe_backend() {
+  static_assert(backend_requirements::moe<B>,
+                "The backend is missing a mixture-of-experts entry point: moe_router_forward, moe_router_backward, "
+                "moe_drop, moe_count, moe_sort_by_expert, moe_gather_rows, moe_combine, moe_combine_backward, "
+                "moe_aux_loss, moe_expert_bias_update or grouped_gemm (backend/cpu/moe.hpp lists their signatures) "
+                "for float, double or bf16.");
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include "embedding.hpp"
 #include "gemm.hpp"
 #include "init.hpp"
+#include "moe.hpp"
 #include "norm.hpp"
 #include "reduce.hpp"
 #include "rope.hpp"
@@ -239,6 +240,62 @@ struct backend {
   template <class X>
   static void fill_many(std::span<const TensorRef<X>> tensors, double value) {
     for (const auto& t : tensors) cpu::fill<X>(t.data, t.n, value);
+  }
+
+  // mixture of experts (cpu/moe.hpp)
+  template <class A>
+  static void moe_router_forward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                                 const A* expert_bias, std::int32_t* indices, A* weights, A* aux_scores, A* logsumexp) {
+    cpu::moe_router_forward<A>(logits, tokens, experts, k, routing, expert_bias, indices, weights, aux_scores, logsumexp);
+  }
+  template <class A>
+  static void moe_router_backward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                                  const std::int32_t* indices, const A* dweights, const A* aux_coefficients,
+                                  index_t groups, double aux_scale, double z_scale, A* dlogits) {
+    cpu::moe_router_backward<A>(logits, tokens, experts, k, routing, indices, dweights, aux_coefficients, groups,
+                                aux_scale, z_scale, dlogits);
+  }
+  template <class A>
+  static void moe_drop(const std::int32_t* indices, const A* weights, index_t assignments, index_t capacity,
+                       bool by_position, std::int32_t* routed) {
+    cpu::moe_drop<A>(indices, weights, assignments, capacity, by_position, routed);
+  }
+  template <class C>
+  static void moe_count(const std::int32_t* routed, index_t assignments, index_t k, index_t groups, index_t experts,
+                        C* counts, bool accumulate) {
+    cpu::moe_count<C>(routed, assignments, k, groups, experts, counts, accumulate);
+  }
+  static void moe_sort_by_expert(const std::int32_t* routed, index_t assignments, index_t k, index_t first_expert,
+                                 index_t experts, index_t capacity, std::int32_t* slot_of, std::int32_t* token_of_slot,
+                                 index_t slots) {
+    cpu::moe_sort_by_expert(routed, assignments, k, first_expert, experts, capacity, slot_of, token_of_slot, slots);
+  }
+  template <class T>
+  static void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) {
+    cpu::moe_gather_rows<T>(in, cols, rows, n, out);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void moe_combine(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k, index_t cols,
+                          T* out) {
+    cpu::moe_combine<T, A>(in, slot, weights, tokens, k, cols, out);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void moe_combine_backward(const T* dy, const T* in, const std::int32_t* slot, const A* weights, index_t tokens,
+                                   index_t k, index_t cols, index_t slots, T* d_in, A* dweights) {
+    cpu::moe_combine_backward<T, A>(dy, in, slot, weights, tokens, k, cols, slots, d_in, dweights);
+  }
+  template <class A>
+  static void moe_aux_loss(const A* prob_sums, const A* counts, index_t n, double factor, double* loss, A* coefficients) {
+    cpu::moe_aux_loss<A>(prob_sums, counts, n, factor, loss, coefficients);
+  }
+  template <class A>
+  static void moe_expert_bias_update(const A* counts, index_t experts, double rate, A* bias) {
+    cpu::moe_expert_bias_update<A>(counts, experts, rate, bias);
+  }
+  template <class T, class C = T>
+  static void grouped_gemm(bool ta, bool tb, index_t groups, const index_t* m, const index_t* n, const index_t* k,
+                           const T* const* a, const T* const* b, C* const* c, bool accumulate) {
+    cpu::grouped_gemm<T, C>(ta, tb, groups, m, n, k, a, b, c, accumulate);
   }
 };
 

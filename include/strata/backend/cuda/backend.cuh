@@ -41,6 +41,7 @@
 #include "kernels/cross_entropy.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/multi_tensor.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/optimizer.cuh"
@@ -359,6 +360,73 @@ class backend {
     kernels::fill_many<X>(tensors.data(), tensors.size(), value, stream());
   }
 
+  // --- mixture of experts (kernels/moe.cuh; the math in backend/cpu/moe.hpp) ----------------------
+  template <class A>
+  void moe_router_forward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                          const A* expert_bias, std::int32_t* indices, A* weights, A* aux_scores, A* logsumexp) const {
+    kernels::moe_router_forward<A>(logits, tokens, experts, k, routing, expert_bias, indices, weights, aux_scores, logsumexp,
+                                   stream());
+  }
+  template <class A>
+  void moe_router_backward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                           const std::int32_t* indices, const A* dweights, const A* aux_coefficients, index_t groups,
+                           double aux_scale, double z_scale, A* dlogits) const {
+    kernels::moe_router_backward<A>(logits, tokens, experts, k, routing, indices, dweights, aux_coefficients, groups,
+                                    aux_scale, z_scale, dlogits, stream());
+  }
+  template <class A>
+  void moe_drop(const std::int32_t* indices, const A* weights, index_t assignments, index_t capacity, bool by_position,
+                std::int32_t* routed) const {
+    kernels::moe_drop<A>(indices, weights, assignments, capacity, by_position, routed, stream());
+  }
+  template <class C>
+  void moe_count(const std::int32_t* routed, index_t assignments, index_t k, index_t groups, index_t experts, C* counts,
+                 bool accumulate) const {
+    kernels::moe_count<C>(routed, assignments, k, groups, experts, counts, accumulate, stream());
+  }
+  void moe_sort_by_expert(const std::int32_t* routed, index_t assignments, index_t k, index_t first_expert, index_t experts,
+                          index_t capacity, std::int32_t* slot_of, std::int32_t* token_of_slot, index_t slots) const {
+    kernels::moe_sort_by_expert(routed, assignments, k, first_expert, experts, capacity, slot_of, token_of_slot, slots,
+                                stream());
+  }
+  template <class T>
+  void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) const {
+    kernels::moe_gather_rows<T>(in, cols, rows, n, out, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void moe_combine(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k, index_t cols,
+                   T* out) const {
+    kernels::moe_combine<T, A>(in, slot, weights, tokens, k, cols, out, stream());
+  }
+  template <class T, class A = accumulate_t<T>>
+  void moe_combine_backward(const T* dy, const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k,
+                            index_t cols, index_t slots, T* d_in, A* dweights) const {
+    kernels::moe_combine_backward<T, A>(dy, in, slot, weights, tokens, k, cols, slots, d_in, dweights, stream());
+  }
+  template <class A>
+  void moe_aux_loss(const A* prob_sums, const A* counts, index_t n, double factor, double* loss, A* coefficients) const {
+    kernels::moe_aux_loss<A>(prob_sums, counts, n, factor, loss, coefficients, stream());
+  }
+  template <class A>
+  void moe_expert_bias_update(const A* counts, index_t experts, double rate, A* bias) const {
+    kernels::moe_expert_bias_update<A>(counts, experts, rate, bias, stream());
+  }
+  // One cuBLAS GEMM per group on the compute stream (host arrays of sizes and device pointers); an
+  // empty inner dimension writes zeros (or adds nothing). A grouped kernel can replace the loop
+  // without changing the interface.
+  template <class T, class C = T>
+  void grouped_gemm(bool ta, bool tb, index_t groups, const index_t* m, const index_t* n, const index_t* k,
+                    const T* const* a, const T* const* b, C* const* c, bool accumulate) const {
+    for (index_t g = 0; g < groups; ++g) {
+      if (m[g] == 0 || n[g] == 0) continue;
+      if (k[g] == 0) {
+        if (!accumulate) kernels::fill<C>(c[g], m[g] * n[g], 0.0, stream());
+        continue;
+      }
+      gemm<T, C>(ta, tb, m[g], n[g], k[g], a[g], b[g], c[g], accumulate);
+    }
+  }
+
  private:
   struct state {
     int device;
@@ -402,6 +470,7 @@ class backend {
 };
 
 static_assert(check_backend<backend>());
+static_assert(check_moe_backend<backend>());
 
 }  // namespace cuda
 STRATA_NAMESPACE_END

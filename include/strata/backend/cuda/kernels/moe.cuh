@@ -1,0 +1,243 @@
+// strata/backend/cuda/kernels/moe.cuh: the mixture-of-experts kernels, twins of backend/cpu/moe.hpp
+// (which states each one's math). Straightforward and deterministic rather than fast:
+//
+//   router forward/backward  one thread per token running moe_math's row routines (the CPU code)
+//   drop                     one thread per assignment, counting the assignments ahead of it
+//   count                    one thread per (group, expert) counting in assignment order
+//   sort_by_expert           one thread per expert scanning the assignments in order
+//   gather_rows, combine     one thread per output element, choices summed in ascending order
+//   combine_backward         d_in zeroed, then one thread per (token, choice, column); the weight
+//                            gradient one thread per (token, choice), columns summed in order
+//   aux_loss, bias_update    one thread (a few hundred numbers)
+// No atomics: every value is produced by one thread in a fixed order, so two runs give the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "../../moe_routing.hpp"
+#include "common.cuh"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda::kernels {
+
+template <class A>
+__global__ void moe_router_forward_kernel(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                                          const A* bias, std::int32_t* indices, A* weights, A* aux, A* lse) {
+  for (index_t x = blockIdx.x * index_t(blockDim.x) + threadIdx.x; x < tokens; x += index_t(gridDim.x) * blockDim.x)
+    moe_math::route_row<A>(logits + x * experts, experts, k, routing, bias, indices + x * k, weights + x * k,
+                           aux ? aux + x * experts : nullptr, lse ? lse + x : nullptr);
+}
+template <class A>
+void moe_router_forward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing, const A* bias,
+                        std::int32_t* indices, A* weights, A* aux, A* lse, cudaStream_t stream) {
+  if (tokens <= 0) return;
+  moe_router_forward_kernel<A><<<grid_for(tokens, 128), 128, 0, stream>>>(logits, tokens, experts, k, routing, bias,
+                                                                          indices, weights, aux, lse);
+  check_launch("moe_router_forward");
+}
+
+template <class A>
+__global__ void moe_router_backward_kernel(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                                           const std::int32_t* indices, const A* dweights, const A* coefficients,
+                                           index_t groups, double aux_scale, double z_scale, A* dlogits) {
+  for (index_t x = blockIdx.x * index_t(blockDim.x) + threadIdx.x; x < tokens; x += index_t(gridDim.x) * blockDim.x)
+    moe_math::route_row_backward<A>(logits + x * experts, experts, k, routing, indices + x * k,
+                                    dweights ? dweights + x * k : nullptr,
+                                    coefficients ? coefficients + (x % groups) * experts : nullptr, aux_scale, z_scale,
+                                    dlogits + x * experts);
+}
+template <class A>
+void moe_router_backward(const A* logits, index_t tokens, index_t experts, index_t k, MoeRouting routing,
+                         const std::int32_t* indices, const A* dweights, const A* coefficients, index_t groups,
+                         double aux_scale, double z_scale, A* dlogits, cudaStream_t stream) {
+  if (tokens <= 0) return;
+  moe_router_backward_kernel<A><<<grid_for(tokens, 128), 128, 0, stream>>>(
+      logits, tokens, experts, k, routing, indices, dweights, coefficients, groups, aux_scale, z_scale, dlogits);
+  check_launch("moe_router_backward");
+}
+
+template <class A>
+__global__ void moe_drop_kernel(const std::int32_t* indices, const A* weights, index_t n, index_t capacity, bool by_position,
+                                std::int32_t* routed) {
+  for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < n; a += index_t(gridDim.x) * blockDim.x)
+    routed[a] = moe_math::kept_within_capacity<A>(indices, weights, n, a, capacity, by_position) ? indices[a] : -1;
+}
+template <class A>
+void moe_drop(const std::int32_t* indices, const A* weights, index_t n, index_t capacity, bool by_position,
+              std::int32_t* routed, cudaStream_t stream) {
+  if (n <= 0) return;
+  moe_drop_kernel<A><<<grid_for(n), kThreads, 0, stream>>>(indices, weights, n, capacity, by_position, routed);
+  check_launch("moe_drop");
+}
+
+template <class C>
+__global__ void moe_count_kernel(const std::int32_t* routed, index_t n, index_t k, index_t groups, index_t experts,
+                                 C* counts, bool accumulate) {
+  for (index_t bin = blockIdx.x * index_t(blockDim.x) + threadIdx.x; bin < groups * experts;
+       bin += index_t(gridDim.x) * blockDim.x) {
+    const index_t group = bin / experts, expert = bin % experts;
+    C count = accumulate ? counts[bin] : C(0);
+    for (index_t a = 0; a < n; ++a)
+      if (routed[a] == expert && (a / k) % groups == group) count += C(1);
+    counts[bin] = count;
+  }
+}
+template <class C>
+void moe_count(const std::int32_t* routed, index_t n, index_t k, index_t groups, index_t experts, C* counts, bool accumulate,
+               cudaStream_t stream) {
+  if (groups * experts <= 0) return;
+  moe_count_kernel<C><<<grid_for(groups * experts, 64), 64, 0, stream>>>(routed, n, k, groups, experts, counts, accumulate);
+  check_launch("moe_count");
+}
+
+// One thread per expert: its first slot is the count of the experts before it (or e * capacity).
+__global__ inline void moe_sort_by_expert_kernel(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
+                                                 index_t experts, index_t capacity, std::int32_t* slot_of,
+                                                 std::int32_t* token_of_slot) {
+  for (index_t e = blockIdx.x * index_t(blockDim.x) + threadIdx.x; e < experts; e += index_t(gridDim.x) * blockDim.x) {
+    index_t next = 0;
+    if (capacity > 0) {
+      next = e * capacity;
+    } else {
+      for (index_t a = 0; a < n; ++a)
+        if (routed[a] >= first_expert && routed[a] < first_expert + e) ++next;
+    }
+    for (index_t a = 0; a < n; ++a) {
+      if (routed[a] != first_expert + e) continue;
+      slot_of[a] = static_cast<std::int32_t>(next);
+      token_of_slot[next] = static_cast<std::int32_t>(a / k);
+      ++next;
+    }
+  }
+}
+__global__ inline void moe_unrouted_kernel(const std::int32_t* routed, index_t n, index_t first_expert, index_t experts,
+                                           std::int32_t* slot_of) {
+  for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < n; a += index_t(gridDim.x) * blockDim.x)
+    if (routed[a] < first_expert || routed[a] >= first_expert + experts) slot_of[a] = -1;
+}
+inline void moe_sort_by_expert(const std::int32_t* routed, index_t n, index_t k, index_t first_expert, index_t experts,
+                               index_t capacity, std::int32_t* slot_of, std::int32_t* token_of_slot, index_t slots,
+                               cudaStream_t stream) {
+  if (slots > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(token_of_slot, 0xff, sizeof(std::int32_t) * slots, stream));  // -1
+  if (n > 0) {
+    moe_unrouted_kernel<<<grid_for(n), kThreads, 0, stream>>>(routed, n, first_expert, experts, slot_of);
+    check_launch("moe_sort_by_expert");
+  }
+  if (experts <= 0 || n <= 0) return;
+  moe_sort_by_expert_kernel<<<grid_for(experts, 64), 64, 0, stream>>>(routed, n, k, first_expert, experts, capacity,
+                                                                      slot_of, token_of_slot);
+  check_launch("moe_sort_by_expert");
+}
+
+template <class T>
+__global__ void moe_gather_rows_kernel(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) {
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n * cols; i += index_t(gridDim.x) * blockDim.x) {
+    const std::int32_t row = rows[i / cols];
+    store(out, i, row >= 0 ? load(in, static_cast<index_t>(row) * cols + i % cols) : accumulate_t<T>(0));
+  }
+}
+template <class T>
+void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out, cudaStream_t stream) {
+  if (n * cols <= 0) return;
+  moe_gather_rows_kernel<T><<<grid_for(n * cols), kThreads, 0, stream>>>(in, cols, rows, n, out);
+  check_launch("moe_gather_rows");
+}
+
+template <class T, class A>
+__global__ void moe_combine_kernel(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k,
+                                   index_t cols, T* out) {
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < tokens * cols; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t x = i / cols, c = i % cols;
+    A sum = 0;
+    for (index_t j = 0; j < k; ++j) {
+      const std::int32_t s = slot[x * k + j];
+      if (s < 0) continue;
+      const A v = load(in, static_cast<index_t>(s) * cols + c);
+      sum += weights ? weights[x * k + j] * v : v;
+    }
+    store(out, i, sum);
+  }
+}
+template <class T, class A>
+void moe_combine(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k, index_t cols, T* out,
+                 cudaStream_t stream) {
+  if (tokens * cols <= 0) return;
+  moe_combine_kernel<T, A><<<grid_for(tokens * cols), kThreads, 0, stream>>>(in, slot, weights, tokens, k, cols, out);
+  check_launch("moe_combine");
+}
+
+template <class T, class A>
+__global__ void moe_combine_backward_input_kernel(const T* dy, const std::int32_t* slot, const A* weights, index_t tokens,
+                                                  index_t k, index_t cols, T* d_in) {
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < tokens * k * cols;
+       i += index_t(gridDim.x) * blockDim.x) {
+    const index_t assignment = i / cols, c = i % cols, x = assignment / k;
+    const std::int32_t s = slot[assignment];
+    if (s < 0) continue;
+    const A w = weights ? weights[assignment] : A(1);
+    store(d_in, static_cast<index_t>(s) * cols + c, w * load(dy, x * cols + c));
+  }
+}
+template <class T, class A>
+__global__ void moe_combine_backward_weight_kernel(const T* dy, const T* in, const std::int32_t* slot, index_t tokens,
+                                                   index_t k, index_t cols, A* dweights) {
+  for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < tokens * k; a += index_t(gridDim.x) * blockDim.x) {
+    const std::int32_t s = slot[a];
+    A dot = 0;
+    if (s >= 0)
+      for (index_t c = 0; c < cols; ++c) dot += load(dy, (a / k) * cols + c) * load(in, static_cast<index_t>(s) * cols + c);
+    dweights[a] = dot;
+  }
+}
+template <class T, class A>
+void moe_combine_backward(const T* dy, const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k,
+                          index_t cols, index_t slots, T* d_in, A* dweights, cudaStream_t stream) {
+  if (slots * cols > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(d_in, 0, sizeof(T) * slots * cols, stream));
+  if (tokens * k * cols > 0) {
+    moe_combine_backward_input_kernel<T, A><<<grid_for(tokens * k * cols), kThreads, 0, stream>>>(dy, slot, weights, tokens,
+                                                                                                    k, cols, d_in);
+    check_launch("moe_combine_backward");
+  }
+  if (dweights && tokens * k > 0) {
+    moe_combine_backward_weight_kernel<T, A><<<grid_for(tokens * k, 128), 128, 0, stream>>>(dy, in, slot, tokens, k, cols,
+                                                                                             dweights);
+    check_launch("moe_combine_backward");
+  }
+}
+
+template <class A>
+__global__ void moe_aux_loss_kernel(const A* prob_sums, const A* counts, index_t n, double factor, double* loss,
+                                    A* coefficients) {
+  double sum = 0;
+  for (index_t i = 0; i < n; ++i) {
+    sum += static_cast<double>(prob_sums[i]) * static_cast<double>(counts[i]);
+    coefficients[i] = static_cast<A>(factor * static_cast<double>(counts[i]));
+  }
+  loss[0] += factor * sum;
+}
+template <class A>
+void moe_aux_loss(const A* prob_sums, const A* counts, index_t n, double factor, double* loss, A* coefficients,
+                  cudaStream_t stream) {
+  moe_aux_loss_kernel<A><<<1, 1, 0, stream>>>(prob_sums, counts, n, factor, loss, coefficients);
+  check_launch("moe_aux_loss");
+}
+
+template <class A>
+__global__ void moe_expert_bias_update_kernel(const A* counts, index_t experts, double rate, A* bias) {
+  double mean = 0;
+  for (index_t e = 0; e < experts; ++e) mean += static_cast<double>(counts[e]);
+  mean /= static_cast<double>(experts);
+  for (index_t e = 0; e < experts; ++e) {
+    const double offset = mean - static_cast<double>(counts[e]);
+    bias[e] = static_cast<A>(static_cast<double>(bias[e]) + rate * (offset > 0 ? 1.0 : (offset < 0 ? -1.0 : 0.0)));
+  }
+}
+template <class A>
+void moe_expert_bias_update(const A* counts, index_t experts, double rate, A* bias, cudaStream_t stream) {
+  if (experts <= 0) return;
+  moe_expert_bias_update_kernel<A><<<1, 1, 0, stream>>>(counts, experts, rate, bias);
+  check_launch("moe_expert_bias_update");
+}
+
+}  // namespace cuda::kernels
+STRATA_NAMESPACE_END
