@@ -184,8 +184,9 @@ class JsonLine {
     std::string out;
     while (true) {
       // Copy the run up to the next quote or backslash at once.
-      const std::size_t stop = s_.find_first_of("\"\\", pos_);
-      if (stop == std::string_view::npos) {
+      std::size_t stop = pos_;
+      while (stop < s_.size() && s_[stop] != '"' && s_[stop] != '\\') ++stop;
+      if (stop == s_.size()) {
         pos_ = s_.size();
         error("unexpected end of line inside a string");
       }
