@@ -1,0 +1,359 @@
+// strata/layers/moe/token_dispatcher.hpp: moving each rank's routed tokens to the ranks that hold
+// their experts and back (Megatron-Core's MoEAllGatherTokenDispatcher and
+// MoEAlltoAllTokenDispatcher), over the expert-parallel group (ep) with expert tensor parallelism
+// (etp). Rank (etp_i, ep_i) holds the experts [ep_i * E/ep, (ep_i + 1) * E/ep), each split over etp.
+//
+//   dispatch(hidden [T, h], routed [T, k], weights [T, k])  -> the local experts' input [rows, h],
+//        grouped by local expert, and tokens_per_expert (host) for the grouped GEMMs
+//   combine(expert output [rows, h], partial over etp)      -> y [T, h] = sum_j weights[x, j] *
+//        output of token x's j-th expert (dropped choices add nothing)
+//   combine_backward(dy [T, h])                             -> d expert output [rows, h], dweights [T, k]
+//   dispatch_backward(d expert input [rows, h], partial over etp) -> d hidden [T, h]
+//
+// AllGatherDispatcher: all-gather tokens, choices and weights over the etp x ep group; each rank
+//   sorts the gathered tokens of its local experts; combine weighs and sums them per gathered token
+//   and reduce-scatters back (which also sums the partial outputs of the etp ranks).
+// AllToAllDispatcher: sort this rank's tokens by expert; exchange the per-expert counts over ep
+//   first (all_to_all), then the tokens (all_to_all); all-gather over etp; sort the chunks
+//   (etp source, ep source, local expert) into local-expert order. combine runs it backwards:
+//   unsort, reduce-scatter over etp, all_to_all back, then weigh and sum per token.
+//
+// Counts are read on the host once per dispatch (the sizes of the collectives and GEMMs, as in
+// Megatron); everything else stays in the backend's memory. With padding to capacity every expert
+// receives exactly its capacity from every rank (the router's `capacity`), padded with zero rows.
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "../../backend/backend.hpp"
+#include "../policy.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct DispatcherConfig {
+  index_t hidden_size = 0;
+  index_t num_experts = 0;
+  index_t topk = 1;
+};
+
+namespace detail {
+
+inline std::vector<std::size_t> times(const std::vector<index_t>& counts, index_t factor) {
+  std::vector<std::size_t> out(counts.size());
+  for (std::size_t i = 0; i < counts.size(); ++i) out[i] = static_cast<std::size_t>(counts[i] * factor);
+  return out;
+}
+
+// A tensor's buffer as a read-only span of its space (what collectives take as input).
+template <class X, class Space>
+span_t<const X, Space> read_only(const Tensor<X, Space>& t) {
+  return t.buffer();
+}
+
+template <class Context>
+index_t local_experts(const Context& ctx, const DispatcherConfig& c, const char* who) {
+  if (c.num_experts % ctx.ep.size() != 0)
+    fail<ConfigError>(who, ": ep=", ctx.ep.size(), " does not divide num_experts=", c.num_experts,
+                      "; each expert-parallel rank holds num_experts / ep whole experts.");
+  return c.num_experts / ctx.ep.size();
+}
+
+}  // namespace detail
+
+template <class Policy>
+class AllGatherDispatcher {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  static_assert(check_moe_backend<typename Policy::backend>());
+
+  struct Dispatched {
+    Tensor<T, Space> tokens;                 // [rows, hidden], grouped by local expert
+    std::vector<index_t> tokens_per_expert;  // host, per local expert
+  };
+  struct State {
+    std::vector<index_t> tokens_of_rank;     // tokens of each rank of the etp x ep group
+    Tensor<std::int32_t, Space> slot_of;     // [N, k] slot of each gathered assignment here, or -1
+    Tensor<A, Space> weights;                // [N, k] gathered weights
+    Tensor<T, Space> expert_output;          // [rows, hidden], set by combine
+    index_t gathered = 0, rows = 0, tokens = 0;
+  };
+
+  AllGatherDispatcher(const Context& ctx, DispatcherConfig c)
+      : config_(c), local_(detail::local_experts(ctx, c, "AllGatherDispatcher")) {}
+
+  std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+    const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
+    auto& group = ctx.expert_tp_ep;
+    State state;
+    state.tokens = hidden.shape().numel() / h;
+    {  // tokens of every rank
+      std::vector<std::int64_t> mine{state.tokens}, all(static_cast<std::size_t>(group.size()));
+      auto in = Tensor<std::int64_t, Space>::empty(Shape{1}), out = Tensor<std::int64_t, Space>::empty(Shape{group.size()});
+      ctx.device.template copy_from_host<std::int64_t>(mine.data(), 1, in.data());
+      group.all_gather(detail::read_only(in), out.buffer());
+      ctx.device.template copy_to_host<std::int64_t>(out.data(), group.size(), all.data());
+      state.tokens_of_rank.assign(all.begin(), all.end());
+    }
+    state.gathered = std::accumulate(state.tokens_of_rank.begin(), state.tokens_of_rank.end(), index_t{0});
+    const index_t n = state.gathered;
+    auto all_hidden = Tensor<T, Space>::empty(Shape{n, h});
+    auto all_routed = Tensor<std::int32_t, Space>::empty(Shape{n, k});
+    state.weights = Tensor<A, Space>::empty(Shape{n, k});
+    group.all_gather_v(hidden.buffer(), all_hidden.buffer(), detail::times(state.tokens_of_rank, h));
+    group.all_gather_v(routed.buffer(), all_routed.buffer(), detail::times(state.tokens_of_rank, k));
+    group.all_gather_v(weights.buffer(), state.weights.buffer(), detail::times(state.tokens_of_rank, k));
+
+    const index_t first = ctx.ep.rank() * local_;
+    Dispatched out;
+    out.tokens_per_expert.assign(static_cast<std::size_t>(local_), capacity * group.size());
+    if (capacity == 0) {
+      auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
+      ctx.device.template moe_count<std::int32_t>(all_routed.data(), n * k, k, 1, E, counts.data(), false);
+      std::vector<std::int32_t> host(static_cast<std::size_t>(E));
+      ctx.device.template copy_to_host<std::int32_t>(counts.data(), E, host.data());
+      for (index_t e = 0; e < local_; ++e) out.tokens_per_expert[e] = host[first + e];
+    }
+    state.rows = std::accumulate(out.tokens_per_expert.begin(), out.tokens_per_expert.end(), index_t{0});
+    state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{n, k});
+    auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.rows});
+    ctx.device.moe_sort_by_expert(all_routed.data(), n * k, k, first, local_, capacity * group.size(), state.slot_of.data(),
+                                  token_of_slot.data(), state.rows);
+    out.tokens = Tensor<T, Space>::empty(Shape{state.rows, h});
+    ctx.device.template moe_gather_rows<T>(all_hidden.data(), h, token_of_slot.data(), state.rows, out.tokens.data());
+    return {std::move(out), std::move(state)};
+  }
+
+  Tensor<T, Space> combine(Context& ctx, State& state, const Tensor<T, Space>& expert_output) const {
+    const index_t h = config_.hidden_size;
+    state.expert_output = expert_output;
+    auto all = Tensor<T, Space>::empty(Shape{state.gathered, h});
+    ctx.device.template moe_combine<T, A>(expert_output.data(), state.slot_of.data(), state.weights.data(), state.gathered,
+                                          config_.topk, h, all.data());
+    auto y = Tensor<T, Space>::empty(Shape{state.tokens, h});
+    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), y.buffer(), detail::times(state.tokens_of_rank, h),
+                                      ReduceOp::sum);
+    return y;
+  }
+
+  std::pair<Tensor<T, Space>, Tensor<A, Space>> combine_backward(Context& ctx, const State& state,
+                                                                 const Tensor<T, Space>& dy) const {
+    const index_t h = config_.hidden_size, k = config_.topk;
+    auto all_dy = Tensor<T, Space>::empty(Shape{state.gathered, h});
+    ctx.expert_tp_ep.all_gather_v(dy.buffer(), all_dy.buffer(), detail::times(state.tokens_of_rank, h));
+    auto d_output = Tensor<T, Space>::empty(Shape{state.rows, h});
+    auto all_dweights = Tensor<A, Space>::empty(Shape{state.gathered, k});
+    ctx.device.template moe_combine_backward<T, A>(all_dy.data(), state.expert_output.data(), state.slot_of.data(),
+                                                   state.weights.data(), state.gathered, k, h, state.rows, d_output.data(),
+                                                   all_dweights.data());
+    auto dweights = Tensor<A, Space>::empty(Shape{state.tokens, k});  // partial sums of the experts' ranks
+    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all_dweights), dweights.buffer(),
+                                      detail::times(state.tokens_of_rank, k), ReduceOp::sum);
+    return {std::move(d_output), std::move(dweights)};
+  }
+
+  Tensor<T, Space> dispatch_backward(Context& ctx, const State& state, const Tensor<T, Space>& d_input) const {
+    const index_t h = config_.hidden_size;
+    auto all = Tensor<T, Space>::empty(Shape{state.gathered, h});
+    ctx.device.template moe_combine<T, A>(d_input.data(), state.slot_of.data(), nullptr, state.gathered, config_.topk, h,
+                                          all.data());
+    auto dx = Tensor<T, Space>::empty(Shape{state.tokens, h});
+    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), dx.buffer(), detail::times(state.tokens_of_rank, h),
+                                      ReduceOp::sum);
+    return dx;
+  }
+
+  index_t local_experts() const { return local_; }
+
+ private:
+  DispatcherConfig config_;
+  index_t local_;
+};
+
+template <class Policy>
+class AllToAllDispatcher {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  static_assert(check_moe_backend<typename Policy::backend>());
+
+  using Dispatched = typename AllGatherDispatcher<Policy>::Dispatched;
+  struct State {
+    Tensor<std::int32_t, Space> slot_of;  // [T, k] slot of each assignment in the permuted tokens, or -1
+    Tensor<A, Space> weights;             // [T, k]
+    Tensor<T, Space> combined_output;     // [R, hidden] the experts' output back in permuted order (combine)
+    std::vector<index_t> send_rows, recv_rows;  // per ep rank
+    std::vector<index_t> etp_rows;              // rows each etp rank received over ep
+    // chunk (etp source q, ep source p, local expert l): rows, in (q, p, l) order
+    std::vector<index_t> chunk_rows;
+    index_t tokens = 0, permuted = 0, rows = 0;
+  };
+
+  AllToAllDispatcher(const Context& ctx, DispatcherConfig c)
+      : config_(c), local_(detail::local_experts(ctx, c, "AllToAllDispatcher")) {}
+
+  std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+    const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
+    const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
+    State state;
+    state.tokens = hidden.shape().numel() / h;
+    state.weights = weights;
+    // Tokens per expert on this rank (every expert gets `capacity` when padding).
+    std::vector<std::int32_t> per_expert(static_cast<std::size_t>(E), static_cast<std::int32_t>(capacity));
+    if (capacity == 0) {
+      auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
+      ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
+      ctx.device.template copy_to_host<std::int32_t>(counts.data(), E, per_expert.data());
+    }
+    state.permuted = std::accumulate(per_expert.begin(), per_expert.end(), index_t{0});
+    // Permute by expert (so by destination rank).
+    state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
+    auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.permuted});
+    ctx.device.moe_sort_by_expert(routed.data(), state.tokens * k, k, 0, E, capacity, state.slot_of.data(),
+                                  token_of_slot.data(), state.permuted);
+    auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
+    ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.permuted, permuted.data());
+
+    // The counts first: received[p * local + l] = rows rank p sends to my local expert l.
+    std::vector<std::int32_t> received(static_cast<std::size_t>(E));
+    {
+      auto send = Tensor<std::int32_t, Space>::empty(Shape{E}), recv = Tensor<std::int32_t, Space>::empty(Shape{E});
+      ctx.device.template copy_from_host<std::int32_t>(per_expert.data(), E, send.data());
+      const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
+      ctx.ep.all_to_all(detail::read_only(send), blocks, recv.buffer(), blocks);
+      ctx.device.template copy_to_host<std::int32_t>(recv.data(), E, received.data());
+    }
+    state.send_rows.assign(static_cast<std::size_t>(ep), 0);
+    state.recv_rows.assign(static_cast<std::size_t>(ep), 0);
+    for (int p = 0; p < ep; ++p)
+      for (index_t l = 0; l < local_; ++l) {
+        state.send_rows[p] += per_expert[p * local_ + l];
+        state.recv_rows[p] += received[p * local_ + l];
+      }
+    const index_t mine = std::accumulate(state.recv_rows.begin(), state.recv_rows.end(), index_t{0});
+    auto exchanged = Tensor<T, Space>::empty(Shape{mine, h});  // (p, l) order
+    ctx.ep.all_to_all(detail::read_only(permuted), detail::times(state.send_rows, h), exchanged.buffer(),
+                      detail::times(state.recv_rows, h));
+
+    // All-gather over etp: the chunk sizes, then the rows.
+    std::vector<std::int32_t> chunks(received);
+    if (etp > 1) {
+      auto in = Tensor<std::int32_t, Space>::empty(Shape{E}), out = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
+      ctx.device.template copy_from_host<std::int32_t>(received.data(), E, in.data());
+      ctx.expert_tp.all_gather(detail::read_only(in), out.buffer());
+      chunks.resize(static_cast<std::size_t>(etp * E));
+      ctx.device.template copy_to_host<std::int32_t>(out.data(), etp * E, chunks.data());
+    }
+    state.chunk_rows.assign(chunks.begin(), chunks.end());
+    state.etp_rows.assign(static_cast<std::size_t>(etp), 0);
+    for (int q = 0; q < etp; ++q)
+      for (index_t c = 0; c < E; ++c) state.etp_rows[q] += state.chunk_rows[q * E + c];
+    state.rows = std::accumulate(state.etp_rows.begin(), state.etp_rows.end(), index_t{0});
+    Tensor<T, Space> gathered = exchanged;
+    if (etp > 1) {
+      gathered = Tensor<T, Space>::empty(Shape{state.rows, h});
+      ctx.expert_tp.all_gather_v(exchanged.buffer(), gathered.buffer(), detail::times(state.etp_rows, h));
+    }
+    Dispatched out;
+    out.tokens = sort_chunks(ctx, state, gathered, true);
+    out.tokens_per_expert.assign(static_cast<std::size_t>(local_), 0);
+    for (int q = 0; q < etp; ++q)
+      for (int p = 0; p < ep; ++p)
+        for (index_t l = 0; l < local_; ++l) out.tokens_per_expert[l] += state.chunk_rows[(q * ep + p) * local_ + l];
+    return {std::move(out), std::move(state)};
+  }
+
+  Tensor<T, Space> combine(Context& ctx, State& state, const Tensor<T, Space>& expert_output) const {
+    state.combined_output = back_to_tokens_order(ctx, state, expert_output);
+    auto y = Tensor<T, Space>::empty(Shape{state.tokens, config_.hidden_size});
+    ctx.device.template moe_combine<T, A>(state.combined_output.data(), state.slot_of.data(), state.weights.data(),
+                                          state.tokens, config_.topk, config_.hidden_size, y.data());
+    return y;
+  }
+
+  std::pair<Tensor<T, Space>, Tensor<A, Space>> combine_backward(Context& ctx, const State& state,
+                                                                 const Tensor<T, Space>& dy) const {
+    const index_t h = config_.hidden_size, k = config_.topk;
+    auto d_permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
+    auto dweights = Tensor<A, Space>::empty(Shape{state.tokens, k});
+    ctx.device.template moe_combine_backward<T, A>(dy.data(), state.combined_output.data(), state.slot_of.data(),
+                                                   state.weights.data(), state.tokens, k, h, state.permuted,
+                                                   d_permuted.data(), dweights.data());
+    const index_t mine = std::accumulate(state.recv_rows.begin(), state.recv_rows.end(), index_t{0});
+    auto exchanged = Tensor<T, Space>::empty(Shape{mine, h});
+    ctx.ep.all_to_all(detail::read_only(d_permuted), detail::times(state.send_rows, h), exchanged.buffer(),
+                      detail::times(state.recv_rows, h));
+    Tensor<T, Space> gathered = exchanged;
+    if (ctx.expert_tp.size() > 1) {
+      gathered = Tensor<T, Space>::empty(Shape{state.rows, h});
+      ctx.expert_tp.all_gather_v(exchanged.buffer(), gathered.buffer(), detail::times(state.etp_rows, h));
+    }
+    return {sort_chunks(ctx, state, gathered, true), std::move(dweights)};
+  }
+
+  Tensor<T, Space> dispatch_backward(Context& ctx, const State& state, const Tensor<T, Space>& d_input) const {
+    auto d_permuted = back_to_tokens_order(ctx, state, d_input);
+    auto dx = Tensor<T, Space>::empty(Shape{state.tokens, config_.hidden_size});
+    ctx.device.template moe_combine<T, A>(d_permuted.data(), state.slot_of.data(), nullptr, state.tokens, config_.topk,
+                                          config_.hidden_size, dx.data());
+    return dx;
+  }
+
+  index_t local_experts() const { return local_; }
+
+ private:
+  // Rows in chunk order (q, p, l) -> local-expert order (l, q, p) when `to_expert_order`, else back.
+  Tensor<T, Space> sort_chunks(Context& ctx, const State& state, const Tensor<T, Space>& in, bool to_expert_order) const {
+    const index_t h = config_.hidden_size;
+    const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
+    const std::size_t count = static_cast<std::size_t>(etp * ep * local_);
+    std::vector<index_t> chunk_offset(count), expert_offset(count);  // row offsets in the two orders
+    index_t at = 0;
+    for (std::size_t c = 0; c < count; ++c) chunk_offset[c] = at, at += state.chunk_rows[c];
+    at = 0;
+    for (index_t l = 0; l < local_; ++l)
+      for (int q = 0; q < etp; ++q)
+        for (int p = 0; p < ep; ++p) {
+          const std::size_t c = static_cast<std::size_t>((q * ep + p) * local_ + l);
+          expert_offset[c] = at, at += state.chunk_rows[c];
+        }
+    auto out = Tensor<T, Space>::empty(Shape{state.rows, h});
+    for (std::size_t c = 0; c < count; ++c) {
+      const index_t from = to_expert_order ? chunk_offset[c] : expert_offset[c];
+      const index_t to = to_expert_order ? expert_offset[c] : chunk_offset[c];
+      ctx.device.template copy<T>(in.data() + from * h, state.chunk_rows[c] * h, out.data() + to * h);
+    }
+    return out;
+  }
+
+  // The experts' rows (local-expert order, partial over etp) back to this rank's permuted order:
+  // unsort, reduce-scatter over etp, all_to_all back over ep.
+  Tensor<T, Space> back_to_tokens_order(Context& ctx, const State& state, const Tensor<T, Space>& rows) const {
+    const index_t h = config_.hidden_size;
+    Tensor<T, Space> chunked = sort_chunks(ctx, state, rows, false);
+    Tensor<T, Space> mine = chunked;
+    if (ctx.expert_tp.size() > 1) {
+      mine = Tensor<T, Space>::empty(Shape{state.etp_rows[static_cast<std::size_t>(ctx.expert_tp.rank())], h});
+      ctx.expert_tp.reduce_scatter_v(detail::read_only(chunked), mine.buffer(), detail::times(state.etp_rows, h),
+                                     ReduceOp::sum);
+    }
+    auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
+    ctx.ep.all_to_all(detail::read_only(mine), detail::times(state.recv_rows, h), permuted.buffer(),
+                      detail::times(state.send_rows, h));
+    return permuted;
+  }
+
+  DispatcherConfig config_;
+  index_t local_;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,94 @@
+// Token dispatchers (all-gather and all-to-all) on in-process ranks, in double, for ep in {1, 2, 4}
+// and etp in {1, 2}: with identity experts (each etp rank returns its input times 1/etp, so the
+// partial sums over etp add up to the input), dispatch then combine gives back every token times
+// the sum of its kept weights, exactly (bitwise); the backward gives dy times the same sum and the
+// weights' gradient dy . x, exactly; dropped choices contribute zero; padding to capacity gives
+// every expert its capacity from every rank. Both dispatchers therefore agree bit for bit.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <strata/layers/moe/token_dispatcher.hpp>
+
+#include "../common/equivalence.hpp"
+
+namespace {
+
+using namespace strata;
+using P = strata_test::TestPolicy<double, false>;
+using Context = ParallelContext<inprocess::communicator>;
+
+constexpr index_t kTokens = 10, kHidden = 6, kExperts = 8, kTopk = 2;
+
+enum class Drops { none, some, padded };
+
+template <class Dispatcher>
+void check_round_trip(int ep, int etp, Drops drops) {
+  const std::string what = "ep=" + std::to_string(ep) + " etp=" + std::to_string(etp) + " drops=" +
+                           std::to_string(static_cast<int>(drops));
+  const index_t capacity = 3;
+  inprocess::run(ep * etp, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{.dp = ep * etp, .ep = ep, .etp = etp});
+    Dispatcher dispatcher(ctx, DispatcherConfig{kHidden, kExperts, kTopk});
+    const auto key = static_cast<std::uint64_t>(world.rank());
+    Tensor<double> x = strata_test::random_tensor<double>(Shape{kTokens, kHidden}, 100 + key);
+    Tensor<double> dy = strata_test::random_tensor<double>(Shape{kTokens, kHidden}, 200 + key);
+    Tensor<std::int32_t> routed(Shape{kTokens, kTopk});
+    Tensor<double> weights(Shape{kTokens, kTopk}, 0.5);
+    std::vector<int> per_expert(kExperts, 0);
+    for (index_t t = 0; t < kTokens; ++t) {
+      const auto first = static_cast<std::int32_t>(rng::uniform(7 + key, static_cast<std::uint64_t>(t)) * kExperts);
+      const auto step = 1 + static_cast<std::int32_t>(rng::uniform(8 + key, static_cast<std::uint64_t>(t)) * (kExperts - 1));
+      routed[t * kTopk] = first;
+      routed[t * kTopk + 1] = (first + step) % kExperts;
+      for (index_t j = 0; j < kTopk; ++j) {
+        const std::int32_t e = routed[t * kTopk + j];
+        const bool drop = (drops == Drops::some && (t + j) % 3 == 0) || (drops == Drops::padded && per_expert[e] >= capacity);
+        if (drop) routed[t * kTopk + j] = -1;
+        else ++per_expert[e];
+      }
+    }
+    const index_t pad = drops == Drops::padded ? capacity : 0;
+    auto [dispatched, state] = dispatcher.dispatch(ctx, x, routed, weights, pad);
+    index_t rows = 0;
+    for (index_t n : dispatched.tokens_per_expert) {
+      rows += n;
+      if (pad) EXPECT_EQ(n, capacity * ep * etp) << what;  // from every rank of the etp x ep group
+    }
+    EXPECT_EQ(rows, dispatched.tokens.shape().rows()) << what;
+    Tensor<double> output = dispatched.tokens.clone();  // identity experts, partial over etp
+    ctx.device.scale<double>(output.data(), output.numel(), 1.0 / etp);
+    const Tensor<double> y = dispatcher.combine(ctx, state, output);
+    auto [d_output, dweights] = dispatcher.combine_backward(ctx, state, dy);
+    ctx.device.scale<double>(d_output.data(), d_output.numel(), 1.0 / etp);
+    const Tensor<double> dx = dispatcher.dispatch_backward(ctx, state, d_output);
+    ASSERT_EQ(y.numel(), x.numel()) << what;
+    int kept_total = 0;
+    for (index_t t = 0; t < kTokens; ++t) {
+      double kept = 0, dot = 0;
+      for (index_t j = 0; j < kTopk; ++j) kept += routed[t * kTopk + j] >= 0 ? 0.5 : 0.0;
+      kept_total += kept > 0;
+      for (index_t h = 0; h < kHidden; ++h) dot += dy[t * kHidden + h] * x[t * kHidden + h];
+      for (index_t h = 0; h < kHidden; ++h) {
+        EXPECT_EQ(y[t * kHidden + h], kept * x[t * kHidden + h]) << what << " token " << t;
+        EXPECT_EQ(dx[t * kHidden + h], kept * dy[t * kHidden + h]) << what << " token " << t;
+      }
+      for (index_t j = 0; j < kTopk; ++j)
+        EXPECT_EQ(dweights[t * kTopk + j], routed[t * kTopk + j] >= 0 ? dot : 0.0) << what << " token " << t;
+    }
+    EXPECT_GT(kept_total, 0);
+  });
+}
+
+template <class Dispatcher>
+void check_all() {
+  for (int ep : {1, 2, 4})
+    for (int etp : {1, 2})
+      for (Drops drops : {Drops::none, Drops::some, Drops::padded}) check_round_trip<Dispatcher>(ep, etp, drops);
+}
+
+TEST(AllGatherDispatcher, DispatchThenCombineRestoresTokensAndGradients) { check_all<AllGatherDispatcher<P>>(); }
+TEST(AllToAllDispatcher, DispatchThenCombineRestoresTokensAndGradients) { check_all<AllToAllDispatcher<P>>(); }
+
+}  // namespace
