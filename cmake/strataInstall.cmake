@@ -5,6 +5,7 @@
 #   lib/cmake/strata/strataConfig.cmake      + strataConfigVersion.cmake, strataTargets.cmake
 #   lib/cmake/strata/FindNCCL.cmake          so consumers of strata::nccl can find NCCL again
 #   lib/cmake/strata/FindCUDNN.cmake, FindCudnnFrontend.cmake   the same for strata::cudnn
+#   lib/cmake/strata/FindSentencePiece.cmake   the same for strata::sentencepiece
 #   share/doc/strata/LICENSE
 include(CMakePackageConfigHelpers)
 
@@ -38,6 +39,7 @@ install(FILES
           ${CMAKE_CURRENT_LIST_DIR}/FindNCCL.cmake
           ${CMAKE_CURRENT_LIST_DIR}/FindCUDNN.cmake
           ${CMAKE_CURRENT_LIST_DIR}/FindCudnnFrontend.cmake
+          ${CMAKE_CURRENT_LIST_DIR}/FindSentencePiece.cmake
         DESTINATION ${STRATA_INSTALL_CMAKEDIR})
 
 if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)

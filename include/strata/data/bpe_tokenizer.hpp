@@ -481,14 +481,18 @@ inline void set_vocabulary(BpeModel& model, std::vector<BpeVocabEntry> entries,
   }
 }
 
-// Gives `id` the bytes `text` when decoded (an added token decodes to its own text).
-inline void set_id_bytes(BpeModel& model, std::int32_t id, std::string_view text) {
+// Gives each (id, text) the bytes `text` when decoded (an added token decodes to its own text).
+inline void set_id_bytes(BpeModel& model, const std::vector<std::pair<std::int32_t, std::string>>& texts) {
+  if (texts.empty()) return;
+  std::vector<const std::string*> replaced(model.tokens.size(), nullptr);
+  for (const auto& [id, text] : texts) replaced[static_cast<std::size_t>(id)] = &text;
   std::string bytes;
+  bytes.reserve(model.id_bytes.size());
   const auto size = model.tokens.size();
   for (std::size_t k = 0; k < size; ++k) {
     const std::uint32_t begin = model.id_bytes_offset[k], end = model.id_bytes_offset[k + 1];
     model.id_bytes_offset[k] = static_cast<std::uint32_t>(bytes.size());
-    if (static_cast<std::int32_t>(k) == id) bytes.append(text);
+    if (replaced[k]) bytes.append(*replaced[k]);
     else bytes.append(model.id_bytes, begin, end - begin);
   }
   model.id_bytes_offset[size] = static_cast<std::uint32_t>(bytes.size());

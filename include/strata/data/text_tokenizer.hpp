@@ -5,12 +5,21 @@
 // added here reaches both. A Tokenizer is cheap to copy: copies share the read-only vocabulary and
 // each keeps its own caches, so one copy per worker thread encodes without locks.
 //
-// Types (Megatron's names):
-//   ByteTokenizer       bytes 0..255, end of document 256 (no file; strata's default)
-//   GPT2BPETokenizer    GPT-2's byte-level BPE: --vocab-file vocab.json --merge-file merges.txt
+// Types (Megatron's names; docs/TOKENIZERS.md lists their flags, EOD and what is refused):
+//   ByteTokenizer              bytes 0..255, end of document 256 (no file; strata's default)
+//   GPT2BPETokenizer           GPT-2's byte-level BPE: --vocab-file vocab.json --merge-file merges.txt
+//   NullTokenizer              --vocab-size N: the text is ids separated by spaces; EOD is N
+//   HuggingFaceTokenizer       --tokenizer-model <dir or tokenizer.json>: byte-level BPE, GPT-2 or
+//                              Llama 3 style (huggingface_tokenizer.hpp)
+//   SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer
+//                              --tokenizer-model tokenizer.model, through the SentencePiece library:
+//                              offered where the program links strata::sentencepiece (which defines
+//                              STRATA_WITH_SENTENCEPIECE), refused with a message elsewhere
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,7 +29,12 @@
 
 #include "../core/error.hpp"
 #include "bpe_tokenizer.hpp"
+#include "huggingface_tokenizer.hpp"
+#include "null_tokenizer.hpp"
 #include "tokenizer.hpp"
+#if defined(STRATA_WITH_SENTENCEPIECE)
+#include "sentencepiece_tokenizer.hpp"
+#endif
 
 STRATA_NAMESPACE_BEGIN
 namespace data {
@@ -94,31 +108,94 @@ struct ByteTokenizerImpl {
   std::int64_t vocab_size() const { return ByteTokenizer::kVocabSize; }
 };
 
-// Checks which files go with --tokenizer-type before any is read (ConfigError naming the flag).
+// Whether this program was built with the SentencePiece library (strata::sentencepiece).
+#if defined(STRATA_WITH_SENTENCEPIECE)
+inline constexpr bool kHasSentencePiece = true;
+#else
+inline constexpr bool kHasSentencePiece = false;
+#endif
+
+// Megatron's --tokenizer-type values that strata reads.
+inline constexpr std::string_view kTokenizerTypes[] = {"ByteTokenizer",   "GPT2BPETokenizer",          "NullTokenizer",
+                                                       "HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                                                       "Llama2Tokenizer"};
+
+namespace detail {
+inline bool is_sentencepiece_type(std::string_view type) {
+  return type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+}
+}  // namespace detail
+
+// Checks which flags go with --tokenizer-type before any file is read (ConfigError naming the flag).
 inline void validate(const TokenizerOptions& o) {
-  const bool bpe_files = o.type == "GPT2BPETokenizer";
-  if (o.type != "ByteTokenizer" && o.type != "GPT2BPETokenizer")
-    fail<ConfigError>("--tokenizer-type ", o.type, " is not known here: use ByteTokenizer or GPT2BPETokenizer");
+  const std::string_view type = o.type;
+  if (std::find(std::begin(kTokenizerTypes), std::end(kTokenizerTypes), type) == std::end(kTokenizerTypes)) {
+    std::string known;
+    for (std::string_view t : kTokenizerTypes) known += (known.empty() ? "" : ", ") + std::string(t);
+    const bool megatron = type == "BertWordPieceLowerCase" || type == "BertWordPieceCase" || type == "TikTokenizer" ||
+                          type == "MultimodalTokenizer" || type == "SFTTokenizer" || type == "NullMultimodalTokenizer";
+    fail<ConfigError>("--tokenizer-type ", o.type, megatron ? " is Megatron's but not supported by strata" : " is not known",
+                      ": use one of ", known);
+  }
+  const bool bpe_files = type == "GPT2BPETokenizer";
+  const bool model_file = type == "HuggingFaceTokenizer" || detail::is_sentencepiece_type(type);
   if (bpe_files && (o.vocab_file.empty() || o.merge_file.empty()))
     fail<ConfigError>("--tokenizer-type ", o.type, " needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
   if (!bpe_files && (!o.vocab_file.empty() || !o.merge_file.empty()))
     fail<ConfigError>("--vocab-file and --merge-file are the files of --tokenizer-type GPT2BPETokenizer; ", o.type,
-                      " takes none");
-  if (!o.tokenizer_model.empty())
-    fail<ConfigError>("--tokenizer-model is not a file of --tokenizer-type ", o.type);
+                      " takes none", model_file ? " (it reads --tokenizer-model)" : "");
+  if (model_file && o.tokenizer_model.empty())
+    fail<ConfigError>("--tokenizer-type ", o.type, " needs --tokenizer-model (",
+                      type == "HuggingFaceTokenizer" ? "a tokenizer.json or the directory holding it" : "a SentencePiece tokenizer.model", ")");
+  if (!model_file && !o.tokenizer_model.empty())
+    fail<ConfigError>("--tokenizer-model is not a file of --tokenizer-type ", o.type,
+                      "; it goes with HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer and Llama2Tokenizer");
+  if (type == "NullTokenizer" && o.vocab_size <= 0)
+    fail<ConfigError>("--tokenizer-type NullTokenizer needs --vocab-size N > 0 (the ids of the data are 0..N-1; EOD is N)");
+  if (type != "NullTokenizer" && o.vocab_size != 0)
+    fail<ConfigError>("--vocab-size is the vocabulary of --tokenizer-type NullTokenizer; ", o.type, " takes its size from ",
+                      type == "ByteTokenizer" ? "its bytes (257)" : "its files");
+  if (detail::is_sentencepiece_type(type) && !kHasSentencePiece)
+    fail<ConfigError>("--tokenizer-type ", o.type, " needs the SentencePiece library, and this program was built without it: ",
+                      "install it (Debian/Ubuntu: libsentencepiece-dev) and link strata::sentencepiece, which CMake defines when it ",
+                      "finds the library");
 }
 
 // The tokenizer of the flags, its files read and checked (FileError naming the file).
 inline Tokenizer make_tokenizer(const TokenizerOptions& o) {
+  using ::strata::detail::concat;
   validate(o);
   if (o.type == "GPT2BPETokenizer") {
     BpeTokenizer bpe(o.vocab_file, o.merge_file);
-    std::string description = ::strata::detail::concat("GPT2BPETokenizer (vocab ", bpe.vocab_size(), " from '", o.vocab_file, "', ",
-                                             bpe.merge_count(), " merges from '", o.merge_file, "', eod ", bpe.eod(), ")");
+    std::string description = concat("GPT2BPETokenizer (vocab ", bpe.vocab_size(), " from '", o.vocab_file, "', ", bpe.merge_count(),
+                                     " merges from '", o.merge_file, "', eod ", bpe.eod(), ")");
     return Tokenizer(std::move(bpe), o.type, std::move(description));
   }
-  return Tokenizer(ByteTokenizerImpl{}, "ByteTokenizer",
-                   ::strata::detail::concat("ByteTokenizer (vocab ", ByteTokenizer::kVocabSize, ", eod ", ByteTokenizer::kEod, ")"));
+  if (o.type == "NullTokenizer") {
+    NullTokenizer null(o.vocab_size);
+    std::string description = concat("NullTokenizer (ids 0..", o.vocab_size - 1, " written as text, vocab ", null.vocab_size(), ", eod ",
+                                     null.eod(), ")");
+    return Tokenizer(std::move(null), o.type, std::move(description));
+  }
+  if (o.type == "HuggingFaceTokenizer") {
+    HuggingFaceTokenizer hf(o.tokenizer_model);
+    std::string description = concat("HuggingFaceTokenizer (byte-level BPE, ", hf.pre_tokenizer_name(), " pre-tokenizer, vocab ",
+                                     hf.vocab_size(), ", ", hf.merge_count(), " merges, ", hf.added_token_count(), " added tokens from '",
+                                     hf.file(), "', eod ", hf.eod(), ": ", hf.eod_rule(), ")");
+    return Tokenizer(std::move(hf), o.type, std::move(description));
+  }
+#if defined(STRATA_WITH_SENTENCEPIECE)
+  if (detail::is_sentencepiece_type(o.type)) {
+    const auto kind = o.type == "SentencePieceTokenizer"      ? SentencePieceTokenizer::Kind::sentencepiece
+                      : o.type == "GPTSentencePieceTokenizer" ? SentencePieceTokenizer::Kind::gpt_sentencepiece
+                                                              : SentencePieceTokenizer::Kind::llama2;
+    SentencePieceTokenizer sp(o.tokenizer_model, kind);
+    std::string description = concat(o.type, " (", sp.piece_count(), " pieces from '", o.tokenizer_model, "', vocab ", sp.vocab_size(),
+                                     ", eod ", sp.eod(), kind == SentencePieceTokenizer::Kind::llama2 ? ", bos first" : "", ")");
+    return Tokenizer(std::move(sp), o.type, std::move(description));
+  }
+#endif
+  return Tokenizer(ByteTokenizerImpl{}, "ByteTokenizer", concat("ByteTokenizer (vocab ", ByteTokenizer::kVocabSize, ", eod ", ByteTokenizer::kEod, ")"));
 }
 
 }  // namespace data
