@@ -93,9 +93,14 @@ def train_llama3(paragraphs, output, vocab_size):
 
 
 def train_sentencepiece(paragraphs, output, model_type, vocab_size):
+    import os
     import sentencepiece as spm
-    prefix = output / ("sp_bpe" if model_type == "bpe" else "sp_unigram")
-    options = dict(sentence_iterator=iter(paragraphs), model_prefix=str(prefix), model_type=model_type,
+    name = "sp_bpe" if model_type == "bpe" else "sp_unigram"
+    prefix = output.resolve() / name
+    # The model records its model_prefix: a bare name, so the file is the same wherever it is trained.
+    here = os.getcwd()
+    os.chdir(output)
+    options = dict(sentence_iterator=iter(paragraphs), model_prefix=name, model_type=model_type,
                    vocab_size=vocab_size, character_coverage=1.0, num_threads=1, minloglevel=2,
                    max_sentence_length=20000, unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
     if model_type == "unigram":
@@ -103,7 +108,10 @@ def train_sentencepiece(paragraphs, output, model_type, vocab_size):
     if model_type == "bpe":  # the Llama 2 recipe
         options.update(byte_fallback=True, split_digits=True, normalization_rule_name="identity",
                        add_dummy_prefix=True, remove_extra_whitespaces=False, allow_whitespace_only_pieces=True)
-    spm.SentencePieceTrainer.train(**options)
+    try:
+        spm.SentencePieceTrainer.train(**options)
+    finally:
+        os.chdir(here)
     pathlib.Path(str(prefix) + ".vocab").unlink()  # the .model holds everything
     return pathlib.Path(str(prefix) + ".model")
 
