@@ -441,13 +441,21 @@ class Encoder {
     batch.documents.assign(keys.size(), KeyDocuments{});
     for (const Record& record : batch.records) {
       if (!settings_.jsonl) {
-        add_document(std::span<const std::string>(&record.text, 1), false, batch.documents[0]);
+        try {
+          add_document(std::span<const std::string>(&record.text, 1), false, batch.documents[0]);
+        } catch (const strata::Error& e) {
+          strata::fail<FileError>("'", *batch.file, "' line ", record.line, ": ", e.what());
+        }
         continue;
       }
       JsonLine(record.text, *batch.file, record.line).parse(keys, fields_);
       for (std::size_t k = 0; k < keys.size(); ++k) {
         if (!fields_[k].found) strata::fail<FileError>("'", *batch.file, "' line ", record.line, ": no key \"", keys[k], "\"");
-        add_document(fields_[k].texts, fields_[k].list, batch.documents[k]);
+        try {
+          add_document(fields_[k].texts, fields_[k].list, batch.documents[k]);
+        } catch (const strata::Error& e) {  // a text the tokenizer refuses: say where it is
+          strata::fail<FileError>("'", *batch.file, "' line ", record.line, ", key \"", keys[k], "\": ", e.what());
+        }
       }
     }
   }

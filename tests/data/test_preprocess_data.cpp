@@ -457,6 +457,10 @@ TEST(PreprocessData, ErrorsNameFileAndLine) {
                {dir / "cut.jsonl.gz", "line ", "unexpected end of file"});
   EXPECT_FALSE(fs::exists(dir / "c_text_document.idx"));
   expect_error("--input " + (dir / "absent.jsonl") + " --output-prefix " + (dir / "a"), {"absent.jsonl", "cannot open"});
+  // A text the tokenizer refuses (NullTokenizer reads ids written as numbers).
+  write_file(dir / "ids.jsonl", "{\"text\": \"1 2 3\"}\n{\"text\": \"4 five\"}\n");
+  expect_error("--input " + (dir / "ids.jsonl") + " --output-prefix " + (dir / "i") + " --tokenizer-type NullTokenizer --vocab-size 10",
+               {dir / "ids.jsonl", "line 2", "key \"text\""});
   // The tokenizer's flags are checked by make_tokenizer.
   expect_error("--input " + (dir / "missing.jsonl") + " --output-prefix " + (dir / "t") + " --tokenizer-type GPT2BPETokenizer",
                {"--vocab-file"});
