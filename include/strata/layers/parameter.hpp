@@ -40,6 +40,11 @@ struct Parameter {
   // stage): its gradient is summed with the original's every step, so both stay the same, and
   // gradient norms count it once (on the original).
   bool pipeline_copy = false;
+  // An expert's weight (layers/moe/experts.hpp): `shard` splits it over the expert-tensor-parallel
+  // group (ctx.expert_tp), one expert-parallel rank holds it, and its gradient is summed over the
+  // expert-data-parallel group (ctx.expert_dp) instead of dp (and counted over
+  // ctx.expert_model_parallel, not ctx.model_parallel, in gradient norms).
+  bool expert = false;
   Tensor<T, Space> value;
   Tensor<grad_type, Space> grad;
 

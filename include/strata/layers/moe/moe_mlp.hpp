@@ -1,0 +1,187 @@
+// strata/layers/moe/moe_mlp.hpp: `MoeMlp<Policy, Activation, Dispatch>`, a mixture-of-experts
+// feed-forward block usable as TransformerLayer's MLP (Megatron-Core's MoELayer): TopKRouter, a
+// token dispatcher over the expert-parallel group, GroupedExperts, and optional shared experts (a
+// dense Mlp every token goes through, added to the routed output).
+//
+// Input and output: the residual-stream layout. The experts work on this rank's tokens: under
+// sequence parallelism the rank's sequence shard; otherwise (replicated input, tp > 1) the rank
+// takes its 1/tp of the sequence (a slice; backward all-gathers) and all-gathers the output, so the
+// tensor-parallel ranks never route the same token twice.
+//
+//   forward   tokens -> router (choices, weights; aux and z losses) -> dispatch -> experts ->
+//             combine -> (+ shared experts on the whole input)
+//   backward  combine backward (d expert output, d weights) -> experts backward -> dispatch
+//             backward -> + router backward (d weights and the losses, scaled by loss_scale)
+//
+// Dispatch is a tag: moe_alltoall (AllToAllDispatcher, the default) or moe_allgather.
+//
+// Gradients: the router's weight is replicated and already summed over tp; shared experts are
+// tensor-parallel like the dense MLP; both are reduced over dp like every dense parameter. Expert
+// weights (Parameter::expert) are complete for the tokens of their whole ep group and must be
+// summed over ctx.expert_dp only.
+#pragma once
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../conversions.hpp"
+#include "../mlp.hpp"
+#include "experts.hpp"
+#include "router.hpp"
+#include "token_dispatcher.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct moe_alltoall {};
+struct moe_allgather {};
+
+namespace detail {
+template <class Policy, class Dispatch>
+struct moe_dispatcher {
+  static_assert(!std::is_same_v<Dispatch, Dispatch>,
+                "MoeMlp: the Dispatch argument must be strata::moe_alltoall or strata::moe_allgather.");
+};
+template <class Policy>
+struct moe_dispatcher<Policy, moe_alltoall> {
+  using type = AllToAllDispatcher<Policy>;
+};
+template <class Policy>
+struct moe_dispatcher<Policy, moe_allgather> {
+  using type = AllGatherDispatcher<Policy>;
+};
+}  // namespace detail
+
+struct MoeMlpConfig {
+  index_t hidden_size = 0;
+  index_t num_experts = 0;
+  index_t topk = 1;
+  index_t expert_ffn_hidden_size = 0;
+  index_t shared_expert_ffn_hidden_size = 0;  // 0: no shared experts
+  RouterConfig router{};                      // hidden_size, num_experts and topk are taken from above
+};
+
+template <class Policy, class Act = gelu, class Dispatch = moe_alltoall>
+class MoeMlp {
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  template <class L>
+  using Edge = Activation<T, L, Space>;
+  using Layout = residual_layout_t<Policy>;
+  using Dispatcher = typename detail::moe_dispatcher<Policy, Dispatch>::type;
+  static constexpr bool sequence_parallel = Policy::sequence_parallel;
+
+  struct Saved {
+    typename TopKRouter<Policy>::Saved router;
+    typename Dispatcher::State dispatch;
+    typename GroupedExperts<Policy, Act>::Saved experts;
+    typename Mlp<Policy, Act>::Saved shared;
+    Shape local_shape{};  // this rank's tokens [s, b, hidden]
+  };
+
+  MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c)
+      : config_(c),
+        router_(ctx, name + ".router", router_config(c)),
+        dispatcher_(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk}),
+        experts_(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts}) {
+    if (c.shared_expert_ffn_hidden_size > 0)
+      shared_.emplace(ctx, name + ".shared_experts", MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false});
+  }
+
+  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
+    Saved saved;
+    Tensor<T, Space> local = local_tokens(ctx, x);  // [s_local, b, hidden]
+    saved.local_shape = local.shape();
+    const index_t h = config_.hidden_size, tokens = local.numel() / h, sequences = local.rank() >= 3 ? local.size(1) : 1;
+    const Tensor<T, Space> flat = local.reshaped(Shape{tokens, h});
+    auto [routing, router_saved] = router_.forward(ctx, flat, sequences);
+    saved.router = std::move(router_saved);
+    auto [dispatched, state] = dispatcher_.dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity);
+    auto [expert_out, experts_saved] = experts_.forward(ctx, dispatched.tokens, dispatched.tokens_per_expert);
+    saved.experts = std::move(experts_saved);
+    Tensor<T, Space> y = dispatcher_.combine(ctx, state, expert_out).reshaped(saved.local_shape);
+    saved.dispatch = std::move(state);
+    Edge<Layout> out = to_residual(ctx, std::move(y));
+    if (shared_) {
+      auto [s, shared_saved] = shared_->forward(ctx, x);
+      saved.shared = std::move(shared_saved);
+      ctx.device.template add<T>(out.data(), s.data(), out.tensor.numel(), out.data());
+    }
+    return {std::move(out), std::move(saved)};
+  }
+
+  // `deferred` (a split backward) is accepted for TransformerLayer's interface; the expert and
+  // router weight gradients are taken at once, the shared experts' are deferred.
+  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+    const index_t h = config_.hidden_size, tokens = saved.local_shape.numel() / h;
+    const Tensor<T, Space> dy_flat = local_gradient(ctx, dy).reshaped(Shape{tokens, h});
+    auto [d_output, dweights] = dispatcher_.combine_backward(ctx, saved.dispatch, dy_flat);
+    const Tensor<T, Space> d_input = experts_.backward(ctx, saved.experts, d_output);
+    Tensor<T, Space> dx = dispatcher_.dispatch_backward(ctx, saved.dispatch, d_input);
+    const Tensor<T, Space> d_router = router_.backward(ctx, saved.router, dweights);
+    ctx.device.template add<T>(dx.data(), d_router.data(), dx.numel(), dx.data());
+    Edge<Layout> out = input_gradient(ctx, dx.reshaped(saved.local_shape));
+    if (shared_) {
+      auto ds = shared_->backward(ctx, saved.shared, dy, deferred);
+      ctx.device.template add<T>(out.data(), ds.data(), out.tensor.numel(), out.data());
+    }
+    return out;
+  }
+
+  void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
+    router_.init(ctx, seed, stddev);
+    experts_.init(ctx, seed, stddev, output_stddev);
+    if (shared_) shared_->init(ctx, seed, stddev, output_stddev);
+  }
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    router_.for_each_parameter(visit);
+    experts_.for_each_parameter(visit);
+    if (shared_) shared_->for_each_parameter(visit);
+  }
+
+  TopKRouter<Policy>& router() { return router_; }
+  const TopKRouter<Policy>& router() const { return router_; }
+
+ private:
+  static RouterConfig router_config(const MoeMlpConfig& c) {
+    RouterConfig r = c.router;
+    r.hidden_size = c.hidden_size;
+    r.num_experts = c.num_experts;
+    r.topk = c.topk;
+    return r;
+  }
+
+  // This rank's tokens: the sequence shard under SP; else the rank's 1/tp of the sequence.
+  static Tensor<T, Space> local_tokens(Context& ctx, const Edge<Layout>& x) {
+    if constexpr (sequence_parallel) return x.tensor;
+    else if (ctx.tp.size() == 1) return x.tensor;
+    else return scatter_to_sequence_parallel(ctx.device, ctx.tp, x).tensor;
+  }
+  static Edge<Layout> to_residual(Context& ctx, Tensor<T, Space> y) {
+    if constexpr (sequence_parallel) return Edge<Layout>(std::move(y));
+    else if (ctx.tp.size() == 1) return Edge<Layout>(std::move(y));
+    else return gather_from_sequence_parallel(ctx.device, ctx.tp, Edge<layout::sharded<0>>(std::move(y)));
+  }
+  static Tensor<T, Space> local_gradient(Context& ctx, const Edge<Layout>& dy) {
+    if constexpr (sequence_parallel) return dy.tensor;
+    else if (ctx.tp.size() == 1) return dy.tensor;
+    else return gather_from_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
+  }
+  static Edge<Layout> input_gradient(Context& ctx, Tensor<T, Space> dx) {
+    if constexpr (sequence_parallel) return Edge<Layout>(std::move(dx));
+    else if (ctx.tp.size() == 1) return Edge<Layout>(std::move(dx));
+    else return scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, Edge<layout::sharded<0>>(std::move(dx)));
+  }
+
+  MoeMlpConfig config_;
+  TopKRouter<Policy> router_;
+  Dispatcher dispatcher_;
+  GroupedExperts<Policy, Act> experts_;
+  std::optional<Mlp<Policy, Act>> shared_;
+};
+
+STRATA_NAMESPACE_END

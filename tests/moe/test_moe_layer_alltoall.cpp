@@ -1,0 +1,16 @@
+// MoeMlp with the all-to-all dispatcher: every parallel layout (ep 2 and 4, etp 1 and 2, with tp and
+// sequence parallelism, with dp) equals the single rank: outputs, input gradients, the aux and z
+// losses (so the losses do not depend on the TP/EP partition), every parameter and gradient.
+#include <gtest/gtest.h>
+
+#include "moe_layer_equivalence.hpp"
+
+namespace {
+using namespace moe_test;
+
+TEST(MoeMlp, AllToAllGeluShardedEqualsUnshardedDouble) { check_layouts<double, gelu, moe_alltoall>(false); }
+TEST(MoeMlp, AllToAllSwigluSharedExpertsShardedEqualsUnshardedDouble) { check_layouts<double, swiglu, moe_alltoall>(true); }
+TEST(MoeMlp, AllToAllSwigluSigmoidShardedEqualsUnshardedFloat) {
+  check_layouts<float, swiglu, moe_alltoall>(false, MoeScore::sigmoid);
+}
+}  // namespace
