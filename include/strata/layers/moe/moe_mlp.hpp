@@ -21,6 +21,7 @@
 // summed over ctx.expert_dp only.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
