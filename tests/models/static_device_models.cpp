@@ -64,14 +64,14 @@ struct mock_device_backend {
   template <class T> void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t offset);
   template <class T, class A = strata::accumulate_t<T>>
   void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                         index_t d, A scale, T* out, A* lse, strata::AttentionStrides strides = {});
+                         index_t d, A scale, T* out, A* lse, strata::AttentionOptions options = {});
   template <class T, class A = strata::accumulate_t<T>>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
                           index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv,
-                          strata::AttentionStrides strides = {});
+                          strata::AttentionOptions options = {});
   template <class T>
   void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward,
-                         strata::AttentionStrides strides = {});
+                         strata::AttentionOptions options = {});
   template <class T>
   void embedding_forward(const std::int32_t* tokens, index_t n, const T* weight, index_t row_begin, index_t rows_local,
                          index_t h, T* out);

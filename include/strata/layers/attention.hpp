@@ -14,6 +14,13 @@
 //           when Position = rope, and qkv_merge of dq, dk, dv in the backward
 //   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
 //
+// Attention dropout (AttentionConfig::dropout, Megatron's --attention-dropout) on the probabilities,
+// inside the backend's attention (backend/attention_options.hpp): a forward given a key draws the
+// mask of each (global head, batch, query, key) from it, the local heads numbered from
+// tp rank * heads per rank, so a tensor-parallel run draws the single-rank mask. The key and the
+// probability are kept in Saved: the backward, and a recomputed core, draw the same mask. A forward
+// without a key (evaluation, inference) has no dropout. lse is that of the undropped softmax.
+//
 // Selective recompute (set_recompute_core(true), Megatron's --recompute-granularity selective): the
 // forward keeps the qkv projection's output instead of q, k, v, the attention output and lse, and
 // the backward runs the core (qkv_split, RoPE, attention_forward) again before its own backward.
@@ -26,11 +33,13 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "../backend/attention_strides.hpp"
+#include "../backend/attention_options.hpp"
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
 #include "row_parallel_linear.hpp"
@@ -79,6 +88,7 @@ class SelfAttention {
     Tensor<T, Space> out;         // [s, b, np_local * d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
     Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
+    AttentionDropout dropout;     // the forward's (probability 0: none); the backward and a recompute draw its mask
   };
 
   // Whether attention reads q, k, v as views of the packed projection (see the note at the top).
@@ -96,14 +106,21 @@ class SelfAttention {
         proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
-  // backward when `backward`. Optional; the first call of a shape plans it otherwise.
+  // backward when `backward`. Optional; the first call of a shape plans it otherwise. With dropout
+  // the training calls need no plan (the CUDA backend runs them on its flash kernels): only the
+  // forward without dropout (evaluation) is planned.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
-    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, backward,
-                                             packed_view().strides);
+    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_,
+                                             backward && config_.dropout <= 0, packed_view().strides);
   }
 
-  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
+  // dropout_key: the key of this micro-batch's attention dropout mask (distinct per layer and
+  // micro-batch; TransformerLayer derives it); none, or a dropout of 0, runs without dropout.
+  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
+                                        std::optional<std::uint64_t> dropout_key = std::nullopt) const {
     Saved saved;
+    if (dropout_key && config_.dropout > 0)
+      saved.dropout = AttentionDropout{config_.dropout, *dropout_key, static_cast<index_t>(ctx.tp.rank()) * heads_local_};
     auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
     core_forward(ctx, qkv.tensor, saved);
@@ -144,7 +161,7 @@ class SelfAttention {
       const T* packed = saved.packed.data();
       ctx.device.template attention_forward<T>(packed, packed + view.k_offset, packed + view.v_offset, s, b, heads_local_,
                                                groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
-                                               view.strides);
+                                               AttentionOptions{view.strides, saved.dropout});
     } else {
       saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
       saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
@@ -156,7 +173,8 @@ class SelfAttention {
         ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
       }
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_,
-                                               groups_local_, d, scale(), saved.out.data(), saved.lse.data());
+                                               groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
+                                               AttentionOptions{AttentionStrides{}, saved.dropout});
     }
   }
 
@@ -172,14 +190,15 @@ class SelfAttention {
       ctx.device.template attention_backward<T>(dcontext.data(), packed, packed + view.k_offset, packed + view.v_offset,
                                                 saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_,
                                                 d, scale(), dpacked, dpacked + view.k_offset,
-                                                dpacked + view.v_offset, view.strides);
+                                                dpacked + view.v_offset, AttentionOptions{view.strides, saved.dropout});
       return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
     }
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
          dv = Tensor<T, Space>::empty(saved.v.shape());
     ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
                                               saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_, d,
-                                              scale(), dq.data(), dk.data(), dv.data());
+                                              scale(), dq.data(), dk.data(), dv.data(),
+                                              AttentionOptions{AttentionStrides{}, saved.dropout});
     if constexpr (std::is_same_v<Position, rope>) {
       ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
       ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
@@ -211,6 +230,8 @@ class SelfAttention {
       fail<ConfigError>("SelfAttention: rotary embeddings need an even head dimension, got ", c.hidden_size / c.num_heads);
     if (c.num_heads % c.num_query_groups != 0)
       fail<ConfigError>("SelfAttention: num_query_groups=", c.num_query_groups, " does not divide num_attention_heads=", c.num_heads);
+    if (!(c.dropout >= 0 && c.dropout < 1))
+      fail<ConfigError>("SelfAttention: attention dropout=", c.dropout, " must be in [0, 1) (0 disables dropout)");
     if (c.num_query_groups < tp || c.num_query_groups % tp != 0)
       fail<ConfigError>("SelfAttention: num_query_groups=", c.num_query_groups, " is not a multiple of tp=", tp,
                         "; each tensor-parallel rank must own whole query groups (use more query groups or a smaller tp)");

@@ -6,6 +6,11 @@
 // The first residual add runs inside norm2 (forward_add), and the backward hands each norm the
 // residual branch's gradient to add into its own (one pass over the activations each).
 //
+// Dropout keys, all from the forward's dropout_key (distinct per layer and micro-batch): the
+// attention block's output rng::mix(key, 1), the MLP's output rng::mix(key, 2) (hidden dropout),
+// the attention probabilities rng::mix(key, 3) (the attention block's own dropout, a training
+// forward only: ForwardMode::evaluation runs attention without it).
+//
 // Norm is a template (strata::LayerNorm or strata::RmsNorm); Attention and Mlp are complete types
 // (e.g. SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>) whose layouts must agree with the
 // residual stream, checked at compile time.
@@ -22,6 +27,11 @@
 #include "policy.hpp"
 
 STRATA_NAMESPACE_BEGIN
+
+// What a forward is for. training: the attention block draws its dropout (its Saved feeds a
+// backward or a recompute, which draw the same mask). evaluation (validation loss, inference): the
+// attention block runs without dropout. Hidden dropout follows dropout_key in both, as before.
+enum class ForwardMode { training, evaluation };
 
 struct TransformerLayerConfig {
   index_t hidden_size = 0;
@@ -62,12 +72,14 @@ class TransformerLayer {
   // Plans what a [s, b] input needs in advance (the attention's plans; see SelfAttention::prepare).
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const { attention_.prepare(ctx, s, b, backward); }
 
-  // dropout_key: distinct per layer and micro-batch when hidden_dropout > 0.
-  std::pair<Act, Saved> forward(Context& ctx, const Act& x, std::uint64_t dropout_key = 0) const {
+  // dropout_key: distinct per layer and micro-batch when hidden or attention dropout is on.
+  std::pair<Act, Saved> forward(Context& ctx, const Act& x, std::uint64_t dropout_key = 0,
+                                ForwardMode mode = ForwardMode::training) const {
     Saved saved;
     saved.dropout_key = dropout_key;
     auto [h1, n1] = norm1_.forward(ctx, x);
-    auto [a, at] = attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
+    auto [a, at] = mode == ForwardMode::training ? attention_.forward(ctx, h1, rng::mix(dropout_key, 3))
+                                                 : attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
     dropout_forward(ctx, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
     auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
     auto [m, ml] = mlp_.forward(ctx, h2);

@@ -11,9 +11,14 @@
 //     dq_i = scale sum_j ds_j k_j;  dk_j += scale ds_j q_i;  dv_j += p_j dout_i
 // Only the causal half is computed. dk and dv are summed in A over (head of the group, query) in
 // ascending order in a scratch buffer and rounded once, so two runs give the same bits.
-// q, dq and k, v, dk, dv may be strided views (backend/attention_strides.hpp; the default is the
-// contiguous layout above); the arithmetic, and so every bit of the results, does not depend on
-// the strides. out, dout and lse are contiguous.
+// The trailing AttentionOptions (backend/attention_options.hpp) holds two things:
+//   strides   q, dq and k, v, dk, dv may be strided views (the default is the contiguous layout
+//             above); the arithmetic, and so every bit of the results, does not depend on them.
+//             out, dout and lse are contiguous.
+//   dropout   on the probabilities, with Z_ij = kept(batch, head, i, j) / (1 - p) from the
+//             counter-based mask:  out_i = sum_j p_j Z_j v_j / l  (lse undropped);  backward
+//             dp_j = Z_j dout_i . v_j,  D_i = dout_i . out_i (the dropped out),  dv_j += p_j Z_j dout_i.
+//             p = 0 takes the plain path: the same arithmetic and bits as without the option.
 #pragma once
 
 #include <algorithm>
@@ -23,16 +28,18 @@
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
-#include "../attention_strides.hpp"
+#include "../attention_options.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cpu {
 
 template <class T, class A = accumulate_t<T>>
 void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                       index_t d, A scale, T* out, A* lse, AttentionStrides strides = {}) {
+                       index_t d, A scale, T* out, A* lse, AttentionOptions options = {}) {
   const index_t hpg = heads / groups;
-  const AttentionStrides x = checked_attention_strides("cpu::attention_forward", strides, heads, groups, d);
+  const AttentionStrides x = checked_attention_strides("cpu::attention_forward", options.strides, heads, groups, d);
+  const bool dropping = options.dropout.active();
+  const AttentionDropoutMask<A> mask = attention_dropout_mask<A>("cpu::attention_forward", options.dropout);
   const index_t q_step = b * x.q_row, kv_step = b * x.kv_row;  // from position i to i + 1 of one sequence
   const index_t out_step = b * heads * d;                        // out [s, b, heads, d]
   std::vector<A> z(static_cast<std::size_t>(s)), acc(static_cast<std::size_t>(d));
@@ -56,9 +63,10 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
         std::fill(acc.begin(), acc.end(), A(0));
         for (index_t j = 0; j <= i; ++j) {
           const A p = std::exp(z[j] - m);
-          l += p;
+          l += p;  // the undropped softmax's sum
+          const A weight = dropping ? p * mask.factor(batch, h, i, j) : p;
           const T* vj = vh + j * kv_step;
-          for (index_t e = 0; e < d; ++e) acc[e] += p * A(vj[e]);
+          for (index_t e = 0; e < d; ++e) acc[e] += weight * A(vj[e]);
         }
         T* oi = out + i * out_step + (batch * heads + h) * d;
         for (index_t e = 0; e < d; ++e) oi[e] = T(acc[e] / l);
@@ -70,9 +78,11 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
 template <class T, class A = accumulate_t<T>>
 void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
                         index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv,
-                        AttentionStrides strides = {}) {
+                        AttentionOptions options = {}) {
   const index_t hpg = heads / groups;
-  const AttentionStrides x = checked_attention_strides("cpu::attention_backward", strides, heads, groups, d);
+  const AttentionStrides x = checked_attention_strides("cpu::attention_backward", options.strides, heads, groups, d);
+  const bool dropping = options.dropout.active();
+  const AttentionDropoutMask<A> mask = attention_dropout_mask<A>("cpu::attention_backward", options.dropout);
   const index_t q_step = b * x.q_row, kv_step = b * x.kv_row;  // from position i to i + 1 of one sequence
   const index_t out_step = b * heads * d;                        // out, dout [s, b, heads, d]
   const index_t acc_step = b * groups * d;                       // the scratch [s, b, groups, d]
@@ -89,7 +99,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         const T* doi = dout + i * out_step + out_off;
         const T* oi = out + i * out_step + out_off;
         const A lse_i = lse[(batch * heads + h) * s + i];
-        A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j
+        A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j (out and dp with the dropout's Z)
         for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
         for (index_t j = 0; j <= i; ++j) {
           const T* kj = k + j * kv_step + kv_off;
@@ -100,9 +110,16 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
             dp += A(doi[e]) * A(vj[e]);
           }
           const A p = std::exp(scale * dot - lse_i);
-          ds[j] = p * (dp - big_d);
           A* dvj = dv_acc.data() + j * acc_step + acc_off;
-          for (index_t e = 0; e < d; ++e) dvj[e] += p * A(doi[e]);
+          if (dropping) {
+            const A factor = mask.factor(batch, h, i, j);  // Z_ij
+            ds[j] = p * (factor * dp - big_d);
+            const A weight = p * factor;
+            for (index_t e = 0; e < d; ++e) dvj[e] += weight * A(doi[e]);
+          } else {
+            ds[j] = p * (dp - big_d);
+            for (index_t e = 0; e < d; ++e) dvj[e] += p * A(doi[e]);
+          }
         }
         std::fill(dq_acc.begin(), dq_acc.end(), A(0));
         for (index_t j = 0; j <= i; ++j) {

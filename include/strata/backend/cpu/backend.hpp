@@ -144,18 +144,18 @@ struct backend {
   }
   template <class T, class A = accumulate_t<T>>
   static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                                index_t d, A scale, T* out, A* lse, AttentionStrides strides = {}) {
-    cpu::attention_forward<T>(q, k, v, s, b, heads, groups, d, scale, out, lse, strides);
+                                index_t d, A scale, T* out, A* lse, AttentionOptions options = {}) {
+    cpu::attention_forward<T>(q, k, v, s, b, heads, groups, d, scale, out, lse, options);
   }
   template <class T, class A = accumulate_t<T>>
   static void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse,
                                  index_t s, index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk,
-                                 T* dv, AttentionStrides strides = {}) {
-    cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, strides);
+                                 T* dv, AttentionOptions options = {}) {
+    cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, options);
   }
   // Nothing to plan on the CPU.
   template <class T>
-  static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool, AttentionStrides = {}) {}
+  static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool, AttentionOptions = {}) {}
 
   // embeddings
   template <class T>

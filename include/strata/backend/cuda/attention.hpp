@@ -5,9 +5,9 @@
 //   backward  dq, dk, dv written from dout and the saved out and lse (probabilities recomputed)
 //   q, out, dout, dq [s, b, heads, d];  k, v, dk, dv [s, b, groups, d];  query head h reads
 //   key/value head h / (heads / groups). Never an s x s matrix kept between calls.
-//   q, dq and k, v, dk, dv may be strided views (a trailing AttentionStrides,
-//   backend/attention_strides.hpp; the default is the contiguous layout): both engines read and
-//   write through the strides, no copy is made.
+//   The trailing AttentionOptions (backend/attention_options.hpp): q, dq and k, v, dk, dv may be
+//   strided views (the default is the contiguous layout): both engines read and write through the
+//   strides, no copy is made; and dropout on the probabilities (counter-based mask, lse undropped).
 //
 // Which engine runs:
 //   bf16, fp16 with cuDNN (STRATA_WITH_CUDNN, the strata::cudnn target): cuDNN 9 SDPA through the
@@ -17,6 +17,12 @@
 //              aligned, a stride not a multiple of 16 bytes) runs the flash kernels instead, and
 //              the reason is kept (last_refusal()).
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
+//   Any element type with attention dropout (probability > 0): the flash kernels, for forward and
+//              backward. cuDNN's SDPA draws its dropout mask from its own Philox stream (seed and
+//              offset, per cuDNN's layout of the s x s matrix), which cannot be made to draw
+//              strata's mask: a pure function of (key, global head, batch, query, key position)
+//              that a tensor-parallel split, the backward, a recompute and the CPU twin all draw
+//              alike. The refusal says so; without dropout nothing changes.
 // cuDNN's Stats and the flash kernels' lse are the same quantity in the same layout, so a forward
 // on one engine and a backward on the other agree.
 //
@@ -44,7 +50,7 @@
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
 #include "../../core/space.hpp"
-#include "../attention_strides.hpp"
+#include "../attention_options.hpp"
 #include "cudnn_sdpa.hpp"
 #include "flash_attention.hpp"
 #include "runtime.hpp"
@@ -203,6 +209,10 @@ class attention_plans {
 namespace detail {
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Why a call with attention dropout runs on the flash kernels (bf16 / fp16, where cuDNN would run).
+inline constexpr const char* kDropoutRefusal =
+    "attention dropout: cuDNN's SDPA cannot draw strata's counter-based mask, so the flash kernels run";
+
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
 // Whether every stride (resolved) keeps each head's start 16-byte aligned, as cuDNN requires.
 template <class T>
@@ -241,16 +251,20 @@ const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t 
 
 // Builds the cuDNN graphs for this shape and these strides now (forward, and backward when
 // `backward`), so that the calls themselves plan nothing; a no-op for float and double, without
-// cuDNN, when cuDNN is not preferred, or for strides cuDNN cannot take. A refused shape is
-// remembered as refused (the calls then run on the flash kernels).
+// cuDNN, when cuDNN is not preferred, for strides cuDNN cannot take, or with dropout (those calls
+// run on the flash kernels). A refused shape is remembered as refused (the calls then run on the
+// flash kernels).
 template <class T>
 void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups, index_t d,
-                       bool backward, AttentionStrides strides = {}) {
+                       bool backward, AttentionOptions options = {}) {
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
-  const AttentionStrides resolved = checked_attention_strides("prepare_attention", strides, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("prepare_attention", options.strides, heads, groups, d);
+  (void)attention_dropout_mask<accumulate_t<T>>("prepare_attention", options.dropout);  // checks the probability
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
-    if (s == 0 || b == 0 || !plans.prefers_cudnn() || !detail::strides_aligned16<T>(resolved)) return;
+    if (s == 0 || b == 0 || !plans.prefers_cudnn() || !detail::strides_aligned16<T>(resolved) ||
+        options.dropout.active())
+      return;
     std::size_t bytes = 0;
     for (bool direction : {false, true}) {
       if (direction && !backward) break;
@@ -270,12 +284,19 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
 template <class T>
 void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, const T* k, const T* v, index_t s,
                        index_t b, index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
-                       accumulate_t<T>* lse, AttentionStrides strides = {}) {
+                       accumulate_t<T>* lse, AttentionOptions options = {}) {
   static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
-  const AttentionStrides resolved = checked_attention_strides("attention_forward", strides, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("attention_forward", options.strides, heads, groups, d);
+  (void)attention_dropout_mask<accumulate_t<T>>("attention_forward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
+    return;
+  }
+  if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
+    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse,
+                               AttentionOptions{resolved, options.dropout});
+    plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
@@ -306,13 +327,21 @@ template <class T>
 void attention_backward(attention_plans& plans, cudaStream_t stream, const T* dout, const T* q, const T* k,
                         const T* v, const T* out, const accumulate_t<T>* lse, index_t s, index_t b, index_t heads,
                         index_t groups, index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv,
-                        AttentionStrides strides = {}) {
+                        AttentionOptions options = {}) {
   static_assert(Element<T>, "attention_backward takes float, double, bf16 or fp16 elements.");
   using A = accumulate_t<T>;
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
-  const AttentionStrides resolved = checked_attention_strides("attention_backward", strides, heads, groups, d);
+  const AttentionStrides resolved = checked_attention_strides("attention_backward", options.strides, heads, groups, d);
+  (void)attention_dropout_mask<A>("attention_backward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
+    return;
+  }
+  if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
+    A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
+    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta,
+                                AttentionOptions{resolved, options.dropout});
+    plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN

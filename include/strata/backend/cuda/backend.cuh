@@ -233,18 +233,18 @@ class backend {
     kernels::rope<T>(dx, s, n, d, base, position_offset, true, stream());
   }
 
-  // --- attention (cuDNN SDPA through backend/cuda/attention.hpp) ------------------------------------
+  // --- attention (cuDNN SDPA or the flash kernels through backend/cuda/attention.hpp) ---------------
   template <class T, class A = accumulate_t<T>>
   void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
-                         index_t d, A scale, T* out, A* lse, AttentionStrides strides = {}) const {
-    cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse, strides);
+                         index_t d, A scale, T* out, A* lse, AttentionOptions options = {}) const {
+    cuda::attention_forward<T>(attention(), stream(), q, k, v, s, b, heads, groups, d, scale, out, lse, options);
   }
   template <class T, class A = accumulate_t<T>>
   void attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* out, const A* lse, index_t s,
                           index_t b, index_t heads, index_t groups, index_t d, A scale, T* dq, T* dk, T* dv,
-                          AttentionStrides strides = {}) const {
+                          AttentionOptions options = {}) const {
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
-                                dv, strides);
+                                dv, options);
   }
   // Builds now the cuDNN plans the calls of this shape will use (forward, and backward when asked).
   // Building one compiles and loads GPU code, which waits for every GPU of the process: with one
@@ -252,8 +252,8 @@ class backend {
   // GPU may be inside one (docs/DEVICE.md). A no-op where the calls run on the flash kernels.
   template <class T>
   void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward,
-                         AttentionStrides strides = {}) const {
-    cuda::prepare_attention<T>(attention(), s, b, heads, groups, d, backward, strides);
+                         AttentionOptions options = {}) const {
+    cuda::prepare_attention<T>(attention(), s, b, heads, groups, d, backward, options);
   }
 
   // --- embeddings ----------------------------------------------------------------------------------

@@ -20,6 +20,13 @@
 // Each lane owns output columns lane + 32 t (t < kChunks = ceil(d / 32)); warp sums are xor
 // butterflies, whose result is the same bits on every lane and in every run.
 //
+// Dropout on the probabilities (backend/attention_options.hpp): each kernel has a second
+// instantiation (kDropout) that multiplies P_ij by Z_ij = kept / (1 - p) where the math above
+// says so (O = (P Z) V; dP = Z (dO V^T); dV = (P Z)^T dO; D = rowsum(dO * O) with the dropped O;
+// lse undropped), each lane drawing the mask of its own (query, key) pair from the counter-based
+// generator, so the kernels draw the CPU twin's mask bit for bit. Without dropout the plain
+// instantiation runs: no draw, the same instructions and bits as before dropout existed.
+//
 // Element types: float, double, bf16, fp16; tiles and sums are in accumulate_t<T> (float for the
 // 16-bit types). Head size d <= 256. Written for correctness and clarity first (CUDA cores, no
 // tensor cores): for bf16/fp16 training the cuDNN path in attention.hpp is the fast one.
@@ -43,7 +50,7 @@
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
-#include "../attention_strides.hpp"
+#include "../attention_options.hpp"
 #include "runtime.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -134,6 +141,8 @@ struct attention_params {
   index_t s, b, heads, groups, d;
   AttentionStrides strides;  // resolved: of q, dq and of k, v, dk, dv
   A scale;
+  bool dropping;                 // dropout on the probabilities: the kDropout kernels run
+  AttentionDropoutMask<A> mask;  // when dropping
 };
 static_assert(std::is_trivially_copyable_v<attention_params<float>>,
               "attention_params is passed to kernels by value, so it must be trivially copyable.");
@@ -175,7 +184,7 @@ __device__ void load_kv_tile(const attention_params<T>& p, index_t t0, index_t b
 // ---------------------------------------------------------------------------------------------
 // Forward. grid (ceil(s / kRows), b * heads), kThreads threads.
 // shared: k_tile, v_tile [kTile, d + 1]; q_rows [kRows, d]
-template <class T, int kChunks>
+template <class T, int kChunks, bool kDropout>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_params<T> p) {
   using A = accumulate_t<T>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -214,13 +223,16 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
     const A m_new = max(m, warp_max(score));  // finite: key t0 <= i is in the tile
     const A pj = j <= i ? exp_of(score - m_new) : A(0);
     const A alpha = exp_of(m - m_new);        // 0 on the first tile (m = -inf)
-    l = l * alpha + warp_sum(pj);
+    l = l * alpha + warp_sum(pj);             // the undropped softmax's sum
     m = m_new;
+    A weight = pj;                            // P_ij, times Z_ij under dropout
+    if constexpr (kDropout)
+      if (j <= i) weight = pj * p.mask.factor(bi, h, i, j);
 #pragma unroll
     for (int t = 0; t < kChunks; ++t) o[t] *= alpha;
     const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
     for (int r = 0; r < r_end; ++r) {
-      const A pr = __shfl_sync(0xffffffffu, pj, r);
+      const A pr = __shfl_sync(0xffffffffu, weight, r);
 #pragma unroll
       for (int t = 0; t < kChunks; ++t) {
         const index_t c = lane + t * kWarpSize;
@@ -259,7 +271,7 @@ __global__ void __launch_bounds__(kThreads) attention_delta_kernel(attention_par
 // dK, dV. grid (ceil(s / kRows), b * groups), kThreads threads; warp w owns key j = block's
 // first key + w and sums over the group's query heads and the queries i >= j.
 // shared: q_tile, do_tile [kTile, d + 1]; lse_tile, delta_tile [kTile]; k_rows, v_rows [kRows, d]
-template <class T, int kChunks>
+template <class T, int kChunks, bool kDropout>
 __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_params<T> p) {
   using A = accumulate_t<T>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -320,7 +332,13 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
           dov += do_tile[lane * ld + c] * v_row[c];
         }
         prob = exp_of(qk * p.scale - lse_tile[lane]);
-        dscore = prob * (dov - delta_tile[lane]);
+        if constexpr (kDropout) {
+          const A factor = p.mask.factor(bi, h, i, j);  // Z_ij
+          dscore = prob * (factor * dov - delta_tile[lane]);
+          prob = prob * factor;  // what dV sums
+        } else {
+          dscore = prob * (dov - delta_tile[lane]);
+        }
       }
       const int r_begin = static_cast<int>(max_index(0, j - t0));
       for (int r = r_begin; r < kTile; ++r) {
@@ -351,7 +369,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
 // ---------------------------------------------------------------------------------------------
 // dQ. grid (ceil(s / kRows), b * heads), kThreads threads; warp w owns query i.
 // shared: k_tile, v_tile [kTile, d + 1]; q_rows, do_rows [kRows, d]
-template <class T, int kChunks>
+template <class T, int kChunks, bool kDropout>
 __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params<T> p) {
   using A = accumulate_t<T>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -397,7 +415,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
         dov += do_row[c] * v_tile[lane * ld + c];
       }
       const A prob = exp_of(qk * p.scale - lse_i);
-      dscore = prob * (dov - delta_i);
+      if constexpr (kDropout) dscore = prob * (p.mask.factor(bi, h, i, j) * dov - delta_i);
+      else dscore = prob * (dov - delta_i);
     }
     const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
     for (int r = 0; r < r_end; ++r) {
@@ -457,9 +476,14 @@ struct launch_forward {
   static void run(const attention_params<T>& p, cudaStream_t stream) {
     using A = accumulate_t<T>;
     const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + kRows * p.d);
-    prepare_shared(attention_forward_kernel<T, kChunks>, bytes);
     const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.heads));
-    attention_forward_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    if (p.dropping) {
+      prepare_shared(attention_forward_kernel<T, kChunks, true>, bytes);
+      attention_forward_kernel<T, kChunks, true><<<grid, kThreads, bytes, stream>>>(p);
+    } else {
+      prepare_shared(attention_forward_kernel<T, kChunks, false>, bytes);
+      attention_forward_kernel<T, kChunks, false><<<grid, kThreads, bytes, stream>>>(p);
+    }
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
 };
@@ -468,9 +492,14 @@ struct launch_dkdv {
   static void run(const attention_params<T>& p, cudaStream_t stream) {
     using A = accumulate_t<T>;
     const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + 2 * kTile + 2 * kRows * p.d);
-    prepare_shared(attention_dkdv_kernel<T, kChunks>, bytes);
     const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.groups));
-    attention_dkdv_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    if (p.dropping) {
+      prepare_shared(attention_dkdv_kernel<T, kChunks, true>, bytes);
+      attention_dkdv_kernel<T, kChunks, true><<<grid, kThreads, bytes, stream>>>(p);
+    } else {
+      prepare_shared(attention_dkdv_kernel<T, kChunks, false>, bytes);
+      attention_dkdv_kernel<T, kChunks, false><<<grid, kThreads, bytes, stream>>>(p);
+    }
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
 };
@@ -479,9 +508,14 @@ struct launch_dq {
   static void run(const attention_params<T>& p, cudaStream_t stream) {
     using A = accumulate_t<T>;
     const std::size_t bytes = sizeof(A) * static_cast<std::size_t>(2 * kTile * (p.d + 1) + 2 * kRows * p.d);
-    prepare_shared(attention_dq_kernel<T, kChunks>, bytes);
     const dim3 grid(grid_count(p.s, kRows), static_cast<unsigned>(p.b * p.heads));
-    attention_dq_kernel<T, kChunks><<<grid, kThreads, bytes, stream>>>(p);
+    if (p.dropping) {
+      prepare_shared(attention_dq_kernel<T, kChunks, true>, bytes);
+      attention_dq_kernel<T, kChunks, true><<<grid, kThreads, bytes, stream>>>(p);
+    } else {
+      prepare_shared(attention_dq_kernel<T, kChunks, false>, bytes);
+      attention_dq_kernel<T, kChunks, false><<<grid, kThreads, bytes, stream>>>(p);
+    }
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
 };
@@ -489,33 +523,41 @@ struct launch_dq {
 }  // namespace flash
 
 // out [s, b, heads, d] and lse [b, heads, s] from q [s, b, heads, d], k, v [s, b, groups, d] (or
-// strided views of them).
+// strided views of them), with dropout on the probabilities when options.dropout is active.
 template <class T>
 void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const T* v, index_t s, index_t b,
                              index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
-                             accumulate_t<T>* lse, AttentionStrides strides = {}) {
+                             accumulate_t<T>* lse, AttentionOptions options = {}) {
   flash::check_attention_shape("flash_attention_forward", s, b, heads, groups, d);
-  const AttentionStrides resolved = checked_attention_strides("flash_attention_forward", strides, heads, groups, d);
+  const AttentionStrides resolved =
+      checked_attention_strides("flash_attention_forward", options.strides, heads, groups, d);
+  const auto mask = attention_dropout_mask<accumulate_t<T>>("flash_attention_forward", options.dropout);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out_w = out, p.lse_w = lse;
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
+  p.dropping = options.dropout.active(), p.mask = mask;
   flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
 }
 
-// dq, dk, dv written (through the same strides as q and k, v). `delta` is scratch of b * heads * s accumulate_t<T> elements (D = rowsum(dO * O)).
+// dq, dk, dv written (through the same strides as q and k, v), through the forward's dropout mask
+// when options.dropout is active (the forward's options). `delta` is scratch of b * heads * s
+// accumulate_t<T> elements (D = rowsum(dO * O)).
 template <class T>
 void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const accumulate_t<T>* lse, index_t s, index_t b, index_t heads, index_t groups,
                               index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv, accumulate_t<T>* delta,
-                              AttentionStrides strides = {}) {
+                              AttentionOptions options = {}) {
   flash::check_attention_shape("flash_attention_backward", s, b, heads, groups, d);
-  const AttentionStrides resolved = checked_attention_strides("flash_attention_backward", strides, heads, groups, d);
+  const AttentionStrides resolved =
+      checked_attention_strides("flash_attention_backward", options.strides, heads, groups, d);
+  const auto mask = attention_dropout_mask<accumulate_t<T>>("flash_attention_backward", options.dropout);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out = out, p.dout = dout, p.lse = lse, p.delta = delta, p.delta_w = delta;
   p.dq = dq, p.dk = dk, p.dv = dv;
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
+  p.dropping = options.dropout.active(), p.mask = mask;
   flash::attention_delta_kernel<T><<<flash::grid_count(b * heads * s, flash::kRows), flash::kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK(cudaGetLastError());
   flash::dispatch_chunks<flash::launch_dkdv, T>(d, p, stream);

@@ -1,0 +1,101 @@
+// strata/backend/attention_options.hpp: `AttentionOptions`, the trailing argument of
+// attention_forward / attention_backward / prepare_attention: where q, k, v lie in memory
+// (`AttentionStrides`, backend/attention_strides.hpp) and the dropout on the attention
+// probabilities (`AttentionDropout`). `AttentionOptions{}` (or a bare AttentionStrides, which
+// converts) is attention without dropout.
+//
+// Dropout (Megatron's --attention-dropout) draws no state and stores no mask: whether the
+// probability of query i for key j in head h of sequence `batch` is kept is a pure function of
+//
+//   word = philox4x32(counter {j, i, head_offset + h, batch}, key)[0]       (core/rng.hpp)
+//   kept = word >= threshold,   threshold = round(p 2^32)                   (an integer compare)
+//
+// so the forward, the backward and a recomputed forward draw one mask, the CPU and the GPU draw it
+// bit for bit, and a tensor-parallel rank whose local head h is global head head_offset + h draws
+// the single-rank mask. With Z = kept / (1 - p) (inverted dropout) and P the undropped softmax:
+//
+//   forward   O_i = sum_j P_ij Z_ij v_j;   lse_i = log sum_j e^(S_ij), that of the undropped
+//             softmax (as flash attention saves it)
+//   backward  dV_j = sum_i P_ij Z_ij dO_i;   dP_ij = Z_ij (dO_i . v_j);   D_i = dO_i . O_i (with the
+//             dropped O, = sum_j P_ij dP_ij);   dS_ij = P_ij (dP_ij - D_i);   dQ, dK from dS as
+//             without dropout
+//
+// probability = 0 draws nothing: the arithmetic, and every bit of the results, of attention
+// without dropout.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "../core/config.hpp"
+#include "../core/error.hpp"
+#include "../core/rng.hpp"
+#include "../core/shape.hpp"
+#include "attention_strides.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+struct AttentionDropout {
+  double probability = 0.0;  // of dropping one attention probability, in [0, 1); 0: no dropout
+  std::uint64_t key = 0;     // the mask's key (one per layer and micro-batch)
+  index_t head_offset = 0;   // global index of local query head 0 (tensor parallel: rank * heads per rank)
+
+  constexpr bool active() const { return probability > 0.0; }
+  friend constexpr bool operator==(const AttentionDropout&, const AttentionDropout&) = default;
+};
+
+struct AttentionOptions {
+  AttentionStrides strides{};
+  AttentionDropout dropout{};
+
+  constexpr AttentionOptions() = default;
+  // A bare AttentionStrides is the options without dropout.
+  constexpr AttentionOptions(AttentionStrides strides_in, AttentionDropout dropout_in = {})  // NOLINT: converts
+      : strides(strides_in), dropout(dropout_in) {}
+  friend constexpr bool operator==(const AttentionOptions&, const AttentionOptions&) = default;
+};
+static_assert(std::is_trivially_copyable_v<AttentionDropout> && std::is_trivially_copyable_v<AttentionOptions>,
+              "AttentionOptions is copied into kernel arguments, so it must be trivially copyable.");
+
+// What a kernel needs to draw the mask: the key, the integer threshold, the head offset and the
+// scale 1 / (1 - p) of kept probabilities in the accumulate type A.
+template <class A>
+struct AttentionDropoutMask {
+  std::uint64_t key = 0;
+  std::uint64_t threshold = 0;  // kept iff the 32-bit word >= threshold (in [0, 2^32])
+  index_t head_offset = 0;
+  A keep_scale = A(1);
+
+  // Whether query i keeps key j in local query head h of sequence `batch`.
+  STRATA_HOST_DEVICE constexpr bool kept(index_t batch, index_t h, index_t i, index_t j) const {
+    const rng::Block word = rng::philox4x32({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(i),
+                                             static_cast<std::uint32_t>(head_offset + h), static_cast<std::uint32_t>(batch)},
+                                            key);
+    return static_cast<std::uint64_t>(word[0]) >= threshold;
+  }
+  // Z_ij: keep_scale or 0.
+  STRATA_HOST_DEVICE constexpr A factor(index_t batch, index_t h, index_t i, index_t j) const {
+    return kept(batch, h, i, j) ? keep_scale : A(0);
+  }
+};
+static_assert(std::is_trivially_copyable_v<AttentionDropoutMask<float>>,
+              "AttentionDropoutMask is passed to kernels by value, so it must be trivially copyable.");
+
+// The mask of `dropout` (checked: a probability outside [0, 1), or NaN, is a ConfigError naming
+// `who`); meaningful only when dropout.active().
+template <class A>
+AttentionDropoutMask<A> attention_dropout_mask(const char* who, const AttentionDropout& dropout) {
+  const double p = dropout.probability;
+  if (!(p >= 0.0 && p < 1.0))
+    fail<ConfigError>(who, ": attention dropout probability ", p, " must be in [0, 1) (0 disables dropout)");
+  if (dropout.head_offset < 0) fail<ConfigError>(who, ": attention dropout head_offset ", dropout.head_offset, " is negative");
+  AttentionDropoutMask<A> mask;
+  mask.key = dropout.key;
+  mask.threshold = static_cast<std::uint64_t>(std::llround(p * 4294967296.0));  // p 2^32, at most 2^32
+  mask.head_offset = dropout.head_offset;
+  mask.keep_scale = A(1.0 / (1.0 - p));
+  return mask;
+}
+
+STRATA_NAMESPACE_END
