@@ -312,7 +312,8 @@ class DecoderModel {
       if (input == nullptr) fail<ShapeError>("evaluate_stage: a stage without the embedding needs the previous stage's output");
       x = *input;
     }
-    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, layer_key(dropout_key, i)).first;
+    for (std::size_t i = 0; i < layers_.size(); ++i)  // forward only: no attention dropout
+      x = layers_[i].forward(ctx, x, layer_key(dropout_key, i), ForwardMode::evaluation).first;
     if (!stage_.has_head) return {std::move(x), {}};
     const auto h = final_norm_->forward(ctx, x).first;
     const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
@@ -359,7 +360,8 @@ class DecoderModel {
     chunks.check();
     auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
-    for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(ctx, x, layer_key(dropout_key, i)).first;
+    for (std::size_t i = 0; i < layers_.size(); ++i)  // forward only: no attention dropout
+      x = layers_[i].forward(ctx, x, layer_key(dropout_key, i), ForwardMode::evaluation).first;
     const auto h = final_norm_->forward(ctx, x).first;
     const auto losses = chunked_classifier_loss(ctx, *output_, loss_, h, sequence_major(ctx, labels, /*are_labels=*/true), chunks);
     return masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask);
@@ -376,7 +378,7 @@ class DecoderModel {
     require_whole("next_token_logits");
     auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
-    for (const auto& layer : layers_) x = layer.forward(ctx, x).first;
+    for (const auto& layer : layers_) x = layer.forward(ctx, x, 0, ForwardMode::evaluation).first;
     auto logits = output_->forward(ctx, final_norm_->forward(ctx, x).first).first;                    // (s, 1, V / tp)
     const Tensor<T> full = to_host(gather_from_tensor_parallel(ctx.device, ctx.tp, logits).tensor);  // (s, 1, V)
     const index_t width = full.shape().cols();
