@@ -6,4 +6,5 @@
 #include "models/decoder.hpp"
 #include "models/gpt.hpp"
 #include "models/llama.hpp"
+#include "models/moe_llama.hpp"
 #include "models/pipeline_model.hpp"

@@ -32,6 +32,11 @@ struct MoeRouting {
 };
 static_assert(std::is_trivially_copyable_v<MoeRouting>, "MoeRouting is passed to kernels by value, so it must be trivially copyable.");
 
+// The router's load balancing (layers/moe/router.hpp) and what capacity dropping drops first;
+// here, beside MoeRouting, so model configurations name them without the layers.
+enum class MoeLoadBalancing { none, aux_loss, seq_aux_loss };
+enum class MoeDropPolicy { probability, position };
+
 namespace moe_math {
 
 // One token's routing, shared by the CPU kernels and the CUDA ones (one thread per token), so both

@@ -1,6 +1,9 @@
 // strata/models/config.hpp: `ModelConfig`, the numbers of a decoder-only language model (GPT-2 and
 // Llama presets), and its validation against a parallel configuration before anything is allocated.
 //
+// A mixture-of-experts model (models/moe_llama.hpp) keeps its numbers in `moe` (MoeModelConfig;
+// num_experts = 0, the default, is a dense model and leaves everything else as it was).
+//
 // Sizes derived from the configuration (the default ffn width 4 x hidden) use checked arithmetic,
 // and every floating-point field must be finite and in its range: NaN compares false with
 // everything, so each check is written so that NaN fails it.
@@ -9,12 +12,34 @@
 #include <cmath>
 #include <string>
 
+#include "../backend/moe_routing.hpp"
 #include "../core/checked.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/partition.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace models {
+
+// The mixture-of-experts numbers, with the Megatron flag each one mirrors. Read only when
+// num_experts > 0 (a MoE model); a dense model ignores the rest.
+struct MoeModelConfig {
+  int num_experts = 0;                     // --num-experts (0: a dense model)
+  int topk = 2;                            // --moe-router-topk
+  int expert_ffn_hidden_size = 0;          // --moe-ffn-hidden-size (0: the model's ffn_hidden_size)
+  int shared_expert_ffn_hidden_size = 0;   // --moe-shared-expert-intermediate-size (0: no shared experts)
+  MoeRouting routing{};                    // --moe-router-score-function, --moe-router-pre-softmax,
+                                           // --moe-router-topk-scaling-factor
+  MoeLoadBalancing load_balancing = MoeLoadBalancing::aux_loss;  // --moe-router-load-balancing-type
+  double aux_loss_coeff = 0.0;             // --moe-aux-loss-coeff
+  double z_loss_coeff = 0.0;               // --moe-z-loss-coeff
+  bool expert_bias = false;                // --moe-router-enable-expert-bias
+  double expert_bias_update_rate = 1e-3;   // --moe-router-bias-update-rate
+  double capacity_factor = 0.0;            // --moe-expert-capacity-factor (0: no capacity, nothing dropped)
+  MoeDropPolicy drop_policy = MoeDropPolicy::probability;  // --moe-token-drop-policy (probs / position)
+  bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
+
+  bool enabled() const { return num_experts > 0; }
+};
 
 struct ModelConfig {
   int num_layers = 2;
@@ -32,6 +57,7 @@ struct ModelConfig {
   double hidden_dropout = 0.0;     // on the embedding output and on each block's output before the residual add
   double attention_dropout = 0.0;  // on the attention probabilities
   double label_smoothing = 0.0;
+  MoeModelConfig moe{};  // mixture of experts (num_experts = 0: dense)
 
   // The MLP width: ffn_hidden_size, or 4 x hidden_size when it is 0 (ConfigError when that does not fit an int).
   int ffn() const {
@@ -39,6 +65,8 @@ struct ModelConfig {
                                 : checked_int(checked_mul(4, hidden_size, "4 x hidden_size"),
                                               "the default ffn_hidden_size (4 x hidden_size)");
   }
+  // One expert's MLP width: moe.expert_ffn_hidden_size, or ffn() when it is 0.
+  int expert_ffn() const { return moe.expert_ffn_hidden_size != 0 ? moe.expert_ffn_hidden_size : ffn(); }
   // Rows of the learned position table: max_position_embeddings, or seq_length when it is 0.
   int positions() const { return max_position_embeddings != 0 ? max_position_embeddings : seq_length; }
   index_t padded_vocab(int tp) const { return padded_vocab_size(vocab_size, tp, make_vocab_size_divisible_by); }
@@ -55,6 +83,36 @@ struct ModelConfig {
   }
 };
 
+// The mixture-of-experts numbers (num_experts > 0; ep and etp against them are checked with the
+// parallel layout). Throws ConfigError naming the first problem (value, reason, what to do).
+inline void validate_moe(const MoeModelConfig& m, const ParallelConfig& p) {
+  if (m.topk < 1 || m.topk > m.num_experts)
+    fail<ConfigError>("moe topk=", m.topk, " must be between 1 and num_experts=", m.num_experts,
+                      ": each token goes to topk different experts (set --moe-router-topk, Mixtral uses 2)");
+  if (m.shared_expert_ffn_hidden_size < 0 || m.shared_expert_ffn_hidden_size % p.tp != 0)
+    fail<ConfigError>("moe shared_expert_ffn_hidden_size=", m.shared_expert_ffn_hidden_size,
+                      " must be 0 (no shared experts) or a positive multiple of tp=", p.tp,
+                      ": the shared experts are a tensor-parallel MLP split over tp");
+  if (!(std::isfinite(m.routing.scaling_factor) && m.routing.scaling_factor > 0))
+    fail<ConfigError>("moe router scaling_factor=", m.routing.scaling_factor,
+                      " must be a finite positive number (1 leaves the routing weights as they are)");
+  if (m.routing.pre_softmax && m.routing.score != MoeScore::softmax)
+    fail<ConfigError>("moe pre_softmax applies to the softmax score function only; turn it off with the sigmoid scores");
+  if (!(std::isfinite(m.aux_loss_coeff) && m.aux_loss_coeff >= 0))
+    fail<ConfigError>("moe aux_loss_coeff=", m.aux_loss_coeff, " must be a finite number >= 0 (0 turns the aux loss off; 1e-2 is usual)");
+  if (!(std::isfinite(m.z_loss_coeff) && m.z_loss_coeff >= 0))
+    fail<ConfigError>("moe z_loss_coeff=", m.z_loss_coeff, " must be a finite number >= 0 (0 turns the z-loss off; 1e-3 is usual)");
+  if (!(std::isfinite(m.expert_bias_update_rate) && m.expert_bias_update_rate >= 0))
+    fail<ConfigError>("moe expert_bias_update_rate=", m.expert_bias_update_rate,
+                      " must be a finite number >= 0 (Megatron's default is 1e-3)");
+  if (!(std::isfinite(m.capacity_factor) && m.capacity_factor >= 0))
+    fail<ConfigError>("moe capacity_factor=", m.capacity_factor,
+                      " must be a finite number >= 0 (0: no capacity, no token dropped; 1.0 is usual when dropping)");
+  if (m.pad_to_capacity && m.capacity_factor <= 0)
+    fail<ConfigError>("moe pad_to_capacity needs a capacity, but capacity_factor=", m.capacity_factor,
+                      "; set capacity_factor > 0 (e.g. 1.0) or turn padding off");
+}
+
 // Throws ConfigError naming the first problem (value, reason, what to do).
 inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequence_parallel, int world_size = -1) {
   ModelDims dims{};
@@ -66,6 +124,8 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
   dims.vocab_size = m.vocab_size;
   dims.seq_length = m.seq_length;
   dims.sequence_parallel = sequence_parallel;
+  dims.num_experts = m.moe.num_experts;
+  dims.expert_ffn_hidden_size = m.moe.num_experts > 0 ? m.expert_ffn() : 0;
   check(p, dims, world_size);
   if (!(std::isfinite(m.init_method_std) && m.init_method_std > 0))
     fail<ConfigError>("init_method_std=", m.init_method_std, " must be a finite positive number (Megatron's default is 0.02)");
@@ -85,6 +145,7 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("norm_epsilon=", m.norm_epsilon, " must be a finite positive number (1e-5 is usual)");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
+  if (m.moe.enabled()) validate_moe(m.moe, p);
 }
 
 }  // namespace models

@@ -38,11 +38,20 @@
 // embedding (same name, same initial value, Parameter::pipeline_copy set); the pipeline sums the two
 // copies' gradients every step, so they stay bit-identical. The whole-model entry points (forward,
 // backward, evaluate, next_token_logits) need a stage that holds everything.
+//
+// Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
+// layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
+// loss_scale x the micro-batch's tokens (b x s): each micro-batch's router losses then weigh what
+// its mean token loss weighs (1 / (micro-batches x dp) without a loss mask, Megatron's
+// MoEAuxLossAutoScaler scale). forward (fused), forward_stage and backward set it. The losses
+// accumulate in the routers until reset_router_losses (router_losses reads them); validation and
+// inference forwards leave them, and the expert-bias load, as they were.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iomanip>
 #include <optional>
 #include <string>
@@ -50,6 +59,7 @@
 #include <vector>
 
 #include "../layers.hpp"
+#include "../layers/moe.hpp"
 #include "../pipeline/stage.hpp"
 #include "config.hpp"
 #include "recompute.hpp"
@@ -87,6 +97,8 @@ class DecoderModel {
   using Layout = residual_layout_t<Policy>;
   using Layer = TransformerLayer<Policy, Norm, Attention, MlpBlock>;
   using Output = ColumnParallelLinear<Policy>;
+  using Router = TopKRouter<Policy>;
+  static constexpr bool mixture_of_experts = is_moe_mlp_v<MlpBlock>;
 
   struct Saved {
     typename VocabParallelEmbedding<Policy>::Saved embedding;
@@ -129,7 +141,7 @@ class DecoderModel {
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout},
                            AttentionConfig{config.hidden_size, config.num_attention_heads, config.num_query_groups,
                                            config.rope_base, linear_bias, config.attention_dropout},
-                           MlpConfig{config.hidden_size, config.ffn(), linear_bias});
+                           mlp_config(config, linear_bias));
     if (stage.has_head) {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon);
       if constexpr (TiedOutput) output_.emplace(embedding_->weight());
@@ -184,6 +196,7 @@ class DecoderModel {
                         " must be a finite number (1 / tokens of the global batch)");
     fused.chunks.check();
     require_whole("model forward");
+    set_router_loss_scale(fused.loss_scale, tokens);
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     auto loss = fused_head(ctx, h, labels, loss_mask, fused, saved);
@@ -220,6 +233,7 @@ class DecoderModel {
     const FusedLoss fused{loss_scale, chunks};
     check_batch(ctx, tokens, labels, loss_mask);
     fused.chunks.check();
+    set_router_loss_scale(loss_scale, tokens);
     if (needed != nullptr && !*needed) needed = nullptr;
     auto need = [&](auto& module) {
       if (needed != nullptr) module.for_each_parameter([&](const Parameter<T, Space>& p) { (*needed)(p); });
@@ -304,6 +318,7 @@ class DecoderModel {
                                                      std::uint64_t dropout_key = 0, ClassifierChunks chunks = {}) const {
     check_batch(ctx, tokens, labels, loss_mask);
     chunks.check();
+    const RouterStatistics kept = router_statistics(ctx);  // put back when this returns
     Boundary x;
     if (stage_.has_embedding) {
       x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
@@ -339,6 +354,7 @@ class DecoderModel {
     } else {
       Tensor<A, Space> dloss = saved.mask.clone();
       ctx.device.template scale<A>(dloss.data(), dloss.numel(), loss_scale);
+      if constexpr (mixture_of_experts) set_router_loss_scale(loss_scale * static_cast<double>(saved.mask.numel()));
       auto dlogits = loss_.backward(ctx, saved.loss, dloss, saved.logits_shape);
       dh = output_->backward(ctx, saved.output, dlogits);
     }
@@ -358,6 +374,7 @@ class DecoderModel {
     require_whole("model evaluate");
     check_batch(ctx, tokens, labels, loss_mask);
     chunks.check();
+    const RouterStatistics kept = router_statistics(ctx);  // put back when this returns
     auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     for (std::size_t i = 0; i < layers_.size(); ++i)  // forward only: no attention dropout
@@ -376,6 +393,7 @@ class DecoderModel {
                        " inside it");
     check_sequence_parallel_length(ctx, tokens.size(1), "next_token_logits");
     require_whole("next_token_logits");
+    const RouterStatistics kept = router_statistics(ctx);  // put back when this returns
     auto x = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false)).first;
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
     for (const auto& layer : layers_) x = layer.forward(ctx, x, 0, ForwardMode::evaluation).first;
@@ -403,12 +421,95 @@ class DecoderModel {
   // Activation recompute from the next forward on (models/recompute.hpp).
   void set_recompute(const RecomputeConfig& recompute) {
     recompute.validate(config_.num_layers);
+    if (mixture_of_experts && recompute.granularity == RecomputeGranularity::full)
+      fail<ConfigError>("full activation recompute runs each layer's forward twice, which would count the MoE router's "
+                        "aux and z losses and its expert-bias load twice; use selective recompute (or none) with a "
+                        "mixture-of-experts model");
     recompute_ = recompute;
     for (auto& layer : layers_) layer.set_recompute_attention_core(recompute.granularity == RecomputeGranularity::selective);
   }
   const RecomputeConfig& recompute() const { return recompute_; }
 
+  // ---- mixture of experts (a MoeMlp block; empty or nothing for a dense model) ----
+
+  // This stage's routers, one per layer, in layer order.
+  const std::vector<Router*>& routers() const { return routers_; }
+  // Sets every router's loss scale: the factor its aux and z losses' gradients are multiplied by
+  // (forward and backward set it from their loss_scale; see the note at the top).
+  void set_router_loss_scale(double scale) {
+    for (Router* r : routers_) r->set_loss_scale(scale);
+  }
+  // [aux, z] summed over this stage's layers since the last reset_router_losses: this rank's share
+  // (each rank adds its own tokens' part; the sum over ctx.tp_cp_dp and the pipeline stages is the
+  // whole batch's, summed over the micro-batches and layers). A device tensor [2].
+  Tensor<double, Space> router_losses(Context& ctx) const {
+    auto sum = Tensor<double, Space>::zeros(Shape{2});
+    for (const Router* r : routers_) ctx.device.template add<double>(sum.data(), r->losses().data(), 2, sum.data());
+    return sum;
+  }
+  void reset_router_losses(Context& ctx) {
+    for (Router* r : routers_) r->reset_losses(ctx);
+  }
+  // Once per step after the backward (aux-loss-free balancing): each router moves its expert bias.
+  // Collective over ctx.tp_cp_dp; nothing without expert bias.
+  void update_expert_bias(Context& ctx) {
+    for (Router* r : routers_) r->update_expert_bias(ctx);
+  }
+
  private:
+  // The routers' statistics, put back when the value is destroyed (a forward-only pass).
+  class RouterStatistics {
+   public:
+    RouterStatistics(Context& ctx, const std::vector<Router*>& routers) {
+      if constexpr (mixture_of_experts)
+        for (const Router* r : routers)
+          restore_.push_back([&ctx, r, kept = r->statistics()] { r->restore(ctx, kept); });
+    }
+    RouterStatistics(const RouterStatistics&) = delete;
+    ~RouterStatistics() {
+      for (auto& restore : restore_) restore();
+    }
+
+   private:
+    std::vector<std::function<void()>> restore_;
+  };
+  RouterStatistics router_statistics(Context& ctx) const { return RouterStatistics(ctx, routers_); }
+
+  // The loss scale of a micro-batch of `tokens` [b, s]: loss_scale x b x s for the routers.
+  void set_router_loss_scale(double loss_scale, const Tensor<std::int32_t>& tokens) {
+    if constexpr (mixture_of_experts) set_router_loss_scale(loss_scale * static_cast<double>(tokens.numel()));
+  }
+
+  // The MLP block's configuration: the dense Mlp's, or the MoeMlp's (config.moe), which records its
+  // router in routers_.
+  auto mlp_config(const ModelConfig& config, bool linear_bias) {
+    if constexpr (mixture_of_experts) {
+      MoeMlpConfigWithRouters<Policy> c;
+      const MoeModelConfig& m = config.moe;
+      if (!m.enabled())
+        fail<ConfigError>("a mixture-of-experts model needs moe.num_experts > 0 (--num-experts), got ", m.num_experts);
+      c.config.hidden_size = config.hidden_size;
+      c.config.num_experts = m.num_experts;
+      c.config.topk = m.topk;
+      c.config.expert_ffn_hidden_size = config.expert_ffn();
+      c.config.shared_expert_ffn_hidden_size = m.shared_expert_ffn_hidden_size;
+      RouterConfig& r = c.config.router;
+      r.routing = m.routing;
+      r.load_balancing = m.load_balancing;
+      r.aux_loss_coeff = m.aux_loss_coeff;
+      r.z_loss_coeff = m.z_loss_coeff;
+      r.expert_bias = m.expert_bias;
+      r.expert_bias_update_rate = m.expert_bias_update_rate;
+      r.capacity_factor = m.capacity_factor;
+      r.drop_policy = m.drop_policy;
+      r.pad_to_capacity = m.pad_to_capacity;
+      c.routers = &routers_;
+      return c;
+    } else {
+      return MlpConfig{config.hidden_size, config.ffn(), linear_bias};
+    }
+  }
+
   // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),
   // returns the final norm's output [s, b, h] in the residual layout.
   Activation<T, Layout, Space> forward_to_final_norm(Context& ctx, const Tensor<std::int32_t>& tokens,
@@ -558,6 +659,7 @@ class DecoderModel {
   std::optional<Output> output_;
   VocabParallelCrossEntropy<Policy> loss_;
   RecomputeConfig recompute_{};
+  std::vector<Router*> routers_;  // MoE: the routers of layers_, in order (held by address: layers_ never moves)
 };
 
 }  // namespace models

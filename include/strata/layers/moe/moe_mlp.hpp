@@ -25,6 +25,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../conversions.hpp"
 #include "../mlp.hpp"
@@ -62,6 +63,16 @@ struct MoeMlpConfig {
   RouterConfig router{};                      // hidden_size, num_experts and topk are taken from above
 };
 
+// A MoeMlpConfig and a list the MoeMlp adds its router's address to when it is built: how a model
+// reaches the router of every layer (the loss scale, the aux and z losses, the expert bias) through
+// TransformerLayer, which builds the MLP from one config argument. The MoeMlp must then stay where
+// it was built (a model reserves its layers and is not copied or moved).
+template <class Policy>
+struct MoeMlpConfigWithRouters {
+  MoeMlpConfig config;
+  std::vector<TopKRouter<Policy>*>* routers = nullptr;
+};
+
 template <class Policy, class Act = gelu, class Dispatch = moe_alltoall>
 class MoeMlp {
  public:
@@ -90,6 +101,9 @@ class MoeMlp {
         experts_(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts}) {
     if (c.shared_expert_ffn_hidden_size > 0)
       shared_.emplace(ctx, name + ".shared_experts", MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false});
+  }
+  MoeMlp(const Context& ctx, std::string name, const MoeMlpConfigWithRouters<Policy>& c) : MoeMlp(ctx, std::move(name), c.config) {
+    if (c.routers != nullptr) c.routers->push_back(&router_);
   }
 
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
@@ -184,5 +198,11 @@ class MoeMlp {
   GroupedExperts<Policy, Act> experts_;
   std::optional<Mlp<Policy, Act>> shared_;
 };
+
+// True for the MoeMlp types (a model that must reach its routers).
+template <class Block>
+inline constexpr bool is_moe_mlp_v = false;
+template <class Policy, class Act, class Dispatch>
+inline constexpr bool is_moe_mlp_v<MoeMlp<Policy, Act, Dispatch>> = true;
 
 STRATA_NAMESPACE_END

@@ -43,9 +43,6 @@
 
 STRATA_NAMESPACE_BEGIN
 
-enum class MoeLoadBalancing { none, aux_loss, seq_aux_loss };
-enum class MoeDropPolicy { probability, position };
-
 struct RouterConfig {
   index_t hidden_size = 0;
   index_t num_experts = 0;
@@ -195,6 +192,21 @@ class TopKRouter {
   // [aux, z] accumulated since the last reset, as device doubles (this rank's share).
   const Tensor<double, Space>& losses() const { return losses_; }
   void reset_losses(Context& ctx) { ctx.device.template fill<double>(losses_.data(), 2, 0.0); }
+
+  // What the forward records besides its outputs (the losses, the load for the expert bias), taken
+  // before a forward that must leave no trace (validation) and put back after it.
+  struct Statistics {
+    Tensor<double, Space> losses;
+    Tensor<A, Space> tokens_per_expert;
+  };
+  Statistics statistics() const {
+    return {losses_.clone(), tokens_per_expert_.empty() ? Tensor<A, Space>{} : tokens_per_expert_.clone()};
+  }
+  void restore(Context& ctx, const Statistics& s) const {
+    ctx.device.template copy<double>(s.losses.data(), 2, losses_.data());
+    if (!tokens_per_expert_.empty())
+      ctx.device.template copy<A>(s.tokens_per_expert.data(), config_.num_experts, tokens_per_expert_.data());
+  }
 
   // Once per step after the backward: collective over ctx.tp_cp_dp.
   void update_expert_bias(Context& ctx) {
