@@ -97,8 +97,11 @@ class DecoderModel {
   using Layout = residual_layout_t<Policy>;
   using Layer = TransformerLayer<Policy, Norm, Attention, MlpBlock>;
   using Output = ColumnParallelLinear<Policy>;
-  using Router = TopKRouter<Policy>;
   static constexpr bool mixture_of_experts = is_moe_mlp_v<MlpBlock>;
+  // A dense model has no router (and names no TopKRouter, which a backend without the MoE entry
+  // points could not instantiate).
+  struct NoRouter {};
+  using Router = std::conditional_t<mixture_of_experts, TopKRouter<Policy>, NoRouter>;
 
   struct Saved {
     typename VocabParallelEmbedding<Policy>::Saved embedding;
@@ -437,23 +440,38 @@ class DecoderModel {
   // Sets every router's loss scale: the factor its aux and z losses' gradients are multiplied by
   // (forward and backward set it from their loss_scale; see the note at the top).
   void set_router_loss_scale(double scale) {
-    for (Router* r : routers_) r->set_loss_scale(scale);
+    if constexpr (mixture_of_experts)
+      for (Router* r : routers_) r->set_loss_scale(scale);
   }
   // [aux, z] summed over this stage's layers since the last reset_router_losses: this rank's share
   // (each rank adds its own tokens' part; the sum over ctx.tp_cp_dp and the pipeline stages is the
   // whole batch's, summed over the micro-batches and layers). A device tensor [2].
   Tensor<double, Space> router_losses(Context& ctx) const {
     auto sum = Tensor<double, Space>::zeros(Shape{2});
-    for (const Router* r : routers_) ctx.device.template add<double>(sum.data(), r->losses().data(), 2, sum.data());
+    if constexpr (mixture_of_experts)
+      for (const Router* r : routers_) ctx.device.template add<double>(sum.data(), r->losses().data(), 2, sum.data());
     return sum;
   }
   void reset_router_losses(Context& ctx) {
-    for (Router* r : routers_) r->reset_losses(ctx);
+    if constexpr (mixture_of_experts)
+      for (Router* r : routers_) r->reset_losses(ctx);
   }
   // Once per step after the backward (aux-loss-free balancing): each router moves its expert bias.
   // Collective over ctx.tp_cp_dp; nothing without expert bias.
   void update_expert_bias(Context& ctx) {
-    for (Router* r : routers_) r->update_expert_bias(ctx);
+    if constexpr (mixture_of_experts)
+      for (Router* r : routers_) r->update_expert_bias(ctx);
+  }
+  // Tensors a checkpoint keeps besides the parameters: each router's expert bias (with expert
+  // bias on), "<router>.expert_bias", replicated. visit(name, tensor).
+  template <class Visitor>
+  void for_each_persistent_tensor(Visitor&& visit) {
+    if constexpr (mixture_of_experts)
+      for (Router* r : routers_)
+        if (r->config().expert_bias) {
+          const std::string& weight = r->weight().name;  // "<router>.weight"
+          visit(weight.substr(0, weight.rfind(".weight")) + ".expert_bias", r->expert_bias());
+        }
   }
 
  private:
