@@ -22,6 +22,13 @@
 //                                     anything else reads the parameters)
 // and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_state_piece,
 // steps, set_steps, config, reload_main_from_model, reset_moments).
+//
+// A model with experts (Parameter::expert, models::MoeLlama) gets a second gradient buffer with
+// buckets of its own for the expert weights, reduced over ctx.expert_dp (the dense buffer over
+// ctx.dp, as before), and with the distributed optimizer a second one sharding the experts' state
+// over expert dp. The gradient norm adds the experts' squares (summed over
+// ctx.expert_model_parallel) to the dense ones (over ctx.model_parallel); everything above treats
+// both buffers. A model without experts has the one buffer, as before.
 #pragma once
 
 #include <cmath>
@@ -66,16 +73,25 @@ class DataParallelOptimizer {
  public:
   template <class Context, class Model>
   DataParallelOptimizer(Context& ctx, Model& model, const DataParallelOptions& options)
-      : buffer_(ctx.device, model, buffer_options(ctx.dp.size(), options)),
+      : buffer_(dense_buffer(ctx, model, options)),
         overlap_param_gather_(options.overlap_param_gather && options.distributed_optimizer) {
-    if (options.distributed_optimizer) distributed_.emplace(ctx.device, buffer_, ctx.dp.rank(), options.adam);
-    else adamw_.emplace(ctx.device, model, options.adam);
+    if (has_expert_parameters(model)) {
+      auto experts = expert_parameters(model);
+      expert_buffer_.emplace(ctx.device, experts, buffer_options(ctx.expert_dp.size(), options));
+    }
+    if (options.distributed_optimizer) {
+      distributed_.emplace(ctx.device, buffer_, ctx.dp.rank(), options.adam);
+      if (expert_buffer_) expert_distributed_.emplace(ctx.device, *expert_buffer_, ctx.expert_dp.rank(), options.adam);
+    } else {
+      adamw_.emplace(ctx.device, model, options.adam);
+    }
     if (options.loss_scaler) scaler_.emplace(*options.loss_scaler);
   }
 
   template <class Context>
   void zero_gradients(Context& ctx) {
     buffer_.zero(ctx.device);
+    if (expert_buffer_) expert_buffer_->zero(ctx.device);
   }
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool scaling() const { return scaler_.has_value(); }
@@ -84,12 +100,18 @@ class DataParallelOptimizer {
   template <class Context>
   GradientReady<T, Space> gradient_ready(Context& ctx) {
     if (!buffer_.options().overlap_communication) return {};
-    return buffer_.ready_hook(ctx.device, ctx.dp);
+    if (!expert_buffer_) return buffer_.ready_hook(ctx.device, ctx.dp);
+    return [dense = buffer_.ready_hook(ctx.device, ctx.dp),
+            experts = expert_buffer_->ready_hook(ctx.device, ctx.expert_dp)](Parameter<T, Space>& p) {
+      if (p.expert) experts(p);
+      else dense(p);
+    };
   }
 
   template <class Context>
   void reduce_gradients(Context& ctx) {
     buffer_.finish_reduction(ctx.device, ctx.dp);
+    if (expert_buffer_) expert_buffer_->finish_reduction(ctx.device, ctx.expert_dp);
   }
 
   // The hook for the next forward (null: no gather pending): each bucket of the last step's
@@ -97,8 +119,15 @@ class DataParallelOptimizer {
   // parameters. It holds ctx: rebuild it per step; call wait_parameters after the step.
   template <class Context>
   ParameterNeeded<T, Space> parameters_needed(Context& ctx) {
-    if (!buffer_.gather_pending()) return {};
-    return buffer_.needed_hook(ctx.dp);
+    if (!expert_buffer_) {
+      if (!buffer_.gather_pending()) return {};
+      return buffer_.needed_hook(ctx.dp);
+    }
+    if (!buffer_.gather_pending() && !expert_buffer_->gather_pending()) return {};
+    return [dense = buffer_.needed_hook(ctx.dp), experts = expert_buffer_->needed_hook(ctx.expert_dp)](const Parameter<T, Space>& p) {
+      if (p.expert) experts(p);
+      else dense(p);
+    };
   }
 
   // With --overlap-param-gather: the compute stream waits for whatever is left of the parameter
@@ -107,6 +136,7 @@ class DataParallelOptimizer {
   template <class Context>
   void wait_parameters(Context& ctx) {
     buffer_.wait_gathered(ctx.dp);
+    if (expert_buffer_) expert_buffer_->wait_gathered(ctx.expert_dp);
   }
 
   // Divides the gradients by the loss scale (with a scaler), then measures the global norm and clips
@@ -119,9 +149,23 @@ class DataParallelOptimizer {
       const double inverse = scaler_->inverse_scale();
       if (distributed_) distributed_->scale_gradients(ctx.device, inverse);
       else ctx.device.template scale<G>(buffer_.grads().data(), buffer_.grads().numel(), inverse);
+      if (expert_distributed_) expert_distributed_->scale_gradients(ctx.device, inverse);
+      else if (expert_buffer_) ctx.device.template scale<G>(expert_buffer_->grads().data(), expert_buffer_->grads().numel(), inverse);
+    }
+    if (distributed_ && expert_distributed_) {  // dense squares over dp x model_parallel + the experts' over edp x expert_model_parallel
+      auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp);
+      const auto expert_square_sum = expert_distributed_->global_grad_square_sum(ctx, ctx.expert_dp);
+      ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());
+      auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
+      ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+      if (max_norm > 0) {
+        distributed_->scale_gradients_by(ctx.device, factor.data());
+        expert_distributed_->scale_gradients_by(ctx.device, factor.data());
+      }
+      return norm;
     }
     if (distributed_) return distributed_->clip_grad_norm_device(ctx, ctx.dp, max_norm);
-    return clip_grad_norm_device(ctx, model, max_norm);
+    return clip_grad_norm_device(ctx, model, max_norm);  // with experts: their squares over expert_model_parallel
   }
 
   // With a loss scaler: reads the norm on the host (one wait per iteration), updates the scale and
@@ -140,6 +184,7 @@ class DataParallelOptimizer {
   void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite) {
     if (distributed_) {
       distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_);
+      if (expert_distributed_) expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_);
     } else {
       adamw_->step(ctx.device, model, lr, skip_unless_finite);
     }
@@ -151,27 +196,32 @@ class DataParallelOptimizer {
   void for_each_state_piece(Visitor&& visit) {
     if (distributed_) distributed_->for_each_state_piece(visit);
     else adamw_->for_each_state_piece(visit);
+    if (expert_distributed_) expert_distributed_->for_each_state_piece(visit);
   }
   template <class Device, class Model>
   void reload_main_from_model(Device& device, Model& model) {
     if (distributed_) distributed_->reload_main_from_model(device);
     else adamw_->reload_main_from_model(device, model);
+    if (expert_distributed_) expert_distributed_->reload_main_from_model(device);
   }
   template <class Device>
   void reset_moments(Device& device) {
     if (distributed_) distributed_->reset_moments(device);
     else adamw_->reset_moments(device);
+    if (expert_distributed_) expert_distributed_->reset_moments(device);
   }
   int steps() const { return distributed_ ? distributed_->steps() : adamw_->steps(); }
   void set_steps(int steps) {
     if (distributed_) distributed_->set_steps(steps);
     else adamw_->set_steps(steps);
+    if (expert_distributed_) expert_distributed_->set_steps(steps);
   }
   const AdamWConfig& config() const { return distributed_ ? distributed_->config() : adamw_->config(); }
 
   LossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   int skipped_iterations() const { return skipped_; }
-  const GradBuffer<T, Space>& buffer() const { return buffer_; }
+  const GradBuffer<T, Space>& buffer() const { return buffer_; }  // the dense parameters' (all of a model without experts)
+  const GradBuffer<T, Space>* expert_buffer() const { return expert_buffer_ ? &*expert_buffer_ : nullptr; }
   Tensor<accumulate_t<T>, Space>& gradients() { return buffer_.grads(); }
   bool distributed() const { return distributed_.has_value(); }
 
@@ -184,10 +234,10 @@ class DataParallelOptimizer {
       r.parameters += p.value.numel();
       if (!distributed_) r.parameter_bytes += static_cast<std::int64_t>(p.value.bytes());
     });
-    if (distributed_) r.parameter_bytes = buffer_.param_bytes();
-    r.gradient_bytes = buffer_.grad_bytes();
+    if (distributed_) r.parameter_bytes = buffer_.param_bytes() + (expert_buffer_ ? expert_buffer_->param_bytes() : 0);
+    r.gradient_bytes = buffer_.grad_bytes() + (expert_buffer_ ? expert_buffer_->grad_bytes() : 0);
     if (distributed_) {
-      r.optimizer_bytes = distributed_->state_bytes();
+      r.optimizer_bytes = distributed_->state_bytes() + (expert_distributed_ ? expert_distributed_->state_bytes() : 0);
     } else {
       for (const auto& s : adamw_->states())
         r.optimizer_bytes += static_cast<std::int64_t>(s.main.bytes() + s.exp_avg.bytes() + s.exp_avg_sq.bytes());
@@ -197,6 +247,14 @@ class DataParallelOptimizer {
   }
 
  private:
+  // Every parameter's gradient, or (a model with experts) the dense parameters'.
+  template <class Context, class Model>
+  static GradBuffer<T, Space> dense_buffer(Context& ctx, Model& model, const DataParallelOptions& options) {
+    if (!has_expert_parameters(model)) return GradBuffer<T, Space>(ctx.device, model, buffer_options(ctx.dp.size(), options));
+    auto dense = dense_parameters(model);
+    return GradBuffer<T, Space>(ctx.device, dense, buffer_options(ctx.dp.size(), options));
+  }
+
   static GradBufferOptions buffer_options(int dp, const DataParallelOptions& options) {
     GradBufferOptions o;
     o.dp = dp;
@@ -208,9 +266,11 @@ class DataParallelOptimizer {
     return o;
   }
 
-  GradBuffer<T, Space> buffer_;
+  GradBuffer<T, Space> buffer_;                        // dense parameters, reduced over dp
+  std::optional<GradBuffer<T, Space>> expert_buffer_;  // expert parameters, reduced over expert dp
   std::optional<AdamW<T, Space>> adamw_;
   std::optional<DistributedOptimizer<T, Space>> distributed_;
+  std::optional<DistributedOptimizer<T, Space>> expert_distributed_;
   std::optional<LossScaler> scaler_;
   int skipped_ = 0;
   bool overlap_param_gather_ = false;

@@ -99,6 +99,7 @@ class AdamW {
     ShardSpec shard;      // where this rank's piece lives
     bool weight_decay = true;
     bool pipeline_copy = false;  // a tied weight's copy on another pipeline stage (same name, same state)
+    bool expert = false;         // an expert's weight (Parameter::expert)
     Tensor<state_type, Space> main;
     Tensor<state_type, Space> exp_avg;
     Tensor<state_type, Space> exp_avg_sq;
@@ -117,6 +118,7 @@ class AdamW {
       s.shard = p.shard;
       s.weight_decay = p.weight_decay;
       s.pipeline_copy = detail::is_pipeline_copy(p);
+      s.expert = detail::is_expert(p);
       s.main = Tensor<state_type, Space>::empty(p.value.shape());
       device.template convert<T, state_type>(p.value.data(), p.value.numel(), s.main.data());
       s.exp_avg = Tensor<state_type, Space>::zeros(p.value.shape());
@@ -232,7 +234,7 @@ class AdamW {
   template <class Visitor>
   void for_each_state_piece(Visitor&& visit) {
     for (State& s : states_) {
-      const StatePiece piece{s.name, s.global_shape, s.shard, 0, s.main.numel(), 0, true, s.pipeline_copy};
+      const StatePiece piece{s.name, s.global_shape, s.shard, 0, s.main.numel(), 0, true, s.pipeline_copy, s.expert};
       visit(piece, s.main, s.exp_avg, s.exp_avg_sq);
     }
   }

@@ -31,6 +31,11 @@
 // where it lies in its parameter's local shard, so a checkpoint stores it under the parameter's
 // name and loads into any dp size or bucket layout (checkpoint.hpp). for_each_sharded_state, the
 // three flat tensors "distributed.main", ".exp_avg", ".exp_avg_sq" whole, fit only the same layout.
+//
+// Experts: over a buffer of expert weights (GradBuffer over expert_parameters(model), split over
+// ctx.expert_dp; pass ctx.expert_dp where `dp` is asked and its rank as dp_rank) the state is
+// sharded over expert dp, and the norm's squares are counted by etp rank and summed over
+// ctx.expert_model_parallel instead of tp and ctx.model_parallel.
 #pragma once
 
 #include <cmath>
@@ -65,6 +70,7 @@ class DistributedOptimizer {
     bool weight_decay;
     bool tensor_parallel;  // the parameter is split over tp (else it is counted on tp rank 0 only)
     bool pipeline_copy;    // a tied weight's copy on another pipeline stage: never counted in the norm
+    bool expert;           // an expert's weight (the buffer holds experts only)
     index_t param_offset;  // first element within the parameter's local shard
     Shape global_shape;    // the parameter's, and its shard (for checkpoints)
     ShardSpec shard;
@@ -90,11 +96,12 @@ class DistributedOptimizer {
         const index_t begin = std::max(first, e.offset), end = std::min(first + size, e.offset + e.numel);
         if (begin >= end) continue;
         pieces_.push_back(Piece{e.param->name, begin, state + (begin - first), end - begin, e.param->weight_decay,
-                                e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), begin - e.offset,
-                                e.param->global_shape, e.param->shard});
+                                e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), e.param->expert,
+                                begin - e.offset, e.param->global_shape, e.param->shard});
       }
       state += size;
     }
+    for (const auto& e : buffer.entries()) experts_ = experts_ || e.param->expert;
     main_ = Tensor<state_type, Space>::empty(Shape{state});
     exp_avg_ = Tensor<state_type, Space>::zeros(Shape{state});
     exp_avg_sq_ = Tensor<state_type, Space>::zeros(Shape{state});
@@ -129,10 +136,18 @@ class DistributedOptimizer {
     }
   }
 
-  // The squared global gradient norm as a device scalar. Collective over dp, then ctx.model_parallel.
+  // The squared global gradient norm as a device scalar. Collective over dp, then ctx.model_parallel
+  // (an expert buffer: over ctx.expert_dp, then ctx.expert_model_parallel; that is the norm of the
+  // experts alone, to be added to the dense buffer's).
   template <class Context, class Comm>
   Tensor<double, Space> global_grad_square_sum(Context& ctx, Comm& dp) const {
     auto sum = Tensor<double, Space>::zeros(Shape{1});
+    if (experts_) {
+      accumulate_grad_squares(ctx.device, ctx.expert_tp.rank(), sum.data());
+      if (dp.size() > 1) dp.all_reduce(sum.buffer(), ReduceOp::sum);
+      if (ctx.expert_model_parallel.size() > 1) ctx.expert_model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
+      return sum;
+    }
     accumulate_grad_squares(ctx.device, ctx.tp.rank(), sum.data());
     if (dp.size() > 1) dp.all_reduce(sum.buffer(), ReduceOp::sum);
     if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
@@ -218,7 +233,7 @@ class DistributedOptimizer {
   template <class Visitor>
   void for_each_state_piece(Visitor&& visit) {
     for (const Piece& p : pieces_) {
-      const StatePiece piece{p.name, p.global_shape, p.shard, p.param_offset, p.n, p.state_offset, false, p.pipeline_copy};
+      const StatePiece piece{p.name, p.global_shape, p.shard, p.param_offset, p.n, p.state_offset, false, p.pipeline_copy, p.expert};
       visit(piece, main_, exp_avg_, exp_avg_sq_);
     }
   }
@@ -230,6 +245,7 @@ class DistributedOptimizer {
   }
   const AdamWConfig& config() const { return config_; }
   const std::vector<Piece>& pieces() const { return pieces_; }
+  bool experts() const { return experts_; }  // the buffer holds expert weights
   // Bytes of optimizer state this rank allocated (main, exp_avg, exp_avg_sq of its shards).
   std::int64_t state_bytes() const {
     return static_cast<std::int64_t>(main_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
@@ -250,6 +266,7 @@ class DistributedOptimizer {
   std::vector<index_t> shard_offsets_;
   Tensor<state_type, Space> main_, exp_avg_, exp_avg_sq_;
   int steps_ = 0;
+  bool experts_ = false;
 };
 
 STRATA_NAMESPACE_END

@@ -47,6 +47,12 @@
 // summed over tensor parallelism by their layers' backward; the tied output layer shares the
 // embedding's Parameter, which is visited (and placed) once. So every gradient of the buffer is
 // reduced over the data-parallel group only (pass ctx.dp_cp under context parallelism).
+//
+// Experts. An expert's weight (Parameter::expert) is summed over ctx.expert_dp instead, so a model
+// with experts gets two buffers, each with its own buckets: one over its dense parameters
+// (GradBuffer(device, dense_parameters(model), {.dp = dp size}), reduced over ctx.dp) and one over
+// its experts' (expert_parameters(model), {.dp = expert dp size}, reduced over ctx.expert_dp). A
+// buffer for more than one rank that mixes the two kinds is refused.
 #pragma once
 
 #include <algorithm>
@@ -126,6 +132,7 @@ class GradBuffer {
       order.push_back(&p);
     });
     std::reverse(order.begin(), order.end());
+    check_one_kind(order);
     const index_t pad = static_cast<index_t>(options_.dp) * options_.alignment;
     index_t cursor = 0, bucket_start = 0;
     int in_bucket = 0;
@@ -275,6 +282,17 @@ class GradBuffer {
     if (auto it = index_of_.find(&param); it != index_of_.end()) return entries_[it->second];
     fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the model the "
                       "buffer was built for");
+  }
+
+  // Dense and expert weights are reduced over different groups: one buffer per kind.
+  void check_one_kind(const std::vector<Param*>& order) const {
+    if (options_.dp == 1 || order.empty()) return;
+    for (const Param* p : order)
+      if (p->expert != order.front()->expert)
+        fail<ConfigError>("GradBuffer: parameter '", p->name, "' is ", p->expert ? "an expert's weight" : "a dense weight",
+                          " but '", order.front()->name, "' is ", order.front()->expert ? "an expert's" : "dense",
+                          "; expert gradients are summed over the expert-data-parallel group, dense ones over dp, so build "
+                          "one buffer over dense_parameters(model) and one over expert_parameters(model)");
   }
 
   template <class Comm>

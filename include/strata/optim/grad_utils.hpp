@@ -18,6 +18,17 @@
 // sums between the two copies) is counted on the first stage only: the copy on the last stage has
 // Parameter::pipeline_copy set.
 //
+// Mixture of experts: an expert's weight (Parameter::expert) is split over ctx.expert_tp and held by
+// one expert-parallel rank, and its gradient is summed over ctx.expert_dp, not dp. So the norm of a
+// model with experts is  sqrt(dense squares summed over ctx.model_parallel + expert squares summed
+// over ctx.expert_model_parallel), an expert weight counted on every etp rank when split, else on
+// etp rank 0 (global_grad_square_sum does this; a model without experts takes the path above,
+// unchanged). It is the same on every rank, so a non-finite gradient anywhere (found-inf) makes
+// it non-finite everywhere. dense_parameters(model) / expert_parameters(model) are views of a
+// module that visit one kind only: reduce them over their own groups, e.g.
+//   all_reduce_gradients(ctx.dp, dense_parameters(model));
+//   all_reduce_gradients(ctx.expert_dp, expert_parameters(model));
+//
 // Zeroing, the sum of squares and the clipping scale go to the backend's multi-tensor entry points
 // (fill_many, sum_of_squares_many, scale_by_many over backend/tensor_ref.hpp lists) where it has
 // them for both float and double: consecutive gradients of one element type form one list, so the
@@ -100,7 +111,45 @@ constexpr bool is_pipeline_copy(const P& p) {
 template <class G>
 inline constexpr bool float_or_double = std::is_same_v<G, float> || std::is_same_v<G, double>;
 
+// A parameter type without the expert flag is never an expert's.
+template <class P>
+constexpr bool is_expert(const P& p) {
+  if constexpr (requires { p.expert; }) return p.expert;
+  else return false;
+}
+
 }  // namespace detail
+
+// A view of a module that visits its dense parameters only (Expert = false) or its experts' only.
+template <class Module, bool Expert>
+class ParameterSubset {
+ public:
+  explicit ParameterSubset(Module& module) : module_(&module) {}
+  template <class Visitor>
+  void for_each_parameter(Visitor&& visit) {
+    module_->for_each_parameter([&](auto& p) {
+      if (detail::is_expert(p) == Expert) visit(p);
+    });
+  }
+
+ private:
+  Module* module_;
+};
+template <class Module>
+ParameterSubset<Module, false> dense_parameters(Module& module) {
+  return ParameterSubset<Module, false>(module);
+}
+template <class Module>
+ParameterSubset<Module, true> expert_parameters(Module& module) {
+  return ParameterSubset<Module, true>(module);
+}
+// Whether the module has any expert parameter.
+template <class Module>
+bool has_expert_parameters(Module& module) {
+  bool any = false;
+  module.for_each_parameter([&](auto& p) { any = any || detail::is_expert(p); });
+  return any;
+}
 
 // grad = 0 for every parameter, on the rank's backend.
 template <class Device, class Module>
@@ -185,12 +234,24 @@ double local_grad_square_sum(Module& model, int tp_rank) {
 
 // The squared L2 norm of the whole model's gradient as a one-element tensor in the backend's
 // space (a device scalar: nothing is read on the host). Collective over ctx.model_parallel.
+// With experts: collective over ctx.model_parallel, then ctx.expert_model_parallel (the note above).
 template <class Context, class Module>
 auto global_grad_square_sum(Context& ctx, Module& model) {
   using Space = typename Context::space;
   auto sum = Tensor<double, Space>::zeros(Shape{1});
-  accumulate_grad_squares(ctx.device, model, ctx.tp.rank(), sum.data());
+  if (!has_expert_parameters(model)) {
+    accumulate_grad_squares(ctx.device, model, ctx.tp.rank(), sum.data());
+    if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
+    return sum;
+  }
+  auto dense = dense_parameters(model);
+  accumulate_grad_squares(ctx.device, dense, ctx.tp.rank(), sum.data());
   if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
+  auto experts = expert_parameters(model);
+  auto expert_sum = Tensor<double, Space>::zeros(Shape{1});
+  accumulate_grad_squares(ctx.device, experts, ctx.expert_tp.rank(), expert_sum.data());
+  if (ctx.expert_model_parallel.size() > 1) ctx.expert_model_parallel.all_reduce(expert_sum.buffer(), ReduceOp::sum);
+  ctx.device.template add<double>(sum.data(), expert_sum.data(), 1, sum.data());
   return sum;
 }
 

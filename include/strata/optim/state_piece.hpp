@@ -23,6 +23,7 @@ struct StatePiece {
   index_t offset = 0;
   bool data_parallel_replica = true;  // every data-parallel rank holds the same piece (AdamW), not its own share
   bool pipeline_copy = false;         // a tied weight's copy on another pipeline stage: the original is saved
+  bool expert = false;                // an expert's weight (Parameter::expert): replicated over expert dp, split over etp
 };
 
 STRATA_NAMESPACE_END
