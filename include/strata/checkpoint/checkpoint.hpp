@@ -30,6 +30,14 @@
 // saved ones load as zero). open_checkpoint reads this rank's own file of a checkpoint saved in
 // the same layout.
 //
+// Experts (Parameter::expert, StatePiece::expert) are written once too: by expert-data-parallel
+// rank 0 (a distributed optimizer's share by its owner), every etp piece when split over etp, else
+// by etp rank 0. Their names hold the global expert index ("layers.3.mlp.experts.5.fc1.weight"), so
+// a rank loads the experts it holds in any (tp, ep, etp, dp) layout, and a rank holding some of the
+// experts is not refused for the others in the checkpoint. A module's persistent tensors that are
+// not parameters (for_each_persistent_tensor: the routers' expert bias), replicated, are written by
+// the first tp, cp and dp rank of each stage and loaded whole.
+//
 // Names in the file: "model.<param>" for parameter values, "optimizer.<param>.main" (".exp_avg",
 // ".exp_avg_sq") for the optimizer state, scalars "train.*", "optimizer.*", "model.*" (the architecture), "parallel.*", "rank.*".
 #pragma once
@@ -166,6 +174,14 @@ template <class Module>
 concept has_architecture = requires { Module::architecture; };
 template <class P>
 concept has_pipeline_copy_flag = requires(const P& p) { p.pipeline_copy; };
+struct PersistentTensorProbe {
+  template <class X>
+  void operator()(const std::string&, X&) const {}
+};
+template <class Module>
+concept has_persistent_tensors = requires(Module& m, PersistentTensorProbe probe) { m.for_each_persistent_tensor(probe); };
+template <class Module>
+concept has_moe_config = requires(const Module& m) { m.config().moe.num_experts; };
 
 }  // namespace checkpoint_detail
 
@@ -498,6 +514,15 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
     writer.set("model.norm_epsilon", c.norm_epsilon);
     writer.set("model.rope_base", c.rope_base);
   }
+  if constexpr (has_moe_config<Module>) {
+    const auto& c = model.config();
+    if (c.moe.num_experts > 0) {  // dense checkpoints stay as they were
+      writer.set("model.num_experts", c.moe.num_experts);
+      writer.set("model.moe_router_topk", c.moe.topk);
+      writer.set("model.moe_ffn_hidden_size", c.expert_ffn());
+      writer.set("model.moe_shared_expert_intermediate_size", c.moe.shared_expert_ffn_hidden_size);
+    }
+  }
   if constexpr (has_architecture<Module>) writer.set("model.architecture", std::string(Module::architecture));
 }
 
@@ -517,16 +542,62 @@ void check_model(const StateReader& r, const Module& model) {
     check("model.ffn_hidden_size", "--ffn-hidden-size", c.ffn());
     check("model.vocab_size", "the vocabulary size", c.vocab_size);
   }
+  if constexpr (has_moe_config<Module>) {
+    const auto& c = model.config();
+    const bool moe = c.moe.num_experts > 0;
+    auto check = [&](const char* key, const char* flag, std::int64_t mine) {
+      const std::int64_t saved = r.has(key) ? r.get_int(key) : 0;
+      if (saved != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model with ", flag, "=", saved,
+                          "; this run's model has ", flag, "=", mine, ". Build the model the checkpoint was saved with");
+    };
+    check("model.num_experts", "--num-experts", c.moe.num_experts);
+    if (moe) {
+      check("model.moe_router_topk", "--moe-router-topk", c.moe.topk);
+      check("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size", c.expert_ffn());
+      check("model.moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size",
+            c.moe.shared_expert_ffn_hidden_size);
+    }
+  }
+}
+
+// The name with its last all-digit component replaced by '*': the family of an expert's weight
+// ("layers.3.mlp.experts.5.fc1.weight" -> "layers.3.mlp.experts.*.fc1.weight").
+inline std::string expert_family(std::string_view name) {
+  std::size_t end = name.size();
+  while (end > 0) {
+    const std::size_t dot = name.rfind('.', end - 1);
+    const std::size_t begin = dot == std::string_view::npos ? 0 : dot + 1;
+    const std::string_view part = name.substr(begin, end - begin);
+    if (!part.empty() && part.find_first_not_of("0123456789") == std::string_view::npos)
+      return std::string(name.substr(0, begin)) + "*" + std::string(name.substr(end));
+    if (dot == std::string_view::npos) break;
+    end = dot;
+  }
+  return std::string(name);
 }
 
 // Whether this rank writes a model parameter: one copy of each tensor-parallel piece per
 // checkpoint (data-parallel rank 0, context-parallel rank 0, tensor-parallel rank 0 for a
 // replicated parameter), never a pipeline stage's copy of a tied weight.
+// An expert's weight: expert-data-parallel rank 0, etp rank 0 when not split over etp.
 template <class Context>
-bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy, bool data_parallel_replica) {
+bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy, bool data_parallel_replica,
+                  bool expert = false) {
+  if (expert) {
+    if (pipeline_copy) return false;
+    if (data_parallel_replica && ctx.expert_coords.edp != 0) return false;
+    return (shard.sharded && shard.parts > 1) || ctx.expert_coords.etp == 0;
+  }
   if (pipeline_copy || ctx.coords.cp != 0) return false;
   if (data_parallel_replica && ctx.coords.dp != 0) return false;
   return (shard.sharded && shard.parts > 1) || ctx.coords.tp == 0;
+}
+
+template <class P>
+constexpr bool is_expert(const P& p) {
+  if constexpr (requires { p.expert; }) return p.expert;
+  else return false;
 }
 
 template <class P>
@@ -547,11 +618,17 @@ StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& opti
   StateWriter writer;
   writer.copy_data(copy_data);
   model.for_each_parameter([&](auto& p) {
-    if (cd::writes_piece(ctx, p.shard, cd::is_pipeline_copy(p), true)) writer.add_parameter(p, "model." + p.name);
+    if (cd::writes_piece(ctx, p.shard, cd::is_pipeline_copy(p), true, cd::is_expert(p))) writer.add_parameter(p, "model." + p.name);
   });
+  if constexpr (cd::has_persistent_tensors<Module>) {
+    model.for_each_persistent_tensor([&](const std::string& name, auto& tensor) {
+      if (ctx.coords.tp == 0 && ctx.coords.cp == 0 && ctx.coords.dp == 0)
+        writer.add("model." + name, tensor, tensor.shape(), ShardSpec::replicated());
+    });
+  }
   if constexpr (cd::has_state_pieces<Optimizer>) {
     optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {
-      if (!cd::writes_piece(ctx, piece.shard, piece.pipeline_copy, piece.data_parallel_replica)) return;
+      if (!cd::writes_piece(ctx, piece.shard, piece.pipeline_copy, piece.data_parallel_replica, piece.expert)) return;
       const std::string base = "optimizer." + piece.name;
       writer.add_range(base + ".main", main, piece.offset, piece.count, piece.global_shape, piece.shard, piece.flat_begin);
       writer.add_range(base + ".exp_avg", exp_avg, piece.offset, piece.count, piece.global_shape, piece.shard, piece.flat_begin);
@@ -614,17 +691,33 @@ TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir,
     if (!checkpoint.has_tensor(name))
       fail<ConfigError>("checkpoint ", checkpoint.directory(), " has no parameter '", p.name, "', which the model has");
   });
+  if constexpr (cd::has_persistent_tensors<Module>) {
+    model.for_each_persistent_tensor([&](const std::string& name, auto&) {
+      if (!checkpoint.has_tensor("model." + name))
+        fail<ConfigError>("checkpoint ", checkpoint.directory(), " has no tensor '", name, "', which the model has");
+    });
+  }
   if (ctx.config.pp == 1) {  // the whole model on this rank: the checkpoint must hold nothing more
-    std::set<std::string, std::less<>> names;
-    model.for_each_parameter([&](auto& p) { names.insert("model." + p.name); });
+    std::set<std::string, std::less<>> names, expert_families;  // other ranks' experts belong to the model too
+    model.for_each_parameter([&](auto& p) {
+      names.insert("model." + p.name);
+      if (cd::is_expert(p)) expert_families.insert(cd::expert_family("model." + p.name));
+    });
+    if constexpr (cd::has_persistent_tensors<Module>)
+      model.for_each_persistent_tensor([&](const std::string& name, auto&) { names.insert("model." + name); });
     for (const auto& [name, entry] : checkpoint.entries())
-      if (name.starts_with("model.") && !names.count(name))
+      if (name.starts_with("model.") && !names.count(name) && !expert_families.count(cd::expert_family(name)))
         fail<ConfigError>("checkpoint ", checkpoint.directory(), " holds parameter '", name.substr(6),
                           "', which the model lacks");
   }
   model.for_each_parameter([&](auto& p) {
     checkpoint.read_into("model." + p.name, p.value, p.global_shape, p.shard, read);
   });
+  if constexpr (cd::has_persistent_tensors<Module>) {
+    model.for_each_persistent_tensor([&](const std::string& name, auto& tensor) {
+      checkpoint.read_into("model." + name, tensor, tensor.shape(), ShardSpec::replicated(), read);
+    });
+  }
   if (options.load_optimizer) {
     if constexpr (cd::has_state_pieces<Optimizer>) {
       optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {
