@@ -94,19 +94,19 @@ std::string replaced(std::string text, const std::string& from, const std::strin
 TEST(NullTokenizer, MegatronSemantics) {
   Tokenizer t = make_tokenizer({.type = "NullTokenizer", .vocab_size = 1000});
   EXPECT_EQ(t.name(), "NullTokenizer");
-  EXPECT_EQ(t.vocab_size(), 1001);  // _NullTokenizer.vocab_size: N + 1
-  EXPECT_EQ(t.eod(), 1000);         // _NullTokenizer.eod: N
+  EXPECT_EQ(t.vocab_size(), 1000);  // Megatron's NullTokenizer: vocab_size N
+  EXPECT_EQ(t.eod(), 999);          // and eod_id N - 1
   EXPECT_EQ(t.encode("17 4 999 0"), (Ids{17, 4, 999, 0}));
   EXPECT_EQ(t.encode("5"), (Ids{5}));
-  EXPECT_EQ(t.encode("1000"), (Ids{1000}));           // the EOD itself
+  EXPECT_EQ(t.encode("999"), (Ids{999}));             // the EOD itself
   EXPECT_EQ(t.encode("12\n"), (Ids{12}));             // int("12\n") == 12
   EXPECT_EQ(t.encode("\t7 8\r\n"), (Ids{7, 8}));
   EXPECT_EQ(t.encode("007 +3 -0 1_0"), (Ids{7, 3, 0, 10}));  // as Python's int()
-  EXPECT_EQ(t.decode(Ids{3, 1, 1000}), "3 1 1000");
+  EXPECT_EQ(t.decode(Ids{3, 1, 999}), "3 1 999");
   Ids appended{9};
   t.encode_into("1 2", appended);
   EXPECT_EQ(appended, (Ids{9, 1, 2}));
-  EXPECT_NE(t.description().find("eod 1000"), std::string::npos) << t.description();
+  EXPECT_NE(t.description().find("eod 999"), std::string::npos) << t.description();
 }
 
 TEST(NullTokenizer, RefusesWhatIsNotAnId) {
@@ -121,7 +121,7 @@ TEST(NullTokenizer, RefusesWhatIsNotAnId) {
   expect_error<ConfigError>([&] { t.encode("1 2_"); }, {"not an integer"});
   expect_error<ConfigError>([&] { t.encode("1 2__3"); }, {"not an integer"});
   expect_error<ConfigError>([&] { t.encode("-1"); }, {"\"-1\"", "negative"});
-  expect_error<ConfigError>([&] { t.encode("3 101"); }, {"piece 2", "\"101\"", "larger than the vocabulary", "0..100"});
+  expect_error<ConfigError>([&] { t.encode("3 100"); }, {"piece 2", "\"100\"", "larger than the vocabulary", "0..99"});
   expect_error<ConfigError>([&] { t.encode("99999999999999999999999"); }, {"larger than the vocabulary"});
   expect_error<ConfigError>([&] { NullTokenizer bad(0); }, {"--vocab-size", "0"});
 }

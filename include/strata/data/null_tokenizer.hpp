@@ -2,14 +2,15 @@
 // --vocab-size N: the text already holds the ids, written as decimal integers separated by single
 // spaces ("17 4 1023"), for data that was tokenized elsewhere and for tests.
 //
-// Megatron's semantics (_NullTokenizer): the text is split on each ' ' (one space, not any
+// Megatron's semantics (megatron/core/tokenizers NullTokenizer): the text is split on each ' ' (one space, not any
 // whitespace: "1  2" holds an empty piece and is an error) and each piece is read as Python's int()
 // reads it: surrounding whitespace ignored (so a trailing newline is fine), an optional sign,
 // decimal digits with single '_' between them. The ids of the text are appended; nothing else
-// (no bos, no eos). EOD is N, the id after the N ids of the data, and vocab_size() is N + 1.
+// (no bos, no eos). vocab_size() is N and EOD is N - 1, the last id (Megatron's default eod_id;
+// its older _NullTokenizer had N + 1 ids with EOD N).
 // decode() writes the ids back separated by single spaces.
 //
-// Stricter than Megatron, which takes any integer: an id outside [0, N] (N, the EOD, included) is
+// Stricter than Megatron, which takes any integer: an id outside [0, N - 1] (the EOD included) is
 // an error naming the piece and its position, since no embedding row exists for it; so is an
 // empty text (Python's int("") fails too) and a piece that is not an integer. Non-ASCII digits and
 // non-ASCII whitespace, which Python's int() also takes, are refused.
@@ -30,10 +31,10 @@ namespace data {
 
 class NullTokenizer {
  public:
-  // `vocab_size`: Megatron's --vocab-size, the ids of the data (0..N-1); EOD is N.
-  explicit NullTokenizer(std::int64_t vocab_size) : size_(vocab_size) {
-    if (vocab_size <= 0 || vocab_size >= std::numeric_limits<std::int32_t>::max())
-      fail<ConfigError>("--tokenizer-type NullTokenizer needs --vocab-size N with 0 < N < 2^31 - 1 (the ids of the data; EOD is N), got ",
+  // `vocab_size`: Megatron's --vocab-size N, the ids 0..N-1; EOD is N - 1.
+  explicit NullTokenizer(std::int64_t vocab_size) : size_(vocab_size - 1) {
+    if (vocab_size <= 1 || vocab_size > std::numeric_limits<std::int32_t>::max())
+      fail<ConfigError>("--tokenizer-type NullTokenizer needs --vocab-size N with 1 < N <= 2^31 - 1 (the ids 0..N-1; EOD is N - 1), got ",
                         vocab_size);
   }
 
@@ -103,7 +104,7 @@ class NullTokenizer {
     return static_cast<std::int32_t>(value);
   }
 
-  std::int64_t size_;
+  std::int64_t size_;  // the largest id, the EOD: N - 1
 };
 
 }  // namespace data
