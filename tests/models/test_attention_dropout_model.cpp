@@ -84,11 +84,14 @@ TEST(AttentionDropoutModel, RecomputeGivesTheStoredForwardsBits) {
 }
 
 // evaluate and next_token_logits: the bits of the same model (same initial values) built without
-// attention dropout, while the training forward's loss differs.
+// attention and hidden dropout (Megatron evaluates in eval mode), while the training forward's loss
+// differs.
 TEST(AttentionDropoutModel, EvaluationAndInferenceRunWithoutIt) {
-  const auto with = tiny(8, 4);
+  auto with = tiny(8, 4);
+  with.hidden_dropout = 0.1;
   auto without = with;
   without.attention_dropout = 0;
+  without.hidden_dropout = 0;
   struct Losses {
     double forward = 0, evaluated = 0;
     std::vector<double> logits;
@@ -110,9 +113,9 @@ TEST(AttentionDropoutModel, EvaluationAndInferenceRunWithoutIt) {
     return out;
   };
   const Losses a = losses(with), b = losses(without);
-  EXPECT_EQ(a.evaluated, b.evaluated) << "evaluate drew attention dropout";
-  EXPECT_EQ(a.logits, b.logits) << "next_token_logits drew attention dropout";
-  EXPECT_NE(a.forward, b.forward) << "the training forward did not draw attention dropout";
+  EXPECT_EQ(a.evaluated, b.evaluated) << "evaluate drew dropout";
+  EXPECT_EQ(a.logits, b.logits) << "next_token_logits drew dropout";
+  EXPECT_NE(a.forward, b.forward) << "the training forward did not draw dropout";
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 // Dropout keys, all from the forward's dropout_key (distinct per layer and micro-batch): the
 // attention block's output rng::mix(key, 1), the MLP's output rng::mix(key, 2) (hidden dropout),
 // the attention probabilities rng::mix(key, 3) (the attention block's own dropout, a training
-// forward only: ForwardMode::evaluation runs attention without it).
+// forward only: ForwardMode::evaluation runs without any dropout, as Megatron evaluates).
 //
 // Norm is a template (strata::LayerNorm or strata::RmsNorm); Attention and Mlp are complete types
 // (e.g. SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>) whose layouts must agree with the
@@ -30,7 +30,7 @@ STRATA_NAMESPACE_BEGIN
 
 // What a forward is for. training: the attention block draws its dropout (its Saved feeds a
 // backward or a recompute, which draw the same mask). evaluation (validation loss, inference): the
-// attention block runs without dropout. Hidden dropout follows dropout_key in both, as before.
+// layer runs without dropout (attention and hidden), as Megatron's model.eval().
 enum class ForwardMode { training, evaluation };
 
 struct TransformerLayerConfig {
@@ -80,10 +80,11 @@ class TransformerLayer {
     auto [h1, n1] = norm1_.forward(ctx, x);
     auto [a, at] = mode == ForwardMode::training ? attention_.forward(ctx, h1, rng::mix(dropout_key, 3))
                                                  : attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
-    dropout_forward(ctx, a, config_.hidden_dropout, rng::mix(dropout_key, 1));
+    const double hidden_dropout = mode == ForwardMode::training ? config_.hidden_dropout : 0.0;
+    dropout_forward(ctx, a, hidden_dropout, rng::mix(dropout_key, 1));
     auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
     auto [m, ml] = mlp_.forward(ctx, h2);
-    dropout_forward(ctx, m, config_.hidden_dropout, rng::mix(dropout_key, 2));
+    dropout_forward(ctx, m, hidden_dropout, rng::mix(dropout_key, 2));
     add_into(ctx, m, a);  // y := h + mlp
     saved.norm1 = std::move(n1);
     saved.attention = std::move(at);

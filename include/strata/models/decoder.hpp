@@ -135,6 +135,7 @@ class DecoderModel {
     if (stage.has_embedding || (TiedOutput && stage.has_head)) {
       embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size);
       embedding_->weight().pipeline_copy = !stage.has_embedding;
+      embedding_->weight().decoupled_lr = true;  // Megatron's embedding-or-output parameters (--decoupled-lr)
     }
     if constexpr (LearnedPositions)
       if (stage.has_embedding) positions_.emplace(ctx, "embedding.position", config.positions(), config.hidden_size);
@@ -149,6 +150,7 @@ class DecoderModel {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon);
       if constexpr (TiedOutput) output_.emplace(embedding_->weight());
       else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
+      if constexpr (!TiedOutput) output_->weight().decoupled_lr = true;
     }
   }
   DecoderModel(const DecoderModel&) = delete;  // the tied output layer points at the embedding
@@ -250,6 +252,7 @@ class DecoderModel {
       out.saved.embedding = std::move(emb);
       x = std::move(e);
       if (positions_) positions_->forward(ctx, x);
+      dropout_forward(ctx, x, config_.hidden_dropout, embedding_dropout_key(dropout_key));
     } else {
       if (input == nullptr || !(input->shape() == boundary_shape(ctx, tokens.size(0), tokens.size(1))))
         fail<ShapeError>("forward_stage of layers [", stage_.layers.begin, ", ", stage_.layers.end,
@@ -305,6 +308,7 @@ class DecoderModel {
     dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
                          first_layer(), deferred, ready);
     if (!stage_.has_embedding) return dx;
+    embedding_dropout_backward(ctx, dx, saved.dropout_key);
     if (positions_) {
       positions_->backward(ctx, dx);
       done(*positions_);
@@ -364,6 +368,7 @@ class DecoderModel {
     auto dx = final_norm_->backward(ctx, saved.final_norm, dh);
     dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
                          first_layer(), static_cast<DeferredWeightGradients*>(nullptr));
+    embedding_dropout_backward(ctx, dx, saved.dropout_key);
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_->backward(ctx, saved.embedding, dx);
   }
@@ -537,10 +542,20 @@ class DecoderModel {
     auto [x, emb] = embedding_->forward(ctx, sequence_major(ctx, tokens, /*are_labels=*/false));
     saved.embedding = std::move(emb);
     if constexpr (LearnedPositions) positions_->forward(ctx, x);
+    dropout_forward(ctx, x, config_.hidden_dropout, embedding_dropout_key(dropout_key));
     run_layers(ctx, x, dropout_key, saved);
     auto [h, fn] = final_norm_->forward(ctx, x);
     saved.final_norm = std::move(fn);
     return std::move(h);
+  }
+
+  // Megatron's embedding dropout: --hidden-dropout on the embedding's output (words + positions),
+  // with a key of its own (layer keys mix in the layer index, far below this constant).
+  static std::uint64_t embedding_dropout_key(std::uint64_t dropout_key) { return rng::mix(dropout_key, 0x656d626564646e67ull); }
+  void embedding_dropout_backward(Context& ctx, Activation<T, Layout, Space>& dx, std::uint64_t dropout_key) const {
+    if (config_.hidden_dropout <= 0) return;
+    dx = Activation<T, Layout, Space>(dx.tensor.clone());  // dropout_backward works in place: on our own copy
+    dropout_backward(ctx, dx, config_.hidden_dropout, embedding_dropout_key(dropout_key));
   }
 
   // The dropout key of local layer i: keyed by the global layer index, so a stage draws the masks
