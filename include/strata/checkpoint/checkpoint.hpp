@@ -595,8 +595,10 @@ bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy
 }
 
 template <class P>
+concept has_expert_flag = requires(const P& q) { q.expert; };  // namespace scope: see has_pipeline_copy_flag
+template <class P>
 constexpr bool is_expert(const P& p) {
-  if constexpr (requires { p.expert; }) return p.expert;
+  if constexpr (has_expert_flag<P>) return p.expert;
   else return false;
 }
 

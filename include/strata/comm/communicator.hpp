@@ -201,8 +201,11 @@ struct unbatched {
   void end() {}
 };
 template <class C>
+concept has_group_batch = requires(C& c) { c.group(); };  // namespace scope: nvcc reads a requires-expression
+                                                          // naming a function parameter as false
+template <class C>
 auto batch_point_to_point(C& comm) {
-  if constexpr (requires { comm.group(); }) return comm.group();
+  if constexpr (has_group_batch<C>) return comm.group();
   else return unbatched{};
 }
 

@@ -101,10 +101,19 @@ using as_const = const X;
 template <class X>
 using as_mutable = X;
 
+// The optional flags of a parameter type, as namespace-scope concepts: nvcc's front end evaluates a
+// requires-expression naming a function parameter inside the function's body as false.
+template <class P>
+concept has_pipeline_copy_member = requires(const P& q) { q.pipeline_copy; };
+template <class P>
+concept has_expert_member = requires(const P& q) { q.expert; };
+template <class P>
+concept has_decoupled_lr_member = requires(const P& q) { q.decoupled_lr; };
+
 // A parameter type without the pipeline_copy flag is never a copy.
 template <class P>
 constexpr bool is_pipeline_copy(const P& p) {
-  if constexpr (requires { p.pipeline_copy; }) return p.pipeline_copy;
+  if constexpr (has_pipeline_copy_member<P>) return p.pipeline_copy;
   else return false;
 }
 
@@ -114,7 +123,14 @@ inline constexpr bool float_or_double = std::is_same_v<G, float> || std::is_same
 // A parameter type without the expert flag is never an expert's.
 template <class P>
 constexpr bool is_expert(const P& p) {
-  if constexpr (requires { p.expert; }) return p.expert;
+  if constexpr (has_expert_member<P>) return p.expert;
+  else return false;
+}
+
+// A parameter type without the decoupled_lr flag always takes the main learning rate.
+template <class P>
+constexpr bool is_decoupled_lr(const P& p) {
+  if constexpr (has_decoupled_lr_member<P>) return p.decoupled_lr;
   else return false;
 }
 
