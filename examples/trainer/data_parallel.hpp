@@ -181,12 +181,14 @@ class DataParallelOptimizer {
   }
 
   template <class Context, class Model>
-  void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite) {
+  // decoupled_lr >= 0: the learning rate of the word embedding and the output layer (--decoupled-lr).
+  void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite, double decoupled_lr = -1) {
     if (distributed_) {
-      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_);
-      if (expert_distributed_) expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_);
+      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr);
+      if (expert_distributed_)
+        expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr);
     } else {
-      adamw_->step(ctx.device, model, lr, skip_unless_finite);
+      adamw_->step(ctx.device, model, lr, skip_unless_finite, decoupled_lr);
     }
   }
 

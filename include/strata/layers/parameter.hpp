@@ -45,6 +45,9 @@ struct Parameter {
   // expert-data-parallel group (ctx.expert_dp) instead of dp (and counted over
   // ctx.expert_model_parallel, not ctx.model_parallel, in gradient norms).
   bool expert = false;
+  // The word embedding and the output layer (Megatron's is_embedding_or_output_parameter): the
+  // optimizer steps them with the decoupled learning rate when one is given (--decoupled-lr).
+  bool decoupled_lr = false;
   Tensor<T, Space> value;
   Tensor<grad_type, Space> grad;
 

@@ -136,28 +136,35 @@ class AdamW {
   // one adamw_step per parameter.
   // skip_unless_finite (optional, in the device's space): the step changes nothing when it points at
   // a NaN or infinite value (AdamWStep), read by the kernels, so the host does not wait for it.
+  // decoupled_lr >= 0: the learning rate of the parameters flagged decoupled_lr (the word embedding
+  // and the output layer, Megatron's --decoupled-lr); their weight decay scales with it.
   template <class Device, class Module>
-  void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr) {
+  void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr, double decoupled_lr = -1) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
+    if (!std::isfinite(decoupled_lr)) fail<ConfigError>("AdamW::step: the decoupled learning rate must be finite, got ", decoupled_lr);
     ++steps_;
     using A = state_type;
     const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
-    const A decay = constants.decay;
+    const AdamWStep<A> decoupled = decoupled_lr >= 0
+        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite)
+        : constants;
     std::size_t index = 0;
     // A backend with a multi-tensor step updates every parameter in a few launches; otherwise one
     // adamw_step per parameter.
     constexpr bool many = has_adamw_step_many<Device, T, A>;
-    std::vector<AdamWTensor<T, A>> tensors;
+    std::vector<AdamWTensor<T, A>> tensors, decoupled_tensors;
     model.for_each_parameter([&](auto& p) {
       check_element_type(p);
       State& s = state_for(p, index++);
       const bool decays = s.weight_decay && config_.weight_decay != 0;
+      const bool own_rate = decoupled_lr >= 0 && detail::is_decoupled_lr(p);
       if constexpr (many) {
-        tensors.push_back(AdamWTensor<T, A>{s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(),
-                                            p.value.data(), s.main.numel(), decays});
+        (own_rate ? decoupled_tensors : tensors)
+            .push_back(AdamWTensor<T, A>{s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),
+                                         s.main.numel(), decays});
       } else {
-        AdamWStep<A> step = constants;
-        step.decay = decays ? decay : A(0);
+        AdamWStep<A> step = own_rate ? decoupled : constants;
+        if (!decays) step.decay = A(0);
         device.template adamw_step<T>(s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),
                                       s.main.numel(), step);
       }
@@ -165,10 +172,10 @@ class AdamW {
     if (index != states_.size())
       fail<ConfigError>("AdamW::step: the model has ", index, " parameters but the optimizer was built for ",
                         states_.size());
-    if constexpr (many) {
-      AdamWStep<A> step = constants;
-      step.decay = decay;  // applied to the tensors whose weight_decay is set
-      device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), step);
+    if constexpr (many) {  // the decay applies to the tensors whose weight_decay is set
+      if (!tensors.empty()) device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), constants);
+      if (!decoupled_tensors.empty())
+        device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(decoupled_tensors), decoupled);
     }
   }
   template <class Module>

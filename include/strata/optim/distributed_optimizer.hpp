@@ -74,6 +74,7 @@ class DistributedOptimizer {
     index_t param_offset;  // first element within the parameter's local shard
     Shape global_shape;    // the parameter's, and its shard (for checkpoints)
     ShardSpec shard;
+    bool decoupled_lr = false;  // steps with the decoupled learning rate when one is given (Parameter::decoupled_lr)
   };
 
   // main = this rank's shards of the parameter buffer (converted to A), moments = 0.
@@ -97,7 +98,7 @@ class DistributedOptimizer {
         if (begin >= end) continue;
         pieces_.push_back(Piece{e.param->name, begin, state + (begin - first), end - begin, e.param->weight_decay,
                                 e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), e.param->expert,
-                                begin - e.offset, e.param->global_shape, e.param->shard});
+                                begin - e.offset, e.param->global_shape, e.param->shard, detail::is_decoupled_lr(*e.param)});
       }
       state += size;
     }
@@ -188,26 +189,36 @@ class DistributedOptimizer {
   // needed_hook, anything else reading the parameters after the buffer's wait_gathered(dp). A gather
   // still pending when step() is called is waited for first.
   template <class Device, class Comm>
-  void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr, bool overlap_gather = false) {
+  void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr, bool overlap_gather = false,
+            double decoupled_lr = -1) {
     if (!std::isfinite(lr) || lr < 0)
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
+    if (!std::isfinite(decoupled_lr))
+      fail<ConfigError>("DistributedOptimizer::step: the decoupled learning rate must be finite, got ", decoupled_lr);
     buffer_->wait_gathered(dp);
     ++steps_;
     using A = state_type;
     const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
+    const AdamWStep<A> decoupled = decoupled_lr >= 0
+        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite)
+        : constants;
+    auto own_rate = [&](const Piece& p) { return decoupled_lr >= 0 && p.decoupled_lr; };
     A* grads = buffer_->grads().data();
     T* values = buffer_->params().data();
     if constexpr (has_adamw_step_many<Device, T, A>) {
-      std::vector<AdamWTensor<T, A>> tensors;
+      std::vector<AdamWTensor<T, A>> tensors, decoupled_tensors;
       tensors.reserve(pieces_.size());
       for (const Piece& p : pieces_)
-        tensors.push_back(AdamWTensor<T, A>{main_.data() + p.state_offset, exp_avg_.data() + p.state_offset,
-                                            exp_avg_sq_.data() + p.state_offset, grads + p.buffer_offset,
-                                            values + p.buffer_offset, p.n, p.weight_decay && config_.weight_decay != 0});
-      device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), constants);
+        (own_rate(p) ? decoupled_tensors : tensors)
+            .push_back(AdamWTensor<T, A>{main_.data() + p.state_offset, exp_avg_.data() + p.state_offset,
+                                         exp_avg_sq_.data() + p.state_offset, grads + p.buffer_offset, values + p.buffer_offset,
+                                         p.n, p.weight_decay && config_.weight_decay != 0});
+      if (!tensors.empty()) device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(tensors), constants);
+      if (!decoupled_tensors.empty())
+        device.template adamw_step_many<T>(std::span<const AdamWTensor<T, A>>(decoupled_tensors), decoupled);
     } else {
       for (const Piece& p : pieces_) {
-        AdamWStep<A> step = constants;
+        AdamWStep<A> step = own_rate(p) ? decoupled : constants;
         if (!(p.weight_decay && config_.weight_decay != 0)) step.decay = A(0);
         device.template adamw_step<T>(main_.data() + p.state_offset, exp_avg_.data() + p.state_offset,
                                       exp_avg_sq_.data() + p.state_offset, grads + p.buffer_offset,
