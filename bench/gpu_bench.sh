@@ -69,7 +69,8 @@ for shape in $shapes; do
   read -r L D H B <<<"$(shape_args "$shape")" || exit 1
   common=(--device cuda --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
           --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
-          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype")
+          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype"
+          --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1 --adam-beta2 0.95 --lr-decay-style cosine)
   # fp16: the loss scaler starts where torch.amp.GradScaler does (2^16) rather than at Megatron's 2^32,
   # whose first dozens of iterations would overflow and be skipped.
   [[ $dtype == fp16 ]] && common+=(--initial-loss-scale 65536)

@@ -119,7 +119,8 @@ else
   read -r PP_L PP_D PP_H PP_G PP_F PP_T PP_V PP_GLOBAL PP_VPP <<<"28 3072 24 8 8192 4096 32000 16 7"
 fi
 common=("${device[@]}" --mock-data --train-iters "$iters" --log-interval "$interval" --eval-iters 0 --sample-tokens 0
-        --lr 6e-4 --lr-warmup-iters 2 --seed 1234)
+        --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1
+        --adam-beta2 0.95 --lr-decay-style cosine)
 
 # One line per run in runs.tsv (suite, run, stack, GPUs, label, model, log, note), read by the summary.
 runs=$out/runs.tsv

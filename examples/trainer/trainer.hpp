@@ -66,6 +66,7 @@
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
 
+#include "args.hpp"
 #include "data_parallel.hpp"
 #include "tensorboard.hpp"
 #include "pipeline_step.hpp"
@@ -79,91 +80,11 @@
 #include <strata/comm/nccl.hpp>
 #endif
 
-#ifndef STRATA_DEFAULT_DATA_PATH
-#define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"
-#endif
 
 namespace trainer {
 
 using namespace strata;
 
-struct TrainArgs {
-  std::string model_kind = "gpt";  // gpt | llama
-  // parallelism
-  int world_size = 2;
-  int tensor_model_parallel_size = 2;
-  bool sequence_parallel = true;
-  PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
-  std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
-  std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
-  // model
-  models::ModelConfig model{};
-  // training
-  int micro_batch_size = 4;
-  int global_batch_size = 8;
-  int train_iters = 300;
-  double lr = 2e-3;
-  double min_lr = 2e-4;
-  std::string lr_decay_style = "cosine";
-  int lr_warmup_iters = 10;
-  int lr_decay_iters = 0;
-  double weight_decay = 0.1;
-  double clip_grad = 1.0;
-  double adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8;
-  bool eod_mask_loss = false;
-  // data, checkpoints, logging
-  std::string data_path = STRATA_DEFAULT_DATA_PATH;
-  bool mock_data = false;  // random tokens instead of --data-path (benchmarks)
-  std::string split = "969,30,1";  // train, validation, test parts of every dataset (by sequence)
-  int eval_interval = 100;
-  int eval_iters = 5;
-  std::string save, load;
-  int save_interval = 0;
-  int ckpt_step = -1;          // load this iteration instead of the tracker's
-  bool no_load_optim = false;  // load the model alone; the optimizer starts fresh over it
-  bool no_load_rng = false;    // accepted: strata's randomness is a function of --seed and the iteration
-  bool finetune = false;       // load the model alone and start at iteration 0
-  bool async_save = false;     // write checkpoint files in the background while training goes on
-  std::string load_hf;         // start from Hugging Face transformers weights (when --load has no checkpoint)
-  std::string save_hf;         // write the trained model in transformers' format at the end
-  std::string ckpt_format = "strata";
-  std::uint64_t seed = 1234;
-  int log_interval = 10;
-  int sample_tokens = 160;  // generated after training (byte tokenizer only); 0: none
-  std::string sample_prompt = "And God said";
-  double sample_temperature = 0.7;
-  std::string log_jsonl;
-  std::string tensorboard_dir;  // TensorBoard event files (rank 0)
-  std::string wandb_project, wandb_exp_name, wandb_save_dir;  // refused: Weights & Biases needs a network
-  bool quiet = false;
-  bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
-  bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
-  // --profile: cudaProfilerStart before iteration profile_step_start and cudaProfilerStop after
-  // iteration profile_step_end - 1 (Megatron's flags), for a tracer or profiler to bracket those
-  // iterations (bench/kernel_trace.cpp reads the window; it is told the step count through
-  // STRATA_TRACE_STEPS); a no-op on the CPU.
-  bool profile = false;
-  int profile_step_start = 10, profile_step_end = 12;
-  // data parallelism, mixed precision, activation recompute (data_parallel.hpp, models/recompute.hpp)
-  bool use_distributed_optimizer = false;
-  bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
-  bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
-  std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
-  bool dynamic_loss_scale = false;     // the dynamic loss scaler over any --dtype (--fp16 sets it; fp16 always scales)
-  double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
-  double initial_loss_scale = 4294967296.0;
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  double min_loss_scale = 1.0;
-  bool skip_nonfinite_iterations = false;  // skip the update of a non-finite iteration instead of stopping
-  std::string recompute_granularity;       // "", selective, full
-  std::string recompute_method = "uniform";
-  int recompute_num_layers = 1;
-  int inject_nonfinite_gradient_at = -1;   // (tests) iteration (0-based) whose gradients are set to inf
-};
-
-// The most bytes of text --sample-tokens may ask for (each one is a forward pass).
-inline constexpr int kMaxSampleTokens = 1 << 20;
 
 struct TrainResult {
   int start_iteration = 0;
@@ -171,6 +92,7 @@ struct TrainResult {
   std::vector<std::pair<int, double>> validation_losses;  // (iteration, loss) per evaluation
   std::string sample;                                     // text generated after training
   std::string nothing_to_do;  // set when the loaded checkpoint is already at or past --train-iters
+  int exited_at = 0;          // --exit-interval / --exit-duration-in-mins: the last iteration run (0: ran to the end)
   double first_step_seconds = 0;  // from launch (main_for) to the end of the first iteration on the device
   // With keep_final_parameters: every parameter after the last step, gathered over tensor
   // parallelism (global shape, row-major), in the model's parameter order.
@@ -185,81 +107,6 @@ struct TrainResult {
   double pipeline_predicted_bubble = 0;
 };
 
-inline TrainArgs default_args(std::string kind) {
-  TrainArgs a;
-  a.model_kind = kind;
-  a.model.num_layers = 4;
-  a.model.hidden_size = 128;
-  a.model.num_attention_heads = 4;
-  a.model.ffn_hidden_size = 0;  // 4 x hidden, as Megatron; the demo's own width: demo_ffn_hidden_size
-  a.model.num_query_groups = kind == "llama" ? 2 : 0;
-  a.model.vocab_size = data::ByteTokenizer::kVocabSize;
-  a.model.seq_length = 128;
-  return a;
-}
-
-// The MLP width of the demo run (hidden 128): GPT's 4 x 128, Llama's SwiGLU 8/3 x 128 rounded to 32.
-inline int demo_ffn_hidden_size(const std::string& kind) { return kind == "llama" ? 352 : 512; }
-
-// After parsing: the demo's MLP width applies only when neither --hidden-size nor
-// --ffn-hidden-size was given; otherwise an absent --ffn-hidden-size means 4 x --hidden-size.
-inline void apply_demo_defaults(const CLI::App& app, TrainArgs& a) {
-  if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
-  if (app.count("--hidden-size") == 0 && app.count("--ffn-hidden-size") == 0)
-    a.model.ffn_hidden_size = demo_ffn_hidden_size(a.model_kind);
-}
-
-// The flags of data parallelism at scale, mixed precision and activation recompute (Megatron's names).
-inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
-  app.add_flag("--use-distributed-optimizer", a.use_distributed_optimizer,
-               "shard the optimizer state over data parallelism (ZeRO-1): gradient buckets are reduce-scattered, each "
-               "rank updates its shard (fp32 main weights and Adam moments for it only) and the parameters are "
-               "all-gathered");
-  app.add_flag("--overlap-grad-reduce", a.overlap_grad_reduce,
-               "start each gradient bucket's all-reduce (reduce-scatter with --use-distributed-optimizer) during the "
-               "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
-               "the CPU the in-process collectives run at once, in the same order)");
-  app.add_flag("--overlap-param-gather", a.overlap_param_gather,
-               "with --use-distributed-optimizer: all-gather the updated parameters on the communication stream, the "
-               "buckets the next forward needs first going first, joined right before that forward");
-  app.add_option("--ddp-bucket-size", a.ddp_bucket_size,
-                 "gradient elements per bucket before padding (0: max(40M, 1M x data-parallel size))");
-  app.add_flag_callback(
-      "--fp16",
-      [&a] {
-        a.dtype = "fp16";
-        a.dynamic_loss_scale = true;
-      },
-      "fp16 parameters and activations (fp32 main parameters and moments) with the dynamic loss scaler, which skips an "
-      "iteration whose gradients overflow and backs the scale off (Megatron's flag; same as --dtype fp16)");
-  app.add_option("--loss-scale", a.loss_scale,
-                 "a constant loss scale (> 0) instead of the dynamic one; also over float, double or bf16");
-  app.add_option("--initial-loss-scale", a.initial_loss_scale, "the dynamic loss scale at the start (default 2^32)");
-  app.add_option("--loss-scale-window", a.loss_scale_window, "iterations without overflow before the scale doubles");
-  app.add_option("--hysteresis", a.hysteresis, "overflowing iterations before the scale halves");
-  app.add_option("--min-loss-scale", a.min_loss_scale, "the dynamic scale never goes below this");
-  app.add_flag("--skip-nonfinite-iterations", a.skip_nonfinite_iterations,
-               "an iteration whose loss or gradient norm is NaN or infinite makes no update, is reported with its number "
-               "at the next log step, and training goes on (default: the run stops there)");
-  app.add_option("--recompute-granularity", a.recompute_granularity,
-                 "activation recompute: selective (the attention core) or full (whole layers, see --recompute-method)")
-      ->check(CLI::IsMember({"", "none", "selective", "full"}));
-  app.add_option("--recompute-method", a.recompute_method,
-                 "full recompute: uniform (chunks of --recompute-num-layers layers keep only their input) or block "
-                 "(the first --recompute-num-layers layers are recomputed)")
-      ->check(CLI::IsMember({"uniform", "block"}));
-  app.add_option("--recompute-num-layers", a.recompute_num_layers, "layers per chunk (uniform) or recomputed layers (block)");
-}
-
-// The recompute configuration of the flags.
-inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
-  models::RecomputeConfig c;
-  c.granularity = models::parse_recompute_granularity(a.recompute_granularity);
-  c.method = models::parse_recompute_method(a.recompute_method);
-  c.num_layers = a.recompute_num_layers;
-  return c;
-}
-
 // A number in the JSONL log: JSON has no NaN or infinity, so a non-finite value (a skipped
 // iteration's gradient norm, a diverged loss) is written as null.
 struct JsonNumber {
@@ -268,125 +115,6 @@ struct JsonNumber {
     return std::isfinite(n.value) ? out << n.value : out << "null";
   }
 };
-
-// Whether the dynamic loss scaler runs: fp16 always has a scaler (dynamic unless --loss-scale), the
-// other types when asked (TrainArgs::dynamic_loss_scale).
-inline bool dynamic_loss_scaling(const TrainArgs& a) {
-  return a.loss_scale <= 0 && (a.dynamic_loss_scale || a.dtype == "fp16");
-}
-
-// The loss scaler of the flags: none for float, double and bf16 without --loss-scale.
-inline std::optional<LossScalerConfig> loss_scaler_of(const TrainArgs& a) {
-  if (!dynamic_loss_scaling(a) && a.loss_scale <= 0) return std::nullopt;
-  LossScalerConfig c;
-  if (a.loss_scale > 0) {
-    c.dynamic = false;
-    c.initial_scale = a.loss_scale;
-    c.min_scale = std::min(a.min_loss_scale, a.loss_scale);
-  } else {
-    c.initial_scale = a.initial_loss_scale;
-    c.min_scale = a.min_loss_scale;
-    c.growth_interval = a.loss_scale_window;
-    c.hysteresis = a.hysteresis;
-  }
-  return c;
-}
-
-inline void add_options(CLI::App& app, TrainArgs& a) {
-  // A repeated flag takes its last value, as Megatron's argparse (CLI11 refuses it by default).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--world-size,--threads", a.world_size,
-                 "ranks in total (cpu: threads; cuda: local GPUs, one thread each; set by the launcher under torchrun, "
-                 "srun or mpirun); data parallel = world / tensor parallel");
-  app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
-  app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
-  add_pipeline_options(app, a.pipeline);
-  app.add_option("--device,--backend", a.device,
-                 "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
-                 "GPU is present, else cpu")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--dtype", a.dtype,
-                 "parameter and activation type (default: bf16 on cuda, float on cpu); fp16 runs with a loss scaler")
-      ->check(CLI::IsMember({"float", "double", "bf16", "fp16"}));
-  app.add_flag_callback("--bf16", [&a] { a.dtype = "bf16"; }, "same as --dtype bf16 (Megatron's flag)");
-  app.add_option("--num-layers", a.model.num_layers);
-  app.add_option("--hidden-size", a.model.hidden_size);
-  app.add_option("--num-attention-heads", a.model.num_attention_heads);
-  app.add_option("--num-query-groups", a.model.num_query_groups, "key/value heads (Llama); 0 = one per head");
-  app.add_option("--ffn-hidden-size", a.model.ffn_hidden_size,
-                 "MLP width; default (and 0) = 4 x --hidden-size, as Megatron's; without --hidden-size the demo uses 512 "
-                 "(GPT) or 352 (Llama)");
-  app.add_option("--seq-length", a.model.seq_length);
-  app.add_option("--vocab-size", a.model.vocab_size, "tokenizer vocabulary (the byte tokenizer has 257)");
-  app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
-  app.add_option("--init-method-std", a.model.init_method_std);
-  app.add_option("--rotary-base", a.model.rope_base);
-  app.add_option("--hidden-dropout", a.model.hidden_dropout);
-  app.add_option("--label-smoothing", a.model.label_smoothing);
-  app.add_option("--micro-batch-size", a.micro_batch_size);
-  app.add_option("--global-batch-size", a.global_batch_size);
-  app.add_option("--train-iters", a.train_iters);
-  app.add_option("--lr", a.lr);
-  app.add_option("--min-lr", a.min_lr);
-  app.add_option("--lr-decay-style", a.lr_decay_style)->check(CLI::IsMember({"constant", "linear", "cosine"}));
-  app.add_option("--lr-warmup-iters", a.lr_warmup_iters);
-  app.add_option("--lr-decay-iters", a.lr_decay_iters, "0 = --train-iters");
-  app.add_option("--weight-decay", a.weight_decay);
-  app.add_option("--clip-grad", a.clip_grad, "global gradient-norm clip; 0 disables");
-  app.add_option("--adam-beta1", a.adam_beta1);
-  app.add_option("--adam-beta2", a.adam_beta2);
-  app.add_option("--adam-eps", a.adam_eps);
-  app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
-  // Megatron's nargs='*': `--data-path 0.5 a 0.5 b` (several arguments) or one quoted string; a
-  // repeated flag takes the last occurrence's arguments, as argparse does.
-  app.add_option_function<std::vector<std::vector<std::string>>>(
-         "--data-path",
-         [&a](const std::vector<std::vector<std::string>>& occurrences) {
-           a.data_path.clear();
-           for (const std::string& part : occurrences.back()) a.data_path += (a.data_path.empty() ? "" : " ") + part;
-         },
-         "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)")
-      ->expected(1, CLI::detail::expected_max_vector_size)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
-  app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
-  app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
-  app.add_option("--eval-iters", a.eval_iters, "global batches per evaluation (0: no evaluation)");
-  app.add_option("--save", a.save, "checkpoint directory to save into");
-  app.add_option("--load", a.load, "checkpoint directory to resume from");
-  app.add_option("--save-interval", a.save_interval, "iterations between checkpoints (0 = only at the end when --save)");
-  app.add_option("--ckpt-step", a.ckpt_step, "iteration of the --load checkpoint to load (default: the latest)");
-  app.add_flag("--no-load-optim", a.no_load_optim, "load the model's weights alone; the optimizer starts fresh over them");
-  app.add_flag("--no-load-rng", a.no_load_rng, "accepted: every random draw is a function of --seed and the iteration, so there is no generator state to load");
-  app.add_flag("--finetune", a.finetune, "load the model's weights alone and start at iteration 0 (no optimizer state, no data position)");
-  app.add_flag("--async-save", a.async_save, "write checkpoint files in the background while training goes on (committed at a later step)");
-  app.add_option("--load-hf", a.load_hf, "start from a Hugging Face transformers model (config.json + safetensors) when --load holds no checkpoint");
-  app.add_option("--save-hf", a.save_hf, "write the trained model as a Hugging Face transformers model (config.json + safetensors) at the end");
-  app.add_option("--ckpt-format", a.ckpt_format, "checkpoint format: strata (one sharded file per rank, loadable in any layout)");
-  app.add_option("--seed", a.seed);
-  app.add_option("--log-interval", a.log_interval);
-  app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
-  app.add_option("--tensorboard-dir", a.tensorboard_dir, "write TensorBoard event files here (loss, learning rate, grad norm, throughput, memory, validation loss)");
-  app.add_option("--wandb-project", a.wandb_project, "refused: Weights & Biases logging needs a network; use --tensorboard-dir");
-  app.add_option("--wandb-exp-name", a.wandb_exp_name, "refused (see --wandb-project)");
-  app.add_option("--wandb-save-dir", a.wandb_save_dir, "refused (see --wandb-project)");
-  app.add_flag("--quiet", a.quiet, "no per-iteration output");
-  app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
-  app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
-  app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
-  app.add_flag("--profile", a.profile, "bracket iterations [--profile-step-start, --profile-step-end) with cudaProfilerStart/Stop");
-  app.add_option("--profile-step-start", a.profile_step_start, "first profiled iteration (0-based, as Megatron's)");
-  app.add_option("--profile-step-end", a.profile_step_end, "iteration after the last profiled one");
-  app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
-               "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
-  add_data_parallel_options(app, a);
-}
-
-// The learning-rate schedule of the flags (decay over --lr-decay-iters, or --train-iters when 0).
-inline LrSchedule schedule_of(const TrainArgs& a) {
-  return LrSchedule{.max_lr = a.lr, .min_lr = a.min_lr, .warmup_iters = a.lr_warmup_iters, .decay_iters = a.lr_decay_iters,
-                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = a.train_iters};
-}
 
 // The validation dataset's index holds at most this many samples (24 MiB); a longer evaluation
 // (--eval-iters x --global-batch-size beyond it) reads them again cyclically, so --eval-iters
@@ -424,14 +152,6 @@ struct CycledSamples {
   std::int64_t seq_length() const { return inner->seq_length(); }
   void sample(std::int64_t i, std::span<std::int32_t> out) const { inner->sample(i % inner->size(), out); }
 };
-
-// Ranks are threads of this process: at most 4 per hardware thread (and at least 16 on any
-// machine), so a typo such as --world-size 3000 is an error, not thousands of threads.
-inline int max_world_size() {
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return std::max(16, 4 * static_cast<int>(hardware == 0 ? 1 : std::min(hardware, 1u << 20)));
-}
-
 // Bytes of memory this process can still allocate: /proc/meminfo's MemAvailable, else the free
 // physical pages (sysconf); -1 when neither is known.
 inline std::int64_t host_memory_available() {
@@ -488,7 +208,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
     }
     pipeline_total = checked_add(pipeline_total, checked_add(e.total(), plan.batch_bytes, "memory"), "memory");
   }
-  const std::int64_t train_samples = checked_mul(a.train_iters, a.global_batch_size, "training samples");
+  const std::int64_t train_samples = samples_of(batch_schedule_of(a), a.train_iters);
   plan.train_index_bytes = checked_mul(train_samples, 24, "training dataset index");
   if (a.eval_iters > 0) {  // the validation index covers --eval-iters global batches, up to its cap
     const std::int64_t eval_samples = checked_mul(a.eval_iters, a.global_batch_size, "validation samples");
@@ -559,143 +279,6 @@ inline void check_fits(const MemoryPlan& p, const std::string& dtype) {
                       ". Use smaller --hidden-size, --num-layers, --vocab-size, --seq-length, --micro-batch-size, "
                       "--train-iters or --eval-iters, or fewer ranks");
 }
-
-// An integer flag outside [low, high]: ConfigError naming the flag, its value, the range and its meaning.
-inline void check_range(const char* flag, std::int64_t value, std::int64_t low, std::int64_t high, const char* meaning) {
-  if (value < low || value > high)
-    fail<ConfigError>(flag, "=", value, " is out of range: it must be in [", low, ", ", high, "] (", meaning, ")");
-}
-
-// Every integer flag against its range (the model's own numbers are checked again by models::validate).
-inline void check_integer_flags(const TrainArgs& a) {
-  constexpr std::int64_t kInt = std::numeric_limits<int>::max();
-  check_range("--world-size", a.world_size, 1, max_world_size(),
-              "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
-  check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
-              "tensor-parallel group size, at most --world-size");
-  check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
-  check_range("--hidden-size", a.model.hidden_size, 1, kInt, "width of the residual stream");
-  check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
-  check_range("--num-query-groups", a.model.num_query_groups, 0, kInt, "key/value heads; 0 = one per head");
-  check_range("--ffn-hidden-size", a.model.ffn_hidden_size, 0, kInt, "MLP width; 0 = 4 x --hidden-size");
-  if (a.model.ffn_hidden_size == 0 && a.model.hidden_size > kInt / 4)
-    fail<ConfigError>("--hidden-size=", a.model.hidden_size, " makes the default --ffn-hidden-size 4 x ", a.model.hidden_size,
-                      " = ", 4 * std::int64_t{a.model.hidden_size}, ", more than a 32-bit int holds; use a smaller --hidden-size");
-  check_range("--seq-length", a.model.seq_length, 1, kInt, "tokens per sequence");
-  check_range("--vocab-size", a.model.vocab_size, 1, kInt, "tokenizer vocabulary");
-  check_range("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by, 1, kInt, "vocabulary padding multiple");
-  check_range("--micro-batch-size", a.micro_batch_size, 1, kInt, "sequences per micro-batch");
-  check_range("--global-batch-size", a.global_batch_size, 1, kInt, "sequences per iteration");
-  check_range("--train-iters", a.train_iters, 1, kInt, "iterations to train");
-  check_range("--lr-warmup-iters", a.lr_warmup_iters, 0, kInt, "iterations of linear warmup");
-  check_range("--lr-decay-iters", a.lr_decay_iters, 0, kInt, "iterations of decay; 0 = --train-iters");
-  check_range("--eval-interval", a.eval_interval, 0, kInt, "iterations between evaluations; 0 = only at the end");
-  check_range("--eval-iters", a.eval_iters, 0, kInt, "global batches per evaluation; 0 = none");
-  check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
-  check_range("--ckpt-step", a.ckpt_step, -1, kInt, "a saved iteration; -1 = the latest");
-  check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
-  check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
-  check_range("--ddp-bucket-size", a.ddp_bucket_size, 0, std::numeric_limits<std::int64_t>::max() / 2,
-              "gradient elements per bucket; 0 = max(40M, 1M x data-parallel size)");
-  check_range("--loss-scale-window", a.loss_scale_window, 1, kInt, "iterations without overflow before the loss scale grows");
-  check_range("--hysteresis", a.hysteresis, 1, kInt, "overflowing iterations before the loss scale backs off");
-  if (a.recompute_granularity == "full")
-    check_range("--recompute-num-layers", a.recompute_num_layers, 1, a.model.num_layers,
-                "layers per recomputed chunk (uniform) or recomputed layers (block), at most --num-layers");
-  if (a.profile) {
-    check_range("--profile-step-start", a.profile_step_start, 0, a.train_iters - 1, "first profiled iteration, 0-based");
-    check_range("--profile-step-end", a.profile_step_end, a.profile_step_start + 1, a.train_iters,
-                "iteration after the last profiled one");
-  }
-}
-
-// A floating-point flag that must be finite and within [low, high] (bounds inclusive unless open).
-// Every comparison is written so that NaN fails it.
-inline void check_real(const char* flag, double value, double low, double high, const char* meaning, bool open_low = false,
-                       bool open_high = false) {
-  const bool above = open_low ? value > low : value >= low;
-  const bool below = open_high ? value < high : value <= high;
-  if (std::isfinite(value) && above && below) return;
-  if (high == std::numeric_limits<double>::max())
-    fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number ", open_low ? "> " : ">= ", low, " (",
-                      meaning, ")");
-  fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number in ", open_low ? "(" : "[", low, ", ", high,
-                    open_high ? ")" : "]", " (", meaning, ")");
-}
-
-inline void check_real_flags(const TrainArgs& a) {
-  constexpr double kMax = std::numeric_limits<double>::max();
-  check_real("--lr", a.lr, 0, kMax, "peak learning rate");
-  check_real("--min-lr", a.min_lr, 0, kMax, "learning rate at the end of decay");
-  check_real("--weight-decay", a.weight_decay, 0, kMax, "decoupled weight decay; 0 disables it");
-  check_real("--clip-grad", a.clip_grad, 0, kMax, "global gradient-norm clip; 0 disables clipping");
-  check_real("--adam-beta1", a.adam_beta1, 0, 1, "first-moment decay", false, true);
-  check_real("--adam-beta2", a.adam_beta2, 0, 1, "second-moment decay", false, true);
-  check_real("--adam-eps", a.adam_eps, 0, kMax, "added to the denominator", true);
-  check_real("--init-method-std", a.model.init_method_std, 0, kMax, "standard deviation of the initial weights", true);
-  check_real("--rotary-base", a.model.rope_base, 0, kMax, "RoPE base, 10000 for Llama 2", true);
-  check_real("--hidden-dropout", a.model.hidden_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
-  check_real("--label-smoothing", a.model.label_smoothing, 0, 1, "label smoothing; 0 disables it", false, true);
-  check_real("--sample-temperature", a.sample_temperature, 0, kMax, "softmax temperature; 0 = greedy");
-  check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with fp16) or none");
-  check_real("--initial-loss-scale", a.initial_loss_scale, 0, kMax, "the dynamic loss scale at the start", true);
-  check_real("--min-loss-scale", a.min_loss_scale, 0, kMax, "the smallest dynamic loss scale", true);
-  if (dynamic_loss_scaling(a) && a.min_loss_scale > a.initial_loss_scale)
-    fail<ConfigError>("--min-loss-scale=", a.min_loss_scale, " is above --initial-loss-scale=", a.initial_loss_scale,
-                      "; lower --min-loss-scale");
-}
-
-// Checks everything that can be checked before a thread starts or a byte is allocated.
-inline void validate(const TrainArgs& a) {
-  check_integer_flags(a);
-  check_real_flags(a);
-  if (a.world_size % a.tensor_model_parallel_size != 0)
-    fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
-                      a.world_size, "; the world is tensor parallel x data parallel");
-  const int pp = a.pipeline.pipeline_model_parallel_size;
-  if (pp < 1 || a.world_size % (a.tensor_model_parallel_size * pp) != 0)
-    fail<ConfigError>("--pipeline-model-parallel-size=", pp, " x --tensor-model-parallel-size=", a.tensor_model_parallel_size,
-                      " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
-  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
-  const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
-  if (a.global_batch_size % per_step != 0)
-    fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
-                      a.micro_batch_size, " x ", dp, " = ", per_step);
-  const LrSchedule schedule = schedule_of(a);
-  const int decay_iters = schedule.effective_decay_iters();
-  if (a.lr_warmup_iters > decay_iters)
-    fail<ConfigError>("--lr-warmup-iters=", a.lr_warmup_iters, " is more than the ", decay_iters, " iterations of ",
-                      a.lr_decay_iters == 0 ? "--train-iters" : "--lr-decay-iters",
-                      "; warmup must end before the learning rate decays (lower --lr-warmup-iters)");
-  if (a.sample_tokens > 0 && a.model.vocab_size != data::ByteTokenizer::kVocabSize)
-    fail<ConfigError>("--sample-tokens needs the byte tokenizer's vocabulary (--vocab-size=", data::ByteTokenizer::kVocabSize,
-                      "), got --vocab-size=", a.model.vocab_size, "; pass --sample-tokens 0");
-  data::parse_split(a.split);
-  if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
-  if (a.ckpt_step >= 0 && a.load.empty()) fail<ConfigError>("--ckpt-step needs --load <directory>");
-  if ((a.no_load_optim || a.finetune) && a.load.empty())
-    fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
-  if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
-  for (auto [flag, value] : {std::pair{"--wandb-project", &a.wandb_project}, std::pair{"--wandb-exp-name", &a.wandb_exp_name},
-                             std::pair{"--wandb-save-dir", &a.wandb_save_dir}})
-    if (!value->empty())
-      fail<ConfigError>(flag, " ", *value, ": strata does not log to Weights & Biases, which needs a network; "
-                        "--tensorboard-dir <dir> writes the same scalars as TensorBoard event files");
-  if (a.ckpt_format != "strata")
-    fail<ConfigError>("--ckpt-format ", a.ckpt_format, ": strata saves and loads its own sharded format (--ckpt-format strata), "
-                      "which loads into any parallel layout; Megatron's torch and torch_dist formats are not read. Exchange "
-                      "weights with other stacks through Hugging Face's format (--load-hf, --save-hf)");
-  if (!a.save_hf.empty() && a.pipeline.pipeline_model_parallel_size > 1 && a.save.empty())
-    fail<ConfigError>("--save-hf with --pipeline-model-parallel-size ", a.pipeline.pipeline_model_parallel_size,
-                      " needs --save <directory>: the export reads the final checkpoint, which holds every stage");
-  if (a.model_kind == "gpt" && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
-    fail<ConfigError>("train_gpt: GPT-2 uses multi-head attention; --num-query-groups must be 0 or equal to --num-attention-heads");
-  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
-  check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size,
-                      static_cast<int>(a.global_batch_size / per_step), a.sample_tokens > 0);
-  schedule.validate();
-}
-
 template <class T, bool SP, class Backend = cpu::backend, class Comm = inprocess::communicator>
 struct TrainPolicy : default_policy {
   using element = T;
@@ -785,21 +368,25 @@ void report_pipeline_times(Context& ctx, Timer& timer, const pipeline::ScheduleS
   std::fflush(stdout);
 }
 
-// Continues --sample-prompt byte by byte: each step runs the model on the last seq_length tokens
-// (padded with EOD after the end, which causal attention ignores) and draws the next byte from
-// softmax(logits / temperature) with the counter-based RNG, so every rank draws the same byte.
+// Continues --sample-prompt token by token (the tokenizer's ids): each step runs the model on the
+// last seq_length tokens (padded with EOD after the end, which causal attention ignores) and draws
+// the next token from softmax(logits / temperature) over the tokenizer's ids but EOD, with the
+// counter-based RNG, so every rank draws the same token. The text is the tokenizer's decode.
 template <class Context, class Model>
-std::string generate(Context& ctx, const Model& model, const TrainArgs& a) {
+std::string generate(Context& ctx, const Model& model, const TrainArgs& a, data::Tokenizer tokenizer) {
   const index_t window = a.model.seq_length;
-  std::vector<std::int32_t> tokens = data::ByteTokenizer::encode(a.sample_prompt);
-  if (tokens.empty()) tokens.push_back(data::ByteTokenizer::kEod);
+  const std::int32_t eod = tokenizer.eod();
+  std::vector<std::int32_t> tokens = a.sample_prompt.empty() ? std::vector<std::int32_t>{} : tokenizer.encode(a.sample_prompt);
+  const std::size_t prompt_tokens = tokens.size();
+  if (tokens.empty()) tokens.push_back(eod);
   const std::uint64_t key = rng::mix(a.seed, 0x73616d706c65ull);  // "sample"
   for (int step = 0; step < a.sample_tokens; ++step) {
     const std::size_t begin = tokens.size() > static_cast<std::size_t>(window) ? tokens.size() - window : 0;
-    Tensor<std::int32_t> input(Shape{1, window}, data::ByteTokenizer::kEod);
+    Tensor<std::int32_t> input(Shape{1, window}, eod);
     for (std::size_t i = begin; i < tokens.size(); ++i) input[static_cast<index_t>(i - begin)] = tokens[i];
     std::vector<double> logits = model.next_token_logits(ctx, input, static_cast<index_t>(tokens.size() - begin - 1));
-    logits[data::ByteTokenizer::kEod] = -1e300;  // keep writing text
+    logits.resize(static_cast<std::size_t>(std::min<std::int64_t>(tokenizer.vocab_size(), static_cast<std::int64_t>(logits.size()))));
+    if (eod >= 0 && static_cast<std::size_t>(eod) < logits.size()) logits[static_cast<std::size_t>(eod)] = -1e300;  // keep writing text
     std::size_t next = 0;
     if (a.sample_temperature == 0) {
       next = static_cast<std::size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -812,7 +399,8 @@ std::string generate(Context& ctx, const Model& model, const TrainArgs& a) {
     }
     tokens.push_back(static_cast<std::int32_t>(next));
   }
-  return data::ByteTokenizer::decode(tokens);
+  if (prompt_tokens == 0) tokens.erase(tokens.begin());  // the EOD that stood in for an empty prompt
+  return tokenizer.decode(tokens);
 }
 
 // Whether torchrun, Slurm or Open MPI variables say this process is one rank of a job (then the
@@ -870,6 +458,8 @@ struct SharedRun {
   TrainResult& result;
   std::mutex& result_mutex;
   const MemoryPlan& memory;  // plan_memory's estimate, made once before the ranks start
+  const data::Tokenizer& tokenizer;  // the end-of-document id, and the sample's text
+  const BatchSchedule& batches;      // the global batch of each iteration
 };
 
 // A backend whose attention plans can be frozen (cuda::backend), and a communicator with a
@@ -888,9 +478,10 @@ concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
 // the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
 // after; the weights, moments and step count are as before.
 template <class Context, class Model, class Optimizer, class Dataset>
-void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset, int micro_steps) {
+void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset, int micro_steps,
+                  std::int32_t eod) {
   using Space = typename Context::space;
-  const data::Batch b = data::make_batch(dataset, 0, a.micro_batch_size, data::BatchOptions{data::ByteTokenizer::kEod, false});
+  const data::Batch b = data::make_batch(dataset, 0, a.micro_batch_size, data::BatchOptions{eod, false});
   const std::vector<data::Batch> batches(static_cast<std::size_t>(micro_steps), b);
   std::vector<std::uint64_t> keys(static_cast<std::size_t>(micro_steps), rng::mix(a.seed, 0x7761726dull));
   auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
@@ -907,7 +498,7 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   optimizer.set_steps(steps);
   optimizer.zero_gradients(ctx);
   if (a.sample_tokens > 0 && a.pipeline.pipeline_model_parallel_size == 1 && model.virtual_stages() == 1) {
-    Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, data::ByteTokenizer::kEod);
+    Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, eod);
     (void)model.chunks().front()->next_token_logits(ctx, input, 0);
   }
   ctx.device.synchronize();
@@ -925,8 +516,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   std::ofstream& jsonl = shared.jsonl;
   const int pp = a.pipeline.pipeline_model_parallel_size;
   const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
-  const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);
-  const data::BatchOptions batch_options{data::ByteTokenizer::kEod, a.eod_mask_loss};
+  const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);  // of the final global batch (evaluation)
+  const data::BatchOptions batch_options{shared.tokenizer.eod(), a.eod_mask_loss};
 
   Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .pp = pp, .dp = dp}, device);
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
@@ -971,7 +562,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_dry_run<Comm>) {
     if (world.size() > 1 && !launched_as_job()) {
       world.set_dry_run(true);
-      warm_up_step(ctx, model, optimizer, a, shared.dataset, micro_steps);
+      warm_up_step(ctx, model, optimizer, a, shared.dataset, micro_steps, shared.tokenizer.eod());
       world.set_dry_run(false);
     }
   }
@@ -981,12 +572,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   std::optional<PipelineTimer<typename Policy::backend>> pipeline_timer;
   pipeline::ExecutorOptions executor_options;
   executor_options.overlap_transfers = a.pipeline.overlap_p2p_communication;
-  if (pp > 1) {
+  if (pp > 1 && shared.batches.constant()) {  // (a batch schedule changes the actions per step: not timed)
     pipeline_timer.emplace(ctx.device, pipeline::rank_actions(schedule_shape, ctx.pp.rank()).size());
     executor_options.on_action = [&pipeline_timer](const pipeline::Action&, bool begin) { pipeline_timer->on_action(begin); };
   }
   if constexpr (has_local_barrier<Comm>) world.local_barrier();
   const LrSchedule schedule = schedule_of(a);
+  const std::optional<LrSchedule> decoupled_schedule = decoupled_schedule_of(a);
   int start = 0;
   std::int64_t consumed = 0;
   const bool logger = world.rank() == 0;
@@ -1086,6 +678,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   auto health = Tensor<double, Space>::zeros(Shape{1});
   auto iteration_health = Tensor<double, Space>::zeros(Shape{1});  // --skip-nonfinite-iterations
   std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
+  std::vector<std::int64_t> consumed_after(static_cast<std::size_t>(slots), 0);  // samples consumed after each iteration
+  const std::int64_t start_consumed = consumed;
+  bool exited = false;  // --exit-interval / --exit-duration-in-mins stopped the run
   int read_up_to = start;  // iterations [start, read_up_to) have been read and logged
   auto t_interval = std::chrono::steady_clock::now();
   const auto t_begin = t_interval;
@@ -1099,10 +694,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (logger) profiler_window(true, a.profile_step_end - a.profile_step_start);
     }
     optimizer.zero_gradients(ctx);
+    // This iteration's global batch (a ramp-up or step schedule changes it with the samples consumed).
+    const int global_batch = shared.batches.at(consumed);
+    const int iteration_micro_steps = global_batch / (a.micro_batch_size * dp);
     std::vector<data::Batch> batches;
     double tokens = 0;  // tokens carrying loss in the global batch: every data-parallel rank's micro-batches
     for (int d = 0; d < dp; ++d)
-      for (int m = 0; m < micro_steps; ++m) {
+      for (int m = 0; m < iteration_micro_steps; ++m) {
         const auto first = data::micro_batch_first_sample(consumed, a.micro_batch_size, d, dp, m);
         data::Batch batch = data::make_batch(shared.dataset, first, a.micro_batch_size, batch_options);
         for (index_t i = 0; i < batch.loss_mask.numel(); ++i) tokens += batch.loss_mask[i];
@@ -1111,7 +709,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (tokens <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
     ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
     std::vector<std::uint64_t> dropout_keys;
-    for (int m = 0; m < micro_steps; ++m) dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m));
+    for (int m = 0; m < iteration_micro_steps; ++m) dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m));
     // The loss gradient (mask / tokens, times the loss scaler's factor: 1 without one) is known
     // before the forward, so the output layer and the loss run fused over blocks of rows and the
     // whole logits never exist; the schedule runs the micro-batches (with pp = 1: forward and
@@ -1160,15 +758,30 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (!scaled) ctx.device.template add<double>(iteration_health.data(), norm_history.data() + slot, 1, iteration_health.data());
       gate = iteration_health.data();
     }
-    const double lr = schedule.lr(it);
+    const double lr = schedule.lr(consumed);  // in samples, as Megatron's scheduler
+    const double decoupled_lr = decoupled_schedule ? decoupled_schedule->lr(consumed) : -1.0;
     lrs[static_cast<std::size_t>(slot)] = lr;
-    if (!scaler_skips) optimizer.step(ctx, model, lr, gate);
-    consumed += a.global_batch_size;
-    const bool save_now = !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters);
+    if (!scaler_skips) optimizer.step(ctx, model, lr, gate, decoupled_lr);
+    consumed += global_batch;
+    consumed_after[static_cast<std::size_t>(slot)] = consumed;
+    // --exit-interval / --exit-duration-in-mins: save (with --save) and stop after this iteration. The
+    // duration is rank 0's clock, agreed on by every rank (one small all-reduce per iteration, only
+    // with the flag).
+    bool exit_now = a.exit_interval > 0 && (it + 1) % a.exit_interval == 0 && it + 1 < a.train_iters;
+    if (a.exit_duration_in_mins > 0 && it + 1 < a.train_iters) {
+      double over = world.rank() == 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_time()).count() >
+                                             60.0 * a.exit_duration_in_mins
+                        ? 1.0
+                        : 0.0;
+      all_reduce_host_values(ctx, ctx.world, &over, 1);
+      exit_now = exit_now || over > 0;
+    }
+    const bool save_now =
+        !a.save.empty() && ((a.save_interval > 0 && (it + 1) % a.save_interval == 0) || it + 1 == a.train_iters || exit_now);
     const bool evaluate_now =
         shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters);
     if (save_now || evaluate_now || it + 1 == a.train_iters) optimizer.wait_parameters(ctx);  // they read the parameters
-    const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters;
+    const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters || exit_now;
     // Loss and norm are identical on every rank (all-reduced), so every rank stops here together,
     // before any save.
     if (it == start || (a.profile && it + 1 == a.profile_step_end)) {  // one wait each: the first step, the window's end
@@ -1224,7 +837,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       const double step_s = std::chrono::duration<double>(t1 - t_interval).count() / static_cast<double>(count);
       const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
       const double left = elapsed / (it + 1 - start) * (a.train_iters - it - 1);
-      const double tokens_per_s = static_cast<double>(a.global_batch_size) * a.model.seq_length / step_s;
+      const std::int64_t interval_samples = consumed_after[static_cast<std::size_t>(first + count - 1)] -
+                                            (first == 0 ? start_consumed : consumed_after[static_cast<std::size_t>(first - 1)]);
+      const double tokens_per_s = static_cast<double>(interval_samples) * a.model.seq_length / (step_s * static_cast<double>(count));
+      const double tflops_per_gpu = tokens_per_s * flops_per_token(a) / 1e12 / a.world_size;
       const std::int64_t peak = peak_device_bytes(ctx.device);
       const std::string memory = peak >= 0 ? " | peak mem " + models::format_bytes(peak) : std::string();
       double loss = 0, grad_norm = 0;
@@ -1245,7 +861,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         if (jsonl) {
           jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << JsonNumber{loss} << ", \"lr\": " << lrs[i]
                 << ", \"grad_norm\": " << JsonNumber{grad_norm} << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
-                << ", \"consumed_samples\": " << consumed - (count - 1 - k) * a.global_batch_size;
+                << ", \"consumed_samples\": " << consumed_after[i];
+          if (a.log_throughput) jsonl << ", \"tflops_per_gpu\": " << tflops_per_gpu;
           if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
           jsonl << "}\n";
         }
@@ -1255,7 +872,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           tb->scalar("learning-rate", lrs[i], step);
           tb->scalar("grad-norm", grad_norm, step);
           tb->scalar("throughput (tokens/s)", tokens_per_s, step);
-          tb->scalar("consumed-samples", static_cast<double>(consumed - (count - 1 - k) * a.global_batch_size), step);
+          tb->scalar("consumed-samples", static_cast<double>(consumed_after[i]), step);
+          tb->scalar("batch-size", static_cast<double>(consumed_after[i] - (i == 0 ? start_consumed : consumed_after[i - 1])), step);
+          if (a.log_throughput) tb->scalar("throughput", tflops_per_gpu, step);
           if (scaled) tb->scalar("loss-scale", optimizer.loss_scale(), step);
           if (peak >= 0) tb->scalar("mem-max-allocated-bytes", static_cast<double>(peak), step);
         }
@@ -1266,17 +885,34 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         const std::string scaling =
             scaled ? ::strata::detail::concat(" | loss scale ", optimizer.loss_scale(), " | skipped ", optimizer.skipped_iterations())
                    : std::string();
-        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s\n",
+        const std::string extra =
+            (a.log_throughput ? ::strata::detail::concat(" | ", std::lround(tflops_per_gpu * 10) / 10.0, " TFLOP/s/GPU") : std::string()) +
+            (shared.batches.constant() ? std::string() : ::strata::detail::concat(" | global batch ", global_batch));
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                    static_cast<int>(left) % 60, scaling.c_str(), memory.c_str(), !save_now ? "" : saver ? " | saving" : " | saved");
+                    static_cast<int>(left) % 60, extra.c_str(), scaling.c_str(), memory.c_str(),
+                    !save_now ? "" : saver ? " | saving" : " | saved");
         std::fflush(stdout);
       }
       t_interval = t1;
     }
     if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
+    if (exit_now) {  // as Megatron: saved above (with --save), no evaluation, the run ends here
+      if (logger) {
+        std::lock_guard lock(result_mutex);
+        result.exited_at = it + 1;
+        if (!a.quiet)
+          std::printf("exiting after iteration %d (%s)%s\n", it + 1,
+                      a.exit_interval > 0 && (it + 1) % a.exit_interval == 0 ? "--exit-interval" : "--exit-duration-in-mins",
+                      a.save.empty() ? "" : ", checkpoint saved");
+      }
+      exited = true;
+      break;
+    }
     if (evaluate_now) report_validation(it + 1);
   }
   if (saver) saver->finish(ctx);
+  if (exited) return;
   if (!a.save_hf.empty()) {
     optimizer.wait_parameters(ctx);
     if (ctx.config.pp == 1) {
@@ -1290,7 +926,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (pipeline_timer)
     report_pipeline_times(ctx, *pipeline_timer, schedule_shape, logger, !a.quiet, result, result_mutex);
   if (a.sample_tokens > 0) {
-    const std::string text = generate(ctx, whole_model, a);
+    const std::string text = generate(ctx, whole_model, a, shared.tokenizer);
     if (logger) {
       std::lock_guard lock(result_mutex);
       result.sample = text;
@@ -1335,7 +971,11 @@ TrainResult train_with(const TrainArgs& a) {
                         " free; use smaller sizes, a larger --tensor-model-parallel-size or --dtype bf16");
   }
 #endif
-  const std::int64_t num_samples = static_cast<std::int64_t>(a.train_iters) * a.global_batch_size;
+  data::TokenizerOptions tokenizer_options = a.tokenizer;
+  if (tokenizer_options.type != "NullTokenizer") tokenizer_options.vocab_size = 0;  // the model's vocabulary (resolve_run)
+  const data::Tokenizer tokenizer = data::make_tokenizer(tokenizer_options);
+  const BatchSchedule batch_schedule = batch_schedule_of(a);
+  const std::int64_t num_samples = samples_of(batch_schedule, a.train_iters);
   const std::vector<double> split = data::parse_split(a.split);
   const bool evaluate = a.eval_iters > 0 && (a.mock_data || split[1] > 0);
   const std::int64_t eval_samples = static_cast<std::int64_t>(a.eval_iters) * a.global_batch_size;
@@ -1372,13 +1012,16 @@ TrainResult train_with(const TrainArgs& a) {
 
   TrainResult result;
   std::mutex result_mutex;
-  SharedRun<Dataset, ValidationSet> shared{dataset, valid_samples, evaluate, jsonl, tensorboard ? &*tensorboard : nullptr,
-                                           result, result_mutex, memory};
+  SharedRun<Dataset, ValidationSet> shared{dataset,       valid_samples, evaluate,  jsonl,     tensorboard ? &*tensorboard : nullptr,
+                                           result,        result_mutex,  memory,    tokenizer, batch_schedule};
+  const std::optional<std::chrono::duration<double>> timeout =
+      a.distributed_timeout_minutes > 0 ? std::optional<std::chrono::duration<double>>(60.0 * a.distributed_timeout_minutes)
+                                        : std::nullopt;
   if (a.device == "cpu") {
     using Policy = TrainPolicy<T, SP>;
-    inprocess::run(a.world_size, [&](inprocess::communicator& world) {
-      train_rank<Model, Policy>(world, cpu::backend{}, a, shared);
-    });
+    inprocess::run(
+        a.world_size, [&](inprocess::communicator& world) { train_rank<Model, Policy>(world, cpu::backend{}, a, shared); },
+        inprocess::RunOptions{.timeout = timeout});
     return result;
   }
 #ifdef STRATA_TRAINER_CUDA
@@ -1390,13 +1033,17 @@ TrainResult train_with(const TrainArgs& a) {
     strata::cuda::backend device(ordinal);
     nccl::Options options;
     options.stream = device.stream();
+    options.timeout = timeout;
     nccl::communicator world = nccl::init_from_environment(options);
     train_rank<Model, Policy>(world, device, a, shared);
     return result;
   }
-  nccl::run(a.world_size, [&](nccl::communicator& world) {
-    train_rank<Model, Policy>(world, strata::cuda::backend(world.device(), world.stream()), a, shared);
-  });
+  nccl::run(
+      a.world_size,
+      [&](nccl::communicator& world) {
+        train_rank<Model, Policy>(world, strata::cuda::backend(world.device(), world.stream()), a, shared);
+      },
+      nccl::RunOptions{.timeout = timeout});
   return result;
 #else
   fail<ConfigError>("--device ", a.device, ": this trainer was built without CUDA; rebuild with the CUDA toolkit and NCCL "
@@ -1430,7 +1077,9 @@ inline void resolve_device(TrainArgs& a, bool dtype_given) {
 }
 
 template <template <class> class Model>
-TrainResult train(const TrainArgs& a) {
+TrainResult train(const TrainArgs& given) {
+  TrainArgs a = given;
+  (void)resolve_run(a);  // the tokenizer's vocabulary, the global batch, --train-samples, sequence parallel at tp=1
   validate(a);
   if (a.device != "cpu" && a.device != "cuda")
     fail<ConfigError>("--device=", a.device, " is not a device: use cpu or cuda");
@@ -1455,18 +1104,22 @@ TrainResult train(const TrainArgs& a) {
 }
 
 
-// main() of a trainer: parse flags over the defaults, train, report errors as one clear line on
-// stderr with exit status 1 (every std::exception, not only strata's).
-template <template <class> class Model>
-int main_for(const char* kind, int argc, char** argv) {
+// main() of a trainer: parse the flags over Megatron's defaults (the architecture preset of `kind`),
+// print the notes on Megatron flags strata treats differently, train the model the architecture
+// flags select (one of `Models`: train_gpt and train_llama hold one, pretrain_gpt both), report
+// errors as one clear line on stderr with exit status 1 (every std::exception, not only strata's).
+template <template <class> class... Models>
+int run_main(const char* kind, const char* program, int argc, char** argv) {
   (void)launch_time();
-  TrainArgs args = default_args(kind);
+  TrainArgs args = command_line_defaults(kind);
   args.device = "auto";
-  CLI::App app{std::string("strata ") + kind + " trainer: data- and tensor-parallel training on CPU threads or NVIDIA GPUs"};
+  CLI::App app{std::string(program) +
+               ": strata's GPT / Llama trainer (Megatron's pretrain_gpt flags): tensor, sequence, pipeline and data "
+               "parallel training on CPU threads or NVIDIA GPUs"};
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
-  apply_demo_defaults(app, args);
   try {
+    finish_command_line(app, args);
     if (app.count("--fp16") > 0 && (app.count("--bf16") > 0 || (app.count("--dtype") > 0 && app["--dtype"]->as<std::string>() != "fp16")))
       fail<ConfigError>("--fp16 asks for fp16 parameters, but ", app.count("--bf16") > 0 ? std::string("--bf16") : "--dtype " + app["--dtype"]->as<std::string>(),
                         " asks for another type; give one of them");
@@ -1478,7 +1131,18 @@ int main_for(const char* kind, int argc, char** argv) {
       args.world_size = 1;
       args.tensor_model_parallel_size = 1;
     }
-    const TrainResult result = train<Model>(args);
+    const char* rank = std::getenv("RANK");
+    if (!args.quiet && (rank == nullptr || std::string(rank) == "0"))
+      for (const std::string& note : args.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+    std::optional<TrainResult> trained;
+    const std::string_view wanted = args.model_kind == "gpt" ? models::Gpt<TrainPolicy<float, false>>::architecture
+                                                              : models::Llama<TrainPolicy<float, false>>::architecture;
+    ((Models<TrainPolicy<float, false>>::architecture == wanted ? (void)(trained = train<Models>(args)) : (void)0), ...);
+    if (!trained)
+      fail<ConfigError>("the architecture flags select ", args.model_kind, ", which ", program, " does not build (",
+                        std::string(kind) == "llama" ? "train_llama is the Llama preset" : "train_gpt is the GPT-2 preset",
+                        "); use pretrain_gpt, which builds both");
+    const TrainResult& result = *trained;
     if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete
       std::printf("%s\n", result.nothing_to_do.c_str());
       return 0;
@@ -1494,6 +1158,12 @@ int main_for(const char* kind, int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+}
+
+// train_gpt / train_llama: one model, its architecture flags preset.
+template <template <class> class Model>
+int main_for(const char* kind, int argc, char** argv) {
+  return run_main<Model>(kind, kind == std::string("llama") ? "train_llama" : "train_gpt", argc, argv);
 }
 
 }  // namespace trainer

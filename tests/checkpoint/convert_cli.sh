@@ -10,7 +10,8 @@ convert=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --ffn-hidden-size 64 --seq-length 16
-        --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet)
+        --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet
+        --hidden-dropout 0 --attention-dropout 0)
 "$train" "${common[@]}" --world-size 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
   --train-iters 2 --save "$work/a"
 "$convert" --load "$work/a" --save "$work/b" --target-tensor-parallel-size 4 --target-pipeline-parallel-size 1 2> "$work/progress"

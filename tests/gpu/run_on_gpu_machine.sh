@@ -61,6 +61,8 @@ demo_line="train_gpt not built ($build/examples/train_gpt)"
 if [[ -x $build/examples/train_gpt ]]; then
   start=$(date +%s)
   timeout "$demo_timeout" "$build/examples/train_gpt" --device cuda --world-size 1 --tensor-model-parallel-size 1 --train-iters "$iters" \
+    --hidden-dropout 0 --attention-dropout 0 --lr-decay-style cosine --lr-warmup-iters 10 --min-lr 2e-4 --weight-decay 0.1 \
+    --adam-beta2 0.95 --log-interval 10 --eval-interval 100 --eval-iters 5 --global-batch-size 8 \
     --data-path "$STRATA_DATA_PATH" --log-jsonl "$logs/train_gpt.jsonl" >"$logs/train_gpt.log" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && status=1

@@ -535,49 +535,6 @@ TEST(Training, EvaluationBeyondTheValidationIndexCapCyclesInsteadOfGrowing) {
   EXPECT_THROW(strata::data::make_batch(cycled, 6, 2), strata::ConfigError);
 }
 
-// Parses flags as a trainer's main() does (over default_args).
-trainer::TrainArgs parse(std::string kind, std::vector<std::string> flags) {
-  trainer::TrainArgs a = trainer::default_args(kind);
-  CLI::App app;
-  trainer::add_options(app, a);
-  std::reverse(flags.begin(), flags.end());  // CLI11 takes the vector back to front
-  app.parse(flags);
-  trainer::apply_demo_defaults(app, a);
-  return a;
-}
-
-// --hidden-size 768 without --ffn-hidden-size used to keep the demo's 512: the default is 4 x hidden.
-TEST(TrainerFlags, FfnDefaultsToFourTimesHiddenUnlessTheDemoRuns) {
-  EXPECT_EQ(parse("gpt", {"--hidden-size", "768", "--num-attention-heads", "12"}).model.ffn(), 3072);
-  EXPECT_EQ(parse("llama", {"--hidden-size", "256"}).model.ffn(), 1024);
-  EXPECT_EQ(parse("gpt", {"--hidden-size", "768", "--ffn-hidden-size", "1000"}).model.ffn(), 1000);
-  EXPECT_EQ(parse("gpt", {}).model.ffn(), 512);    // the demo
-  EXPECT_EQ(parse("llama", {}).model.ffn(), 352);  // the demo
-  EXPECT_EQ(parse("llama", {"--ffn-hidden-size", "0"}).model.ffn(), 512);
-}
-
-TEST(TrainerFlags, RepeatedFlagTakesTheLastValue) {
-  const auto a = parse("gpt", {"--lr", "1e-3", "--train-iters", "5", "--lr", "2e-3", "--train-iters", "7", "--quiet", "--quiet"});
-  EXPECT_EQ(a.lr, 2e-3);
-  EXPECT_EQ(a.train_iters, 7);
-  EXPECT_TRUE(a.quiet);
-  const auto b = parse("gpt", {"--sequence-parallel", "--no-sequence-parallel"});
-  EXPECT_FALSE(b.sequence_parallel);
-}
-
-// Megatron's launch lines: --data-path as several arguments (or one string), the last --data-path
-// winning; --split with the quotes a script leaves in, and spaces.
-TEST(TrainerFlags, DataPathTakesSeveralArgumentsAndSplitIgnoresQuotes) {
-  const auto a = parse("gpt", {"--data-path", "0.3", "corpus_a", "0.7", "corpus_b", "--lr", "1e-3"});
-  EXPECT_EQ(a.data_path, "0.3 corpus_a 0.7 corpus_b");
-  EXPECT_EQ(a.lr, 1e-3);
-  EXPECT_EQ(parse("gpt", {"--data-path", "0.5 x 0.5 y"}).data_path, "0.5 x 0.5 y");
-  EXPECT_EQ(parse("gpt", {"--data-path", "a", "--data-path", "0.1", "b", "0.9", "c"}).data_path, "0.1 b 0.9 c");
-  for (const char* split : {"'99,1,0'", "\"99,1,0\"", "99, 1, 0", "99,1,0"})
-    EXPECT_EQ(strata::data::parse_split(split), (std::vector<double>{0.99, 0.01, 0.0})) << split;
-  EXPECT_THROW(strata::data::parse_split("'99,x,0'"), strata::ConfigError);
-}
-
 // A batch shorter than seq_length and not divisible by tp under sequence parallelism: the model's
 // entry names sequence parallelism and the lengths, not an internal layout conversion.
 TEST(Training, SequenceParallelBatchNotDivisibleByTpNamesTheLengths) {

@@ -1,5 +1,7 @@
-// strata/optim/lr_schedule.hpp: `LrSchedule`, the learning rate as a function of the iteration,
-// with the semantics of Megatron-Core's OptimizerParamScheduler (warmup, then decay).
+// strata/optim/lr_schedule.hpp: `LrSchedule`, the learning rate as a function of the step, with the
+// semantics of Megatron-Core's OptimizerParamScheduler (warmup, then decay). A step is whatever the
+// caller counts: iterations, or samples as Megatron's scheduler does (the trainers pass the samples
+// consumed, so batch-size ramp-ups and sample-based runs follow Megatron exactly).
 //
 //   it <= warmup_iters (warmup_iters > 0)  lr = max_lr * it / warmup_iters   (0 at it = 0)
 //   style constant                          lr = max_lr
@@ -15,6 +17,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <string>
 #include <string_view>
@@ -44,13 +47,13 @@ inline LrDecayStyle parse_lr_decay_style(std::string_view text) {
 struct LrSchedule {
   double max_lr = 0;
   double min_lr = 0;
-  int warmup_iters = 0;
-  int decay_iters = 0;  // 0: decay over train_iters
+  std::int64_t warmup_iters = 0;
+  std::int64_t decay_iters = 0;  // 0: decay over train_iters
   LrDecayStyle style = LrDecayStyle::cosine;
-  int train_iters = 0;  // the run's length; used when decay_iters is 0
+  std::int64_t train_iters = 0;  // the run's length; used when decay_iters is 0
 
-  // The iteration at which decay ends (decay_iters, else train_iters).
-  constexpr int effective_decay_iters() const { return decay_iters > 0 ? decay_iters : train_iters; }
+  // The step at which decay ends (decay_iters, else train_iters).
+  constexpr std::int64_t effective_decay_iters() const { return decay_iters > 0 ? decay_iters : train_iters; }
 
   void validate() const {
     if (!std::isfinite(max_lr) || max_lr < 0)
@@ -60,7 +63,7 @@ struct LrSchedule {
     if (warmup_iters < 0) fail<ConfigError>("the number of warmup iterations must be >= 0, got ", warmup_iters);
     if (decay_iters < 0 || train_iters < 0)
       fail<ConfigError>("decay_iters and train_iters must be >= 0, got ", decay_iters, " and ", train_iters);
-    const int decay = effective_decay_iters();
+    const std::int64_t decay = effective_decay_iters();
     if (style != LrDecayStyle::constant && decay == 0)
       fail<ConfigError>("the ", lr_decay_style_name(style),
                         " learning-rate decay needs decay_iters (or train_iters when decay_iters is 0) > 0");
@@ -69,14 +72,14 @@ struct LrSchedule {
                         " iterations the learning rate decays over; warmup must end before decay does");
   }
 
-  // The learning rate at `iteration` (>= 0).
-  double lr(int iteration) const {
+  // The learning rate at step `iteration` (>= 0).
+  double lr(std::int64_t iteration) const {
     validate();
     if (iteration < 0) fail<ConfigError>("LrSchedule::lr: the iteration must be >= 0, got ", iteration);
     if (warmup_iters > 0 && iteration <= warmup_iters)
       return max_lr * static_cast<double>(iteration) / static_cast<double>(warmup_iters);
     if (style == LrDecayStyle::constant) return max_lr;
-    const int decay = effective_decay_iters();
+    const std::int64_t decay = effective_decay_iters();
     if (iteration > decay) return min_lr;
     const double ratio = static_cast<double>(iteration - warmup_iters) / static_cast<double>(decay - warmup_iters);
     const double delta = max_lr - min_lr;

@@ -1,0 +1,1013 @@
+// examples/trainer/args.hpp: the trainers' command line, as Megatron's `pretrain_gpt.py` takes it.
+//
+// `TrainArgs` holds every flag. Its defaults are Megatron's (megatron/training/arguments.py and
+// the config dataclasses): sequence parallelism off, dropouts 0.1, no warmup, min-lr 0, linear
+// decay, weight decay 0.01, Adam beta2 0.999, log every 100 iterations, 100 evaluation batches.
+// Flags Megatron requires (sizes, --lr, --micro-batch-size, --train-iters) default to a small model
+// that trains in seconds on a CPU. `default_args(kind)` is the demo configuration the library's
+// tests start from (tensor parallel 2 with sequence parallelism, no dropout, a short cosine
+// schedule); the README's demo command passes the same values as flags.
+//
+// Architecture by flags, as pretrain_gpt.py: --position-embedding-type, --normalization, --swiglu,
+// --untie-embeddings-and-output-weights, --disable-bias-linear, --group-query-attention select one
+// of the compile-time models behind a small table (`resolve_architecture`): Megatron's defaults are
+// GPT-2 (models::Gpt), the Llama set is models::Llama; any other combination is refused naming the
+// flags. Megatron flags strata accepts without acting on them, and those whose feature strata does
+// not have, are listed in `megatron_flag_notes` and answered with one line each.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cctype>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <strata/data.hpp>
+#include <strata/models.hpp>
+#include <strata/optim.hpp>
+
+#include "pipeline_step.hpp"
+
+#ifndef STRATA_DEFAULT_DATA_PATH
+#define STRATA_DEFAULT_DATA_PATH "examples/data/corpus_text_document"
+#endif
+
+namespace trainer {
+
+using namespace strata;
+
+// The model of the architecture flags with Megatron's defaults for everything else, and the small
+// sizes strata uses where Megatron requires a value.
+inline models::ModelConfig command_line_model() {
+  models::ModelConfig m;
+  m.num_layers = 4;
+  m.hidden_size = 128;
+  m.num_attention_heads = 4;
+  m.ffn_hidden_size = 0;  // Megatron's rule: 4 x hidden, or 2/3 of that rounded down to 64 with --swiglu
+  m.num_query_groups = 0;
+  m.vocab_size = data::ByteTokenizer::kVocabSize;
+  m.seq_length = 128;
+  m.hidden_dropout = 0.1;
+  m.attention_dropout = 0.1;
+  return m;
+}
+
+// The architecture flags of pretrain_gpt.py (Megatron's defaults: GPT-2's set).
+struct ArchitectureArgs {
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
+  std::string normalization = "LayerNorm";                   // LayerNorm | RMSNorm
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool disable_bias_linear = false;
+  bool group_query_attention = false;
+  int kv_channels = 0;          // 0: hidden / heads (the only value strata's attention has)
+  double rotary_percent = 1.0;  // the part of each head RoPE rotates (1.0 only)
+  bool apply_layernorm_1p = false;
+  bool qk_layernorm = false;
+  bool add_position_embedding = true;  // --no-position-embedding: false
+
+  // The Llama set (train_llama's preset): RoPE, RMSNorm, SwiGLU, untied output, no biases.
+  static ArchitectureArgs llama() {
+    ArchitectureArgs a;
+    a.position_embedding_type = "rope";
+    a.normalization = "RMSNorm";
+    a.swiglu = true;
+    a.untie_embeddings_and_output_weights = true;
+    a.disable_bias_linear = true;
+    return a;
+  }
+};
+
+struct TrainArgs {
+  std::string model_kind = "gpt";  // gpt | llama: the compiled model the architecture flags select
+  ArchitectureArgs architecture{};
+  // parallelism
+  int world_size = 2;
+  int tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
+  PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
+  std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
+  std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
+  // model
+  models::ModelConfig model = command_line_model();
+  data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
+  // training
+  int micro_batch_size = 4;
+  int global_batch_size = 8;  // parse_command_line: micro-batch x data parallel when not given, as Megatron
+  int train_iters = 300;      // or, with --train-samples, as many as those samples take
+  std::int64_t train_samples = 0;
+  std::string step_batch_size_schedule;    // "THRESHOLD:BATCH ...", thresholds in tokens (K, M, B, T suffixes)
+  std::vector<std::int64_t> rampup_batch_size;  // start, increment, samples (Megatron's older ramp-up)
+  double lr = 2e-3;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";
+  int lr_warmup_iters = 0;
+  int lr_decay_iters = 0;               // 0: --train-iters
+  std::int64_t lr_warmup_samples = 0;
+  std::int64_t lr_decay_samples = 0;    // 0: --train-samples
+  double lr_warmup_fraction = -1;       // < 0: not given; else warmup = fraction x decay
+  double decoupled_lr = -1, decoupled_min_lr = -1;  // < 0: not given (the embedding and output layer's own rates)
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  bool eod_mask_loss = false;
+  int exit_interval = 0;               // > 0: save (with --save) and stop after an iteration that is a multiple
+  double exit_duration_in_mins = 0;    // > 0: save (with --save) and stop once training has run this long
+  double distributed_timeout_minutes = 10;  // a collective waiting longer fails, naming the ranks it waits for
+  bool log_throughput = false;
+  // data, checkpoints, logging
+  std::string data_path = STRATA_DEFAULT_DATA_PATH;
+  bool mock_data = false;  // random tokens instead of --data-path (benchmarks)
+  std::string split = "969,30,1";  // train, validation, test parts of every dataset (by sequence)
+  int eval_interval = 0;  // 0: only at the end (Megatron's None)
+  int eval_iters = 100;
+  std::string save, load;
+  int save_interval = 0;
+  int ckpt_step = -1;          // load this iteration instead of the tracker's
+  bool no_load_optim = false;  // load the model alone; the optimizer starts fresh over it
+  bool no_load_rng = false;    // accepted: strata's randomness is a function of --seed and the iteration
+  bool finetune = false;       // load the model alone and start at iteration 0
+  bool async_save = false;     // write checkpoint files in the background while training goes on
+  std::string load_hf;         // start from Hugging Face transformers weights (when --load has no checkpoint)
+  std::string save_hf;         // write the trained model in transformers' format at the end
+  std::string ckpt_format = "strata";
+  std::uint64_t seed = 1234;
+  int log_interval = 100;
+  int sample_tokens = 160;  // tokens generated after training (with the tokenizer's decode); 0: none
+  std::string sample_prompt = "And God said";
+  double sample_temperature = 0.7;
+  std::string log_jsonl;
+  std::string tensorboard_dir;  // TensorBoard event files (rank 0)
+  std::string wandb_project, wandb_exp_name, wandb_save_dir;  // refused: Weights & Biases needs a network
+  bool quiet = false;
+  bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
+  bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
+  // --profile: cudaProfilerStart before iteration profile_step_start and cudaProfilerStop after
+  // iteration profile_step_end - 1 (Megatron's flags), for a tracer or profiler to bracket those
+  // iterations (bench/kernel_trace.cpp reads the window; it is told the step count through
+  // STRATA_TRACE_STEPS); a no-op on the CPU.
+  bool profile = false;
+  int profile_step_start = 10, profile_step_end = 12;
+  // data parallelism, mixed precision, activation recompute (data_parallel.hpp, models/recompute.hpp)
+  bool use_distributed_optimizer = false;
+  bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
+  bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
+  std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
+  bool dynamic_loss_scale = false;     // the dynamic loss scaler over any --dtype (--fp16 sets it; fp16 always scales)
+  double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
+  double initial_loss_scale = 4294967296.0;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+  bool skip_nonfinite_iterations = false;  // skip the update of a non-finite iteration instead of stopping
+  std::string recompute_granularity;       // "", selective, full
+  std::string recompute_method = "uniform";
+  int recompute_num_layers = 1;
+  int inject_nonfinite_gradient_at = -1;   // (tests) iteration (0-based) whose gradients are set to inf
+  // Megatron flags given that strata accepts but treats differently (one line each, printed at start),
+  // and those whose feature strata lacks (validate refuses the run with the first).
+  std::vector<std::string> notes, refused;
+};
+
+// The most tokens --sample-tokens may ask for (each one is a forward pass).
+inline constexpr int kMaxSampleTokens = 1 << 20;
+// The demo configuration the library's tests start from (the README's demo command passes the same
+// values as flags): tensor parallel 2 with sequence parallelism, no dropout, a short cosine schedule
+// with warmup, AdamW as GPT-2 and Llama were trained, frequent logs and short evaluations.
+inline TrainArgs default_args(std::string kind) {
+  TrainArgs a;
+  a.model_kind = kind;
+  if (kind == "llama") {
+    a.architecture = ArchitectureArgs::llama();
+    a.architecture.group_query_attention = true;
+  }
+  a.model = command_line_model();
+  a.model.num_query_groups = kind == "llama" ? 2 : 0;
+  a.model.hidden_dropout = 0;
+  a.model.attention_dropout = 0;
+  a.tensor_model_parallel_size = 2;
+  a.sequence_parallel = true;
+  a.lr_decay_style = "cosine";
+  a.lr_warmup_iters = 10;
+  a.min_lr = 2e-4;
+  a.weight_decay = 0.1;
+  a.adam_beta2 = 0.95;
+  a.log_interval = 10;
+  a.eval_interval = 100;
+  a.eval_iters = 5;
+  a.distributed_timeout_minutes = 0;  // the communicators' own default
+  return a;
+}
+
+// The flags of data parallelism at scale, mixed precision and activation recompute (Megatron's names).
+inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
+  app.add_flag("--use-distributed-optimizer", a.use_distributed_optimizer,
+               "shard the optimizer state over data parallelism (ZeRO-1): gradient buckets are reduce-scattered, each "
+               "rank updates its shard (fp32 main weights and Adam moments for it only) and the parameters are "
+               "all-gathered");
+  app.add_flag("--overlap-grad-reduce", a.overlap_grad_reduce,
+               "start each gradient bucket's all-reduce (reduce-scatter with --use-distributed-optimizer) during the "
+               "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
+               "the CPU the in-process collectives run at once, in the same order)");
+  app.add_flag("--overlap-param-gather", a.overlap_param_gather,
+               "with --use-distributed-optimizer: all-gather the updated parameters on the communication stream, the "
+               "buckets the next forward needs first going first, joined right before that forward");
+  app.add_option("--ddp-bucket-size", a.ddp_bucket_size,
+                 "gradient elements per bucket before padding (0: max(40M, 1M x data-parallel size))");
+  app.add_flag_callback(
+      "--fp16",
+      [&a] {
+        a.dtype = "fp16";
+        a.dynamic_loss_scale = true;
+      },
+      "fp16 parameters and activations (fp32 main parameters and moments) with the dynamic loss scaler, which skips an "
+      "iteration whose gradients overflow and backs the scale off (Megatron's flag; same as --dtype fp16)");
+  app.add_option("--loss-scale", a.loss_scale,
+                 "a constant loss scale (> 0) instead of the dynamic one; also over float, double or bf16");
+  app.add_option("--initial-loss-scale", a.initial_loss_scale, "the dynamic loss scale at the start (default 2^32)");
+  app.add_option("--loss-scale-window", a.loss_scale_window, "iterations without overflow before the scale doubles");
+  app.add_option("--hysteresis", a.hysteresis, "overflowing iterations before the scale halves");
+  app.add_option("--min-loss-scale", a.min_loss_scale, "the dynamic scale never goes below this");
+  app.add_flag("--skip-nonfinite-iterations", a.skip_nonfinite_iterations,
+               "an iteration whose loss or gradient norm is NaN or infinite makes no update, is reported with its number "
+               "at the next log step, and training goes on (default: the run stops there)");
+  app.add_option("--recompute-granularity", a.recompute_granularity,
+                 "activation recompute: selective (the attention core) or full (whole layers, see --recompute-method)")
+      ->check(CLI::IsMember({"", "none", "selective", "full"}));
+  app.add_option("--recompute-method", a.recompute_method,
+                 "full recompute: uniform (chunks of --recompute-num-layers layers keep only their input) or block "
+                 "(the first --recompute-num-layers layers are recomputed)")
+      ->check(CLI::IsMember({"uniform", "block"}));
+  app.add_option("--recompute-num-layers", a.recompute_num_layers, "layers per chunk (uniform) or recomputed layers (block)");
+}
+
+// The recompute configuration of the flags.
+inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
+  models::RecomputeConfig c;
+  c.granularity = models::parse_recompute_granularity(a.recompute_granularity);
+  c.method = models::parse_recompute_method(a.recompute_method);
+  c.num_layers = a.recompute_num_layers;
+  return c;
+}
+
+
+// Whether the dynamic loss scaler runs: fp16 always has a scaler (dynamic unless --loss-scale), the
+// other types when asked (TrainArgs::dynamic_loss_scale).
+inline bool dynamic_loss_scaling(const TrainArgs& a) {
+  return a.loss_scale <= 0 && (a.dynamic_loss_scale || a.dtype == "fp16");
+}
+
+// The loss scaler of the flags: none for float, double and bf16 without --loss-scale.
+inline std::optional<LossScalerConfig> loss_scaler_of(const TrainArgs& a) {
+  if (!dynamic_loss_scaling(a) && a.loss_scale <= 0) return std::nullopt;
+  LossScalerConfig c;
+  if (a.loss_scale > 0) {
+    c.dynamic = false;
+    c.initial_scale = a.loss_scale;
+    c.min_scale = std::min(a.min_loss_scale, a.loss_scale);
+  } else {
+    c.initial_scale = a.initial_loss_scale;
+    c.min_scale = a.min_loss_scale;
+    c.growth_interval = a.loss_scale_window;
+    c.hysteresis = a.hysteresis;
+  }
+  return c;
+}
+
+// Megatron flags beyond the ones strata implements: accepted ones change nothing in strata (each
+// says why when given), refused ones name the feature strata does not have. A value-taking flag
+// takes one value, as in Megatron.
+struct MegatronFlagNote {
+  const char* flag;
+  bool takes_value;
+  bool refused;
+  const char* note;
+};
+inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
+    {"--use-mcore-models", false, false, "strata's layers are its own; the flag changes nothing"},
+    {"--transformer-impl", true, false, "strata's layers are its own (no Transformer Engine); the flag changes nothing"},
+    {"--attention-backend", true, false, "attention is always fused (cuDNN or strata's flash kernels on GPUs)"},
+    {"--use-flash-attn", false, false, "attention is always fused (cuDNN or strata's flash kernels on GPUs)"},
+    {"--attention-softmax-in-fp32", false, false, "the attention softmax always runs in fp32"},
+    {"--no-masked-softmax-fusion", false, false, "a kernel-fusion choice; strata's kernels are fixed"},
+    {"--no-bias-gelu-fusion", false, false, "a kernel-fusion choice; strata's kernels are fixed"},
+    {"--no-bias-dropout-fusion", false, false, "a kernel-fusion choice; strata's kernels are fixed"},
+    {"--no-bias-swiglu-fusion", false, false, "a kernel-fusion choice; strata's kernels are fixed"},
+    {"--no-rope-fusion", false, false, "a kernel-fusion choice; strata's kernels are fixed"},
+    {"--no-gradient-accumulation-fusion", false, false, "a kernel-fusion choice; weight gradients always accumulate in fp32"},
+    {"--cross-entropy-loss-fusion", false, false, "the output layer and the loss are always fused"},
+    {"--calculate-per-token-loss", false, false, "strata always weighs every token by 1 / tokens of the global batch"},
+    {"--manual-gc", false, false, "there is no garbage collector in a C++ trainer"},
+    {"--manual-gc-interval", true, false, "there is no garbage collector in a C++ trainer"},
+    {"--empty-unused-memory-level", true, false, "the caching allocator keeps its memory"},
+    {"--no-create-attention-mask-in-dataloader", false, false, "no attention mask is ever built (causal attention)"},
+    {"--no-mmap-bin-files", false, false, "strata maps the .bin files; the flag changes nothing"},
+    {"--num-workers", true, false, "each rank builds its batches on the host, without loader workers"},
+    {"--data-cache-path", true, false, "sample indices are built in memory, not cached on disk"},
+    {"--tiktoken-pattern", true, false, "only TikTokenizer reads it, which strata does not have"},
+    {"--distributed-backend", true, false, "the communicator follows --device (NCCL on cuda, threads on cpu)"},
+    {"--log-timers-to-tensorboard", false, false, "strata logs the step time as throughput"},
+    {"--log-validation-ppl-to-tensorboard", false, false, "validation perplexity is always logged"},
+    {"--log-memory-to-tensorboard", false, false, "peak device memory is always logged on GPUs"},
+    {"--log-params-norm", false, false, "not logged; the gradient norm is"},
+    {"--timing-log-level", true, false, "strata logs one step time"},
+    {"--grad-reduce-in-bf16", false, false, "gradients are accumulated and reduced in fp32"},
+    {"--fp8-format", true, true, "fp8 training is not available (use --bf16)"},
+    {"--fp8-amax-history-len", true, true, "fp8 training is not available (use --bf16)"},
+    {"--fp8-amax-compute-algo", true, true, "fp8 training is not available (use --bf16)"},
+    {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
+    {"--tp-comm-overlap", false, true, "the overlap of tensor-parallel collectives with GEMMs through userbuffers is not available"},
+    {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
+    {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
+    {"--num-experts", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-router-topk", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-router-load-balancing-type", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-aux-loss-coeff", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-z-loss-coeff", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-grouped-gemm", false, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-token-dispatcher-type", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-ffn-hidden-size", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--moe-layer-freq", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
+    {"--expert-model-parallel-size", true, true, "expert parallelism (Mixture of Experts) is not available in the trainers yet"},
+    {"--expert-tensor-parallel-size", true, true, "expert parallelism (Mixture of Experts) is not available in the trainers yet"},
+    {"--context-parallel-size", true, true, "context parallelism is not available yet (a size of 1 is accepted)"},
+};
+
+// Registers kMegatronFlagNotes: a given flag appends its sentence to a.notes or a.refused.
+// --context-parallel-size 1 and --expert-model-parallel-size 1 are the defaults and pass silently.
+inline void add_megatron_flag_notes(CLI::App& app, TrainArgs& a) {
+  for (const MegatronFlagNote& n : kMegatronFlagNotes) {
+    const std::string flag = n.flag;
+    auto record = [&a, n, flag](const std::string& value) {
+      if (n.refused && value == "1" && (flag == "--context-parallel-size" || flag == "--expert-model-parallel-size" ||
+                                         flag == "--expert-tensor-parallel-size"))
+        return;
+      const std::string line = flag + (n.takes_value ? " " + value : std::string()) + ": " + n.note;
+      (n.refused ? a.refused : a.notes).push_back(line);
+    };
+    if (n.takes_value)
+      app.add_option_function<std::string>(flag, record, std::string(n.refused ? "not available: " : "accepted: ") + n.note);
+    else
+      app.add_flag_callback(flag, [record] { record(""); }, std::string(n.refused ? "not available: " : "accepted: ") + n.note);
+  }
+}
+
+inline void add_options(CLI::App& app, TrainArgs& a) {
+  // A repeated flag takes its last value, as Megatron's argparse (CLI11 refuses it by default).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--world-size,--threads", a.world_size,
+                 "ranks in total (cpu: threads; cuda: local GPUs, one thread each; set by the launcher under torchrun, "
+                 "srun or mpirun); data parallel = world / tensor parallel");
+  app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
+  app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
+  add_pipeline_options(app, a.pipeline);
+  app.add_option("--device,--backend", a.device,
+                 "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
+                 "GPU is present, else cpu")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--dtype", a.dtype,
+                 "parameter and activation type (default: bf16 on cuda, float on cpu); fp16 runs with a loss scaler")
+      ->check(CLI::IsMember({"float", "double", "bf16", "fp16"}));
+  app.add_flag_callback("--bf16", [&a] { a.dtype = "bf16"; }, "same as --dtype bf16 (Megatron's flag)");
+  app.add_option("--num-layers", a.model.num_layers);
+  app.add_option("--hidden-size", a.model.hidden_size);
+  app.add_option("--num-attention-heads", a.model.num_attention_heads);
+  app.add_option("--num-query-groups", a.model.num_query_groups,
+                 "key/value heads with --group-query-attention (without it every head has its own, as Megatron)");
+  app.add_flag("--group-query-attention", a.architecture.group_query_attention,
+               "grouped-query attention: --num-query-groups key/value heads");
+  app.add_option("--ffn-hidden-size", a.model.ffn_hidden_size,
+                 "MLP width; default (and 0) = 4 x --hidden-size, as Megatron's; without --hidden-size the demo uses 512 "
+                 "(GPT) or 352 (Llama)");
+  app.add_option("--seq-length", a.model.seq_length, "tokens per sample");
+  app.add_option("--max-position-embeddings", a.model.max_position_embeddings,
+                 "rows of the learned position table (>= --seq-length; default --seq-length)");
+  app.add_option("--vocab-size", a.tokenizer.vocab_size,
+                 "NullTokenizer: ids 0..N-1 and end-of-document N; another tokenizer: the model's vocabulary when larger "
+                 "than the tokenizer's (default: the tokenizer's)");
+  app.add_option("--tokenizer-type", a.tokenizer.type,
+                 "ByteTokenizer (the default: bytes, end-of-document 256), GPT2BPETokenizer, HuggingFaceTokenizer, "
+                 "SentencePieceTokenizer, Llama2Tokenizer, NullTokenizer");
+  app.add_option("--vocab-file", a.tokenizer.vocab_file, "GPT2BPETokenizer: vocab.json");
+  app.add_option("--merge-file", a.tokenizer.merge_file, "GPT2BPETokenizer: merges.txt");
+  app.add_option("--tokenizer-model", a.tokenizer.tokenizer_model,
+                 "HuggingFaceTokenizer: tokenizer.json (or its directory); SentencePiece/Llama2Tokenizer: tokenizer.model");
+  app.add_option("--position-embedding-type", a.architecture.position_embedding_type,
+                 "learned_absolute (GPT-2) or rope (Llama)")
+      ->check(CLI::IsMember({"learned_absolute", "rope", "mrope", "relative", "none", "yarn"}));
+  app.add_flag_callback("--no-position-embedding", [&a] { a.architecture.add_position_embedding = false; },
+                        "no learned position table (with --position-embedding-type rope)");
+  app.add_option("--normalization", a.architecture.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)")
+      ->check(CLI::IsMember({"LayerNorm", "RMSNorm"}));
+  app.add_flag("--swiglu", a.architecture.swiglu, "SwiGLU MLP (Llama) instead of GELU");
+  app.add_flag("--untie-embeddings-and-output-weights", a.architecture.untie_embeddings_and_output_weights,
+               "an output layer of its own instead of the word embedding's transpose");
+  app.add_flag("--disable-bias-linear", a.architecture.disable_bias_linear, "no biases in the linear layers");
+  app.add_option("--kv-channels", a.architecture.kv_channels, "head size (strata: --hidden-size / --num-attention-heads)");
+  app.add_option("--rotary-percent", a.architecture.rotary_percent, "the part of each head RoPE rotates (strata: 1.0)");
+  app.add_flag("--apply-layernorm-1p", a.architecture.apply_layernorm_1p, "norm weights stored as w - 1 (not available)");
+  app.add_flag("--qk-layernorm", a.architecture.qk_layernorm, "norms on queries and keys (not available)");
+  app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
+  app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
+  app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
+  app.add_option("--init-method-std", a.model.init_method_std);
+  app.add_option("--rotary-base", a.model.rope_base);
+  app.add_option("--hidden-dropout", a.model.hidden_dropout,
+                 "dropout on the embedding output and each block's output (default 0.1)");
+  app.add_option("--label-smoothing", a.model.label_smoothing);
+  app.add_option("--micro-batch-size", a.micro_batch_size);
+  app.add_option("--global-batch-size", a.global_batch_size);
+  app.add_option("--train-iters", a.train_iters);
+  app.add_option("--lr", a.lr);
+  app.add_option("--min-lr", a.min_lr);
+  app.add_option("--lr-decay-style", a.lr_decay_style)->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  app.add_option("--lr-warmup-iters", a.lr_warmup_iters);
+  app.add_option("--lr-decay-iters", a.lr_decay_iters, "0 = --train-iters");
+  app.add_option("--train-samples", a.train_samples, "train on this many samples (instead of --train-iters)");
+  app.add_option("--lr-warmup-samples", a.lr_warmup_samples, "samples of linear warmup (with --train-samples)");
+  app.add_option("--lr-decay-samples", a.lr_decay_samples, "samples the learning rate decays over (0: --train-samples)");
+  app.add_option("--lr-warmup-fraction", a.lr_warmup_fraction, "warmup as a fraction of the decay length");
+  app.add_option("--decoupled-lr", a.decoupled_lr, "the word embedding's and output layer's own peak learning rate");
+  app.add_option("--decoupled-min-lr", a.decoupled_min_lr, "their minimum learning rate");
+  app.add_option("--rampup-batch-size", a.rampup_batch_size,
+                 "start increment samples: grow the global batch from start by increment over that many samples")
+      ->expected(3);
+  // One string, or (as Megatron's GPT-3 example script passes it, its array expanded unquoted) several arguments.
+  app.add_option_function<std::vector<std::vector<std::string>>>(
+         "--step-batch-size-schedule",
+         [&a](const std::vector<std::vector<std::string>>& occurrences) {
+           a.step_batch_size_schedule.clear();
+           for (const std::string& part : occurrences.back())
+             a.step_batch_size_schedule += (a.step_batch_size_schedule.empty() ? "" : " ") + part;
+         },
+         "\"THRESHOLD:BATCH ...\": the global batch from each threshold of consumed tokens on (K, M, B, T suffixes); "
+         "one string or several arguments")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--exit-interval", a.exit_interval, "save (with --save) and stop after an iteration that is a multiple of this");
+  app.add_option("--exit-duration-in-mins", a.exit_duration_in_mins, "save (with --save) and stop after training this many minutes");
+  app.add_option("--distributed-timeout-minutes", a.distributed_timeout_minutes,
+                 "a collective waiting longer fails, naming the ranks it waits for");
+  app.add_flag("--log-throughput", a.log_throughput, "log TFLOP/s per GPU (and tokens/s) each log step");
+  app.add_option("--weight-decay", a.weight_decay);
+  app.add_option("--clip-grad", a.clip_grad, "global gradient-norm clip; 0 disables");
+  app.add_option("--adam-beta1", a.adam_beta1);
+  app.add_option("--adam-beta2", a.adam_beta2);
+  app.add_option("--adam-eps", a.adam_eps);
+  app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
+  // Megatron's nargs='*': `--data-path 0.5 a 0.5 b` (several arguments) or one quoted string; a
+  // repeated flag takes the last occurrence's arguments, as argparse does.
+  app.add_option_function<std::vector<std::vector<std::string>>>(
+         "--data-path",
+         [&a](const std::vector<std::vector<std::string>>& occurrences) {
+           a.data_path.clear();
+           for (const std::string& part : occurrences.back()) a.data_path += (a.data_path.empty() ? "" : " ") + part;
+         },
+         "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
+  app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
+  app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
+  app.add_option("--eval-iters", a.eval_iters, "global batches per evaluation (0: no evaluation)");
+  app.add_option("--save", a.save, "checkpoint directory to save into");
+  app.add_option("--load", a.load, "checkpoint directory to resume from");
+  app.add_option("--save-interval", a.save_interval, "iterations between checkpoints (0 = only at the end when --save)");
+  app.add_option("--ckpt-step", a.ckpt_step, "iteration of the --load checkpoint to load (default: the latest)");
+  app.add_flag("--no-load-optim", a.no_load_optim, "load the model's weights alone; the optimizer starts fresh over them");
+  app.add_flag("--no-load-rng", a.no_load_rng, "accepted: every random draw is a function of --seed and the iteration, so there is no generator state to load");
+  app.add_flag("--finetune", a.finetune, "load the model's weights alone and start at iteration 0 (no optimizer state, no data position)");
+  app.add_flag("--async-save", a.async_save, "write checkpoint files in the background while training goes on (committed at a later step)");
+  app.add_option("--load-hf", a.load_hf, "start from a Hugging Face transformers model (config.json + safetensors) when --load holds no checkpoint");
+  app.add_option("--save-hf", a.save_hf, "write the trained model as a Hugging Face transformers model (config.json + safetensors) at the end");
+  app.add_option("--ckpt-format", a.ckpt_format, "checkpoint format: strata (one sharded file per rank, loadable in any layout)");
+  app.add_option("--seed", a.seed);
+  app.add_option("--log-interval", a.log_interval);
+  app.add_option("--log-jsonl", a.log_jsonl, "append one JSON line of metrics per iteration");
+  app.add_option("--tensorboard-dir", a.tensorboard_dir, "write TensorBoard event files here (loss, learning rate, grad norm, throughput, memory, validation loss)");
+  app.add_option("--wandb-project", a.wandb_project, "refused: Weights & Biases logging needs a network; use --tensorboard-dir");
+  app.add_option("--wandb-exp-name", a.wandb_exp_name, "refused (see --wandb-project)");
+  app.add_option("--wandb-save-dir", a.wandb_save_dir, "refused (see --wandb-project)");
+  app.add_flag("--quiet", a.quiet, "no per-iteration output");
+  app.add_option("--sample-tokens", a.sample_tokens, "bytes of text to generate after training (0: none)");
+  app.add_option("--sample-prompt", a.sample_prompt, "text the generated sample continues");
+  app.add_option("--sample-temperature", a.sample_temperature, "softmax temperature of the sample (0: greedy)");
+  app.add_flag("--profile", a.profile, "bracket iterations [--profile-step-start, --profile-step-end) with cudaProfilerStart/Stop");
+  app.add_option("--profile-step-start", a.profile_step_start, "first profiled iteration (0-based, as Megatron's)");
+  app.add_option("--profile-step-end", a.profile_step_end, "iteration after the last profiled one");
+  app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
+               "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
+  add_data_parallel_options(app, a);
+  app.add_flag_callback("--recompute-activations", [&a] { a.recompute_granularity = "selective"; },
+                        "selective activation recompute (same as --recompute-granularity selective)");
+  add_megatron_flag_notes(app, a);
+}
+
+// The learning-rate schedule of the flags, in samples, as Megatron's OptimizerParamScheduler counts
+// them (lr(samples consumed before the iteration)): an iteration-based run counts --lr-warmup-iters
+// and --lr-decay-iters (else --train-iters) times the global batch; a sample-based run
+// (--train-samples) --lr-warmup-samples and --lr-decay-samples (else --train-samples);
+// --lr-warmup-fraction makes warmup that fraction of the decay (rounded down to a whole sample).
+// With a constant batch this is the iteration schedule exactly.
+inline LrSchedule schedule_of(const TrainArgs& a) {
+  const std::int64_t batch = a.global_batch_size;
+  std::int64_t decay = 0, warmup = 0;
+  if (a.train_samples > 0) {
+    decay = a.lr_decay_samples > 0 ? a.lr_decay_samples : a.train_samples;
+    warmup = a.lr_warmup_samples;
+  } else {
+    decay = checked_mul(a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters, batch, "learning-rate decay samples");
+    warmup = checked_mul(a.lr_warmup_iters, batch, "learning-rate warmup samples");
+  }
+  if (a.lr_warmup_fraction >= 0) warmup = static_cast<std::int64_t>(a.lr_warmup_fraction * static_cast<double>(decay));
+  return LrSchedule{.max_lr = a.lr, .min_lr = a.min_lr, .warmup_iters = warmup, .decay_iters = decay,
+                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = decay};
+}
+
+// Training FLOPs per token, as DESIGN.md counts them for MFU: 6 x the matmul parameters (the output
+// layer's padded vocabulary once) + 6 x layers x hidden x sequence (causal attention's two matmuls).
+inline double flops_per_token(const TrainArgs& a) {
+  const auto& m = a.model;
+  const double d = m.hidden_size, l = m.num_layers, heads = m.num_attention_heads;
+  const double groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
+  const double head = heads > 0 ? d / heads : 0;
+  const double mlp = (a.architecture.swiglu ? 3.0 : 2.0) * d * m.ffn();
+  const double per_layer = d * (heads * head) + 2 * d * groups * head + d * d + mlp;
+  const double matmul = l * per_layer + d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
+  return 6 * matmul + 6 * l * d * m.seq_length;
+}
+
+// --decoupled-lr: the word embedding's and output layer's schedule, the same warmup and decay from
+// --decoupled-lr to --decoupled-min-lr (else --min-lr), as Megatron's parameter groups; none without it.
+inline std::optional<LrSchedule> decoupled_schedule_of(const TrainArgs& a) {
+  if (a.decoupled_lr < 0) return std::nullopt;
+  LrSchedule s = schedule_of(a);
+  s.max_lr = a.decoupled_lr;
+  s.min_lr = a.decoupled_min_lr >= 0 ? a.decoupled_min_lr : std::min(a.min_lr, a.decoupled_lr);
+  return s;
+}
+
+// The global batch as a function of the samples consumed: constant (--global-batch-size), grown
+// linearly (--rampup-batch-size start increment samples, Megatron's older ramp-up) or by steps
+// (--step-batch-size-schedule "THRESHOLD:BATCH ...", thresholds in tokens as Megatron reads them:
+// divided by --seq-length).
+struct BatchSchedule {
+  int final_batch = 0;
+  std::vector<std::pair<std::int64_t, int>> steps;  // (first sample, batch), sorted; empty: no steps
+  std::int64_t ramp_start = 0, ramp_increment = 0, ramp_samples = 0;  // ramp_samples > 0: a ramp-up
+
+  bool constant() const { return steps.empty() && ramp_samples == 0; }
+  int at(std::int64_t consumed) const {
+    if (!steps.empty()) {
+      int batch = steps.front().second;
+      for (const auto& [first, b] : steps)
+        if (consumed >= first) batch = b;
+      return batch;
+    }
+    if (ramp_samples > 0 && consumed <= ramp_samples) {
+      const std::int64_t increments = (final_batch - ramp_start) / ramp_increment;
+      const double per_increment = static_cast<double>(ramp_samples) / static_cast<double>(increments);
+      const auto done = static_cast<std::int64_t>(static_cast<double>(consumed) / per_increment);
+      return static_cast<int>(std::min<std::int64_t>(final_batch, ramp_start + done * ramp_increment));
+    }
+    return final_batch;
+  }
+  // Every batch size the schedule can take.
+  std::vector<int> sizes() const {
+    std::vector<int> out{final_batch};
+    for (const auto& step : steps) out.push_back(step.second);
+    for (std::int64_t b = ramp_start; ramp_samples > 0 && b < final_batch; b += ramp_increment) out.push_back(static_cast<int>(b));
+    return out;
+  }
+};
+
+// A threshold of --step-batch-size-schedule: a number with an optional K, M, B or T suffix.
+inline std::int64_t parse_schedule_number(std::string text, const std::string& entry) {
+  double multiplier = 1;
+  if (!text.empty()) {
+    const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+    const double m = suffix == 'K' ? 1e3 : suffix == 'M' ? 1e6 : suffix == 'B' ? 1e9 : suffix == 'T' ? 1e12 : 0;
+    if (m != 0) {
+      multiplier = m;
+      text.pop_back();
+    }
+  }
+  std::size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(value >= 0) || !std::isfinite(value * multiplier) || value * multiplier > 9e18)
+    fail<ConfigError>("--step-batch-size-schedule: '", entry, "' is not THRESHOLD:BATCH with numbers (K, M, B, T suffixes allowed)");
+  return static_cast<std::int64_t>(value * multiplier);
+}
+
+inline BatchSchedule batch_schedule_of(const TrainArgs& a) {
+  BatchSchedule s;
+  s.final_batch = a.global_batch_size;
+  if (!a.step_batch_size_schedule.empty()) {
+    std::string text = a.step_batch_size_schedule;
+    std::replace(text.begin(), text.end(), ',', ' ');
+    std::istringstream in(text);
+    for (std::string entry; in >> entry;) {
+      const auto colon = entry.find(':');
+      if (colon == std::string::npos)
+        fail<ConfigError>("--step-batch-size-schedule: '", entry, "' is not THRESHOLD:BATCH (e.g. \"0:16 2.4B:320\")");
+      const std::int64_t tokens = parse_schedule_number(entry.substr(0, colon), entry);
+      const std::int64_t batch = parse_schedule_number(entry.substr(colon + 1), entry);
+      if (batch < 1 || batch > std::numeric_limits<int>::max())
+        fail<ConfigError>("--step-batch-size-schedule: the batch of '", entry, "' must be a positive int");
+      s.steps.emplace_back(tokens / a.model.seq_length, static_cast<int>(batch));
+    }
+    std::sort(s.steps.begin(), s.steps.end());
+    if (s.steps.empty() || s.steps.front().first != 0)
+      fail<ConfigError>("--step-batch-size-schedule \"", a.step_batch_size_schedule, "\": the first threshold must be 0");
+    for (std::size_t i = 1; i < s.steps.size(); ++i)
+      if (s.steps[i].first == s.steps[i - 1].first)
+        fail<ConfigError>("--step-batch-size-schedule \"", a.step_batch_size_schedule,
+                          "\": thresholds must differ by at least one sample (--seq-length tokens)");
+    s.final_batch = s.steps.back().second;
+  } else if (!a.rampup_batch_size.empty()) {
+    s.ramp_start = a.rampup_batch_size[0];
+    s.ramp_increment = a.rampup_batch_size[1];
+    s.ramp_samples = a.rampup_batch_size[2];
+    if (s.ramp_start < 1 || s.ramp_increment < 1 || s.ramp_samples < 1 || s.ramp_start > a.global_batch_size ||
+        (a.global_batch_size - s.ramp_start) % s.ramp_increment != 0 || s.ramp_start == a.global_batch_size)
+      fail<ConfigError>("--rampup-batch-size ", s.ramp_start, " ", s.ramp_increment, " ", s.ramp_samples,
+                        ": the start must be positive and below --global-batch-size=", a.global_batch_size,
+                        ", the increment positive and dividing their difference, and the samples positive");
+  }
+  return s;
+}
+
+// Iterations of a run: --train-iters, or with --train-samples as many as it takes to consume them
+// (Megatron: train-samples / global batch with a constant batch; with a schedule, iterations until
+// the samples are consumed).
+inline std::int64_t iterations_of(const TrainArgs& a, const BatchSchedule& schedule) {
+  if (a.train_samples <= 0) return a.train_iters;
+  if (schedule.constant()) return a.train_samples / schedule.final_batch;
+  std::int64_t consumed = 0, iterations = 0;
+  while (consumed < a.train_samples) {
+    consumed += schedule.at(consumed);
+    ++iterations;
+  }
+  return iterations;
+}
+
+// Samples consumed by iterations [0, iterations) under the schedule.
+inline std::int64_t samples_of(const BatchSchedule& schedule, std::int64_t iterations) {
+  std::int64_t consumed = 0;
+  for (std::int64_t i = 0; i < iterations; ++i) consumed = checked_add(consumed, std::int64_t{schedule.at(consumed)}, "samples");
+  return consumed;
+}
+
+// The compiled model the architecture flags select (pretrain_gpt.py's flags over strata's table):
+// "gpt" for GPT-2's set (Megatron's defaults), "llama" for the Llama set. Anything else is refused,
+// naming the flags that differ from the nearest instantiated set.
+inline std::string resolve_architecture(const ArchitectureArgs& x, const models::ModelConfig& m) {
+  if (x.apply_layernorm_1p)
+    fail<ConfigError>("--apply-layernorm-1p: norm weights stored as w - 1 are not available; drop the flag (the "
+                      "norms then hold w itself, the same function)");
+  if (x.qk_layernorm) fail<ConfigError>("--qk-layernorm: norms on queries and keys are not available");
+  if (x.kv_channels != 0 && (m.num_attention_heads <= 0 || x.kv_channels * m.num_attention_heads != m.hidden_size))
+    fail<ConfigError>("--kv-channels ", x.kv_channels, ": strata's attention heads are --hidden-size / --num-attention-heads = ",
+                      m.hidden_size, " / ", m.num_attention_heads, " wide; drop --kv-channels or make them agree");
+  const std::string& pos = x.position_embedding_type;
+  if (pos != "learned_absolute" && pos != "rope")
+    fail<ConfigError>("--position-embedding-type ", pos, ": strata has learned_absolute (GPT-2) and rope (Llama)");
+  if (pos == "rope" && x.rotary_percent != 1.0)
+    fail<ConfigError>("--rotary-percent ", x.rotary_percent, ": strata's RoPE rotates the whole head (1.0)");
+  struct Wanted {
+    const char* flag;
+    bool has;
+  };
+  const std::vector<Wanted> gpt = {
+      {"--position-embedding-type learned_absolute", pos == "learned_absolute" && x.add_position_embedding},
+      {"--normalization LayerNorm", x.normalization == "LayerNorm"},
+      {"no --swiglu", !x.swiglu},
+      {"no --untie-embeddings-and-output-weights", !x.untie_embeddings_and_output_weights},
+      {"no --disable-bias-linear", !x.disable_bias_linear},
+      {"no --group-query-attention", !x.group_query_attention || m.num_query_groups == 0 ||
+                                          m.num_query_groups == m.num_attention_heads}};
+  const std::vector<Wanted> llama = {{"--position-embedding-type rope", pos == "rope"},
+                                     {"--normalization RMSNorm", x.normalization == "RMSNorm"},
+                                     {"--swiglu", x.swiglu},
+                                     {"--untie-embeddings-and-output-weights", x.untie_embeddings_and_output_weights},
+                                     {"--disable-bias-linear", x.disable_bias_linear}};
+  auto missing = [](const std::vector<Wanted>& set) {
+    std::vector<std::string> out;
+    for (const Wanted& w : set)
+      if (!w.has) out.emplace_back(w.flag);
+    return out;
+  };
+  const auto to_gpt = missing(gpt), to_llama = missing(llama);
+  if (to_gpt.empty()) return "gpt";
+  if (to_llama.empty()) return "llama";
+  const bool nearer_gpt = to_gpt.size() <= to_llama.size();
+  std::string differ;
+  for (const std::string& f : nearer_gpt ? to_gpt : to_llama) differ += (differ.empty() ? "" : ", ") + f;
+  fail<ConfigError>("these architecture flags select a model strata does not compile: it has GPT-2 (Megatron's defaults: "
+                    "learned_absolute positions, LayerNorm, GELU, tied output layer, biases) and Llama "
+                    "(--position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights "
+                    "--disable-bias-linear, with or without --group-query-attention). The nearest, ",
+                    nearer_gpt ? "GPT-2" : "Llama", ", also needs: ", differ);
+}
+
+// Ranks are threads of this process: at most 4 per hardware thread (and at least 16 on any
+// machine), so a typo such as --world-size 3000 is an error, not thousands of threads.
+inline int max_world_size() {
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return std::max(16, 4 * static_cast<int>(hardware == 0 ? 1 : std::min(hardware, 1u << 20)));
+}
+
+
+// An integer flag outside [low, high]: ConfigError naming the flag, its value, the range and its meaning.
+inline void check_range(const char* flag, std::int64_t value, std::int64_t low, std::int64_t high, const char* meaning) {
+  if (value < low || value > high)
+    fail<ConfigError>(flag, "=", value, " is out of range: it must be in [", low, ", ", high, "] (", meaning, ")");
+}
+
+// Every integer flag against its range (the model's own numbers are checked again by models::validate).
+inline void check_integer_flags(const TrainArgs& a) {
+  constexpr std::int64_t kInt = std::numeric_limits<int>::max();
+  check_range("--world-size", a.world_size, 1, max_world_size(),
+              "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
+  check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
+              "tensor-parallel group size, at most --world-size");
+  check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
+  check_range("--hidden-size", a.model.hidden_size, 1, kInt, "width of the residual stream");
+  check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
+  check_range("--num-query-groups", a.model.num_query_groups, 0, kInt, "key/value heads; 0 = one per head");
+  check_range("--ffn-hidden-size", a.model.ffn_hidden_size, 0, kInt, "MLP width; 0 = 4 x --hidden-size");
+  if (a.model.ffn_hidden_size == 0 && a.model.hidden_size > kInt / 4)
+    fail<ConfigError>("--hidden-size=", a.model.hidden_size, " makes the default --ffn-hidden-size 4 x ", a.model.hidden_size,
+                      " = ", 4 * std::int64_t{a.model.hidden_size}, ", more than a 32-bit int holds; use a smaller --hidden-size");
+  check_range("--seq-length", a.model.seq_length, 1, kInt, "tokens per sequence");
+  check_range("--max-position-embeddings", a.model.max_position_embeddings, 0, kInt,
+              "rows of the learned position table, >= --seq-length; 0 = --seq-length");
+  if (a.model.max_position_embeddings != 0 && a.model.max_position_embeddings < a.model.seq_length)
+    fail<ConfigError>("--max-position-embeddings=", a.model.max_position_embeddings, " is less than --seq-length=",
+                      a.model.seq_length, "; the position table needs a row per position of a sample, as Megatron asserts");
+  check_range("--vocab-size", a.model.vocab_size, 1, kInt, "tokenizer vocabulary");
+  check_range("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by, 1, kInt, "vocabulary padding multiple");
+  check_range("--micro-batch-size", a.micro_batch_size, 1, kInt, "sequences per micro-batch");
+  check_range("--global-batch-size", a.global_batch_size, 1, kInt, "sequences per iteration");
+  check_range("--train-iters", a.train_iters, 1, kInt, "iterations to train (with --train-samples: as many as they take)");
+  check_range("--train-samples", a.train_samples, 0, std::numeric_limits<std::int64_t>::max() / 2, "samples to train; 0 = --train-iters");
+  check_range("--lr-warmup-samples", a.lr_warmup_samples, 0, std::numeric_limits<std::int64_t>::max() / 2, "samples of warmup");
+  check_range("--lr-decay-samples", a.lr_decay_samples, 0, std::numeric_limits<std::int64_t>::max() / 2, "samples of decay");
+  check_range("--lr-warmup-iters", a.lr_warmup_iters, 0, kInt, "iterations of linear warmup");
+  check_range("--lr-decay-iters", a.lr_decay_iters, 0, kInt, "iterations of decay; 0 = --train-iters");
+  check_range("--eval-interval", a.eval_interval, 0, kInt, "iterations between evaluations; 0 = only at the end");
+  check_range("--eval-iters", a.eval_iters, 0, kInt, "global batches per evaluation; 0 = none");
+  check_range("--save-interval", a.save_interval, 0, kInt, "iterations between checkpoints; 0 = only at the end");
+  check_range("--ckpt-step", a.ckpt_step, -1, kInt, "a saved iteration; -1 = the latest");
+  check_range("--log-interval", a.log_interval, 1, kInt, "iterations between log lines");
+  check_range("--sample-tokens", a.sample_tokens, 0, kMaxSampleTokens, "bytes generated after training; 0 = none");
+  check_range("--ddp-bucket-size", a.ddp_bucket_size, 0, std::numeric_limits<std::int64_t>::max() / 2,
+              "gradient elements per bucket; 0 = max(40M, 1M x data-parallel size)");
+  check_range("--loss-scale-window", a.loss_scale_window, 1, kInt, "iterations without overflow before the loss scale grows");
+  check_range("--hysteresis", a.hysteresis, 1, kInt, "overflowing iterations before the loss scale backs off");
+  if (a.recompute_granularity == "full")
+    check_range("--recompute-num-layers", a.recompute_num_layers, 1, a.model.num_layers,
+                "layers per recomputed chunk (uniform) or recomputed layers (block), at most --num-layers");
+  if (a.profile) {
+    check_range("--profile-step-start", a.profile_step_start, 0, a.train_iters - 1, "first profiled iteration, 0-based");
+    check_range("--profile-step-end", a.profile_step_end, a.profile_step_start + 1, a.train_iters,
+                "iteration after the last profiled one");
+  }
+}
+
+// A floating-point flag that must be finite and within [low, high] (bounds inclusive unless open).
+// Every comparison is written so that NaN fails it.
+inline void check_real(const char* flag, double value, double low, double high, const char* meaning, bool open_low = false,
+                       bool open_high = false) {
+  const bool above = open_low ? value > low : value >= low;
+  const bool below = open_high ? value < high : value <= high;
+  if (std::isfinite(value) && above && below) return;
+  if (high == std::numeric_limits<double>::max())
+    fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number ", open_low ? "> " : ">= ", low, " (",
+                      meaning, ")");
+  fail<ConfigError>(flag, "=", value, " is out of range: it must be a finite number in ", open_low ? "(" : "[", low, ", ", high,
+                    open_high ? ")" : "]", " (", meaning, ")");
+}
+
+inline void check_real_flags(const TrainArgs& a) {
+  constexpr double kMax = std::numeric_limits<double>::max();
+  check_real("--lr", a.lr, 0, kMax, "peak learning rate");
+  check_real("--min-lr", a.min_lr, 0, kMax, "learning rate at the end of decay");
+  check_real("--weight-decay", a.weight_decay, 0, kMax, "decoupled weight decay; 0 disables it");
+  check_real("--clip-grad", a.clip_grad, 0, kMax, "global gradient-norm clip; 0 disables clipping");
+  check_real("--adam-beta1", a.adam_beta1, 0, 1, "first-moment decay", false, true);
+  check_real("--adam-beta2", a.adam_beta2, 0, 1, "second-moment decay", false, true);
+  check_real("--adam-eps", a.adam_eps, 0, kMax, "added to the denominator", true);
+  check_real("--init-method-std", a.model.init_method_std, 0, kMax, "standard deviation of the initial weights", true);
+  check_real("--rotary-base", a.model.rope_base, 0, kMax, "RoPE base, 10000 for Llama 2", true);
+  check_real("--hidden-dropout", a.model.hidden_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
+  check_real("--attention-dropout", a.model.attention_dropout, 0, 1, "dropout probability; 0 disables it", false, true);
+  check_real("--norm-epsilon", a.model.norm_epsilon, 0, std::numeric_limits<double>::max(), "added to the variance", true);
+  check_real("--label-smoothing", a.model.label_smoothing, 0, 1, "label smoothing; 0 disables it", false, true);
+  check_real("--sample-temperature", a.sample_temperature, 0, kMax, "softmax temperature; 0 = greedy");
+  check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with fp16) or none");
+  check_real("--initial-loss-scale", a.initial_loss_scale, 0, kMax, "the dynamic loss scale at the start", true);
+  check_real("--min-loss-scale", a.min_loss_scale, 0, kMax, "the smallest dynamic loss scale", true);
+  if (dynamic_loss_scaling(a) && a.min_loss_scale > a.initial_loss_scale)
+    fail<ConfigError>("--min-loss-scale=", a.min_loss_scale, " is above --initial-loss-scale=", a.initial_loss_scale,
+                      "; lower --min-loss-scale");
+}
+
+// Checks everything that can be checked before a thread starts or a byte is allocated.
+inline void validate(const TrainArgs& a) {
+  check_integer_flags(a);
+  check_real_flags(a);
+  if (a.world_size % a.tensor_model_parallel_size != 0)
+    fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
+                      a.world_size, "; the world is tensor parallel x data parallel");
+  const int pp = a.pipeline.pipeline_model_parallel_size;
+  if (pp < 1 || a.world_size % (a.tensor_model_parallel_size * pp) != 0)
+    fail<ConfigError>("--pipeline-model-parallel-size=", pp, " x --tensor-model-parallel-size=", a.tensor_model_parallel_size,
+                      " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
+  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
+  const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
+  if (a.global_batch_size % per_step != 0)
+    fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
+                      a.micro_batch_size, " x ", dp, " = ", per_step);
+  if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
+  const BatchSchedule batches = batch_schedule_of(a);
+  for (const int b : batches.sizes())
+    if (b % per_step != 0)
+      fail<ConfigError>(batches.constant() ? "--global-batch-size=" : "the batch-size schedule's global batch ", b,
+                        " is not a multiple of micro-batch-size x data-parallel = ", a.micro_batch_size, " x ", dp, " = ", per_step);
+  if (a.train_samples > 0 && (a.lr_decay_iters > 0 || a.lr_warmup_iters > 0))
+    fail<ConfigError>("--train-samples counts the schedule in samples: use --lr-decay-samples and --lr-warmup-samples (or "
+                      "--lr-warmup-fraction), not --lr-decay-iters / --lr-warmup-iters, as Megatron");
+  if (a.train_samples <= 0 && (a.lr_decay_samples > 0 || a.lr_warmup_samples > 0))
+    fail<ConfigError>("--lr-decay-samples and --lr-warmup-samples go with --train-samples; with --train-iters use "
+                      "--lr-decay-iters and --lr-warmup-iters, as Megatron");
+  if (a.lr_warmup_fraction >= 0 && (a.lr_warmup_iters > 0 || a.lr_warmup_samples > 0))
+    fail<ConfigError>("--lr-warmup-fraction and ", a.lr_warmup_iters > 0 ? "--lr-warmup-iters" : "--lr-warmup-samples",
+                      " both set the warmup; give one, as Megatron");
+  if (a.decoupled_min_lr >= 0 && a.decoupled_lr < 0)
+    fail<ConfigError>("--decoupled-min-lr ", a.decoupled_min_lr, " needs --decoupled-lr (the peak it decays from)");
+  if (a.decoupled_lr >= 0) {
+    check_real("--decoupled-lr", a.decoupled_lr, 0, std::numeric_limits<double>::max(), "the embedding and output layer's peak learning rate");
+    if (a.decoupled_min_lr > a.decoupled_lr)
+      fail<ConfigError>("--decoupled-min-lr=", a.decoupled_min_lr, " is above --decoupled-lr=", a.decoupled_lr, "; lower it");
+  }
+  const LrSchedule schedule = schedule_of(a);
+  if (schedule.warmup_iters > schedule.effective_decay_iters())
+    fail<ConfigError>("the warmup (", schedule.warmup_iters, " samples, from ",
+                      a.lr_warmup_fraction >= 0 ? "--lr-warmup-fraction" : a.train_samples > 0 ? "--lr-warmup-samples" : "--lr-warmup-iters",
+                      ") is longer than the decay (", schedule.effective_decay_iters(), " samples, from ",
+                      a.train_samples > 0 ? (a.lr_decay_samples > 0 ? "--lr-decay-samples" : "--train-samples")
+                                          : (a.lr_decay_iters > 0 ? "--lr-decay-iters" : "--train-iters"),
+                      "); warmup must end before the learning rate decays");
+  if (a.exit_interval < 0) fail<ConfigError>("--exit-interval=", a.exit_interval, " must be >= 0 (0: none)");
+  check_real("--exit-duration-in-mins", a.exit_duration_in_mins, 0, std::numeric_limits<double>::max(), "0: none");
+  check_real("--distributed-timeout-minutes", a.distributed_timeout_minutes, 0, 1e6,
+             "minutes a collective may wait; 0 = the communicator's default");
+  data::parse_split(a.split);
+  if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
+  if (a.ckpt_step >= 0 && a.load.empty()) fail<ConfigError>("--ckpt-step needs --load <directory>");
+  if ((a.no_load_optim || a.finetune) && a.load.empty())
+    fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
+  if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
+  for (auto [flag, value] : {std::pair{"--wandb-project", &a.wandb_project}, std::pair{"--wandb-exp-name", &a.wandb_exp_name},
+                             std::pair{"--wandb-save-dir", &a.wandb_save_dir}})
+    if (!value->empty())
+      fail<ConfigError>(flag, " ", *value, ": strata does not log to Weights & Biases, which needs a network; "
+                        "--tensorboard-dir <dir> writes the same scalars as TensorBoard event files");
+  if (a.ckpt_format != "strata")
+    fail<ConfigError>("--ckpt-format ", a.ckpt_format, ": strata saves and loads its own sharded format (--ckpt-format strata), "
+                      "which loads into any parallel layout; Megatron's torch and torch_dist formats are not read. Exchange "
+                      "weights with other stacks through Hugging Face's format (--load-hf, --save-hf)");
+  if (!a.save_hf.empty() && a.pipeline.pipeline_model_parallel_size > 1 && a.save.empty())
+    fail<ConfigError>("--save-hf with --pipeline-model-parallel-size ", a.pipeline.pipeline_model_parallel_size,
+                      " needs --save <directory>: the export reads the final checkpoint, which holds every stage");
+  if (a.model_kind != resolve_architecture(a.architecture, a.model))
+    fail<ConfigError>("the architecture flags select ", resolve_architecture(a.architecture, a.model), ", but this run builds ",
+                      a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt" : "train_llama",
+                      " is that preset; pretrain_gpt chooses by the flags)");
+  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
+  for (const int b : batches.sizes())  // every number of micro-batches the batch schedule makes
+    check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size, static_cast<int>(b / per_step),
+                        a.sample_tokens > 0);
+  schedule.validate();
+}
+
+// The flags' defaults of a trainer: Megatron's, with the architecture of the preset (kind "gpt":
+// GPT-2's set, Megatron's defaults; "llama": the Llama set).
+inline TrainArgs command_line_defaults(const std::string& kind) {
+  TrainArgs a;
+  a.model_kind = kind;
+  if (kind == "llama") a.architecture = ArchitectureArgs::llama();
+  return a;
+}
+
+// After parsing, what Megatron's validate_args settles from what was given: without
+// --group-query-attention every head has its own keys and values; an absent --ffn-hidden-size is
+// 4 x hidden, or with --swiglu 2/3 of that rounded down to a multiple of 64; an absent
+// --global-batch-size is micro-batch x data parallel (0 here, resolve_run settles it); --train-iters
+// and --train-samples exclude each other. Also the architecture (ConfigError when no compiled model
+// matches).
+inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
+  if (app.count("--train-iters") > 0 && app.count("--train-samples") > 0)
+    fail<ConfigError>("--train-iters and --train-samples both set the run's length; give one, as Megatron");
+  if (app.count("--global-batch-size") == 0) a.global_batch_size = 0;
+  if (app.count("--step-batch-size-schedule") > 0 && app.count("--global-batch-size") > 0)
+    fail<ConfigError>("--step-batch-size-schedule sets the global batch; drop --global-batch-size, as Megatron");
+  if (!a.rampup_batch_size.empty() && app.count("--global-batch-size") == 0)
+    fail<ConfigError>("--rampup-batch-size grows the global batch up to --global-batch-size: give it");
+  if (!a.architecture.group_query_attention) {
+    if (app.count("--num-query-groups") > 0 && a.model.num_query_groups != 0 && a.model.num_query_groups != a.model.num_attention_heads)
+      a.notes.push_back(::strata::detail::concat("--num-query-groups ", a.model.num_query_groups,
+                                                 ": ignored without --group-query-attention (every head has its own keys "
+                                                 "and values), as in Megatron"));
+    a.model.num_query_groups = 0;
+  }
+  if (a.model.ffn_hidden_size == 0 && a.architecture.swiglu) {
+    a.model.ffn_hidden_size = static_cast<int>(4.0 * a.model.hidden_size * 2.0 / 3.0 / 64.0) * 64;
+    if (a.model.ffn_hidden_size == 0)
+      fail<ConfigError>("--swiglu with --hidden-size ", a.model.hidden_size, " makes Megatron's default MLP width ",
+                        "(2/3 x 4 x hidden, rounded down to 64) zero; pass --ffn-hidden-size");
+  }
+  if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
+  if (app.count("--tokenizer-type") == 0 && !a.tokenizer.vocab_file.empty() && !a.tokenizer.merge_file.empty()) {
+    a.tokenizer.type = "GPT2BPETokenizer";  // Megatron's GPT examples give the files alone
+    a.notes.emplace_back("--vocab-file and --merge-file without --tokenizer-type: GPT2BPETokenizer");
+  }
+  a.model_kind = resolve_architecture(a.architecture, a.model);
+}
+
+// Parses `flags` over a trainer's defaults (CLI::ParseError and ConfigError as thrown).
+inline TrainArgs parse_flags(const std::string& kind, std::vector<std::string> flags) {
+  TrainArgs a = command_line_defaults(kind);
+  CLI::App app;
+  add_options(app, a);
+  std::reverse(flags.begin(), flags.end());  // CLI11 takes a vector in reverse order
+  app.parse(flags);
+  finish_command_line(app, a);
+  return a;
+}
+
+// What is left to settle before validation, once the device and world size are known: the
+// tokenizer (its files read and checked) and the model's vocabulary from it (NullTokenizer: its
+// --vocab-size ids and the end-of-document id; another: the tokenizer's, or --vocab-size when
+// larger), the global batch when not given (micro-batch x data parallel), the iterations of
+// --train-samples, and sequence parallelism off with a note when tensor parallel is 1 (Megatron).
+inline data::Tokenizer resolve_run(TrainArgs& a) {
+  data::TokenizerOptions options = a.tokenizer;
+  if (options.type != "NullTokenizer") options.vocab_size = 0;  // here the model's vocabulary, not the tokenizer's
+  data::Tokenizer tokenizer = data::make_tokenizer(options);
+  if (a.tokenizer.type == "NullTokenizer") {
+    a.model.vocab_size = static_cast<int>(tokenizer.vocab_size());
+  } else if (a.tokenizer.vocab_size > 0) {
+    if (a.tokenizer.vocab_size < tokenizer.vocab_size())
+      fail<ConfigError>("--vocab-size ", a.tokenizer.vocab_size, " is smaller than the ", tokenizer.name(), "'s ",
+                        tokenizer.vocab_size(), " ids; drop --vocab-size or raise it");
+    a.model.vocab_size = static_cast<int>(std::min<std::int64_t>(a.tokenizer.vocab_size, std::numeric_limits<int>::max()));
+  } else {
+    a.model.vocab_size = static_cast<int>(std::max<std::int64_t>(a.model.vocab_size, tokenizer.vocab_size()));
+  }
+  const int pp = a.pipeline.pipeline_model_parallel_size;
+  const int model_parallel = a.tensor_model_parallel_size * pp;
+  if (a.global_batch_size == 0 && model_parallel > 0 && a.world_size % model_parallel == 0) {
+    a.global_batch_size = static_cast<int>(
+        checked_int(checked_mul(a.micro_batch_size, a.world_size / model_parallel, "--micro-batch-size x data parallel"),
+                    "the global batch"));
+    if (!a.step_batch_size_schedule.empty()) a.global_batch_size = batch_schedule_of(a).final_batch;
+  }
+  if (a.train_samples > 0 && a.global_batch_size > 0) {
+    const std::int64_t iterations = iterations_of(a, batch_schedule_of(a));
+    if (iterations < 1 || iterations > std::numeric_limits<int>::max())
+      fail<ConfigError>("--train-samples ", a.train_samples, " makes ", iterations, " iterations of global batches of ",
+                        a.global_batch_size, "; it must make at least one");
+    a.train_iters = static_cast<int>(iterations);
+  }
+  if (a.sample_tokens > 0 && a.tokenizer.type == "NullTokenizer" && a.sample_prompt == TrainArgs{}.sample_prompt)
+    a.sample_prompt.clear();  // NullTokenizer reads ids, not text: the sample starts after an end of document
+  if (a.sample_tokens > 0 && !a.sample_prompt.empty()) {  // refused now, not after training
+    try {
+      (void)tokenizer.encode(a.sample_prompt);
+    } catch (const Error& e) {
+      fail<ConfigError>("--sample-prompt \"", a.sample_prompt, "\" does not encode with ", tokenizer.name(), ": ", e.what());
+    }
+  }
+  if (a.sequence_parallel && a.tensor_model_parallel_size == 1) {
+    a.sequence_parallel = false;
+    a.notes.emplace_back("--sequence-parallel: disabled because tensor parallelism is 1, as in Megatron");
+  }
+  return tokenizer;
+}
+
+}  // namespace trainer

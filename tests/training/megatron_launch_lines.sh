@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# megatron_launch_lines.sh <pretrain_gpt> <preprocess_data> <source dir>: command lines shaped like
+# Megatron-LM's own example scripts (examples/gpt3/train_gpt3_175b_distributed.sh,
+# examples/llama/train_llama3_8b_h100_fp8.sh, examples/mixtral/train_mixtral_8x7b_distributed.sh),
+# with the same flags at tiny sizes, run through pretrain_gpt on CPU threads (torchrun's processes
+# become --world-size threads). The arrays are built and expanded as the scripts do (unquoted, so
+# "--split '99,1,0'" reaches the trainer with its quotes). What a line needs that strata does not
+# have must fail with a message naming the flag and the missing feature; the rest must train.
+set -euo pipefail
+pretrain=${1:?usage: megatron_launch_lines.sh <pretrain_gpt> <preprocess_data> <source dir>}
+preprocess=${2:?}
+src=${3:?}
+work=$(mktemp -d /tmp/strata_megatron_lines.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# expect_refusal <name> <text...> -- <command...>: the command exits 1 and stderr holds every text.
+expect_refusal() {
+  local name=$1; shift
+  local texts=()
+  while [[ $1 != -- ]]; do texts+=("$1"); shift; done
+  shift
+  if "$@" >"$work/$name.out" 2>"$work/$name.err"; then fail "$name: trained, but should have been refused"; fi
+  for t in "${texts[@]}"; do
+    grep -qF -- "$t" "$work/$name.err" || { cat "$work/$name.err" >&2; fail "$name: the error does not say '$t'"; }
+  done
+  echo "ok: $name refused: $(grep -m1 '^error' "$work/$name.err")"
+}
+# expect_training <name> <command...>: the command exits 0 and logs "done: loss A -> B".
+expect_training() {
+  local name=$1; shift
+  "$@" >"$work/$name.out" 2>"$work/$name.err" || { cat "$work/$name.err" >&2; fail "$name: exit status $?"; }
+  grep -q '^done: loss' "$work/$name.out" || { tail -n 5 "$work/$name.out" >&2; fail "$name: no 'done:' line"; }
+  echo "ok: $name: $(grep '^done: loss' "$work/$name.out")"
+}
+
+# The data of the GPT-3 line: the shipped corpus tokenized with a small GPT-2-style BPE.
+VOCAB_FILE=$src/tests/training/bpe/vocab.json
+MERGE_FILE=$src/tests/training/bpe/merges.txt
+"$preprocess" --input "$src/examples/data/kjv_pentateuch.txt" --output-prefix "$work/kjv" --tokenizer-type GPT2BPETokenizer \
+  --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --append-eod >"$work/preprocess.out" 2>&1 ||
+  { cat "$work/preprocess.out" >&2; fail "preprocess_data"; }
+DATA_PATH=$work/kjv_text_document
+
+# ---- GPT-3 (175B) shape: 2 layers, hidden 64; tp=2 x pp=2 on 4 threads; fp16; a step batch schedule
+CHECKPOINT_PATH=$work/gpt3-ckpt
+TENSORBOARD_LOGS_PATH=$work/gpt3-tb
+GPT_MODEL_ARGS=(
+    --num-layers 2
+    --hidden-size 64
+    --num-attention-heads 4
+    --seq-length 64
+    --max-position-embeddings 64
+    --attention-backend auto
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --step-batch-size-schedule "0:2 1K:4"
+    --train-iters 12
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --init-method-std 0.006
+    --clip-grad 1.0
+    --fp16
+    --lr 6.0e-4
+    --lr-decay-style cosine
+    --min-lr 6.0e-5
+    --lr-warmup-fraction .001
+    --lr-decay-iters 10
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2
+    --pipeline-model-parallel-size 2
+)
+DATA_ARGS=(
+    --data-path $DATA_PATH
+    --vocab-file $VOCAB_FILE
+    --merge-file $MERGE_FILE
+    --split 949,50,1
+)
+EVAL_AND_LOGGING_ARGS=(
+    --log-interval 4
+    --save-interval 6
+    --eval-interval 6
+    --save $CHECKPOINT_PATH
+    --load $CHECKPOINT_PATH
+    --eval-iters 2
+    --tensorboard-dir $TENSORBOARD_LOGS_PATH
+)
+expect_training gpt3 "$pretrain" --world-size 4 ${GPT_MODEL_ARGS[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} \
+  ${DATA_ARGS[@]} ${EVAL_AND_LOGGING_ARGS[@]}
+grep -q 'global batch 4' "$work/gpt3.out" || fail "gpt3: the step schedule never reached a global batch of 4"
+ls "$TENSORBOARD_LOGS_PATH" | grep -q tfevents || fail "gpt3: no TensorBoard event file"
+# The same line again (the scripts pass --save X --load X): it resumes at iteration 12, nothing to do;
+# with --train-iters 14 it trains two more.
+"$pretrain" --world-size 4 ${GPT_MODEL_ARGS[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS[@]} \
+  ${EVAL_AND_LOGGING_ARGS[@]} >"$work/gpt3-again.out" 2>&1 || fail "gpt3 again: exit status $?"
+grep -q 'nothing to do' "$work/gpt3-again.out" || fail "gpt3 again: did not find the finished checkpoint"
+expect_training gpt3-resume "$pretrain" --world-size 4 ${GPT_MODEL_ARGS[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} \
+  ${DATA_ARGS[@]} ${EVAL_AND_LOGGING_ARGS[@]} --train-iters 14
+grep -q 'iterations 13\.\.14' "$work/gpt3-resume.out" || fail "gpt3-resume: did not resume at iteration 13"
+
+# ---- Llama 3 (8B) shape, its MOCK branch: 2 layers, hidden 64, GQA 4/2; tp=2 x dp=2; bf16; samples
+CHECKPOINT_PATH=$work/llama-ckpt
+TENSORBOARD_LOGS_PATH=$work/llama-tb
+DATA_CACHE_PATH=$work/cache
+MODEL_ARGS=(
+    --use-mcore-models
+    --num-layers 2
+    --hidden-size 64
+    --ffn-hidden-size 160
+    --num-attention-heads 4
+    --group-query-attention
+    --num-query-groups 2
+    --kv-channels 16
+    --seq-length 64
+    --max-position-embeddings 64
+    --position-embedding-type rope
+    --rotary-base 1000000
+    --rotary-percent 1.0
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --swiglu
+    --normalization RMSNorm
+    --init-method-std 0.0134
+    --attention-backend fused
+    --apply-layernorm-1p
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 4
+    --train-samples 40
+    --lr-decay-samples 36
+    --lr-warmup-samples 4
+    --lr 0.00015
+    --min-lr 0.00001
+    --decoupled-lr 5.0e-4
+    --decoupled-min-lr 4.5e-5
+    --lr-decay-style cosine
+    --clip-grad 1.0
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --bf16
+    --grad-reduce-in-bf16
+    --cross-entropy-loss-fusion
+    --calculate-per-token-loss
+    --manual-gc
+    --empty-unused-memory-level 1
+    --exit-duration-in-mins 235
+)
+DTYPE_ARGS=(
+    "--fp8-format hybrid"
+    "--fp8-amax-history-len 1024"
+    "--fp8-amax-compute-algo max"
+    "--fp8-param-gather"
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 2
+    --context-parallel-size 1
+    --sequence-parallel
+)
+TRAINING_ARGS+=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
+DATA_ARGS_LIST=(
+    "--mock-data"
+    "--tokenizer-type NullTokenizer"
+    "--vocab-size 1000"
+    "--data-cache-path ${DATA_CACHE_PATH}"
+    "--tiktoken-pattern v2"
+    "--split '99,1,0'"
+    "--no-create-attention-mask-in-dataloader"
+    "--no-mmap-bin-files"
+    "--num-workers 1"
+)
+EVAL_AND_LOGGING_ARGS=(
+    --log-interval 1
+    --eval-iters 2
+    --eval-interval 5
+    --save-interval 5
+    --log-throughput
+    --profile
+    --profile-step-start 4
+    --profile-step-end 6
+    --ckpt-format torch_dist
+    --distributed-timeout-minutes 60
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
+    --tensorboard-dir "$TENSORBOARD_LOGS_PATH"
+)
+llama() { "$pretrain" --world-size 4 ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "$@" ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS_LIST[@]} \
+  ${EVAL_AND_LOGGING_ARGS[@]}; }
+# As shipped (fp8): refused at the first flag strata lacks, each named with its feature:
+# --apply-layernorm-1p, then the fp8 flags, then --ckpt-format torch_dist.
+expect_refusal llama3-fp8 "--apply-layernorm-1p" -- llama ${DTYPE_ARGS[@]}
+MODEL_ARGS=("${MODEL_ARGS[@]/--apply-layernorm-1p/}")
+expect_refusal llama3-fp8-b "--fp8-format hybrid" "fp8 training is not available" -- llama ${DTYPE_ARGS[@]}
+expect_refusal llama3-ckpt-format "--ckpt-format torch_dist" "Hugging Face" -- llama
+EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/torch_dist/strata}")
+# Without those two, the bf16 line trains (--decoupled-lr included): 40 samples of 4 are 10 iterations.
+expect_training llama3 llama
+grep -q 'iterations 1\.\.10' "$work/llama3.out" || fail "llama3: --train-samples 40 at global batch 4 is not 10 iterations"
+grep -q 'TFLOP/s/GPU' "$work/llama3.out" || fail "llama3: --log-throughput printed no TFLOP/s"
+grep -q 'note: --grad-reduce-in-bf16' "$work/llama3.err" || fail "llama3: no note for --grad-reduce-in-bf16"
+
+# ---- Mixtral (8x7B) shape: refused at its Mixture-of-Experts flags
+MODEL_ARGS=(--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256 --num-layers 2
+    --hidden-size 64 --ffn-hidden-size 160 --num-attention-heads 4 --init-method-std 0.01 --attention-dropout 0.0
+    --hidden-dropout 0.0 --normalization RMSNorm --position-embedding-type rope --swiglu
+    --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --no-masked-softmax-fusion
+    --no-position-embedding --rotary-base 1000000)
+MOE_ARGS=(--num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2
+    --moe-grouped-gemm --moe-token-dispatcher-type alltoall --overlap-param-gather --overlap-grad-reduce)
+expect_refusal mixtral "--num-experts 8" "Mixture-of-Experts" -- "$pretrain" --world-size 2 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} \
+  --mock-data --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16
+# Without the MoE flags the same dense model trains.
+expect_training mixtral-dense "$pretrain" --world-size 2 ${MODEL_ARGS[@]} --mock-data --micro-batch-size 1 \
+  --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16 --eval-iters 1 --sample-tokens 0
+echo "all Megatron-shaped launch lines behave as stated"

@@ -1,0 +1,293 @@
+// The trainers' command line against Megatron's (megatron/training/arguments.py): each test names
+// the Megatron behaviour it checks. Parsing only (examples/trainer/args.hpp): nothing trains here.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "trainer/args.hpp"
+
+namespace {
+
+using trainer::parse_flags;
+using trainer::TrainArgs;
+
+// Throws a ConfigError whose message holds every one of `parts`.
+template <class F>
+void expect_config_error(F&& f, std::vector<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const strata::ConfigError& e) {
+    const std::string m = e.what();
+    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+  }
+}
+
+// Megatron's defaults for the flags that carry its names.
+TEST(MegatronFlags, DefaultsAreMegatrons) {
+  const TrainArgs a = parse_flags("gpt", {});
+  EXPECT_EQ(a.tensor_model_parallel_size, 1);
+  EXPECT_FALSE(a.sequence_parallel);
+  EXPECT_EQ(a.model.hidden_dropout, 0.1);
+  EXPECT_EQ(a.model.attention_dropout, 0.1);
+  EXPECT_EQ(a.lr_warmup_iters, 0);
+  EXPECT_EQ(a.min_lr, 0.0);
+  EXPECT_EQ(a.lr_decay_style, "linear");
+  EXPECT_EQ(a.weight_decay, 0.01);
+  EXPECT_EQ(a.adam_beta1, 0.9);
+  EXPECT_EQ(a.adam_beta2, 0.999);
+  EXPECT_EQ(a.adam_eps, 1e-8);
+  EXPECT_EQ(a.clip_grad, 1.0);
+  EXPECT_EQ(a.model.init_method_std, 0.02);
+  EXPECT_EQ(a.model.make_vocab_size_divisible_by, 128);
+  EXPECT_EQ(a.model.rope_base, 10000.0);
+  EXPECT_EQ(a.model.norm_epsilon, 1e-5);
+  EXPECT_EQ(a.seed, 1234u);
+  EXPECT_EQ(a.log_interval, 100);
+  EXPECT_EQ(a.eval_iters, 100);
+  EXPECT_EQ(a.eval_interval, 0);  // Megatron's None: evaluate at the end only
+  EXPECT_EQ(a.distributed_timeout_minutes, 10);
+  EXPECT_EQ(a.initial_loss_scale, 4294967296.0);
+  EXPECT_EQ(a.loss_scale_window, 1000);
+  EXPECT_EQ(a.hysteresis, 2);
+  EXPECT_EQ(a.tokenizer.type, "ByteTokenizer");
+  EXPECT_EQ(a.model_kind, "gpt");  // GPT-2's architecture set is Megatron's default
+}
+
+// --global-batch-size absent: micro-batch x data parallel (Megatron's validate_args).
+TEST(MegatronFlags, GlobalBatchDefaultsToMicroBatchTimesDataParallel) {
+  TrainArgs a = parse_flags("gpt", {"--world-size", "4", "--tensor-model-parallel-size", "2", "--micro-batch-size", "3"});
+  EXPECT_EQ(a.global_batch_size, 0);
+  (void)trainer::resolve_run(a);
+  EXPECT_EQ(a.global_batch_size, 6);
+  TrainArgs b = parse_flags("gpt", {"--micro-batch-size", "3", "--global-batch-size", "12"});
+  (void)trainer::resolve_run(b);
+  EXPECT_EQ(b.global_batch_size, 12);
+}
+
+// Megatron disables sequence parallelism when tensor parallelism is 1, with a warning.
+TEST(MegatronFlags, SequenceParallelIsTurnedOffAtTensorParallelOne) {
+  TrainArgs a = parse_flags("gpt", {"--sequence-parallel"});
+  EXPECT_TRUE(a.sequence_parallel);
+  (void)trainer::resolve_run(a);
+  EXPECT_FALSE(a.sequence_parallel);
+  ASSERT_EQ(a.notes.size(), 1u);
+  EXPECT_NE(a.notes[0].find("tensor parallelism is 1"), std::string::npos);
+  TrainArgs b = parse_flags("gpt", {"--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  (void)trainer::resolve_run(b);
+  EXPECT_TRUE(b.sequence_parallel);
+}
+
+// Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.
+TEST(MegatronFlags, FfnDefaultFollowsMegatronsRule) {
+  EXPECT_EQ(parse_flags("gpt", {"--hidden-size", "768", "--num-attention-heads", "12"}).model.ffn(), 3072);
+  EXPECT_EQ(parse_flags("gpt", {"--hidden-size", "768", "--ffn-hidden-size", "1000"}).model.ffn(), 1000);
+  EXPECT_EQ(parse_flags("gpt", {}).model.ffn(), 512);
+  EXPECT_EQ(parse_flags("llama", {"--hidden-size", "4096", "--num-attention-heads", "32"}).model.ffn(), 10880);
+  EXPECT_EQ(parse_flags("llama", {}).model.ffn(), 320);  // hidden 128: 341.3 -> 320
+  expect_config_error([] { (void)parse_flags("llama", {"--hidden-size", "16", "--num-attention-heads", "2"}); },
+                      {"--swiglu", "--ffn-hidden-size"});
+}
+
+// Megatron reads --num-query-groups only with --group-query-attention.
+TEST(MegatronFlags, QueryGroupsOnlyWithGroupQueryAttention) {
+  const TrainArgs without = parse_flags("llama", {"--num-query-groups", "2"});
+  EXPECT_EQ(without.model.num_query_groups, 0);
+  ASSERT_EQ(without.notes.size(), 1u);
+  EXPECT_NE(without.notes[0].find("--group-query-attention"), std::string::npos);
+  EXPECT_EQ(parse_flags("llama", {"--group-query-attention", "--num-query-groups", "2"}).model.num_query_groups, 2);
+}
+
+// --max-position-embeddings sizes the learned position table; --seq-length the samples.
+TEST(MegatronFlags, MaxPositionEmbeddingsIsTheTableSeqLengthTheSample) {
+  const TrainArgs a = parse_flags("gpt", {"--seq-length", "64", "--max-position-embeddings", "256"});
+  EXPECT_EQ(a.model.seq_length, 64);
+  EXPECT_EQ(a.model.positions(), 256);
+  EXPECT_EQ(parse_flags("gpt", {"--seq-length", "64"}).model.positions(), 64);
+  TrainArgs bad = parse_flags("gpt", {"--seq-length", "64", "--max-position-embeddings", "32"});
+  (void)trainer::resolve_run(bad);
+  expect_config_error([&] { trainer::validate(bad); }, {"--max-position-embeddings=32", "--seq-length=64"});
+}
+
+// pretrain_gpt.py chooses the architecture by flags: GPT-2's set (the defaults), the Llama set, and
+// nothing else (strata names the flags the nearest compiled set still needs).
+TEST(MegatronFlags, ArchitectureIsChosenByFlags) {
+  EXPECT_EQ(parse_flags("gpt", {}).model_kind, "gpt");
+  EXPECT_EQ(parse_flags("gpt", {"--use-mcore-models", "--position-embedding-type", "learned_absolute"}).model_kind, "gpt");
+  const std::vector<std::string> llama = {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                                          "--untie-embeddings-and-output-weights", "--disable-bias-linear"};
+  EXPECT_EQ(parse_flags("gpt", llama).model_kind, "llama");
+  EXPECT_EQ(parse_flags("llama", {}).model_kind, "llama");  // train_llama's preset
+  std::vector<std::string> mixed = llama;
+  mixed[3] = "LayerNorm";
+  expect_config_error([&] { (void)parse_flags("gpt", mixed); }, {"Llama", "--normalization RMSNorm"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--swiglu"}); }, {"GPT-2", "no --swiglu"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--group-query-attention", "--num-query-groups", "2"}); },
+                      {"no --group-query-attention"});
+  expect_config_error([] { (void)parse_flags("llama", {"--rotary-percent", "0.5"}); }, {"--rotary-percent 0.5"});
+  expect_config_error([] { (void)parse_flags("llama", {"--kv-channels", "64"}); }, {"--kv-channels 64", "128 / 4"});
+  EXPECT_EQ(parse_flags("llama", {"--kv-channels", "32"}).model_kind, "llama");
+  expect_config_error([] { (void)parse_flags("llama", {"--apply-layernorm-1p"}); }, {"--apply-layernorm-1p"});
+  expect_config_error([] { (void)parse_flags("llama", {"--qk-layernorm"}); }, {"--qk-layernorm"});
+  EXPECT_EQ(parse_flags("llama", {"--no-position-embedding"}).model_kind, "llama");
+  expect_config_error([] { (void)parse_flags("gpt", {"--no-position-embedding"}); }, {"learned_absolute"});
+}
+
+// Megatron flags strata accepts without acting on them say so; those it lacks refuse the run.
+TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
+  TrainArgs a = parse_flags("gpt", {"--attention-backend", "fused", "--cross-entropy-loss-fusion", "--manual-gc",
+                                    "--context-parallel-size", "1"});
+  EXPECT_EQ(a.notes.size(), 3u);
+  EXPECT_TRUE(a.refused.empty());
+  TrainArgs fp8 = parse_flags("gpt", {"--fp8-format", "hybrid"});
+  (void)trainer::resolve_run(fp8);
+  expect_config_error([&] { trainer::validate(fp8); }, {"--fp8-format hybrid", "fp8"});
+  TrainArgs moe = parse_flags("gpt", {"--num-experts", "8"});
+  (void)trainer::resolve_run(moe);
+  expect_config_error([&] { trainer::validate(moe); }, {"--num-experts 8", "Mixture-of-Experts"});
+  TrainArgs cp = parse_flags("gpt", {"--context-parallel-size", "2"});
+  (void)trainer::resolve_run(cp);
+  expect_config_error([&] { trainer::validate(cp); }, {"--context-parallel-size 2", "context parallelism"});
+}
+
+// Megatron's scheduler counts samples: with a constant batch the iteration schedule exactly.
+TEST(MegatronFlags, LearningRateScheduleCountsSamples) {
+  TrainArgs a = parse_flags("gpt", {"--global-batch-size", "8", "--train-iters", "100", "--lr-warmup-iters", "10",
+                                    "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine"});
+  (void)trainer::resolve_run(a);
+  const strata::LrSchedule samples = trainer::schedule_of(a);
+  const strata::LrSchedule iterations{.max_lr = 1e-3, .min_lr = 1e-4, .warmup_iters = 10, .decay_iters = 0,
+                                      .style = strata::LrDecayStyle::cosine, .train_iters = 100};
+  for (int it = 0; it <= 100; ++it) EXPECT_EQ(samples.lr(std::int64_t{it} * 8), iterations.lr(it)) << it;
+  // --train-samples: iterations = samples / batch; warmup and decay in samples
+  TrainArgs s = parse_flags("gpt", {"--global-batch-size", "8", "--train-samples", "800", "--lr-warmup-samples", "80",
+                                    "--lr-decay-samples", "640"});
+  (void)trainer::resolve_run(s);
+  EXPECT_EQ(s.train_iters, 100);
+  const strata::LrSchedule ss = trainer::schedule_of(s);
+  EXPECT_EQ(ss.warmup_iters, 80);
+  EXPECT_EQ(ss.effective_decay_iters(), 640);
+  // --lr-warmup-fraction: that fraction of the decay
+  TrainArgs f = parse_flags("gpt", {"--global-batch-size", "8", "--train-iters", "100", "--lr-warmup-fraction", "0.25"});
+  (void)trainer::resolve_run(f);
+  EXPECT_EQ(trainer::schedule_of(f).warmup_iters, 200);
+  expect_config_error([] { (void)parse_flags("gpt", {"--train-iters", "5", "--train-samples", "40"}); }, {"give one"});
+  // --decoupled-lr: the same warmup and decay between its own peak and minimum (else --min-lr)
+  TrainArgs d = parse_flags("gpt", {"--global-batch-size", "8", "--train-iters", "100", "--lr-warmup-iters", "10", "--lr", "1e-3",
+                                    "--min-lr", "1e-4", "--decoupled-lr", "5e-3", "--decoupled-min-lr", "5e-4"});
+  (void)trainer::resolve_run(d);
+  EXPECT_NO_THROW(trainer::validate(d));
+  const auto ds = trainer::decoupled_schedule_of(d);
+  ASSERT_TRUE(ds.has_value());
+  EXPECT_DOUBLE_EQ(ds->lr(80), 5e-3);   // the end of warmup
+  EXPECT_DOUBLE_EQ(ds->lr(800), 5e-4);  // the end of decay
+  EXPECT_EQ(ds->warmup_iters, trainer::schedule_of(d).warmup_iters);
+  EXPECT_FALSE(trainer::decoupled_schedule_of(parse_flags("gpt", {})).has_value());
+  TrainArgs lonely = parse_flags("gpt", {"--decoupled-min-lr", "1e-5"});
+  (void)trainer::resolve_run(lonely);
+  expect_config_error([&] { trainer::validate(lonely); }, {"--decoupled-min-lr", "needs --decoupled-lr"});
+  TrainArgs mixed = parse_flags("gpt", {"--global-batch-size", "8", "--train-samples", "800", "--lr-warmup-iters", "3"});
+  (void)trainer::resolve_run(mixed);
+  expect_config_error([&] { trainer::validate(mixed); }, {"--lr-warmup-samples"});
+}
+
+// --rampup-batch-size start increment samples (Megatron's older ramp-up) and
+// --step-batch-size-schedule (thresholds in tokens): the batch of each iteration, the iterations of
+// --train-samples.
+TEST(MegatronFlags, BatchSizeSchedules) {
+  TrainArgs r = parse_flags("gpt", {"--global-batch-size", "16", "--rampup-batch-size", "4", "4", "120", "--micro-batch-size",
+                                    "2", "--train-iters", "40"});
+  (void)trainer::resolve_run(r);
+  const trainer::BatchSchedule ramp = trainer::batch_schedule_of(r);
+  EXPECT_EQ(ramp.at(0), 4);
+  EXPECT_EQ(ramp.at(39), 4);   // 3 increments over 120 samples: one every 40
+  EXPECT_EQ(ramp.at(40), 8);
+  EXPECT_EQ(ramp.at(80), 12);
+  EXPECT_EQ(ramp.at(121), 16);
+  EXPECT_NO_THROW(trainer::validate(r));
+  TrainArgs s = parse_flags("gpt", {"--step-batch-size-schedule", "0:4 2K:8 4.5K:16", "--seq-length", "100",
+                                    "--micro-batch-size", "2", "--train-samples", "200"});
+  (void)trainer::resolve_run(s);
+  const trainer::BatchSchedule steps = trainer::batch_schedule_of(s);
+  EXPECT_EQ(s.global_batch_size, 16);
+  EXPECT_EQ(steps.at(0), 4);
+  EXPECT_EQ(steps.at(19), 4);  // 2000 tokens = 20 samples
+  EXPECT_EQ(steps.at(20), 8);
+  EXPECT_EQ(steps.at(45), 16);
+  // 5 x 4 = 20, 4 x 8 = 52, then 16s: 68, 84, ..., 212 -> 5 + 4 + 10 iterations
+  EXPECT_EQ(s.train_iters, 19);
+  EXPECT_EQ(trainer::samples_of(steps, s.train_iters), 212);
+  // several arguments, as Megatron's GPT-3 example script passes them (its array expanded unquoted)
+  EXPECT_EQ(parse_flags("gpt", {"--step-batch-size-schedule", "0:4", "2K:8", "4.5K:16", "--lr", "1e-3"}).step_batch_size_schedule,
+            "0:4 2K:8 4.5K:16");
+  TrainArgs odd = parse_flags("gpt", {"--step-batch-size-schedule", "0:3 1K:8", "--micro-batch-size", "2"});
+  (void)trainer::resolve_run(odd);
+  expect_config_error([&] { trainer::validate(odd); }, {"global batch 3", "micro-batch-size x data-parallel"});
+  expect_config_error(
+      [] {
+        TrainArgs t = parse_flags("gpt", {"--step-batch-size-schedule", "1K:4"});
+        (void)trainer::resolve_run(t);
+      },
+      {"first threshold must be 0"});
+}
+
+TEST(MegatronFlags, RepeatedFlagTakesTheLastValue) {
+  const auto a = parse_flags("gpt", {"--lr", "1e-3", "--train-iters", "5", "--lr", "2e-3", "--train-iters", "7", "--quiet", "--quiet"});
+  EXPECT_EQ(a.lr, 2e-3);
+  EXPECT_EQ(a.train_iters, 7);
+  EXPECT_TRUE(a.quiet);
+  const auto b = parse_flags("gpt", {"--sequence-parallel", "--no-sequence-parallel"});
+  EXPECT_FALSE(b.sequence_parallel);
+}
+
+// Megatron's launch lines: --data-path as several arguments (or one string), the last --data-path
+// winning; --split with the quotes a script leaves in, and spaces.
+TEST(MegatronFlags, DataPathTakesSeveralArgumentsAndSplitIgnoresQuotes) {
+  const auto a = parse_flags("gpt", {"--data-path", "0.3", "corpus_a", "0.7", "corpus_b", "--lr", "1e-3"});
+  EXPECT_EQ(a.data_path, "0.3 corpus_a 0.7 corpus_b");
+  EXPECT_EQ(a.lr, 1e-3);
+  EXPECT_EQ(parse_flags("gpt", {"--data-path", "0.5 x 0.5 y"}).data_path, "0.5 x 0.5 y");
+  EXPECT_EQ(parse_flags("gpt", {"--data-path", "a", "--data-path", "0.1", "b", "0.9", "c"}).data_path, "0.1 b 0.9 c");
+  for (const char* split : {"'99,1,0'", "\"99,1,0\"", "99, 1, 0", "99,1,0"})
+    EXPECT_EQ(strata::data::parse_split(split), (std::vector<double>{0.99, 0.01, 0.0})) << split;
+  EXPECT_THROW(strata::data::parse_split("'99,x,0'"), strata::ConfigError);
+}
+
+// The end-of-document id and the vocabulary come from the tokenizer (--eod-mask-loss masks that id).
+TEST(MegatronFlags, VocabularyAndEndOfDocumentComeFromTheTokenizer) {
+  TrainArgs byte = parse_flags("gpt", {});
+  const strata::data::Tokenizer t = trainer::resolve_run(byte);
+  EXPECT_EQ(t.eod(), 256);
+  EXPECT_EQ(byte.model.vocab_size, 257);
+  TrainArgs null = parse_flags("gpt", {"--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"});
+  const strata::data::Tokenizer n = trainer::resolve_run(null);
+  EXPECT_EQ(n.eod(), 999);  // Megatron's NullTokenizer: ids 0..N-1, end-of-document N - 1
+  EXPECT_EQ(null.model.vocab_size, 1000);
+  TrainArgs wider = parse_flags("gpt", {"--vocab-size", "50257"});  // a larger model vocabulary than the tokenizer's
+  (void)trainer::resolve_run(wider);
+  EXPECT_EQ(wider.model.vocab_size, 50257);
+  EXPECT_EQ(null.sample_prompt, "");  // NullTokenizer reads ids: the default text prompt is dropped
+  TrainArgs ids = parse_flags("gpt", {"--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--sample-prompt", "1 x"});
+  expect_config_error([&] { (void)trainer::resolve_run(ids); }, {"--sample-prompt \"1 x\"", "NullTokenizer"});
+  TrainArgs narrow = parse_flags("gpt", {"--vocab-size", "100"});
+  expect_config_error([&] { (void)trainer::resolve_run(narrow); }, {"--vocab-size 100", "257"});
+}
+
+// --exit-interval, --exit-duration-in-mins, --distributed-timeout-minutes, --log-throughput are read.
+TEST(MegatronFlags, RuntimeFlags) {
+  const TrainArgs a = parse_flags("gpt", {"--exit-interval", "50", "--exit-duration-in-mins", "235", "--distributed-timeout-minutes",
+                                          "60", "--log-throughput", "--recompute-activations"});
+  EXPECT_EQ(a.exit_interval, 50);
+  EXPECT_EQ(a.exit_duration_in_mins, 235);
+  EXPECT_EQ(a.distributed_timeout_minutes, 60);
+  EXPECT_TRUE(a.log_throughput);
+  EXPECT_EQ(a.recompute_granularity, "selective");
+  // GPT-2 124M: 6 x 123.5M matmul parameters (vocab padded to 50304) + 6 x 12 x 768 x 1024
+  TrainArgs g = parse_flags("gpt", {"--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12", "--seq-length",
+                                    "1024", "--vocab-size", "50257"});
+  (void)trainer::resolve_run(g);
+  EXPECT_NEAR(trainer::flops_per_token(g), 6.0 * (12 * 12 * 768.0 * 768 + 768.0 * 50304) + 6.0 * 12 * 768 * 1024, 1.0);
+}
+
+}  // namespace
