@@ -282,6 +282,29 @@ inline std::optional<LossScalerConfig> loss_scaler_of(const TrainArgs& a) {
   return c;
 }
 
+// A flag of one string that also takes several arguments, joined by spaces, as Megatron's
+// launch scripts pass them (an array expanded unquoted); a repeated flag takes its last occurrence.
+inline CLI::Option* add_joined_option(CLI::App& app, const std::string& name, std::string& target, const std::string& help) {
+  return app
+      .add_option_function<std::vector<std::vector<std::string>>>(
+          name,
+          [&target](const std::vector<std::vector<std::string>>& occurrences) {
+            target.clear();
+            for (const std::string& part : occurrences.back()) target += (target.empty() ? "" : " ") + part;
+          },
+          help)
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+// The tokenizer of the flags: --vocab-size is NullTokenizer's own; with another tokenizer it is the
+// model's vocabulary (resolve_run), not the tokenizer's.
+inline data::TokenizerOptions tokenizer_options_of(const TrainArgs& a) {
+  data::TokenizerOptions options = a.tokenizer;
+  if (options.type != "NullTokenizer") options.vocab_size = 0;
+  return options;
+}
+
 // Megatron flags beyond the ones strata implements: accepted ones change nothing in strata (each
 // says why when given), refused ones name the feature strata does not have. A value-taking flag
 // takes one value, as in Megatron.
@@ -441,17 +464,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "start increment samples: grow the global batch from start by increment over that many samples")
       ->expected(3);
   // One string, or (as Megatron's GPT-3 example script passes it, its array expanded unquoted) several arguments.
-  app.add_option_function<std::vector<std::vector<std::string>>>(
-         "--step-batch-size-schedule",
-         [&a](const std::vector<std::vector<std::string>>& occurrences) {
-           a.step_batch_size_schedule.clear();
-           for (const std::string& part : occurrences.back())
-             a.step_batch_size_schedule += (a.step_batch_size_schedule.empty() ? "" : " ") + part;
-         },
-         "\"THRESHOLD:BATCH ...\": the global batch from each threshold of consumed tokens on (K, M, B, T suffixes); "
-         "one string or several arguments")
-      ->expected(1, CLI::detail::expected_max_vector_size)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_joined_option(app, "--step-batch-size-schedule", a.step_batch_size_schedule,
+                    "\"THRESHOLD:BATCH ...\": the global batch from each threshold of consumed tokens on (K, M, B, T "
+                    "suffixes); one string or several arguments");
   app.add_option("--exit-interval", a.exit_interval, "save (with --save) and stop after an iteration that is a multiple of this");
   app.add_option("--exit-duration-in-mins", a.exit_duration_in_mins, "save (with --save) and stop after training this many minutes");
   app.add_option("--distributed-timeout-minutes", a.distributed_timeout_minutes,
@@ -465,15 +480,8 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--eod-mask-loss", a.eod_mask_loss, "no loss on predictions made from an end-of-document token");
   // Megatron's nargs='*': `--data-path 0.5 a 0.5 b` (several arguments) or one quoted string; a
   // repeated flag takes the last occurrence's arguments, as argparse does.
-  app.add_option_function<std::vector<std::vector<std::string>>>(
-         "--data-path",
-         [&a](const std::vector<std::vector<std::string>>& occurrences) {
-           a.data_path.clear();
-           for (const std::string& part : occurrences.back()) a.data_path += (a.data_path.empty() ? "" : " ") + part;
-         },
-         "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)")
-      ->expected(1, CLI::detail::expected_max_vector_size)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_joined_option(app, "--data-path", a.data_path,
+                    "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)");
   app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
   app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
   app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
@@ -966,9 +974,7 @@ inline TrainArgs parse_flags(const std::string& kind, std::vector<std::string> f
 // larger), the global batch when not given (micro-batch x data parallel), the iterations of
 // --train-samples, and sequence parallelism off with a note when tensor parallel is 1 (Megatron).
 inline data::Tokenizer resolve_run(TrainArgs& a) {
-  data::TokenizerOptions options = a.tokenizer;
-  if (options.type != "NullTokenizer") options.vocab_size = 0;  // here the model's vocabulary, not the tokenizer's
-  data::Tokenizer tokenizer = data::make_tokenizer(options);
+  data::Tokenizer tokenizer = data::make_tokenizer(tokenizer_options_of(a));
   if (a.tokenizer.type == "NullTokenizer") {
     a.model.vocab_size = static_cast<int>(tokenizer.vocab_size());
   } else if (a.tokenizer.vocab_size > 0) {

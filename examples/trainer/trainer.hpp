@@ -971,9 +971,7 @@ TrainResult train_with(const TrainArgs& a) {
                         " free; use smaller sizes, a larger --tensor-model-parallel-size or --dtype bf16");
   }
 #endif
-  data::TokenizerOptions tokenizer_options = a.tokenizer;
-  if (tokenizer_options.type != "NullTokenizer") tokenizer_options.vocab_size = 0;  // the model's vocabulary (resolve_run)
-  const data::Tokenizer tokenizer = data::make_tokenizer(tokenizer_options);
+  const data::Tokenizer tokenizer = data::make_tokenizer(tokenizer_options_of(a));
   const BatchSchedule batch_schedule = batch_schedule_of(a);
   const std::int64_t num_samples = samples_of(batch_schedule, a.train_iters);
   const std::vector<double> split = data::parse_split(a.split);
