@@ -254,7 +254,7 @@ TEST(HuggingFaceImport, ConfigMismatchesNameTheFieldAndBothValues) {
   expect_error<ConfigError>([&] { load_into<models::Gpt>(with([](auto& m) { m.ffn_hidden_size = 48; }), dir.path()); },
                             {"n_inner is 40", "ffn_hidden_size=48"});
   expect_error<ConfigError>([&] { load_into<models::Gpt>(with([](auto& m) { m.seq_length = 8; }), dir.path()); },
-                            {"n_positions is 7", "seq_length=8"});
+                            {"n_positions is 7", "max_position_embeddings=8"});  // the table's rows: seq_length here
   expect_error<ConfigError>([&] { load_into<models::Gpt>(with([](auto& m) { m.norm_epsilon = 1e-6; }), dir.path()); },
                             {"layer_norm_epsilon is 1e-05", "norm_epsilon=1e-06"});
   expect_error<ConfigError>([&] { load_into<models::Llama>(with([](auto& m) { m.num_query_groups = 4; }), dir.path()); },

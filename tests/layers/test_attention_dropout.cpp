@@ -175,11 +175,11 @@ void check_layer_sharded() {
 TEST(TransformerLayerAttentionDropout, GptStyleShardedEqualsUnsharded) { check_layer_sharded<false>(); }
 TEST(TransformerLayerAttentionDropout, LlamaStyleShardedEqualsUnsharded) { check_layer_sharded<true>(); }
 
-// An evaluation forward has no attention dropout: the bits of the layer built without it (hidden
-// dropout, which follows the key in both modes, on in both runs).
-TEST(TransformerLayerAttentionDropout, EvaluationForwardHasNoAttentionDropout) {
+// An evaluation forward has no dropout (Megatron's eval mode): the bits of the layer built without
+// attention and hidden dropout.
+TEST(TransformerLayerAttentionDropout, EvaluationForwardHasNoDropout) {
   const Snapshot evaluation = run_layer<double, false, true>(2, kDropout, 0.1, ForwardMode::evaluation);
-  const Snapshot without = run_layer<double, false, true>(2, 0.0, 0.1, ForwardMode::training);
+  const Snapshot without = run_layer<double, false, true>(2, 0.0, 0.0, ForwardMode::training);
   strata_test::expect_equivalent(evaluation, without, 0.0, "evaluation forward");
 }
 

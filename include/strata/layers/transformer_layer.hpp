@@ -59,6 +59,7 @@ class TransformerLayer {
     typename Attention::Saved attention;
     typename MlpBlock::Saved mlp;
     std::uint64_t dropout_key = 0;  // the masks are recomputed from it
+    double hidden_dropout = 0.0;    // the probability the forward used (0 in evaluation)
   };
 
   template <class AttentionConfig, class MlpConfig>
@@ -81,6 +82,7 @@ class TransformerLayer {
     auto [a, at] = mode == ForwardMode::training ? attention_.forward(ctx, h1, rng::mix(dropout_key, 3))
                                                  : attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
     const double hidden_dropout = mode == ForwardMode::training ? config_.hidden_dropout : 0.0;
+    saved.hidden_dropout = hidden_dropout;
     dropout_forward(ctx, a, hidden_dropout, rng::mix(dropout_key, 1));
     auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
     auto [m, ml] = mlp_.forward(ctx, h2);
@@ -96,13 +98,13 @@ class TransformerLayer {
   // With `deferred`, the linear layers' weight gradients are appended to it (a split backward:
   // DeferredWeightGradients); the norms' gradients are taken now.
   Act backward(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred = nullptr) {
-    const bool dropout = config_.hidden_dropout > 0;
+    const bool dropout = saved.hidden_dropout > 0;
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
-    dropout_backward(ctx, dm, config_.hidden_dropout, rng::mix(saved.dropout_key, 2));
+    dropout_backward(ctx, dm, saved.hidden_dropout, rng::mix(saved.dropout_key, 2));
     auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm, deferred), &dy);  // dy + d(norm2 path)
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
-    dropout_backward(ctx, da, config_.hidden_dropout, rng::mix(saved.dropout_key, 1));
+    dropout_backward(ctx, da, saved.hidden_dropout, rng::mix(saved.dropout_key, 1));
     return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
   }
 
