@@ -237,25 +237,39 @@ inline std::size_t gpt2_piece_end(std::string_view text, std::size_t i) {
   if (end == n || last_start == i) return end;
   return last_start;
 }
+
+// Calls on_piece(std::string_view) for each piece of `text`, piece_end(text, i) giving the end of
+// the piece that starts at i (a pre-tokenization pattern written out by hand); the pieces
+// concatenate to `text`.
+template <class PieceEnd, class OnPiece>
+void for_each_piece(std::string_view text, PieceEnd piece_end, OnPiece&& on_piece) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t end = piece_end(text, i);
+    on_piece(text.substr(i, end - i));
+    i = end;
+  }
+}
+
+// The pieces of for_each_piece, collected.
+template <class PieceEnd>
+std::vector<std::string_view> pieces_of(std::string_view text, PieceEnd piece_end) {
+  std::vector<std::string_view> pieces;
+  for_each_piece(text, piece_end, [&](std::string_view piece) { pieces.push_back(piece); });
+  return pieces;
+}
 }  // namespace detail
 
 // Calls on_piece(std::string_view) for each piece of `text` under GPT-2's pattern, in order; the
 // pieces concatenate to `text`.
 template <class OnPiece>
 void gpt2_pre_tokenize(std::string_view text, OnPiece&& on_piece) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const std::size_t end = detail::gpt2_piece_end(text, i);
-    on_piece(text.substr(i, end - i));
-    i = end;
-  }
+  detail::for_each_piece(text, detail::gpt2_piece_end, on_piece);
 }
 
 // The pieces of `text` under GPT-2's pattern.
 inline std::vector<std::string_view> gpt2_pre_tokens(std::string_view text) {
-  std::vector<std::string_view> pieces;
-  gpt2_pre_tokenize(text, [&](std::string_view piece) { pieces.push_back(piece); });
-  return pieces;
+  return detail::pieces_of(text, detail::gpt2_piece_end);
 }
 
 // ---------------------------------------------------------------------------------------------

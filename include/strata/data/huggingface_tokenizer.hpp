@@ -141,18 +141,11 @@ inline std::size_t llama3_piece_end(std::string_view text, std::size_t i) {
 // pieces concatenate to `text`.
 template <class OnPiece>
 void llama3_pre_tokenize(std::string_view text, OnPiece&& on_piece) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const std::size_t end = detail::llama3_piece_end(text, i);
-    on_piece(text.substr(i, end - i));
-    i = end;
-  }
+  detail::for_each_piece(text, detail::llama3_piece_end, on_piece);
 }
 
 inline std::vector<std::string_view> llama3_pre_tokens(std::string_view text) {
-  std::vector<std::string_view> pieces;
-  llama3_pre_tokenize(text, [&](std::string_view piece) { pieces.push_back(piece); });
-  return pieces;
+  return detail::pieces_of(text, detail::llama3_piece_end);
 }
 
 // ---------------------------------------------------------------------------------------------
