@@ -87,11 +87,13 @@ struct ArchitectureArgs {
 };
 
 struct TrainArgs {
-  std::string model_kind = "gpt";  // gpt | llama: the compiled model the architecture flags select
+  std::string model_kind = "gpt";  // gpt | llama | mixtral: the compiled model the architecture flags select
   ArchitectureArgs architecture{};
   // parallelism
   int world_size = 2;
   int tensor_model_parallel_size = 1;
+  int expert_model_parallel_size = 1;   // ep: experts spread over ep ranks of each stage
+  int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
@@ -99,6 +101,12 @@ struct TrainArgs {
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
+  // mixture of experts: the router's settings are model.moe's; these are the flags' own forms
+  std::string moe_token_dispatcher_type = "allgather";  // Megatron's default
+  std::string moe_router_load_balancing_type = "aux_loss";
+  std::string moe_router_score_function = "softmax";
+  std::string moe_token_drop_policy = "probs";
+  std::string moe_layer_freq = "1";  // 1, or a Python list of 1s: every layer a MoE layer (the only layout strata builds)
   // training
   int micro_batch_size = 4;
   int global_batch_size = 8;  // parse_command_line: micro-batch x data parallel when not given, as Megatron
@@ -350,29 +358,20 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--tp-comm-overlap", false, true, "the overlap of tensor-parallel collectives with GEMMs through userbuffers is not available"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
-    {"--num-experts", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-router-topk", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-router-load-balancing-type", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-aux-loss-coeff", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-z-loss-coeff", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-grouped-gemm", false, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-token-dispatcher-type", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-ffn-hidden-size", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--moe-layer-freq", true, true, "Mixture-of-Experts layers are not available in the trainers yet"},
-    {"--expert-model-parallel-size", true, true, "expert parallelism (Mixture of Experts) is not available in the trainers yet"},
-    {"--expert-tensor-parallel-size", true, true, "expert parallelism (Mixture of Experts) is not available in the trainers yet"},
+    {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
+    {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
+    {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
+    {"--moe-router-dtype", true, false, "the router's softmax, top-k and losses always run in fp32"},
     {"--context-parallel-size", true, true, "context parallelism is not available yet (a size of 1 is accepted)"},
 };
 
 // Registers kMegatronFlagNotes: a given flag appends its sentence to a.notes or a.refused.
-// --context-parallel-size 1 and --expert-model-parallel-size 1 are the defaults and pass silently.
+// --context-parallel-size 1 is the default and passes silently.
 inline void add_megatron_flag_notes(CLI::App& app, TrainArgs& a) {
   for (const MegatronFlagNote& n : kMegatronFlagNotes) {
     const std::string flag = n.flag;
     auto record = [&a, n, flag](const std::string& value) {
-      if (n.refused && value == "1" && (flag == "--context-parallel-size" || flag == "--expert-model-parallel-size" ||
-                                         flag == "--expert-tensor-parallel-size"))
-        return;
+      if (n.refused && value == "1" && flag == "--context-parallel-size") return;
       const std::string line = flag + (n.takes_value ? " " + value : std::string()) + ": " + n.note;
       (n.refused ? a.refused : a.notes).push_back(line);
     };
@@ -381,6 +380,78 @@ inline void add_megatron_flag_notes(CLI::App& app, TrainArgs& a) {
     else
       app.add_flag_callback(flag, [record] { record(""); }, std::string(n.refused ? "not available: " : "accepted: ") + n.note);
   }
+}
+
+// Megatron's mixture-of-experts flags (docs/MOE.md): --num-experts > 0 makes every layer's MLP a
+// MoeMlp (the Llama block: models::Mixtral); the rest map one to one onto ModelConfig::moe, the
+// dispatcher type and the expert groups.
+inline void add_moe_options(CLI::App& app, TrainArgs& a) {
+  auto& m = a.model.moe;
+  app.add_option("--num-experts", m.num_experts, "experts per MoE layer (0 or absent: a dense model)");
+  app.add_option("--moe-router-topk", m.topk, "experts each token is routed to (default 2)");
+  app.add_option("--moe-ffn-hidden-size", m.expert_ffn_hidden_size, "one expert's MLP width (default --ffn-hidden-size)");
+  app.add_option("--moe-shared-expert-intermediate-size", m.shared_expert_ffn_hidden_size,
+                 "width of the shared experts every token goes through (DeepSeek; default none)");
+  app.add_option("--moe-router-score-function", a.moe_router_score_function, "softmax (default) or sigmoid scores")
+      ->check(CLI::IsMember({"softmax", "sigmoid"}));
+  app.add_flag("--moe-router-pre-softmax", m.routing.pre_softmax, "softmax over all experts before the top-k (softmax only)");
+  app.add_option("--moe-router-topk-scaling-factor", m.routing.scaling_factor, "factor on the routing weights (default 1)");
+  app.add_option("--moe-router-load-balancing-type", a.moe_router_load_balancing_type,
+                 "aux_loss (default: Switch/GShard), seq_aux_loss (per sequence, DeepSeek-V2) or none")
+      ->check(CLI::IsMember({"aux_loss", "seq_aux_loss", "none"}));
+  app.add_option("--moe-aux-loss-coeff", m.aux_loss_coeff, "weight of the load-balancing loss (default 0; 1e-2 is usual)");
+  app.add_option("--moe-z-loss-coeff", m.z_loss_coeff, "weight of the router z-loss (default none; 1e-3 is usual)");
+  app.add_flag("--moe-router-enable-expert-bias", m.expert_bias,
+               "aux-loss-free balancing (DeepSeek-V3): a per-expert bias steering the choice, moved by the load each step");
+  app.add_option("--moe-router-bias-update-rate", m.expert_bias_update_rate, "step of the expert-bias update (default 1e-3)");
+  app.add_option("--moe-expert-capacity-factor", m.capacity_factor,
+                 "tokens an expert takes per rank: ceil(tokens x topk / experts x factor); the rest are dropped (default: no capacity)");
+  app.add_option("--moe-token-drop-policy", a.moe_token_drop_policy, "over capacity, drop the lowest weights (probs) or the last tokens (position)")
+      ->check(CLI::IsMember({"probs", "position"}));
+  app.add_flag("--moe-pad-expert-input-to-capacity", m.pad_to_capacity, "pad every expert's input to its capacity");
+  app.add_option("--moe-token-dispatcher-type", a.moe_token_dispatcher_type,
+                 "allgather (default, as Megatron) or alltoall: how tokens reach the ranks holding their experts")
+      ->check(CLI::IsMember({"allgather", "alltoall"}));
+  app.add_option("--moe-layer-freq", a.moe_layer_freq, "1 (default): every layer is a MoE layer, the one layout strata builds");
+  app.add_option("--expert-model-parallel-size", a.expert_model_parallel_size,
+                 "ranks of a pipeline stage the experts are spread over (divides --num-experts)");
+  app.add_option("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
+                 "ranks each expert is split over (default --tensor-model-parallel-size, as Megatron)");
+}
+
+// The MoE flags given as strings, settled into ModelConfig::moe (ConfigError for a --moe-layer-freq
+// other than every layer).
+inline void resolve_moe_flags(TrainArgs& a) {
+  auto& m = a.model.moe;
+  m.routing.score = a.moe_router_score_function == "sigmoid" ? MoeScore::sigmoid : MoeScore::softmax;
+  m.load_balancing = a.moe_router_load_balancing_type == "none"           ? MoeLoadBalancing::none
+                     : a.moe_router_load_balancing_type == "seq_aux_loss" ? MoeLoadBalancing::seq_aux_loss
+                                                                          : MoeLoadBalancing::aux_loss;
+  m.drop_policy = a.moe_token_drop_policy == "position" ? MoeDropPolicy::position : MoeDropPolicy::probability;
+  m.token_dispatcher = a.moe_token_dispatcher_type == "alltoall" ? MoeDispatcherType::alltoall : MoeDispatcherType::allgather;
+  // --moe-layer-freq: an int (1 = every layer) or a Python list expression of 0/1 per layer ("[1]*24").
+  std::string freq;
+  for (const char c : a.moe_layer_freq)
+    if (!std::isspace(static_cast<unsigned char>(c))) freq += c;
+  bool every_layer = freq == "1";
+  if (!every_layer && freq.size() >= 2 && freq.front() == '[') {
+    const auto close = freq.find(']');
+    const std::string items = freq.substr(1, close == std::string::npos ? 0 : close - 1);
+    const std::string rest = close == std::string::npos ? "x" : freq.substr(close + 1);
+    every_layer = close != std::string::npos && !items.empty() && items.find_first_not_of("1,") == std::string::npos &&
+                  (rest.empty() || (rest.size() > 1 && rest[0] == '*' && rest.find_first_not_of("0123456789", 1) == std::string::npos));
+  }
+  if (!every_layer)
+    fail<ConfigError>("--moe-layer-freq ", a.moe_layer_freq, ": strata's Mixtral makes every layer a MoE layer (1, or a list of "
+                      "1s); dense layers between MoE layers are not available");
+}
+
+// ParallelConfig of the flags: tp, pp, dp and the expert groups (etp defaults to tp, as Megatron).
+inline ParallelConfig parallel_config_of(const TrainArgs& a) {
+  const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
+  const int dp = tp * pp > 0 ? a.world_size / (tp * pp) : 0;
+  const int etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
+  return ParallelConfig{.tp = tp, .pp = pp, .dp = dp, .ep = a.expert_model_parallel_size, .etp = a.model.moe.enabled() ? etp : 1};
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
@@ -514,6 +585,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
                "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
   add_data_parallel_options(app, a);
+  add_moe_options(app, a);
   app.add_flag_callback("--recompute-activations", [&a] { a.recompute_granularity = "selective"; },
                         "selective activation recompute (same as --recompute-granularity selective)");
   add_megatron_flag_notes(app, a);
@@ -541,13 +613,18 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
 }
 
 // Training FLOPs per token, as DESIGN.md counts them for MFU: 6 x the matmul parameters (the output
-// layer's padded vocabulary once) + 6 x layers x hidden x sequence (causal attention's two matmuls).
+// layer's padded vocabulary once) + 6 x layers x hidden x sequence (causal attention's two matmuls);
+// of a MoE layer, the parameters a token goes through (topk experts, shared experts, router).
 inline double flops_per_token(const TrainArgs& a) {
   const auto& m = a.model;
   const double d = m.hidden_size, l = m.num_layers, heads = m.num_attention_heads;
   const double groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
   const double head = heads > 0 ? d / heads : 0;
-  const double mlp = (a.architecture.swiglu ? 3.0 : 2.0) * d * m.ffn();
+  // A MoE layer: each token through topk experts and the shared experts, plus the router's logits.
+  const double mlp = m.moe.enabled()
+                         ? (a.architecture.swiglu ? 3.0 : 2.0) * d * (m.moe.topk * static_cast<double>(m.expert_ffn()) + m.moe.shared_expert_ffn_hidden_size) +
+                               d * m.moe.num_experts
+                         : (a.architecture.swiglu ? 3.0 : 2.0) * d * m.ffn();
   const double per_layer = d * (heads * head) + 2 * d * groups * head + d * d + mlp;
   const double matmul = l * per_layer + d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
   return 6 * matmul + 6 * l * d * m.seq_length;
@@ -680,8 +757,9 @@ inline std::int64_t samples_of(const BatchSchedule& schedule, std::int64_t itera
 }
 
 // The compiled model the architecture flags select (pretrain_gpt.py's flags over strata's table):
-// "gpt" for GPT-2's set (Megatron's defaults), "llama" for the Llama set. Anything else is refused,
-// naming the flags that differ from the nearest instantiated set.
+// "gpt" for GPT-2's set (Megatron's defaults), "llama" for the Llama set, "mixtral" for the Llama
+// set with --num-experts. Anything else is refused, naming the flags that differ from the nearest
+// instantiated set.
 inline std::string resolve_architecture(const ArchitectureArgs& x, const models::ModelConfig& m) {
   if (x.apply_layernorm_1p)
     fail<ConfigError>("--apply-layernorm-1p: norm weights stored as w - 1 are not available; drop the flag (the "
@@ -719,8 +797,12 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
     return out;
   };
   const auto to_gpt = missing(gpt), to_llama = missing(llama);
+  if (to_gpt.empty() && m.moe.enabled())
+    fail<ConfigError>("--num-experts ", m.moe.num_experts, " with GPT-2's architecture flags: strata's mixture-of-experts model is "
+                      "Mixtral (the Llama block); add --position-embedding-type rope --normalization RMSNorm --swiglu "
+                      "--untie-embeddings-and-output-weights --disable-bias-linear");
   if (to_gpt.empty()) return "gpt";
-  if (to_llama.empty()) return "llama";
+  if (to_llama.empty()) return m.moe.enabled() ? "mixtral" : "llama";
   const bool nearer_gpt = to_gpt.size() <= to_llama.size();
   std::string differ;
   for (const std::string& f : nearer_gpt ? to_gpt : to_llama) differ += (differ.empty() ? "" : ", ") + f;
@@ -904,9 +986,26 @@ inline void validate(const TrainArgs& a) {
                       " needs --save <directory>: the export reads the final checkpoint, which holds every stage");
   if (a.model_kind != resolve_architecture(a.architecture, a.model))
     fail<ConfigError>("the architecture flags select ", resolve_architecture(a.architecture, a.model), ", but this run builds ",
-                      a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt" : "train_llama",
-                      " is that preset; pretrain_gpt chooses by the flags)");
-  models::validate(a.model, ParallelConfig{.tp = a.tensor_model_parallel_size, .dp = dp}, a.sequence_parallel, a.world_size / pp);
+                      a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",
+                      "pretrain_gpt chooses by the flags)");
+  if (a.model.moe.enabled()) {
+    if (!a.load_hf.empty() || !a.save_hf.empty())
+      fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts: Hugging Face Mixtral checkpoints are "
+                        "not mapped yet (GPT-2 and Llama are); save and load strata checkpoints (--save, --load)");
+    check_range("--expert-model-parallel-size", a.expert_model_parallel_size, 1, a.world_size / pp,
+                "ranks of a pipeline stage the experts are spread over");
+    check_range("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 0, a.world_size / pp,
+                "ranks each expert is split over; 0 = --tensor-model-parallel-size");
+    if (models::parse_recompute_granularity(a.recompute_granularity) == models::RecomputeGranularity::full)
+      fail<ConfigError>("--recompute-granularity full with --num-experts: recomputing a MoE layer would route its tokens again "
+                        "(and count its router losses twice); use --recompute-granularity selective");
+  } else if (a.expert_model_parallel_size != 1) {
+    fail<ConfigError>("--expert-model-parallel-size ", a.expert_model_parallel_size,
+                      " needs a mixture-of-experts model (--num-experts); a dense model has no experts to spread");
+  }
+  ParallelConfig stage = parallel_config_of(a);  // one pipeline stage's ranks (the pipeline is checked below)
+  stage.pp = 1;
+  models::validate(a.model, stage, a.sequence_parallel, a.world_size / pp);
   for (const int b : batches.sizes())  // every number of micro-batches the batch schedule makes
     check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size, static_cast<int>(b / per_step),
                         a.sample_tokens > 0);
@@ -914,11 +1013,12 @@ inline void validate(const TrainArgs& a) {
 }
 
 // The flags' defaults of a trainer: Megatron's, with the architecture of the preset (kind "gpt":
-// GPT-2's set, Megatron's defaults; "llama": the Llama set).
+// GPT-2's set, Megatron's defaults; "llama": the Llama set; "mixtral": the Llama set with 8 experts).
 inline TrainArgs command_line_defaults(const std::string& kind) {
   TrainArgs a;
   a.model_kind = kind;
-  if (kind == "llama") a.architecture = ArchitectureArgs::llama();
+  if (kind == "llama" || kind == "mixtral") a.architecture = ArchitectureArgs::llama();
+  if (kind == "mixtral") a.model.moe.num_experts = 8;
   return a;
 }
 
@@ -950,6 +1050,7 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
                         "(2/3 x 4 x hidden, rounded down to 64) zero; pass --ffn-hidden-size");
   }
   if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
+  resolve_moe_flags(a);
   if (app.count("--tokenizer-type") == 0 && !a.tokenizer.vocab_file.empty() && !a.tokenizer.merge_file.empty()) {
     a.tokenizer.type = "GPT2BPETokenizer";  // Megatron's GPT examples give the files alone
     a.notes.emplace_back("--vocab-file and --merge-file without --tokenizer-type: GPT2BPETokenizer");

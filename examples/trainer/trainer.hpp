@@ -100,6 +100,9 @@ struct TrainResult {
   MemoryReport memory;                   // rank 0's allocations (printed at start)
   std::vector<double> loss_scales;       // with a loss scaler: the scale after each iteration
   std::vector<int> skipped_iterations;   // iterations (1-based) whose update was skipped
+  // Mixture of experts: per iteration, the load-balancing and z losses as logged (router_log_of;
+  // empty when that loss is off).
+  std::vector<double> load_balancing_losses, z_losses;
   // pp > 1: per pipeline rank (of tensor- and data-parallel rank 0), the mean time of the schedule's
   // actions and of the whole schedule per step, over the steps after the first (pipeline_timing.hpp),
   // and the bubble the schedule table predicts (its unit-cost model).
@@ -187,7 +190,7 @@ struct MemoryPlan {
 template <class T>
 MemoryPlan plan_memory(const TrainArgs& a) {
   MemoryPlan plan;
-  const models::DecoderShape shape = a.model_kind == "llama" ? models::DecoderShape::llama() : models::DecoderShape::gpt();
+  const models::DecoderShape shape = a.model_kind == "gpt" ? models::DecoderShape::gpt() : models::DecoderShape::llama();
   const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
   const std::int64_t dp = a.world_size / (static_cast<std::int64_t>(tp) * pp);
   // tokens, labels (int32) and loss mask (float) of every micro-batch of an iteration
@@ -196,7 +199,10 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   plan.stages = pp;
   const int micro_steps = static_cast<int>(a.global_batch_size / (static_cast<std::int64_t>(a.micro_batch_size) * dp));
   std::int64_t pipeline_total = 0;  // one rank of each pipeline stage, batches included
-  const auto holdings = pipeline_holdings(a.pipeline, a.model, micro_steps);
+  auto holdings = pipeline_holdings(a.pipeline, a.model, micro_steps);
+  const ParallelConfig parallel = parallel_config_of(a);
+  for (auto& holding : holdings)
+    for (auto& piece : holding.chunks) piece.ep = parallel.ep, piece.etp = parallel.etp;
   for (std::size_t r = 0; r < holdings.size(); ++r) {
     const models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
         a.model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
@@ -504,6 +510,20 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   ctx.device.synchronize();
 }
 
+// The routers' losses of one iteration as Megatron logs them: each summed over every layer and
+// micro-batch (and every rank's share), divided by layers x micro-batches and by its coefficient
+// (the balance itself, 1 when perfectly balanced under aux_loss); absent when that loss is off.
+struct RouterLog {
+  std::optional<double> aux, z;
+};
+inline RouterLog router_log_of(const models::ModelConfig& m, double aux_sum, double z_sum, int micro_batches) {
+  RouterLog log;
+  const double per = static_cast<double>(m.num_layers) * std::max(micro_batches, 1);
+  if (m.moe.load_balancing != MoeLoadBalancing::none && m.moe.aux_loss_coeff > 0) log.aux = aux_sum / per / m.moe.aux_loss_coeff;
+  if (m.moe.z_loss_coeff > 0) log.z = z_sum / per / m.moe.z_loss_coeff;
+  return log;
+}
+
 // One rank's training: `world` its world communicator, `device` its backend (Policy::backend).
 template <template <class> class Model, class Policy, class Comm, class Shared>
 void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a, Shared& shared) {
@@ -519,13 +539,14 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);  // of the final global batch (evaluation)
   const data::BatchOptions batch_options{shared.tokenizer.eod(), a.eod_mask_loss};
 
-  Context ctx = Context::create(world, ParallelConfig{.tp = a.tensor_model_parallel_size, .pp = pp, .dp = dp}, device);
+  Context ctx = Context::create(world, parallel_config_of(a), device);
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
   // around its construction for the allocation report, leaving out the attention plans' workspace.
   const std::int64_t in_use_before_model = device_bytes_in_use(ctx.device);
   // This rank's pipeline stage(s); with pp = 1 one chunk holding the whole model (pipeline_step.hpp).
   models::PipelineModel<Model, Policy> model(ctx, a.model, layout_of(a.pipeline, a.model));
   auto& whole_model = *model.chunks().front();  // the whole model when pp = 1 (warm-up step, sampling)
+  constexpr bool moe = decltype(model)::mixture_of_experts;
   // Plan the attention of every shape the run uses now, before any collective: on the GPU that
   // builds the cuDNN plans, whose code loading waits for every GPU of the process. With one process
   // driving several GPUs, a plan built mid-step would wait for a peer GPU inside a collective that
@@ -588,10 +609,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (!a.load.empty() && !load && logger)
     std::printf("warning: --load %s holds no checkpoint (no %s); training starts from %s\n", a.load.c_str(),
                 std::string(kCheckpointTrackerName).c_str(), a.load_hf.empty() ? "scratch" : "--load-hf");
-  if (!load && !a.load_hf.empty()) {  // transformers' weights, into this rank's shards; a fresh optimizer over them
-    hf::load_hf(ctx, a.load_hf, model);
-    optimizer.reload_main_from_model(ctx.device, model);
-    if (logger && !a.quiet) std::printf("loaded the Hugging Face model in %s\n", a.load_hf.c_str());
+  if constexpr (!moe) {  // (validate refuses --load-hf / --save-hf with experts: no Hugging Face Mixtral mapping yet)
+    if (!load && !a.load_hf.empty()) {  // transformers' weights, into this rank's shards; a fresh optimizer over them
+      hf::load_hf(ctx, a.load_hf, model);
+      optimizer.reload_main_from_model(ctx.device, model);
+      if (logger && !a.quiet) std::printf("loaded the Hugging Face model in %s\n", a.load_hf.c_str());
+    }
   }
   if (load) {
     LoadOptions options;
@@ -675,6 +698,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // The NaN check's running sum of every iteration's loss sum and gradient norm: finite exactly
   // while every one of them was. The optimizer skips its update when it is not (read by the
   // kernels), and the host reads it at log and save steps only.
+  // Mixture of experts: per iteration the routers' [aux, z] losses summed over every rank, layer and
+  // micro-batch (slots 2 (it - start) and +1), read with the loss.
+  auto router_history = Tensor<double, Space>::zeros(Shape{moe ? 2 * slots : 1});
+  std::vector<int> micro_batches_of(static_cast<std::size_t>(slots), 0);  // per iteration, every data-parallel rank's
   auto health = Tensor<double, Space>::zeros(Shape{1});
   auto iteration_health = Tensor<double, Space>::zeros(Shape{1});  // --skip-nonfinite-iterations
   std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
@@ -719,12 +746,21 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     // all-gather right before it reads the bucket's parameters (and for the rest after the step).
     const auto ready = optimizer.gradient_ready(ctx);
     const auto needed = optimizer.parameters_needed(ctx);
+    if constexpr (moe) model.reset_router_losses(ctx);
+    micro_batches_of[static_cast<std::size_t>(slot)] = iteration_micro_steps * dp;
     if (pipeline_timer) pipeline_timer->begin_step();
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
                            loss_sum, ready, needed, executor_options);
     if (pipeline_timer) pipeline_timer->end_step();
     optimizer.wait_parameters(ctx);
     optimizer.reduce_gradients(ctx);
+    if constexpr (moe) {  // the expert bias moves by this step's load; the router losses of every rank
+      model.update_expert_bias(ctx);
+      auto router = model.router_losses(ctx);
+      ctx.tp_cp_dp.all_reduce(router.buffer(), ReduceOp::sum);
+      if (pp > 1) ctx.pp.all_reduce(router.buffer(), ReduceOp::sum);
+      ctx.device.template copy<double>(router.data(), 2, router_history.data() + 2 * slot);
+    }
     ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
     if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
@@ -833,6 +869,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       std::vector<double> sums(static_cast<std::size_t>(count)), norms(static_cast<std::size_t>(count));
       ctx.device.template copy_to_host<double>(loss_history.data() + first, count, sums.data());
       ctx.device.template copy_to_host<double>(norm_history.data() + first, count, norms.data());
+      std::vector<double> routers(moe ? static_cast<std::size_t>(2 * count) : 0);
+      if (moe) ctx.device.template copy_to_host<double>(router_history.data() + 2 * first, 2 * count, routers.data());
       const auto t1 = std::chrono::steady_clock::now();
       const double step_s = std::chrono::duration<double>(t1 - t_interval).count() / static_cast<double>(count);
       const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
@@ -844,10 +882,17 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       const std::int64_t peak = peak_device_bytes(ctx.device);
       const std::string memory = peak >= 0 ? " | peak mem " + models::format_bytes(peak) : std::string();
       double loss = 0, grad_norm = 0;
+      RouterLog router_log;
       for (index_t k = 0; k < count; ++k) {
         const std::size_t i = static_cast<std::size_t>(first + k), j = static_cast<std::size_t>(k);
         loss = sums[j] / loss_tokens[i];
         grad_norm = norms[j];
+        if (moe) router_log = router_log_of(a.model, routers[2 * j], routers[2 * j + 1], micro_batches_of[i]);
+        if (router_log.aux || router_log.z) {
+          std::lock_guard lock(result_mutex);
+          if (router_log.aux) result.load_balancing_losses.push_back(*router_log.aux);
+          if (router_log.z) result.z_losses.push_back(*router_log.z);
+        }
         {
           std::lock_guard lock(result_mutex);
           result.losses.push_back(loss);
@@ -863,6 +908,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                 << ", \"grad_norm\": " << JsonNumber{grad_norm} << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
                 << ", \"consumed_samples\": " << consumed_after[i];
           if (a.log_throughput) jsonl << ", \"tflops_per_gpu\": " << tflops_per_gpu;
+          if (router_log.aux) jsonl << ", \"load_balancing_loss\": " << JsonNumber{*router_log.aux};
+          if (router_log.z) jsonl << ", \"z_loss\": " << JsonNumber{*router_log.z};
           if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
           jsonl << "}\n";
         }
@@ -875,6 +922,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           tb->scalar("consumed-samples", static_cast<double>(consumed_after[i]), step);
           tb->scalar("batch-size", static_cast<double>(consumed_after[i] - (i == 0 ? start_consumed : consumed_after[i - 1])), step);
           if (a.log_throughput) tb->scalar("throughput", tflops_per_gpu, step);
+          if (router_log.aux) tb->scalar("load_balancing_loss", *router_log.aux, step);
+          if (router_log.z) tb->scalar("z_loss", *router_log.z, step);
           if (scaled) tb->scalar("loss-scale", optimizer.loss_scale(), step);
           if (peak >= 0) tb->scalar("mem-max-allocated-bytes", static_cast<double>(peak), step);
         }
@@ -887,7 +936,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                    : std::string();
         const std::string extra =
             (a.log_throughput ? ::strata::detail::concat(" | ", std::lround(tflops_per_gpu * 10) / 10.0, " TFLOP/s/GPU") : std::string()) +
-            (shared.batches.constant() ? std::string() : ::strata::detail::concat(" | global batch ", global_batch));
+            (shared.batches.constant() ? std::string() : ::strata::detail::concat(" | global batch ", global_batch)) +
+            (router_log.aux ? ::strata::detail::concat(" | load_balancing_loss ", *router_log.aux) : std::string()) +
+            (router_log.z ? ::strata::detail::concat(" | z_loss ", *router_log.z) : std::string());
         std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
                     static_cast<int>(left) % 60, extra.c_str(), scaling.c_str(), memory.c_str(),
@@ -913,13 +964,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   }
   if (saver) saver->finish(ctx);
   if (exited) return;
-  if (!a.save_hf.empty()) {
+  if (!a.save_hf.empty() && !moe) {
     optimizer.wait_parameters(ctx);
-    if (ctx.config.pp == 1) {
-      hf::save_hf_from_model(ctx, a.save_hf, model);  // gathered over tp; rank 0 writes
-    } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
-      if (world.rank() == 0) export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf);
-      world.barrier();
+    if constexpr (!moe) {
+      if (ctx.config.pp == 1) {
+        hf::save_hf_from_model(ctx, a.save_hf, model);  // gathered over tp; rank 0 writes
+      } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
+        if (world.rank() == 0) export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf);
+        world.barrier();
+      }
     }
     if (logger && !a.quiet) std::printf("saved the model in Hugging Face format to %s\n", a.save_hf.c_str());
   }
@@ -1057,7 +1110,8 @@ TrainResult train_with(const TrainArgs& a) {
 #define STRATA_TRAINER_FOR_EACH_INSTANCE(X)                                                                  \
   X(::strata::models::Gpt, float) X(::strata::models::Gpt, double) X(::strata::models::Gpt, ::strata::bf16)  \
   X(::strata::models::Gpt, ::strata::fp16) X(::strata::models::Llama, float) X(::strata::models::Llama, double) \
-  X(::strata::models::Llama, ::strata::bf16) X(::strata::models::Llama, ::strata::fp16)
+  X(::strata::models::Llama, ::strata::bf16) X(::strata::models::Llama, ::strata::fp16) X(::strata::models::Mixtral, float) \
+  X(::strata::models::Mixtral, double) X(::strata::models::Mixtral, ::strata::bf16) X(::strata::models::Mixtral, ::strata::fp16)
 #define STRATA_TRAINER_EXTERN_INSTANCE(Model, T)                              \
   extern template TrainResult train_with<Model, T, false>(const TrainArgs&); \
   extern template TrainResult train_with<Model, T, true>(const TrainArgs&);
@@ -1133,13 +1187,16 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
     if (!args.quiet && (rank == nullptr || std::string(rank) == "0"))
       for (const std::string& note : args.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
     std::optional<TrainResult> trained;
-    const std::string_view wanted = args.model_kind == "gpt" ? models::Gpt<TrainPolicy<float, false>>::architecture
-                                                              : models::Llama<TrainPolicy<float, false>>::architecture;
+    const std::string_view wanted = args.model_kind == "gpt"     ? models::Gpt<TrainPolicy<float, false>>::architecture
+                                    : args.model_kind == "mixtral" ? models::Mixtral<TrainPolicy<float, false>>::architecture
+                                                                   : models::Llama<TrainPolicy<float, false>>::architecture;
     ((Models<TrainPolicy<float, false>>::architecture == wanted ? (void)(trained = train<Models>(args)) : (void)0), ...);
     if (!trained)
       fail<ConfigError>("the architecture flags select ", args.model_kind, ", which ", program, " does not build (",
-                        std::string(kind) == "llama" ? "train_llama is the Llama preset" : "train_gpt is the GPT-2 preset",
-                        "); use pretrain_gpt, which builds both");
+                        std::string(kind) == "llama"     ? "train_llama is the Llama preset"
+                        : std::string(kind) == "mixtral" ? "train_mixtral is the Mixtral preset"
+                                                         : "train_gpt is the GPT-2 preset",
+                        "); use pretrain_gpt, which builds GPT-2, Llama and Mixtral");
     const TrainResult& result = *trained;
     if (!result.nothing_to_do.empty()) {  // documented in the README: exit 0, the run is already complete
       std::printf("%s\n", result.nothing_to_do.c_str());
@@ -1158,10 +1215,11 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
   }
 }
 
-// train_gpt / train_llama: one model, its architecture flags preset.
+// train_gpt / train_llama / train_mixtral: one model, its architecture flags preset.
 template <template <class> class Model>
 int main_for(const char* kind, int argc, char** argv) {
-  return run_main<Model>(kind, kind == std::string("llama") ? "train_llama" : "train_gpt", argc, argv);
+  const std::string k = kind;
+  return run_main<Model>(kind, k == "llama" ? "train_llama" : k == "mixtral" ? "train_mixtral" : "train_gpt", argc, argv);
 }
 
 }  // namespace trainer

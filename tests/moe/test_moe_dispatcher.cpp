@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <strata/layers/moe/token_dispatcher.hpp>
@@ -24,13 +25,15 @@ constexpr index_t kTokens = 10, kHidden = 6, kExperts = 8, kTopk = 2;
 enum class Drops { none, some, padded };
 
 template <class Dispatcher>
-void check_round_trip(int ep, int etp, Drops drops) {
+void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = MoeDispatcherType::alltoall) {
   const std::string what = "ep=" + std::to_string(ep) + " etp=" + std::to_string(etp) + " drops=" +
                            std::to_string(static_cast<int>(drops));
   const index_t capacity = 3;
   inprocess::run(ep * etp, [&](inprocess::communicator& world) {
     auto ctx = Context::create(world, ParallelConfig{.dp = ep * etp, .ep = ep, .etp = etp});
-    Dispatcher dispatcher(ctx, DispatcherConfig{kHidden, kExperts, kTopk});
+    Dispatcher dispatcher(ctx, DispatcherConfig{kHidden, kExperts, kTopk, type});
+    if constexpr (std::is_same_v<Dispatcher, ConfiguredDispatcher<P>>) EXPECT_EQ(dispatcher.type(), type) << what;
+    EXPECT_EQ(dispatcher.local_experts(), kExperts / ep) << what;
     const auto key = static_cast<std::uint64_t>(world.rank());
     Tensor<double> x = strata_test::random_tensor<double>(Shape{kTokens, kHidden}, 100 + key);
     Tensor<double> dy = strata_test::random_tensor<double>(Shape{kTokens, kHidden}, 200 + key);
@@ -82,13 +85,18 @@ void check_round_trip(int ep, int etp, Drops drops) {
 }
 
 template <class Dispatcher>
-void check_all() {
+void check_all(MoeDispatcherType type = MoeDispatcherType::alltoall) {
   for (int ep : {1, 2, 4})
     for (int etp : {1, 2})
-      for (Drops drops : {Drops::none, Drops::some, Drops::padded}) check_round_trip<Dispatcher>(ep, etp, drops);
+      for (Drops drops : {Drops::none, Drops::some, Drops::padded}) check_round_trip<Dispatcher>(ep, etp, drops, type);
 }
 
 TEST(AllGatherDispatcher, DispatchThenCombineRestoresTokensAndGradients) { check_all<AllGatherDispatcher<P>>(); }
 TEST(AllToAllDispatcher, DispatchThenCombineRestoresTokensAndGradients) { check_all<AllToAllDispatcher<P>>(); }
+// The run-time choice (--moe-token-dispatcher-type) holds the one it names and keeps its exactness.
+TEST(ConfiguredDispatcher, EachTypeRestoresTokensAndGradients) {
+  check_all<ConfiguredDispatcher<P>>(MoeDispatcherType::alltoall);
+  check_all<ConfiguredDispatcher<P>>(MoeDispatcherType::allgather);
+}
 
 }  // namespace

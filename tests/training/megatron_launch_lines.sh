@@ -205,7 +205,9 @@ grep -q 'iterations 1\.\.10' "$work/llama3.out" || fail "llama3: --train-samples
 grep -q 'TFLOP/s/GPU' "$work/llama3.out" || fail "llama3: --log-throughput printed no TFLOP/s"
 grep -q 'note: --grad-reduce-in-bf16' "$work/llama3.err" || fail "llama3: no note for --grad-reduce-in-bf16"
 
-# ---- Mixtral (8x7B) shape: refused at its Mixture-of-Experts flags
+# ---- Mixtral (8x7B) shape: its Mixture-of-Experts flags train Mixtral. The script's layout is
+# tp 1, pp 4, ep 8 with the distributed optimizer and --sequence-parallel (off at tp 1, with a note);
+# here pp 2, ep 2 over 4 ranks (expert data parallel 1, dense data parallel 2).
 MODEL_ARGS=(--use-mcore-models --disable-bias-linear --seq-length 64 --max-position-embeddings 256 --num-layers 2
     --hidden-size 64 --ffn-hidden-size 160 --num-attention-heads 4 --init-method-std 0.01 --attention-dropout 0.0
     --hidden-dropout 0.0 --normalization RMSNorm --position-embedding-type rope --swiglu
@@ -213,9 +215,17 @@ MODEL_ARGS=(--use-mcore-models --disable-bias-linear --seq-length 64 --max-posit
     --no-position-embedding --rotary-base 1000000)
 MOE_ARGS=(--num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2
     --moe-grouped-gemm --moe-token-dispatcher-type alltoall --overlap-param-gather --overlap-grad-reduce)
-expect_refusal mixtral "--num-experts 8" "Mixture-of-Experts" -- "$pretrain" --world-size 2 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} \
-  --mock-data --micro-batch-size 1 --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16
-# Without the MoE flags the same dense model trains.
+MOE_PARALLEL_ARGS=(--tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2
+    --use-distributed-optimizer --sequence-parallel)
+expect_training mixtral "$pretrain" --world-size 4 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} ${MOE_PARALLEL_ARGS[@]} --mock-data \
+  --micro-batch-size 1 --global-batch-size 4 --lr 1e-4 --train-iters 3 --bf16 --eval-iters 1 --log-interval 1
+grep -q 'strata mixtral' "$work/mixtral.out" || fail "mixtral: the MoE flags did not select Mixtral"
+grep -q 'load_balancing_loss' "$work/mixtral.out" || fail "mixtral: no load_balancing_loss in the log lines"
+grep -q 'note: --moe-grouped-gemm' "$work/mixtral.err" || fail "mixtral: no note for --moe-grouped-gemm"
+# A layout the experts do not divide is refused naming the value.
+expect_refusal mixtral-ep3 "ep=3" "num_experts=8" -- "$pretrain" --world-size 3 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} \
+  --expert-model-parallel-size 3 --mock-data --micro-batch-size 1 --lr 1e-4 --train-iters 2
+# Without the MoE flags the same dense model trains (Llama).
 expect_training mixtral-dense "$pretrain" --world-size 2 ${MODEL_ARGS[@]} --mock-data --micro-batch-size 1 \
   --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16 --eval-iters 1 --sample-tokens 0
 echo "all Megatron-shaped launch lines behave as stated"

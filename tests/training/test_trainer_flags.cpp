@@ -143,9 +143,7 @@ TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
   TrainArgs fp8 = parse_flags("gpt", {"--fp8-format", "hybrid"});
   (void)trainer::resolve_run(fp8);
   expect_config_error([&] { trainer::validate(fp8); }, {"--fp8-format hybrid", "fp8"});
-  TrainArgs moe = parse_flags("gpt", {"--num-experts", "8"});
-  (void)trainer::resolve_run(moe);
-  expect_config_error([&] { trainer::validate(moe); }, {"--num-experts 8", "Mixture-of-Experts"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--num-experts", "8"}); }, {"--num-experts 8", "Mixtral", "--swiglu"});
   TrainArgs cp = parse_flags("gpt", {"--context-parallel-size", "2"});
   (void)trainer::resolve_run(cp);
   expect_config_error([&] { trainer::validate(cp); }, {"--context-parallel-size 2", "context parallelism"});
@@ -288,6 +286,94 @@ TEST(MegatronFlags, RuntimeFlags) {
                                     "1024", "--vocab-size", "50257"});
   (void)trainer::resolve_run(g);
   EXPECT_NEAR(trainer::flops_per_token(g), 6.0 * (12 * 12 * 768.0 * 768 + 768.0 * 50304) + 6.0 * 12 * 768 * 1024, 1.0);
+}
+
+// Megatron's MoE flags (arguments.py, TransformerConfig): --num-experts on the Llama set selects
+// Mixtral; each flag lands in ModelConfig::moe or the expert groups; the defaults are Megatron's
+// (top-2, aux_loss with coefficient 0, the allgather dispatcher, expert tensor parallel = tp).
+TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
+  const std::vector<std::string> llama = {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                                          "--untie-embeddings-and-output-weights", "--disable-bias-linear"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> flags = llama;
+    flags.insert(flags.end(), more.begin(), more.end());
+    return parse_flags("gpt", flags);
+  };
+  const TrainArgs d = with({"--num-experts", "8", "--world-size", "4", "--tensor-model-parallel-size", "2"});
+  EXPECT_EQ(d.model_kind, "mixtral");
+  EXPECT_EQ(d.model.moe.num_experts, 8);
+  EXPECT_EQ(d.model.moe.topk, 2);
+  EXPECT_EQ(d.model.moe.aux_loss_coeff, 0.0);
+  EXPECT_EQ(d.model.moe.z_loss_coeff, 0.0);
+  EXPECT_EQ(d.model.moe.load_balancing, strata::MoeLoadBalancing::aux_loss);
+  EXPECT_EQ(d.model.moe.token_dispatcher, strata::MoeDispatcherType::allgather);
+  EXPECT_EQ(d.model.moe.routing.score, strata::MoeScore::softmax);
+  EXPECT_EQ(d.model.moe.drop_policy, strata::MoeDropPolicy::probability);
+  EXPECT_EQ(d.model.moe.capacity_factor, 0.0);
+  EXPECT_EQ(d.model.moe.expert_bias_update_rate, 1e-3);
+  EXPECT_EQ(trainer::parallel_config_of(d).ep, 1);
+  EXPECT_EQ(trainer::parallel_config_of(d).etp, 2);  // Megatron: expert tensor parallel = tensor parallel
+  EXPECT_EQ(parse_flags("llama", {}).model_kind, "llama");
+
+  const TrainArgs m = with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "96",
+                            "--moe-shared-expert-intermediate-size", "64", "--moe-router-score-function", "sigmoid",
+                            "--moe-router-topk-scaling-factor", "2.5", "--moe-router-load-balancing-type", "seq_aux_loss",
+                            "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-router-enable-expert-bias",
+                            "--moe-router-bias-update-rate", "0.01", "--moe-expert-capacity-factor", "1.25",
+                            "--moe-token-drop-policy", "position", "--moe-pad-expert-input-to-capacity",
+                            "--moe-token-dispatcher-type", "alltoall", "--moe-layer-freq", "[1]*4", "--moe-grouped-gemm",
+                            "--world-size", "8", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1"});
+  EXPECT_EQ(m.model.moe.num_experts, 16);
+  EXPECT_EQ(m.model.moe.topk, 4);
+  EXPECT_EQ(m.model.moe.expert_ffn_hidden_size, 96);
+  EXPECT_EQ(m.model.moe.shared_expert_ffn_hidden_size, 64);
+  EXPECT_EQ(m.model.moe.routing.score, strata::MoeScore::sigmoid);
+  EXPECT_EQ(m.model.moe.routing.scaling_factor, 2.5);
+  EXPECT_EQ(m.model.moe.load_balancing, strata::MoeLoadBalancing::seq_aux_loss);
+  EXPECT_EQ(m.model.moe.aux_loss_coeff, 1e-2);
+  EXPECT_EQ(m.model.moe.z_loss_coeff, 1e-3);
+  EXPECT_TRUE(m.model.moe.expert_bias);
+  EXPECT_EQ(m.model.moe.expert_bias_update_rate, 0.01);
+  EXPECT_EQ(m.model.moe.capacity_factor, 1.25);
+  EXPECT_EQ(m.model.moe.drop_policy, strata::MoeDropPolicy::position);
+  EXPECT_TRUE(m.model.moe.pad_to_capacity);
+  EXPECT_EQ(m.model.moe.token_dispatcher, strata::MoeDispatcherType::alltoall);
+  EXPECT_EQ(m.notes.size(), 1u);  // --moe-grouped-gemm: always grouped
+  EXPECT_EQ(trainer::parallel_config_of(m).ep, 4);
+  EXPECT_EQ(trainer::parallel_config_of(m).etp, 1);
+  EXPECT_EQ(trainer::parallel_config_of(m).dp, 8);
+  TrainArgs ok = m;
+  (void)trainer::resolve_run(ok);
+  trainer::validate(ok);
+
+  // What strata does not build or cannot lay out is refused naming the flag and the value.
+  expect_config_error([&] { (void)with({"--num-experts", "8", "--moe-layer-freq", "2"}); }, {"--moe-layer-freq 2", "every layer"});
+  expect_config_error([&] { (void)with({"--num-experts", "8", "--moe-layer-freq", "[1,0]*2"}); }, {"--moe-layer-freq [1,0]*2"});
+  auto invalid = [&](std::vector<std::string> more, std::vector<std::string> parts) {
+    TrainArgs a = with(more);
+    (void)trainer::resolve_run(a);
+    expect_config_error([&] { trainer::validate(a); }, parts);
+  };
+  invalid({"--num-experts", "6", "--world-size", "4", "--expert-model-parallel-size", "4"}, {"ep=4", "num_experts=6"});
+  invalid({"--num-experts", "8", "--world-size", "2", "--expert-model-parallel-size", "4"}, {"--expert-model-parallel-size=4"});
+  invalid({"--num-experts", "8", "--world-size", "4", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "2"},
+          {"etp=2", "ep=4"});
+  invalid({"--num-experts", "8", "--recompute-granularity", "full"}, {"--recompute-granularity full", "selective"});
+  invalid({"--num-experts", "8", "--save-hf", "out"}, {"--save-hf", "Mixtral"});
+  invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "num_experts=8"});
+  invalid({"--world-size", "2", "--expert-model-parallel-size", "2"}, {"--expert-model-parallel-size 2", "--num-experts"});
+}
+
+// FLOPs of a MoE layer: each token's topk experts (and shared experts) and the router's logits.
+TEST(MegatronFlags, MoeFlopsCountTheExpertsATokenGoesThrough) {
+  TrainArgs a = parse_flags("llama", {"--num-experts", "8", "--moe-router-topk", "2", "--hidden-size", "64",
+                                      "--ffn-hidden-size", "160", "--num-layers", "2", "--seq-length", "32"});
+  TrainArgs dense = parse_flags("llama", {"--hidden-size", "64", "--ffn-hidden-size", "320", "--num-layers", "2",
+                                          "--seq-length", "32"});
+  (void)trainer::resolve_run(a);
+  (void)trainer::resolve_run(dense);
+  // top-2 of width 160 is the dense width 320's MLP, plus the router's 64 x 8 per layer
+  EXPECT_NEAR(trainer::flops_per_token(a) - trainer::flops_per_token(dense), 6.0 * 2 * 64 * 8, 1e-6);
 }
 
 }  // namespace

@@ -36,6 +36,9 @@ static_assert(std::is_trivially_copyable_v<MoeRouting>, "MoeRouting is passed to
 // here, beside MoeRouting, so model configurations name them without the layers.
 enum class MoeLoadBalancing { none, aux_loss, seq_aux_loss };
 enum class MoeDropPolicy { probability, position };
+// The token dispatcher a model built with the `moe_configured` tag runs (layers/moe/moe_mlp.hpp):
+// Megatron's --moe-token-dispatcher-type.
+enum class MoeDispatcherType { alltoall, allgather };
 
 namespace moe_math {
 

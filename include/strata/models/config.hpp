@@ -37,6 +37,9 @@ struct MoeModelConfig {
   double capacity_factor = 0.0;            // --moe-expert-capacity-factor (0: no capacity, nothing dropped)
   MoeDropPolicy drop_policy = MoeDropPolicy::probability;  // --moe-token-drop-policy (probs / position)
   bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
+  // --moe-token-dispatcher-type: read by models built with the moe_configured tag (models::Mixtral);
+  // a model whose dispatcher is fixed at compile time (moe_alltoall / moe_allgather) ignores it.
+  MoeDispatcherType token_dispatcher = MoeDispatcherType::alltoall;
 
   bool enabled() const { return num_experts > 0; }
 };

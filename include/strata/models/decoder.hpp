@@ -516,6 +516,7 @@ class DecoderModel {
       c.config.topk = m.topk;
       c.config.expert_ffn_hidden_size = config.expert_ffn();
       c.config.shared_expert_ffn_hidden_size = m.shared_expert_ffn_hidden_size;
+      c.config.dispatcher = m.token_dispatcher;
       RouterConfig& r = c.config.router;
       r.routing = m.routing;
       r.load_balancing = m.load_balancing;

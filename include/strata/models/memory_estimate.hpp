@@ -87,6 +87,7 @@ struct ModelPiece {
   std::int64_t layers = -1;  // transformer layers; -1: all of them
   bool embedding = true;     // the word (and position) embedding: the first pipeline stage
   bool head = true;          // the final norm and the output layer: the last pipeline stage
+  int ep = 1, etp = 1;       // mixture of experts: num_experts / ep experts, each split over etp
 
   std::int64_t layer_count(const ModelConfig& m) const { return layers < 0 ? m.num_layers : layers; }
 };
@@ -106,11 +107,23 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   if (shape.linear_bias) layer = checked_add(layer, qkv_out / tp, what);
   layer = checked_add(layer, checked_product(what, heads * head_dim, h) / tp, what);  // output projection
   if (shape.linear_bias) layer = checked_add(layer, h, what);                            // its bias is replicated
-  const std::int64_t fc1_out = shape.gated_mlp ? checked_mul(2, ffn, what) : ffn;
-  layer = checked_add(layer, checked_product(what, fc1_out, h) / tp, what);
-  if (shape.linear_bias) layer = checked_add(layer, fc1_out / tp, what);
-  layer = checked_add(layer, checked_product(what, ffn, h) / tp, what);
-  if (shape.linear_bias) layer = checked_add(layer, h, what);
+  // A dense MLP of width w sharded over `over` ranks (fc1, fc2 and their biases).
+  auto mlp = [&](std::int64_t w, std::int64_t over) {
+    const std::int64_t fc1_out = shape.gated_mlp ? checked_mul(2, w, what) : w;
+    std::int64_t n = checked_product(what, fc1_out, h) / over;
+    if (shape.linear_bias) n = checked_add(n, fc1_out / over, what);
+    n = checked_add(n, checked_product(what, w, h) / over, what);
+    if (shape.linear_bias) n = checked_add(n, h, what);
+    return n;
+  };
+  if (m.moe.enabled()) {  // router [E, h] (replicated), this rank's experts, shared experts (tensor parallel)
+    const std::int64_t local_experts = m.moe.num_experts / std::max(1, piece.ep);
+    layer = checked_add(layer, checked_product(what, m.moe.num_experts, h), what);
+    layer = checked_add(layer, checked_product(what, local_experts, mlp(m.expert_ffn(), std::max(1, piece.etp))), what);
+    if (m.moe.shared_expert_ffn_hidden_size > 0) layer = checked_add(layer, mlp(m.moe.shared_expert_ffn_hidden_size, tp), what);
+  } else {
+    layer = checked_add(layer, mlp(ffn, tp), what);
+  }
 
   const std::int64_t word_embedding = checked_product(what, vocab, h) / tp;  // vocab-parallel
   std::int64_t total = checked_product(what, layer, piece.layer_count(m));

@@ -2,7 +2,8 @@
 // Llama block (RMSNorm, RoPE, grouped-query attention, no biases, untied output layer) with a
 // mixture-of-experts MLP in every layer: MoeMlp<Policy, swiglu, Dispatch> (TopKRouter, the token
 // dispatcher over ep with expert tensor parallelism etp, SwiGLU experts run as grouped GEMMs,
-// optional shared experts). Dispatch is strata::moe_alltoall (the default) or strata::moe_allgather.
+// optional shared experts). Dispatch is strata::moe_alltoall (the default), strata::moe_allgather,
+// or strata::moe_configured (models::Mixtral: the dispatcher ModelConfig::moe.token_dispatcher names).
 //
 // The MoE numbers come from ModelConfig::moe (num_experts > 0, topk, expert and shared-expert
 // widths, router options); the model reaches its routers through DecoderModel (routers(),
@@ -35,6 +36,11 @@ class MoeLlama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope
 // The all-gather dispatcher's variant, as a one-parameter template (what the trainers' loops take).
 template <class Policy>
 using MoeLlamaAllGather = MoeLlama<Policy, moe_allgather>;
+
+// The trainers' Mixtral: one compiled model whose dispatcher ModelConfig::moe.token_dispatcher
+// picks at construction (--moe-token-dispatcher-type alltoall | allgather).
+template <class Policy>
+using Mixtral = MoeLlama<Policy, moe_configured>;
 
 }  // namespace models
 STRATA_NAMESPACE_END

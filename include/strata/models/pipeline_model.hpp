@@ -69,6 +69,32 @@ class PipelineModel {
     for (auto& chunk : chunks_) chunk->for_each_parameter(visit);
   }
 
+  // ---- mixture of experts: every chunk's routers (nothing for a dense model) ----
+  static constexpr bool mixture_of_experts = Chunk::mixture_of_experts;
+  // [aux, z] summed over this rank's chunks and their layers since reset_router_losses: this rank's
+  // share (sum it over ctx.tp_cp_dp and ctx.pp for the whole batch's). A device tensor [2].
+  Tensor<double, Space> router_losses(Context& ctx) const {
+    auto sum = Tensor<double, Space>::zeros(Shape{2});
+    if constexpr (mixture_of_experts)
+      for (const auto& chunk : chunks_) {
+        const auto mine = chunk->router_losses(ctx);
+        ctx.device.template add<double>(sum.data(), mine.data(), 2, sum.data());
+      }
+    return sum;
+  }
+  void reset_router_losses(Context& ctx) {
+    for (auto& chunk : chunks_) chunk->reset_router_losses(ctx);
+  }
+  // Once per step after the backward: each router moves its expert bias (collective over ctx.tp_cp_dp).
+  void update_expert_bias(Context& ctx) {
+    for (auto& chunk : chunks_) chunk->update_expert_bias(ctx);
+  }
+  // The routers' expert bias of every chunk, for checkpoints.
+  template <class Visitor>
+  void for_each_persistent_tensor(Visitor&& visit) {
+    for (auto& chunk : chunks_) chunk->for_each_persistent_tensor(visit);
+  }
+
   int virtual_stages() const { return layout_.virtual_stages; }
   std::span<Chunk* const> chunks() const { return pointers_; }
   const ModelConfig& config() const { return chunks_.front()->config(); }

@@ -13,7 +13,8 @@
 //   backward  combine backward (d expert output, d weights) -> experts backward -> dispatch
 //             backward -> + router backward (d weights and the losses, scaled by loss_scale)
 //
-// Dispatch is a tag: moe_alltoall (AllToAllDispatcher, the default) or moe_allgather.
+// Dispatch is a tag: moe_alltoall (AllToAllDispatcher, the default), moe_allgather, or
+// moe_configured (ConfiguredDispatcher: the one MoeMlpConfig::dispatcher names, at run time).
 //
 // Gradients: the router's weight is replicated and already summed over tp; shared experts are
 // tensor-parallel like the dense MLP; both are reduced over dp like every dense parameter. Expert
@@ -37,12 +38,13 @@ STRATA_NAMESPACE_BEGIN
 
 struct moe_alltoall {};
 struct moe_allgather {};
+struct moe_configured {};  // the dispatcher MoeMlpConfig::dispatcher names, chosen at construction
 
 namespace detail {
 template <class Policy, class Dispatch>
 struct moe_dispatcher {
   static_assert(!std::is_same_v<Dispatch, Dispatch>,
-                "MoeMlp: the Dispatch argument must be strata::moe_alltoall or strata::moe_allgather.");
+                "MoeMlp: the Dispatch argument must be strata::moe_alltoall, strata::moe_allgather or strata::moe_configured.");
 };
 template <class Policy>
 struct moe_dispatcher<Policy, moe_alltoall> {
@@ -52,6 +54,10 @@ template <class Policy>
 struct moe_dispatcher<Policy, moe_allgather> {
   using type = AllGatherDispatcher<Policy>;
 };
+template <class Policy>
+struct moe_dispatcher<Policy, moe_configured> {
+  using type = ConfiguredDispatcher<Policy>;
+};
 }  // namespace detail
 
 struct MoeMlpConfig {
@@ -60,6 +66,7 @@ struct MoeMlpConfig {
   index_t topk = 1;
   index_t expert_ffn_hidden_size = 0;
   index_t shared_expert_ffn_hidden_size = 0;  // 0: no shared experts
+  MoeDispatcherType dispatcher = MoeDispatcherType::alltoall;  // read with the moe_configured tag only
   RouterConfig router{};                      // hidden_size, num_experts and topk are taken from above
 };
 
@@ -97,7 +104,7 @@ class MoeMlp {
   MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c)
       : config_(c),
         router_(ctx, name + ".router", router_config(c)),
-        dispatcher_(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk}),
+        dispatcher_(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk, c.dispatcher}),
         experts_(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts}) {
     if (c.shared_expert_ffn_hidden_size > 0)
       shared_.emplace(ctx, name + ".shared_experts", MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false});

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <numeric>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "../../backend/backend.hpp"
@@ -37,6 +38,7 @@ struct DispatcherConfig {
   index_t hidden_size = 0;
   index_t num_experts = 0;
   index_t topk = 1;
+  MoeDispatcherType type = MoeDispatcherType::alltoall;  // ConfiguredDispatcher's choice; the others ignore it
 };
 
 namespace detail {
@@ -354,6 +356,66 @@ class AllToAllDispatcher {
 
   DispatcherConfig config_;
   index_t local_;
+};
+
+// The dispatcher DispatcherConfig::type names, chosen when the layer is built (Megatron's
+// --moe-token-dispatcher-type read at run time): the same calls as the two above, forwarded to the
+// one it holds, so one compiled model serves both (the trainers' models::Mixtral). Its results are
+// those of the dispatcher it holds, bit for bit.
+template <class Policy>
+class ConfiguredDispatcher {
+  using AllToAll = AllToAllDispatcher<Policy>;
+  using AllGather = AllGatherDispatcher<Policy>;
+
+ public:
+  using T = typename Policy::element;
+  using A = accumulate_t<T>;
+  using Context = context_t<Policy>;
+  using Space = space_t<Policy>;
+  using Dispatched = typename AllGather::Dispatched;
+  using State = std::variant<typename AllToAll::State, typename AllGather::State>;  // the held dispatcher's
+
+  ConfiguredDispatcher(const Context& ctx, DispatcherConfig c) : impl_(make(ctx, c)) {}
+
+  std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+    return std::visit(
+        [&](const auto& d) -> std::pair<Dispatched, State> {
+          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity);
+          return {std::move(dispatched), State(std::move(state))};
+        },
+        impl_);
+  }
+  Tensor<T, Space> combine(Context& ctx, State& state, const Tensor<T, Space>& expert_output) const {
+    return with_state(state, [&](const auto& d, auto& s) { return d.combine(ctx, s, expert_output); });
+  }
+  std::pair<Tensor<T, Space>, Tensor<A, Space>> combine_backward(Context& ctx, const State& state, const Tensor<T, Space>& dy) const {
+    return with_state(state, [&](const auto& d, const auto& s) { return d.combine_backward(ctx, s, dy); });
+  }
+  Tensor<T, Space> dispatch_backward(Context& ctx, const State& state, const Tensor<T, Space>& d_input) const {
+    return with_state(state, [&](const auto& d, const auto& s) { return d.dispatch_backward(ctx, s, d_input); });
+  }
+  index_t local_experts() const {
+    return std::visit([](const auto& d) { return d.local_experts(); }, impl_);
+  }
+  MoeDispatcherType type() const { return impl_.index() == 0 ? MoeDispatcherType::alltoall : MoeDispatcherType::allgather; }
+
+ private:
+  static std::variant<AllToAll, AllGather> make(const Context& ctx, const DispatcherConfig& c) {
+    if (c.type == MoeDispatcherType::allgather) return std::variant<AllToAll, AllGather>(std::in_place_index<1>, ctx, c);
+    return std::variant<AllToAll, AllGather>(std::in_place_index<0>, ctx, c);
+  }
+  // f(held dispatcher, its state); a state of the other dispatcher is a logic error, named.
+  template <class S, class F>
+  decltype(auto) with_state(S& state, F&& f) const {
+    if (state.index() != impl_.index())
+      fail<Error>("ConfiguredDispatcher: a state made by the ", state.index() == 0 ? "all-to-all" : "all-gather",
+                  " dispatcher was handed to the ", impl_.index() == 0 ? "all-to-all" : "all-gather", " one");
+    if (impl_.index() == 0) return f(std::get<0>(impl_), std::get<0>(state));
+    return f(std::get<1>(impl_), std::get<1>(state));
+  }
+
+  std::variant<AllToAll, AllGather> impl_;
 };
 
 STRATA_NAMESPACE_END

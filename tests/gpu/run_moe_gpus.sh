@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# tests/gpu/run_moe_gpus.sh <build> [log dir]: Mixtral on GPUs through train_mixtral.
+#
+# 1. Equivalence (fp32): a Mixtral-shaped small model (8 experts, top-2, GQA, aux and z losses) at
+#    expert parallelism 2 on 2 GPUs (threads mode: one process, one rank per GPU, dp 2 x ep 2), with
+#    the all-to-all and the all-gather dispatcher, against ep 1 on 1 GPU: every iteration's loss and
+#    load-balancing loss within 1e-3 relative (fp32 reductions in another order over 20 steps).
+#    Needs 2 GPUs; skipped (and said) with one.
+# 2. Speed (bf16, random tokens, seq 1024): a Mixtral-shaped model (8 layers, hidden 1024, 8 experts
+#    of width 3584, top-2) on 1 GPU and at ep 2 on 2 GPUs, beside the dense Llama with the same
+#    active parameters (MLP width 2 x 3584): tokens/s (mean of the log lines of iterations 11-30),
+#    MFU of the active FLOPs, peak memory. Measures, asserts nothing.
+# Prints a table last; logs in <log dir> (default <build>/moe-logs). Exit status non-zero when an
+# equivalence check fails or a run fails.
+set -uo pipefail
+build=${1:?usage: run_moe_gpus.sh <build> [log dir]}
+logs=${2:-$build/moe-logs}
+mkdir -p "$logs"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+mixtral=$build/examples/train_mixtral
+llama=$build/examples/train_llama
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+status=0
+rows=()
+
+small=(--device cuda --dtype float --num-layers 4 --hidden-size 256 --num-attention-heads 8 --group-query-attention
+  --num-query-groups 4 --ffn-hidden-size 512 --seq-length 256 --num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
+  --moe-z-loss-coeff 1e-3 --mock-data --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --lr 3e-4
+  --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --sample-tokens 0 --log-interval 1 --seed 7)
+
+# run <name> <program> <flags...>: one run, its log and JSONL under $logs.
+run() {
+  local name=$1 program=$2
+  shift 2
+  rm -f "$logs/$name.jsonl"
+  if ! timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1; then
+    echo "$name: FAILED (exit $?): $(tail -n 2 "$logs/$name.log" | tr '\n' ' ')"
+    status=1
+    return 1
+  fi
+}
+# compare <name> <reference>: losses and load-balancing losses of two JSONL logs within 1e-3.
+compare() {
+  python3 - "$logs/$1.jsonl" "$logs/$2.jsonl" "$1" <<'EOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
+worst, at = 0.0, ''
+if len(a) != len(b) or not a:
+    print(f"FAIL {sys.argv[3]}: {len(a)} iterations against {len(b)}"); sys.exit(1)
+for x, y in zip(a, b):
+    for key in ('loss', 'load_balancing_loss', 'z_loss'):
+        e = abs(x[key] - y[key]) / abs(y[key])
+        if e > worst: worst, at = e, f"iteration {x['iteration']} {key}"
+verdict = 'PASS' if worst <= 1e-3 else 'FAIL'
+print(f"{verdict} {sys.argv[3]}: {len(a)} iterations, loss, load_balancing_loss and z_loss within 1e-3 of ep=1 on 1 GPU "
+      f"(worst {worst:.2e} at {at}; last loss {a[-1]['loss']:.5f} vs {b[-1]['loss']:.5f})")
+sys.exit(0 if verdict == 'PASS' else 1)
+EOF
+}
+
+# --- 1. equivalence -----------------------------------------------------------------------------
+if run ep1 "$mixtral" "${small[@]}" --world-size 1 --moe-token-dispatcher-type alltoall; then
+  if [[ $gpus -ge 2 ]]; then
+    for dispatcher in alltoall allgather; do
+      name=ep2-$dispatcher
+      if run $name "$mixtral" "${small[@]}" --world-size 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type $dispatcher; then
+        line=$(compare $name ep1) || status=1
+        echo "$line"
+        rows+=("| ep=2 ($dispatcher) on 2 GPUs against ep=1 on 1 GPU, fp32 | ${line%%:*} | ${line#*: } |")
+      fi
+    done
+  else
+    echo "one GPU: the ep=2 equivalence needs 2 and was not run"
+    rows+=("| ep=2 against ep=1, fp32 | not run | one GPU |")
+  fi
+fi
+
+# --- 2. speed -----------------------------------------------------------------------------------
+shape=(--device cuda --dtype bf16 --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --group-query-attention
+  --num-query-groups 8 --seq-length 1024 --mock-data --micro-batch-size 8 --train-iters 30 --lr 3e-4 --lr-warmup-iters 2
+  --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --sample-tokens 0 --log-interval 1 --log-throughput)
+moe=(--num-experts 8 --moe-router-topk 2 --ffn-hidden-size 3584 --moe-aux-loss-coeff 1e-2 --moe-token-dispatcher-type alltoall)
+speed() {  # speed <name> <gpus> <program> <flags...>: a table row from the JSONL of the run
+  local name=$1 n=$2 program=$3
+  shift 3
+  run "$name" "$program" "${shape[@]}" "$@" || return
+  python3 - "$logs/$name.jsonl" "$name" "$n" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+tail = [r for r in rows if 11 <= r['iteration'] <= 30]
+tps = sum(r['tokens_per_s'] for r in tail) / len(tail)
+tflops = sum(r['tflops_per_gpu'] for r in tail) / len(tail)
+peak = rows[-1].get('peak_device_bytes', 0) / 2**30
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {tps:,.0f} | {tflops:.1f} TFLOP/s per GPU | {peak:.2f} GiB |")
+EOF
+}
+speed_rows=()
+speed_rows+=("$(speed mixtral-1gpu 1 "$mixtral" --world-size 1 "${moe[@]}")")
+[[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}")")
+speed_rows+=("$(speed llama-dense-1gpu 1 "$llama" --world-size 1 --ffn-hidden-size 7168)")
+[[ "${speed_rows[*]}" == *FAILED* ]] && status=1  # (each row ran in a subshell)
+
+echo
+echo "| check | verdict | detail |"
+echo "| --- | --- | --- |"
+for r in "${rows[@]}"; do echo "$r"; done
+echo
+echo "| run | GPUs | tokens/s | active FLOPs | peak memory |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for r in "${speed_rows[@]}"; do echo "$r"; done
+echo "SUITE moe gpus: $([[ $status == 0 ]] && echo passed || echo FAILED) (logs in $logs)"
+exit $status

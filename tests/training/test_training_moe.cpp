@@ -1,0 +1,189 @@
+// Mixtral (models::Mixtral: the Llama block with a MoeMlp in every layer) through the trainers'
+// loop, as pretrain_gpt runs it with Megatron's MoE flags: the loss falls and the load-balancing
+// and z losses are logged each iteration; expert parallelism (ep 2 and 4, with tensor and
+// sequence parallelism, expert tensor parallelism, data parallelism and pipeline parallelism,
+// either dispatcher) follows the single-rank trajectory, router losses included; a run resumed
+// from a checkpoint (expert bias included) continues bit for bit; the memory estimate counts this
+// rank's experts exactly as the model allocates them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+
+#include "trainer/trainer.hpp"
+
+namespace {
+
+using strata::models::Mixtral;
+
+trainer::TrainArgs tiny_mixtral() {
+  trainer::TrainArgs a = trainer::default_args("llama");
+  a.model_kind = "mixtral";
+  a.model.num_layers = 2;
+  a.model.hidden_size = 64;
+  a.model.num_attention_heads = 4;
+  a.model.num_query_groups = 2;
+  a.model.ffn_hidden_size = 96;
+  a.model.seq_length = 32;
+  a.model.moe.num_experts = 4;
+  a.model.moe.topk = 2;
+  a.model.moe.aux_loss_coeff = 1e-2;
+  a.model.moe.z_loss_coeff = 1e-3;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.lr = 1e-2;
+  a.min_lr = 1e-3;
+  a.lr_warmup_iters = 3;
+  a.quiet = true;
+  a.eval_interval = 20;
+  a.eval_iters = 2;
+  a.sample_tokens = 0;
+  a.world_size = 1;
+  a.tensor_model_parallel_size = 1;
+  a.sequence_parallel = false;
+  return a;
+}
+
+double mean(const std::vector<double>& v, std::size_t begin, std::size_t end) {
+  return std::accumulate(v.begin() + begin, v.begin() + end, 0.0) / static_cast<double>(end - begin);
+}
+
+TEST(TrainingMoe, MixtralLossFallsAndRouterLossesAreLogged) {
+  auto a = tiny_mixtral();
+  a.train_iters = 40;
+  a.world_size = 2;
+  a.model.moe.token_dispatcher = strata::MoeDispatcherType::alltoall;
+  trainer::ParallelConfig expected{.tp = 1, .pp = 1, .dp = 2, .ep = 1, .etp = 1};
+  a.expert_model_parallel_size = 2;
+  expected.ep = 2;
+  EXPECT_EQ(trainer::parallel_config_of(a), expected);
+  const auto result = trainer::train<Mixtral>(a);
+  ASSERT_EQ(result.losses.size(), 40u);
+  EXPECT_LT(mean(result.losses, 30, 40), mean(result.losses, 0, 10) - 1.0) << "loss did not fall";
+  ASSERT_EQ(result.load_balancing_losses.size(), 40u);
+  ASSERT_EQ(result.z_losses.size(), 40u);
+  for (std::size_t i = 0; i < 40; ++i) {
+    // Switch's balance E / (k N^2) sum_i P_i c_i is 1 for a uniform router, never below 1/k's share
+    EXPECT_GT(result.load_balancing_losses[i], 0.5) << "iteration " << i + 1;
+    EXPECT_LT(result.load_balancing_losses[i], 4.0) << "iteration " << i + 1;
+    EXPECT_GT(result.z_losses[i], 0.0) << "iteration " << i + 1;
+  }
+  ASSERT_EQ(result.validation_losses.size(), 2u);
+}
+
+// Every layout against one rank, in double: the loss of each iteration and the router losses
+// (the aux loss is invariant to the partition: token counts are summed over the tp x cp group).
+TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 4;
+  base.eval_iters = 0;
+  base.model.moe.shared_expert_ffn_hidden_size = 32;
+  const auto reference = trainer::train<Mixtral>(base);
+  ASSERT_EQ(reference.losses.size(), 4u);
+  ASSERT_EQ(reference.load_balancing_losses.size(), 4u);
+  struct Layout {
+    int world, tp, pp, ep, etp;
+    bool sp;
+    strata::MoeDispatcherType dispatcher;
+  };
+  using D = strata::MoeDispatcherType;
+  for (Layout l : {Layout{2, 1, 1, 2, 1, false, D::alltoall}, Layout{2, 1, 1, 2, 1, false, D::allgather},
+                   Layout{4, 2, 1, 2, 1, true, D::alltoall}, Layout{4, 2, 1, 2, 2, true, D::allgather},
+                   Layout{4, 2, 1, 4, 1, false, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall}}) {
+    auto a = base;
+    a.world_size = l.world;
+    a.tensor_model_parallel_size = l.tp;
+    a.pipeline.pipeline_model_parallel_size = l.pp;
+    a.expert_model_parallel_size = l.ep;
+    a.expert_tensor_parallel_size = l.etp;
+    a.sequence_parallel = l.sp;
+    a.model.moe.token_dispatcher = l.dispatcher;
+    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" +
+                             std::to_string(l.pp) + " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp) +
+                             (l.sp ? " sp" : "") + (l.dispatcher == D::allgather ? " allgather" : " alltoall");
+    const auto run = trainer::train<Mixtral>(a);
+    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
+    ASSERT_EQ(run.z_losses.size(), reference.z_losses.size()) << what;
+    for (std::size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
+      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
+          << what << " iteration " << i + 1;
+      EXPECT_NEAR(run.z_losses[i], reference.z_losses[i], 1e-10 * reference.z_losses[i]) << what << " iteration " << i + 1;
+    }
+  }
+}
+
+// Aux-loss-free balancing (the expert bias moves every step) and the distributed optimizer over
+// expert data parallelism: 6 straight iterations equal 3, a checkpoint, and 3 more, bit for bit.
+TEST(TrainingMoe, ResumeWithExpertBiasEqualsStraightThrough) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_moe_resume";
+  std::filesystem::remove_all(dir);
+  auto a = tiny_mixtral();
+  a.train_iters = 6;
+  a.eval_iters = 0;
+  a.world_size = 4;
+  a.expert_model_parallel_size = 2;
+  a.use_distributed_optimizer = true;
+  a.model.moe.expert_bias = true;
+  a.model.moe.load_balancing = strata::MoeLoadBalancing::none;
+  a.model.moe.aux_loss_coeff = 0;
+  a.model.moe.expert_bias_update_rate = 0.05;
+  const auto straight = trainer::train<Mixtral>(a);
+  ASSERT_EQ(straight.losses.size(), 6u);
+  EXPECT_TRUE(straight.load_balancing_losses.empty()) << "no aux loss is logged when it is off";
+
+  auto first = a;
+  first.train_iters = 6;
+  first.save = dir.string();
+  first.save_interval = 3;
+  ASSERT_EQ(trainer::train<Mixtral>(first).losses, straight.losses);
+  std::filesystem::remove_all(dir / "iter_0000006");
+  {
+    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+    tracker << 3 << "\n";
+  }
+  auto resumed = a;
+  resumed.load = dir.string();
+  const auto second = trainer::train<Mixtral>(resumed);
+  EXPECT_EQ(second.start_iteration, 3);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << "iteration " << 4 + i;
+  std::filesystem::remove_all(dir);
+}
+
+// The estimate's parameter count of a rank is what the Mixtral model allocates on it, at every
+// (tp, ep, etp) with a shared expert.
+TEST(TrainingMoe, MemoryEstimateCountsThisRanksExperts) {
+  using Context = strata::ParallelContext<strata::inprocess::communicator>;
+  auto a = tiny_mixtral();
+  a.model.moe.shared_expert_ffn_hidden_size = 32;
+  struct Layout {
+    int world, tp, ep, etp;
+  };
+  for (Layout l : {Layout{1, 1, 1, 1}, Layout{2, 1, 2, 1}, Layout{4, 2, 2, 2}, Layout{4, 2, 4, 1}}) {
+    const strata::ParallelConfig config{.tp = l.tp, .dp = l.world / l.tp, .ep = l.ep, .etp = l.etp};
+    strata::models::ModelPiece piece;
+    piece.ep = l.ep;
+    piece.etp = l.etp;
+    const std::int64_t expected = strata::models::parameters_per_rank(a.model, strata::models::DecoderShape::llama(), l.tp, piece);
+    std::vector<std::int64_t> counted(static_cast<std::size_t>(l.world));
+    strata::inprocess::run(l.world, [&](strata::inprocess::communicator& world) {
+      Context ctx = Context::create(world, config);
+      Mixtral<trainer::TrainPolicy<float, false>> model(ctx, a.model);
+      std::int64_t n = 0;
+      model.for_each_parameter([&](auto& p) { n += p.value.numel(); });
+      counted[static_cast<std::size_t>(world.rank())] = n;
+    });
+    for (int r = 0; r < l.world; ++r)
+      EXPECT_EQ(counted[static_cast<std::size_t>(r)], expected)
+          << "tp=" << l.tp << " ep=" << l.ep << " etp=" << l.etp << " rank " << r;
+  }
+}
+
+}  // namespace
