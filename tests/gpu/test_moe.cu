@@ -1,12 +1,18 @@
 // tests/gpu/test_moe.cu: the mixture-of-experts entry points of cuda::backend against their CPU
 // twins (backend/cpu/moe.hpp) on random inputs: grouped_gemm (every transpose pair the experts use,
-// float / double / bf16, groups with no rows, accumulation into fp32), the router forward and
+// float / double / bf16, groups with no rows, accumulation into fp32; then, bf16 and float, against a
+// loop of the backend's gemm per group at the experts' shapes and layout, the same bits on a second
+// call, the groups sent to the cuBLAS grouped call where grouped_gemm.hpp says they go, and no wait
+// for the GPU nor cudaMalloc once warm), the router forward and
 // backward (softmax before / after top-k, sigmoid, expert bias), capacity dropping by probability
 // and by position, counting, the sort by expert (packed and padded to capacity), gathering rows,
 // combine and its backward, the aux loss and the expert-bias update. Integer outputs must match
 // exactly; values within the tolerance of their type (check.hpp).
 #include <cstring>
+#include <numeric>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <strata/backend/cpu/backend.hpp>
@@ -74,6 +80,142 @@ void check_grouped_gemm(backend& device, suite& results, bool ta, bool tb, bool 
   results.record(worst <= tolerance<T>(), "grouped_gemm<" + type_name<T>() + "," + type_name<C>() + "> ta=" +
                                               std::to_string(ta) + " tb=" + std::to_string(tb) + " accumulate=" +
                                               std::to_string(accumulate) + " error " + format("%.3g", worst));
+}
+
+// Grouped GEMMs laid out as layers/moe/experts.hpp lays them out: each operand one buffer, group g's
+// block at the running offset (plus `pad` elements after every block: pad = 1 misaligns the blocks,
+// which then run one cuBLASLt GEMM each). The grouped call must match a loop of the backend's gemm
+// per group on the same inputs (the whole C buffer, gaps included), give the same bits on a second
+// call, and send `expect_grouped` groups to the cuBLAS grouped call (-1: not checked).
+template <class T, class C = T>
+void check_grouped_equals_loop(backend& device, suite& results, const std::string& what, bool ta, bool tb, bool accumulate,
+                               const std::vector<index_t>& m, const std::vector<index_t>& n, const std::vector<index_t>& k,
+                               index_t pad, index_t expect_grouped) {
+  const index_t groups = static_cast<index_t>(m.size());
+  std::vector<index_t> offset_a, offset_b, offset_c;
+  index_t size_a = 0, size_b = 0, size_c = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    offset_a.push_back(size_a), offset_b.push_back(size_b), offset_c.push_back(size_c);
+    size_a += m[g] * k[g] + pad, size_b += k[g] * n[g] + pad, size_c += m[g] * n[g] + pad;
+  }
+  host_rng rng(101 + ta + 2 * tb + 4 * accumulate + static_cast<std::uint64_t>(groups));
+  const auto a = rng.template uniform<T>(static_cast<std::size_t>(size_a));
+  const auto b = rng.template uniform<T>(static_cast<std::size_t>(size_b));
+  const auto c0 = rng.template uniform<C>(static_cast<std::size_t>(size_c));
+  device_vector<T> da(a.size() + 1), db(b.size() + 1);
+  device_vector<C> c_grouped(c0.size() + 1), c_again(c0.size() + 1), c_loop(c0.size() + 1);
+  upload(device, a, da), upload(device, b, db);
+  upload(device, c0, c_grouped), upload(device, c0, c_again), upload(device, c0, c_loop);
+  const auto pointers = [&](const device_vector<C>& out) {
+    std::vector<const T*> pa, pb;
+    std::vector<C*> pc;
+    for (index_t g = 0; g < groups; ++g)
+      pa.push_back(da.data() + offset_a[g]), pb.push_back(db.data() + offset_b[g]), pc.push_back(out.data() + offset_c[g]);
+    return std::make_tuple(pa, pb, pc);
+  };
+  const auto [pa, pb, pc] = pointers(c_grouped);
+  const auto [qa, qb, qc] = pointers(c_again);
+  const auto [la, lb, lc] = pointers(c_loop);
+  const auto grouped = static_cast<index_t>(
+      strata::cuda::groups_in_grouped_call<T, C>(groups, m.data(), n.data(), k.data(), pa.data(), pb.data(), pc.data()).size());
+  device.grouped_gemm<T, C>(ta, tb, groups, m.data(), n.data(), k.data(), pa.data(), pb.data(), pc.data(), accumulate);
+  device.grouped_gemm<T, C>(ta, tb, groups, m.data(), n.data(), k.data(), qa.data(), qb.data(), qc.data(), accumulate);
+  for (index_t g = 0; g < groups; ++g)
+    device.gemm<T, C>(ta, tb, m[g], n[g], k[g], la[g], lb[g], lc[g], accumulate);
+  auto got = to_host(device, c_grouped), again = to_host(device, c_again), loop = to_host(device, c_loop);
+  got.pop_back(), again.pop_back(), loop.pop_back();
+  const double error = relative_error(got, loop);
+  const bool same = same_bits(got, again), routed = expect_grouped < 0 || grouped == expect_grouped;
+  results.record(error <= tolerance<T>() && same && routed,
+                 "grouped_gemm<" + type_name<T>() + "," + type_name<C>() + "> " + what + " ta=" + std::to_string(ta) +
+                     " tb=" + std::to_string(tb) + " accumulate=" + std::to_string(accumulate) + " pad=" +
+                     std::to_string(pad) + ": " + std::to_string(grouped) + " of " + std::to_string(groups) +
+                     " groups in the grouped call" + (routed ? "" : " (expected " + std::to_string(expect_grouped) + ")") +
+                     ", against the gemm loop " + format("%.3g", error) + (same ? ", same bits twice" : ", DIFFERENT bits twice"));
+}
+
+// Groups with m, n, k > 0: what the grouped call takes when every block is aligned.
+index_t nonempty_groups(const std::vector<index_t>& m, const std::vector<index_t>& n, const std::vector<index_t>& k) {
+  index_t count = 0;
+  for (std::size_t g = 0; g < m.size(); ++g) count += m[g] > 0 && n[g] > 0 && k[g] > 0;
+  return count;
+}
+
+// The experts' GEMMs (layers/moe/experts.hpp) at hidden 64, ffn 48 (swiglu: fc1 has 96 rows) over 8
+// local experts with uneven rows (two experts get none), then an evenly balanced routing (one cuBLAS
+// group of 8), then groups of mixed sizes with an empty inner dimension.
+template <class T>
+void check_grouped_against_loop(backend& device, suite& results) {
+  using A = accumulate_t<T>;
+  const index_t hidden = 64, ffn = 48, fc1 = 2 * ffn;
+  const std::vector<index_t> uneven = {37, 0, 130, 1, 64, 0, 12, 200}, balanced(8, 64);
+  const auto constant = [](index_t value, std::size_t count) { return std::vector<index_t>(count, value); };
+  for (const auto& rows : {uneven, balanced}) {
+    const std::string routing = rows == uneven ? "uneven rows" : "balanced rows";
+    const std::size_t experts = rows.size();
+    for (bool accumulate : {false, true}) {
+      // fc1 forward: pre[rows, fc1] = x[rows, hidden] fc1^T
+      const auto h = constant(hidden, experts), f = constant(fc1, experts), a = constant(ffn, experts);
+      check_grouped_equals_loop<T>(device, results, "fc1 forward, " + routing, false, true, accumulate, rows, f, h, 0,
+                                   nonempty_groups(rows, f, h));
+      // da[rows, ffn] = dy[rows, hidden] fc2[hidden, ffn]
+      check_grouped_equals_loop<T>(device, results, "da, " + routing, false, false, accumulate, rows, a, h, 0,
+                                   nonempty_groups(rows, a, h));
+      // dfc1[fc1, hidden] (+)= dpre[rows, fc1]^T x[rows, hidden]: empty experts have k = 0
+      check_grouped_equals_loop<T>(device, results, "dfc1, " + routing, true, false, accumulate, f, h, rows, 0,
+                                   nonempty_groups(f, h, rows));
+      if constexpr (!std::is_same_v<A, T>)  // the fp32 weight gradient: never grouped (no bf16 -> fp32 row in cuBLAS's table)
+        check_grouped_equals_loop<T, A>(device, results, "dfc1 fp32, " + routing, true, false, accumulate, f, h, rows, 0, 0);
+    }
+  }
+  const std::vector<index_t> m = {5, 0, 17, 3, 24, 8, 8}, n = {16, 16, 8, 16, 8, 8, 8}, k = {8, 8, 0, 32, 16, 16, 16};
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool accumulate : {false, true}) {
+        check_grouped_equals_loop<T>(device, results, "mixed sizes", ta, tb, accumulate, m, n, k, 0, nonempty_groups(m, n, k));
+        check_grouped_equals_loop<T>(device, results, "mixed sizes, misaligned", ta, tb, accumulate, m, n, k, 1, -1);
+      }
+}
+
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Once warm, grouped_gemm returns while the GPU is still busy with earlier work (it never waits for the
+// stream) and takes its pointer table from the caching allocator without a cudaMalloc.
+void check_grouped_gemm_enqueues(backend& device, suite& results) {
+  const std::vector<index_t> rows = {37, 0, 130, 1, 64, 0, 12, 200}, n(8, 96), k(8, 64);
+  const index_t total = std::accumulate(rows.begin(), rows.end(), index_t{0});
+  device_vector<bf16> x(static_cast<std::size_t>(total * 64)), w(static_cast<std::size_t>(8 * 96 * 64)),
+      y(static_cast<std::size_t>(total * 96));
+  std::vector<const bf16*> pa, pb;
+  std::vector<bf16*> pc;
+  index_t at = 0;
+  for (std::size_t g = 0; g < rows.size(); ++g) {
+    pa.push_back(x.data() + at * 64), pb.push_back(w.data() + static_cast<index_t>(g) * 96 * 64), pc.push_back(y.data() + at * 96);
+    at += rows[g];
+  }
+  device.fill<bf16>(x.data(), total * 64, 0.5);
+  device.fill<bf16>(w.data(), 8 * 96 * 64, 0.25);
+  const auto call = [&] {
+    device.grouped_gemm<bf16>(false, true, 8, rows.data(), n.data(), k.data(), pa.data(), pb.data(), pc.data(), false);
+  };
+  call(), call();
+  device.synchronize();
+  const auto mallocs = device.memory_stats().malloc_calls;
+  spin_kernel<<<1, 1, 0, device.stream()>>>(2'000'000'000LL);  // about a second
+  call();
+  const bool busy = cudaStreamQuery(device.stream()) == cudaErrorNotReady;
+  device.synchronize();
+  const bool no_malloc = device.memory_stats().malloc_calls == mallocs;
+  const auto grouped = strata::cuda::groups_in_grouped_call<bf16>(8, rows.data(), n.data(), k.data(), pa.data(), pb.data(),
+                                                                  pc.data()).size();
+  results.record(busy && no_malloc && grouped == 6,
+                 std::string("grouped_gemm<bf16> enqueues only: ") + (busy ? "returned while the stream was busy" : "WAITED for the stream") +
+                     (no_malloc ? ", no cudaMalloc once warm" : ", CALLED cudaMalloc once warm") + ", " +
+                     std::to_string(grouped) + " of 8 groups in the grouped call");
 }
 
 template <class A>
@@ -194,6 +336,9 @@ int main() {
         check_grouped_gemm<bf16>(device, results, ta, tb, false);
       }
     check_grouped_gemm<bf16, float>(device, results, true, false, true);  // expert weight gradients
+    check_grouped_against_loop<bf16>(device, results);
+    check_grouped_against_loop<float>(device, results);
+    check_grouped_gemm_enqueues(device, results);
     for (bool bias : {false, true}) {
       check_router<double>(device, results, MoeRouting{MoeScore::softmax, false, 1.0}, bias, "softmax after top-k");
       check_router<double>(device, results, MoeRouting{MoeScore::softmax, true, 1.0}, bias, "softmax before top-k");

@@ -5,7 +5,8 @@
 // The object is a cheap handle: copies share one state (as a shared_ptr does), which holds
 //   - the device ordinal, a compute stream and a communication stream (both non-blocking; the
 //     compute stream may instead be one the caller owns, such as a NCCL communicator's),
-//   - the cuBLASLt handle, its 32 MiB workspace and the cached GEMM plans (gemm.hpp),
+//   - the cuBLASLt handle, its 32 MiB workspace and the cached GEMM plans (gemm.hpp), and the cuBLAS
+//     handle of the grouped GEMM, which shares that workspace (grouped_gemm.hpp),
 //   - the caching allocator (allocator.hpp), installed as current_device_resource() on the thread
 //     that creates the backend (install() installs it on another thread of the same rank),
 //   - the attention plans (cuDNN handle and graphs), created on first use.
@@ -35,6 +36,7 @@
 #include "allocator.hpp"
 #include "attention.hpp"
 #include "gemm.hpp"
+#include "grouped_gemm.hpp"
 #include "kernels/activation.cuh"
 #include "kernels/bias.cuh"
 #include "kernels/columns.cuh"
@@ -411,20 +413,15 @@ class backend {
   void moe_expert_bias_update(const A* counts, index_t experts, double rate, A* bias) const {
     kernels::moe_expert_bias_update<A>(counts, experts, rate, bias, stream());
   }
-  // One cuBLAS GEMM per group on the compute stream (host arrays of sizes and device pointers); an
-  // empty inner dimension writes zeros (or adds nothing). A grouped kernel can replace the loop
-  // without changing the interface.
+  // C_g (+)= op(A_g) op(B_g) for each group (host arrays of sizes and device pointers); an empty inner
+  // dimension writes zeros (or adds nothing). One cuBLAS grouped GEMM where it runs, else one cuBLASLt
+  // GEMM per group: the fp32 output of 16-bit inputs (the weight gradients) and misaligned groups
+  // stay a loop (grouped_gemm.hpp lists the cases).
   template <class T, class C = T>
   void grouped_gemm(bool ta, bool tb, index_t groups, const index_t* m, const index_t* n, const index_t* k,
                     const T* const* a, const T* const* b, C* const* c, bool accumulate) const {
-    for (index_t g = 0; g < groups; ++g) {
-      if (m[g] == 0 || n[g] == 0) continue;
-      if (k[g] == 0) {
-        if (!accumulate) kernels::fill<C>(c[g], m[g] * n[g], 0.0, stream());
-        continue;
-      }
-      gemm<T, C>(ta, tb, m[g], n[g], k[g], a[g], b[g], c[g], accumulate);
-    }
+    (void)cuda::grouped_gemm<T, C>(state_->blas, state_->grouped_blas, state_->allocator, stream(), ta, tb, groups, m, n,
+                                   k, a, b, c, accumulate);
   }
 
  private:
@@ -434,6 +431,7 @@ class backend {
     cudaStream_t compute_stream;  // `compute`, or the stream the backend was given
     caching_allocator allocator;
     blas_handle blas;
+    cublas_handle grouped_blas;  // the grouped GEMM's (grouped_gemm.hpp)
     std::shared_ptr<attention_plans> attention;
 
     state(int ordinal, cudaStream_t given)
@@ -442,7 +440,8 @@ class backend {
           communication(),
           compute_stream(given != nullptr ? given : compute.get()),
           allocator(ordinal, compute_stream),
-          blas() {}
+          blas(),
+          grouped_blas() {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
