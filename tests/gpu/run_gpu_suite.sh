@@ -62,6 +62,11 @@ if [[ -x $dir/test_training && ${gpus:-0} -ge 2 && -f $logs/test_training.log ]]
   run "test_training.processes" env STRATA_TEST_LOG_DIR="$logs" bash "$(dirname "$0")/run_training_processes.sh" \
     "$dir/test_training" "$logs/test_training.log"
 fi
+# Mixtral through train_mixtral: ep=2 on 2 GPUs against ep=1 (fp32), and its tokens/s beside the dense
+# model of the same active parameters (run_moe_gpus.sh), when the trainers were built.
+if [[ -x $build/examples/train_mixtral && -x $build/examples/train_llama ]]; then
+  run "moe_gpus" bash "$(dirname "$0")/run_moe_gpus.sh" "$build" "$logs/moe"
+fi
 
 sanitizer=$(command -v compute-sanitizer || true)
 for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer; do
