@@ -1089,6 +1089,11 @@ TrainResult train_with(const TrainArgs& a) {
     train_rank<Model, Policy>(world, device, a, shared);
     return result;
   }
+  if (a.model.moe.enabled() && a.world_size > 1)
+    fail<ConfigError>("--num-experts with --world-size ", a.world_size, " GPUs in one process: the token dispatcher reads the "
+                      "token counts on the host between collectives, which the warm-up step of one process driving several "
+                      "GPUs cannot run (its collectives move nothing); launch one process per GPU (torchrun "
+                      "--nproc-per-node ", a.world_size, ", srun or mpirun, README)");
   nccl::run(
       a.world_size,
       [&](nccl::communicator& world) {

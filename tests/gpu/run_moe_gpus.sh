@@ -2,7 +2,7 @@
 # tests/gpu/run_moe_gpus.sh <build> [log dir]: Mixtral on GPUs through train_mixtral.
 #
 # 1. Equivalence (fp32): a Mixtral-shaped small model (8 experts, top-2, GQA, aux and z losses) at
-#    expert parallelism 2 on 2 GPUs (threads mode: one process, one rank per GPU, dp 2 x ep 2), with
+#    expert parallelism 2 on 2 GPUs (a job of 2 processes, one per GPU, dp 2 x ep 2), with
 #    the all-to-all and the all-gather dispatcher, against ep 1 on 1 GPU: every iteration's loss and
 #    load-balancing loss within 1e-3 relative (fp32 reductions in another order over 20 steps).
 #    Needs 2 GPUs; skipped (and said) with one.
@@ -28,16 +28,30 @@ small=(--device cuda --dtype float --num-layers 4 --hidden-size 256 --num-attent
   --moe-z-loss-coeff 1e-3 --mock-data --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --lr 3e-4
   --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --sample-tokens 0 --log-interval 1 --seed 7)
 
-# run <name> <program> <flags...>: one run, its log and JSONL under $logs.
+# run <name> <program> <flags...>: one run, its log and JSONL under $logs. With --world-size N > 1
+# the run is a job of N processes, one per GPU, started as torchrun starts them.
 run() {
   local name=$1 program=$2
   shift 2
   rm -f "$logs/$name.jsonl"
-  if ! timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1; then
-    echo "$name: FAILED (exit $?): $(tail -n 2 "$logs/$name.log" | tr '\n' ' ')"
-    status=1
-    return 1
+  local world=1 args=("$@") i
+  for ((i = 0; i + 1 < ${#args[@]}; i++)); do [[ ${args[i]} == --world-size ]] && world=${args[i + 1]}; done
+  if [[ $world == 1 ]]; then
+    timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1 && return 0
+  else
+    local port=$((20000 + RANDOM % 20000)) pids=() r failed=0
+    for ((r = 0; r < world; r++)); do
+      env RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r LOCAL_WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.rank$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || failed=1; done
+    cp "$logs/$name.rank0.log" "$logs/$name.log"
+    [[ $failed == 0 ]] && return 0
   fi
+  echo "$name: FAILED: $(tail -n 2 "$logs/$name.log" | tr '\n' ' ')"
+  status=1
+  return 1
 }
 # compare <name> <reference>: losses and load-balancing losses of two JSONL logs within 1e-3.
 compare() {

@@ -121,10 +121,17 @@ class cublas_handle {
 template <class T, class C>
 inline constexpr bool grouped_gemm_takes = STRATA_CUBLAS_GROUPED_GEMM && std::is_same_v<T, C> && Element<T>;
 
+// The largest group (2 m n k FLOPs) sent to the grouped call; larger ones run as one cuBLASLt GEMM
+// each. Measured on an H200 (bench/bench_grouped_gemm.cu, bench/RESULTS.md): at Mixtral-like expert
+// shapes (12 GFLOP per group and up) cublasGemmGroupedBatchedEx reached 250-300 TFLOP/s where the
+// per-expert cuBLASLt GEMMs reached 600-700, so large experts keep their own GEMM; the grouped call
+// is kept for many small groups, whose launches it saves (not yet measured there).
+inline constexpr double kGroupedGemmMaxFlops = 1e9;
+
 // The groups of a grouped_gemm call that run in the one cuBLAS grouped call, ascending (the others run
 // one cuBLASLt GEMM each, or are empty): none unless grouped_gemm_takes<T, C>, at least two groups
-// qualify and no two C blocks overlap. A group qualifies when m, n, k > 0, they fit an int and its A,
-// B and C are 16-byte aligned.
+// qualify and no two C blocks overlap. A group qualifies when m, n, k > 0, they fit an int, its A,
+// B and C are 16-byte aligned and it is at most kGroupedGemmMaxFlops.
 template <class T, class C = T>
 std::vector<index_t> groups_in_grouped_call(index_t groups, const index_t* m, const index_t* n, const index_t* k,
                                             const T* const* a, const T* const* b, C* const* c) {
@@ -139,6 +146,7 @@ std::vector<index_t> groups_in_grouped_call(index_t groups, const index_t* m, co
       if (detail::pointer_alignment(a[g]) < 16 || detail::pointer_alignment(b[g]) < 16 ||
           detail::pointer_alignment(c[g]) < 16)
         continue;
+      if (2.0 * static_cast<double>(m[g]) * static_cast<double>(n[g]) * static_cast<double>(k[g]) > kGroupedGemmMaxFlops) continue;
       chosen.push_back(g);
     }
     std::sort(outputs.begin(), outputs.end());
