@@ -249,6 +249,36 @@ void check_router(backend& device, suite& results, MoeRouting routing, bool bias
                      ", weights/scores/lse/dlogits error " + format("%.3g", error));
 }
 
+// moe_count (several groups, accumulating into non-zero counts, int and float) and
+// moe_sort_by_expert (no capacity) over many tiles of assignments, some dropped: the same integers
+// as the CPU twins.
+void check_count_and_sort_many(backend& device, suite& results) {
+  const index_t tokens = 3001, experts = 16, k = 2, n = tokens * k, groups = 4, first = 3, local = 8;
+  host_rng rng(11);
+  auto routed = rng.integers(static_cast<std::size_t>(n), 0, experts - 1);
+  for (index_t a = 0; a < n; a += 7) routed[static_cast<std::size_t>(a)] = -1;  // dropped choices
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(groups * experts));
+  std::vector<float> fcounts(counts.size());
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<std::int32_t>(i), fcounts[i] = 0.5f * static_cast<float>(i);
+  device_vector<std::int32_t> g_routed(routed.size()), g_counts(counts.size());
+  device_vector<float> g_fcounts(fcounts.size());
+  upload(device, routed, g_routed), upload(device, counts, g_counts), upload(device, fcounts, g_fcounts);
+  cpu::moe_count<std::int32_t>(routed.data(), n, k, groups, experts, counts.data(), true);
+  cpu::moe_count<float>(routed.data(), n, k, groups, experts, fcounts.data(), true);
+  device.moe_count<std::int32_t>(g_routed.data(), n, k, groups, experts, g_counts.data(), true);
+  device.moe_count<float>(g_routed.data(), n, k, groups, experts, g_fcounts.data(), true);
+  index_t slots = 0;
+  for (index_t a = 0; a < n; ++a) slots += routed[static_cast<std::size_t>(a)] >= first && routed[static_cast<std::size_t>(a)] < first + local;
+  std::vector<std::int32_t> slot_of(static_cast<std::size_t>(n)), token_of(static_cast<std::size_t>(slots));
+  cpu::moe_sort_by_expert(routed.data(), n, k, first, local, 0, slot_of.data(), token_of.data(), slots);
+  device_vector<std::int32_t> g_slot(slot_of.size()), g_token(token_of.size());
+  device.moe_sort_by_expert(g_routed.data(), n, k, first, local, 0, g_slot.data(), g_token.data(), slots);
+  const bool same = to_host(device, g_counts) == counts && to_host(device, g_fcounts) == fcounts &&
+                    to_host(device, g_slot) == slot_of && to_host(device, g_token) == token_of;
+  results.record(same, std::string("moe_count (4 groups, accumulating, int and float) and moe_sort_by_expert over 6002 "
+                                   "assignments: ") + (same ? "the CPU twins' integers" : "DIFFERENT from the CPU twins"));
+}
+
 template <class T>
 void check_permutation(backend& device, suite& results, bool by_position, index_t capacity_padding) {
   using A = accumulate_t<T>;
@@ -352,6 +382,7 @@ int main() {
         check_permutation<float>(device, results, by_position, pad);
         check_permutation<bf16>(device, results, by_position, pad);
       }
+    check_count_and_sort_many(device, results);
     check_losses<double>(device, results);
     check_losses<float>(device, results);
     return results.finish();

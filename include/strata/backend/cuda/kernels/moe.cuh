@@ -3,15 +3,18 @@
 //
 //   router forward/backward  one thread per token running moe_math's row routines (the CPU code)
 //   drop                     one thread per assignment, counting the assignments ahead of it
-//   count                    one thread per (group, expert) counting in assignment order
-//   sort_by_expert           one thread per expert scanning the assignments in order
+//   count                    one block per (group, expert), integer counts summed over the block
+//   sort_by_expert           one block per expert walking the assignments in order, a tile of
+//                            blockDim at a time (ballot + scan over the warps: the serial order)
 //   gather_rows, combine     one thread per output element, choices summed in ascending order
 //   combine_backward         d_in zeroed, then one thread per (token, choice, column); the weight
 //                            gradient one thread per (token, choice), columns summed in order
 //   aux_loss, bias_update    one thread (a few hundred numbers)
-// No atomics: every value is produced by one thread in a fixed order, so two runs give the same bits.
+// No atomics: every value is produced in a fixed order (or is an exact integer sum), so two runs give
+// the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../../moe_routing.hpp"
@@ -70,43 +73,82 @@ void moe_drop(const std::int32_t* indices, const A* weights, index_t n, index_t 
   check_launch("moe_drop");
 }
 
+// A block's sum of one int64 per thread (blockDim.x a multiple of 32, at most 1024), returned to
+// every thread. Integers: exact, so the order of the sum does not matter.
+__device__ inline long long moe_block_sum(long long mine, long long* shared /* [32] */) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int offset = 16; offset > 0; offset /= 2) mine += __shfl_down_sync(0xffffffffu, mine, offset);
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 0) shared[warp] = mine;
+  __syncthreads();
+  long long total = 0;
+  for (unsigned w = 0; w < warps; ++w) total += shared[w];
+  return total;
+}
+
+// One block per (group, expert) bin: its threads count the bin's assignments over strides of the
+// assignments, then the block sums the integer counts (exact, so the bits are those of one thread
+// counting in order).
 template <class C>
 __global__ void moe_count_kernel(const std::int32_t* routed, index_t n, index_t k, index_t groups, index_t experts,
                                  C* counts, bool accumulate) {
-  for (index_t bin = blockIdx.x * index_t(blockDim.x) + threadIdx.x; bin < groups * experts;
-       bin += index_t(gridDim.x) * blockDim.x) {
+  __shared__ long long partial[32];
+  for (index_t bin = blockIdx.x; bin < groups * experts; bin += gridDim.x) {
     const index_t group = bin / experts, expert = bin % experts;
-    C count = accumulate ? counts[bin] : C(0);
-    for (index_t a = 0; a < n; ++a)
-      if (routed[a] == expert && (a / k) % groups == group) count += C(1);
-    counts[bin] = count;
+    long long mine = 0;
+    for (index_t a = threadIdx.x; a < n; a += blockDim.x)
+      if (routed[a] == expert && (a / k) % groups == group) ++mine;
+    const long long total = moe_block_sum(mine, partial);
+    if (threadIdx.x == 0) counts[bin] = (accumulate ? counts[bin] : C(0)) + C(total);
   }
 }
 template <class C>
 void moe_count(const std::int32_t* routed, index_t n, index_t k, index_t groups, index_t experts, C* counts, bool accumulate,
                cudaStream_t stream) {
   if (groups * experts <= 0) return;
-  moe_count_kernel<C><<<grid_for(groups * experts, 64), 64, 0, stream>>>(routed, n, k, groups, experts, counts, accumulate);
+  const index_t blocks = std::min<index_t>(groups * experts, 65535);
+  moe_count_kernel<C><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(routed, n, k, groups, experts, counts, accumulate);
   check_launch("moe_count");
 }
 
-// One thread per expert: its first slot is the count of the experts before it (or e * capacity).
+// One block per expert: its first slot is the count of the experts before it (or e * capacity); then
+// the block walks the assignments in tiles of blockDim, in order, each thread's slot being the
+// expert's next slot plus the matches before it in the tile (a ballot and a scan over the warps),
+// which is the order one thread scanning the assignments would give.
 __global__ inline void moe_sort_by_expert_kernel(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
                                                  index_t experts, index_t capacity, std::int32_t* slot_of,
                                                  std::int32_t* token_of_slot) {
-  for (index_t e = blockIdx.x * index_t(blockDim.x) + threadIdx.x; e < experts; e += index_t(gridDim.x) * blockDim.x) {
+  __shared__ long long partial[32];
+  __shared__ unsigned warp_matches[32];
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (index_t e = blockIdx.x; e < experts; e += gridDim.x) {
     index_t next = 0;
     if (capacity > 0) {
       next = e * capacity;
     } else {
-      for (index_t a = 0; a < n; ++a)
-        if (routed[a] >= first_expert && routed[a] < first_expert + e) ++next;
+      long long before = 0;
+      for (index_t a = threadIdx.x; a < n; a += blockDim.x)
+        if (routed[a] >= first_expert && routed[a] < first_expert + e) ++before;
+      next = static_cast<index_t>(moe_block_sum(before, partial));
     }
-    for (index_t a = 0; a < n; ++a) {
-      if (routed[a] != first_expert + e) continue;
-      slot_of[a] = static_cast<std::int32_t>(next);
-      token_of_slot[next] = static_cast<std::int32_t>(a / k);
-      ++next;
+    for (index_t base = 0; base < n; base += blockDim.x) {
+      const index_t a = base + threadIdx.x;
+      const bool match = a < n && routed[a] == first_expert + e;
+      const unsigned ballot = __ballot_sync(0xffffffffu, match);
+      __syncthreads();  // warp_matches of the previous tile has been read
+      if (lane == 0) warp_matches[warp] = static_cast<unsigned>(__popc(ballot));
+      __syncthreads();
+      index_t offset = 0, tile = 0;
+      for (unsigned w = 0; w < warps; ++w) {
+        if (w < warp) offset += warp_matches[w];
+        tile += warp_matches[w];
+      }
+      if (match) {
+        const index_t slot = next + offset + __popc(ballot & ((1u << lane) - 1u));
+        slot_of[a] = static_cast<std::int32_t>(slot);
+        token_of_slot[slot] = static_cast<std::int32_t>(a / k);
+      }
+      next += tile;
     }
   }
 }
@@ -124,8 +166,8 @@ inline void moe_sort_by_expert(const std::int32_t* routed, index_t n, index_t k,
     check_launch("moe_sort_by_expert");
   }
   if (experts <= 0 || n <= 0) return;
-  moe_sort_by_expert_kernel<<<grid_for(experts, 64), 64, 0, stream>>>(routed, n, k, first_expert, experts, capacity,
-                                                                      slot_of, token_of_slot);
+  moe_sort_by_expert_kernel<<<static_cast<unsigned>(std::min<index_t>(experts, 65535)), 256, 0, stream>>>(
+      routed, n, k, first_expert, experts, capacity, slot_of, token_of_slot);
   check_launch("moe_sort_by_expert");
 }
 
