@@ -18,7 +18,6 @@
 #include <functional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <strata/backend/cuda/backend.cuh>
@@ -117,23 +116,6 @@ int main(int argc, char** argv) {
   for (index_t cols : {hidden, qkv, mlp})
     time("bias_grad", cols, double(rows) * cols * e, [&] { device.bias_grad(dy, rows, cols, db); });
   for (index_t cols : {hidden, qkv}) time("bias_add", cols, 2.0 * rows * cols * e, [&] { device.bias_add(out, b, rows, cols); });
-  // The weight gradients of GPT-2's biased linears (qkv, attention projection, fc, fc projection):
-  // dW += dy^T x as the GEMM then bias_grad, and as gemm_weight_bias_grad (the bias gradient from the
-  // GEMM's BGRADB epilogue where it runs). Compute-bound: GB/s counts only dy and x read once.
-  A* dw = device_array<A>(static_cast<std::size_t>(mlp) * hidden);
-  for (const auto& [out_features, in_features] : {std::pair{qkv, hidden}, std::pair{hidden, hidden}, std::pair{mlp, hidden},
-                                                  std::pair{hidden, mlp}}) {
-    const std::string shape = std::to_string(out_features) + "x" + std::to_string(in_features);
-    const double bytes = double(rows) * (out_features + in_features) * e;
-    time_labeled("weight grad: gemm + bias_grad", shape, bytes, [&] {
-      device.gemm<T, A>(true, false, out_features, in_features, rows, dy, x, dw, true);
-      device.bias_grad(dy, rows, out_features, db);
-    });
-    time_labeled("weight grad: gemm_weight_bias_grad", shape, bytes, [&] {
-      device.gemm_weight_bias_grad<T, A>(rows, out_features, in_features, dy, x, dw, db);
-    });
-  }
-  cudaFree(dw);
   time("add (residual)", hidden, 3 * n * e, [&] { device.add(x, r, rows * hidden, out); });
   time("gelu_forward", mlp, 2 * nm * e, [&] { device.gelu_forward(x, rows * mlp, out); });
   time("gelu_backward", mlp, 3 * nm * e, [&] { device.gelu_backward(dy, x, rows * mlp, out); });

@@ -150,27 +150,6 @@ TEST(GemmBias, BiasAddAndBiasGradient) {
   }
 }
 
-// dW += dy^T x and db += sum_rows dy in one call: the same bits as the GEMM and bias_grad it stands for.
-static_assert(strata::has_gemm_weight_bias_grad<B, double> && strata::has_gemm_weight_bias_grad<B, bf16>,
-              "cpu::backend has the optional gemm_weight_bias_grad.");
-TEST(GemmBias, WeightAndBiasGradientEqualGemmThenBiasGrad) {
-  const index_t rows = 7, out = 5, in = 3;
-  const auto dy = random_values(rows * out, 9), x = random_values(rows * in, 10);
-  const auto dw0 = random_values(out * in, 11), db0 = random_values(out, 12);  // accumulated into
-  std::vector<double> dw = dw0, db = db0, want_dw = dw0, want_db = db0;
-  B::gemm_weight_bias_grad<double>(rows, out, in, dy.data(), x.data(), dw.data(), db.data());
-  B::gemm<double>(true, false, out, in, rows, dy.data(), x.data(), want_dw.data(), true);
-  B::bias_grad<double>(dy.data(), rows, out, want_db.data());
-  EXPECT_EQ(dw, want_dw);
-  EXPECT_EQ(db, want_db);
-  for (index_t o = 0; o < out; ++o) {
-    double sum = db0[o], dot = dw0[o * in];
-    for (index_t r = 0; r < rows; ++r) sum += dy[r * out + o], dot += dy[r * out + o] * x[r * in];
-    EXPECT_NEAR(db[o], sum, 1e-13);
-    EXPECT_NEAR(dw[o * in], dot, 1e-13);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 

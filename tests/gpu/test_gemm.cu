@@ -5,10 +5,6 @@
 // kernel), accumulate into an existing C, and the weight-gradient form: bf16 operands accumulated
 // into an fp32 C (beta = 1). Relative error ||gpu - ref|| / ||ref|| within 1e-12 / 1e-5 / 1e-2;
 // each product runs twice and gives the same bits; a repeated shape reuses its cached plan.
-// gemm_weight_bias_grad (dW += dy^T x and db += sum_rows dy, the bias gradient from cuBLASLt's
-// BGRADB epilogue where it runs) for float and bf16 with fp32 gradients: odd sizes, non-zero dW and
-// db accumulated into, same bits twice, and cuda::gemm_bias_grad itself (which shapes run fused, and
-// that the epilogue writes the sums instead of adding to them); the GPT-2 124M shapes must run fused.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -19,10 +15,6 @@
 
 using namespace gpu_test;
 using strata::cuda::backend;
-
-static_assert(strata::has_gemm_weight_bias_grad<backend, float> && strata::has_gemm_weight_bias_grad<backend, bf16> &&
-                  strata::has_gemm_weight_bias_grad<backend, double>,
-              "cuda::backend has gemm_weight_bias_grad, so the layers call it instead of gemm + bias_grad.");
 
 namespace {
 
@@ -160,87 +152,6 @@ void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_
                                                        format("%.2e", e_dx) + " (tol " + format("%.0e", tol) + ")");
 }
 
-// gemm_weight_bias_grad<T, A>(rows, out, in, dy, x, dW, db): dW[out, in] += dy^T x and db[out] +=
-// sum_rows dy (dy [rows, out], x [rows, in]) into random non-zero dW and db, against sums in double
-// (dW against the plain cuBLASLt GEMM, itself checked above, when rows * out * in is too large for the
-// host). The gradients are fp32 and the products of the inputs exact in fp32, so the tolerance is
-// float's for both input types. Then cuda::gemm_bias_grad alone: when it runs (fused), the dW it
-// accumulates has the bits of the backend call's, and the sums it writes over NaN equal sum_rows dy.
-template <class T>
-void check_weight_bias_grad(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t out, index_t in,
-                            bool must_fuse = false) {
-  using A = accumulate_t<T>;
-  host_rng rng(seed);
-  const auto R = static_cast<std::size_t>(rows), O = static_cast<std::size_t>(out), I = static_cast<std::size_t>(in);
-  const auto vdy = rng.template uniform<T>(R * O), vx = rng.template uniform<T>(R * I);
-  const auto vdw = rng.template uniform<A>(O * I), vdb = rng.template uniform<A>(O);
-  device_vector<T> dy(R * O), x(R * I);
-  device_vector<A> dw(O * I), db(O), plain(O * I), sums(O);
-  device.copy_from_host(vdy.data(), static_cast<index_t>(R * O), dy.data());
-  device.copy_from_host(vx.data(), static_cast<index_t>(R * I), x.data());
-  auto download = [&](const device_vector<A>& d) {
-    std::vector<A> h(d.size());
-    device.copy_to_host(d.data(), static_cast<index_t>(h.size()), h.data());
-    return std::vector<double>(h.begin(), h.end());
-  };
-
-  // References: db0 + sum_rows dy, and dW0 + dy^T x (columns of dy and x contiguous in double).
-  std::vector<double> column_sums(O, 0.0), ref_db(O), ref_dw(O * I);
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t o = 0; o < O; ++o) column_sums[o] += as_double(vdy[r * O + o]);
-  for (std::size_t o = 0; o < O; ++o) ref_db[o] = vdb[o] + column_sums[o];
-  const bool host_dw = double(rows) * double(out) * double(in) <= 2e8;
-  if (host_dw) {
-    std::vector<double> dy_t(O * R), x_t(I * R);
-    for (std::size_t r = 0; r < R; ++r) {
-      for (std::size_t o = 0; o < O; ++o) dy_t[o * R + r] = as_double(vdy[r * O + o]);
-      for (std::size_t j = 0; j < I; ++j) x_t[j * R + r] = as_double(vx[r * I + j]);
-    }
-    for (std::size_t o = 0; o < O; ++o)
-      for (std::size_t j = 0; j < I; ++j) {
-        double sum = vdw[o * I + j];
-        for (std::size_t r = 0; r < R; ++r) sum += dy_t[o * R + r] * x_t[j * R + r];
-        ref_dw[o * I + j] = sum;
-      }
-  } else {
-    device.copy_from_host(vdw.data(), static_cast<index_t>(O * I), plain.data());
-    device.gemm<T, A>(true, false, out, in, rows, dy.data(), x.data(), plain.data(), true);
-    ref_dw = download(plain);
-  }
-
-  auto run = [&] {
-    device.copy_from_host(vdw.data(), static_cast<index_t>(O * I), dw.data());
-    device.copy_from_host(vdb.data(), static_cast<index_t>(O), db.data());
-    device.gemm_weight_bias_grad<T, A>(rows, out, in, dy.data(), x.data(), dw.data(), db.data());
-    return std::pair{download(dw), download(db)};
-  };
-  const auto first = run(), second = run();
-  const bool repeat = same_bits(first.first, second.first) && same_bits(first.second, second.second);
-
-  // The fused GEMM alone, when it runs: the same dW bits, and the sums written (not added) over NaN.
-  device.copy_from_host(vdw.data(), static_cast<index_t>(O * I), dw.data());
-  device.fill(sums.data(), out, std::numeric_limits<double>::quiet_NaN());
-  const bool fused = strata::cuda::gemm_bias_grad<T, A>(device.blas(), device.stream(), true, false, out, in, rows,
-                                                       dy.data(), x.data(), dw.data(), true, sums.data());
-  double e_sums = 0;
-  bool fused_same_dw = true;
-  if (fused) {
-    e_sums = relative_error(download(sums), column_sums);
-    fused_same_dw = same_bits(download(dw), first.first);
-  }
-
-  const double tol = tolerance<A>();
-  const double e_dw = relative_error(first.first, ref_dw), e_db = relative_error(first.second, ref_db);
-  const bool ok = repeat && e_dw <= tol && e_db <= tol && e_sums <= tol && fused_same_dw && (fused || !must_fuse);
-  results.record(ok, "gemm_weight_bias_grad<" + type_name<T>() + "," + type_name<A>() + "> rows=" + std::to_string(rows) +
-                         " out=" + std::to_string(out) + " in=" + std::to_string(in) + (fused ? " (fused)" : " (gemm + bias_grad)") +
-                         ": dW rel " + format("%.2e", e_dw) + (host_dw ? "" : " vs the plain GEMM") + ", db rel " +
-                         format("%.2e", e_db) + (fused ? ", epilogue sums rel " + format("%.2e", e_sums) : std::string()) +
-                         " (tol " + format("%.0e", tol) + ")" + (repeat ? ", same bits twice" : ", DIFFERENT bits on the second run") +
-                         (fused_same_dw ? "" : ", the fused GEMM's dW differs from the backend call's") +
-                         (fused || !must_fuse ? "" : ", NOT FUSED at a GPT-2 shape"));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,22 +182,6 @@ int main(int argc, char** argv) {
       for (bool bias : {false, true}) {  // n = 77: not a multiple of 8, the unfused path
         check_gemm_gelu<bf16>(device, results, seed++, m, n, k, bias);
         check_gemm_gelu<float>(device, results, seed++, m, n, k, bias);
-      }
-    // gemm_weight_bias_grad: (rows, out, in), odd sizes where the epilogue may not run, then aligned ones.
-    const std::vector<std::tuple<index_t, index_t, index_t>> gradient_shapes =
-        small ? std::vector<std::tuple<index_t, index_t, index_t>>{{1, 1, 1}, {7, 13, 5}, {64, 96, 48}}
-              : std::vector<std::tuple<index_t, index_t, index_t>>{{1, 1, 1},      {1, 8, 8},     {3, 7, 5},
-                                                                   {7, 13, 5},     {33, 17, 65},  {129, 77, 33},
-                                                                   {1000, 100, 37}, {999, 769, 127}, {64, 96, 48},
-                                                                   {1000, 768, 256}, {8, 2304, 768}};
-    for (const auto& [rows, out, in] : gradient_shapes) {
-      check_weight_bias_grad<float>(device, results, seed++, rows, out, in);
-      check_weight_bias_grad<bf16>(device, results, seed++, rows, out, in);
-    }
-    if (!small)  // GPT-2 124M's biased linears at 8 x 1024 tokens: qkv, attention projection, fc, fc projection
-      for (const auto& [out, in] : std::vector<std::pair<index_t, index_t>>{{2304, 768}, {768, 768}, {3072, 768}, {768, 3072}}) {
-        check_weight_bias_grad<bf16>(device, results, seed++, 8192, out, in, true);
-        check_weight_bias_grad<float>(device, results, seed++, 8192, out, in);
       }
     return results.finish();
   } catch (const std::exception& e) {

@@ -208,17 +208,6 @@ concept Backend = backend_requirements::has_space<B> && backend_requirements::me
                   backend_requirements::init<B> && backend_requirements::adamw<B> &&
                   backend_requirements::reduction<B>;
 
-// Optional entry points, detected where they are used (namespace-scope concepts: nvcc's front end
-// evaluates a requires-expression naming a function parameter inside a function body as false).
-//   gemm_weight_bias_grad<T, A>(rows, out, in, dy, x, dweight, dbias): dweight[out, in] += dy^T x and
-//   dbias[out] += sum_rows dy (dy [rows, out], x [rows, in]), what gemm<T, A>(true, false, out, in,
-//   rows, dy, x, dweight, true) and bias_grad<T>(dy, rows, out, dbias) do, which a backend without it
-//   runs instead (layers/linear_common.hpp); CUDA fuses the two into one cuBLASLt GEMM.
-template <class B, class T, class A = accumulate_t<T>>
-concept has_gemm_weight_bias_grad = requires(B& b, const T* ct, A* a, index_t n) {
-  b.template gemm_weight_bias_grad<T, A>(n, n, n, ct, ct, a, a);
-};
-
 // One static_assert per family, each a sentence naming what is missing (docs/DEVICE.md lists the
 // exact signatures).
 template <class B>

@@ -3,8 +3,6 @@
 //
 //   forward   y[rows,out] = x[rows,in] W[out,in]^T (+ b, fused into the GEMM)
 //   backward  dW[out,in] += dy^T x;  db[out] += sum_rows dy;  dx[rows,in] = dy W
-// (dW and db in one backend call, gemm_weight_bias_grad, where the backend has it: CUDA takes the
-// bias gradient from the weight-gradient GEMM's epilogue)
 // and the GELU fusions of the MLP (backend gemm_gelu / gemm_gelu_backward, one GEMM each where the
 // backend can fuse them):
 //   linear_forward_gelu   pre = x W^T (+ b), y = gelu(pre)
@@ -17,7 +15,6 @@
 
 #include <type_traits>
 
-#include "../backend/backend.hpp"
 #include "../core/tensor.hpp"
 #include "deferred_weight_gradients.hpp"
 #include "parameter.hpp"
@@ -70,35 +67,30 @@ Tensor<T, Space> linear_forward_gelu(Device& device, const Tensor<T, Space>& x, 
   return y;
 }
 
-// The weight half of linear_backward_rows: dW[out, in] += dy^T x and db[out] += sum_rows dy, in one
-// backend call where the backend has gemm_weight_bias_grad, else the GEMM and bias_grad.
-template <class Device, class T, class Space>
-void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
-                                 Parameter<T, Space>* bias) {
-  using A = accumulate_t<T>;
-  const index_t in = weight.value.size(1), out = weight.value.size(0);
-  if constexpr (has_gemm_weight_bias_grad<Device, T, A>) {
-    if (bias) {
-      device.template gemm_weight_bias_grad<T, A>(rows, out, in, dy, x, weight.grad.data(), bias->grad.data());
-      return;
-    }
-  }
-  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
-  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
-}
-
 // The backward of linear_forward_rows on `rows` rows: accumulates dW[out, in] += dy^T x (and
 // db[out] += sum_rows dy), writes dx[rows, in] = dy W, or (dy W) * gelu'(gelu_pre) when gelu_pre
 // (rows x in, the pre-activation of the GELU that produced x) is given.
 template <class Device, class T, class Space>
 void linear_backward_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
                           Parameter<T, Space>* bias, T* dx, const T* gelu_pre = nullptr) {
+  using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  linear_weight_gradient_rows(device, x, dy, rows, weight, bias);
+  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
+  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
   if (gelu_pre)
     device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy, weight.value.data(), gelu_pre, dx);
   else
     device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
+}
+
+// The weight half of linear_backward_rows: dW[out, in] += dy^T x and db[out] += sum_rows dy.
+template <class Device, class T, class Space>
+void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
+                                 Parameter<T, Space>* bias) {
+  using A = accumulate_t<T>;
+  const index_t in = weight.value.size(1), out = weight.value.size(0);
+  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
+  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 
 // Accumulates dW (and db), returns dx (times gelu'(*gelu_pre) when gelu_pre is given). With

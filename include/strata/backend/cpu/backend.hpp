@@ -79,14 +79,6 @@ struct backend {
   static void bias_add(T* y, const T* bias, index_t rows, index_t cols) { cpu::bias_add<T>(y, bias, rows, cols); }
   template <class T, class A = accumulate_t<T>>
   static void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) { cpu::bias_grad<T>(dy, rows, cols, dbias); }
-  // dweight[out, in] += dy^T x and dbias[out] += sum_rows dy: the GEMM, then bias_grad (the CUDA
-  // backend takes the bias gradient from the GEMM's epilogue).
-  template <class T, class A = accumulate_t<T>>
-  static void gemm_weight_bias_grad(index_t rows, index_t out, index_t in, const T* dy, const T* x, A* dweight,
-                                    A* dbias) {
-    gemm<T, A>(true, false, out, in, rows, dy, x, dweight, true);  // (out, in)
-    bias_grad<T, A>(dy, rows, out, dbias);
-  }
 
   // columns
   template <class T>

@@ -168,24 +168,6 @@ class backend {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::column_sum_chunks(rows) * cols));
     kernels::bias_grad<T, A>(dy, rows, cols, dbias, workspace.data(), stream());
   }
-  // dweight[out, in] += dy^T x and dbias[out] += sum_rows dy (dy [rows, out], x [rows, in]): the weight
-  // gradient GEMM with cuBLASLt's BGRADB epilogue writing sum_rows dy to scratch (it never adds to its
-  // vector), then one add into dbias, where it runs (gemm.hpp: gemm_bias_grad); else the GEMM and
-  // bias_grad. Either way the same bits on every run.
-  template <class T, class A = accumulate_t<T>>
-  void gemm_weight_bias_grad(index_t rows, index_t out, index_t in, const T* dy, const T* x, A* dweight,
-                             A* dbias) const {
-    if (rows > 0 && out > 0 && in > 0) {
-      scratch<A> sums(state_->allocator, static_cast<std::size_t>(out));
-      if (cuda::gemm_bias_grad<T, A>(state_->blas, stream(), true, false, out, in, rows, dy, x, dweight, true,
-                                     sums.data())) {
-        kernels::add<A>(dbias, sums.data(), out, dbias, stream());
-        return;
-      }
-    }
-    gemm<T, A>(true, false, out, in, rows, dy, x, dweight, true);  // (out, in)
-    bias_grad<T, A>(dy, rows, out, dbias);
-  }
   template <class T>
   void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out) const {
     kernels::slice_columns<T>(in, rows, cols, begin, width, out, stream());

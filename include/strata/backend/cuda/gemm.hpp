@@ -19,17 +19,9 @@
 // it could not apply the bias (double, or an operand not aligned for the epilogue) so the caller
 // adds it with a kernel.
 //
-// gemm_bias_grad() adds the row sums of op(A) (sum over k) to the same GEMM: cuBLASLt's BGRADB
-// epilogue, whose vector has one value per column of the column-major D [n, m] (m of them) and sums
-// cuBLASLt's second operand, which is the A buffer, over k. For the weight gradient dW[out, in] +=
-// dy^T x (transpose_a, A = dy [rows, out], B = x [rows, in], k = rows) that is sum_rows dy, the bias
-// gradient. The epilogue writes the vector (it never accumulates into it) in C's type, and runs with
-// beta = 1 on C.
-//
 // Descriptors and the heuristic's algorithm are built once per (types, transposes, m, n, k,
-// accumulate, bias, epilogue, operand and epilogue-pointer alignments) and cached in the
-// blas_handle (a training step calls the same few shapes over and over); a cached call only sets
-// the bias / aux / bias-gradient pointer and launches.
+// accumulate, bias, operand alignments) and cached in the blas_handle (a training step calls the
+// same few shapes over and over); a cached call only sets the bias pointer and launches.
 #pragma once
 
 #include <cublasLt.h>
@@ -113,9 +105,8 @@ inline std::uint32_t pointer_alignment(const void* p) {
 
 // Everything that selects descriptors and an algorithm.
 // The epilogue fused into a GEMM: none (or BIAS), GELU of the product (+ bias) keeping the
-// pre-activation in an aux buffer, the product times GELU'(aux) (the GELU backward), or the row sums
-// of op(A) written to a vector (BGRADB: the bias gradient of a weight-gradient GEMM).
-enum class gemm_epilogue : int { none = 0, gelu_aux = 1, dgelu = 2, bias_gradient = 3 };
+// pre-activation in an aux buffer, or the product times GELU'(aux) (the GELU backward).
+enum class gemm_epilogue : int { none = 0, gelu_aux = 1, dgelu = 2 };
 
 struct gemm_key {
   int data_type, output_type;
@@ -123,7 +114,6 @@ struct gemm_key {
   int epilogue;
   index_t m, n, k;
   std::uint32_t align_a, align_b, align_c;
-  std::uint32_t align_epilogue;  // of the aux or bias-gradient pointer (0 without such an epilogue)
   bool operator==(const gemm_key&) const = default;
 };
 struct gemm_key_hash {
@@ -138,7 +128,7 @@ struct gemm_key_hash {
     mix(static_cast<std::uint64_t>(key.n));
     mix(static_cast<std::uint64_t>(key.k));
     mix(static_cast<std::uint64_t>(key.align_a) << 32 | key.align_b);
-    mix(static_cast<std::uint64_t>(key.align_c) << 32 | key.align_epilogue);
+    mix(key.align_c);
     return h;
   }
 };
@@ -148,7 +138,7 @@ struct gemm_plan {
   layout_descriptor first, second, out_c, out_d;
   cublasLtMatmulAlgo_t algo{};
   bool bias_epilogue = false;  // the bias runs in the epilogue (else the caller adds it)
-  bool fused = true;           // the requested GELU / dGELU / BGRADB epilogue runs (else nothing was planned for it)
+  bool fused = true;           // the requested GELU / dGELU epilogue runs (else nothing was planned for it)
 };
 
 }  // namespace detail
@@ -194,16 +184,14 @@ class blas_handle {
 
 
 namespace detail {
-// The GEMM of gemm(), gemm_gelu(), gemm_dgelu() and gemm_bias_grad(). With a GELU epilogue (C = T,
-// !accumulate) `aux` is the pre-activation [m, n] (written by gelu_aux, read by dgelu); with the
-// bias_gradient epilogue (no bias; accumulate allowed) `bias_gradient` [m] receives the row sums of
-// op(A). With an epilogue, returns false, having enqueued nothing, when it cannot run (the caller then
-// runs the unfused path). Without one, returns whether the bias was applied (always true when bias is
-// null).
+// The GEMM of gemm(), gemm_gelu() and gemm_dgelu(). With a GELU epilogue (C = T, !accumulate) `aux`
+// is the pre-activation [m, n] (written by gelu_aux, read by dgelu); returns false, having enqueued
+// nothing, when cuBLASLt has no algorithm with that epilogue (the caller then runs the unfused path).
+// Without one, returns whether the bias was applied (always true when bias is null).
 template <class T, class C = T>
 bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
                index_t k, const T* a, const T* b, C* c, bool accumulate, const T* bias, gemm_epilogue epilogue,
-               const T* aux, C* bias_gradient) {
+               const T* aux) {
   static_assert(std::is_same_v<C, T> || (is_half_v<T> && std::is_same_v<C, float>),
                 "cuda::gemm writes C of the input type, or float for 16-bit inputs (fp32 weight gradients).");
   using types = gemm_types<T>;
@@ -212,13 +200,7 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
   if (bias && accumulate)
     fail<Error>("cuda::gemm: a bias is only added when the product is written (accumulate = false); add it to the "
                 "output before accumulating into it");
-  if (epilogue == gemm_epilogue::bias_gradient) {
-    // Empty sizes are left to the caller's plain path (a bias gradient over k = 0 rows is no work, and
-    // m > 0 with n = 0 still owes one).
-    if (std::is_same_v<T, double> || bias != nullptr || m == 0 || n == 0 || k == 0 ||
-        pointer_alignment(bias_gradient) < 16)
-      return false;
-  } else if (epilogue != gemm_epilogue::none) {
+  if (epilogue != gemm_epilogue::none) {
     constexpr bool gelu_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
     if (!gelu_types || accumulate || m == 0 || n == 0 || k == 0 || n % 8 != 0 || pointer_alignment(aux) < 16 ||
         (bias && pointer_alignment(bias) < 16))
@@ -234,13 +216,9 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
   const bool use_bias = bias != nullptr && epilogue_types && pointer_alignment(bias) >= 16;
   const cudaDataType_t output_type = std::is_same_v<C, T> ? types::data : CUDA_R_32F;
 
-  const bool gelu_epilogue = epilogue == gemm_epilogue::gelu_aux || epilogue == gemm_epilogue::dgelu;
-  const std::uint32_t align_epilogue = gelu_epilogue                                 ? pointer_alignment(aux)
-                                       : epilogue == gemm_epilogue::bias_gradient ? pointer_alignment(bias_gradient)
-                                                                                  : 0;
   const gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
                      accumulate, use_bias, static_cast<int>(epilogue), m, n, k, pointer_alignment(a),
-                     pointer_alignment(b), pointer_alignment(c), align_epilogue};
+                     pointer_alignment(b), pointer_alignment(c)};
   gemm_plan& plan = blas.plan(key, [&](gemm_plan& p) {
     // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
     // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
@@ -257,15 +235,7 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-      if (epilogue == gemm_epilogue::bias_gradient) {
-        // BGRADB: the sums over k of cuBLASLt's second operand (op(A)^T [k, m]), one per column of the
-        // column-major D [n, m]; CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE keeps its default, C's type.
-        const cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BGRADB;
-        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
-        void* gradient_pointer = bias_gradient;
-        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                           &gradient_pointer, sizeof(gradient_pointer)));
-      } else if (epilogue != gemm_epilogue::none) {
+      if (epilogue != gemm_epilogue::none) {
         // The aux matrix has D's column-major layout [n, m] (ld n).
         const cublasLtEpilogue_t kind = epilogue == gemm_epilogue::dgelu
                                             ? CUBLASLT_EPILOGUE_DGELU
@@ -344,15 +314,10 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                                        sizeof(bias_pointer)));
   }
-  if (gelu_epilogue) {
+  if (epilogue != gemm_epilogue::none) {
     const void* aux_pointer = aux;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                        &aux_pointer, sizeof(aux_pointer)));
-  }
-  if (epilogue == gemm_epilogue::bias_gradient) {
-    void* gradient_pointer = bias_gradient;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                       &gradient_pointer, sizeof(gradient_pointer)));
   }
   const scale_t alpha = 1, beta = accumulate ? 1 : 0;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle,
@@ -368,7 +333,7 @@ template <class T, class C = T>
 bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
           const T* a, const T* b, C* c, bool accumulate, const T* bias = nullptr) {
   return detail::gemm_impl<T, C>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, c, accumulate, bias,
-                                 detail::gemm_epilogue::none, nullptr, nullptr);
+                                 detail::gemm_epilogue::none, nullptr);
 }
 
 // pre[m,n] = op(A) op(B) (+ bias[n]) and out = gelu_tanh(pre), in one GEMM (cuBLASLt's GELU_AUX(_BIAS)
@@ -379,7 +344,7 @@ template <class T>
 bool gemm_gelu(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
                const T* a, const T* b, const T* bias, T* pre, T* out) {
   return detail::gemm_impl<T, T>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, out, false, bias,
-                                 detail::gemm_epilogue::gelu_aux, pre, nullptr);
+                                 detail::gemm_epilogue::gelu_aux, pre);
 }
 
 // out[m,n] = (op(A) op(B)) * gelu_tanh'(pre), in one GEMM (cuBLASLt's DGELU epilogue). Returns false,
@@ -388,20 +353,7 @@ template <class T>
 bool gemm_dgelu(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
                 index_t k, const T* a, const T* b, const T* pre, T* out) {
   return detail::gemm_impl<T, T>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, out, false, nullptr,
-                                 detail::gemm_epilogue::dgelu, pre, nullptr);
-}
-
-// Row-major C[m,n] (= or +=) op(A) op(B) and row_sums[i] = sum_p op(A)[i,p] (written, not added to),
-// in one GEMM (cuBLASLt's BGRADB epilogue; row_sums has C's type). The weight gradient: transpose_a,
-// A = dy [k = rows, m = out], B = x [rows, n = in], accumulate: dW += dy^T x and row_sums = sum_rows
-// dy, the bias gradient. Returns false, having enqueued nothing, when the epilogue cannot run (double,
-// an empty size, row_sums not 16-byte aligned, or no algorithm with it for this shape, which the plan
-// remembers): the caller then runs gemm and bias_grad.
-template <class T, class C = T>
-bool gemm_bias_grad(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
-                    index_t k, const T* a, const T* b, C* c, bool accumulate, C* row_sums) {
-  return detail::gemm_impl<T, C>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, c, accumulate, nullptr,
-                                 detail::gemm_epilogue::bias_gradient, nullptr, row_sums);
+                                 detail::gemm_epilogue::dgelu, pre);
 }
 
 }  // namespace cuda
