@@ -695,13 +695,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   auto loss_history = Tensor<double, Space>::zeros(Shape{slots});
   auto norm_history = Tensor<double, Space>::zeros(Shape{slots});
   auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
-  // The NaN check's running sum of every iteration's loss sum and gradient norm: finite exactly
-  // while every one of them was. The optimizer skips its update when it is not (read by the
-  // kernels), and the host reads it at log and save steps only.
   // Mixture of experts: per iteration the routers' [aux, z] losses summed over every rank, layer and
   // micro-batch (slots 2 (it - start) and +1), read with the loss.
   auto router_history = Tensor<double, Space>::zeros(Shape{moe ? 2 * slots : 1});
   std::vector<int> micro_batches_of(static_cast<std::size_t>(slots), 0);  // per iteration, every data-parallel rank's
+  // The NaN check's running sum of every iteration's loss sum and gradient norm: finite exactly
+  // while every one of them was. The optimizer skips its update when it is not (read by the
+  // kernels), and the host reads it at log and save steps only.
   auto health = Tensor<double, Space>::zeros(Shape{1});
   auto iteration_health = Tensor<double, Space>::zeros(Shape{1});  // --skip-nonfinite-iterations
   std::vector<double> loss_tokens(static_cast<std::size_t>(slots), 0.0), lrs(static_cast<std::size_t>(slots), 0.0);
