@@ -32,7 +32,9 @@ void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = Moe
   inprocess::run(ep * etp, [&](inprocess::communicator& world) {
     auto ctx = Context::create(world, ParallelConfig{.dp = ep * etp, .ep = ep, .etp = etp});
     Dispatcher dispatcher(ctx, DispatcherConfig{kHidden, kExperts, kTopk, type});
-    if constexpr (std::is_same_v<Dispatcher, ConfiguredDispatcher<P>>) EXPECT_EQ(dispatcher.type(), type) << what;
+    if constexpr (std::is_same_v<Dispatcher, ConfiguredDispatcher<P>>) {
+      EXPECT_EQ(dispatcher.type(), type) << what;
+    }
     EXPECT_EQ(dispatcher.local_experts(), kExperts / ep) << what;
     const auto key = static_cast<std::uint64_t>(world.rank());
     Tensor<double> x = strata_test::random_tensor<double>(Shape{kTokens, kHidden}, 100 + key);
@@ -57,7 +59,9 @@ void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = Moe
     index_t rows = 0;
     for (index_t n : dispatched.tokens_per_expert) {
       rows += n;
-      if (pad) EXPECT_EQ(n, capacity * ep * etp) << what;  // from every rank of the etp x ep group
+      if (pad) {
+        EXPECT_EQ(n, capacity * ep * etp) << what;  // from every rank of the etp x ep group
+      }
     }
     EXPECT_EQ(rows, dispatched.tokens.shape().rows()) << what;
     Tensor<double> output = dispatched.tokens.clone();  // identity experts, partial over etp

@@ -225,9 +225,10 @@ class AllToAllDispatcher {
     auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
     ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.permuted, permuted.data());
 
-    // The counts first: received[p * local + l] = rows rank p sends to my local expert l.
-    std::vector<std::int32_t> received(static_cast<std::size_t>(E));
-    {
+    // The counts first: received[p * local + l] = rows rank p sends to my local expert l (with ep = 1,
+    // this rank's own counts: no exchange and no second read on the host).
+    std::vector<std::int32_t> received(per_expert);
+    if (ep > 1) {
       auto send = Tensor<std::int32_t, Space>::empty(Shape{E}), recv = Tensor<std::int32_t, Space>::empty(Shape{E});
       ctx.device.template copy_from_host<std::int32_t>(per_expert.data(), E, send.data());
       const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
@@ -241,10 +242,7 @@ class AllToAllDispatcher {
         state.send_rows[p] += per_expert[p * local_ + l];
         state.recv_rows[p] += received[p * local_ + l];
       }
-    const index_t mine = std::accumulate(state.recv_rows.begin(), state.recv_rows.end(), index_t{0});
-    auto exchanged = Tensor<T, Space>::empty(Shape{mine, h});  // (p, l) order
-    ctx.ep.all_to_all(detail::read_only(permuted), detail::times(state.send_rows, h), exchanged.buffer(),
-                      detail::times(state.recv_rows, h));
+    const Tensor<T, Space> exchanged = exchange(ctx, state, permuted);
 
     // All-gather over etp: the chunk sizes, then the rows.
     std::vector<std::int32_t> chunks(received);
@@ -290,10 +288,7 @@ class AllToAllDispatcher {
     ctx.device.template moe_combine_backward<T, A>(dy.data(), state.combined_output.data(), state.slot_of.data(),
                                                    state.weights.data(), state.tokens, k, h, state.permuted,
                                                    d_permuted.data(), dweights.data());
-    const index_t mine = std::accumulate(state.recv_rows.begin(), state.recv_rows.end(), index_t{0});
-    auto exchanged = Tensor<T, Space>::empty(Shape{mine, h});
-    ctx.ep.all_to_all(detail::read_only(d_permuted), detail::times(state.send_rows, h), exchanged.buffer(),
-                      detail::times(state.recv_rows, h));
+    const Tensor<T, Space> exchanged = exchange(ctx, state, d_permuted);
     Tensor<T, Space> gathered = exchanged;
     if (ctx.expert_tp.size() > 1) {
       gathered = Tensor<T, Space>::empty(Shape{state.rows, h});
@@ -348,10 +343,22 @@ class AllToAllDispatcher {
       ctx.expert_tp.reduce_scatter_v(detail::read_only(chunked), mine.buffer(), detail::times(state.etp_rows, h),
                                      ReduceOp::sum);
     }
+    if (ctx.ep.size() == 1) return mine;  // the all_to_all of one rank: the rows themselves
     auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
     ctx.ep.all_to_all(detail::read_only(mine), detail::times(state.recv_rows, h), permuted.buffer(),
                       detail::times(state.send_rows, h));
     return permuted;
+  }
+
+  // Rows in this rank's permuted order -> the rows of its local experts from every ep rank, (p, l)
+  // order: the all_to_all over ep; with ep = 1 the rows themselves (shared, read only), no copy.
+  Tensor<T, Space> exchange(Context& ctx, const State& state, const Tensor<T, Space>& rows) const {
+    if (ctx.ep.size() == 1) return rows;
+    const index_t mine = std::accumulate(state.recv_rows.begin(), state.recv_rows.end(), index_t{0});
+    auto out = Tensor<T, Space>::empty(Shape{mine, config_.hidden_size});
+    ctx.ep.all_to_all(detail::read_only(rows), detail::times(state.send_rows, config_.hidden_size), out.buffer(),
+                      detail::times(state.recv_rows, config_.hidden_size));
+    return out;
   }
 
   DispatcherConfig config_;
