@@ -22,6 +22,8 @@
 
 #include <strata/backend/cuda/backend.cuh>
 
+#include "cuda_timing.hpp"
+
 using strata::bf16;
 using strata::index_t;
 using T = bf16;
@@ -29,12 +31,7 @@ using A = float;
 
 namespace {
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "bench_cuda_kernels: %s failed: %s\n", what, cudaGetErrorString(status));
-    std::exit(2);
-  }
-}
+void check(cudaError_t status, const char* what) { strata_bench::check_cuda(status, "bench_cuda_kernels", what); }
 
 // Device memory filled with small values (a bf16 pattern in [-1, 1)), so no kernel sees NaN or inf.
 template <class V>
@@ -53,24 +50,7 @@ struct row {
 };
 
 double median_us(const strata::cuda::backend& device, const std::function<void()>& call) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < 3; ++i) call();
-  std::vector<double> times;
-  for (int i = 0; i < 20; ++i) {
-    check(cudaEventRecord(start, device.stream()), "cudaEventRecord");
-    call();
-    check(cudaEventRecord(stop, device.stream()), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(1000.0 * ms);
-  }
-  std::sort(times.begin(), times.end());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return times[times.size() / 2];
+  return 1000.0 * strata_bench::median_ms(device, 20, call, "bench_cuda_kernels");
 }
 
 }  // namespace

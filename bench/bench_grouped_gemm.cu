@@ -35,6 +35,8 @@
 
 #include <strata/backend/cuda/backend.cuh>
 
+#include "cuda_timing.hpp"
+
 using strata::bf16;
 using strata::index_t;
 
@@ -42,12 +44,7 @@ namespace {
 
 constexpr index_t kExperts = 8;
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "bench_grouped_gemm: %s failed: %s\n", what, cudaGetErrorString(status));
-    std::exit(2);
-  }
-}
+void check(cudaError_t status, const char* what) { strata_bench::check_cuda(status, "bench_grouped_gemm", what); }
 
 // n elements of normal values (stddev 0.02, as initialized weights), so the tensor cores see varied bits.
 template <class V>
@@ -60,24 +57,7 @@ V* device_array(const strata::cuda::backend& device, std::size_t n, std::uint64_
 }
 
 double median_ms(const strata::cuda::backend& device, int iterations, const std::function<void()>& call) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < 3; ++i) call();
-  std::vector<double> times;
-  for (int i = 0; i < iterations; ++i) {
-    check(cudaEventRecord(start, device.stream()), "cudaEventRecord");
-    call();
-    check(cudaEventRecord(stop, device.stream()), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return times[times.size() / 2];
+  return strata_bench::median_ms(device, iterations, call, "bench_grouped_gemm");
 }
 
 // Rows per expert: an even split, or one expert with 40% and an even split of the rest.
