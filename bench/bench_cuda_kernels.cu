@@ -136,6 +136,18 @@ int main(int argc, char** argv) {
   time("cross_entropy_backward (smoothing 0.1)", local, nu * e + nl * e + 3.0 * rows * f, [&] {
     device.cross_entropy_backward(logits, lse, labels, 0, rows, local, used, used, smoothing, dloss, dlogits);
   });
+  // The fused forward-backward (a rank holding the whole vocabulary): the max, sums, loss and
+  // backward of one row in one kernel, the gradient written over the logits; bytes as the backward's
+  // (read the row, write it once). Timed at a few grid sizes (blocks per multiprocessor), the first
+  // being the default. Each call overwrites the logits with their gradient, so the logits of later
+  // calls are small numbers: the time of the exponentials does not depend on their values.
+  for (const int per_sm : {strata::cuda::kernels::kCrossEntropyFusedBlocksPerSm, 1, 3, 4, 8}) {
+    time("cross_entropy_forward_backward (" + std::to_string(per_sm) + " blocks per SM)", local,
+         nu * e + nl * e + 3.0 * rows * f, [&] {
+           strata::cuda::kernels::cross_entropy_forward_backward<T, A>(logits, labels, rows, local, used, used, A(0),
+                                                                       dloss, loss, device.stream(), per_sm);
+         });
+  }
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cudaFree(logits);
   cudaFree(dlogits);

@@ -18,7 +18,9 @@
 # "124M 350M"); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
 # STRATA_BENCH_DTYPE=fp16 runs both in fp16 with dynamic loss scaling (strata --dtype fp16 from a
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
-# instead of bf16.
+# instead of bf16. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
+# --no-deterministic-attention (cuDNN's attention backward adding dQ up with atomics): the cost of
+# bit-identical runs, as its own row.
 # It measures and prints; it asserts nothing about speed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -82,6 +84,10 @@ for shape in $shapes; do
     --profile --profile-step-start 10 --profile-step-end 12 --log-jsonl "$out/strata-$shape-2.jsonl" \
     >"$out/strata-$shape-traced.log" 2>&1
   echo "exit $?" >>"$out/strata-$shape-traced.log"
+  if [[ ${STRATA_BENCH_NONDETERMINISTIC:-0} != 0 ]]; then
+    timeout 600 "$trainer" "${common[@]}" --no-deterministic-attention >"$out/strata-$shape-nd.log" 2>&1
+    echo "exit $?" >>"$out/strata-$shape-nd.log"
+  fi
   if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
     echo "peer $shape ..."
     timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" --dtype "$dtype" \
@@ -115,6 +121,15 @@ for s in shapes:
                     f"{first.group(1) + ' s' if first else '?'} | {same} |")
     else:
         rows.append(f"| GPT-2 {s} | strata | {B} | failed (see strata-{s}.log) | | | | |")
+    if os.path.exists(f"{out}/strata-{s}-nd.log"):
+        nd = open(f"{out}/strata-{s}-nd.log").read()
+        tps_nd = re.findall(r"\|\s+(\d+) tokens/s", nd)
+        if params and tps_nd:
+            tok = int(tps_nd[-1]); n = int(params.group(1))
+            mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
+            rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
+        else:
+            rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
     try:
         peer = [json.loads(l) for l in open(f"{out}/peer-{s}.log") if l.startswith("{")][-1]
         rows.append(f"| GPT-2 {s} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "

@@ -160,6 +160,87 @@ std::uint64_t union_length(std::vector<std::pair<std::uint64_t, std::uint64_t>> 
   return total;
 }
 
+// Where the GPU waits: on the busiest device, every gap of at least 2 us between the end of the busy
+// span so far and the next kernel's start, summed per (kernel before, kernel after) pair, the
+// largest first; and how much of the wall time lies before the window's first kernel or after its
+// last one (the window's edges, not gaps inside the step).
+template <class InWindow>
+void report_gaps(std::FILE* out, double steps, InWindow&& in_window) {
+  std::map<std::uint32_t, std::vector<const Interval*>> by_device;
+  for (const auto& i : g_intervals)
+    if (in_window(i)) by_device[i.device].push_back(&i);
+  if (by_device.empty()) return;
+  auto busiest = by_device.begin();
+  for (auto it = by_device.begin(); it != by_device.end(); ++it)
+    if (it->second.size() > busiest->second.size()) busiest = it;
+  auto& list = busiest->second;
+  std::sort(list.begin(), list.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  auto short_name = [](const std::string& n) { return n.size() > 60 ? n.substr(0, 57) + "..." : n; };
+  std::map<std::pair<std::string, std::string>, std::pair<std::uint64_t, std::uint64_t>> pairs;  // -> (count, ns)
+  std::uint64_t inside = 0, count = 0, end = list.front()->end;
+  const Interval* before = list.front();
+  for (std::size_t k = 1; k < list.size(); ++k) {
+    const Interval* i = list[k];
+    if (i->start > end + 2000) {
+      auto& slot = pairs[{short_name(before->name), short_name(i->name)}];
+      slot.first += 1;
+      slot.second += i->start - end;
+      inside += i->start - end;
+      ++count;
+    }
+    if (i->end > end) {
+      end = i->end;
+      before = i;
+    }
+  }
+  std::uint64_t edges = 0;
+  for (const auto& [s, e] : g_windows) {
+    std::uint64_t lo = UINT64_MAX, hi = 0;
+    for (const Interval* i : list)
+      if (i->start >= s && i->start < e) lo = std::min(lo, i->start), hi = std::max(hi, i->end);
+    if (lo != UINT64_MAX) edges += (lo > s ? lo - s : 0) + (e > hi ? e - hi : 0);
+  }
+  std::fprintf(out, "\n## Gaps on device %u: %.3f ms per step in %.1f gaps of >= 2 us between kernels; window edges "
+                    "(before the first kernel, after the last) %.3f ms per step\n\n",
+               busiest->first, inside / steps / 1e6, count / steps, edges / steps / 1e6);
+  std::fprintf(out, "| kernel before | kernel after | gaps per step | ms per step |\n| --- | --- | ---: | ---: |\n");
+  std::vector<std::pair<std::uint64_t, std::pair<std::string, std::string>>> sorted;
+  for (const auto& [names, v] : pairs) sorted.emplace_back(v.second, names);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (std::size_t k = 0; k < sorted.size() && k < 15; ++k) {
+    const auto& [ns, names] = sorted[k];
+    std::string a = names.first, b = names.second;
+    for (char& c : a) if (c == '|') c = '/';
+    for (char& c : b) if (c == '|') c = '/';
+    std::fprintf(out, "| %s | %s | %.1f | %.3f |\n", a.c_str(), b.c_str(), pairs[names].first / steps, ns / steps / 1e6);
+  }
+}
+
+// Communication against computation, per device: the NCCL kernels' busy time, and how much of it
+// ran while a non-NCCL kernel ran too (on another stream): the overlap a tensor- or data-parallel
+// step gets. Printed only when NCCL kernels ran in the window.
+template <class InWindow>
+void report_overlap(std::FILE* out, double steps, InWindow&& in_window) {
+  std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> comm, compute;
+  for (const auto& i : g_intervals) {
+    if (!in_window(i) || i.name.rfind("[mem", 0) == 0) continue;
+    (category(i.name) == "NCCL collectives" ? comm : compute)[i.device].emplace_back(i.start, i.end);
+  }
+  if (comm.empty()) return;
+  std::fprintf(out, "\n## Communication overlap\n\n| device | NCCL busy ms per step | of it under compute kernels | "
+                    "share overlapped |\n| ---: | ---: | ---: | ---: |\n");
+  for (auto& [device, c] : comm) {
+    auto& k = compute[device];
+    const std::uint64_t nccl = union_length(c), work = union_length(k);
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> both = c;
+    both.insert(both.end(), k.begin(), k.end());
+    const std::uint64_t either = union_length(both);
+    const std::uint64_t overlapped = nccl + work > either ? nccl + work - either : 0;  // |A and B| = |A| + |B| - |A or B|
+    std::fprintf(out, "| %u | %.3f | %.3f | %.1f%% |\n", device, nccl / steps / 1e6, overlapped / steps / 1e6,
+                 nccl ? 100.0 * overlapped / nccl : 0.0);
+  }
+}
+
 void report() {
   if (g_done.exchange(true)) return;
   cuptiActivityFlushAll(1);
@@ -229,6 +310,8 @@ void report() {
     std::fprintf(out, "| %s | %s | %.1f | %.3f | %.1f | %.1f%% |\n", shown.c_str(), category(n).c_str(), calls / steps,
                  ns / steps / 1e6, calls ? ns / 1e3 / calls : 0.0, total ? 100.0 * ns / total : 0.0);
   }
+  report_gaps(out, steps, in_window);
+  report_overlap(out, steps, in_window);
   if (out != stderr) std::fclose(out);
 }
 

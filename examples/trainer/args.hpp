@@ -157,6 +157,10 @@ struct TrainArgs {
   std::string wandb_project, wandb_exp_name, wandb_save_dir;  // refused: Weights & Biases needs a network
   bool quiet = false;
   bool check_for_nan_in_loss_and_grad = true;  // stop at the first non-finite loss or gradient norm
+  // false (--no-deterministic-attention): cuDNN's attention backward may add dQ up in any order
+  // (atomics), which is faster and makes runs differ in the last bits; every other kernel stays
+  // deterministic. A no-op on the CPU and on the flash kernels.
+  bool deterministic_attention = true;
   bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
   // --profile: cudaProfilerStart before iteration profile_step_start and cudaProfilerStop after
   // iteration profile_step_end - 1 (Megatron's flags), for a tracer or profiler to bracket those
@@ -584,6 +588,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--profile-step-end", a.profile_step_end, "iteration after the last profiled one");
   app.add_flag("--check-for-nan-in-loss-and-grad,!--no-check-for-nan-in-loss-and-grad", a.check_for_nan_in_loss_and_grad,
                "stop at the first iteration whose loss or gradient norm is NaN or infinite (default on)");
+  app.add_flag("--deterministic-attention,!--no-deterministic-attention", a.deterministic_attention,
+               "cuDNN's deterministic attention backward (default on: two runs give the same losses bit for bit); "
+               "--no-deterministic-attention lets it add dQ up with atomics, faster and no longer bit-identical");
   add_data_parallel_options(app, a);
   add_moe_options(app, a);
   app.add_flag_callback("--recompute-activations", [&a] { a.recompute_granularity = "selective"; },

@@ -472,6 +472,8 @@ struct SharedRun {
 // process-local host barrier (nccl::communicator).
 template <class B>
 concept has_frozen_plans = requires(B& b) { b.attention().freeze(); };
+template <class B>
+concept has_attention_determinism = requires(B& b) { b.attention().deterministic(true); };
 template <class C>
 concept has_local_barrier = requires(C& c) { c.local_barrier(); };
 template <class C>
@@ -553,6 +555,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // waits for this thread; so in that mode the plans are then frozen (a shape not planned here
   // runs on the flash kernels).
   const auto t_plan = std::chrono::steady_clock::now();
+  if constexpr (has_attention_determinism<typename Policy::backend>) device.attention().deterministic(a.deterministic_attention);
   const std::int64_t in_use_before_plans = device_bytes_in_use(ctx.device);
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);

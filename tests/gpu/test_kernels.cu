@@ -9,7 +9,7 @@
 // The memory-bound kernels with 16-byte vector paths (norms, bias, add, GELU) are checked again on
 // aligned and misaligned tensors and on row widths that pick each path (test_vector_paths), the
 // cross-entropy row kernels likewise, with padded columns and labels on and off this rank
-// (test_cross_entropy_paths).
+// (test_cross_entropy_paths), and their fused forward-backward (test_cross_entropy_fused).
 //
 // Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
 #include <cmath>
@@ -507,6 +507,60 @@ void test_cross_entropy_paths(harness& h, index_t rows, index_t local, index_t u
   for (std::size_t i = 0; i < R; ++i)
     for (index_t j = used; j < local; ++j) nonzero += static_cast<double>(std::get<3>(r1)[i * static_cast<std::size_t>(local) + j]) != 0.0;
   h.results.record(nonzero == 0, shape_label<T>("cross_entropy_backward", dd) + " padded columns: " + std::to_string(nonzero) + " not zero");
+}
+
+// The fused forward-backward of a rank holding every column (begin 0) on logits `offset` elements
+// into their allocation: losses against the exact (double) twin, the gradient written over the
+// logits against the twin's backward in T, padded columns exactly zero. Row i's label is random (i %
+// 3 = 0), the last real column (1) or the first (2); more rows than the grid's blocks make each
+// block take several rows.
+template <class T>
+void test_cross_entropy_fused(harness& h, index_t rows, index_t local, index_t used, index_t offset,
+                              double label_smoothing) {
+  using A = accumulate_t<T>;
+  const auto R = static_cast<std::size_t>(rows), N = R * static_cast<std::size_t>(local);
+  const index_t vocab = used;
+  auto& dev = h.device;
+  auto rng = h.fresh();
+  auto vlogits = rng.template uniform<T>(N, -6, 6);
+  auto random_label = rng.integers(R, 0, static_cast<std::int32_t>(used - 1));
+  std::vector<std::int32_t> vlabels(R);
+  for (std::size_t i = 0; i < R; ++i) {
+    const index_t cases[3] = {random_label[i], used - 1, 0};
+    vlabels[i] = static_cast<std::int32_t>(cases[i % 3]);
+  }
+  auto vdloss = rng.template uniform<A>(R, 0.1, 1.0);
+  const A smoothing = A(label_smoothing > 0 ? label_smoothing * double(vocab) / (double(vocab) - 1.0) : 0.0);
+  std::vector<A> rloss(R);
+  std::vector<T> rdz = vlogits;
+  twin::cross_entropy_forward_backward(rdz.data(), vlabels.data(), rows, local, used, vocab, smoothing, vdloss.data(),
+                                       rloss.data());
+  if constexpr (!std::is_same_v<T, double>) {  // the loss against the exact sums (test_cross_entropy_paths says why)
+    std::vector<double> logits64(vlogits.begin(), vlogits.end()), loss64(R), dloss64(vdloss.begin(), vdloss.end());
+    twin::cross_entropy_forward_backward(logits64.data(), vlabels.data(), rows, local, used, vocab, double(smoothing),
+                                         dloss64.data(), loss64.data());
+    rloss.assign(loss64.begin(), loss64.end());
+  }
+  device_vector<T> logits_at(N + static_cast<std::size_t>(offset));
+  T* logits = logits_at.data() + offset;
+  device_vector<std::int32_t> labels(R);
+  device_vector<A> loss(R), dloss(R);
+  auto run = [&] {
+    upload_at(dev, vlogits, logits); upload(dev, vlabels, labels); upload(dev, vdloss, dloss); nan_fill(dev, loss);
+    dev.cross_entropy_forward_backward(logits, labels.data(), rows, local, used, vocab, smoothing, dloss.data(), loss.data());
+    return std::pair{download(dev, loss), download_at(dev, logits, N)};
+  };
+  auto r1 = run(), r2 = run();
+  const std::string dd = "rows=" + std::to_string(rows) + " local=" + std::to_string(local) + " used=" + std::to_string(used) +
+                         " offset=" + std::to_string(offset) + " label_smoothing=" + format("%.1f", label_smoothing);
+  const double tol = tolerance<T>();
+  compare(h, shape_label<T>("cross_entropy_forward_backward", dd), "loss", r1.first, r2.first, rloss, tol);
+  compare(h, shape_label<T>("cross_entropy_forward_backward", dd), "dlogits", r1.second, r2.second, rdz, tol);
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < R; ++i)
+    for (index_t j = used; j < local; ++j) nonzero += static_cast<double>(r1.second[i * static_cast<std::size_t>(local) + j]) != 0.0;
+  h.results.record(nonzero == 0, shape_label<T>("cross_entropy_forward_backward", dd) + " padded columns: " +
+                                     std::to_string(nonzero) + " not zero");
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1026,6 +1080,16 @@ int main(int argc, char** argv) {
           test_cross_entropy_paths<float>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
           test_cross_entropy_paths<double>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
           test_cross_entropy_paths<bf16>(h, shape.rows, shape.local, shape.used, logits_offset, dlogits_offset, label_smoothing);
+        }
+    // The fused forward-backward (tp = 1): the same widths, and more rows than its grid has blocks.
+    std::vector<ce_shape> fused_shapes = ce_shapes;
+    if (!small) fused_shapes.insert(fused_shapes.end(), {{1001, 2048, 2043}, {400, 50304, 50257}});
+    for (const auto& shape : fused_shapes)
+      for (const index_t offset : {0, 1, 3})
+        for (const double label_smoothing : {0.0, 0.1}) {
+          test_cross_entropy_fused<float>(h, shape.rows, shape.local, shape.used, offset, label_smoothing);
+          test_cross_entropy_fused<double>(h, shape.rows, shape.local, shape.used, offset, label_smoothing);
+          test_cross_entropy_fused<bf16>(h, shape.rows, shape.local, shape.used, offset, label_smoothing);
         }
     for (index_t n : small ? std::vector<index_t>{1, 77} : std::vector<index_t>{1, 77, 100003}) {
       test_convert<float, bf16>(h, n);

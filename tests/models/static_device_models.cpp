@@ -91,6 +91,9 @@ struct mock_device_backend {
   template <class T, class A = strata::accumulate_t<T>>
   void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* labels, index_t begin, index_t rows,
                               index_t local, index_t used, index_t vocab, A smoothing, const A* dloss, T* dlogits);
+  template <class T, class A = strata::accumulate_t<T>>
+  void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local, index_t used,
+                                      index_t vocab, A smoothing, const A* dloss, A* loss);
   template <class A> void masked_loss_sum(const A* loss, const A* mask, index_t n, double* out);
   template <class T> void dropout_forward(T* x, index_t n, strata::GlobalIndexMap map, double p, std::uint64_t key);
   template <class T> void dropout_backward(T* dy, index_t n, strata::GlobalIndexMap map, double p, std::uint64_t key);

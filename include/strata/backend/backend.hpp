@@ -139,6 +139,7 @@ concept cross_entropy_of = requires(B& b, const T* ct, T* t, A* a, const A* ca, 
   b.template cross_entropy_sums<T>(ct, n, n, n, ca, labels, n, a);
   b.template cross_entropy_loss<A>(ca, ca, n, n, smoothing, a, a);
   b.template cross_entropy_backward<T>(ct, ca, labels, n, n, n, n, n, smoothing, ca, t);
+  b.template cross_entropy_forward_backward<T>(t, labels, n, n, n, n, smoothing, ca, a);
   b.template masked_loss_sum<A>(ca, ca, n, out);
 };
 template <class B>
@@ -223,7 +224,7 @@ constexpr bool check_backend() {
   static_assert(r::rope<B>, "The backend is missing rope_forward or rope_backward for float, double or bf16.");
   static_assert(r::attention<B>, "The backend is missing attention_forward, attention_backward (causal, saving the log-sum-exp) or prepare_attention, each with and without a trailing AttentionOptions (strides and dropout), for float, double or bf16.");
   static_assert(r::embedding<B>, "The backend is missing an embedding entry point: embedding_forward, embedding_backward, position_add or position_grad for float, double or bf16.");
-  static_assert(r::cross_entropy<B>, "The backend is missing a cross-entropy entry point: cross_entropy_max, cross_entropy_sums, cross_entropy_loss, cross_entropy_backward or masked_loss_sum for float, double or bf16.");
+  static_assert(r::cross_entropy<B>, "The backend is missing a cross-entropy entry point: cross_entropy_max, cross_entropy_sums, cross_entropy_loss, cross_entropy_backward, cross_entropy_forward_backward or masked_loss_sum for float, double or bf16.");
   static_assert(r::dropout<B>, "The backend is missing dropout_forward or dropout_backward (mask recomputed from a key and a GlobalIndexMap) for float, double or bf16.");
   static_assert(r::init<B>, "The backend is missing init_normal (normal values at a ShardIndexMap's global index) for float, double or bf16.");
   static_assert(r::adamw<B>, "The backend is missing adamw_step (fp32 main parameters and moments, an AdamWStep of constants) for float, double or bf16.");

@@ -97,15 +97,32 @@ class ColumnParallelLinear {
   }
 
   // With `deferred`, the weight gradients are appended to it instead (a split backward).
+  //
+  // Over more than one rank, the input gradient is computed first and its reduction (all-reduce,
+  // or reduce-scatter under sequence parallelism) is issued on the communicator's overlapped
+  // handle, so on NCCL it runs on the communication stream while the compute stream accumulates
+  // the weight and bias gradients, which do not depend on it; the compute stream joins it before
+  // the result is returned. The operations and their operands are the same as without overlap, so
+  // are the bits (an in-process communicator has finished each collective when it returns).
   template <class Layout>
   Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
-    return reduce_input_gradient(
-        ctx, Act<layout::partial>(
-                 detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr, nullptr, deferred)));
+    if (deferred || ctx.tp.size() == 1)
+      return reduce_input_gradient(
+          ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
+                                                            bias_ ? &*bias_ : nullptr, nullptr, deferred)));
+    DeferredWeightGradients weights;
+    Act<layout::partial> dx(
+        detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr, nullptr, &weights));
+    Comm comm = overlapped_handle(ctx.tp);
+    Act<input_layout> reduced = reduce_input_gradient_on(ctx, comm, dx);  // dx stays alive until the join
+    const std::uint64_t mark = overlapped_mark(comm);
+    weights.run();
+    join_overlapped(ctx.tp, mark);
+    return reduced;
   }
 
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
@@ -127,8 +144,7 @@ class ColumnParallelLinear {
     detail::linear_backward_rows(ctx.device, input, dy, rows, *weight_, bias_ ? &*bias_ : nullptr, dx);
   }
   Act<input_layout> reduce_input_gradient(Context& ctx, Act<layout::partial> dx) const {
-    if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.device, ctx.tp, dx);
-    else return copy_to_tensor_parallel_backward(ctx.tp, std::move(dx));
+    return reduce_input_gradient_on(ctx, ctx.tp, dx);
   }
 
   void init(Context& ctx, std::uint64_t seed, double stddev) {
@@ -147,6 +163,13 @@ class ColumnParallelLinear {
   Param* bias() { return bias_ ? &*bias_ : nullptr; }
 
  private:
+  // The reduction on `tp` (the group's handle, or its overlapped one); without sequence parallelism
+  // dx's storage is reduced in place and returned.
+  Act<input_layout> reduce_input_gradient_on(Context& ctx, Comm& tp, Act<layout::partial>& dx) const {
+    if constexpr (sequence_parallel) return gather_from_sequence_parallel_backward(ctx.device, tp, dx);
+    else return copy_to_tensor_parallel_backward(tp, Act<layout::partial>(dx.tensor));
+  }
+
   static void check_gather(int stacks) {
     if (Options.gather_output && stacks != 1)
       fail<ConfigError>("ColumnParallelLinear: gather_output needs stacks == 1 (got ", stacks,

@@ -97,9 +97,17 @@ class VocabParallelCrossEntropy {
   // [rows] is known ahead (training: mask / tokens): writes the per-row losses and overwrites the
   // logits with d logits (the chunked classifier's block, reused in place; padded columns get 0).
   // Collective over the tensor-parallel group (two all-reduces), like forward. Labels are not
-  // checked here: the caller checks them once for all its blocks (check_labels).
+  // checked here: the caller checks them once for all its blocks (check_labels). A rank that holds
+  // the whole vocabulary (tp = 1) takes one fused backend call (cross_entropy_forward_backward: on
+  // GPUs the logits are read once and written once).
   void forward_backward_rows(Context& ctx, T* logits, index_t rows, index_t local, const std::int32_t* labels,
                              const A* dloss, A* losses) const {
+    if (ctx.tp.size() == 1) {
+      const Columns all = columns(ctx, local);  // begin = 0
+      ctx.device.template cross_entropy_forward_backward<T>(logits, labels, rows, local, all.used, all.vocab,
+                                                            smoothing_factor(all.vocab), dloss, losses);
+      return;
+    }
     auto lse = Tensor<A, Space>::empty(Shape{rows});
     loss_rows(ctx, logits, rows, local, labels, losses, lse.data());
     gradient_rows(ctx, logits, lse.data(), labels, rows, local, dloss, logits);  // in place (docs/DEVICE.md)

@@ -198,6 +198,11 @@ struct backend {
                                      const A* dloss, T* dlogits) {
     cpu::cross_entropy_backward<T>(logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss, dlogits);
   }
+  template <class T, class A = accumulate_t<T>>
+  static void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local,
+                                             index_t used, index_t vocab, A smoothing, const A* dloss, A* loss) {
+    cpu::cross_entropy_forward_backward<T>(logits, labels, rows, local, used, vocab, smoothing, dloss, loss);
+  }
   template <class A>
   static void masked_loss_sum(const A* loss, const A* mask, index_t n, double* out) {
     cpu::masked_loss_sum<A>(loss, mask, n, out);

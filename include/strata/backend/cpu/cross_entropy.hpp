@@ -11,12 +11,15 @@
 //                        padded columns 0 (the softmax is recomputed: no copy of it is kept);
 //                        each element is read before it is written, so dlogits may be logits
 //                        (the chunked classifier writes the gradient over its block of logits)
+//   cross_entropy_forward_backward: the four above on a rank that holds every column (begin 0, no
+//                        all-reduce between them): the losses, and dlogits written over the logits
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
@@ -76,6 +79,17 @@ void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* l
     }
     for (index_t j = used; j < local; ++j) dlogits[r * local + j] = T(0);
   }
+}
+
+template <class T, class A = accumulate_t<T>>
+void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local, index_t used,
+                                    index_t vocab, A smoothing, const A* dloss, A* loss) {
+  std::vector<A> row_max(static_cast<std::size_t>(rows)), sums(3 * static_cast<std::size_t>(rows)),
+      lse(static_cast<std::size_t>(rows));
+  cross_entropy_max<T, A>(logits, rows, local, used, row_max.data());
+  cross_entropy_sums<T, A>(logits, rows, local, used, row_max.data(), labels, 0, sums.data());
+  cross_entropy_loss<A>(sums.data(), row_max.data(), rows, vocab, smoothing, loss, lse.data());
+  cross_entropy_backward<T, A>(logits, lse.data(), labels, 0, rows, local, used, vocab, smoothing, dloss, logits);
 }
 
 }  // namespace cpu

@@ -108,6 +108,13 @@ class attention_plans {
   void prefer_cudnn(bool on) { prefer_cudnn_ = on; }
   bool prefers_cudnn() const { return prefer_cudnn_; }
 
+  // false: cuDNN's backward may accumulate dQ with atomic adds in any order (faster; the same inputs
+  // then give slightly different dq bits from run to run). Default true: the deterministic
+  // algorithm, so two runs give the same bits. Graphs are cached per setting; the flash kernels
+  // are deterministic either way.
+  void deterministic(bool on) { deterministic_ = on; }
+  bool is_deterministic() const { return deterministic_; }
+
   // The engine of the most recent call, and why cuDNN was passed over for it (empty if it was not).
   attention_engine last_engine() const { return last_engine_; }
   const std::string& last_refusal() const { return last_refusal_; }
@@ -149,7 +156,7 @@ class attention_plans {
   template <class T>
   const sdpa::graph_entry& graph(index_t s, index_t b, index_t heads, index_t groups, index_t d,
                                  const AttentionStrides& strides, bool backward) {
-    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, strides, backward};
+    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, strides, backward, backward && !deterministic_};
     auto found = graphs_.find(k);
     if (found != graphs_.end()) return found->second;
     const sdpa::shape x{s, b, heads, groups, d, strides};
@@ -161,7 +168,7 @@ class attention_plans {
     }
     ++graphs_built_;
     try {
-      entry = backward ? sdpa::build_backward<T>(handle_, x) : sdpa::build_forward<T>(handle_, x);
+      entry = backward ? sdpa::build_backward<T>(handle_, x, deterministic_) : sdpa::build_forward<T>(handle_, x);
     } catch (const std::exception& e) {  // the frontend reports some refusals by throwing
       entry = sdpa::graph_entry{};
       entry.refusal = e.what();
@@ -181,16 +188,18 @@ class attention_plans {
     index_t s, b, heads, groups, d;
     AttentionStrides strides;  // resolved
     bool backward;
+    bool atomic_dq;  // a backward built without the deterministic algorithm
     friend bool operator<(const key& x, const key& y) {
       return std::tie(x.dtype, x.s, x.b, x.heads, x.groups, x.d, x.strides.q_row, x.strides.q_head, x.strides.kv_row,
-                      x.strides.kv_head, x.backward) <
+                      x.strides.kv_head, x.backward, x.atomic_dq) <
              std::tie(y.dtype, y.s, y.b, y.heads, y.groups, y.d, y.strides.q_row, y.strides.q_head, y.strides.kv_row,
-                      y.strides.kv_head, y.backward);
+                      y.strides.kv_head, y.backward, y.atomic_dq);
     }
   };
 
   int device_;
   bool prefer_cudnn_ = true;
+  bool deterministic_ = true;
   bool frozen_ = false;
   attention_engine last_engine_ = attention_engine::none;
   std::string last_refusal_;

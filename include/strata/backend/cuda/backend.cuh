@@ -304,6 +304,12 @@ class backend {
     kernels::cross_entropy_backward<T, A>(logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss,
                                           dlogits, stream());
   }
+  template <class T, class A = accumulate_t<T>>
+  void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local,
+                                      index_t used, index_t vocab, A smoothing, const A* dloss, A* loss) const {
+    kernels::cross_entropy_forward_backward<T, A>(logits, labels, rows, local, used, vocab, smoothing, dloss, loss,
+                                                  stream());
+  }
   template <class A>
   void masked_loss_sum(const A* loss, const A* mask, index_t n, double* out) const {
     kernels::masked_loss_sum<A>(loss, mask, n, out, stream());

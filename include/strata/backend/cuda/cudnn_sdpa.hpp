@@ -161,7 +161,7 @@ graph_entry build_forward(cudnnHandle_t handle, const shape& x) {
 }
 
 template <class T>
-graph_entry build_backward(cudnnHandle_t handle, const shape& x) {
+graph_entry build_backward(cudnnHandle_t handle, const shape& x, bool deterministic = true) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(io_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -182,7 +182,7 @@ graph_entry build_backward(cudnnHandle_t handle, const shape& x) {
                      .set_name("causal_gqa_attention_backward")
                      .set_causal_mask(true)
                      .set_attn_scale(scale_input(*graph))
-                     .set_deterministic_algorithm(true);
+                     .set_deterministic_algorithm(deterministic);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, options);
   set_strided(*dq, kDQ, x.b, x.heads, x.s, x.d, q_at);
   set_strided(*dk, kDK, x.b, x.groups, x.s, x.d, kv_at);

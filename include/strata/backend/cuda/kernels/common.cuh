@@ -37,6 +37,18 @@ inline unsigned grid_for(index_t n, int threads = kThreads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
+// The current device's multiprocessor count (asked once per thread and device).
+inline int multiprocessor_count() {
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&device));
+  thread_local int cached_device = -1, cached_count = 0;
+  if (device != cached_device) {
+    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&cached_count, cudaDevAttrMultiProcessorCount, device));
+    cached_device = device;
+  }
+  return cached_count;
+}
+
 inline void check_launch(const char* kernel) {
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)

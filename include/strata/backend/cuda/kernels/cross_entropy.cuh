@@ -10,6 +10,12 @@
 //   cross_entropy_backward  dz[r, j] = (e^(z_j - lse_r) - s / K - (1 - s) [j = label - begin]) dloss[r]
 //                           for j < used; padded columns j >= used get 0; a thread reads the element
 //                           it writes and no other, so dlogits may be logits (in place)
+//   cross_entropy_forward_backward
+//                           all of the above in one kernel when this rank holds every column
+//                           (begin = 0, no all-reduce between the steps): per row, one pass for a
+//                           running max and sum of e^(z - max), then the loss, then the gradient
+//                           written over the logits; the second pass finds the row in L2 (few rows
+//                           in flight), so the logits cross DRAM once in and once out
 //   masked_loss_sum         out[0] = sum_i mask[i] loss[i] in double
 //
 // `smoothing` is the factor s = a K / (K - 1) the layer computes from the user's label smoothing a
@@ -37,6 +43,10 @@ namespace cuda::kernels {
 // each thread loads before it uses them.
 inline constexpr int kCrossEntropyThreads = 256;
 inline constexpr int kCrossEntropyUnroll = 4;
+// Blocks per multiprocessor of the fused forward-backward kernel: each holds one row between its two
+// passes, so blocks x SMs x row bytes should fit in L2 (2 x 132 x 100 KiB for GPT-2's vocabulary in
+// bf16 on an H100, about half of its 50 MiB).
+inline constexpr int kCrossEntropyFusedBlocksPerSm = 2;
 
 // e^(z - shift) for many z of one row. float: exp2f of z log2(e) - shift log2(e) (one fused
 // multiply-add and the hardware exp2, within a few ulp of expf for the arguments of a softmax);
@@ -175,57 +185,63 @@ void cross_entropy_loss(const A* sums, const A* row_max, index_t rows, index_t v
   check_launch("cross_entropy_loss");
 }
 
-// One block per row; every column of the row written, in 16-byte vectors where the logits and dlogits
-// rows start at the same offset from a 16-byte boundary (vectorized), else one element at a time.
+// The gradient of one row, written by the whole block: dz_j = (e^(z_j - lse) - uniform - hit [j =
+// label]) scale for j < used, 0 for the padded columns j < local. Every column of the row written,
+// in 16-byte vectors where the logits and dlogits rows start at the same offset from a 16-byte
+// boundary (vectorized), else one element at a time. A thread reads each element it writes, and no
+// other, so `out` may be `in`.
+template <class T, class A>
+__device__ __forceinline__ void write_gradient_row(const T* in, T* out, A lse, index_t label, A scale, index_t local,
+                                                   index_t used, A uniform, A hit, bool vectorized) {
+  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
+  const index_t threads = blockDim.x;
+  const shifted_exp<A> softmax(lse);
+  // Column j's gradient from its logit z (the CPU twin's order of operations).
+  const auto gradient = [&](A z, index_t j) -> A {
+    if (j >= used) return A(0);
+    A g = softmax(z) - uniform;
+    if (j == label) g -= hit;
+    return g * scale;
+  };
+  const row_split<T> split(in, local, vectorized);
+  if (threadIdx.x < split.head) store(out, threadIdx.x, gradient(load(in, threadIdx.x), threadIdx.x));
+  const packed<T>* body_in = reinterpret_cast<const packed<T>*>(in + split.head);  // (vectors, width)
+  packed<T>* body_out = reinterpret_cast<packed<T>*>(out + split.head);
+  // One vector whose first column is j: the plain formula unless it holds the label or padding.
+  const auto vector_gradient = [&](const packed<T>& z, index_t j) {
+    packed<T> g;
+    if (j + width <= used && (label < j || label >= j + width)) {
+#pragma unroll
+      for (int k = 0; k < width; ++k) g.raw[k] = pack<T>((softmax(unpack<T>(z.raw[k])) - uniform) * scale);
+    } else {
+#pragma unroll
+      for (int k = 0; k < width; ++k) g.raw[k] = pack<T>(gradient(unpack<T>(z.raw[k]), j + k));
+    }
+    return g;
+  };
+  index_t v = threadIdx.x;
+  for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
+    packed<T> z[unroll];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) z[u] = body_in[v + u * threads];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u)
+      body_out[v + u * threads] = vector_gradient(z[u], split.head + (v + u * threads) * width);
+  }
+  for (; v < split.vectors; v += threads) body_out[v] = vector_gradient(body_in[v], split.head + v * width);
+  for (index_t j = split.tail + threadIdx.x; j < local; j += threads) store(out, j, gradient(load(in, j), j));
+}
+
+// One block per row.
 template <class T, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kCrossEntropyThreads)
-    cross_entropy_backward_kernel(const T* __restrict__ logits, const A* lse, const std::int32_t* labels, index_t begin,
+    cross_entropy_backward_kernel(const T* logits, const A* lse, const std::int32_t* labels, index_t begin,
                                   index_t rows, index_t local, index_t used, index_t vocab, A smoothing, const A* dloss,
-                                  T* __restrict__ dlogits, bool vectorized) {
-  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
+                                  T* dlogits, bool vectorized) {
   const A uniform = smoothing / A(vocab), hit = A(1) - smoothing;
-  const index_t threads = blockDim.x;
-  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* in = logits + r * local;  // logits, dlogits (rows, local)
-    T* out = dlogits + r * local;
-    const shifted_exp<A> softmax(lse[r]);
-    const A scale = dloss[r];
-    const index_t label = static_cast<index_t>(labels[r]) - begin;
-    // Column j's gradient from its logit z (the CPU twin's order of operations).
-    const auto gradient = [&](A z, index_t j) -> A {
-      if (j >= used) return A(0);
-      A g = softmax(z) - uniform;
-      if (j == label) g -= hit;
-      return g * scale;
-    };
-    const row_split<T> split(in, local, vectorized);
-    if (threadIdx.x < split.head) store(out, threadIdx.x, gradient(load(in, threadIdx.x), threadIdx.x));
-    const packed<T>* body_in = reinterpret_cast<const packed<T>*>(in + split.head);  // (vectors, width)
-    packed<T>* body_out = reinterpret_cast<packed<T>*>(out + split.head);
-    // One vector whose first column is j: the plain formula unless it holds the label or padding.
-    const auto vector_gradient = [&](const packed<T>& z, index_t j) {
-      packed<T> g;
-      if (j + width <= used && (label < j || label >= j + width)) {
-#pragma unroll
-        for (int k = 0; k < width; ++k) g.raw[k] = pack<T>((softmax(unpack<T>(z.raw[k])) - uniform) * scale);
-      } else {
-#pragma unroll
-        for (int k = 0; k < width; ++k) g.raw[k] = pack<T>(gradient(unpack<T>(z.raw[k]), j + k));
-      }
-      return g;
-    };
-    index_t v = threadIdx.x;
-    for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
-      packed<T> z[unroll];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) z[u] = body_in[v + u * threads];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u)
-        body_out[v + u * threads] = vector_gradient(z[u], split.head + (v + u * threads) * width);
-    }
-    for (; v < split.vectors; v += threads) body_out[v] = vector_gradient(body_in[v], split.head + v * width);
-    for (index_t j = split.tail + threadIdx.x; j < local; j += threads) store(out, j, gradient(load(in, j), j));
-  }
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x)  // logits, dlogits (rows, local)
+    write_gradient_row(logits + r * local, dlogits + r * local, lse[r], static_cast<index_t>(labels[r]) - begin,
+                       dloss[r], local, used, uniform, hit, vectorized);
 }
 template <class T, class A = accumulate_t<T>>
 void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* labels, index_t begin, index_t rows,
@@ -236,6 +252,99 @@ void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* l
   cross_entropy_backward_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kCrossEntropyThreads, 0, stream>>>(
       logits, lse, labels, begin, rows, local, used, vocab, smoothing, dloss, dlogits, vectorized);
   check_launch("cross_entropy_backward");
+}
+
+// A thread's running softmax statistics over its columns of a row: the max m, the sum of e^(z - m)
+// and the sum of z. Columns arrive in groups (a 16-byte vector or a few); the sum is rescaled once
+// per group whose max exceeds m, so each column costs one exponential.
+template <class A>
+struct running_softmax {
+  A m = -INFINITY, s = 0, z_sum = 0;
+  template <int N>
+  __device__ __forceinline__ void add(const A (&z)[N]) {
+    A g = z[0];
+#pragma unroll
+    for (int k = 1; k < N; ++k) g = fmax_(g, z[k]);
+    if (g > m) {
+      s *= shifted_exp<A>(g)(m);  // e^(m - g); 0 while m is -inf
+      m = g;
+    }
+    const shifted_exp<A> e(m);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      s += e(z[k]);
+      z_sum += z[k];
+    }
+  }
+};
+
+// Rows [blockIdx.x, rows) by gridDim.x, one block per row at a time; the grid is a few blocks per
+// multiprocessor so that the rows in flight fit in L2 between the two passes.
+template <class T, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kCrossEntropyThreads)
+    cross_entropy_forward_backward_kernel(T* logits, const std::int32_t* labels, index_t rows, index_t local,
+                                          index_t used, index_t vocab, A smoothing, const A* dloss, A* loss) {
+  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
+  __shared__ A row_lse;
+  const A uniform = smoothing / A(vocab), hit = A(1) - smoothing;
+  const index_t threads = blockDim.x;
+  for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* row = logits + r * local;  // logits (rows, local), then their gradient
+    running_softmax<A> acc;
+    const row_split<T> split(row, used, true);
+    if (threadIdx.x < split.head) {
+      const A z[1] = {load(row, threadIdx.x)};
+      acc.add(z);
+    }
+    const packed<T>* body = reinterpret_cast<const packed<T>*>(row + split.head);  // (vectors, width)
+    index_t v = threadIdx.x;
+    for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
+      packed<T> in[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) in[u] = body[v + u * threads];
+      A z[unroll * width];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u)
+#pragma unroll
+        for (int k = 0; k < width; ++k) z[u * width + k] = unpack<T>(in[u].raw[k]);
+      acc.add(z);
+    }
+    for (; v < split.vectors; v += threads) {
+      const packed<T> in = body[v];
+      A z[width];
+#pragma unroll
+      for (int k = 0; k < width; ++k) z[k] = unpack<T>(in.raw[k]);
+      acc.add(z);
+    }
+    for (index_t j = split.tail + threadIdx.x; j < used; j += threads) {
+      const A z[1] = {load(row, j)};
+      acc.add(z);
+    }
+    const A row_max = block_max(acc.m);
+    const A sum_exp = block_sum(acc.m == -INFINITY ? A(0) : acc.s * shifted_exp<A>(row_max)(acc.m));
+    const A sum_logits = block_sum(acc.z_sum);
+    const index_t label = static_cast<index_t>(labels[r]);
+    if (threadIdx.x == 0) {  // the label's logit is read before any thread overwrites the row
+      const A target = label >= 0 && label < used ? load(row, label) : A(0);
+      const A log_sum = log_(sum_exp);
+      A value = log_sum + row_max - target;
+      if (smoothing > A(0)) value = (A(1) - smoothing) * value - smoothing * (sum_logits / A(vocab) - row_max - log_sum);
+      loss[r] = value;
+      row_lse = row_max + log_sum;
+    }
+    __syncthreads();
+    write_gradient_row(row, row, row_lse, label, dloss[r], local, used, uniform, hit, true);
+  }
+}
+template <class T, class A = accumulate_t<T>>
+void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local, index_t used,
+                                    index_t vocab, A smoothing, const A* dloss, A* loss, cudaStream_t stream,
+                                    int blocks_per_multiprocessor = kCrossEntropyFusedBlocksPerSm) {
+  if (rows <= 0 || local <= 0) return;
+  const index_t blocks = std::min<index_t>(rows, index_t(multiprocessor_count()) * blocks_per_multiprocessor);
+  cross_entropy_forward_backward_kernel<T, A><<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, stream>>>(
+      logits, labels, rows, local, used, vocab, smoothing, dloss, loss);
+  check_launch("cross_entropy_forward_backward");
 }
 
 template <class A>
