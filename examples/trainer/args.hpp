@@ -95,6 +95,7 @@ struct TrainArgs {
   int expert_model_parallel_size = 1;   // ep: experts spread over ep ranks of each stage
   int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
+  bool tp_comm_overlap = false;    // tensor-parallel collectives beside the GEMMs (ParallelContext::tp_comm_overlap)
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
   std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
@@ -359,7 +360,6 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--fp8-amax-history-len", true, true, "fp8 training is not available (use --bf16)"},
     {"--fp8-amax-compute-algo", true, true, "fp8 training is not available (use --bf16)"},
     {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
-    {"--tp-comm-overlap", false, true, "the overlap of tensor-parallel collectives with GEMMs through userbuffers is not available"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
@@ -466,6 +466,10 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "srun or mpirun); data parallel = world / tensor parallel");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
+  app.add_flag("--tp-comm-overlap", a.tp_comm_overlap,
+               "tensor-parallel collectives beside the GEMMs: the input all-gathers as rings whose arrived blocks "
+               "are multiplied while the next arrives, the backward's collectives beside weight gradients "
+               "(needs --sequence-parallel)");
   add_pipeline_options(app, a.pipeline);
   app.add_option("--device,--backend", a.device,
                  "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
@@ -1117,10 +1121,15 @@ inline data::Tokenizer resolve_run(TrainArgs& a) {
       fail<ConfigError>("--sample-prompt \"", a.sample_prompt, "\" does not encode with ", tokenizer.name(), ": ", e.what());
     }
   }
+  if (a.tp_comm_overlap && a.tensor_model_parallel_size > 1 && !a.sequence_parallel)
+    fail<ConfigError>("--tp-comm-overlap: tensor-parallel communication overlaps the GEMMs only under sequence "
+                      "parallelism (as in Megatron); add --sequence-parallel");
   if (a.sequence_parallel && a.tensor_model_parallel_size == 1) {
     a.sequence_parallel = false;
     a.notes.emplace_back("--sequence-parallel: disabled because tensor parallelism is 1, as in Megatron");
   }
+  if (a.tp_comm_overlap && a.tensor_model_parallel_size == 1)
+    a.notes.emplace_back("--tp-comm-overlap: nothing to overlap with tensor parallelism 1");
   return tokenizer;
 }
 

@@ -542,6 +542,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const data::BatchOptions batch_options{shared.tokenizer.eod(), a.eod_mask_loss};
 
   Context ctx = Context::create(world, parallel_config_of(a), device);
+  ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
   // around its construction for the allocation report, leaving out the attention plans' workspace.
   const std::int64_t in_use_before_model = device_bytes_in_use(ctx.device);

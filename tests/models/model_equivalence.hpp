@@ -39,6 +39,7 @@ inline TokenBatch random_batch(int vocab, strata::index_t b, strata::index_t s, 
 struct LossPath {
   bool fused = false;
   strata::index_t chunk_rows = 0;
+  bool tp_comm_overlap = false;  // ParallelContext::tp_comm_overlap (ring gathers, chained backward)
 };
 
 // Runs two micro-batches forward and backward (gradients accumulate) on `tp` ranks.
@@ -50,6 +51,7 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config, LossPath p
   std::mutex mutex;
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    ctx.tp_comm_overlap = path.tp_comm_overlap;
     Model<P> model(ctx, config);
     model.init(ctx, 1234);
     const double loss_scale = 1.0 / 30.0;
@@ -111,6 +113,11 @@ void expect_model_equivalence(const strata::models::ModelConfig& config) {
     expect_equivalent(run_model<Model, T, false>(tp, config), reference, tolerance<T>(), "tp=" + std::to_string(tp));
     expect_equivalent(run_model<Model, T, true>(tp, config), reference, tolerance<T>(),
                       "tp=" + std::to_string(tp) + " sequence parallel");
+    // Tensor-parallel communication beside the GEMMs: the column layers' ring gathers and the
+    // chained backward, with the unfused and the fused (chunked) classifier.
+    for (const bool fused : {false, true})
+      expect_equivalent(run_model<Model, T, true>(tp, config, LossPath{fused, 0, true}), reference, tolerance<T>(),
+                        "tp=" + std::to_string(tp) + " sequence parallel, tp_comm_overlap" + (fused ? ", fused loss" : ""));
   }
 }
 

@@ -79,6 +79,21 @@ TEST(MegatronFlags, SequenceParallelIsTurnedOffAtTensorParallelOne) {
   EXPECT_TRUE(b.sequence_parallel);
 }
 
+// Megatron: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism
+// is enabled"; at tensor parallelism 1 there is nothing to overlap (a note).
+TEST(MegatronFlags, TpCommOverlapNeedsSequenceParallelism) {
+  TrainArgs a = parse_flags("gpt", {"--tp-comm-overlap", "--tensor-model-parallel-size", "2"});
+  expect_config_error([&] { (void)trainer::resolve_run(a); }, {"--tp-comm-overlap", "--sequence-parallel"});
+  TrainArgs b = parse_flags("gpt", {"--tp-comm-overlap", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  (void)trainer::resolve_run(b);
+  EXPECT_TRUE(b.tp_comm_overlap);
+  EXPECT_TRUE(b.refused.empty());
+  TrainArgs c = parse_flags("gpt", {"--tp-comm-overlap"});
+  (void)trainer::resolve_run(c);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("nothing to overlap"), std::string::npos);
+}
+
 // Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.
 TEST(MegatronFlags, FfnDefaultFollowsMegatronsRule) {
   EXPECT_EQ(parse_flags("gpt", {"--hidden-size", "768", "--num-attention-heads", "12"}).model.ffn(), 3072);

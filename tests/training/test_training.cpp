@@ -70,17 +70,23 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
   struct Layout {
     int world, tp;
     bool sp;
+    bool tp_comm_overlap = false;  // with dp > 1 also --overlap-grad-reduce: the chained weight
+                                   // gradients must be complete when the bucket hook reads them
   };
-  for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true}}) {
+  for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true},
+                   Layout{2, 2, true, true}, Layout{4, 2, true, true}}) {
     auto a = base;
     a.world_size = l.world;
     a.tensor_model_parallel_size = l.tp;
     a.sequence_parallel = l.sp;
+    a.tp_comm_overlap = l.tp_comm_overlap;
+    a.overlap_grad_reduce = l.tp_comm_overlap && l.world > l.tp;
     const auto run = trainer::train<strata::models::Gpt>(a);
     ASSERT_EQ(run.losses.size(), reference.losses.size());
     for (std::size_t i = 0; i < run.losses.size(); ++i)
       EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i])
-          << "world=" << l.world << " tp=" << l.tp << " sp=" << l.sp << " iteration " << i + 1;
+          << "world=" << l.world << " tp=" << l.tp << " sp=" << l.sp << " tp_comm_overlap=" << l.tp_comm_overlap
+          << " iteration " << i + 1;
   }
 }
 

@@ -59,6 +59,14 @@ struct ParallelContext {
   Comm expert_model_parallel;  // expert tensor x expert x pipeline parallel (expert gradient norms)
   ExpertCoordinates expert_coords{};  // this rank's {etp, ep, edp, pp}
   Device device;        // this rank's compute backend
+  // Tensor-parallel communication beside computation (Megatron's --tp-comm-overlap), for layers
+  // under sequence parallelism over tp > 1 on a communicator that overlaps (NCCL): the
+  // column-parallel layers gather their input as a ring of exchanges while each arrived block's
+  // GEMM runs, and the backward runs each collective beside weight gradients that do not depend on
+  // it (ColumnParallelLinear, RowParallelLinear, TransformerLayer). Off: every collective runs on
+  // the compute stream where its result is needed. The results are the same either way, to the
+  // rounding of GEMMs run on blocks of rows instead of all of them.
+  bool tp_comm_overlap = false;
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

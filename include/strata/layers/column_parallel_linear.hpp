@@ -73,11 +73,24 @@ class ColumnParallelLinear {
     return *this;
   }
 
+  // With ctx.tp_comm_overlap under sequence parallelism over more than one rank, the input is
+  // gathered as a ring of exchanges (all_gather_dim0_ring) and each rank's block of rows goes
+  // through the GEMM as soon as it has arrived, while the next exchange is in flight.
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    Saved saved{full_input(ctx, x)};
-    Tensor<T, Space> y = detail::linear_forward(ctx.device, saved.input, *weight_,
-                                                Options.skip_bias_add || !bias_ ? nullptr : &*bias_, "ColumnParallelLinear");
+    const Param* bias = Options.skip_bias_add || !bias_ ? nullptr : &*bias_;
+    Saved saved;
+    Tensor<T, Space> y;
+    if (ring_gathers(ctx)) {
+      y = output_of_gathered(ctx, x);
+      const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
+      saved.input = detail::all_gather_dim0_ring(ctx.device, ctx.tp, x.tensor, [&](int r, const T* rows) {
+        detail::linear_forward_rows(ctx.device, rows, block_rows, *weight_, bias, y.data() + r * block_rows * out);
+      });
+    } else {
+      saved.input = full_input(ctx, x);
+      y = detail::linear_forward(ctx.device, saved.input, *weight_, bias, "ColumnParallelLinear");
+    }
     Act<layout::sharded<-1>> local(std::move(y));
     if constexpr (Options.gather_output) return {gather_from_tensor_parallel(ctx.device, ctx.tp, local), std::move(saved)};
     else return {std::move(local), std::move(saved)};
@@ -89,39 +102,55 @@ class ColumnParallelLinear {
   std::tuple<Act<layout::sharded<-1>>, Tensor<T, Space>, Saved> forward_gelu(Context& ctx, const Act<Layout>& x) const
     requires(!Options.gather_output && !Options.skip_bias_add)
   {
-    Saved saved{full_input(ctx, x)};
-    Tensor<T, Space> pre;
-    Tensor<T, Space> y = detail::linear_forward_gelu(ctx.device, saved.input, *weight_, bias_ ? &*bias_ : nullptr, pre,
-                                                     "ColumnParallelLinear");
+    Saved saved;
+    Tensor<T, Space> pre, y;
+    if (ring_gathers(ctx)) {
+      y = output_of_gathered(ctx, x);
+      pre = Tensor<T, Space>::empty(y.shape());
+      const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols(), in = weight_->value.size(1);
+      saved.input = detail::all_gather_dim0_ring(ctx.device, ctx.tp, x.tensor, [&](int r, const T* rows) {
+        const index_t at = r * block_rows * out;
+        ctx.device.template gemm_gelu<T>(false, true, block_rows, out, in, rows, weight_->value.data(),
+                                         bias_ ? bias_->value.data() : nullptr, pre.data() + at, y.data() + at);
+      });
+    } else {
+      saved.input = full_input(ctx, x);
+      y = detail::linear_forward_gelu(ctx.device, saved.input, *weight_, bias_ ? &*bias_ : nullptr, pre,
+                                      "ColumnParallelLinear");
+    }
     return {Act<layout::sharded<-1>>(std::move(y)), std::move(pre), std::move(saved)};
   }
 
   // With `deferred`, the weight gradients are appended to it instead (a split backward).
   //
-  // Over more than one rank, the input gradient is computed first and its reduction (all-reduce,
+  // With ctx.tp_comm_overlap over more than one rank, the input gradient is computed first and its
+  // reduction (all-reduce,
   // or reduce-scatter under sequence parallelism) is issued on the communicator's overlapped
   // handle, so on NCCL it runs on the communication stream while the compute stream accumulates
-  // the weight and bias gradients, which do not depend on it; the compute stream joins it before
-  // the result is returned. The operations and their operands are the same as without overlap, so
-  // are the bits (an in-process communicator has finished each collective when it returns).
+  // weight gradients, which do not depend on it; the compute stream joins it before the result is
+  // returned. Those weight gradients are this layer's own, or with an `at_collectives` list
+  // (DeferredWeightGradients) the list's (earlier layers'), this layer's own then appended to it.
+  // The operations and their operands are the same as without overlap, so are the bits (an
+  // in-process communicator has finished each collective when it returns).
   template <class Layout>
   Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
-    if (deferred || ctx.tp.size() == 1)
+    if (ctx.tp.size() == 1 || !ctx.tp_comm_overlap || (deferred && !deferred->runs_at_collectives()))
       return reduce_input_gradient(
           ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
                                                             bias_ ? &*bias_ : nullptr, nullptr, deferred)));
-    DeferredWeightGradients weights;
+    DeferredWeightGradients mine;
     Act<layout::partial> dx(
-        detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr, nullptr, &weights));
+        detail::linear_backward(ctx.device, saved.input, dy_local, *weight_, bias_ ? &*bias_ : nullptr, nullptr, &mine));
     Comm comm = overlapped_handle(ctx.tp);
     Act<input_layout> reduced = reduce_input_gradient_on(ctx, comm, dx);  // dx stays alive until the join
     const std::uint64_t mark = overlapped_mark(comm);
-    weights.run();
+    (deferred ? *deferred : mine).run();
     join_overlapped(ctx.tp, mark);
+    if (deferred) deferred->append(std::move(mine));
     return reduced;
   }
 
@@ -163,6 +192,21 @@ class ColumnParallelLinear {
   Param* bias() { return bias_ ? &*bias_ : nullptr; }
 
  private:
+  // Whether forward gathers its input as a ring beside the GEMMs (see forward).
+  bool ring_gathers(const Context& ctx) const { return sequence_parallel && ctx.tp_comm_overlap && ctx.tp.size() > 1; }
+  // The output [s, b, out/tp] of a forward whose sequence-sharded input x [s/tp, b, in] is gathered
+  // by the ring, after the checks linear_forward makes.
+  template <class Layout>
+  Tensor<T, Space> output_of_gathered(const Context& ctx, const Act<Layout>& x) const {
+    expect_layout<input_layout, Layout>();
+    const index_t in = weight_->value.size(1);
+    if (x.tensor.shape().cols() != in)
+      fail<ShapeError>("ColumnParallelLinear: input ", x.tensor.shape().str(), " has ", x.tensor.shape().cols(),
+                       " features, the weight ", weight_->value.shape().str(), " expects ", in);
+    return Tensor<T, Space>::empty(
+        x.tensor.shape().with(0, x.tensor.size(0) * ctx.tp.size()).with(-1, weight_->value.size(0)));
+  }
+
   // The reduction on `tp` (the group's handle, or its overlapped one); without sequence parallelism
   // dx's storage is reduced in place and returned.
   Act<input_layout> reduce_input_gradient_on(Context& ctx, Comm& tp, Act<layout::partial>& dx) const {

@@ -84,6 +84,41 @@ Tensor<T, Space> all_gather_last(Device& device, Comm& comm, const Tensor<T, Spa
   return out;
 }
 
+// all_gather_dim0 as a ring of tp - 1 exchanges on the communicator's overlapped handle, calling
+// block(rank, data) (data: the first element of that rank's block in the result) for each rank's block of dim0 of the result as soon as it has arrived (this rank's
+// own first, then the ones from the ranks before it, nearest first), while the next exchange is in
+// flight: the consumer of a gathered input whose rows are independent (a matmul) runs beside the
+// gather (NCCL: exchanges on the communication stream, blocks on the compute stream). A block call
+// may read only its block of the result. With an in-process communicator each exchange has
+// finished when it returns, so this is the plain gather followed by the blocks.
+template <class Device, class Comm, class T, class Space, class Block>
+Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, Space>& in, Block&& block) {
+  const int parts = tp.size(), rank = tp.rank();
+  if (parts == 1) {
+    block(0, in.data());
+    return in;
+  }
+  const index_t n = in.numel();  // elements of one rank's block
+  auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) * parts));
+  device.template copy<T>(in.data(), n, out.data() + rank * n);
+  Comm ring = overlapped_handle(tp);
+  const int next = (rank + 1) % parts, previous = (rank + parts - 1) % parts;
+  for (int step = 0; step < parts - 1; ++step) {
+    // forward the block that arrived last (own at first); receive the previous rank's one before it
+    const int held = (rank - step + parts) % parts, arriving = (rank - step - 1 + parts) % parts;
+    auto batch = batch_point_to_point(ring);
+    ring.send(comm_span_t<const T, Comm>(out.data() + held * n, static_cast<std::size_t>(n)), next);
+    ring.recv(comm_span_t<T, Comm>(out.data() + arriving * n, static_cast<std::size_t>(n)), previous);
+    batch.end();
+    const std::uint64_t mark = overlapped_mark(ring);
+    block(held, static_cast<const T*>(out.data() + held * n));
+    join_overlapped(tp, mark);
+  }
+  const int last = (rank + 1) % parts;  // the last to arrive
+  block(last, static_cast<const T*>(out.data() + last * n));
+  return out;
+}
+
 // The backend a host communicator brings (cpu::backend for the in-process one).
 template <class Comm>
   requires std::is_same_v<typename Comm::space, space::host>

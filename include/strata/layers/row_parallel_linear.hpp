@@ -71,7 +71,10 @@ class RowParallelLinear {
     return {std::move(y), std::move(saved)};
   }
 
-  // With `deferred`, the weight gradients are appended to it instead (a split backward).
+  // With `deferred`, the weight gradients are appended to it instead (a split backward). With an
+  // `at_collectives` list under sequence parallelism, the all-gather of dy runs on the
+  // communicator's overlapped handle while the list's weight gradients (earlier layers') run, and
+  // this layer's own are appended after them (ColumnParallelLinear::backward says why).
   template <class Layout>
   Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     return backward_impl(ctx, saved, dy, nullptr, deferred);
@@ -92,8 +95,19 @@ class RowParallelLinear {
                                   DeferredWeightGradients* deferred) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_full;
-    if constexpr (sequence_parallel) dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
-    else dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
+    if constexpr (sequence_parallel) {
+      if (ctx.tp.size() > 1 && ctx.tp_comm_overlap && deferred && deferred->runs_at_collectives() && !deferred->empty()) {
+        Comm comm = overlapped_handle(ctx.tp);
+        dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, comm, dy).tensor;
+        const std::uint64_t mark = overlapped_mark(comm);
+        deferred->run();
+        join_overlapped(ctx.tp, mark);
+      } else {
+        dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;
+      }
+    } else {
+      dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
+    }
     Act<layout::sharded<-1>> dx(
         detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;

@@ -96,8 +96,30 @@ class TransformerLayer {
   }
 
   // With `deferred`, the linear layers' weight gradients are appended to it (a split backward:
-  // DeferredWeightGradients); the norms' gradients are taken now.
+  // DeferredWeightGradients); the norms' gradients are taken now. Without, with ctx.tp_comm_overlap
+  // over more than one tensor-parallel rank, the linear layers chain their weight gradients through an
+  // `at_collectives` list so that each collective of the backward but the first runs beside the
+  // previous layer's weight gradients; what is left runs before this returns, so every gradient of
+  // the layer is complete when it does (a data-parallel hook may read them).
   Act backward(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred = nullptr) {
+    if (deferred == nullptr && ctx.tp.size() > 1 && ctx.tp_comm_overlap) {
+      DeferredWeightGradients chain(DeferredWeightGradients::mode::at_collectives);
+      Act dx = backward_with(ctx, saved, dy, &chain);
+      chain.run();
+      return dx;
+    }
+    return backward_with(ctx, saved, dy, deferred);
+  }
+
+  // Selective recompute of the attention core (SelfAttention::set_recompute_core).
+  void set_recompute_attention_core(bool on) {
+    static_assert(requires { attention_.set_recompute_core(on); },
+                  "TransformerLayer: selective recompute needs an attention block with set_recompute_core(bool).");
+    attention_.set_recompute_core(on);
+  }
+
+ private:
+  Act backward_with(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred) {
     const bool dropout = saved.hidden_dropout > 0;
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
@@ -108,13 +130,7 @@ class TransformerLayer {
     return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
   }
 
-  // Selective recompute of the attention core (SelfAttention::set_recompute_core).
-  void set_recompute_attention_core(bool on) {
-    static_assert(requires { attention_.set_recompute_core(on); },
-                  "TransformerLayer: selective recompute needs an attention block with set_recompute_core(bool).");
-    attention_.set_recompute_core(on);
-  }
-
+ public:
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     attention_.init(ctx, seed, stddev, output_stddev);
     mlp_.init(ctx, seed, stddev, output_stddev);
