@@ -10,8 +10,12 @@
 #         --overlap-grad-reduce --overlap-param-gather; with 4 GPUs dp=4 the same. Peer: DDP on 1, 2
 #         (and 4) GPUs, batch 16 per GPU.
 #     tp  GPT 24 x 2048 (16 heads, seq 1024, ~1.41B): 1 GPU at micro-batch 8; tp=2 +
-#         --sequence-parallel at the same global batch (micro 8, one replica); tp=2 at micro 16.
-#         Peer: 1 GPU and DTensor tp=2 + sequence parallel, batch 8.
+#         --sequence-parallel at the same global batch (micro 8, one replica); tp=2 at micro 16;
+#         both again with --tp-comm-overlap. Where the CUPTI tracer is built
+#         (<build-dir>/bench/libstrata_kernel_trace.so), tp=2 at micro 8 without and with
+#         --tp-comm-overlap once more under the tracer (--profile, iterations 10-11): each rank's
+#         per-kernel table, with the NCCL time that ran under compute kernels, in
+#         <out-dir>/<run>.kernels.rank<r>.md. Peer: 1 GPU and DTensor tp=2 + sequence parallel, batch 8.
 #     pp  Llama ~3B on 4 GPUs: 28 layers, hidden 3072, 24 heads, 8 query groups (GQA), SwiGLU
 #         width 8192, seq 4096, vocab 32000, tp=2 x pp=2 + --sequence-parallel, micro-batch 1,
 #         global batch 16 (dp = 1: 16 micro-batches per step; the interleaved schedule needs a
@@ -110,9 +114,9 @@ command -v torchrun >/dev/null 2>&1 || torchrun=(python3 -m torch.distributed.ru
 
 # Shapes: layers hidden heads seq vocab micro-batch (GPT); Llama adds query groups and MLP width.
 if [[ $tiny == 1 ]]; then
-  read -r DP_L DP_D DP_H DP_T DP_V DP_B <<<"2 64 4 32 256 2"
-  read -r TP_L TP_D TP_H TP_T TP_V TP_B <<<"2 64 4 32 256 2"
-  read -r PP_L PP_D PP_H PP_G PP_F PP_T PP_V PP_GLOBAL PP_VPP <<<"4 64 4 2 128 32 256 8 1"
+  read -r DP_L DP_D DP_H DP_T DP_V DP_B <<<"2 64 4 32 320 2"
+  read -r TP_L TP_D TP_H TP_T TP_V TP_B <<<"2 64 4 32 320 2"
+  read -r PP_L PP_D PP_H PP_G PP_F PP_T PP_V PP_GLOBAL PP_VPP <<<"4 64 4 2 128 32 320 8 1"
 else
   read -r DP_L DP_D DP_H DP_T DP_V DP_B <<<"24 1024 16 1024 50304 16"
   read -r TP_L TP_D TP_H TP_T TP_V TP_B <<<"24 2048 16 1024 50304 8"
@@ -128,7 +132,10 @@ runs=$out/runs.tsv
 record() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$runs"; }
 
 # strata RUN NPROC BINARY ARGS...: NPROC = 1: the trainer alone; else one process per GPU with
-# torchrun's variables (TINY: one process of NPROC threads). Logs: <out>/RUN.rank<r>.log.
+# torchrun's variables (TINY: one process of NPROC threads). Logs: <out>/RUN.rank<r>.log. With
+# traced=1 each process runs under the CUPTI tracer (the caller passes --profile and its window).
+traced=0
+tracer=$build/bench/libstrata_kernel_trace.so
 strata() {
   local run=$1 n=$2 binary=$3
   shift 3
@@ -145,7 +152,9 @@ strata() {
   echo "  RANK=r WORLD_SIZE=$n LOCAL_RANK=r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $binary $*" >"$out/$run.cmd"
   [[ $dry == 1 ]] && { cat "$out/$run.cmd"; return; }
   for ((r = 0; r < n; ++r)); do
-    env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    local trace_env=()
+    [[ $traced == 1 ]] && trace_env=(STRATA_TRACE_OUT="$out/$run.kernels.rank$r.md" CUDA_INJECTION64_PATH="$tracer")
+    env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${trace_env[@]}" \
       timeout "$run_timeout" "$binary" "$@" >"$out/$run.rank$r.log" 2>&1 &
     pids+=($!)
   done
@@ -224,6 +233,23 @@ for suite in $suites; do
         strata tp-2-mb2x 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
           --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
         record tp tp-2-mb2x strata 2 "tp=2 + SP, micro-batch $((2 * TP_B))" "$model" tp-2-mb2x.rank0.log ""
+        strata tp-2-overlap 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
+          --tp-comm-overlap --micro-batch-size "$TP_B" --global-batch-size "$TP_B"
+        record tp tp-2-overlap strata 2 "tp=2 + SP + --tp-comm-overlap, micro-batch $TP_B" "$model" tp-2-overlap.rank0.log ""
+        strata tp-2-mb2x-overlap 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
+          --tp-comm-overlap --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
+        record tp tp-2-mb2x-overlap strata 2 "tp=2 + SP + --tp-comm-overlap, micro-batch $((2 * TP_B))" "$model" \
+          tp-2-mb2x-overlap.rank0.log ""
+        if [[ -f $tracer && $tiny != 1 ]]; then
+          traced=1
+          for overlap in "" --tp-comm-overlap; do
+            export STRATA_TRACE_STEPS=2
+            strata "tp-2-traced${overlap:+-overlap}" 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 \
+              --sequence-parallel $overlap --micro-batch-size "$TP_B" --global-batch-size "$TP_B" --profile \
+              --profile-step-start 10 --profile-step-end 12
+          done
+          traced=0
+        fi
       fi
       if [[ $peer != 0 ]]; then
         pshape=(--layers "$TP_L" --heads "$TP_H" --hidden "$TP_D" --vocab "$TP_V" --seq "$TP_T" --batch "$TP_B")
