@@ -119,6 +119,45 @@ Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, 
   return out;
 }
 
+// reduce_scatter_dim0 of a partial tensor of shape `full` that is produced block by block, as a
+// ring of tp - 1 exchanges on the communicator's overlapped handle: partial(rank, data) writes
+// this rank's addend of that rank's block of dim0 (rows [rank n, (rank + 1) n) of `full`) at data.
+// Step k sends the running sum of one block to the next rank while the addend of the block the
+// previous rank sends is computed, then adds the two; after tp - 1 steps this rank holds its own
+// block summed over every rank, in the order own + (previous + (the one before + ...)). The sums
+// equal reduce_scatter_dim0's to rounding (the same sum, another association beyond two ranks).
+template <class T, class Space, class Device, class Comm, class Partial>
+Tensor<T, Space> reduce_scatter_dim0_ring(Device& device, Comm& tp, const Shape& full, Partial&& partial,
+                                          const char* what) {
+  const int parts = tp.size(), rank = tp.rank();
+  check_divisible(full[0], parts, what, full);
+  auto out = Tensor<T, Space>::empty(full.with(0, full[0] / parts));
+  if (parts == 1) {
+    partial(0, out.data());
+    return out;
+  }
+  const index_t n = out.numel();  // elements of one block
+  auto sums = Tensor<T, Space>::empty(full);   // this rank's addends, then running sums, by block
+  auto arrived = Tensor<T, Space>::empty(out.shape());
+  Comm ring = overlapped_handle(tp);
+  const int next = (rank + 1) % parts, previous = (rank + parts - 1) % parts;
+  auto block_at_step = [&](int step) { return (rank - step - 1 + 2 * parts) % parts; };  // the last step's is rank's own
+  partial(block_at_step(0), sums.data() + block_at_step(0) * n);
+  for (int step = 0; step < parts - 1; ++step) {
+    const int sent = block_at_step(step), coming = block_at_step(step + 1);
+    auto batch = batch_point_to_point(ring);
+    ring.send(comm_span_t<const T, Comm>(sums.data() + sent * n, static_cast<std::size_t>(n)), next);
+    ring.recv(comm_span_t<T, Comm>(arrived.data(), static_cast<std::size_t>(n)), previous);
+    batch.end();
+    const std::uint64_t mark = overlapped_mark(ring);
+    partial(coming, sums.data() + coming * n);
+    join_overlapped(tp, mark);
+    T* into = step + 1 == parts - 1 ? out.data() : sums.data() + coming * n;
+    device.template add<T>(sums.data() + coming * n, arrived.data(), n, into);
+  }
+  return out;
+}
+
 // The backend a host communicator brings (cpu::backend for the in-process one).
 template <class Comm>
   requires std::is_same_v<typename Comm::space, space::host>

@@ -62,11 +62,29 @@ class RowParallelLinear {
     else saved.input = scatter_to_tensor_parallel(ctx.device, ctx.tp, x).tensor;
     // On one rank the sum is complete at once: the bias goes into the GEMM's epilogue.
     const bool fused_bias = bias_ && !Options.skip_bias_add && ctx.tp.size() == 1;
-    Act<layout::partial> partial(
-        detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr, "RowParallelLinear"));
     Act<output_layout> y;
-    if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
-    else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
+    if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp.size() > 1) {
+      // The reduce-scatter as a ring whose exchanges run beside the GEMM of the next block of rows
+      // (reduce_scatter_dim0_ring); the input is checked as linear_forward checks it.
+      const index_t in = weight_.value.size(1), out = weight_.value.size(0);
+      if (saved.input.shape().cols() != in)
+        fail<ShapeError>("RowParallelLinear: input ", saved.input.shape().str(), " has ", saved.input.shape().cols(),
+                         " features, the weight ", weight_.value.shape().str(), " expects ", in);
+      const Shape full = saved.input.shape().with(-1, out);
+      const index_t block_rows = full.rows() / ctx.tp.size();
+      y = Act<output_layout>(detail::reduce_scatter_dim0_ring<T, Space>(
+          ctx.device, ctx.tp, full,
+          [&](int r, T* into) {
+            detail::linear_forward_rows(ctx.device, saved.input.data() + r * block_rows * in, block_rows, weight_,
+                                        nullptr, into);
+          },
+          "RowParallelLinear (the ring reduce-scatter of --tp-comm-overlap)"));
+    } else {
+      Act<layout::partial> partial(
+          detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr, "RowParallelLinear"));
+      if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
+      else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
+    }
     if (bias_ && !Options.skip_bias_add && !fused_bias) detail::add_bias(ctx.device, y.tensor, *bias_);  // y is ours
     return {std::move(y), std::move(saved)};
   }
