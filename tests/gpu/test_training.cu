@@ -10,12 +10,12 @@
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`;
 //                                        fp16 with the loss scaler against it
-//   test_training --threads              also tp=2 + SP, tp=2 without SP, dp=2 (also ZeRO-1, also
+//   test_training --threads              also tp=2 + SP (also with --tp-comm-overlap), tp=2 without SP, dp=2 (also ZeRO-1, also
 //                                        overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs from
 //                                        threads of this process (nccl::run(2)), losses and final
 //                                        parameters (gathered) within 2e-2 of tp=1 (the suite runs
 //                                        it with 2+ GPUs); the same 2-GPU runs as processes:
-//   test_training --process [--process-layout tp2|dp2|dp2-zero|pp2]
+//   test_training --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
 //                                        both jobs and compares them with the 1-GPU losses.
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     else if (arg == "--process-layout" && i + 1 < argc) layout = argv[++i];
     else if (arg == "--threads") threads = true;
     else {
-      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|dp2|dp2-zero|pp2]]\n",
+      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]]\n",
                    argv[0]);
       return 2;
     }
@@ -187,9 +187,11 @@ int main(int argc, char** argv) {
   gpu_test::suite s("training");
   try {
     if (process) {  // one rank of a torchrun-style job (the world size comes from WORLD_SIZE)
-      // --process tp2: tp=2 + sequence parallel; dp2: dp=2; dp2-zero: dp=2 with the distributed
+      // --process tp2: tp=2 + sequence parallel (tp2-overlap: with --tp-comm-overlap); dp2: dp=2; dp2-zero: dp=2 with the distributed
       // optimizer and both overlaps; pp2: 2 pipeline stages (1F1B).
-      trainer::TrainArgs a = layout == "tp2" ? args_for(data_path, 2, 2, true) : args_for(data_path, 2, 1, false);
+      trainer::TrainArgs a = layout == "tp2" || layout == "tp2-overlap" ? args_for(data_path, 2, 2, true)
+                                                                        : args_for(data_path, 2, 1, false);
+      a.tp_comm_overlap = layout == "tp2-overlap";
       if (layout == "dp2-zero") a.use_distributed_optimizer = a.overlap_grad_reduce = a.overlap_param_gather = true;
       if (layout == "pp2") a.pipeline.pipeline_model_parallel_size = 2;
       trainer::resolve_device(a, true);
@@ -263,6 +265,14 @@ int main(int argc, char** argv) {
       }
       const auto tp2 = train(args_for(data_path, 2, 2, true));
       compare(s, "tp=2 + sequence parallel on 2 GPUs (threads)", tp2, reference);
+      // --tp-comm-overlap: ring gathers and reduce-scatters beside the GEMMs and the chained
+      // backward, on the communication stream; also twice, for the same bits run to run.
+      auto overlapped_args = args_for(data_path, 2, 2, true);
+      overlapped_args.tp_comm_overlap = true;
+      const auto tp2_overlap = train(overlapped_args);
+      compare(s, "tp=2 + sequence parallel + --tp-comm-overlap on 2 GPUs (threads)", tp2_overlap, reference);
+      s.record(!tp2_overlap.losses.empty() && train(overlapped_args).losses == tp2_overlap.losses,
+               "tp=2 + sequence parallel + --tp-comm-overlap: a second run gives the same 20 losses bit for bit");
       // The 1-GPU checkpoint of iteration 10 loaded at tp=2 + SP (resharded): iterations 11-20
       // follow the straight tp=2 run.
       auto resharded = args_for(data_path, 2, 2, true);
