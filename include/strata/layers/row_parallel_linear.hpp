@@ -92,7 +92,9 @@ class RowParallelLinear {
   // With `deferred`, the weight gradients are appended to it instead (a split backward). With an
   // `at_collectives` list under sequence parallelism, the all-gather of dy runs on the
   // communicator's overlapped handle while the list's weight gradients (earlier layers') run, and
-  // this layer's own are appended after them (ColumnParallelLinear::backward says why).
+  // this layer's own are appended after them (ColumnParallelLinear::backward says why); with
+  // ctx.tp_comm_overlap and no such work waiting (none given, or an empty list), dy is gathered as
+  // a ring beside the input gradients of its arrived blocks (ring_backward).
   template <class Layout>
   Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     return backward_impl(ctx, saved, dy, nullptr, deferred);
@@ -114,7 +116,9 @@ class RowParallelLinear {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_full;
     if constexpr (sequence_parallel) {
-      if (ctx.tp.size() > 1 && ctx.tp_comm_overlap && deferred && deferred->runs_at_collectives() && !deferred->empty()) {
+      const bool overlap = ctx.tp.size() > 1 && ctx.tp_comm_overlap && (!deferred || deferred->runs_at_collectives());
+      if (overlap && (!deferred || deferred->empty())) return ring_backward(ctx, saved, dy, gelu_pre, deferred);
+      if (overlap) {
         Comm comm = overlapped_handle(ctx.tp);
         dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, comm, dy).tensor;
         const std::uint64_t mark = overlapped_mark(comm);
@@ -148,6 +152,42 @@ class RowParallelLinear {
   Param* bias() { return bias_ ? &*bias_ : nullptr; }
 
  private:
+  // The backward under --tp-comm-overlap when no earlier weight gradient waits to hide the
+  // all-gather of dy (a layer's first backward collective): dy is gathered as a ring
+  // (all_gather_dim0_ring) and the input gradient of each arrived block of rows is computed beside
+  // the next exchange; the weight gradient, which needs every row, comes after (or is appended to
+  // `deferred`).
+  template <class Layout>
+  Act<input_layout> ring_backward(Context& ctx, const Saved& saved, const Act<Layout>& dy,
+                                  const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred) {
+    const index_t in = weight_.value.size(1), out = weight_.value.size(0), rows = saved.input.shape().rows();
+    const index_t block_rows = dy.tensor.shape().rows();
+    if (dy.tensor.shape().cols() != out || block_rows * ctx.tp.size() != rows)
+      fail<ShapeError>("RowParallelLinear backward: output gradient ", dy.tensor.shape().str(), " on each of ",
+                       ctx.tp.size(), " ranks does not match ", rows, " rows of ", out, " features");
+    if (gelu_pre && !(gelu_pre->shape() == saved.input.shape()))
+      fail<ShapeError>("RowParallelLinear backward: the GELU pre-activation ", gelu_pre->shape().str(),
+                       " does not match the input ", saved.input.shape().str());
+    Act<layout::sharded<-1>> dx(Tensor<T, Space>::empty(saved.input.shape()));  // (rows, in)
+    Tensor<T, Space> dy_full = detail::all_gather_dim0_ring(ctx.device, ctx.tp, dy.tensor, [&](int r, const T* block) {
+      const index_t at = r * block_rows * in;
+      if (gelu_pre)
+        ctx.device.template gemm_gelu_backward<T>(false, false, block_rows, in, out, block, weight_.value.data(),
+                                                  gelu_pre->data() + at, dx.data() + at);
+      else
+        ctx.device.template gemm<T>(false, false, block_rows, in, out, block, weight_.value.data(), dx.data() + at, false);
+    });
+    Param* bias = bias_ ? &*bias_ : nullptr;
+    if (deferred) {
+      deferred->add([&device = ctx.device, x = saved.input, dy_full, rows, &weight = weight_, bias] {
+        detail::linear_weight_gradient_rows(device, x.data(), dy_full.data(), rows, weight, bias);
+      });
+    } else {
+      detail::linear_weight_gradient_rows(ctx.device, saved.input.data(), dy_full.data(), rows, weight_, bias);
+    }
+    return dx;
+  }
+
   Param weight_;
   std::optional<Param> bias_;
 };
