@@ -79,32 +79,45 @@ struct row_split {
   }
 };
 
-// Calls visit(z, j) for the columns j < n of `row` that this thread holds, in a fixed order: its head
-// column, its 16-byte vectors (kCrossEntropyUnroll loads in flight), its tail column. Any row start
-// (aligned to its element) reads 16 bytes at a time between its head and its tail.
+// Calls visit(z) with the values (in the accumulate type) of the columns j < n of `row` that this
+// thread holds, a group at a time (z is an array: one column, one 16-byte vector, or
+// kCrossEntropyUnroll vectors loaded together), in a fixed order: its head column, its 16-byte
+// vectors, its tail columns. Any row start (aligned to its element) reads 16 bytes at a time between
+// its head and its tail.
 template <class T, class Visit>
 __device__ __forceinline__ void visit_row(const T* __restrict__ row, index_t n, Visit&& visit) {
+  using A = accumulate_t<T>;
   constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
   const row_split<T> split(row, n, true);
   const index_t threads = blockDim.x;
-  if (threadIdx.x < split.head) visit(load(row, threadIdx.x), index_t(threadIdx.x));
+  if (threadIdx.x < split.head) {
+    const A z[1] = {load(row, threadIdx.x)};
+    visit(z);
+  }
   const packed<T>* body = reinterpret_cast<const packed<T>*>(row + split.head);  // (vectors, width)
   index_t v = threadIdx.x;
   for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
     packed<T> in[unroll];
 #pragma unroll
     for (int u = 0; u < unroll; ++u) in[u] = body[v + u * threads];
+    A z[unroll * width];
 #pragma unroll
     for (int u = 0; u < unroll; ++u)
 #pragma unroll
-      for (int k = 0; k < width; ++k) visit(unpack<T>(in[u].raw[k]), split.head + (v + u * threads) * width + k);
+      for (int k = 0; k < width; ++k) z[u * width + k] = unpack<T>(in[u].raw[k]);
+    visit(z);
   }
   for (; v < split.vectors; v += threads) {
     const packed<T> in = body[v];
+    A z[width];
 #pragma unroll
-    for (int k = 0; k < width; ++k) visit(unpack<T>(in.raw[k]), split.head + v * width + k);
+    for (int k = 0; k < width; ++k) z[k] = unpack<T>(in.raw[k]);
+    visit(z);
   }
-  for (index_t j = split.tail + threadIdx.x; j < n; j += threads) visit(load(row, j), j);
+  for (index_t j = split.tail + threadIdx.x; j < n; j += threads) {
+    const A z[1] = {load(row, j)};
+    visit(z);
+  }
 }
 
 template <class A>
@@ -118,7 +131,9 @@ __global__ void __launch_bounds__(kCrossEntropyThreads) cross_entropy_max_kernel
                                                                                  index_t local, index_t used, A* row_max) {
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     A m = -INFINITY;
-    visit_row(logits + r * local, used, [&](A z, index_t) { m = fmax_(m, z); });  // logits (rows, local)
+    visit_row(logits + r * local, used, [&](const auto& z) {  // logits (rows, local)
+      for (const A value : z) m = fmax_(m, value);
+    });
     m = block_max(m);
     if (threadIdx.x == 0) row_max[r] = m;
   }
@@ -138,9 +153,11 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const shifted_exp<A> exp_minus_max(row_max[r]);
     A sum_exp = 0, sum_logits = 0;
-    visit_row(logits + r * local, used, [&](A z, index_t) {  // logits (rows, local)
-      sum_exp += exp_minus_max(z);
-      sum_logits += z;
+    visit_row(logits + r * local, used, [&](const auto& z) {  // logits (rows, local)
+      for (const A value : z) {
+        sum_exp += exp_minus_max(value);
+        sum_logits += value;
+      }
     });
     sum_exp = block_sum(sum_exp);
     sum_logits = block_sum(sum_logits);
@@ -284,42 +301,12 @@ template <class T, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kCrossEntropyThreads)
     cross_entropy_forward_backward_kernel(T* logits, const std::int32_t* labels, index_t rows, index_t local,
                                           index_t used, index_t vocab, A smoothing, const A* dloss, A* loss) {
-  constexpr int width = packed<T>::width, unroll = kCrossEntropyUnroll;
   __shared__ A row_lse;
   const A uniform = smoothing / A(vocab), hit = A(1) - smoothing;
-  const index_t threads = blockDim.x;
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* row = logits + r * local;  // logits (rows, local), then their gradient
     running_softmax<A> acc;
-    const row_split<T> split(row, used, true);
-    if (threadIdx.x < split.head) {
-      const A z[1] = {load(row, threadIdx.x)};
-      acc.add(z);
-    }
-    const packed<T>* body = reinterpret_cast<const packed<T>*>(row + split.head);  // (vectors, width)
-    index_t v = threadIdx.x;
-    for (; v + (unroll - 1) * threads < split.vectors; v += unroll * threads) {
-      packed<T> in[unroll];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u) in[u] = body[v + u * threads];
-      A z[unroll * width];
-#pragma unroll
-      for (int u = 0; u < unroll; ++u)
-#pragma unroll
-        for (int k = 0; k < width; ++k) z[u * width + k] = unpack<T>(in[u].raw[k]);
-      acc.add(z);
-    }
-    for (; v < split.vectors; v += threads) {
-      const packed<T> in = body[v];
-      A z[width];
-#pragma unroll
-      for (int k = 0; k < width; ++k) z[k] = unpack<T>(in.raw[k]);
-      acc.add(z);
-    }
-    for (index_t j = split.tail + threadIdx.x; j < used; j += threads) {
-      const A z[1] = {load(row, j)};
-      acc.add(z);
-    }
+    visit_row(static_cast<const T*>(row), used, [&](const auto& z) { acc.add(z); });
     const A row_max = block_max(acc.m);
     const A sum_exp = block_sum(acc.m == -INFINITY ? A(0) : acc.s * shifted_exp<A>(row_max)(acc.m));
     const A sum_logits = block_sum(acc.z_sum);
