@@ -124,11 +124,10 @@ class ColumnParallelLinear {
   // With `deferred`, the weight gradients are appended to it instead (a split backward).
   //
   // With ctx.tp_comm_overlap over more than one rank, the input gradient is computed first and its
-  // reduction (all-reduce,
-  // or reduce-scatter under sequence parallelism) is issued on the communicator's overlapped
-  // handle, so on NCCL it runs on the communication stream while the compute stream accumulates
-  // weight gradients, which do not depend on it; the compute stream joins it before the result is
-  // returned. Those weight gradients are this layer's own, or with an `at_collectives` list
+  // reduction (all-reduce, or reduce-scatter under sequence parallelism) is issued on the
+  // communicator's overlapped handle, so on NCCL it runs on the communication stream while the
+  // compute stream accumulates weight gradients, which do not depend on it; the compute stream
+  // joins it before the result is returned. Those weight gradients are this layer's own, or with an `at_collectives` list
   // (DeferredWeightGradients) the list's (earlier layers'), this layer's own then appended to it.
   // The operations and their operands are the same as without overlap, so are the bits (an
   // in-process communicator has finished each collective when it returns).

@@ -85,9 +85,9 @@ Tensor<T, Space> all_gather_last(Device& device, Comm& comm, const Tensor<T, Spa
 }
 
 // all_gather_dim0 as a ring of tp - 1 exchanges on the communicator's overlapped handle, calling
-// block(rank, data) (data: the first element of that rank's block in the result) for each rank's block of dim0 of the result as soon as it has arrived (this rank's
-// own first, then the ones from the ranks before it, nearest first), while the next exchange is in
-// flight: the consumer of a gathered input whose rows are independent (a matmul) runs beside the
+// block(rank, data) (data: the first element of that rank's block of dim0 in the result) for each
+// rank's block as soon as it has arrived (this rank's own first, then the ones from the ranks
+// before it, nearest first), while the next exchange is in flight: the consumer of a gathered input whose rows are independent (a matmul) runs beside the
 // gather (NCCL: exchanges on the communication stream, blocks on the compute stream). A block call
 // may read only its block of the result. With an in-process communicator each exchange has
 // finished when it returns, so this is the plain gather followed by the blocks.

@@ -99,7 +99,8 @@ class TransformerLayer {
   // DeferredWeightGradients); the norms' gradients are taken now. Without, with ctx.tp_comm_overlap
   // over more than one tensor-parallel rank, the linear layers chain their weight gradients through an
   // `at_collectives` list so that each collective of the backward but the first runs beside the
-  // previous layer's weight gradients; what is left runs before this returns, so every gradient of
+  // previous layer's weight gradients (the first, the row layer's all-gather of dy, is a ring beside
+  // the input gradients of its arrived blocks); what is left runs before this returns, so every gradient of
   // the layer is complete when it does (a data-parallel hook may read them).
   Act backward(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred = nullptr) {
     if (deferred == nullptr && ctx.tp.size() > 1 && ctx.tp_comm_overlap) {
