@@ -198,10 +198,7 @@ class ColumnParallelLinear {
   template <class Layout>
   Tensor<T, Space> output_of_gathered(const Context& ctx, const Act<Layout>& x) const {
     expect_layout<input_layout, Layout>();
-    const index_t in = weight_->value.size(1);
-    if (x.tensor.shape().cols() != in)
-      fail<ShapeError>("ColumnParallelLinear: input ", x.tensor.shape().str(), " has ", x.tensor.shape().cols(),
-                       " features, the weight ", weight_->value.shape().str(), " expects ", in);
+    detail::check_linear_input(x.tensor.shape(), *weight_, "ColumnParallelLinear");
     return Tensor<T, Space>::empty(
         x.tensor.shape().with(0, x.tensor.size(0) * ctx.tp.size()).with(-1, weight_->value.size(0)));
   }

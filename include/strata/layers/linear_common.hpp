@@ -23,6 +23,26 @@ STRATA_NAMESPACE_BEGIN
 
 namespace detail {
 
+// Throws ShapeError naming `who` unless an input of shape x has the weight's input features.
+template <class T, class Space>
+void check_linear_input(const Shape& x, const Parameter<T, Space>& weight, const char* who) {
+  const index_t in = weight.value.size(1);
+  if (x.cols() != in)
+    fail<ShapeError>(who, ": input ", x.str(), " has ", x.cols(), " features, the weight ", weight.value.shape().str(),
+                     " expects ", in);
+}
+
+// dx[rows, in] = dy W, or (dy W) * gelu'(gelu_pre) when gelu_pre (rows x in) is given.
+template <class Device, class T, class Space>
+void linear_input_gradient_rows(Device& device, const T* dy, index_t rows, const Parameter<T, Space>& weight, T* dx,
+                                const T* gelu_pre = nullptr) {
+  const index_t in = weight.value.size(1), out = weight.value.size(0);
+  if (gelu_pre)
+    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy, weight.value.data(), gelu_pre, dx);
+  else
+    device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
+}
+
 template <class Device, class T, class Space>
 void add_bias(Device& device, Tensor<T, Space>& y, const Parameter<T, Space>& bias) {
   device.template bias_add<T>(y.data(), bias.value.data(), y.shape().rows(), y.shape().cols());
@@ -41,11 +61,8 @@ void linear_forward_rows(Device& device, const T* x, index_t rows, const Paramet
 template <class Device, class T, class Space>
 Tensor<T, Space> linear_forward(Device& device, const Tensor<T, Space>& x, const Parameter<T, Space>& weight,
                                 const std::type_identity_t<Parameter<T, Space>>* bias, const char* who) {
-  const index_t in = weight.value.size(1), out = weight.value.size(0);
-  if (x.shape().cols() != in)
-    fail<ShapeError>(who, ": input ", x.shape().str(), " has ", x.shape().cols(), " features, the weight ",
-                     weight.value.shape().str(), " expects ", in);
-  auto y = Tensor<T, Space>::empty(x.shape().with(-1, out));  // (rows, out)
+  check_linear_input(x.shape(), weight, who);
+  auto y = Tensor<T, Space>::empty(x.shape().with(-1, weight.value.size(0)));  // (rows, out)
   linear_forward_rows(device, x.data(), x.shape().rows(), weight, bias, y.data());
   return y;
 }
@@ -56,9 +73,7 @@ Tensor<T, Space> linear_forward_gelu(Device& device, const Tensor<T, Space>& x, 
                                      const std::type_identity_t<Parameter<T, Space>>* bias, Tensor<T, Space>& pre,
                                      const char* who) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  if (x.shape().cols() != in)
-    fail<ShapeError>(who, ": input ", x.shape().str(), " has ", x.shape().cols(), " features, the weight ",
-                     weight.value.shape().str(), " expects ", in);
+  check_linear_input(x.shape(), weight, who);
   const index_t rows = x.shape().rows();
   pre = Tensor<T, Space>::empty(x.shape().with(-1, out));  // (rows, out)
   auto y = Tensor<T, Space>::empty(x.shape().with(-1, out));
@@ -67,23 +82,7 @@ Tensor<T, Space> linear_forward_gelu(Device& device, const Tensor<T, Space>& x, 
   return y;
 }
 
-// The backward of linear_forward_rows on `rows` rows: accumulates dW[out, in] += dy^T x (and
-// db[out] += sum_rows dy), writes dx[rows, in] = dy W, or (dy W) * gelu'(gelu_pre) when gelu_pre
-// (rows x in, the pre-activation of the GELU that produced x) is given.
-template <class Device, class T, class Space>
-void linear_backward_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
-                          Parameter<T, Space>* bias, T* dx, const T* gelu_pre = nullptr) {
-  using A = accumulate_t<T>;
-  const index_t in = weight.value.size(1), out = weight.value.size(0);
-  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
-  if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
-  if (gelu_pre)
-    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy, weight.value.data(), gelu_pre, dx);
-  else
-    device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
-}
-
-// The weight half of linear_backward_rows: dW[out, in] += dy^T x and db[out] += sum_rows dy.
+// dW[out, in] += dy^T x and db[out] += sum_rows dy.
 template <class Device, class T, class Space>
 void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
                                  Parameter<T, Space>* bias) {
@@ -91,6 +90,26 @@ void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
   if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
+}
+
+// The backward of linear_forward_rows on `rows` rows: accumulates dW[out, in] += dy^T x (and
+// db[out] += sum_rows dy), writes dx[rows, in] = dy W, or (dy W) * gelu'(gelu_pre) when gelu_pre
+// (rows x in, the pre-activation of the GELU that produced x) is given.
+template <class Device, class T, class Space>
+void linear_backward_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
+                          Parameter<T, Space>* bias, T* dx, const T* gelu_pre = nullptr) {
+  linear_weight_gradient_rows(device, x, dy, rows, weight, bias);
+  linear_input_gradient_rows(device, dy, rows, weight, dx, gelu_pre);
+}
+
+// Appends linear_weight_gradient_rows over every row of x and dy to `deferred`: the closure keeps x
+// and dy (shared handles) and the device, which must outlive it.
+template <class Device, class T, class Space>
+void defer_weight_gradient(Device& device, const Tensor<T, Space>& x, const Tensor<T, Space>& dy,
+                           Parameter<T, Space>& weight, Parameter<T, Space>* bias, DeferredWeightGradients& deferred) {
+  deferred.add([&device, x, dy, rows = x.shape().rows(), &weight, bias] {
+    linear_weight_gradient_rows(device, x.data(), dy.data(), rows, weight, bias);
+  });
 }
 
 // Accumulates dW (and db), returns dx (times gelu'(*gelu_pre) when gelu_pre is given). With
@@ -113,14 +132,8 @@ Tensor<T, Space> linear_backward(Device& device, const Tensor<T, Space>& x, cons
     linear_backward_rows(device, x.data(), dy.data(), rows, weight, bias, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
     return dx;
   }
-  const index_t in = weight.value.size(1);
-  if (gelu_pre)
-    device.template gemm_gelu_backward<T>(false, false, rows, in, out, dy.data(), weight.value.data(), gelu_pre->data(), dx.data());
-  else
-    device.template gemm<T>(false, false, rows, in, out, dy.data(), weight.value.data(), dx.data(), false);  // (rows, in)
-  deferred->add([&device, x, dy, rows, &weight, bias] {
-    linear_weight_gradient_rows(device, x.data(), dy.data(), rows, weight, bias);
-  });
+  linear_input_gradient_rows(device, dy.data(), rows, weight, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
+  defer_weight_gradient(device, x, dy, weight, bias, *deferred);
   return dx;
 }
 

@@ -67,9 +67,7 @@ class RowParallelLinear {
       // The reduce-scatter as a ring whose exchanges run beside the GEMM of the next block of rows
       // (reduce_scatter_dim0_ring); the input is checked as linear_forward checks it.
       const index_t in = weight_.value.size(1), out = weight_.value.size(0);
-      if (saved.input.shape().cols() != in)
-        fail<ShapeError>("RowParallelLinear: input ", saved.input.shape().str(), " has ", saved.input.shape().cols(),
-                         " features, the weight ", weight_.value.shape().str(), " expects ", in);
+      detail::check_linear_input(saved.input.shape(), weight_, "RowParallelLinear");
       const Shape full = saved.input.shape().with(-1, out);
       const index_t block_rows = full.rows() / ctx.tp.size();
       y = Act<output_layout>(detail::reduce_scatter_dim0_ring<T, Space>(
@@ -171,20 +169,12 @@ class RowParallelLinear {
     Act<layout::sharded<-1>> dx(Tensor<T, Space>::empty(saved.input.shape()));  // (rows, in)
     Tensor<T, Space> dy_full = detail::all_gather_dim0_ring(ctx.device, ctx.tp, dy.tensor, [&](int r, const T* block) {
       const index_t at = r * block_rows * in;
-      if (gelu_pre)
-        ctx.device.template gemm_gelu_backward<T>(false, false, block_rows, in, out, block, weight_.value.data(),
-                                                  gelu_pre->data() + at, dx.data() + at);
-      else
-        ctx.device.template gemm<T>(false, false, block_rows, in, out, block, weight_.value.data(), dx.data() + at, false);
+      detail::linear_input_gradient_rows(ctx.device, block, block_rows, weight_, dx.data() + at,
+                                         gelu_pre ? gelu_pre->data() + at : nullptr);
     });
     Param* bias = bias_ ? &*bias_ : nullptr;
-    if (deferred) {
-      deferred->add([&device = ctx.device, x = saved.input, dy_full, rows, &weight = weight_, bias] {
-        detail::linear_weight_gradient_rows(device, x.data(), dy_full.data(), rows, weight, bias);
-      });
-    } else {
-      detail::linear_weight_gradient_rows(ctx.device, saved.input.data(), dy_full.data(), rows, weight_, bias);
-    }
+    if (deferred) detail::defer_weight_gradient(ctx.device, saved.input, dy_full, weight_, bias, *deferred);
+    else detail::linear_weight_gradient_rows(ctx.device, saved.input.data(), dy_full.data(), rows, weight_, bias);
     return dx;
   }
 
