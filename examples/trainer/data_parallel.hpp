@@ -11,7 +11,9 @@
 //                                     bucket is complete (null without the flag)
 //   reduce_gradients()                after the last micro-batch: the collectives of the buckets not
 //                                     started yet, then (overlapped) the compute stream waits for all
-//   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), clipping
+//   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), and the
+//                                     clipping factor, which the next step() applies as the AdamW
+//                                     kernels read the gradients (no pass of its own)
 //   parameters_needed(ctx)            with --overlap-param-gather, after a step: the hook the next
 //                                     forward calls per parameter right before reading it, which
 //                                     makes the compute stream wait for that bucket's all-gather
@@ -139,12 +141,15 @@ class DataParallelOptimizer {
     if (expert_buffer_) expert_buffer_->wait_gathered(ctx.expert_dp);
   }
 
-  // Divides the gradients by the loss scale (with a scaler), then measures the global norm and clips
-  // (--clip-grad); returns the norm before clipping as a device scalar. Collective over dp (sharded)
-  // and ctx.model_parallel.
+  // Divides the gradients by the loss scale (with a scaler), then measures the global norm and the
+  // clipping factor (--clip-grad); returns the norm before clipping as a device scalar. The gradients
+  // are not scaled by the factor here: the next step() hands it to the AdamW kernels (AdamWStep::
+  // grad_scale), which multiply each gradient as they read it, with the bits of a scaling pass
+  // followed by the step. Collective over dp (sharded) and ctx.model_parallel.
   template <class Context, class Model>
   Tensor<double, Space> unscale_and_clip(Context& ctx, Model& model, double max_norm) {
     using G = accumulate_t<T>;
+    clip_factor_.reset();
     if (scaler_) {
       const double inverse = scaler_->inverse_scale();
       if (distributed_) distributed_->scale_gradients(ctx.device, inverse);
@@ -158,14 +163,14 @@ class DataParallelOptimizer {
       ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());
       auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
       ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
-      if (max_norm > 0) {
-        distributed_->scale_gradients_by(ctx.device, factor.data());
-        expert_distributed_->scale_gradients_by(ctx.device, factor.data());
-      }
+      if (max_norm > 0) clip_factor_ = std::move(factor);
       return norm;
     }
-    if (distributed_) return distributed_->clip_grad_norm_device(ctx, ctx.dp, max_norm);
-    return clip_grad_norm_device(ctx, model, max_norm);  // with experts: their squares over expert_model_parallel
+    // with experts and without sharding: their squares over expert_model_parallel
+    auto [norm, factor] = distributed_ ? distributed_->clip_factor_device(ctx, ctx.dp, max_norm)
+                                       : clip_factor_device(ctx, model, max_norm);
+    if (max_norm > 0) clip_factor_ = std::move(factor);
+    return norm;
   }
 
   // With a loss scaler: reads the norm on the host (one wait per iteration), updates the scale and
@@ -182,14 +187,18 @@ class DataParallelOptimizer {
 
   template <class Context, class Model>
   // decoupled_lr >= 0: the learning rate of the word embedding and the output layer (--decoupled-lr).
+  // The clipping factor of the last unscale_and_clip applies here, once.
   void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite, double decoupled_lr = -1) {
+    const double* clip = clip_factor_ ? clip_factor_->data() : nullptr;
     if (distributed_) {
-      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr);
+      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr, clip);
       if (expert_distributed_)
-        expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr);
+        expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr,
+                                  clip);
     } else {
-      adamw_->step(ctx.device, model, lr, skip_unless_finite, decoupled_lr);
+      adamw_->step(ctx.device, model, lr, skip_unless_finite, decoupled_lr, clip);
     }
+    clip_factor_.reset();
   }
 
   // Checkpoints: the optimizer's state in pieces (for_each_state_piece: any layout loads it), its
@@ -275,6 +284,7 @@ class DataParallelOptimizer {
   std::optional<DistributedOptimizer<T, Space>> expert_distributed_;
   std::optional<LossScaler> scaler_;
   int skipped_ = 0;
+  std::optional<Tensor<double, Space>> clip_factor_;  // unscale_and_clip's factor, applied by the next step()
   bool overlap_param_gather_ = false;
 };
 

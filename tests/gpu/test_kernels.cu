@@ -853,10 +853,12 @@ void test_adamw_many(harness& h) {
     tensors.push_back({s[0]->data(), s[1]->data(), s[2]->data(), s[3]->data(), values.back()->data(),
                        static_cast<index_t>(n), p.decay});
   }
-  auto run = [&](const strata::AdamWStep<A>& step) {
+  // prescale: the gradients are multiplied by it on the device (scale_by) before the step.
+  auto run = [&](const strata::AdamWStep<A>& step, const double* prescale = nullptr) {
     for (std::size_t i = 0; i < params.size(); ++i) {
       upload(h.device, params[i].main, *state[4 * i]); upload(h.device, params[i].m, *state[4 * i + 1]);
       upload(h.device, params[i].v, *state[4 * i + 2]); upload(h.device, params[i].g, *state[4 * i + 3]);
+      if (prescale) h.device.scale_by<A>(state[4 * i + 3]->data(), static_cast<index_t>(params[i].g.size()), prescale);
       nan_fill(h.device, *values[i]);
     }
     h.device.adamw_step_many<T>(std::span<const strata::cuda::kernels::adamw_tensor<T, A>>(tensors), step);
@@ -900,6 +902,24 @@ void test_adamw_many(harness& h) {
     h.results.record(differ == 0, label + (skip ? ", skip_unless_finite non-finite: nothing changes"
                                                 : ", skip_unless_finite finite: the same bits as without it") +
                                       " (" + std::to_string(differ) + " main values differ)");
+  }
+  // grad_scale (the clipping factor read by the kernel): the bits of scale_by on the gradients
+  // followed by the step without it; a factor of 1 gives the plain step's bits.
+  device_vector<double> factor(1);
+  for (double f : {0.3718, 1.0, 1e-3}) {
+    upload(h.device, std::vector<double>{f}, factor);
+    auto scaled = step;
+    scaled.grad_scale = factor.data();
+    const auto fused = run(scaled);
+    const auto separate = run(step, factor.data());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < fused.first.size(); ++i) differ += std::memcmp(&fused.first[i], &separate.first[i], sizeof(A)) != 0;
+    for (std::size_t i = 0; i < fused.second.size(); ++i)
+      differ += std::memcmp(&fused.second[i], &separate.second[i], sizeof(T)) != 0;
+    if (f == 1.0)
+      for (std::size_t i = 0; i < fused.first.size(); ++i) differ += std::memcmp(&fused.first[i], &r1.first[i], sizeof(A)) != 0;
+    h.results.record(differ == 0, label + ", grad_scale " + std::to_string(f) +
+                                      ": the bits of scale_by then the step (" + std::to_string(differ) + " values differ)");
   }
 }
 

@@ -3,6 +3,7 @@
 // data-parallel sum, and AdamW + clipping + schedule at tp=2 following the tp=1 trajectory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -262,8 +263,9 @@ TEST(GradUtils, MultiTensorFormsGiveTheSameBitsInFewerCalls) {
 }
 
 // Trains `steps` steps on `tp` ranks: zero, forward/backward, clip, AdamW with a warmup + cosine
-// schedule. Returns losses and gradient norms as outputs, final parameters gathered.
-strata_test::Snapshot train(int tp, int steps) {
+// schedule. Returns losses and gradient norms as outputs, final parameters gathered. clip_in_step:
+// the clipping factor goes to the step (grad_scale) instead of scaling the gradients first.
+strata_test::Snapshot train(int tp, int steps, bool clip_in_step = false) {
   strata_test::Snapshot snapshot;
   std::mutex mutex;
   const LrSchedule schedule{.max_lr = 0.05, .min_lr = 0.005, .warmup_iters = 2, .decay_iters = 6};
@@ -275,8 +277,16 @@ strata_test::Snapshot train(int tp, int steps) {
     for (int it = 0; it < steps; ++it) {
       zero_gradients(model);
       losses.push_back(model.forward_backward(ctx, it));
-      norms.push_back(clip_grad_norm(ctx, model, 1.0));
-      optimizer.step(model, schedule.lr(it + 1));
+      if (clip_in_step) {
+        const double before = direct_norm(model);
+        auto [norm, factor] = clip_factor_device(ctx, model, 1.0);
+        EXPECT_EQ(direct_norm(model), before) << "clip_factor_device must leave the gradients as they are";
+        norms.push_back(norm[0]);
+        optimizer.step(ctx.device, model, schedule.lr(it + 1), nullptr, -1, factor.data());
+      } else {
+        norms.push_back(clip_grad_norm(ctx, model, 1.0));
+        optimizer.step(model, schedule.lr(it + 1));
+      }
     }
     if (world.rank() == 0) {
       std::lock_guard lock(mutex);
@@ -285,6 +295,21 @@ strata_test::Snapshot train(int tp, int steps) {
     strata_test::gather_parameters(ctx, model, snapshot, mutex);
   });
   return snapshot;
+}
+
+// The clipping factor applied by the step as it reads each gradient gives the bits of clipping the
+// gradients first (the trainers' path), at tp = 1 and 2, with the norm above max_norm on some steps.
+TEST(AdamW, ClipFactorInTheStepGivesTheBitsOfClippingFirst) {
+  for (int tp : {1, 2}) {
+    const strata_test::Snapshot clipped_first = train(tp, 6), in_step = train(tp, 6, true);
+    ASSERT_GT(*std::max_element(clipped_first.outputs[1].begin(), clipped_first.outputs[1].end()), 1.0)
+        << "some step must clip";
+    // The parameters and the losses and norms of every step: the same bits. (The gradients left after
+    // the last step differ by design: clipped in place on one path, untouched on the other.)
+    EXPECT_EQ(in_step.outputs, clipped_first.outputs) << "tp=" << tp;
+    ASSERT_EQ(in_step.values.size(), clipped_first.values.size());
+    for (const auto& [name, want] : clipped_first.values) EXPECT_EQ(in_step.values.at(name), want) << name << ", tp=" << tp;
+  }
 }
 
 TEST(AdamW, TensorParallelFollowsUnshardedTrajectory) {

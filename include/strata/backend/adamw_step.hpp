@@ -8,6 +8,10 @@
 //       the parameters, not the moments). The trainers point it at a running sum of every
 //       iteration's loss and gradient norm, so a non-finite iteration stops all updates without
 //       the host reading anything until its next log step.
+//   grad_scale: when not null, a value in the backend's memory space by which the kernel multiplies
+//       each gradient before it uses it (g = grad * A(*grad_scale), rounded to A as a separate
+//       scale_by pass would store it): the trainers hand it the clipping factor, so clipping costs
+//       no pass over the gradients of its own. The gradients in memory are left as they were.
 #pragma once
 
 #include <type_traits>
@@ -23,6 +27,7 @@ struct AdamWStep {
   A lr = 0, beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, eps = 0, decay = 0;
   A bias_correction1 = 1, bias_correction2 = 1;
   const double* skip_unless_finite = nullptr;
+  const double* grad_scale = nullptr;
 };
 static_assert(std::is_trivially_copyable_v<AdamWStep<float>>, "AdamWStep is passed to kernels by value, so it must be trivially copyable.");
 

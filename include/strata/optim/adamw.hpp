@@ -53,9 +53,11 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 
   // The constants of update number `step` (1, 2, ...) at learning rate lr, in A: bias corrections
-  // 1 - beta^step, decay = lr * weight_decay (applied where a tensor decays), the skip flag.
+  // 1 - beta^step, decay = lr * weight_decay (applied where a tensor decays), the skip flag and the
+  // gradients' factor (AdamWStep).
   template <class A>
-  AdamWStep<A> step_constants(double lr, std::int64_t step, const double* skip_unless_finite) const {
+  AdamWStep<A> step_constants(double lr, std::int64_t step, const double* skip_unless_finite,
+                              const double* grad_scale = nullptr) const {
     const double t = static_cast<double>(step);
     AdamWStep<A> c;
     c.lr = static_cast<A>(lr);
@@ -67,6 +69,7 @@ struct AdamWConfig {
     c.bias_correction1 = static_cast<A>(1.0 - std::pow(beta1, t));
     c.bias_correction2 = static_cast<A>(1.0 - std::pow(beta2, t));
     c.skip_unless_finite = skip_unless_finite;
+    c.grad_scale = grad_scale;
     c.decay = static_cast<A>(lr * weight_decay);
     return c;
   }
@@ -138,15 +141,19 @@ class AdamW {
   // a NaN or infinite value (AdamWStep), read by the kernels, so the host does not wait for it.
   // decoupled_lr >= 0: the learning rate of the parameters flagged decoupled_lr (the word embedding
   // and the output layer, Megatron's --decoupled-lr); their weight decay scales with it.
+  // grad_scale (optional, in the device's space): every gradient is read times *grad_scale (the
+  // clipping factor of clip_factor_device, applied without a pass of its own; AdamWStep).
   template <class Device, class Module>
-  void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr, double decoupled_lr = -1) {
+  void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr, double decoupled_lr = -1,
+            const double* grad_scale = nullptr) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     if (!std::isfinite(decoupled_lr)) fail<ConfigError>("AdamW::step: the decoupled learning rate must be finite, got ", decoupled_lr);
     ++steps_;
     using A = state_type;
-    const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
+    const AdamWStep<A> constants =
+        config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite, grad_scale);
     const AdamWStep<A> decoupled = decoupled_lr >= 0
-        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite)
+        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite, grad_scale)
         : constants;
     std::size_t index = 0;
     // A backend with a multi-tensor step updates every parameter in a few launches; otherwise one

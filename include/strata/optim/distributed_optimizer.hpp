@@ -41,6 +41,7 @@
 #include <cmath>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../backend/adamw_step.hpp"
@@ -174,23 +175,30 @@ class DistributedOptimizer {
   // Collective over dp and ctx.model_parallel.
   template <class Context, class Comm>
   Tensor<double, Space> clip_grad_norm_device(Context& ctx, Comm& dp, double max_norm) {
+    auto [norm, factor] = clip_factor_device(ctx, dp, max_norm);
+    if (max_norm > 0) scale_gradients_by(ctx.device, factor.data());
+    return norm;
+  }
+  // The same norm and the clipping factor (1 when max_norm <= 0), both device scalars, without
+  // touching the gradients: step(..., grad_scale = factor) then applies it.
+  template <class Context, class Comm>
+  std::pair<Tensor<double, Space>, Tensor<double, Space>> clip_factor_device(Context& ctx, Comm& dp, double max_norm) {
     const auto square_sum = global_grad_square_sum(ctx, dp);
     auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
     ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
-    if (max_norm > 0) scale_gradients_by(ctx.device, factor.data());
-    return norm;
+    return {std::move(norm), std::move(factor)};
   }
 
   // One AdamW step on the owned shards, then the all-gather of the parameters over `dp`.
   // skip_unless_finite as in AdamW::step (the update changes nothing when it points at NaN or inf;
-  // the all-gather still runs, and moves the unchanged values).
+  // the all-gather still runs, and moves the unchanged values); grad_scale as in AdamW::step.
   // With `overlap_gather` the parameter all-gather runs beside compute (GradBuffer::
   // all_gather_parameters): the next forward waits bucket by bucket through the buffer's
   // needed_hook, anything else reading the parameters after the buffer's wait_gathered(dp). A gather
   // still pending when step() is called is waited for first.
   template <class Device, class Comm>
   void step(Device& device, Comm& dp, double lr, const double* skip_unless_finite = nullptr, bool overlap_gather = false,
-            double decoupled_lr = -1) {
+            double decoupled_lr = -1, const double* grad_scale = nullptr) {
     if (!std::isfinite(lr) || lr < 0)
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
     if (!std::isfinite(decoupled_lr))
@@ -198,9 +206,10 @@ class DistributedOptimizer {
     buffer_->wait_gathered(dp);
     ++steps_;
     using A = state_type;
-    const AdamWStep<A> constants = config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite);
+    const AdamWStep<A> constants =
+        config_.template step_constants<A>(lr, static_cast<std::int64_t>(steps_), skip_unless_finite, grad_scale);
     const AdamWStep<A> decoupled = decoupled_lr >= 0
-        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite)
+        ? config_.template step_constants<A>(decoupled_lr, static_cast<std::int64_t>(steps_), skip_unless_finite, grad_scale)
         : constants;
     auto own_rate = [&](const Piece& p) { return decoupled_lr >= 0 && p.decoupled_lr; };
     A* grads = buffer_->grads().data();

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../backend/cpu/backend.hpp"
@@ -319,16 +320,26 @@ void scale_gradients_by(Device& device, Module& model, const double* factor) {
   }
 }
 
+// The norm before clipping and Megatron's clipping factor (max_norm / (norm + 1e-6) when max_norm > 0
+// and that is below 1, else 1) as one-element tensors in the backend's space, the gradients left as
+// they are: an optimizer step given the factor as grad_scale (AdamW::step) clips as it reads them,
+// with the bits of clip_grad_norm_device followed by a plain step. Collective over ctx.model_parallel.
+template <class Context, class Module>
+auto clip_factor_device(Context& ctx, Module& model, double max_norm) {
+  using Space = typename Context::space;
+  const auto square_sum = global_grad_square_sum(ctx, model);
+  auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
+  ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+  return std::pair{std::move(norm), std::move(factor)};
+}
+
 // Clips the global gradient norm to max_norm as Megatron does, without reading anything on the
 // host: factor = max_norm / (norm + 1e-6) when max_norm > 0 and that is below 1, else 1 (backend
 // clip_factor), then grad *= factor (scale_by). Returns the norm before clipping as a one-element
 // tensor in the backend's space. Collective over ctx.model_parallel.
 template <class Context, class Module>
 auto clip_grad_norm_device(Context& ctx, Module& model, double max_norm) {
-  using Space = typename Context::space;
-  const auto square_sum = global_grad_square_sum(ctx, model);
-  auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
-  ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+  auto [norm, factor] = clip_factor_device(ctx, model, max_norm);
   if (max_norm > 0) scale_gradients_by(ctx.device, model, factor.data());
   return norm;
 }

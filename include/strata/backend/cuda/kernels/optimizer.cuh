@@ -8,7 +8,8 @@
 //                    travel in the kernel's argument; block k finds its tensor in the table of first
 //                    blocks and updates one 4096-element chunk of it (decay per tensor: step.decay
 //                    or 0)
-//   Both do nothing when step.skip_unless_finite points at a non-finite value (adamw_step.hpp).
+//   Both do nothing when step.skip_unless_finite points at a non-finite value, and read each gradient
+//   times *step.grad_scale when that is set (adamw_step.hpp).
 //   sum_of_squares   accumulator[0] += sum_i x_i^2, in double
 //   clip_factor      norm = sqrt(square_sum); factor = max_norm / (norm + 1e-6) when max_norm > 0 and
 //                    that is < 1, else 1
@@ -29,8 +30,8 @@ namespace cuda::kernels {
 template <class A>
 __device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, index_t i, A decay,
                                               A lr, A beta1, A beta2, A one_minus_beta1, A one_minus_beta2, A eps,
-                                              A bias_correction1, A bias_correction2, A& out) {
-  const A g = grad[i];
+                                              A bias_correction1, A bias_correction2, A grad_scale, A& out) {
+  const A g = grad[i] * grad_scale;  // rounded to A, as a scale_by pass would store it (x 1 is exact)
   A x = main[i];
   x = x - decay * x;
   const A m = beta1 * exp_avg[i] + one_minus_beta1 * g;
@@ -45,11 +46,12 @@ __device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq
 template <class T, class Step, class A = accumulate_t<T>>
 __global__ void adamw_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, Step step) {
   if (step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite)) return;
+  const A scale = step.grad_scale != nullptr ? static_cast<A>(*step.grad_scale) : A(1);
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
     A x;
     adamw_element<A>(main, exp_avg, exp_avg_sq, grad, i, step.decay, step.lr, step.beta1, step.beta2,
                      step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
-                     step.bias_correction2, x);
+                     step.bias_correction2, scale, x);
     store(value, i, x);
   }
 }
@@ -81,6 +83,7 @@ struct adamw_batch {
 template <class T, class Step, class A>
 __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batch, Step step) {
   if (step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite)) return;
+  const A scale = step.grad_scale != nullptr ? static_cast<A>(*step.grad_scale) : A(1);
   const index_t block = blockIdx.x;
   int t = 0;
   while (t + 1 < batch.count && batch.first_block[t + 1] <= block) ++t;
@@ -92,7 +95,7 @@ __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batc
     A x;
     adamw_element<A>(p.main, p.exp_avg, p.exp_avg_sq, p.grad, i, decay, step.lr, step.beta1, step.beta2,
                      step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
-                     step.bias_correction2, x);
+                     step.bias_correction2, scale, x);
     store(p.value, i, x);
   }
 }
