@@ -2,7 +2,7 @@
 //
 // Every transpose combination, float / double / bf16, odd shapes (1, 3, 5, 7, 33, 127, 769, ...),
 // with and without the bias epilogue (also a misaligned bias, which falls back to the bias_add
-// kernel), accumulate into an existing C, and the weight-gradient form: bf16 operands accumulated
+// kernel), accumulate into an existing C, gemm_add (a separate addend as cuBLASLt's C), and the weight-gradient form: bf16 operands accumulated
 // into an fp32 C (beta = 1). Relative error ||gpu - ref|| / ||ref|| within 1e-12 / 1e-5 / 1e-2;
 // each product runs twice and gives the same bits; a repeated shape reuses its cached plan.
 #include <cmath>
@@ -78,6 +78,44 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                  label + ": rel " + format("%.2e", error) + " (tol " + format("%.0e", tol) + ")" +
                      (repeat ? ", same bits twice" : ", DIFFERENT bits on the second run") +
                      (plan_reused ? "" : ", the second call built a new plan"));
+}
+
+// gemm_add: out = addend + A B^T (+ bias) in one GEMM (cuBLASLt's C operand the addend, beta = 1),
+// against the double reference (one rounding); the addend is left as it was, the same bits twice.
+// addend_offset 1 starts the addend one element past an aligned address.
+template <class T>
+void check_gemm_add(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, bool with_bias,
+                    index_t addend_offset = 0) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.template uniform<T>(M * K), vb = rng.template uniform<T>(N * K), vbias = rng.template uniform<T>(N);
+  auto vaddend = rng.template uniform<T>(M * N + 1);
+  const std::vector<T> addend_host(vaddend.begin() + addend_offset, vaddend.begin() + addend_offset + static_cast<std::ptrdiff_t>(M * N));
+  auto ref = reference<T, T>(false, true, m, n, k, va, vb, addend_host, true, with_bias ? vbias.data() : nullptr);
+  device_vector<T> a(M * K), b(N * K), bias(N), addend(M * N + 1), out(M * N);
+  device.copy_from_host(va.data(), static_cast<index_t>(M * K), a.data());
+  device.copy_from_host(vb.data(), static_cast<index_t>(N * K), b.data());
+  device.copy_from_host(vbias.data(), static_cast<index_t>(N), bias.data());
+  device.copy_from_host(vaddend.data(), static_cast<index_t>(M * N + 1), addend.data());
+  auto run = [&] {
+    device.fill(out.data(), static_cast<index_t>(M * N), std::numeric_limits<double>::quiet_NaN());
+    device.gemm_add<T>(false, true, m, n, k, a.data(), b.data(), with_bias ? bias.data() : nullptr,
+                       addend.data() + addend_offset, out.data());
+    std::vector<T> h(M * N);
+    device.copy_to_host(out.data(), static_cast<index_t>(h.size()), h.data());
+    return h;
+  };
+  const auto first = run(), second = run();
+  std::vector<T> addend_after(M * N + 1);
+  device.copy_to_host(addend.data(), static_cast<index_t>(addend_after.size()), addend_after.data());
+  const double error = relative_error(first, ref), tol = tolerance<T>();
+  const bool repeat = same_bits(first, second), untouched = same_bits(addend_after, vaddend);
+  results.record(repeat && untouched && error <= tol,
+                 "gemm_add<" + type_name<T>() + "> m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                     std::to_string(k) + (with_bias ? " bias" : "") + (addend_offset ? " addend(misaligned)" : "") +
+                     ": rel " + format("%.2e", error) + " (tol " + format("%.0e", tol) + ")" +
+                     (repeat ? ", same bits twice" : ", DIFFERENT bits on the second run") +
+                     (untouched ? "" : ", the addend CHANGED"));
 }
 
 // gemm_gelu and gemm_gelu_backward (the fused cuBLASLt GELU epilogues where they run, the GEMM and the
@@ -178,6 +216,13 @@ int main(int argc, char** argv) {
     check_gemm<float>(device, results, seed++, false, true, 127, 65, 33, false, true, 1);  // bias not 16-byte aligned
     check_gemm<bf16>(device, results, seed++, false, true, 127, 65, 33, false, true, 1);
     check_gemm<float>(device, results, seed++, false, false, 5, 7, 0, false, false);      // k = 0: C = 0
+    for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{1, 1, 1}, {127, 64, 769}, {1000, 768, 128}, {33, 77, 65}, {5, 7, 0}})
+      for (bool bias : {false, true}) {
+        check_gemm_add<bf16>(device, results, seed++, m, n, k, bias);
+        check_gemm_add<float>(device, results, seed++, m, n, k, bias);
+        check_gemm_add<double>(device, results, seed++, m, n, k, bias);
+      }
+    check_gemm_add<bf16>(device, results, seed++, 127, 64, 33, true, 1);
     for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{64, 96, 48}, {129, 768, 200}, {33, 77, 65}})
       for (bool bias : {false, true}) {  // n = 77: not a multiple of 8, the unfused path
         check_gemm_gelu<bf16>(device, results, seed++, m, n, k, bias);

@@ -8,6 +8,9 @@
 //   linear_forward_gelu   pre = x W^T (+ b), y = gelu(pre)
 //   linear_backward with gelu_pre: dx = (dy W) * gelu'(gelu_pre), the gradient before the GELU that
 //                         produced this layer's input
+// and the residual add in the epilogue (backend gemm_add, optional: has_gemm_add):
+//   linear_forward_add    y = x W^T (+ b) + addend, one rounding where the backend fuses it, else
+//                         the GEMM, then y += addend (the bits of the layer followed by an add)
 //
 // The `_rows` forms take pointers to a block of rows, so a caller may run a layer over its rows in
 // pieces (the chunked classifier); the tensor forms check shapes and run them on every row.
@@ -43,6 +46,13 @@ void linear_input_gradient_rows(Device& device, const T* dy, index_t rows, const
     device.template gemm<T>(false, false, rows, in, out, dy, weight.value.data(), dx, false);  // (rows, in)
 }
 
+// A backend whose GEMM can add a tensor of the output's shape in its epilogue (cuda::backend):
+// gemm_add(ta, tb, m, n, k, a, b, bias, addend, out) writes out = op(a) op(b) (+ bias) + addend.
+template <class Device, class T>
+concept has_gemm_add = requires(Device& d, const T* ct, T* t, index_t n) {
+  d.template gemm_add<T>(false, true, n, n, n, ct, ct, ct, ct, t);
+};
+
 template <class Device, class T, class Space>
 void add_bias(Device& device, Tensor<T, Space>& y, const Parameter<T, Space>& bias) {
   device.template bias_add<T>(y.data(), bias.value.data(), y.shape().rows(), y.shape().cols());
@@ -65,6 +75,29 @@ Tensor<T, Space> linear_forward(Device& device, const Tensor<T, Space>& x, const
   auto y = Tensor<T, Space>::empty(x.shape().with(-1, weight.value.size(0)));  // (rows, out)
   linear_forward_rows(device, x.data(), x.shape().rows(), weight, bias, y.data());
   return y;
+}
+
+// y = x W^T (+ b) + addend (addend of y's shape): in the GEMM's epilogue where the backend has
+// gemm_add, else linear_forward then y += addend.
+template <class Device, class T, class Space>
+Tensor<T, Space> linear_forward_add(Device& device, const Tensor<T, Space>& x, const Parameter<T, Space>& weight,
+                                    const std::type_identity_t<Parameter<T, Space>>* bias, const Tensor<T, Space>& addend,
+                                    const char* who) {
+  check_linear_input(x.shape(), weight, who);
+  const Shape shape = x.shape().with(-1, weight.value.size(0));  // (rows, out)
+  if (addend.shape() != shape)
+    fail<ShapeError>(who, ": the addend ", addend.shape().str(), " does not have the output's shape ", shape.str());
+  if constexpr (has_gemm_add<Device, T>) {
+    auto y = Tensor<T, Space>::empty(shape);
+    const index_t in = weight.value.size(1), out = weight.value.size(0);
+    device.template gemm_add<T>(false, true, shape.rows(), out, in, x.data(), weight.value.data(),
+                                bias ? bias->value.data() : nullptr, addend.data(), y.data());
+    return y;
+  } else {
+    auto y = linear_forward(device, x, weight, bias, who);
+    device.template add<T>(y.data(), addend.data(), y.numel(), y.data());
+    return y;
+  }
 }
 
 // y = gelu(x W^T + b); `pre` receives x W^T + b (same shape as y).

@@ -47,13 +47,15 @@ class Mlp {
       : fc1_(ctx, name + ".fc1", c.hidden_size, (gated ? 2 : 1) * checked_ffn(c, ctx.tp.size()), c.bias, gated ? 2 : 1),
         fc2_(ctx, name + ".fc2", c.ffn_hidden_size, c.hidden_size, c.bias) {}
 
-  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
+  // With `residual` (x's layout and shape): returns mlp(x) + residual, the add in fc2's GEMM where it
+  // can (RowParallelLinear::forward).
+  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x, const Edge<Layout>* residual = nullptr) const {
     Saved saved;
     if constexpr (!gated) {  // fc1 and the GELU in one GEMM where the backend fuses them
       auto [act, pre, fc1_saved] = fc1_.forward_gelu(ctx, x);  // (s, b, ffn / tp) twice
       saved.fc1 = std::move(fc1_saved);
       saved.pre_activation = std::move(pre);
-      auto [y, fc2_saved] = fc2_.forward(ctx, act);
+      auto [y, fc2_saved] = fc2_.forward(ctx, act, residual);
       saved.fc2 = std::move(fc2_saved);
       return {std::move(y), std::move(saved)};
     }
@@ -63,7 +65,7 @@ class Mlp {
     Edge<layout::sharded<-1>> act(Tensor<T, Space>::empty(h.shape().with(-1, ffn_local)));
     ctx.device.template swiglu_forward<T>(h.data(), rows, ffn_local, act.data());
     saved.pre_activation = std::move(h.tensor);
-    auto [y, fc2_saved] = fc2_.forward(ctx, act);
+    auto [y, fc2_saved] = fc2_.forward(ctx, act, residual);
     saved.fc2 = std::move(fc2_saved);
     return {std::move(y), std::move(saved)};
   }

@@ -54,8 +54,12 @@ class RowParallelLinear {
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
   }
 
+  // With `residual` (the output's layout and shape): returns y + residual. On one rank the residual
+  // goes into the GEMM's epilogue with the bias where the backend can (linear_forward_add: one
+  // rounding); otherwise it is added after the reduction and the bias, as a caller's add would.
   template <class Layout>
-  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
+  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
+                                               const Act<output_layout>* residual = nullptr) const {
     expect_layout<input_layout, Layout>();
     Saved saved;
     if constexpr (Options.input_is_parallel) saved.input = x.tensor;  // shared, read only
@@ -63,6 +67,7 @@ class RowParallelLinear {
     // On one rank the sum is complete at once: the bias goes into the GEMM's epilogue.
     const bool fused_bias = bias_ && !Options.skip_bias_add && ctx.tp.size() == 1;
     Act<output_layout> y;
+    bool added = false;  // the residual is in y
     if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp.size() > 1) {
       // The reduce-scatter as a ring whose exchanges run beside the GEMM of the next block of rows
       // (reduce_scatter_dim0_ring); the input is checked as linear_forward checks it.
@@ -78,12 +83,20 @@ class RowParallelLinear {
           },
           "RowParallelLinear (the ring reduce-scatter of --tp-comm-overlap)"));
     } else {
+      added = residual != nullptr && ctx.tp.size() == 1;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
-          detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr, "RowParallelLinear"));
+          added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
+                                             residual->tensor, "RowParallelLinear")
+                : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
+                                         "RowParallelLinear"));
       if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
       else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
     }
     if (bias_ && !Options.skip_bias_add && !fused_bias) detail::add_bias(ctx.device, y.tensor, *bias_);  // y is ours
+    if (residual && !added) {
+      check_same_shape(y.shape(), residual->shape(), "RowParallelLinear residual");
+      ctx.device.template add<T>(y.data(), residual->data(), y.tensor.numel(), y.data());
+    }
     return {std::move(y), std::move(saved)};
   }
 

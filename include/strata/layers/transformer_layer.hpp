@@ -3,8 +3,10 @@
 //
 //   h = x + dropout(attention(norm1(x)));   y = h + dropout(mlp(norm2(h)))
 //
-// The first residual add runs inside norm2 (forward_add), and the backward hands each norm the
-// residual branch's gradient to add into its own (one pass over the activations each).
+// The first residual add runs inside norm2 (forward_add), the second (without hidden dropout) in the
+// epilogue of the MLP's last GEMM where the backend fuses it (on one tensor-parallel rank; Mlp::
+// forward with a residual), and the backward hands each norm the residual branch's gradient to add
+// into its own (one pass over the activations each).
 //
 // Dropout keys, all from the forward's dropout_key (distinct per layer and micro-batch): the
 // attention block's output rng::mix(key, 1), the MLP's output rng::mix(key, 2) (hidden dropout),
@@ -85,9 +87,7 @@ class TransformerLayer {
     saved.hidden_dropout = hidden_dropout;
     dropout_forward(ctx, a, hidden_dropout, rng::mix(dropout_key, 1));
     auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
-    auto [m, ml] = mlp_.forward(ctx, h2);
-    dropout_forward(ctx, m, hidden_dropout, rng::mix(dropout_key, 2));
-    add_into(ctx, m, a);  // y := h + mlp
+    auto [m, ml] = mlp_residual(ctx, h2, a, hidden_dropout, dropout_key);  // y := h + dropout(mlp)
     saved.norm1 = std::move(n1);
     saved.attention = std::move(at);
     saved.norm2 = std::move(n2);
@@ -145,6 +145,17 @@ class TransformerLayer {
   }
 
  private:
+  // h + dropout(mlp(h2)): without dropout, the add runs in the epilogue of the MLP's last GEMM where
+  // the block takes a residual (Mlp::forward), else after the dropout.
+  auto mlp_residual(Context& ctx, const Act& h2, const Act& h, double hidden_dropout, std::uint64_t dropout_key) const {
+    if constexpr (requires { mlp_.forward(ctx, h2, &h); })
+      if (hidden_dropout == 0) return mlp_.forward(ctx, h2, &h);
+    auto out = mlp_.forward(ctx, h2);
+    dropout_forward(ctx, out.first, hidden_dropout, rng::mix(dropout_key, 2));
+    add_into(ctx, out.first, h);
+    return out;
+  }
+
   // acc += other (acc is the caller's own tensor)
   static void add_into(Context& ctx, Act& acc, const Act& other) {
     check_same_shape(acc.shape(), other.shape(), "TransformerLayer residual");

@@ -139,6 +139,15 @@ class backend {
     }
   }
 
+  // out = addend + op(A) op(B) (+ bias[n]) in one GEMM (the residual add in the epilogue of the
+  // layer's last GEMM; optional in the backend contract, has_gemm_add).
+  template <class T>
+  void gemm_add(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, const T* addend,
+                T* out) const {
+    if (!cuda::gemm_add<T>(state_->blas, stream(), ta, tb, m, n, k, a, b, bias, addend, out))
+      kernels::bias_add<T>(out, bias, m, n, stream());
+  }
+
   // pre = op(A) op(B) (+ bias[n]), out = gelu(pre), in one cuBLASLt GEMM (GELU_AUX epilogue) where it
   // can run, else the GEMM and the GELU kernel.
   template <class T>

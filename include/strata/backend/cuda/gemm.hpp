@@ -26,6 +26,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -110,7 +111,7 @@ enum class gemm_epilogue : int { none = 0, gelu_aux = 1, dgelu = 2 };
 
 struct gemm_key {
   int data_type, output_type;
-  bool transpose_a, transpose_b, accumulate, bias;
+  bool transpose_a, transpose_b, accumulate, bias, addend;
   int epilogue;
   index_t m, n, k;
   std::uint32_t align_a, align_b, align_c;
@@ -123,7 +124,7 @@ struct gemm_key_hash {
     mix(static_cast<std::uint64_t>(key.data_type) << 8 | static_cast<std::uint64_t>(key.output_type));
     mix(static_cast<std::uint64_t>(key.transpose_a) | static_cast<std::uint64_t>(key.transpose_b) << 1 |
         static_cast<std::uint64_t>(key.accumulate) << 2 | static_cast<std::uint64_t>(key.bias) << 3 |
-        static_cast<std::uint64_t>(key.epilogue) << 4);
+        static_cast<std::uint64_t>(key.addend) << 4 | static_cast<std::uint64_t>(key.epilogue) << 5);
     mix(static_cast<std::uint64_t>(key.m));
     mix(static_cast<std::uint64_t>(key.n));
     mix(static_cast<std::uint64_t>(key.k));
@@ -187,11 +188,13 @@ namespace detail {
 // The GEMM of gemm(), gemm_gelu() and gemm_dgelu(). With a GELU epilogue (C = T, !accumulate) `aux`
 // is the pre-activation [m, n] (written by gelu_aux, read by dgelu); returns false, having enqueued
 // nothing, when cuBLASLt has no algorithm with that epilogue (the caller then runs the unfused path).
-// Without one, returns whether the bias was applied (always true when bias is null).
+// Without one, returns whether the bias was applied (always true when bias is null). With `addend`
+// (no epilogue, !accumulate) C is written as addend + op(A) op(B) (+ bias): cuBLASLt's beta = 1 with
+// its C operand the addend and its D operand c.
 template <class T, class C = T>
 bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n,
                index_t k, const T* a, const T* b, C* c, bool accumulate, const T* bias, gemm_epilogue epilogue,
-               const T* aux) {
+               const T* aux, const C* addend = nullptr) {
   static_assert(std::is_same_v<C, T> || (is_half_v<T> && std::is_same_v<C, float>),
                 "cuda::gemm writes C of the input type, or float for 16-bit inputs (fp32 weight gradients).");
   using types = gemm_types<T>;
@@ -200,6 +203,8 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
   if (bias && accumulate)
     fail<Error>("cuda::gemm: a bias is only added when the product is written (accumulate = false); add it to the "
                 "output before accumulating into it");
+  if (addend && (accumulate || epilogue != gemm_epilogue::none))
+    fail<Error>("cuda::gemm: an addend is only added to a written product (accumulate = false) without a GELU epilogue");
   if (epilogue != gemm_epilogue::none) {
     constexpr bool gelu_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
     if (!gelu_types || accumulate || m == 0 || n == 0 || k == 0 || n % 8 != 0 || pointer_alignment(aux) < 16 ||
@@ -207,18 +212,20 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
       return false;
   }
   if (m == 0 || n == 0) return true;
-  if (k == 0) {  // an empty sum: C = 0, or C unchanged when accumulating (a bias is left to the caller)
-    if (!accumulate)
-      STRATA_CUDA_CHECK(cudaMemsetAsync(c, 0, static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C), stream));
+  if (k == 0) {  // an empty sum: C = 0 (or the addend), or C unchanged when accumulating (a bias is left to the caller)
+    const std::size_t bytes = static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C);
+    if (addend) STRATA_CUDA_CHECK(cudaMemcpyAsync(c, addend, bytes, cudaMemcpyDeviceToDevice, stream));
+    else if (!accumulate) STRATA_CUDA_CHECK(cudaMemsetAsync(c, 0, bytes, stream));
     return bias == nullptr;
   }
   constexpr bool epilogue_types = !std::is_same_v<T, double> && std::is_same_v<C, T>;
   const bool use_bias = bias != nullptr && epilogue_types && pointer_alignment(bias) >= 16;
   const cudaDataType_t output_type = std::is_same_v<C, T> ? types::data : CUDA_R_32F;
 
+  const std::uint32_t align_c = addend ? std::min(pointer_alignment(c), pointer_alignment(addend)) : pointer_alignment(c);
   const gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
-                     accumulate, use_bias, static_cast<int>(epilogue), m, n, k, pointer_alignment(a),
-                     pointer_alignment(b), pointer_alignment(c)};
+                     accumulate, use_bias, addend != nullptr, static_cast<int>(epilogue), m, n, k, pointer_alignment(a),
+                     pointer_alignment(b), align_c};
   gemm_plan& plan = blas.plan(key, [&](gemm_plan& p) {
     // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
     // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
@@ -319,9 +326,9 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                        &aux_pointer, sizeof(aux_pointer)));
   }
-  const scale_t alpha = 1, beta = accumulate ? 1 : 0;
+  const scale_t alpha = 1, beta = accumulate || addend ? 1 : 0;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle,
-                                     &beta, c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
+                                     &beta, addend ? addend : c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
   return bias == nullptr || plan.bias_epilogue;
 }
@@ -334,6 +341,16 @@ bool gemm(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpo
           const T* a, const T* b, C* c, bool accumulate, const T* bias = nullptr) {
   return detail::gemm_impl<T, C>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, c, accumulate, bias,
                                  detail::gemm_epilogue::none, nullptr);
+}
+
+// C[m,n] = addend[m,n] + op(A) op(B) (+ bias[n] on every row), in one GEMM (beta = 1 with cuBLASLt's
+// C operand the addend; one rounding of the fp32 sum, where a GEMM then an add would round twice).
+// Returns whether the bias was applied (always true when bias is null).
+template <class T>
+bool gemm_add(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
+              const T* a, const T* b, const T* bias, const T* addend, T* c) {
+  return detail::gemm_impl<T, T>(blas, stream, transpose_a, transpose_b, m, n, k, a, b, c, false, bias,
+                                 detail::gemm_epilogue::none, nullptr, addend);
 }
 
 // pre[m,n] = op(A) op(B) (+ bias[n]) and out = gelu_tanh(pre), in one GEMM (cuBLASLt's GELU_AUX(_BIAS)
