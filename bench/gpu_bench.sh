@@ -20,7 +20,10 @@
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
 # instead of bf16. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
 # --no-deterministic-attention (cuDNN's attention backward adding dQ up with atomics): the cost of
-# bit-identical runs, as its own row.
+# bit-identical runs, as its own row. STRATA_BENCH_GEMM_TUNING=1 adds two strata runs per shape with
+# --gemm-tuning <out-dir>/gemm-<shape>.tuning (removed first): the first times cuBLASLt's candidates
+# and writes the file, the second reads it; their row gives the second's tokens/s, both times to the
+# first step (timing, reading), and whether the two gave the same losses.
 # It measures and prints; it asserts nothing about speed.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -88,6 +91,14 @@ for shape in $shapes; do
     timeout 600 "$trainer" "${common[@]}" --no-deterministic-attention >"$out/strata-$shape-nd.log" 2>&1
     echo "exit $?" >>"$out/strata-$shape-nd.log"
   fi
+  if [[ ${STRATA_BENCH_GEMM_TUNING:-0} != 0 ]]; then
+    rm -f "$out/gemm-$shape.tuning" "$out/strata-$shape-tuned-1.jsonl" "$out/strata-$shape-tuned-2.jsonl"
+    for k in 1 2; do
+      timeout 600 "$trainer" "${common[@]}" --gemm-tuning "$out/gemm-$shape.tuning" \
+        --log-jsonl "$out/strata-$shape-tuned-$k.jsonl" >"$out/strata-$shape-tuned-$k.log" 2>&1
+      echo "exit $?" >>"$out/strata-$shape-tuned-$k.log"
+    done
+  fi
   if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
     echo "peer $shape ..."
     timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" --dtype "$dtype" \
@@ -130,6 +141,21 @@ for s in shapes:
             rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
         else:
             rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
+    if os.path.exists(f"{out}/strata-{s}-tuned-2.log"):
+        t1, t2 = (open(f"{out}/strata-{s}-tuned-{k}.log").read() for k in (1, 2))
+        tps_t = re.findall(r"\|\s+(\d+) tokens/s", t2)
+        firsts = [re.search(r"first iteration finished ([\d.]+) s after launch", t) for t in (t1, t2)]
+        peak_t = re.search(r"peak device memory \(rank 0, caching allocator\): ([\d.]+ \w+) in use", t2)
+        lt1, lt2 = losses("tuned-1"), losses("tuned-2")
+        same_t = "yes" if lt1 and lt1 == lt2 else ("no" if lt1 and lt2 else "n/a")
+        if params and tps_t:
+            tok = int(tps_t[-1]); n = int(params.group(1))
+            mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
+            first_t = " / ".join(f.group(1) + " s" if f else "?" for f in firsts)
+            rows.append(f"| GPT-2 {s} | strata --gemm-tuning | {B} | {tok:,} | {mfu:.1f}% | {peak_t.group(1) if peak_t else '?'} | "
+                        f"{first_t} (timing / reading) | {same_t} |")
+        else:
+            rows.append(f"| GPT-2 {s} | strata --gemm-tuning | {B} | failed (see strata-{s}-tuned-*.log) | | | | |")
     try:
         peer = [json.loads(l) for l in open(f"{out}/peer-{s}.log") if l.startswith("{")][-1]
         rows.append(f"| GPT-2 {s} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "

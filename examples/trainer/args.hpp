@@ -162,6 +162,11 @@ struct TrainArgs {
   // (atomics), which is faster and makes runs differ in the last bits; every other kernel stays
   // deterministic. A no-op on the CPU and on the flash kernels.
   bool deterministic_attention = true;
+  // --gemm-tuning FILE: cuBLASLt algorithms chosen by timing, once per GEMM problem, and kept in
+  // FILE (gemm_tuning.hpp): a run that finds FILE uses its choices and gives the bits of the run
+  // that wrote it. With several ranks each uses FILE.rank<R>. Empty: the heuristic's first choice.
+  // A no-op on the CPU.
+  std::string gemm_tuning;
   bool keep_final_parameters = false;           // (tests) return the trained parameters, gathered, in TrainResult
   // --profile: cudaProfilerStart before iteration profile_step_start and cudaProfilerStop after
   // iteration profile_step_end - 1 (Megatron's flags), for a tracer or profiler to bracket those
@@ -595,6 +600,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--deterministic-attention,!--no-deterministic-attention", a.deterministic_attention,
                "cuDNN's deterministic attention backward (default on: two runs give the same losses bit for bit); "
                "--no-deterministic-attention lets it add dQ up with atomics, faster and no longer bit-identical");
+  app.add_option("--gemm-tuning", a.gemm_tuning,
+                 "time cuBLASLt's candidate algorithms once per GEMM problem and keep the fastest in this file; a run "
+                 "that finds the file uses its choices (same bits as the run that wrote it). Several ranks: FILE.rank<R>");
   add_data_parallel_options(app, a);
   add_moe_options(app, a);
   app.add_flag_callback("--recompute-activations", [&a] { a.recompute_granularity = "selective"; },

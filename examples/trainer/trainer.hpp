@@ -474,6 +474,8 @@ template <class B>
 concept has_frozen_plans = requires(B& b) { b.attention().freeze(); };
 template <class B>
 concept has_attention_determinism = requires(B& b) { b.attention().deterministic(true); };
+template <class B>
+concept has_gemm_tuning = requires(B& b) { b.blas().tune(nullptr); };
 template <class C>
 concept has_local_barrier = requires(C& c) { c.local_barrier(); };
 template <class C>
@@ -557,6 +559,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // runs on the flash kernels).
   const auto t_plan = std::chrono::steady_clock::now();
   if constexpr (has_attention_determinism<typename Policy::backend>) device.attention().deterministic(a.deterministic_attention);
+  if constexpr (has_gemm_tuning<typename Policy::backend>)
+    if (!a.gemm_tuning.empty()) {  // one file per rank: each times its own GPU
+      using Tuning = std::remove_cvref_t<decltype(*device.blas().tuning())>;
+      const std::string file = world.size() > 1 ? a.gemm_tuning + ".rank" + std::to_string(world.rank()) : a.gemm_tuning;
+      device.blas().tune(std::make_shared<Tuning>(file));
+    }
   const std::int64_t in_use_before_plans = device_bytes_in_use(ctx.device);
   model.prepare(ctx, a.micro_batch_size);
   if (a.sample_tokens > 0) model.prepare(ctx, 1, /*backward=*/false);
@@ -834,6 +842,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         }
         if (!a.quiet) {
           std::printf("first iteration finished %.2f s after launch\n", seconds);
+          if constexpr (has_gemm_tuning<typename Policy::backend>)
+            if (const auto* tuning = ctx.device.blas().tuning())
+              std::printf("GEMM tuning %s: %zu problems timed, %zu read from the file; the chosen algorithms take %.3f ms "
+                          "less than the heuristic's first choices over one call of each\n",
+                          tuning->file().c_str(), tuning->timed(), tuning->read_from_file(), tuning->saved_ms());
           std::fflush(stdout);
         }
       }

@@ -5,11 +5,18 @@
 // kernel), accumulate into an existing C, gemm_add (a separate addend as cuBLASLt's C), and the weight-gradient form: bf16 operands accumulated
 // into an fp32 C (beta = 1). Relative error ||gpu - ref|| / ||ref|| within 1e-12 / 1e-5 / 1e-2;
 // each product runs twice and gives the same bits; a repeated shape reuses its cached plan.
+// Tuned GEMMs (blas_handle::tune): a backend timing the candidates into a new file agrees with the
+// untuned one within the tolerance, and a second backend reading the file times nothing and gives
+// the first one's bits.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 #include "check.hpp"
 
@@ -190,6 +197,71 @@ void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_
                                                        format("%.2e", e_dx) + " (tol " + format("%.0e", tol) + ")");
 }
 
+// The outputs of a fixed set of GEMMs (bf16 forward with bias, GELU and dGELU epilogues, an addend,
+// a weight gradient accumulated into fp32, a float product), each as doubles, on `device`.
+std::vector<std::vector<double>> tuning_workload(backend& device) {
+  host_rng rng(4242);
+  std::vector<std::vector<double>> outputs;
+  const auto upload = [&](auto& dst, const auto& src) { device.copy_from_host(src.data(), static_cast<index_t>(src.size()), dst.data()); };
+  const auto download = [&](const auto& src) {
+    using V = typename std::remove_cvref_t<decltype(src)>::value_type;
+    std::vector<V> h(src.size());
+    device.copy_to_host(src.data(), static_cast<index_t>(h.size()), h.data());
+    std::vector<double> d(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) d[i] = as_double(h[i]);
+    outputs.push_back(std::move(d));
+  };
+  const index_t m = 512, n = 1024, k = 256;
+  const auto vx = rng.uniform<bf16>(m * k), vw = rng.uniform<bf16>(n * k), vbias = rng.uniform<bf16>(n);
+  const auto vdy = rng.uniform<bf16>(m * n), vres = rng.uniform<bf16>(m * k), vg = rng.uniform<float>(n * k);
+  device_vector<bf16> x(m * k), w(n * k), bias(n), dy(m * n), res(m * k), out(m * n), pre(m * n), dx(m * k);
+  device_vector<float> g(n * k);
+  upload(x, vx), upload(w, vw), upload(bias, vbias), upload(dy, vdy), upload(res, vres), upload(g, vg);
+  device.gemm<bf16>(false, true, m, n, k, x.data(), w.data(), out.data(), false, bias.data());  // x W^T + b
+  download(out);
+  device.gemm_gelu<bf16>(false, true, m, n, k, x.data(), w.data(), bias.data(), pre.data(), out.data());  // fc1
+  download(pre), download(out);
+  device.gemm_gelu_backward<bf16>(false, false, m, n, k, dy.data(), w.data(), pre.data(), out.data());  // (dy W) gelu'(pre)
+  download(out);
+  device.gemm_add<bf16>(false, false, m, k, n, dy.data(), w.data(), nullptr, res.data(), dx.data());  // res + dy W
+  download(dx);
+  device.gemm<bf16, float>(true, false, n, k, m, dy.data(), x.data(), g.data(), true);  // g += dy^T x
+  download(g);
+  const auto va = rng.uniform<float>(127 * 769), vb = rng.uniform<float>(769 * 65);
+  device_vector<float> a(127 * 769), b(769 * 65), c(127 * 65);
+  upload(a, va), upload(b, vb);
+  device.gemm<float>(false, false, 127, 65, 769, a.data(), b.data(), c.data(), false);
+  download(c);
+  return outputs;
+}
+
+void check_tuning(suite& results, backend& untuned) {
+  const auto file = std::filesystem::temp_directory_path() / ("strata_gemm_tuning_" + std::to_string(::getpid()) + ".txt");
+  std::filesystem::remove(file);
+  const auto reference = tuning_workload(untuned);
+  const auto run = [&](std::size_t& timed, std::size_t& read) {
+    backend device(0);
+    device.blas().tune(std::make_shared<strata::cuda::gemm_tuning>(file));
+    auto outputs = tuning_workload(device);
+    timed = device.blas().tuning()->timed(), read = device.blas().tuning()->read_from_file();
+    return outputs;
+  };
+  std::size_t timed1 = 0, read1 = 0, timed2 = 0, read2 = 0;
+  const auto first = run(timed1, read1), second = run(timed2, read2);
+  double worst = 0;
+  bool same = first.size() == second.size() && first.size() == reference.size();
+  for (std::size_t i = 0; same && i < first.size(); ++i) {
+    worst = std::max(worst, relative_error(first[i], reference[i]));
+    same = same_bits(first[i], second[i]);
+  }
+  const bool counts = timed1 >= 6 && read1 == 0 && timed2 == 0 && read2 == timed1;
+  results.record(same && counts && worst <= tolerance<bf16>(),
+                 "tuned GEMMs: " + std::to_string(timed1) + " problems timed into the file, then " + std::to_string(read2) +
+                     " read back (" + std::to_string(timed2) + " timed); rel " + format("%.2e", worst) +
+                     " against the heuristic's choices" + (same ? ", the reading run gives the same bits" : ", DIFFERENT bits"));
+  std::filesystem::remove(file);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,6 +300,7 @@ int main(int argc, char** argv) {
         check_gemm_gelu<bf16>(device, results, seed++, m, n, k, bias);
         check_gemm_gelu<float>(device, results, seed++, m, n, k, bias);
       }
+    check_tuning(results, device);
     return results.finish();
   } catch (const std::exception& e) {
     std::printf("FAIL gemm: exception: %s\nSUITE gemm: aborted\n", e.what());

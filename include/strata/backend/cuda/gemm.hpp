@@ -21,7 +21,10 @@
 //
 // Descriptors and the heuristic's algorithm are built once per (types, transposes, m, n, k,
 // accumulate, bias, operand alignments) and cached in the blas_handle (a training step calls the
-// same few shapes over and over); a cached call only sets the bias pointer and launches.
+// same few shapes over and over); a cached call only sets the bias pointer and launches. A handle
+// given a gemm_tuning table (blas_handle::tune) instead times the heuristic's first 16 candidates
+// the first time it meets a problem and keeps the fastest in the table's file, or takes the
+// algorithm the file names (gemm_tuning.hpp says why the choice is kept).
 #pragma once
 
 #include <cublasLt.h>
@@ -29,13 +32,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <unordered_map>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
+#include "gemm_tuning.hpp"
 #include "runtime.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -176,8 +183,28 @@ class blas_handle {
   }
   std::size_t cached_plans() const { return plans_.size(); }
 
+  // Algorithms chosen by timing and kept in `tuning`'s file (null: the heuristic's first choice).
+  // Set it before the first GEMM: problems already planned keep the algorithm they have.
+  void tune(std::shared_ptr<gemm_tuning> tuning) { tuning_ = std::move(tuning); }
+  gemm_tuning* tuning() const { return tuning_.get(); }
+
+  // The library version and the current device, as a tuning file's platform line.
+  const std::string& platform() {
+    if (platform_.empty()) {
+      int device = 0;
+      STRATA_CUDA_CHECK(cudaGetDevice(&device));
+      cudaDeviceProp properties{};
+      STRATA_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+      platform_ = ::strata::detail::concat("cublasLt ", cublasLtGetVersion(), "; ", properties.name, ", sm_", properties.major,
+                                 properties.minor, ", ", properties.multiProcessorCount, " SMs");
+    }
+    return platform_;
+  }
+
  private:
   cublasLtHandle_t handle_ = nullptr;
+  std::shared_ptr<gemm_tuning> tuning_;
+  std::string platform_;
   device_buffer<std::byte> workspace_;
   std::unordered_map<detail::gemm_key, std::unique_ptr<detail::gemm_plan>, detail::gemm_key_hash> plans_;
 };
@@ -185,6 +212,106 @@ class blas_handle {
 
 
 namespace detail {
+
+// A problem's key as a tuning file's text (gemm_tuning.hpp); `bias` is whether the plan runs the
+// bias in its epilogue.
+inline std::string problem_text(const gemm_key& key, bool bias) {
+  static constexpr const char* epilogues[] = {"none", "gelu_aux", "dgelu"};
+  return ::strata::detail::concat("types=", key.data_type, ">", key.output_type, " ta=", key.transpose_a, " tb=",
+                                  key.transpose_b, " m=", key.m, " n=", key.n, " k=", key.k, " accumulate=", key.accumulate,
+                                  " bias=", bias, " addend=", key.addend, " epilogue=", epilogues[key.epilogue],
+                                  " align=", key.align_a, ",", key.align_b, ",", key.align_c);
+}
+
+// The algorithm of a problem under a tuning table: the one its file names, or (a problem the file
+// lacks) the fastest of the heuristic's first kCandidates, each run once to load it and then timed
+// over kRepeats calls with events on `stream`, which is synchronized; the choice is added to the
+// file. `launch(algo, d)` enqueues the problem with that algorithm writing D to `d`; the timing
+// writes to `d`, or to scratch memory of d_bytes when `scratch` (D is also an input: accumulating,
+// or an addend in the same buffer), so the operands and the output's later contents are as without
+// tuning. Inside a stream capture, or when the scratch cannot be allocated, the heuristic's first
+// choice is kept (and recorded, so later runs agree).
+template <class Launch>
+cublasLtMatmulAlgo_t tuned_algorithm(blas_handle& blas, cudaStream_t stream, const gemm_key& key, const gemm_plan& p,
+                                     cublasLtMatmulPreference_t preference, const cublasLtMatmulAlgo_t& first,
+                                     void* d, std::size_t d_bytes, bool scratch, Launch&& launch) {
+  static constexpr int kCandidates = 16, kRepeats = 3;
+  gemm_tuning& tuning = *blas.tuning();
+  tuning.bind(blas.platform());
+  const std::string problem = problem_text(key, p.bias_epilogue);
+  static_assert(sizeof(cublasLtMatmulAlgo_t::data) == sizeof(gemm_tuning::algorithm_words));
+  if (const auto known = tuning.find(problem)) {
+    cublasLtMatmulAlgo_t algo{};
+    std::memcpy(algo.data, known->algorithm.data(), sizeof(algo.data));
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
+                                p.out_d.handle, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > blas.workspace_bytes())
+      fail<FileError>("GEMM tuning file ", tuning.file(), ": the algorithm it names for \"", problem,
+                      "\" is not usable with this library and device. Delete the file (or name another) to time the GEMMs again");
+    return algo;
+  }
+  gemm_tuning::choice chosen;
+  std::memcpy(chosen.algorithm.data(), first.data, sizeof(first.data));
+  const auto keep_first = [&] {
+    tuning.record(problem, chosen);
+    return first;
+  };
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  STRATA_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return keep_first();
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int found = 0;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
+                                                     p.out_d.handle, preference, kCandidates, results, &found));
+  void* target = d;
+  if (scratch) {
+    if (cudaMalloc(&target, d_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return keep_first();
+    }
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  STRATA_CUDA_CHECK(cudaEventCreate(&start));
+  STRATA_CUDA_CHECK(cudaEventCreate(&stop));
+  // Milliseconds per call of one algorithm, or a negative value when it does not launch.
+  const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (launch(algo, target) != CUBLAS_STATUS_SUCCESS) return -1.0;
+    STRATA_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < kRepeats; ++r)
+      if (launch(algo, target) != CUBLAS_STATUS_SUCCESS) return -1.0;
+    STRATA_CUDA_CHECK(cudaEventRecord(stop, stream));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return static_cast<double>(ms) / kRepeats;
+  };
+  cublasLtMatmulAlgo_t best = first;
+  chosen.first_ms = chosen.ms = time(first);
+  chosen.candidates = 1;
+  for (int i = 0; i < found; ++i) {
+    const auto& candidate = results[i];
+    if (candidate.state != CUBLAS_STATUS_SUCCESS || candidate.workspaceSize > blas.workspace_bytes() ||
+        std::memcmp(candidate.algo.data, first.data, sizeof(first.data)) == 0)
+      continue;
+    const double ms = time(candidate.algo);
+    if (ms < 0) continue;
+    ++chosen.candidates;
+    if (ms < chosen.ms) {  // ties keep the earlier (the heuristic's order)
+      chosen.ms = ms;
+      best = candidate.algo;
+    }
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  if (scratch) STRATA_CUDA_CHECK(cudaFree(target));
+  if (chosen.first_ms < 0)
+    fail<Error>("cuda::gemm: the heuristic's own algorithm for \"", problem, "\" failed to launch while timing");
+  std::memcpy(chosen.algorithm.data(), best.data, sizeof(best.data));
+  tuning.record(problem, chosen);
+  return best;
+}
+
 // The GEMM of gemm(), gemm_gelu() and gemm_dgelu(). With a GELU epilogue (C = T, !accumulate) `aux`
 // is the pre-activation [m, n] (written by gelu_aux, read by dgelu); returns false, having enqueued
 // nothing, when cuBLASLt has no algorithm with that epilogue (the caller then runs the unfused path).
@@ -314,6 +441,19 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
                   " n=", n, " k=", k, " transpose_a=", transpose_a, " transpose_b=", transpose_b, " bias=", use_bias,
                   "; check the operands' alignment and the element types");
     p.algo = heuristic.algo;
+    if (blas.tuning() != nullptr) {
+      const scale_t alpha = 1, beta = accumulate || addend ? 1 : 0;
+      const void* input_c = addend ? static_cast<const void*>(addend) : static_cast<const void*>(c);
+      const auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+        return cublasLtMatmul(blas.get(), p.desc.handle, &alpha, b, p.first.handle, a, p.second.handle, &beta, input_c,
+                              p.out_c.handle, d, p.out_d.handle, &algo, blas.workspace(), blas.workspace_bytes(), stream);
+      };
+      // D is also read (accumulating, or the addend in place) or is an operand: time into scratch.
+      const void* out = c;
+      const bool scratch = accumulate || out == addend || out == a || out == b || out == bias || out == aux;
+      p.algo = tuned_algorithm(blas, stream, key, p, preference.handle, heuristic.algo, c,
+                               static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C), scratch, launch);
+    }
   });
   if (!plan.fused) return false;
   if (plan.bias_epilogue) {
