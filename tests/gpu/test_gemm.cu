@@ -204,8 +204,7 @@ std::vector<std::vector<double>> tuning_workload(backend& device) {
   std::vector<std::vector<double>> outputs;
   const auto upload = [&](auto& dst, const auto& src) { device.copy_from_host(src.data(), static_cast<index_t>(src.size()), dst.data()); };
   const auto download = [&](const auto& src) {
-    using V = typename std::remove_cvref_t<decltype(src)>::value_type;
-    std::vector<V> h(src.size());
+    std::vector<std::remove_cvref_t<decltype(*src.data())>> h(src.size());
     device.copy_to_host(src.data(), static_cast<index_t>(h.size()), h.data());
     std::vector<double> d(h.size());
     for (std::size_t i = 0; i < h.size(); ++i) d[i] = as_double(h[i]);
@@ -213,7 +212,8 @@ std::vector<std::vector<double>> tuning_workload(backend& device) {
   };
   const index_t m = 512, n = 1024, k = 256;
   const auto vx = rng.uniform<bf16>(m * k), vw = rng.uniform<bf16>(n * k), vbias = rng.uniform<bf16>(n);
-  const auto vdy = rng.uniform<bf16>(m * n), vres = rng.uniform<bf16>(m * k), vg = rng.uniform<float>(n * k);
+  const auto vdy = rng.uniform<bf16>(m * n), vres = rng.uniform<bf16>(m * k);
+  const auto vg = rng.uniform<float>(n * k);
   device_vector<bf16> x(m * k), w(n * k), bias(n), dy(m * n), res(m * k), out(m * n), pre(m * n), dx(m * k);
   device_vector<float> g(n * k);
   upload(x, vx), upload(w, vw), upload(bias, vbias), upload(dy, vdy), upload(res, vres), upload(g, vg);
