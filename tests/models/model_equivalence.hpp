@@ -94,7 +94,9 @@ void expect_fused_classifier_equals_unfused(const strata::models::ModelConfig& c
       if (sp && config.seq_length % tp != 0) continue;
       const Snapshot reference = sp ? run_model<Model, T, true>(tp, config) : run_model<Model, T, false>(tp, config);
       for (strata::index_t chunk : {strata::index_t{0}, strata::index_t{1}, strata::index_t{5}}) {
-        if (chunk == 5) EXPECT_NE(rows % chunk, 0) << "the uneven block must leave a shorter last block";
+        if (chunk == 5) {
+          EXPECT_NE(rows % chunk, 0) << "the uneven block must leave a shorter last block";
+        }
         const LossPath path{true, chunk};
         const std::string what = "tp=" + std::to_string(tp) + (sp ? " sequence parallel" : "") + ", chunk_rows=" +
                                  std::to_string(chunk);

@@ -151,8 +151,9 @@ TEST(AdamW, DecoupledRateStepsTheFlaggedParameters) {
           EXPECT_DOUBLE_EQ(p.value[i], reference[k].w) << p.name << "[" << i << "] step " << step;
         }
       });
-      if (!decoupled)  // the flag alone: the bits of an unflagged run
+      if (!decoupled) {  // the flag alone: the bits of an unflagged run
         for (index_t i = 0; i < plain.weight.value.numel(); ++i) EXPECT_EQ(module.weight.value[i], plain.weight.value[i]);
+      }
     }
   }
 }
