@@ -224,18 +224,23 @@ inline std::string problem_text(const gemm_key& key, bool bias) {
 }
 
 // The algorithm of a problem under a tuning table: the one its file names, or (a problem the file
-// lacks) the fastest of the heuristic's first kCandidates, each run once to load it and then timed
-// over kRepeats calls with events on `stream`, which is synchronized; the choice is added to the
-// file. `launch(algo, d)` enqueues the problem with that algorithm writing D to `d`; the timing
-// writes to `d`, or to scratch memory of d_bytes when `scratch` (D is also an input: accumulating,
-// or an addend in the same buffer), so the operands and the output's later contents are as without
-// tuning. Inside a stream capture, or when the scratch cannot be allocated, the heuristic's first
-// choice is kept (and recorded, so later runs agree).
+// lacks) the heuristic's first choice unless one of its next candidates (up to kCandidates in all) is
+// at least kMargin faster. Each candidate runs once to load it, then kRepeats times, each call timed
+// alone between events on `stream` (which is synchronized) after a write of twice the L2 cache, so
+// its operands come from memory as in a step; its time is the median. The margin keeps choices made
+// on noise out: timed alone, algorithms within a few percent of each other do not keep their order
+// inside a training step. The choice is added to the file. `launch(algo, d)` enqueues the problem
+// with that algorithm writing D to `d`; the timing writes to `d`, or to scratch memory of d_bytes
+// when `scratch` (D is also an input: accumulating, or an addend in the same buffer), so the operands
+// and the output's later contents are as without tuning. Inside a stream capture, or when the
+// scratch cannot be allocated, the heuristic's first choice is kept (and recorded, so later runs
+// agree).
 template <class Launch>
 cublasLtMatmulAlgo_t tuned_algorithm(blas_handle& blas, cudaStream_t stream, const gemm_key& key, const gemm_plan& p,
                                      cublasLtMatmulPreference_t preference, const cublasLtMatmulAlgo_t& first,
                                      void* d, std::size_t d_bytes, bool scratch, Launch&& launch) {
-  static constexpr int kCandidates = 16, kRepeats = 3;
+  static constexpr int kCandidates = 16, kRepeats = 5;
+  static constexpr double kMargin = 0.03;
   gemm_tuning& tuning = *blas.tuning();
   tuning.bind(blas.platform());
   const std::string problem = problem_text(key, p.bias_epilogue);
@@ -271,24 +276,45 @@ cublasLtMatmulAlgo_t tuned_algorithm(blas_handle& blas, cudaStream_t stream, con
       return keep_first();
     }
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  STRATA_CUDA_CHECK(cudaEventCreate(&start));
-  STRATA_CUDA_CHECK(cudaEventCreate(&stop));
-  // Milliseconds per call of one algorithm, or a negative value when it does not launch.
+  // Twice the L2 cache, written before each timed call (none when it cannot be allocated).
+  int l2_bytes = 0;
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&device));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const std::size_t flush_bytes = 2 * static_cast<std::size_t>(l2_bytes);
+  void* flush = nullptr;
+  if (flush_bytes > 0 && cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    flush = nullptr;
+  }
+  cudaEvent_t begin[kRepeats] = {}, end[kRepeats] = {};
+  for (int r = 0; r < kRepeats; ++r) {
+    STRATA_CUDA_CHECK(cudaEventCreate(&begin[r]));
+    STRATA_CUDA_CHECK(cudaEventCreate(&end[r]));
+  }
+  // The median milliseconds of one call of an algorithm, or a negative value when it does not launch.
   const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
     if (launch(algo, target) != CUBLAS_STATUS_SUCCESS) return -1.0;
-    STRATA_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int r = 0; r < kRepeats; ++r)
+    for (int r = 0; r < kRepeats; ++r) {
+      if (flush) STRATA_CUDA_CHECK(cudaMemsetAsync(flush, r & 1, flush_bytes, stream));
+      STRATA_CUDA_CHECK(cudaEventRecord(begin[r], stream));
       if (launch(algo, target) != CUBLAS_STATUS_SUCCESS) return -1.0;
-    STRATA_CUDA_CHECK(cudaEventRecord(stop, stream));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return static_cast<double>(ms) / kRepeats;
+      STRATA_CUDA_CHECK(cudaEventRecord(end[r], stream));
+    }
+    STRATA_CUDA_CHECK(cudaEventSynchronize(end[kRepeats - 1]));
+    double ms[kRepeats];
+    for (int r = 0; r < kRepeats; ++r) {
+      float elapsed = 0;
+      STRATA_CUDA_CHECK(cudaEventElapsedTime(&elapsed, begin[r], end[r]));
+      ms[r] = elapsed;
+    }
+    std::sort(ms, ms + kRepeats);
+    return ms[kRepeats / 2];
   };
   cublasLtMatmulAlgo_t best = first;
   chosen.first_ms = chosen.ms = time(first);
   chosen.candidates = 1;
+  double fastest = chosen.first_ms * (1 - kMargin);  // what a candidate must beat
   for (int i = 0; i < found; ++i) {
     const auto& candidate = results[i];
     if (candidate.state != CUBLAS_STATUS_SUCCESS || candidate.workspaceSize > blas.workspace_bytes() ||
@@ -297,13 +323,16 @@ cublasLtMatmulAlgo_t tuned_algorithm(blas_handle& blas, cudaStream_t stream, con
     const double ms = time(candidate.algo);
     if (ms < 0) continue;
     ++chosen.candidates;
-    if (ms < chosen.ms) {  // ties keep the earlier (the heuristic's order)
-      chosen.ms = ms;
+    if (ms < fastest) {  // ties keep the earlier (the heuristic's order)
+      fastest = chosen.ms = ms;
       best = candidate.algo;
     }
   }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
+  for (int r = 0; r < kRepeats; ++r) {
+    (void)cudaEventDestroy(begin[r]);
+    (void)cudaEventDestroy(end[r]);
+  }
+  if (flush) STRATA_CUDA_CHECK(cudaFree(flush));
   if (scratch) STRATA_CUDA_CHECK(cudaFree(target));
   if (chosen.first_ms < 0)
     fail<Error>("cuda::gemm: the heuristic's own algorithm for \"", problem, "\" failed to launch while timing");
