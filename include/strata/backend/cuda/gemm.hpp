@@ -23,8 +23,8 @@
 // accumulate, bias, operand alignments) and cached in the blas_handle (a training step calls the
 // same few shapes over and over); a cached call only sets the bias pointer and launches. A handle
 // given a gemm_tuning table (blas_handle::tune) instead times the heuristic's first 16 candidates
-// the first time it meets a problem and keeps the fastest in the table's file, or takes the
-// algorithm the file names (gemm_tuning.hpp says why the choice is kept).
+// the first time it meets a problem and keeps the fastest (if 3% faster than the first) in the
+// table's file, or takes the algorithm the file names (gemm_tuning.hpp says why the choice is kept).
 #pragma once
 
 #include <cublasLt.h>
@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>

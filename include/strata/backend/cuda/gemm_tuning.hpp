@@ -99,9 +99,7 @@ class gemm_tuning {
     if (platform_.empty()) fail<Error>("gemm_tuning::record: bind() the platform first");
     if (problem.empty() || problem.find_first_of("\n") != std::string::npos || problem.find(" algo ") != std::string::npos)
       fail<Error>("gemm_tuning::record: a problem key is one line without \" algo \"");
-    auto [it, added] = entries_.insert_or_assign(problem, entry{value, true, true});
-    (void)it;
-    if (added) ++used_;
+    if (entries_.insert_or_assign(problem, entry{value, true, true}).second) ++used_;
     ++timed_;
     write();
   }
