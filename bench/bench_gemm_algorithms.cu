@@ -39,7 +39,14 @@
 // the time per step an autotuner picking among the heuristic's own candidates would save.
 // The "lib" column says whether index 0 is the algorithm gemm.hpp gets (it requests one result):
 // "=" when the single-result query returns the same algorithm, "!=" when not.
-// The algo columns read id/tile/stages/splitK/cluster (cublasLtMatmulAlgoConfigGetAttribute enums).
+// The algo columns read id/tile/stages/splitK/cluster/custom/swizzle (cublasLtMatmulAlgoConfigGetAttribute
+// enums and values).
+// --variants adds fc1's forward with GELU_BIAS (no aux), BIAS and no epilogue, and fc2's input gradient
+// with DGELU_BGRAD and none (timed like the rest, not summed). --search S also enumerates every
+// configuration of every algorithm id cuBLASLt lists for the types (cublasLtMatmulAlgoGetIds, then tiles x
+// stages x 7 cluster shapes x custom options x swizzle, split-K off), keeps those cublasLtMatmulAlgoCheck
+// accepts, and times them (median of 5) for at most S seconds per problem. --only limits the problems
+// by name ("fc1 fwd,fc2 dx").
 //
 // Inputs are a deterministic hashed pattern in [-1, 1] stored as bf16 (no NaN or inf); every CUDA and
 // cuBLASLt call is checked and a failure names the call. It measures and prints a markdown table;
@@ -47,7 +54,8 @@
 // 3.5 GB of device memory). Built by tests/gpu/CMakeLists.txt when STRATA_BUILD_GPU_TESTS is on, or
 // by hand from the repository root:
 //   nvcc -std=c++20 -O3 -arch=sm_90 -I include bench/bench_gemm_algorithms.cu -lcublasLt -o bench_gemm_algorithms
-// Usage: bench_gemm_algorithms [--shape 124M|350M|all] [--candidates N] [--verbose]
+// Usage: bench_gemm_algorithms [--shape 124M|350M|all] [--candidates N] [--verbose] [--variants]
+//                              [--search SECONDS] [--only NAMES]
 //   --shape       which model's GEMMs (default all)
 //   --candidates  how many heuristic candidates to time, 1..64 (default 16)
 //   --verbose     also print every candidate's time
@@ -56,6 +64,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -156,7 +165,7 @@ std::uint32_t pointer_alignment(const void* p) {
 // ---- problems ----------------------------------------------------------------------------------
 
 // What runs after the product. wgrad: no epilogue, fp32 C accumulated with beta = 1.
-enum class epi { none, bias, gelu_aux_bias, dgelu, wgrad };
+enum class epi { none, bias, gelu_aux_bias, dgelu, wgrad, gelu_bias, dgelu_bgrad };
 
 const char* epi_name(epi e) {
   switch (e) {
@@ -165,6 +174,8 @@ const char* epi_name(epi e) {
     case epi::gelu_aux_bias: return "GELU_AUX_BIAS";
     case epi::dgelu: return "DGELU";
     case epi::wgrad: return "f32 acc";
+    case epi::gelu_bias: return "GELU_BIAS";
+    case epi::dgelu_bgrad: return "DGELU_BGRAD";
   }
   return "?";
 }
@@ -174,7 +185,8 @@ struct problem {
   bool ta = false, tb = false;
   std::int64_t m = 0, n = 0, k = 0;
   epi epilogue = epi::none;
-  int per_step = 1;  // how many times it runs in one training step
+  int per_step = 1;      // how many times it runs in one training step
+  bool variant = false;  // an epilogue gemm.hpp does not use, timed for comparison (no fallback, not summed)
 };
 
 struct model_shape {
@@ -215,6 +227,28 @@ std::vector<problem> step_problems(const model_shape& s) {
   return out;
 }
 
+// --variants: fc1's forward and fc2's input gradient with the other epilogues cuBLASLt offers, to
+// see what the GELU epilogues cost (GELU_BIAS: no aux output; BIAS and none: no GELU at all;
+// DGELU_BGRAD: fc1's bias gradient written by the same GEMM).
+std::vector<problem> variant_problems(const model_shape& s) {
+  const std::int64_t M = s.tokens, D = s.hidden;
+  const int L = s.layers;
+  std::vector<problem> out;
+  for (const epi e : {epi::gelu_bias, epi::bias, epi::none})
+    out.push_back({"fc1 fwd", false, true, M, 4 * D, D, e, L, true});
+  for (const epi e : {epi::dgelu_bgrad, epi::none}) out.push_back({"fc2 dx", false, false, M, 4 * D, D, e, L, true});
+  return out;
+}
+
+struct options {
+  std::string shape = "all";
+  int candidates = 16;
+  bool verbose = false;
+  bool variants = false;
+  double search_seconds = 0;       // > 0: --search, the time budget per problem
+  std::vector<std::string> only;  // --only: problem names to run (all when empty)
+};
+
 // ---- one problem's descriptors -----------------------------------------------------------------
 
 struct buffers {
@@ -237,18 +271,21 @@ void describe(plan& p, epi e, const problem& pr, const buffers& buf) {
   LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
   const void* bias_pointer = buf.bias.p;
   const void* aux_pointer = buf.aux.p;
-  if (e == epi::gelu_aux_bias || e == epi::dgelu) {
-    const cublasLtEpilogue_t kind = e == epi::dgelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (e == epi::gelu_aux_bias || e == epi::dgelu || e == epi::dgelu_bgrad) {
+    const cublasLtEpilogue_t kind = e == epi::dgelu         ? CUBLASLT_EPILOGUE_DGELU
+                                    : e == epi::dgelu_bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                                            : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
     const std::int64_t ld = pr.n;  // aux has D's column-major layout [n, m]
     LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
     LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer,
                                             sizeof(aux_pointer)));
-    if (e == epi::gelu_aux_bias)
+    // GELU_AUX_BIAS reads bias[n]; DGELU_BGRAD writes the bias gradient (the column sums of D) there.
+    if (e != epi::dgelu)
       LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                               sizeof(bias_pointer)));
-  } else if (e == epi::bias) {
-    const cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
+  } else if (e == epi::bias || e == epi::gelu_bias) {
+    const cublasLtEpilogue_t kind = e == epi::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
     LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
     LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                             sizeof(bias_pointer)));
@@ -314,6 +351,7 @@ std::string algo_text(const cublasLtMatmulAlgo_t& algo) {
   std::int32_t id = -1, split_k = -1;
   std::uint32_t tile = 0, stages = 0;
   std::uint16_t cluster = 0;
+  std::uint32_t custom = 0, swizzle = 0;
   std::size_t written = 0;
   LT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written));
   LT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written));
@@ -323,8 +361,13 @@ std::string algo_text(const cublasLtMatmulAlgo_t& algo) {
                                                 &written));
   LT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
                                                 sizeof(cluster), &written));
-  char text[96];
-  std::snprintf(text, sizeof(text), "%d/%u/%u/%d/%u", id, tile, stages, split_k, static_cast<unsigned>(cluster));
+  LT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom),
+                                                &written));
+  LT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                                sizeof(swizzle), &written));
+  char text[128];
+  std::snprintf(text, sizeof(text), "%d/%u/%u/%d/%u/%u/%u", id, tile, stages, split_k, static_cast<unsigned>(cluster),
+                custom, swizzle);
   return text;
 }
 
@@ -346,19 +389,12 @@ cublasStatus_t launch(const context& ctx, const plan& p, const problem& pr, cons
 }
 
 // The median time in microseconds of one candidate, or a negative value (and `why`) when skipped.
-double time_candidate(const context& ctx, const plan& p, const problem& pr, const buffers& buf,
-                      const cublasLtMatmulHeuristicResult_t& result, std::string& why) {
-  if (result.state != CUBLAS_STATUS_SUCCESS) {
-    why = std::string("heuristic state ") + cublasLtGetStatusName(result.state);
-    return -1;
-  }
-  if (result.workspaceSize > kWorkspaceBytes) {
-    why = "workspace " + std::to_string(result.workspaceSize) + " B > 32 MiB";
-    return -1;
-  }
+// `timed` launches (at most kTimed) are timed; the median is returned.
+double time_algorithm(const context& ctx, const plan& p, const problem& pr, const buffers& buf,
+                      const cublasLtMatmulAlgo_t& algo, int timed, std::string& why) {
   if (pr.epilogue == epi::wgrad)
     CUDA_CHECK(cudaMemsetAsync(buf.c.p, 0, static_cast<std::size_t>(pr.m * pr.n) * sizeof(float), ctx.stream));
-  const cublasStatus_t first = launch(ctx, p, pr, buf, result.algo);
+  const cublasStatus_t first = launch(ctx, p, pr, buf, algo);
   if (first != CUBLAS_STATUS_SUCCESS) {
     why = std::string("first launch: ") + cublasLtGetStatusName(first);
     (void)cudaGetLastError();  // a launch error that is not sticky
@@ -370,21 +406,153 @@ double time_candidate(const context& ctx, const plan& p, const problem& pr, cons
     return -1;
   }
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // an error here is sticky: nothing more can run
-  for (int i = 1; i < kWarmup; ++i) LT_CHECK(launch(ctx, p, pr, buf, result.algo));
-  for (int i = 0; i < kTimed; ++i) {
+  for (int i = 1; i < kWarmup; ++i) LT_CHECK(launch(ctx, p, pr, buf, algo));
+  timed = std::clamp(timed, 1, kTimed);
+  for (int i = 0; i < timed; ++i) {
     CUDA_CHECK(cudaEventRecord(ctx.start[i], ctx.stream));
-    LT_CHECK(launch(ctx, p, pr, buf, result.algo));
+    LT_CHECK(launch(ctx, p, pr, buf, algo));
     CUDA_CHECK(cudaEventRecord(ctx.stop[i], ctx.stream));
   }
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  std::vector<double> us(kTimed);
-  for (int i = 0; i < kTimed; ++i) {
+  std::vector<double> us(static_cast<std::size_t>(timed));
+  for (int i = 0; i < timed; ++i) {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, ctx.start[i], ctx.stop[i]));
     us[static_cast<std::size_t>(i)] = 1e3 * static_cast<double>(ms);
   }
   std::sort(us.begin(), us.end());
-  return kTimed % 2 ? us[kTimed / 2] : 0.5 * (us[kTimed / 2 - 1] + us[kTimed / 2]);
+  const std::size_t half = us.size() / 2;
+  return us.size() % 2 ? us[half] : 0.5 * (us[half - 1] + us[half]);
+}
+
+// A heuristic candidate's median time, or a negative value (and `why`) when skipped.
+double time_candidate(const context& ctx, const plan& p, const problem& pr, const buffers& buf,
+                      const cublasLtMatmulHeuristicResult_t& result, std::string& why) {
+  if (result.state != CUBLAS_STATUS_SUCCESS) {
+    why = std::string("heuristic state ") + cublasLtGetStatusName(result.state);
+    return -1;
+  }
+  if (result.workspaceSize > kWorkspaceBytes) {
+    why = "workspace " + std::to_string(result.workspaceSize) + " B > 32 MiB";
+    return -1;
+  }
+  return time_algorithm(ctx, p, pr, buf, result.algo, kTimed, why);
+}
+
+// ---- search beyond the heuristic (--search SECONDS) -------------------------------------------------
+
+// cublasLtMatmulAlgo_t's words in a named struct (nvcc 13 rejects containers of the unnamed one).
+struct algo_words {
+  std::uint64_t data[8] = {};
+};
+
+struct search_outcome {
+  int ids = 0;             // algorithm ids cuBLASLt lists for these types
+  long checked = 0;        // configurations passed to cublasLtMatmulAlgoCheck
+  int accepted = 0;        // configurations the check accepted (and within the workspace)
+  int timed = 0;           // of those, timed before the time budget ran out
+  double best_us = -1;     // fastest configuration's median
+  std::string best_algo;
+};
+
+template <class T>
+std::vector<T> algo_cap_array(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attribute) {
+  std::size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attribute, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
+    return {};
+  std::vector<T> values(bytes / sizeof(T));
+  std::size_t written = 0;
+  LT_CHECK(cublasLtMatmulAlgoCapGetAttribute(&algo, attribute, values.data(), values.size() * sizeof(T), &written));
+  values.resize(written / sizeof(T));
+  return values;
+}
+
+template <class T>
+T algo_cap(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attribute) {
+  T value{};
+  std::size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attribute, &value, sizeof(value), &written) != CUBLAS_STATUS_SUCCESS)
+    return T{};
+  return value;
+}
+
+template <class T>
+void set_config(cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attribute, T value) {
+  LT_CHECK(cublasLtMatmulAlgoConfigSetAttribute(&algo, attribute, &value, sizeof(value)));
+}
+
+// Every configuration cuBLASLt's algorithm ids offer for this problem and epilogue (split-K off;
+// tiles x stages x a few cluster shapes x custom options x CTA swizzling), each checked with
+// cublasLtMatmulAlgoCheck, then timed (median of 5) until `seconds` have passed. The tuner in
+// gemm.hpp times only the heuristic's candidates; this says what the rest of the space holds.
+search_outcome search_configurations(const context& ctx, const plan& p, const problem& pr, const buffers& buf,
+                                     double seconds, bool verbose) {
+  search_outcome out;
+  const cudaDataType_t data = CUDA_R_16BF;
+  const cudaDataType_t output = pr.epilogue == epi::wgrad ? CUDA_R_32F : CUDA_R_16BF;
+  int ids[256];
+  int found = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetIds(ctx.lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, data, data, output, output, 256, ids,
+                                    &found));
+  out.ids = found;
+  const std::uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                    CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1,
+                                    CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                    CUBLASLT_CLUSTER_SHAPE_1x4x1};
+  std::vector<algo_words> accepted;
+  for (int i = 0; i < found; ++i) {
+    cublasLtMatmulAlgo_t algo{};
+    if (cublasLtMatmulAlgoInit(ctx.lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, data, data, output, output, ids[i], &algo) !=
+        CUBLAS_STATUS_SUCCESS)
+      continue;
+    std::vector<std::uint32_t> tiles = algo_cap_array<std::uint32_t>(algo, CUBLASLT_ALGO_CAP_TILE_IDS);
+    std::vector<std::uint32_t> stages = algo_cap_array<std::uint32_t>(algo, CUBLASLT_ALGO_CAP_STAGES_IDS);
+    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+    const int custom_max = std::min(algo_cap<std::int32_t>(algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX), 7);
+    const bool swizzle = algo_cap<std::int32_t>(algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0;
+    for (const std::uint32_t tile : tiles)
+      for (const std::uint32_t stage : stages)
+        for (const std::uint16_t cluster : clusters)
+          for (int custom = 0; custom <= custom_max; ++custom)
+            for (std::uint32_t swz = 0; swz <= (swizzle ? 1u : 0u); ++swz) {
+              cublasLtMatmulAlgo_t config = algo;
+              set_config(config, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+              set_config(config, CUBLASLT_ALGO_CONFIG_STAGES_ID, stage);
+              set_config(config, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, std::int32_t{1});
+              set_config(config, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz);
+              set_config(config, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, static_cast<std::uint32_t>(custom));
+              if (cublasLtMatmulAlgoConfigSetAttribute(&config, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                                       sizeof(cluster)) != CUBLAS_STATUS_SUCCESS)
+                continue;
+              ++out.checked;
+              cublasLtMatmulHeuristicResult_t result{};
+              if (cublasLtMatmulAlgoCheck(ctx.lt, p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
+                                          p.out_d.handle, &config, &result) != CUBLAS_STATUS_SUCCESS ||
+                  result.state != CUBLAS_STATUS_SUCCESS || result.workspaceSize > kWorkspaceBytes)
+                continue;
+              algo_words words;
+              std::memcpy(words.data, &config, sizeof(config));
+              accepted.push_back(words);
+            }
+  }
+  out.accepted = static_cast<int>(accepted.size());
+  const auto started = std::chrono::steady_clock::now();
+  for (const algo_words& words : accepted) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() > seconds) break;
+    cublasLtMatmulAlgo_t config{};
+    std::memcpy(&config, words.data, sizeof(config));
+    std::string why;
+    const double us = time_algorithm(ctx, p, pr, buf, config, 5, why);
+    if (us < 0) continue;
+    ++out.timed;
+    if (verbose) std::printf("    %-8s search %10.1f us  %s\n", pr.name.c_str(), us, algo_text(config).c_str());
+    if (out.best_us < 0 || us < out.best_us) {
+      out.best_us = us;
+      out.best_algo = algo_text(config);
+    }
+  }
+  return out;
 }
 
 struct outcome {
@@ -394,18 +562,23 @@ struct outcome {
   double default_us = -1, best_us = -1;
   int best_index = -1;
   std::string default_algo, best_algo, note;
+  search_outcome search;
 };
 
-outcome run_problem(const context& ctx, const problem& pr, int candidates, bool verbose) {
+outcome run_problem(const context& ctx, const problem& pr, const options& opt) {
+  const int candidates = opt.candidates;
+  const bool verbose = opt.verbose;
   const bool wgrad = pr.epilogue == epi::wgrad;
-  const bool with_bias = pr.epilogue == epi::bias || pr.epilogue == epi::gelu_aux_bias;
-  const bool with_aux = pr.epilogue == epi::gelu_aux_bias || pr.epilogue == epi::dgelu;
+  const bool with_bias = pr.epilogue == epi::bias || pr.epilogue == epi::gelu_aux_bias ||
+                         pr.epilogue == epi::gelu_bias || pr.epilogue == epi::dgelu_bgrad;
+  const bool with_aux =
+      pr.epilogue == epi::gelu_aux_bias || pr.epilogue == epi::dgelu || pr.epilogue == epi::dgelu_bgrad;
   const auto count = [](std::int64_t r, std::int64_t c) { return static_cast<std::size_t>(r * c); };
   buffers buf;
   buf.a.allocate(count(pr.m, pr.k) * 2);
   buf.b.allocate(count(pr.k, pr.n) * 2);
   buf.c.allocate(count(pr.m, pr.n) * (wgrad ? 4 : 2));
-  if (with_bias) buf.bias.allocate(static_cast<std::size_t>(pr.n) * 2);
+  if (with_bias) buf.bias.allocate(static_cast<std::size_t>(pr.n) * 4);  // room for an fp32 bias gradient
   if (with_aux) buf.aux.allocate(count(pr.m, pr.n) * 2);
   fill(buf.a.p, count(pr.m, pr.k), 0x1234 + static_cast<std::uint64_t>(pr.m), ctx.stream);
   fill(buf.b.p, count(pr.k, pr.n), 0x5678 + static_cast<std::uint64_t>(pr.n), ctx.stream);
@@ -419,8 +592,8 @@ outcome run_problem(const context& ctx, const problem& pr, int candidates, bool 
   const int requested = std::max(candidates, kMinRequested);
   // The epilogue requested, then gemm.hpp's callers' fallbacks when the heuristic finds nothing.
   std::vector<epi> tries{pr.epilogue};
-  if (pr.epilogue == epi::gelu_aux_bias) tries = {epi::gelu_aux_bias, epi::bias, epi::none};
-  if (pr.epilogue == epi::dgelu || pr.epilogue == epi::bias) tries.push_back(epi::none);
+  if (!pr.variant && pr.epilogue == epi::gelu_aux_bias) tries = {epi::gelu_aux_bias, epi::bias, epi::none};
+  if (!pr.variant && (pr.epilogue == epi::dgelu || pr.epilogue == epi::bias)) tries.push_back(epi::none);
   outcome out;
   heuristic_results results{};
   for (const epi e : tries) {
@@ -465,6 +638,7 @@ outcome run_problem(const context& ctx, const problem& pr, int candidates, bool 
       out.best_algo = algo_text(result.algo);
     }
   }
+  if (opt.search_seconds > 0 && !pr.variant) out.search = search_configurations(ctx, p, pr, buf, opt.search_seconds, verbose);
   return out;
 }
 
@@ -472,14 +646,23 @@ double tflops(const problem& pr, double us) {
   return 2.0 * static_cast<double>(pr.m) * static_cast<double>(pr.n) * static_cast<double>(pr.k) / (us * 1e-6) / 1e12;
 }
 
-void run_shape(const context& ctx, const model_shape& s, int candidates, bool verbose) {
+void run_shape(const context& ctx, const model_shape& s, const options& opt) {
   std::printf("\n### GPT-2 %s: %lld tokens, hidden %lld, %d layers, vocabulary %lld\n\n", s.name,
               static_cast<long long>(s.tokens), static_cast<long long>(s.hidden), s.layers,
               static_cast<long long>(s.vocab));
-  std::vector<problem> problems = step_problems(s);
+  std::vector<problem> problems;
+  std::vector<problem> all = step_problems(s);
+  if (opt.variants) {
+    const std::vector<problem> extra = variant_problems(s);
+    all.insert(all.end(), extra.begin(), extra.end());
+  }
+  for (const problem& pr : all)
+    if (opt.only.empty() || std::find(opt.only.begin(), opt.only.end(), pr.name) != opt.only.end())
+      problems.push_back(pr);
   std::vector<outcome> outcomes;
   for (const problem& pr : problems) {
-    outcomes.push_back(run_problem(ctx, pr, candidates, verbose));
+    if (opt.search_seconds > 0 && !pr.variant) std::fprintf(stderr, "%s %s %s ...\n", s.name, pr.name.c_str(), epi_name(pr.epilogue));
+    outcomes.push_back(run_problem(ctx, pr, opt));
     std::fflush(stdout);
   }
   std::printf("| problem | ta tb | m | n | k | epilogue | x/step | timed/returned | lib | default us | default TFLOP/s "
@@ -508,6 +691,7 @@ void run_shape(const context& ctx, const model_shape& s, int candidates, bool ve
       std::printf(" - |");
     std::printf(" %s | %s | %s |\n", o.default_algo.empty() ? "-" : o.default_algo.c_str(),
                 o.best_algo.empty() ? "-" : o.best_algo.c_str(), o.note.c_str());
+    if (pr.variant) continue;
     if (o.default_us >= 0 && o.best_us >= 0) {
       default_ms += pr.per_step * o.default_us * 1e-3;
       best_ms += pr.per_step * o.best_us * 1e-3;
@@ -522,34 +706,80 @@ void run_shape(const context& ctx, const model_shape& s, int candidates, bool ve
   std::printf("| %d layers + classifier | %.3f | %.3f | %.3f | %.2f |\n", s.layers, default_ms, best_ms, saved,
               default_ms > 0 ? 100.0 * saved / default_ms : 0.0);
   if (!left_out.empty()) std::printf("\n(left out of the sums, no timed default: %s)\n", left_out.c_str());
+  if (opt.search_seconds <= 0) return;
+  std::printf("\n#### Search beyond the heuristic: every configuration of every algorithm id (%.0f s per problem)\n\n",
+              opt.search_seconds);
+  std::printf("| problem | epilogue | ids | checked | accepted | timed | heuristic best us | search best us | "
+              "search TFLOP/s | gain over heuristic best | search best algo |\n");
+  std::printf("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n");
+  double heuristic_ms = 0, search_ms = 0;
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const problem& pr = problems[i];
+    const search_outcome& so = outcomes[i].search;
+    const double heuristic_us = outcomes[i].best_us;
+    std::printf("| %s | %s | %d | %ld | %d | %d |", pr.name.c_str(), epi_name(outcomes[i].ran), so.ids, so.checked,
+                so.accepted, so.timed);
+    if (heuristic_us > 0) std::printf(" %.1f |", heuristic_us);
+    else std::printf(" - |");
+    if (so.best_us > 0)
+      std::printf(" %.1f | %.1f | %s | %s |\n", so.best_us, tflops(pr, so.best_us),
+                  heuristic_us > 0 ? std::to_string(heuristic_us / so.best_us).substr(0, 5).c_str() : "-",
+                  so.best_algo.c_str());
+    else
+      std::printf(" - | - | - | - |\n");
+    if (!pr.variant && heuristic_us > 0 && so.best_us > 0) {
+      heuristic_ms += pr.per_step * heuristic_us * 1e-3;
+      search_ms += pr.per_step * std::min(heuristic_us, so.best_us) * 1e-3;
+    }
+  }
+  std::printf("\n| GPT-2 %s step GEMMs searched | heuristic best ms | with the search ms | saved ms/step |\n|---|--:|--:|--:|\n"
+              "| | %.3f | %.3f | %.3f |\n",
+              s.name, heuristic_ms, search_ms, heuristic_ms - search_ms);
 }
 
 [[noreturn]] void usage() {
-  std::fprintf(stderr, "usage: %s [--shape 124M|350M|all] [--candidates N (1..64)] [--verbose]\n", kProgram);
+  std::fprintf(stderr,
+               "usage: %s [--shape 124M|350M|all] [--candidates N (1..64)] [--verbose] [--variants]\n"
+               "       [--search SECONDS] [--only 'fc1 fwd,fc2 dx,...']\n",
+               kProgram);
   std::exit(1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shape = "all";
-  int candidates = 16;
-  bool verbose = false;
+  options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--shape" && i + 1 < argc) {
-      shape = argv[++i];
+      opt.shape = argv[++i];
     } else if (arg == "--candidates" && i + 1 < argc) {
       char* end = nullptr;
       const long value = std::strtol(argv[++i], &end, 10);
       if (!end || *end != '\0' || value < 1 || value > kMaxCandidates) usage();
-      candidates = static_cast<int>(value);
+      opt.candidates = static_cast<int>(value);
+    } else if (arg == "--search" && i + 1 < argc) {
+      char* end = nullptr;
+      opt.search_seconds = std::strtod(argv[++i], &end);
+      if (!end || *end != '\0' || !(opt.search_seconds > 0) || opt.search_seconds > 3600) usage();
+    } else if (arg == "--only" && i + 1 < argc) {
+      const std::string list = argv[++i];
+      std::size_t begin = 0;
+      while (begin <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', begin), list.size());
+        if (comma > begin) opt.only.push_back(list.substr(begin, comma - begin));
+        begin = comma + 1;
+      }
     } else if (arg == "--verbose") {
-      verbose = true;
+      opt.verbose = true;
+    } else if (arg == "--variants") {
+      opt.variants = true;
     } else {
       usage();
     }
   }
+  const std::string shape = opt.shape;
+  const int candidates = opt.candidates;
   if (shape != "all" && shape != "124M" && shape != "350M") usage();
 
   int device = 0;
@@ -574,7 +804,7 @@ int main(int argc, char** argv) {
   }
 
   for (const model_shape& s : kShapes)
-    if (shape == "all" || shape == s.name) run_shape(ctx, s, candidates, verbose);
+    if (shape == "all" || shape == s.name) run_shape(ctx, s, opt);
 
   for (int i = 0; i < kTimed; ++i) {
     CUDA_CHECK(cudaEventDestroy(ctx.start[i]));
