@@ -329,6 +329,50 @@ TEST(RmsNorm, FusedResidualAddEqualsAddingApart) {
   check_norm_fuses_residual<float, false>();
 }
 
+// accumulate = true adds the parameter-gradient sums to what the outputs hold, with the bits of
+// writing them into scratch and adding after (what the layers did before); dx is unchanged.
+template <class T, bool layer>
+void check_norm_accumulates() {
+  using A = strata::accumulate_t<T>;
+  const auto x = random_values<T>(kRows * kHidden, 41), gamma = random_values<T>(kHidden, 42);
+  const auto dy = random_values<T>(kRows * kHidden, 43);
+  std::vector<A> mean(kRows, A(0.1)), rstd(kRows, A(1.3));
+  const auto held_g = random_values<A>(kHidden, 44), held_b = random_values<A>(kHidden, 45);
+  auto backward = [&](T* dx, A* dg, A* db, bool accumulate) {
+    if constexpr (layer)
+      strata::cpu::layernorm_backward<T>(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), kRows, kHidden, dx,
+                                         dg, db, nullptr, accumulate);
+    else
+      strata::cpu::rmsnorm_backward<T>(dy.data(), x.data(), gamma.data(), rstd.data(), kRows, kHidden, dx, dg, nullptr,
+                                       accumulate);
+  };
+  std::vector<T> dx(x.size()), adx(x.size());
+  std::vector<A> dg(kHidden), db(kHidden);
+  backward(dx.data(), dg.data(), db.data(), false);
+  std::vector<A> want_g = held_g, want_b = held_b;
+  for (std::size_t i = 0; i < want_g.size(); ++i) {
+    want_g[i] += dg[i];
+    want_b[i] += db[i];
+  }
+  std::vector<A> adg = held_g, adb = held_b;
+  backward(adx.data(), adg.data(), layer ? adb.data() : nullptr, true);
+  EXPECT_EQ(adx, dx);
+  EXPECT_EQ(adg, want_g);
+  if constexpr (layer) EXPECT_EQ(adb, want_b);
+}
+
+TEST(LayerNorm, AccumulateAddsTheSumsWithTheBitsOfAddingAfter) {
+  check_norm_accumulates<double, true>();
+  check_norm_accumulates<float, true>();
+  check_norm_accumulates<strata::bf16, true>();
+}
+
+TEST(RmsNorm, AccumulateAddsTheSumsWithTheBitsOfAddingAfter) {
+  check_norm_accumulates<double, false>();
+  check_norm_accumulates<float, false>();
+  check_norm_accumulates<strata::bf16, false>();
+}
+
 // ---------------------------------------------------------------------------------------------
 // GELU and SwiGLU
 

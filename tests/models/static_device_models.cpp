@@ -45,13 +45,13 @@ struct mock_device_backend {
                          const T* residual = nullptr, T* sum = nullptr);
   template <class T, class A = strata::accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                          T* dx, A* dg, A* db, const T* dresidual = nullptr);
+                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false);
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual = nullptr,
                        T* sum = nullptr);
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                        const T* dresidual = nullptr);
+                        const T* dresidual = nullptr, bool accumulate = false);
   template <class T> void gelu_forward(const T* x, index_t n, T* y);
   template <class T>
   void gemm_gelu(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, T* pre, T* out);

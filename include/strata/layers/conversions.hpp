@@ -272,6 +272,15 @@ STRATA_NAMESPACE_BEGIN
 // so the increments are summed over the tensor-parallel group first: the reduction Megatron users
 // must remember for norm weights under sequence parallelism happens here, chosen by the type.
 // `increment` is the caller's own scratch tensor (reduced in place).
+// True when an increment of a replicated parameter applied to an activation of layout `Layout` needs
+// no reduction (replicated activations, or one tensor-parallel rank): the kernel that computes it
+// may then add it straight into the gradient, with the bits of add_replicated_gradient.
+template <class Layout, class Comm>
+bool replicated_gradient_is_local(const Comm& tp) {
+  if constexpr (std::is_same_v<Layout, layout::sharded<0>>) return tp.size() == 1;
+  else return true;
+}
+
 template <class Layout, class Device, class Comm, class G, class Space>
 void add_replicated_gradient(Device& device, Comm& tp, Tensor<G, Space>& grad, Tensor<G, Space>& increment) {
   static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,

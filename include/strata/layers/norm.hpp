@@ -83,13 +83,19 @@ class LayerNorm {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "LayerNorm residual gradient");
-    auto dweight = Tensor<A, Space>::empty(Shape{h}), dbias = Tensor<A, Space>::empty(Shape{h});  // written
+    // Added straight into the gradients when no reduction is needed, else written and reduced.
+    const bool local = replicated_gradient_is_local<Layout>(ctx.tp);
+    Tensor<A, Space> dweight, dbias;
+    if (!local) dweight = Tensor<A, Space>::empty(Shape{h}), dbias = Tensor<A, Space>::empty(Shape{h});
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
-                                saved.rstd.data(), rows, h, dx.data(), dweight.data(), dbias.data(),
-                                dresidual ? dresidual->data() : nullptr);
-    add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
-    add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);
+                                saved.rstd.data(), rows, h, dx.data(), local ? weight_.grad.data() : dweight.data(),
+                                local ? bias_.grad.data() : dbias.data(), dresidual ? dresidual->data() : nullptr,
+                                local);
+    if (!local) {
+      add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
+      add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);
+    }
     return dx;
   }
 
@@ -159,11 +165,14 @@ class RmsNorm {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "RmsNorm residual gradient");
-    auto dweight = Tensor<A, Space>::empty(Shape{h});  // written
+    const bool local = replicated_gradient_is_local<Layout>(ctx.tp);  // as in LayerNorm
+    Tensor<A, Space> dweight;
+    if (!local) dweight = Tensor<A, Space>::empty(Shape{h});
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
-                              dx.data(), dweight.data(), dresidual ? dresidual->data() : nullptr);
-    add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
+                              dx.data(), local ? weight_.grad.data() : dweight.data(),
+                              dresidual ? dresidual->data() : nullptr, local);
+    if (!local) add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
     return dx;
   }
 

@@ -3,8 +3,9 @@
 //   LayerNorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)
 //   RMSNorm:   y = x * rstd * gamma,                   rstd = 1 / sqrt(mean(x^2) + eps)
 //
-// Statistics are computed and saved in accumulate_t<T>. Parameter gradients are written (=), summed
-// over rows in ascending order; the layer adds them to its gradient.
+// Statistics are computed and saved in accumulate_t<T>. Parameter gradients are summed over rows in
+// ascending order, then written (=), or added to what is there with `accumulate` (grad + the sum,
+// the bits of writing the sum and adding it after).
 //
 // Fused with the residual add of a transformer layer:
 //   forward with `residual`:   sum = T(x + residual) is written (sum may be x or residual) and the
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
@@ -49,11 +51,33 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, 
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
+namespace detail {
+// Where a norm's parameter-gradient sums go: the output itself (written), or zeroed scratch that
+// finish() adds into the output (accumulate).
+template <class A>
+struct norm_grad_sums {
+  A* out;
+  index_t h;
+  std::vector<A> scratch;
+  norm_grad_sums(A* o, index_t n, bool accumulate) : out(o), h(n) {
+    if (!out) return;
+    if (accumulate) scratch.assign(static_cast<std::size_t>(h), A(0));
+    else std::fill(out, out + h, A(0));
+  }
+  A* sums() { return out && !scratch.empty() ? scratch.data() : out; }
+  void finish() {
+    if (!out || scratch.empty()) return;
+    for (index_t i = 0; i < h; ++i) out[i] += scratch[static_cast<std::size_t>(i)];
+  }
+};
+}  // namespace detail
+
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dgamma, A* dbeta, const T* dresidual = nullptr) {
-  std::fill(dgamma, dgamma + h, A(0));
-  if (dbeta) std::fill(dbeta, dbeta + h, A(0));
+                        T* dx, A* dgamma_out, A* dbeta_out, const T* dresidual = nullptr, bool accumulate = false) {
+  detail::norm_grad_sums<A> gamma_sums(dgamma_out, h, accumulate), beta_sums(dbeta_out, h, accumulate);
+  A* dgamma = gamma_sums.sums();
+  A* dbeta = beta_sums.sums();
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     const T* dyr = dy + r * h;
@@ -76,6 +100,8 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
       dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
     }
   }
+  gamma_sums.finish();
+  beta_sums.finish();
 }
 
 template <class T, class A = accumulate_t<T>>
@@ -100,8 +126,9 @@ void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps,
 // dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, index_t rows, index_t h, T* dx,
-                      A* dgamma, const T* dresidual = nullptr) {
-  std::fill(dgamma, dgamma + h, A(0));
+                      A* dgamma_out, const T* dresidual = nullptr, bool accumulate = false) {
+  detail::norm_grad_sums<A> gamma_sums(dgamma_out, h, accumulate);
+  A* dgamma = gamma_sums.sums();
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     const T* dyr = dy + r * h;
@@ -120,6 +147,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, in
       dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
     }
   }
+  gamma_sums.finish();
 }
 
 }  // namespace cpu

@@ -12,7 +12,8 @@
 //   - the attention plans (cuDNN handle and graphs), created on first use.
 // Kernels that need scratch memory (deterministic column sums, the embedding sort, sum of squares)
 // take it from the caching allocator and give it back right after enqueuing: reuse is ordered on the
-// same stream, so no synchronization is needed and a steady-state step makes no cudaMalloc.
+// same stream, so no synchronization is needed and a steady-state step makes no cudaMalloc. The
+// column sums also use a few zeroed counters the state keeps (one kernel instead of two).
 //
 // Attention forwards to backend/cuda/attention.hpp: cuDNN SDPA for bf16 / fp16 when the translation
 // unit is built with strata::cudnn (STRATA_WITH_CUDNN), the own flash kernels otherwise. The plans
@@ -175,7 +176,7 @@ class backend {
   void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) const {
     if (rows <= 0 || cols <= 0) return;
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::column_sum_chunks(rows) * cols));
-    kernels::bias_grad<T, A>(dy, rows, cols, dbias, workspace.data(), stream());
+    kernels::bias_grad<T, A>(dy, rows, cols, dbias, workspace.data(), stream(), state_->tickets.data(), state::kTickets);
   }
   template <class T>
   void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out) const {
@@ -204,9 +205,10 @@ class backend {
   }
   template <class T, class A = accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                          T* dx, A* dg, A* db, const T* dresidual = nullptr) const {
+                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false) const {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(2 * kernels::norm_backward_blocks(rows) * h));
-    kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace.data(), stream());
+    kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace.data(), accumulate,
+                                      stream());
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,
@@ -215,9 +217,9 @@ class backend {
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
-                        A* dg, const T* dresidual = nullptr) const {
+                        A* dg, const T* dresidual = nullptr, bool accumulate = false) const {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::norm_backward_blocks(rows) * h));
-    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, dresidual, workspace.data(), stream());
+    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, dresidual, workspace.data(), accumulate, stream());
   }
 
   // --- activations and RoPE ------------------------------------------------------------------------
@@ -448,6 +450,11 @@ class backend {
     blas_handle blas;
     cublas_handle grouped_blas;  // the grouped GEMM's (grouped_gemm.hpp)
     std::shared_ptr<attention_plans> attention;
+    // Counters of the one-kernel column sums (kernels/bias.cuh), one per column tile: zero between
+    // kernels, used only on the compute stream.
+    device_buffer<unsigned> tickets;
+
+    static constexpr index_t kTickets = 4096;
 
     state(int ordinal, cudaStream_t given)
         : device(checked(ordinal)),
@@ -456,7 +463,10 @@ class backend {
           compute_stream(given != nullptr ? given : compute.get()),
           allocator(ordinal, compute_stream),
           blas(),
-          grouped_blas() {}
+          grouped_blas(),
+          tickets(static_cast<std::size_t>(kTickets)) {
+      tickets.zero(compute_stream);
+    }
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {

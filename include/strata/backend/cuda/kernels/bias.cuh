@@ -9,12 +9,19 @@
 //
 // bias_grad never adds floats atomically: phase 1 splits the rows into `chunks` equal ranges
 // (column_sum_chunks, a function of `rows` only) and writes one partial per (chunk, column); phase 2
-// (sum_partials) adds the partials of each column in a fixed order. Phase 1, vector path (cols a
+// adds the partials of each column over the chunks in ascending order. Phase 1, vector path (cols a
 // multiple of the 16-byte width V, dy aligned): a block of kColumnWarps warps takes a tile of 32 * V
 // columns of one chunk; lane l of warp w adds the vectors dy[r, tile + l * V ..] of the rows
 // r = begin + w, begin + w + kColumnWarps, ... in ascending order (a warp reads 512 contiguous bytes
-// per row), and the block adds its warps' sums in warp order through shared memory. Otherwise a
-// thread per column walks its chunk's rows in order. Every run gives the same bits.
+// per row, eight rows in flight), and the block adds its warps' sums in warp order through shared
+// memory. Otherwise a thread per column walks its chunk's rows in order.
+// Phase 2 of the vector path runs in the same kernel when the caller passes `tickets` (one zeroed
+// counter per column tile, cuda::backend keeps them): each block, once its partials are written
+// and fenced, takes a ticket of its tile; the block that draws the last one adds the tile's
+// partials (chunk 0, 1, ... in order), adds the totals into dbias and sets the counter back to 0
+// for the next call on the stream. Without tickets (or more tiles than counters) sum_partials does
+// phase 2 as a second kernel. Both add in sum_partials' order, so they give the same bits, and every
+// run gives the same bits.
 #pragma once
 
 #include "common.cuh"
@@ -60,20 +67,28 @@ void bias_add(T* y, const T* bias, index_t rows, index_t cols, cudaStream_t stre
   map<T>(y, nullptr, rows * cols, y, bias_add_op<T>{bias, cols}, "bias_add", stream);
 }
 
-// Rows per chunk of the column sums: at least 32 rows, at most 256 chunks.
+// Chunks of rows of the column sums: at least 128 rows each, at most kColumnMaxChunks (few enough
+// partials for one block per column tile to add them up at the end). A function of `rows` only.
+inline constexpr int kColumnMaxChunks = 64;
+inline constexpr int kColumnFinishLoads = 2 * kPartialGroups;  // partials a finishing thread loads at once
+static_assert(kColumnMaxChunks % kColumnFinishLoads == 0 && kColumnFinishLoads % kPartialGroups == 0);
 inline index_t column_sum_chunks(index_t rows) {
-  const index_t by_rows = (rows + 31) / 32;
-  return by_rows < 1 ? 1 : (by_rows > 256 ? 256 : by_rows);
+  const index_t by_rows = (rows + 127) / 128;
+  return by_rows < 1 ? 1 : (by_rows > kColumnMaxChunks ? kColumnMaxChunks : by_rows);
 }
 
-inline constexpr int kColumnWarps = 8;  // warps per block of the vector column sums (rows in flight)
+inline constexpr int kColumnWarps = 8;  // warps per block of the vector column sums
+inline constexpr int kColumnRowsInFlight = 8;  // rows a lane loads before adding them
 
 // partials[chunk, c] = sum of dy[r, c] over the rows r of the chunk: grid (column tiles, chunks).
+// With tickets, the last block of each tile also adds the tile's partials into dbias (see above).
 template <class T, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kColumnWarps * 32) column_partials_vector_kernel(const T* __restrict__ dy, index_t rows,
-                                                                                   index_t cols, index_t chunks, A* partials) {
-  constexpr int V = packed<T>::width, kTile = 32 * V;
+                                                                                   index_t cols, index_t chunks, A* partials,
+                                                                                   unsigned* tickets, A* dbias) {
+  constexpr int V = packed<T>::width, kTile = 32 * V, R = kColumnRowsInFlight;
   __shared__ A sums[kColumnWarps][kTile];
+  __shared__ bool last;
   const index_t chunk = blockIdx.y;
   const index_t per_chunk = (rows + chunks - 1) / chunks;
   const index_t begin = chunk * per_chunk, end = begin + per_chunk < rows ? begin + per_chunk : rows;
@@ -87,13 +102,13 @@ __global__ void __launch_bounds__(kColumnWarps * 32) column_partials_vector_kern
     for (int k = 0; k < V; ++k) sum[k] = 0;
     if (v < row_vectors) {
       index_t r = begin + warp;
-      // Four rows' loads in flight at a time, added in ascending row order.
-      for (; r + 3 * kColumnWarps < end; r += 4 * kColumnWarps) {
-        packed<T> in[4];
+      // R rows' loads in flight at a time, added in ascending row order.
+      for (; r + (R - 1) * kColumnWarps < end; r += R * kColumnWarps) {
+        packed<T> in[R];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) in[u] = dyv[(r + u * kColumnWarps) * row_vectors + v];
+        for (int u = 0; u < R; ++u) in[u] = dyv[(r + u * kColumnWarps) * row_vectors + v];
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < R; ++u)
 #pragma unroll
           for (int k = 0; k < V; ++k) sum[k] += unpack<T>(in[u].raw[k]);
       }
@@ -114,6 +129,40 @@ __global__ void __launch_bounds__(kColumnWarps * 32) column_partials_vector_kern
         partials[chunk * cols + c] = total;  // partials (chunks, cols)
       }
     }
+    if (tickets) {
+      __threadfence();  // this block's partials are visible to the block that draws the last ticket
+      __syncthreads();
+      if (threadIdx.x == 0) last = atomicAdd(&tickets[tile], 1u) == static_cast<unsigned>(chunks - 1);
+      __syncthreads();
+      if (last) {
+        __threadfence();
+        for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+          const index_t c = tile * kTile + i;
+          if (c >= cols) continue;
+          // sum_partials' order, so both paths give the same bits: group y adds the chunks y, y + 16,
+          // ... in ascending order, then the groups are added in order. kColumnFinishLoads loads in
+          // flight (from L2, not a stale L1); the zeros past `chunks` add nothing (a group's sum is
+          // never -0).
+          A part[kPartialGroups];
+#pragma unroll
+          for (int y = 0; y < kPartialGroups; ++y) part[y] = 0;
+#pragma unroll
+          for (int base = 0; base < kColumnMaxChunks; base += kColumnFinishLoads) {
+            A value[kColumnFinishLoads];
+#pragma unroll
+            for (int u = 0; u < kColumnFinishLoads; ++u)
+              value[u] = base + u < chunks ? __ldcg(partials + (base + u) * cols + c) : A(0);
+#pragma unroll
+            for (int u = 0; u < kColumnFinishLoads; ++u) part[u % kPartialGroups] += value[u];
+          }
+          A total = part[0];
+#pragma unroll
+          for (int y = 1; y < kPartialGroups; ++y) total += part[y];
+          dbias[c] += total;
+        }
+        if (threadIdx.x == 0) tickets[tile] = 0;  // ready for the next call on the stream
+      }
+    }
     __syncthreads();
   }
 }
@@ -131,20 +180,26 @@ __global__ void column_partials_kernel(const T* dy, index_t rows, index_t cols, 
   }
 }
 
-// workspace: column_sum_chunks(rows) * cols elements of A.
+// workspace: column_sum_chunks(rows) * cols elements of A. tickets: null, or `ticket_count` counters
+// that are zero (and are zero again when the kernel ends).
 template <class T, class A = accumulate_t<T>>
-void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias, A* workspace, cudaStream_t stream) {
+void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias, A* workspace, cudaStream_t stream,
+               unsigned* tickets = nullptr, index_t ticket_count = 0) {
   if (cols <= 0 || rows <= 0) return;
   constexpr int V = packed<T>::width;
   const index_t chunks = column_sum_chunks(rows);
   if (cols % V == 0 && aligned_16(dy)) {
-    const auto tiles = static_cast<unsigned>(std::min<index_t>((cols + 32 * V - 1) / (32 * V), 65535));
+    const index_t tile_count = (cols + 32 * V - 1) / (32 * V);
+    unsigned* used = tile_count <= ticket_count ? tickets : nullptr;
+    const auto tiles = static_cast<unsigned>(std::min<index_t>(tile_count, 65535));
     column_partials_vector_kernel<T, A><<<dim3(tiles, static_cast<unsigned>(chunks)), kColumnWarps * 32, 0, stream>>>(
-        dy, rows, cols, chunks, workspace);
-  } else {
-    const dim3 grid(std::min<unsigned>(grid_for(cols), 65535u), static_cast<unsigned>(chunks));
-    column_partials_kernel<T, A><<<grid, kThreads, 0, stream>>>(dy, rows, cols, chunks, workspace);
+        dy, rows, cols, chunks, workspace, used, dbias);
+    check_launch("bias_grad");
+    if (!used) sum_partials<A, A>(workspace, chunks, cols, dbias, true, stream);
+    return;
   }
+  const dim3 grid(std::min<unsigned>(grid_for(cols), 65535u), static_cast<unsigned>(chunks));
+  column_partials_kernel<T, A><<<grid, kThreads, 0, stream>>>(dy, rows, cols, chunks, workspace);
   check_launch("bias_grad");
   sum_partials<A, A>(workspace, chunks, cols, dbias, true, stream);
 }

@@ -218,12 +218,14 @@ __device__ A block_max(A value) {
 // deterministic column sums: weight gradients of norms, bias gradients). A block of
 // (32, kPartialGroups) threads takes 32 columns: thread (x, y) adds the parts p = y, y + groups, ...
 // in ascending order, then thread (x, 0) adds the groups' subtotals in order y = 0, 1, ... The order
-// depends on `parts` only, so every run gives the same bits.
+// depends on `parts` only, so every run gives the same bits. With `second`, columns c >= split go to
+// second[c - split] (two sums from one array of partials, e.g. a norm's dg and db).
 inline constexpr int kPartialGroups = 16;
 
 template <class A, class Out>
 __global__ void __launch_bounds__(32 * kPartialGroups) sum_partials_kernel(const A* __restrict__ partials, index_t parts,
-                                                                           index_t cols, Out* out, bool accumulate) {
+                                                                           index_t cols, Out* first, bool accumulate,
+                                                                           Out* second, index_t split) {
   __shared__ A subtotal[kPartialGroups][33];
   for (index_t tile = blockIdx.x; tile * 32 < cols; tile += gridDim.x) {
     const index_t c = tile * 32 + threadIdx.x;
@@ -237,17 +239,21 @@ __global__ void __launch_bounds__(32 * kPartialGroups) sum_partials_kernel(const
     if (threadIdx.y == 0 && c < cols) {
       A total = subtotal[0][threadIdx.x];
       for (int y = 1; y < kPartialGroups; ++y) total += subtotal[y][threadIdx.x];
-      out[c] = static_cast<Out>(accumulate ? A(out[c]) + total : total);
+      Out* out = c < split ? first + c : second + (c - split);
+      *out = static_cast<Out>(accumulate ? A(*out) + total : total);
     }
     __syncthreads();
   }
 }
 
 template <class A, class Out>
-void sum_partials(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate, cudaStream_t stream) {
+void sum_partials(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate, cudaStream_t stream,
+                  Out* second = nullptr, index_t split = -1) {
   if (cols == 0) return;
+  if (!second) split = cols;
   const auto tiles = static_cast<unsigned>(std::min<index_t>((cols + 31) / 32, 65535));
-  sum_partials_kernel<A, Out><<<tiles, dim3(32, kPartialGroups), 0, stream>>>(partials, parts, cols, out, accumulate);
+  sum_partials_kernel<A, Out><<<tiles, dim3(32, kPartialGroups), 0, stream>>>(partials, parts, cols, out, accumulate,
+                                                                               second, split);
   check_launch("sum_partials");
 }
 

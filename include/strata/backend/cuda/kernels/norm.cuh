@@ -5,7 +5,7 @@
 //   RMSNorm:   y = x * rstd * g,                rstd = 1 / sqrt(mean(x^2) + eps)
 //   backward:  xhat = (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm),  gy = dy * g
 //              dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))   (RMSNorm: no mean(gy) term)
-//              dg = sum_r dy * xhat,  db = sum_r dy   (written, not accumulated)
+//              dg = sum_r dy * xhat,  db = sum_r dy   (written, or added with `accumulate`)
 //
 // Fused with the residual add (CPU twin: cpu/norm.hpp): the forward with `residual` writes
 // sum = T(x + residual) (sum may be x or residual) and normalizes sum; the backward with `dresidual`
@@ -23,8 +23,8 @@
 // Weight gradients never use atomics: block k of the backward (norm_backward_blocks(rows) blocks)
 // writes partials[k, c] for every column c, from the rows it owns in a fixed order (warp path: warp w
 // of block k owns rows (k * kNormWarps + w) + i * blocks * kNormWarps and keeps its running sums in
-// its own slice of shared memory; the block then adds its warps' sums in warp order); sum_partials
-// then adds the partials over k in a fixed order. Workspace: 2 * blocks * h.
+// its own slice of shared memory; the block then adds its warps' sums in warp order); one
+// sum_partials then adds the partials of dg and db over k in a fixed order. Workspace: 2 * blocks * h.
 // gy is rounded on its own (mul_rn) in both passes, so gy - mean(gy) is exactly 0 where the host
 // gets 0 (h = 1), instead of the rounding error an FMA would leave.
 #pragma once
@@ -145,7 +145,8 @@ template <class T, bool layer, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                                                              const T* __restrict__ g, const A* mean, const A* rstd,
                                                                              index_t rows, int h, T* dx,
-                                                                             A* dg_partials, A* db_partials, const T* dresidual) {
+                                                                             A* dg_partials, A* db_partials, index_t stride,
+                                                                             const T* dresidual) {
   constexpr int V = packed<T>::width;
   extern __shared__ unsigned char norm_shared[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
       dg_total += dg_sums[w * P + at];
       db_total += db_sums[w * P + at];
     }
-    dg_partials[blockIdx.x * index_t(h) + c] = dg_total;  // partials (blocks, h)
-    if (db_partials) db_partials[blockIdx.x * index_t(h) + c] = db_total;
+    dg_partials[blockIdx.x * stride + c] = dg_total;  // partials (blocks, stride)
+    if (db_partials) db_partials[blockIdx.x * stride + c] = db_total;
   }
 }
 
@@ -263,9 +264,10 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
-                                     index_t h, T* dx, A* dg_partials, A* db_partials, const T* dresidual) {
-  A* dg_part = dg_partials + blockIdx.x * h;  // partials (blocks, h)
-  A* db_part = db_partials ? db_partials + blockIdx.x * h : nullptr;
+                                     index_t h, T* dx, A* dg_partials, A* db_partials, index_t stride,
+                                     const T* dresidual) {
+  A* dg_part = dg_partials + blockIdx.x * stride;  // partials (blocks, stride)
+  A* db_part = db_partials ? db_partials + blockIdx.x * stride : nullptr;
   for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
     dg_part[i] = 0;
     if (db_part) db_part[i] = 0;
@@ -324,17 +326,22 @@ void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A
 
 template <class T, bool layer, class A>
 void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h, T* dx,
-                   A* dg, A* db, const T* dresidual, A* workspace, cudaStream_t stream, const char* name) {
+                   A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
+                   const char* name) {
   if (h <= 0) return;
   if (rows <= 0) {
+    if (accumulate) return;  // adds nothing
     STRATA_CUDA_CHECK(cudaMemsetAsync(dg, 0, h * sizeof(A), stream));
     if (db) STRATA_CUDA_CHECK(cudaMemsetAsync(db, 0, h * sizeof(A), stream));
     return;
   }
   constexpr int V = packed<T>::width;
   const index_t blocks = norm_backward_blocks(rows);
+  // Block k's partials: dg at [k, 0, h), db at [k, h, 2h) of a (blocks, stride) array, so one
+  // sum_partials adds both.
+  const index_t stride = db ? 2 * h : h;
   A* dg_partials = workspace;
-  A* db_partials = db ? workspace + blocks * h : nullptr;
+  A* db_partials = db ? workspace + h : nullptr;
   const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx, dresidual}) &&
                          with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
                            const std::size_t shared = 2 * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
@@ -343,14 +350,14 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
                              STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                     static_cast<int>(shared)));
                            kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
-                                   dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, dresidual);
+                                   dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, stride,
+                                   dresidual);
                          });
   if (!warp_path)
     norm_backward_kernel<T, layer, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, dresidual);
+        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, stride, dresidual);
   check_launch(name);
-  sum_partials<A, A>(dg_partials, blocks, h, dg, false, stream);
-  if (db) sum_partials<A, A>(db_partials, blocks, h, db, false, stream);
+  sum_partials<A, A>(workspace, blocks, stride, dg, accumulate, stream, db, h);
 }
 
 template <class T, class A = accumulate_t<T>>
@@ -359,11 +366,12 @@ void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t
   norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward");
 }
 
-// workspace: 2 * norm_backward_blocks(rows) * h elements of A.
+// workspace: 2 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dg, A* db, const T* dresidual, A* workspace, cudaStream_t stream) {
-  norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, stream, "layernorm_backward");
+                        T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream) {
+  norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, accumulate, stream,
+                            "layernorm_backward");
 }
 
 template <class T, class A = accumulate_t<T>>
@@ -375,9 +383,9 @@ void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* 
 // workspace: norm_backward_blocks(rows) * h elements of A.
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                      const T* dresidual, A* workspace, cudaStream_t stream) {
-  norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, dresidual, workspace, stream,
-                             "rmsnorm_backward");
+                      const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream) {
+  norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, dresidual, workspace, accumulate,
+                             stream, "rmsnorm_backward");
 }
 
 }  // namespace cuda::kernels
