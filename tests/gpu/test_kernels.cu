@@ -9,7 +9,8 @@
 // The memory-bound kernels with 16-byte vector paths (norms, bias, add, GELU) are checked again on
 // aligned and misaligned tensors and on row widths that pick each path (test_vector_paths), the
 // cross-entropy row kernels likewise, with padded columns and labels on and off this rank
-// (test_cross_entropy_paths), and their fused forward-backward (test_cross_entropy_fused).
+// (test_cross_entropy_paths), and their fused forward-backward (test_cross_entropy_fused); the
+// one-kernel column sums at a training step's sizes (test_bias_grad_large).
 //
 // Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
 #include <cmath>
@@ -563,6 +564,36 @@ void test_cross_entropy_fused(harness& h, index_t rows, index_t local, index_t u
                                      std::to_string(nonzero) + " not zero");
 }
 
+// bias_grad at the sizes of a training step, where the one-kernel column sums take more (column tile,
+// chunk) items than the device holds blocks, so blocks take several in turn and tiles finish while
+// others are read: against the twin, the same bits twice, and the same bits as the two-kernel path
+// (kernels::bias_grad without counters: the partials, then sum_partials).
+template <class T>
+void test_bias_grad_large(harness& h, index_t rows, index_t cols) {
+  using A = accumulate_t<T>;
+  const auto C = static_cast<std::size_t>(cols), N = static_cast<std::size_t>(rows) * C;
+  auto& dev = h.device;
+  auto rng = h.fresh();
+  const auto vy = rng.template uniform<T>(N);
+  const auto vdb = rng.template uniform<A>(C);
+  std::vector<A> ref = vdb;
+  twin::bias_grad(vy.data(), rows, cols, ref.data());
+  device_vector<T> y(N);
+  device_vector<A> db(C), workspace(static_cast<std::size_t>(strata::cuda::kernels::column_sum_chunks(rows)) * C);
+  upload(dev, vy, y);
+  auto run = [&](bool one_kernel) {
+    upload(dev, vdb, db);
+    if (one_kernel) dev.bias_grad(y.data(), rows, cols, db.data());
+    else strata::cuda::kernels::bias_grad<T, A>(y.data(), rows, cols, db.data(), workspace.data(), dev.stream());
+    return download(dev, db);
+  };
+  const auto first = run(true), second = run(true), two_kernels = run(false);
+  const std::string label = shape_label<T>("bias_grad", dims(rows, cols));
+  compare(h, label, "dbias (one kernel)", first, second, ref, tolerance<T>());
+  h.results.record(same_bits(first, two_kernels), label + " one kernel against partials + sum_partials: " +
+                                                      (same_bits(first, two_kernels) ? "same bits" : "DIFFERENT bits"));
+}
+
 // ---------------------------------------------------------------------------------------------------
 template <class T>
 void test_rows(harness& h, index_t rows, index_t cols) {
@@ -1087,6 +1118,12 @@ int main(int argc, char** argv) {
           test_vector_paths<double>(h, r, c, offset);
           test_vector_paths<bf16>(h, r, c, offset);
         }
+    // The one-kernel column sums at GPT-2 350M's sizes (and a ragged last chunk and tile).
+    for (const auto& [r, c] : small ? std::vector<std::pair<index_t, index_t>>{{1000, 264}}
+                                    : std::vector<std::pair<index_t, index_t>>{{16384, 4096}, {16384, 1024}, {16001, 776}}) {
+      test_bias_grad_large<bf16>(h, r, c);
+      test_bias_grad_large<float>(h, r, c);
+    }
     // The cross-entropy paths: widths below, at and far above one 16-byte vector per thread (50304:
     // GPT-2's padded vocabulary), used a multiple of no vector width, logits and dlogits aligned,
     // both misaligned alike, or misaligned differently.
