@@ -86,7 +86,10 @@ class LayerNorm {
     // Added straight into the gradients when no reduction is needed, else written and reduced.
     const bool local = replicated_gradient_is_local<Layout>(ctx.tp);
     Tensor<A, Space> dweight, dbias;
-    if (!local) dweight = Tensor<A, Space>::empty(Shape{h}), dbias = Tensor<A, Space>::empty(Shape{h});
+    if (!local) {
+      dweight = Tensor<A, Space>::empty(Shape{h});
+      dbias = Tensor<A, Space>::empty(Shape{h});
+    }
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
                                 saved.rstd.data(), rows, h, dx.data(), local ? weight_.grad.data() : dweight.data(),

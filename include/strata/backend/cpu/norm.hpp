@@ -50,7 +50,6 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, 
   }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
 namespace detail {
 // Where a norm's parameter-gradient sums go: the output itself (written), or zeroed scratch that
 // finish() adds into the output (accumulate).
@@ -72,6 +71,7 @@ struct norm_grad_sums {
 };
 }  // namespace detail
 
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dgamma_out, A* dbeta_out, const T* dresidual = nullptr, bool accumulate = false) {
