@@ -15,7 +15,9 @@
 #      over a 989 TFLOP/s dense bf16 peak), peak device memory, time from launch to the first
 #      finished step, and whether the two strata runs gave the same losses.
 # Full logs: <out-dir> (default <build-dir>/bench-logs). STRATA_BENCH_SHAPES picks shapes (default
-# "124M 350M"); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
+# "124M 350M"; a shape may name its batch, as in "350M:32", else it runs at its default batch:
+# 124M 32, 350M 16, 1.4B 8; strata and the peer always run at the same batch, and the
+# logs of "350M:32" are named 350M-b32); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
 # STRATA_BENCH_DTYPE=fp16 runs both in fp16 with dynamic loss scaling (strata --dtype fp16 from a
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
 # instead of bf16. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
@@ -70,8 +72,14 @@ shape_args() {  # layers hidden heads batch
   esac
 }
 
-for shape in $shapes; do
-  read -r L D H B <<<"$(shape_args "$shape")" || exit 1
+for spec in $shapes; do
+  read -r L D H B <<<"$(shape_args "${spec%%:*}")" || exit 1
+  shape=${spec%%:*}
+  if [[ $spec == *:* ]]; then
+    B=${spec#*:}
+    [[ $B =~ ^[1-9][0-9]*$ ]] || { echo "STRATA_BENCH_SHAPES: '$spec': the batch after ':' must be a positive integer"; exit 1; }
+    shape=$shape-b$B
+  fi
   common=(--device cuda --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
           --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
           --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype"
@@ -113,8 +121,11 @@ out, dtype, shapes = sys.argv[1], sys.argv[2], sys.argv[3:]
 dims = {"124M": (12, 768, 12, 32), "350M": (24, 1024, 16, 16), "1.4B": (24, 2048, 16, 8)}
 rows = [f"| model ({dtype}) | stack | batch | tokens/s | MFU | peak memory | launch to first step | same losses twice |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-for s in shapes:
-    L, D, H, B = dims[s]; T = 1024
+for spec in shapes:
+    name, _, batch = spec.partition(":")
+    L, D, H, B = dims[name]; T = 1024
+    s = f"{name}-b{batch}" if batch else name
+    if batch: B = int(batch)
     log = open(f"{out}/strata-{s}.log").read() if os.path.exists(f"{out}/strata-{s}.log") else ""
     params = re.search(r"(?:bf16|fp16), (\d+) parameters", log)
     tps = re.findall(r"\|\s+(\d+) tokens/s", log)
@@ -128,19 +139,19 @@ for s in shapes:
     if params and tps:
         n = int(params.group(1)); tok = int(tps[-1])
         mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
-        rows.append(f"| GPT-2 {s} | strata | {B} | {tok:,} | {mfu:.1f}% | {peak.group(1) if peak else '?'} | "
+        rows.append(f"| GPT-2 {name} | strata | {B} | {tok:,} | {mfu:.1f}% | {peak.group(1) if peak else '?'} | "
                     f"{first.group(1) + ' s' if first else '?'} | {same} |")
     else:
-        rows.append(f"| GPT-2 {s} | strata | {B} | failed (see strata-{s}.log) | | | | |")
+        rows.append(f"| GPT-2 {name} | strata | {B} | failed (see strata-{s}.log) | | | | |")
     if os.path.exists(f"{out}/strata-{s}-nd.log"):
         nd = open(f"{out}/strata-{s}-nd.log").read()
         tps_nd = re.findall(r"\|\s+(\d+) tokens/s", nd)
         if params and tps_nd:
             tok = int(tps_nd[-1]); n = int(params.group(1))
             mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
-            rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
+            rows.append(f"| GPT-2 {name} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
         else:
-            rows.append(f"| GPT-2 {s} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
+            rows.append(f"| GPT-2 {name} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
     if os.path.exists(f"{out}/strata-{s}-tuned-2.log"):
         t1, t2 = (open(f"{out}/strata-{s}-tuned-{k}.log").read() for k in (1, 2))
         tps_t = re.findall(r"\|\s+(\d+) tokens/s", t2)
@@ -152,16 +163,16 @@ for s in shapes:
             tok = int(tps_t[-1]); n = int(params.group(1))
             mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
             first_t = " / ".join(f.group(1) + " s" if f else "?" for f in firsts)
-            rows.append(f"| GPT-2 {s} | strata --gemm-tuning | {B} | {tok:,} | {mfu:.1f}% | {peak_t.group(1) if peak_t else '?'} | "
+            rows.append(f"| GPT-2 {name} | strata --gemm-tuning | {B} | {tok:,} | {mfu:.1f}% | {peak_t.group(1) if peak_t else '?'} | "
                         f"{first_t} (timing / reading) | {same_t} |")
         else:
-            rows.append(f"| GPT-2 {s} | strata --gemm-tuning | {B} | failed (see strata-{s}-tuned-*.log) | | | | |")
+            rows.append(f"| GPT-2 {name} | strata --gemm-tuning | {B} | failed (see strata-{s}-tuned-*.log) | | | | |")
     try:
         peer = [json.loads(l) for l in open(f"{out}/peer-{s}.log") if l.startswith("{")][-1]
-        rows.append(f"| GPT-2 {s} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "
+        rows.append(f"| GPT-2 {name} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "
                     f"{peer['peak_mem_GiB']} GiB | {peer['first_step_s']} s | |")
     except (OSError, IndexError, ValueError):
-        if os.path.exists(f"{out}/peer-{s}.log"): rows.append(f"| GPT-2 {s} | PyTorch | {B} | failed (see peer-{s}.log) | | | | |")
+        if os.path.exists(f"{out}/peer-{s}.log"): rows.append(f"| GPT-2 {name} | PyTorch | {B} | failed (see peer-{s}.log) | | | | |")
 print(open(f"{out}/device.txt").read().strip())
 print("\n".join(rows))
 open(f"{out}/summary.md", "w").write("\n".join(rows) + "\n")
