@@ -179,6 +179,7 @@ struct TrainArgs {
   bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
   bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
   std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
+  bool zero_gradients_by_fill = false; // fill every gradient at each iteration's start (else: first write)
   bool dynamic_loss_scale = false;     // the dynamic loss scaler over any --dtype (--fp16 sets it; fp16 always scales)
   double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
   double initial_loss_scale = 4294967296.0;
@@ -235,6 +236,10 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
                "start each gradient bucket's all-reduce (reduce-scatter with --use-distributed-optimizer) during the "
                "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
                "the CPU the in-process collectives run at once, in the same order)");
+  app.add_flag("--zero-gradients-by-fill", a.zero_gradients_by_fill,
+               "fill every gradient with zeros at the start of each iteration; by default the linear layers' weight "
+               "gradients are not filled, their first weight-gradient GEMM of the iteration writes them instead of "
+               "adding (the same bits, one pass over the gradients less)");
   app.add_flag("--overlap-param-gather", a.overlap_param_gather,
                "with --use-distributed-optimizer: all-gather the updated parameters on the communication stream, the "
                "buckets the next forward needs first going first, joined right before that forward");

@@ -3,7 +3,8 @@
 // distributed optimizer (--use-distributed-optimizer), and the loss scaler (--fp16, --loss-scale).
 //
 // Per iteration the trainer calls
-//   zero_gradients()                  before the first micro-batch (one fill of the buffer)
+//   zero_gradients()                  before the first micro-batch (one fill of the buffer, less the
+//                                     linear weights' gradients, which their first GEMM writes)
 //   loss_scale()                      the factor the backward multiplies the loss by (1 without a scaler)
 //   gradient_ready(ctx)               with --overlap-grad-reduce: the hook the step's backward calls
 //                                     per parameter whose gradient is final, which starts each
@@ -68,6 +69,9 @@ struct DataParallelOptions {
   std::optional<LossScalerConfig> loss_scaler;  // set: fp16-style loss scaling
   bool overlap_grad_reduce = false;   // bucket collectives during the backward, beside compute
   bool overlap_param_gather = false;  // (distributed optimizer) the parameter all-gather beside compute
+  // zero_gradients() leaves the linear layers' weight gradients to their first GEMM (GradBuffer::zero's
+  // first_write) instead of filling the whole buffer.
+  bool zero_by_first_write = true;
 };
 
 template <class T, class Space>
@@ -76,7 +80,8 @@ class DataParallelOptimizer {
   template <class Context, class Model>
   DataParallelOptimizer(Context& ctx, Model& model, const DataParallelOptions& options)
       : buffer_(dense_buffer(ctx, model, options)),
-        overlap_param_gather_(options.overlap_param_gather && options.distributed_optimizer) {
+        overlap_param_gather_(options.overlap_param_gather && options.distributed_optimizer),
+        zero_by_first_write_(options.zero_by_first_write) {
     if (has_expert_parameters(model)) {
       auto experts = expert_parameters(model);
       expert_buffer_.emplace(ctx.device, experts, buffer_options(ctx.expert_dp.size(), options));
@@ -92,8 +97,8 @@ class DataParallelOptimizer {
 
   template <class Context>
   void zero_gradients(Context& ctx) {
-    buffer_.zero(ctx.device);
-    if (expert_buffer_) expert_buffer_->zero(ctx.device);
+    buffer_.zero(ctx.device, zero_by_first_write_);
+    if (expert_buffer_) expert_buffer_->zero(ctx.device, zero_by_first_write_);
   }
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool scaling() const { return scaler_.has_value(); }
@@ -286,6 +291,7 @@ class DataParallelOptimizer {
   int skipped_ = 0;
   std::optional<Tensor<double, Space>> clip_factor_;  // unscale_and_clip's factor, applied by the next step()
   bool overlap_param_gather_ = false;
+  bool zero_by_first_write_ = true;
 };
 
 }  // namespace trainer

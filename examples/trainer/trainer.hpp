@@ -585,7 +585,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx, model,
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
-                          a.overlap_grad_reduce, a.overlap_param_gather});
+                          a.overlap_grad_reduce, a.overlap_param_gather, !a.zero_gradients_by_fill});
   MemoryReport memory = optimizer.memory(model, shared.memory.stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
   if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),

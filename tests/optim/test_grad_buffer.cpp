@@ -1,7 +1,9 @@
 // Gradient buffers and buckets: the documented layout (reverse parameter order, aligned starts,
 // buckets closed at bucket_size and padded to dp x alignment), gradients as views into the buffer,
 // bucketed all-reduce and reduce-scatter against the per-parameter reduction, buckets started in
-// order as their parameters become ready.
+// order as their parameters become ready; zeroing by first write (the marked gradients left for the
+// weight-gradient GEMM to write, the rest filled, a gradient no GEMM wrote settled to zero before
+// its bucket's reduction, the GEMM writing the bits the fill-then-add gives).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include <strata/comm.hpp>
 #include <strata/comm/parallel_context.hpp>
+#include <strata/layers/linear_common.hpp>
 #include <strata/optim.hpp>
 
 namespace {
@@ -140,6 +143,74 @@ TEST(GradBuffer, MarkReadyStartsEachBucketWhenItsParametersAreDone) {
     buffer.finish_reduction(device, dp);
     EXPECT_EQ(m.params[1]->grad[0], 0.f);
   });
+}
+
+// zero(device, true) fills everything but the gradients marked grad_first_write, which it marks
+// stale and leaves as they were; a stale gradient nobody wrote reads zero once its bucket is
+// reduced; zero(device) fills everything again.
+TEST(GradBuffer, ZeroByFirstWriteLeavesMarkedGradientsStaleAndSettlesThemAtTheReduction) {
+  inprocess::run(2, [&](inprocess::communicator& dp) {
+    cpu::backend device;
+    Flat m({64, 10, 64, 7});
+    m.params[0]->grad_first_write = m.params[2]->grad_first_write = true;
+    GradBuffer<float> buffer(device, m, GradBufferOptions{.bucket_size = 70, .dp = 2, .alignment = 64});
+    ASSERT_GT(buffer.buckets().size(), 1u);
+    buffer.grads().fill(5.f);  // the last iteration's gradients, padding included
+    buffer.zero(device, true);
+    for (std::size_t k : {0u, 2u}) {
+      EXPECT_TRUE(m.params[k]->grad_stale) << k;
+      EXPECT_EQ(m.params[k]->grad[3], 5.f) << k;  // not filled
+    }
+    for (std::size_t k : {1u, 3u}) {
+      EXPECT_FALSE(m.params[k]->grad_stale) << k;
+      for (index_t i = 0; i < m.params[k]->grad.numel(); ++i) EXPECT_EQ(m.params[k]->grad[i], 0.f) << k;
+    }
+    // Everything outside the stale gradients (padding included) is zero.
+    index_t outside = 0;
+    for (index_t i = 0; i < buffer.size(); ++i) {
+      bool stale = false;
+      for (const auto& e : buffer.entries())
+        stale = stale || (e.param->grad_stale && i >= e.offset && i < e.offset + e.numel);
+      if (!stale) {
+        ++outside;
+        EXPECT_EQ(buffer.grads()[i], 0.f) << "element " << i;
+      }
+    }
+    EXPECT_GT(outside, 17);
+    // p2 written by its GEMM (stand-in: the flag cleared and a value stored), p0 never written.
+    m.params[2]->grad_stale = false;
+    m.params[2]->grad.fill(1.f);
+    buffer.finish_reduction(device, dp);
+    EXPECT_FALSE(m.params[0]->grad_stale);
+    for (index_t i = 0; i < 64; ++i) {
+      EXPECT_EQ(m.params[0]->grad[i], 0.f);
+      EXPECT_EQ(m.params[2]->grad[i], 2.f);  // summed over the two ranks
+    }
+    buffer.grads().fill(5.f);
+    buffer.zero(device);
+    for (index_t i = 0; i < buffer.size(); ++i) EXPECT_EQ(buffer.grads()[i], 0.f);
+    for (auto& p : m.params) EXPECT_FALSE(p->grad_stale);
+  });
+}
+
+// The weight-gradient GEMM on a stale gradient writes dW (the stale values ignored) with the bits
+// of adding dW to zeros, clears the flag, and adds from then on.
+TEST(GradBuffer, WeightGradientOnAStaleGradientWritesWhatTheFillThenAddGives) {
+  cpu::backend device;
+  const index_t rows = 13, in = 9, out = 11;
+  Parameter<float> stale("w", Shape{out, in}, ShardSpec::replicated()), filled("w", Shape{out, in}, ShardSpec::replicated());
+  std::vector<float> x(static_cast<std::size_t>(rows * in)), dy(static_cast<std::size_t>(rows * out));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 1.3f;
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = std::cos(0.91f * static_cast<float>(i)) * 0.7f;
+  stale.grad.fill(123.f);
+  stale.grad_stale = true;
+  filled.grad.fill(0.f);
+  for (int call = 0; call < 2; ++call) {
+    detail::linear_weight_gradient_rows(device, x.data(), dy.data(), rows, stale, static_cast<Parameter<float>*>(nullptr));
+    detail::linear_weight_gradient_rows(device, x.data(), dy.data(), rows, filled, static_cast<Parameter<float>*>(nullptr));
+    EXPECT_FALSE(stale.grad_stale);
+    for (index_t i = 0; i < out * in; ++i) EXPECT_EQ(stale.grad[i], filled.grad[i]) << "call " << call << " element " << i;
+  }
 }
 
 // The in-process communicator with the overlap interface recorded: overlapped_mark() counts up,

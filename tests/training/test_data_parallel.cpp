@@ -4,7 +4,8 @@
 // allocated (18 bytes per bf16 parameter without the distributed optimizer, 6 + 12 / dp with);
 // an injected overflow skips the step and backs the loss scale off; fp16 trains under the dynamic
 // loss scaler; --skip-nonfinite-iterations goes on past a bad iteration; activation recompute
-// trains the same numbers; overlapping the reduction with the backward trains the same bits.
+// trains the same numbers; overlapping the reduction with the backward trains the same bits; zeroing
+// the gradients by first write trains the bits of filling them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -109,6 +110,37 @@ TEST(DataParallel, OverlappedReductionTrainsTheSameBits) {
       EXPECT_EQ(overlapped.losses, reference.losses) << "pp=" << pp << " distributed=" << distributed;
       expect_same_parameters(overlapped, reference, "pp=" + std::to_string(pp) + " distributed=" + std::to_string(distributed));
     }
+}
+
+// The linear layers' weight gradients left for their first GEMM to write (the default) against one
+// fill of the whole buffer (--zero-gradients-by-fill): the same losses and parameters, bit for bit,
+// with several micro-batches, over dp with overlapped buckets, tp with sequence parallelism and its
+// communication overlap, and pp with the tied embedding.
+TEST(DataParallel, ZeroByFirstWriteTrainsTheBitsOfTheFill) {
+  auto base = tiny();
+  base.dtype = "float";
+  base.ddp_bucket_size = 3000;
+  struct Case {
+    int world, tp, pp;
+    bool overlap;
+  };
+  for (const Case c : {Case{1, 1, 1, false}, Case{2, 1, 1, true}, Case{2, 2, 1, true}, Case{2, 1, 2, false}}) {
+    auto a = base;
+    a.world_size = c.world;
+    a.tensor_model_parallel_size = c.tp;
+    a.pipeline.pipeline_model_parallel_size = c.pp;
+    a.overlap_grad_reduce = c.overlap && c.tp == 1;
+    a.sequence_parallel = c.tp > 1;
+    a.tp_comm_overlap = c.overlap && c.tp > 1;
+    const std::string what = "world=" + std::to_string(c.world) + " tp=" + std::to_string(c.tp) + " pp=" + std::to_string(c.pp);
+    a.zero_gradients_by_fill = true;
+    const auto filled = trainer::train<strata::models::Gpt>(a);
+    a.zero_gradients_by_fill = false;
+    const auto first_write = trainer::train<strata::models::Gpt>(a);
+    ASSERT_EQ(first_write.losses.size(), filled.losses.size()) << what;
+    EXPECT_EQ(first_write.losses, filled.losses) << what;
+    expect_same_parameters(first_write, filled, what);
+  }
 }
 
 TEST(DataParallel, DistributedOptimizerResumesBitForBit) {

@@ -55,6 +55,7 @@ class ColumnParallelLinear {
   ColumnParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true, int stacks = 1)
       : owned_weight_(Param(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
         weight_(&*owned_weight_) {
+    owned_weight_->grad_first_write = true;  // only linear_weight_gradient_rows writes it (a borrowed weight may have other writers)
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
     check_gather(stacks);
   }

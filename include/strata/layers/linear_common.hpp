@@ -17,6 +17,7 @@
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "../core/tensor.hpp"
 #include "deferred_weight_gradients.hpp"
@@ -115,13 +116,15 @@ Tensor<T, Space> linear_forward_gelu(Device& device, const Tensor<T, Space>& x, 
   return y;
 }
 
-// dW[out, in] += dy^T x and db[out] += sum_rows dy.
+// dW[out, in] += dy^T x and db[out] += sum_rows dy; dW = dy^T x when the weight's gradient is
+// stale (the first write after a zero by first write: layers/parameter.hpp).
 template <class Device, class T, class Space>
 void linear_weight_gradient_rows(Device& device, const T* x, const T* dy, index_t rows, Parameter<T, Space>& weight,
                                  Parameter<T, Space>* bias) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), true);  // (out, in)
+  const bool overwrite = std::exchange(weight.grad_stale, false);
+  device.template gemm<T, A>(true, false, out, in, rows, dy, x, weight.grad.data(), !overwrite);  // (out, in)
   if (bias) device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 

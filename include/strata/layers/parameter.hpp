@@ -11,6 +11,14 @@
 // Value and gradient live in the backend's memory space. Gradients are kept in accumulate_t<T>
 // (float for bf16 parameters) and accumulate with +=. Initialization runs on the backend
 // (init_normal at the element's global index through ShardIndexMap; fill for constants).
+//
+// Zeroing by first write. A GradBuffer zeroed with first_write (GradBuffer::zero) does not fill the
+// gradients of parameters marked `grad_first_write` (the weights a Column/RowParallelLinear owns,
+// whose gradient only the weight-gradient GEMM writes); it marks them `grad_stale` instead, and the
+// first weight-gradient GEMM of the iteration writes dW where it would have added it to zeros (the
+// same bits: 0 + x is x), which saves a fill and a read of the gradient per step. Whatever reads or
+// adds to a gradient some other way calls settle_gradient first, which fills a stale one with zeros;
+// the buffer settles every parameter of a bucket before the bucket's scaling and collective.
 #pragma once
 
 #include <array>
@@ -48,6 +56,11 @@ struct Parameter {
   // The word embedding and the output layer (Megatron's is_embedding_or_output_parameter): the
   // optimizer steps them with the decoupled learning rate when one is given (--decoupled-lr).
   bool decoupled_lr = false;
+  // Only the weight-gradient GEMM (layers/linear_common.hpp) writes this gradient, so it may be left
+  // stale by a zero and overwritten by the first GEMM (see above). Set by the layer that owns it.
+  bool grad_first_write = false;
+  // The gradient's memory holds an earlier iteration's values that count as zero (see above).
+  bool grad_stale = false;
   Tensor<T, Space> value;
   Tensor<grad_type, Space> grad;
 
@@ -62,6 +75,14 @@ struct Parameter {
   // Where each local element lives in the global tensor (for kernels).
   ShardIndexMap index_map() const { return ShardIndexMap(global_shape, shard); }
 };
+
+// Makes a stale gradient (grad_stale, see above) zero before anything other than the weight-gradient
+// GEMM reads or adds to it.
+template <class Device, class T, class Space>
+void settle_gradient(Device& device, Parameter<T, Space>& p) {
+  if (!std::exchange(p.grad_stale, false)) return;
+  device.template fill<accumulate_t<T>>(p.grad.data(), p.grad.numel(), 0.0);
+}
 
 // Told that a parameter's gradient is final for this iteration: no later backward of the step
 // adds to it. A model's backward given one calls it for each of its parameters as soon as their

@@ -51,6 +51,7 @@ class RowParallelLinear {
 
   RowParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true)
       : weight_(name + ".weight", Shape{out, in}, ShardSpec::split(1, ctx.tp.rank(), ctx.tp.size())) {
+    weight_.grad_first_write = true;  // only linear_weight_gradient_rows writes it
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
   }
 

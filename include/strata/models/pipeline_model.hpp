@@ -124,6 +124,7 @@ class PipelineModel {
     for (auto& chunk : chunks_)
       if (auto* p = chunk->tied_embedding_copy()) local.push_back(p);
     if (local.empty()) return;
+    for (auto* p : local) settle_gradient(ctx.device, *p);
     using G = typename Parameter<typename Chunk::T, Space>::grad_type;
     if (local.size() == 2) {  // both ends on this rank (pp = 1 with several chunks)
       ctx.device.template add<G>(local[0]->grad.data(), local[1]->grad.data(), local[0]->grad.numel(), local[0]->grad.data());

@@ -68,6 +68,7 @@
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
 #include "../layers/parameter.hpp"
+#include "grad_utils.hpp"
 
 STRATA_NAMESPACE_BEGIN
 
@@ -176,11 +177,34 @@ class GradBuffer {
   GradBuffer(GradBuffer&&) = default;
 
   // grad = 0 for every parameter (one fill over the whole buffer, padding included), and every
-  // bucket waits for its parameters again.
+  // bucket waits for its parameters again. With `first_write`, the gradients of parameters marked
+  // grad_first_write are not filled but marked grad_stale: their first weight-gradient GEMM writes
+  // instead of adding (layers/parameter.hpp), and a bucket settles any still stale before its
+  // reduction; the rest of the buffer is filled (one multi-tensor fill where the backend has one).
   template <class Device>
-  void zero(Device& device) {
-    device.template fill<grad_type>(grads_.data(), grads_.numel(), 0.0);
+  void zero(Device& device, bool first_write = false) {
     reset_ready();
+    bool any = false;
+    if (first_write)
+      for (Entry& e : entries_) any = (e.param->grad_stale = e.param->grad_first_write && e.numel > 0) || any;
+    if (!any) {
+      device.template fill<grad_type>(grads_.data(), grads_.numel(), 0.0);
+      return;
+    }
+    // The runs between the stale gradients (entries_ are in buffer order), padding included.
+    std::vector<TensorRef<grad_type>> runs;
+    index_t from = 0;
+    for (const Entry& e : entries_) {
+      if (!e.param->grad_stale) continue;
+      if (e.offset > from) runs.push_back({grads_.data() + from, e.offset - from});
+      from = e.offset + e.numel;
+    }
+    if (grads_.numel() > from) runs.push_back({grads_.data() + from, grads_.numel() - from});
+    if constexpr (has_fill_many<Device, grad_type>) {
+      if (!runs.empty()) device.template fill_many<grad_type>(std::span<const TensorRef<grad_type>>(runs), 0.0);
+    } else {
+      for (const auto& run : runs) device.template fill<grad_type>(run.data, run.n, 0.0);
+    }
   }
 
   // The gradient of `param` is final for this iteration: counts its bucket down, and starts the
@@ -315,6 +339,8 @@ class GradBuffer {
     check_group(dp, "reduction");
     Bucket& b = buckets_[index];
     b.started = true;
+    for (Entry& e : entries_)  // a stale gradient no GEMM wrote this iteration is zero
+      if (e.bucket == index) settle_gradient(device, *e.param);
     grad_type* data = grads_.data() + b.offset;
     if (options_.gradient_scaling_factor != 1.0)
       device.template scale<grad_type>(data, b.numel, options_.gradient_scaling_factor);
