@@ -358,7 +358,9 @@ void check_norm_accumulates() {
   backward(adx.data(), adg.data(), layer ? adb.data() : nullptr, true);
   EXPECT_EQ(adx, dx);
   EXPECT_EQ(adg, want_g);
-  if constexpr (layer) EXPECT_EQ(adb, want_b);
+  if constexpr (layer) {
+    EXPECT_EQ(adb, want_b);
+  }
 }
 
 TEST(LayerNorm, AccumulateAddsTheSumsWithTheBitsOfAddingAfter) {
