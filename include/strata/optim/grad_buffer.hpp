@@ -185,8 +185,7 @@ class GradBuffer {
   void zero(Device& device, bool first_write = false) {
     reset_ready();
     bool any = false;
-    if (first_write)
-      for (Entry& e : entries_) any = (e.param->grad_stale = e.param->grad_first_write && e.numel > 0) || any;
+    for (Entry& e : entries_) any = (e.param->grad_stale = first_write && e.param->grad_first_write && e.numel > 0) || any;
     if (!any) {
       device.template fill<grad_type>(grads_.data(), grads_.numel(), 0.0);
       return;
