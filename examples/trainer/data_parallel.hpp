@@ -166,8 +166,7 @@ class DataParallelOptimizer {
       auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp);
       const auto expert_square_sum = expert_distributed_->global_grad_square_sum(ctx, ctx.expert_dp);
       ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());
-      auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
-      ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+      auto [norm, factor] = clip_factor_of(ctx.device, square_sum, max_norm);
       if (max_norm > 0) clip_factor_ = std::move(factor);
       return norm;
     }

@@ -183,10 +183,7 @@ class DistributedOptimizer {
   // touching the gradients: step(..., grad_scale = factor) then applies it.
   template <class Context, class Comm>
   std::pair<Tensor<double, Space>, Tensor<double, Space>> clip_factor_device(Context& ctx, Comm& dp, double max_norm) {
-    const auto square_sum = global_grad_square_sum(ctx, dp);
-    auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
-    ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
-    return {std::move(norm), std::move(factor)};
+    return clip_factor_of(ctx.device, global_grad_square_sum(ctx, dp), max_norm);
   }
 
   // One AdamW step on the owned shards, then the all-gather of the parameters over `dp`.

@@ -320,17 +320,23 @@ void scale_gradients_by(Device& device, Module& model, const double* factor) {
   }
 }
 
+// The norm sqrt(square_sum) and Megatron's clipping factor of a global square sum already summed
+// over every rank that holds gradients, as one-element tensors in square_sum's space.
+template <class Device, class Space>
+std::pair<Tensor<double, Space>, Tensor<double, Space>> clip_factor_of(Device& device, const Tensor<double, Space>& square_sum,
+                                                                       double max_norm) {
+  auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
+  device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
+  return {std::move(norm), std::move(factor)};
+}
+
 // The norm before clipping and Megatron's clipping factor (max_norm / (norm + 1e-6) when max_norm > 0
 // and that is below 1, else 1) as one-element tensors in the backend's space, the gradients left as
 // they are: an optimizer step given the factor as grad_scale (AdamW::step) clips as it reads them,
 // with the bits of clip_grad_norm_device followed by a plain step. Collective over ctx.model_parallel.
 template <class Context, class Module>
 auto clip_factor_device(Context& ctx, Module& model, double max_norm) {
-  using Space = typename Context::space;
-  const auto square_sum = global_grad_square_sum(ctx, model);
-  auto norm = Tensor<double, Space>::empty(Shape{1}), factor = Tensor<double, Space>::empty(Shape{1});
-  ctx.device.clip_factor(square_sum.data(), max_norm, norm.data(), factor.data());
-  return std::pair{std::move(norm), std::move(factor)};
+  return clip_factor_of(ctx.device, global_grad_square_sum(ctx, model), max_norm);
 }
 
 // Clips the global gradient norm to max_norm as Megatron does, without reading anything on the
