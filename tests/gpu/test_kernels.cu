@@ -376,13 +376,14 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
   for (const bool layer : {true, false}) {
     const A eps = A(1e-5);
     std::vector<T> rsum(N), ry(N), rdx(N);
-    std::vector<A> rmean(R), rrstd(R), rdg(C, A(0)), rdb(C, A(0));
+    std::vector<A> rmean(R), rrstd(R), rdg(C, A(0)), rdb(C, A(0)), rds(C, A(0.5));
     T* dr = tensor(N);
+    A* ds = stats(C);  // dresidual's column sums, added to 0.5 each (layernorm)
     if (layer) {
       twin::layernorm_forward<T>(vx.data(), vg.data(), vb.data(), rows, cols, eps, ry.data(), rmean.data(), rrstd.data(),
                                  vr.data(), rsum.data());
       twin::layernorm_backward<T>(vdy.data(), rsum.data(), vg.data(), rmean.data(), rrstd.data(), rows, cols, rdx.data(),
-                                  rdg.data(), rdb.data(), vr.data());
+                                  rdg.data(), rdb.data(), vr.data(), false, rds.data());
     } else {
       twin::rmsnorm_forward<T>(vx.data(), vg.data(), rows, cols, eps, ry.data(), rrstd.data(), vr.data(), rsum.data());
       twin::rmsnorm_backward<T>(vdy.data(), rsum.data(), vg.data(), rrstd.data(), rows, cols, rdx.data(), rdg.data(),
@@ -392,14 +393,15 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
       fresh_inputs(); upload_at(dev, vr, dr);
       nan_fill_at(dev, y, N); nan_fill_at(dev, mean, R); nan_fill_at(dev, rstd, R); nan_fill_at(dev, dg, C); nan_fill_at(dev, db, C);
       if (layer) {
+        dev.fill(ds, static_cast<index_t>(C), 0.5);
         dev.layernorm_forward(x, g, b, rows, cols, eps, y, mean, rstd, r, x);
-        dev.layernorm_backward(dy, x, g, mean, rstd, rows, cols, dr, dg, db, dr);
+        dev.layernorm_backward(dy, x, g, mean, rstd, rows, cols, dr, dg, db, dr, false, ds);
       } else {
         dev.rmsnorm_forward(x, g, rows, cols, eps, y, rstd, r, x);
         dev.rmsnorm_backward(dy, x, g, rstd, rows, cols, dr, dg, dr);
       }
       return std::tuple{download_at(dev, x, N), download_at(dev, y, N), download_at(dev, rstd, R), download_at(dev, dr, N),
-                        download_at(dev, dg, C), download_at(dev, mean, R), download_at(dev, db, C)};
+                        download_at(dev, dg, C), download_at(dev, mean, R), download_at(dev, db, C), download_at(dev, ds, C)};
     };
     auto r1 = run(), r2 = run();
     const std::string name = layer ? "layernorm" : "rmsnorm";
@@ -412,6 +414,7 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
     if (layer) {
       compare(h, f, "mean", std::get<5>(r1), std::get<5>(r2), rmean, tol);
       compare(h, bk, "db", std::get<6>(r1), std::get<6>(r2), rdb, tol);
+      compare(h, bk, "dresidual's column sums (added)", std::get<7>(r1), std::get<7>(r2), rds, tol);
     }
   }
   {  // rmsnorm forward / backward

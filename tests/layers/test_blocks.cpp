@@ -31,11 +31,33 @@ Tensor<T> from_residual(Context& ctx, const Activation<T, residual_layout_t<P>>&
   else return x.tensor;
 }
 
-template <class T, bool SP, bool Llama>
+}  // namespace
+
+// LayerNorm without the residual-gradient sums (its backward takes no dresidual_sums): a GPT-style
+// TransformerLayer built with it has fc2 and the attention's projection take their own bias
+// gradients, by a pass of their own over dy.
+template <class P>
+struct LayerNormWithoutSums : strata::LayerNorm<P> {
+  using Base = strata::LayerNorm<P>;
+  using Base::Base;
+  template <class Layout>
+  auto backward(typename Base::Context& ctx, const typename Base::Saved& saved, const typename Base::template Act<Layout>& dy,
+                const typename Base::template Act<Layout>* dresidual = nullptr) {
+    return Base::backward(ctx, saved, dy, dresidual);
+  }
+};
+STRATA_NAMESPACE_BEGIN
+template <>
+inline constexpr bool is_norm_v<LayerNormWithoutSums> = true;
+STRATA_NAMESPACE_END
+
+namespace {
+
+template <class T, bool SP, bool Llama, template <class> class GptNorm = LayerNorm>
 Snapshot run_layer(int tp, double dropout = 0.0) {
   using P = Policy<T, SP>;
   using Layer = std::conditional_t<Llama, TransformerLayer<P, RmsNorm, SelfAttention<P, rope, gqa>, Mlp<P, swiglu>>,
-                                   TransformerLayer<P, LayerNorm, SelfAttention<P, no_rope, mha>, Mlp<P, gelu>>>;
+                                   TransformerLayer<P, GptNorm, SelfAttention<P, no_rope, mha>, Mlp<P, gelu>>>;
   Snapshot snapshot;
   std::mutex mutex;
   inprocess::run(tp, [&](inprocess::communicator& world) {
@@ -139,6 +161,21 @@ TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedDouble) { check_layer<dou
 TEST(TransformerLayer, LlamaStyleShardedEqualsUnshardedFloat) { check_layer<float, true>(); }
 // Dropout masks are drawn per global element, so sharded runs with dropout match the single rank.
 TEST(TransformerLayer, GptStyleWithDropoutShardedEqualsUnsharded) { check_layer<double, false>(0.25); }
+
+// Without dropout and where a rank's rows are all the rows (tp = 1, or replicated activations),
+// the norms add the bias gradients of fc2 and of the attention's projection as they read the
+// residual gradient; the CPU backend adds the rows in the order bias_grad does, so every output,
+// value and gradient is the bits of the layer whose linear layers take their own.
+TEST(TransformerLayer, BiasGradientsTakenByTheNormsAreTheBitsOfTheirOwnPass) {
+  static_assert(TransformerLayer<Policy<float, false>, LayerNorm, SelfAttention<Policy<float, false>, no_rope, mha>,
+                                 Mlp<Policy<float, false>, gelu>>::residual_sums_fused);
+  static_assert(!TransformerLayer<Policy<float, false>, LayerNormWithoutSums, SelfAttention<Policy<float, false>, no_rope, mha>,
+                                  Mlp<Policy<float, false>, gelu>>::residual_sums_fused);
+  for (int tp : {1, 2}) {
+    const Snapshot fused = run_layer<float, false, false>(tp), own = run_layer<float, false, false, LayerNormWithoutSums>(tp);
+    strata_test::expect_equivalent(fused, own, 0.0, "tp=" + std::to_string(tp));
+  }
+}
 TEST(TransformerLayer, LlamaStyleWithDropoutShardedEqualsUnsharded) { check_layer<double, true>(0.25); }
 
 // Embedding then (a fixed projection to) vocab-parallel cross-entropy: tokens -> residual -> loss.

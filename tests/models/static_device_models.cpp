@@ -45,7 +45,8 @@ struct mock_device_backend {
                          const T* residual = nullptr, T* sum = nullptr);
   template <class T, class A = strata::accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false);
+                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false,
+                          A* dresidual_sums = nullptr);
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual = nullptr,
                        T* sum = nullptr);

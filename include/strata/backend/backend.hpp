@@ -82,7 +82,7 @@ concept columns = columns_of<B, float> && columns_of<B, double> && columns_of<B,
 template <class B, class T, class A = accumulate_t<T>>
 concept norm_of = requires(B& b, const T* ct, T* t, A* a, const A* ca, index_t n, A eps) {
   b.template layernorm_forward<T>(ct, ct, ct, n, n, eps, t, a, a, ct, t);  // residual, sum
-  b.template layernorm_backward<T>(ct, ct, ct, ca, ca, n, n, t, a, a, ct, true);  // dresidual, accumulate
+  b.template layernorm_backward<T>(ct, ct, ct, ca, ca, n, n, t, a, a, ct, true, a);  // dresidual, accumulate, its column sums
   b.template rmsnorm_forward<T>(ct, ct, n, n, eps, t, a, ct, t);
   b.template rmsnorm_backward<T>(ct, ct, ct, ca, n, n, t, a, ct, true);
 };

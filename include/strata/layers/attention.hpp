@@ -135,16 +135,21 @@ class SelfAttention {
     return {std::move(y), std::move(saved)};
   }
 
-  // With `deferred`, the qkv and output projections' weight gradients are appended to it.
-  Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+  // With `deferred`, the qkv and output projections' weight gradients are appended to it. Without
+  // `output_bias_gradient`, the output projection's bias gradient is left to the caller
+  // (RowParallelLinear::backward).
+  Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
+                       bool output_bias_gradient = true) {
     if (!stored.qkv_output.empty()) {  // selective recompute: the core's tensors again, then the backward
       Saved saved = stored;
       core_forward(ctx, saved.qkv_output, saved);
       saved.proj.input = saved.out;
-      return backward_from(ctx, saved, dy, deferred);
+      return backward_from(ctx, saved, dy, deferred, output_bias_gradient);
     }
-    return backward_from(ctx, stored, dy, deferred);
+    return backward_from(ctx, stored, dy, deferred, output_bias_gradient);
   }
+  // The output projection's bias (null without one).
+  Parameter<T, Space>* output_bias() { return proj_.bias(); }
 
   // On: forward keeps only the qkv output and backward recomputes the attention core (see above).
   void set_recompute_core(bool on) { recompute_core_ = on; }
@@ -179,9 +184,10 @@ class SelfAttention {
   }
 
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
-  Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred) {
+  Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred,
+                            bool output_bias_gradient) {
     const index_t s = saved.out.size(0), b = saved.out.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
-    auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred);  // (s, b, np_local * d)
+    auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred, output_bias_gradient);  // (s, b, np_local * d)
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     if (const PackedQkvView view = packed_view(); view.is_view) {
       // dq, dk, dv are views of dqkv that together cover each of its elements once: no zeroing

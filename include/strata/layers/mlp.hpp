@@ -70,17 +70,23 @@ class Mlp {
     return {std::move(y), std::move(saved)};
   }
 
-  // With `deferred`, fc1's and fc2's weight gradients are appended to it (a split backward).
-  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+  // With `deferred`, fc1's and fc2's weight gradients are appended to it (a split backward). Without
+  // `output_bias_gradient`, fc2's bias gradient is left to the caller (RowParallelLinear::backward).
+  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
+                        bool output_bias_gradient = true) {
     const Tensor<T, Space>& h = saved.pre_activation;
     if constexpr (!gated) {  // the GELU backward fused into fc2's dX GEMM where the backend can
-      return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h, deferred), deferred);
+      return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h, deferred, output_bias_gradient),
+                           deferred);
     }
-    auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred);
+    auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred, output_bias_gradient);
     Edge<layout::sharded<-1>> dh{Tensor<T, Space>::empty(h.shape())};
     ctx.device.template swiglu_backward<T>(dact.data(), h.data(), h.shape().rows(), h.shape().cols() / 2, dh.data());
     return fc1_.backward(ctx, saved.fc1, dh, deferred);
   }
+
+  // fc2's bias (null without one).
+  Parameter<T, Space>* output_bias() { return fc2_.bias(); }
 
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     fc1_.init(ctx, seed, stddev);

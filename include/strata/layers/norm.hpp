@@ -78,8 +78,12 @@ class LayerNorm {
   }
 
   // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
+  // With dresidual_sums too, the column sums of *dresidual over this rank's rows are added into it as
+  // the kernel reads them (TransformerLayer: the bias gradient of the layer whose output gradient
+  // *dresidual is).
   template <class Layout>
-  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr) {
+  Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr,
+                       A* dresidual_sums = nullptr) {
     detail::expect_full_hidden<Layout>();
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "LayerNorm residual gradient");
@@ -94,7 +98,7 @@ class LayerNorm {
     ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
                                 saved.rstd.data(), rows, h, dx.data(), local ? weight_.grad.data() : dweight.data(),
                                 local ? bias_.grad.data() : dbias.data(), dresidual ? dresidual->data() : nullptr,
-                                local);
+                                local, dresidual_sums);
     if (!local) {
       add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
       add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);

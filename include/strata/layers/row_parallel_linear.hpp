@@ -106,30 +106,35 @@ class RowParallelLinear {
   // communicator's overlapped handle while the list's weight gradients (earlier layers') run, and
   // this layer's own are appended after them (ColumnParallelLinear::backward says why); with
   // ctx.tp_comm_overlap and no such work waiting (none given, or an empty list), dy is gathered as
-  // a ring beside the input gradients of its arrived blocks (ring_backward).
+  // a ring beside the input gradients of its arrived blocks (ring_backward). Without
+  // `bias_gradient`, the bias gradient is left to the caller (one that already reads dy and adds its
+  // column sums: TransformerLayer's norms).
   template <class Layout>
-  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
-    return backward_impl(ctx, saved, dy, nullptr, deferred);
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
+                             bool bias_gradient = true) {
+    return backward_impl(ctx, saved, dy, nullptr, deferred, bias_gradient);
   }
   // backward() of a layer whose input was gelu(gelu_pre) (an MLP's fc2): returns the gradient with
   // respect to gelu_pre, fused into the dX GEMM where the backend can (backend gemm_gelu_backward).
   template <class Layout>
   Act<input_layout> backward_through_gelu(Context& ctx, const Saved& saved, const Act<Layout>& dy,
-                                          const Tensor<T, Space>& gelu_pre, DeferredWeightGradients* deferred = nullptr)
+                                          const Tensor<T, Space>& gelu_pre, DeferredWeightGradients* deferred = nullptr,
+                                          bool bias_gradient = true)
     requires(Options.input_is_parallel)
   {
-    return backward_impl(ctx, saved, dy, &gelu_pre, deferred);
+    return backward_impl(ctx, saved, dy, &gelu_pre, deferred, bias_gradient);
   }
 
  private:
   template <class Layout>
   Act<input_layout> backward_impl(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>* gelu_pre,
-                                  DeferredWeightGradients* deferred) {
+                                  DeferredWeightGradients* deferred, bool bias_gradient) {
     expect_layout<output_layout, Layout>();
+    Param* bias = bias_ && bias_gradient ? &*bias_ : nullptr;
     Tensor<T, Space> dy_full;
     if constexpr (sequence_parallel) {
       const bool overlap = ctx.tp.size() > 1 && ctx.tp_comm_overlap && (!deferred || deferred->runs_at_collectives());
-      if (overlap && (!deferred || deferred->empty())) return ring_backward(ctx, saved, dy, gelu_pre, deferred);
+      if (overlap && (!deferred || deferred->empty())) return ring_backward(ctx, saved, dy, gelu_pre, deferred, bias);
       if (overlap) {
         Comm comm = overlapped_handle(ctx.tp);
         dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, comm, dy).tensor;
@@ -143,7 +148,7 @@ class RowParallelLinear {
       dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
     }
     Act<layout::sharded<-1>> dx(
-        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias_ ? &*bias_ : nullptr, gelu_pre, deferred));
+        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
   }
@@ -171,7 +176,7 @@ class RowParallelLinear {
   // `deferred`).
   template <class Layout>
   Act<input_layout> ring_backward(Context& ctx, const Saved& saved, const Act<Layout>& dy,
-                                  const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred) {
+                                  const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred, Param* bias) {
     const index_t in = weight_.value.size(1), out = weight_.value.size(0), rows = saved.input.shape().rows();
     const index_t block_rows = dy.tensor.shape().rows();
     if (dy.tensor.shape().cols() != out || block_rows * ctx.tp.size() != rows)
@@ -186,7 +191,6 @@ class RowParallelLinear {
       detail::linear_input_gradient_rows(ctx.device, block, block_rows, weight_, dx.data() + at,
                                          gelu_pre ? gelu_pre->data() + at : nullptr);
     });
-    Param* bias = bias_ ? &*bias_ : nullptr;
     if (deferred) detail::defer_weight_gradient(ctx.device, saved.input, dy_full, weight_, bias, *deferred);
     else detail::linear_weight_gradient_rows(ctx.device, saved.input.data(), dy_full.data(), rows, weight_, bias);
     return dx;

@@ -41,6 +41,23 @@ struct TransformerLayerConfig {
   double hidden_dropout = 0.0;
 };
 
+namespace detail {
+// A block whose last layer's bias gradient its caller may take (backward with output_bias_gradient
+// = false, output_bias()), and a norm whose backward adds the column sums of its residual gradient
+// (LayerNorm::backward's dresidual_sums). Namespace-scope concepts: nvcc evaluates a requires-
+// expression naming a function parameter inside a function body as false.
+template <class Block, class Context, class Saved, class Act>
+concept output_bias_left_to_caller = requires(Block& block, Context& ctx, const Saved& saved, const Act& dy) {
+  { block.output_bias() };
+  block.backward(ctx, saved, dy, static_cast<DeferredWeightGradients*>(nullptr), false);
+};
+template <class N, class Context, class Saved, class Act>
+concept norm_sums_residual_gradient = requires(N& norm, Context& ctx, const Saved& saved, const Act& dy,
+                                               accumulate_t<typename Act::element_type>* sums) {
+  norm.backward(ctx, saved, dy, &dy, sums);
+};
+}  // namespace detail
+
 template <class Policy, template <class> class Norm, class Attention, class MlpBlock>
 class TransformerLayer {
  public:
@@ -122,6 +139,20 @@ class TransformerLayer {
  private:
   Act backward_with(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred) {
     const bool dropout = saved.hidden_dropout > 0;
+    if constexpr (residual_sums_fused) {
+      // The output gradient of the MLP's fc2 is dy, and that of the attention's projection is dh: the
+      // residual gradients norm2 and norm1 read. Their bias gradients (the column sums) are added by
+      // those norms as they read them, instead of by a pass of their own over dy and dh; only where
+      // the sums over this rank's rows are the whole gradient and no dropout lies between.
+      if (!dropout && replicated_gradient_is_local<Layout>(ctx.tp)) {
+        A* fc2_bias = bias_gradient_of(ctx, mlp_.output_bias());
+        auto dh = norm2_.backward(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dy, deferred, fc2_bias == nullptr), &dy,
+                                  fc2_bias);
+        A* proj_bias = bias_gradient_of(ctx, attention_.output_bias());
+        return norm1_.backward(ctx, saved.norm1,
+                               attention_.backward(ctx, saved.attention, dh, deferred, proj_bias == nullptr), &dh, proj_bias);
+      }
+    }
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
     dropout_backward(ctx, dm, saved.hidden_dropout, rng::mix(saved.dropout_key, 2));
@@ -129,6 +160,21 @@ class TransformerLayer {
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
     dropout_backward(ctx, da, saved.hidden_dropout, rng::mix(saved.dropout_key, 1));
     return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
+  }
+
+ public:
+  using A = accumulate_t<T>;
+  // Whether the blocks let the norms take fc2's and the projection's bias gradients (backward_with).
+  static constexpr bool residual_sums_fused =
+      detail::output_bias_left_to_caller<MlpBlock, Context, typename MlpBlock::Saved, Act> &&
+      detail::output_bias_left_to_caller<Attention, Context, typename Attention::Saved, Act> &&
+      detail::norm_sums_residual_gradient<Norm<Policy>, Context, typename Norm<Policy>::Saved, Act>;
+ private:
+  // The gradient a norm adds a bias gradient into (a stale one made zero first), or null without a bias.
+  static A* bias_gradient_of(Context& ctx, Parameter<T, Space>* bias) {
+    if (!bias) return nullptr;
+    settle_gradient(ctx.device, *bias);
+    return bias->grad.data();
   }
 
  public:

@@ -108,8 +108,8 @@ struct backend {
   template <class T, class A = accumulate_t<T>>
   static void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
                                  index_t h, T* dx, A* dg, A* db, const T* dresidual = nullptr,
-                                 bool accumulate = false) {
-    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, accumulate);
+                                 bool accumulate = false, A* dresidual_sums = nullptr) {
+    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, accumulate, dresidual_sums);
   }
   template <class T, class A = accumulate_t<T>>
   static void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,

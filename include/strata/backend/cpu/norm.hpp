@@ -72,9 +72,12 @@ struct norm_grad_sums {
 }  // namespace detail
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat;  dbeta = sum dy
+// dresidual_sums (with dresidual) += the column sums of dresidual, row by row (bias_grad's order).
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dgamma_out, A* dbeta_out, const T* dresidual = nullptr, bool accumulate = false) {
+                        T* dx, A* dgamma_out, A* dbeta_out, const T* dresidual = nullptr, bool accumulate = false,
+                        A* dresidual_sums = nullptr) {
+  if (!dresidual) dresidual_sums = nullptr;
   detail::norm_grad_sums<A> gamma_sums(dgamma_out, h, accumulate), beta_sums(dbeta_out, h, accumulate);
   A* dgamma = gamma_sums.sums();
   A* dbeta = beta_sums.sums();
@@ -98,6 +101,7 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
       A g = A(dyr[i]) * A(gamma[i]);
       const A grad = rstd[r] * (g - mean_g - xhat * mean_gx);
       dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
+      if (dresidual_sums) dresidual_sums[i] += A(dresidual[r * h + i]);
     }
   }
   gamma_sums.finish();

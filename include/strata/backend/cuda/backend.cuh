@@ -205,10 +205,12 @@ class backend {
   }
   template <class T, class A = accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false) const {
-    scratch<A> workspace(state_->allocator, static_cast<std::size_t>(2 * kernels::norm_backward_blocks(rows) * h));
+                          T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false,
+                          A* dresidual_sums = nullptr) const {
+    const index_t arrays = dresidual && dresidual_sums ? 3 : 2;
+    scratch<A> workspace(state_->allocator, static_cast<std::size_t>(arrays * kernels::norm_backward_blocks(rows) * h));
     kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace.data(), accumulate,
-                                      stream());
+                                      stream(), dresidual_sums);
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,

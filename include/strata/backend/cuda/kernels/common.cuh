@@ -219,20 +219,21 @@ __device__ A block_max(A value) {
 // (32, kPartialGroups) threads takes 32 columns: thread (x, y) adds the parts p = y, y + groups, ...
 // in ascending order, then thread (x, 0) adds the groups' subtotals in order y = 0, 1, ... The order
 // depends on `parts` only, so every run gives the same bits. With `second`, columns c >= split go to
-// second[c - split] (two sums from one array of partials, e.g. a norm's dg and db).
+// second[c - split] (two sums from one array of partials, e.g. a norm's dg and db). The partials'
+// rows are `stride` elements apart (cols when not given).
 inline constexpr int kPartialGroups = 16;
 
 template <class A, class Out>
 __global__ void __launch_bounds__(32 * kPartialGroups) sum_partials_kernel(const A* __restrict__ partials, index_t parts,
                                                                            index_t cols, Out* first, bool accumulate,
-                                                                           Out* second, index_t split) {
+                                                                           Out* second, index_t split, index_t stride) {
   __shared__ A subtotal[kPartialGroups][33];
   for (index_t tile = blockIdx.x; tile * 32 < cols; tile += gridDim.x) {
     const index_t c = tile * 32 + threadIdx.x;
     A part = 0;
     if (c < cols) {
 #pragma unroll 8
-      for (index_t p = threadIdx.y; p < parts; p += kPartialGroups) part += partials[p * cols + c];  // partials (parts, cols)
+      for (index_t p = threadIdx.y; p < parts; p += kPartialGroups) part += partials[p * stride + c];  // partials (parts, stride)
     }
     subtotal[threadIdx.y][threadIdx.x] = part;
     __syncthreads();
@@ -248,12 +249,13 @@ __global__ void __launch_bounds__(32 * kPartialGroups) sum_partials_kernel(const
 
 template <class A, class Out>
 void sum_partials(const A* partials, index_t parts, index_t cols, Out* out, bool accumulate, cudaStream_t stream,
-                  Out* second = nullptr, index_t split = -1) {
+                  Out* second = nullptr, index_t split = -1, index_t stride = -1) {
   if (cols == 0) return;
   if (!second) split = cols;
+  if (stride < 0) stride = cols;
   const auto tiles = static_cast<unsigned>(std::min<index_t>((cols + 31) / 32, 65535));
   sum_partials_kernel<A, Out><<<tiles, dim3(32, kPartialGroups), 0, stream>>>(partials, parts, cols, out, accumulate,
-                                                                               second, split);
+                                                                               second, split, stride);
   check_launch("sum_partials");
 }
 

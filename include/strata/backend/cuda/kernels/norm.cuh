@@ -146,15 +146,17 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
                                                                              const T* __restrict__ g, const A* mean, const A* rstd,
                                                                              index_t rows, int h, T* dx,
                                                                              A* dg_partials, A* db_partials, index_t stride,
-                                                                             const T* dresidual) {
+                                                                             const T* dresidual, A* ds_partials) {
   constexpr int V = packed<T>::width;
   extern __shared__ unsigned char norm_shared[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   constexpr int P = G * V * 32;                     // elements of a warp's slice
-  A* dg_sums = reinterpret_cast<A*>(norm_shared);  // dg_sums, db_sums (kNormWarps, G, V, 32)
+  A* dg_sums = reinterpret_cast<A*>(norm_shared);  // dg_sums, db_sums[, ds_sums] (kNormWarps, G, V, 32)
   A* db_sums = dg_sums + kNormWarps * P;
+  A* ds_sums = db_sums + kNormWarps * P;           // allocated with ds_partials only
   A* dg_sum = dg_sums + warp * P + lane;           // this lane's element (j, k) at [(j * V + k) * 32]
   A* db_sum = db_sums + warp * P + lane;
+  A* ds_sum = ds_sums + warp * P + lane;
   packed<T> gv[G];
 #pragma unroll
   for (int j = 0; j < G; ++j) {
@@ -162,7 +164,10 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
     if (e >= h) continue;
     gv[j] = reinterpret_cast<const packed<T>*>(g)[j * 32 + lane];
 #pragma unroll
-    for (int k = 0; k < V; ++k) dg_sum[(j * V + k) * 32] = db_sum[(j * V + k) * 32] = A(0);
+    for (int k = 0; k < V; ++k) {
+      dg_sum[(j * V + k) * 32] = db_sum[(j * V + k) * 32] = A(0);
+      if (ds_partials) ds_sum[(j * V + k) * 32] = A(0);
+    }
   }
 
   const index_t warps = index_t(gridDim.x) * kNormWarps;
@@ -206,6 +211,7 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
         const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]));
         const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
         result.raw[k] = pack<T>(drr ? unpack<T>(add.raw[k]) + grad : grad);
+        if (ds_partials) ds_sum[(j * V + k) * 32] += unpack<T>(add.raw[k]);  // dresidual's column sums
       }
       dxr[j * 32 + lane] = result;
     }
@@ -215,13 +221,15 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
   __syncthreads();
   for (int c = threadIdx.x; c < h; c += blockDim.x) {
     const int at = ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;  // c = (j * 32 + l) * V + k
-    A dg_total = dg_sums[at], db_total = db_sums[at];
+    A dg_total = dg_sums[at], db_total = db_sums[at], ds_total = ds_partials ? ds_sums[at] : A(0);
     for (int w = 1; w < kNormWarps; ++w) {
       dg_total += dg_sums[w * P + at];
       db_total += db_sums[w * P + at];
+      if (ds_partials) ds_total += ds_sums[w * P + at];
     }
     dg_partials[blockIdx.x * stride + c] = dg_total;  // partials (blocks, stride)
     if (db_partials) db_partials[blockIdx.x * stride + c] = db_total;
+    if (ds_partials) ds_partials[blockIdx.x * stride + c] = ds_total;
   }
 }
 
@@ -265,12 +273,14 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
                                      index_t h, T* dx, A* dg_partials, A* db_partials, index_t stride,
-                                     const T* dresidual) {
+                                     const T* dresidual, A* ds_partials) {
   A* dg_part = dg_partials + blockIdx.x * stride;  // partials (blocks, stride)
   A* db_part = db_partials ? db_partials + blockIdx.x * stride : nullptr;
+  A* ds_part = ds_partials ? ds_partials + blockIdx.x * stride : nullptr;
   for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
     dg_part[i] = 0;
     if (db_part) db_part[i] = 0;
+    if (ds_part) ds_part[i] = 0;
   }
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * h;
@@ -290,7 +300,9 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
       const A xhat = (load(xr, i) - mu) * rs, gy = mul_rn(load(dyr, i), load(g, i));
       const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
-      store(dxr, i, dresidual ? load(dresidual + r * h, i) + grad : grad);
+      const A add = dresidual ? load(dresidual + r * h, i) : A(0);  // read before dx (which may be dresidual) is written
+      store(dxr, i, dresidual ? add + grad : grad);
+      if (ds_part) ds_part[i] += add;  // dresidual's column sums
     }
   }
 }
@@ -327,7 +339,7 @@ void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A
 template <class T, bool layer, class A>
 void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h, T* dx,
                    A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
-                   const char* name) {
+                   const char* name, A* dresidual_sums = nullptr) {
   if (h <= 0) return;
   if (rows <= 0) {
     if (accumulate) return;  // adds nothing
@@ -337,27 +349,31 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
   }
   constexpr int V = packed<T>::width;
   const index_t blocks = norm_backward_blocks(rows);
+  A* ds = dresidual ? dresidual_sums : nullptr;
   // Block k's partials: dg at [k, 0, h), db at [k, h, 2h) of a (blocks, stride) array, so one
-  // sum_partials adds both.
-  const index_t stride = db ? 2 * h : h;
+  // sum_partials adds both; dresidual's column sums (ds) after them.
+  const index_t stride = (1 + (db != nullptr) + (ds != nullptr)) * h;
   A* dg_partials = workspace;
   A* db_partials = db ? workspace + h : nullptr;
+  A* ds_partials = ds ? workspace + stride - h : nullptr;
+  const int shared_arrays = ds ? 3 : 2;
   const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx, dresidual}) &&
                          with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
-                           const std::size_t shared = 2 * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
+                           const std::size_t shared = shared_arrays * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
                            auto* kernel = &norm_backward_warp_kernel<T, layer, decltype(vectors)::value, A>;
                            if (shared > 48 * 1024)  // above the default limit of dynamic shared memory (double rows)
                              STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                     static_cast<int>(shared)));
                            kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
                                    dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, stride,
-                                   dresidual);
+                                   dresidual, ds_partials);
                          });
   if (!warp_path)
     norm_backward_kernel<T, layer, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, stride, dresidual);
+        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, stride, dresidual, ds_partials);
   check_launch(name);
-  sum_partials<A, A>(workspace, blocks, stride, dg, accumulate, stream, db, h);
+  sum_partials<A, A>(workspace, blocks, db ? 2 * h : h, dg, accumulate, stream, db, h, stride);
+  if (ds) sum_partials<A, A>(ds_partials, blocks, h, ds, true, stream, static_cast<A*>(nullptr), -1, stride);
 }
 
 template <class T, class A = accumulate_t<T>>
@@ -366,12 +382,15 @@ void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t
   norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward");
 }
 
-// workspace: 2 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
+// workspace: 3 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
+// dresidual_sums (with dresidual): the column sums of dresidual added into it (the bias gradient of
+// the layer whose output gradient dresidual is).
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
-                        T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream) {
+                        T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
+                        A* dresidual_sums = nullptr) {
   norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, accumulate, stream,
-                            "layernorm_backward");
+                            "layernorm_backward", dresidual_sums);
 }
 
 template <class T, class A = accumulate_t<T>>
