@@ -69,8 +69,9 @@ Snapshot run_model(int tp, const strata::models::ModelConfig& config, LossPath p
       // the forward-only loss of validation, in blocks of the same rows
       const double evaluated =
           model.evaluate(ctx, batch.tokens, batch.labels, batch.mask, 99 + micro, ClassifierChunks{path.chunk_rows}).loss_sum();
-      if (config.hidden_dropout == 0 && config.attention_dropout == 0)  // evaluation runs without dropout
+      if (config.hidden_dropout == 0 && config.attention_dropout == 0) {  // evaluation runs without dropout
         EXPECT_NEAR(evaluated, loss.loss_sum(), tolerance<T>() * std::abs(loss.loss_sum()));
+      }
       model.backward(ctx, saved, loss_scale);
       if (world.rank() == 0) {
         std::lock_guard lock(mutex);
