@@ -15,6 +15,13 @@
 //
 // Times are the GPU's own timestamps; kernels on several streams may overlap, so the per-name sums
 // can add up to more than the busy time (the overlap is reported).
+//
+// STRATA_TRACE_HOST=1 also records the host's CUDA runtime calls (CUPTI's runtime activity, in the
+// same clock) and adds two tables: the host time per runtime function per step (the blocking ones,
+// cudaStreamSynchronize and the copies to or from pageable memory, show there), and, for every gap
+// of the busiest device, whether the host launched the next kernel only after the GPU had gone idle
+// (a host-bound gap: the GPU waited for the host) or before (the GPU's own latency), with the
+// runtime calls that ran on the host during the host-bound gaps. It costs some host time per call.
 #include <cupti.h>
 
 #include <cxxabi.h>
@@ -38,10 +45,18 @@ struct Interval {
   std::uint32_t device;
   std::string name;  // kernel name, or "[memcpy HtoD]" etc.
   std::uint64_t bytes;
+  std::uint32_t correlation;  // matches the runtime call that enqueued it
+};
+
+// One host runtime call (STRATA_TRACE_HOST=1).
+struct ApiCall {
+  std::uint64_t start, end;
+  std::uint32_t callback, thread, correlation;
 };
 
 std::mutex g_mutex;
 std::vector<Interval> g_intervals;
+std::vector<ApiCall> g_api;
 std::vector<std::pair<std::uint64_t, std::uint64_t>> g_windows;  // [start, stop) of each profiler window
 std::uint64_t g_window_open = 0;
 bool g_window_seen = false;
@@ -77,22 +92,28 @@ std::string demangle(const char* name) {
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   CUpti_Activity* record = nullptr;
   std::vector<Interval> batch;
+  std::vector<ApiCall> calls;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        batch.push_back({k->start, k->end, k->deviceId, demangle(k->name), 0});
+        batch.push_back({k->start, k->end, k->deviceId, demangle(k->name), 0, k->correlationId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        batch.push_back({m->start, m->end, m->deviceId, copy_kind(m->copyKind), m->bytes});
+        batch.push_back({m->start, m->end, m->deviceId, copy_kind(m->copyKind), m->bytes, m->correlationId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        batch.push_back({m->start, m->end, m->deviceId, "[memset]", m->bytes});
+        batch.push_back({m->start, m->end, m->deviceId, "[memset]", m->bytes, m->correlationId});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_RUNTIME: {
+        const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+        calls.push_back({a->start, a->end, a->cbid, a->threadId, a->correlationId});
         break;
       }
       default: break;
@@ -101,6 +122,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
   std::lock_guard lock(g_mutex);
   for (auto& i : batch) g_intervals.push_back(std::move(i));
+  g_api.insert(g_api.end(), calls.begin(), calls.end());
 }
 
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
@@ -241,6 +263,109 @@ void report_overlap(std::FILE* out, double steps, InWindow&& in_window) {
   }
 }
 
+std::string api_name(std::uint32_t callback) {
+  const char* name = nullptr;
+  if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, callback, &name) != CUPTI_SUCCESS || name == nullptr)
+    return "runtime call " + std::to_string(callback);
+  std::string n = name;
+  if (const auto v = n.find("_v"); v != std::string::npos) n.resize(v);  // cudaLaunchKernel_v7000 -> cudaLaunchKernel
+  return n;
+}
+
+// STRATA_TRACE_HOST=1: where the host spends its time, and which gaps of the busiest device were the
+// GPU waiting for the host. A gap is host-bound when the runtime call that enqueued the kernel after
+// it began after the gap began (the host had not yet asked for the work when the GPU ran dry).
+template <class InWindow>
+void report_host(std::FILE* out, double steps, InWindow&& in_window) {
+  if (g_api.empty()) return;
+  auto in_host_window = [&](const ApiCall& a) {
+    if (!g_window_seen) return true;
+    for (const auto& [s, e] : g_windows)
+      if (a.start >= s && a.start < e) return true;
+    return false;
+  };
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_api;  // name -> (calls, ns)
+  std::map<std::uint32_t, const ApiCall*> by_correlation;
+  std::vector<const ApiCall*> ordered;
+  for (const auto& a : g_api) {
+    by_correlation[a.correlation] = &a;
+    if (!in_host_window(a)) continue;
+    auto& slot = by_api[api_name(a.callback)];
+    slot.first += 1;
+    slot.second += a.end > a.start ? a.end - a.start : 0;
+    ordered.push_back(&a);
+  }
+  std::sort(ordered.begin(), ordered.end(), [](const ApiCall* a, const ApiCall* b) { return a->start < b->start; });
+  std::fprintf(out, "\n## Host: CUDA runtime calls per step\n\n| runtime function | calls per step | host ms per step | us per call |\n"
+                    "| --- | ---: | ---: | ---: |\n");
+  std::vector<std::pair<std::uint64_t, std::string>> sorted;
+  for (const auto& [n, v] : by_api) sorted.emplace_back(v.second, n);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (std::size_t k = 0; k < sorted.size() && k < 15; ++k) {
+    const auto& [ns, n] = sorted[k];
+    const auto calls = by_api[n].first;
+    std::fprintf(out, "| %s | %.1f | %.3f | %.1f |\n", n.c_str(), calls / steps, ns / steps / 1e6, calls ? ns / 1e3 / calls : 0.0);
+  }
+  // Who enqueued the memsets and copies: a runtime function of the program, or a library's own
+  // driver call (cuBLASLt, cuDNN, NCCL), which has no runtime record.
+  std::map<std::string, std::uint64_t> enqueued_by;
+  for (const auto& i : g_intervals) {
+    if (!in_window(i) || i.name.rfind("[mem", 0) != 0) continue;
+    const auto found = by_correlation.find(i.correlation);
+    enqueued_by[i.name + " by " + (found != by_correlation.end() ? api_name(found->second->callback) : "a library (driver call)")]++;
+  }
+  if (!enqueued_by.empty()) {
+    std::fprintf(out, "\n| memset or copy, enqueued by | per step |\n| --- | ---: |\n");
+    for (const auto& [n, count] : enqueued_by) std::fprintf(out, "| %s | %.1f |\n", n.c_str(), count / steps);
+  }
+  // The gaps of the busiest device, as report_gaps finds them.
+  std::map<std::uint32_t, std::vector<const Interval*>> by_device;
+  for (const auto& i : g_intervals)
+    if (in_window(i)) by_device[i.device].push_back(&i);
+  if (by_device.empty()) return;
+  auto busiest = by_device.begin();
+  for (auto it = by_device.begin(); it != by_device.end(); ++it)
+    if (it->second.size() > busiest->second.size()) busiest = it;
+  auto& list = busiest->second;
+  std::sort(list.begin(), list.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  std::uint64_t host_ns = 0, host_count = 0, device_ns = 0, device_count = 0, end = list.front()->end;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> during;  // runtime calls inside host-bound gaps
+  for (std::size_t k = 1; k < list.size(); ++k) {
+    const Interval* i = list[k];
+    if (i->start > end + 2000) {
+      const std::uint64_t gap = i->start - end;
+      const auto found = by_correlation.find(i->correlation);
+      if (found != by_correlation.end() && found->second->start > end) {
+        host_ns += gap;
+        ++host_count;
+        // The runtime calls the host made between the GPU going idle and this launch.
+        auto first = std::lower_bound(ordered.begin(), ordered.end(), end,
+                                      [](const ApiCall* a, std::uint64_t t) { return a->start < t; });
+        for (auto a = first; a != ordered.end() && (*a)->start <= found->second->start; ++a) {
+          auto& slot = during[api_name((*a)->callback)];
+          slot.first += 1;
+          slot.second += (*a)->end > (*a)->start ? (*a)->end - (*a)->start : 0;
+        }
+      } else {
+        device_ns += gap;
+        ++device_count;
+      }
+    }
+    end = std::max(end, i->end);
+  }
+  std::fprintf(out, "\n## Host-bound gaps on device %u\n\nGaps of >= 2 us where the next kernel was enqueued only after the GPU "
+                    "had gone idle: %.1f per step, %.3f ms per step; the other gaps (enqueued before): %.1f per step, "
+                    "%.3f ms per step.\n\n| runtime function called during host-bound gaps | calls per step | host ms per step |\n"
+                    "| --- | ---: | ---: |\n",
+               busiest->first, host_count / steps, host_ns / steps / 1e6, device_count / steps, device_ns / steps / 1e6);
+  sorted.clear();
+  for (const auto& [n, v] : during) sorted.emplace_back(v.second, n);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (std::size_t k = 0; k < sorted.size() && k < 10; ++k)
+    std::fprintf(out, "| %s | %.1f | %.3f |\n", sorted[k].second.c_str(), during[sorted[k].second].first / steps,
+                 sorted[k].first / steps / 1e6);
+}
+
 void report() {
   if (g_done.exchange(true)) return;
   cuptiActivityFlushAll(1);
@@ -312,6 +437,7 @@ void report() {
   }
   report_gaps(out, steps, in_window);
   report_overlap(out, steps, in_window);
+  report_host(out, steps, in_window);
   if (out != stderr) std::fclose(out);
 }
 
@@ -322,6 +448,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+  if (const char* host = std::getenv("STRATA_TRACE_HOST"); host && std::string(host) == "1")
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
   CUpti_SubscriberHandle subscriber;
   if (cuptiSubscribe(&subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr) == CUPTI_SUCCESS) {
     cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000);

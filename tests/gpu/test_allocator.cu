@@ -6,7 +6,12 @@
 //     embedding backward with its sort, sum of squares, all with their scratch memory) calls
 //     cudaMalloc during the first step and not at all during a second identical one;
 //   - every byte handed out comes back (bytes_in_use returns to its value before the step), the peak
-//     of the second step equals the first, and release_cached() returns the cache to CUDA.
+//     of the second step equals the first, and release_cached() returns the cache to CUDA;
+//   - a small copy from the host returns while the stream is still busy (it is staged in pinned
+//     memory, not waited for), the caller may overwrite its host memory at once, and the device sees
+//     the bytes of the call in stream order, through more copies than there are staging slots; a copy
+//     larger than a slot still waits for its bytes.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -44,6 +49,61 @@ void step(const backend& device, index_t rows, index_t h, index_t vocab) {
   device.embedding_backward(tokens.data(), rows, dy.data(), 0, vocab, h, dtable.data());
   device.sum_of_squares(dw.data(), h * h, norm.data());
   device.synchronize();
+}
+
+// Keeps the stream busy for about `ms` milliseconds.
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+void busy(const backend& device, double ms) {
+  int khz = 0;
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device.device()));
+  spin_kernel<<<1, 1, 0, device.stream()>>>(static_cast<long long>(ms * khz));
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+// Staged copies from the host: they return before the stream has run, the host memory is free at
+// once, and each copy's bytes are the ones of its call, in stream order.
+void check_staged_copies(suite& results, const backend& device) {
+  using strata::cuda::caching_allocator;
+  constexpr std::size_t kCopies = 3 * caching_allocator::kStagingSlots + 1, kInts = 4096;
+  device_vector<std::int32_t> landed(kCopies * kInts);
+  std::vector<std::int32_t> host(kInts);
+  busy(device, 200.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  host.assign(kInts, 7);
+  device.copy_from_host(host.data(), static_cast<index_t>(kInts), landed.data());
+  const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const bool still_busy = cudaStreamQuery(device.stream()) == cudaErrorNotReady;
+  results.record(still_busy && first_ms < 100.0,
+                 "a copy from the host of " + std::to_string(kInts * 4) + " bytes returns while the stream is busy (" +
+                     std::to_string(first_ms) + " ms; the stream " + (still_busy ? "still runs" : "had finished") + ")");
+  // Overwrite the host memory right after each call; every copy must still land its own values.
+  for (std::size_t c = 1; c < kCopies; ++c) {
+    for (std::size_t i = 0; i < kInts; ++i) host[i] = static_cast<std::int32_t>(c * 100000 + i);
+    device.copy_from_host(host.data(), static_cast<index_t>(kInts), landed.data() + c * kInts);
+    host.assign(kInts, -1);
+  }
+  std::vector<std::int32_t> back(kCopies * kInts);
+  device.copy_to_host(landed.data(), static_cast<index_t>(kCopies * kInts), back.data());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < kInts; ++i) wrong += back[i] != 7;
+  for (std::size_t c = 1; c < kCopies; ++c)
+    for (std::size_t i = 0; i < kInts; ++i) wrong += back[c * kInts + i] != static_cast<std::int32_t>(c * 100000 + i);
+  results.record(wrong == 0, std::to_string(kCopies) + " staged copies through " +
+                                 std::to_string(caching_allocator::kStagingSlots) + " slots, the host memory overwritten " +
+                                 "after each call: " + std::to_string(wrong) + " wrong values on the device");
+  // A copy larger than a slot waits for its bytes (and so for the work before it).
+  const std::size_t large = caching_allocator::kStagingBytes / sizeof(std::int32_t) + 1;
+  device_vector<std::int32_t> big(large);
+  std::vector<std::int32_t> big_host(large, 3);
+  busy(device, 50.0);
+  device.copy_from_host(big_host.data(), static_cast<index_t>(large), big.data());
+  results.record(cudaStreamQuery(device.stream()) == cudaSuccess,
+                 "a copy from the host larger than a staging slot returns after the stream's earlier work and its bytes");
 }
 
 }  // namespace
@@ -96,6 +156,7 @@ int main() {
       memory.deallocate(again, 4096);
       memory.deallocate(kept, 4096);
     }
+    check_staged_copies(results, device);
     // A different shape needs new blocks; the old ones stay cached until released.
     step(device, 333, 129, 50);
     device.allocator().release_cached();

@@ -20,6 +20,15 @@
 // be synchronized with the compute stream by its user, as with any stream-ordered allocator.
 // When cudaMalloc fails, the cached blocks are returned to CUDA and the call is retried once.
 //
+// Copies from the host (a step's token ids, labels and loss mask) of at most kStagingBytes do not
+// wait for the GPU: the bytes are copied on the host into one of kStagingSlots pinned buffers and the
+// transfer from there is enqueued on the compute stream, so the caller may reuse its memory at once
+// and the host keeps running ahead of the GPU instead of draining it at every upload. A slot is
+// reused once its previous transfer has run (an event; normally long done). Larger copies, and all
+// copies to the host, wait for their bytes. The pinned slots are allocated by prepare_staging(),
+// which cuda::backend calls when it starts (cudaHostAlloc in the middle of a step could wait on the
+// device).
+//
 // To find the allocation that makes a steady-state step call cudaMalloc, set the environment
 // variable STRATA_CUDA_MALLOC_TRACE=1: every cudaMalloc then prints its size, the allocator's
 // counters and the calling stack to stderr, followed by the stacks that allocated the blocks of the
@@ -36,6 +45,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string_view>
 #include <array>
@@ -70,6 +80,10 @@ class caching_allocator final : public device_memory_resource {
   ~caching_allocator() override {
     (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(stream_);
+    for (auto& slot : staging_) {
+      if (slot.done) (void)cudaEventDestroy(slot.done);
+      if (slot.host) (void)cudaFreeHost(slot.host);
+    }
     for (auto& [bytes, blocks] : free_)
       for (void* p : blocks) (void)cudaFree(p);
     // Blocks still in use when the backend goes away are released by CUDA at process exit.
@@ -88,6 +102,18 @@ class caching_allocator final : public device_memory_resource {
   void* allocate_long_lived(std::size_t bytes) override { return allocate_from(bytes, /*cached=*/false); }
 
  private:
+  bool staged(void* destination, const void* source, std::size_t bytes) {
+    std::lock_guard lock(staging_mutex_);
+    auto& slot = staging_[next_slot_];
+    if (!slot.host) return false;
+    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    STRATA_CUDA_CHECK(cudaEventSynchronize(slot.done));  // its previous transfer has run
+    std::memcpy(slot.host, source, bytes);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(destination, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    STRATA_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
+    return true;
+  }
+
   void* allocate_from(std::size_t bytes, bool cached) {
     const std::size_t rounded = round_size(bytes);
     std::lock_guard lock(mutex_);
@@ -120,9 +146,26 @@ class caching_allocator final : public device_memory_resource {
     stats_.bytes_in_use -= rounded;
   }
 
-  // Ordered on the compute stream; copies to and from the host return when the bytes have arrived.
+  static constexpr std::size_t kStagingBytes = std::size_t{512} << 10;
+  static constexpr std::size_t kStagingSlots = 8;
+
+  // The pinned buffers of the staged copies from the host (idempotent). Without them every copy
+  // from the host waits for its bytes.
+  void prepare_staging() {
+    std::lock_guard lock(staging_mutex_);
+    for (auto& slot : staging_) {
+      if (slot.host) continue;
+      STRATA_CUDA_CHECK(cudaHostAlloc(&slot.host, kStagingBytes, cudaHostAllocDefault));
+      STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    }
+  }
+
+  // Ordered on the compute stream. Copies to the host, and large ones from it, return when the bytes
+  // have arrived; a copy from the host of at most kStagingBytes returns once the bytes are staged
+  // (the caller may reuse its memory; the device sees them before the stream's next work).
   void copy(void* destination, const void* source, std::size_t bytes, copy_kind kind) override {
     if (bytes == 0) return;
+    if (kind == copy_kind::host_to_device && bytes <= kStagingBytes && staged(destination, source, bytes)) return;
     const cudaMemcpyKind direction = kind == copy_kind::host_to_device   ? cudaMemcpyHostToDevice
                                      : kind == copy_kind::device_to_host ? cudaMemcpyDeviceToHost
                                                                          : cudaMemcpyDeviceToDevice;
@@ -213,6 +256,13 @@ class caching_allocator final : public device_memory_resource {
     int depth = 0;
   };
   std::unordered_map<void*, traced> live_;  // blocks in use and their stacks (STRATA_CUDA_MALLOC_TRACE only)
+  struct staging_slot {
+    void* host = nullptr;        // kStagingBytes of pinned memory
+    cudaEvent_t done = nullptr;  // recorded after the slot's last transfer
+  };
+  std::mutex staging_mutex_;
+  std::array<staging_slot, kStagingSlots> staging_{};
+  std::size_t next_slot_ = 0;
 };
 
 // A block of `count` T from a device memory resource, returned to it on destruction (scratch space

@@ -20,8 +20,9 @@
 // (cuDNN handle, graphs, workspace) are created on the first attention call.
 //
 // Pointers are device pointers in the backend's space; sizes are index_t; `A` is accumulate_t<T>.
-// Everything returns as soon as the work is enqueued, except copy_to_host, copy_from_host and
-// synchronize, which wait.
+// Everything returns as soon as the work is enqueued, except copy_to_host and synchronize, which
+// wait, and copy_from_host, which returns once the host memory may be reused: small copies are staged
+// in pinned memory and do not wait for the GPU (caching_allocator::copy).
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,7 @@ class backend {
   void start() const {
     install();
     (void)attention();
+    state_->allocator.prepare_staging();
   }
 
   // Makes this backend's device current on the calling thread and installs its allocator as the
@@ -123,9 +125,7 @@ class backend {
   }
   template <class X>
   void copy_from_host(const X* host, index_t n, X* dst) const {
-    if (n <= 0) return;
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes_of<X>(n), cudaMemcpyHostToDevice, stream()));
-    synchronize();
+    if (n > 0) state_->allocator.copy(dst, host, bytes_of<X>(n), copy_kind::host_to_device);
   }
   void synchronize() const { STRATA_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
