@@ -282,7 +282,17 @@ TEST(ChunkedClassifier, BlockRowsFromTheByteBudget) {
   EXPECT_EQ((ClassifierChunks{0, 1000}.rows_for(10, 4)), 25);  // 40 bytes a row
   EXPECT_EQ((ClassifierChunks{0, 10}.rows_for(10, 4)), 1);     // at least one row
   EXPECT_EQ((ClassifierChunks{7, 10}.rows_for(10, 4)), 7);     // a row count wins
-  EXPECT_EQ(ClassifierChunks{}.rows_for(50304, 2), 2668);      // GPT-2's vocabulary in bf16: 256 MiB
+  // GPT-2's vocabulary in bf16: 2668 rows fit 256 MiB, rounded down to whole 256-row tiles
+  EXPECT_EQ(ClassifierChunks{}.rows_for(50304, 2), 2560);
+  EXPECT_EQ(ClassifierChunks{}.rows_for(25152, 2), 5120);      // tp = 2: 5336 fit
+  EXPECT_EQ((ClassifierChunks{0, 300 * 40}.rows_for(10, 4)), 256);  // 300 fit
+  EXPECT_EQ((ClassifierChunks{0, 255 * 40}.rows_for(10, 4)), 255);  // fewer than 256: as many as fit
+  for (std::size_t budget : {std::size_t{1} << 20, std::size_t{3} << 20, std::size_t{256} << 20}) {
+    const index_t r = ClassifierChunks{0, budget}.rows_for(1000, 2);
+    EXPECT_EQ(r % ClassifierChunks::kRowGranule, 0) << budget;
+    EXPECT_LE(static_cast<std::size_t>(r) * 1000 * 2, budget);
+    EXPECT_GT(static_cast<std::size_t>(r + ClassifierChunks::kRowGranule) * 1000 * 2, budget);
+  }
   EXPECT_THROW(ClassifierChunks{-1}.rows_for(10, 4), ConfigError);
 }
 

@@ -40,6 +40,7 @@
 
 #include "../core/checked.hpp"
 #include "../core/dtype.hpp"
+#include "../layers/chunked_classifier.hpp"
 #include "config.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -169,7 +170,9 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
     out.transient = checked_mul(logits, bytes.accumulate, what);
   } else {  // one block of logits, and d(final norm output)
     const std::int64_t row_bytes = checked_mul(local_vocab, bytes.value, what);
-    const std::int64_t block_rows = std::min(tokens, std::max<std::int64_t>(1, classifier_block_bytes / row_bytes));
+    const std::int64_t block_rows =
+        std::min(tokens, static_cast<std::int64_t>(ClassifierChunks{0, static_cast<std::size_t>(classifier_block_bytes)}.rows_for(
+                             static_cast<index_t>(local_vocab), static_cast<std::size_t>(bytes.value))));
     out.transient = checked_mul(block_rows, row_bytes, what);
     const std::int64_t gradient = checked_product(what, tokens, h, bytes.value) / (sequence_parallel ? tp : 1);
     out.kept = checked_add(out.kept, gradient, what);
