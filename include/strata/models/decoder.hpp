@@ -288,9 +288,9 @@ class DecoderModel {
     if (deferred != nullptr) ready = nullptr;
     if (ready != nullptr && !*ready) ready = nullptr;
     const Parameter<T, Space>* tied_copy = tied_embedding_copy();
-    auto done = [&](auto& module) {
+    auto done = [&](auto& part) {
       if (ready == nullptr) return;
-      module.for_each_parameter([&](Parameter<T, Space>& p) {
+      part.for_each_parameter([&](Parameter<T, Space>& p) {
         if (&p != tied_copy) (*ready)(p);
       });
     };

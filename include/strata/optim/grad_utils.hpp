@@ -162,9 +162,9 @@ ParameterSubset<Module, true> expert_parameters(Module& module) {
 }
 // Whether the module has any expert parameter.
 template <class Module>
-bool has_expert_parameters(Module& module) {
+bool has_expert_parameters(Module& model) {
   bool any = false;
-  module.for_each_parameter([&](auto& p) { any = any || detail::is_expert(p); });
+  model.for_each_parameter([&](auto& p) { any = any || detail::is_expert(p); });
   return any;
 }
 
