@@ -9,6 +9,7 @@
 // untuned one within the tolerance, and a second backend reading the file times nothing and gives
 // the first one's bits.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -262,6 +263,40 @@ void check_tuning(suite& results, backend& untuned) {
   std::filesystem::remove(file);
 }
 
+// STRATA_CUBLASLT_WORKSPACE_KIB: 0 gives a backend without a cuBLASLt workspace whose GEMMs still
+// agree with the default's; a value that is not a size is refused with the variable's name.
+void check_workspace_variable(suite& results, backend& with_default) {
+  with_default.install();  // a backend made and gone since (check_tuning's) left this thread without one
+  const auto reference = tuning_workload(with_default);
+  ::setenv("STRATA_CUBLASLT_WORKSPACE_KIB", "0", 1);
+  std::size_t bytes = 1;
+  std::vector<std::vector<double>> outputs;
+  {
+    backend device(0);
+    bytes = device.blas().workspace_bytes();
+    outputs = tuning_workload(device);
+  }
+  with_default.install();
+  double worst = 0;
+  for (std::size_t i = 0; i < outputs.size() && i < reference.size(); ++i)
+    worst = std::max(worst, relative_error(outputs[i], reference[i]));
+  results.record(bytes == 0 && outputs.size() == reference.size() && worst <= tolerance<bf16>(),
+                 "STRATA_CUBLASLT_WORKSPACE_KIB=0: workspace " + std::to_string(bytes) + " bytes, GEMMs rel " +
+                     format("%.2e", worst) + " against the 32 MiB workspace's");
+  std::string message;
+  ::setenv("STRATA_CUBLASLT_WORKSPACE_KIB", "32MiB", 1);
+  try {
+    (void)strata::cuda::blas_handle::default_workspace_bytes();
+  } catch (const strata::ConfigError& e) {
+    message = e.what();
+  }
+  ::unsetenv("STRATA_CUBLASLT_WORKSPACE_KIB");
+  results.record(message.find("STRATA_CUBLASLT_WORKSPACE_KIB") != std::string::npos && message.find("32MiB") != std::string::npos,
+                 "STRATA_CUBLASLT_WORKSPACE_KIB=32MiB is refused: " + message);
+  results.record(strata::cuda::blas_handle::default_workspace_bytes() == strata::cuda::blas_handle::kDefaultWorkspaceBytes,
+                 "without the variable the workspace is 32 MiB");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -301,6 +336,7 @@ int main(int argc, char** argv) {
         check_gemm_gelu<float>(device, results, seed++, m, n, k, bias);
       }
     check_tuning(results, device);
+    check_workspace_variable(results, device);
     return results.finish();
   } catch (const std::exception& e) {
     std::printf("FAIL gemm: exception: %s\nSUITE gemm: aborted\n", e.what());

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -151,13 +152,27 @@ struct gemm_plan {
 }  // namespace detail
 
 // A cuBLASLt handle and the device workspace its algorithms may use (32 MiB is what NVIDIA
-// recommends on Hopper) and the plans built so far. One per device; calls on different streams may share it only if they
-// do not run at the same time, since they share the workspace.
+// recommends on Hopper; the environment variable STRATA_CUBLASLT_WORKSPACE_KIB sets another size,
+// 0 for none, which leaves out the algorithms that need one) and the plans built so far. One per
+// device; calls on different streams may share it only if they do not run at the same time, since
+// they share the workspace.
 class blas_handle {
  public:
   static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
 
-  explicit blas_handle(std::size_t workspace_bytes = kDefaultWorkspaceBytes) : workspace_(workspace_bytes) {
+  // STRATA_CUBLASLT_WORKSPACE_KIB if set (KiB, at most 4 GiB), else kDefaultWorkspaceBytes.
+  static std::size_t default_workspace_bytes() {
+    const char* env = std::getenv("STRATA_CUBLASLT_WORKSPACE_KIB");
+    if (env == nullptr || *env == '\0') return kDefaultWorkspaceBytes;
+    char* end = nullptr;
+    const unsigned long long kib = std::strtoull(env, &end, 10);
+    if (end == env || *end != '\0' || *env == '-' || kib > (std::size_t{4} << 20))
+      fail<ConfigError>("STRATA_CUBLASLT_WORKSPACE_KIB must be a whole number of KiB from 0 to 4194304 (4 GiB), got '",
+                        env, "'");
+    return static_cast<std::size_t>(kib) << 10;
+  }
+
+  explicit blas_handle(std::size_t workspace_bytes = default_workspace_bytes()) : workspace_(workspace_bytes) {
     STRATA_CUBLAS_CHECK(cublasLtCreate(&handle_));
   }
   blas_handle(const blas_handle&) = delete;
