@@ -615,6 +615,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   int start = 0;
   std::int64_t consumed = 0;
   const bool logger = world.rank() == 0;
+  // --profile's window (cudaProfilerStart/Stop, process-wide): opened by every process's rank when
+  // each GPU has its own process, so a tracer in each sees the same iterations; by rank 0 alone when
+  // the ranks are threads of one process.
+  const bool profiles = logger || launched_as_job();
   // A --load directory without a checkpoint yet (scripts pass --save X --load X from the first run
   // on): start from scratch, and say so.
   const bool load = !a.load.empty() && (a.ckpt_step >= 0 || latest_checkpointed_iteration(a.load).has_value());
@@ -730,7 +734,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const index_t slot = it - start;
     if (a.profile && it == a.profile_step_start) {
       ctx.device.synchronize();
-      if (logger) profiler_window(true, a.profile_step_end - a.profile_step_start);
+      if (profiles) profiler_window(true, a.profile_step_end - a.profile_step_start);
     }
     optimizer.zero_gradients(ctx);
     // This iteration's global batch (a ramp-up or step schedule changes it with the samples consumed).
@@ -850,7 +854,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           std::fflush(stdout);
         }
       }
-      if (logger && a.profile && it + 1 == a.profile_step_end) profiler_window(false, 0);
+      if (profiles && a.profile && it + 1 == a.profile_step_end) profiler_window(false, 0);
     }
     if (a.check_for_nan_in_loss_and_grad && !a.skip_nonfinite_iterations && (log_now || save_now)) {
       double h = 0;
