@@ -46,9 +46,19 @@ struct LayerNormWithoutSums : strata::LayerNorm<P> {
     return Base::backward(ctx, saved, dy, dresidual);
   }
 };
+// LayerNorm that reduces its own parameter gradients (no backward_partial): under sequence
+// parallelism a TransformerLayer built with it makes one all-reduce per norm instead of one per layer.
+template <class P>
+struct LayerNormReducingItself : strata::LayerNorm<P> {
+  using Base = strata::LayerNorm<P>;
+  using Base::Base;
+  void backward_partial() = delete;  // hides LayerNorm::backward_partial
+};
 STRATA_NAMESPACE_BEGIN
 template <>
 inline constexpr bool is_norm_v<LayerNormWithoutSums> = true;
+template <>
+inline constexpr bool is_norm_v<LayerNormReducingItself> = true;
 STRATA_NAMESPACE_END
 
 namespace {
@@ -177,6 +187,23 @@ TEST(TransformerLayer, BiasGradientsTakenByTheNormsAreTheBitsOfTheirOwnPass) {
   }
 }
 TEST(TransformerLayer, LlamaStyleWithDropoutShardedEqualsUnsharded) { check_layer<double, true>(0.25); }
+
+// Under sequence parallelism the layer reduces both norms' parameter gradients in one all-reduce
+// (add_replicated_gradients); the in-process reduction adds each element in rank order whatever the
+// buffer, so every output, value and gradient is the bits of the norms reducing their own.
+TEST(TransformerLayer, SequenceParallelNormGradientsReducedOnceAreTheBitsOfOneReductionPerNorm) {
+  using SP = Policy<float, true>;
+  static_assert(detail::norm_writes_partials<LayerNorm<SP>, context_t<SP>, typename LayerNorm<SP>::Saved,
+                                             Activation<float, residual_layout_t<SP>>>);
+  static_assert(!detail::norm_writes_partials<LayerNormReducingItself<SP>, context_t<SP>,
+                                              typename LayerNormReducingItself<SP>::Saved, Activation<float, residual_layout_t<SP>>>);
+  for (int tp : {2, 4})
+    for (double dropout : {0.0, 0.25}) {
+      const Snapshot once = run_layer<float, true, false>(tp, dropout),
+                     per_norm = run_layer<float, true, false, LayerNormReducingItself>(tp, dropout);
+      strata_test::expect_equivalent(once, per_norm, 0.0, "tp=" + std::to_string(tp) + " dropout=" + std::to_string(dropout));
+    }
+}
 
 // Embedding then (a fixed projection to) vocab-parallel cross-entropy: tokens -> residual -> loss.
 template <class T, bool SP>

@@ -20,6 +20,8 @@
 // no collective): a caller that writes into a conversion's result in place must own its input.
 #pragma once
 
+#include <span>
+
 #include <type_traits>
 
 #include "../comm/communicator.hpp"
@@ -279,6 +281,27 @@ template <class Layout, class Comm>
 bool replicated_gradient_is_local(const Comm& tp) {
   if constexpr (std::is_same_v<Layout, layout::sharded<0>>) return tp.size() == 1;
   else return true;
+}
+
+// The same for several replicated parameters at once: `increments` holds their increments one after
+// the other, in the order of `params`, and is reduced over the tensor-parallel group in one collective
+// (a sequence-parallel layer's norms: one all-reduce instead of one per parameter). The bits are those
+// of one add_replicated_gradient per parameter.
+template <class Layout, class Device, class Comm, class G, class Space, class Param>
+void add_replicated_gradients(Device& device, Comm& tp, Tensor<G, Space>& increments, std::span<Param* const> params) {
+  static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
+                "add_replicated_gradients: replicated parameters act on replicated or sequence-sharded activations only.");
+  index_t total = 0;
+  for (const Param* p : params) total += p->grad.numel();
+  if (total != increments.numel())
+    fail<ShapeError>("add_replicated_gradients: ", increments.numel(), " increments for parameters of ", total, " elements");
+  if constexpr (std::is_same_v<Layout, layout::sharded<0>>)
+    if (tp.size() > 1) tp.all_reduce(increments.buffer(), ReduceOp::sum);
+  index_t offset = 0;
+  for (Param* p : params) {
+    device.template add<G>(p->grad.data(), increments.data() + offset, p->grad.numel(), p->grad.data());
+    offset += p->grad.numel();
+  }
 }
 
 template <class Layout, class Device, class Comm, class G, class Space>

@@ -10,6 +10,7 @@
 // backward(ctx, saved, dy, &dresidual) returns dresidual + the norm's input gradient.
 #pragma once
 
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -85,31 +86,54 @@ class LayerNorm {
   Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr,
                        A* dresidual_sums = nullptr) {
     detail::expect_full_hidden<Layout>();
-    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    const index_t h = weight_.value.numel();
     if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "LayerNorm residual gradient");
-    // Added straight into the gradients when no reduction is needed, else written and reduced.
-    const bool local = replicated_gradient_is_local<Layout>(ctx.tp);
-    Tensor<A, Space> dweight, dbias;
-    if (!local) {
-      dweight = Tensor<A, Space>::empty(Shape{h});
-      dbias = Tensor<A, Space>::empty(Shape{h});
-    }
-    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
-    ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
-                                saved.rstd.data(), rows, h, dx.data(), local ? weight_.grad.data() : dweight.data(),
-                                local ? bias_.grad.data() : dbias.data(), dresidual ? dresidual->data() : nullptr,
-                                local, dresidual_sums);
-    if (!local) {
-      add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
-      add_replicated_gradient<Layout>(ctx.device, ctx.tp, bias_.grad, dbias);
-    }
+    // Added straight into the gradients when no reduction is needed, else written and reduced (weight
+    // and bias in one collective).
+    if (replicated_gradient_is_local<Layout>(ctx.tp))
+      return backward_into(ctx, saved, dy, dresidual, dresidual_sums, weight_.grad.data(), bias_.grad.data(), true);
+    auto partials = Tensor<A, Space>::empty(Shape{partial_size()});
+    auto dx = backward_into(ctx, saved, dy, dresidual, dresidual_sums, partials.data(), partials.data() + h, false);
+    add_partials<Layout>(ctx, partials);
     return dx;
+  }
+
+  // backward() for a caller that reduces the parameter gradients itself: the increments of this rank's
+  // rows, [weight | bias] (partial_size() elements), are written into `partials` and the gradients are
+  // left alone; add_partials (or add_replicated_gradients over several norms at once) completes them.
+  template <class Layout>
+  Act<Layout> backward_partial(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
+                               A* partials) {
+    detail::expect_full_hidden<Layout>();
+    if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "LayerNorm residual gradient");
+    return backward_into(ctx, saved, dy, dresidual, nullptr, partials, partials + weight_.value.numel(), false);
+  }
+  index_t partial_size() const { return 2 * weight_.value.numel(); }
+  template <class Layout>
+  void add_partials(Context& ctx, Tensor<A, Space>& partials) {
+    Parameter<T, Space>* params[] = {&weight_, &bias_};
+    add_replicated_gradients<Layout>(ctx.device, ctx.tp, partials, std::span<Parameter<T, Space>* const>(params));
   }
 
   void init(Context& ctx, std::uint64_t, double) {
     init_constant(ctx.device, weight_, 1.0);
     init_constant(ctx.device, bias_, 0.0);
   }
+
+ private:
+  // The kernel: dg, db written into (or, with accumulate, added into) dweight, dbias.
+  template <class Layout>
+  Act<Layout> backward_into(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
+                            A* dresidual_sums, A* dweight, A* dbias, bool accumulate) {
+    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
+    ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
+                                              saved.rstd.data(), rows, h, dx.data(), dweight, dbias,
+                                              dresidual ? dresidual->data() : nullptr, accumulate, dresidual_sums);
+    return dx;
+  }
+
+ public:
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     visit(weight_);
@@ -170,20 +194,45 @@ class RmsNorm {
   template <class Layout>
   Act<Layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual = nullptr) {
     detail::expect_full_hidden<Layout>();
-    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    const index_t h = weight_.value.numel();
     if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "RmsNorm residual gradient");
-    const bool local = replicated_gradient_is_local<Layout>(ctx.tp);  // as in LayerNorm
-    Tensor<A, Space> dweight;
-    if (!local) dweight = Tensor<A, Space>::empty(Shape{h});
-    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
-    ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
-                              dx.data(), local ? weight_.grad.data() : dweight.data(),
-                              dresidual ? dresidual->data() : nullptr, local);
-    if (!local) add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, dweight);
+    if (replicated_gradient_is_local<Layout>(ctx.tp))  // as in LayerNorm
+      return backward_into(ctx, saved, dy, dresidual, weight_.grad.data(), true);
+    auto partials = Tensor<A, Space>::empty(Shape{h});
+    auto dx = backward_into(ctx, saved, dy, dresidual, partials.data(), false);
+    add_partials<Layout>(ctx, partials);
     return dx;
   }
 
+  // As LayerNorm::backward_partial: the weight's increment (partial_size() elements) into `partials`.
+  template <class Layout>
+  Act<Layout> backward_partial(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
+                               A* partials) {
+    detail::expect_full_hidden<Layout>();
+    if (dresidual) check_same_shape(dresidual->shape(), dy.shape(), "RmsNorm residual gradient");
+    return backward_into(ctx, saved, dy, dresidual, partials, false);
+  }
+  index_t partial_size() const { return weight_.value.numel(); }
+  template <class Layout>
+  void add_partials(Context& ctx, Tensor<A, Space>& partials) {
+    Parameter<T, Space>* params[] = {&weight_};
+    add_replicated_gradients<Layout>(ctx.device, ctx.tp, partials, std::span<Parameter<T, Space>* const>(params));
+  }
+
   void init(Context& ctx, std::uint64_t, double) { init_constant(ctx.device, weight_, 1.0); }
+
+ private:
+  template <class Layout>
+  Act<Layout> backward_into(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
+                            A* dweight, bool accumulate) {
+    const index_t rows = dy.shape().rows(), h = weight_.value.numel();
+    Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
+    ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
+                                            dx.data(), dweight, dresidual ? dresidual->data() : nullptr, accumulate);
+    return dx;
+  }
+
+ public:
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     visit(weight_);

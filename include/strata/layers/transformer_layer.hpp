@@ -18,9 +18,12 @@
 // residual stream, checked at compile time.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../core/rng.hpp"
 #include "deferred_weight_gradients.hpp"
@@ -55,6 +58,14 @@ template <class N, class Context, class Saved, class Act>
 concept norm_sums_residual_gradient = requires(N& norm, Context& ctx, const Saved& saved, const Act& dy,
                                                accumulate_t<typename Act::element_type>* sums) {
   norm.backward(ctx, saved, dy, &dy, sums);
+};
+// A norm that can leave the reduction of its parameter gradients to its caller (backward_partial,
+// partial_size; the increments in for_each_parameter's order).
+template <class N, class Context, class Saved, class Act>
+concept norm_writes_partials = requires(N& norm, Context& ctx, const Saved& saved, const Act& dy,
+                                        accumulate_t<typename Act::element_type>* partials) {
+  { norm.partial_size() } -> std::convertible_to<index_t>;
+  norm.backward_partial(ctx, saved, dy, &dy, partials);
 };
 }  // namespace detail
 
@@ -153,6 +164,8 @@ class TransformerLayer {
                                attention_.backward(ctx, saved.attention, dh, deferred, proj_bias == nullptr), &dh, proj_bias);
       }
     }
+    if constexpr (detail::norm_writes_partials<Norm<Policy>, Context, typename Norm<Policy>::Saved, Act>)
+      if (!replicated_gradient_is_local<Layout>(ctx.tp)) return backward_sequence_parallel(ctx, saved, dy, deferred);
     // dropout_backward works in place: on a copy, never on the tensor we were given
     Act dm = dropout ? Act(dy.tensor.clone()) : dy;
     dropout_backward(ctx, dm, saved.hidden_dropout, rng::mix(saved.dropout_key, 2));
@@ -160,6 +173,27 @@ class TransformerLayer {
     Act da = dropout ? Act(dh.tensor.clone()) : dh;
     dropout_backward(ctx, da, saved.hidden_dropout, rng::mix(saved.dropout_key, 1));
     return norm1_.backward(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh);  // dh + d(norm1 path)
+  }
+
+  // Under sequence parallelism over tp > 1 each rank's norms see only its rows, so their parameter
+  // gradients are summed over tp: both norms write their increments into one buffer, reduced in one
+  // all-reduce at the end of the layer (one collective per layer instead of one per norm parameter).
+  Act backward_sequence_parallel(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred) {
+    const bool dropout = saved.hidden_dropout > 0;
+    const index_t first = norm2_.partial_size();
+    auto partials = Tensor<A, Space>::empty(Shape{first + norm1_.partial_size()});
+    Act dm = dropout ? Act(dy.tensor.clone()) : dy;
+    dropout_backward(ctx, dm, saved.hidden_dropout, rng::mix(saved.dropout_key, 2));
+    auto dh = norm2_.backward_partial(ctx, saved.norm2, mlp_.backward(ctx, saved.mlp, dm, deferred), &dy, partials.data());
+    Act da = dropout ? Act(dh.tensor.clone()) : dh;
+    dropout_backward(ctx, da, saved.hidden_dropout, rng::mix(saved.dropout_key, 1));
+    auto dx = norm1_.backward_partial(ctx, saved.norm1, attention_.backward(ctx, saved.attention, da, deferred), &dh,
+                                      partials.data() + first);
+    std::vector<Parameter<T, Space>*> params;
+    norm2_.for_each_parameter([&](Parameter<T, Space>& p) { params.push_back(&p); });
+    norm1_.for_each_parameter([&](Parameter<T, Space>& p) { params.push_back(&p); });
+    add_replicated_gradients<Layout>(ctx.device, ctx.tp, partials, std::span<Parameter<T, Space>* const>(params));
+    return dx;
   }
 
  public:
