@@ -16,6 +16,9 @@
 #         --tp-comm-overlap once more under the tracer (--profile, iterations 10-11): each rank's
 #         per-kernel table, with the NCCL time that ran under compute kernels, in
 #         <out-dir>/<run>.kernels.rank<r>.md. Peer: 1 GPU and DTensor tp=2 + sequence parallel, batch 8.
+#         STRATA_PARBENCH_TP_WIDE=1 adds 1 GPU at micro-batch 16 (the global batch of tp=2 at 16) and
+#         tp=2 + SP at micro-batch 24 (per-GPU memory still below one GPU's at 8); the ratios stay
+#         against 1 GPU at micro-batch 8, the suite's first 1-GPU run.
 #     pp  Llama ~3B on 4 GPUs: 28 layers, hidden 3072, 24 heads, 8 query groups (GQA), SwiGLU
 #         width 8192, seq 4096, vocab 32000, tp=2 x pp=2 + --sequence-parallel, micro-batch 1,
 #         global batch 16 (dp = 1: 16 micro-batches per step; the interleaved schedule needs a
@@ -72,6 +75,7 @@ tiny=${STRATA_PARBENCH_TINY:-0}
 peak_tflops=${STRATA_PARBENCH_PEAK_TFLOPS:-989}
 pp_tp=${STRATA_PARBENCH_PP_TP:-2}
 pp_overlaps=${STRATA_PARBENCH_PP_OVERLAP:-off}
+tp_wide=${STRATA_PARBENCH_TP_WIDE:-0}
 [[ $tiny == 1 ]] && peer=0
 
 # Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS).
@@ -226,6 +230,11 @@ for suite in $suites; do
       strata tp-1 1 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 1 --micro-batch-size "$TP_B" \
         --global-batch-size "$TP_B"
       record tp tp-1 strata 1 "1 GPU, micro-batch $TP_B" "$model" tp-1.rank0.log ""
+      if [[ $tp_wide == 1 ]]; then  # one GPU at tp=2's larger micro-batch: the same global batch as tp-2-mb2x
+        strata tp-1-mb2x 1 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 1 \
+          --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
+        record tp tp-1-mb2x strata 1 "1 GPU, micro-batch $((2 * TP_B))" "$model" tp-1-mb2x.rank0.log ""
+      fi
       if needs 2 "tp=2" tp-2; then
         strata tp-2 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
           --micro-batch-size "$TP_B" --global-batch-size "$TP_B"
@@ -233,6 +242,11 @@ for suite in $suites; do
         strata tp-2-mb2x 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
           --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
         record tp tp-2-mb2x strata 2 "tp=2 + SP, micro-batch $((2 * TP_B))" "$model" tp-2-mb2x.rank0.log ""
+        if [[ $tp_wide == 1 ]]; then  # per-GPU memory still below one GPU's at micro-batch TP_B
+          strata tp-2-mb3x 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
+            --micro-batch-size $((3 * TP_B)) --global-batch-size $((3 * TP_B))
+          record tp tp-2-mb3x strata 2 "tp=2 + SP, micro-batch $((3 * TP_B))" "$model" tp-2-mb3x.rank0.log ""
+        fi
         strata tp-2-overlap 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
           --tp-comm-overlap --micro-batch-size "$TP_B" --global-batch-size "$TP_B"
         record tp tp-2-overlap strata 2 "tp=2 + SP + --tp-comm-overlap, micro-batch $TP_B" "$model" tp-2-overlap.rank0.log ""
