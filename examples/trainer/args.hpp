@@ -96,6 +96,8 @@ struct TrainArgs {
   int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
   bool tp_comm_overlap = false;    // tensor-parallel collectives beside the GEMMs (ParallelContext::tp_comm_overlap)
+  bool disable_tp_comm_overlap_ag = false;  // the forward's all-gathers whole, not as rings (ParallelContext::tp_comm_overlap_ag)
+  bool disable_tp_comm_overlap_rs = false;  // the forward's reduce-scatters whole (ParallelContext::tp_comm_overlap_rs)
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
   std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
@@ -480,6 +482,12 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                "tensor-parallel collectives beside the GEMMs: the input all-gathers as rings whose arrived blocks "
                "are multiplied while the next arrives, the backward's collectives beside weight gradients "
                "(needs --sequence-parallel)");
+  app.add_flag("--disable-tp-comm-overlap-ag", a.disable_tp_comm_overlap_ag,
+               "with --tp-comm-overlap: the column-parallel layers' forward all-gathers run whole, not as rings beside "
+               "the GEMMs (the backward still overlaps)");
+  app.add_flag("--disable-tp-comm-overlap-rs", a.disable_tp_comm_overlap_rs,
+               "with --tp-comm-overlap: the row-parallel layers' forward reduce-scatters run whole, not as rings beside "
+               "the GEMMs (the backward still overlaps)");
   add_pipeline_options(app, a.pipeline);
   app.add_option("--device,--backend", a.device,
                  "cpu (threads) or cuda (NCCL, one GPU per rank); default: cuda when this binary was built with CUDA and a "
@@ -1143,6 +1151,9 @@ inline data::Tokenizer resolve_run(TrainArgs& a) {
   }
   if (a.tp_comm_overlap && a.tensor_model_parallel_size == 1)
     a.notes.emplace_back("--tp-comm-overlap: nothing to overlap with tensor parallelism 1");
+  if ((a.disable_tp_comm_overlap_ag || a.disable_tp_comm_overlap_rs) && !a.tp_comm_overlap)
+    fail<ConfigError>(a.disable_tp_comm_overlap_ag ? "--disable-tp-comm-overlap-ag" : "--disable-tp-comm-overlap-rs",
+                      " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
   return tokenizer;
 }
 

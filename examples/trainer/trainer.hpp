@@ -545,6 +545,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
 
   Context ctx = Context::create(world, parallel_config_of(a), device);
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
+  ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
+  ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
   // around its construction for the allocation report, leaving out the attention plans' workspace.
   const std::int64_t in_use_before_model = device_bytes_in_use(ctx.device);

@@ -18,14 +18,17 @@ constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
 // Runs column -> row on `tp` ranks twice (gradients accumulate), returns the gathered snapshot.
 // `overlap`: ctx.tp_comm_overlap, with the backward chained through an at_collectives list (the
 // row layer's weight gradients run during the column layer's reduction), as TransformerLayer does.
+// `rings`: ctx.tp_comm_overlap_ag and _rs (with `overlap`; off, the forward's collectives run whole).
 template <class T, bool SP>
-Snapshot run_mlp(int tp, bool overlap = false) {
+Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring = true) {
   using P = Policy<T, SP>;
   Snapshot snapshot;
   std::mutex mutex;
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
     ctx.tp_comm_overlap = overlap;
+    ctx.tp_comm_overlap_ag = ag_ring;
+    ctx.tp_comm_overlap_rs = rs_ring;
     ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
     RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
     fc1.init(ctx, 7, 0.5);
@@ -95,6 +98,11 @@ void check_tp_comm_overlap() {
     strata_test::expect_equivalent(overlapped, run_mlp<T, true>(tp), strata_test::tolerance<T>() / 10,
                                    "tp=" + std::to_string(tp) + " overlap vs plain");
     strata_test::expect_equivalent(overlapped, reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " overlap");
+    // --disable-tp-comm-overlap-ag / -rs: the forward's gather or reduce-scatter whole, the backward still overlapped
+    for (const auto& [ag, rs] : {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}})
+      strata_test::expect_equivalent(run_mlp<T, true>(tp, true, ag, rs), reference, strata_test::tolerance<T>(),
+                                     "tp=" + std::to_string(tp) + " overlap, ag ring " + (ag ? "on" : "off") + ", rs ring " +
+                                         (rs ? "on" : "off"));
   }
 }
 

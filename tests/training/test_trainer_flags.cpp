@@ -92,6 +92,14 @@ TEST(MegatronFlags, TpCommOverlapNeedsSequenceParallelism) {
   (void)trainer::resolve_run(c);
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_NE(c.notes[0].find("nothing to overlap"), std::string::npos);
+  // Megatron's --disable-tp-comm-overlap-ag / -rs refine --tp-comm-overlap and mean nothing without it.
+  TrainArgs d = parse_flags("gpt", {"--tp-comm-overlap", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                                    "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs"});
+  (void)trainer::resolve_run(d);
+  EXPECT_TRUE(d.disable_tp_comm_overlap_ag);
+  EXPECT_TRUE(d.disable_tp_comm_overlap_rs);
+  TrainArgs e = parse_flags("gpt", {"--disable-tp-comm-overlap-rs", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  expect_config_error([&] { (void)trainer::resolve_run(e); }, {"--disable-tp-comm-overlap-rs", "--tp-comm-overlap"});
 }
 
 // Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.

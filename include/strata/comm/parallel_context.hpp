@@ -67,6 +67,12 @@ struct ParallelContext {
   // the compute stream where its result is needed. The results are the same either way, to the
   // rounding of GEMMs run on blocks of rows instead of all of them.
   bool tp_comm_overlap = false;
+  // With tp_comm_overlap, which forward collectives run as rings beside the GEMMs (Megatron's
+  // --disable-tp-comm-overlap-ag / -rs turn them off): the column-parallel layers' all-gather of
+  // their input (ag) and the row-parallel layers' reduce-scatter of their output (rs). Off, that
+  // collective runs whole on the compute stream; the backward's overlap stays either way.
+  bool tp_comm_overlap_ag = true;
+  bool tp_comm_overlap_rs = true;
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

@@ -74,7 +74,7 @@ class ColumnParallelLinear {
     return *this;
   }
 
-  // With ctx.tp_comm_overlap under sequence parallelism over more than one rank, the input is
+  // With ctx.tp_comm_overlap (and tp_comm_overlap_ag) under sequence parallelism over more than one rank, the input is
   // gathered as a ring of exchanges (all_gather_dim0_ring) and each rank's block of rows goes
   // through the GEMM as soon as it has arrived, while the next exchange is in flight.
   template <class Layout>
@@ -193,7 +193,9 @@ class ColumnParallelLinear {
 
  private:
   // Whether forward gathers its input as a ring beside the GEMMs (see forward).
-  bool ring_gathers(const Context& ctx) const { return sequence_parallel && ctx.tp_comm_overlap && ctx.tp.size() > 1; }
+  bool ring_gathers(const Context& ctx) const {
+    return sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_ag && ctx.tp.size() > 1;
+  }
   // The output [s, b, out/tp] of a forward whose sequence-sharded input x [s/tp, b, in] is gathered
   // by the ring, after the checks linear_forward makes.
   template <class Layout>

@@ -69,7 +69,7 @@ class RowParallelLinear {
     const bool fused_bias = bias_ && !Options.skip_bias_add && ctx.tp.size() == 1;
     Act<output_layout> y;
     bool added = false;  // the residual is in y
-    if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp.size() > 1) {
+    if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_rs && ctx.tp.size() > 1) {
       // The reduce-scatter as a ring whose exchanges run beside the GEMM of the next block of rows
       // (reduce_scatter_dim0_ring); the input is checked as linear_forward checks it.
       const index_t in = weight_.value.size(1), out = weight_.value.size(0);
