@@ -186,17 +186,25 @@ std::uint64_t union_length(std::vector<std::pair<std::uint64_t, std::uint64_t>> 
 // span so far and the next kernel's start, summed per (kernel before, kernel after) pair, the
 // largest first; and how much of the wall time lies before the window's first kernel or after its
 // last one (the window's edges, not gaps inside the step).
+// The window's intervals of the device with the most of them, by start time (empty: none), and that device.
 template <class InWindow>
-void report_gaps(std::FILE* out, double steps, InWindow&& in_window) {
+std::pair<std::uint32_t, std::vector<const Interval*>> busiest_device(InWindow&& in_window) {
   std::map<std::uint32_t, std::vector<const Interval*>> by_device;
   for (const auto& i : g_intervals)
     if (in_window(i)) by_device[i.device].push_back(&i);
-  if (by_device.empty()) return;
+  if (by_device.empty()) return {0, {}};
   auto busiest = by_device.begin();
   for (auto it = by_device.begin(); it != by_device.end(); ++it)
     if (it->second.size() > busiest->second.size()) busiest = it;
   auto& list = busiest->second;
   std::sort(list.begin(), list.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  return {busiest->first, std::move(list)};
+}
+
+template <class InWindow>
+void report_gaps(std::FILE* out, double steps, InWindow&& in_window) {
+  const auto [device, list] = busiest_device(in_window);
+  if (list.empty()) return;
   auto short_name = [](const std::string& n) { return n.size() > 60 ? n.substr(0, 57) + "..." : n; };
   std::map<std::pair<std::string, std::string>, std::pair<std::uint64_t, std::uint64_t>> pairs;  // -> (count, ns)
   std::uint64_t inside = 0, count = 0, end = list.front()->end;
@@ -224,7 +232,7 @@ void report_gaps(std::FILE* out, double steps, InWindow&& in_window) {
   }
   std::fprintf(out, "\n## Gaps on device %u: %.3f ms per step in %.1f gaps of >= 2 us between kernels; window edges "
                     "(before the first kernel, after the last) %.3f ms per step\n\n",
-               busiest->first, inside / steps / 1e6, count / steps, edges / steps / 1e6);
+               device, inside / steps / 1e6, count / steps, edges / steps / 1e6);
   std::fprintf(out, "| kernel before | kernel after | gaps per step | ms per step |\n| --- | --- | ---: | ---: |\n");
   std::vector<std::pair<std::uint64_t, std::pair<std::string, std::string>>> sorted;
   for (const auto& [names, v] : pairs) sorted.emplace_back(v.second, names);
@@ -319,15 +327,8 @@ void report_host(std::FILE* out, double steps, InWindow&& in_window) {
     for (const auto& [n, count] : enqueued_by) std::fprintf(out, "| %s | %.1f |\n", n.c_str(), count / steps);
   }
   // The gaps of the busiest device, as report_gaps finds them.
-  std::map<std::uint32_t, std::vector<const Interval*>> by_device;
-  for (const auto& i : g_intervals)
-    if (in_window(i)) by_device[i.device].push_back(&i);
-  if (by_device.empty()) return;
-  auto busiest = by_device.begin();
-  for (auto it = by_device.begin(); it != by_device.end(); ++it)
-    if (it->second.size() > busiest->second.size()) busiest = it;
-  auto& list = busiest->second;
-  std::sort(list.begin(), list.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  const auto [device, list] = busiest_device(in_window);
+  if (list.empty()) return;
   std::uint64_t host_ns = 0, host_count = 0, device_ns = 0, device_count = 0, end = list.front()->end;
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> during;  // runtime calls inside host-bound gaps
   for (std::size_t k = 1; k < list.size(); ++k) {
@@ -357,7 +358,7 @@ void report_host(std::FILE* out, double steps, InWindow&& in_window) {
                     "had gone idle: %.1f per step, %.3f ms per step; the other gaps (enqueued before): %.1f per step, "
                     "%.3f ms per step.\n\n| runtime function called during host-bound gaps | calls per step | host ms per step |\n"
                     "| --- | ---: | ---: |\n",
-               busiest->first, host_count / steps, host_ns / steps / 1e6, device_count / steps, device_ns / steps / 1e6);
+               device, host_count / steps, host_ns / steps / 1e6, device_count / steps, device_ns / steps / 1e6);
   sorted.clear();
   for (const auto& [n, v] : during) sorted.emplace_back(v.second, n);
   std::sort(sorted.rbegin(), sorted.rend());
