@@ -269,11 +269,6 @@ STRATA_NAMESPACE_END
 
 STRATA_NAMESPACE_BEGIN
 
-// Adds a gradient increment of a replicated parameter that was applied to an activation of layout
-// `Layout`. Applied to a sequence shard (sharded<0>), each rank saw only its part of the sequence,
-// so the increments are summed over the tensor-parallel group first: the reduction Megatron users
-// must remember for norm weights under sequence parallelism happens here, chosen by the type.
-// `increment` is the caller's own scratch tensor (reduced in place).
 // True when an increment of a replicated parameter applied to an activation of layout `Layout` needs
 // no reduction (replicated activations, or one tensor-parallel rank): the kernel that computes it
 // may then add it straight into the gradient, with the bits of add_replicated_gradient.
@@ -281,6 +276,22 @@ template <class Layout, class Comm>
 bool replicated_gradient_is_local(const Comm& tp) {
   if constexpr (std::is_same_v<Layout, layout::sharded<0>>) return tp.size() == 1;
   else return true;
+}
+
+// Adds a gradient increment of a replicated parameter that was applied to an activation of layout
+// `Layout`. Applied to a sequence shard (sharded<0>), each rank saw only its part of the sequence,
+// so the increments are summed over the tensor-parallel group first: the reduction Megatron users
+// must remember for norm weights under sequence parallelism happens here, chosen by the type.
+// `increment` is the caller's own scratch tensor (reduced in place).
+template <class Layout, class Device, class Comm, class G, class Space>
+void add_replicated_gradient(Device& device, Comm& tp, Tensor<G, Space>& grad, Tensor<G, Space>& increment) {
+  static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
+                "add_replicated_gradient: a replicated parameter acts on replicated or sequence-sharded "
+                "activations only.");
+  check_same_shape(grad.shape(), increment.shape(), "add_replicated_gradient");
+  if constexpr (std::is_same_v<Layout, layout::sharded<0>>)
+    if (tp.size() > 1) tp.all_reduce(increment.buffer(), ReduceOp::sum);
+  device.template add<G>(grad.data(), increment.data(), grad.numel(), grad.data());
 }
 
 // The same for several replicated parameters at once: `increments` holds their increments one after
@@ -302,17 +313,6 @@ void add_replicated_gradients(Device& device, Comm& tp, Tensor<G, Space>& increm
     device.template add<G>(p->grad.data(), increments.data() + offset, p->grad.numel(), p->grad.data());
     offset += p->grad.numel();
   }
-}
-
-template <class Layout, class Device, class Comm, class G, class Space>
-void add_replicated_gradient(Device& device, Comm& tp, Tensor<G, Space>& grad, Tensor<G, Space>& increment) {
-  static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
-                "add_replicated_gradient: a replicated parameter acts on replicated or sequence-sharded "
-                "activations only.");
-  check_same_shape(grad.shape(), increment.shape(), "add_replicated_gradient");
-  if constexpr (std::is_same_v<Layout, layout::sharded<0>>)
-    if (tp.size() > 1) tp.all_reduce(increment.buffer(), ReduceOp::sum);
-  device.template add<G>(grad.data(), increment.data(), grad.numel(), grad.data());
 }
 
 STRATA_NAMESPACE_END
