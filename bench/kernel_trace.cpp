@@ -145,6 +145,15 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, co
   }
 }
 
+// Whether a record that starts at `start` counts: inside a profiler window, or anywhere without one
+// (called with g_mutex held, once the windows are closed).
+bool starts_in_window(std::uint64_t start) {
+  if (!g_window_seen) return true;
+  for (const auto& [s, e] : g_windows)
+    if (start >= s && start < e) return true;
+  return false;
+}
+
 // Category of a kernel by its name (lower-case substrings).
 std::string category(const std::string& name) {
   std::string n = name;
@@ -286,18 +295,12 @@ std::string api_name(std::uint32_t callback) {
 template <class InWindow>
 void report_host(std::FILE* out, double steps, InWindow&& in_window) {
   if (g_api.empty()) return;
-  auto in_host_window = [&](const ApiCall& a) {
-    if (!g_window_seen) return true;
-    for (const auto& [s, e] : g_windows)
-      if (a.start >= s && a.start < e) return true;
-    return false;
-  };
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_api;  // name -> (calls, ns)
   std::map<std::uint32_t, const ApiCall*> by_correlation;
   std::vector<const ApiCall*> ordered;
   for (const auto& a : g_api) {
     by_correlation[a.correlation] = &a;
-    if (!in_host_window(a)) continue;
+    if (!starts_in_window(a.start)) continue;
     auto& slot = by_api[api_name(a.callback)];
     slot.first += 1;
     slot.second += a.end > a.start ? a.end - a.start : 0;
@@ -381,12 +384,7 @@ void report() {
     for (const auto& i : g_intervals) last = std::max(last, i.end);
     g_windows.emplace_back(g_window_open, last);
   }
-  auto in_window = [&](const Interval& i) {
-    if (!g_window_seen) return true;
-    for (const auto& [s, e] : g_windows)
-      if (i.start >= s && i.start < e) return true;
-    return false;
-  };
+  auto in_window = [](const Interval& i) { return starts_in_window(i.start); };
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> by_name;  // name -> (calls, ns)
   std::map<std::string, std::uint64_t> by_category;
   std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> spans;
