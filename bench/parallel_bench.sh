@@ -19,6 +19,8 @@
 #         STRATA_PARBENCH_TP_WIDE=1 adds 1 GPU at micro-batch 16 (the global batch of tp=2 at 16) and
 #         tp=2 + SP at micro-batch 24 (per-GPU memory still below one GPU's at 8); the ratios stay
 #         against 1 GPU at micro-batch 8, the suite's first 1-GPU run.
+#         STRATA_PARBENCH_TP_OVERLAP_ARGS adds its words to every --tp-comm-overlap run (e.g.
+#         "--tp-comm-overlap-sm-margin 8").
 #     pp  Llama ~3B on 4 GPUs: 28 layers, hidden 3072, 24 heads, 8 query groups (GQA), SwiGLU
 #         width 8192, seq 4096, vocab 32000, tp=2 x pp=2 + --sequence-parallel, micro-batch 1,
 #         global batch 16 (dp = 1: 16 micro-batches per step; the interleaved schedule needs a
@@ -76,6 +78,7 @@ peak_tflops=${STRATA_PARBENCH_PEAK_TFLOPS:-989}
 pp_tp=${STRATA_PARBENCH_PP_TP:-2}
 pp_overlaps=${STRATA_PARBENCH_PP_OVERLAP:-off}
 tp_wide=${STRATA_PARBENCH_TP_WIDE:-0}
+read -r -a overlap_args <<< "${STRATA_PARBENCH_TP_OVERLAP_ARGS:-}"
 [[ $tiny == 1 ]] && peer=0
 
 # Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS).
@@ -248,18 +251,20 @@ for suite in $suites; do
           record tp tp-2-mb3x strata 2 "tp=2 + SP, micro-batch $((3 * TP_B))" "$model" tp-2-mb3x.rank0.log ""
         fi
         strata tp-2-overlap 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
-          --tp-comm-overlap --micro-batch-size "$TP_B" --global-batch-size "$TP_B"
+          --tp-comm-overlap "${overlap_args[@]}" --micro-batch-size "$TP_B" --global-batch-size "$TP_B"
         record tp tp-2-overlap strata 2 "tp=2 + SP + --tp-comm-overlap, micro-batch $TP_B" "$model" tp-2-overlap.rank0.log ""
         strata tp-2-mb2x-overlap 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 --sequence-parallel \
-          --tp-comm-overlap --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
+          --tp-comm-overlap "${overlap_args[@]}" --micro-batch-size $((2 * TP_B)) --global-batch-size $((2 * TP_B))
         record tp tp-2-mb2x-overlap strata 2 "tp=2 + SP + --tp-comm-overlap, micro-batch $((2 * TP_B))" "$model" \
           tp-2-mb2x-overlap.rank0.log ""
         if [[ -f $tracer && $tiny != 1 ]]; then
           traced=1
           for overlap in "" --tp-comm-overlap; do
             export STRATA_TRACE_STEPS=2
+            extra=()
+            [[ -n $overlap ]] && extra=("$overlap" "${overlap_args[@]}")
             strata "tp-2-traced${overlap:+-overlap}" 2 "$gpt" "${common[@]}" "${shape[@]}" --tensor-model-parallel-size 2 \
-              --sequence-parallel $overlap --micro-batch-size "$TP_B" --global-batch-size "$TP_B" --profile \
+              --sequence-parallel "${extra[@]}" --micro-batch-size "$TP_B" --global-batch-size "$TP_B" --profile \
               --profile-step-start 10 --profile-step-end 12
           done
           traced=0

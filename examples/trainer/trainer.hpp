@@ -547,6 +547,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
+  if constexpr (requires { ctx.device.set_communication_sm_margin(0); })
+    if (ctx.tp_comm_overlap) (void)ctx.device.set_communication_sm_margin(a.tp_comm_overlap_sm_margin);
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured
   // around its construction for the allocation report, leaving out the attention plans' workspace.
   const std::int64_t in_use_before_model = device_bytes_in_use(ctx.device);

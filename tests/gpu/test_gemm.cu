@@ -7,7 +7,8 @@
 // each product runs twice and gives the same bits; a repeated shape reuses its cached plan.
 // Tuned GEMMs (blas_handle::tune): a backend timing the candidates into a new file agrees with the
 // untuned one within the tolerance, and a second backend reading the file times nothing and gives
-// the first one's bits.
+// the first one's bits. GEMMs planned for fewer SMs (the margin left to communication) agree with
+// the rest.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -297,6 +298,49 @@ void check_workspace_variable(suite& results, backend& with_default) {
                  "without the variable the workspace is 32 MiB");
 }
 
+// The SM margin for communication (backend::set_communication_sm_margin): GEMMs marked as beside a
+// collective are planned for the SMs the margin leaves (a plan of their own per problem) and agree
+// with the unmarked ones; unmarked GEMMs, and marked ones under a margin of 0, keep every SM; a
+// margin outside [0, SMs) is refused with the device's SM count.
+void check_sm_margin(suite& results, backend& device) {
+  device.install();
+  const auto reference = tuning_workload(device);
+  const std::size_t plans = device.blas().cached_plans();
+  const int sms = device.sm_count(), margin = 16;
+  (void)device.set_communication_sm_margin(margin);
+  const bool unmarked_full = device.blas().sm_target() == 0;
+  const bool was = device.gemms_beside_communication(true);
+  const int target = device.blas().sm_target();
+  const auto marked = tuning_workload(device);
+  const std::size_t marked_plans = device.blas().cached_plans() - plans;
+  (void)device.gemms_beside_communication(was);
+  const int after = device.blas().sm_target();
+  (void)device.set_communication_sm_margin(0);
+  (void)device.gemms_beside_communication(true);
+  const int no_margin = device.blas().sm_target();
+  (void)device.gemms_beside_communication(false);
+  double worst = 0;
+  for (std::size_t i = 0; i < marked.size() && i < reference.size(); ++i)
+    worst = std::max(worst, relative_error(marked[i], reference[i]));
+  results.record(unmarked_full && target == sms - margin && after == 0 && no_margin == 0 && marked_plans >= 5 &&
+                     marked.size() == reference.size() && worst <= tolerance<bf16>(),
+                 "SM margin " + std::to_string(margin) + " of " + std::to_string(sms) + ": GEMMs beside communication target " +
+                     std::to_string(target) + " SMs in " + std::to_string(marked_plans) + " plans of their own, rel " +
+                     format("%.2e", worst) + " against every SM's; unmarked and margin-0 GEMMs target all (" +
+                     std::to_string(after) + ", " + std::to_string(no_margin) + ")");
+  for (const int bad : {-1, sms}) {
+    std::string message;
+    try {
+      (void)device.set_communication_sm_margin(bad);
+    } catch (const strata::ConfigError& e) {
+      message = e.what();
+    }
+    results.record(message.find(std::to_string(sms) + " SMs") != std::string::npos &&
+                       message.find("got " + std::to_string(bad)) != std::string::npos,
+                   "SM margin " + std::to_string(bad) + " is refused: " + message);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -337,6 +381,7 @@ int main(int argc, char** argv) {
       }
     check_tuning(results, device);
     check_workspace_variable(results, device);
+    check_sm_margin(results, device);
     return results.finish();
   } catch (const std::exception& e) {
     std::printf("FAIL gemm: exception: %s\nSUITE gemm: aborted\n", e.what());

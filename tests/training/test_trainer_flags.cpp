@@ -100,6 +100,13 @@ TEST(MegatronFlags, TpCommOverlapNeedsSequenceParallelism) {
   EXPECT_TRUE(d.disable_tp_comm_overlap_rs);
   TrainArgs e = parse_flags("gpt", {"--disable-tp-comm-overlap-rs", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
   expect_config_error([&] { (void)trainer::resolve_run(e); }, {"--disable-tp-comm-overlap-rs", "--tp-comm-overlap"});
+  // The SM margin of the GEMMs beside the collectives refines --tp-comm-overlap too, and is not negative.
+  TrainArgs f = parse_flags("gpt", {"--tp-comm-overlap", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                                    "--tp-comm-overlap-sm-margin", "16"});
+  (void)trainer::resolve_run(f);
+  EXPECT_EQ(f.tp_comm_overlap_sm_margin, 16);
+  TrainArgs g = parse_flags("gpt", {"--tp-comm-overlap-sm-margin", "16", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  expect_config_error([&] { (void)trainer::resolve_run(g); }, {"--tp-comm-overlap-sm-margin", "--tp-comm-overlap"});
 }
 
 // Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.

@@ -148,7 +148,10 @@ class ColumnParallelLinear {
     Comm comm = overlapped_handle(ctx.tp);
     Act<input_layout> reduced = reduce_input_gradient_on(ctx, comm, dx);  // dx stays alive until the join
     const std::uint64_t mark = overlapped_mark(comm);
-    (deferred ? *deferred : mine).run();
+    {
+      detail::gemms_beside_communication beside(ctx.device);
+      (deferred ? *deferred : mine).run();
+    }
     join_overlapped(ctx.tp, mark);
     if (deferred) deferred->append(std::move(mine));
     return reduced;

@@ -20,8 +20,8 @@
 // no collective): a caller that writes into a conversion's result in place must own its input.
 #pragma once
 
+#include <concepts>
 #include <span>
-
 #include <type_traits>
 
 #include "../comm/communicator.hpp"
@@ -30,6 +30,27 @@
 STRATA_NAMESPACE_BEGIN
 
 namespace detail {
+
+// While alive, the GEMMs `device` enqueues run beside a collective in flight on the communication
+// stream: a backend with gemms_beside_communication (cuda::backend) plans them for the SMs its
+// communication margin leaves (set_communication_sm_margin); on others it does nothing.
+template <class Device>
+class gemms_beside_communication {
+ public:
+  explicit gemms_beside_communication(Device& device) : device_(device) {
+    if constexpr (marks) previous_ = device_.gemms_beside_communication(true);
+  }
+  gemms_beside_communication(const gemms_beside_communication&) = delete;
+  gemms_beside_communication& operator=(const gemms_beside_communication&) = delete;
+  ~gemms_beside_communication() {
+    if constexpr (marks) (void)device_.gemms_beside_communication(previous_);
+  }
+
+ private:
+  static constexpr bool marks = requires(Device& d) { { d.gemms_beside_communication(true) } -> std::same_as<bool>; };
+  Device& device_;
+  bool previous_ = false;
+};
 
 inline void check_divisible(index_t extent, int parts, const char* what, const Shape& shape) {
   if (parts <= 0 || extent % parts != 0)
@@ -113,7 +134,10 @@ Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, 
     ring.recv(comm_span_t<T, Comm>(out.data() + arriving * n, static_cast<std::size_t>(n)), previous);
     batch.end();
     const std::uint64_t mark = overlapped_mark(ring);
-    block(held, static_cast<const T*>(out.data() + held * n));
+    {
+      gemms_beside_communication<Device> beside(device);
+      block(held, static_cast<const T*>(out.data() + held * n));
+    }
     join_overlapped(tp, mark);
   }
   const int last = (rank + 1) % parts;  // the last to arrive
@@ -152,7 +176,10 @@ Tensor<T, Space> reduce_scatter_dim0_ring(Device& device, Comm& tp, const Shape&
     ring.recv(comm_span_t<T, Comm>(arrived.data(), static_cast<std::size_t>(n)), previous);
     batch.end();
     const std::uint64_t mark = overlapped_mark(ring);
-    partial(coming, sums.data() + coming * n);
+    {
+      gemms_beside_communication<Device> beside(device);
+      partial(coming, sums.data() + coming * n);
+    }
     join_overlapped(tp, mark);
     T* into = step + 1 == parts - 1 ? out.data() : sums.data() + coming * n;
     device.template add<T>(sums.data() + coming * n, arrived.data(), n, into);

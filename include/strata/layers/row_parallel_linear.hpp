@@ -139,7 +139,10 @@ class RowParallelLinear {
         Comm comm = overlapped_handle(ctx.tp);
         dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, comm, dy).tensor;
         const std::uint64_t mark = overlapped_mark(comm);
-        deferred->run();
+        {
+          detail::gemms_beside_communication beside(ctx.device);
+          deferred->run();
+        }
         join_overlapped(ctx.tp, mark);
       } else {
         dy_full = reduce_scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dy).tensor;

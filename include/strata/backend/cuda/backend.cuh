@@ -30,6 +30,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "../../core/space.hpp"
 #include "../adamw_step.hpp"
@@ -130,6 +131,29 @@ class backend {
   void synchronize() const { STRATA_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
   // --- GEMM ----------------------------------------------------------------------------------------
+  // SMs left to communication kernels beside GEMMs (0, the default: none). The layers mark the GEMMs
+  // that run while a collective of theirs is in flight on the communication stream
+  // (gemms_beside_communication); those are planned for the device's SMs less this margin
+  // (blas_handle::set_sm_target). Without it a GEMM whose grid fills every SM either waits for the
+  // collective's blocks to leave or holds the SMs the collective waits for. Returns the previous margin.
+  int set_communication_sm_margin(int sms) const {
+    if (sms < 0 || sms >= state_->sm_count)
+      fail<ConfigError>("cuda::backend: the SM margin for communication must be from 0 to ", state_->sm_count - 1,
+                        " (device ", state_->device, " has ", state_->sm_count, " SMs), got ", sms);
+    const int previous = std::exchange(state_->sm_margin, sms);
+    if (state_->beside_communication) state_->blas.set_sm_target(sms > 0 ? state_->sm_count - sms : 0);
+    return previous;
+  }
+  int communication_sm_margin() const { return state_->sm_margin; }
+  int sm_count() const { return state_->sm_count; }
+  // Marks the GEMMs enqueued from now on as running beside a collective (on) or not (off); returns the
+  // previous mark. A no-op while the margin is 0.
+  bool gemms_beside_communication(bool on) const {
+    const bool previous = std::exchange(state_->beside_communication, on);
+    state_->blas.set_sm_target(on && state_->sm_margin > 0 ? state_->sm_count - state_->sm_margin : 0);
+    return previous;
+  }
+
   // C[m,n] = op(A) op(B) (+= when accumulate) (+ bias[n] on every row, only when !accumulate).
   template <class T, class C = T>
   void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, C* c, bool accumulate,
@@ -455,6 +479,9 @@ class backend {
     // Counters of the one-kernel column sums (kernels/bias.cuh), one per column tile: zero between
     // kernels, used only on the compute stream.
     device_buffer<unsigned> tickets;
+    int sm_count = 0;
+    int sm_margin = 0;                  // set_communication_sm_margin
+    bool beside_communication = false;  // gemms_beside_communication
 
     static constexpr index_t kTickets = 4096;
 
@@ -468,6 +495,7 @@ class backend {
           grouped_blas(),
           tickets(static_cast<std::size_t>(kTickets)) {
       tickets.zero(compute_stream);
+      STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     }
     state(const state&) = delete;
     state& operator=(const state&) = delete;

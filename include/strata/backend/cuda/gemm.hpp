@@ -39,6 +39,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
@@ -122,6 +123,7 @@ struct gemm_key {
   int epilogue;
   index_t m, n, k;
   std::uint32_t align_a, align_b, align_c;
+  int sm_target = 0;  // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, 0 for every SM (blas_handle::set_sm_target)
   bool operator==(const gemm_key&) const = default;
 };
 struct gemm_key_hash {
@@ -136,7 +138,7 @@ struct gemm_key_hash {
     mix(static_cast<std::uint64_t>(key.n));
     mix(static_cast<std::uint64_t>(key.k));
     mix(static_cast<std::uint64_t>(key.align_a) << 32 | key.align_b);
-    mix(key.align_c);
+    mix(static_cast<std::uint64_t>(key.align_c) << 32 | static_cast<std::uint32_t>(key.sm_target));
     return h;
   }
 };
@@ -198,6 +200,17 @@ class blas_handle {
   }
   std::size_t cached_plans() const { return plans_.size(); }
 
+  // The number of SMs the GEMMs planned from now on are told to use (cuBLASLt's
+  // CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), 0 for all of them: set while a kernel of another stream
+  // holds some SMs (a collective beside the GEMM), so the GEMM's grid is sized for the SMs left
+  // instead of leaving a tail of blocks that wait for the other kernel to end. Part of the plan's
+  // key: each problem is planned once per target. Returns the previous target.
+  int set_sm_target(int sms) {
+    if (sms < 0) fail<ConfigError>("cuda::blas_handle: the SM target must be at least 0 (0: every SM), got ", sms);
+    return std::exchange(sm_target_, sms);
+  }
+  int sm_target() const { return sm_target_; }
+
   // Algorithms chosen by timing and kept in `tuning`'s file (null: the heuristic's first choice).
   // Set it before the first GEMM: problems already planned keep the algorithm they have.
   void tune(std::shared_ptr<gemm_tuning> tuning) { tuning_ = std::move(tuning); }
@@ -220,6 +233,7 @@ class blas_handle {
   cublasLtHandle_t handle_ = nullptr;
   std::shared_ptr<gemm_tuning> tuning_;
   std::string platform_;
+  int sm_target_ = 0;
   device_buffer<std::byte> workspace_;
   std::unordered_map<detail::gemm_key, std::unique_ptr<detail::gemm_plan>, detail::gemm_key_hash> plans_;
 };
@@ -235,7 +249,8 @@ inline std::string problem_text(const gemm_key& key, bool bias) {
   return ::strata::detail::concat("types=", key.data_type, ">", key.output_type, " ta=", key.transpose_a, " tb=",
                                   key.transpose_b, " m=", key.m, " n=", key.n, " k=", key.k, " accumulate=", key.accumulate,
                                   " bias=", bias, " addend=", key.addend, " epilogue=", epilogues[key.epilogue],
-                                  " align=", key.align_a, ",", key.align_b, ",", key.align_c);
+                                  " align=", key.align_a, ",", key.align_b, ",", key.align_c,
+                                  key.sm_target > 0 ? ::strata::detail::concat(" sms=", key.sm_target) : std::string());
 }
 
 // The algorithm of a problem under a tuning table: the one its file names, or (a problem the file
@@ -396,7 +411,7 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
   const std::uint32_t align_c = addend ? std::min(pointer_alignment(c), pointer_alignment(addend)) : pointer_alignment(c);
   const gemm_key key{static_cast<int>(types::data), static_cast<int>(output_type), transpose_a, transpose_b,
                      accumulate, use_bias, addend != nullptr, static_cast<int>(epilogue), m, n, k, pointer_alignment(a),
-                     pointer_alignment(b), align_c};
+                     pointer_alignment(b), align_c, blas.sm_target()};
   gemm_plan& plan = blas.plan(key, [&](gemm_plan& p) {
     // Column-major view: C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
     // First cuBLASLt operand: the B buffer, stored col-major as [n,k] (ld n) or, transposed, [k,n] (ld k).
@@ -413,6 +428,10 @@ bool gemm_impl(blas_handle& blas, cudaStream_t stream, bool transpose_a, bool tr
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, types::compute, types::scale_type));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
       STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+      if (key.sm_target > 0) {
+        const std::int32_t sms = key.sm_target;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)));
+      }
       if (epilogue != gemm_epilogue::none) {
         // The aux matrix has D's column-major layout [n, m] (ld n).
         const cublasLtEpilogue_t kind = epilogue == gemm_epilogue::dgelu
