@@ -98,6 +98,7 @@ struct TrainArgs {
   bool tp_comm_overlap = false;    // tensor-parallel collectives beside the GEMMs (ParallelContext::tp_comm_overlap)
   bool disable_tp_comm_overlap_ag = false;  // the forward's all-gathers whole, not as rings (ParallelContext::tp_comm_overlap_ag)
   bool disable_tp_comm_overlap_rs = false;  // the forward's reduce-scatters whole (ParallelContext::tp_comm_overlap_rs)
+  std::string tp_comm_overlap_gather = "ring";  // ring | collective (ParallelContext::tp_comm_overlap_gather)
   int tp_comm_overlap_sm_margin = 0;  // SMs the GEMMs beside the overlapped collectives leave to them (cuda::backend)
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
@@ -489,6 +490,11 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--disable-tp-comm-overlap-rs", a.disable_tp_comm_overlap_rs,
                "with --tp-comm-overlap: the row-parallel layers' forward reduce-scatters run whole, not as rings beside "
                "the GEMMs (the backward still overlaps)");
+  app.add_option("--tp-comm-overlap-gather", a.tp_comm_overlap_gather,
+                 "with --tp-comm-overlap: the all-gathers beside GEMMs as a ring of point-to-point exchanges, each "
+                 "arrived block multiplied beside the next (ring, the default), or as one all-gather collective beside "
+                 "the GEMM of this rank's own block (collective)")
+      ->check(CLI::IsMember({"ring", "collective"}));
   app.add_option("--tp-comm-overlap-sm-margin", a.tp_comm_overlap_sm_margin,
                  "with --tp-comm-overlap on GPUs: the GEMMs that run beside a collective are planned for this many "
                  "SMs fewer (cuBLASLt's SM count target), leaving them to the collective's kernel (default 0: all "
@@ -1159,6 +1165,9 @@ inline data::Tokenizer resolve_run(TrainArgs& a) {
     a.notes.emplace_back("--tp-comm-overlap: nothing to overlap with tensor parallelism 1");
   if ((a.disable_tp_comm_overlap_ag || a.disable_tp_comm_overlap_rs) && !a.tp_comm_overlap)
     fail<ConfigError>(a.disable_tp_comm_overlap_ag ? "--disable-tp-comm-overlap-ag" : "--disable-tp-comm-overlap-rs",
+                      " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
+  if (a.tp_comm_overlap_gather != "ring" && !a.tp_comm_overlap)
+    fail<ConfigError>("--tp-comm-overlap-gather ", a.tp_comm_overlap_gather,
                       " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
   if (a.tp_comm_overlap_sm_margin > 0 && !a.tp_comm_overlap)
     fail<ConfigError>("--tp-comm-overlap-sm-margin ", a.tp_comm_overlap_sm_margin,

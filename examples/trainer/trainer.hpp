@@ -547,6 +547,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
+  ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective" ? Context::OverlapGather::collective
+                                                                        : Context::OverlapGather::ring;
   if constexpr (requires { ctx.device.set_communication_sm_margin(0); })
     if (ctx.tp_comm_overlap) (void)ctx.device.set_communication_sm_margin(a.tp_comm_overlap_sm_margin);
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured

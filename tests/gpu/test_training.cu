@@ -10,10 +10,12 @@
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`;
 //                                        fp16 with the loss scaler against it
-//   test_training --threads              also tp=2 + SP (also with --tp-comm-overlap), tp=2 without SP, dp=2 (also ZeRO-1, also
-//                                        overlapped) and pp=2 (1F1B, zero-bubble) on 2 GPUs from
-//                                        threads of this process (nccl::run(2)), losses and final
-//                                        parameters (gathered) within 2e-2 of tp=1 (the suite runs
+//   test_training --threads              also tp=2 + SP (also with --tp-comm-overlap, its
+//                                        collective gathers and an SM margin), tp=2 without SP,
+//                                        dp=2 (also ZeRO-1, also overlapped) and pp=2 (1F1B,
+//                                        zero-bubble) on 2 GPUs from threads of this process
+//                                        (nccl::run(2)), losses and final parameters (gathered)
+//                                        within 2e-2 of tp=1 (the suite runs
 //                                        it with 2+ GPUs); the same 2-GPU runs as processes:
 //   test_training --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
@@ -273,6 +275,17 @@ int main(int argc, char** argv) {
       compare(s, "tp=2 + sequence parallel + --tp-comm-overlap on 2 GPUs (threads)", tp2_overlap, reference);
       s.record(!tp2_overlap.losses.empty() && train(overlapped_args).losses == tp2_overlap.losses,
                "tp=2 + sequence parallel + --tp-comm-overlap: a second run gives the same 20 losses bit for bit");
+      // --tp-comm-overlap-gather collective moves the same blocks through an all-gather instead of
+      // send/recv: the same bits. --tp-comm-overlap-sm-margin 8 plans the GEMMs beside a collective for
+      // 8 SMs fewer (other cuBLASLt algorithms): the tp=1 run's losses within the tolerance.
+      auto whole_args = overlapped_args;
+      whole_args.tp_comm_overlap_gather = "collective";
+      const auto tp2_whole = train(whole_args);
+      s.record(!tp2_whole.losses.empty() && tp2_whole.losses == tp2_overlap.losses,
+               "tp=2 + sequence parallel + --tp-comm-overlap-gather collective: the same 20 losses bit for bit as the ring");
+      auto margin_args = overlapped_args;
+      margin_args.tp_comm_overlap_sm_margin = 8;
+      compare(s, "tp=2 + sequence parallel + --tp-comm-overlap-sm-margin 8 on 2 GPUs (threads)", train(margin_args), reference);
       // The 1-GPU checkpoint of iteration 10 loaded at tp=2 + SP (resharded): iterations 11-20
       // follow the straight tp=2 run.
       auto resharded = args_for(data_path, 2, 2, true);

@@ -19,8 +19,9 @@ constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
 // `overlap`: ctx.tp_comm_overlap, with the backward chained through an at_collectives list (the
 // row layer's weight gradients run during the column layer's reduction), as TransformerLayer does.
 // `rings`: ctx.tp_comm_overlap_ag and _rs (with `overlap`; off, the forward's collectives run whole).
+// `gather_whole`: ctx.tp_comm_overlap_gather collective (one all-gather beside the own block).
 template <class T, bool SP>
-Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring = true) {
+Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring = true, bool gather_whole = false) {
   using P = Policy<T, SP>;
   Snapshot snapshot;
   std::mutex mutex;
@@ -29,6 +30,8 @@ Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring
     ctx.tp_comm_overlap = overlap;
     ctx.tp_comm_overlap_ag = ag_ring;
     ctx.tp_comm_overlap_rs = rs_ring;
+    using Context = decltype(ctx);
+    ctx.tp_comm_overlap_gather = gather_whole ? Context::OverlapGather::collective : Context::OverlapGather::ring;
     ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
     RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
     fc1.init(ctx, 7, 0.5);
@@ -98,6 +101,10 @@ void check_tp_comm_overlap() {
     strata_test::expect_equivalent(overlapped, run_mlp<T, true>(tp), strata_test::tolerance<T>() / 10,
                                    "tp=" + std::to_string(tp) + " overlap vs plain");
     strata_test::expect_equivalent(overlapped, reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " overlap");
+    // --tp-comm-overlap-gather collective: the same blocks through the same GEMMs, so the same bits as the ring
+    const Snapshot whole = run_mlp<T, true>(tp, true, true, true, true);
+    strata_test::expect_equivalent(whole, overlapped, 0.0, "tp=" + std::to_string(tp) + " overlap, gathers whole vs ring");
+    strata_test::expect_equivalent(whole, reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " overlap, gathers whole");
     // --disable-tp-comm-overlap-ag / -rs: the forward's gather or reduce-scatter whole, the backward still overlapped
     for (const auto& [ag, rs] : {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}})
       strata_test::expect_equivalent(run_mlp<T, true>(tp, true, ag, rs), reference, strata_test::tolerance<T>(),

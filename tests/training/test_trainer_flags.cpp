@@ -107,6 +107,13 @@ TEST(MegatronFlags, TpCommOverlapNeedsSequenceParallelism) {
   EXPECT_EQ(f.tp_comm_overlap_sm_margin, 16);
   TrainArgs g = parse_flags("gpt", {"--tp-comm-overlap-sm-margin", "16", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
   expect_config_error([&] { (void)trainer::resolve_run(g); }, {"--tp-comm-overlap-sm-margin", "--tp-comm-overlap"});
+  // So does the way the overlapped all-gathers move their blocks.
+  TrainArgs h = parse_flags("gpt", {"--tp-comm-overlap", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                                    "--tp-comm-overlap-gather", "collective"});
+  (void)trainer::resolve_run(h);
+  EXPECT_EQ(h.tp_comm_overlap_gather, "collective");
+  TrainArgs i = parse_flags("gpt", {"--tp-comm-overlap-gather", "collective", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  expect_config_error([&] { (void)trainer::resolve_run(i); }, {"--tp-comm-overlap-gather", "--tp-comm-overlap"});
 }
 
 // Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.

@@ -73,6 +73,14 @@ struct ParallelContext {
   // collective runs whole on the compute stream; the backward's overlap stays either way.
   bool tp_comm_overlap_ag = true;
   bool tp_comm_overlap_rs = true;
+  // With tp_comm_overlap, how an all-gather beside GEMMs (the column layers' forward, the row
+  // layers' first backward gather) moves the blocks: `ring`, tp - 1 point-to-point exchanges, each
+  // arrived block's GEMM beside the next exchange; `collective`, one all-gather on the
+  // communication stream with this rank's own block's GEMM beside it and the other blocks' after it
+  // (NCCL's collective kernel and channels instead of its point-to-point ones; on two ranks the same
+  // blocks in the same order, so the same bits).
+  enum class OverlapGather { ring, collective };
+  OverlapGather tp_comm_overlap_gather = OverlapGather::ring;
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

@@ -107,15 +107,19 @@ Tensor<T, Space> all_gather_last(Device& device, Comm& comm, const Tensor<T, Spa
   return out;
 }
 
-// all_gather_dim0 as a ring of tp - 1 exchanges on the communicator's overlapped handle, calling
-// block(rank, data) (data: the first element of that rank's block of dim0 in the result) for each
-// rank's block as soon as it has arrived (this rank's own first, then the ones from the ranks
-// before it, nearest first), while the next exchange is in flight: the consumer of a gathered input whose rows are independent (a matmul) runs beside the
-// gather (NCCL: exchanges on the communication stream, blocks on the compute stream). A block call
-// may read only its block of the result. With an in-process communicator each exchange has
-// finished when it returns, so this is the plain gather followed by the blocks.
+// all_gather_dim0 beside the consumer of its blocks, on the communicator's overlapped handle: a
+// ring of tp - 1 exchanges calling block(rank, data) (data: the first element of that rank's block
+// of dim0 in the result) for each rank's block as soon as it has arrived (this rank's own first,
+// then the ones from the ranks before it, nearest first), while the next exchange is in flight; or,
+// `whole`, one all-gather with this rank's own block beside it and the others after it, in the
+// same order. The consumer of a gathered input whose rows are independent (a matmul) runs beside
+// the gather (NCCL: exchanges on the communication stream, blocks on the compute stream, inside
+// gemms_beside_communication while something is in flight). A block call may read only its block
+// of the result. With an in-process communicator each exchange has finished when it returns, so
+// this is the plain gather followed by the blocks.
 template <class Device, class Comm, class T, class Space, class Block>
-Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, Space>& in, Block&& block) {
+Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, Space>& in, Block&& block,
+                                      bool whole = false) {
   const int parts = tp.size(), rank = tp.rank();
   if (parts == 1) {
     block(0, in.data());
@@ -125,6 +129,22 @@ Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, 
   auto out = Tensor<T, Space>::empty(in.shape().with(0, in.size(0) * parts));
   device.template copy<T>(in.data(), n, out.data() + rank * n);
   Comm ring = overlapped_handle(tp);
+  const auto beside = [&](int held) {
+    gemms_beside_communication<Device> marked(device);
+    block(held, static_cast<const T*>(out.data() + held * n));
+  };
+  if (whole) {
+    ring.all_gather(comm_span_t<const T, Comm>(out.data() + rank * n, static_cast<std::size_t>(n)),
+                    comm_span_t<T, Comm>(out.data(), static_cast<std::size_t>(n) * static_cast<std::size_t>(parts)));
+    const std::uint64_t mark = overlapped_mark(ring);
+    beside(rank);
+    join_overlapped(tp, mark);
+    for (int step = 1; step < parts; ++step) {
+      const int arrived = (rank - step + parts) % parts;
+      block(arrived, static_cast<const T*>(out.data() + arrived * n));
+    }
+    return out;
+  }
   const int next = (rank + 1) % parts, previous = (rank + parts - 1) % parts;
   for (int step = 0; step < parts - 1; ++step) {
     // forward the block that arrived last (own at first); receive the previous rank's one before it
@@ -134,10 +154,7 @@ Tensor<T, Space> all_gather_dim0_ring(Device& device, Comm& tp, const Tensor<T, 
     ring.recv(comm_span_t<T, Comm>(out.data() + arriving * n, static_cast<std::size_t>(n)), previous);
     batch.end();
     const std::uint64_t mark = overlapped_mark(ring);
-    {
-      gemms_beside_communication<Device> beside(device);
-      block(held, static_cast<const T*>(out.data() + held * n));
-    }
+    beside(held);
     join_overlapped(tp, mark);
   }
   const int last = (rank + 1) % parts;  // the last to arrive
