@@ -1163,15 +1163,15 @@ inline data::Tokenizer resolve_run(TrainArgs& a) {
   }
   if (a.tp_comm_overlap && a.tensor_model_parallel_size == 1)
     a.notes.emplace_back("--tp-comm-overlap: nothing to overlap with tensor parallelism 1");
-  if ((a.disable_tp_comm_overlap_ag || a.disable_tp_comm_overlap_rs) && !a.tp_comm_overlap)
-    fail<ConfigError>(a.disable_tp_comm_overlap_ag ? "--disable-tp-comm-overlap-ag" : "--disable-tp-comm-overlap-rs",
-                      " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
-  if (a.tp_comm_overlap_gather != "ring" && !a.tp_comm_overlap)
-    fail<ConfigError>("--tp-comm-overlap-gather ", a.tp_comm_overlap_gather,
-                      " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
-  if (a.tp_comm_overlap_sm_margin > 0 && !a.tp_comm_overlap)
-    fail<ConfigError>("--tp-comm-overlap-sm-margin ", a.tp_comm_overlap_sm_margin,
-                      " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
+  if (!a.tp_comm_overlap) {  // the flags that refine --tp-comm-overlap mean nothing without it
+    const auto refines = [](const auto&... flag) {
+      fail<ConfigError>(flag..., " refines --tp-comm-overlap, which is off: add --tp-comm-overlap, or drop the flag");
+    };
+    if (a.disable_tp_comm_overlap_ag) refines("--disable-tp-comm-overlap-ag");
+    if (a.disable_tp_comm_overlap_rs) refines("--disable-tp-comm-overlap-rs");
+    if (a.tp_comm_overlap_gather != "ring") refines("--tp-comm-overlap-gather ", a.tp_comm_overlap_gather);
+    if (a.tp_comm_overlap_sm_margin > 0) refines("--tp-comm-overlap-sm-margin ", a.tp_comm_overlap_sm_margin);
+  }
   return tokenizer;
 }
 
