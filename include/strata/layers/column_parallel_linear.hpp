@@ -88,7 +88,7 @@ class ColumnParallelLinear {
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
       saved.input = detail::all_gather_dim0_ring(ctx.device, ctx.tp, x.tensor, [&](int r, const T* rows) {
         detail::linear_forward_rows(ctx.device, rows, block_rows, *weight_, bias, y.data() + r * block_rows * out);
-      }, gathers_whole(ctx));
+      }, detail::overlap_gathers_whole(ctx));
     } else {
       saved.input = full_input(ctx, x);
       y = detail::linear_forward(ctx.device, saved.input, *weight_, bias, "ColumnParallelLinear");
@@ -114,7 +114,7 @@ class ColumnParallelLinear {
         const index_t at = r * block_rows * out;
         ctx.device.template gemm_gelu<T>(false, true, block_rows, out, in, rows, weight_->value.data(),
                                          bias_ ? bias_->value.data() : nullptr, pre.data() + at, y.data() + at);
-      }, gathers_whole(ctx));
+      }, detail::overlap_gathers_whole(ctx));
     } else {
       saved.input = full_input(ctx, x);
       y = detail::linear_forward_gelu(ctx.device, saved.input, *weight_, bias_ ? &*bias_ : nullptr, pre,
@@ -199,9 +199,6 @@ class ColumnParallelLinear {
   // Whether forward gathers its input as a ring beside the GEMMs (see forward).
   bool ring_gathers(const Context& ctx) const {
     return sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_ag && ctx.tp.size() > 1;
-  }
-  static bool gathers_whole(const Context& ctx) {
-    return ctx.tp_comm_overlap_gather == decltype(ctx.tp_comm_overlap_gather)::collective;
   }
   // The output [s, b, out/tp] of a forward whose sequence-sharded input x [s/tp, b, in] is gathered
   // by the ring, after the checks linear_forward makes.

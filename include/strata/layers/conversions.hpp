@@ -52,6 +52,13 @@ class gemms_beside_communication {
   bool previous_ = false;
 };
 
+// Whether the all-gathers beside GEMMs go whole (ctx.tp_comm_overlap_gather collective) rather
+// than as rings (all_gather_dim0_ring's `whole`).
+template <class Context>
+bool overlap_gathers_whole(const Context& ctx) {
+  return ctx.tp_comm_overlap_gather == decltype(ctx.tp_comm_overlap_gather)::collective;
+}
+
 inline void check_divisible(index_t extent, int parts, const char* what, const Shape& shape) {
   if (parts <= 0 || extent % parts != 0)
     fail<ShapeError>(what, ": dimension of extent ", extent, " in ", shape.str(), " does not divide over ", parts,

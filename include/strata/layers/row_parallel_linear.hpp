@@ -193,7 +193,7 @@ class RowParallelLinear {
       const index_t at = r * block_rows * in;
       detail::linear_input_gradient_rows(ctx.device, block, block_rows, weight_, dx.data() + at,
                                          gelu_pre ? gelu_pre->data() + at : nullptr);
-    }, ctx.tp_comm_overlap_gather == decltype(ctx.tp_comm_overlap_gather)::collective);
+    }, detail::overlap_gathers_whole(ctx));
     if (deferred) detail::defer_weight_gradient(ctx.device, saved.input, dy_full, weight_, bias, *deferred);
     else detail::linear_weight_gradient_rows(ctx.device, saved.input.data(), dy_full.data(), rows, weight_, bias);
     return dx;
