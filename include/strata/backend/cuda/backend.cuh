@@ -141,7 +141,7 @@ class backend {
       fail<ConfigError>("cuda::backend: the SM margin for communication must be from 0 to ", state_->sm_count - 1,
                         " (device ", state_->device, " has ", state_->sm_count, " SMs), got ", sms);
     const int previous = std::exchange(state_->sm_margin, sms);
-    if (state_->beside_communication) state_->blas.set_sm_target(sms > 0 ? state_->sm_count - sms : 0);
+    state_->apply_sm_target();
     return previous;
   }
   int communication_sm_margin() const { return state_->sm_margin; }
@@ -150,7 +150,7 @@ class backend {
   // previous mark. A no-op while the margin is 0.
   bool gemms_beside_communication(bool on) const {
     const bool previous = std::exchange(state_->beside_communication, on);
-    state_->blas.set_sm_target(on && state_->sm_margin > 0 ? state_->sm_count - state_->sm_margin : 0);
+    state_->apply_sm_target();
     return previous;
   }
 
@@ -482,6 +482,12 @@ class backend {
     int sm_count = 0;
     int sm_margin = 0;                  // set_communication_sm_margin
     bool beside_communication = false;  // gemms_beside_communication
+
+    // The GEMMs' SM target that the margin and the mark give: SMs less the margin beside a
+    // collective, else every SM (0).
+    void apply_sm_target() {
+      (void)blas.set_sm_target(beside_communication && sm_margin > 0 ? sm_count - sm_margin : 0);
+    }
 
     static constexpr index_t kTickets = 4096;
 
