@@ -15,8 +15,8 @@
 //                                        dp=2 (also ZeRO-1, also overlapped) and pp=2 (1F1B,
 //                                        zero-bubble) on 2 GPUs from threads of this process
 //                                        (nccl::run(2)), losses and final parameters (gathered)
-//                                        within 2e-2 of tp=1 (the suite runs
-//                                        it with 2+ GPUs); the same 2-GPU runs as processes:
+//                                        within 2e-2 of tp=1 (the suite runs it with 2+ GPUs);
+//                                        the same 2-GPU runs as processes:
 //   test_training --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
