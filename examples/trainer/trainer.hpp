@@ -547,8 +547,25 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
-  ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective" ? Context::OverlapGather::collective
-                                                                        : Context::OverlapGather::ring;
+  ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective"     ? Context::OverlapGather::collective
+                               : a.tp_comm_overlap_gather == "copy-engines" ? Context::OverlapGather::copy_engines
+                                                                            : Context::OverlapGather::ring;
+  if (ctx.tp_comm_overlap && ctx.tp.size() > 1 && ctx.tp_comm_overlap_gather == Context::OverlapGather::copy_engines) {
+    // The window holds the largest all-gather beside GEMMs: a whole micro-batch of hidden states.
+    const auto window_bytes = static_cast<std::size_t>(checked_product("the copy-engine window", a.model.seq_length,
+                                                                       a.micro_batch_size, a.model.hidden_size,
+                                                                       static_cast<std::int64_t>(sizeof(T))));
+    const bool engines = use_copy_engines_for_overlapped_gathers(ctx.tp, window_bytes);
+    if (world.rank() == 0 && !a.quiet) {
+      if (engines)
+        std::printf("tp comm overlap: all-gathers by copy engines through a window of %.1f MiB per rank\n",
+                    static_cast<double>(window_bytes) / (1 << 20));
+      else
+        std::printf("tp comm overlap: copy-engine all-gathers are not available on this communicator (they need NCCL "
+                    "2.28 and GPUs that map each other's memory); gathering as --tp-comm-overlap-gather collective\n");
+      std::fflush(stdout);
+    }
+  }
   if constexpr (requires { ctx.device.set_communication_sm_margin(0); })
     if (ctx.tp_comm_overlap) (void)ctx.device.set_communication_sm_margin(a.tp_comm_overlap_sm_margin);
   // The device bytes the model's state takes (parameters, gradients, optimizer state), measured

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run_training_processes.sh: the 2-GPU training checks of test_training as jobs of one
 # process per GPU, started the way torchrun does (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-# MASTER_PORT): tp=2 + sequence parallel (also with --tp-comm-overlap), dp=2, dp=2 with the distributed optimizer and both
+# MASTER_PORT): tp=2 + sequence parallel (also with --tp-comm-overlap, and with its copy-engine all-gathers), dp=2, dp=2 with the distributed optimizer and both
 # overlaps, pp=2 (1F1B), each compared with the tp=1 run on 1 GPU.
 #
 #   tests/gpu/run_training_processes.sh <path to test_training> <its log> [--data-path PREFIX]
@@ -24,7 +24,7 @@ unset NCCL_COMM_ID STRATA_NCCL_ID_FILE
 status=0
 reference=$(grep -m1 '^LOSSES' "$reference_log" | cut -d' ' -f2-)
 [[ -z $reference ]] && { echo "no LOSSES line in '$reference_log' (the 1-GPU run)"; status=1; }
-for layout in tp2 tp2-overlap dp2 dp2-zero pp2; do
+for layout in tp2 tp2-overlap tp2-engines dp2 dp2-zero pp2; do
   port=$((20000 + RANDOM % 20000))
   pids=()
   for r in 0 1; do
@@ -53,5 +53,5 @@ for layout in tp2 tp2-overlap dp2 dp2-zero pp2; do
   echo "$layout as 2 processes: $verdict"
   [[ $verdict == PASS* ]] || status=1
 done
-echo "SUITE training processes: $([[ $status == 0 ]] && echo passed || echo FAILED), tp=2 + sequence parallel (plain and --tp-comm-overlap), dp=2, dp=2 + ZeRO-1 overlapped, pp=2 as 2 processes (logs in $log_dir)"
+echo "SUITE training processes: $([[ $status == 0 ]] && echo passed || echo FAILED), tp=2 + sequence parallel (plain, --tp-comm-overlap and its copy-engine gathers), dp=2, dp=2 + ZeRO-1 overlapped, pp=2 as 2 processes (logs in $log_dir)"
 exit $status

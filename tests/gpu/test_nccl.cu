@@ -534,6 +534,69 @@ void size_errors(const Context& ctx, nccl::communicator& comm) {
   report(!comm.failed(), line_of(ctx, comm, "the communicator is still usable after the size errors"));
 }
 
+// Copy-engine all-gathers (use_copy_engines_for_overlapped_gathers), on a group of their own: NCCL
+// registers the window where it can (NCCL 2.28 loaded, GPUs that map each other's memory), and
+// every all-gather on an overlapped handle then gives the bits of the in-process all-gather, in
+// place and not, in 16 and 32 bits, and once larger than the window (which grows). A handle that
+// is not overlapped gathers as before.
+void copy_engine_gathers(const Context& ctx, nccl::communicator& world) {
+  try {
+    nccl::communicator group = world.split(0, world.rank(), "copy_engines");
+    int version = 0;
+    (void)ncclGetVersion(&version);
+    bool peers = true;
+    for (int d = 0; d < strata::cuda::device_count(); ++d) {
+      int can = 1;
+      if (d != group.device() && cudaDeviceCanAccessPeer(&can, group.device(), d) == cudaSuccess && !can) peers = false;
+    }
+    const bool expected = version >= NCCL_VERSION(2, 28, 0) && peers;
+    const bool on = group.use_copy_engines_for_overlapped_gathers(std::size_t{1} << 20);
+    report(on == expected && group.copy_engine_gathers() == on,
+           line_of(ctx, group, strata::detail::concat("use_copy_engines_for_overlapped_gathers: ", on ? "on" : "off",
+                                                      " (NCCL ", version, ", peers map each other's memory: ",
+                                                      peers ? "yes" : "no", "; want ", expected ? "on" : "off", ")")));
+    const auto overlapped_gather = [](nccl::communicator& c, auto in, auto out) {
+      nccl::communicator side = c.overlapped();
+      side.all_gather(in, out);
+      c.join_overlapped();
+    };
+    const auto host_gather = [](inprocess::communicator& c, auto in, auto out) { c.all_gather(in, out); };
+    const int size = group.size();
+    for (std::size_t n : {std::size_t{333}, std::size_t{1} << 20}) {  // 4 MiB per rank of floats: the window grows
+      run_case<float>(ctx, group, strata::detail::concat("overlapped all_gather by copy engines n=", n), all(size, n),
+                      all(size, n * size), host_gather, overlapped_gather);
+      run_case<bf16>(ctx, group, strata::detail::concat("overlapped all_gather by copy engines n=", n), all(size, n),
+                     all(size, n * size), host_gather, overlapped_gather);
+    }
+    run_case<float>(ctx, group, "all_gather on the handle that is not overlapped", all(size, 333), all(size, 333 * size),
+                    host_gather, [](nccl::communicator& c, device_span<const float> in, device_span<float> out) {
+                      c.all_gather(in, out);
+                    });
+    // In place: this rank's block of `out` is the input.
+    const std::size_t n = 4099;
+    ctx.arena->reset();
+    float* whole = ctx.arena->take<float>(n * static_cast<std::size_t>(size));
+    std::vector<std::vector<float>> blocks(static_cast<std::size_t>(size));
+    for (int p = 0; p < size; ++p) blocks[static_cast<std::size_t>(p)] = make_input<float>(n, p, 77);
+    float* own = whole + n * static_cast<std::size_t>(group.rank());
+    STRATA_CUDA_CHECK(cudaMemsetAsync(whole, 0, n * static_cast<std::size_t>(size) * sizeof(float), group.stream()));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(own, blocks[static_cast<std::size_t>(group.rank())].data(), n * sizeof(float),
+                                      cudaMemcpyHostToDevice, group.stream()));
+    overlapped_gather(group, device_span<const float>(own, n), device_span<float>(whole, n * static_cast<std::size_t>(size)));
+    std::vector<float> got(n * static_cast<std::size_t>(size));
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(got.data(), whole, got.size() * sizeof(float), cudaMemcpyDeviceToHost, group.stream()));
+    group.synchronize();
+    bool same = true;
+    for (int p = 0; p < size; ++p)
+      same = same && std::memcmp(got.data() + n * static_cast<std::size_t>(p), blocks[static_cast<std::size_t>(p)].data(),
+                                 n * sizeof(float)) == 0;
+    report(same, line_of(ctx, group, strata::detail::concat("overlapped all_gather by copy engines in place (n=", n,
+                                                            "): every block is its rank's input")));
+  } catch (const std::exception& e) {
+    report(false, line_of(ctx, world, strata::detail::concat("copy-engine all-gathers threw ", e.what())));
+  }
+}
+
 void all_cases(const Context& ctx, nccl::communicator& world) {
   every_operation<float>(ctx, world);
   every_operation<double>(ctx, world);
@@ -546,6 +609,7 @@ void all_cases(const Context& ctx, nccl::communicator& world) {
   splits(ctx, world);
   overlapped_operations(ctx, world);
   overlapped_marks(ctx, world);
+  copy_engine_gathers(ctx, world);
   size_errors(ctx, world);
   try {
     world.barrier();

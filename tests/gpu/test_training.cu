@@ -17,7 +17,7 @@
 //                                        (nccl::run(2)), losses and final parameters (gathered)
 //                                        within 2e-2 of tp=1 (the suite runs it with 2+ GPUs);
 //                                        the same 2-GPU runs as processes:
-//   test_training --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]
+//   test_training --process [--process-layout tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
 //                                        both jobs and compares them with the 1-GPU losses.
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     else if (arg == "--process-layout" && i + 1 < argc) layout = argv[++i];
     else if (arg == "--threads") threads = true;
     else {
-      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|tp2-overlap|dp2|dp2-zero|pp2]]\n",
+      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2]]\n",
                    argv[0]);
       return 2;
     }
@@ -189,11 +189,13 @@ int main(int argc, char** argv) {
   gpu_test::suite s("training");
   try {
     if (process) {  // one rank of a torchrun-style job (the world size comes from WORLD_SIZE)
-      // --process tp2: tp=2 + sequence parallel (tp2-overlap: with --tp-comm-overlap); dp2: dp=2; dp2-zero: dp=2 with the distributed
-      // optimizer and both overlaps; pp2: 2 pipeline stages (1F1B).
-      trainer::TrainArgs a = layout == "tp2" || layout == "tp2-overlap" ? args_for(data_path, 2, 2, true)
-                                                                        : args_for(data_path, 2, 1, false);
-      a.tp_comm_overlap = layout == "tp2-overlap";
+      // --process tp2: tp=2 + sequence parallel (tp2-overlap: with --tp-comm-overlap; tp2-engines: also with
+      // --tp-comm-overlap-gather copy-engines); dp2: dp=2; dp2-zero: dp=2 with the distributed optimizer and both
+      // overlaps; pp2: 2 pipeline stages (1F1B).
+      const bool tp2 = layout == "tp2" || layout == "tp2-overlap" || layout == "tp2-engines";
+      trainer::TrainArgs a = tp2 ? args_for(data_path, 2, 2, true) : args_for(data_path, 2, 1, false);
+      a.tp_comm_overlap = layout == "tp2-overlap" || layout == "tp2-engines";
+      if (layout == "tp2-engines") a.tp_comm_overlap_gather = "copy-engines";
       if (layout == "dp2-zero") a.use_distributed_optimizer = a.overlap_grad_reduce = a.overlap_param_gather = true;
       if (layout == "pp2") a.pipeline.pipeline_model_parallel_size = 2;
       trainer::resolve_device(a, true);
@@ -283,6 +285,12 @@ int main(int argc, char** argv) {
       const auto tp2_whole = train(whole_args);
       s.record(!tp2_whole.losses.empty() && tp2_whole.losses == tp2_overlap.losses,
                "tp=2 + sequence parallel + --tp-comm-overlap-gather collective: the same 20 losses bit for bit as the ring");
+      // --tp-comm-overlap-gather copy-engines moves the same blocks by the copy engines: the same bits again.
+      auto engines_args = overlapped_args;
+      engines_args.tp_comm_overlap_gather = "copy-engines";
+      const auto tp2_engines = train(engines_args);
+      s.record(!tp2_engines.losses.empty() && tp2_engines.losses == tp2_overlap.losses,
+               "tp=2 + sequence parallel + --tp-comm-overlap-gather copy-engines: the same 20 losses bit for bit as the ring");
       auto margin_args = overlapped_args;
       margin_args.tp_comm_overlap_sm_margin = 8;
       compare(s, "tp=2 + sequence parallel + --tp-comm-overlap-sm-margin 8 on 2 GPUs (threads)", train(margin_args), reference);

@@ -19,9 +19,11 @@ constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
 // `overlap`: ctx.tp_comm_overlap, with the backward chained through an at_collectives list (the
 // row layer's weight gradients run during the column layer's reduction), as TransformerLayer does.
 // `rings`: ctx.tp_comm_overlap_ag and _rs (with `overlap`; off, the forward's collectives run whole).
-// `gather_whole`: ctx.tp_comm_overlap_gather collective (one all-gather beside the own block).
+// `gather`: ctx.tp_comm_overlap_gather (collective and copy_engines: one all-gather beside the own
+// block; the in-process communicator has no copy engines, so copy_engines runs as collective).
+using Gather = ParallelContext<inprocess::communicator>::OverlapGather;
 template <class T, bool SP>
-Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring = true, bool gather_whole = false) {
+Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring = true, Gather gather = Gather::ring) {
   using P = Policy<T, SP>;
   Snapshot snapshot;
   std::mutex mutex;
@@ -30,8 +32,10 @@ Snapshot run_mlp(int tp, bool overlap = false, bool ag_ring = true, bool rs_ring
     ctx.tp_comm_overlap = overlap;
     ctx.tp_comm_overlap_ag = ag_ring;
     ctx.tp_comm_overlap_rs = rs_ring;
-    using Context = decltype(ctx);
-    ctx.tp_comm_overlap_gather = gather_whole ? Context::OverlapGather::collective : Context::OverlapGather::ring;
+    ctx.tp_comm_overlap_gather = gather;
+    if (gather == Gather::copy_engines) {
+      EXPECT_FALSE(use_copy_engines_for_overlapped_gathers(ctx.tp, 1 << 20)) << "the in-process communicator has no copy engines";
+    }
     ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
     RowParallelLinear<P> fc2(ctx, "fc2", kHidden, kOut);
     fc1.init(ctx, 7, 0.5);
@@ -102,9 +106,12 @@ void check_tp_comm_overlap() {
                                    "tp=" + std::to_string(tp) + " overlap vs plain");
     strata_test::expect_equivalent(overlapped, reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " overlap");
     // --tp-comm-overlap-gather collective: the same blocks through the same GEMMs, so the same bits as the ring
-    const Snapshot whole = run_mlp<T, true>(tp, true, true, true, true);
+    const Snapshot whole = run_mlp<T, true>(tp, true, true, true, Gather::collective);
     strata_test::expect_equivalent(whole, overlapped, 0.0, "tp=" + std::to_string(tp) + " overlap, gathers whole vs ring");
     strata_test::expect_equivalent(whole, reference, strata_test::tolerance<T>(), "tp=" + std::to_string(tp) + " overlap, gathers whole");
+    // --tp-comm-overlap-gather copy-engines: the layers gather whole, as collective
+    strata_test::expect_equivalent(run_mlp<T, true>(tp, true, true, true, Gather::copy_engines), whole, 0.0,
+                                   "tp=" + std::to_string(tp) + " overlap, copy-engine gathers vs whole");
     // --disable-tp-comm-overlap-ag / -rs: the forward's gather or reduce-scatter whole, the backward still overlapped
     for (const auto& [ag, rs] : {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}})
       strata_test::expect_equivalent(run_mlp<T, true>(tp, true, ag, rs), reference, strata_test::tolerance<T>(),

@@ -114,6 +114,12 @@ TEST(MegatronFlags, TpCommOverlapNeedsSequenceParallelism) {
   EXPECT_EQ(h.tp_comm_overlap_gather, "collective");
   TrainArgs i = parse_flags("gpt", {"--tp-comm-overlap-gather", "collective", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
   expect_config_error([&] { (void)trainer::resolve_run(i); }, {"--tp-comm-overlap-gather", "--tp-comm-overlap"});
+  TrainArgs j = parse_flags("gpt", {"--tp-comm-overlap", "--sequence-parallel", "--tensor-model-parallel-size", "2",
+                                    "--tp-comm-overlap-gather", "copy-engines"});
+  (void)trainer::resolve_run(j);
+  EXPECT_EQ(j.tp_comm_overlap_gather, "copy-engines");
+  TrainArgs k = parse_flags("gpt", {"--tp-comm-overlap-gather", "copy-engines", "--sequence-parallel", "--tensor-model-parallel-size", "2"});
+  expect_config_error([&] { (void)trainer::resolve_run(k); }, {"--tp-comm-overlap-gather copy-engines", "--tp-comm-overlap"});
 }
 
 // Megatron: --ffn-hidden-size absent is 4 x hidden, or with --swiglu int(4 h 2/3 / 64) x 64.

@@ -260,6 +260,16 @@ void join_overlapped(C& comm, std::uint64_t mark) {
   if constexpr (detail::communicator_marks<C>) comm.join_overlapped(mark);
   else join_overlapped(comm);
 }
+// Collective over comm's group: from now on its overlapped handles' all-gathers are moved by the
+// GPUs' copy engines, through a window of at least `bytes` bytes, where the backend can
+// (nccl::communicator::use_copy_engines_for_overlapped_gathers). Returns whether it can; a
+// communicator without copy engines (in-process) returns false and gathers as before.
+template <class C>
+bool use_copy_engines_for_overlapped_gathers(C& comm, std::size_t bytes) {
+  if constexpr (requires { { comm.use_copy_engines_for_overlapped_gathers(bytes) } -> std::same_as<bool>; })
+    return comm.use_copy_engines_for_overlapped_gathers(bytes);
+  else return false;
+}
 
 // Size checks shared by the backends. Each throws ShapeError (or CommError for a bad peer or
 // root) whose message starts with the call site, e.g.

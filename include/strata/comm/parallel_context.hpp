@@ -78,8 +78,12 @@ struct ParallelContext {
   // arrived block's GEMM beside the next exchange; `collective`, one all-gather on the
   // communication stream with this rank's own block's GEMM beside it and the other blocks' after it
   // (NCCL's collective kernel and channels instead of its point-to-point ones; on two ranks the same
-  // blocks in the same order, so the same bits).
-  enum class OverlapGather { ring, collective };
+  // blocks in the same order, so the same bits); `copy_engines`, as collective, with every all-gather
+  // of the overlapped handle moved by the GPUs' copy engines instead of a kernel, so no SM is taken
+  // from the GEMMs beside it (the trainer calls use_copy_engines_for_overlapped_gathers on the tp
+  // group; NCCL 2.28 and symmetric memory; a communicator without copy engines runs it as
+  // collective). The same bits as collective.
+  enum class OverlapGather { ring, collective, copy_engines };
   OverlapGather tp_comm_overlap_gather = OverlapGather::ring;
 
   // Collective over `world`: every rank must call it with the same config.

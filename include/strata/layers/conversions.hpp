@@ -52,11 +52,11 @@ class gemms_beside_communication {
   bool previous_ = false;
 };
 
-// Whether the all-gathers beside GEMMs go whole (ctx.tp_comm_overlap_gather collective) rather
-// than as rings (all_gather_dim0_ring's `whole`).
+// Whether the all-gathers beside GEMMs go whole (ctx.tp_comm_overlap_gather collective or
+// copy_engines) rather than as rings (all_gather_dim0_ring's `whole`).
 template <class Context>
 bool overlap_gathers_whole(const Context& ctx) {
-  return ctx.tp_comm_overlap_gather == decltype(ctx.tp_comm_overlap_gather)::collective;
+  return ctx.tp_comm_overlap_gather != decltype(ctx.tp_comm_overlap_gather)::ring;
 }
 
 inline void check_divisible(index_t extent, int parts, const char* what, const Shape& shape) {

@@ -412,6 +412,7 @@ class communicator {
     detail::check_all_gather_sizes(site("all_gather"), in.size(), out.size());
     check_disjoint_or_own_block<T>("all_gather", in.data(), in.size(), out.data(), out.size(),
                                    static_cast<std::size_t>(rank()) * in.size(), "in", "out");
+    if (gathers_through_window()) return all_gather_through_window<T>(in, out);
     enqueue(describe<T>("all_gather", count_text(in.size())), [&](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllGather(in.data(), out.data(), in.size(), detail::data_type<T>(), comm, stream);
     });
@@ -658,6 +659,63 @@ class communicator {
   // Collective over this group: ranks passing the same color (>= 0) form a new group, ranked by
   // (key, rank in this group), named `new_name`; it enqueues on the same stream.
   communicator split(int color, int key, std::string new_name) {
+    return split_with_policy(color, key, std::move(new_name), NCCL_CONFIG_UNDEF_INT);
+  }
+  // The new group is named "<this group's name>.split".
+  communicator split(int color, int key) { return split(color, key, group_ ? group_->name + ".split" : std::string()); }
+
+  // Copy-engine all-gathers (NCCL 2.28 and newer). Collective over this group: makes a second NCCL
+  // communicator of the same ranks with NCCL_CTA_POLICY_ZERO and a window of at least `bytes` bytes
+  // of symmetric memory on it (ncclMemAlloc, ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC).
+  // From then on an all_gather issued on an overlapped() handle of this group, outside an open
+  // group, copies this rank's block into the window, gathers there with NCCL's copy-engine
+  // all-gather (the GPUs' copy engines move the data and no kernel runs, so the GEMMs beside it keep
+  // every SM) and copies the result to `out`: the same bits as ncclAllGather. A larger all-gather
+  // first grows the window, collectively (every rank gathers the same sizes); the old window stays
+  // allocated until the group goes. Returns whether NCCL registered the window: false with an NCCL
+  // older than 2.28 (at build or at run time) or ranks that cannot map each other's memory (no
+  // symmetric memory support), and then every all-gather stays ncclAllGather's kernel.
+  bool use_copy_engines_for_overlapped_gathers(std::size_t bytes) {
+    const std::string operation = detail::concat("use_copy_engines_for_overlapped_gathers(", bytes, " bytes)");
+    require_valid(operation);
+    require_no_open_group(operation);
+    if (bytes == 0) fail<ConfigError>(site(operation).str(), ": the window needs at least one byte");
+    if (!copy_engines_supported()) return false;
+    detail::Group& g = *group_;
+    {
+      std::lock_guard lock(g.rank_state->mutex);
+      if (g.copy_engines != nullptr) return g.window.memory != nullptr && grow_window(g, bytes, operation);
+    }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    communicator engines = split_with_policy(0, rank(), g.name + ".copy_engines", NCCL_CTA_POLICY_ZERO);
+    std::lock_guard lock(g.rank_state->mutex);
+    g.copy_engines = engines.group_;
+    g.window_memory.owner = g.rank_state.get();
+    return grow_window(g, bytes, operation);
+#else
+    return false;
+#endif
+  }
+  // Whether all-gathers on this group's overlapped() handles go through the copy engines.
+  bool copy_engine_gathers() const {
+    if (!group_) return false;
+    std::lock_guard lock(group_->rank_state->mutex);
+    return group_->window.memory != nullptr;
+  }
+
+ private:
+  // Whether this build and the NCCL library loaded at run time have copy-engine collectives (2.28).
+  static bool copy_engines_supported() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    int version = 0;
+    return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 28, 0);
+#else
+    return false;
+#endif
+  }
+
+  // split() with a CTA policy for the new communicator (NCCL_CONFIG_UNDEF_INT: NCCL's default).
+  communicator split_with_policy(int color, int key, std::string new_name, int cta_policy) {
     require_valid("split");
     require_no_open_group("split");
     if (color < 0)
@@ -669,6 +727,13 @@ class communicator {
     detail::device_guard guard(g.rank_state->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    config.CTAPolicy = cta_policy;
+#else
+    if (cta_policy != NCCL_CONFIG_UNDEF_INT)
+      fail<ConfigError>(site(operation).str(), ": a CTA policy needs NCCL 2.27 or newer (this build has ", NCCL_MAJOR, ".",
+                        NCCL_MINOR, ")");
+#endif
     // NCCL writes the new communicator into *slot from its own thread once the split is done
     // (until then it stays null); the parent reports progress. If we leave early the slot is
     // leaked on purpose, so a late write cannot land in freed memory.
@@ -701,10 +766,106 @@ class communicator {
     detail::wait_until_enqueued(*ready, operation);
     return communicator(std::move(ready));
   }
-  // The new group is named "<this group's name>.split".
-  communicator split(int color, int key) { return split(color, key, group_ ? group_->name + ".split" : std::string()); }
 
- private:
+  // (mutex held) Makes g's window at least `bytes` long: a new one, allocated and registered on the
+  // copy-engine group (collective), when the current one is shorter. False when NCCL did not
+  // register it (no symmetric memory support between the ranks).
+  static bool grow_window(detail::Group& g, std::size_t bytes, const std::string& operation) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    if (g.window.memory != nullptr && g.window.bytes >= bytes) return true;
+    if (g.rank_state->failed.load() || g.copy_engines == nullptr || g.copy_engines->comm == nullptr)
+      detail::throw_failed(g, operation);
+    constexpr std::size_t granule = std::size_t{2} << 20;
+    bytes = (bytes + granule - 1) / granule * granule;
+    detail::device_guard guard(g.rank_state->device);
+    void* memory = nullptr;
+    ncclResult_t result = ncclMemAlloc(&memory, bytes);
+    if (result != ncclSuccess || memory == nullptr)
+      detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": ncclMemAlloc of ", bytes, " bytes failed: ",
+                                                     detail::describe_result(result),
+                                                     "; the rank's NCCL communicators were aborted"));
+    g.window_memory.blocks.push_back(memory);
+    // NCCL writes the window from its own thread when the registration completes; as in split, a
+    // slot we leave early is leaked on purpose.
+    auto slot = std::make_unique<ncclWindow_t>(nullptr);
+    result = ncclCommWindowRegister(g.copy_engines->comm, memory, bytes, slot.get(), NCCL_WIN_COLL_SYMMETRIC);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      (void)slot.release();
+      detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": ncclCommWindowRegister returned ",
+                                                     detail::describe_result(result)));
+    }
+    try {
+      detail::wait_until_enqueued(*g.copy_engines, operation);
+    } catch (...) {
+      (void)slot.release();
+      throw;
+    }
+    if (*slot == nullptr) return false;  // NCCL has no symmetric memory between these ranks
+    g.window = {memory, bytes};
+    return true;
+#else
+    (void)g, (void)bytes, (void)operation;
+    return false;
+#endif
+  }
+
+  // Whether an all_gather on this handle goes through the copy engines now (see
+  // use_copy_engines_for_overlapped_gathers).
+  bool gathers_through_window() const {
+    if (!overlapped_ || group_->rank_state->dry_run.load(std::memory_order_relaxed) || detail::group_frame().depth > 0)
+      return false;
+    std::lock_guard lock(group_->rank_state->mutex);
+    return group_->window.memory != nullptr;
+  }
+
+  // The copy-engine all-gather on the communication stream: `in` into this rank's block of the
+  // window, NCCL's all-gather in place in the window, the window to `out` (this rank's block only
+  // when `in` is not already it).
+  template <class T>
+  void all_gather_through_window(device_span<const T> in, device_span<T> out) {
+    const std::string operation = describe<T>("all_gather", detail::concat(count_text(in.size()), ", copy engines"));
+    detail::Group& g = *group_;
+    const std::size_t n = in.size(), own = static_cast<std::size_t>(rank()) * n, total = out.size();
+    if (n == 0) return;
+    constexpr std::size_t size_of = sizeof(T);
+    const auto copy = [&](void* to, const void* from, std::size_t elements, cudaStream_t stream) {
+      const cudaError_t status = cudaMemcpyAsync(to, from, elements * size_of, cudaMemcpyDeviceToDevice, stream);
+      if (status != cudaSuccess)
+        detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": cudaMemcpyAsync on the communication "
+                                                       "stream failed: ", detail::describe_cuda(status)));
+    };
+    cudaStream_t stream = nullptr;
+    T* window = nullptr;
+    {
+      std::lock_guard lock(g.rank_state->mutex);
+      if (g.rank_state->failed.load() || g.comm == nullptr) detail::throw_failed(g, operation);
+      if (!grow_window(g, total * size_of, operation))
+        detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": NCCL did not register the grown window "
+                                                       "of ", total * size_of, " bytes"));
+      window = static_cast<T*>(g.window.memory);
+      detail::device_guard guard(g.rank_state->device);
+      stream = detail::communication_stream(g, operation);
+      detail::fork_from_compute(g, stream, operation);
+      copy(window + own, in.data(), n, stream);
+    }
+    {
+      group_guard frame;
+      detail::frame_join(g.copy_engines, operation, stream);
+      if (g.rank_state->failed.load() || g.copy_engines->comm == nullptr) detail::throw_failed(g, operation);
+      const ncclResult_t result =
+          ncclAllGather(window + own, window, n, detail::data_type<T>(), g.copy_engines->comm, stream);
+      if (result != ncclSuccess && result != ncclInProgress)
+        detail::fail_rank(g, operation, detail::concat(g.site(operation).str(), ": NCCL refused the call: ",
+                                                       detail::describe_result(result)));
+      frame.end();
+    }
+    std::lock_guard lock(g.rank_state->mutex);
+    detail::device_guard guard(g.rank_state->device);
+    if (own > 0) copy(out.data(), window, own, stream);
+    if (own + n < total) copy(out.data() + own + n, window + own + n, total - own - n, stream);
+    if (in.data() != out.data() + own) copy(out.data() + own, window + own, n, stream);
+    detail::record_pending(g, operation, stream);
+  }
   friend communicator detail::make_world(const ncclUniqueId&, int, int, int, Options, detail::StopSignal*);
   friend struct detail::launcher_access;
 

@@ -34,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -102,6 +103,7 @@ struct RankState {
   bool aborted_by_peer = false;
   std::vector<std::weak_ptr<Group>> groups;
   std::vector<ncclComm_t> retired;  // communicators of groups gone, destroyed with the RankState
+  std::vector<void*> retired_memory;  // ncclMemAlloc'd windows of groups gone, freed after `retired`
   // One int on the device that barrier() all-reduces (every group of the rank shares the stream).
   std::int32_t* barrier_word = nullptr;
   // Several ranks share the process (nccl::run): communicators are destroyed with the RankState.
@@ -147,6 +149,25 @@ struct Group {
   // Guarded by rank_state->mutex.
   std::deque<Pending> pending;
   std::vector<cudaEvent_t> spare_events;
+  // communicator::use_copy_engines_for_overlapped_gathers: a window of symmetric memory (ncclMemAlloc,
+  // registered on `copy_engines`) and the group of the same ranks made with NCCL_CTA_POLICY_ZERO that
+  // gathers through it. Guarded by rank_state->mutex. Members go in reverse order, so the group's
+  // communicator is released (or retired) before its windows are freed.
+  struct Window {
+    void* memory = nullptr;
+    std::size_t bytes = 0;
+  };
+  struct WindowMemory {
+    std::vector<void*> blocks;  // every window ever allocated (a grown one keeps its predecessors)
+    RankState* owner = nullptr;
+    WindowMemory() = default;
+    WindowMemory(const WindowMemory&) = delete;
+    WindowMemory& operator=(const WindowMemory&) = delete;
+    inline ~WindowMemory();
+  };
+  WindowMemory window_memory;
+  Window window;
+  std::shared_ptr<Group> copy_engines;
 
   strata::detail::CommCallSite site(std::string_view operation) const {
     return {kBackend, name, rank, size, is_world ? -1 : rank_state->world_rank, operation};
@@ -205,12 +226,25 @@ inline Group::~Group() {
   if (previous >= 0 && previous != rank_state->device) (void)cudaSetDevice(previous);
 }
 
+// A window outlives the communicator it is registered on: freed at once, or with the RankState
+// when the rank's communicators are retired there (defer_destroy).
+inline Group::WindowMemory::~WindowMemory() {
+  if (blocks.empty() || owner == nullptr) return;
+  if (owner->defer_destroy && !owner->failed.load()) {
+    std::lock_guard lock(owner->mutex);
+    for (void* block : blocks) owner->retired_memory.push_back(block);
+    return;
+  }
+  for (void* block : blocks) (void)ncclMemFree(block);
+}
+
 inline RankState::~RankState() {
   int previous = -1;
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(device);
   // Newest first: groups split from the world go before it.
   for (auto it = retired.rbegin(); it != retired.rend(); ++it) release_comm(*it, failed.load(), timeout);
+  for (void* block : retired_memory) (void)ncclMemFree(block);
   if (barrier_word != nullptr) (void)cudaFree(barrier_word);
   if (fork_event != nullptr) (void)cudaEventDestroy(fork_event);
   if (join_event != nullptr) (void)cudaEventDestroy(join_event);
