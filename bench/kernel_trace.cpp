@@ -34,6 +34,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,7 @@ struct Interval {
   std::string name;  // kernel name, or "[memcpy HtoD]" etc.
   std::uint64_t bytes;
   std::uint32_t correlation;  // matches the runtime call that enqueued it
+  std::uint32_t stream;
 };
 
 // One host runtime call (STRATA_TRACE_HOST=1).
@@ -98,17 +100,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        batch.push_back({k->start, k->end, k->deviceId, demangle(k->name), 0, k->correlationId});
+        batch.push_back({k->start, k->end, k->deviceId, demangle(k->name), 0, k->correlationId, k->streamId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        batch.push_back({m->start, m->end, m->deviceId, copy_kind(m->copyKind), m->bytes, m->correlationId});
+        batch.push_back({m->start, m->end, m->deviceId, copy_kind(m->copyKind), m->bytes, m->correlationId, m->streamId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        batch.push_back({m->start, m->end, m->deviceId, "[memset]", m->bytes, m->correlationId});
+        batch.push_back({m->start, m->end, m->deviceId, "[memset]", m->bytes, m->correlationId, m->streamId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME: {
@@ -257,26 +259,44 @@ void report_gaps(std::FILE* out, double steps, InWindow&& in_window) {
 
 // Communication against computation, per device: the NCCL kernels' busy time, and how much of it
 // ran while a non-NCCL kernel ran too (on another stream): the overlap a tensor- or data-parallel
-// step gets. Printed only when NCCL kernels ran in the window.
+// step gets. Copies on a stream that also ran NCCL kernels in the window (a communication stream:
+// NCCL's copy-engine collectives are copies, not kernels) count as communication too, in their own
+// columns. Printed only when NCCL kernels ran in the window.
 template <class InWindow>
 void report_overlap(std::FILE* out, double steps, InWindow&& in_window) {
-  std::map<std::uint32_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> comm, compute;
+  using Spans = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  std::map<std::uint32_t, Spans> comm, copies, compute;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> comm_streams;  // (device, stream)
+  for (const auto& i : g_intervals)
+    if (in_window(i) && category(i.name) == "NCCL collectives") comm_streams.emplace(i.device, i.stream);
   for (const auto& i : g_intervals) {
-    if (!in_window(i) || i.name.rfind("[mem", 0) == 0) continue;
+    if (!in_window(i)) continue;
+    if (i.name.rfind("[mem", 0) == 0) {
+      if (i.name.rfind("[memcpy", 0) == 0 && comm_streams.count({i.device, i.stream}))
+        copies[i.device].emplace_back(i.start, i.end);
+      continue;
+    }
     (category(i.name) == "NCCL collectives" ? comm : compute)[i.device].emplace_back(i.start, i.end);
   }
   if (comm.empty()) return;
+  // |A and B| = |A| + |B| - |A or B|
+  const auto under = [](const Spans& a, const Spans& b) {
+    Spans both = a;
+    both.insert(both.end(), b.begin(), b.end());
+    const std::uint64_t x = union_length(a), y = union_length(b), either = union_length(both);
+    return x + y > either ? x + y - either : 0;
+  };
   std::fprintf(out, "\n## Communication overlap\n\n| device | NCCL busy ms per step | of it under compute kernels | "
-                    "share overlapped |\n| ---: | ---: | ---: | ---: |\n");
+                    "share overlapped | copies on communication streams, ms per step | of them under compute kernels | "
+                    "share overlapped |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (auto& [device, c] : comm) {
-    auto& k = compute[device];
-    const std::uint64_t nccl = union_length(c), work = union_length(k);
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> both = c;
-    both.insert(both.end(), k.begin(), k.end());
-    const std::uint64_t either = union_length(both);
-    const std::uint64_t overlapped = nccl + work > either ? nccl + work - either : 0;  // |A and B| = |A| + |B| - |A or B|
-    std::fprintf(out, "| %u | %.3f | %.3f | %.1f%% |\n", device, nccl / steps / 1e6, overlapped / steps / 1e6,
-                 nccl ? 100.0 * overlapped / nccl : 0.0);
+    const Spans& k = compute[device];
+    const Spans& m = copies[device];
+    const std::uint64_t nccl = union_length(c), overlapped = under(c, k);
+    const std::uint64_t copied = union_length(m), copied_beside = under(m, k);
+    std::fprintf(out, "| %u | %.3f | %.3f | %.1f%% | %.3f | %.3f | %.1f%% |\n", device, nccl / steps / 1e6,
+                 overlapped / steps / 1e6, nccl ? 100.0 * overlapped / nccl : 0.0, copied / steps / 1e6,
+                 copied_beside / steps / 1e6, copied ? 100.0 * copied_beside / copied : 0.0);
   }
 }
 
