@@ -189,13 +189,13 @@ int main(int argc, char** argv) {
   gpu_test::suite s("training");
   try {
     if (process) {  // one rank of a torchrun-style job (the world size comes from WORLD_SIZE)
-      // --process tp2: tp=2 + sequence parallel (tp2-overlap: with --tp-comm-overlap; tp2-engines: also with
-      // --tp-comm-overlap-gather copy-engines); dp2: dp=2; dp2-zero: dp=2 with the distributed optimizer and both
+      // --process tp2: tp=2 + sequence parallel (tp2-overlap: with --tp-comm-overlap and ring gathers; tp2-engines: with
+      // --tp-comm-overlap and copy-engine gathers); dp2: dp=2; dp2-zero: dp=2 with the distributed optimizer and both
       // overlaps; pp2: 2 pipeline stages (1F1B).
       const bool tp2 = layout == "tp2" || layout == "tp2-overlap" || layout == "tp2-engines";
       trainer::TrainArgs a = tp2 ? args_for(data_path, 2, 2, true) : args_for(data_path, 2, 1, false);
       a.tp_comm_overlap = layout == "tp2-overlap" || layout == "tp2-engines";
-      if (layout == "tp2-engines") a.tp_comm_overlap_gather = "copy-engines";
+      a.tp_comm_overlap_gather = layout == "tp2-engines" ? "copy-engines" : "ring";
       if (layout == "dp2-zero") a.use_distributed_optimizer = a.overlap_grad_reduce = a.overlap_param_gather = true;
       if (layout == "pp2") a.pipeline.pipeline_model_parallel_size = 2;
       trainer::resolve_device(a, true);
@@ -273,6 +273,7 @@ int main(int argc, char** argv) {
       // backward, on the communication stream; also twice, for the same bits run to run.
       auto overlapped_args = args_for(data_path, 2, 2, true);
       overlapped_args.tp_comm_overlap = true;
+      overlapped_args.tp_comm_overlap_gather = "ring";
       const auto tp2_overlap = train(overlapped_args);
       compare(s, "tp=2 + sequence parallel + --tp-comm-overlap on 2 GPUs (threads)", tp2_overlap, reference);
       s.record(!tp2_overlap.losses.empty() && train(overlapped_args).losses == tp2_overlap.losses,
