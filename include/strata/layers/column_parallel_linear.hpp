@@ -77,7 +77,7 @@ class ColumnParallelLinear {
   // With ctx.tp_comm_overlap (and tp_comm_overlap_ag) under sequence parallelism over more than one rank, the input is
   // gathered as a ring of exchanges (all_gather_dim0_ring) and each rank's block of rows goes
   // through the GEMM as soon as it has arrived, while the next exchange is in flight
-  // (tp_comm_overlap_gather collective: one all-gather beside the own block's GEMM).
+  // (tp_comm_overlap_gather collective or copy_engines: one all-gather beside the own block's GEMM).
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
     const Param* bias = Options.skip_bias_add || !bias_ ? nullptr : &*bias_;
