@@ -1,0 +1,324 @@
+// The peer-liveness monitor (comm/liveness.hpp) across real processes on loopback: a rank that is
+// killed, stopped, or reports a failure is named to every other rank within the bound, with what
+// it was doing; a clean finish is not a failure; ranks that never connect are named. And the
+// process-wide failure exit (comm/failure.hpp) ends a process whose threads are blocked.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <strata/comm/failure.hpp>
+#include <strata/comm/liveness.hpp>
+
+namespace {
+
+namespace liveness = strata::liveness;
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t n = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+liveness::Options options(int rank, int world, int port) {
+  liveness::Options o;
+  o.rank = rank;
+  o.world_size = world;
+  o.address = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = 10s;
+  o.heartbeat_interval = 0.05s;
+  o.silence_timeout = 1.0s;
+  return o;
+}
+
+// A failure seen by this process: the message and when it came.
+struct Seen {
+  std::mutex mutex;
+  std::string message;
+  std::atomic<bool> done{false};
+  clock_type::time_point at{};
+  void operator()(const std::string& m) {
+    std::lock_guard lock(mutex);
+    message = m;
+    at = clock_type::now();
+    done = true;
+  }
+  bool wait(std::chrono::duration<double> bound) {
+    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(bound);
+    while (!done && clock_type::now() < until) std::this_thread::sleep_for(5ms);
+    return done;
+  }
+};
+
+// A child rank: connects, sets its status, then per `behaviour`: "idle" (waits to be killed),
+// "report" (reports a failure), "finish" (ends cleanly). Writes the failure it saw (or "none") to
+// `pipe_fd` and exits 0.
+[[noreturn]] void child(int rank, int world, int port, const char* behaviour, int pipe_fd) {
+  std::string result = "none";
+  try {
+    Seen seen;
+    auto o = options(rank, world, port);
+    o.on_failure = [&](const std::string& m) { seen(m); };
+    liveness::Monitor monitor(o);
+    monitor.set_status("iteration 7: forward of micro-batch 2");
+    if (std::strcmp(behaviour, "report") == 0) {
+      std::this_thread::sleep_for(200ms);
+      monitor.report("all_reduce<float32>(1024 elements, sum) on group 'tp' did not complete within the timeout");
+      std::this_thread::sleep_for(500ms);
+    } else if (std::strcmp(behaviour, "finish") == 0) {
+      std::this_thread::sleep_for(300ms);
+      monitor.finish();
+    } else {
+      seen.wait(8s);
+      if (seen.done) result = seen.message;
+    }
+  } catch (const std::exception& e) {
+    result = std::string("exception: ") + e.what();
+  }
+  (void)!::write(pipe_fd, result.data(), result.size());
+  ::close(pipe_fd);
+  std::_Exit(0);
+}
+
+struct Child {
+  pid_t pid = -1;
+  int read_fd = -1;
+};
+
+Child spawn(int rank, int world, int port, const char* behaviour) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    child(rank, world, port, behaviour, fds[1]);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+std::string collect(Child& c) {
+  std::string out;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(c.read_fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(c.read_fd);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+  return out;
+}
+
+void reap(Child& c) {
+  ::kill(c.pid, SIGKILL);
+  ::close(c.read_fd);
+  int status = 0;
+  ::waitpid(c.pid, &status, 0);
+}
+
+TEST(Liveness, KilledRankIsNamedToEveryRankWithinASecond) {
+  const int port = free_port();
+  Child idle = spawn(1, 3, port, "idle");
+  Child witness = spawn(2, 3, port, "idle");
+  Seen seen;
+  auto o = options(0, 3, port);
+  o.on_failure = [&](const std::string& m) { seen(m); };
+  liveness::Monitor monitor(o);
+  monitor.set_status("iteration 7: all_reduce of the loss");
+  std::this_thread::sleep_for(200ms);  // statuses arrive with the beats
+  const auto killed_at = clock_type::now();
+  ::kill(idle.pid, SIGKILL);
+  ASSERT_TRUE(seen.wait(5s)) << "rank 0 never heard that rank 1 was killed";
+  EXPECT_LT(std::chrono::duration<double>(seen.at - killed_at).count(), 1.0);
+  EXPECT_NE(seen.message.find("rank 1 (pid " + std::to_string(idle.pid)), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("ended without finishing"), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << seen.message;
+  const std::string heard = collect(witness);
+  EXPECT_NE(heard.find("rank 1 (pid " + std::to_string(idle.pid)), std::string::npos) << heard;
+  collect(idle);
+}
+
+TEST(Liveness, StoppedRankIsNamedAfterTheSilenceTimeout) {
+  const int port = free_port();
+  Child stopped = spawn(1, 2, port, "idle");
+  Seen seen;
+  auto o = options(0, 2, port);
+  o.on_failure = [&](const std::string& m) { seen(m); };
+  liveness::Monitor monitor(o);
+  std::this_thread::sleep_for(200ms);
+  const auto stopped_at = clock_type::now();
+  ::kill(stopped.pid, SIGSTOP);
+  ASSERT_TRUE(seen.wait(5s)) << "rank 0 never noticed that rank 1 stopped";
+  const double took = std::chrono::duration<double>(seen.at - stopped_at).count();
+  EXPECT_GE(took, 0.9);  // the silence timeout is 1 s
+  EXPECT_LT(took, 2.0);
+  EXPECT_NE(seen.message.find("rank 1 (pid"), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("sent nothing for"), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("SIGSTOP"), std::string::npos) << seen.message;
+  reap(stopped);
+}
+
+TEST(Liveness, ReportedFailureReachesEveryRankWithTheReportersActivity) {
+  const int port = free_port();
+  Child reporter = spawn(2, 3, port, "report");
+  Child witness = spawn(1, 3, port, "idle");
+  Seen seen;
+  auto o = options(0, 3, port);
+  o.on_failure = [&](const std::string& m) { seen(m); };
+  liveness::Monitor monitor(o);
+  ASSERT_TRUE(seen.wait(5s));
+  EXPECT_NE(seen.message.find("rank 2 (pid " + std::to_string(reporter.pid)), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("did not complete within the timeout"), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << seen.message;
+  const std::string heard = collect(witness);
+  EXPECT_NE(heard.find("did not complete within the timeout"), std::string::npos) << heard;
+  EXPECT_NE(heard.find("rank 2 (pid"), std::string::npos) << heard;
+  collect(reporter);
+}
+
+TEST(Liveness, DeadRootIsNamedToTheOtherRanks) {
+  const int port = free_port();
+  // The root is a child here; this process is rank 1.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t root = ::fork();
+  if (root == 0) {
+    ::close(fds[0]);
+    child(0, 2, port, "idle", fds[1]);
+  }
+  ::close(fds[1]);
+  Child root_child{root, fds[0]};
+  Seen seen;
+  auto o = options(1, 2, port);
+  o.on_failure = [&](const std::string& m) { seen(m); };
+  liveness::Monitor monitor(o);
+  std::this_thread::sleep_for(100ms);
+  ::kill(root, SIGKILL);
+  ASSERT_TRUE(seen.wait(5s));
+  EXPECT_NE(seen.message.find("rank 0"), std::string::npos) << seen.message;
+  EXPECT_NE(seen.message.find("ended without finishing"), std::string::npos) << seen.message;
+  collect(root_child);
+}
+
+TEST(Liveness, CleanFinishIsNotAFailure) {
+  const int port = free_port();
+  Child finisher = spawn(1, 2, port, "finish");
+  Seen seen;
+  auto o = options(0, 2, port);
+  o.on_failure = [&](const std::string& m) { seen(m); };
+  {
+    liveness::Monitor monitor(o);
+    EXPECT_EQ(collect(finisher), "none");
+    EXPECT_FALSE(seen.wait(1.5s)) << seen.message;  // well past the silence timeout
+    EXPECT_FALSE(monitor.failure().has_value());
+  }
+}
+
+TEST(Liveness, RanksThatNeverConnectAreNamed) {
+  const int port = free_port();
+  Child one = spawn(1, 3, port, "finish");
+  auto o = options(0, 3, port);
+  o.connect_timeout = 0.5s;
+  try {
+    liveness::Monitor monitor(o);
+    FAIL() << "rank 2 never connected, yet the monitor started";
+  } catch (const strata::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("for rank(s) 2 to connect"), std::string::npos) << e.what();
+  }
+  reap(one);
+}
+
+TEST(Liveness, BadOptionsAreRefusedBeforeAnySocket) {
+  auto o = options(3, 2, 1234);
+  EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
+  o = options(0, 2, 1234);
+  o.silence_timeout = 0.01s;  // below the heartbeat interval
+  EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
+  o = options(1, 2, 0);  // no port for rank 0
+  EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
+}
+
+// A process whose main thread is blocked forever still ends, with the message first, once a
+// failure is reported from another thread.
+TEST(FailureExit, BlockedProcessEndsAfterTheGracePeriod) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::dup2(fds[1], 2);  // stderr into the pipe
+    strata::failure::exit_on_failure(0.3, 3, "strata rank 1");
+    std::thread([] {
+      std::this_thread::sleep_for(50ms);
+      strata::failure::report("rank 0 ended without finishing");
+    }).detach();
+    for (;;) ::pause();  // blocked for good: no signal comes
+  }
+  ::close(fds[1]);
+  const auto start = clock_type::now();
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double took = std::chrono::duration<double>(clock_type::now() - start).count();
+  std::string err;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) err.append(buffer, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_LT(took, 5.0);
+  EXPECT_NE(err.find("strata rank 1: rank 0 ended without finishing"), std::string::npos) << err;
+  EXPECT_NE(err.find("did not end within 0.3 s"), std::string::npos) << err;
+}
+
+TEST(FailureExit, OnlyTheFirstReportCountsAndNothingExitsWhenOff) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string forwarded;
+    strata::failure::set_forwarder([&](const std::string& m) { forwarded += m + "|"; });
+    strata::failure::report("first");
+    strata::failure::report("second");
+    std::this_thread::sleep_for(200ms);
+    const std::string result = strata::failure::first_message() + ";" + forwarded;
+    (void)!::write(fds[1], result.data(), result.size());
+    std::_Exit(strata::failure::reported() ? 0 : 9);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::string out;
+  char buffer[256];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) out.append(buffer, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(out, "first;first|");
+}
+
+}  // namespace
