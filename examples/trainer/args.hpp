@@ -137,6 +137,10 @@ struct TrainArgs {
   int exit_interval = 0;               // > 0: save (with --save) and stop after an iteration that is a multiple
   double exit_duration_in_mins = 0;    // > 0: save (with --save) and stop once training has run this long
   double distributed_timeout_minutes = 10;  // a collective waiting longer fails, naming the ranks it waits for
+  double progress_timeout_minutes = 0;      // > 0: no iteration finished for this long ends the run (0: off)
+  bool log_straggler = false;               // min / median / max step time over the ranks at each log step
+  int straggler_minmax_count = 1;           // how many slowest (and fastest) ranks --log-straggler names
+  bool disable_straggler_on_startup = false;  // --log-straggler leaves out the first log interval (start-up)
   bool log_throughput = false;
   // data, checkpoints, logging
   std::string data_path = STRATA_DEFAULT_DATA_PATH;
@@ -584,6 +588,13 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--exit-duration-in-mins", a.exit_duration_in_mins, "save (with --save) and stop after training this many minutes");
   app.add_option("--distributed-timeout-minutes", a.distributed_timeout_minutes,
                  "a collective waiting longer fails, naming the ranks it waits for");
+  app.add_option("--progress-timeout-minutes", a.progress_timeout_minutes,
+                 "end the run (non-zero exit, naming where each rank was) when no iteration finishes for this long; 0: off");
+  app.add_flag("--log-straggler", a.log_straggler,
+               "at each log step, the min / median / max step time over the ranks and the slowest ranks");
+  app.add_option("--straggler-minmax-count", a.straggler_minmax_count, "how many slowest and fastest ranks --log-straggler names");
+  app.add_flag("--disable-straggler-on-startup", a.disable_straggler_on_startup,
+               "--log-straggler starts after the first log interval (start-up and warm-up left out)");
   app.add_flag("--log-throughput", a.log_throughput, "log TFLOP/s per GPU (and tokens/s) each log step");
   app.add_option("--weight-decay", a.weight_decay);
   app.add_option("--clip-grad", a.clip_grad, "global gradient-norm clip; 0 disables");
@@ -1014,6 +1025,9 @@ inline void validate(const TrainArgs& a) {
   check_real("--exit-duration-in-mins", a.exit_duration_in_mins, 0, std::numeric_limits<double>::max(), "0: none");
   check_real("--distributed-timeout-minutes", a.distributed_timeout_minutes, 0, 1e6,
              "minutes a collective may wait; 0 = the communicator's default");
+  check_real("--progress-timeout-minutes", a.progress_timeout_minutes, 0, 1e6,
+             "minutes without a finished iteration before the run ends; 0 = off");
+  check_range("--straggler-minmax-count", a.straggler_minmax_count, 1, 1 << 20, "how many slowest and fastest ranks to name");
   data::parse_split(a.split);
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
   if (a.ckpt_step >= 0 && a.load.empty()) fail<ConfigError>("--ckpt-step needs --load <directory>");

@@ -71,6 +71,7 @@
 #include "tensorboard.hpp"
 #include "pipeline_step.hpp"
 #include "pipeline_timing.hpp"
+#include "resilience.hpp"
 
 #ifdef STRATA_TRAINER_CUDA
 #include <cuda_profiler_api.h>
@@ -466,6 +467,8 @@ struct SharedRun {
   const MemoryPlan& memory;  // plan_memory's estimate, made once before the ranks start
   const data::Tokenizer& tokenizer;  // the end-of-document id, and the sample's text
   const BatchSchedule& batches;      // the global batch of each iteration
+  Progress* progress = nullptr;              // each rank's phase (resilience.hpp)
+  const FaultInjection* fault = nullptr;     // STRATA_FAULT_INJECT (tests)
 };
 
 // A backend whose attention plans can be frozen (cuda::backend), and a communicator with a
@@ -752,8 +755,23 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const auto t_begin = t_interval;
   std::optional<AsyncSaver<Context>> saver;
   if (a.async_save) saver.emplace(1);
+  const int world_rank = world.rank();
+  const auto phase = [&](int iteration, std::string_view what) {
+    if (shared.progress) shared.progress->set(world_rank, ::strata::detail::concat("iteration ", iteration, ": ", what));
+  };
+  // Tests: STRATA_FAULT_INJECT's ":save" fires inside the save, after this rank's file is written.
+  SaveOptions save_options;
+  if (shared.fault && shared.fault->in_save)
+    save_options.on_stage = [&shared, world_rank, fault_iteration = shared.fault->iteration](std::string_view stage) {
+      if (stage == "rank_file_written" || stage == "background_write") shared.fault->maybe_fire(world_rank, fault_iteration, true);
+    };
+  auto t_straggler = std::chrono::steady_clock::now();
+  int last_straggler_iteration = start;
+  bool straggler_started = !a.disable_straggler_on_startup;
   for (int it = start; it < a.train_iters; ++it) {
     if (saver) saver->poll(ctx);  // commits a background save all ranks have written; reports a failed one
+    if (shared.fault) shared.fault->maybe_fire(world_rank, it + 1, false);
+    phase(it + 1, "forward and backward");
     const index_t slot = it - start;
     if (a.profile && it == a.profile_step_start) {
       ctx.device.synchronize();
@@ -791,6 +809,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
                            loss_sum, ready, needed, executor_options);
     if (pipeline_timer) pipeline_timer->end_step();
+    phase(it + 1, "gradient reduction and optimizer step");
     optimizer.wait_parameters(ctx);
     optimizer.reduce_gradients(ctx);
     if constexpr (moe) {  // the expert bias moves by this step's load; the router losses of every rank
@@ -904,9 +923,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     }
     if (save_now) {
       const TrainState state{it + 1, consumed, a.seed, loss_scaler_state(optimizer)};
-      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true));
-      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state);
+      phase(it + 1, saver ? "checkpoint save (background)" : "checkpoint save");
+      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true), save_options);
+      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state, save_options);
     }
+    if (log_now) phase(it + 1, "log step (reading the losses)");
     if (logger && log_now) {
       // One read of the iterations since the last log step (it waits for the device).
       const index_t first = read_up_to - start, count = it + 1 - read_up_to;
@@ -992,6 +1013,23 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       t_interval = t1;
     }
     if (log_now) read_up_to = it + 1;  // every rank: the NaN check above reads from here
+    if (a.log_straggler && log_now) {  // every rank's step time since the last log step, one small all-reduce
+      ctx.device.synchronize();
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<double> seconds(static_cast<std::size_t>(world.size()), 0.0);
+      const int steps = std::max(1, it + 1 - std::max(start, last_straggler_iteration));
+      seconds[static_cast<std::size_t>(world_rank)] = std::chrono::duration<double>(now - t_straggler).count() / steps;
+      phase(it + 1, "straggler report");
+      all_reduce_host_values(ctx, ctx.world, seconds.data(), static_cast<index_t>(seconds.size()));
+      if (logger && straggler_started && !a.quiet) {
+        std::printf("%s\n", straggler_line(seconds, a.straggler_minmax_count, it + 1).c_str());
+        std::fflush(stdout);
+      }
+      straggler_started = true;
+      last_straggler_iteration = it + 1;
+      t_straggler = std::chrono::steady_clock::now();
+    }
+    if (shared.progress) shared.progress->iteration_done(world_rank, it + 1);
     if (exit_now) {  // as Megatron: saved above (with --save), no evaluation, the run ends here
       if (logger) {
         std::lock_guard lock(result_mutex);
@@ -1004,7 +1042,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       exited = true;
       break;
     }
-    if (evaluate_now) report_validation(it + 1);
+    if (evaluate_now) {
+      phase(it + 1, "evaluation");
+      report_validation(it + 1);
+    }
   }
   if (saver) saver->finish(ctx);
   if (exited) return;
@@ -1112,6 +1153,15 @@ TrainResult train_with(const TrainArgs& a) {
   const std::optional<std::chrono::duration<double>> timeout =
       a.distributed_timeout_minutes > 0 ? std::optional<std::chrono::duration<double>>(60.0 * a.distributed_timeout_minutes)
                                         : std::nullopt;
+  // Resilience (resilience.hpp): each rank's phase is known to the progress timer and, between
+  // processes, to the liveness monitor; the trainer programs (run_main) also make the first
+  // failure end the process (failure::exit_on_failure).
+  Progress progress(a.world_size);
+  shared.progress = &progress;
+  const std::optional<FaultInjection> fault = FaultInjection::from_environment();
+  if (fault) shared.fault = &*fault;
+  std::optional<ProgressTimer> progress_timer;
+  if (a.progress_timeout_minutes > 0) progress_timer.emplace(progress, 60.0 * a.progress_timeout_minutes);
   if (a.device == "cpu") {
     using Policy = TrainPolicy<T, SP>;
     inprocess::run(
@@ -1130,6 +1180,9 @@ TrainResult train_with(const TrainArgs& a) {
     options.stream = device.stream();
     options.timeout = timeout;
     nccl::communicator world = nccl::init_from_environment(options);
+    // A peer process that died, stopped or failed aborts this rank's communicators at once.
+    JobLiveness liveness(env.rank, env.world_size, world.timeout().count(), progress,
+                         [](const std::string& reason) { nccl::abort_all_ranks(reason); }, env.rank == 0 && !a.quiet);
     train_rank<Model, Policy>(world, device, a, shared);
     return result;
   }
@@ -1219,6 +1272,15 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
                "parallel training on CPU threads or NVIDIA GPUs"};
   add_options(app, args);
   CLI11_PARSE(app, argc, argv);
+  // The first failure of any rank is printed at once and ends the process within
+  // STRATA_EXIT_GRACE_SECONDS (default 5 s) even where a thread is blocked (comm/failure.hpp).
+  std::string prefix = "strata";
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+    if (const char* value = std::getenv(name); value != nullptr && *value != '\0') {
+      prefix = ::strata::detail::concat("strata rank ", value);
+      break;
+    }
+  failure::exit_on_failure(failure::grace_from_environment(), 1, prefix);
   try {
     finish_command_line(app, args);
     if (app.count("--fp16") > 0 && (app.count("--bf16") > 0 || (app.count("--dtype") > 0 && app["--dtype"]->as<std::string>() != "fp16")))
@@ -1260,6 +1322,8 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {  // strata::Error and anything else: one line, non-zero exit
     std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stderr);
+    failure::report(e.what());  // the other processes of a job hear it at once (resilience.hpp)
     return 1;
   }
 }

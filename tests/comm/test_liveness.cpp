@@ -156,9 +156,13 @@ TEST(Liveness, KilledRankIsNamedToEveryRankWithinASecond) {
   EXPECT_LT(std::chrono::duration<double>(seen.at - killed_at).count(), 1.0);
   EXPECT_NE(seen.message.find("rank 1 (pid " + std::to_string(idle.pid)), std::string::npos) << seen.message;
   EXPECT_NE(seen.message.find("ended without finishing"), std::string::npos) << seen.message;
-  EXPECT_NE(seen.message.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << seen.message;
+  const std::string activity = monitor.activity_summary();
+  EXPECT_NE(activity.find("rank 0: iteration 7: all_reduce of the loss"), std::string::npos) << activity;
+  EXPECT_NE(activity.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << activity;
   const std::string heard = collect(witness);
   EXPECT_NE(heard.find("rank 1 (pid " + std::to_string(idle.pid)), std::string::npos) << heard;
+  // the others hear it from rank 0 with what every rank was last doing
+  EXPECT_NE(heard.find("[last reported activity: rank 0: iteration 7: all_reduce of the loss"), std::string::npos) << heard;
   collect(idle);
 }
 
@@ -193,8 +197,10 @@ TEST(Liveness, ReportedFailureReachesEveryRankWithTheReportersActivity) {
   ASSERT_TRUE(seen.wait(5s));
   EXPECT_NE(seen.message.find("rank 2 (pid " + std::to_string(reporter.pid)), std::string::npos) << seen.message;
   EXPECT_NE(seen.message.find("did not complete within the timeout"), std::string::npos) << seen.message;
-  EXPECT_NE(seen.message.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << seen.message;
+  EXPECT_NE(monitor.activity_summary().find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos)
+      << monitor.activity_summary();
   const std::string heard = collect(witness);
+  EXPECT_NE(heard.find("rank 2: iteration 7: forward of micro-batch 2"), std::string::npos) << heard;
   EXPECT_NE(heard.find("did not complete within the timeout"), std::string::npos) << heard;
   EXPECT_NE(heard.find("rank 2 (pid"), std::string::npos) << heard;
   collect(reporter);
@@ -292,6 +298,32 @@ TEST(FailureExit, BlockedProcessEndsAfterTheGracePeriod) {
   EXPECT_LT(took, 5.0);
   EXPECT_NE(err.find("strata rank 1: rank 0 ended without finishing"), std::string::npos) << err;
   EXPECT_NE(err.find("did not end within 0.3 s"), std::string::npos) << err;
+}
+
+TEST(FailureExit, ThePrintedLineCarriesTheAnnotation) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::dup2(fds[1], 2);
+    strata::failure::exit_on_failure(0.1, 4, "strata rank 0");
+    strata::failure::set_annotator([] { return std::string(" [last reported activity: rank 1: iteration 3: evaluation]"); });
+    strata::failure::report("all_reduce timed out");
+    for (;;) ::pause();
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::string err;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) err.append(buffer, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 4);
+  EXPECT_NE(err.find("strata rank 0: all_reduce timed out [last reported activity: rank 1: iteration 3: evaluation]\n"),
+            std::string::npos)
+      << err;
 }
 
 TEST(FailureExit, OnlyTheFirstReportCountsAndNothingExitsWhenOff) {

@@ -333,6 +333,30 @@ TEST(MegatronFlags, RuntimeFlags) {
   EXPECT_NEAR(trainer::flops_per_token(g), 6.0 * (12 * 12 * 768.0 * 768 + 768.0 * 50304) + 6.0 * 12 * 768 * 1024, 1.0);
 }
 
+// Megatron's straggler detector flags and strata's progress timer: parsed, defaults, bad values refused.
+TEST(MegatronFlags, StragglerAndProgressFlags) {
+  const TrainArgs d = parse_flags("gpt", {});
+  EXPECT_FALSE(d.log_straggler);
+  EXPECT_EQ(d.straggler_minmax_count, 1);  // Megatron's default
+  EXPECT_FALSE(d.disable_straggler_on_startup);
+  EXPECT_EQ(d.progress_timeout_minutes, 0);  // off
+  const TrainArgs a = parse_flags("gpt", {"--log-straggler", "--straggler-minmax-count", "4", "--disable-straggler-on-startup",
+                                          "--progress-timeout-minutes", "2.5"});
+  EXPECT_TRUE(a.log_straggler);
+  EXPECT_EQ(a.straggler_minmax_count, 4);
+  EXPECT_TRUE(a.disable_straggler_on_startup);
+  EXPECT_EQ(a.progress_timeout_minutes, 2.5);
+  const auto validated = [](std::vector<std::string> flags) {
+    TrainArgs b = parse_flags("gpt", std::move(flags));
+    (void)trainer::resolve_run(b);
+    trainer::validate(b);
+  };
+  validated({"--log-straggler", "--progress-timeout-minutes", "2.5"});
+  expect_config_error([&] { validated({"--straggler-minmax-count", "0"}); }, {"--straggler-minmax-count=0"});
+  expect_config_error([&] { validated({"--progress-timeout-minutes", "-1"}); }, {"--progress-timeout-minutes"});
+  expect_config_error([&] { validated({"--progress-timeout-minutes", "nan"}); }, {"--progress-timeout-minutes"});
+}
+
 // Megatron's MoE flags (arguments.py, TransformerConfig): --num-experts on the Llama set selects
 // Mixtral; each flag lands in ModelConfig::moe or the expert groups; the defaults are Megatron's
 // (top-2, aux_loss with coefficient 0, the allgather dispatcher, expert tensor parallel = tp).

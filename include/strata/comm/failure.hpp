@@ -47,6 +47,7 @@ struct State {
   std::string first;  // written once, under mutex
   std::string prefix = "strata";
   std::function<void(const std::string&)> forwarder;  // set_forwarder
+  std::function<std::string()> annotator;             // set_annotator
 };
 
 inline State& state() {
@@ -92,6 +93,14 @@ inline void set_forwarder(std::function<void(const std::string&)> forward) {
   s.forwarder = std::move(forward);
 }
 
+// `annotate()` is appended to the printed line (not to first_message()): the liveness monitor adds
+// what every rank was last doing. It must not block. An empty function removes it.
+inline void set_annotator(std::function<std::string()> annotate) {
+  detail::State& s = detail::state();
+  std::lock_guard lock(s.mutex);
+  s.annotator = std::move(annotate);
+}
+
 // Whether a failure was reported, and its message.
 inline bool reported() { return detail::state().reported.load(std::memory_order_acquire); }
 inline std::string first_message() {
@@ -111,6 +120,7 @@ inline void report(std::string_view message) noexcept {
   int code = 1;
   std::string prefix;
   std::function<void(const std::string&)> forward;
+  std::function<std::string()> annotate;
   try {
     std::lock_guard lock(s.mutex);
     s.first.assign(message);
@@ -119,6 +129,7 @@ inline void report(std::string_view message) noexcept {
     code = s.exit_code;
     prefix = s.prefix;
     forward = s.forwarder;
+    annotate = s.annotator;
   } catch (...) {
     return;
   }
@@ -129,7 +140,14 @@ inline void report(std::string_view message) noexcept {
     }
   }
   if (!enabled) return;
-  std::fprintf(stderr, "%s: %.*s\n", prefix.c_str(), static_cast<int>(message.size()), message.data());
+  std::string extra;
+  if (annotate && message.find("[last reported activity:") == std::string_view::npos) {
+    try {
+      extra = annotate();
+    } catch (...) {
+    }
+  }
+  std::fprintf(stderr, "%s: %.*s%s\n", prefix.c_str(), static_cast<int>(message.size()), message.data(), extra.c_str());
   std::fflush(stderr);
   try {
     std::thread([grace, code, prefix] {

@@ -71,6 +71,7 @@
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "communicator.hpp"
+#include "failure.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace inprocess {
@@ -196,6 +197,9 @@ class World {
       failed_rank_ = world_rank;
       reason_ = std::move(reason);
       aborted.store(true);
+      // The process hears of it (failure.hpp: with exit_on_failure, a rank thread that never
+      // returns cannot keep the process alive).
+      failure::report(world_rank >= 0 ? detail::concat("rank ", world_rank, " failed: ", reason_) : reason_);
     }
     wake_all();
   }

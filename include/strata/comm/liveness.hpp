@@ -114,7 +114,6 @@ struct Peer {
   long pid = 0;
   std::string host;
   std::string out, in;
-  std::string status;  // the last status it sent
   clock::time_point last_heard{};
   bool said_bye = false;
   bool closed = false;
@@ -131,6 +130,7 @@ class Monitor {
   // not all connect within connect_timeout (naming the ranks that did not).
   explicit Monitor(Options options) : options_(std::move(options)) {
     validate();
+    statuses_.assign(static_cast<std::size_t>(options_.world_size), std::string());
     self_host_ = detail::host_name();
     if (options_.rank == 0) listen_and_accept();
     else connect_to_root();
@@ -180,6 +180,18 @@ class Monitor {
   }
 
   int port() const { return bound_port_; }
+
+  // " [last reported activity: rank 0: ...; rank 1: ...]" from the statuses this process has heard
+  // (rank 0: every rank's; the others: their own and rank 0's); empty when none.
+  std::string activity_summary() const {
+    std::lock_guard lock(mutex_);
+    std::string s;
+    for (std::size_t r = 0; r < statuses_.size(); ++r) {
+      const std::string& status = static_cast<int>(r) == options_.rank ? status_ : statuses_[r];
+      if (!status.empty()) s += strata::detail::concat(s.empty() ? "" : "; ", "rank ", r, ": ", status);
+    }
+    return s.empty() ? s : " [last reported activity: " + s + "]";
+  }
 
  private:
   void validate() const {
@@ -376,21 +388,6 @@ class Monitor {
     return true;
   }
 
-  std::string activity_summary() const {
-    std::string s;
-    for (const auto& p : peers_) {
-      if (p.rank < 0 || p.status.empty()) continue;
-      s += strata::detail::concat(s.empty() ? "" : "; ", "rank ", p.rank, ": ", p.status);
-    }
-    std::string own;
-    {
-      std::lock_guard lock(mutex_);
-      own = status_;
-    }
-    if (!own.empty()) s = strata::detail::concat("rank ", options_.rank, ": ", own, s.empty() ? "" : "; ", s);
-    return s.empty() ? s : " [last reported activity: " + s + "]";
-  }
-
   // The first failure: remember it, tell the others (rank 0), hand it to on_failure.
   void declare(std::string message, bool tell_others) {
     {
@@ -399,8 +396,8 @@ class Monitor {
       failed_ = true;
       failure_ = message;
     }
-    if (tell_others) {
-      const std::string f = detail::frame(detail::kFailure, message);
+    if (tell_others) {  // rank 0: with what every rank was last doing
+      const std::string f = detail::frame(detail::kFailure, message + activity_summary());
       for (auto& p : peers_)
         if (p.fd >= 0 && !p.closed) p.out += f;
       flush_all(std::chrono::milliseconds(500));
@@ -484,11 +481,13 @@ class Monitor {
         char type = 0;
         std::string payload;
         while (next_frame(*p, type, payload)) {
-          if (type == detail::kBeat) p->status = payload;
+          if (type == detail::kBeat) {
+            std::lock_guard lock(mutex_);
+            statuses_[static_cast<std::size_t>(p->rank)] = payload;
+          }
           else if (type == detail::kBye) p->said_bye = true;
           else if (type == detail::kFailure && !failed) {
-            std::string message = root ? payload + activity_summary() : payload;
-            declare(std::move(message), root);
+            declare(payload, root);
             failed = true;
           }
         }
@@ -497,8 +496,7 @@ class Monitor {
           p->closed = true;
           if (!failed) {
             declare(strata::detail::concat(p->who(), " ended without finishing: its connection to rank ", options_.rank,
-                                           " closed (the process was killed, crashed or exited on an error)",
-                                           root ? activity_summary() : std::string()),
+                                           " closed (the process was killed, crashed or exited on an error)"),
                     root);
             failed = true;
           }
@@ -507,8 +505,7 @@ class Monitor {
                                          std::chrono::duration<double>(detail::clock::now() - p->last_heard).count(),
                                          " s (its heartbeat comes every ", options_.heartbeat_interval.count(),
                                          " s from a thread of its own): the process is stopped (SIGSTOP), frozen or "
-                                         "unreachable",
-                                         root ? activity_summary() : std::string()),
+                                         "unreachable"),
                   root);
           failed = true;
         }
@@ -519,11 +516,12 @@ class Monitor {
   Options options_;
   std::string self_host_;
   int listen_fd_ = -1;
-  int bound_port_ = 0;
+  int bound_port_ = 0;  // rank 0: the port it listens on
   std::vector<detail::Peer> peers_;  // rank 0: indexed by rank (its own entry unused); others: rank 0 alone
   std::thread thread_;
   mutable std::mutex mutex_;  // guards the members below
   std::string status_;
+  std::vector<std::string> statuses_;  // per world rank, the last status heard
   bool failed_ = false;
   std::string failure_;
   std::string outgoing_failure_;

@@ -82,9 +82,9 @@ using strata::detail::offset_of_block;
 
 // The error of a rank that already failed, thrown from `operation` on group g (mutex held).
 [[noreturn]] inline void throw_failed(const Group& g, std::string_view operation) {
-  const RankState& r = *g.rank_state;
-  std::string message = concat(r.failure, " [raised by ", operation, " on group '", g.name, "']");
-  if (r.aborted_by_peer) throw AbortedError(message);
+  auto [failure, by_peer] = g.rank_state->failure_text();
+  std::string message = concat(failure, " [raised by ", operation, " on group '", g.name, "']");
+  if (by_peer) throw AbortedError(message);
   throw CommError(message);
 }
 
@@ -126,10 +126,14 @@ inline void wait_until_enqueued(Group& g, std::string_view operation) {
 // communication stream) and hands it to the watchdog under the name `operation` (mutex held).
 inline void record_pending(Group& g, std::string operation, cudaStream_t stream) {
   cudaEvent_t event = nullptr;
-  if (!g.spare_events.empty()) {
-    event = g.spare_events.back();
-    g.spare_events.pop_back();
-  } else {
+  {
+    std::lock_guard queues(g.rank_state->pending_mutex);
+    if (!g.spare_events.empty()) {
+      event = g.spare_events.back();
+      g.spare_events.pop_back();
+    }
+  }
+  if (event == nullptr) {
     device_guard guard(g.rank_state->device);
     cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
     if (status != cudaSuccess)
@@ -141,6 +145,7 @@ inline void record_pending(Group& g, std::string operation, cudaStream_t stream)
     fail_rank(g, operation, concat(g.site(operation).str(), ": cudaEventRecord on the rank's stream failed: ",
                                    describe_cuda(status)));
   }
+  std::lock_guard queues(g.rank_state->pending_mutex);
   g.pending.push_back(Pending{event, std::move(operation), clock::now()});
 }
 
@@ -605,10 +610,14 @@ class communicator {
     {
       std::lock_guard lock(g.rank_state->mutex);
       if (g.rank_state->failed.load()) detail::throw_failed(g, "synchronize");
-      if (!g.spare_events.empty()) {
-        event = g.spare_events.back();
-        g.spare_events.pop_back();
-      } else {
+      {
+        std::lock_guard queues(g.rank_state->pending_mutex);
+        if (!g.spare_events.empty()) {
+          event = g.spare_events.back();
+          g.spare_events.pop_back();
+        }
+      }
+      if (event == nullptr) {
         detail::device_guard guard(g.rank_state->device);
         cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         if (status != cudaSuccess)
@@ -627,7 +636,10 @@ class communicator {
       cudaError_t status = cudaEventQuery(event);
       if (status != cudaErrorNotReady) {
         std::lock_guard lock(g.rank_state->mutex);
-        g.spare_events.push_back(event);
+        {
+          std::lock_guard queues(g.rank_state->pending_mutex);
+          g.spare_events.push_back(event);
+        }
         if (g.rank_state->failed.load()) detail::throw_failed(g, "synchronize");
         if (status != cudaSuccess)
           detail::fail_rank(g, "synchronize", detail::concat(site("synchronize").str(), ": the rank's stream reported ",
@@ -636,7 +648,10 @@ class communicator {
       }
       if (g.rank_state->failed.load()) {
         std::lock_guard lock(g.rank_state->mutex);
-        g.spare_events.push_back(event);
+        {
+          std::lock_guard queues(g.rank_state->pending_mutex);
+          g.spare_events.push_back(event);
+        }
         detail::throw_failed(g, "synchronize");
       }
       std::this_thread::sleep_for(pause);
@@ -761,8 +776,11 @@ class communicator {
                         detail::concat(g.site(operation).str(), ": the new communicator does not report its rank and size"));
     }
     auto ready = std::make_shared<detail::Group>(g.rank_state, child, std::move(new_name), child_rank, child_size, false);
-    std::erase_if(g.rank_state->groups, [](const std::weak_ptr<detail::Group>& w) { return w.expired(); });
-    g.rank_state->groups.push_back(ready);
+    {
+      std::lock_guard queues(g.rank_state->pending_mutex);
+      std::erase_if(g.rank_state->groups, [](const std::weak_ptr<detail::Group>& w) { return w.expired(); });
+      g.rank_state->groups.push_back(ready);
+    }
     detail::wait_until_enqueued(*ready, operation);
     return communicator(std::move(ready));
   }
@@ -1011,6 +1029,7 @@ inline communicator make_world(const ncclUniqueId& id, int size, int rank, int d
   auto group = std::make_shared<Group>(state, comm, std::move(options.name), rank, size, true);
   {
     std::lock_guard lock(state->mutex);
+    std::lock_guard queues(state->pending_mutex);
     state->groups.push_back(group);
   }
   communicator world(group);

@@ -248,6 +248,12 @@ inline communicator init_from_environment(Options options = {}) {
   return world;
 }
 
+// Ends every NCCL rank of this process: at the watchdog's next round (tens of milliseconds) each
+// fails with `reason`, naming the operation it was waiting in, and aborts its communicators (see
+// watchdog.hpp). For another part of the process that learned the job is over, such as the
+// liveness monitor (comm/liveness.hpp) hearing that a peer process died.
+inline void abort_all_ranks(std::string reason) { detail::Watchdog::instance().abort_all(std::move(reason)); }
+
 struct RunOptions {
   // Unset: STRATA_NCCL_TIMEOUT, else 600 s (see Options::timeout).
   std::optional<std::chrono::duration<double>> timeout{};
@@ -299,12 +305,12 @@ std::vector<std::exception_ptr> run_collect(int num_gpus, F&& fn, RunOptions opt
           if (auto state = ranks[static_cast<std::size_t>(r)].lock()) live.push_back(std::move(state));
     }
     phase.notify_all();
-    for (auto& state : live) {
-      std::lock_guard lock(state->mutex);
-      state->fail(detail::concat(detail::kBackend, ": rank ", state->world_rank, " of group '", options.name,
-                                 "' was aborted because ", stop.reason),
-                  true);
-    }
+    // Not under the rank's mutex, which its thread may hold while blocked (watchdog.hpp).
+    for (auto& state : live)
+      detail::fail_from_outside(*state,
+                                detail::concat(detail::kBackend, ": rank ", state->world_rank, " of group '", options.name,
+                                               "' was aborted because ", stop.reason),
+                                true);
   };
 
   // Two host barriers keep device memory management away from collectives in flight (see
