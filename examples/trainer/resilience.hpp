@@ -235,9 +235,12 @@ class JobLiveness {
     options.connect_timeout = std::chrono::duration<double>(timeout_seconds);
     options.heartbeat_interval = std::chrono::duration<double>(1.0);
     options.silence_timeout = std::chrono::duration<double>(std::max(timeout_seconds, 2.0));
+    // The watchdog names the operation this rank waits in ("<operation> cannot complete: <message>")
+    // and reports that within a few tens of milliseconds; the bare message is the fallback.
     options.on_failure = [on_peer_failure](const std::string& message) {
-      failure::report(message);
       on_peer_failure(message);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      failure::report(message);
     };
     monitor_ = std::make_unique<::strata::liveness::Monitor>(options);
     failure::set_forwarder([monitor = monitor_.get()](const std::string& message) { monitor->report(message); });
