@@ -759,19 +759,23 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const auto phase = [&](int iteration, std::string_view what) {
     if (shared.progress) shared.progress->set(world_rank, ::strata::detail::concat("iteration ", iteration, ": ", what));
   };
-  // Tests: STRATA_FAULT_INJECT's ":save" fires inside the save, after this rank's file is written.
-  SaveOptions save_options;
-  if (shared.fault && shared.fault->in_save)
-    save_options.on_stage = [&shared, world_rank, fault_iteration = shared.fault->iteration](std::string_view stage) {
-      if (stage == "rank_file_written" || stage == "background_write") shared.fault->maybe_fire(world_rank, fault_iteration, true);
-    };
+  // Tests: STRATA_FAULT_INJECT's ":save" fires inside the save of its iteration, after this rank's
+  // file is written (on the writing thread with --async-save).
+  const auto save_options = [&shared, world_rank](int iteration) {
+    SaveOptions options;
+    if (shared.fault && shared.fault->in_save)
+      options.on_stage = [fault = shared.fault, world_rank, iteration](std::string_view stage) {
+        if (stage == "rank_file_written" || stage == "background_write") fault->maybe_fire(world_rank, iteration, true);
+      };
+    return options;
+  };
   auto t_straggler = std::chrono::steady_clock::now();
   int last_straggler_iteration = start;
   bool straggler_started = !a.disable_straggler_on_startup;
   for (int it = start; it < a.train_iters; ++it) {
     if (saver) saver->poll(ctx);  // commits a background save all ranks have written; reports a failed one
-    if (shared.fault) shared.fault->maybe_fire(world_rank, it + 1, false);
     phase(it + 1, "forward and backward");
+    if (shared.fault) shared.fault->maybe_fire(world_rank, it + 1, false);
     const index_t slot = it - start;
     if (a.profile && it == a.profile_step_start) {
       ctx.device.synchronize();
@@ -924,8 +928,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (save_now) {
       const TrainState state{it + 1, consumed, a.seed, loss_scaler_state(optimizer)};
       phase(it + 1, saver ? "checkpoint save (background)" : "checkpoint save");
-      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true), save_options);
-      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state, save_options);
+      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true),
+                             save_options(it + 1));
+      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state, save_options(it + 1));
     }
     if (log_now) phase(it + 1, "log step (reading the losses)");
     if (logger && log_now) {
