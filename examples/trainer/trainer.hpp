@@ -1161,8 +1161,18 @@ TrainResult train_with(const TrainArgs& a) {
   // Resilience (resilience.hpp): each rank's phase is known to the progress timer and, between
   // processes, to the liveness monitor; the trainer programs (run_main) also make the first
   // failure end the process (failure::exit_on_failure).
-  Progress progress(a.world_size);
+  // Shared with the failure line's annotation (failure::set_annotator), which may run on another
+  // thread while this function returns.
+  const auto progress_owner = std::make_shared<Progress>(a.world_size);
+  Progress& progress = *progress_owner;
   shared.progress = &progress;
+  // Threads of one process: a failure line says where every rank was (the liveness monitor says it
+  // between processes).
+  failure::set_annotator([weak = std::weak_ptr<Progress>(progress_owner)] {
+    const auto p = weak.lock();
+    const std::string where = p ? p->phases() : std::string();
+    return where.empty() ? where : " [where the ranks are: " + where + "]";
+  });
   const std::optional<FaultInjection> fault = FaultInjection::from_environment();
   if (fault) shared.fault = &*fault;
   std::optional<ProgressTimer> progress_timer;
