@@ -268,89 +268,81 @@ TEST(Liveness, BadOptionsAreRefusedBeforeAnySocket) {
   EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
 }
 
-// A process whose main thread is blocked forever still ends, with the message first, once a
-// failure is reported from another thread.
-TEST(FailureExit, BlockedProcessEndsAfterTheGracePeriod) {
+// Runs `body` in a forked child whose stderr and `out_fd` writes come back; returns the child's
+// wait status, what it printed, and how long it ran.
+struct ChildRun {
+  int status = 0;
+  std::string output;
+  double seconds = 0;
+};
+template <class Body>
+ChildRun run_in_child(Body body) {
   int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
+  EXPECT_EQ(::pipe(fds), 0);
+  const auto start = clock_type::now();
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
     ::dup2(fds[1], 2);  // stderr into the pipe
+    body(fds[1]);
+    std::_Exit(0);
+  }
+  ::close(fds[1]);
+  ChildRun run;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) run.output.append(buffer, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  ::waitpid(pid, &run.status, 0);
+  run.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  return run;
+}
+
+// A process whose main thread is blocked forever still ends, with the message first, once a
+// failure is reported from another thread.
+TEST(FailureExit, BlockedProcessEndsAfterTheGracePeriod) {
+  const ChildRun run = run_in_child([](int) {
     strata::failure::exit_on_failure(0.3, 3, "strata rank 1");
     std::thread([] {
       std::this_thread::sleep_for(50ms);
       strata::failure::report("rank 0 ended without finishing");
     }).detach();
     for (;;) ::pause();  // blocked for good: no signal comes
-  }
-  ::close(fds[1]);
-  const auto start = clock_type::now();
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  const double took = std::chrono::duration<double>(clock_type::now() - start).count();
-  std::string err;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) err.append(buffer, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 3);
-  EXPECT_LT(took, 5.0);
-  EXPECT_NE(err.find("strata rank 1: rank 0 ended without finishing"), std::string::npos) << err;
-  EXPECT_NE(err.find("did not end within 0.3 s"), std::string::npos) << err;
+  });
+  ASSERT_TRUE(WIFEXITED(run.status));
+  EXPECT_EQ(WEXITSTATUS(run.status), 3);
+  EXPECT_LT(run.seconds, 5.0);
+  EXPECT_NE(run.output.find("strata rank 1: rank 0 ended without finishing"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("did not end within 0.3 s"), std::string::npos) << run.output;
 }
 
 TEST(FailureExit, ThePrintedLineCarriesTheAnnotation) {
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    ::dup2(fds[1], 2);
+  const ChildRun run = run_in_child([](int) {
     strata::failure::exit_on_failure(0.1, 4, "strata rank 0");
     strata::failure::set_annotator([] { return std::string(" [last reported activity: rank 1: iteration 3: evaluation]"); });
     strata::failure::report("all_reduce timed out");
     for (;;) ::pause();
-  }
-  ::close(fds[1]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::string err;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) err.append(buffer, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 4);
-  EXPECT_NE(err.find("strata rank 0: all_reduce timed out [last reported activity: rank 1: iteration 3: evaluation]\n"),
+  });
+  ASSERT_TRUE(WIFEXITED(run.status));
+  EXPECT_EQ(WEXITSTATUS(run.status), 4);
+  EXPECT_NE(run.output.find("strata rank 0: all_reduce timed out [last reported activity: rank 1: iteration 3: evaluation]\n"),
             std::string::npos)
-      << err;
+      << run.output;
 }
 
 TEST(FailureExit, OnlyTheFirstReportCountsAndNothingExitsWhenOff) {
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
+  const ChildRun run = run_in_child([](int out) {
     std::string forwarded;
     strata::failure::set_forwarder([&](const std::string& m) { forwarded += m + "|"; });
     strata::failure::report("first");
     strata::failure::report("second");
     std::this_thread::sleep_for(200ms);
     const std::string result = strata::failure::first_message() + ";" + forwarded;
-    (void)!::write(fds[1], result.data(), result.size());
+    (void)!::write(out, result.data(), result.size());
     std::_Exit(strata::failure::reported() ? 0 : 9);
-  }
-  ::close(fds[1]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  std::string out;
-  char buffer[256];
-  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) out.append(buffer, static_cast<std::size_t>(n));
-  ::close(fds[0]);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_EQ(out, "first;first|");
+  });
+  ASSERT_TRUE(WIFEXITED(run.status));
+  EXPECT_EQ(WEXITSTATUS(run.status), 0);
+  EXPECT_EQ(run.output, "first;first|");  // and no line printed: the exit is off
 }
 
 }  // namespace
