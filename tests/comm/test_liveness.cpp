@@ -72,6 +72,13 @@ struct Seen {
   }
 };
 
+// Options whose failures land in `seen`.
+liveness::Options watched(int rank, int world, int port, Seen& seen) {
+  liveness::Options o = options(rank, world, port);
+  o.on_failure = [&seen](const std::string& m) { seen(m); };
+  return o;
+}
+
 // A child rank: connects, sets its status, then per `behaviour`: "idle" (waits to be killed),
 // "report" (reports a failure), "finish" (ends cleanly). Writes the failure it saw (or "none") to
 // `pipe_fd` and exits 0.
@@ -145,9 +152,7 @@ TEST(Liveness, KilledRankIsNamedToEveryRankWithinASecond) {
   Child idle = spawn(1, 3, port, "idle");
   Child witness = spawn(2, 3, port, "idle");
   Seen seen;
-  auto o = options(0, 3, port);
-  o.on_failure = [&](const std::string& m) { seen(m); };
-  liveness::Monitor monitor(o);
+  liveness::Monitor monitor(watched(0, 3, port, seen));
   monitor.set_status("iteration 7: all_reduce of the loss");
   std::this_thread::sleep_for(200ms);  // statuses arrive with the beats
   const auto killed_at = clock_type::now();
@@ -170,9 +175,7 @@ TEST(Liveness, StoppedRankIsNamedAfterTheSilenceTimeout) {
   const int port = free_port();
   Child stopped = spawn(1, 2, port, "idle");
   Seen seen;
-  auto o = options(0, 2, port);
-  o.on_failure = [&](const std::string& m) { seen(m); };
-  liveness::Monitor monitor(o);
+  liveness::Monitor monitor(watched(0, 2, port, seen));
   std::this_thread::sleep_for(200ms);
   const auto stopped_at = clock_type::now();
   ::kill(stopped.pid, SIGSTOP);
@@ -191,9 +194,7 @@ TEST(Liveness, ReportedFailureReachesEveryRankWithTheReportersActivity) {
   Child reporter = spawn(2, 3, port, "report");
   Child witness = spawn(1, 3, port, "idle");
   Seen seen;
-  auto o = options(0, 3, port);
-  o.on_failure = [&](const std::string& m) { seen(m); };
-  liveness::Monitor monitor(o);
+  liveness::Monitor monitor(watched(0, 3, port, seen));
   ASSERT_TRUE(seen.wait(5s));
   EXPECT_NE(seen.message.find("rank 2 (pid " + std::to_string(reporter.pid)), std::string::npos) << seen.message;
   EXPECT_NE(seen.message.find("did not complete within the timeout"), std::string::npos) << seen.message;
@@ -219,9 +220,7 @@ TEST(Liveness, DeadRootIsNamedToTheOtherRanks) {
   ::close(fds[1]);
   Child root_child{root, fds[0]};
   Seen seen;
-  auto o = options(1, 2, port);
-  o.on_failure = [&](const std::string& m) { seen(m); };
-  liveness::Monitor monitor(o);
+  liveness::Monitor monitor(watched(1, 2, port, seen));
   std::this_thread::sleep_for(100ms);
   ::kill(root, SIGKILL);
   ASSERT_TRUE(seen.wait(5s));
@@ -234,10 +233,8 @@ TEST(Liveness, CleanFinishIsNotAFailure) {
   const int port = free_port();
   Child finisher = spawn(1, 2, port, "finish");
   Seen seen;
-  auto o = options(0, 2, port);
-  o.on_failure = [&](const std::string& m) { seen(m); };
   {
-    liveness::Monitor monitor(o);
+    liveness::Monitor monitor(watched(0, 2, port, seen));
     EXPECT_EQ(collect(finisher), "none");
     EXPECT_FALSE(seen.wait(1.5s)) << seen.message;  // well past the silence timeout
     EXPECT_FALSE(monitor.failure().has_value());
