@@ -9,6 +9,14 @@ train=$1
 convert=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Flags out of range are refused with a sentence before anything is read or allocated.
+refused() {  # refused <text the error must hold> <strata-convert arguments...>
+  local want=$1; shift
+  if "$convert" "$@" 2> "$work/err"; then echo "strata-convert $* was accepted"; exit 1; fi
+  grep -q -- "$want" "$work/err" || { echo "strata-convert $*: the error does not say '$want':"; cat "$work/err"; exit 1; }
+}
+refused "--ckpt-step -7 is negative" --load "$work/none" --save "$work/x" --ckpt-step -7
+refused "--target-data-parallel-size 2147483647" --load "$work/none" --save "$work/x" --target-data-parallel-size 2147483647
 common=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --ffn-hidden-size 64 --seq-length 16
         --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet
         --hidden-dropout 0 --attention-dropout 0)
