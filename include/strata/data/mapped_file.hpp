@@ -4,7 +4,8 @@
 //
 // Datasets are read through maps so that a 100 GB corpus costs address space, not memory, and
 // every data-parallel rank on a host shares one copy in the page cache. Every failure is a
-// FileError whose message names the file and what went wrong (missing, unreadable, a directory).
+// FileError whose message names the file and what went wrong (missing, unreadable, a directory;
+// a FIFO or a device is refused before anything can block on it, see core/file.hpp).
 // An empty file maps to an empty byte span (mmap refuses length 0). Host byte order must be
 // little-endian, the order the formats are defined in; the static_assert says so.
 #pragma once
