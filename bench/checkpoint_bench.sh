@@ -16,7 +16,7 @@ out=$(cd "$out" && pwd)
 iters=${STRATA_CKPT_ITERS:-60}
 interval=${STRATA_CKPT_INTERVAL:-20}
 ckpt=${STRATA_CKPT_DIR:-$out/ckpt}
-common=(--device cuda --mock-data --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
+common=(--device cuda --mock-data-random --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
         --vocab-size 50304 --micro-batch-size 32 --global-batch-size 32 --train-iters "$iters" --log-interval 1
         --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype bf16 --quiet
         --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1 --adam-beta2 0.95 --lr-decay-style cosine)

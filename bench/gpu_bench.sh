@@ -6,7 +6,7 @@
 #      configure with CUDA, NCCL, cuDNN (STRATA_CUDNN_FRONTEND_DIR, or the nvidia-cudnn-frontend
 #      Python package) and the CUPTI tracer, then build train_gpt and strata_kernel_trace. CLI11's
 #      headers: a system install, or CLI11_INCLUDE_DIR.
-#   2. Per shape: strata (--mock-data, one GPU, STRATA_BENCH_ITERS iterations, tokens/s of the last
+#   2. Per shape: strata (--mock-data-random, one GPU, STRATA_BENCH_ITERS iterations, tokens/s of the last
 #      log interval), then the same run again under the CUPTI tracer with --profile (the per-kernel
 #      table of iterations [10, 12) goes to <out-dir>/kernels-<shape>.md) whose losses must be
 #      bit-identical to the first run's (determinism), then the peer bench/peers/torch_gpt.py
@@ -80,7 +80,7 @@ for spec in $shapes; do
     [[ $B =~ ^[1-9][0-9]*$ ]] || { echo "STRATA_BENCH_SHAPES: '$spec': the batch after ':' must be a positive integer"; exit 1; }
     shape=$shape-b$B
   fi
-  common=(--device cuda --mock-data --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
+  common=(--device cuda --mock-data-random --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
           --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
           --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype"
           --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1 --adam-beta2 0.95 --lr-decay-style cosine)

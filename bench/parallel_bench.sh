@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/parallel_bench.sh [build-dir] [out-dir]: strata's trainers on several GPUs of one host, in
 # data-parallel, tensor-parallel and pipeline-parallel layouts, beside the PyTorch peer
-# bench/peers/torch_gpt_parallel.py where it has the layout. Random tokens (--mock-data), bf16.
+# bench/peers/torch_gpt_parallel.py where it has the layout. Random tokens (--mock-data-random), bf16.
 #
 #   STRATA_PARBENCH="dp tp pp recompute"   the suites, any of them, space-separated (default all four):
 #     dp  GPT 24 x 1024 (16 heads, seq 1024, vocab 50304, ~405M with the tied embedding; the
@@ -129,7 +129,7 @@ else
   read -r TP_L TP_D TP_H TP_T TP_V TP_B <<<"24 2048 16 1024 50304 8"
   read -r PP_L PP_D PP_H PP_G PP_F PP_T PP_V PP_GLOBAL PP_VPP <<<"28 3072 24 8 8192 4096 32000 16 7"
 fi
-common=("${device[@]}" --mock-data --train-iters "$iters" --log-interval "$interval" --eval-iters 0 --sample-tokens 0
+common=("${device[@]}" --mock-data-random --train-iters "$iters" --log-interval "$interval" --eval-iters 0 --sample-tokens 0
         --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1
         --adam-beta2 0.95 --lr-decay-style cosine)
 

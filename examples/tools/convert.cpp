@@ -45,6 +45,13 @@ int main(int argc, char** argv) {
     for (auto [flag, value] : {std::pair{"--target-tensor-parallel-size", tp}, std::pair{"--target-pipeline-parallel-size", pp},
                                std::pair{"--target-data-parallel-size", dp}})
       if (value < 1) strata::fail<strata::ConfigError>(flag, "=", value, " is out of range: it must be at least 1");
+    if (const std::int64_t ranks = std::int64_t{tp} * pp * dp; ranks > strata::kMaxCheckpointRanks)
+      strata::fail<strata::ConfigError>("--target-tensor-parallel-size ", tp, " x --target-pipeline-parallel-size ", pp,
+                                        " x --target-data-parallel-size ", dp, " = ", ranks, " ranks, more than the ",
+                                        strata::kMaxCheckpointRanks, " (one file each) a checkpoint can hold; give smaller target sizes");
+    if (app.count("--ckpt-step") > 0 && ckpt_step < 0)
+      strata::fail<strata::ConfigError>("--ckpt-step ", ckpt_step, " is negative; give the iteration to read (iter_<N> in --load), "
+                                        "or leave --ckpt-step out for the latest");
     if (save.empty() && save_hf.empty()) strata::fail<strata::ConfigError>("give --save <directory> or --save-hf <directory>");
     const std::string& out = save.empty() ? save_hf : save;
     if (std::filesystem::weakly_canonical(load) == std::filesystem::weakly_canonical(out))

@@ -69,6 +69,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -166,6 +167,11 @@ class JsonLine {
   void skip_space() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\r' || s_[pos_] == '\n')) ++pos_;
   }
+  static std::string hex_byte(char c) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    const auto b = static_cast<unsigned char>(c);
+    return {kDigits[b >> 4], kDigits[b & 15]};
+  }
   unsigned hex4() {
     if (pos_ + 4 > s_.size()) error("truncated \\u escape");
     unsigned v = 0;
@@ -185,10 +191,15 @@ class JsonLine {
     while (true) {
       // Copy the run up to the next quote or backslash at once.
       std::size_t stop = pos_;
-      while (stop < s_.size() && s_[stop] != '"' && s_[stop] != '\\') ++stop;
+      while (stop < s_.size() && s_[stop] != '"' && s_[stop] != '\\' && static_cast<unsigned char>(s_[stop]) >= 0x20) ++stop;
       if (stop == s_.size()) {
         pos_ = s_.size();
         error("unexpected end of line inside a string");
+      }
+      if (static_cast<unsigned char>(s_[stop]) < 0x20) {
+        pos_ = stop;
+        error("a raw control character (byte 0x", hex_byte(s_[stop]),
+              ") inside a string; JSON (and Python's json.loads) requires it escaped, e.g. \\u00", hex_byte(s_[stop]));
       }
       out.append(s_.substr(pos_, stop - pos_));
       pos_ = stop + 1;
@@ -240,41 +251,55 @@ class JsonLine {
       return;
     }
   }
+  // Skips one value of a key nobody asked for. Iterative, with the open containers on a heap
+  // stack, so that any depth of nesting costs memory in proportion to the line, never the
+  // call stack.
   void skip_value() {
-    char c = peek();
-    if (c == '"') {
-      parse_string();
-    } else if (c == '{' || c == '[') {
-      const char close = c == '{' ? '}' : ']';
-      ++pos_;
-      skip_space();
-      if (peek() == close) {
+    std::string open;  // the closing bracket of each container still open, innermost last
+    while (true) {
+      // One value starts here.
+      const char c = peek();
+      bool done_value = true;
+      if (c == '"') {
+        parse_string();
+      } else if (c == '{' || c == '[') {
+        const char close = c == '{' ? '}' : ']';
         ++pos_;
-        return;
-      }
-      while (true) {
         skip_space();
-        if (close == '}') {
-          parse_string();
-          skip_space();
-          expect(':');
-          skip_space();
-        }
-        skip_value();
-        skip_space();
-        if (peek() == ',') {
+        if (peek() == close) {
           ++pos_;
-          continue;
+        } else {
+          open.push_back(close);
+          done_value = false;
         }
-        expect(close);
-        return;
+      } else {  // number, true, false, null
+        const std::size_t start = pos_;
+        while (pos_ < s_.size() && s_[pos_] != ',' && s_[pos_] != '}' && s_[pos_] != ']' && s_[pos_] != ' ' &&
+               s_[pos_] != '\t' && s_[pos_] != '\r' && s_[pos_] != '\n')
+          ++pos_;
+        if (pos_ == start) error("expected a value, found '", c, "'");
       }
-    } else {  // number, true, false, null
-      std::size_t start = pos_;
-      while (pos_ < s_.size() && s_[pos_] != ',' && s_[pos_] != '}' && s_[pos_] != ']' && s_[pos_] != ' ' &&
-             s_[pos_] != '\t' && s_[pos_] != '\r' && s_[pos_] != '\n')
-        ++pos_;
-      if (pos_ == start) error("expected a value, found '", c, "'");
+      if (done_value) {
+        // Close every container this value completes; stop where another member follows.
+        while (true) {
+          if (open.empty()) return;
+          skip_space();
+          if (peek() == ',') {
+            ++pos_;
+            break;
+          }
+          expect(open.back());
+          open.pop_back();
+        }
+      }
+      // The next member of the innermost open container.
+      skip_space();
+      if (open.back() == '}') {
+        parse_string();
+        skip_space();
+        expect(':');
+        skip_space();
+      }
     }
   }
 
@@ -494,24 +519,28 @@ class Encoder {
   std::vector<Field> fields_;
 };
 
+// Up to this many workers are started as asked, whatever the hardware (beyond, see main()).
+constexpr int kMinWorkerBound = 64;
+
 // Worker threads that encode batches; the caller takes the results back in the order it submitted
 // them, so the output never depends on the number of workers.
 class EncoderPool {
  public:
   EncoderPool(const Settings& settings, const data::Tokenizer& tokenizer, int workers) {
     for (int w = 0; w < workers; ++w) encoders_.emplace_back(std::make_unique<Encoder>(settings, tokenizer));
-    for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { run(*encoders_[static_cast<std::size_t>(w)]); });
+    try {
+      for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w] { run(*encoders_[static_cast<std::size_t>(w)]); });
+    } catch (const std::system_error& e) {
+      const auto started = threads_.size();
+      stop_all();
+      strata::fail<ConfigError>("--workers ", workers, ": the system refused to start thread ", started + 1, " (", e.what(),
+                                "); use fewer workers (this machine has ", std::thread::hardware_concurrency(),
+                                " hardware threads)");
+    }
   }
   EncoderPool(const EncoderPool&) = delete;
   EncoderPool& operator=(const EncoderPool&) = delete;
-  ~EncoderPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    work_ready_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
+  ~EncoderPool() { stop_all(); }
 
   int workers() const { return static_cast<int>(threads_.size()); }
   void submit(Batch* batch) {
@@ -550,6 +579,16 @@ class EncoderPool {
       }
       batch_done_.notify_all();
     }
+  }
+
+  void stop_all() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    work_ready_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
   }
 
   std::vector<std::unique_ptr<Encoder>> encoders_;
@@ -776,7 +815,18 @@ int main(int argc, char** argv) {
     settings.append_eod = append_eod;
     settings.split_sentences = split_sentences;
     settings.keep_newlines = keep_newlines;
+    if (log_interval < 0)
+      strata::fail<ConfigError>("--log-interval ", log_interval, " is negative; give the number of documents between progress lines, "
+                                "or 0 for none");
     settings.log_interval = log_interval;
+    // Each worker holds its own copy of the tokenizer: far more workers than hardware threads
+    // only cost memory (and may exceed the system's thread limit), never speed.
+    const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (workers > std::max(kMinWorkerBound, 4 * hardware_threads)) {
+      std::fprintf(stderr, "note: --workers %d is far more than this machine's %d hardware threads; using %d workers (the output does not depend on their number)\n",
+                   workers, hardware_threads, hardware_threads);
+      workers = hardware_threads;
+    }
     if (!settings.jsonl) json_keys.resize(1);
     for (std::size_t i = 0; i < json_keys.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)

@@ -144,7 +144,8 @@ struct TrainArgs {
   bool log_throughput = false;
   // data, checkpoints, logging
   std::string data_path = STRATA_DEFAULT_DATA_PATH;
-  bool mock_data = false;  // random tokens instead of --data-path (benchmarks)
+  bool mock_data = false;         // Megatron's mock documents (counting sequences + EOD) instead of --data-path
+  bool mock_data_random = false;  // uniformly random tokens instead of --data-path (benchmarks)
   std::string split = "969,30,1";  // train, validation, test parts of every dataset (by sequence)
   int eval_interval = 0;  // 0: only at the end (Megatron's None)
   int eval_iters = 100;
@@ -606,7 +607,12 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   // repeated flag takes the last occurrence's arguments, as argparse does.
   add_joined_option(app, "--data-path", a.data_path,
                     "prefix of a .bin/.idx pair, or weights and prefixes: w1 prefix1 w2 prefix2 ... (several arguments or one string)");
-  app.add_flag("--mock-data", a.mock_data, "train on uniformly random tokens instead of --data-path (benchmarks)");
+  app.add_flag("--mock-data", a.mock_data,
+               "train on Megatron's mock documents instead of --data-path: 100000 documents, each 1, 2, ..., n-1 and the "
+               "end of document (learnable)");
+  app.add_flag("--mock-data-random", a.mock_data_random,
+               "train on uniformly random tokens instead of --data-path (benchmarks: the loss stays near log(vocab))")
+      ->excludes("--mock-data");
   app.add_option("--split", a.split, "train,validation,test weights over each dataset's sequences");
   app.add_option("--eval-interval", a.eval_interval, "iterations between validation evaluations (0: only at the end)");
   app.add_option("--eval-iters", a.eval_iters, "global batches per evaluation (0: no evaluation)");

@@ -378,7 +378,8 @@ void report_pipeline_times(Context& ctx, Timer& timer, const pipeline::ScheduleS
 // Continues --sample-prompt token by token (the tokenizer's ids): each step runs the model on the
 // last seq_length tokens (padded with EOD after the end, which causal attention ignores) and draws
 // the next token from softmax(logits / temperature) over the tokenizer's ids but EOD, with the
-// counter-based RNG, so every rank draws the same token. The text is the tokenizer's decode.
+// counter-based RNG, so every rank draws the same token. The text is the tokenizer's decode of the
+// whole sequence, with bytes that are not valid UTF-8 replaced by U+FFFD.
 template <class Context, class Model>
 std::string generate(Context& ctx, const Model& model, const TrainArgs& a, data::Tokenizer tokenizer) {
   const index_t window = a.model.seq_length;
@@ -407,7 +408,21 @@ std::string generate(Context& ctx, const Model& model, const TrainArgs& a, data:
     tokens.push_back(static_cast<std::int32_t>(next));
   }
   if (prompt_tokens == 0) tokens.erase(tokens.begin());  // the EOD that stood in for an empty prompt
-  return tokenizer.decode(tokens);
+  return tokenizer.decode_text(tokens);
+}
+
+// What --save-hf writes into config.json that the model does not hold: the --load-hf model's
+// token ids and (Llama) max_position_embeddings when the run started from one, else the
+// tokenizer's end of document as eos_token_id (GPT-2: its bos_token_id too, the same token).
+inline hf::SaveOptions hf_save_options(const TrainArgs& a, const data::Tokenizer& tokenizer, hf::Architecture architecture) {
+  hf::SaveOptions options;
+  if (!a.load_hf.empty()) {
+    hf::carry_settings(hf::read_config(a.load_hf), options);
+  } else {
+    options.eos_token_id = json::number(static_cast<std::int64_t>(tokenizer.eod()));
+    if (architecture == hf::Architecture::gpt2) options.bos_token_id = options.eos_token_id;
+  }
+  return options;
 }
 
 // Whether torchrun, Slurm or Open MPI variables say this process is one rank of a job (then the
@@ -1058,9 +1073,12 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     optimizer.wait_parameters(ctx);
     if constexpr (!moe) {
       if (ctx.config.pp == 1) {
-        hf::save_hf_from_model(ctx, a.save_hf, model);  // gathered over tp; rank 0 writes
+        // gathered over tp; rank 0 writes
+        hf::save_hf_from_model(ctx, a.save_hf, model, hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
       } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
-        if (world.rank() == 0) export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf);
+        if (world.rank() == 0)
+          export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf,
+                                       hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
         world.barrier();
       }
     }
@@ -1118,23 +1136,31 @@ TrainResult train_with(const TrainArgs& a) {
   const BatchSchedule batch_schedule = batch_schedule_of(a);
   const std::int64_t num_samples = samples_of(batch_schedule, a.train_iters);
   const std::vector<double> split = data::parse_split(a.split);
-  const bool evaluate = a.eval_iters > 0 && (a.mock_data || split[1] > 0);
+  const bool evaluate = a.eval_iters > 0 && (a.mock_data_random || split[1] > 0);
   const std::int64_t eval_samples = static_cast<std::int64_t>(a.eval_iters) * a.global_batch_size;
   const std::int64_t eval_index_samples = std::min(eval_samples, kMaxValidationIndexSamples);
   // The training and validation samples: the datasets of --data-path and --split, or random tokens
-  // (--mock-data; validation on other random tokens).
+  // (--mock-data-random; validation on other random tokens), or Megatron's mock documents split
+  // like a dataset (--mock-data).
   Samples dataset, valid;
   if (a.mock_data) {
+    const data::GptDatasetConfig train_config{a.model.seq_length, num_samples, a.seed, true};
+    dataset = Samples::of(std::make_shared<data::MockGptDataset>(train_config, a.model.vocab_size, tokenizer.eod(), split, 0));
+    if (evaluate)
+      valid = Samples::of(std::make_shared<data::MockGptDataset>(
+          data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true}, a.model.vocab_size, tokenizer.eod(), split, 1));
+  } else if (a.mock_data_random) {
     dataset = Samples::of(std::make_shared<data::MockDataset>(num_samples, a.model.seq_length, a.model.vocab_size, a.seed));
     if (evaluate)
       valid = Samples::of(std::make_shared<data::MockDataset>(eval_index_samples, a.model.seq_length, a.model.vocab_size,
                                                               rng::mix(a.seed, 1)));
   } else {
-    data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true};
+    data::GptDatasetConfig data_config{a.model.seq_length, num_samples, a.seed, true, a.model.vocab_size};
     dataset = Samples::of(data::build_blended_gpt_dataset(a.data_path, data_config, num_samples, split, 0));
     if (evaluate)
       valid = Samples::of(data::build_blended_gpt_dataset(
-          a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true}, eval_index_samples,
+          a.data_path, data::GptDatasetConfig{a.model.seq_length, eval_index_samples, a.seed, true, a.model.vocab_size},
+          eval_index_samples,
           split, 1));
   }
   using Dataset = Samples;

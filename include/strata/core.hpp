@@ -11,3 +11,4 @@
 #include "core/rng.hpp"
 #include "core/utf8.hpp"
 #include "core/json.hpp"
+#include "core/file.hpp"

@@ -2,13 +2,22 @@
 # strata-convert from the command line: a tiny GPT trained at tp=2 x pp=2 on CPU threads and saved,
 # converted to tp=4 x pp=1, then resumed from the converted checkpoint; the resumed run starts at
 # the saved iteration; a size the target does not divide is refused; --save-hf exports it to
-# Hugging Face's format, and the trainer starts from that with --load-hf.
+# Hugging Face's format, and the trainer starts from that with --load-hf (and exports it again with
+# the source's eos_token_id); flags out of range are refused before anything is read.
 #   convert_cli.sh <train_gpt> <strata-convert>
 set -euo pipefail
 train=$1
 convert=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Flags out of range are refused with a sentence before anything is read or allocated.
+refused() {  # refused <text the error must hold> <strata-convert arguments...>
+  local want=$1; shift
+  if "$convert" "$@" 2> "$work/err"; then echo "strata-convert $* was accepted"; exit 1; fi
+  grep -q -- "$want" "$work/err" || { echo "strata-convert $*: the error does not say '$want':"; cat "$work/err"; exit 1; }
+}
+refused "--ckpt-step -7 is negative" --load "$work/none" --save "$work/x" --ckpt-step -7
+refused "--target-data-parallel-size 2147483647" --load "$work/none" --save "$work/x" --target-data-parallel-size 2147483647
 common=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --ffn-hidden-size 64 --seq-length 16
         --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet
         --hidden-dropout 0 --attention-dropout 0)
@@ -28,7 +37,10 @@ grep -q "divide" "$work/err" || { echo "the tp=3 error does not say what does no
 "$convert" --load "$work/a" --save-hf "$work/hf" --quiet
 test -f "$work/hf/config.json" && test -f "$work/hf/model.safetensors" || { echo "--save-hf wrote no model"; exit 1; }
 grep -q GPT2LMHeadModel "$work/hf/config.json" || { echo "config.json does not name GPT2LMHeadModel"; exit 1; }
+# The source's token ids pass through a fine-tuning run into its export.
+sed -i 's/"eos_token_id": [0-9]*/"eos_token_id": [3, 7]/' "$work/hf/config.json"
 "$train" "${common[@]}" --world-size 2 --tensor-model-parallel-size 2 --train-iters 1 --load-hf "$work/hf" \
-  --log-jsonl "$work/hf.jsonl"
+  --log-jsonl "$work/hf.jsonl" --save-hf "$work/hf2"
 grep -q '"iteration": 1,' "$work/hf.jsonl" || { echo "training from the exported model did not run"; exit 1; }
+grep -q '"eos_token_id": \[3, 7\]' "$work/hf2/config.json" || { echo "--save-hf lost the source's eos_token_id:"; cat "$work/hf2/config.json"; exit 1; }
 echo "strata-convert: converted, resumed, refused tp=3, exported to Hugging Face and trained from it"

@@ -5,8 +5,13 @@
 // shard needs, and clear errors for damaged or missing files (the previous checkpoint still loads).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
+#include <limits>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -16,6 +21,10 @@
 #include <strata/checkpoint.hpp>
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../common/equivalence.hpp"
 #include "temp_directory.hpp"
@@ -548,6 +557,100 @@ TEST(Checkpoint, MissingOrCorruptCheckpointIsFileError) {
     out << "latest\n";
   }
   EXPECT_THROW(latest_checkpointed_iteration(dir.path()), FileError);
+}
+
+// Runs `f`, which must throw FileError holding `parts` without blocking on the FIFO `fifo` (a call
+// still blocked after 10 s is released by a writer, and fails).
+void expect_refused_without_blocking(const std::filesystem::path& fifo, const std::function<void()>& f,
+                                     const std::vector<std::string>& parts) {
+  auto call = std::async(std::launch::async, [&] {
+    try {
+      f();
+      return std::string("no FileError thrown");
+    } catch (const FileError& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("another exception: ") + e.what();
+    }
+  });
+  if (call.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on " << fifo;
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (writer >= 0) ::close(writer);
+  }
+  const std::string message = call.get();
+  for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+}
+
+// A tracker or a rank file that is a FIFO, a device or a directory is refused saying what it is,
+// before anything blocks on it or reads it without end.
+TEST(Checkpoint, TrackerOrRankFileThatIsNotARegularFileIsRefusedSayingWhatItIs) {
+  TempDirectory dir("checkpoint");
+  save_marked(dir.path(), 2);
+  const auto tracker = tracker_path(dir.path());
+  std::filesystem::remove(tracker);
+  ASSERT_EQ(::mkfifo(tracker.c_str(), 0600), 0);
+  expect_refused_without_blocking(tracker, [&] { latest_checkpointed_iteration(dir.path()); },
+                                  {tracker.string(), "FIFO", "not a regular file"});
+  std::filesystem::remove(tracker);
+  std::filesystem::create_symlink("/dev/zero", tracker);
+  expect_refused_without_blocking(tracker, [&] { latest_checkpointed_iteration(dir.path()); },
+                                  {tracker.string(), "character device"});
+  std::filesystem::remove(tracker);
+  {
+    std::ofstream out(tracker);
+    out << "2\n" << std::string(8192, ' ');
+  }
+  expect_refused_without_blocking(tracker, [&] { latest_checkpointed_iteration(dir.path()); }, {tracker.string(), "bytes"});
+  {
+    std::ofstream out(tracker, std::ios::trunc);
+    out << "2\n";
+  }
+  const auto file = dir.path() / "iter_0000002" / "rank_00001.strata";
+  auto load = [&] {
+    inprocess::run(2, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+      TwoLayer<double> model(ctx, 1);
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+    });
+  };
+  std::filesystem::rename(file, dir.path() / "saved");
+  std::filesystem::create_directory(file);
+  expect_refused_without_blocking(file, load, {file.string(), "is a directory"});
+  std::filesystem::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  expect_refused_without_blocking(file, load, {file.string(), "FIFO"});
+  std::filesystem::remove(file);
+  std::filesystem::rename(dir.path() / "saved", file);
+  EXPECT_EQ(load_marked(dir.path()), 2);
+}
+
+// Weights that are NaN or infinite in a checkpoint are refused at load, naming the file and the
+// tensor (not blamed on the learning rate at the first iteration).
+TEST(Checkpoint, NonFiniteWeightsAreRefusedAtLoadNamingFileAndTensor) {
+  TempDirectory dir("checkpoint");
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    TwoLayer<double> model(ctx, 3);
+    if (world.rank() == 1) model.fc2.weight().value[1] = std::numeric_limits<double>::quiet_NaN();
+    AdamW<double> optimizer(model);
+    save_checkpoint(ctx, dir.path(), 3, model, optimizer, TrainState{.seed = 3});
+  });
+  try {
+    inprocess::run(1, [&](Comm& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = 1});
+      TwoLayer<double> model(ctx, 1);
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+    });
+    ADD_FAILURE() << "a NaN weight was loaded";
+  } catch (const FileError& e) {
+    const std::string m = e.what();
+    for (const std::string& part : {std::string("rank_00001.strata"), std::string("'model.fc2.weight'"), std::string("non-finite")})
+      EXPECT_NE(m.find(part), std::string::npos) << m;
+  }
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 // (Llama: test_huggingface_llama.cpp.)
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
+#include <optional>
 #include <set>
 
 #include "huggingface_helpers.hpp"
@@ -226,6 +229,57 @@ TEST(HuggingFaceImport, GptWithoutPrefixAndWithBuffersLoads) {
 }
 
 // ---- refused ----
+
+// An lm_head.weight that differs from the embedding (an untied model under a tied config) is
+// refused, never dropped; non-finite weights are refused naming the file and the tensor.
+TEST(HuggingFaceImport, GptUntiedLmHeadOrNonFiniteWeightsAreRefused) {
+  TempDirectory dir("hf_gpt_untied");
+  const auto c = tiny_gpt();
+  strata_test::export_model<models::Gpt, float>(c, dir.path(), kTokens);
+  const auto file = dir.path() / "model.safetensors";
+  // Rewrites the file with `change` applied to the tensors, plus an lm_head.weight when `head` is set.
+  auto rewrite = [&](const std::function<void(const std::string&, Tensor<float>&)>& change, std::optional<float> head_shift) {
+    std::vector<Tensor<float>> keep;
+    {
+      const SafetensorsFile original(file);
+      keep.reserve(original.entries().size() + 1);
+      for (const auto& e : original.entries())
+        if (e.name != "lm_head.weight") {
+          keep.push_back(original.read_tensor<float>(e.name));
+          change(e.name, keep.back());
+        }
+      if (head_shift) {
+        keep.push_back(original.read_tensor<float>("transformer.wte.weight"));
+        keep.back()[5] += *head_shift;
+      }
+    }
+    SafetensorsWriter w;
+    const SafetensorsFile names(file);
+    std::size_t k = 0;
+    for (const auto& e : names.entries())
+      if (e.name != "lm_head.weight") w.add(e.name, keep[k++]);
+    if (head_shift) w.add("lm_head.weight", keep[k]);
+    w.set_metadata("format", "pt");
+    w.write(file);
+  };
+  auto load = [&] {
+    inprocess::run(2, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
+      models::Gpt<strata_test::TestPolicy<float, false>> model(ctx, c);
+      hf::load_hf(ctx, dir.path(), model);
+    });
+  };
+  rewrite([](const std::string&, Tensor<float>&) {}, 0.0f);  // lm_head.weight equal to wte: ignored
+  EXPECT_NO_THROW(load());
+  rewrite([](const std::string&, Tensor<float>&) {}, 0.5f);
+  expect_error<ConfigError>(load, {"model.safetensors", "lm_head.weight", "differs from transformer.wte.weight"});
+  rewrite(
+      [](const std::string& name, Tensor<float>& t) {
+        if (name == "transformer.h.1.mlp.c_fc.weight") t[7] = std::numeric_limits<float>::infinity();
+      },
+      std::nullopt);
+  expect_error<FileError>(load, {"model.safetensors", "'transformer.h.1.mlp.c_fc.weight'", "non-finite"});
+}
 
 template <template <class> class Model>
 void load_into(const models::ModelConfig& c, const std::filesystem::path& dir, int tp = 1) {

@@ -146,9 +146,11 @@ TEST(HuggingFaceRoundTrip, LlamaShardedImportsAtTp2) {
   strata_test::expect_same_values(tp2, exported, c.vocab_size, "sharded tp=2");
 }
 
-// tie_word_embeddings: true, and no lm_head.weight (as transformers saves a tied Llama): the
-// output layer takes the embedding, padding rows zero.
-TEST(HuggingFaceImport, LlamaTiedOutputLoadsTheEmbedding) {
+// tie_word_embeddings: true (as transformers saves a tied Llama, without lm_head.weight) is
+// refused, naming the key: strata's Llama would train and export it untied. With the config
+// untied on purpose, files without lm_head.weight start the output layer from the embedding,
+// padding rows zero.
+TEST(HuggingFaceImport, LlamaTiedConfigIsRefusedAndAnUntiedOneWithoutLmHeadStartsFromTheEmbedding) {
   TempDirectory dir("hf_llama_tied");
   const auto c = tiny_llama();
   const auto exported = strata_test::export_model<models::Llama, float>(c, dir.path(), kTokens);
@@ -168,12 +170,58 @@ TEST(HuggingFaceImport, LlamaTiedOutputLoadsTheEmbedding) {
     w.set_metadata("format", "pt");
     w.write(dir.path() / "model.safetensors");
   }
+  expect_error<ConfigError>(
+      [&] {
+        inprocess::run(1, [&](inprocess::communicator& world) {
+          auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+          models::Llama<strata_test::TestPolicy<float, false>> model(ctx, c);
+          hf::load_hf(ctx, dir.path(), model);
+        });
+      },
+      {"config.json", "tie_word_embeddings = true", "--untie-embeddings-and-output-weights", "\"tie_word_embeddings\": false"});
+  strata_test::write_text(config, strata_test::replaced(strata_test::read_text(config), "\"tie_word_embeddings\": true",
+                                                        "\"tie_word_embeddings\": false"));
   const auto imported = strata_test::import_model<models::Llama, float>(c, dir.path(), kTokens, 2);
   const auto embedding = strata_test::without_padding(exported, c.vocab_size).at("embedding.word.weight");
   EXPECT_TRUE(strata_test::same_bytes(imported.values.at("output.weight"), embedding));
   EXPECT_TRUE(strata_test::same_bytes(imported.values.at("embedding.word.weight"), embedding));
   const auto reference = strata_test::HfReference(dir.path(), hf::Architecture::llama).logits(kTokens);
   EXPECT_LE(strata_test::logits_error(imported.logits, reference), 1e-5);
+}
+
+// An export carries the source's bos_token_id, eos_token_id (a list included) and Llama's
+// max_position_embeddings through, rather than dropping them or writing --seq-length.
+TEST(HuggingFaceExport, TokenIdsAndMaxPositionsOfTheSourceAreCarriedThrough) {
+  TempDirectory dir("hf_llama_carry");
+  const auto c = tiny_llama();
+  strata_test::export_model<models::Llama, float>(c, dir.path(), kTokens);
+  const auto config = dir.path() / "config.json";
+  std::string text = strata_test::read_text(config);
+  text = strata_test::replaced(text, "\"max_position_embeddings\": 7", "\"max_position_embeddings\": 4096");
+  text = strata_test::replaced(text, "\"tie_word_embeddings\": false",
+                               "\"bos_token_id\": 1, \"eos_token_id\": [2, 36], \"tie_word_embeddings\": false");
+  strata_test::write_text(config, text);
+  const hf::HfConfig source = hf::read_config(dir.path());
+  EXPECT_EQ(source.bos_token_id, "1");
+  EXPECT_EQ(source.eos_token_id, "[2, 36]");
+  EXPECT_EQ(source.max_position_embeddings, 4096);
+  hf::SaveOptions options;
+  hf::carry_settings(source, options);
+  const json::Value written = json::parse(hf::config_json(hf::Architecture::llama, c, SafetensorsDtype::float32, options), "config");
+  EXPECT_EQ(written.find("bos_token_id")->text(), "1");
+  ASSERT_TRUE(written.find("eos_token_id")->is_array());
+  EXPECT_EQ(written.find("eos_token_id")->items().size(), 2u);
+  EXPECT_EQ(written.find("max_position_embeddings")->text(), "4096");
+  // The round trip through the files: what was read is what is written again.
+  const hf::HfConfig again = hf::read_config(dir.path());
+  EXPECT_EQ(again.eos_token_id, "[2, 36]");
+  // Without a source, Llama's ids are left out and max_position_embeddings is the model's.
+  const json::Value plain = json::parse(hf::config_json(hf::Architecture::llama, c, SafetensorsDtype::float32), "config");
+  EXPECT_EQ(plain.find("bos_token_id"), nullptr);
+  EXPECT_EQ(plain.find("max_position_embeddings")->text(), "7");
+  // A token id that is not an id is refused naming the field.
+  strata_test::write_text(config, strata_test::replaced(text, "\"bos_token_id\": 1", "\"bos_token_id\": \"<s>\""));
+  expect_error<FileError>([&] { hf::read_config(dir.path()); }, {"config.json", "bos_token_id", "not a token id"});
 }
 
 TEST(HuggingFaceImport, LlamaMismatchesAndUnsupportedSettingsAreRefused) {

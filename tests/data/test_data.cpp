@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <thread>
 #include <map>
 #include <numeric>
 #include <random>
@@ -16,6 +18,10 @@
 #include <vector>
 
 #include <strata/data.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using namespace strata::data;
@@ -76,6 +82,32 @@ void expect_file_error(const std::function<void()>& f, const std::vector<std::st
     std::string message = e.what();
     for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
   }
+}
+
+// Expects `f`, which opens the FIFO `fifo` among its files, to throw FileError naming `parts`
+// without blocking; a call that blocks in open(2) is released by a writer after 10 s and fails.
+void expect_fifo_refused(const std::string& fifo, const std::function<void()>& f, const std::vector<std::string>& parts) {
+  std::promise<std::string> message;
+  std::future<std::string> done = message.get_future();
+  std::thread call([&] {
+    try {
+      f();
+      message.set_value("no FileError thrown");
+    } catch (const FileError& e) {
+      message.set_value(e.what());
+    } catch (const std::exception& e) {
+      message.set_value(std::string("another exception: ") + e.what());
+    }
+  });
+  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "blocked on the FIFO " << fifo;
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (writer >= 0) ::close(writer);
+  }
+  call.join();
+  const std::string text = done.get();
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in: " << text;
 }
 
 // Documents of random lengths and tokens below `vocab`.
@@ -332,6 +364,27 @@ TEST(IndexedDataset, CorruptFilesThrowFileErrorNamingFileAndProblem) {
   expect_file_error(open, {bin_name, "cannot open", "No such file"});
   fs::remove(idx_name);
   expect_file_error(open, {idx_name, "cannot open", "No such file"});
+}
+
+// A FIFO or a device named as the .idx or the .bin is refused before anything can block on it.
+TEST(IndexedDataset, FifoOrDeviceAsIdxOrBinIsRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string prefix = small_dataset(dir);
+  for (const char* ext : {".idx", ".bin"}) {
+    const std::string file = prefix + ext, saved = prefix + ext + ".saved";
+    fs::rename(file, saved);
+    ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+    expect_fifo_refused(file, [&] { IndexedDataset d(prefix); }, {file, "FIFO", "not a regular file"});
+    fs::remove(file);
+    fs::create_symlink("/dev/zero", file);
+    expect_file_error([&] { IndexedDataset d(prefix); }, {file, "character device"});
+    fs::remove(file);
+    fs::create_directory(file);
+    expect_file_error([&] { IndexedDataset d(prefix); }, {file, "directory"});
+    fs::remove(file);
+    fs::rename(saved, file);
+  }
+  EXPECT_EQ(IndexedDataset(prefix).size(), 3);
 }
 
 TEST(IndexedDataset, EveryBitFlipInTheIndexIsReadOrRefusedNeverACrash) {
@@ -657,6 +710,27 @@ TEST(GptDataset, Splits) {
   EXPECT_THROW(parse_split("9,x,1"), ConfigError);
 }
 
+// As Megatron: at most three weights, each finite and non-negative, with a finite positive sum.
+TEST(GptDataset, SplitRefusesNonFiniteOverflowingOrMoreThanThreeWeights) {
+  auto expect_refused = [](const std::string& split, const std::string& part) {
+    try {
+      parse_split(split);
+      ADD_FAILURE() << "--split " << split << " accepted";
+    } catch (const ConfigError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("--split"), std::string::npos) << message;
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+    }
+  };
+  expect_refused("nan,1,1", "'nan' is not a finite non-negative number");
+  expect_refused("inf,1,0", "'inf' is not a finite non-negative number");
+  expect_refused("1,-inf,0", "'-inf'");
+  expect_refused("1e308,1e308,0", "sum to more than a double can hold");
+  expect_refused("1,2,3,4", "4 weights");
+  expect_refused("0,0,0", "sum to 0");
+  EXPECT_EQ(parse_split("1e300,0,1e300")[0], 0.5);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Blending
 
@@ -732,6 +806,100 @@ TEST(Blending, BlendedGptDatasetServesFromItsParts) {
   auto small = std::make_shared<const GptDataset>(std::make_shared<const IndexedDataset>(dir / "a"),
                                                   GptDatasetConfig{.seq_length = 8, .seed = 1});
   EXPECT_THROW((BlendedDataset<GptDataset>({small}, {1.0}, small->size() + 1)), ConfigError);
+}
+
+// Non-finite or overflowing blend weights are refused naming them (never "sum to 0").
+TEST(Blending, NonFiniteOrOverflowingWeightsAreRefusedNamingThem) {
+  const std::string prefix = std::string(STRATA_EXAMPLES_DATA_DIR) + "/corpus_text_document";
+  auto expect_refused = [&](const std::string& data_path, const std::string& part) {
+    try {
+      build_blended_gpt_dataset(data_path, GptDatasetConfig{64, 20, 1234, true}, 20);
+      ADD_FAILURE() << "--data-path " << data_path << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_refused("1e308 " + prefix + " 1e308 " + prefix, "1e+308 1e+308 sum to more than a double can hold");
+  expect_refused("nan " + prefix + " 1 " + prefix, "weight 'nan'");
+  expect_refused("inf " + prefix + " 1 " + prefix, "weight 'inf'");
+  EXPECT_THROW(normalize_weights(std::vector<double>{1e308, 1e308}), ConfigError);
+}
+
+// An empty dataset is named as empty, not blamed on --split.
+TEST(Blending, EmptyDatasetIsNamedNotBlamedOnTheSplit) {
+  TempDir dir;
+  const std::string prefix = dir / "empty";
+  IndexedDatasetWriter w(prefix, DType::uint16);
+  w.finalize();
+  for (const auto& split : {std::vector<double>{}, parse_split("969,30,1")}) {
+    try {
+      build_blended_gpt_dataset(prefix, GptDatasetConfig{8, 4, 1234, true}, 4, split, 0);
+      ADD_FAILURE() << "an empty dataset accepted";
+    } catch (const FileError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(prefix), std::string::npos) << message;
+      EXPECT_NE(message.find("is empty"), std::string::npos) << message;
+      EXPECT_EQ(message.find("--split"), std::string::npos) << message;
+    }
+  }
+}
+
+// A token at or above the vocabulary is reported with the .bin that holds it and the vocabulary size.
+TEST(GptDataset, TokensOutsideTheVocabularyNameTheBinAndTheVocabularySize) {
+  TempDir dir;
+  const std::string prefix = dir / "oov";
+  auto docs = random_documents(20, 30, 100, 7);
+  docs[5][3] = 100;
+  auto indexed = write_dataset(prefix, docs);
+  GptDataset ds(indexed, GptDatasetConfig{16, 200, 1234, true, 100});
+  std::vector<std::int32_t> out(17);
+  try {
+    for (std::int64_t i = 0; i < ds.size(); ++i) ds.sample(i, out);
+    ADD_FAILURE() << "token 100 of a vocabulary of 100 accepted";
+  } catch (const FileError& e) {
+    const std::string message = e.what();
+    for (const std::string& part : std::vector<std::string>{prefix + ".bin", "sequence 5", "token id 100", "vocabulary of 100", "--vocab-size"})
+      EXPECT_NE(message.find(part), std::string::npos) << message;
+  }
+  GptDataset unchecked(indexed, GptDatasetConfig{16, 200, 1234, true});
+  for (std::int64_t i = 0; i < unchecked.size(); ++i) unchecked.sample(i, out);
+}
+
+// Megatron's --mock-data: documents 1, 2, ..., n-1 (modulo the vocabulary) and the end of document,
+// n in [1, 4096), sampled like a real dataset; the split parts draw on disjoint documents.
+TEST(MockGptDataset, DocumentsAreCountingSequencesEndingInTheEndOfDocument) {
+  const std::int64_t vocab = 1000, eod = 999;
+  const MockGptDataset train(GptDatasetConfig{64, 500, 1234, true}, vocab, eod, parse_split("969,30,1"), 0);
+  const MockGptDataset valid(GptDatasetConfig{64, 50, 1234, true}, vocab, eod, parse_split("969,30,1"), 1);
+  EXPECT_GE(train.size(), 500);
+  std::int64_t longest = 0;
+  for (std::int64_t d = 0; d < MockGptDataset::kDocuments; ++d) {
+    const std::int32_t n = train.document_length(d);
+    ASSERT_GE(n, 1);
+    ASSERT_LT(n, 4096);
+    longest = std::max<std::int64_t>(longest, n);
+  }
+  EXPECT_GT(longest, 4000);
+  EXPECT_EQ(train.token(7, train.document_length(7) - 1), eod);
+  if (train.document_length(7) > 1) {
+    EXPECT_EQ(train.token(7, 0), 1);
+  }
+  EXPECT_EQ(train.token(0, 1499), train.document_length(0) == 1500 ? eod : 1500 % vocab);
+  // Every sample follows the counting rule: each token is the previous + 1 (mod vocab), or the
+  // end of document, or the 1 that starts the next document.
+  std::vector<std::int32_t> out(65);
+  std::int64_t ends = 0;
+  for (std::int64_t i = 0; i < 200; ++i) {
+    train.sample(i, out);
+    for (std::size_t k = 1; k < out.size(); ++k) {
+      const bool counts = out[k] == (out[k - 1] + 1) % vocab, ends_here = out[k] == eod, starts = out[k - 1] == eod && out[k] == 1;
+      EXPECT_TRUE(counts || ends_here || starts || (out[k - 1] == eod && out[k] == eod)) << "sample " << i << " position " << k;
+      ends += ends_here ? 1 : 0;
+    }
+  }
+  EXPECT_GT(ends, 0);
+  valid.sample(0, out);
+  EXPECT_THROW(MockGptDataset(GptDatasetConfig{64, 50, 1234, true}, vocab, eod, parse_split("1,0,0"), 1), ConfigError);
 }
 
 TEST(Blending, SplitPartsUseDisjointSequences) {

@@ -64,6 +64,7 @@ std::string json_string(const std::string& text) {
   for (char c : text) {
     if (c == '"' || c == '\\') out += std::string("\\") + c;
     else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
     else out.push_back(c);
   }
   return out + "\"";
@@ -464,6 +465,52 @@ TEST(PreprocessData, ErrorsNameFileAndLine) {
   // The tokenizer's flags are checked by make_tokenizer.
   expect_error("--input " + (dir / "missing.jsonl") + " --output-prefix " + (dir / "t") + " --tokenizer-type GPT2BPETokenizer",
                {"--vocab-file"});
+}
+
+// A value nested far deeper than any call stack, under a key that is not extracted, is skipped.
+TEST(PreprocessData, DeepNestingUnderAnUnextractedKeyIsSkipped) {
+  TempDir dir;
+  const int depth = 70000;
+  write_file(dir / "deep.jsonl", "{\"deep\": " + std::string(depth, '[') + std::string(depth, ']') +
+                                     ", \"more\": {\"a\": [1, {\"b\": [true, null, \"x\"]}, []], \"c\": {}}, \"text\": \"hello\"}\n"
+                                     "{\"obj\": " + std::string(depth, '[') + "{\"k\": 1}" + std::string(depth, ']') + ", \"text\": \"world\"}\n");
+  std::string log;
+  ASSERT_EQ(run_tool("--input " + (dir / "deep.jsonl") + " --output-prefix " + (dir / "d"), &log), 0) << log;
+  const IndexedDataset ds(dir / "d_text_document");
+  ASSERT_EQ(ds.sequence_count(), 2);
+  // A container left open is still an error naming the line.
+  write_file(dir / "open.jsonl", "{\"text\": \"ok\"}\n{\"deep\": " + std::string(depth, '[') + ", \"text\": \"x\"}\n");
+  EXPECT_NE(run_tool("--input " + (dir / "open.jsonl") + " --output-prefix " + (dir / "o"), &log), 0);
+  EXPECT_NE(log.find("line 2"), std::string::npos) << log;
+}
+
+// Python's json.loads (which Megatron uses) refuses raw control characters inside strings.
+TEST(PreprocessData, RawControlCharactersInStringsAreRefused) {
+  TempDir dir;
+  for (const std::string& bad : {std::string("a\0b", 3), std::string("a\x01b"), std::string("a\tb"), std::string("a\x1f")}) {
+    write_file(dir / "ctl.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"" + bad + "\"}\n");
+    std::string log;
+    EXPECT_NE(run_tool("--input " + (dir / "ctl.jsonl") + " --output-prefix " + (dir / "c"), &log), 0);
+    for (const char* part : {"ctl.jsonl", "line 2", "control character"}) EXPECT_NE(log.find(part), std::string::npos) << log;
+  }
+  // Escaped, they are text.
+  write_file(dir / "esc.jsonl", "{\"text\": \"a\\u0000b\\tc\"}\n");
+  std::string log;
+  EXPECT_EQ(run_tool("--input " + (dir / "esc.jsonl") + " --output-prefix " + (dir / "e"), &log), 0) << log;
+}
+
+// Flags out of range: a negative --log-interval is refused; far more --workers than hardware
+// threads fall back to the hardware threads with a note, and write the same files.
+TEST(PreprocessData, LogIntervalAndWorkersAreBounded) {
+  TempDir dir;
+  write_file(dir / "in.jsonl", random_jsonl(50, 3));
+  std::string log;
+  EXPECT_NE(run_tool("--input " + (dir / "in.jsonl") + " --output-prefix " + (dir / "l") + " --log-interval -1", &log), 0);
+  EXPECT_NE(log.find("--log-interval -1"), std::string::npos) << log;
+  ASSERT_EQ(run_tool("--input " + (dir / "in.jsonl") + " --output-prefix " + (dir / "w1"), &log), 0) << log;
+  ASSERT_EQ(run_tool("--input " + (dir / "in.jsonl") + " --output-prefix " + (dir / "wmany") + " --workers 100000", &log), 0) << log;
+  EXPECT_NE(log.find("--workers 100000"), std::string::npos) << log;
+  expect_same_files(dir / "w1_text_document", dir / "wmany_text_document");
 }
 
 // strata's plain-text input keeps working (paragraphs, --dtype).

@@ -11,9 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <strata/data/text_tokenizer.hpp>
@@ -220,6 +224,58 @@ TEST(HuggingFaceTokenizer, Llama3Style) {
   EXPECT_EQ(t.decode(std::span<const std::int32_t>(ids).subspan(1)), "In the beginning God created");
 }
 
+// Tokenizer files that are a device, a FIFO or a directory are refused naming the file, before
+// anything can block on them or read without end (a call still blocked after 10 s is released).
+TEST(TokenizerFiles, DeviceFifoOrDirectoryIsRefusedWithoutReadingIt) {
+  TempDir dir;
+  const std::string fifo = dir / "fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_directory(dir / "folder");
+  write_text(dir / "merges.txt", "#version: 0.2\n");
+  const TokenizerOptions gpt2{.type = "GPT2BPETokenizer", .vocab_file = "/dev/zero", .merge_file = dir / "merges.txt"};
+  auto expect_refused = [&](TokenizerOptions options, const std::string& file, const std::string& what) {
+    auto call = std::async(std::launch::async, [options] {
+      try {
+        make_tokenizer(options);
+        return std::string("accepted");
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    });
+    if (call.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "blocked on " << file;
+      const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (writer >= 0) ::close(writer);
+    }
+    const std::string message = call.get();
+    for (const std::string& part : {file, what, std::string("not a regular file")})
+      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  };
+  expect_refused(gpt2, "/dev/zero", "character device");
+  TokenizerOptions options = gpt2;
+  options.vocab_file = fifo;
+  expect_refused(options, fifo, "FIFO");
+  options.vocab_file = dir / "folder";
+  expect_refused(options, dir / "folder", "directory");
+  expect_refused(hf(fifo), fifo, "FIFO");
+  write_text(dir / "tokenizer.json", read_text(kTokenizers + "/llama3_bpe/tokenizer.json"));
+  fs::create_symlink("/dev/zero", dir / "tokenizer_config.json");
+  expect_refused(hf(dir.path()), dir / "tokenizer_config.json", "character device");
+}
+
+// Text to show (the trainer's sample) is valid UTF-8: a character cut between byte-level pieces is
+// whole when the sequence is decoded at once, and bytes that form no character become U+FFFD.
+TEST(TokenizerFiles, DecodeTextIsValidUtf8) {
+  const Tokenizer bytes = make_tokenizer({.type = "ByteTokenizer"});
+  const std::string euro = "\xe2\x82\xac";  // U+20AC, three bytes, three ids
+  const Ids ids{'a', 0xe2, 0x82, 0xac, 'b'};
+  EXPECT_EQ(bytes.decode_text(ids), "a" + euro + "b");
+  EXPECT_EQ(bytes.decode_text(Ids{'a', 0xe2, 0x82}), "a\xef\xbf\xbd");  // cut at the end
+  EXPECT_EQ(bytes.decode_text(Ids{0xff, 'x', 0x80}), "\xef\xbf\xbdx\xef\xbf\xbd");
+  EXPECT_EQ(bytes.decode(Ids{'a', 0xe2, 0x82}), "a\xe2\x82");  // decode keeps the bytes
+}
+
 TEST(HuggingFaceTokenizer, EndOfDocumentRule) {
   TempDir dir;
   const std::string json = read_text(kTokenizers + "/llama3_bpe/tokenizer.json");
@@ -235,6 +291,14 @@ TEST(HuggingFaceTokenizer, EndOfDocumentRule) {
   EXPECT_EQ(make_tokenizer(hf(dir.path())).eod(), 2051);
   write_text(dir / "tokenizer_config.json", R"({"eos_token": "<|nothing|>"})");
   expect_error([&] { HuggingFaceTokenizer t(dir.path()); }, {dir / "tokenizer_config.json", "eos_token \"<|nothing|>\"", "is not a token"});
+  // An eos_token that is not a token's text is refused, not passed over for the fallback.
+  for (const char* bad : {R"({"eos_token": 5})", R"({"eos_token": true})", R"({"eos_token": {"special": true}})",
+                          R"({"eos_token": {"content": 7}})"}) {
+    write_text(dir / "tokenizer_config.json", bad);
+    expect_error([&] { HuggingFaceTokenizer t(dir.path()); }, {dir / "tokenizer_config.json", "eos_token is", "not a token"});
+  }
+  write_text(dir / "tokenizer_config.json", R"({"eos_token": null})");
+  EXPECT_EQ(make_tokenizer(hf(dir.path())).eod(), 2049);  // none named: the fallback
   write_text(dir / "tokenizer_config.json", R"({"eos_token": )");
   expect_error([&] { HuggingFaceTokenizer t(dir.path()); }, {dir / "tokenizer_config.json", "not valid JSON"});
   // No config and no known end-of-text token: refused, saying what to add.

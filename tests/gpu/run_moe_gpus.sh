@@ -25,7 +25,7 @@ rows=()
 
 small=(--device cuda --dtype float --num-layers 4 --hidden-size 256 --num-attention-heads 8 --group-query-attention
   --num-query-groups 4 --ffn-hidden-size 512 --seq-length 256 --num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2
-  --moe-z-loss-coeff 1e-3 --mock-data --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --lr 3e-4
+  --moe-z-loss-coeff 1e-3 --mock-data-random --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --lr 3e-4
   --lr-warmup-iters 2 --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --sample-tokens 0 --log-interval 1 --seed 7)
 
 # run <name> <program> <flags...>: one run, its log and JSONL under $logs. With --world-size N > 1
@@ -92,7 +92,7 @@ fi
 
 # --- 2. speed -----------------------------------------------------------------------------------
 shape=(--device cuda --dtype bf16 --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --group-query-attention
-  --num-query-groups 8 --seq-length 1024 --mock-data --micro-batch-size 8 --train-iters 30 --lr 3e-4 --lr-warmup-iters 2
+  --num-query-groups 8 --seq-length 1024 --mock-data-random --micro-batch-size 8 --train-iters 30 --lr 3e-4 --lr-warmup-iters 2
   --hidden-dropout 0 --attention-dropout 0 --eval-iters 0 --sample-tokens 0 --log-interval 1 --log-throughput)
 moe=(--num-experts 8 --moe-router-topk 2 --ffn-hidden-size 3584 --moe-aux-loss-coeff 1e-2 --moe-token-dispatcher-type alltoall)
 speed() {  # speed <name> <gpus> <program> <flags...>: a table row from the JSONL of the run

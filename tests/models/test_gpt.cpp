@@ -199,4 +199,27 @@ TEST(Gpt, FusedBackwardRefusesAnotherLossScale) {
   });
 }
 
+// An input id at or above the real vocabulary names a padding row: refused at every tp (the bound is
+// the vocabulary, not the padded one).
+TEST(Gpt, InputTokenAtTheVocabularySizeIsRefusedAtEveryTensorParallelSize) {
+  using namespace strata;
+  auto c = tiny_gpt();
+  c.vocab_size = 90;  // padded to 92 rows at tp=1, 96 at tp=2
+  for (int tp : {1, 2}) {
+    try {
+      inprocess::run(tp, [&](inprocess::communicator& world) {
+        auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+        models::Gpt<strata_test::ModelPolicy<double, false>> model(ctx, c);
+        model.init(ctx, 1);
+        auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
+        batch.tokens[3] = static_cast<std::int32_t>(c.vocab_size);  // an input, not a label
+        (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask, 0);
+      });
+      ADD_FAILURE() << "tp=" << tp << ": token id " << c.vocab_size << " of a vocabulary of " << c.vocab_size << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("outside the vocabulary of 90"), std::string::npos) << "tp=" << tp << ": " << e.what();
+    }
+  }
+}
+
 }  // namespace

@@ -62,6 +62,7 @@
 
 #include "../comm/communicator.hpp"
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/rank_generator.hpp"
@@ -116,9 +117,8 @@ inline std::optional<std::int64_t> latest_checkpointed_iteration(const std::file
   const std::filesystem::path tracker = tracker_path(dir);
   std::error_code ec;
   if (!std::filesystem::exists(tracker, ec)) return std::nullopt;
-  std::ifstream in(tracker);
-  std::string text;
-  if (!in || !std::getline(in, text)) fail<FileError>("cannot read checkpoint tracker ", tracker);
+  std::string text = read_whole_file(tracker, "checkpoint tracker", kMaxTrackerBytes);
+  if (const std::size_t end = text.find('\n'); end != std::string::npos) text.resize(end);
   while (!text.empty() && (text.back() == '\r' || text.back() == ' ')) text.pop_back();
   std::size_t used = 0;
   long long value = -1;

@@ -99,6 +99,9 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
   const StateReader& first = source.first();
   const ParallelConfig target{.tp = options.tp, .pp = options.pp, .dp = options.dp};
   raise_if(validate(target));
+  if (target.world_size() > kMaxCheckpointRanks)
+    fail<ConfigError>("the target layout tp=", options.tp, " x pp=", options.pp, " x dp=", options.dp, " needs ", target.world_size(),
+                      " rank files, more than the ", kMaxCheckpointRanks, " a checkpoint can hold; give smaller target sizes");
   const RankGenerator ranks(target);
   const std::int64_t iteration = first.get_int("train.iteration");
   for (const char* key : {"model.num_layers", "model.vocab_size"})

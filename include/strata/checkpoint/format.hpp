@@ -62,6 +62,7 @@
 
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "../core/shape.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/shard_spec.hpp"
@@ -73,6 +74,8 @@ STRATA_NAMESPACE_BEGIN
 static_assert(std::endian::native == std::endian::little,
               "strata checkpoints store tensor data in little-endian order; big-endian hosts are not supported.");
 
+// The most ranks (one file each) a checkpoint may be saved by or converted for.
+inline constexpr std::int64_t kMaxCheckpointRanks = std::int64_t{1} << 20;
 inline constexpr char kCheckpointMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
 inline constexpr std::uint32_t kCheckpointFormatVersion = 2;
 inline constexpr std::uint64_t kCheckpointCrcChunkBytes = std::uint64_t{1} << 20;
@@ -465,7 +468,7 @@ class StateReader {
   explicit StateReader(std::filesystem::path path) : path_(std::move(path)) {
     namespace cd = checkpoint_detail;
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(path_, ec)) fail<FileError>("checkpoint file ", path_, " does not exist");
+    require_regular_file(path_, "checkpoint file");  // before the open, which a FIFO would block
     const std::uint64_t actual = std::filesystem::file_size(path_, ec);
     if (ec) fail<FileError>("cannot read the size of checkpoint file ", path_, ": ", ec.message());
     in_.open(path_, std::ios::binary);

@@ -19,8 +19,10 @@
 //     layers.L.mlp.fc1.{weight,bias}       h.L.mlp.c_fc                    Conv1D
 //     layers.L.mlp.fc2.{weight,bias}       h.L.mlp.c_proj                  Conv1D
 //     final_norm.{weight,bias}             ln_f
-//     (output layer tied to embedding.word; lm_head.weight, attn.bias and attn.masked_bias in a file are ignored)
-//   Llama (no biases; output untied, unless config.json ties it: then lm_head comes from embed_tokens)
+//     (output layer tied to embedding.word; attn.bias and attn.masked_bias in a file are ignored, and so is an
+//     lm_head.weight equal to wte; one that differs, an untied model, is refused)
+//   Llama (no biases; output untied: a config.json with tie_word_embeddings true is refused, since strata's
+//     Llama would train and export it untied; files without lm_head.weight start the output from embed_tokens)
 //     embedding.word.weight [Vp, h]        model.embed_tokens.weight [V, h]
 //     layers.L.norm1.weight                model.layers.L.input_layernorm.weight
 //     layers.L.attention.qkv.weight        model.layers.L.self_attn.{q,k,v}_proj.weight  [H d, h], [G d, h], [G d, h]
@@ -46,7 +48,9 @@
 // shapes the weights or the math is checked against the model's ModelConfig (a mismatch names the
 // field and both values), and settings strata cannot express (another activation, RoPE scaling,
 // attention biases in Llama, GPT-2's inverse-layer-index scaling) are refused. Llama's
-// max_position_embeddings is not checked (RoPE has no table): it is written as ModelConfig::positions().
+// max_position_embeddings is not checked (RoPE has no table): it is written as SaveOptions says (an
+// imported config's own value, carry_settings), else as ModelConfig::positions(); bos_token_id and
+// eos_token_id likewise come from SaveOptions (an imported config's, or the tokenizer's).
 //
 // Import reads, on every rank, only the part of each file its shards need (one positioned read per
 // source tensor, from the first to the last element it uses), converts to the parameter's element
@@ -78,6 +82,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "../core/shape.hpp"
 #include "../core/tensor.hpp"
 #include "../models/config.hpp"
@@ -287,6 +292,10 @@ struct HfConfig {
   bool tie_word_embeddings = false;
   std::string torch_dtype;       // "" when absent
   std::filesystem::path path;    // the file
+  // What an export carries through unchanged: bos_token_id and eos_token_id as JSON text (an id or
+  // a list of ids, "" when absent or null) and the file's max_position_embeddings (n_positions).
+  std::string bos_token_id{}, eos_token_id{};
+  int max_position_embeddings = 0;
 };
 
 constexpr std::string_view torch_dtype_name(SafetensorsDtype d) {
@@ -301,14 +310,25 @@ constexpr std::string_view torch_dtype_name(SafetensorsDtype d) {
 
 namespace hf_detail {
 
+// Whether tensors `a` and `b` of the files hold the same shape and values (read in blocks).
+inline bool same_values(const SafetensorsDirectory& files, std::string_view a, std::string_view b) {
+  const SafetensorsEntry &x = files.entry(a), &y = files.entry(b);
+  if (x.shape != y.shape) return false;
+  constexpr std::int64_t kBlock = std::int64_t{1} << 20;
+  std::vector<double> p, q;
+  for (std::int64_t first = 0; first < x.numel; first += kBlock) {
+    const auto n = static_cast<std::size_t>(std::min(kBlock, x.numel - first));
+    p.resize(n);
+    q.resize(n);
+    files.read<double>(a, std::span<double>(p), first);
+    files.read<double>(b, std::span<double>(q), first);
+    if (std::memcmp(p.data(), q.data(), n * sizeof(double)) != 0) return false;
+  }
+  return true;
+}
+
 inline std::string read_text_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail<FileError>(path, " does not exist");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail<FileError>("cannot open ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_whole_file(path, "Hugging Face configuration", kMaxConfigBytes);
 }
 
 // Typed access to the fields of config.json, with transformers' defaults for absent ones.
@@ -346,6 +366,22 @@ class ConfigFields {
     if (!v || v->is_null()) return fallback;
     if (!v->is_bool()) wrong(key, *v, "true or false");
     return v->boolean();
+  }
+  // A token id or a list of them (eos_token_id may list several), as JSON text; "" when absent or null.
+  std::string token_ids(std::string_view key) const {
+    const json::Value* v = find(key);
+    if (!v || v->is_null()) return "";
+    std::int64_t id = 0;
+    if (v->to_int64(id) && id >= 0) return json::number(id);
+    if (v->is_array()) {
+      std::string out = "[";
+      for (const json::Value& item : v->items()) {
+        if (!item.to_int64(id) || id < 0) wrong(key, *v, "a token id or a list of token ids");
+        out += (out.size() > 1 ? ", " : "") + json::number(id);
+      }
+      return out + "]";
+    }
+    wrong(key, *v, "a token id or a list of token ids");
   }
   std::string text(std::string_view key, std::optional<std::string> fallback = std::nullopt) const {
     const json::Value* v = find(key);
@@ -422,11 +458,14 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   out.architecture = *architecture;
   out.path = path;
   out.torch_dtype = f.text("torch_dtype", f.text("dtype", std::string()));  // "dtype" from transformers 4.56 on
+  out.bos_token_id = f.token_ids("bos_token_id");
+  out.eos_token_id = f.token_ids("eos_token_id");
   models::ModelConfig& c = out.config;
   if (*architecture == Architecture::gpt2) {
     c.vocab_size = f.small_integer("vocab_size", 50257);
     c.seq_length = f.small_integer("n_positions", 1024);
     c.max_position_embeddings = c.seq_length;
+    out.max_position_embeddings = c.seq_length;
     c.hidden_size = f.small_integer("n_embd", 768);
     c.num_layers = f.small_integer("n_layer", 12);
     c.num_attention_heads = f.small_integer("n_head", 12);
@@ -454,6 +493,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     c.num_query_groups = f.small_integer("num_key_value_heads", c.num_attention_heads);
     c.seq_length = f.small_integer("max_position_embeddings", 2048);
     c.max_position_embeddings = c.seq_length;
+    out.max_position_embeddings = c.seq_length;
     c.norm_epsilon = f.real("rms_norm_eps", 1e-6);
     c.init_method_std = f.real("initializer_range", 0.02);
     const std::string activation = f.text("hidden_act", std::string("silu"));
@@ -526,8 +566,28 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
   if (!gpt) same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
 }
 
+struct SaveOptions {
+  std::optional<SafetensorsDtype> dtype;          // F32, BF16, F16 or F64; unset: the parameters' own type
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // above this, shards + index (transformers' default "5GB")
+  index_t padded_vocab = 0;                       // rows of the strata vocabulary tensors (0: config.padded_vocab(1))
+  // config.json's bos_token_id and eos_token_id as JSON text (an id, or a list of ids); "": GPT-2
+  // writes its last token (50256 for GPT-2's vocabulary), Llama leaves them out.
+  std::string bos_token_id{}, eos_token_id{};
+  // Llama's max_position_embeddings (RoPE has no table: the length the model was made for); 0: the
+  // model's positions(). GPT-2's n_positions is always the rows of its position table.
+  int max_position_embeddings = 0;
+};
+
+// The settings of an imported config.json that an export carries through unchanged.
+inline void carry_settings(const HfConfig& source, SaveOptions& options) {
+  options.bos_token_id = source.bos_token_id;
+  options.eos_token_id = source.eos_token_id;
+  options.max_position_embeddings = source.max_position_embeddings;
+}
+
 // The text of config.json for a strata model of this configuration.
-inline std::string config_json(Architecture architecture, const models::ModelConfig& c, SafetensorsDtype dtype) {
+inline std::string config_json(Architecture architecture, const models::ModelConfig& c, SafetensorsDtype dtype,
+                               const SaveOptions& options = {}) {
   using json::boolean;
   using json::number;
   using json::quote;
@@ -553,13 +613,17 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
         {"scale_attn_by_inverse_layer_idx", boolean(false)},
         {"reorder_and_upcast_attn", boolean(false)},
         {"tie_word_embeddings", boolean(true)},
-        {"bos_token_id", number(c.vocab_size - 1)},  // GPT-2's <|endoftext|> is its last token (50256)
-        {"eos_token_id", number(c.vocab_size - 1)},
+        // GPT-2's <|endoftext|> is its last token (50256), unless the source said otherwise
+        {"bos_token_id", options.bos_token_id.empty() ? number(c.vocab_size - 1) : options.bos_token_id},
+        {"eos_token_id", options.eos_token_id.empty() ? number(c.vocab_size - 1) : options.eos_token_id},
         {"use_cache", boolean(true)},
         {"torch_dtype", torch_dtype},
     });
   const int groups = c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups;
-  return hf_detail::json_object({
+  std::vector<std::pair<std::string, std::string>> token_ids;
+  if (!options.bos_token_id.empty()) token_ids.emplace_back("bos_token_id", options.bos_token_id);
+  if (!options.eos_token_id.empty()) token_ids.emplace_back("eos_token_id", options.eos_token_id);
+  std::vector<std::pair<std::string, std::string>> members{
       {"architectures", "[" + quote("LlamaForCausalLM") + "]"},
       {"model_type", quote("llama")},
       {"vocab_size", number(c.vocab_size)},
@@ -570,7 +634,7 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"num_key_value_heads", number(groups)},
       {"head_dim", number(c.hidden_size / c.num_attention_heads)},
       {"hidden_act", quote("silu")},
-      {"max_position_embeddings", number(c.positions())},
+      {"max_position_embeddings", number(options.max_position_embeddings > 0 ? options.max_position_embeddings : c.positions())},
       {"rms_norm_eps", number(c.norm_epsilon)},
       {"rope_theta", number(c.rope_base)},
       {"attention_bias", boolean(false)},
@@ -581,16 +645,13 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"tie_word_embeddings", boolean(false)},
       {"use_cache", boolean(true)},
       {"torch_dtype", torch_dtype},
-  });
+  };
+  members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
+  return hf_detail::json_object(members);
 }
 
 // ---- export ----
 
-struct SaveOptions {
-  std::optional<SafetensorsDtype> dtype;          // F32, BF16, F16 or F64; unset: the parameters' own type
-  std::uint64_t max_shard_bytes = 5'000'000'000;  // above this, shards + index (transformers' default "5GB")
-  index_t padded_vocab = 0;                       // rows of the strata vocabulary tensors (0: config.padded_vocab(1))
-};
 
 // Writes <dir>/config.json and the weights (model.safetensors, or model-0000k-of-0000n.safetensors
 // shards and model.safetensors.index.json when they exceed options.max_shard_bytes), every file
@@ -693,7 +754,7 @@ void save_hf(const std::filesystem::path& dir, Architecture architecture, const 
       }
     writer.write(dir / file_name(k));
   }
-  checkpoint_detail::write_text_file_durably(dir / "config.json", config_json(architecture, config, dtype));
+  checkpoint_detail::write_text_file_durably(dir / "config.json", config_json(architecture, config, dtype, options));
 
   const std::filesystem::path single = dir / kSafetensorsModelFile, index = dir / kSafetensorsIndexFile;
   if (shards.size() > 1) {
@@ -777,13 +838,33 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
   if (options.check_config) {
     const HfConfig file = read_config(dir);
     check_config(file, architecture, config);
-    mapping_options.llama_tied_output = architecture == Architecture::llama && file.tie_word_embeddings;
+    if (architecture == Architecture::llama && file.tie_word_embeddings)
+      fail<ConfigError>("config.json ", file.path, ": tie_word_embeddings = true cannot be imported: strata's Llama "
+                        "(--untie-embeddings-and-output-weights) has an output layer of its own, so the model would be trained "
+                        "and exported untied; strata compiles no tied Llama. To fine-tune it untied all the same, set "
+                        "\"tie_word_embeddings\": false in config.json (without an lm_head.weight in the files, the output layer "
+                        "then starts as a copy of model.embed_tokens.weight)");
+    // An untied config whose files hold no lm_head.weight (a tied model whose config was untied
+    // on purpose): the output layer starts from the embedding.
+    mapping_options.llama_tied_output =
+        architecture == Architecture::llama && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
+    if (mapping_options.llama_tied_output && ctx.world.rank() == 0)
+      std::fprintf(stderr, "note: %s holds no lm_head.weight: the output layer starts as a copy of model.embed_tokens.weight "
+                           "and is trained and exported untied\n", dir.string().c_str());
   } else {
     mapping_options.llama_tied_output =
         architecture == Architecture::llama && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
   }
   if (architecture == Architecture::gpt2 && !files.has("transformer.wte.weight") && files.has("wte.weight"))
     mapping_options.gpt2_prefix = "";  // saved from GPT2Model rather than GPT2LMHeadModel
+  // GPT-2 ties its output layer to the embedding: an lm_head.weight that differs from it would be
+  // dropped, so it is refused (transformers would untie the model; strata's GPT cannot).
+  if (const std::string wte = mapping_options.gpt2_prefix + "wte.weight";
+      architecture == Architecture::gpt2 && files.has("lm_head.weight") && files.has(wte) &&
+      !hf_detail::same_values(files, "lm_head.weight", wte))
+    fail<ConfigError>(files.file_of("lm_head.weight").path(), " holds an lm_head.weight that differs from ", wte,
+                      ", an untied output layer; strata's GPT ties its output layer to the word embedding and would drop it, "
+                      "so it cannot be imported (save the model tied, with lm_head.weight equal to ", wte, ")");
   const std::string where = files.index_path().empty() ? detail::concat(files.directory() / kSafetensorsModelFile)
                                                        : detail::concat(files.index_path());
 
@@ -844,6 +925,13 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
       if (last[k] < 0) continue;
       spans[k].resize(static_cast<std::size_t>(last[k] - first[k] + 1));
       files.read<T>(m.pieces[k], std::span<T>(spans[k]), first[k]);
+      // Weights that are NaN or infinite are refused here, not blamed on the learning rate later.
+      for (std::size_t j = 0; j < spans[k].size(); ++j)
+        if (!std::isfinite(static_cast<double>(spans[k][j])))
+          fail<FileError>("safetensors file ", files.file_of(m.pieces[k]).path(), ": tensor '", m.pieces[k],
+                          "' holds a non-finite value (", static_cast<double>(spans[k][j]), ") at element ",
+                          first[k] + static_cast<index_t>(j), "; a model cannot be trained from it: export it again from a "
+                          "run that had not diverged");
     }
     Tensor<T> local = Tensor<T>::zeros(p.value.shape());  // padded vocabulary rows stay zero
     for (index_t i = 0; i < n; ++i) {

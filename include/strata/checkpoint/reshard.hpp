@@ -31,6 +31,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <cmath>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -124,7 +125,7 @@ class ShardedCheckpoint {
   explicit ShardedCheckpoint(std::filesystem::path iteration_dir) : dir_(std::move(iteration_dir)) {
     files_.emplace_back(dir_ / rank_name(0));
     const std::int64_t world = files_.front().get_int("parallel.world_size");
-    if (world < 1 || world > (1 << 20))
+    if (world < 1 || world > kMaxCheckpointRanks)
       fail<FileError>("checkpoint file ", files_.front().path(), " records a world size of ", world);
     for (int r = 1; r < world; ++r) {
       const std::filesystem::path file = dir_ / rank_name(r);
@@ -221,8 +222,17 @@ class ShardedCheckpoint {
     walk(e, wanted, saved, spec.rank, flat_begin, count, saved_limit,
          [&](std::size_t piece, index_t at, index_t to, index_t n) {
            const auto& [first, bytes] = data.at(piece);
-           std::memcpy(target + static_cast<std::size_t>(to) * element,
-                       bytes.data() + (static_cast<std::uint64_t>(at) * element - first), static_cast<std::size_t>(n) * element);
+           const std::byte* from = bytes.data() + (static_cast<std::uint64_t>(at) * element - first);
+           std::memcpy(target + static_cast<std::size_t>(to) * element, from, static_cast<std::size_t>(n) * element);
+           if constexpr (std::is_floating_point_v<X> || std::is_same_v<X, bf16> || std::is_same_v<X, fp16>) {
+             // A diverged run's weights, refused here rather than blamed on the learning rate later.
+             const X* values = reinterpret_cast<const X*>(target) + to;
+             for (index_t k = 0; k < n; ++k)
+               if (!std::isfinite(static_cast<double>(values[k])))
+                 fail<FileError>("checkpoint file ", files_[static_cast<std::size_t>(e.pieces[piece].file)].path(), ": tensor '", name,
+                                 "' holds a non-finite value (", static_cast<double>(values[k]), ") at element ", at + k,
+                                 " of its piece in that file; the run that saved it had diverged: load an earlier iteration");
+           }
          },
          [&](index_t to, index_t n) {
            std::memset(target + static_cast<std::size_t>(to) * element, 0, static_cast<std::size_t>(n) * element);

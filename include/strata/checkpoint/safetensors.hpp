@@ -59,6 +59,7 @@
 #include "../core/checked.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "../core/shape.hpp"
 #include "../core/tensor.hpp"
 #include "durable_file.hpp"
@@ -242,8 +243,8 @@ class ReadOnlyFile {
  public:
   ReadOnlyFile() = default;
   explicit ReadOnlyFile(const std::filesystem::path& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) fail<FileError>("cannot open ", path, ": ", checkpoint_detail::errno_text(errno));
+    // Checked to be a regular file before anything could block on it (a FIFO).
+    fd_ = ReadableFile(path, "safetensors file").release();
   }
   ReadOnlyFile(ReadOnlyFile&& other) noexcept : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
   ReadOnlyFile& operator=(ReadOnlyFile&& other) noexcept {
@@ -296,8 +297,6 @@ class ReadOnlyFile {
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::filesystem::path path) : path_(std::move(path)) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path_, ec)) fail<FileError>("safetensors file ", path_, " does not exist");
     file_ = safetensors_detail::ReadOnlyFile(path_);
     const std::uint64_t size = file_.size();
     if (size < 8)
@@ -671,11 +670,8 @@ class SafetensorsDirectory {
  private:
   void read_index(const std::filesystem::path& index) {
     index_path_ = index;
-    std::ifstream in(index, std::ios::binary);
-    if (!in) fail<FileError>("cannot open ", index);
-    std::ostringstream text;
-    text << in.rdbuf();
-    const json::Value root = json::parse(text.str(), detail::concat("index file ", index));
+    const std::string text = read_whole_file(index, "index file", kMaxConfigBytes);
+    const json::Value root = json::parse(text, detail::concat("index file ", index));
     const json::Value* map = root.is_object() ? root.find("weight_map") : nullptr;
     if (!map || !map->is_object())
       fail<FileError>("index file ", index, " is corrupt: it has no \"weight_map\" object");
@@ -695,7 +691,7 @@ class SafetensorsDirectory {
       if (it == opened.end()) {
         const std::filesystem::path shard = dir_ / file_name;
         std::error_code ec;
-        if (!std::filesystem::is_regular_file(shard, ec))
+        if (!std::filesystem::exists(shard, ec))
           fail<FileError>("index file ", index, " maps tensor '", name, "' to ", shard, ", which does not exist");
         files_.push_back(std::make_unique<SafetensorsFile>(shard));
         it = opened.emplace(file_name, files_.size() - 1).first;

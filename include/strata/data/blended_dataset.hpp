@@ -45,6 +45,11 @@ inline std::vector<double> normalize_weights(std::span<const double> weights) {
     if (!(w >= 0) || !std::isfinite(w)) fail<ConfigError>("blend: weight ", w, " is not a finite non-negative number");
     sum += w;
   }
+  if (!std::isfinite(sum)) {
+    std::ostringstream list;
+    for (double w : weights) list << (list.tellp() > 0 ? " " : "") << w;
+    fail<ConfigError>("blend: the weights ", list.str(), " sum to more than a double can hold; scale them down (only their ratios matter)");
+  }
   if (sum <= 0) fail<ConfigError>("blend: the weights sum to ", sum, "; at least one must be positive");
   std::vector<double> out(weights.begin(), weights.end());
   for (double& w : out) w /= sum;
@@ -126,6 +131,8 @@ inline DataBlend parse_data_path(std::string_view text) {
   for (std::size_t i = 0; i < words.size(); i += 2) {
     if (!as_number(words[i], value))
       fail<ConfigError>("--data-path '", text, "': '", words[i], "' (word ", i + 1, ") should be a weight");
+    if (!(value >= 0) || !std::isfinite(value))
+      fail<ConfigError>("--data-path '", text, "': weight '", words[i], "' (word ", i + 1, ") is not a finite non-negative number");
     blend.weights.push_back(value);
     blend.prefixes.push_back(words[i + 1]);
   }
@@ -210,6 +217,9 @@ inline std::shared_ptr<const BlendedDataset<GptDataset>> build_blended_gpt_datas
     GptDatasetConfig c = config;
     c.num_samples = sizes[i];
     std::vector<std::int64_t> documents;
+    if (indexed[i]->token_count() == 0 && weights[i] > 0)
+      fail<FileError>("dataset '", indexed[i]->path_prefix(), "' is empty: ", indexed[i]->path_prefix(), ".idx lists ",
+                      indexed[i]->size(), " sequences and no token; give a dataset that holds tokens");
     if (!split.empty()) {
       const auto bounds = split_bounds(indexed[i]->size(), split);
       const auto begin = bounds[static_cast<std::size_t>(split_index)], end = bounds[static_cast<std::size_t>(split_index) + 1];

@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "../core/json.hpp"
 #include "../core/utf8.hpp"
 #include "unicode_tables.hpp"
@@ -306,12 +307,10 @@ constexpr int symbol_byte(char32_t symbol) { return symbol < detail::kByteSymbol
 
 namespace detail {
 // The whole content of `path`; `what` says what the file is, for the error.
-inline std::string read_whole_file(const std::string& path, std::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail<FileError>("cannot open '", path, "' for reading (", what, ")");
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) fail<FileError>("error while reading '", path, "' (", what, ")");
-  return text;
+// Only a regular file is read, at most `max_bytes` of it (a tokenizer file by default).
+inline std::string read_whole_file(const std::string& path, std::string_view what,
+                                   std::uint64_t max_bytes = kMaxTokenizerBytes) {
+  return ::strata::read_whole_file(path, what, max_bytes);
 }
 
 // Hashing of std::string keys that std::string_view can look up without a copy (where the
@@ -760,8 +759,8 @@ class BpeTokenizer {
   static constexpr std::string_view kEndOfText = "<|endoftext|>";
 
   BpeTokenizer(const std::string& vocab_file, const std::string& merge_file, BpeOptions options = {})
-      : BpeTokenizer(detail::read_whole_file(vocab_file, "the BPE vocabulary, vocab.json"),
-                     detail::read_whole_file(merge_file, "the BPE merges, merges.txt"), options, vocab_file, merge_file) {}
+      : BpeTokenizer(detail::read_whole_file(vocab_file, "BPE vocabulary (vocab.json)"),
+                     detail::read_whole_file(merge_file, "BPE merges (merges.txt)"), options, vocab_file, merge_file) {}
 
   // From the files' contents; the names are used in error messages.
   static BpeTokenizer from_text(std::string_view vocab_json, std::string_view merges_text, BpeOptions options = {},

@@ -46,6 +46,7 @@ struct GptDatasetConfig {
   std::int64_t num_samples = -1;   // samples wanted (sets the number of epochs); -1: one epoch
   std::uint64_t seed = 1234;
   bool shuffle = true;             // false: documents and samples in file order (for inspection)
+  std::int64_t vocab_size = 0;     // > 0: every token read must lie in [0, vocab_size) (FileError naming the .bin)
 };
 
 struct GptSampleIndex {
@@ -178,8 +179,10 @@ inline GptSampleIndex build_gpt_sample_index(std::span<const std::int32_t> docum
 
 // Megatron's --split: "969,30,1" -> normalized weights. Quotes that a launch script leaves in the
 // value ('99,1,0') and spaces around the numbers are ignored, as Megatron's parser (which picks the
-// numbers out of the string) ignores them.
+// numbers out of the string) ignores them. As Megatron, at most three weights (train, validation,
+// test); each a finite non-negative number, their sum finite and positive.
 inline std::vector<double> parse_split(std::string_view text) {
+  const std::string whole(text);
   auto trim = [](std::string_view t) {
     while (!t.empty() && (t.front() == ' ' || t.front() == '\'' || t.front() == '"')) t.remove_prefix(1);
     while (!t.empty() && (t.back() == ' ' || t.back() == '\'' || t.back() == '"')) t.remove_suffix(1);
@@ -198,12 +201,18 @@ inline std::vector<double> parse_split(std::string_view text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != part.size() || w < 0) fail<ConfigError>("split '", part, "' is not a non-negative number");
+    if (used == 0 || used != part.size() || !(w >= 0) || !std::isfinite(w))
+      fail<ConfigError>("--split '", whole, "': '", part, "' is not a finite non-negative number");
     weights.push_back(w);
   }
+  if (weights.size() > 3)
+    fail<ConfigError>("--split '", whole, "' has ", weights.size(),
+                      " weights; give at most three (train, validation, test), e.g. 969,30,1");
   while (weights.size() < 3) weights.push_back(0.0);
   double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
-  if (sum <= 0) fail<ConfigError>("split weights sum to ", sum, "; at least one must be positive");
+  if (!std::isfinite(sum))
+    fail<ConfigError>("--split '", whole, "': the weights sum to more than a double can hold; give smaller weights, e.g. 969,30,1");
+  if (sum <= 0) fail<ConfigError>("--split '", whole, "': the weights sum to ", sum, "; at least one must be positive");
   for (double& w : weights) w /= sum;
   return weights;
 }
@@ -260,6 +269,13 @@ class GptDataset {
       const std::int64_t end = pos == last_pos ? last_offset + 1 : dataset_->sequence_length(doc);
       const auto count = static_cast<std::size_t>(end - begin);
       dataset_->read_into(doc, begin, out.subspan(written, count));
+      if (config_.vocab_size > 0)
+        for (std::size_t k = written; k < written + count; ++k)
+          if (out[k] < 0 || out[k] >= config_.vocab_size)
+            fail<FileError>("'", bin_path(dataset_->path_prefix()), "': sequence ", doc, " holds token id ", out[k], " at position ",
+                            begin + static_cast<std::int64_t>(k - written), ", outside the vocabulary of ", config_.vocab_size,
+                            " tokens (--vocab-size, or the tokenizer's); tokenize the data with the model's tokenizer, or give "
+                            "the vocabulary size it was tokenized with");
       written += count;
     }
   }

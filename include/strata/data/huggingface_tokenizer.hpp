@@ -208,10 +208,10 @@ class HuggingFaceTokenizer {
         fail<FileError>("'", path, "' is a directory without tokenizer.json; --tokenizer-model of HuggingFaceTokenizer names a ",
                         "tokenizer.json or the directory that holds it");
     }
-    const std::string text = detail::read_whole_file(file.string(), "the Hugging Face tokenizer, tokenizer.json");
+    const std::string text = detail::read_whole_file(file.string(), "Hugging Face tokenizer (tokenizer.json)");
     const fs::path config = file.parent_path() / "tokenizer_config.json";
     std::optional<std::string> config_text;
-    if (fs::exists(config, ec)) config_text = detail::read_whole_file(config.string(), "tokenizer_config.json");
+    if (fs::exists(config, ec)) config_text = detail::read_whole_file(config.string(), "tokenizer configuration", kMaxConfigBytes);
     load(text, file.string(), config_text, config.string(), options);
   }
 
@@ -586,7 +586,12 @@ class HuggingFaceTokenizer {
     if (config_text) {
       const json::Value config = json::parse(*config_text, strata::detail::concat("'", config_name, "' (tokenizer_config.json)"));
       const json::Value* eos = config.is_object() ? config.find("eos_token") : nullptr;
+      const json::Value* given = eos;
       if (eos && eos->is_object()) eos = eos->find("content");  // {"content": "...", ...}
+      if (given && !given->is_null() && (!eos || !eos->is_string()))
+        fail<FileError>("'", config_name, "' ", json::position(*config_text, given->offset()), ": eos_token is ",
+                        eos ? json::Value::kind_name(eos->kind()) : std::string_view("an object without \"content\""),
+                        ", not a token; give the token's text (\"eos_token\": \"</s>\") or {\"content\": \"</s>\"}, as transformers reads it");
       if (eos && eos->is_string()) {
         const auto it = detail::find_key(model.ids, eos->text());
         if (it == model.ids.end())

@@ -441,6 +441,7 @@ inline void IndexedDatasetWriter::add_index(std::string_view path_prefix) {
       bin_bytes += std::int64_t{lengths[i]} * item;
     }
   }
+  require_regular_file(part_bin, "dataset file");
   std::ifstream in(part_bin, std::ios::binary);
   if (!in) fail<FileError>("cannot open '", part_bin, "' for reading");
   in.seekg(0, std::ios::end);

@@ -4,7 +4,8 @@
 //
 // Datasets are read through maps so that a 100 GB corpus costs address space, not memory, and
 // every data-parallel rank on a host shares one copy in the page cache. Every failure is a
-// FileError whose message names the file and what went wrong (missing, unreadable, a directory).
+// FileError whose message names the file and what went wrong (missing, unreadable, a directory;
+// a FIFO or a device is refused before anything can block on it, see core/file.hpp).
 // An empty file maps to an empty byte span (mmap refuses length 0). Host byte order must be
 // little-endian, the order the formats are defined in; the static_assert says so.
 #pragma once
@@ -28,6 +29,7 @@
 #include <unistd.h>
 
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace data {
@@ -39,29 +41,19 @@ class MappedFile {
  public:
   MappedFile() = default;
   explicit MappedFile(std::string path) : path_(std::move(path)) {
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail<FileError>("cannot open '", path_, "': ", std::strerror(errno));
-    struct stat info {};
-    if (::fstat(fd, &info) != 0) {
-      int err = errno;
-      ::close(fd);
-      fail<FileError>("cannot stat '", path_, "': ", std::strerror(err));
-    }
-    if (!S_ISREG(info.st_mode)) {
-      ::close(fd);
-      fail<FileError>("'", path_, "' is not a regular file");
-    }
-    size_ = static_cast<std::size_t>(info.st_size);
+    // The type is checked before anything can block (a FIFO) or never end (a device).
+    ReadableFile file(path_, "dataset file");
+    size_ = static_cast<std::size_t>(file.size());
+    const int fd = file.fd();
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) {
         int err = errno;
-        ::close(fd);
         fail<FileError>("cannot memory-map '", path_, "' (", size_, " bytes): ", std::strerror(err));
       }
       data_ = static_cast<const std::byte*>(p);
     }
-    ::close(fd);  // the map keeps its own reference to the file
+    // `file` closes the descriptor; the map keeps its own reference to the file.
   }
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

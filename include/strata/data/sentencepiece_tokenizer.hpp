@@ -40,6 +40,7 @@
 #include <sentencepiece_processor.h>
 
 #include "../core/error.hpp"
+#include "../core/file.hpp"
 #include "bpe_tokenizer.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -50,9 +51,10 @@ class SentencePieceTokenizer {
   enum class Kind : std::uint8_t { sentencepiece, gpt_sentencepiece, llama2 };
 
   SentencePieceTokenizer(const std::string& model_file, Kind kind) : kind_(kind) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(model_file, ec))
-      fail<FileError>("cannot open '", model_file, "' for reading (the SentencePiece model, tokenizer.model)");
+    require_regular_file(model_file, "SentencePiece model (tokenizer.model)");
+    if (std::filesystem::file_size(model_file) > kMaxTokenizerBytes)
+      fail<FileError>("SentencePiece model (tokenizer.model) '", model_file, "' holds more than ", kMaxTokenizerBytes,
+                      " bytes, more than such a file can reasonably hold; check that the path names the right file");
     auto processor = std::make_shared<sentencepiece::SentencePieceProcessor>();
     const auto status = processor->Load(model_file);
     if (!status.ok())

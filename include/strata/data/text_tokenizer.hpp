@@ -64,6 +64,10 @@ class Tokenizer {
   }
   // The text the ids stand for (the end-of-document id as the tokenizer spells it).
   std::string decode(std::span<const std::int32_t> ids) const { return impl_->decode(ids); }
+  // The same as text to show: the whole sequence decoded at once (a character that byte-level
+  // pieces split is whole again), then every byte that is not valid UTF-8 (a cut character at
+  // the end, bytes that form none) replaced by U+FFFD, as Python's errors="replace".
+  std::string decode_text(std::span<const std::int32_t> ids) const { return replace_invalid_utf8(decode(ids)); }
   std::int32_t eod() const { return impl_->eod(); }
   // Largest id + 1: the embedding rows every id needs (before padding to a multiple).
   std::int64_t vocab_size() const { return impl_->vocab_size(); }

@@ -46,16 +46,22 @@ class VocabParallelEmbedding {
     Tensor<std::int32_t, Space> tokens;  // [s, b]
   };
 
-  // padded_vocab: already padded to a multiple of tp (see padded_vocab_size).
-  VocabParallelEmbedding(const Context& ctx, std::string name, index_t padded_vocab, index_t hidden)
+  // padded_vocab: already padded to a multiple of tp (see padded_vocab_size); vocab: the real
+  // vocabulary (ids at or above it name padding rows and are refused), padded_vocab when omitted.
+  VocabParallelEmbedding(const Context& ctx, std::string name, index_t padded_vocab, index_t hidden, index_t vocab = -1)
       : weight_(name + ".weight", Shape{padded_vocab, hidden}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size())),
-        begin_(weight_.value.size(0) * ctx.tp.rank()) {}
+        begin_(weight_.value.size(0) * ctx.tp.rank()),
+        vocab_(vocab < 0 ? padded_vocab : vocab) {
+    if (vocab_ > padded_vocab)
+      fail<ConfigError>("VocabParallelEmbedding ", weight_.name, ": vocabulary of ", vocab_, " entries exceeds its ", padded_vocab,
+                        " padded rows");
+  }
 
   // tokens: ids [s, b] in the backend's space (host ids are checked here; device ids must have
   // been checked on the host before their upload, see check_token_ids).
   std::pair<Activation<T, output_layout, Space>, Saved> forward(Context& ctx, const Tensor<std::int32_t, Space>& tokens) const {
     const index_t n = tokens.numel(), h = weight_.value.size(1), local = weight_.value.size(0);
-    if constexpr (std::is_same_v<Space, space::host>) check_token_ids(tokens, vocab_size(), "VocabParallelEmbedding " + weight_.name);
+    if constexpr (std::is_same_v<Space, space::host>) check_token_ids(tokens, vocab_, "VocabParallelEmbedding " + weight_.name);
     Saved saved{tokens};
     Activation<T, layout::partial, Space> partial(Tensor<T, Space>::empty(Shape{tokens.size(0), tokens.size(1), h}));  // (s, b, h)
     ctx.device.template embedding_forward<T>(saved.tokens.data(), n, weight_.value.data(), begin_, local, h, partial.data());
@@ -79,12 +85,14 @@ class VocabParallelEmbedding {
     visit(weight_);
   }
   Parameter<T, Space>& weight() { return weight_; }
-  index_t vocab_size() const { return weight_.global_shape[0]; }
+  index_t vocab_size() const { return weight_.global_shape[0]; }  // padded
+  index_t real_vocab_size() const { return vocab_; }              // ids below it are tokens
   const std::string& name() const { return weight_.name; }
 
  private:
   Parameter<T, Space> weight_;
   index_t begin_;
+  index_t vocab_;
 };
 
 template <class Policy>

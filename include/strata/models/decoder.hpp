@@ -133,7 +133,7 @@ class DecoderModel {
         stage_(stage),
         loss_(config.label_smoothing, config.vocab_size) {
     if (stage.has_embedding || (TiedOutput && stage.has_head)) {
-      embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size);
+      embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size, config.vocab_size);
       embedding_->weight().pipeline_copy = !stage.has_embedding;
       embedding_->weight().decoupled_lr = true;  // Megatron's embedding-or-output parameters (--decoupled-lr)
     }
@@ -676,7 +676,7 @@ class DecoderModel {
     const index_t b = ids.size(0), s = ids.size(1);
     if constexpr (!std::is_same_v<Space, space::host>) {
       if (are_labels) VocabParallelCrossEntropy<Policy>::check_labels(ids, config_.vocab_size);
-      else check_token_ids(ids, embedding_->vocab_size(), "VocabParallelEmbedding " + embedding_->name());
+      else check_token_ids(ids, embedding_->real_vocab_size(), "VocabParallelEmbedding " + embedding_->name());
     }
     auto bs = upload(ids);
     auto sb = Tensor<std::int32_t, Space>::empty(Shape{s, b});
