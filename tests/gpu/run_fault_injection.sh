@@ -17,7 +17,7 @@ logs=$2
 trials=${3:-10}
 trainer=$build/examples/train_gpt
 mkdir -p "$logs"
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu_env.sh"  # LD_LIBRARY_PATH, NCCL_NVLS_ENABLE=0
 export STRATA_EXIT_GRACE_SECONDS=5
 cases=${STRATA_FAULT_CASES:-"kill exit stop sleep kill-save sleep-save threads-throw threads-sleep restart"}
 timeout_minutes=0.25   # 15 s: stop and sleep end at the collective timeout

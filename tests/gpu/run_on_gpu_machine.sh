@@ -20,21 +20,9 @@ build=$(cd "${1:?usage: run_on_gpu_machine.sh <build-dir> [log-dir]}" && pwd)
 logs=${2:-$build/gpu-logs}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+source "$here/gpu_env.sh"  # LD_LIBRARY_PATH, NCCL_NVLS_ENABLE=0
 export STRATA_DATA_PATH=${STRATA_DATA_PATH:-$repo/examples/data/corpus_text_document}
 iters=${STRATA_DEMO_ITERS:-300}
-
-libs=()
-for dir in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64; do [[ -d $dir ]] && libs+=("$dir"); done
-for py in python3 python; do
-  command -v "$py" >/dev/null || continue
-  for module in nvidia.cudnn nvidia.nccl nvidia.cublas nvidia.cuda_runtime; do
-    dir=$("$py" -c "import $module as m; print(list(m.__path__)[0])" 2>/dev/null) && [[ -d $dir/lib ]] && libs+=("$dir/lib")
-  done
-  break
-done
-LD_LIBRARY_PATH=$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export LD_LIBRARY_PATH
 {
   nvidia-smi -L
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
