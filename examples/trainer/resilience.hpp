@@ -35,6 +35,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <strata/comm/failure.hpp>
@@ -200,10 +202,12 @@ struct FaultInjection {
 };
 
 // One process per GPU: the liveness monitor between the job's processes (see the top). Started
-// after the NCCL world exists (every process is up); rank 0's host is MASTER_ADDR, the port
+// after the NCCL world exists (every process is up). Rank 0's address: MASTER_ADDR, and the port
 // STRATA_LIVENESS_PORT or MASTER_PORT + 2 (torchrun's agent listens on MASTER_PORT and NCCL's
-// bootstrap on MASTER_PORT + 1). STRATA_LIVENESS=0, or no MASTER_ADDR (mpirun with
-// STRATA_NCCL_ID_FILE), leaves it off: the collective timeout and the launcher then end the job.
+// bootstrap on MASTER_PORT + 1); without MASTER_ADDR but with STRATA_NCCL_ID_FILE (mpirun), rank 0
+// listens on a port the system picks (or STRATA_LIVENESS_PORT) and writes "<host> <port>" to
+// <STRATA_NCCL_ID_FILE>.liveness, which the others read. STRATA_LIVENESS=0, or neither variable,
+// leaves it off: the collective timeout and the launcher then end the job.
 class JobLiveness {
  public:
   template <class OnPeerFailure>
@@ -212,26 +216,35 @@ class JobLiveness {
     const char* off = std::getenv("STRATA_LIVENESS");
     const char* address = std::getenv("MASTER_ADDR");
     if (world_size < 2 || (off != nullptr && std::string_view(off) == "0")) return;
-    if (address == nullptr || *address == '\0') {
+    const char* id_file = std::getenv("STRATA_NCCL_ID_FILE");
+    const bool through_file = (address == nullptr || *address == '\0') && id_file != nullptr && *id_file != '\0';
+    if ((address == nullptr || *address == '\0') && !through_file) {
       if (print)
-        std::fprintf(stderr, "note: no MASTER_ADDR: the liveness monitor between processes is off; a dead or stopped "
-                             "rank ends the job at the collective timeout or through the launcher\n");
+        std::fprintf(stderr, "note: neither MASTER_ADDR nor STRATA_NCCL_ID_FILE: the liveness monitor between processes is "
+                             "off; a dead or stopped rank ends the job at the collective timeout or through the launcher\n");
       return;
     }
     int port = 0;
     if (const char* given = std::getenv("STRATA_LIVENESS_PORT"); given != nullptr && *given != '\0') {
       port = std::atoi(given);
-    } else if (const char* master = std::getenv("MASTER_PORT"); master != nullptr && *master != '\0') {
+    } else if (const char* master = std::getenv("MASTER_PORT"); !through_file && master != nullptr && *master != '\0') {
       port = std::atoi(master) + 2;
     }
-    if (port <= 0 || port > 65535)
+    if ((!through_file && port <= 0) || port < 0 || port > 65535)
       ::strata::fail<::strata::ConfigError>("the liveness monitor needs a port: set MASTER_PORT (it listens on MASTER_PORT + 2) "
                                             "or STRATA_LIVENESS_PORT, or STRATA_LIVENESS=0 to leave it off");
     ::strata::liveness::Options options;
     options.rank = rank;
     options.world_size = world_size;
-    options.address = address;
     options.port = port;
+    const std::string published = through_file ? std::string(id_file) + ".liveness" : std::string();
+    if (!through_file) {
+      options.address = address;
+    } else if (rank == 0) {
+      options.on_listening = [&published](int bound) { publish_address(published, bound); };
+    } else {
+      std::tie(options.address, options.port) = read_address(published, timeout_seconds);
+    }
     options.connect_timeout = std::chrono::duration<double>(timeout_seconds);
     options.heartbeat_interval = std::chrono::duration<double>(1.0);
     options.silence_timeout = std::chrono::duration<double>(std::max(timeout_seconds, 2.0));
@@ -243,6 +256,7 @@ class JobLiveness {
       failure::report(message);
     };
     monitor_ = std::make_unique<::strata::liveness::Monitor>(options);
+    if (through_file && rank == 0) std::remove(published.c_str());  // every rank has connected
     failure::set_forwarder([monitor = monitor_.get()](const std::string& message) { monitor->report(message); });
     failure::set_annotator([monitor = monitor_.get()] { return monitor->activity_summary(); });
     progress_.attach(monitor_.get());
@@ -260,6 +274,37 @@ class JobLiveness {
   bool active() const { return monitor_ != nullptr; }
 
  private:
+  // Rank 0: "<host> <port>" into `path`, atomically (a temporary file renamed).
+  static void publish_address(const std::string& path, int port) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "127.0.0.1");
+    const std::string temporary = concat(path, ".tmp.", ::getpid());
+    std::FILE* out = std::fopen(temporary.c_str(), "w");
+    const bool written = out != nullptr && std::fprintf(out, "%s %d\n", host, port) > 0;
+    const bool closed = out != nullptr && std::fclose(out) == 0;
+    if (!written || !closed || std::rename(temporary.c_str(), path.c_str()) != 0)
+      ::strata::fail<::strata::FileError>("the liveness monitor could not write rank 0's address to '", path,
+                                          "' (next to STRATA_NCCL_ID_FILE); is its folder writable?");
+  }
+  // The others: rank 0's host and port from `path`, waiting for it up to `timeout_seconds`.
+  static std::pair<std::string, int> read_address(const std::string& path, double timeout_seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+    for (;;) {
+      if (std::FILE* in = std::fopen(path.c_str(), "r")) {
+        char host[256] = {};
+        int port = 0;
+        const int read = std::fscanf(in, "%255s %d", host, &port);
+        std::fclose(in);
+        if (read == 2 && port > 0 && port <= 65535) return {host, port};
+      }
+      if (std::chrono::steady_clock::now() > until)
+        ::strata::fail<::strata::CommError>("the liveness monitor waited ", timeout_seconds, " s for rank 0 to write its "
+                                            "address to '", path, "'; check that rank 0 started and that the path is on a "
+                                            "file system every rank shares");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
   Progress& progress_;
   std::unique_ptr<::strata::liveness::Monitor> monitor_;
 };

@@ -255,13 +255,30 @@ TEST(Liveness, RanksThatNeverConnectAreNamed) {
   reap(one);
 }
 
+TEST(Liveness, RootOnPortZeroPublishesThePortItGot) {
+  // Rank 0 asks the system for a port and hands it to a rank started only once it is known.
+  Seen seen;
+  liveness::Options o = watched(0, 2, 0, seen);
+  std::atomic<int> published{0};
+  Child late;
+  o.on_listening = [&](int port) {
+    published = port;
+    late = spawn(1, 2, port, "finish");
+  };
+  liveness::Monitor monitor(o);
+  EXPECT_GT(published.load(), 0);
+  EXPECT_EQ(monitor.port(), published.load());
+  EXPECT_EQ(collect(late), "none");
+  EXPECT_FALSE(monitor.failure().has_value());
+}
+
 TEST(Liveness, BadOptionsAreRefusedBeforeAnySocket) {
   auto o = options(3, 2, 1234);
   EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
   o = options(0, 2, 1234);
   o.silence_timeout = 0.01s;  // below the heartbeat interval
   EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
-  o = options(1, 2, 0);  // no port for rank 0
+  o = options(1, 2, 0);  // rank 0's port unknown
   EXPECT_THROW(liveness::Monitor{o}, strata::ConfigError);
 }
 

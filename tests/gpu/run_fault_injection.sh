@@ -20,7 +20,7 @@ mkdir -p "$logs"
 source "$(dirname "$0")/gpu_env.sh"  # LD_LIBRARY_PATH, NCCL_NVLS_ENABLE=0
 export STRATA_EXIT_GRACE_SECONDS=5
 cases=${STRATA_FAULT_CASES:-"kill exit stop sleep kill-save sleep-save threads-throw threads-sleep restart"}
-timeout_minutes=0.25   # 15 s: stop and sleep end at the collective timeout
+timeout_minutes=${STRATA_FAULT_TIMEOUT_MINUTES:-0.15}   # 9 s: stop and sleep end at the collective timeout
 bound=$(awk -v m="$timeout_minutes" 'BEGIN { print m * 60 + 10 }')
 small=(--device cuda --mock-data --num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 512
        --vocab-size 8192 --micro-batch-size 4 --global-batch-size 4 --log-interval 1

@@ -73,6 +73,9 @@ struct Options {
   std::chrono::duration<double> silence_timeout{300.0};
   // Called once, from the monitor's thread, with the first failure of another process.
   std::function<void(const std::string&)> on_failure;
+  // Rank 0 only: called with the port it listens on (the one asked for, or the one the system
+  // chose for port 0) before it waits for the others, so it can publish it (a shared file, say).
+  std::function<void(int port)> on_listening;
 };
 
 namespace detail {
@@ -243,6 +246,7 @@ class Monitor {
       bound_port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     detail::set_nonblocking(listen_fd_);
+    if (options_.on_listening) options_.on_listening(bound_port_);
     peers_.assign(static_cast<std::size_t>(options_.world_size), detail::Peer{});
     std::vector<detail::Peer> pending;  // accepted, hello not read yet
     int joined = 1;
