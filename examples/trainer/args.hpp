@@ -1046,6 +1046,9 @@ inline std::string with_flag_names(std::string message) {
       at += std::string(flag).size();
     }
   }
+  // The pipeline split's own pointer to Megatron's flags is now a repetition.
+  const std::string repeated = " (Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)";
+  if (const auto at = message.find(repeated); at != std::string::npos) message.erase(at, repeated.size());
   return message;
 }
 

@@ -186,6 +186,7 @@ struct MemoryPlan {
   std::int64_t history_bytes = 0;
   std::int64_t total = 0;
   std::int64_t available = -1;
+  bool padded_experts = false;        // --moe-pad-expert-input-to-capacity: the experts' rows are their capacity
 };
 
 template <class T>
@@ -198,6 +199,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
   plan.ranks = a.world_size;
   plan.stages = pp;
+  plan.padded_experts = a.model.moe.enabled() && a.model.moe.pad_to_capacity;
   const int micro_steps = static_cast<int>(a.global_batch_size / (static_cast<std::int64_t>(a.micro_batch_size) * dp));
   std::int64_t pipeline_total = 0;  // one rank of each pipeline stage, batches included
   auto holdings = pipeline_holdings(a.pipeline, a.model, micro_steps);
@@ -284,7 +286,8 @@ inline void check_fits(const MemoryPlan& p, const std::string& dtype) {
   if (p.available >= 0 && p.total > p.available)
     fail<ConfigError>("the configuration does not fit in memory: ", describe(p, dtype),
                       ". Use smaller --hidden-size, --num-layers, --vocab-size, --seq-length, --micro-batch-size, "
-                      "--train-iters or --eval-iters, or fewer ranks");
+                      "--train-iters or --eval-iters", p.padded_experts ? ", a smaller --moe-expert-capacity-factor" : "",
+                      ", or fewer ranks");
 }
 template <class T, bool SP, class Backend = cpu::backend, class Comm = inprocess::communicator>
 struct TrainPolicy : default_policy {

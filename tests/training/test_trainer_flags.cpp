@@ -542,6 +542,9 @@ TEST(MegatronFlags, ErrorsNameTheFlagAtFault) {
   refused({"--world-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers", "4", "--decoder-first-pipeline-num-layers",
            "5", "--sample-tokens", "0"},
           {"--decoder-first-pipeline-num-layers=5"}, {"first_stage_layers"});
+  refused({"--world-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers", "3", "--sample-tokens", "0"},
+          {"does not divide --num-layers=3", "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"},
+          {"num_layers", "Megatron's --decoder"});
   refused(mixtral({"--moe-pad-expert-input-to-capacity"}), {"--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"},
           {"capacity_factor", "pad_to_capacity"});
   refused(mixtral({"--moe-expert-capacity-factor", "-1"}), {"--moe-expert-capacity-factor=-1"}, {"moe capacity_factor"});

@@ -219,6 +219,15 @@ TEST(TrainingMoe, MemoryEstimateCountsPaddedCapacity) {
   EXPECT_EQ(padded - unpadded, 2 * (4 * 64 - 64 * 2) * row_bytes);
   a.model.moe.capacity_factor = 1e18;
   EXPECT_EQ(trainer::plan_memory<float>(a).per_rank.activation_bytes, padded);
+  // a padded run that cannot fit is refused naming the factor
+  auto plan = trainer::plan_memory<float>(a);
+  plan.available = plan.total - 1;
+  try {
+    trainer::check_fits(plan, "float");
+    ADD_FAILURE() << "a run beyond the memory available was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-expert-capacity-factor"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
