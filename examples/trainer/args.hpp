@@ -449,6 +449,11 @@ inline void add_moe_options(CLI::App& app, TrainArgs& a) {
 inline void resolve_moe_flags(TrainArgs& a) {
   auto& m = a.model.moe;
   m.routing.score = a.moe_router_score_function == "sigmoid" ? MoeScore::sigmoid : MoeScore::softmax;
+  if (m.routing.pre_softmax && m.routing.score == MoeScore::sigmoid) {  // Megatron's router reads it with softmax only
+    m.routing.pre_softmax = false;
+    a.notes.emplace_back("--moe-router-pre-softmax: ignored with --moe-router-score-function sigmoid (it applies to softmax "
+                         "scores only), as in Megatron");
+  }
   m.load_balancing = a.moe_router_load_balancing_type == "none"           ? MoeLoadBalancing::none
                      : a.moe_router_load_balancing_type == "seq_aux_loss" ? MoeLoadBalancing::seq_aux_loss
                                                                           : MoeLoadBalancing::aux_loss;
@@ -532,7 +537,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--max-position-embeddings", a.model.max_position_embeddings,
                  "rows of the learned position table (>= --seq-length; default --seq-length)");
   app.add_option("--vocab-size", a.tokenizer.vocab_size,
-                 "NullTokenizer: ids 0..N-1 and end-of-document N; another tokenizer: the model's vocabulary when larger "
+                 "NullTokenizer: ids 0..N-1, the last of them (N-1) the end of document; another tokenizer: the model's vocabulary when larger "
                  "than the tokenizer's (default: the tokenizer's)");
   app.add_option("--tokenizer-type", a.tokenizer.type,
                  "ByteTokenizer (the default: bytes, end-of-document 256), GPT2BPETokenizer, HuggingFaceTokenizer, "
@@ -660,7 +665,8 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
 // them (lr(samples consumed before the iteration)): an iteration-based run counts --lr-warmup-iters
 // and --lr-decay-iters (else --train-iters) times the global batch; a sample-based run
 // (--train-samples) --lr-warmup-samples and --lr-decay-samples (else --train-samples);
-// --lr-warmup-fraction makes warmup that fraction of the decay (rounded down to a whole sample).
+// --lr-warmup-fraction makes warmup that fraction of the decay, not rounded (Megatron's
+// lr_warmup_steps = fraction x decay steps, a real number).
 // With a constant batch this is the iteration schedule exactly.
 inline LrSchedule schedule_of(const TrainArgs& a) {
   const std::int64_t batch = a.global_batch_size;
@@ -672,9 +678,13 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
     decay = checked_mul(a.lr_decay_iters > 0 ? a.lr_decay_iters : a.train_iters, batch, "learning-rate decay samples");
     warmup = checked_mul(a.lr_warmup_iters, batch, "learning-rate warmup samples");
   }
-  if (a.lr_warmup_fraction >= 0) warmup = static_cast<std::int64_t>(a.lr_warmup_fraction * static_cast<double>(decay));
+  double fractional_warmup = 0;
+  if (a.lr_warmup_fraction >= 0 && a.lr_warmup_fraction <= 1) {  // (validate refuses any other fraction)
+    fractional_warmup = a.lr_warmup_fraction * static_cast<double>(decay);
+    warmup = static_cast<std::int64_t>(fractional_warmup);
+  }
   return LrSchedule{.max_lr = a.lr, .min_lr = a.min_lr, .warmup_iters = warmup, .decay_iters = decay,
-                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = decay};
+                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = decay, .fractional_warmup = fractional_warmup};
 }
 
 // Training FLOPs per token, as DESIGN.md counts them for MFU: 6 x the matmul parameters (the output
@@ -899,6 +909,18 @@ inline void check_integer_flags(const TrainArgs& a) {
               "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
   check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
               "tensor-parallel group size, at most --world-size");
+  // The layout before anything derived from it (an absent --global-batch-size is micro-batch x data parallel).
+  const int pp = a.pipeline.pipeline_model_parallel_size;
+  check_range("--pipeline-model-parallel-size", pp, 1, a.world_size, "pipeline stages, at most --world-size");
+  if (a.world_size % a.tensor_model_parallel_size != 0)
+    fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
+                      a.world_size, "; the world is tensor parallel x data parallel");
+  if (a.world_size % (a.tensor_model_parallel_size * pp) != 0)
+    fail<ConfigError>("--pipeline-model-parallel-size=", pp, " x --tensor-model-parallel-size=", a.tensor_model_parallel_size,
+                      " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
+  check_range("--num-layers-per-virtual-pipeline-stage", a.pipeline.num_layers_per_virtual_pipeline_stage, 0, kInt,
+              "layers per virtual pipeline stage of the interleaved schedule; 0 = one chunk per rank");
+  check_range("--kv-channels", a.architecture.kv_channels, 0, kInt, "head size; 0 = --hidden-size / --num-attention-heads");
   check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
   check_range("--hidden-size", a.model.hidden_size, 1, kInt, "width of the residual stream");
   check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
@@ -916,7 +938,8 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--vocab-size", a.model.vocab_size, 1, kInt, "tokenizer vocabulary");
   check_range("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by, 1, kInt, "vocabulary padding multiple");
   check_range("--micro-batch-size", a.micro_batch_size, 1, kInt, "sequences per micro-batch");
-  check_range("--global-batch-size", a.global_batch_size, 1, kInt, "sequences per iteration");
+  check_range(a.step_batch_size_schedule.empty() ? "--global-batch-size" : "the final batch of --step-batch-size-schedule",
+              a.global_batch_size, 1, kInt, "sequences per iteration");
   check_range("--train-iters", a.train_iters, 1, kInt, "iterations to train (with --train-samples: as many as they take)");
   check_range("--train-samples", a.train_samples, 0, std::numeric_limits<std::int64_t>::max() / 2, "samples to train; 0 = --train-iters");
   check_range("--lr-warmup-samples", a.lr_warmup_samples, 0, std::numeric_limits<std::int64_t>::max() / 2, "samples of warmup");
@@ -976,32 +999,95 @@ inline void check_real_flags(const TrainArgs& a) {
   check_real("--loss-scale", a.loss_scale, 0, kMax, "a constant loss scale; 0 = dynamic (with fp16) or none");
   check_real("--initial-loss-scale", a.initial_loss_scale, 0, kMax, "the dynamic loss scale at the start", true);
   check_real("--min-loss-scale", a.min_loss_scale, 0, kMax, "the smallest dynamic loss scale", true);
+  // Values the run's types cannot hold: a loss scale and --adam-eps live in the gradients' and the
+  // optimizer's type (fp32, double with --dtype double), the initial weights in the parameters' type.
+  const bool wide = a.dtype == "double";
+  const double accumulate_min = wide ? std::numeric_limits<double>::min() : std::numeric_limits<float>::min();
+  const double accumulate_max = wide ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  const char* accumulate_name = wide ? "double" : "fp32";
+  const auto representable = [&](const char* flag, double value, double low, double high, const char* type, const char* what) {
+    if (value != 0 && (value < low || value > high))
+      fail<ConfigError>(flag, "=", value, " cannot be represented in the ", what, " (", type, ", whose normal numbers lie in [",
+                        low, ", ", high, "]); give a value in that range");
+  };
+  if (a.loss_scale > 0) representable("--loss-scale", a.loss_scale, accumulate_min, accumulate_max, accumulate_name, "gradients");
+  if (dynamic_loss_scaling(a)) {
+    representable("--initial-loss-scale", a.initial_loss_scale, accumulate_min, accumulate_max, accumulate_name, "gradients");
+    representable("--min-loss-scale", a.min_loss_scale, accumulate_min, accumulate_max, accumulate_name, "gradients");
+  }
+  representable("--adam-eps", a.adam_eps, accumulate_min, accumulate_max, accumulate_name, "optimizer's state");
+  const double parameter_min = a.dtype == "fp16" ? 6.103515625e-05 : accumulate_min;  // bf16 has fp32's exponent
+  representable("--init-method-std", a.model.init_method_std, parameter_min, kMax,
+                a.dtype == "fp16" ? "fp16" : a.dtype == "bf16" ? "bf16" : accumulate_name, "parameters");
+  // Flags whose "not given" is -1: any other value must be a real one.
+  if (a.lr_warmup_fraction != -1)
+    check_real("--lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, "the warmup as a fraction of the decay length");
+  if (a.decoupled_lr != -1)
+    check_real("--decoupled-lr", a.decoupled_lr, 0, kMax, "the embedding and output layer's peak learning rate");
+  if (a.decoupled_min_lr != -1)
+    check_real("--decoupled-min-lr", a.decoupled_min_lr, 0, kMax, "the embedding and output layer's minimum learning rate");
   if (dynamic_loss_scaling(a) && a.min_loss_scale > a.initial_loss_scale)
     fail<ConfigError>("--min-loss-scale=", a.min_loss_scale, " is above --initial-loss-scale=", a.initial_loss_scale,
                       "; lower --min-loss-scale");
 }
 
+// A message of the library's validation (models::validate, the pipeline split) with the names of
+// ModelConfig's fields replaced by the flags that set them, so the trainer's errors name flags.
+inline std::string with_flag_names(std::string message) {
+  static constexpr std::pair<const char*, const char*> kNames[] = {
+      {"moe capacity_factor", "--moe-expert-capacity-factor"},
+      {"moe pad_to_capacity", "--moe-pad-expert-input-to-capacity"},
+      {"capacity_factor", "--moe-expert-capacity-factor"},
+      {"pad_to_capacity", "--moe-pad-expert-input-to-capacity"},
+      {"moe topk", "--moe-router-topk"},
+      {"moe shared_expert_ffn_hidden_size", "--moe-shared-expert-intermediate-size"},
+      {"moe router scaling_factor", "--moe-router-topk-scaling-factor"},
+      {"moe aux_loss_coeff", "--moe-aux-loss-coeff"},
+      {"moe z_loss_coeff", "--moe-z-loss-coeff"},
+      {"moe expert_bias_update_rate", "--moe-router-bias-update-rate"},
+      {"num_experts", "--num-experts"},
+      {"first_stage_layers", "--decoder-first-pipeline-num-layers"},
+      {"last_stage_layers", "--decoder-last-pipeline-num-layers"},
+      {"num_layers", "--num-layers"},
+  };
+  const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; };
+  for (const auto& [name, flag] : kNames) {
+    const std::string from = name;
+    for (std::size_t at = message.find(from); at != std::string::npos; at = message.find(from, at)) {
+      const std::size_t end = at + from.size();
+      if ((at > 0 && word(message[at - 1])) || (end < message.size() && std::isalnum(static_cast<unsigned char>(message[end])))) {
+        at = end;
+        continue;
+      }
+      message.replace(at, from.size(), flag);
+      at += std::string(flag).size();
+    }
+  }
+  // The pipeline split's own pointer to Megatron's flags is now a repetition.
+  const std::string repeated = " (Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)";
+  if (const auto at = message.find(repeated); at != std::string::npos) message.erase(at, repeated.size());
+  return message;
+}
+
 // Checks everything that can be checked before a thread starts or a byte is allocated.
 inline void validate(const TrainArgs& a) {
-  check_integer_flags(a);
+  check_integer_flags(a);  // the layout (tp, pp, world) first
   check_real_flags(a);
-  if (a.world_size % a.tensor_model_parallel_size != 0)
-    fail<ConfigError>("--tensor-model-parallel-size=", a.tensor_model_parallel_size, " does not divide --world-size=",
-                      a.world_size, "; the world is tensor parallel x data parallel");
   const int pp = a.pipeline.pipeline_model_parallel_size;
-  if (pp < 1 || a.world_size % (a.tensor_model_parallel_size * pp) != 0)
-    fail<ConfigError>("--pipeline-model-parallel-size=", pp, " x --tensor-model-parallel-size=", a.tensor_model_parallel_size,
-                      " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
   const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
   const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
   if (a.global_batch_size % per_step != 0)
-    fail<ConfigError>("--global-batch-size=", a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
+    fail<ConfigError>(a.step_batch_size_schedule.empty() ? "--global-batch-size=" : "the final batch of --step-batch-size-schedule, ",
+                      a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", per_step);
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   const BatchSchedule batches = batch_schedule_of(a);
   for (const int b : batches.sizes())
     if (b % per_step != 0)
-      fail<ConfigError>(batches.constant() ? "--global-batch-size=" : "the batch-size schedule's global batch ", b,
+      fail<ConfigError>(batches.constant()                     ? "--global-batch-size="
+                        : a.step_batch_size_schedule.empty() ? "the global batch of --rampup-batch-size "
+                                                             : "the global batch of --step-batch-size-schedule ",
+                        b,
                         " is not a multiple of micro-batch-size x data-parallel = ", a.micro_batch_size, " x ", dp, " = ", per_step);
   if (a.train_samples > 0 && (a.lr_decay_iters > 0 || a.lr_warmup_iters > 0))
     fail<ConfigError>("--train-samples counts the schedule in samples: use --lr-decay-samples and --lr-warmup-samples (or "
@@ -1037,9 +1123,12 @@ inline void validate(const TrainArgs& a) {
   data::parse_split(a.split);
   if (a.save_interval > 0 && a.save.empty()) fail<ConfigError>("--save-interval needs --save <directory>");
   if (a.ckpt_step >= 0 && a.load.empty()) fail<ConfigError>("--ckpt-step needs --load <directory>");
-  if ((a.no_load_optim || a.finetune) && a.load.empty())
-    fail<ConfigError>(a.finetune ? "--finetune" : "--no-load-optim", " needs --load <directory>");
+  if (a.finetune && a.load.empty()) fail<ConfigError>("--finetune needs --load <directory>");
   if (a.async_save && a.save.empty()) fail<ConfigError>("--async-save needs --save <directory>");
+  if (a.overlap_param_gather && (!a.use_distributed_optimizer || !a.overlap_grad_reduce))
+    fail<ConfigError>("--overlap-param-gather overlaps the distributed optimizer's parameter all-gather with the next "
+                      "forward: it needs --use-distributed-optimizer and --overlap-grad-reduce (as Megatron asserts); add ",
+                      !a.use_distributed_optimizer ? "--use-distributed-optimizer" : "--overlap-grad-reduce", " or drop it");
   for (auto [flag, value] : {std::pair{"--wandb-project", &a.wandb_project}, std::pair{"--wandb-exp-name", &a.wandb_exp_name},
                              std::pair{"--wandb-save-dir", &a.wandb_save_dir}})
     if (!value->empty())
@@ -1073,10 +1162,14 @@ inline void validate(const TrainArgs& a) {
   }
   ParallelConfig stage = parallel_config_of(a);  // one pipeline stage's ranks (the pipeline is checked below)
   stage.pp = 1;
-  models::validate(a.model, stage, a.sequence_parallel, a.world_size / pp);
-  for (const int b : batches.sizes())  // every number of micro-batches the batch schedule makes
-    check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size, static_cast<int>(b / per_step),
-                        a.sample_tokens > 0);
+  try {
+    models::validate(a.model, stage, a.sequence_parallel, a.world_size / pp);
+    for (const int b : batches.sizes())  // every number of micro-batches the batch schedule makes
+      check_pipeline_args(a.pipeline, a.model, a.world_size, a.tensor_model_parallel_size, static_cast<int>(b / per_step),
+                          a.sample_tokens > 0);
+  } catch (const ConfigError& e) {
+    throw ConfigError(with_flag_names(e.what()));
+  }
   schedule.validate();
 }
 
@@ -1100,6 +1193,33 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
   if (app.count("--train-iters") > 0 && app.count("--train-samples") > 0)
     fail<ConfigError>("--train-iters and --train-samples both set the run's length; give one, as Megatron");
   if (app.count("--global-batch-size") == 0) a.global_batch_size = 0;
+  else check_range("--global-batch-size", a.global_batch_size, 1, std::numeric_limits<int>::max(), "sequences per iteration");
+  if (app.count("--kv-channels") > 0)
+    check_range("--kv-channels", a.architecture.kv_channels, 1, std::numeric_limits<int>::max(),
+                "head size, --hidden-size / --num-attention-heads in strata");
+  if (const auto seed = app.get_option("--seed")->results(); !seed.empty() && !seed.back().empty() && seed.back().front() == '-')
+    fail<ConfigError>("--seed ", seed.back(), " is negative: the seed must be an integer >= 0 (Megatron seeds numpy's "
+                      "generator with it, which refuses negative seeds)");
+  // Flags whose default (-1) means "not given": a given one must be a real value.
+  constexpr double kMax = std::numeric_limits<double>::max();
+  if (app.count("--lr-warmup-fraction") > 0)
+    check_real("--lr-warmup-fraction", a.lr_warmup_fraction, 0, 1, "the warmup as a fraction of the decay length");
+  if (app.count("--decoupled-lr") > 0)
+    check_real("--decoupled-lr", a.decoupled_lr, 0, kMax, "the embedding and output layer's peak learning rate");
+  if (app.count("--decoupled-min-lr") > 0)
+    check_real("--decoupled-min-lr", a.decoupled_min_lr, 0, kMax, "the embedding and output layer's minimum learning rate");
+  // One parameter type: --fp16, --bf16 and --dtype must not disagree.
+  const std::string dtype_flag = app.count("--dtype") > 0 ? app.get_option("--dtype")->as<std::string>() : std::string();
+  if (app.count("--fp16") > 0 && (app.count("--bf16") > 0 || (!dtype_flag.empty() && dtype_flag != "fp16")))
+    fail<ConfigError>("--fp16 asks for fp16 parameters, but ", app.count("--bf16") > 0 ? std::string("--bf16") : "--dtype " + dtype_flag,
+                      " asks for another type; give one of them");
+  if (app.count("--bf16") > 0 && !dtype_flag.empty() && dtype_flag != "bf16")
+    fail<ConfigError>("--bf16 asks for bf16 parameters, but --dtype ", dtype_flag, " asks for another type; give one of them");
+  if (a.no_load_optim && a.load.empty())
+    a.notes.emplace_back("--no-load-optim without --load: there is nothing to load, so the flag changes nothing (as in Megatron)");
+  if (a.no_load_rng)
+    a.notes.emplace_back("--no-load-rng: every random draw is a function of --seed and the iteration, so there is no generator "
+                         "state to load or skip");
   if (app.count("--step-batch-size-schedule") > 0 && app.count("--global-batch-size") > 0)
     fail<ConfigError>("--step-batch-size-schedule sets the global batch; drop --global-batch-size, as Megatron");
   if (!a.rampup_batch_size.empty() && app.count("--global-batch-size") == 0)

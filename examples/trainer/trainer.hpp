@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
@@ -186,6 +187,7 @@ struct MemoryPlan {
   std::int64_t history_bytes = 0;
   std::int64_t total = 0;
   std::int64_t available = -1;
+  bool padded_experts = false;        // --moe-pad-expert-input-to-capacity: the experts' rows are their capacity
 };
 
 template <class T>
@@ -198,6 +200,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
   plan.ranks = a.world_size;
   plan.stages = pp;
+  plan.padded_experts = a.model.moe.enabled() && a.model.moe.pad_to_capacity;
   const int micro_steps = static_cast<int>(a.global_batch_size / (static_cast<std::int64_t>(a.micro_batch_size) * dp));
   std::int64_t pipeline_total = 0;  // one rank of each pipeline stage, batches included
   auto holdings = pipeline_holdings(a.pipeline, a.model, micro_steps);
@@ -284,7 +287,8 @@ inline void check_fits(const MemoryPlan& p, const std::string& dtype) {
   if (p.available >= 0 && p.total > p.available)
     fail<ConfigError>("the configuration does not fit in memory: ", describe(p, dtype),
                       ". Use smaller --hidden-size, --num-layers, --vocab-size, --seq-length, --micro-batch-size, "
-                      "--train-iters or --eval-iters, or fewer ranks");
+                      "--train-iters or --eval-iters", p.padded_experts ? ", a smaller --moe-expert-capacity-factor" : "",
+                      ", or fewer ranks");
 }
 template <class T, bool SP, class Backend = cpu::backend, class Comm = inprocess::communicator>
 struct TrainPolicy : default_policy {
@@ -655,6 +659,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const std::optional<LrSchedule> decoupled_schedule = decoupled_schedule_of(a);
   int start = 0;
   std::int64_t consumed = 0;
+  // The samples the learning-rate schedule has counted: as Megatron's scheduler, it steps only after
+  // an update the loss scaler did not skip (else consumed).
+  std::int64_t scheduled = 0;
   const bool logger = world.rank() == 0;
   // --profile's window (cudaProfilerStart/Stop, process-wide): opened by every process's rank when
   // each GPU has its own process, so a tracer in each sees the same iterations; by rank 0 alone when
@@ -682,6 +689,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (!a.finetune) {
       start = static_cast<int>(state.iteration);
       consumed = state.consumed_samples;
+      scheduled = state.extra.count("lr_scheduler_samples") ? state.extra.at("lr_scheduler_samples") : consumed;
       if (state.seed != a.seed)
         fail<ConfigError>("checkpoint in '", a.load, "' was trained with --seed=", state.seed, ", this run has --seed=", a.seed,
                           "; resume with the same seed so the data order matches (or pass --finetune)");
@@ -728,8 +736,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     all_reduce_host_values(ctx, ctx.dp, sums, 2);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
-  auto report_validation = [&](int iteration) {
-    const double loss = validation_loss();
+  // --log-jsonl written through: a write that failed (a full disk) stops the run naming the file.
+  auto flush_jsonl = [&] {
+    if (!jsonl.is_open()) return;
+    jsonl.flush();
+    if (!jsonl)
+      fail<FileError>("cannot write to the --log-jsonl file '", a.log_jsonl, "' (is its disk full?); free space or give "
+                      "another file");
+  };
+  auto report_validation = [&](int iteration, double loss) {
     if (!logger) return;
     {
       std::lock_guard lock(result_mutex);
@@ -739,7 +754,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       std::printf("validation  %6d/%6d | loss %.4f | ppl %.3f\n", iteration, a.train_iters, loss, std::exp(loss));
       std::fflush(stdout);
     }
-    if (jsonl) jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << JsonNumber{loss} << "}\n";
+    if (jsonl.is_open()) {
+      jsonl << "{\"iteration\": " << iteration << ", \"validation_loss\": " << JsonNumber{loss} << "}\n";
+      flush_jsonl();
+    }
     if (shared.tensorboard) {
       shared.tensorboard->scalar("lm loss validation", loss, iteration);
       shared.tensorboard->scalar("lm loss validation ppl", std::exp(loss), iteration);
@@ -811,8 +829,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       }
     if (tokens <= 0) fail<ConfigError>("iteration ", it, ": every token of the global batch is masked out");
     ctx.device.template fill<double>(loss_sum.data(), 1, 0.0);
+    // Dropout masks keyed by the global index of each micro-batch's first sample, so a sample draws
+    // the same masks on whichever data-parallel rank and micro-batch slot holds it (tensor and
+    // pipeline parallelism already draw the unsharded masks): every layout trains the same model.
     std::vector<std::uint64_t> dropout_keys;
-    for (int m = 0; m < iteration_micro_steps; ++m) dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(it) * 4096 + m));
+    for (int m = 0; m < iteration_micro_steps; ++m)
+      dropout_keys.push_back(rng::mix(a.seed, static_cast<std::uint64_t>(
+                                                  data::micro_batch_first_sample(consumed, a.micro_batch_size, ctx.coords.dp, dp, m))));
     // The loss gradient (mask / tokens, times the loss scaler's factor: 1 without one) is known
     // before the forward, so the output layer and the loss run fused over blocks of rows and the
     // whole logits never exist; the schedule runs the micro-batches (with pp = 1: forward and
@@ -871,10 +894,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (!scaled) ctx.device.template add<double>(iteration_health.data(), norm_history.data() + slot, 1, iteration_health.data());
       gate = iteration_health.data();
     }
-    const double lr = schedule.lr(consumed);  // in samples, as Megatron's scheduler
-    const double decoupled_lr = decoupled_schedule ? decoupled_schedule->lr(consumed) : -1.0;
+    const double lr = schedule.lr(scheduled);  // in samples, as Megatron's scheduler
+    const double decoupled_lr = decoupled_schedule ? decoupled_schedule->lr(scheduled) : -1.0;
     lrs[static_cast<std::size_t>(slot)] = lr;
-    if (!scaler_skips) optimizer.step(ctx, model, lr, gate, decoupled_lr);
+    if (!scaler_skips) {
+      optimizer.step(ctx, model, lr, gate, decoupled_lr);
+      scheduled += global_batch;
+    }
     consumed += global_batch;
     consumed_after[static_cast<std::size_t>(slot)] = consumed;
     // --exit-interval / --exit-duration-in-mins: save (with --save) and stop after this iteration. The
@@ -940,13 +966,21 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                     ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
       }
     }
-    if (save_now) {
-      const TrainState state{it + 1, consumed, a.seed, loss_scaler_state(optimizer)};
-      phase(it + 1, saver ? "checkpoint save (background)" : "checkpoint save");
-      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true),
-                             save_options(it + 1));
-      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state, save_options(it + 1));
+    // The evaluation due now runs before the log and any save: a non-finite validation loss stops the
+    // run as a non-finite training loss does, before anything is saved (it is printed after the log line).
+    std::optional<double> validation;
+    if (evaluate_now && !exit_now) {
+      phase(it + 1, "evaluation");
+      validation = validation_loss();
+      if (a.check_for_nan_in_loss_and_grad && !std::isfinite(*validation))
+        fail<Error>("iteration ", it + 1, ": the validation loss is ", *validation, "; training stopped at iteration ", it + 1,
+                    " and nothing was saved",
+                    a.save.empty() ? std::string() : " over the last checkpoint in '" + a.save + "'",
+                    a.save_hf.empty() ? std::string() : " nor to --save-hf '" + a.save_hf + "'",
+                    ". Lower --lr or --init-method-std, or pass --no-check-for-nan-in-loss-and-grad to go on");
     }
+    // The iteration's log line (stdout, JSONL, TensorBoard) is written before its checkpoint is
+    // committed, so a run killed in between has logged every iteration it resumes after.
     if (log_now) phase(it + 1, "log step (reading the losses)");
     if (logger && log_now) {
       // One read of the iterations since the last log step (it waits for the device).
@@ -988,7 +1022,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
                           static_cast<int>(read_up_to + k + 1), loss, grad_norm);
           }
         }
-        if (jsonl) {
+        if (jsonl.is_open()) {
           jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << JsonNumber{loss} << ", \"lr\": " << lrs[i]
                 << ", \"grad_norm\": " << JsonNumber{grad_norm} << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
                 << ", \"consumed_samples\": " << consumed_after[i];
@@ -1013,7 +1047,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           if (peak >= 0) tb->scalar("mem-max-allocated-bytes", static_cast<double>(peak), step);
         }
       }
-      if (jsonl) jsonl.flush();
+      flush_jsonl();
       if (shared.tensorboard) shared.tensorboard->flush();
       if (!a.quiet) {
         const std::string scaling =
@@ -1027,7 +1061,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
                     static_cast<int>(left) % 60, extra.c_str(), scaling.c_str(), memory.c_str(),
-                    !save_now ? "" : saver ? " | saving" : " | saved");
+                    !save_now ? "" : " | saving");
         std::fflush(stdout);
       }
       t_interval = t1;
@@ -1049,6 +1083,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       last_straggler_iteration = it + 1;
       t_straggler = std::chrono::steady_clock::now();
     }
+    if (save_now) {
+      std::map<std::string, std::int64_t> extra = loss_scaler_state(optimizer);
+      if (scheduled != consumed) extra["lr_scheduler_samples"] = scheduled;
+      const TrainState state{it + 1, consumed, a.seed, std::move(extra)};
+      phase(it + 1, saver ? "checkpoint save (background)" : "checkpoint save");
+      if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true),
+                             save_options(it + 1));
+      else save_checkpoint(ctx, a.save, it + 1, model, optimizer, state, save_options(it + 1));
+    }
     if (shared.progress) shared.progress->iteration_done(world_rank, it + 1);
     if (exit_now) {  // as Megatron: saved above (with --save), no evaluation, the run ends here
       if (logger) {
@@ -1062,10 +1105,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       exited = true;
       break;
     }
-    if (evaluate_now) {
-      phase(it + 1, "evaluation");
-      report_validation(it + 1);
-    }
+    if (validation) report_validation(it + 1, *validation);
   }
   if (saver) saver->finish(ctx);
   if (exited) return;
@@ -1271,11 +1311,49 @@ inline void resolve_device(TrainArgs& a, bool dtype_given) {
 #endif
 }
 
+// Prints notes[from..] as "note: ..." lines on stderr (rank 0 of a launcher's job, unless --quiet).
+inline void print_notes(const TrainArgs& a, std::size_t from = 0) {
+  const char* rank = std::getenv("RANK");
+  if (a.quiet || (rank != nullptr && std::string(rank) != "0")) return;
+  for (std::size_t i = from; i < a.notes.size(); ++i) std::fprintf(stderr, "note: %s\n", a.notes[i].c_str());
+}
+
+// --load names a checkpoint directory, or one not made yet (a script's first run passes --save X
+// --load X). Anything else is refused before training: a regular file or a FIFO, and a directory
+// holding iteration folders without the tracker that names the last complete one (training from
+// scratch there would overwrite them). The path's type is read without opening it.
+inline void check_load_path(const TrainArgs& a) {
+  namespace fs = std::filesystem;
+  if (a.load.empty()) return;
+  std::error_code ec;
+  const fs::file_status status = fs::status(a.load, ec);
+  if (!fs::exists(status)) return;
+  if (!fs::is_directory(status))
+    fail<ConfigError>("--load ", a.load, " is ", fs::is_regular_file(status) ? "a regular file" : fs::is_fifo(status) ? "a FIFO" : "not a directory",
+                      ", not a checkpoint directory: pass the directory --save wrote (the one holding ",
+                      std::string(kCheckpointTrackerName), ")");
+  if (a.ckpt_step >= 0 || fs::exists(fs::symlink_status(tracker_path(a.load), ec))) return;
+  std::vector<std::string> saved;
+  for (const fs::directory_entry& entry : fs::directory_iterator(a.load, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("iter_") && entry.is_directory(ec)) saved.push_back(name);
+  }
+  if (saved.empty()) return;
+  std::sort(saved.begin(), saved.end());
+  std::string list;
+  for (const std::string& name : saved) list += (list.empty() ? "" : ", ") + name;
+  fail<ConfigError>("--load ", a.load, " holds checkpoints (", list, ") but no ", std::string(kCheckpointTrackerName),
+                    ", which names the last complete one; training from scratch would overwrite them. Pass --ckpt-step N "
+                    "to resume from iteration N, or restore the tracker");
+}
+
 template <template <class> class Model>
 TrainResult train(const TrainArgs& given) {
   TrainArgs a = given;
   (void)resolve_run(a);  // the tokenizer's vocabulary, the global batch, --train-samples, sequence parallel at tp=1
+  print_notes(a, given.notes.size());  // the notes resolve_run added (sequence parallelism at tp=1, ...)
   validate(a);
+  check_load_path(a);
   if (a.device != "cpu" && a.device != "cuda")
     fail<ConfigError>("--device=", a.device, " is not a device: use cpu or cuda");
   if (a.device == "cuda" && visible_gpus() == 0)
@@ -1312,7 +1390,16 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
                ": strata's GPT / Llama trainer (Megatron's pretrain_gpt flags): tensor, sequence, pipeline and data "
                "parallel training on CPU threads or NVIDIA GPUs"};
   add_options(app, args);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ExtrasError&) {  // as Megatron's argparse: the flags it does not know, exit status 2
+    std::string unknown;
+    for (const std::string& flag : app.remaining()) unknown += " " + flag;
+    std::fprintf(stderr, "%s: error: unrecognized arguments:%s\n(%s --help lists the flags)\n", program, unknown.c_str(), program);
+    return 2;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   // The first failure of any rank is printed at once and ends the process within
   // STRATA_EXIT_GRACE_SECONDS (default 5 s) even where a thread is blocked (comm/failure.hpp).
   std::string prefix = "strata";
@@ -1324,9 +1411,6 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
   failure::exit_on_failure(failure::grace_from_environment(), 1, prefix);
   try {
     finish_command_line(app, args);
-    if (app.count("--fp16") > 0 && (app.count("--bf16") > 0 || (app.count("--dtype") > 0 && app["--dtype"]->as<std::string>() != "fp16")))
-      fail<ConfigError>("--fp16 asks for fp16 parameters, but ", app.count("--bf16") > 0 ? std::string("--bf16") : "--dtype " + app["--dtype"]->as<std::string>(),
-                        " asks for another type; give one of them");
     resolve_device(args, app.count("--dtype") + app.count("--bf16") + app.count("--fp16") > 0);
     // The demo on a GPU: one GPU (tp=1). Several GPUs: a launcher (torchrun, srun, mpirun), or
     // --world-size N for threads mode (README).
@@ -1335,9 +1419,7 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
       args.world_size = 1;
       args.tensor_model_parallel_size = 1;
     }
-    const char* rank = std::getenv("RANK");
-    if (!args.quiet && (rank == nullptr || std::string(rank) == "0"))
-      for (const std::string& note : args.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+    print_notes(args);
     std::optional<TrainResult> trained;
     const std::string_view wanted = args.model_kind == "gpt"     ? models::Gpt<TrainPolicy<float, false>>::architecture
                                     : args.model_kind == "mixtral" ? models::Mixtral<TrainPolicy<float, false>>::architecture

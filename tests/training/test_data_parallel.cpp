@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "trainer/trainer.hpp"
 
@@ -295,6 +296,82 @@ TEST(DataParallel, Fp16TrainsUnderTheDynamicLossScaler) {
   }
   EXPECT_EQ(backed_off.loss_scales.back(), std::ldexp(1.0, 32 - static_cast<int>(skipped.size())));
   EXPECT_LT(backed_off.losses.back(), backed_off.losses[lead]);
+}
+
+// The learning rates the JSONL log of a run holds, one per iteration.
+std::vector<double> logged_lrs(const std::filesystem::path& file) {
+  std::vector<double> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("\"lr\": ");
+    if (at != std::string::npos) out.push_back(std::stod(line.substr(at + 6)));
+  }
+  return out;
+}
+
+// As Megatron's scheduler, the learning rate steps only after an update: an iteration the loss
+// scaler skips leaves it where it was, and a resumed run continues from the scheduler's count.
+TEST(DataParallel, LearningRateStepsOnlyAfterAnUpdate) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_dp_lr_after_update";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto a = tiny();
+  a.dtype = "float";
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 1;
+  a.dynamic_loss_scale = true;
+  a.initial_loss_scale = 1024;
+  a.hysteresis = 1;
+  a.lr_warmup_iters = 0;
+  a.lr_decay_style = "linear";
+  a.train_iters = 4;
+  a.lr_decay_iters = 4;  // the same schedule for the shorter first run below
+  a.log_interval = 1;
+  a.inject_nonfinite_gradient_at = 1;  // iteration 2 is skipped
+  a.log_jsonl = (dir / "straight.jsonl").string();
+  const auto straight = trainer::train<strata::models::Gpt>(a);
+  ASSERT_EQ(straight.skipped_iterations, std::vector<int>{2});
+  const strata::LrSchedule schedule = trainer::schedule_of(a);
+  const std::vector<double> lrs = logged_lrs(dir / "straight.jsonl");
+  EXPECT_EQ(lrs, (std::vector<double>{schedule.lr(0), schedule.lr(8), schedule.lr(8), schedule.lr(16)}));
+  // saved after iteration 2 (the skipped one) and resumed: the same rates
+  a.save = (dir / "ck").string();
+  a.save_interval = 2;
+  a.train_iters = 2;
+  a.log_jsonl = (dir / "first.jsonl").string();
+  (void)trainer::train<strata::models::Gpt>(a);
+  a.load = a.save;
+  a.save.clear();
+  a.save_interval = 0;
+  a.train_iters = 4;
+  a.log_jsonl = (dir / "resumed.jsonl").string();
+  const auto resumed = trainer::train<strata::models::Gpt>(a);
+  EXPECT_EQ(logged_lrs(dir / "resumed.jsonl"), (std::vector<double>{schedule.lr(8), schedule.lr(16)}));
+  EXPECT_EQ(resumed.losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
+  std::filesystem::remove_all(dir);
+}
+
+// Dropout masks are keyed by the global sample: with dropout on, dp = 2 and 4 (with and without
+// the distributed optimizer) train the losses of dp = 1 (double, 1e-12 relative).
+TEST(DataParallel, DropoutMasksDoNotDependOnTheDataParallelSize) {
+  auto a = tiny();
+  a.tensor_model_parallel_size = 1;
+  a.sequence_parallel = false;
+  a.model.hidden_dropout = 0.1;
+  a.model.attention_dropout = 0.1;
+  a.world_size = 1;
+  const auto reference = trainer::train<strata::models::Gpt>(a);
+  for (int world : {2, 4})
+    for (bool distributed : {false, true}) {
+      auto b = a;
+      b.world_size = world;
+      b.use_distributed_optimizer = distributed;
+      const auto result = trainer::train<strata::models::Gpt>(b);
+      ASSERT_EQ(result.losses.size(), reference.losses.size());
+      for (std::size_t i = 0; i < reference.losses.size(); ++i)
+        EXPECT_NEAR(result.losses[i], reference.losses[i], 1e-12 * std::abs(reference.losses[i]))
+            << "dp=" << world << " distributed=" << distributed << " iteration " << i + 1;
+    }
 }
 
 // --skip-nonfinite-iterations: the bad iteration makes no update, is reported, and training goes on.

@@ -2,6 +2,7 @@
 // the Megatron behaviour it checks. Parsing only (examples/trainer/args.hpp): nothing trains here.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -266,7 +267,7 @@ TEST(MegatronFlags, BatchSizeSchedules) {
             "0:4 2K:8 4.5K:16");
   TrainArgs odd = parse_flags("gpt", {"--step-batch-size-schedule", "0:3 1K:8", "--micro-batch-size", "2"});
   (void)trainer::resolve_run(odd);
-  expect_config_error([&] { trainer::validate(odd); }, {"global batch 3", "micro-batch-size x data-parallel"});
+  expect_config_error([&] { trainer::validate(odd); }, {"--step-batch-size-schedule 3", "micro-batch-size x data-parallel"});
   expect_config_error(
       [] {
         TrainArgs t = parse_flags("gpt", {"--step-batch-size-schedule", "1K:4"});
@@ -423,14 +424,154 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
     (void)trainer::resolve_run(a);
     expect_config_error([&] { trainer::validate(a); }, parts);
   };
-  invalid({"--num-experts", "6", "--world-size", "4", "--expert-model-parallel-size", "4"}, {"ep=4", "num_experts=6"});
+  invalid({"--num-experts", "6", "--world-size", "4", "--expert-model-parallel-size", "4"}, {"ep=4", "--num-experts=6"});
   invalid({"--num-experts", "8", "--world-size", "2", "--expert-model-parallel-size", "4"}, {"--expert-model-parallel-size=4"});
   invalid({"--num-experts", "8", "--world-size", "4", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "2"},
           {"etp=2", "ep=4"});
   invalid({"--num-experts", "8", "--recompute-granularity", "full"}, {"--recompute-granularity full", "selective"});
   invalid({"--num-experts", "8", "--save-hf", "out"}, {"--save-hf", "Mixtral"});
-  invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "num_experts=8"});
+  invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "--num-experts=8"});
   invalid({"--world-size", "2", "--expert-model-parallel-size", "2"}, {"--expert-model-parallel-size 2", "--num-experts"});
+}
+
+// Resolved and validated as a trainer does before anything runs.
+TrainArgs checked(const std::string& kind, std::vector<std::string> flags) {
+  TrainArgs a = parse_flags(kind, std::move(flags));
+  (void)trainer::resolve_run(a);
+  trainer::validate(a);
+  return a;
+}
+
+// The Llama architecture flags with four experts (train_mixtral's preset).
+std::vector<std::string> mixtral(std::vector<std::string> flags) {
+  std::vector<std::string> out = {"--num-experts", "4", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                  "--seq-length", "32", "--micro-batch-size", "2"};
+  out.insert(out.end(), flags.begin(), flags.end());
+  return out;
+}
+
+// --fp16, --bf16 and --dtype each name the parameter type: two that disagree are refused.
+TEST(MegatronFlags, ParameterTypesThatDisagreeAreRefused) {
+  expect_config_error([] { (void)parse_flags("gpt", {"--dtype", "fp16", "--bf16"}); }, {"--bf16", "--dtype fp16", "give one"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--dtype", "double", "--bf16"}); }, {"--bf16", "--dtype double"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--bf16", "--dtype", "float"}); }, {"--bf16", "--dtype float"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--fp16", "--bf16"}); }, {"--fp16", "--bf16"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--fp16", "--dtype", "double"}); }, {"--fp16", "--dtype double"});
+  EXPECT_EQ(parse_flags("gpt", {"--dtype", "bf16", "--bf16"}).dtype, "bf16");
+  EXPECT_EQ(parse_flags("gpt", {"--dtype", "fp16", "--fp16"}).dtype, "fp16");
+}
+
+// A value the run's types cannot hold is refused naming the flag: a loss scale beyond fp32 (the
+// gradients) or below its normal numbers, an initial std that rounds to zero weights, an Adam
+// epsilon that is 0 in the optimizer's fp32 state.
+TEST(MegatronFlags, ValuesTheTypesCannotHoldAreRefused) {
+  for (const char* scale : {"1e308", "1e-320", "1e39"})
+    expect_config_error([&] { (void)checked("gpt", {"--loss-scale", scale}); }, {"--loss-scale=", "cannot be represented", "fp32"});
+  expect_config_error([] { (void)checked("gpt", {"--fp16", "--initial-loss-scale", "1e300"}); }, {"--initial-loss-scale="});
+  for (const char* dtype : {"float", "bf16"})
+    expect_config_error([&] { (void)checked("gpt", {"--dtype", dtype, "--init-method-std", "1e-50"}); },
+                        {"--init-method-std=1e-50", "cannot be represented"});
+  expect_config_error([] { (void)checked("gpt", {"--fp16", "--init-method-std", "1e-6"}); }, {"--init-method-std=1e-06", "fp16"});
+  expect_config_error([] { (void)checked("gpt", {"--adam-eps", "1e-50"}); }, {"--adam-eps=1e-50", "optimizer"});
+  EXPECT_NO_THROW((void)checked("gpt", {"--dtype", "double", "--adam-eps", "1e-50", "--init-method-std", "1e-50"}));
+  EXPECT_NO_THROW((void)checked("gpt", {"--loss-scale", "65536", "--init-method-std", "1e-30", "--adam-eps", "1e-30"}));
+}
+
+// --lr-warmup-fraction, --decoupled-lr and --decoupled-min-lr take real values: NaN, infinities,
+// negatives (and a fraction above 1) are refused naming the flag, from the command line or set directly.
+TEST(MegatronFlags, WarmupFractionAndDecoupledRatesAreValidated) {
+  for (const char* fraction : {"nan", "-inf", "inf", "1e308", "-0.5", "1.5"})
+    expect_config_error([&] { (void)parse_flags("gpt", {"--lr-warmup-fraction", fraction}); }, {"--lr-warmup-fraction="});
+  for (const char* rate : {"-5", "-inf", "nan"})
+    expect_config_error([&] { (void)parse_flags("gpt", {"--decoupled-lr", rate}); }, {"--decoupled-lr="});
+  expect_config_error([] { (void)parse_flags("gpt", {"--decoupled-lr", "1e-3", "--decoupled-min-lr", "nan"}); },
+                      {"--decoupled-min-lr="});
+  TrainArgs a = parse_flags("gpt", {});
+  (void)trainer::resolve_run(a);
+  a.lr_warmup_fraction = std::numeric_limits<double>::quiet_NaN();
+  expect_config_error([&] { trainer::validate(a); }, {"--lr-warmup-fraction="});
+  a.lr_warmup_fraction = -1;
+  a.decoupled_lr = -std::numeric_limits<double>::infinity();
+  expect_config_error([&] { trainer::validate(a); }, {"--decoupled-lr="});
+  a.decoupled_lr = 1e-3;
+  a.decoupled_min_lr = std::numeric_limits<double>::quiet_NaN();
+  expect_config_error([&] { trainer::validate(a); }, {"--decoupled-min-lr="});
+}
+
+// Megatron's lr_warmup_steps = fraction x decay steps is a real number: the warmup is not rounded
+// to whole samples.
+TEST(MegatronFlags, WarmupFractionIsNotRounded) {
+  const TrainArgs f = checked("gpt", {"--global-batch-size", "8", "--train-iters", "10", "--lr-warmup-fraction", "0.33",
+                                      "--lr", "1e-3", "--micro-batch-size", "4"});
+  const strata::LrSchedule s = trainer::schedule_of(f);
+  EXPECT_DOUBLE_EQ(s.warmup(), 0.33 * 80);
+  EXPECT_DOUBLE_EQ(s.lr(24), 1e-3 * 24 / (0.33 * 80));  // iteration 4's rate; rounded, 24 / 26
+  EXPECT_DOUBLE_EQ(s.lr(32), 1e-3 * (1 - (32 - 0.33 * 80) / (80 - 0.33 * 80)));
+}
+
+// Flags Megatron refuses (or that make no run) are refused naming the flag, not accepted silently.
+TEST(MegatronFlags, MeaninglessValuesAreRefused) {
+  expect_config_error([] { (void)checked("gpt", {"--overlap-param-gather"}); },
+                      {"--overlap-param-gather", "--use-distributed-optimizer"});
+  expect_config_error([] { (void)checked("gpt", {"--overlap-param-gather", "--use-distributed-optimizer"}); },
+                      {"--overlap-param-gather", "--overlap-grad-reduce"});
+  EXPECT_NO_THROW((void)checked("gpt", {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"}));
+  expect_config_error([] { (void)checked("gpt", {"--num-layers-per-virtual-pipeline-stage", "-1"}); },
+                      {"--num-layers-per-virtual-pipeline-stage=-1", "out of range"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--global-batch-size", "0"}); }, {"--global-batch-size=0", "out of range"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--kv-channels", "0"}); }, {"--kv-channels=0", "out of range"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--seed", "-1"}); }, {"--seed -1", ">= 0"});
+  EXPECT_EQ(parse_flags("gpt", {"--seed", "0"}).seed, 0u);
+}
+
+// Megatron accepts --no-load-optim without --load and --moe-router-pre-softmax with sigmoid scores
+// (its router reads pre-softmax with softmax only): accepted, each with a note.
+TEST(MegatronFlags, FlagsMegatronIgnoresAreAcceptedWithANote) {
+  const TrainArgs a = checked("gpt", {"--no-load-optim"});
+  ASSERT_EQ(a.notes.size(), 1u);
+  EXPECT_NE(a.notes[0].find("--no-load-optim without --load"), std::string::npos) << a.notes[0];
+  const TrainArgs m = checked("llama", mixtral({"--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid"}));
+  EXPECT_FALSE(m.model.moe.routing.pre_softmax);
+  ASSERT_EQ(m.notes.size(), 1u);
+  EXPECT_NE(m.notes[0].find("--moe-router-pre-softmax: ignored"), std::string::npos) << m.notes[0];
+  EXPECT_TRUE(checked("llama", mixtral({"--moe-router-pre-softmax"})).model.moe.routing.pre_softmax);
+  const TrainArgs rng = checked("gpt", {"--no-load-rng"});
+  ASSERT_EQ(rng.notes.size(), 1u);
+  EXPECT_NE(rng.notes[0].find("--no-load-rng"), std::string::npos);
+  CLI::App app;
+  TrainArgs h;
+  trainer::add_options(app, h);
+  EXPECT_NE(app.get_option("--vocab-size")->get_description().find("the last of them (N-1) the end of document"), std::string::npos);
+}
+
+// The layout is checked first, naming its flags; messages name flags, never the library's fields.
+TEST(MegatronFlags, ErrorsNameTheFlagAtFault) {
+  auto refused = [](std::vector<std::string> flags, std::vector<std::string> parts, std::vector<std::string> absent) {
+    try {
+      (void)checked(flags.size() > 1 && flags[0] == "--num-experts" ? "llama" : "gpt", flags);
+      ADD_FAILURE() << "no ConfigError";
+    } catch (const strata::ConfigError& e) {
+      const std::string m = e.what();
+      for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+      for (const std::string& p : absent) EXPECT_EQ(m.find(p), std::string::npos) << "'" << p << "' in: " << m;
+    }
+  };
+  refused({"--world-size", "3", "--tensor-model-parallel-size", "2"}, {"--tensor-model-parallel-size=2", "--world-size=3"},
+          {"--global-batch-size"});
+  refused({"--pipeline-model-parallel-size", "0"}, {"--pipeline-model-parallel-size=0"}, {"--global-batch-size"});
+  refused({"--world-size", "4", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "3"},
+          {"--pipeline-model-parallel-size=3", "does not divide --world-size=4"}, {"--global-batch-size"});
+  refused({"--step-batch-size-schedule", "0:2 320:6", "--micro-batch-size", "2"}, {"--step-batch-size-schedule", "6"},
+          {"--global-batch-size"});
+  refused({"--world-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers", "4", "--decoder-first-pipeline-num-layers",
+           "5", "--sample-tokens", "0"},
+          {"--decoder-first-pipeline-num-layers=5"}, {"first_stage_layers"});
+  refused({"--world-size", "2", "--pipeline-model-parallel-size", "2", "--num-layers", "3", "--sample-tokens", "0"},
+          {"does not divide --num-layers=3", "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"},
+          {"num_layers", "Megatron's --decoder"});
+  refused(mixtral({"--moe-pad-expert-input-to-capacity"}), {"--moe-pad-expert-input-to-capacity", "--moe-expert-capacity-factor"},
+          {"capacity_factor", "pad_to_capacity"});
+  refused(mixtral({"--moe-expert-capacity-factor", "-1"}), {"--moe-expert-capacity-factor=-1"}, {"moe capacity_factor"});
 }
 
 // FLOPs of a MoE layer: each token's topk experts (and shared experts) and the router's logits.

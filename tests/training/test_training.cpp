@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numeric>
+
+#include <sys/stat.h>
 
 #include "trainer/trainer.hpp"
 
@@ -383,6 +386,122 @@ TEST(Training, NonFiniteLossIsFoundAtTheNextLogStep) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "latest_checkpointed_iteration.txt"));
   std::filesystem::remove_all(dir);
+}
+
+// A validation loss that is not finite stops the run as a non-finite training loss does, before the
+// checkpoint and the Hugging Face export of that iteration.
+TEST(Training, NonFiniteValidationLossStopsTheRunBeforeAnySave) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_nan_validation";
+  std::filesystem::remove_all(dir);
+  auto a = tiny("gpt");
+  a.train_iters = 1;
+  a.lr = 1e18;  // iteration 1's loss is finite; its update makes every later one NaN
+  a.min_lr = 0;
+  a.lr_warmup_iters = 0;
+  a.lr_decay_style = "constant";
+  a.clip_grad = 0;
+  a.save = (dir / "ck").string();
+  a.save_hf = (dir / "hf").string();
+  try {
+    const auto result = trainer::train<strata::models::Gpt>(a);
+    ADD_FAILURE() << "a non-finite validation loss did not stop the run (validation loss "
+                  << (result.validation_losses.empty() ? 0.0 : result.validation_losses.back().second) << ")";
+  } catch (const strata::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("iteration 1: the validation loss is"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing was saved"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck" / "latest_checkpointed_iteration.txt"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "hf" / "config.json"));
+  std::filesystem::remove_all(dir);
+}
+
+// --log-jsonl on a full disk (/dev/full) stops the run naming the file, as --tensorboard-dir does.
+TEST(Training, LogFileThatCannotBeWrittenStopsTheRunNamingIt) {
+  auto a = tiny("gpt");
+  a.train_iters = 2;
+  a.lr_warmup_iters = 1;
+  a.log_interval = 1;
+  a.log_jsonl = "/dev/full";
+  try {
+    trainer::train<strata::models::Gpt>(a);
+    ADD_FAILURE() << "writing --log-jsonl /dev/full did not fail";
+  } catch (const strata::FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("--log-jsonl file '/dev/full'"), std::string::npos) << e.what();
+  }
+}
+
+// An iteration's log line is written before its checkpoint: a save that fails (here a --save path
+// under a regular file) finds the iteration already in the JSONL log.
+TEST(Training, IterationIsLoggedBeforeItsCheckpoint) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_log_before_save";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "file") << "not a directory\n"; }
+  auto a = tiny("gpt");
+  a.train_iters = 2;
+  a.lr_warmup_iters = 1;
+  a.log_interval = 1;
+  a.save_interval = 1;
+  a.eval_iters = 0;
+  a.log_jsonl = (dir / "log.jsonl").string();
+  a.save = (dir / "file" / "ck").string();
+  EXPECT_THROW(trainer::train<strata::models::Gpt>(a), std::exception);
+  std::ifstream log(dir / "log.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line)) << "iteration 1 was not logged before its checkpoint";
+  EXPECT_EQ(line.rfind("{\"iteration\": 1, \"loss\": ", 0), 0u) << line;
+  std::filesystem::remove_all(dir);
+}
+
+// --load must name a checkpoint directory: a regular file, a FIFO, or a directory of checkpoints
+// without its tracker is refused before training (the checkpoints are never overwritten).
+TEST(Training, LoadThatIsNoCheckpointDirectoryIsRefused) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_load_kinds";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "ck" / "iter_0000002");
+  std::filesystem::create_directories(dir / "ck" / "iter_0000004");
+  { std::ofstream(dir / "ck" / "iter_0000002" / "marker") << "kept\n"; }
+  { std::ofstream(dir / "file") << "x\n"; }
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  auto refused = [](trainer::TrainArgs a, std::vector<std::string> parts) {
+    try {
+      trainer::train<strata::models::Gpt>(a);
+      ADD_FAILURE() << "--load " << a.load << " was accepted";
+    } catch (const strata::ConfigError& e) {
+      for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  auto a = tiny("gpt");
+  a.train_iters = 2;
+  a.lr_warmup_iters = 1;
+  a.load = (dir / "file").string();
+  refused(a, {"--load", "a regular file"});
+  a.load = (dir / "fifo").string();
+  refused(a, {"--load", "a FIFO"});
+  a.load = a.save = (dir / "ck").string();
+  refused(a, {"iter_0000002, iter_0000004", "latest_checkpointed_iteration.txt", "--ckpt-step"});
+  EXPECT_TRUE(std::filesystem::exists(dir / "ck" / "iter_0000002" / "marker"));
+  std::filesystem::remove_all(dir);
+}
+
+// Flags the trainer does not know are named, as Megatron's argparse does, with its exit status 2.
+TEST(TrainerMain, UnrecognizedFlagsAreNamedWithExitStatusTwo) {
+  const auto [status, err] = run_main({"--foo", "--bar", "3", "--quiet"});
+  EXPECT_EQ(status, 2);
+  EXPECT_NE(err.find("error: unrecognized arguments: --foo --bar 3"), std::string::npos) << err;
+}
+
+// The notes of what the run settles (sequence parallelism off at tensor parallel 1) are printed.
+TEST(TrainerMain, NotesOfTheSettledRunArePrinted) {
+  testing::internal::CaptureStdout();
+  const auto [status, err] = run_main({"--sequence-parallel", "--tp-comm-overlap", "--world-size", "1", "--train-iters", "1",
+                                       "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length",
+                                       "16", "--micro-batch-size", "1", "--eval-iters", "0", "--sample-tokens", "0"});
+  (void)testing::internal::GetCapturedStdout();
+  EXPECT_EQ(status, 0) << err;
+  EXPECT_NE(err.find("note: --sequence-parallel: disabled because tensor parallelism is 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("note: --tp-comm-overlap: nothing to overlap"), std::string::npos) << err;
 }
 
 // The estimate's parameter count is exactly what the models allocate on each rank.

@@ -186,4 +186,48 @@ TEST(TrainingMoe, MemoryEstimateCountsThisRanksExperts) {
   }
 }
 
+// A capacity factor so large that ceil(T k / E x factor) overflows an integer drops nothing: the
+// capacity is bounded by the tokens, and the run trains as without a capacity.
+TEST(TrainingMoe, HugeCapacityFactorDropsNothing) {
+  auto a = tiny_mixtral();
+  a.dtype = "double";
+  a.train_iters = 3;
+  a.eval_iters = 0;
+  const auto reference = trainer::train<Mixtral>(a);
+  for (double factor : {1e18, 1e308}) {
+    auto b = a;
+    b.model.moe.capacity_factor = factor;
+    const auto result = trainer::train<Mixtral>(b);
+    ASSERT_EQ(result.losses.size(), reference.losses.size());
+    for (std::size_t i = 0; i < reference.losses.size(); ++i)
+      EXPECT_NEAR(result.losses[i], reference.losses[i], 1e-12 * std::abs(reference.losses[i])) << "factor " << factor;
+  }
+  EXPECT_EQ(strata::moe_expert_capacity(64, 2, 4, 1e308), 64);
+  EXPECT_EQ(strata::moe_expert_capacity(64, 2, 4, 1.0), 32);
+}
+
+// The memory estimate counts the experts' padded capacity (--moe-pad-expert-input-to-capacity):
+// more than without padding, bounded by the tokens however large the factor.
+TEST(TrainingMoe, MemoryEstimateCountsPaddedCapacity) {
+  auto a = tiny_mixtral();
+  a.model.moe.capacity_factor = 1000;
+  const auto unpadded = trainer::plan_memory<float>(a).per_rank.activation_bytes;
+  a.model.moe.pad_to_capacity = true;
+  const auto padded = trainer::plan_memory<float>(a).per_rank.activation_bytes;
+  // tokens 64 of a micro-batch: 4 experts x 64 padded rows instead of 64 x 2 routed rows, per layer
+  const std::int64_t row_bytes = (64 + 3 * a.model.expert_ffn()) * 4;
+  EXPECT_EQ(padded - unpadded, 2 * (4 * 64 - 64 * 2) * row_bytes);
+  a.model.moe.capacity_factor = 1e18;
+  EXPECT_EQ(trainer::plan_memory<float>(a).per_rank.activation_bytes, padded);
+  // a padded run that cannot fit is refused naming the factor
+  auto plan = trainer::plan_memory<float>(a);
+  plan.available = plan.total - 1;
+  try {
+    trainer::check_fits(plan, "float");
+    ADD_FAILURE() << "a run beyond the memory available was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-expert-capacity-factor"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

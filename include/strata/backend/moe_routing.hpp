@@ -40,6 +40,17 @@ enum class MoeDropPolicy { probability, position };
 // Megatron's --moe-token-dispatcher-type.
 enum class MoeDispatcherType { alltoall, allgather };
 
+// Slots per expert for `tokens` tokens routed to `topk` of `experts` experts with a capacity factor
+// (> 0): ceil(tokens x topk / experts x factor) (Megatron's get_capacity), at most `tokens`. An
+// expert never receives more than every token once (a token's topk experts differ), so a larger
+// capacity drops nothing; the bound keeps a huge factor from overflowing the count or padding
+// beyond the tokens.
+inline index_t moe_expert_capacity(index_t tokens, index_t topk, index_t experts, double capacity_factor) {
+  const double capacity =
+      ::ceil(static_cast<double>(tokens) * static_cast<double>(topk) / static_cast<double>(experts) * capacity_factor);
+  return capacity >= static_cast<double>(tokens) ? tokens : static_cast<index_t>(capacity);
+}
+
 namespace moe_math {
 
 // One token's routing, shared by the CPU kernels and the CUDA ones (one thread per token), so both

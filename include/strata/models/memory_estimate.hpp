@@ -20,6 +20,10 @@
 //                  blocks): one block of logits [rows, V / tp] in T, rows = budget / row bytes
 //                  (at least 1, at most s b), and the final norm's output gradient (s b h, in T,
 //                  sharded under sequence parallelism).
+//                A mixture-of-experts layer adds its experts' rows: each keeps its dispatched input,
+//                the gated fc1's output and the activation's (h + 3 w / etp in T, w the expert
+//                width); the rows are this rank's tokens x topk, or with pad_to_capacity every
+//                expert's whole capacity (E x capacity, capacity at most the tokens).
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
@@ -38,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "../backend/moe_routing.hpp"
 #include "../core/checked.hpp"
 #include "../core/dtype.hpp"
 #include "../layers/chunked_classifier.hpp"
@@ -159,6 +164,15 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   const std::int64_t layer_bytes = checked_add(checked_mul(layer_elements, bytes.value, what),
                                                checked_mul(a / tp, bytes.accumulate, what), what);
   out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
+  if (m.moe.enabled()) {  // the experts' rows (see the top)
+    const std::int64_t routed_tokens = sequence_parallel ? tokens / tp : tokens;
+    const std::int64_t rows =
+        m.moe.pad_to_capacity && m.moe.capacity_factor > 0
+            ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
+            : checked_mul(routed_tokens, m.moe.topk, what);
+    const std::int64_t row_elements = checked_add(h, checked_mul(3, m.expert_ffn(), what) / std::max(1, piece.etp), what);
+    out.kept = checked_add(out.kept, checked_product(what, rows, row_elements, bytes.value, piece.layer_count(m)), what);
+  }
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);
   const std::int64_t end_elements = checked_product(what, ends, tokens, h) / (sequence_parallel ? tp : 1);

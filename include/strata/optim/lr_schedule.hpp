@@ -11,7 +11,9 @@
 //     cosine                                lr = min_lr + (max_lr - min_lr) * 0.5 * (cos(pi * ratio) + 1)
 //
 // As in Megatron, the constant style stays at max_lr after warmup (it never drops to min_lr).
-// decay_iters = 0 means "decay over the whole run": train_iters is used instead. The schedule is a
+// decay_iters = 0 means "decay over the whole run": train_iters is used instead. A warmup that is a
+// fraction of the decay (Megatron's --lr-warmup-fraction) need not be a whole number of steps:
+// fractional_warmup > 0 replaces warmup_iters with that real number, as Megatron keeps it. The schedule is a
 // plain aggregate so a trainer fills it with designated initializers; `validate()` (also run by
 // `lr()`) throws ConfigError with a sentence naming the bad value.
 #pragma once
@@ -51,6 +53,10 @@ struct LrSchedule {
   std::int64_t decay_iters = 0;  // 0: decay over train_iters
   LrDecayStyle style = LrDecayStyle::cosine;
   std::int64_t train_iters = 0;  // the run's length; used when decay_iters is 0
+  double fractional_warmup = 0;  // > 0: the warmup in steps, not rounded (replaces warmup_iters)
+
+  // The warmup length: fractional_warmup when set, else warmup_iters.
+  constexpr double warmup() const { return fractional_warmup > 0 ? fractional_warmup : static_cast<double>(warmup_iters); }
 
   // The step at which decay ends (decay_iters, else train_iters).
   constexpr std::int64_t effective_decay_iters() const { return decay_iters > 0 ? decay_iters : train_iters; }
@@ -61,14 +67,16 @@ struct LrSchedule {
     if (!std::isfinite(min_lr) || min_lr < 0 || min_lr > max_lr)
       fail<ConfigError>("the minimum learning rate must lie in [0, max_lr = ", max_lr, "], got ", min_lr);
     if (warmup_iters < 0) fail<ConfigError>("the number of warmup iterations must be >= 0, got ", warmup_iters);
+    if (!std::isfinite(fractional_warmup) || fractional_warmup < 0)
+      fail<ConfigError>("the fractional warmup must be a finite number of steps >= 0, got ", fractional_warmup);
     if (decay_iters < 0 || train_iters < 0)
       fail<ConfigError>("decay_iters and train_iters must be >= 0, got ", decay_iters, " and ", train_iters);
     const std::int64_t decay = effective_decay_iters();
     if (style != LrDecayStyle::constant && decay == 0)
       fail<ConfigError>("the ", lr_decay_style_name(style),
                         " learning-rate decay needs decay_iters (or train_iters when decay_iters is 0) > 0");
-    if (decay > 0 && warmup_iters > decay)
-      fail<ConfigError>("warmup_iters = ", warmup_iters, " is more than the ", decay,
+    if (decay > 0 && warmup() > static_cast<double>(decay))
+      fail<ConfigError>("warmup_iters = ", warmup(), " is more than the ", decay,
                         " iterations the learning rate decays over; warmup must end before decay does");
   }
 
@@ -76,12 +84,13 @@ struct LrSchedule {
   double lr(std::int64_t iteration) const {
     validate();
     if (iteration < 0) fail<ConfigError>("LrSchedule::lr: the iteration must be >= 0, got ", iteration);
-    if (warmup_iters > 0 && iteration <= warmup_iters)
-      return max_lr * static_cast<double>(iteration) / static_cast<double>(warmup_iters);
+    const double warmup_steps = warmup();
+    if (warmup_steps > 0 && static_cast<double>(iteration) <= warmup_steps)
+      return max_lr * static_cast<double>(iteration) / warmup_steps;
     if (style == LrDecayStyle::constant) return max_lr;
     const std::int64_t decay = effective_decay_iters();
     if (iteration > decay) return min_lr;
-    const double ratio = static_cast<double>(iteration - warmup_iters) / static_cast<double>(decay - warmup_iters);
+    const double ratio = (static_cast<double>(iteration) - warmup_steps) / (static_cast<double>(decay) - warmup_steps);
     const double delta = max_lr - min_lr;
     if (style == LrDecayStyle::linear) return max_lr - delta * ratio;
     return min_lr + delta * 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);

@@ -179,11 +179,8 @@ class TopKRouter {
     return dx;
   }
 
-  // Slots per expert for T tokens: ceil(T * k / E * capacity_factor) (Megatron's get_capacity).
-  index_t expert_capacity(index_t tokens) const {
-    return static_cast<index_t>(std::ceil(static_cast<double>(tokens * config_.topk) / static_cast<double>(config_.num_experts) *
-                                          config_.capacity_factor));
-  }
+  // Slots per expert for T tokens: ceil(T * k / E * capacity_factor), at most T (moe_expert_capacity).
+  index_t expert_capacity(index_t tokens) const { return moe_expert_capacity(tokens, config_.topk, config_.num_experts, config_.capacity_factor); }
 
   // The factor the main loss's gradient carries (1 / micro-batches, times the loss scale under
   // mixed precision); the aux and z losses' gradients are multiplied by it.
