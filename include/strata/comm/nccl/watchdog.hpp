@@ -16,11 +16,13 @@
 //   - fails the rank when another part of the process said the job is over (`abort_all_ranks`:
 //     the liveness monitor heard that a peer process died, stopped or failed), naming the
 //     operation this rank was waiting in.
-// None of this needs the mutex the rank's own thread holds while it calls NCCL: the queues have a
-// mutex of their own (`pending_mutex`), the handles another (`handle_mutex`, held only to swap a
-// handle out and by the watchdog around ncclCommGetAsyncError), the failure text a third. The
-// rank's thread may be blocked anywhere (in a kernel launch behind a collective that waits for a
-// dead peer, a stream synchronization, a host read of the loss) and the failure is still seen.
+// Finding a timeout does not need the mutex the rank's own thread holds while it calls NCCL: the
+// queues have a mutex of their own (`pending_mutex`), the handles another (`handle_mutex`, held
+// only to swap a handle out and by the watchdog around ncclCommGetAsyncError), the failure text a
+// third. The rank's thread may be blocked anywhere (in a kernel launch behind a collective that
+// waits for a dead peer, a stream synchronization, a host read of the loss) and the failure is
+// still seen. ncclCommGetAsyncError itself runs only while the watchdog holds the rank's mutex (a
+// query beside a split or an initialization in progress on the same communicator is not safe).
 //
 // Failing a rank first reports the message to the process (failure.hpp: printed at once, and with
 // failure::exit_on_failure, as the trainers set it, the process ends after a grace period if it
@@ -272,7 +274,12 @@ inline void release_comm(ncclComm_t comm, bool failed, std::chrono::duration<dou
 
 inline Group::~Group() {
   std::unique_lock lock(rank_state->mutex, std::defer_lock);
-  if (!on_watchdog_thread()) lock.lock();
+  if (!on_watchdog_thread()) {
+    lock.lock();
+  } else {  // the watchdog held the last handle: wait a little for the rank's thread to leave NCCL
+    const auto until = clock::now() + std::chrono::seconds(2);
+    while (!lock.try_lock() && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   int previous = -1;
   (void)cudaGetDevice(&previous);
   (void)cudaSetDevice(rank_state->device);
@@ -449,14 +456,20 @@ class Watchdog {
     checking_ = g.site(operation.empty() ? std::string_view("its operations") : std::string_view(operation)).str();
   }
 
-  // What r is waiting in: the oldest unfinished operation of its groups (pending_mutex taken).
+  // What r is waiting in: the oldest unfinished operation of its groups (pending_mutex taken;
+  // operations the GPU has finished are retired first, so a finished one is never named).
   static std::string waiting_in(RankState& r) {
     std::lock_guard queues(r.pending_mutex);
     std::string best;
     clock::time_point since = clock::time_point::max();
     for (auto& weak : r.groups) {
       std::shared_ptr<Group> g = weak.lock();
-      if (!g || g->pending.empty()) continue;
+      if (!g) continue;
+      while (!g->pending.empty() && cudaEventQuery(g->pending.front().event) == cudaSuccess) {
+        g->spare_events.push_back(g->pending.front().event);
+        g->pending.pop_front();
+      }
+      if (g->pending.empty()) continue;
       if (g->pending.front().since < since) {
         since = g->pending.front().since;
         best = g->site(g->pending.front().operation).str();
@@ -477,8 +490,13 @@ class Watchdog {
       for (auto& weak : r.groups)
         if (auto g = weak.lock()) groups.push_back(std::move(g));
     }
+    // ncclCommGetAsyncError only while the rank's own thread is not inside a NCCL call: a query
+    // beside a split or an initialization still in progress on the same communicator is not safe
+    // in NCCL. When the rank's thread holds the mutex (for long: it is blocked), the events below
+    // still find an operation past its timeout.
+    std::unique_lock own(r.mutex, std::try_to_lock);
     for (auto& g : groups) {
-      {
+      if (own.owns_lock()) {
         std::lock_guard handles(r.handle_mutex);
         if (g->comm != nullptr) {
           note_checking(*g, std::string());
