@@ -28,6 +28,13 @@
 // [s, b, np_local * d] and lse are not held between forward and backward (q, k, v and the qkv
 // output have the same size).
 //
+// Context parallelism (ctx.cp of more than one rank): the input is the rank's local sequence, two
+// chunks of the whole one (shard/context_parallel.hpp); q, k, v are copies (never views), RoPE
+// turns each chunk by its global positions, and the core is ring attention
+// (layers/context_parallel_attention.hpp, ctx.cp_comm_type p2p), with lse kept per chunk
+// [2, b, np, s/2]. Other cp_comm_type values are refused, and so is cp > 1 outside host memory
+// (the GPU attention has no non-causal blocks yet).
+//
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
 #pragma once
@@ -40,8 +47,10 @@
 #include <vector>
 
 #include "../backend/attention_options.hpp"
+#include "../shard/context_parallel.hpp"
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
+#include "context_parallel_attention.hpp"
 #include "row_parallel_linear.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -103,13 +112,19 @@ class SelfAttention {
              static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
                  (config_.hidden_size / config_.num_heads),
              config_.bias),
-        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
+        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias),
+        context_parallel_(ctx.cp.size() > 1) {
+    if (context_parallel_ && !std::is_same_v<Space, space::host>)
+      fail<ConfigError>("SelfAttention ", name, ": context parallelism runs on CPU threads so far (the in-process "
+                        "communicator with the CPU backend); use --context-parallel-size 1 on the GPU");
+  }
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
   // backward when `backward`. Optional; the first call of a shape plans it otherwise. With dropout
   // the training calls need no plan (the CUDA backend runs them on its flash kernels): only the
   // forward without dropout (evaluation) is planned.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
+    if (context_parallel_) return;  // host only: nothing to plan
     ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_,
                                              backward && config_.dropout <= 0, packed_view().strides);
   }
@@ -160,6 +175,10 @@ class SelfAttention {
   void core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
     saved.out = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
+    if (context_parallel_) {
+      context_parallel_core_forward(ctx, qkv, saved);
+      return;
+    }
     saved.lse = Tensor<A, Space>::empty(Shape{b, heads_local_, s});
     if (const PackedQkvView view = packed_view(); view.is_view) {
       saved.packed = qkv;  // shared, read only
@@ -183,12 +202,62 @@ class SelfAttention {
     }
   }
 
+  // This rank's part of a local sequence of s tokens (two chunks of s / 2).
+  ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
+    if (ctx.cp_comm_type != ContextParallelComm::p2p)
+      fail<ConfigError>("SelfAttention: --cp-comm-type ", context_parallel_comm_name(ctx.cp_comm_type),
+                        " is not available yet; context parallelism runs ring attention (--cp-comm-type p2p)");
+    return strata::context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "SelfAttention");
+  }
+  // RoPE (or its backward) on q [s, b, np_local, d] and k [s, b, ng_local, d] of the local sequence,
+  // each chunk turned by the global position of its first token.
+  void rope_by_chunk(Context& ctx, const ContextParallelSplit& split, T* q, T* k, index_t b, bool backward) const {
+    const index_t c = split.chunk, d = head_dim_;
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      const index_t first = split.global_chunk(chunk) * c;
+      T* q_chunk = q + chunk * c * b * heads_local_ * d;
+      T* k_chunk = k + chunk * c * b * groups_local_ * d;
+      if (backward) {
+        ctx.device.template rope_backward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
+        ctx.device.template rope_backward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+      } else {
+        ctx.device.template rope_forward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
+        ctx.device.template rope_forward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+      }
+    }
+  }
+  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention.
+  void context_parallel_core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
+    const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
+    const ContextParallelSplit split = context_parallel_split(ctx, s);
+    saved.lse = Tensor<A, Space>::empty(Shape{2, b, heads_local_, split.chunk});  // per chunk
+    saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+    saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
+                                     saved.v.data());
+    if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, saved.q.data(), saved.k.data(), b, false);
+    ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
+                                 groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
+  }
+
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
   Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred,
                             bool output_bias_gradient) {
     const index_t s = saved.out.size(0), b = saved.out.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred, output_bias_gradient);  // (s, b, np_local * d)
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
+    if (context_parallel_) {
+      const ContextParallelSplit split = context_parallel_split(ctx, s);
+      auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
+           dv = Tensor<T, Space>::empty(saved.v.shape());
+      ring_attention_backward<T, A>(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
+                                    saved.out.data(), saved.lse.data(), b, heads_local_, groups_local_, d, scale(),
+                                    dq.data(), dk.data(), dv.data(), saved.dropout);
+      if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+      ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
+      return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+    }
     if (const PackedQkvView view = packed_view(); view.is_view) {
       // dq, dk, dv are views of dqkv that together cover each of its elements once: no zeroing
       const T* packed = saved.packed.data();
@@ -249,6 +318,7 @@ class SelfAttention {
   // The local heads as views of the packed projection, or is_view = false where they are not one
   // (several groups of several query heads) or RoPE must rewrite q and k first.
   PackedQkvView packed_view() const {
+    if (context_parallel_) return {};
     if constexpr (std::is_same_v<Position, rope>) return {};
     else return packed_qkv_view(groups_local_, heads_local_ / groups_local_, head_dim_);
   }
@@ -258,6 +328,7 @@ class SelfAttention {
   Qkv qkv_;
   Proj proj_;
   bool recompute_core_ = false;
+  bool context_parallel_ = false;  // ctx.cp of more than one rank: ring attention over the local chunks
 };
 
 STRATA_NAMESPACE_END
