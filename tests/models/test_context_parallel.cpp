@@ -18,8 +18,10 @@ using strata::models::RecomputeGranularity;
 struct Layout {
   int tp = 1, cp = 1, dp = 1;
   RecomputeConfig recompute{};
+  strata::ContextParallelComm comm = strata::ContextParallelComm::p2p;
   std::string str() const {
-    return "tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " dp=" + std::to_string(dp) +
+    return "tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " dp=" + std::to_string(dp) + " " +
+           strata::context_parallel_comm_name(comm) +
            (recompute.granularity == RecomputeGranularity::selective ? " selective recompute"
             : recompute.granularity == RecomputeGranularity::full    ? " full recompute"
                                                                       : "");
@@ -40,6 +42,7 @@ strata_test::Snapshot run_context_parallel(const ModelConfig& config, Layout lay
   const ParallelConfig parallel{.tp = layout.tp, .dp = layout.dp, .cp = layout.cp};
   inprocess::run(parallel.world_size(), [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, parallel);
+    ctx.cp_comm_type = layout.comm;
     Model<P> model(ctx, config);
     model.init(ctx, 1234);
     model.set_recompute(layout.recompute);
@@ -151,6 +154,23 @@ TEST(ContextParallel, WithRecomputeEqualsSingleRank) {
       false);
 }
 
+// All-to-all attention (Ulysses): whole sequences of heads / cp heads on each rank.
+constexpr auto a2a = strata::ContextParallelComm::a2a;
+TEST(ContextParallel, AllToAllEqualsSingleRank) {
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(tiny_llama(), {{.cp = 2, .comm = a2a}}, false);
+  auto gpt = tiny_gpt();
+  gpt.hidden_dropout = 0.2;
+  gpt.attention_dropout = 0.25;
+  expect_context_parallel_equals_single_rank<strata::models::Gpt>(
+      gpt,
+      {{.cp = 2, .comm = a2a},
+       {.cp = 4, .comm = a2a},
+       {.tp = 2, .cp = 2, .comm = a2a},
+       {.cp = 2, .dp = 2, .comm = a2a},
+       {.cp = 2, .recompute = {RecomputeGranularity::selective}, .comm = a2a}},
+      true);
+}
+
 // The split itself: chunks r and 2 cp - 1 - r.
 TEST(ContextParallel, SplitHoldsChunksRAndMirror) {
   const strata::ContextParallelSplit split = strata::context_parallel_split(24, 3, 1, "test");
@@ -209,7 +229,7 @@ TEST(ContextParallel, UnevenLengthsAreRefusedNamingBothNumbers) {
 TEST(ContextParallel, WhatIsNotAvailableIsRefused) {
   using namespace strata;
   using P = strata_test::ModelPolicy<double, false>;
-  for (const ContextParallelComm comm : {ContextParallelComm::a2a, ContextParallelComm::allgather, ContextParallelComm::a2a_p2p}) {
+  for (const ContextParallelComm comm : {ContextParallelComm::allgather, ContextParallelComm::a2a_p2p}) {
     const std::string error = config_error_of([&] {
       inprocess::run(2, [&](inprocess::communicator& world) {
         auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
@@ -222,6 +242,19 @@ TEST(ContextParallel, WhatIsNotAvailableIsRefused) {
     });
     EXPECT_NE(error.find(std::string("--cp-comm-type ") + context_parallel_comm_name(comm)), std::string::npos) << error;
   }
+  // a2a needs whole query and key/value heads per cp rank: 2 key/value heads over cp = 4 is refused
+  const std::string heads_error = config_error_of([&] {
+    inprocess::run(4, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 4});
+      ctx.cp_comm_type = ContextParallelComm::a2a;
+      models::Llama<P> model(ctx, tiny_llama());
+      model.init(ctx, 1);
+      strata_test::TokenBatch batch = strata_test::random_batch(64, 1, 24, 3);
+      (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask);
+    });
+  });
+  EXPECT_NE(heads_error.find("cp=4"), std::string::npos) << heads_error;
+  EXPECT_NE(heads_error.find("2 key/value heads"), std::string::npos) << heads_error;
   const std::string pipeline_error = config_error_of([&] {
     inprocess::run(4, [&](inprocess::communicator& world) {
       auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.pp = 2, .cp = 2});

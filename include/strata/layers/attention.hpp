@@ -32,8 +32,10 @@
 // chunks of the whole one (shard/context_parallel.hpp); q, k, v are copies (never views), RoPE
 // turns each chunk by its global positions, and the core is ring attention
 // (layers/context_parallel_attention.hpp, ctx.cp_comm_type p2p), with lse kept per chunk
-// [2, b, np, s/2]. Other cp_comm_type values are refused, and so is cp > 1 outside host memory
-// (the GPU attention has no non-causal blocks yet).
+// [2, b, np, s/2]; or, with cp_comm_type a2a (Ulysses), one all-to-all makes q, k, v whole
+// sequences of np/cp heads (heads and groups per tp rank must divide over cp), attention runs on
+// them as without cp, and one all-to-all brings the output back. allgather and a2a+p2p are
+// refused, and so is cp > 1 outside host memory (the GPU attention has no non-causal blocks yet).
 //
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
@@ -96,6 +98,7 @@ class SelfAttention {
     Tensor<T, Space> packed;      // views: the projection (s, b, ng_local * (hpg + 2) * d); copies: empty
     Tensor<T, Space> out;         // [s, b, np_local * d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
+    Tensor<T, Space> heads_out;   // context parallel a2a only: the output of this rank's heads over the whole sequence [s_whole, b, np_local / cp, d]
     Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
     AttentionDropout dropout;     // the forward's (probability 0: none); the backward and a recompute draw its mask
   };
@@ -143,7 +146,7 @@ class SelfAttention {
     saved.proj = std::move(proj_saved);
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
-      saved.q = saved.k = saved.v = saved.out = saved.packed = Tensor<T, Space>();
+      saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
       saved.proj.input = Tensor<T, Space>();
     }
@@ -204,9 +207,16 @@ class SelfAttention {
 
   // This rank's part of a local sequence of s tokens (two chunks of s / 2).
   ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
-    if (ctx.cp_comm_type != ContextParallelComm::p2p)
+    if (ctx.cp_comm_type != ContextParallelComm::p2p && ctx.cp_comm_type != ContextParallelComm::a2a)
       fail<ConfigError>("SelfAttention: --cp-comm-type ", context_parallel_comm_name(ctx.cp_comm_type),
-                        " is not available yet; context parallelism runs ring attention (--cp-comm-type p2p)");
+                        " is not available yet; context parallelism runs ring attention (--cp-comm-type p2p) or "
+                        "all-to-all attention (--cp-comm-type a2a)");
+    if (ctx.cp_comm_type == ContextParallelComm::a2a &&
+        (heads_local_ % ctx.cp.size() != 0 || groups_local_ % ctx.cp.size() != 0))
+      fail<ConfigError>("SelfAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(),
+                        " ranks whole query heads and key/value heads, but this tensor-parallel rank has ", heads_local_,
+                        " query heads and ", groups_local_, " key/value heads (num_query_groups / tp), which cp does "
+                        "not divide; use --cp-comm-type p2p, more query groups, or a smaller cp or tp");
     return strata::context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "SelfAttention");
   }
   // RoPE (or its backward) on q [s, b, np_local, d] and k [s, b, ng_local, d] of the local sequence,
@@ -226,7 +236,14 @@ class SelfAttention {
       }
     }
   }
-  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention.
+  // The dropout of a2a attention: this rank's heads start at cp rank x heads / cp of the local ones.
+  AttentionDropout a2a_dropout(const Context& ctx, AttentionDropout dropout) const {
+    dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (heads_local_ / ctx.cp.size());
+    return dropout;
+  }
+  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention (p2p),
+  // or all-to-all attention (a2a: q, k, v, the output and lse are then kept as this rank's heads
+  // over the whole sequence).
   void context_parallel_core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
     const ContextParallelSplit split = context_parallel_split(ctx, s);
@@ -237,6 +254,19 @@ class SelfAttention {
     ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
                                      saved.v.data());
     if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, saved.q.data(), saved.k.data(), b, false);
+    if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of heads / cp heads
+      const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
+      saved.q = sequence_to_heads<T>(ctx, split, saved.q.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
+      saved.k = sequence_to_heads<T>(ctx, split, saved.k.data(), b, groups_local_, d);
+      saved.v = sequence_to_heads<T>(ctx, split, saved.v.data(), b, groups_local_, d);
+      saved.heads_out = Tensor<T, Space>::empty(saved.q.shape());
+      saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
+      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, groups, d,
+                                               scale(), saved.heads_out.data(), saved.lse.data(),
+                                               AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+      heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, heads_local_, d, saved.out.data());
+      return;
+    }
     ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
                                  groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
   }
@@ -249,6 +279,24 @@ class SelfAttention {
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     if (context_parallel_) {
       const ContextParallelSplit split = context_parallel_split(ctx, s);
+      if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+        const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
+        const auto dout = sequence_to_heads<T>(ctx, split, dcontext.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
+        auto dq_heads = Tensor<T, Space>::empty(saved.q.shape()), dk_heads = Tensor<T, Space>::empty(saved.k.shape()),
+             dv_heads = Tensor<T, Space>::empty(saved.v.shape());
+        ctx.device.template attention_backward<T>(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(),
+                                                  saved.heads_out.data(), saved.lse.data(), whole, b, heads, groups, d,
+                                                  scale(), dq_heads.data(), dk_heads.data(), dv_heads.data(),
+                                                  AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+        auto dq = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+        auto dk = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d}), dv = Tensor<T, Space>::empty(dk.shape());
+        heads_to_sequence<T>(ctx, split, dq_heads.data(), b, heads_local_, d, dq.data());
+        heads_to_sequence<T>(ctx, split, dk_heads.data(), b, groups_local_, d, dk.data());
+        heads_to_sequence<T>(ctx, split, dv_heads.data(), b, groups_local_, d, dv.data());
+        if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+        ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
+        return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+      }
       auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
            dv = Tensor<T, Space>::empty(saved.v.shape());
       ring_attention_backward<T, A>(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),

@@ -26,9 +26,14 @@
 //
 // The sums run in a fixed order (ring order), so two runs give the same bits; the result equals
 // cp = 1's to rounding.
+//
+// All-to-all (Ulysses, Megatron's --cp-comm-type a2a): sequence_to_heads and heads_to_sequence
+// below turn the local sequence of every head into the whole sequence of heads / cp of them and
+// back, one all-to-all each way; attention runs between them as without context parallelism.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../backend/attention_options.hpp"
 #include "../comm/communicator.hpp"
@@ -67,6 +72,16 @@ void ring_exchange(Comm& cp, const T* const (&send)[N], T* const (&recv)[N], ind
   for (std::size_t i = 0; i < N; ++i) cp.send(comm_span_t<const T, Comm>(send[i], static_cast<std::size_t>(n)), next);
   for (std::size_t i = 0; i < N; ++i) cp.recv(comm_span_t<T, Comm>(recv[i], static_cast<std::size_t>(n)), previous);
   batch.end();
+}
+
+// All-to-all of equal blocks of `block` elements: block p of `send` to rank p, block p of `recv`
+// from rank p.
+template <class T, class Comm>
+void all_to_all_equal(Comm& cp, const T* send, T* recv, index_t block) {
+  const auto size = static_cast<std::size_t>(cp.size());
+  std::vector<std::size_t> counts(size, static_cast<std::size_t>(block));
+  cp.all_to_all(comm_span_t<const T, Comm>(send, size * static_cast<std::size_t>(block)), counts,
+                comm_span_t<T, Comm>(recv, size * static_cast<std::size_t>(block)), counts);
 }
 
 }  // namespace detail
@@ -168,6 +183,52 @@ void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, co
   const T* send[2] = {held_dk.data(), held_dv.data()};
   T* const recv[2] = {dk, dv};
   detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+}
+
+// ---- all-to-all (Ulysses, --cp-comm-type a2a) ----
+//
+// One all-to-all over the cp group turns this rank's local sequence of all its heads into the whole
+// sequence of heads / cp of them: x [2c, b, n, d] -> [s, b, n / cp, d] in global order (rank j's
+// block holds its chunks j and 2cp-1-j, put where they lie in the sequence); attention then runs on
+// whole sequences as without context parallelism, and one all-to-all brings the output back.
+// Heads and key/value groups must both divide over cp (checked by the caller).
+template <class T, class Context>
+Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, const ContextParallelSplit& split, const T* x,
+                                                     index_t b, index_t n, index_t d) {
+  using Space = typename Context::space;
+  const int cp = split.size;
+  const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
+  const index_t block = rows * n_rank * d, chunk = c * b * n_rank * d;  // one rank's part; one chunk of it
+  auto send = Tensor<T, Space>::empty(Shape{cp, 2 * c * b, n_rank, d});  // (cp, 2c b, n / cp, d)
+  auto recv = Tensor<T, Space>::empty(send.shape());
+  for (int j = 0; j < cp; ++j)  // heads [j n / cp, (j + 1) n / cp) of every local token to rank j
+    ctx.device.template slice_columns<T>(x, rows, n * d, j * n_rank * d, n_rank * d, send.data() + j * block);
+  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  auto whole = Tensor<T, Space>::empty(Shape{2 * cp * c, b, n_rank, d});  // (s, b, n / cp, d)
+  for (int j = 0; j < cp; ++j)
+    for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
+      ctx.device.template copy<T>(recv.data() + j * block + local_chunk * chunk, chunk,
+                                  whole.data() + split.global_chunk_of(j, local_chunk) * chunk);
+  return whole;
+}
+
+// The inverse: whole [s, b, n / cp, d] of this rank's heads -> y [2c, b, n, d], this rank's tokens of
+// every head.
+template <class T, class Context>
+void heads_to_sequence(Context& ctx, const ContextParallelSplit& split, const T* whole, index_t b, index_t n, index_t d,
+                       T* y) {
+  using Space = typename Context::space;
+  const int cp = split.size;
+  const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
+  const index_t block = rows * n_rank * d, chunk = c * b * n_rank * d;
+  auto send = Tensor<T, Space>::empty(Shape{cp, 2 * c * b, n_rank, d});  // (cp, 2c b, n / cp, d)
+  auto recv = Tensor<T, Space>::empty(send.shape());
+  for (int j = 0; j < cp; ++j)  // rank j's chunks of the sequence, for this rank's heads
+    for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
+      ctx.device.template copy<T>(whole + split.global_chunk_of(j, local_chunk) * chunk, chunk,
+                                  send.data() + j * block + local_chunk * chunk);
+  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  ctx.device.template unstack_columns<T>(recv.data(), cp, rows, n_rank * d, y);  // heads of rank j at columns j
 }
 
 STRATA_NAMESPACE_END

@@ -39,6 +39,12 @@
 // copies' gradients every step, so they stay bit-identical. The whole-model entry points (forward,
 // backward, evaluate, next_token_logits) need a stage that holds everything.
 //
+// Context parallelism (ctx.cp of more than one rank, docs/CONTEXT_PARALLEL.md): every entry point
+// still takes the whole [b, s] batch; the model keeps this rank's two chunks of tokens, labels and
+// loss mask (shard/context_parallel.hpp), so everything but attention runs on the local 2c tokens
+// and LossSum is this rank's part (the caller sums it over the cp group, as over dp). Refused so far
+// with pipeline stages, a mixture of experts, and next_token_logits.
+//
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
 // loss_scale x the micro-batch's tokens (b x s): each micro-batch's router losses then weigh what
