@@ -991,8 +991,8 @@ inline void check_real_flags(const TrainArgs& a) {
                       "; lower --min-loss-scale");
 }
 
-// Context parallelism: the group divides the world with tp and pp; ring attention (p2p) on CPU
-// threads, without pipeline parallelism or experts, so far.
+// Context parallelism: the group divides the world with tp and pp; ring (p2p) or all-to-all (a2a)
+// attention on CPU threads, without experts, so far.
 inline void check_context_parallel_args(const TrainArgs& a) {
   const int cp = a.context_parallel_size, tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather" && a.cp_comm_type != "a2a+p2p")
@@ -1017,9 +1017,6 @@ inline void check_context_parallel_args(const TrainArgs& a) {
   if (a.device == "cuda")
     fail<ConfigError>("--context-parallel-size ", cp, " on --device cuda: context parallelism runs on CPU threads so far "
                       "(the GPU attention has no ring blocks yet); use --device cpu or --context-parallel-size 1");
-  if (pp > 1)
-    fail<ConfigError>("--context-parallel-size ", cp, " with --pipeline-model-parallel-size ", pp,
-                      ": context parallelism with pipeline parallelism is not available yet; use one of the two");
   if (a.sample_tokens > 0)
     fail<ConfigError>("--sample-tokens ", a.sample_tokens, " with --context-parallel-size ", cp,
                       ": sampling runs whole sequences on one rank; use --sample-tokens 0 and sample from the saved "

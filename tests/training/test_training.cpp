@@ -91,7 +91,7 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
 }
 
 // Context parallelism (ring attention over the cp group): cp = 2 alone, with tp = 2 under sequence
-// parallelism, and with dp = 2 under the distributed optimizer (sharded over dp x cp) and
+// parallelism, with pp = 2 (1F1B), and with dp = 2 under the distributed optimizer (sharded over dp x cp) and
 // overlapped gradient reduction, with hidden and attention dropout, follows the run of the same
 // layout without cp in double (the single-rank run where dp = 1; with dp = 2 the dp = 2 run, whose
 // micro-batches draw other dropout keys than one rank's).
@@ -114,17 +114,19 @@ TEST(Training, ContextParallelFollowsSingleRankTrajectory) {
     struct Layout {
       int world, tp, cp;
       bool distributed = false;
+      int pp = 1;
     };
-    for (Layout l : {Layout{2, 1, 2}, Layout{4, 2, 2}, Layout{4, 1, 2, true}}) {
+    for (Layout l : {Layout{2, 1, 2}, Layout{4, 2, 2}, Layout{4, 1, 2, true}, Layout{4, 1, 2, false, 2}}) {
       if (kind == "llama" && l.world > 2) continue;  // the model tests cover the rest
       auto a = base;
       a.world_size = l.world;
+      a.pipeline.pipeline_model_parallel_size = l.pp;
       a.tensor_model_parallel_size = l.tp;
       a.sequence_parallel = l.tp > 1;
       a.context_parallel_size = l.cp;
       a.use_distributed_optimizer = l.distributed;
       a.overlap_grad_reduce = l.distributed;
-      const bool data_parallel = l.world > l.tp * l.cp;
+      const bool data_parallel = l.world > l.tp * l.cp * l.pp;
       auto without_cp = a;
       without_cp.world_size = l.world / l.cp;
       without_cp.context_parallel_size = 1;
@@ -133,7 +135,7 @@ TEST(Training, ContextParallelFollowsSingleRankTrajectory) {
       ASSERT_EQ(run.losses.size(), reference.losses.size());
       for (std::size_t i = 0; i < run.losses.size(); ++i)
         EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i])
-            << kind << " world=" << l.world << " tp=" << l.tp << " cp=" << l.cp << " distributed=" << l.distributed
+            << kind << " world=" << l.world << " tp=" << l.tp << " cp=" << l.cp << " pp=" << l.pp << " distributed=" << l.distributed
             << " iteration " << i + 1;
       ASSERT_EQ(run.validation_losses.size(), reference.validation_losses.size());
       for (std::size_t i = 0; i < run.validation_losses.size(); ++i)

@@ -98,7 +98,7 @@ class SelfAttention {
     Tensor<T, Space> packed;      // views: the projection (s, b, ng_local * (hpg + 2) * d); copies: empty
     Tensor<T, Space> out;         // [s, b, np_local * d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
-    Tensor<T, Space> heads_out;   // context parallel a2a only: the output of this rank's heads over the whole sequence [s_whole, b, np_local / cp, d]
+    Tensor<T, Space> heads_out;   // cp a2a only: this rank's heads' output over the whole sequence [s_whole, b, np_local / cp, d]
     Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
     AttentionDropout dropout;     // the forward's (probability 0: none); the backward and a recompute draw its mask
   };

@@ -42,8 +42,9 @@
 // Context parallelism (ctx.cp of more than one rank, docs/CONTEXT_PARALLEL.md): every entry point
 // still takes the whole [b, s] batch; the model keeps this rank's two chunks of tokens, labels and
 // loss mask (shard/context_parallel.hpp), so everything but attention runs on the local 2c tokens
-// and LossSum is this rank's part (the caller sums it over the cp group, as over dp). Refused so far
-// with pipeline stages, a mixture of experts, and next_token_logits.
+// and LossSum is this rank's part (the caller sums it over the cp group, as over dp); pipeline
+// stages exchange the residual stream of the local tokens. Refused so far with a mixture of experts,
+// and in next_token_logits.
 //
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
@@ -142,10 +143,6 @@ class DecoderModel {
       if (mixture_of_experts)
         fail<ConfigError>("context parallelism (--context-parallel-size ", ctx.cp.size(),
                           ") with a mixture-of-experts model is not available yet; use --context-parallel-size 1");
-      if (ctx.config.pp > 1)
-        fail<ConfigError>("context parallelism (--context-parallel-size ", ctx.cp.size(),
-                          ") with pipeline parallelism (--pipeline-model-parallel-size ", ctx.config.pp,
-                          ") is not available yet; use one of the two");
     }
     if (stage.has_embedding || (TiedOutput && stage.has_head)) {
       embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size);
@@ -230,9 +227,11 @@ class DecoderModel {
   bool has_head() const { return stage_.has_head; }
 
   // The shape of the residual stream a stage receives and sends for a [b, s] batch:
-  // [s, b, h], or [s / tp, b, h] under sequence parallelism (each rank sends its sequence shard).
+  // [s, b, h], or [s / tp, b, h] under sequence parallelism (each rank sends its sequence shard);
+  // under context parallelism s is this rank's s / cp tokens.
   Shape boundary_shape(const Context& ctx, index_t micro_batch, index_t seq) const {
-    return Shape{Policy::sequence_parallel ? seq / ctx.tp.size() : seq, micro_batch, static_cast<index_t>(config_.hidden_size)};
+    const index_t local = seq / ctx.cp.size();
+    return Shape{Policy::sequence_parallel ? local / ctx.tp.size() : local, micro_batch, static_cast<index_t>(config_.hidden_size)};
   }
 
   struct StageForward {
