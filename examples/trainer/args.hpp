@@ -384,6 +384,8 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
+    {"--hierarchical-context-parallel-sizes", true, true,
+     "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not available yet (use --cp-comm-type p2p or a2a)"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
     {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},

@@ -233,6 +233,9 @@ TEST(MegatronFlags, ContextParallelFlags) {
                                            "--pipeline-model-parallel-size", "2", "--world-size", "4"});
   (void)trainer::resolve_run(pipeline);
   EXPECT_NO_THROW(trainer::validate(pipeline));  // cp x pp
+  TrainArgs hierarchical = parse_flags("gpt", {"--hierarchical-context-parallel-sizes", "2"});
+  (void)trainer::resolve_run(hierarchical);
+  expect_config_error([&] { trainer::validate(hierarchical); }, {"--hierarchical-context-parallel-sizes 2", "not available yet"});
   TrainArgs length = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
                                          "--seq-length", "30"});
   (void)trainer::resolve_run(length);
