@@ -92,6 +92,8 @@ struct TrainArgs {
   // parallelism
   int world_size = 2;
   int tensor_model_parallel_size = 1;
+  int context_parallel_size = 1;         // cp: each sequence split over cp ranks (ring attention; CPU threads so far)
+  std::string cp_comm_type = "p2p";      // p2p (ring attention) or a2a (Ulysses); allgather and a2a+p2p are refused so far
   int expert_model_parallel_size = 1;   // ep: experts spread over ep ranks of each stage
   int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
@@ -383,20 +385,19 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
+    {"--hierarchical-context-parallel-sizes", true, true,
+     "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not available yet (use --cp-comm-type p2p or a2a)"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
     {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
     {"--moe-router-dtype", true, false, "the router's softmax, top-k and losses always run in fp32"},
-    {"--context-parallel-size", true, true, "context parallelism is not available yet (a size of 1 is accepted)"},
 };
 
 // Registers kMegatronFlagNotes: a given flag appends its sentence to a.notes or a.refused.
-// --context-parallel-size 1 is the default and passes silently.
 inline void add_megatron_flag_notes(CLI::App& app, TrainArgs& a) {
   for (const MegatronFlagNote& n : kMegatronFlagNotes) {
     const std::string flag = n.flag;
     auto record = [&a, n, flag](const std::string& value) {
-      if (n.refused && value == "1" && flag == "--context-parallel-size") return;
       const std::string line = flag + (n.takes_value ? " " + value : std::string()) + ": " + n.note;
       (n.refused ? a.refused : a.notes).push_back(line);
     };
@@ -476,12 +477,20 @@ inline void resolve_moe_flags(TrainArgs& a) {
                       "1s); dense layers between MoE layers are not available");
 }
 
-// ParallelConfig of the flags: tp, pp, dp and the expert groups (etp defaults to tp, as Megatron).
+// The data-parallel size: world / (tp x pp x cp).
+inline int data_parallel_size_of(const TrainArgs& a) {
+  const std::int64_t model = std::int64_t{a.tensor_model_parallel_size} * a.pipeline.pipeline_model_parallel_size *
+                             a.context_parallel_size;
+  return model > 0 ? static_cast<int>(a.world_size / model) : 0;
+}
+
+// ParallelConfig of the flags: tp, pp, cp, dp and the expert groups (etp defaults to tp, as Megatron).
 inline ParallelConfig parallel_config_of(const TrainArgs& a) {
   const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
-  const int dp = tp * pp > 0 ? a.world_size / (tp * pp) : 0;
+  const int dp = data_parallel_size_of(a);
   const int etp = a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp;
-  return ParallelConfig{.tp = tp, .pp = pp, .dp = dp, .ep = a.expert_model_parallel_size, .etp = a.model.moe.enabled() ? etp : 1};
+  return ParallelConfig{.tp = tp, .pp = pp, .dp = dp, .cp = a.context_parallel_size, .ep = a.expert_model_parallel_size,
+                        .etp = a.model.moe.enabled() ? etp : 1};
 }
 
 inline void add_options(CLI::App& app, TrainArgs& a) {
@@ -489,8 +498,15 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--world-size,--threads", a.world_size,
                  "ranks in total (cpu: threads; cuda: local GPUs, one thread each; set by the launcher under torchrun, "
-                 "srun or mpirun); data parallel = world / tensor parallel");
+                 "srun or mpirun); data parallel = world / (tensor x pipeline x context parallel)");
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
+  app.add_option("--context-parallel-size", a.context_parallel_size,
+                 "context-parallel group size: each sequence is cut into 2 x cp chunks, rank r holding chunks r and "
+                 "2cp-1-r, and attention runs as a ring over the group (CPU threads so far; docs/CONTEXT_PARALLEL.md)");
+  app.add_option("--cp-comm-type", a.cp_comm_type,
+                 "how attention exchanges keys and values over the context-parallel group: p2p (ring attention, the "
+                 "default) or a2a (all-to-all to whole sequences of heads / cp heads); allgather and a2a+p2p are not "
+                 "available yet");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
   app.add_flag("--tp-comm-overlap", a.tp_comm_overlap,
                "tensor-parallel collectives beside the GEMMs: the input all-gathers as rings whose arrived blocks "
@@ -921,6 +937,8 @@ inline void check_integer_flags(const TrainArgs& a) {
   check_range("--num-layers-per-virtual-pipeline-stage", a.pipeline.num_layers_per_virtual_pipeline_stage, 0, kInt,
               "layers per virtual pipeline stage of the interleaved schedule; 0 = one chunk per rank");
   check_range("--kv-channels", a.architecture.kv_channels, 0, kInt, "head size; 0 = --hidden-size / --num-attention-heads");
+  check_range("--context-parallel-size", a.context_parallel_size, 1, a.world_size,
+              "context-parallel group size, at most --world-size");
   check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
   check_range("--hidden-size", a.model.hidden_size, 1, kInt, "width of the residual stream");
   check_range("--num-attention-heads", a.model.num_attention_heads, 1, kInt, "attention heads");
@@ -1069,12 +1087,48 @@ inline std::string with_flag_names(std::string message) {
   return message;
 }
 
+// Context parallelism: the group divides the world with tp and pp; ring (p2p) or all-to-all (a2a)
+// attention on CPU threads, without experts, so far.
+inline void check_context_parallel_args(const TrainArgs& a) {
+  const int cp = a.context_parallel_size, tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather" && a.cp_comm_type != "a2a+p2p")
+    fail<ConfigError>("--cp-comm-type ", a.cp_comm_type, " is not one of p2p, a2a, allgather, a2a+p2p (Megatron's choices)");
+  if (a.world_size % (std::int64_t{tp} * pp * cp) != 0)
+    fail<ConfigError>("--context-parallel-size=", cp, " x --tensor-model-parallel-size=", tp,
+                      " x --pipeline-model-parallel-size=", pp, " does not divide --world-size=", a.world_size,
+                      "; the world is tensor x context x data x pipeline parallel");
+  if (cp == 1) return;
+  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
+    fail<ConfigError>("--cp-comm-type ", a.cp_comm_type, " is not available yet; context parallelism runs ring attention "
+                      "(--cp-comm-type p2p, the default) or all-to-all attention (--cp-comm-type a2a)");
+  if (a.cp_comm_type == "a2a" && tp > 0) {
+    const int groups_total = a.model.num_query_groups == 0 ? a.model.num_attention_heads : a.model.num_query_groups;
+    const int heads = a.model.num_attention_heads / tp, groups = groups_total / tp;
+    if (heads % cp != 0 || groups % cp != 0)
+      fail<ConfigError>("--cp-comm-type a2a with --context-parallel-size ", cp, ": each tensor-parallel rank has ", heads,
+                        " query heads and ", groups, " key/value heads, which ", cp,
+                        " does not divide; all-to-all attention gives each cp rank whole heads, so use --cp-comm-type "
+                        "p2p, more --num-query-groups, or a smaller cp or tp");
+  }
+  if (a.device == "cuda")
+    fail<ConfigError>("--context-parallel-size ", cp, " on --device cuda: context parallelism runs on CPU threads so far "
+                      "(the GPU attention has no ring blocks yet); use --device cpu or --context-parallel-size 1");
+  if (a.sample_tokens > 0)
+    fail<ConfigError>("--sample-tokens ", a.sample_tokens, " with --context-parallel-size ", cp,
+                      ": sampling runs whole sequences on one rank; use --sample-tokens 0 and sample from the saved "
+                      "checkpoint with --context-parallel-size 1");
+  if (a.model.moe.enabled())
+    fail<ConfigError>("--context-parallel-size ", cp, " with --num-experts: context parallelism with a mixture of "
+                      "experts is not available yet; use --context-parallel-size 1");
+}
+
 // Checks everything that can be checked before a thread starts or a byte is allocated.
 inline void validate(const TrainArgs& a) {
   check_integer_flags(a);  // the layout (tp, pp, world) first
   check_real_flags(a);
   const int pp = a.pipeline.pipeline_model_parallel_size;
-  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
+  check_context_parallel_args(a);
+  const int dp = data_parallel_size_of(a);
   const std::int64_t per_step = checked_mul(a.micro_batch_size, dp, "--micro-batch-size x data-parallel size");
   if (a.global_batch_size % per_step != 0)
     fail<ConfigError>(a.step_batch_size_schedule.empty() ? "--global-batch-size=" : "the final batch of --step-batch-size-schedule, ",
@@ -1237,7 +1291,8 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
       fail<ConfigError>("--swiglu with --hidden-size ", a.model.hidden_size, " makes Megatron's default MLP width ",
                         "(2/3 x 4 x hidden, rounded down to 64) zero; pass --ffn-hidden-size");
   }
-  if (app.count("--sample-tokens") == 0 && a.pipeline.pipeline_model_parallel_size > 1) a.sample_tokens = 0;  // whole model only
+  if (app.count("--sample-tokens") == 0 && (a.pipeline.pipeline_model_parallel_size > 1 || a.context_parallel_size > 1))
+    a.sample_tokens = 0;  // whole model and whole sequences only
   resolve_moe_flags(a);
   if (app.count("--tokenizer-type") == 0 && !a.tokenizer.vocab_file.empty() && !a.tokenizer.merge_file.empty()) {
     a.tokenizer.type = "GPT2BPETokenizer";  // Megatron's GPT examples give the files alone
@@ -1275,7 +1330,7 @@ inline data::Tokenizer resolve_run(TrainArgs& a) {
     a.model.vocab_size = static_cast<int>(std::max<std::int64_t>(a.model.vocab_size, tokenizer.vocab_size()));
   }
   const int pp = a.pipeline.pipeline_model_parallel_size;
-  const int model_parallel = a.tensor_model_parallel_size * pp;
+  const int model_parallel = a.tensor_model_parallel_size * pp * std::max(1, a.context_parallel_size);
   if (a.global_batch_size == 0 && model_parallel > 0 && a.world_size % model_parallel == 0) {
     a.global_batch_size = static_cast<int>(
         checked_int(checked_mul(a.micro_batch_size, a.world_size / model_parallel, "--micro-batch-size x data parallel"),

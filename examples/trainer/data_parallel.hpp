@@ -26,9 +26,13 @@
 // and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_state_piece,
 // steps, set_steps, config, reload_main_from_model, reset_moments).
 //
+// The dense parameters are replicated over data and context parallelism alike, so their gradients
+// are reduced, and the distributed optimizer's state sharded, over ctx.dp_cp (the data-parallel
+// group itself when cp = 1), as Megatron does.
+//
 // A model with experts (Parameter::expert, models::MoeLlama) gets a second gradient buffer with
 // buckets of its own for the expert weights, reduced over ctx.expert_dp (the dense buffer over
-// ctx.dp, as before), and with the distributed optimizer a second one sharding the experts' state
+// ctx.dp_cp, as before), and with the distributed optimizer a second one sharding the experts' state
 // over expert dp. The gradient norm adds the experts' squares (summed over
 // ctx.expert_model_parallel) to the dense ones (over ctx.model_parallel); everything above treats
 // both buffers. A model without experts has the one buffer, as before.
@@ -87,7 +91,7 @@ class DataParallelOptimizer {
       expert_buffer_.emplace(ctx.device, experts, buffer_options(ctx.expert_dp.size(), options));
     }
     if (options.distributed_optimizer) {
-      distributed_.emplace(ctx.device, buffer_, ctx.dp.rank(), options.adam);
+      distributed_.emplace(ctx.device, buffer_, ctx.dp_cp.rank(), options.adam);
       if (expert_buffer_) expert_distributed_.emplace(ctx.device, *expert_buffer_, ctx.expert_dp.rank(), options.adam);
     } else {
       adamw_.emplace(ctx.device, model, options.adam);
@@ -107,8 +111,8 @@ class DataParallelOptimizer {
   template <class Context>
   GradientReady<T, Space> gradient_ready(Context& ctx) {
     if (!buffer_.options().overlap_communication) return {};
-    if (!expert_buffer_) return buffer_.ready_hook(ctx.device, ctx.dp);
-    return [dense = buffer_.ready_hook(ctx.device, ctx.dp),
+    if (!expert_buffer_) return buffer_.ready_hook(ctx.device, ctx.dp_cp);
+    return [dense = buffer_.ready_hook(ctx.device, ctx.dp_cp),
             experts = expert_buffer_->ready_hook(ctx.device, ctx.expert_dp)](Parameter<T, Space>& p) {
       if (p.expert) experts(p);
       else dense(p);
@@ -117,7 +121,7 @@ class DataParallelOptimizer {
 
   template <class Context>
   void reduce_gradients(Context& ctx) {
-    buffer_.finish_reduction(ctx.device, ctx.dp);
+    buffer_.finish_reduction(ctx.device, ctx.dp_cp);
     if (expert_buffer_) expert_buffer_->finish_reduction(ctx.device, ctx.expert_dp);
   }
 
@@ -128,10 +132,10 @@ class DataParallelOptimizer {
   ParameterNeeded<T, Space> parameters_needed(Context& ctx) {
     if (!expert_buffer_) {
       if (!buffer_.gather_pending()) return {};
-      return buffer_.needed_hook(ctx.dp);
+      return buffer_.needed_hook(ctx.dp_cp);
     }
     if (!buffer_.gather_pending() && !expert_buffer_->gather_pending()) return {};
-    return [dense = buffer_.needed_hook(ctx.dp), experts = expert_buffer_->needed_hook(ctx.expert_dp)](const Parameter<T, Space>& p) {
+    return [dense = buffer_.needed_hook(ctx.dp_cp), experts = expert_buffer_->needed_hook(ctx.expert_dp)](const Parameter<T, Space>& p) {
       if (p.expert) experts(p);
       else dense(p);
     };
@@ -142,7 +146,7 @@ class DataParallelOptimizer {
   // (evaluation, a checkpoint, a forward without the hook) and after each training step.
   template <class Context>
   void wait_parameters(Context& ctx) {
-    buffer_.wait_gathered(ctx.dp);
+    buffer_.wait_gathered(ctx.dp_cp);
     if (expert_buffer_) expert_buffer_->wait_gathered(ctx.expert_dp);
   }
 
@@ -163,7 +167,7 @@ class DataParallelOptimizer {
       else if (expert_buffer_) ctx.device.template scale<G>(expert_buffer_->grads().data(), expert_buffer_->grads().numel(), inverse);
     }
     if (distributed_ && expert_distributed_) {  // dense squares over dp x model_parallel + the experts' over edp x expert_model_parallel
-      auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp);
+      auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp_cp);
       const auto expert_square_sum = expert_distributed_->global_grad_square_sum(ctx, ctx.expert_dp);
       ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());
       auto [norm, factor] = clip_factor_of(ctx.device, square_sum, max_norm);
@@ -171,7 +175,7 @@ class DataParallelOptimizer {
       return norm;
     }
     // with experts and without sharding: their squares over expert_model_parallel
-    auto [norm, factor] = distributed_ ? distributed_->clip_factor_device(ctx, ctx.dp, max_norm)
+    auto [norm, factor] = distributed_ ? distributed_->clip_factor_device(ctx, ctx.dp_cp, max_norm)
                                        : clip_factor_device(ctx, model, max_norm);
     if (max_norm > 0) clip_factor_ = std::move(factor);
     return norm;
@@ -195,7 +199,7 @@ class DataParallelOptimizer {
   void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite, double decoupled_lr = -1) {
     const double* clip = clip_factor_ ? clip_factor_->data() : nullptr;
     if (distributed_) {
-      distributed_->step(ctx.device, ctx.dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr, clip);
+      distributed_->step(ctx.device, ctx.dp_cp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr, clip);
       if (expert_distributed_)
         expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr,
                                   clip);
@@ -265,9 +269,9 @@ class DataParallelOptimizer {
   // Every parameter's gradient, or (a model with experts) the dense parameters'.
   template <class Context, class Model>
   static GradBuffer<T, Space> dense_buffer(Context& ctx, Model& model, const DataParallelOptions& options) {
-    if (!has_expert_parameters(model)) return GradBuffer<T, Space>(ctx.device, model, buffer_options(ctx.dp.size(), options));
+    if (!has_expert_parameters(model)) return GradBuffer<T, Space>(ctx.device, model, buffer_options(ctx.dp_cp.size(), options));
     auto dense = dense_parameters(model);
-    return GradBuffer<T, Space>(ctx.device, dense, buffer_options(ctx.dp.size(), options));
+    return GradBuffer<T, Space>(ctx.device, dense, buffer_options(ctx.dp_cp.size(), options));
   }
 
   static GradBufferOptions buffer_options(int dp, const DataParallelOptions& options) {

@@ -195,7 +195,10 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   MemoryPlan plan;
   const models::DecoderShape shape = a.model_kind == "gpt" ? models::DecoderShape::gpt() : models::DecoderShape::llama();
   const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
-  const std::int64_t dp = a.world_size / (static_cast<std::int64_t>(tp) * pp);
+  const std::int64_t dp = data_parallel_size_of(a);
+  // Activations are those of each rank's local tokens: seq_length / cp under context parallelism.
+  models::ModelConfig local_model = a.model;
+  local_model.seq_length = a.model.seq_length / std::max(1, a.context_parallel_size);
   // tokens, labels (int32) and loss mask (float) of every micro-batch of an iteration
   plan.batch_bytes = checked_product("batch memory", a.global_batch_size / dp, a.model.seq_length, 12);
   plan.ranks = a.world_size;
@@ -209,8 +212,9 @@ MemoryPlan plan_memory(const TrainArgs& a) {
     for (auto& piece : holding.chunks) piece.ep = parallel.ep, piece.etp = parallel.etp;
   for (std::size_t r = 0; r < holdings.size(); ++r) {
     const models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
-        a.model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
-        static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r], a.use_distributed_optimizer ? dp : 1);
+        local_model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
+        static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r],
+        a.use_distributed_optimizer ? dp * a.context_parallel_size : 1);
     plan.stage_estimates.push_back(e);
     if (r == 0 || e.total() > plan.per_rank.total()) {
       plan.per_rank = e;
@@ -529,7 +533,8 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   optimizer.wait_parameters(ctx);
   optimizer.set_steps(steps);
   optimizer.zero_gradients(ctx);
-  if (a.sample_tokens > 0 && a.pipeline.pipeline_model_parallel_size == 1 && model.virtual_stages() == 1) {
+  if (a.sample_tokens > 0 && a.pipeline.pipeline_model_parallel_size == 1 && model.virtual_stages() == 1 &&
+      a.context_parallel_size == 1) {  // sampling runs whole sequences on whole models
     Tensor<std::int32_t> input(Shape{1, a.model.seq_length}, eod);
     (void)model.chunks().front()->next_token_logits(ctx, input, 0);
   }
@@ -561,12 +566,16 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   std::mutex& result_mutex = shared.result_mutex;
   std::ofstream& jsonl = shared.jsonl;
   const int pp = a.pipeline.pipeline_model_parallel_size;
-  const int dp = a.world_size / (a.tensor_model_parallel_size * pp);
+  const int dp = data_parallel_size_of(a);
   const int micro_steps = a.global_batch_size / (a.micro_batch_size * dp);  // of the final global batch (evaluation)
   const data::BatchOptions batch_options{shared.tokenizer.eod(), a.eod_mask_loss};
 
   Context ctx = Context::create(world, parallel_config_of(a), device);
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
+  ctx.cp_comm_type = a.cp_comm_type == "a2a"         ? ContextParallelComm::a2a
+                     : a.cp_comm_type == "allgather" ? ContextParallelComm::allgather
+                     : a.cp_comm_type == "a2a+p2p"   ? ContextParallelComm::a2a_p2p
+                                                     : ContextParallelComm::p2p;
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
   ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective"     ? Context::OverlapGather::collective
@@ -710,8 +719,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (logger && !a.quiet) {
     std::int64_t params = 0;
     model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
-    std::printf("strata %s: %d ranks on %s (tp=%d, pp=%d %s, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
-                a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, pp, a.pipeline.pipeline_schedule.c_str(), dp, SP ? "on" : "off",
+    std::printf("strata %s: %d ranks on %s (tp=%d, pp=%d %s, cp=%d%s, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
+                a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, pp, a.pipeline.pipeline_schedule.c_str(),
+                a.context_parallel_size, a.context_parallel_size > 1 ? (" " + a.cp_comm_type).c_str() : "", dp, SP ? "on" : "off",
                 a.dtype.c_str(), static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps,
                 a.micro_batch_size, start + 1, a.train_iters);
     std::printf("%s\n", describe(memory, optimizer.distributed(), dp).c_str());
@@ -733,7 +743,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         sums[0] += loss.loss_sum();
         sums[1] += loss.tokens;
       }
-    all_reduce_host_values(ctx, ctx.dp, sums, 2);
+    all_reduce_host_values(ctx, ctx.dp_cp, sums, 2);  // each cp rank holds its tokens' part
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
   // --log-jsonl written through: a write that failed (a full disk) stops the run naming the file.
@@ -861,7 +871,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (pp > 1) ctx.pp.all_reduce(router.buffer(), ReduceOp::sum);
       ctx.device.template copy<double>(router.data(), 2, router_history.data() + 2 * slot);
     }
-    ctx.dp.all_reduce(loss_sum.buffer(), ReduceOp::sum);
+    ctx.dp_cp.all_reduce(loss_sum.buffer(), ReduceOp::sum);  // each cp rank holds its tokens' part
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
     if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
       ctx.device.template fill<accumulate_t<T>>(optimizer.gradients().data(), optimizer.gradients().numel(),

@@ -4,6 +4,7 @@
 
 #include "shard/problem.hpp"
 #include "shard/partition.hpp"
+#include "shard/context_parallel.hpp"
 #include "shard/parallel_config.hpp"
 #include "shard/rank_generator.hpp"
 #include "shard/shard_spec.hpp"

@@ -73,6 +73,9 @@ struct mock_device_backend {
   template <class T>
   void prepare_attention(index_t s, index_t b, index_t heads, index_t groups, index_t d, bool backward,
                          strata::AttentionOptions options = {});
+  template <class T, class A = strata::accumulate_t<T>>
+  void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
+                       index_t d);
   template <class T>
   void embedding_forward(const std::int32_t* tokens, index_t n, const T* weight, index_t row_begin, index_t rows_local,
                          index_t h, T* out);

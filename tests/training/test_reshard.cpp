@@ -1,6 +1,7 @@
 // Checkpoints that reshard, through the trainers' loop (double, CPU threads): a GPT saved at
 // tp=2 x pp=2 continues at tp=4 x pp=1 and at tp=1 x pp=4, a GQA Llama saved at tp=2 continues at
-// tp=1 x pp=2, a distributed optimizer saved at dp=4 continues at dp=2 (with and without it) -- each
+// tp=1 x pp=2, a distributed optimizer saved at dp=4 continues at dp=2 (with and without it), a
+// Llama saved at cp=2 x dp=2 continues at cp=1, cp=4 and on one rank -- each
 // on the trajectory of the run that never stopped, to DESIGN.md's double bound; --no-load-optim,
 // --finetune, --ckpt-step, a --load directory with no checkpoint yet, a model that differs from the
 // saved one, and background saves (--async-save) that resume bit for bit.
@@ -144,6 +145,32 @@ TEST(Reshard, DistributedOptimizerSavedAtDp4ContinuesAtDp2) {
     a.ddp_bucket_size = 5000;
     a.load = dir.str();
     expect_continues(run<strata::models::Gpt>(a), straight, distributed ? "dp=2, distributed" : "dp=2, plain AdamW");
+  }
+}
+
+// Checkpoints do not depend on context parallelism: saved at cp=2 x dp=2 with the distributed
+// optimizer (its state sharded over dp x cp), a run continues at cp=1 (dp=2, distributed), at cp=4,
+// and on one rank, each on the straight run's trajectory.
+TEST(Reshard, ContextParallelSavedAtCp2ContinuesAtCp1AndCp4) {
+  TempDir dir("cp");
+  auto saving = layout(tiny("llama"), 4, 1, 1);
+  saving.context_parallel_size = 2;
+  saving.use_distributed_optimizer = true;
+  saving.ddp_bucket_size = 3000;
+  const auto straight = run<strata::models::Llama>(saving);
+  save_at_three<strata::models::Llama>(saving, dir);
+  struct Continue {
+    int world, cp;
+    bool distributed;
+  };
+  for (Continue c : {Continue{2, 1, true}, Continue{4, 4, true}, Continue{1, 1, false}}) {
+    auto a = layout(tiny("llama"), c.world, 1, 1);
+    a.context_parallel_size = c.cp;
+    a.use_distributed_optimizer = c.distributed;
+    a.load = dir.str();
+    expect_continues(run<strata::models::Llama>(a), straight,
+                     "world=" + std::to_string(c.world) + " cp=" + std::to_string(c.cp) +
+                         (c.distributed ? ", distributed" : ", plain AdamW"));
   }
 }
 

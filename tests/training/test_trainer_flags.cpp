@@ -184,15 +184,63 @@ TEST(MegatronFlags, ArchitectureIsChosenByFlags) {
 TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
   TrainArgs a = parse_flags("gpt", {"--attention-backend", "fused", "--cross-entropy-loss-fusion", "--manual-gc",
                                     "--context-parallel-size", "1"});
-  EXPECT_EQ(a.notes.size(), 3u);
+  EXPECT_EQ(a.notes.size(), 3u);  // --context-parallel-size is an option of its own, not a note
   EXPECT_TRUE(a.refused.empty());
   TrainArgs fp8 = parse_flags("gpt", {"--fp8-format", "hybrid"});
   (void)trainer::resolve_run(fp8);
   expect_config_error([&] { trainer::validate(fp8); }, {"--fp8-format hybrid", "fp8"});
   expect_config_error([] { (void)parse_flags("gpt", {"--num-experts", "8"}); }, {"--num-experts 8", "Mixtral", "--swiglu"});
-  TrainArgs cp = parse_flags("gpt", {"--context-parallel-size", "2"});
+}
+
+// Context parallelism: Megatron's flags and defaults; what is not available yet is refused naming the flag.
+TEST(MegatronFlags, ContextParallelFlags) {
+  TrainArgs cp = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1", "--world-size", "4"});
+  EXPECT_EQ(cp.context_parallel_size, 2);
+  EXPECT_EQ(cp.cp_comm_type, "p2p");  // Megatron's default
+  EXPECT_EQ(cp.sample_tokens, 0);     // sampling needs whole sequences: off unless asked for
   (void)trainer::resolve_run(cp);
-  expect_config_error([&] { trainer::validate(cp); }, {"--context-parallel-size 2", "context parallelism"});
+  EXPECT_NO_THROW(trainer::validate(cp));
+  const auto parallel = trainer::parallel_config_of(cp);
+  EXPECT_EQ(parallel.cp, 2);
+  EXPECT_EQ(parallel.dp, 2);
+  TrainArgs ulysses = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                                          "--world-size", "2", "--cp-comm-type", "a2a"});
+  (void)trainer::resolve_run(ulysses);
+  EXPECT_NO_THROW(trainer::validate(ulysses));
+  TrainArgs few_heads = parse_flags("llama", {"--context-parallel-size", "4", "--tensor-model-parallel-size", "1",
+                                              "--world-size", "4", "--cp-comm-type", "a2a", "--group-query-attention",
+                                              "--num-query-groups", "2"});
+  (void)trainer::resolve_run(few_heads);
+  expect_config_error([&] { trainer::validate(few_heads); }, {"--cp-comm-type a2a", "2 key/value heads"});
+  for (const char* type : {"allgather", "a2a+p2p"}) {
+    TrainArgs other = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                                          "--cp-comm-type", type});
+    (void)trainer::resolve_run(other);
+    (void)trainer::resolve_run(other);
+  expect_config_error([&] { trainer::validate(other); }, {std::string("--cp-comm-type ") + type, "not available yet"});
+  }
+  TrainArgs unknown = parse_flags("gpt", {"--cp-comm-type", "ring"});
+  (void)trainer::resolve_run(unknown);
+  expect_config_error([&] { trainer::validate(unknown); }, {"--cp-comm-type ring"});
+  TrainArgs uneven = parse_flags("gpt", {"--context-parallel-size", "3", "--tensor-model-parallel-size", "2", "--world-size", "8",
+                                         "--global-batch-size", "8"});
+  (void)trainer::resolve_run(uneven);
+  expect_config_error([&] { trainer::validate(uneven); }, {"--context-parallel-size=3", "--world-size=8"});
+  TrainArgs gpu = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1", "--device", "cuda"});
+  gpu.sample_tokens = 0;
+  (void)trainer::resolve_run(gpu);
+  expect_config_error([&] { trainer::validate(gpu); }, {"--device cuda", "CPU threads so far"});
+  TrainArgs pipeline = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                                           "--pipeline-model-parallel-size", "2", "--world-size", "4"});
+  (void)trainer::resolve_run(pipeline);
+  EXPECT_NO_THROW(trainer::validate(pipeline));  // cp x pp
+  TrainArgs hierarchical = parse_flags("gpt", {"--hierarchical-context-parallel-sizes", "2"});
+  (void)trainer::resolve_run(hierarchical);
+  expect_config_error([&] { trainer::validate(hierarchical); }, {"--hierarchical-context-parallel-sizes 2", "not available yet"});
+  TrainArgs length = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
+                                         "--seq-length", "30"});
+  (void)trainer::resolve_run(length);
+  expect_config_error([&] { trainer::validate(length); }, {"2*cp=4", "seq_length=30"});
 }
 
 // Megatron's scheduler counts samples: with a constant batch the iteration schedule exactly.

@@ -93,6 +93,61 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
   }
 }
 
+// Context parallelism (ring attention over the cp group): cp = 2 alone, with tp = 2 under sequence
+// parallelism, with pp = 2 (1F1B), and with dp = 2 under the distributed optimizer (sharded over dp x cp) and
+// overlapped gradient reduction, with hidden and attention dropout, follows the run of the same
+// layout without cp in double (the single-rank run where dp = 1; with dp = 2 the dp = 2 run, whose
+// micro-batches draw other dropout keys than one rank's).
+TEST(Training, ContextParallelFollowsSingleRankTrajectory) {
+  for (const std::string kind : {"gpt", "llama"}) {
+    auto base = tiny(kind);
+    if (kind == "llama") base.model.num_query_groups = 2;
+    base.dtype = "double";
+    base.train_iters = 3;
+    base.world_size = 1;
+    base.tensor_model_parallel_size = 1;
+    base.sequence_parallel = false;
+    base.sample_tokens = 0;
+    base.model.hidden_dropout = 0.1;
+    base.model.attention_dropout = 0.1;
+    auto train = [&](const trainer::TrainArgs& a) {
+      return kind == "gpt" ? trainer::train<strata::models::Gpt>(a) : trainer::train<strata::models::Llama>(a);
+    };
+    const auto single = train(base);
+    struct Layout {
+      int world, tp, cp;
+      bool distributed = false;
+      int pp = 1;
+    };
+    for (Layout l : {Layout{2, 1, 2}, Layout{4, 2, 2}, Layout{4, 1, 2, true}, Layout{4, 1, 2, false, 2}}) {
+      if (kind == "llama" && l.world > 2) continue;  // the model tests cover the rest
+      auto a = base;
+      a.world_size = l.world;
+      a.pipeline.pipeline_model_parallel_size = l.pp;
+      a.tensor_model_parallel_size = l.tp;
+      a.sequence_parallel = l.tp > 1;
+      a.context_parallel_size = l.cp;
+      a.use_distributed_optimizer = l.distributed;
+      a.overlap_grad_reduce = l.distributed;
+      const bool data_parallel = l.world > l.tp * l.cp * l.pp;
+      auto without_cp = a;
+      without_cp.world_size = l.world / l.cp;
+      without_cp.context_parallel_size = 1;
+      const auto reference = data_parallel ? train(without_cp) : single;
+      const auto run = train(a);
+      ASSERT_EQ(run.losses.size(), reference.losses.size());
+      for (std::size_t i = 0; i < run.losses.size(); ++i)
+        EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i])
+            << kind << " world=" << l.world << " tp=" << l.tp << " cp=" << l.cp << " pp=" << l.pp << " distributed=" << l.distributed
+            << " iteration " << i + 1;
+      ASSERT_EQ(run.validation_losses.size(), reference.validation_losses.size());
+      for (std::size_t i = 0; i < run.validation_losses.size(); ++i)
+        EXPECT_NEAR(run.validation_losses[i].second, reference.validation_losses[i].second,
+                    1e-10 * reference.validation_losses[i].second);
+    }
+  }
+}
+
 // pp = 2 under each schedule: every pipeline rank reports the time of its actions within the
 // time of its schedule per step, and the bubble the table predicts; pp = 1 reports nothing.
 TEST(Training, PipelineRanksReportTheirMeasuredBubble) {

@@ -20,6 +20,10 @@
 //             dropped O, = sum_j P_ij dP_ij);   dS_ij = P_ij (dP_ij - D_i);   dQ, dK from dS as
 //             without dropout
 //
+// Context parallelism (AttentionOptions::causal, query_offset, key_offset) draws the word of
+// global positions {key_offset + j, query_offset + i}, so every block of a ring draws the mask of
+// the whole sequence's attention.
+//
 // probability = 0 draws nothing: the arithmetic, and every bit of the results, of attention
 // without dropout.
 #pragma once
@@ -48,6 +52,14 @@ struct AttentionDropout {
 struct AttentionOptions {
   AttentionStrides strides{};
   AttentionDropout dropout{};
+  // Context parallelism attends a chunk of queries to a chunk of keys of the same length:
+  // `causal` false lets every query see every key (a key chunk wholly in the past); query_offset
+  // and key_offset are the global positions of query 0 and key 0, which the dropout mask is keyed
+  // by (so the mask is the whole sequence's). A causal call with offsets needs them equal (a
+  // diagonal block).
+  bool causal = true;
+  index_t query_offset = 0;
+  index_t key_offset = 0;
 
   constexpr AttentionOptions() = default;
   // A bare AttentionStrides is the options without dropout.
@@ -96,6 +108,21 @@ AttentionDropoutMask<A> attention_dropout_mask(const char* who, const AttentionD
   mask.head_offset = dropout.head_offset;
   mask.keep_scale = A(1.0 / (1.0 - p));
   return mask;
+}
+
+// Whether `options` asks for what only context parallelism uses (a non-causal block, or position
+// offsets), which a backend without it refuses with a sentence.
+constexpr bool uses_context_parallel_blocks(const AttentionOptions& options) {
+  return !options.causal || options.query_offset != 0 || options.key_offset != 0;
+}
+// The offsets checked: non-negative, and equal for a causal block.
+inline void check_attention_block(const char* who, const AttentionOptions& options) {
+  if (options.query_offset < 0 || options.key_offset < 0)
+    fail<ConfigError>(who, ": attention query_offset=", options.query_offset, " and key_offset=", options.key_offset,
+                      " must not be negative");
+  if (options.causal && options.query_offset != options.key_offset)
+    fail<ConfigError>(who, ": a causal attention block needs query_offset=", options.query_offset, " equal to key_offset=",
+                      options.key_offset, " (a diagonal block); run a block wholly in the past with causal=false");
 }
 
 STRATA_NAMESPACE_END

@@ -118,6 +118,7 @@ concept attention_of = requires(B& b, const T* ct, T* t, A* a, const A* ca, inde
   b.template attention_backward<T>(ct, ct, ct, ct, ct, ca, n, n, n, n, n, scale, t, t, t, options);
   b.template prepare_attention<T>(n, n, n, n, n, true);
   b.template prepare_attention<T>(n, n, n, n, n, true, options);
+  b.template attention_merge<T>(t, a, ct, ca, n, n, n, n);
 };
 template <class B>
 concept attention = attention_of<B, float> && attention_of<B, double> && attention_of<B, bf16>;
@@ -222,7 +223,7 @@ constexpr bool check_backend() {
   static_assert(r::norm<B>, "The backend is missing a norm entry point: layernorm_forward, layernorm_backward, rmsnorm_forward or rmsnorm_backward (with the residual arguments) for float, double or bf16.");
   static_assert(r::activation<B>, "The backend is missing an activation entry point: gelu_forward, gelu_backward, swiglu_forward or swiglu_backward for float, double or bf16.");
   static_assert(r::rope<B>, "The backend is missing rope_forward or rope_backward for float, double or bf16.");
-  static_assert(r::attention<B>, "The backend is missing attention_forward, attention_backward (causal, saving the log-sum-exp) or prepare_attention, each with and without a trailing AttentionOptions (strides and dropout), for float, double or bf16.");
+  static_assert(r::attention<B>, "The backend is missing attention_forward, attention_backward (causal, saving the log-sum-exp) or prepare_attention, each with and without a trailing AttentionOptions (strides and dropout), or attention_merge (context parallelism's log-sum-exp merge), for float, double or bf16.");
   static_assert(r::embedding<B>, "The backend is missing an embedding entry point: embedding_forward, embedding_backward, position_add or position_grad for float, double or bf16.");
   static_assert(r::cross_entropy<B>, "The backend is missing a cross-entropy entry point: cross_entropy_max, cross_entropy_sums, cross_entropy_loss, cross_entropy_backward, cross_entropy_forward_backward or masked_loss_sum for float, double or bf16.");
   static_assert(r::dropout<B>, "The backend is missing dropout_forward or dropout_backward (mask recomputed from a key and a GlobalIndexMap) for float, double or bf16.");

@@ -589,8 +589,10 @@ bool writes_piece(const Context& ctx, const ShardSpec& shard, bool pipeline_copy
     if (data_parallel_replica && ctx.expert_coords.edp != 0) return false;
     return (shard.sharded && shard.parts > 1) || ctx.expert_coords.etp == 0;
   }
-  if (pipeline_copy || ctx.coords.cp != 0) return false;
-  if (data_parallel_replica && ctx.coords.dp != 0) return false;
+  if (pipeline_copy) return false;
+  // replicated over data and context parallelism; a distributed optimizer's share (sharded over
+  // dp x cp) by its owner, whatever its cp coordinate
+  if (data_parallel_replica && (ctx.coords.dp != 0 || ctx.coords.cp != 0)) return false;
   return (shard.sharded && shard.parts > 1) || ctx.coords.tp == 0;
 }
 

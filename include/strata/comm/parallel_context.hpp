@@ -29,6 +29,21 @@
 
 STRATA_NAMESPACE_BEGIN
 
+// How attention exchanges keys and values over the context-parallel group (Megatron's
+// --cp-comm-type): p2p is ring attention (layers/context_parallel_attention.hpp); a2a (Ulysses),
+// allgather and a2a+p2p are refused by the attention so far.
+enum class ContextParallelComm { p2p, a2a, allgather, a2a_p2p };
+
+inline const char* context_parallel_comm_name(ContextParallelComm c) {
+  switch (c) {
+    case ContextParallelComm::p2p: return "p2p";
+    case ContextParallelComm::a2a: return "a2a";
+    case ContextParallelComm::allgather: return "allgather";
+    case ContextParallelComm::a2a_p2p: return "a2a+p2p";
+  }
+  return "?";
+}
+
 template <class Comm, class Device = typename Comm::default_device>
 struct ParallelContext {
   static_assert(is_communicator_v<Comm>,
@@ -85,6 +100,8 @@ struct ParallelContext {
   // collective). The same bits as collective.
   enum class OverlapGather { ring, collective, copy_engines };
   OverlapGather tp_comm_overlap_gather = OverlapGather::ring;
+  // With cp > 1, how attention moves keys and values over the cp group (see ContextParallelComm).
+  ContextParallelComm cp_comm_type = ContextParallelComm::p2p;
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

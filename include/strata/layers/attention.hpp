@@ -28,6 +28,15 @@
 // [s, b, np_local * d] and lse are not held between forward and backward (q, k, v and the qkv
 // output have the same size).
 //
+// Context parallelism (ctx.cp of more than one rank): the input is the rank's local sequence, two
+// chunks of the whole one (shard/context_parallel.hpp); q, k, v are copies (never views), RoPE
+// turns each chunk by its global positions, and the core is ring attention
+// (layers/context_parallel_attention.hpp, ctx.cp_comm_type p2p), with lse kept per chunk
+// [2, b, np, s/2]; or, with cp_comm_type a2a (Ulysses), one all-to-all makes q, k, v whole
+// sequences of np/cp heads (heads and groups per tp rank must divide over cp), attention runs on
+// them as without cp, and one all-to-all brings the output back. allgather and a2a+p2p are
+// refused, and so is cp > 1 outside host memory (the GPU attention has no non-causal blocks yet).
+//
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
 #pragma once
@@ -40,8 +49,10 @@
 #include <vector>
 
 #include "../backend/attention_options.hpp"
+#include "../shard/context_parallel.hpp"
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
+#include "context_parallel_attention.hpp"
 #include "row_parallel_linear.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -87,6 +98,7 @@ class SelfAttention {
     Tensor<T, Space> packed;      // views: the projection (s, b, ng_local * (hpg + 2) * d); copies: empty
     Tensor<T, Space> out;         // [s, b, np_local * d]
     Tensor<A, Space> lse;         // [b, np_local, s]: log-sum-exp of each query's scores
+    Tensor<T, Space> heads_out;   // cp a2a only: this rank's heads' output over the whole sequence [s_whole, b, np_local / cp, d]
     Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
     AttentionDropout dropout;     // the forward's (probability 0: none); the backward and a recompute draw its mask
   };
@@ -103,13 +115,19 @@ class SelfAttention {
              static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
                  (config_.hidden_size / config_.num_heads),
              config_.bias),
-        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias) {}
+        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias),
+        context_parallel_(ctx.cp.size() > 1) {
+    if (context_parallel_ && !std::is_same_v<Space, space::host>)
+      fail<ConfigError>("SelfAttention ", name, ": context parallelism runs on CPU threads so far (the in-process "
+                        "communicator with the CPU backend); use --context-parallel-size 1 on the GPU");
+  }
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
   // backward when `backward`. Optional; the first call of a shape plans it otherwise. With dropout
   // the training calls need no plan (the CUDA backend runs them on its flash kernels): only the
   // forward without dropout (evaluation) is planned.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
+    if (context_parallel_) return;  // host only: nothing to plan
     ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_,
                                              backward && config_.dropout <= 0, packed_view().strides);
   }
@@ -128,7 +146,7 @@ class SelfAttention {
     saved.proj = std::move(proj_saved);
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
-      saved.q = saved.k = saved.v = saved.out = saved.packed = Tensor<T, Space>();
+      saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
       saved.proj.input = Tensor<T, Space>();
     }
@@ -160,6 +178,10 @@ class SelfAttention {
   void core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
     saved.out = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * d});  // (s, b, np_local * d)
+    if (context_parallel_) {
+      context_parallel_core_forward(ctx, qkv, saved);
+      return;
+    }
     saved.lse = Tensor<A, Space>::empty(Shape{b, heads_local_, s});
     if (const PackedQkvView view = packed_view(); view.is_view) {
       saved.packed = qkv;  // shared, read only
@@ -183,12 +205,107 @@ class SelfAttention {
     }
   }
 
+  // This rank's part of a local sequence of s tokens (two chunks of s / 2).
+  ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
+    if (ctx.cp_comm_type != ContextParallelComm::p2p && ctx.cp_comm_type != ContextParallelComm::a2a)
+      fail<ConfigError>("SelfAttention: --cp-comm-type ", context_parallel_comm_name(ctx.cp_comm_type),
+                        " is not available yet; context parallelism runs ring attention (--cp-comm-type p2p) or "
+                        "all-to-all attention (--cp-comm-type a2a)");
+    if (ctx.cp_comm_type == ContextParallelComm::a2a &&
+        (heads_local_ % ctx.cp.size() != 0 || groups_local_ % ctx.cp.size() != 0))
+      fail<ConfigError>("SelfAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(),
+                        " ranks whole query heads and key/value heads, but this tensor-parallel rank has ", heads_local_,
+                        " query heads and ", groups_local_, " key/value heads (num_query_groups / tp), which cp does "
+                        "not divide; use --cp-comm-type p2p, more query groups, or a smaller cp or tp");
+    return strata::context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "SelfAttention");
+  }
+  // RoPE (or its backward) on q [s, b, np_local, d] and k [s, b, ng_local, d] of the local sequence,
+  // each chunk turned by the global position of its first token.
+  void rope_by_chunk(Context& ctx, const ContextParallelSplit& split, T* q, T* k, index_t b, bool backward) const {
+    const index_t c = split.chunk, d = head_dim_;
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      const index_t first = split.global_chunk(chunk) * c;
+      T* q_chunk = q + chunk * c * b * heads_local_ * d;
+      T* k_chunk = k + chunk * c * b * groups_local_ * d;
+      if (backward) {
+        ctx.device.template rope_backward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
+        ctx.device.template rope_backward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+      } else {
+        ctx.device.template rope_forward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
+        ctx.device.template rope_forward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+      }
+    }
+  }
+  // The dropout of a2a attention: this rank's heads start at cp rank x heads / cp of the local ones.
+  AttentionDropout a2a_dropout(const Context& ctx, AttentionDropout dropout) const {
+    dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (heads_local_ / ctx.cp.size());
+    return dropout;
+  }
+  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention (p2p),
+  // or all-to-all attention (a2a: q, k, v, the output and lse are then kept as this rank's heads
+  // over the whole sequence).
+  void context_parallel_core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
+    const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
+    const ContextParallelSplit split = context_parallel_split(ctx, s);
+    saved.lse = Tensor<A, Space>::empty(Shape{2, b, heads_local_, split.chunk});  // per chunk
+    saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+    saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+    ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
+                                     saved.v.data());
+    if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, saved.q.data(), saved.k.data(), b, false);
+    if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of heads / cp heads
+      const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
+      saved.q = sequence_to_heads<T>(ctx, split, saved.q.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
+      saved.k = sequence_to_heads<T>(ctx, split, saved.k.data(), b, groups_local_, d);
+      saved.v = sequence_to_heads<T>(ctx, split, saved.v.data(), b, groups_local_, d);
+      saved.heads_out = Tensor<T, Space>::empty(saved.q.shape());
+      saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
+      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, groups, d,
+                                               scale(), saved.heads_out.data(), saved.lse.data(),
+                                               AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+      heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, heads_local_, d, saved.out.data());
+      return;
+    }
+    ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
+                                 groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
+  }
+
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
   Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred,
                             bool output_bias_gradient) {
     const index_t s = saved.out.size(0), b = saved.out.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
     auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred, output_bias_gradient);  // (s, b, np_local * d)
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
+    if (context_parallel_) {
+      const ContextParallelSplit split = context_parallel_split(ctx, s);
+      if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+        const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
+        const auto dout = sequence_to_heads<T>(ctx, split, dcontext.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
+        auto dq_heads = Tensor<T, Space>::empty(saved.q.shape()), dk_heads = Tensor<T, Space>::empty(saved.k.shape()),
+             dv_heads = Tensor<T, Space>::empty(saved.v.shape());
+        ctx.device.template attention_backward<T>(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(),
+                                                  saved.heads_out.data(), saved.lse.data(), whole, b, heads, groups, d,
+                                                  scale(), dq_heads.data(), dk_heads.data(), dv_heads.data(),
+                                                  AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+        auto dq = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+        auto dk = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d}), dv = Tensor<T, Space>::empty(dk.shape());
+        heads_to_sequence<T>(ctx, split, dq_heads.data(), b, heads_local_, d, dq.data());
+        heads_to_sequence<T>(ctx, split, dk_heads.data(), b, groups_local_, d, dk.data());
+        heads_to_sequence<T>(ctx, split, dv_heads.data(), b, groups_local_, d, dv.data());
+        if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+        ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
+        return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+      }
+      auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
+           dv = Tensor<T, Space>::empty(saved.v.shape());
+      ring_attention_backward<T, A>(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
+                                    saved.out.data(), saved.lse.data(), b, heads_local_, groups_local_, d, scale(),
+                                    dq.data(), dk.data(), dv.data(), saved.dropout);
+      if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+      ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
+      return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+    }
     if (const PackedQkvView view = packed_view(); view.is_view) {
       // dq, dk, dv are views of dqkv that together cover each of its elements once: no zeroing
       const T* packed = saved.packed.data();
@@ -249,6 +366,7 @@ class SelfAttention {
   // The local heads as views of the packed projection, or is_view = false where they are not one
   // (several groups of several query heads) or RoPE must rewrite q and k first.
   PackedQkvView packed_view() const {
+    if (context_parallel_) return {};
     if constexpr (std::is_same_v<Position, rope>) return {};
     else return packed_qkv_view(groups_local_, heads_local_ / groups_local_, head_dim_);
   }
@@ -258,6 +376,7 @@ class SelfAttention {
   Qkv qkv_;
   Proj proj_;
   bool recompute_core_ = false;
+  bool context_parallel_ = false;  // ctx.cp of more than one rank: ring attention over the local chunks
 };
 
 STRATA_NAMESPACE_END

@@ -7,15 +7,18 @@
 //   backward: dY (all-gathered on seq under SP) scatter-added into the local rows.
 // PositionEmbedding (learned absolute positions, GPT-2): weight [max_seq, h] replicated, added to
 //   the residual stream; under SP each rank adds the rows of its sequence slice, and the gradient
-//   is summed over the group (add_replicated_gradient).
+//   is summed over the group (add_replicated_gradient). Under context parallelism the rows are those
+//   of the global positions of this rank's two chunks (shard/context_parallel.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "../comm/parallel_context.hpp"
+#include "../shard/context_parallel.hpp"
 #include "../shard/partition.hpp"
 #include "conversions.hpp"
 #include "parameter.hpp"
@@ -109,17 +112,21 @@ class PositionEmbedding {
 
   // x: [s_local, b, h], the caller's own tensor; adds position rows of this rank's sequence slice, in place.
   void forward(Context& ctx, Activation<T, Layout, Space>& x) const {
-    const index_t s = x.shape()[0], b = x.shape()[1], h = x.shape()[2], first = sequence_offset(ctx, s);
-    if (first + s > weight_.value.size(0))
-      fail<ConfigError>("PositionEmbedding: sequence of ", first + s, " positions exceeds max_position_embeddings=",
-                        weight_.value.size(0));
-    ctx.device.template position_add<T>(x.data(), weight_.value.data(), s, b, h, first);
+    const index_t s = x.shape()[0], b = x.shape()[1], h = x.shape()[2];
+    for_each_run(ctx, s, [&](index_t row, index_t rows, index_t first) {
+      if (first + rows > weight_.value.size(0))
+        fail<ConfigError>("PositionEmbedding: sequence of ", first + rows, " positions exceeds max_position_embeddings=",
+                          weight_.value.size(0));
+      ctx.device.template position_add<T>(x.data() + row * b * h, weight_.value.data(), rows, b, h, first);
+    });
   }
 
   void backward(Context& ctx, const Activation<T, Layout, Space>& dy) {
-    const index_t s = dy.shape()[0], b = dy.shape()[1], h = dy.shape()[2], first = sequence_offset(ctx, s);
+    const index_t s = dy.shape()[0], b = dy.shape()[1], h = dy.shape()[2];
     auto increment = Tensor<A, Space>::zeros(weight_.grad.shape());
-    ctx.device.template position_grad<T>(dy.data(), s, b, h, first, increment.data());
+    for_each_run(ctx, s, [&](index_t row, index_t rows, index_t first) {
+      ctx.device.template position_grad<T>(dy.data() + row * b * h, rows, b, h, first, increment.data());
+    });
     add_replicated_gradient<Layout>(ctx.device, ctx.tp, weight_.grad, increment);
   }
 
@@ -133,6 +140,26 @@ class PositionEmbedding {
   static index_t sequence_offset(const Context& ctx, index_t local_s) {
     if constexpr (Policy::sequence_parallel) return local_s * ctx.tp.rank();
     else return 0;
+  }
+  // run(first local row, rows, global position of that row) for each run of consecutive global
+  // positions among the s_local rows this rank holds: one without context parallelism; under it the
+  // rank's local sequence is two chunks (shard/context_parallel.hpp), and its sequence-parallel
+  // slice of them may hold parts of both.
+  template <class Run>
+  static void for_each_run(const Context& ctx, index_t local_s, Run&& run) {
+    const index_t begin = sequence_offset(ctx, local_s);  // in the cp rank's local sequence
+    if (ctx.cp.size() <= 1) {
+      run(0, local_s, begin);
+      return;
+    }
+    const index_t cp_local = local_s * (Policy::sequence_parallel ? ctx.tp.size() : 1);  // 2c
+    const ContextParallelSplit split = context_parallel_split(cp_local * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(),
+                                                              "PositionEmbedding");
+    const index_t end = begin + local_s;
+    for (int chunk = 0; chunk < 2; ++chunk) {
+      const index_t lo = std::max(begin, chunk * split.chunk), hi = std::min(end, (chunk + 1) * split.chunk);
+      if (lo < hi) run(lo - begin, hi - lo, split.global_position(lo));
+    }
   }
   Parameter<T, Space> weight_;
 };

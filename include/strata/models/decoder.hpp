@@ -39,6 +39,13 @@
 // copies' gradients every step, so they stay bit-identical. The whole-model entry points (forward,
 // backward, evaluate, next_token_logits) need a stage that holds everything.
 //
+// Context parallelism (ctx.cp of more than one rank, docs/CONTEXT_PARALLEL.md): every entry point
+// still takes the whole [b, s] batch; the model keeps this rank's two chunks of tokens, labels and
+// loss mask (shard/context_parallel.hpp), so everything but attention runs on the local 2c tokens
+// and LossSum is this rank's part (the caller sums it over the cp group, as over dp); pipeline
+// stages exchange the residual stream of the local tokens. Refused so far with a mixture of experts,
+// and in next_token_logits.
+//
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
 // loss_scale x the micro-batch's tokens (b x s): each micro-batch's router losses then weigh what
@@ -132,6 +139,11 @@ class DecoderModel {
                  check_stage(config, stage), config)),
         stage_(stage),
         loss_(config.label_smoothing, config.vocab_size) {
+    if (ctx.cp.size() > 1) {
+      if (mixture_of_experts)
+        fail<ConfigError>("context parallelism (--context-parallel-size ", ctx.cp.size(),
+                          ") with a mixture-of-experts model is not available yet; use --context-parallel-size 1");
+    }
     if (stage.has_embedding || (TiedOutput && stage.has_head)) {
       embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size, config.vocab_size);
       embedding_->weight().pipeline_copy = !stage.has_embedding;
@@ -215,9 +227,11 @@ class DecoderModel {
   bool has_head() const { return stage_.has_head; }
 
   // The shape of the residual stream a stage receives and sends for a [b, s] batch:
-  // [s, b, h], or [s / tp, b, h] under sequence parallelism (each rank sends its sequence shard).
+  // [s, b, h], or [s / tp, b, h] under sequence parallelism (each rank sends its sequence shard);
+  // under context parallelism s is this rank's s / cp tokens.
   Shape boundary_shape(const Context& ctx, index_t micro_batch, index_t seq) const {
-    return Shape{Policy::sequence_parallel ? seq / ctx.tp.size() : seq, micro_batch, static_cast<index_t>(config_.hidden_size)};
+    const index_t local = seq / ctx.cp.size();
+    return Shape{Policy::sequence_parallel ? local / ctx.tp.size() : local, micro_batch, static_cast<index_t>(config_.hidden_size)};
   }
 
   struct StageForward {
@@ -399,6 +413,9 @@ class DecoderModel {
     if (tokens.rank() != 2 || tokens.size(0) != 1 || position < 0 || position >= tokens.size(1))
       fail<ShapeError>("next_token_logits: tokens ", tokens.shape().str(), " must be [1, seq] and position ", position,
                        " inside it");
+    if (ctx.cp.size() > 1)
+      fail<ConfigError>("next_token_logits runs a whole sequence on one rank; build the model with "
+                        "--context-parallel-size 1 for inference");
     check_sequence_parallel_length(ctx, tokens.size(1), "next_token_logits");
     require_whole("next_token_logits");
     const RouterStatistics kept = router_statistics(ctx);  // put back when this returns
@@ -631,7 +648,8 @@ class DecoderModel {
   }
 
   // The mask: [b, s] floats on the host -> [s, b] in A, on the backend.
-  Tensor<A, Space> sequence_major_mask(Context& ctx, const Tensor<float>& loss_mask) const {
+  Tensor<A, Space> sequence_major_mask(Context& ctx, const Tensor<float>& whole_mask) const {
+    const Tensor<float> loss_mask = local_sequence(whole_mask, ctx.cp.size(), ctx.cp.rank(), "model forward");
     const index_t b = loss_mask.size(0), s = loss_mask.size(1);
     auto mask_bs = upload(loss_mask);
     auto mask_sb = Tensor<float, Space>::empty(Shape{s, b});
@@ -641,9 +659,11 @@ class DecoderModel {
     return mask;
   }
 
-  // sum(mask * loss) on the backend; the token count on the host.
+  // sum(mask * loss) on the backend; the token count on the host (this rank's tokens under context
+  // parallelism: the sums over the cp group are the whole sequence's).
   LossSum<Space> masked_loss_sum(Context& ctx, const Tensor<A, Space>& losses, const Tensor<A, Space>& mask,
-                                 const Tensor<float>& loss_mask) const {
+                                 const Tensor<float>& whole_mask) const {
+    const Tensor<float> loss_mask = local_sequence(whole_mask, ctx.cp.size(), ctx.cp.rank(), "model forward");
     LossSum<Space> result;
     result.sum = Tensor<double, Space>::empty(Shape{1});
     ctx.device.template masked_loss_sum<A>(losses.data(), mask.data(), losses.numel(), result.sum.data());
@@ -655,6 +675,17 @@ class DecoderModel {
   // seq_length must still be a multiple of tp. Checked here, before the layers, so the error names
   // the lengths rather than a layout conversion deep inside.
   void check_sequence_parallel_length(const Context& ctx, index_t length, const char* who) const {
+    if (ctx.cp.size() > 1) {  // the lengths every rank holds: two chunks of 2 cp
+      (void)context_parallel_split(length, ctx.cp.size(), ctx.cp.rank(), who);
+      if constexpr (Policy::sequence_parallel) {
+        const index_t local = length / ctx.cp.size();
+        if (local % ctx.tp.size() != 0)
+          fail<ConfigError>(who, ": sequence parallelism splits each context-parallel rank's ", local, " tokens (", length,
+                            " tokens over cp=", ctx.cp.size(), ") over the tp=", ctx.tp.size(),
+                            " ranks; use a sequence length that is a multiple of ", 2 * ctx.cp.size() * ctx.tp.size());
+      }
+      return;
+    }
     if constexpr (Policy::sequence_parallel) {
       const int tp = ctx.tp.size();
       if (length % tp != 0)
@@ -672,7 +703,9 @@ class DecoderModel {
 
   // Host ids [b, s] -> [s, b] in the backend's space. Device-bound ids are checked on the host first
   // (host ones are checked by the embedding and the loss themselves).
-  Tensor<std::int32_t, Space> sequence_major(Context& ctx, const Tensor<std::int32_t>& ids, bool are_labels) const {
+  // Under context parallelism: this rank's two chunks of each sequence (shard/context_parallel.hpp).
+  Tensor<std::int32_t, Space> sequence_major(Context& ctx, const Tensor<std::int32_t>& whole_ids, bool are_labels) const {
+    const Tensor<std::int32_t> ids = local_sequence(whole_ids, ctx.cp.size(), ctx.cp.rank(), "model forward");
     const index_t b = ids.size(0), s = ids.size(1);
     if constexpr (!std::is_same_v<Space, space::host>) {
       if (are_labels) VocabParallelCrossEntropy<Policy>::check_labels(ids, config_.vocab_size);

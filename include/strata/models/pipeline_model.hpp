@@ -141,7 +141,8 @@ class PipelineModel {
   }
 
   // Forward only: the loss sum of `batches` (on every rank), micro-batch by micro-batch through the
-  // stages. Collective over ctx.pp and ctx.tp.
+  // stages. Collective over ctx.pp and ctx.tp. Under context parallelism the sum and the token
+  // count are this rank's part (the caller sums them over ctx.cp).
   template <class Batch>
   LossSum<Space> evaluate(Context& ctx, std::span<const Batch> batches, std::uint64_t dropout_key = 0,
                           ClassifierChunks classifier = {}) const {
@@ -150,7 +151,9 @@ class PipelineModel {
     LossSum<Space> total;
     total.sum = Tensor<double, Space>::zeros(Shape{1});
     for (const Batch& b : batches) {
-      for (index_t i = 0; i < b.loss_mask.numel(); ++i) total.tokens += b.loss_mask[i];
+      // this rank's tokens (its two chunks under context parallelism), as the loss sum counts them
+      const Tensor<float> mask = local_sequence(b.loss_mask, ctx.cp.size(), ctx.cp.rank(), "model evaluate");
+      for (index_t i = 0; i < mask.numel(); ++i) total.tokens += mask[i];
       for (int c = 0; c < layout_.virtual_stages; ++c) {
         const Chunk& chunk = *chunks_[static_cast<std::size_t>(c)];
         const int vs = pipeline::virtual_stage(pp, rank, c);

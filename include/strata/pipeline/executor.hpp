@@ -52,6 +52,7 @@
 #include "../layers/chunked_classifier.hpp"
 #include "../layers/deferred_weight_gradients.hpp"
 #include "../layers/parameter.hpp"
+#include "../shard/context_parallel.hpp"
 #include "schedule_check.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -60,7 +61,7 @@ namespace pipeline {
 template <class Space>
 struct PipelineStepResult {
   Tensor<double, Space> loss_sum;  // [1]: sum over micro-batches and tokens of mask * loss, on every rank
-  double tokens = 0;               // sum of the masks of every micro-batch
+  double tokens = 0;               // sum of the masks of every micro-batch (this rank's tokens under context parallelism)
   int peak_in_flight = 0;          // measured on this rank
   int transfers = 0;               // sends and receives this rank issued
 
@@ -149,8 +150,10 @@ PipelineStepResult<typename Context::space> run_schedule(
 
   PipelineStepResult<Space> result;
   result.loss_sum = Tensor<double, Space>::zeros(Shape{1});
-  for (const Batch& b : batches)
-    for (index_t i = 0; i < b.loss_mask.numel(); ++i) result.tokens += b.loss_mask[i];
+  for (const Batch& b : batches) {  // this rank's tokens (its two chunks under context parallelism), as the loss sum
+    const Tensor<float> mask = local_sequence(b.loss_mask, ctx.cp.size(), ctx.cp.rank(), "pipeline schedule");
+    for (index_t i = 0; i < mask.numel(); ++i) result.tokens += mask[i];
+  }
 
   auto in_flight = [&] {
     std::set<Key> keys;

@@ -7,6 +7,8 @@
 // shards with it.
 #pragma once
 
+#include <limits>
+
 #include <array>
 #include <type_traits>
 
@@ -100,12 +102,23 @@ static_assert(std::is_trivially_copyable_v<ShardIndexMap>, "ShardIndexMap is pas
 // An activation element's index in the unsharded activation: (i / cols) * row_stride + offset +
 // i % cols. Replicated: {cols, cols, 0}; sharded<0> over the sequence: {cols, cols, numel * rank};
 // sharded<-1> over the last dimension: {cols, cols * tp, rank * cols}.
+//
+// Context parallelism holds two chunks of the sequence that are not next to each other: an index g
+// from the formula above (the index in this rank's local sequence) below `split` moves by
+// `low_shift`, one at or above it by `high_shift` (shard/context_parallel.hpp). The defaults leave
+// every index as it is.
 struct GlobalIndexMap {
   index_t cols = 1;
   index_t row_stride = 1;
   index_t offset = 0;
+  index_t split = std::numeric_limits<index_t>::max();
+  index_t low_shift = 0;
+  index_t high_shift = 0;
 
-  STRATA_HOST_DEVICE constexpr index_t operator()(index_t i) const { return (i / cols) * row_stride + offset + i % cols; }
+  STRATA_HOST_DEVICE constexpr index_t operator()(index_t i) const {
+    const index_t g = (i / cols) * row_stride + offset + i % cols;
+    return g + (g < split ? low_shift : high_shift);
+  }
 
   static constexpr GlobalIndexMap identity(index_t cols) { return {cols, cols, 0}; }
 };

@@ -19,6 +19,8 @@
 //             counter-based mask:  out_i = sum_j p_j Z_j v_j / l  (lse undropped);  backward
 //             dp_j = Z_j dout_i . v_j,  D_i = dout_i . out_i (the dropped out),  dv_j += p_j Z_j dout_i.
 //             p = 0 takes the plain path: the same arithmetic and bits as without the option.
+//   causal, query_offset, key_offset   (context parallelism) causal = false lets every query see
+//             all s keys; the offsets are the global positions the dropout mask is drawn at.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +42,8 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
   const AttentionStrides x = checked_attention_strides("cpu::attention_forward", options.strides, heads, groups, d);
   const bool dropping = options.dropout.active();
   const AttentionDropoutMask<A> mask = attention_dropout_mask<A>("cpu::attention_forward", options.dropout);
+  check_attention_block("cpu::attention_forward", options);
+  const index_t qo = options.query_offset, ko = options.key_offset;  // global positions of query 0, key 0
   const index_t q_step = b * x.q_row, kv_step = b * x.kv_row;  // from position i to i + 1 of one sequence
   const index_t out_step = b * heads * d;                        // out [s, b, heads, d]
   std::vector<A> z(static_cast<std::size_t>(s)), acc(static_cast<std::size_t>(d));
@@ -51,8 +55,9 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
       const T* vh = v + batch * x.kv_row + g * x.kv_head;
       for (index_t i = 0; i < s; ++i) {
         const T* qi = qh + i * q_step;
+        const index_t last = options.causal ? i : s - 1;  // the last key query i sees
         A m = -std::numeric_limits<A>::infinity();
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = 0; j <= last; ++j) {
           const T* kj = kh + j * kv_step;
           A dot = 0;
           for (index_t e = 0; e < d; ++e) dot += A(qi[e]) * A(kj[e]);
@@ -61,10 +66,10 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
         }
         A l = 0;
         std::fill(acc.begin(), acc.end(), A(0));
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = 0; j <= last; ++j) {
           const A p = std::exp(z[j] - m);
           l += p;  // the undropped softmax's sum
-          const A weight = dropping ? p * mask.factor(batch, h, i, j) : p;
+          const A weight = dropping ? p * mask.factor(batch, h, qo + i, ko + j) : p;
           const T* vj = vh + j * kv_step;
           for (index_t e = 0; e < d; ++e) acc[e] += weight * A(vj[e]);
         }
@@ -83,6 +88,8 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
   const AttentionStrides x = checked_attention_strides("cpu::attention_backward", options.strides, heads, groups, d);
   const bool dropping = options.dropout.active();
   const AttentionDropoutMask<A> mask = attention_dropout_mask<A>("cpu::attention_backward", options.dropout);
+  check_attention_block("cpu::attention_backward", options);
+  const index_t qo = options.query_offset, ko = options.key_offset;  // global positions of query 0, key 0
   const index_t q_step = b * x.q_row, kv_step = b * x.kv_row;  // from position i to i + 1 of one sequence
   const index_t out_step = b * heads * d;                        // out, dout [s, b, heads, d]
   const index_t acc_step = b * groups * d;                       // the scratch [s, b, groups, d]
@@ -99,9 +106,10 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         const T* doi = dout + i * out_step + out_off;
         const T* oi = out + i * out_step + out_off;
         const A lse_i = lse[(batch * heads + h) * s + i];
+        const index_t last = options.causal ? i : s - 1;  // the last key query i sees
         A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j (out and dp with the dropout's Z)
         for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = 0; j <= last; ++j) {
           const T* kj = k + j * kv_step + kv_off;
           const T* vj = v + j * kv_step + kv_off;
           A dot = 0, dp = 0;
@@ -112,7 +120,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           const A p = std::exp(scale * dot - lse_i);
           A* dvj = dv_acc.data() + j * acc_step + acc_off;
           if (dropping) {
-            const A factor = mask.factor(batch, h, i, j);  // Z_ij
+            const A factor = mask.factor(batch, h, qo + i, ko + j);  // Z_ij
             ds[j] = p * (factor * dp - big_d);
             const A weight = p * factor;
             for (index_t e = 0; e < d; ++e) dvj[e] += weight * A(doi[e]);
@@ -122,7 +130,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           }
         }
         std::fill(dq_acc.begin(), dq_acc.end(), A(0));
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = 0; j <= last; ++j) {
           const T* kj = k + j * kv_step + kv_off;
           A* dkj = dk_acc.data() + j * acc_step + acc_off;
           const A w = scale * ds[j];
@@ -145,6 +153,30 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           dk[at + e] = T(dk_row[e]);
           dv[at + e] = T(dv_row[e]);
         }
+      }
+}
+
+// Merges the attention of the same queries over another block of keys into out and lse:
+//   out, block_out [s, b, heads, d];  lse, block_lse [b, heads, s]
+//   lse' = log(e^lse + e^block_lse) = m + log(e^(lse - m) + e^(block_lse - m)),  m = max of the two
+//   out' = e^(lse - lse') out + e^(block_lse - lse') block_out
+// (each block's output is normalized by its own sum, so the weights are the blocks' shares of the
+// whole softmax). In place on out and lse, in the accumulate type.
+template <class T, class A = accumulate_t<T>>
+void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
+                     index_t d) {
+  for (index_t batch = 0; batch < b; ++batch)
+    for (index_t h = 0; h < heads; ++h)
+      for (index_t i = 0; i < s; ++i) {
+        A& l = lse[(batch * heads + h) * s + i];
+        const A lb = block_lse[(batch * heads + h) * s + i];
+        const A m = std::max(l, lb);
+        const A merged = m + std::log(std::exp(l - m) + std::exp(lb - m));
+        const A w = std::exp(l - merged), wb = std::exp(lb - merged);
+        T* oi = out + (i * b * heads + batch * heads + h) * d;
+        const T* bi = block_out + (i * b * heads + batch * heads + h) * d;
+        for (index_t e = 0; e < d; ++e) oi[e] = T(w * A(oi[e]) + wb * A(bi[e]));
+        l = merged;
       }
 }
 

@@ -154,6 +154,11 @@ struct backend {
                                  T* dv, AttentionOptions options = {}) {
     cpu::attention_backward<T>(dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, options);
   }
+  template <class T, class A = accumulate_t<T>>
+  static void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b,
+                              index_t heads, index_t d) {
+    cpu::attention_merge<T>(out, lse, block_out, block_lse, s, b, heads, d);
+  }
   // Nothing to plan on the CPU.
   template <class T>
   static void prepare_attention(index_t, index_t, index_t, index_t, index_t, bool, AttentionOptions = {}) {}

@@ -216,6 +216,13 @@ class attention_plans {
 };
 
 namespace detail {
+// The flash kernels and cuDNN run whole causal sequences from position 0 so far.
+inline void refuse_context_parallel_blocks(const char* who, const AttentionOptions& options) {
+  if (uses_context_parallel_blocks(options))
+    fail<ConfigError>(who, ": context parallelism runs on CPU threads so far (the in-process communicator with the CPU "
+                      "backend); the GPU attention has no non-causal blocks or position offsets yet, so run with "
+                      "--context-parallel-size 1 on the GPU");
+}
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // Why a call with attention dropout runs on the flash kernels (bf16 / fp16, where cuDNN would run).
@@ -268,6 +275,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
                        bool backward, AttentionOptions options = {}) {
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("prepare_attention", options.strides, heads, groups, d);
+  detail::refuse_context_parallel_blocks("prepare_attention", options);
   (void)attention_dropout_mask<accumulate_t<T>>("prepare_attention", options.dropout);  // checks the probability
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
@@ -297,6 +305,7 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
   static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_forward", options.strides, heads, groups, d);
+  detail::refuse_context_parallel_blocks("attention_forward", options);
   (void)attention_dropout_mask<accumulate_t<T>>("attention_forward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
@@ -341,6 +350,7 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
   using A = accumulate_t<T>;
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_backward", options.strides, heads, groups, d);
+  detail::refuse_context_parallel_blocks("attention_backward", options);
   (void)attention_dropout_mask<A>("attention_backward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);

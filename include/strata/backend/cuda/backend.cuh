@@ -285,6 +285,13 @@ class backend {
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
                                 dv, options);
   }
+  // Context parallelism's merge of partial attention outputs: not on the GPU yet (the layers refuse
+  // cp > 1 on this backend before they reach it).
+  template <class T, class A = accumulate_t<T>>
+  void attention_merge(T*, A*, const T*, const A*, index_t, index_t, index_t, index_t) const {
+    fail<ConfigError>("attention_merge: context parallelism runs on CPU threads so far (the in-process communicator "
+                      "with the CPU backend); run with --context-parallel-size 1 on the GPU");
+  }
   // Builds now the cuDNN plans the calls of this shape will use (forward, and backward when asked).
   // Building one compiles and loads GPU code, which waits for every GPU of the process: with one
   // process driving several GPUs that must happen before the first collective, never while a peer

@@ -1,0 +1,234 @@
+// strata/layers/context_parallel_attention.hpp: ring attention, the attention core of a
+// context-parallel rank (Megatron's --cp-comm-type p2p).
+//
+// Each rank of the cp group holds two chunks of c tokens of every sequence, global chunks r and
+// 2 cp - 1 - r (shard/context_parallel.hpp): q, out [2c, b, heads, d] and k, v [2c, b, groups, d]
+// are the rank's local sequence, lse is kept per chunk, [2][b, heads, c]. The attention of a local
+// query chunk splits into blocks, one per key/value chunk of the whole sequence:
+//
+//   key chunk == query chunk   causal block (the diagonal)
+//   key chunk <  query chunk   full block (every key lies in the past)
+//   key chunk >  query chunk   skipped (every key lies in the future)
+//
+// Forward: k and v travel around the cp ring (cp - 1 exchanges: send to rank + 1, receive from
+// rank - 1, batched so blocking point-to-point cannot deadlock). At step t a rank holds the keys and
+// values of rank r - t and runs its blocks with the backend's attention_forward (causal or not,
+// with the global positions of both chunks so the dropout mask is the whole sequence's); each
+// block's output and log-sum-exp merge into the chunk's through attention_merge:
+//   lse = log sum_k e^(lse_k),   out = sum_k e^(lse_k - lse) out_k.
+// Every rank runs the same number of blocks (three at step 0, two after).
+//
+// Backward: flash attention's backward of a block from the *merged* out and lse is exactly that
+// block's share of the gradient (p = e^(z - lse) are the whole softmax's probabilities and
+// D = dout . out is the whole row's), so each block gives dq (summed here) and dk, dv of the keys it
+// saw. Keys and values go around the ring again, each with the running sums dk, dv of its owner's
+// chunks; after cp steps one more exchange hands every rank the sums of its own k and v.
+//
+// The sums run in a fixed order (ring order), so two runs give the same bits; the result equals
+// cp = 1's to rounding.
+//
+// All-to-all (Ulysses, Megatron's --cp-comm-type a2a): sequence_to_heads and heads_to_sequence
+// below turn the local sequence of every head into the whole sequence of heads / cp of them and
+// back, one all-to-all each way; attention runs between them as without context parallelism.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "../backend/attention_options.hpp"
+#include "../comm/communicator.hpp"
+#include "../comm/parallel_context.hpp"
+#include "../core/tensor.hpp"
+#include "../shard/context_parallel.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+namespace detail {
+
+// The blocks of local query chunk `query_chunk` against the key chunks of cp rank `owner`: calls
+// block(key_chunk, options) for each block that is not skipped (the diagonal one causal).
+template <class Block>
+void for_each_ring_block(const ContextParallelSplit& split, int owner, int query_chunk, AttentionOptions base,
+                         Block&& block) {
+  const index_t global_query = split.global_chunk(query_chunk);
+  for (int key_chunk = 0; key_chunk < 2; ++key_chunk) {
+    const index_t global_key = split.global_chunk_of(owner, key_chunk);
+    if (global_key > global_query) continue;  // wholly in the future
+    AttentionOptions options = base;
+    options.causal = global_key == global_query;
+    options.query_offset = global_query * split.chunk;
+    options.key_offset = global_key * split.chunk;
+    block(key_chunk, options);
+  }
+}
+
+// Sends the `count` buffers in `send` to the next rank of the ring and receives as many from the
+// previous one into `recv`, in one batch.
+template <class T, class Comm, std::size_t N>
+void ring_exchange(Comm& cp, const T* const (&send)[N], T* const (&recv)[N], index_t n) {
+  const int size = cp.size(), rank = cp.rank();
+  const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+  auto batch = batch_point_to_point(cp);
+  for (std::size_t i = 0; i < N; ++i) cp.send(comm_span_t<const T, Comm>(send[i], static_cast<std::size_t>(n)), next);
+  for (std::size_t i = 0; i < N; ++i) cp.recv(comm_span_t<T, Comm>(recv[i], static_cast<std::size_t>(n)), previous);
+  batch.end();
+}
+
+// All-to-all of equal blocks of `block` elements: block p of `send` to rank p, block p of `recv`
+// from rank p.
+template <class T, class Comm>
+void all_to_all_equal(Comm& cp, const T* send, T* recv, index_t block) {
+  const auto size = static_cast<std::size_t>(cp.size());
+  std::vector<std::size_t> counts(size, static_cast<std::size_t>(block));
+  cp.all_to_all(comm_span_t<const T, Comm>(send, size * static_cast<std::size_t>(block)), counts,
+                comm_span_t<T, Comm>(recv, size * static_cast<std::size_t>(block)), counts);
+}
+
+}  // namespace detail
+
+// out [2c, b, heads, d] and lse [2][b, heads, c] written (see the note at the top).
+template <class T, class A, class Context>
+void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
+                            index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
+                            AttentionDropout dropout) {
+  using Space = typename Context::space;
+  const index_t c = split.chunk;
+  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
+  const index_t kv_numel = 2 * kv_chunk;
+  auto held_k = Tensor<T, Space>::empty(Shape{2 * c, b, groups, d}), held_v = Tensor<T, Space>::empty(held_k.shape());
+  auto next_k = Tensor<T, Space>::empty(held_k.shape()), next_v = Tensor<T, Space>::empty(held_k.shape());
+  auto block_out = Tensor<T, Space>::empty(Shape{c, b, heads, d});
+  auto block_lse = Tensor<A, Space>::empty(Shape{b, heads, c});
+  const AttentionOptions base{AttentionStrides{}, dropout};
+  const int size = split.size, rank = split.rank;
+  for (int step = 0; step < size; ++step) {
+    const int owner = (rank - step + size) % size;
+    const T* keys = step == 0 ? k : held_k.data();
+    const T* values = step == 0 ? v : held_v.data();
+    if (step + 1 < size) {  // the next step's keys and values, from the previous rank
+      const T* send[2] = {keys, values};
+      T* const recv[2] = {next_k.data(), next_v.data()};
+      detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+    }
+    for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
+      detail::for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
+        T* chunk_out = out + query_chunk * q_chunk;
+        A* chunk_lse = lse + query_chunk * lse_chunk;
+        const bool first = step == 0 && key_chunk == 0;  // step 0 key chunk 0 comes first for both query chunks
+        ctx.device.template attention_forward<T>(q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
+                                                 values + key_chunk * kv_chunk, c, b, heads, groups, d, scale,
+                                                 first ? chunk_out : block_out.data(),
+                                                 first ? chunk_lse : block_lse.data(), options);
+        if (!first)
+          ctx.device.template attention_merge<T>(chunk_out, chunk_lse, block_out.data(), block_lse.data(), c, b, heads, d);
+      });
+    std::swap(held_k, next_k);
+    std::swap(held_v, next_v);
+  }
+}
+
+// dq [2c, b, heads, d], dk, dv [2c, b, groups, d] written from dout, q, k, v and the forward's
+// merged out and lse (see the note at the top).
+template <class T, class A, class Context>
+void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, const T* dout, const T* q, const T* k,
+                             const T* v, const T* out, const A* lse, index_t b, index_t heads, index_t groups,
+                             index_t d, A scale, T* dq, T* dk, T* dv, AttentionDropout dropout) {
+  using Space = typename Context::space;
+  const index_t c = split.chunk;
+  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
+  const index_t kv_numel = 2 * kv_chunk;
+  const Shape kv_shape{2 * c, b, groups, d};
+  auto held_k = Tensor<T, Space>::empty(kv_shape), held_v = Tensor<T, Space>::empty(kv_shape);
+  auto next_k = Tensor<T, Space>::empty(kv_shape), next_v = Tensor<T, Space>::empty(kv_shape);
+  auto held_dk = Tensor<T, Space>::zeros(kv_shape), held_dv = Tensor<T, Space>::zeros(kv_shape);  // the owner's sums
+  auto next_dk = Tensor<T, Space>::empty(kv_shape), next_dv = Tensor<T, Space>::empty(kv_shape);
+  auto block_dq = Tensor<T, Space>::empty(Shape{c, b, heads, d});
+  auto block_dk = Tensor<T, Space>::empty(Shape{c, b, groups, d}), block_dv = Tensor<T, Space>::empty(block_dk.shape());
+  ctx.device.template fill<T>(dq, 2 * q_chunk, 0.0);
+  const AttentionOptions base{AttentionStrides{}, dropout};
+  const int size = split.size, rank = split.rank;
+  for (int step = 0; step < size; ++step) {
+    const int owner = (rank - step + size) % size;
+    const T* keys = step == 0 ? k : held_k.data();
+    const T* values = step == 0 ? v : held_v.data();
+    for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
+      detail::for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
+        ctx.device.template attention_backward<T>(
+            dout + query_chunk * q_chunk, q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
+            values + key_chunk * kv_chunk, out + query_chunk * q_chunk, lse + query_chunk * lse_chunk, c, b, heads,
+            groups, d, scale, block_dq.data(), block_dk.data(), block_dv.data(), options);
+        T* dq_chunk = dq + query_chunk * q_chunk;
+        ctx.device.template add<T>(dq_chunk, block_dq.data(), q_chunk, dq_chunk);
+        T* dk_chunk = held_dk.data() + key_chunk * kv_chunk;
+        T* dv_chunk = held_dv.data() + key_chunk * kv_chunk;
+        ctx.device.template add<T>(dk_chunk, block_dk.data(), kv_chunk, dk_chunk);
+        ctx.device.template add<T>(dv_chunk, block_dv.data(), kv_chunk, dv_chunk);
+      });
+    if (step + 1 < size) {  // keys, values and their owner's sums on to the next rank
+      const T* send[4] = {keys, values, held_dk.data(), held_dv.data()};
+      T* const recv[4] = {next_k.data(), next_v.data(), next_dk.data(), next_dv.data()};
+      detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+      std::swap(held_k, next_k);
+      std::swap(held_v, next_v);
+      std::swap(held_dk, next_dk);
+      std::swap(held_dv, next_dv);
+    }
+  }
+  if (size == 1) {
+    ctx.device.template copy<T>(held_dk.data(), kv_numel, dk);
+    ctx.device.template copy<T>(held_dv.data(), kv_numel, dv);
+    return;
+  }
+  // the sums held now are those of rank + 1's chunks: one more step hands each to its owner
+  const T* send[2] = {held_dk.data(), held_dv.data()};
+  T* const recv[2] = {dk, dv};
+  detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+}
+
+// ---- all-to-all (Ulysses, --cp-comm-type a2a) ----
+//
+// One all-to-all over the cp group turns this rank's local sequence of all its heads into the whole
+// sequence of heads / cp of them: x [2c, b, n, d] -> [s, b, n / cp, d] in global order (rank j's
+// block holds its chunks j and 2cp-1-j, put where they lie in the sequence); attention then runs on
+// whole sequences as without context parallelism, and one all-to-all brings the output back.
+// Heads and key/value groups must both divide over cp (checked by the caller).
+template <class T, class Context>
+Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, const ContextParallelSplit& split, const T* x,
+                                                     index_t b, index_t n, index_t d) {
+  using Space = typename Context::space;
+  const int cp = split.size;
+  const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
+  const index_t block = rows * n_rank * d, chunk = c * b * n_rank * d;  // one rank's part; one chunk of it
+  auto send = Tensor<T, Space>::empty(Shape{cp, 2 * c * b, n_rank, d});  // (cp, 2c b, n / cp, d)
+  auto recv = Tensor<T, Space>::empty(send.shape());
+  for (int j = 0; j < cp; ++j)  // heads [j n / cp, (j + 1) n / cp) of every local token to rank j
+    ctx.device.template slice_columns<T>(x, rows, n * d, j * n_rank * d, n_rank * d, send.data() + j * block);
+  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  auto whole = Tensor<T, Space>::empty(Shape{2 * cp * c, b, n_rank, d});  // (s, b, n / cp, d)
+  for (int j = 0; j < cp; ++j)
+    for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
+      ctx.device.template copy<T>(recv.data() + j * block + local_chunk * chunk, chunk,
+                                  whole.data() + split.global_chunk_of(j, local_chunk) * chunk);
+  return whole;
+}
+
+// The inverse: whole [s, b, n / cp, d] of this rank's heads -> y [2c, b, n, d], this rank's tokens of
+// every head.
+template <class T, class Context>
+void heads_to_sequence(Context& ctx, const ContextParallelSplit& split, const T* whole, index_t b, index_t n, index_t d,
+                       T* y) {
+  using Space = typename Context::space;
+  const int cp = split.size;
+  const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
+  const index_t block = rows * n_rank * d, chunk = c * b * n_rank * d;
+  auto send = Tensor<T, Space>::empty(Shape{cp, 2 * c * b, n_rank, d});  // (cp, 2c b, n / cp, d)
+  auto recv = Tensor<T, Space>::empty(send.shape());
+  for (int j = 0; j < cp; ++j)  // rank j's chunks of the sequence, for this rank's heads
+    for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
+      ctx.device.template copy<T>(whole + split.global_chunk_of(j, local_chunk) * chunk, chunk,
+                                  send.data() + j * block + local_chunk * chunk);
+  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  ctx.device.template unstack_columns<T>(recv.data(), cp, rows, n_rank * d, y);  // heads of rank j at columns j
+}
+
+STRATA_NAMESPACE_END
