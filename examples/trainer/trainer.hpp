@@ -1456,7 +1456,7 @@ int run_main(const char* kind, const char* program, int argc, char** argv) {
   } catch (const std::exception& e) {  // strata::Error and anything else: one line, non-zero exit
     std::fprintf(stderr, "error: %s\n", e.what());
     std::fflush(stderr);
-    failure::report(e.what());  // the other processes of a job hear it at once (resilience.hpp)
+    failure::report(e.what(), /*print=*/false);  // the other processes of a job hear it at once (resilience.hpp)
     return 1;
   }
 }

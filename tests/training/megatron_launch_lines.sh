@@ -223,8 +223,8 @@ grep -q 'strata mixtral' "$work/mixtral.out" || fail "mixtral: the MoE flags did
 grep -q 'load_balancing_loss' "$work/mixtral.out" || fail "mixtral: no load_balancing_loss in the log lines"
 grep -q 'note: --moe-grouped-gemm' "$work/mixtral.err" || fail "mixtral: no note for --moe-grouped-gemm"
 # A layout the experts do not divide is refused naming the value.
-expect_refusal mixtral-ep3 "ep=3" "num_experts=8" -- "$pretrain" --world-size 3 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} \
-  --expert-model-parallel-size 3 --mock-data --micro-batch-size 1 --lr 1e-4 --train-iters 2
+expect_refusal mixtral-ep3 "ep=3" "--num-experts=8" -- "$pretrain" --world-size 3 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} \
+  --expert-model-parallel-size 3 --use-distributed-optimizer --mock-data --micro-batch-size 1 --lr 1e-4 --train-iters 2
 # Without the MoE flags the same dense model trains (Llama).
 expect_training mixtral-dense "$pretrain" --world-size 2 ${MODEL_ARGS[@]} --mock-data --micro-batch-size 1 \
   --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16 --eval-iters 1 --sample-tokens 0

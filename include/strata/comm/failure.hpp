@@ -109,9 +109,10 @@ inline std::string first_message() {
   return s.first;
 }
 
-// Records the first failure of the process; with exit_on_failure, prints it and arms the exit.
-// Safe from any thread, never blocks for long, never throws.
-inline void report(std::string_view message) noexcept {
+// Records the first failure of the process; with exit_on_failure, prints it (unless `print` is
+// false: the caller printed it already) and arms the exit. Safe from any thread, never blocks for
+// long, never throws.
+inline void report(std::string_view message, bool print = true) noexcept {
   detail::State& s = detail::state();
   bool expected = false;
   if (!s.reported.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) return;
@@ -140,15 +141,17 @@ inline void report(std::string_view message) noexcept {
     }
   }
   if (!enabled) return;
-  std::string extra;
-  if (annotate && message.find("[last reported activity:") == std::string_view::npos) {
-    try {
-      extra = annotate();
-    } catch (...) {
+  if (print) {
+    std::string extra;
+    if (annotate && message.find("[last reported activity:") == std::string_view::npos) {
+      try {
+        extra = annotate();
+      } catch (...) {
+      }
     }
+    std::fprintf(stderr, "%s: %.*s%s\n", prefix.c_str(), static_cast<int>(message.size()), message.data(), extra.c_str());
+    std::fflush(stderr);
   }
-  std::fprintf(stderr, "%s: %.*s%s\n", prefix.c_str(), static_cast<int>(message.size()), message.data(), extra.c_str());
-  std::fflush(stderr);
   try {
     std::thread([grace, code, prefix] {
       std::this_thread::sleep_for(std::chrono::duration<double>(grace));
