@@ -241,7 +241,7 @@ class JobLiveness {
     if (!through_file) {
       options.address = address;
     } else if (rank == 0) {
-      options.on_listening = [&published](int bound) { publish_address(published, bound); };
+      options.on_listening = [published](int bound) { publish_address(published, bound); };
     } else {
       std::tie(options.address, options.port) = read_address(published, timeout_seconds);
     }
