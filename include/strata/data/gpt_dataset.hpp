@@ -63,6 +63,21 @@ struct GptSampleIndex {
     auto k = static_cast<std::size_t>(2 * unshuffled);
     return {sample_index[k], sample_index[k + 1]};
   }
+  // The stretches of documents that sample i (in served order) is made of, in order:
+  // piece(document, begin, end) for tokens [begin, end) of each; length(document) is a document's
+  // token count (the stretches before the last run to a document's end).
+  template <class Length, class Piece>
+  void for_each_piece(std::int64_t i, Length&& length, Piece&& piece) const {
+    const std::int64_t j = shuffle_index[static_cast<std::size_t>(i)];
+    auto [first_pos, first_offset] = start(j);
+    auto [last_pos, last_offset] = start(j + 1);
+    for (std::int64_t pos = first_pos; pos <= last_pos; ++pos) {
+      const std::int64_t doc = document_index[static_cast<std::size_t>(pos)];
+      const std::int64_t begin = pos == first_pos ? first_offset : 0;
+      const std::int64_t end = pos == last_pos ? last_offset + 1 : static_cast<std::int64_t>(length(doc));
+      piece(doc, begin, end);
+    }
+  }
 };
 
 namespace detail {
@@ -259,14 +274,9 @@ class GptDataset {
                         size(), " samples");
     if (static_cast<std::int64_t>(out.size()) != sample_length())
       fail<ShapeError>("GptDataset::sample needs room for ", sample_length(), " tokens, got ", out.size());
-    const std::int64_t j = index_.shuffle_index[static_cast<std::size_t>(i)];
-    auto [first_pos, first_offset] = index_.start(j);
-    auto [last_pos, last_offset] = index_.start(j + 1);
     std::size_t written = 0;
-    for (std::int64_t pos = first_pos; pos <= last_pos; ++pos) {
-      const std::int64_t doc = index_.document_index[static_cast<std::size_t>(pos)];
-      const std::int64_t begin = pos == first_pos ? first_offset : 0;
-      const std::int64_t end = pos == last_pos ? last_offset + 1 : dataset_->sequence_length(doc);
+    const auto length = [&](std::int64_t doc) { return dataset_->sequence_length(doc); };
+    index_.for_each_piece(i, length, [&](std::int64_t doc, std::int64_t begin, std::int64_t end) {
       const auto count = static_cast<std::size_t>(end - begin);
       dataset_->read_into(doc, begin, out.subspan(written, count));
       if (config_.vocab_size > 0)
@@ -277,7 +287,7 @@ class GptDataset {
                             " tokens (--vocab-size, or the tokenizer's); tokenize the data with the model's tokenizer, or give "
                             "the vocabulary size it was tokenized with");
       written += count;
-    }
+    });
   }
   std::vector<std::int32_t> sample(std::int64_t i) const {
     std::vector<std::int32_t> out(static_cast<std::size_t>(sample_length()));

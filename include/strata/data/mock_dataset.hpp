@@ -105,16 +105,11 @@ class MockGptDataset {
     if (i < 0 || i >= size()) fail<ConfigError>("mock data: sample ", i, " is outside [0, ", size(), ")");
     if (static_cast<std::int64_t>(out.size()) != config_.seq_length + 1)
       fail<ConfigError>("mock data: a sample has ", config_.seq_length + 1, " tokens, the buffer holds ", out.size());
-    const std::int64_t j = index_.shuffle_index[static_cast<std::size_t>(i)];
-    auto [first_pos, first_offset] = index_.start(j);
-    auto [last_pos, last_offset] = index_.start(j + 1);
     std::size_t written = 0;
-    for (std::int64_t pos = first_pos; pos <= last_pos; ++pos) {
-      const std::int64_t doc = index_.document_index[static_cast<std::size_t>(pos)];
-      const std::int64_t begin = pos == first_pos ? first_offset : 0;
-      const std::int64_t end = pos == last_pos ? last_offset + 1 : document_length(doc);
-      for (std::int64_t k = begin; k < end; ++k) out[written++] = token(doc, k);
-    }
+    index_.for_each_piece(i, [this](std::int64_t d) { return document_length(d); },
+                          [&](std::int64_t doc, std::int64_t begin, std::int64_t end) {
+                            for (std::int64_t k = begin; k < end; ++k) out[written++] = token(doc, k);
+                          });
   }
 
  private:
