@@ -155,7 +155,7 @@ strata() {
     echo "exit $?" >>"$out/$run.rank0.log"
     return
   fi
-  local port=$((20000 + RANDOM % 20000)) pids=() r
+  local port=$((20000 + RANDOM % 12000)) pids=() r
   echo "  RANK=r WORLD_SIZE=$n LOCAL_RANK=r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $binary $*" >"$out/$run.cmd"
   [[ $dry == 1 ]] && { cat "$out/$run.cmd"; return; }
   for ((r = 0; r < n; ++r)); do

@@ -92,8 +92,8 @@ struct TrainArgs {
   // parallelism
   int world_size = 2;
   int tensor_model_parallel_size = 1;
-  int context_parallel_size = 1;         // cp: each sequence split over cp ranks (ring attention; CPU threads so far)
-  std::string cp_comm_type = "p2p";      // p2p (ring attention) or a2a (Ulysses); allgather and a2a+p2p are refused so far
+  int context_parallel_size = 1;         // cp: each sequence split over cp ranks (ring or all-to-all attention)
+  std::string cp_comm_type = "p2p";      // p2p (ring attention), allgather or a2a (Ulysses); a2a+p2p is refused so far
   int expert_model_parallel_size = 1;   // ep: experts spread over ep ranks of each stage
   int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
@@ -484,6 +484,14 @@ inline int data_parallel_size_of(const TrainArgs& a) {
   return model > 0 ? static_cast<int>(a.world_size / model) : 0;
 }
 
+// --cp-comm-type as the layers' enum (the flag is checked by check_context_parallel_args).
+inline ContextParallelComm context_parallel_comm_of(const TrainArgs& a) {
+  return a.cp_comm_type == "a2a"         ? ContextParallelComm::a2a
+         : a.cp_comm_type == "allgather" ? ContextParallelComm::allgather
+         : a.cp_comm_type == "a2a+p2p"   ? ContextParallelComm::a2a_p2p
+                                         : ContextParallelComm::p2p;
+}
+
 // ParallelConfig of the flags: tp, pp, cp, dp and the expert groups (etp defaults to tp, as Megatron).
 inline ParallelConfig parallel_config_of(const TrainArgs& a) {
   const int tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
@@ -502,11 +510,11 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--tensor-model-parallel-size", a.tensor_model_parallel_size, "tensor-parallel group size");
   app.add_option("--context-parallel-size", a.context_parallel_size,
                  "context-parallel group size: each sequence is cut into 2 x cp chunks, rank r holding chunks r and "
-                 "2cp-1-r, and attention runs as a ring over the group (CPU threads so far; docs/CONTEXT_PARALLEL.md)");
+                 "2cp-1-r, and attention runs as a ring over the group (docs/CONTEXT_PARALLEL.md)");
   app.add_option("--cp-comm-type", a.cp_comm_type,
                  "how attention exchanges keys and values over the context-parallel group: p2p (ring attention, the "
-                 "default) or a2a (all-to-all to whole sequences of heads / cp heads); allgather and a2a+p2p are not "
-                 "available yet");
+                 "default), allgather (every rank's keys and values gathered at once) or a2a (all-to-all to whole "
+                 "sequences of heads / cp heads); a2a+p2p is not available yet");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
   app.add_flag("--tp-comm-overlap", a.tp_comm_overlap,
                "tensor-parallel collectives beside the GEMMs: the input all-gathers as rings whose arrived blocks "
@@ -1088,7 +1096,7 @@ inline std::string with_flag_names(std::string message) {
 }
 
 // Context parallelism: the group divides the world with tp and pp; ring (p2p) or all-to-all (a2a)
-// attention on CPU threads, without experts, so far.
+// attention on CPU threads or GPUs, without experts, so far.
 inline void check_context_parallel_args(const TrainArgs& a) {
   const int cp = a.context_parallel_size, tp = a.tensor_model_parallel_size, pp = a.pipeline.pipeline_model_parallel_size;
   if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a" && a.cp_comm_type != "allgather" && a.cp_comm_type != "a2a+p2p")
@@ -1098,9 +1106,10 @@ inline void check_context_parallel_args(const TrainArgs& a) {
                       " x --pipeline-model-parallel-size=", pp, " does not divide --world-size=", a.world_size,
                       "; the world is tensor x context x data x pipeline parallel");
   if (cp == 1) return;
-  if (a.cp_comm_type != "p2p" && a.cp_comm_type != "a2a")
-    fail<ConfigError>("--cp-comm-type ", a.cp_comm_type, " is not available yet; context parallelism runs ring attention "
-                      "(--cp-comm-type p2p, the default) or all-to-all attention (--cp-comm-type a2a)");
+  if (a.cp_comm_type == "a2a+p2p")
+    fail<ConfigError>("--cp-comm-type a2a+p2p is not available yet (it needs the two-level cp group of "
+                      "--hierarchical-context-parallel-sizes); context parallelism runs ring attention (--cp-comm-type "
+                      "p2p, the default), all-gather attention (allgather) or all-to-all attention (a2a)");
   if (a.cp_comm_type == "a2a" && tp > 0) {
     const int groups_total = a.model.num_query_groups == 0 ? a.model.num_attention_heads : a.model.num_query_groups;
     const int heads = a.model.num_attention_heads / tp, groups = groups_total / tp;
@@ -1110,9 +1119,6 @@ inline void check_context_parallel_args(const TrainArgs& a) {
                         " does not divide; all-to-all attention gives each cp rank whole heads, so use --cp-comm-type "
                         "p2p, more --num-query-groups, or a smaller cp or tp");
   }
-  if (a.device == "cuda")
-    fail<ConfigError>("--context-parallel-size ", cp, " on --device cuda: context parallelism runs on CPU threads so far "
-                      "(the GPU attention has no ring blocks yet); use --device cpu or --context-parallel-size 1");
   if (a.sample_tokens > 0)
     fail<ConfigError>("--sample-tokens ", a.sample_tokens, " with --context-parallel-size ", cp,
                       ": sampling runs whole sequences on one rank; use --sample-tokens 0 and sample from the saved "

@@ -211,10 +211,15 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   for (auto& holding : holdings)
     for (auto& piece : holding.chunks) piece.ep = parallel.ep, piece.etp = parallel.etp;
   for (std::size_t r = 0; r < holdings.size(); ++r) {
-    const models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
+    models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
         local_model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
         static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r],
         a.use_distributed_optimizer ? dp * a.context_parallel_size : 1);
+    e.activation_bytes = checked_add(  // the ring's (or all-to-all's) buffers of one layer's backward
+        e.activation_bytes,
+        models::context_parallel_attention_bytes(a.model, tp, a.context_parallel_size, context_parallel_comm_of(a),
+                                                 a.micro_batch_size, models::element_bytes_of<T>()),
+        "memory");
     plan.stage_estimates.push_back(e);
     if (r == 0 || e.total() > plan.per_rank.total()) {
       plan.per_rank = e;
@@ -427,7 +432,7 @@ inline hf::SaveOptions hf_save_options(const TrainArgs& a, const data::Tokenizer
   if (!a.load_hf.empty()) {
     hf::carry_settings(hf::read_config(a.load_hf), options);
   } else {
-    options.eos_token_id = json::number(static_cast<std::int64_t>(tokenizer.eod()));
+    options.eos_token_id = strata::json::number(static_cast<std::int64_t>(tokenizer.eod()));
     if (architecture == hf::Architecture::gpt2) options.bos_token_id = options.eos_token_id;
   }
   return options;
@@ -572,10 +577,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
 
   Context ctx = Context::create(world, parallel_config_of(a), device);
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
-  ctx.cp_comm_type = a.cp_comm_type == "a2a"         ? ContextParallelComm::a2a
-                     : a.cp_comm_type == "allgather" ? ContextParallelComm::allgather
-                     : a.cp_comm_type == "a2a+p2p"   ? ContextParallelComm::a2a_p2p
-                                                     : ContextParallelComm::p2p;
+  ctx.cp_comm_type = context_parallel_comm_of(a);
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
   ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective"     ? Context::OverlapGather::collective
@@ -1374,16 +1376,38 @@ TrainResult train(const TrainArgs& given) {
                       "this trainer was built without CUDA (configure with the CUDA toolkit and NCCL found)",
 #endif
                       "; use --device cpu");
+  // A build may compile only some element types' instances (CMake's STRATA_TRAINER_ELEMENTS).
+  [[maybe_unused]] auto absent = [&](const char* type) -> TrainResult {
+    fail<ConfigError>("--dtype ", a.dtype, ": this trainer was built without its ", type,
+                      " instances (CMake's STRATA_TRAINER_ELEMENTS); rebuild with ", type,
+                      " in STRATA_TRAINER_ELEMENTS, or pick another --dtype");
+  };
   if (a.dtype == "double") {
+#ifndef STRATA_TRAINER_WITHOUT_DOUBLE
     return a.sequence_parallel ? train_with<Model, double, true>(a) : train_with<Model, double, false>(a);
+#else
+    return absent("double");
+#endif
   }
   if (a.dtype == "bf16") {
+#ifndef STRATA_TRAINER_WITHOUT_BF16
     return a.sequence_parallel ? train_with<Model, bf16, true>(a) : train_with<Model, bf16, false>(a);
+#else
+    return absent("bf16");
+#endif
   }
   if (a.dtype == "fp16") {
+#ifndef STRATA_TRAINER_WITHOUT_FP16
     return a.sequence_parallel ? train_with<Model, fp16, true>(a) : train_with<Model, fp16, false>(a);
+#else
+    return absent("fp16");
+#endif
   }
+#ifndef STRATA_TRAINER_WITHOUT_FLOAT
   return a.sequence_parallel ? train_with<Model, float, true>(a) : train_with<Model, float, false>(a);
+#else
+  return absent("float");
+#endif
 }
 
 

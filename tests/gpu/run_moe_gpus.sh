@@ -39,7 +39,7 @@ run() {
   if [[ $world == 1 ]]; then
     timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1 && return 0
   else
-    local port=$((20000 + RANDOM % 20000)) pids=() r failed=0
+    local port=$((20000 + RANDOM % 12000)) pids=() r failed=0
     for ((r = 0; r < world; r++)); do
       env RANK=$r WORLD_SIZE=$world LOCAL_RANK=$r LOCAL_WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
         timeout 600 "$program" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.rank$r.log" 2>&1 &

@@ -23,7 +23,7 @@ status=0
 run_job() {  # run_job <mode> [VAR=value ...]: one job of $processes processes
   local mode=$1
   shift
-  local port=$((20000 + RANDOM % 20000))
+  local port=$((20000 + RANDOM % 12000))
   local pids=()
   for ((r = 0; r < processes; r++)); do
     env "$@" RANK=$r WORLD_SIZE=$processes LOCAL_RANK=$r LOCAL_WORLD_SIZE=$processes MASTER_ADDR=127.0.0.1 \

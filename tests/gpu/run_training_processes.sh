@@ -2,15 +2,16 @@
 # tests/gpu/run_training_processes.sh: the 2-GPU training checks of test_training as jobs of one
 # process per GPU, started the way torchrun does (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 # MASTER_PORT): tp=2 + sequence parallel (also with --tp-comm-overlap, and with its copy-engine all-gathers), dp=2, dp=2 with the distributed optimizer and both
-# overlaps, pp=2 (1F1B), each compared with the tp=1 run on 1 GPU.
+# overlaps, pp=2 (1F1B), cp=2 (ring and all-to-all attention), each compared with the tp=1 run on 1 GPU.
 #
 #   tests/gpu/run_training_processes.sh <path to test_training> <its log> [--data-path PREFIX]
 #
 # <its log> is test_training's output, whose `LOSSES ...` line holds the 20 losses of tp=1 on 1 GPU.
 # Rank 0 of each job prints its own LOSSES line; every loss must be within 2e-2 relative of the
 # 1-GPU one. Each process's output goes to <log dir>/training-<layout>-rank<r>.log
-# (STRATA_TEST_LOG_DIR, else a temporary folder); exits non-zero when a process failed, did not
-# finish within STRATA_TEST_JOB_TIMEOUT seconds (default 300), or a loss is off.
+# (STRATA_TEST_LOG_DIR, else a temporary folder); STRATA_TEST_LAYOUTS picks layouts (default all).
+# Exits non-zero when a process failed, did not finish within STRATA_TEST_JOB_TIMEOUT seconds
+# (default 300), or a loss is off.
 set -uo pipefail
 binary=${1:?usage: run_training_processes.sh <test_training> <test_training log> [--data-path PREFIX]}
 reference_log=${2:?usage: run_training_processes.sh <test_training> <test_training log> [--data-path PREFIX]}
@@ -24,8 +25,8 @@ unset NCCL_COMM_ID STRATA_NCCL_ID_FILE
 status=0
 reference=$(grep -m1 '^LOSSES' "$reference_log" | cut -d' ' -f2-)
 [[ -z $reference ]] && { echo "no LOSSES line in '$reference_log' (the 1-GPU run)"; status=1; }
-for layout in tp2 tp2-overlap tp2-engines dp2 dp2-zero pp2; do
-  port=$((20000 + RANDOM % 20000))
+for layout in ${STRATA_TEST_LAYOUTS:-tp2 tp2-overlap tp2-engines dp2 dp2-zero pp2 cp2 cp2-a2a}; do
+  port=$((20000 + RANDOM % 12000))
   pids=()
   for r in 0 1; do
     env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
@@ -53,5 +54,5 @@ for layout in tp2 tp2-overlap tp2-engines dp2 dp2-zero pp2; do
   echo "$layout as 2 processes: $verdict"
   [[ $verdict == PASS* ]] || status=1
 done
-echo "SUITE training processes: $([[ $status == 0 ]] && echo passed || echo FAILED), tp=2 + sequence parallel (plain, --tp-comm-overlap and its copy-engine gathers), dp=2, dp=2 + ZeRO-1 overlapped, pp=2 as 2 processes (logs in $log_dir)"
+echo "SUITE training processes: $([[ $status == 0 ]] && echo passed || echo FAILED), tp=2 + sequence parallel (plain, --tp-comm-overlap and its copy-engine gathers), dp=2, dp=2 + ZeRO-1 overlapped, pp=2, cp=2 (p2p, a2a) as 2 processes (logs in $log_dir)"
 exit $status

@@ -12,6 +12,13 @@
 // views of a packed qkv projection with dropout against the CPU twin; a probability of 0 gives the
 // bits of the call without options (and on bf16 with cuDNN still runs cuDNN).
 //
+// Context parallelism's blocks (AttentionOptions::causal, query_offset, key_offset): non-causal
+// blocks (every key seen) and diagonal blocks at an offset, with and without dropout (the mask of
+// the global positions), on the flash kernels and, for bf16 without dropout, on cuDNN, against
+// the CPU twin with the same options, within the same tolerances; a non-causal block is far from
+// the causal one. And the merge of two blocks' outputs (cuda backend's attention_merge kernel)
+// against cpu::attention_merge: within 4 ulps of the element type per element.
+//
 // Plain main(): one line per check, a summary line, exit status 1 on any failure. `--quick` runs
 // only the small shapes (for compute-sanitizer).
 #include <cuda_runtime.h>
@@ -19,6 +26,7 @@
 #include <strata/backend/cpu/attention.hpp>
 #include <strata/backend/cpu/elementwise.hpp>
 #include <strata/backend/cuda/attention.hpp>
+#include <strata/backend/cuda/kernels/attention_merge.cuh>
 
 #include <algorithm>
 #include <cmath>
@@ -222,6 +230,120 @@ void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, c
         name + " two runs bit-identical");
 }
 
+// One context-parallel block (causal or not, at offsets) against the CPU twin with the same
+// options; the engine is cuDNN for bf16/fp16 without dropout where it is built in and preferred.
+template <class T>
+void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, AttentionOptions options,
+                    bool prefer_cudnn, std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  plans.prefer_cudnn(prefer_cudnn);
+  char tag[128];
+  std::snprintf(tag, sizeof tag, " block causal=%d query_offset=%lld key_offset=%lld ", options.causal ? 1 : 0,
+                (long long)options.query_offset, (long long)options.key_offset);
+  const std::string name = std::string(type_name<T>()) + (prefer_cudnn ? " cudnn-preferred" : "") + tag + x.str() +
+                           " " + dropout_str(options.dropout);
+  const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
+  const std::size_t nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
+  const std::size_t nl = static_cast<std::size_t>(x.b * x.heads * x.s);
+  std::mt19937_64 gen(seed);
+  std::vector<T> hq, hk, hv, hdo;
+  std::vector<double> rq, rk, rv, rdo;
+  random_values(gen, nq, hq, rq);
+  random_values(gen, nk, hk, rk);
+  random_values(gen, nk, hv, rv);
+  random_values(gen, nq, hdo, rdo);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+  std::vector<double> rout(nq), rlse(nl), rdq(nq), rdk(nk), rdv(nk), other_out(nq), other_lse(nl);
+  strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
+                                         rout.data(), rlse.data(), options);
+  strata::cpu::attention_backward<double>(rdo.data(), rq.data(), rk.data(), rv.data(), rout.data(), rlse.data(), x.s,
+                                          x.b, x.heads, x.groups, x.d, scale, rdq.data(), rdk.data(), rdv.data(), options);
+  AttentionOptions other = options;  // the other kind of block at offset 0: the comparison's teeth
+  other.causal = !options.causal, other.query_offset = other.key_offset = 0;
+  strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
+                                         other_out.data(), other_lse.data(), other);
+
+  DeviceArray<T> q(nq), k(nk), v(nk), dout(nq), out(nq), dq(nq), dk(nk), dv(nk);
+  DeviceArray<A> lse(nl);
+  q.upload(hq), k.upload(hk), v.upload(hv), dout.upload(hdo);
+  out.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
+  cu::attention_forward<T>(plans, stream, q.ptr, k.ptr, v.ptr, x.s, x.b, x.heads, x.groups, x.d, A(scale), out.ptr,
+                           lse.ptr, options);
+  const cu::attention_engine forward_engine = plans.last_engine();
+  const std::string refusal = plans.last_refusal();
+  cu::attention_backward<T>(plans, stream, dout.ptr, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, x.s, x.b, x.heads, x.groups,
+                            x.d, A(scale), dq.ptr, dk.ptr, dv.ptr, options);
+  const cu::attention_engine backward_engine = plans.last_engine();
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const bool cudnn_expected =
+      prefer_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T> && !options.dropout.active();
+  const cu::attention_engine expected = cudnn_expected ? cu::attention_engine::cudnn : cu::attention_engine::flash;
+  check(forward_engine == expected && (x.s == 1 || backward_engine == expected),
+        name + " engine forward=" + std::string(cu::engine_name(forward_engine)) + " backward=" +
+            std::string(cu::engine_name(backward_engine)) + (refusal.empty() ? "" : " (" + refusal + ")"));
+  const double tol = tolerance<T>();
+  auto report = [&](const char* what, double err) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s rel=%.3e (<= %.0e)", what, err, tol);
+    check(err <= tol, name + buf);
+  };
+  const std::vector<T> got_out = out.download();
+  report("out", relative_error(got_out, rout));
+  report("lse", relative_error(lse.download(), rlse));
+  report("dq", relative_error(dq.download(), rdq));
+  report("dk", relative_error(dk.download(), rdk));
+  report("dv", relative_error(dv.download(), rdv));
+  const double apart = relative_error(got_out, other_out);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " the other kind of block differs: rel=%.3e (> 10 x tolerance)", apart);
+  check(apart > 10 * tol, name + buf);
+}
+
+// cuda backend's attention_merge against cpu::attention_merge on the same values: each output
+// element within 4 ulps of T of the size of its two terms (|out| + |block_out|: the sum of two
+// weighted terms may cancel, and a fused multiply-add on one side rounds the terms differently),
+// each lse within 4 ulps of the accumulate type.
+template <class T>
+void run_merge_case(cudaStream_t stream, index_t s, index_t b, index_t heads, index_t d, std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  const std::size_t n = static_cast<std::size_t>(s * b * heads * d), nl = static_cast<std::size_t>(b * heads * s);
+  std::mt19937_64 gen(seed);
+  std::vector<T> out, block_out;
+  std::vector<double> ignore;
+  random_values(gen, n, out, ignore);
+  random_values(gen, n, block_out, ignore);
+  std::uniform_real_distribution<double> spread(-6.0, 6.0);
+  std::vector<A> lse(nl), block_lse(nl);
+  for (std::size_t i = 0; i < nl; ++i) lse[i] = A(spread(gen)), block_lse[i] = A(spread(gen));
+  std::vector<T> cpu_out = out;
+  std::vector<A> cpu_lse = lse;
+  strata::cpu::attention_merge<T>(cpu_out.data(), cpu_lse.data(), block_out.data(), block_lse.data(), s, b, heads, d);
+  DeviceArray<T> g_out(n), g_block(n);
+  DeviceArray<A> g_lse(nl), g_block_lse(nl);
+  g_out.upload(out), g_block.upload(block_out), g_lse.upload(lse), g_block_lse.upload(block_lse);
+  strata::cuda::kernels::attention_merge<T>(g_out.ptr, g_lse.ptr, g_block.ptr, g_block_lse.ptr, s, b, heads, d, stream);
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<T> got = g_out.download();
+  const std::vector<A> got_lse = g_lse.download();
+  const double ulp_t = std::is_same_v<T, double> ? 0x1p-52 : std::is_same_v<T, float> ? 0x1p-23 : 0x1p-7;
+  const double ulp_a = std::is_same_v<A, double> ? 0x1p-52 : 0x1p-23;
+  double worst = 0, worst_lse = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double ref = to_double(cpu_out[i]), g = to_double(got[i]);
+    const double terms = std::abs(to_double(out[i])) + std::abs(to_double(block_out[i]));
+    worst = std::max(worst, std::isfinite(g) ? std::abs(g - ref) / std::max(terms, 1e-300) / ulp_t : INFINITY);
+  }
+  for (std::size_t i = 0; i < nl; ++i) {
+    const double ref = cpu_lse[i], g = got_lse[i];
+    worst_lse = std::max(worst_lse, std::isfinite(g) ? std::abs(g - ref) / std::max(std::abs(ref), 1.0) / ulp_a : INFINITY);
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s attention_merge s=%lld b=%lld heads=%lld d=%lld: out within %.2f ulps, lse within %.2f "
+                "ulps of the CPU twin (<= 4)", type_name<T>(), (long long)s, (long long)b, (long long)heads, (long long)d,
+                worst, worst_lse);
+  check(worst <= 4 && worst_lse <= 4, buf);
+}
+
 // q = 0 and v_j = e_j (d = s): out_i[j] = Z_ij / (i + 1), so the zeros of out are the mask.
 void run_mask_case(cu::attention_plans& plans, cudaStream_t stream, index_t s, index_t b, index_t heads,
                    const AttentionDropout& dropout) {
@@ -416,6 +538,34 @@ int main(int argc, char** argv) {
       run_packed_case<double>(plans, stream, x, heavy, seed++);
       run_packed_case<float>(plans, stream, x, light, seed++);
       run_packed_case<bf16>(plans, stream, x, heavy, seed++);
+    }
+
+    // context parallelism's blocks: non-causal (keys wholly in the past) and diagonal at an offset,
+    // with and without dropout, on both engines
+    std::vector<Shape> blocks = {{7, 3, 8, 2, 48}, {129, 2, 4, 4, 64}, {64, 2, 8, 2, 128}};
+    if (!quick) blocks.push_back({512, 1, 8, 8, 64});
+    for (const Shape& x : blocks) {
+      AttentionOptions past;
+      past.causal = false, past.query_offset = 3 * x.s, past.key_offset = x.s;
+      AttentionOptions diagonal;
+      diagonal.query_offset = diagonal.key_offset = 2 * x.s;
+      for (AttentionOptions options : {past, diagonal})
+        for (const AttentionDropout& dropout : {AttentionDropout{}, light}) {
+          options.dropout = dropout;
+          run_block_case<double>(plans, stream, x, options, false, seed++);
+          run_block_case<float>(plans, stream, x, options, false, seed++);
+          run_block_case<bf16>(plans, stream, x, options, true, seed++);
+        }
+    }
+    run_block_case<fp16>(plans, stream, Shape{65, 2, 8, 2, 64}, [] {
+      AttentionOptions o;
+      o.causal = false, o.key_offset = 0, o.query_offset = 65;
+      return o;
+    }(), true, seed++);
+    for (index_t s : {1, 37, 256}) {
+      run_merge_case<double>(stream, s, 2, 4, 64, seed++);
+      run_merge_case<float>(stream, s, 3, 8, 128, seed++);
+      run_merge_case<bf16>(stream, s, 2, 4, 64, seed++);
     }
 
     // probability 0: untouched paths

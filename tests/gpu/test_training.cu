@@ -5,7 +5,9 @@
 // what the allocation report says; fp16 under the dynamic loss scaler follows bf16 on 1 GPU and
 // backs its scale off from 2^32; pp=2 with the transfers on the communication stream trains the
 // same bits; checkpoints saved on a GPU (in place and --async-save) resume bit for bit, and the
-// 1-GPU checkpoint resumes at tp=2 + SP on the tp=2 trajectory.
+// 1-GPU checkpoint resumes at tp=2 + SP on the tp=2 trajectory; context parallelism cp=2 (ring
+// attention, and all-to-all attention) on 2 GPUs follows tp=1 on 1 GPU, with and without the
+// selective recompute of the attention core.
 //
 //   test_training [--data-path PREFIX]   tp=1 on 1 GPU (nccl::run(1)): the loss falls, a second run
 //                                        gives the same losses bit for bit; prints `LOSSES ...`;
@@ -17,7 +19,7 @@
 //                                        (nccl::run(2)), losses and final parameters (gathered)
 //                                        within 2e-2 of tp=1 (the suite runs it with 2+ GPUs);
 //                                        the same 2-GPU runs as processes:
-//   test_training --process [--process-layout tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2]
+//   test_training --process [--process-layout tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2|cp2|cp2-a2a]
 //                                        one rank of a torchrun-style job (RANK, WORLD_SIZE, ...);
 //                                        rank 0 prints its LOSSES; run_training_processes.sh starts
 //                                        both jobs and compares them with the 1-GPU losses.
@@ -180,7 +182,8 @@ int main(int argc, char** argv) {
     else if (arg == "--process-layout" && i + 1 < argc) layout = argv[++i];
     else if (arg == "--threads") threads = true;
     else {
-      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2]]\n",
+      std::fprintf(stderr, "usage: %s [--data-path PREFIX] [--threads | --process [--process-layout "
+                           "tp2|tp2-overlap|tp2-engines|dp2|dp2-zero|pp2|cp2|cp2-a2a]]\n",
                    argv[0]);
       return 2;
     }
@@ -195,9 +198,13 @@ int main(int argc, char** argv) {
       const bool tp2 = layout == "tp2" || layout == "tp2-overlap" || layout == "tp2-engines";
       trainer::TrainArgs a = tp2 ? args_for(data_path, 2, 2, true) : args_for(data_path, 2, 1, false);
       a.tp_comm_overlap = layout == "tp2-overlap" || layout == "tp2-engines";
-      a.tp_comm_overlap_gather = layout == "tp2-engines" ? "copy-engines" : "ring";
+      if (a.tp_comm_overlap) a.tp_comm_overlap_gather = layout == "tp2-engines" ? "copy-engines" : "ring";
       if (layout == "dp2-zero") a.use_distributed_optimizer = a.overlap_grad_reduce = a.overlap_param_gather = true;
       if (layout == "pp2") a.pipeline.pipeline_model_parallel_size = 2;
+      if (layout == "cp2" || layout == "cp2-a2a") {
+        a.context_parallel_size = 2;
+        a.cp_comm_type = layout == "cp2" ? "p2p" : "a2a";
+      }
       trainer::resolve_device(a, true);
       const auto run = train(a);
       if (!run.losses.empty()) print_losses(run);  // rank 0 logs
@@ -325,6 +332,22 @@ int main(int argc, char** argv) {
                "dp=2 + distributed optimizer with --overlap-grad-reduce --overlap-param-gather: the same 20 losses bit for "
                "bit as without overlap");
       compare(s, "dp=2 + distributed optimizer, overlapped, on 2 GPUs (threads)", dp2_overlap, reference);
+      // Context parallelism over NCCL: each sequence's 4 chunks of 16 tokens split over 2 GPUs
+      // (chunks 0 and 3, 1 and 2); ring attention with its transfers beside the blocks on the
+      // communication stream, twice for the same bits; all-to-all attention; the ring with the
+      // attention core recomputed in the backward (the same bits as without).
+      auto cp2 = args_for(data_path, 2, 1, false);
+      cp2.context_parallel_size = 2;
+      const auto ring = train(cp2);
+      compare(s, "cp=2 ring attention (p2p) on 2 GPUs (threads)", ring, reference);
+      s.record(!ring.losses.empty() && train(cp2).losses == ring.losses,
+               "cp=2 ring attention: a second run gives the same 20 losses bit for bit");
+      auto recomputed = cp2;
+      recomputed.recompute_granularity = "selective";
+      s.record(!ring.losses.empty() && train(recomputed).losses == ring.losses,
+               "cp=2 ring attention with --recompute-granularity selective: the same 20 losses bit for bit");
+      cp2.cp_comm_type = "a2a";
+      compare(s, "cp=2 all-to-all attention (a2a) on 2 GPUs (threads)", train(cp2), reference);
       // Pipeline parallelism over NCCL: 2 stages, the 2 micro-batches of each step under 1F1B and
       // zero-bubble.
       // With --overlap-p2p-communication the transfers run on the communication stream: the same

@@ -1,7 +1,8 @@
 // Context parallelism (ring attention over the cp group, Megatron's load-balanced split): a model on
 // cp ranks, alone or with tensor (+ sequence) and data parallelism, dropout and recompute, equals
 // the single-rank run in double: every micro-batch's loss (summed over the cp group), the
-// validation loss, and every gradient (summed over dp x cp, gathered over tp). Lengths the split
+// validation loss, and every gradient (summed over dp x cp, gathered over tp); ring (p2p), all-gather
+// and all-to-all (a2a) attention. Lengths the split
 // cannot cut, and what is not available yet, are refused with sentences.
 #include "model_equivalence.hpp"
 
@@ -171,6 +172,23 @@ TEST(ContextParallel, AllToAllEqualsSingleRank) {
       true);
 }
 
+// All-gather attention: the ring's blocks against every rank's keys and values gathered at once.
+constexpr auto allgather = strata::ContextParallelComm::allgather;
+TEST(ContextParallel, AllGatherEqualsSingleRank) {
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(
+      tiny_llama(), {{.cp = 2, .comm = allgather}, {.cp = 3, .comm = allgather}, {.tp = 2, .cp = 2, .comm = allgather}},
+      false);
+  auto gpt = tiny_gpt();
+  gpt.hidden_dropout = 0.2;
+  gpt.attention_dropout = 0.25;
+  expect_context_parallel_equals_single_rank<strata::models::Gpt>(
+      gpt,
+      {{.cp = 4, .comm = allgather},
+       {.cp = 2, .dp = 2, .comm = allgather},
+       {.cp = 2, .recompute = {RecomputeGranularity::selective}, .comm = allgather}},
+      true);
+}
+
 // The split itself: chunks r and 2 cp - 1 - r.
 TEST(ContextParallel, SplitHoldsChunksRAndMirror) {
   const strata::ContextParallelSplit split = strata::context_parallel_split(24, 3, 1, "test");
@@ -229,7 +247,7 @@ TEST(ContextParallel, UnevenLengthsAreRefusedNamingBothNumbers) {
 TEST(ContextParallel, WhatIsNotAvailableIsRefused) {
   using namespace strata;
   using P = strata_test::ModelPolicy<double, false>;
-  for (const ContextParallelComm comm : {ContextParallelComm::allgather, ContextParallelComm::a2a_p2p}) {
+  for (const ContextParallelComm comm : {ContextParallelComm::a2a_p2p}) {
     const std::string error = config_error_of([&] {
       inprocess::run(2, [&](inprocess::communicator& world) {
         auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});

@@ -655,6 +655,36 @@ TEST(MemoryEstimate, PipelineRanksCountTheirOwnStage) {
       << trainer::describe(plan, "float");
 }
 
+// Under context parallelism the activations are the local tokens' (seq_length / cp) plus one layer's
+// attention buffers of the chosen exchange: the ring's keys, values and gradient sums (p2p), every
+// rank's at once (allgather, growing with cp), or the all-to-all's (a2a).
+TEST(MemoryEstimate, ContextParallelCountsLocalTokensAndTheAttentionBuffers) {
+  auto a = tiny("llama");
+  a.world_size = 4;
+  a.tensor_model_parallel_size = 1;
+  a.context_parallel_size = 4;
+  a.micro_batch_size = 1;
+  a.global_batch_size = 1;
+  auto local = a;  // the same tokens per rank without cp: seq_length / 4 on one rank
+  local.world_size = 1;
+  local.context_parallel_size = 1;
+  local.model.seq_length = a.model.seq_length / 4;
+  const auto base = trainer::plan_memory<float>(local).per_rank.activation_bytes;
+  const auto bytes = strata::models::element_bytes_of<float>();
+  std::int64_t previous = -1;
+  for (const char* comm : {"p2p", "a2a", "allgather"}) {
+    a.cp_comm_type = comm;
+    const auto buffers = strata::models::context_parallel_attention_bytes(a.model, 1, 4, trainer::context_parallel_comm_of(a),
+                                                                          1, bytes);
+    EXPECT_GT(buffers, 0) << comm;
+    EXPECT_EQ(trainer::plan_memory<float>(a).per_rank.activation_bytes, base + buffers) << comm;
+    if (std::string(comm) == "allgather") EXPECT_GT(buffers, previous) << "all-gather holds every rank's keys and values";
+    previous = buffers;
+  }
+  a.context_parallel_size = 1;
+  EXPECT_EQ(strata::models::context_parallel_attention_bytes(a.model, 1, 1, strata::ContextParallelComm::p2p, 1, bytes), 0);
+}
+
 // Sizes that cannot fit are refused with the numbers before anything is allocated, instead of
 // std::bad_alloc or std::system_error from deep inside the run.
 TEST(TrainerMain, SizesThatCannotFitAreRefusedWithTheNumbers) {

@@ -32,10 +32,10 @@
 // chunks of the whole one (shard/context_parallel.hpp); q, k, v are copies (never views), RoPE
 // turns each chunk by its global positions, and the core is ring attention
 // (layers/context_parallel_attention.hpp, ctx.cp_comm_type p2p), with lse kept per chunk
-// [2, b, np, s/2]; or, with cp_comm_type a2a (Ulysses), one all-to-all makes q, k, v whole
+// [2, b, np, s/2]; with cp_comm_type allgather, the same blocks against every rank's keys and values
+// gathered at once; or, with cp_comm_type a2a (Ulysses), one all-to-all makes q, k, v whole
 // sequences of np/cp heads (heads and groups per tp rank must divide over cp), attention runs on
-// them as without cp, and one all-to-all brings the output back. allgather and a2a+p2p are
-// refused, and so is cp > 1 outside host memory (the GPU attention has no non-causal blocks yet).
+// them as without cp, and one all-to-all brings the output back. a2a+p2p is refused. Both run on every backend (on the GPU the ring's transfers overlap the blocks).
 //
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
@@ -116,20 +116,32 @@ class SelfAttention {
                  (config_.hidden_size / config_.num_heads),
              config_.bias),
         proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias),
-        context_parallel_(ctx.cp.size() > 1) {
-    if (context_parallel_ && !std::is_same_v<Space, space::host>)
-      fail<ConfigError>("SelfAttention ", name, ": context parallelism runs on CPU threads so far (the in-process "
-                        "communicator with the CPU backend); use --context-parallel-size 1 on the GPU");
-  }
+        context_parallel_(ctx.cp.size() > 1) {}
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
   // backward when `backward`. Optional; the first call of a shape plans it otherwise. With dropout
   // the training calls need no plan (the CUDA backend runs them on its flash kernels): only the
   // forward without dropout (evaluation) is planned.
+  // `s` is the whole sequence's length. Under context parallelism the calls are the blocks of s /
+  // (2 cp) queries (causal and not), or with a2a whole sequences of heads / cp heads.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
-    if (context_parallel_) return;  // host only: nothing to plan
-    ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_,
-                                             backward && config_.dropout <= 0, packed_view().strides);
+    const bool plan_backward = backward && config_.dropout <= 0;
+    if (!context_parallel_) {
+      ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, plan_backward,
+                                               packed_view().strides);
+      return;
+    }
+    const ContextParallelSplit split = context_parallel_split(ctx, s / ctx.cp.size());
+    if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+      ctx.device.template prepare_attention<T>(s, b, heads_local_ / split.size, groups_local_ / split.size, head_dim_,
+                                               plan_backward, AttentionOptions{});
+      return;
+    }
+    for (const bool causal : {true, false}) {
+      AttentionOptions block;
+      block.causal = causal;
+      ctx.device.template prepare_attention<T>(split.chunk, b, heads_local_, groups_local_, head_dim_, plan_backward, block);
+    }
   }
 
   // dropout_key: the key of this micro-batch's attention dropout mask (distinct per layer and
@@ -207,10 +219,10 @@ class SelfAttention {
 
   // This rank's part of a local sequence of s tokens (two chunks of s / 2).
   ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
-    if (ctx.cp_comm_type != ContextParallelComm::p2p && ctx.cp_comm_type != ContextParallelComm::a2a)
-      fail<ConfigError>("SelfAttention: --cp-comm-type ", context_parallel_comm_name(ctx.cp_comm_type),
-                        " is not available yet; context parallelism runs ring attention (--cp-comm-type p2p) or "
-                        "all-to-all attention (--cp-comm-type a2a)");
+    if (ctx.cp_comm_type == ContextParallelComm::a2a_p2p)
+      fail<ConfigError>("SelfAttention: --cp-comm-type a2a+p2p is not available yet (it needs a two-level cp group); "
+                        "context parallelism runs ring attention (--cp-comm-type p2p), all-gather attention (allgather) "
+                        "or all-to-all attention (a2a)");
     if (ctx.cp_comm_type == ContextParallelComm::a2a &&
         (heads_local_ % ctx.cp.size() != 0 || groups_local_ % ctx.cp.size() != 0))
       fail<ConfigError>("SelfAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(),
@@ -267,8 +279,12 @@ class SelfAttention {
       heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, heads_local_, d, saved.out.data());
       return;
     }
-    ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
-                                 groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
+    if (ctx.cp_comm_type == ContextParallelComm::allgather)
+      allgather_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
+                                        groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
+    else
+      ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
+                                   groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
   }
 
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
@@ -299,9 +315,11 @@ class SelfAttention {
       }
       auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
            dv = Tensor<T, Space>::empty(saved.v.shape());
-      ring_attention_backward<T, A>(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
-                                    saved.out.data(), saved.lse.data(), b, heads_local_, groups_local_, d, scale(),
-                                    dq.data(), dk.data(), dv.data(), saved.dropout);
+      auto blocks_backward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_backward<T, A, Context>
+                                                                                 : ring_attention_backward<T, A, Context>;
+      blocks_backward(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
+                      saved.lse.data(), b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(), dv.data(),
+                      saved.dropout);
       if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
       ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
       return qkv_.backward(ctx, saved.qkv, dqkv, deferred);

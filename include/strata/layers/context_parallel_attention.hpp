@@ -24,8 +24,20 @@
 // saw. Keys and values go around the ring again, each with the running sums dk, dv of its owner's
 // chunks; after cp steps one more exchange hands every rank the sums of its own k and v.
 //
+// Overlap. The exchanges go through the communicator's overlapped handle (comm/communicator.hpp:
+// on NCCL, the communication stream), issued before the blocks they run beside and joined before
+// their results are read: in the forward the next step's keys and values travel while this step's
+// blocks run; in the backward the next step's keys and values travel while this step's blocks run,
+// the block gradients of a step are summed into a buffer of their own, and the running sums, which
+// arrive from the previous rank while those blocks run, are added after the join and sent on while
+// the next step's blocks run. Every buffer an exchange reads or writes outlives its join. Where the
+// communicator does not overlap (the in-process one), the same calls run in the same order at once.
+//
 // The sums run in a fixed order (ring order), so two runs give the same bits; the result equals
 // cp = 1's to rounding.
+//
+// All-gather (Megatron's --cp-comm-type allgather): the same blocks against every rank's keys and
+// values gathered at once (allgather_attention_forward / _backward below).
 //
 // All-to-all (Ulysses, Megatron's --cp-comm-type a2a): sequence_to_heads and heads_to_sequence
 // below turn the local sequence of every head into the whole sequence of heads / cp of them and
@@ -86,6 +98,79 @@ void all_to_all_equal(Comm& cp, const T* send, T* recv, index_t block) {
 
 }  // namespace detail
 
+namespace detail {
+
+// Scratch of one block's results, reused by every block of a call.
+template <class T, class A, class Space>
+struct RingBlockScratch {
+  Tensor<T, Space> out, dq, dk, dv;  // [c, b, heads or groups, d]
+  Tensor<A, Space> lse;              // [b, heads, c]
+};
+
+// The forward blocks of both local query chunks against the key/value chunks of cp rank `owner`
+// (keys, values [2c, b, groups, d]), merged into out and lse; `first` (the rank's own chunks, the
+// first owner of a call): the diagonal blocks and the blocks of key chunk 0 write out and lse.
+template <class T, class A, class Context, class Space>
+void forward_blocks(Context& ctx, const ContextParallelSplit& split, int owner, bool first, const T* q, const T* keys,
+                    const T* values, index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
+                    const AttentionOptions& base, RingBlockScratch<T, A, Space>& scratch) {
+  const index_t c = split.chunk;
+  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
+  for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
+    for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
+      T* chunk_out = out + query_chunk * q_chunk;
+      A* chunk_lse = lse + query_chunk * lse_chunk;
+      const bool writes = first && key_chunk == 0;  // key chunk 0 of the own chunks comes first for both query chunks
+      ctx.device.template attention_forward<T>(q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
+                                               values + key_chunk * kv_chunk, c, b, heads, groups, d, scale,
+                                               writes ? chunk_out : scratch.out.data(),
+                                               writes ? chunk_lse : scratch.lse.data(), options);
+      if (!writes)
+        ctx.device.template attention_merge<T>(chunk_out, chunk_lse, scratch.out.data(), scratch.lse.data(), c, b, heads, d);
+    });
+}
+
+// The backward blocks of both local query chunks against the key/value chunks of cp rank `owner`:
+// dq [2c, b, heads, d] and dk, dv [2c, b, groups, d] (the owner's two chunks) accumulate.
+template <class T, class A, class Context, class Space>
+void backward_blocks(Context& ctx, const ContextParallelSplit& split, int owner, const T* dout, const T* q,
+                     const T* keys, const T* values, const T* out, const A* lse, index_t b, index_t heads,
+                     index_t groups, index_t d, A scale, T* dq, T* dk, T* dv, const AttentionOptions& base,
+                     RingBlockScratch<T, A, Space>& scratch) {
+  const index_t c = split.chunk;
+  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
+  for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
+    for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
+      ctx.device.template attention_backward<T>(
+          dout + query_chunk * q_chunk, q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
+          values + key_chunk * kv_chunk, out + query_chunk * q_chunk, lse + query_chunk * lse_chunk, c, b, heads,
+          groups, d, scale, scratch.dq.data(), scratch.dk.data(), scratch.dv.data(), options);
+      T* dq_chunk = dq + query_chunk * q_chunk;
+      ctx.device.template add<T>(dq_chunk, scratch.dq.data(), q_chunk, dq_chunk);
+      T* dk_chunk = dk + key_chunk * kv_chunk;
+      T* dv_chunk = dv + key_chunk * kv_chunk;
+      ctx.device.template add<T>(dk_chunk, scratch.dk.data(), kv_chunk, dk_chunk);
+      ctx.device.template add<T>(dv_chunk, scratch.dv.data(), kv_chunk, dv_chunk);
+    });
+}
+
+template <class T, class A, class Space>
+RingBlockScratch<T, A, Space> ring_block_scratch(index_t c, index_t b, index_t heads, index_t groups, index_t d,
+                                                 bool backward) {
+  RingBlockScratch<T, A, Space> x;
+  if (backward) {
+    x.dq = Tensor<T, Space>::empty(Shape{c, b, heads, d});
+    x.dk = Tensor<T, Space>::empty(Shape{c, b, groups, d});
+    x.dv = Tensor<T, Space>::empty(Shape{c, b, groups, d});
+  } else {
+    x.out = Tensor<T, Space>::empty(Shape{c, b, heads, d});
+    x.lse = Tensor<A, Space>::empty(Shape{b, heads, c});
+  }
+  return x;
+}
+
+}  // namespace detail
+
 // out [2c, b, heads, d] and lse [2][b, heads, c] written (see the note at the top).
 template <class T, class A, class Context>
 void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
@@ -93,35 +178,27 @@ void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, con
                             AttentionDropout dropout) {
   using Space = typename Context::space;
   const index_t c = split.chunk;
-  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
-  const index_t kv_numel = 2 * kv_chunk;
-  auto held_k = Tensor<T, Space>::empty(Shape{2 * c, b, groups, d}), held_v = Tensor<T, Space>::empty(held_k.shape());
-  auto next_k = Tensor<T, Space>::empty(held_k.shape()), next_v = Tensor<T, Space>::empty(held_k.shape());
-  auto block_out = Tensor<T, Space>::empty(Shape{c, b, heads, d});
-  auto block_lse = Tensor<A, Space>::empty(Shape{b, heads, c});
+  const index_t kv_numel = 2 * c * b * groups * d;
+  const Shape kv_shape{2 * c, b, groups, d};
+  auto held_k = Tensor<T, Space>::empty(kv_shape), held_v = Tensor<T, Space>::empty(kv_shape);
+  auto next_k = Tensor<T, Space>::empty(kv_shape), next_v = Tensor<T, Space>::empty(kv_shape);
+  auto scratch = detail::ring_block_scratch<T, A, Space>(c, b, heads, groups, d, false);
   const AttentionOptions base{AttentionStrides{}, dropout};
   const int size = split.size, rank = split.rank;
+  auto ring = overlapped_handle(ctx.cp);  // the exchanges run beside the blocks
+  std::uint64_t arrived = 0;              // the mark of the exchanges the next join waits for
   for (int step = 0; step < size; ++step) {
-    const int owner = (rank - step + size) % size;
     const T* keys = step == 0 ? k : held_k.data();
     const T* values = step == 0 ? v : held_v.data();
     if (step + 1 < size) {  // the next step's keys and values, from the previous rank
       const T* send[2] = {keys, values};
       T* const recv[2] = {next_k.data(), next_v.data()};
-      detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+      detail::ring_exchange<T>(ring, send, recv, kv_numel);
+      arrived = overlapped_mark(ring);
     }
-    for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
-      detail::for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
-        T* chunk_out = out + query_chunk * q_chunk;
-        A* chunk_lse = lse + query_chunk * lse_chunk;
-        const bool first = step == 0 && key_chunk == 0;  // step 0 key chunk 0 comes first for both query chunks
-        ctx.device.template attention_forward<T>(q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
-                                                 values + key_chunk * kv_chunk, c, b, heads, groups, d, scale,
-                                                 first ? chunk_out : block_out.data(),
-                                                 first ? chunk_lse : block_lse.data(), options);
-        if (!first)
-          ctx.device.template attention_merge<T>(chunk_out, chunk_lse, block_out.data(), block_lse.data(), c, b, heads, d);
-      });
+    detail::forward_blocks<T, A>(ctx, split, (rank - step + size) % size, step == 0, q, keys, values, b, heads, groups, d,
+                                 scale, out, lse, base, scratch);
+    if (step + 1 < size) join_overlapped(ring, arrived);  // the next step's keys and values have arrived
     std::swap(held_k, next_k);
     std::swap(held_v, next_v);
   }
@@ -135,39 +212,40 @@ void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, co
                              index_t d, A scale, T* dq, T* dk, T* dv, AttentionDropout dropout) {
   using Space = typename Context::space;
   const index_t c = split.chunk;
-  const index_t q_chunk = c * b * heads * d, kv_chunk = c * b * groups * d, lse_chunk = b * heads * c;
-  const index_t kv_numel = 2 * kv_chunk;
+  const index_t kv_numel = 2 * c * b * groups * d;
   const Shape kv_shape{2 * c, b, groups, d};
   auto held_k = Tensor<T, Space>::empty(kv_shape), held_v = Tensor<T, Space>::empty(kv_shape);
   auto next_k = Tensor<T, Space>::empty(kv_shape), next_v = Tensor<T, Space>::empty(kv_shape);
   auto held_dk = Tensor<T, Space>::zeros(kv_shape), held_dv = Tensor<T, Space>::zeros(kv_shape);  // the owner's sums
   auto next_dk = Tensor<T, Space>::empty(kv_shape), next_dv = Tensor<T, Space>::empty(kv_shape);
-  auto block_dq = Tensor<T, Space>::empty(Shape{c, b, heads, d});
-  auto block_dk = Tensor<T, Space>::empty(Shape{c, b, groups, d}), block_dv = Tensor<T, Space>::empty(block_dk.shape());
-  ctx.device.template fill<T>(dq, 2 * q_chunk, 0.0);
+  auto step_dk = Tensor<T, Space>::empty(kv_shape), step_dv = Tensor<T, Space>::empty(kv_shape);  // this step's blocks
+  auto scratch = detail::ring_block_scratch<T, A, Space>(c, b, heads, groups, d, true);
+  ctx.device.template fill<T>(dq, 2 * c * b * heads * d, 0.0);
   const AttentionOptions base{AttentionStrides{}, dropout};
   const int size = split.size, rank = split.rank;
+  auto ring = overlapped_handle(ctx.cp);  // the exchanges run beside the blocks
+  std::uint64_t arrived = 0;              // the mark of the exchanges the next join waits for
   for (int step = 0; step < size; ++step) {
-    const int owner = (rank - step + size) % size;
     const T* keys = step == 0 ? k : held_k.data();
     const T* values = step == 0 ? v : held_v.data();
-    for (int query_chunk = 0; query_chunk < 2; ++query_chunk)
-      detail::for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
-        ctx.device.template attention_backward<T>(
-            dout + query_chunk * q_chunk, q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
-            values + key_chunk * kv_chunk, out + query_chunk * q_chunk, lse + query_chunk * lse_chunk, c, b, heads,
-            groups, d, scale, block_dq.data(), block_dk.data(), block_dv.data(), options);
-        T* dq_chunk = dq + query_chunk * q_chunk;
-        ctx.device.template add<T>(dq_chunk, block_dq.data(), q_chunk, dq_chunk);
-        T* dk_chunk = held_dk.data() + key_chunk * kv_chunk;
-        T* dv_chunk = held_dv.data() + key_chunk * kv_chunk;
-        ctx.device.template add<T>(dk_chunk, block_dk.data(), kv_chunk, dk_chunk);
-        ctx.device.template add<T>(dv_chunk, block_dv.data(), kv_chunk, dv_chunk);
-      });
-    if (step + 1 < size) {  // keys, values and their owner's sums on to the next rank
-      const T* send[4] = {keys, values, held_dk.data(), held_dv.data()};
-      T* const recv[4] = {next_k.data(), next_v.data(), next_dk.data(), next_dv.data()};
-      detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+    if (step + 1 < size) {  // the next step's keys and values, from the previous rank
+      const T* send[2] = {keys, values};
+      T* const recv[2] = {next_k.data(), next_v.data()};
+      detail::ring_exchange<T>(ring, send, recv, kv_numel);
+      arrived = overlapped_mark(ring);  // after the previous step's sums too
+    }
+    ctx.device.template fill<T>(step_dk.data(), kv_numel, 0.0);
+    ctx.device.template fill<T>(step_dv.data(), kv_numel, 0.0);
+    detail::backward_blocks<T, A>(ctx, split, (rank - step + size) % size, dout, q, keys, values, out, lse, b, heads,
+                                  groups, d, scale, dq, step_dk.data(), step_dv.data(), base, scratch);
+    if (size > 1) join_overlapped(ring, arrived);  // the owner's sums (and the next keys) have arrived
+    ctx.device.template add<T>(held_dk.data(), step_dk.data(), kv_numel, held_dk.data());
+    ctx.device.template add<T>(held_dv.data(), step_dv.data(), kv_numel, held_dv.data());
+    if (step + 1 < size) {  // the owner's sums on to the next rank, beside the next step's blocks
+      const T* send[2] = {held_dk.data(), held_dv.data()};
+      T* const recv[2] = {next_dk.data(), next_dv.data()};
+      detail::ring_exchange<T>(ring, send, recv, kv_numel);
+      arrived = overlapped_mark(ring);
       std::swap(held_k, next_k);
       std::swap(held_v, next_v);
       std::swap(held_dk, next_dk);
@@ -182,7 +260,68 @@ void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, co
   // the sums held now are those of rank + 1's chunks: one more step hands each to its owner
   const T* send[2] = {held_dk.data(), held_dv.data()};
   T* const recv[2] = {dk, dv};
-  detail::ring_exchange<T>(ctx.cp, send, recv, kv_numel);
+  detail::ring_exchange<T>(ring, send, recv, kv_numel);
+  join_overlapped(ring, overlapped_mark(ring));  // dk, dv written, and no buffer of this call in use, before the caller goes on
+}
+
+// ---- all-gather (--cp-comm-type allgather) ----
+//
+// The ring's blocks without the ring: one all-gather over the cp group gives every rank the keys
+// and values of all ranks ([cp][2c, b, groups, d]), and the blocks run against each owner's chunks
+// in the ring's order (owner = rank, rank - 1, ...), so the forward gives the ring's bits. The
+// backward gathers them again, sums the blocks' dk, dv per owner into [cp][2c, b, groups, d] and
+// one reduce-scatter hands every rank the sums of its own chunks. It moves the same bytes as the
+// ring without the overlap, and holds every rank's keys and values at once.
+
+template <class T, class A, class Context>
+Tensor<T, typename Context::space> gather_over_cp(Context& ctx, const ContextParallelSplit& split, const T* x,
+                                                  index_t numel) {
+  using Space = typename Context::space;
+  auto all = Tensor<T, Space>::empty(Shape{split.size, numel});
+  ctx.cp.all_gather(comm_span_t<const T, typename Context::communicator_type>(x, static_cast<std::size_t>(numel)),
+                    comm_span_t<T, typename Context::communicator_type>(all.data(), static_cast<std::size_t>(split.size * numel)));
+  return all;
+}
+
+// out [2c, b, heads, d] and lse [2][b, heads, c] written, as ring_attention_forward writes them.
+template <class T, class A, class Context>
+void allgather_attention_forward(Context& ctx, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
+                                 index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
+                                 AttentionDropout dropout) {
+  using Space = typename Context::space;
+  const index_t kv_numel = 2 * split.chunk * b * groups * d;
+  const auto all_k = gather_over_cp<T, A>(ctx, split, k, kv_numel), all_v = gather_over_cp<T, A>(ctx, split, v, kv_numel);
+  auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, false);
+  const AttentionOptions base{AttentionStrides{}, dropout};
+  for (int step = 0; step < split.size; ++step) {
+    const int owner = (split.rank - step + split.size) % split.size;
+    detail::forward_blocks<T, A>(ctx, split, owner, step == 0, q, all_k.data() + owner * kv_numel,
+                                 all_v.data() + owner * kv_numel, b, heads, groups, d, scale, out, lse, base, scratch);
+  }
+}
+
+// dq, dk, dv written, as ring_attention_backward writes them (dk, dv summed in another order).
+template <class T, class A, class Context>
+void allgather_attention_backward(Context& ctx, const ContextParallelSplit& split, const T* dout, const T* q,
+                                  const T* k, const T* v, const T* out, const A* lse, index_t b, index_t heads,
+                                  index_t groups, index_t d, A scale, T* dq, T* dk, T* dv, AttentionDropout dropout) {
+  using Space = typename Context::space;
+  using Comm = typename Context::communicator_type;
+  const index_t kv_numel = 2 * split.chunk * b * groups * d;
+  const auto all_k = gather_over_cp<T, A>(ctx, split, k, kv_numel), all_v = gather_over_cp<T, A>(ctx, split, v, kv_numel);
+  auto all_dk = Tensor<T, Space>::zeros(all_k.shape()), all_dv = Tensor<T, Space>::zeros(all_k.shape());
+  auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, true);
+  ctx.device.template fill<T>(dq, 2 * split.chunk * b * heads * d, 0.0);
+  const AttentionOptions base{AttentionStrides{}, dropout};
+  for (int step = 0; step < split.size; ++step) {
+    const int owner = (split.rank - step + split.size) % split.size;
+    const index_t at = owner * kv_numel;
+    detail::backward_blocks<T, A>(ctx, split, owner, dout, q, all_k.data() + at, all_v.data() + at, out, lse, b, heads,
+                                  groups, d, scale, dq, all_dk.data() + at, all_dv.data() + at, base, scratch);
+  }
+  const auto whole = static_cast<std::size_t>(split.size * kv_numel), own = static_cast<std::size_t>(kv_numel);
+  ctx.cp.reduce_scatter(comm_span_t<const T, Comm>(all_dk.data(), whole), comm_span_t<T, Comm>(dk, own), ReduceOp::sum);
+  ctx.cp.reduce_scatter(comm_span_t<const T, Comm>(all_dv.data(), whole), comm_span_t<T, Comm>(dv, own), ReduceOp::sum);
 }
 
 // ---- all-to-all (Ulysses, --cp-comm-type a2a) ----

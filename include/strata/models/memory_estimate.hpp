@@ -34,6 +34,17 @@
 // chunks' parameters and counts the activations of the micro-batch chunks its schedule keeps in
 // flight at its peak (pipeline::claimed_peak_in_flight), each as large as its largest chunk's; the
 // distributed optimizer divides the optimizer state by dp.
+//
+// Under context parallelism the activations are those of the rank's local tokens (the caller
+// passes seq_length / cp), and context_parallel_attention_bytes adds the transient buffers of one
+// layer's attention backward (the largest moment of its exchanges; local = the rank's s / cp
+// tokens, kv = local x b x groups / tp x d elements, q = local x b x heads / tp x d):
+//   p2p        the ring's keys, values and their running gradient sums, each held and arriving,
+//              and one step's block gradients (10 kv), plus one block's dq, dk, dv (q / 2 + kv)
+//   allgather  every rank's keys, values and their gradients at once (4 cp kv), plus one block's
+//              dq, dk, dv (q / 2 + kv)
+//   a2a        one all-to-all's send and receive buffers of the largest tensor (2 q) and the
+//              whole-sequence dq, dk, dv of this rank's heads (q + 2 kv)
 #pragma once
 
 #include <algorithm>
@@ -43,6 +54,7 @@
 #include <vector>
 
 #include "../backend/moe_routing.hpp"
+#include "../comm/parallel_context.hpp"
 #include "../core/checked.hpp"
 #include "../core/dtype.hpp"
 #include "../layers/chunked_classifier.hpp"
@@ -87,6 +99,24 @@ struct MemoryEstimate {
     return checked_add(sum, activation_bytes, "memory estimate");
   }
 };
+
+// The transient bytes of one layer's context-parallel attention backward (see the top); 0 at cp 1.
+inline std::int64_t context_parallel_attention_bytes(const ModelConfig& m, int tp, int cp, ContextParallelComm comm,
+                                                     std::int64_t micro_batch_size, ElementBytes bytes) {
+  if (cp <= 1) return 0;
+  const char* what = "context-parallel attention memory";
+  const std::int64_t heads = m.num_attention_heads, groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const std::int64_t d = m.hidden_size / heads, local = m.seq_length / cp;
+  const std::int64_t kv = checked_product(what, local, micro_batch_size, groups / tp, d);
+  const std::int64_t q = checked_product(what, local, micro_batch_size, heads / tp, d);
+  std::int64_t elements = 0;
+  switch (comm) {
+    case ContextParallelComm::allgather: elements = checked_add(checked_mul(4 * cp, kv, what), q / 2 + kv, what); break;
+    case ContextParallelComm::a2a: elements = checked_add(checked_mul(3, q, what), 2 * kv, what); break;
+    default: elements = checked_add(checked_mul(11, kv, what), q / 2, what); break;
+  }
+  return checked_mul(elements, bytes.value, what);
+}
 
 // What a rank holds of the model (the whole model by default).
 struct ModelPiece {

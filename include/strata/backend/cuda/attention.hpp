@@ -1,13 +1,16 @@
 // strata/backend/cuda/attention.hpp: causal grouped-query flash attention on the GPU, the backend's
 // attention_forward / attention_backward (docs/DEVICE.md).
 //
-//   forward   out = softmax(scale Q K^T, causal) V,  lse[b, heads, s] = natural-log log-sum-exp
+//   forward   out = softmax(scale Q K^T, causal unless options.causal is false) V,  lse[b, heads, s] = natural-log log-sum-exp
 //   backward  dq, dk, dv written from dout and the saved out and lse (probabilities recomputed)
 //   q, out, dout, dq [s, b, heads, d];  k, v, dk, dv [s, b, groups, d];  query head h reads
 //   key/value head h / (heads / groups). Never an s x s matrix kept between calls.
 //   The trailing AttentionOptions (backend/attention_options.hpp): q, dq and k, v, dk, dv may be
 //   strided views (the default is the contiguous layout): both engines read and write through the
-//   strides, no copy is made; and dropout on the probabilities (counter-based mask, lse undropped).
+//   strides, no copy is made; dropout on the probabilities (counter-based mask, lse undropped); and
+//   context parallelism's blocks (causal false: every key seen; query/key offsets: the global
+//   positions the dropout mask is drawn at). Both engines run non-causal blocks; only the dropout
+//   mask reads the offsets, and dropout runs on the flash kernels.
 //
 // Which engine runs:
 //   bf16, fp16 with cuDNN (STRATA_WITH_CUDNN, the strata::cudnn target): cuDNN 9 SDPA through the
@@ -155,11 +158,12 @@ class attention_plans {
   // `refusal` set.
   template <class T>
   const sdpa::graph_entry& graph(index_t s, index_t b, index_t heads, index_t groups, index_t d,
-                                 const AttentionStrides& strides, bool backward) {
-    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, strides, backward, backward && !deterministic_};
+                                 const AttentionStrides& strides, bool backward, bool causal = true) {
+    const key k{std::is_same_v<T, bf16> ? 0 : 1, s, b, heads, groups, d, strides, backward, backward && !deterministic_,
+                causal};
     auto found = graphs_.find(k);
     if (found != graphs_.end()) return found->second;
-    const sdpa::shape x{s, b, heads, groups, d, strides};
+    const sdpa::shape x{s, b, heads, groups, d, strides, causal};
     sdpa::graph_entry entry;
     if (frozen_) {  // not cached: the refusal is the same each time, and nothing is built
       frozen_refusal_.refusal = "this shape was not planned before freeze() (prepare_attention), and building a plan "
@@ -189,11 +193,12 @@ class attention_plans {
     AttentionStrides strides;  // resolved
     bool backward;
     bool atomic_dq;  // a backward built without the deterministic algorithm
+    bool causal;
     friend bool operator<(const key& x, const key& y) {
       return std::tie(x.dtype, x.s, x.b, x.heads, x.groups, x.d, x.strides.q_row, x.strides.q_head, x.strides.kv_row,
-                      x.strides.kv_head, x.backward, x.atomic_dq) <
+                      x.strides.kv_head, x.backward, x.atomic_dq, x.causal) <
              std::tie(y.dtype, y.s, y.b, y.heads, y.groups, y.d, y.strides.q_row, y.strides.q_head, y.strides.kv_row,
-                      y.strides.kv_head, y.backward, y.atomic_dq);
+                      y.strides.kv_head, y.backward, y.atomic_dq, y.causal);
     }
   };
 
@@ -216,12 +221,10 @@ class attention_plans {
 };
 
 namespace detail {
-// The flash kernels and cuDNN run whole causal sequences from position 0 so far.
-inline void refuse_context_parallel_blocks(const char* who, const AttentionOptions& options) {
-  if (uses_context_parallel_blocks(options))
-    fail<ConfigError>(who, ": context parallelism runs on CPU threads so far (the in-process communicator with the CPU "
-                      "backend); the GPU attention has no non-causal blocks or position offsets yet, so run with "
-                      "--context-parallel-size 1 on the GPU");
+// `options` with its strides resolved.
+inline AttentionOptions with_strides(AttentionOptions options, const AttentionStrides& resolved) {
+  options.strides = resolved;
+  return options;
 }
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -240,7 +243,7 @@ bool strides_aligned16(const AttentionStrides& x) {
 // The cuDNN graph to run, or nullptr with the reason noted on `plans`. `strides` resolved.
 template <class T>
 const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t b, index_t heads, index_t groups,
-                                     index_t d, const AttentionStrides& strides, bool backward,
+                                     index_t d, const AttentionStrides& strides, bool backward, bool causal,
                                      std::initializer_list<const void*> pointers) {
   if (!plans.prefers_cudnn()) {
     plans.note(attention_engine::flash, "cuDNN switched off with prefer_cudnn(false)");
@@ -255,7 +258,7 @@ const sdpa::graph_entry* cudnn_graph(attention_plans& plans, index_t s, index_t 
     plans.note(attention_engine::flash, "a stride of q, k or v is not a multiple of 16 bytes, which cuDNN requires");
     return nullptr;
   }
-  const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, strides, backward);
+  const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, strides, backward, causal);
   if (!entry.graph) {
     plans.note(attention_engine::flash, "cuDNN refused the shape: " + entry.refusal);
     return nullptr;
@@ -275,7 +278,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
                        bool backward, AttentionOptions options = {}) {
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("prepare_attention", options.strides, heads, groups, d);
-  detail::refuse_context_parallel_blocks("prepare_attention", options);
+  check_attention_block("prepare_attention", options);
   (void)attention_dropout_mask<accumulate_t<T>>("prepare_attention", options.dropout);  // checks the probability
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
@@ -285,7 +288,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
     std::size_t bytes = 0;
     for (bool direction : {false, true}) {
       if (direction && !backward) break;
-      const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, resolved, direction);
+      const sdpa::graph_entry& entry = plans.graph<T>(s, b, heads, groups, d, resolved, direction, options.causal);
       if (entry.graph) bytes = std::max(bytes, static_cast<std::size_t>(entry.workspace_bytes));
     }
     if (bytes > 0) (void)plans.workspace(bytes, nullptr);  // sized now, not in the middle of a step
@@ -305,7 +308,7 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
   static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_forward", options.strides, heads, groups, d);
-  detail::refuse_context_parallel_blocks("attention_forward", options);
+  check_attention_block("attention_forward", options);
   (void)attention_dropout_mask<accumulate_t<T>>("attention_forward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
@@ -313,14 +316,14 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
   }
   if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
     flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse,
-                               AttentionOptions{resolved, options.dropout});
+                               detail::with_strides(options, resolved));
     plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
     if (const sdpa::graph_entry* entry =
-            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, false, {q, k, v, out, lse})) {
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, false, options.causal, {q, k, v, out, lse})) {
       STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
       float scale_value = scale;
       std::unordered_map<std::int64_t, void*> pack{
@@ -331,11 +334,11 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
       plans.note(attention_engine::cudnn);
       return;
     }
-    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, resolved);  // reason noted
+    flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, detail::with_strides(options, resolved));  // reason noted
     return;
   }
 #endif
-  flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, resolved);
+  flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse, detail::with_strides(options, resolved));
   plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
 }
 
@@ -350,7 +353,7 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
   using A = accumulate_t<T>;
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_backward", options.strides, heads, groups, d);
-  detail::refuse_context_parallel_blocks("attention_backward", options);
+  check_attention_block("attention_backward", options);
   (void)attention_dropout_mask<A>("attention_backward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
@@ -359,14 +362,14 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
   if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
     A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
     flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta,
-                                AttentionOptions{resolved, options.dropout});
+                                detail::with_strides(options, resolved));
     plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
     if (const sdpa::graph_entry* entry =
-            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, true,
+            detail::cudnn_graph<T>(plans, s, b, heads, groups, d, resolved, true, options.causal,
                                    {dout, q, k, v, out, lse, dq, dk, dv})) {
       STRATA_CUDNN_CHECK(cudnnSetStream(plans.handle(), stream));
       float scale_value = scale;
@@ -382,12 +385,14 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
       return;
     }
     A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
-    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta, resolved);
+    flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta,
+                              detail::with_strides(options, resolved));
     return;
   }
 #endif
   A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
-  flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta, resolved);
+  flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta,
+                              detail::with_strides(options, resolved));
   plans.note(attention_engine::flash, is_half_v<T> ? "built without cuDNN" : "");
 }
 

@@ -41,6 +41,7 @@
 #include "gemm.hpp"
 #include "grouped_gemm.hpp"
 #include "kernels/activation.cuh"
+#include "kernels/attention_merge.cuh"
 #include "kernels/bias.cuh"
 #include "kernels/columns.cuh"
 #include "kernels/cross_entropy.cuh"
@@ -285,12 +286,12 @@ class backend {
     cuda::attention_backward<T>(attention(), stream(), dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk,
                                 dv, options);
   }
-  // Context parallelism's merge of partial attention outputs: not on the GPU yet (the layers refuse
-  // cp > 1 on this backend before they reach it).
+  // Context parallelism's merge of the attention of the same queries over another block of keys
+  // (kernels/attention_merge.cuh): out, lse updated in place.
   template <class T, class A = accumulate_t<T>>
-  void attention_merge(T*, A*, const T*, const A*, index_t, index_t, index_t, index_t) const {
-    fail<ConfigError>("attention_merge: context parallelism runs on CPU threads so far (the in-process communicator "
-                      "with the CPU backend); run with --context-parallel-size 1 on the GPU");
+  void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
+                       index_t d) const {
+    kernels::attention_merge<T>(out, lse, block_out, block_lse, s, b, heads, d, stream());
   }
   // Builds now the cuDNN plans the calls of this shape will use (forward, and backward when asked).
   // Building one compiles and loads GPU code, which waits for every GPU of the process: with one

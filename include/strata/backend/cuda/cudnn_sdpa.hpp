@@ -12,7 +12,9 @@
 // cuDNN's Stats is max + ln(sum exp(S - max)) of the scaled scores S: the natural-log log-sum-exp
 // the contract names, in the contract's layout, so no conversion is needed (base 2 only when asked
 // for with set_stats_use_log2, which is never done here). Grouped-query attention is cuDNN's own
-// (fewer K/V heads than Q heads); the causal mask is the top-left diagonal band (key j <= query i).
+// (fewer K/V heads than Q heads); the causal mask is the top-left diagonal band (key j <= query i),
+// and a graph built with shape::causal = false has no mask (context parallelism's blocks of keys
+// wholly in the past of their queries).
 //
 // The scale is a pass-by-value input, so one graph serves every scale. The backward is built with
 // set_deterministic_algorithm(true): on Hopper cuDNN then reduces dQ without atomics (through a
@@ -85,6 +87,7 @@ struct graph_entry {
 struct shape {
   std::int64_t s, b, heads, groups, d;
   AttentionStrides strides;  // resolved: of q, dq and of k, v, dk, dv
+  bool causal = true;        // false: no mask (a context-parallel block wholly in the past)
 };
 
 // Where one tensor's heads lie: elements between [s, b] positions and between heads.
@@ -146,9 +149,9 @@ graph_entry build_forward(cudnnHandle_t handle, const shape& x) {
   auto k = strided(*graph, "K", kK, x.b, x.groups, x.s, x.d, kv_at);
   auto v = strided(*graph, "V", kV, x.b, x.groups, x.s, x.d, kv_at);
   auto options = fe::graph::SDPA_attributes()
-                     .set_name("causal_gqa_attention")
+                     .set_name(x.causal ? "causal_gqa_attention" : "gqa_attention")
                      .set_generate_stats(true)
-                     .set_causal_mask(true)
+                     .set_causal_mask(x.causal)
                      .set_attn_scale(scale_input(*graph));
   auto [o, stats] = graph->sdpa(q, k, v, options);
   set_strided(*o, kO, x.b, x.heads, x.s, x.d, contiguous(x.heads, x.d));
@@ -179,8 +182,8 @@ graph_entry build_backward(cudnnHandle_t handle, const shape& x, bool determinis
                                  .set_stride({x.heads * x.s, x.s, 1, 1})
                                  .set_data_type(fe::DataType_t::FLOAT));
   auto options = fe::graph::SDPA_backward_attributes()
-                     .set_name("causal_gqa_attention_backward")
-                     .set_causal_mask(true)
+                     .set_name(x.causal ? "causal_gqa_attention_backward" : "gqa_attention_backward")
+                     .set_causal_mask(x.causal)
                      .set_attn_scale(scale_input(*graph))
                      .set_deterministic_algorithm(deterministic);
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, options);

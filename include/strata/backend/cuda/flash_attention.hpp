@@ -1,6 +1,6 @@
-// strata/backend/cuda/flash_attention.hpp: causal grouped-query attention, own flash-style kernels.
+// strata/backend/cuda/flash_attention.hpp: grouped-query attention, own flash-style kernels.
 //
-//   S = scale * Q K^T (key j > query i masked),  P = softmax(S),  O = P V,  lse_i = log sum_j e^(S_ij)
+//   S = scale * Q K^T (causal: key j > query i masked),  P = softmax(S),  O = P V,  lse_i = log sum_j e^(S_ij)
 //   backward: D_i = rowsum(dO_i * O_i),  P_ij = e^(S_ij - lse_i),  dP = dO V^T,  dS = P * (dP - D)
 //             dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K
 //
@@ -26,6 +26,11 @@
 // lse undropped), each lane drawing the mask of its own (query, key) pair from the counter-based
 // generator, so the kernels draw the CPU twin's mask bit for bit. Without dropout the plain
 // instantiation runs: no draw, the same instructions and bits as before dropout existed.
+//
+// Context parallelism (AttentionOptions::causal, query_offset, key_offset): a block with causal =
+// false lets every query see all s keys (the key chunk lies wholly in the past); the offsets are
+// the global positions the dropout mask is drawn at, so a ring's blocks draw the whole sequence's
+// mask. The causal kernels stop at the diagonal tile; non-causal ones run every key tile.
 //
 // Element types: float, double, bf16, fp16; tiles and sums are in accumulate_t<T> (float for the
 // 16-bit types). Head size d <= 256. Written for correctness and clarity first (CUDA cores, no
@@ -143,6 +148,9 @@ struct attention_params {
   A scale;
   bool dropping;                 // dropout on the probabilities: the kDropout kernels run
   AttentionDropoutMask<A> mask;  // when dropping
+  bool causal;                   // false: every query sees every key (a context-parallel block in the past)
+  index_t query_offset;          // global positions of query 0 and key 0 (the dropout mask's counters)
+  index_t key_offset;
 };
 static_assert(std::is_trivially_copyable_v<attention_params<float>>,
               "attention_params is passed to kernels by value, so it must be trivially copyable.");
@@ -159,6 +167,28 @@ __device__ inline index_t out_offset(const attention_params<T>& p, index_t i, in
 template <class T>
 __device__ inline index_t kv_offset(const attention_params<T>& p, index_t j, index_t bi, index_t g) {
   return (j * p.b + bi) * p.strides.kv_row + g * p.strides.kv_head;  // k, v, dk, dv: position (j, bi), head g
+}
+
+// Whether query i sees key j (both local, i < s).
+template <class T>
+__device__ inline bool sees(const attention_params<T>& p, index_t i, index_t j) {
+  return p.causal ? j <= i : j < p.s;
+}
+// The first key tile past every key the queries of a block ending at row `row_end` see.
+template <class T>
+__device__ inline index_t key_end_of(const attention_params<T>& p, index_t row_end) {
+  return p.causal ? min_index(p.s, row_end) : p.s;
+}
+// Keys of the tile at t0 that query i sees: those before this count.
+template <class T>
+__device__ inline int keys_seen_in_tile(const attention_params<T>& p, index_t i, index_t t0) {
+  return static_cast<int>(min_index(kTile, p.causal ? i - t0 + 1 : p.s - t0));
+}
+// Z_ij of local query i and key j: the mask of their global positions.
+template <class T>
+__device__ inline accumulate_t<T> dropout_factor(const attention_params<T>& p, index_t bi, index_t h, index_t i,
+                                                 index_t j) {
+  return p.mask.factor(bi, h, p.query_offset + i, p.key_offset + j);
 }
 
 // Loads keys and values t0 .. t0 + kTile - 1 of key/value head g into [kTile, d + 1] tiles
@@ -206,31 +236,32 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) o[t] = 0;
 
-  const index_t key_end = min_index(p.s, q_begin + kRows);  // the block's last query + 1
+  const index_t key_end = key_end_of(p, q_begin + kRows);  // causal: the block's last query + 1
   for (index_t t0 = 0; t0 < key_end; t0 += kTile) {
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || t0 > i) continue;  // warp-uniform
+    if (!active || (p.causal && t0 > i)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
+    const bool seen = sees(p, i, j);
     A score = negative_infinity<A>();
-    if (j <= i) {
+    if (seen) {
       A dot = 0;
       for (index_t c = 0; c < d; ++c) dot += q_row[c] * k_tile[lane * ld + c];
       score = dot * p.scale;
     }
-    const A m_new = max(m, warp_max(score));  // finite: key t0 <= i is in the tile
-    const A pj = j <= i ? exp_of(score - m_new) : A(0);
+    const A m_new = max(m, warp_max(score));  // finite: key t0 is seen
+    const A pj = seen ? exp_of(score - m_new) : A(0);
     const A alpha = exp_of(m - m_new);        // 0 on the first tile (m = -inf)
     l = l * alpha + warp_sum(pj);             // the undropped softmax's sum
     m = m_new;
     A weight = pj;                            // P_ij, times Z_ij under dropout
     if constexpr (kDropout)
-      if (j <= i) weight = pj * p.mask.factor(bi, h, i, j);
+      if (seen) weight = pj * dropout_factor(p, bi, h, i, j);
 #pragma unroll
     for (int t = 0; t < kChunks; ++t) o[t] *= alpha;
-    const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
+    const int r_end = keys_seen_in_tile(p, i, t0);
     for (int r = 0; r < r_end; ++r) {
       const A pr = __shfl_sync(0xffffffffu, weight, r);
 #pragma unroll
@@ -299,7 +330,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) dk[t] = dv[t] = 0;
 
-  const index_t t_first = (k_begin / kTile) * kTile;  // queries before the block's keys see none of them
+  // causal: queries before the block's keys see none of them
+  const index_t t_first = p.causal ? (k_begin / kTile) * kTile : 0;
   for (index_t hh = 0; hh < per_group; ++hh) {
     const index_t h = g * per_group + hh;
     const index_t stat = (bi * p.heads + h) * p.s;  // row of lse / D
@@ -321,11 +353,11 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
         delta_tile[r] = i < p.s ? p.delta[stat + i] : A(0);
       }
       __syncthreads();
-      if (!active || t0 + kTile <= j) continue;  // warp-uniform: no query of the tile sees key j
+      if (!active || (p.causal && t0 + kTile <= j)) continue;  // warp-uniform: no query of the tile sees key j
 
       const index_t i = t0 + lane;
       A prob = 0, dscore = 0;
-      if (i >= j && i < p.s) {
+      if (i < p.s && sees(p, i, j)) {
         A qk = 0, dov = 0;
         for (index_t c = 0; c < d; ++c) {
           qk += q_tile[lane * ld + c] * k_row[c];
@@ -333,14 +365,14 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
         }
         prob = exp_of(qk * p.scale - lse_tile[lane]);
         if constexpr (kDropout) {
-          const A factor = p.mask.factor(bi, h, i, j);  // Z_ij
+          const A factor = dropout_factor(p, bi, h, i, j);  // Z_ij
           dscore = prob * (factor * dov - delta_tile[lane]);
           prob = prob * factor;  // what dV sums
         } else {
           dscore = prob * (dov - delta_tile[lane]);
         }
       }
-      const int r_begin = static_cast<int>(max_index(0, j - t0));
+      const int r_begin = p.causal ? static_cast<int>(max_index(0, j - t0)) : 0;
       for (int r = r_begin; r < kTile; ++r) {
         const A pr = __shfl_sync(0xffffffffu, prob, r);
         const A dsr = __shfl_sync(0xffffffffu, dscore, r);
@@ -399,26 +431,26 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) dq[t] = 0;
 
-  const index_t key_end = min_index(p.s, q_begin + kRows);
+  const index_t key_end = key_end_of(p, q_begin + kRows);
   for (index_t t0 = 0; t0 < key_end; t0 += kTile) {
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || t0 > i) continue;  // warp-uniform
+    if (!active || (p.causal && t0 > i)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
     A dscore = 0;
-    if (j <= i) {
+    if (sees(p, i, j)) {
       A qk = 0, dov = 0;
       for (index_t c = 0; c < d; ++c) {
         qk += q_row[c] * k_tile[lane * ld + c];
         dov += do_row[c] * v_tile[lane * ld + c];
       }
       const A prob = exp_of(qk * p.scale - lse_i);
-      if constexpr (kDropout) dscore = prob * (p.mask.factor(bi, h, i, j) * dov - delta_i);
+      if constexpr (kDropout) dscore = prob * (dropout_factor(p, bi, h, i, j) * dov - delta_i);
       else dscore = prob * (dov - delta_i);
     }
-    const int r_end = static_cast<int>(min_index(kTile, i - t0 + 1));
+    const int r_end = keys_seen_in_tile(p, i, t0);
     for (int r = 0; r < r_end; ++r) {
       const A dsr = __shfl_sync(0xffffffffu, dscore, r);
 #pragma unroll
@@ -532,11 +564,13 @@ void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const 
   const AttentionStrides resolved =
       checked_attention_strides("flash_attention_forward", options.strides, heads, groups, d);
   const auto mask = attention_dropout_mask<accumulate_t<T>>("flash_attention_forward", options.dropout);
+  check_attention_block("flash_attention_forward", options);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out_w = out, p.lse_w = lse;
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   p.dropping = options.dropout.active(), p.mask = mask;
+  p.causal = options.causal, p.query_offset = options.query_offset, p.key_offset = options.key_offset;
   flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
 }
 
@@ -552,12 +586,14 @@ void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, co
   const AttentionStrides resolved =
       checked_attention_strides("flash_attention_backward", options.strides, heads, groups, d);
   const auto mask = attention_dropout_mask<accumulate_t<T>>("flash_attention_backward", options.dropout);
+  check_attention_block("flash_attention_backward", options);
   if (s == 0 || b == 0) return;
   flash::attention_params<T> p{};
   p.q = q, p.k = k, p.v = v, p.out = out, p.dout = dout, p.lse = lse, p.delta = delta, p.delta_w = delta;
   p.dq = dq, p.dk = dk, p.dv = dv;
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   p.dropping = options.dropout.active(), p.mask = mask;
+  p.causal = options.causal, p.query_offset = options.query_offset, p.key_offset = options.key_offset;
   flash::attention_delta_kernel<T><<<flash::grid_count(b * heads * s, flash::kRows), flash::kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK(cudaGetLastError());
   flash::dispatch_chunks<flash::launch_dkdv, T>(d, p, stream);
