@@ -2,10 +2,10 @@
 // (examples/tools/plan/planner.hpp; docs/PLANNING.md). The model is Megatron's flags, read by the
 // trainers' own parser; the cluster and the output are strata-plan's flags:
 //
-//   strata-plan --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention \
-//     --num-query-groups 8 --ffn-hidden-size 14336 --position-embedding-type rope --normalization RMSNorm \
-//     --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256 \
-//     --seq-length 8192 --global-batch-size 512 \
+//   strata-plan --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention
+//     --num-query-groups 8 --ffn-hidden-size 14336 --position-embedding-type rope --normalization RMSNorm
+//     --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256
+//     --seq-length 8192 --global-batch-size 512
 //     --gpus-per-node 8 --nodes 8 --gpu-memory-gib 80 --calibration bench/calibration/h100_node.json --svg plan.svg
 //   strata-plan --calibrate cpu.json      # times this machine's CPU backend and in-process communicator
 #include <cstdio>

@@ -6,7 +6,9 @@
 //   std::cout << plan::format_table(p, 10);
 //
 // 1. Enumeration (`enumerate_layouts`): tp (dividing the world, at most a node), cp (up to
-//    SearchSpace::max_cp), pp (up to the layers and pipeline::kMaxPipelineSize), the schedule (1F1B,
+//    SearchSpace::max_cp), pp (up to the layers and pipeline::kMaxPipelineSize; where pp does not
+//    divide the layers, pp >= 3 with the middle stages at ceil(layers / pp) and the first and last
+//    sharing the rest, as Megatron's --decoder-first/last-pipeline-num-layers), the schedule (1F1B,
 //    zero-bubble, interleaved with v chunks for every v > 1 that divides layers / pp), ep (MoE:
 //    divisors of the expert count up to world / pp), the micro-batch size (powers of two up to
 //    SearchSpace::max_micro_batch and the global batch), recompute none / selective / full, and the
@@ -73,6 +75,9 @@ struct Layout {
   int micro_batch = 1;
   RecomputeGranularity recompute = RecomputeGranularity::none;
   bool distributed_optimizer = false;
+  // Layers of the first and last pipeline stages when pp does not divide the layers (Megatron's
+  // --decoder-first/last-pipeline-num-layers); -1: the even split.
+  int first_stage_layers = -1, last_stage_layers = -1;
 };
 
 inline const char* recompute_name(RecomputeGranularity r) {
@@ -91,6 +96,8 @@ inline trainer::TrainArgs args_of(const trainer::TrainArgs& model, const Cluster
   a.pipeline.pipeline_model_parallel_size = l.pp;
   a.pipeline.pipeline_schedule = l.schedule;
   a.pipeline.num_layers_per_virtual_pipeline_stage = l.virtual_stages > 1 ? a.model.num_layers / (l.pp * l.virtual_stages) : 0;
+  a.pipeline.decoder_first_pipeline_num_layers = l.first_stage_layers;
+  a.pipeline.decoder_last_pipeline_num_layers = l.last_stage_layers;
   a.context_parallel_size = l.cp;
   a.expert_model_parallel_size = l.ep;
   a.micro_batch_size = l.micro_batch;
@@ -124,10 +131,19 @@ inline std::vector<Layout> enumerate_layouts(const trainer::TrainArgs& model, co
       for (int pp : divisors(world / (tp * cp))) {
         if (pp > std::min(layers, strata::pipeline::kMaxPipelineSize)) continue;
         const int dp = world / (tp * cp * pp);
+        // pp not dividing the layers: the middle stages take ceil(layers / pp) each and the first
+        // and last share the rest (the first the smaller half), when each gets at least one.
+        int first = -1, last = -1;
+        if (layers % pp != 0) {
+          if (pp < 3) continue;
+          const int per = (layers + pp - 1) / pp, rest = layers - (pp - 2) * per;
+          if (rest < 2) continue;
+          first = rest / 2, last = rest - rest / 2;
+        }
         std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
         if (pp > 1) {
           if (space.zero_bubble) schedules.push_back({"zero-bubble", 1});
-          if (layers % pp == 0)
+          if (first < 0)
             for (int v : divisors(layers / pp))
               if (v > 1) schedules.push_back({"interleaved", v});
         }
@@ -143,7 +159,7 @@ inline std::vector<Layout> enumerate_layouts(const trainer::TrainArgs& model, co
               for (RecomputeGranularity r : {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full})
                 for (bool distributed : {false, true}) {
                   if (distributed && dp * cp == 1) continue;
-                  out.push_back(Layout{tp, pp, dp, cp, ep, v, schedule, mb, r, distributed});
+                  out.push_back(Layout{tp, pp, dp, cp, ep, v, schedule, mb, r, distributed, first, last});
                 }
       }
     }
@@ -158,6 +174,7 @@ struct MemoryPrediction {
   int stage = 0;                     // which pipeline rank needs the most, recompute included
   std::int64_t recompute_delta = 0;  // what recompute changes in that rank's activations (<= 0, or a little > 0)
   std::int64_t reserve = 0;          // the calibration's runtime reserve
+  strata::models::MemoryEstimate state;  // that rank's plan_memory estimate (parameters, gradients, optimizer, activations)
   std::int64_t per_gpu() const { return estimate + recompute_delta + reserve; }
 };
 
@@ -204,6 +221,7 @@ inline MemoryPrediction predict_memory(const trainer::TrainArgs& a, const Calibr
       out.stage = static_cast<int>(s);
       out.estimate = plan.stage_estimates[s].total();
       out.recompute_delta = delta;
+      out.state = plan.stage_estimates[s];
     }
   }
   out.reserve = static_cast<std::int64_t>(calibration.runtime_reserve_gib * 1024.0 * 1024.0 * 1024.0);
@@ -398,8 +416,9 @@ struct Plan {
 };
 
 inline std::string describe_layout(const Layout& l) {
-  char text[160];
-  std::snprintf(text, sizeof text, "tp=%d pp=%d%s dp=%d cp=%d ep=%d mbs=%d recompute=%s%s", l.tp, l.pp,
+  char text[200];
+  const std::string split = l.first_stage_layers > 0 ? " layers " + std::to_string(l.first_stage_layers) + "/.../" + std::to_string(l.last_stage_layers) : "";
+  std::snprintf(text, sizeof text, "tp=%d pp=%d%s%s dp=%d cp=%d ep=%d mbs=%d recompute=%s%s", l.tp, l.pp, split.c_str(),
                 l.pp > 1 ? (l.schedule == "interleaved" ? (" v=" + std::to_string(l.virtual_stages)).c_str()
                                                         : (" " + l.schedule).c_str())
                          : "",
@@ -476,15 +495,16 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
              describe_layout(p.valid.front().layout) + "): use more GPUs or GPUs with more memory\n";
     return out;
   }
-  std::snprintf(line, sizeof line, "%4s %3s %3s %-15s %5s %3s %3s %4s %-9s %4s %8s %9s %12s %6s %7s  %s\n", "rank", "tp", "pp", "schedule",
+  std::snprintf(line, sizeof line, "%4s %3s %3s %-18s %5s %3s %3s %4s %-9s %4s %8s %9s %12s %6s %7s  %s\n", "rank", "tp", "pp", "schedule",
                 "dp", "cp", "ep", "mbs", "recompute", "dopt", "GiB/GPU", "step ms", "tokens/s", "MFU", "vs best", "lost to the best by");
   out += line;
   const double best = p.valid.front().time.total();
   for (std::size_t i = 0; i < std::min(top, p.fitting); ++i) {
     const Candidate& c = p.valid[i];
     const Layout& l = c.layout;
-    const std::string schedule = l.pp == 1 ? "-" : l.schedule == "interleaved" ? "interleaved/" + std::to_string(l.virtual_stages) : l.schedule;
-    std::snprintf(line, sizeof line, "%4zu %3d %3d %-15s %5d %3d %3d %4d %-9s %4s %8s %9.1f %12.0f %5.1f%% %6.3fx  %s\n", i + 1, l.tp, l.pp,
+    std::string schedule = l.pp == 1 ? "-" : l.schedule == "interleaved" ? "interleaved/" + std::to_string(l.virtual_stages) : l.schedule;
+    if (l.first_stage_layers > 0) schedule += " " + std::to_string(l.first_stage_layers) + ".." + std::to_string(l.last_stage_layers);
+    std::snprintf(line, sizeof line, "%4zu %3d %3d %-18s %5d %3d %3d %4d %-9s %4s %8s %9.1f %12.0f %5.1f%% %6.3fx  %s\n", i + 1, l.tp, l.pp,
                   schedule.c_str(), l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer ? "on" : "off",
                   gib(c.memory.per_gpu()).c_str(), c.time.total(), c.tokens_per_second, 100 * c.mfu, c.time.total() / best,
                   i == 0 ? "(best)" : c.lost.c_str());
