@@ -127,6 +127,25 @@ TEST(Plan, MemoryEqualsTheTrainersPlanMemory) {
   EXPECT_GT(checked, 100);
 }
 
+// The picture: one point per valid layout, a line at the GPU's memory, the best ringed; well formed
+// enough that every element opened is closed.
+TEST(Plan, SvgHasOnePointPerValidLayout) {
+  const plan::Plan p = plan::make_plan(tiny_gpt(), plan::Cluster{4, 1, 80}, h100());
+  const std::string svg = plan::svg(p, "tiny <GPT> & co");
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_EQ(count("<circle"), p.valid.size() + 1);  // the points and the ring around the best
+  EXPECT_EQ(count("<circle"), count("</circle>") + 1);  // the ring closes itself
+  EXPECT_EQ(count("<text"), count("</text>"));
+  EXPECT_EQ(svg.find("<GPT>"), std::string::npos);  // the title is escaped
+  EXPECT_NE(svg.find("80 GiB per GPU"), std::string::npos);
+}
+
 // A calibration file is checked field by field, its errors name the file and the field.
 TEST(Plan, CalibrationFileErrorsNameTheFileAndTheField) {
   const std::string good = plan::calibration_json(h100());

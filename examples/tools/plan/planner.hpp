@@ -538,21 +538,23 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
 // ringed), the GPU's memory as a vertical line. Plain SVG.
 inline std::string svg(const Plan& p, const std::string& title) {
   const double width = 820, height = 520, left = 80, right = 30, top = 50, bottom = 60;
+  // Memory up to 4 GPUs' worth: layouts needing more are drawn at the right edge.
   double max_memory = p.cluster.gpu_memory_gib * 1.1, max_time = 0, min_time = 1e300;
   for (const Candidate& c : p.valid) {
-    max_memory = std::max(max_memory, double(c.memory.per_gpu()) / (1 << 30));
+    max_memory = std::min(std::max(max_memory, double(c.memory.per_gpu()) / (1 << 30)), 4 * p.cluster.gpu_memory_gib);
     max_time = std::max(max_time, c.time.total());
     min_time = std::min(min_time, c.time.total());
   }
   if (p.valid.empty()) max_time = 1, min_time = 0.1;
   const double log_low = std::log10(std::max(1e-3, min_time)) - 0.05, log_high = std::log10(std::max(max_time, min_time * 1.01)) + 0.05;
-  auto x = [&](double gib_value) { return left + (width - left - right) * gib_value / max_memory; };
+  auto x = [&](double gib_value) { return left + (width - left - right) * std::min(gib_value, max_memory) / max_memory; };
   auto y = [&](double ms) { return height - bottom - (height - top - bottom) * (std::log10(ms) - log_low) / (log_high - log_low); };
   char buffer[512];
   std::string out = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"820\" height=\"520\" font-family=\"sans-serif\" font-size=\"12\">\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  std::snprintf(buffer, sizeof buffer, "<text x=\"%g\" y=\"25\" font-size=\"15\">%s</text>\n", left, strata::json::quote(title).substr(1, strata::json::quote(title).size() - 2).c_str());
-  out += buffer;
+  std::string escaped;
+  for (char ch : title) escaped += ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '&' ? "&amp;" : std::string(1, ch);
+  out += "<text x=\"80\" y=\"25\" font-size=\"15\">" + escaped + "</text>\n";
   std::snprintf(buffer, sizeof buffer, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/><line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n",
                 left, height - bottom, width - right, height - bottom, left, top, left, height - bottom);
   out += buffer;
@@ -562,7 +564,7 @@ inline std::string svg(const Plan& p, const std::string& title) {
     out += buffer;
   }
   for (double decade = std::pow(10.0, std::floor(log_low)); decade <= std::pow(10.0, log_high); decade *= 10)
-    for (double f : {1.0, 2.0, 5.0}) {
+    for (double f : {1.0, 1.5, 2.0, 3.0, 5.0, 7.0}) {
       const double v = decade * f;
       if (std::log10(v) < log_low || std::log10(v) > log_high) continue;
       std::snprintf(buffer, sizeof buffer, "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%g</text><line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>\n",
@@ -570,7 +572,7 @@ inline std::string svg(const Plan& p, const std::string& title) {
       out += buffer;
     }
   std::snprintf(buffer, sizeof buffer,
-                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">predicted memory per GPU (GiB)</text>\n"
+                "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">predicted memory per GPU (GiB; beyond the axis: at its end)</text>\n"
                 "<text x=\"20\" y=\"%g\" transform=\"rotate(-90 20 %g)\" text-anchor=\"middle\">predicted step time (ms, log scale)</text>\n",
                 (left + width - right) / 2, height - 15, (top + height - bottom) / 2, (top + height - bottom) / 2);
   out += buffer;
