@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
     if (model.tokenizer.vocab_size > 0) model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
     const plan::Plan p = plan::make_plan(model, cluster, calibration, space);
     std::cout << "strata-plan: " << model.model_kind << ", " << model.model.num_layers << " layers x " << model.model.hidden_size
+              << ", vocabulary " << model.model.vocab_size << (model.tokenizer.vocab_size > 0 ? "" : " (the byte tokenizer's: pass --vocab-size)")
               << ", seq " << model.model.seq_length << ", global batch " << model.global_batch_size << " on " << cluster.nodes << " x "
               << cluster.gpus_per_node << " GPUs of " << cluster.gpu_memory_gib << " GiB (" << calibration.name << ")\n";
     std::cout << plan::format_table(p, static_cast<std::size_t>(top));

@@ -247,7 +247,7 @@ struct StepTime {
 // a third of 1F1B's for zero-bubble), memoized.
 inline double bubble_fraction(strata::pipeline::ScheduleKind kind, int pp, int micro_batches, int v) {
   if (pp <= 1) return 0;
-  static std::map<std::tuple<int, int, int, int>, double> memo;
+  thread_local std::map<std::tuple<int, int, int, int>, double> memo;
   const auto key = std::tuple{static_cast<int>(kind), pp, micro_batches, v};
   if (auto it = memo.find(key); it != memo.end()) return it->second;
   double b = 0;
@@ -334,10 +334,9 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   const auto holdings = trainer::pipeline_holdings(a.pipeline, m, micro_batches);
   const double head = gemm_ms(t, vocab / tp, h) + bytes_ms(4 * t * vocab / tp * vb);
   const double embedding = bytes_ms(3 * t * h * vb);
-  const double boundary = l.pp > 1 ? 2 * (pp_link.bus_gbps > 0 ? (t * h * vb / (sp ? tp : 1)) / (pp_link.bus_gbps * 1e9) * 1e3 +
-                                                                     pp_link.latency_us * 1e-3
-                                                               : 0)
-                                   : 0;
+  // One point-to-point transfer (bus bandwidth as its rate) each way per chunk and micro-batch.
+  const double boundary =
+      l.pp > 1 ? 2 * ((t * h * vb / (sp ? tp : 1)) / (pp_link.bus_gbps * 1e9) * 1e3 + pp_link.latency_us * 1e-3) : 0;
   StepTime worst;
   double worst_total = -1;
   for (const auto& rank : holdings) {
@@ -523,7 +522,7 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
   out += "\n";
   if (!p.invalid.empty()) {  // the trainers' refusals, by their first words
     std::map<std::string, int> reasons;
-    for (const Invalid& i : p.invalid) reasons[i.reason.substr(0, std::min<std::size_t>(i.reason.find_first_of(":;("), 72))]++;
+    for (const Invalid& i : p.invalid) reasons[i.reason.substr(0, std::min<std::size_t>(i.reason.find_first_of(":;("), 100))]++;
     std::vector<std::pair<int, std::string>> sorted;
     for (const auto& [reason, count] : reasons) sorted.push_back({count, reason});
     std::sort(sorted.rbegin(), sorted.rend());
