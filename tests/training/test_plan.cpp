@@ -347,4 +347,50 @@ TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Perc
   EXPECT_LT(rows[0].memory_error(), 0.16);
 }
 
+// The bubble is the schedule table's idle share (docs/PIPELINE.md: pp = 4, m = 8 gives 0.273 for
+// 1F1B, 0.158 interleaved with v = 2, 0.111 zero-bubble), and beyond 128 micro-batches its closed form.
+TEST(Plan, BubbleIsTheScheduleTablesIdleShare) {
+  using strata::pipeline::ScheduleKind;
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 4, 8, 1), 3.0 / 11.0, 1e-12);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::interleaved, 4, 8, 2), 0.158, 5e-4);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::zero_bubble, 4, 8, 1), 0.111, 5e-4);
+  EXPECT_EQ(plan::bubble_fraction(ScheduleKind::one_f_one_b, 1, 8, 1), 0.0);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 8, 256, 1), 7.0 / 263.0, 1e-12);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 4, 128, 1), 3.0 / 131.0, 1e-12);  // the table agrees with the form
+}
+
+// The step's parts: tensor-parallel time appears with tp > 1 and grows when tp leaves the node
+// (InfiniBand), data-parallel time with dp > 1, the bubble with pp > 1; recompute adds time and
+// saves memory.
+TEST(Plan, StepTimeChargesEachPartWhereItArises) {
+  const trainer::TrainArgs model = trainer::parse_flags("gpt", gpt(24, 2048, 16, 1024, 64));
+  const plan::Calibration calibration = h100();
+  auto step = [&](plan::Cluster cluster, plan::Layout l) {
+    const trainer::TrainArgs a = plan::args_of(model, cluster, l);
+    trainer::validate(a);
+    return plan::predict_step(a, l, cluster, calibration);
+  };
+  const plan::StepTime one = step({1, 1, 80}, layout(1, 1, 1, 8));
+  EXPECT_EQ(one.communication(), 0.0);
+  EXPECT_EQ(one.bubble, 0.0);
+  const plan::StepTime tp_in_node = step({8, 1, 80}, layout(8, 1, 1, 8));
+  const plan::StepTime tp_across_nodes = step({4, 2, 80}, layout(8, 1, 1, 8));
+  EXPECT_GT(tp_in_node.tensor_parallel, 0.0);
+  EXPECT_GT(tp_across_nodes.tensor_parallel, 2 * tp_in_node.tensor_parallel);
+  EXPECT_GT(step({2, 1, 80}, layout(1, 1, 2, 8)).data_parallel, 0.0);
+  const plan::StepTime piped = step({2, 1, 80}, layout(1, 2, 1, 8));
+  EXPECT_NEAR(piped.bubble / (piped.total() - piped.bubble - piped.data_parallel - piped.optimizer - piped.overhead),
+              plan::bubble_fraction(strata::pipeline::ScheduleKind::one_f_one_b, 2, 8, 1) /
+                  (1 - plan::bubble_fraction(strata::pipeline::ScheduleKind::one_f_one_b, 2, 8, 1)),
+              1e-9);
+  const plan::StepTime full = step({1, 1, 80}, layout(1, 1, 1, 8, "1f1b", 1, RecomputeGranularity::full));
+  EXPECT_GT(full.recompute, 0.0);
+  EXPECT_NEAR(full.total(), full.compute + full.recompute + full.communication() + full.bubble + full.optimizer + full.overhead, 1e-9);
+  const trainer::TrainArgs a = plan::args_of(model, {1, 1, 80}, layout(1, 1, 1, 8));
+  EXPECT_LT(plan::predict_memory(a, calibration, RecomputeGranularity::full).per_gpu(),
+            plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu());
+  EXPECT_LT(plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu(),
+            plan::predict_memory(a, calibration, RecomputeGranularity::none).per_gpu());
+}
+
 }  // namespace
