@@ -7,7 +7,8 @@
 //     --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256
 //     --seq-length 8192 --global-batch-size 512
 //     --gpus-per-node 8 --nodes 8 --gpu-memory-gib 80 --calibration bench/calibration/h100_node.json --svg plan.svg
-//   strata-plan --calibrate cpu.json      # times this machine's CPU backend and in-process communicator
+//   strata-plan --calibrate gpu.json --calibration bench/calibration/h100_node.json   # GPU 0 (and its link to GPU 1)
+//   strata-plan --calibrate cpu.json --calibrate-cpu   # the CPU backend and the in-process communicator
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "plan/calibrate.hpp"
+#include "plan/calibrate_cuda.hpp"
 #include "plan/planner.hpp"
 
 namespace {
@@ -24,7 +26,7 @@ const char* kUsage =
     "usage: strata-plan <Megatron model flags> --seq-length N --global-batch-size N\n"
     "                   --gpus-per-node N --nodes N --gpu-memory-gib G --calibration FILE\n"
     "                   [--top N] [--svg FILE] [--max-context-parallel N] [--max-micro-batch N]\n"
-    "       strata-plan --calibrate FILE [--calibrate-ranks N]\n"
+    "       strata-plan --calibrate FILE [--calibration BASE] [--calibrate-cpu] [--calibrate-ranks N]\n"
     "The model flags are pretrain_gpt's (GPT by default; the Llama set and --num-experts as the trainers take them).\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -55,6 +57,7 @@ int main(int argc, char** argv) {
   plan::SearchSpace space;
   std::string calibration_file, svg_file, calibrate_file;
   int top = 10, calibrate_ranks = 2;
+  bool calibrate_cpu = false;
   bool have_gpus = false, have_nodes = false, have_memory = false, have_seq = false, have_batch = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -86,6 +89,8 @@ int main(int argc, char** argv) {
       space.max_micro_batch = static_cast<int>(integer_value(flag, value(), 1, 1 << 20, "the largest micro-batch size to try"));
     } else if (flag == "--calibrate") {
       calibrate_file = value();
+    } else if (flag == "--calibrate-cpu") {
+      calibrate_cpu = true;
     } else if (flag == "--calibrate-ranks") {
       calibrate_ranks = static_cast<int>(integer_value(flag, value(), 2, 64, "threads of the collective measurements"));
     } else {
@@ -100,9 +105,23 @@ int main(int argc, char** argv) {
   }
   try {
     if (!calibrate_file.empty()) {
-      plan::CalibrateOptions options;
-      options.ranks = calibrate_ranks;
-      const plan::Calibration c = plan::calibrate_cpu(options);
+      plan::Calibration c;
+#ifdef STRATA_WITH_CUDA
+      if (!calibrate_cpu && plan::visible_cuda_devices() > 0) {
+        if (calibration_file.empty())
+          usage_error("--calibrate on a GPU measures GEMMs, memory bandwidth and NVLink and keeps the rest (attention, "
+                      "InfiniBand, overheads) from a base file: pass --calibration bench/calibration/h100_node.json, or "
+                      "--calibrate-cpu for the CPU");
+        c = plan::calibrate_cuda(plan::load_calibration(calibration_file));
+      }
+#else
+      (void)calibrate_cpu;  // the only kind this build measures
+#endif
+      if (c.gemm.empty()) {
+        plan::CalibrateOptions options;
+        options.ranks = calibrate_ranks;
+        c = plan::calibrate_cpu(options);
+      }
       std::ofstream out(calibrate_file);
       out << plan::calibration_json(c);
       if (!out) usage_error("--calibrate " + calibrate_file + ": cannot write the file (does its directory exist?)");

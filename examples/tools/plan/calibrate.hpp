@@ -2,8 +2,7 @@
 // (strata::cpu::gemm, float), causal attention's two GEMM shapes, a memory-bound pass, and the
 // in-process communicator's all-gather between threads (its bus bandwidth and latency, standing
 // for both link kinds), and writes them as a calibration (calibration.hpp). It describes the CPU
-// path that CI runs; a GPU's calibration comes from the CUDA benchmarks (bench/calibration/ says
-// which figures), since this tool times no CUDA kernel yet.
+// path that CI runs; calibrate_cuda.hpp measures a GPU.
 #pragma once
 
 #include <algorithm>
