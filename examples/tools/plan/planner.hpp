@@ -397,7 +397,8 @@ struct Candidate {
   StepTime time;
   bool fits = false;
   double tokens_per_second = 0, mfu = 0;
-  std::string lost;  // why it is not the best ("" for the best)
+  std::string lost;     // why it is not the best ("" for the best)
+  double lost_ms = 0;   // by how much that part exceeds the best's (ms per step; 0 for "does not fit")
 };
 
 struct Invalid {
@@ -469,6 +470,7 @@ inline Plan make_plan(const trainer::TrainArgs& model, const Cluster& cluster, c
       for (const auto& part : parts)
         if (part.first > worst->first) worst = &part;
       c.lost = worst->second;
+      c.lost_ms = worst->first;
     }
     if (!c.lost.empty()) ++p.lost_counts[c.lost];
   }
@@ -478,6 +480,12 @@ inline Plan make_plan(const trainer::TrainArgs& model, const Cluster& cluster, c
 inline std::string gib(std::int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f", double(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+inline std::string format_ms(double ms) {
+  char text[32];
+  std::snprintf(text, sizeof text, ms < 10 ? "%.2f" : "%.1f", ms);
   return text;
 }
 
@@ -506,7 +514,7 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
     std::snprintf(line, sizeof line, "%4zu %3d %3d %-18s %5d %3d %3d %4d %-9s %4s %8s %9.1f %12.0f %5.1f%% %6.3fx  %s\n", i + 1, l.tp, l.pp,
                   schedule.c_str(), l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer ? "on" : "off",
                   gib(c.memory.per_gpu()).c_str(), c.time.total(), c.tokens_per_second, 100 * c.mfu, c.time.total() / best,
-                  i == 0 ? "(best)" : c.lost.c_str());
+                  i == 0 ? "(best)" : (c.lost + " (+" + format_ms(c.lost_ms) + " ms)").c_str());
     out += line;
   }
   const StepTime& b = p.valid.front().time;
