@@ -929,8 +929,13 @@ inline void check_range(const char* flag, std::int64_t value, std::int64_t low, 
 // Every integer flag against its range (the model's own numbers are checked again by models::validate).
 inline void check_integer_flags(const TrainArgs& a) {
   constexpr std::int64_t kInt = std::numeric_limits<int>::max();
-  check_range("--world-size", a.world_size, 1, max_world_size(),
-              "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
+  // On the CPU every rank is a thread of this process; on GPUs a rank is a GPU (a process of a
+  // launcher's job, or a thread per local GPU), so only the CPU's world is bounded by this machine.
+  if (a.device == "cuda")
+    check_range("--world-size", a.world_size, 1, kInt, "ranks in total, one GPU each");
+  else
+    check_range("--world-size", a.world_size, 1, max_world_size(),
+                "ranks in total, one thread each: at most 4 per hardware thread of this machine, and at least 16");
   check_range("--tensor-model-parallel-size", a.tensor_model_parallel_size, 1, a.world_size,
               "tensor-parallel group size, at most --world-size");
   // The layout before anything derived from it (an absent --global-batch-size is micro-batch x data parallel).

@@ -1,0 +1,215 @@
+// examples/tools/plan/calibration.hpp: what strata-plan knows of a machine, as numbers measured on
+// it (docs/PLANNING.md). A calibration file is JSON (read with core/json.hpp):
+//
+//   {
+//     "format": "strata-plan-calibration", "version": 1,
+//     "name": "one H100 SXM node", "source": "where each figure comes from",
+//     "peak_tflops": 989,                  // dense bf16 peak, for MFU only
+//     "gemm_tflops": [ {"m": 8192, "n": 12288, "k": 4096, "tflops": 679}, ... ],
+//     "attention_tflops": 192,             // causal attention, forward + backward FLOPs (backward = 2.5 forward) over time
+//     "elementwise_gbps": 2400,            // memory-bound kernels (norms, residual adds, bias, activations), bytes moved / s
+//     "optimizer_gbps": 2900,              // the AdamW update, 32 bytes touched per parameter of the shard
+//     "links": {"nvlink": {"bus_gbps": 160, "latency_us": 15},
+//               "infiniband": {"bus_gbps": 40, "latency_us": 25}},
+//     "step_overhead_ms": 2,               // per step, whatever the layout: host work, the gradient norm, launches
+//     "moe_host_ms_per_layer": 9,          // per MoE layer and micro-batch: the dispatcher's host reads of token counts
+//     "runtime_reserve_gib": 1.5           // per GPU beyond the estimate: CUDA context, workspaces, allocator slack
+//   }
+//
+// Bus bandwidth is nccl-tests' busbw: a ring all-gather or reduce-scatter of S bytes over n ranks
+// takes (n - 1) / n x S / busbw + latency, an all-reduce twice the bytes. A GEMM's throughput is that
+// of the measured shape nearest to it (distance in log m, log n, log k). Every field is required;
+// a missing, unknown, mistyped or non-positive field is an error naming the file and the field.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <strata/core/error.hpp>
+#include <strata/core/json.hpp>
+
+namespace plan {
+
+struct GemmPoint {
+  std::int64_t m = 0, n = 0, k = 0;
+  double tflops = 0;
+};
+
+struct Link {
+  double bus_gbps = 0;    // GB/s (1e9 bytes), nccl-tests' busbw
+  double latency_us = 0;  // per collective or transfer
+  // Seconds for `bytes` moved `passes` times (n - 1) / n over `ranks` ranks (one collective).
+  double seconds(double bytes, int ranks, double passes = 1.0) const {
+    if (ranks <= 1) return 0;
+    return passes * bytes * (ranks - 1) / ranks / (bus_gbps * 1e9) + latency_us * 1e-6;
+  }
+};
+
+struct Calibration {
+  std::string name, source;
+  double peak_tflops = 989;
+  std::vector<GemmPoint> gemm;
+  double attention_tflops = 0;
+  double elementwise_gbps = 0;
+  double optimizer_gbps = 0;
+  Link nvlink, infiniband;
+  double step_overhead_ms = 0;
+  double moe_host_ms_per_layer = 0;
+  double runtime_reserve_gib = 0;
+
+  // TFLOP/s of the measured GEMM shape nearest to m x n x k.
+  double gemm_tflops(double m, double n, double k) const {
+    double best = 0, best_distance = 1e300;
+    for (const GemmPoint& p : gemm) {
+      const double dm = std::log(m / p.m), dn = std::log(n / p.n), dk = std::log(k / p.k);
+      const double distance = dm * dm + dn * dn + dk * dk;
+      if (distance < best_distance) best_distance = distance, best = p.tflops;
+    }
+    return best;
+  }
+};
+
+namespace detail {
+
+[[noreturn]] inline void calibration_error(const std::string& file, const std::string& what) {
+  strata::fail<strata::ConfigError>("calibration file ", file, ": ", what,
+                                    " (docs/PLANNING.md describes the format; bench/calibration/h100_node.json is an example)");
+}
+
+inline const strata::json::Value& member(const strata::json::Value& object, std::string_view key, const std::string& file,
+                                         const std::string& where) {
+  const strata::json::Value* v = object.find(key);
+  if (!v) calibration_error(file, "the field \"" + where + std::string(key) + "\" is missing");
+  return *v;
+}
+
+inline double positive(const strata::json::Value& object, std::string_view key, const std::string& file,
+                       const std::string& where = "", bool zero_allowed = false) {
+  const strata::json::Value& v = member(object, key, file, where);
+  double x = 0;
+  if (!v.to_double(x))
+    calibration_error(file, "the field \"" + where + std::string(key) + "\" is " + std::string(strata::json::Value::kind_name(v.kind())) +
+                                ", not a number");
+  if (!std::isfinite(x) || x < 0 || (!zero_allowed && x == 0))
+    calibration_error(file, "the field \"" + where + std::string(key) + "\" is " + v.text() +
+                                (zero_allowed ? "; it must be a finite number >= 0" : "; it must be a finite number > 0"));
+  return x;
+}
+
+inline std::string text(const strata::json::Value& object, std::string_view key, const std::string& file) {
+  const strata::json::Value& v = member(object, key, file, "");
+  if (!v.is_string())
+    calibration_error(file, "the field \"" + std::string(key) + "\" is " + std::string(strata::json::Value::kind_name(v.kind())) +
+                                ", not a string");
+  return v.text();
+}
+
+inline void only_known(const strata::json::Value& object, std::initializer_list<std::string_view> known, const std::string& file,
+                       const std::string& where) {
+  for (const auto& [name, value] : object.members()) {
+    bool found = false;
+    for (std::string_view k : known) found = found || name == k;
+    if (!found) calibration_error(file, "unknown field \"" + where + name + "\" (a typo? the known ones are listed in docs/PLANNING.md)");
+  }
+}
+
+}  // namespace detail
+
+inline constexpr std::string_view kCalibrationFormat = "strata-plan-calibration";
+
+// Parses and checks a calibration document; `file` names it in errors.
+inline Calibration parse_calibration(std::string_view document, const std::string& file) {
+  using detail::calibration_error;
+  strata::json::Value root;
+  try {
+    root = strata::json::parse(document, file);
+  } catch (const std::exception& e) {
+    calibration_error(file, std::string("not valid JSON: ") + e.what());
+  }
+  if (!root.is_object()) calibration_error(file, "the document is " + std::string(strata::json::Value::kind_name(root.kind())) + ", not an object");
+  detail::only_known(root,
+                     {"format", "version", "name", "source", "peak_tflops", "gemm_tflops", "attention_tflops", "elementwise_gbps",
+                      "optimizer_gbps", "links", "step_overhead_ms", "moe_host_ms_per_layer", "runtime_reserve_gib"},
+                     file, "");
+  if (detail::text(root, "format", file) != kCalibrationFormat)
+    calibration_error(file, "\"format\" is \"" + detail::text(root, "format", file) + "\", not \"" + std::string(kCalibrationFormat) + "\"");
+  std::int64_t version = 0;
+  if (!detail::member(root, "version", file, "").to_int64(version) || version != 1)
+    calibration_error(file, "\"version\" must be 1 (the only version this strata-plan reads)");
+  Calibration c;
+  c.name = detail::text(root, "name", file);
+  c.source = detail::text(root, "source", file);
+  c.peak_tflops = detail::positive(root, "peak_tflops", file);
+  const strata::json::Value& gemm = detail::member(root, "gemm_tflops", file, "");
+  if (!gemm.is_array() || gemm.items().empty())
+    calibration_error(file, "\"gemm_tflops\" must be a non-empty array of {\"m\", \"n\", \"k\", \"tflops\"} objects");
+  for (std::size_t i = 0; i < gemm.items().size(); ++i) {
+    const strata::json::Value& p = gemm.items()[i];
+    const std::string where = "gemm_tflops[" + std::to_string(i) + "].";
+    if (!p.is_object()) calibration_error(file, "\"gemm_tflops[" + std::to_string(i) + "]\" is not an object");
+    detail::only_known(p, {"m", "n", "k", "tflops", "source"}, file, where);
+    GemmPoint g;
+    g.m = static_cast<std::int64_t>(detail::positive(p, "m", file, where));
+    g.n = static_cast<std::int64_t>(detail::positive(p, "n", file, where));
+    g.k = static_cast<std::int64_t>(detail::positive(p, "k", file, where));
+    g.tflops = detail::positive(p, "tflops", file, where);
+    if (g.tflops > c.peak_tflops)
+      calibration_error(file, "\"" + where + "tflops\" (" + std::to_string(g.tflops) + ") is above \"peak_tflops\" (" +
+                                  std::to_string(c.peak_tflops) + ")");
+    c.gemm.push_back(g);
+  }
+  c.attention_tflops = detail::positive(root, "attention_tflops", file);
+  c.elementwise_gbps = detail::positive(root, "elementwise_gbps", file);
+  c.optimizer_gbps = detail::positive(root, "optimizer_gbps", file);
+  const strata::json::Value& links = detail::member(root, "links", file, "");
+  if (!links.is_object()) calibration_error(file, "\"links\" must be an object with \"nvlink\" and \"infiniband\"");
+  detail::only_known(links, {"nvlink", "infiniband"}, file, "links.");
+  for (auto [key, link] : {std::pair{"nvlink", &c.nvlink}, std::pair{"infiniband", &c.infiniband}}) {
+    const strata::json::Value& l = detail::member(links, key, file, "links.");
+    const std::string where = std::string("links.") + key + ".";
+    if (!l.is_object()) calibration_error(file, "\"links." + std::string(key) + "\" must be an object with \"bus_gbps\" and \"latency_us\"");
+    detail::only_known(l, {"bus_gbps", "latency_us", "source"}, file, where);
+    link->bus_gbps = detail::positive(l, "bus_gbps", file, where);
+    link->latency_us = detail::positive(l, "latency_us", file, where, true);
+  }
+  c.step_overhead_ms = detail::positive(root, "step_overhead_ms", file, "", true);
+  c.moe_host_ms_per_layer = detail::positive(root, "moe_host_ms_per_layer", file, "", true);
+  c.runtime_reserve_gib = detail::positive(root, "runtime_reserve_gib", file, "", true);
+  return c;
+}
+
+inline Calibration load_calibration(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) strata::fail<strata::ConfigError>("calibration file ", path, ": cannot be opened (does it exist? pass --calibration FILE, "
+                                             "e.g. bench/calibration/h100_node.json, or write one with --calibrate)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_calibration(text.str(), path);
+}
+
+// The calibration as a document parse_calibration reads back.
+inline std::string calibration_json(const Calibration& c) {
+  using strata::json::number;
+  using strata::json::quote;
+  std::string out = "{\n  \"format\": " + quote(kCalibrationFormat) + ",\n  \"version\": 1,\n  \"name\": " + quote(c.name) +
+                    ",\n  \"source\": " + quote(c.source) + ",\n  \"peak_tflops\": " + number(c.peak_tflops) + ",\n  \"gemm_tflops\": [\n";
+  for (std::size_t i = 0; i < c.gemm.size(); ++i) {
+    const GemmPoint& g = c.gemm[i];
+    out += "    {\"m\": " + number(g.m) + ", \"n\": " + number(g.n) + ", \"k\": " + number(g.k) + ", \"tflops\": " + number(g.tflops) + "}" +
+           (i + 1 < c.gemm.size() ? ",\n" : "\n");
+  }
+  out += "  ],\n  \"attention_tflops\": " + number(c.attention_tflops) + ",\n  \"elementwise_gbps\": " + number(c.elementwise_gbps) +
+         ",\n  \"optimizer_gbps\": " + number(c.optimizer_gbps) + ",\n  \"links\": {\n    \"nvlink\": {\"bus_gbps\": " +
+         number(c.nvlink.bus_gbps) + ", \"latency_us\": " + number(c.nvlink.latency_us) + "},\n    \"infiniband\": {\"bus_gbps\": " +
+         number(c.infiniband.bus_gbps) + ", \"latency_us\": " + number(c.infiniband.latency_us) + "}\n  },\n  \"step_overhead_ms\": " +
+         number(c.step_overhead_ms) + ",\n  \"moe_host_ms_per_layer\": " + number(c.moe_host_ms_per_layer) +
+         ",\n  \"runtime_reserve_gib\": " + number(c.runtime_reserve_gib) + "\n}\n";
+  return out;
+}
+
+}  // namespace plan

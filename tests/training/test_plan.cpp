@@ -1,0 +1,396 @@
+// strata-plan's planner (examples/tools/plan/): the enumeration against a hand count, validity
+// through the trainers' own validation, memory equal to plan_memory, the calibration file's checks,
+// and the predictions beside the runs recorded in bench/RESULTS.md (bench/calibration/README.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tools/plan/calibrate.hpp"
+#include "tools/plan/planner.hpp"
+
+#ifndef STRATA_SOURCE_DIR
+#error "STRATA_SOURCE_DIR must name the source tree (the calibration file lives there)"
+#endif
+
+namespace {
+
+using strata::models::RecomputeGranularity;
+
+trainer::TrainArgs tiny_gpt() {
+  return trainer::parse_flags("gpt", {"--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
+                                      "--global-batch-size", "8", "--vocab-size", "257"});
+}
+
+plan::Calibration h100() { return plan::load_calibration(std::string(STRATA_SOURCE_DIR) + "/bench/calibration/h100_node.json"); }
+
+// Hand count for 1 node x 4 GPUs, 4 layers, global batch 8 (micro-batches 1, 2, 4, 8; 3 recompute
+// choices; the distributed optimizer off, and on where dp x cp > 1):
+//   tp=1 cp=1: pp=1 (dp 4): 1 schedule x 4 x 3 x 2 = 24; pp=2 (dp 2): 1f1b, zero-bubble, interleaved v=2:
+//              3 x 4 x 3 x 2 = 72; pp=4 (dp 1): 1f1b, zero-bubble: 2 x 4 x 3 x 1 = 24
+//   tp=1 cp=2: pp=1 (dp 2): 24; pp=2 (dp 1, dp x cp = 2): 3 x 4 x 3 x 2 = 72
+//   tp=1 cp=4: pp=1: 24
+//   tp=2 cp=1: pp=1 (dp 2): 24; pp=2 (dp 1): 3 x 4 x 3 x 1 = 36;  tp=2 cp=2: pp=1: 24
+//   tp=4: 1 x 4 x 3 x 1 = 12
+//   total 240 + 84 + 12 = 336.
+TEST(Plan, EnumerationCountMatchesHandCount) {
+  const auto layouts = plan::enumerate_layouts(tiny_gpt(), plan::Cluster{4, 1, 80});
+  EXPECT_EQ(layouts.size(), 336u);
+  int interleaved = 0, distributed = 0;
+  for (const auto& l : layouts) {
+    EXPECT_EQ(l.tp * l.pp * l.cp * l.dp, 4);
+    interleaved += l.schedule == "interleaved";
+    distributed += l.distributed_optimizer;
+  }
+  EXPECT_EQ(interleaved, 24 + 24 + 12);  // v=2 at tp1 cp1 pp2 (dp 2) and tp1 cp2 pp2 (dp x cp = 2): 4 x 3 x 2 each; tp2 pp2: 4 x 3
+  EXPECT_EQ(distributed, (24 + 72 + 24 + 72 + 24 + 24 + 24) / 2);
+}
+
+// The refusals by hand (the trainers' validation stops at the first reason, in its order):
+//   context parallelism on GPUs (validate: "runs on CPU threads so far"): every cp > 1 layout,
+//     tp1 cp2 (24 + 72) + tp1 cp4 (24) + tp2 cp2 (24) = 144;
+//   the global batch 8 not a multiple of micro-batch x dp: (mbs 4 or 8, dp 4) at tp1 cp1 pp1: 2 x 3 x 2 = 12;
+//     (mbs 8, dp 2) at tp1 cp1 pp2 (3 schedules): 3 x 3 x 2 = 18, at tp2 pp1: 3 x 2 = 6; in all 36;
+//   the interleaved schedule with 1 micro-batch (not a multiple of pp = 2): tp1 pp2 dp2 mbs 4: 3 x 2 = 6,
+//     tp2 pp2 dp1 mbs 8: 3;
+//   189 in all.
+TEST(Plan, InvalidLayoutsAreCountedWithTheTrainersReasons) {
+  const plan::Plan p = plan::make_plan(tiny_gpt(), plan::Cluster{4, 1, 80}, h100());
+  EXPECT_EQ(p.enumerated, 336u);
+  EXPECT_EQ(p.valid.size() + p.invalid.size(), p.enumerated);
+  int context = 0, batch = 0, interleaved = 0;
+  for (const auto& i : p.invalid) {
+    context += i.reason.find("context parallelism runs on CPU threads so far") != std::string::npos;
+    batch += i.reason.find("is not a multiple of micro-batch-size x data-parallel") != std::string::npos;
+    interleaved += i.reason.find("--pipeline-schedule interleaved with 1 micro-batches") != std::string::npos;
+  }
+  EXPECT_EQ(context, 144);
+  EXPECT_EQ(batch, 36);
+  EXPECT_EQ(interleaved, 9);
+  EXPECT_EQ(p.invalid.size(), 189u);
+  // The table shows none of the refused ones.
+  const std::string table = plan::format_table(p, 1000);
+  EXPECT_NE(table.find("336 layouts enumerated"), std::string::npos) << table;
+  EXPECT_NE(table.find("refused by the trainers' validation"), std::string::npos) << table;
+}
+
+// Every layout the plan shows passes trainer::validate, and every one it refused fails it.
+TEST(Plan, EveryShownLayoutPassesTheTrainersValidationAndEveryRefusedOneFails) {
+  for (const plan::Cluster cluster : {plan::Cluster{4, 1, 80}, plan::Cluster{2, 2, 80}}) {
+    const trainer::TrainArgs model = tiny_gpt();
+    const plan::Plan p = plan::make_plan(model, cluster, h100());
+    ASSERT_FALSE(p.valid.empty());
+    ASSERT_FALSE(p.invalid.empty());
+    for (const auto& c : p.valid) EXPECT_NO_THROW(trainer::validate(plan::args_of(model, cluster, c.layout))) << plan::describe_layout(c.layout);
+    for (const auto& i : p.invalid)
+      EXPECT_THROW(trainer::validate(plan::args_of(model, cluster, i.layout)), strata::ConfigError) << plan::describe_layout(i.layout);
+  }
+  // A Mixtral-shaped model: full recompute is refused with experts, ep must divide the experts.
+  const trainer::TrainArgs moe = trainer::parse_flags(
+      "gpt", {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64", "--global-batch-size", "8",
+              "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+              "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--vocab-size", "257"});
+  const plan::Plan p = plan::make_plan(moe, plan::Cluster{4, 1, 80}, h100());
+  ASSERT_FALSE(p.valid.empty());
+  for (const auto& c : p.valid) {
+    EXPECT_NE(c.layout.recompute, RecomputeGranularity::full);
+    EXPECT_NO_THROW(trainer::validate(plan::args_of(moe, p.cluster, c.layout)));
+  }
+  for (const auto& i : p.invalid) EXPECT_THROW(trainer::validate(plan::args_of(moe, p.cluster, i.layout)), strata::ConfigError);
+}
+
+// The memory the plan predicts is plan_memory's (the trainers' start-up estimate) exactly, for every
+// pipeline rank's largest; recompute changes only the activations, by recompute_activation_delta.
+TEST(Plan, MemoryEqualsTheTrainersPlanMemory) {
+  const trainer::TrainArgs model = tiny_gpt();
+  const plan::Cluster cluster{4, 1, 80};
+  const plan::Calibration calibration = h100();
+  const plan::Plan p = plan::make_plan(model, cluster, calibration);
+  int checked = 0;
+  for (const auto& c : p.valid) {
+    const trainer::TrainArgs a = plan::args_of(model, cluster, c.layout);
+    const trainer::MemoryPlan memory = trainer::plan_memory<strata::bf16>(a);
+    if (c.layout.recompute == RecomputeGranularity::none) {
+      EXPECT_EQ(c.memory.estimate, memory.per_rank.total()) << plan::describe_layout(c.layout);
+      EXPECT_EQ(c.memory.recompute_delta, 0);
+    } else {
+      EXPECT_EQ(c.memory.estimate, memory.stage_estimates.at(static_cast<std::size_t>(c.memory.stage)).total());
+      EXPECT_LE(c.memory.estimate + c.memory.recompute_delta, memory.per_rank.total() + memory.per_rank.activation_bytes);
+    }
+    EXPECT_EQ(c.memory.per_gpu(), c.memory.estimate + c.memory.recompute_delta +
+                                      static_cast<std::int64_t>(calibration.runtime_reserve_gib * 1024.0 * 1024.0 * 1024.0));
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
+// The picture: one point per valid layout, a line at the GPU's memory, the best ringed; well formed
+// enough that every element opened is closed.
+TEST(Plan, SvgHasOnePointPerValidLayout) {
+  const plan::Plan p = plan::make_plan(tiny_gpt(), plan::Cluster{4, 1, 80}, h100());
+  const std::string svg = plan::svg(p, "tiny <GPT> & co");
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_EQ(count("<circle"), p.valid.size() + 1);  // the points and the ring around the best
+  EXPECT_EQ(count("<circle"), count("</circle>") + 1);  // the ring closes itself
+  EXPECT_EQ(count("<text"), count("</text>"));
+  EXPECT_EQ(svg.find("<GPT>"), std::string::npos);  // the title is escaped
+  EXPECT_NE(svg.find("80 GiB per GPU"), std::string::npos);
+}
+
+// A calibration file is checked field by field, its errors name the file and the field.
+TEST(Plan, CalibrationFileErrorsNameTheFileAndTheField) {
+  const std::string good = plan::calibration_json(h100());
+  EXPECT_NO_THROW(plan::parse_calibration(good, "good.json"));
+  auto message = [](const std::string& text) {
+    try {
+      plan::parse_calibration(text, "cal.json");
+    } catch (const strata::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  EXPECT_NE(message("{").find("cal.json: not valid JSON"), std::string::npos) << message("{");
+  EXPECT_NE(message("[]").find("not an object"), std::string::npos);
+  const std::string missing = message(replaced("\"attention_tflops\"", "\"attention_tflop\""));
+  EXPECT_NE(missing.find("unknown field \"attention_tflop\""), std::string::npos) << missing;
+  const std::string negative = message(replaced("\"elementwise_gbps\": 2400.0", "\"elementwise_gbps\": -1"));
+  EXPECT_NE(negative.find("cal.json"), std::string::npos) << negative;
+  EXPECT_NE(negative.find("\"elementwise_gbps\" is -1"), std::string::npos) << negative;
+  const std::string text = message(replaced("\"bus_gbps\": 170.0", "\"bus_gbps\": \"fast\""));
+  EXPECT_NE(text.find("\"links.nvlink.bus_gbps\" is a string, not a number"), std::string::npos) << text;
+  const std::string format = message(replaced("strata-plan-calibration", "something-else"));
+  EXPECT_NE(format.find("\"format\""), std::string::npos) << format;
+  EXPECT_THROW(plan::load_calibration("/nonexistent/cal.json"), strata::ConfigError);
+}
+
+// --calibrate on the CPU: tiny shapes, two threads; the file it writes reads back.
+TEST(Plan, CpuCalibrationWritesAFileThatReadsBack) {
+  plan::CalibrateOptions o;
+  o.sizes = {16, 32};
+  o.elementwise_elements = 1 << 16;
+  o.collective_bytes = {1 << 10, 1 << 16};
+  o.seconds_per_measurement = 0.001;
+  const plan::Calibration c = plan::calibrate_cpu(o);
+  EXPECT_EQ(c.gemm.size(), 8u);
+  const plan::Calibration back = plan::parse_calibration(plan::calibration_json(c), "cpu.json");
+  EXPECT_EQ(back.gemm.size(), 8u);
+  EXPECT_GT(back.nvlink.bus_gbps, 0);
+  EXPECT_GT(back.attention_tflops, 0);
+}
+
+// ---- prediction against the runs of bench/RESULTS.md ---------------------------------------------
+
+struct Measured {
+  const char* name;
+  const char* source;  // the RESULTS.md entry and its GPU
+  std::vector<std::string> flags;
+  plan::Cluster cluster;
+  plan::Layout layout;
+  double tokens_per_second;
+  double peak_gib;  // the caching allocator's peak in use on rank 0
+};
+
+std::vector<std::string> gpt(int layers, int hidden, int heads, int seq, int batch) {
+  return {"--num-layers", std::to_string(layers), "--hidden-size", std::to_string(hidden), "--num-attention-heads", std::to_string(heads),
+          "--seq-length", std::to_string(seq), "--global-batch-size", std::to_string(batch), "--vocab-size", "50304"};
+}
+std::vector<std::string> llama3b(int batch) {
+  return {"--num-layers", "28", "--hidden-size", "3072", "--num-attention-heads", "24", "--group-query-attention", "--num-query-groups", "8",
+          "--ffn-hidden-size", "8192", "--seq-length", "4096", "--global-batch-size", std::to_string(batch), "--vocab-size", "32000",
+          "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+          "--disable-bias-linear"};
+}
+std::vector<std::string> mixtral_small() {
+  return {"--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--group-query-attention", "--num-query-groups", "8",
+          "--ffn-hidden-size", "3584", "--seq-length", "1024", "--global-batch-size", "8", "--vocab-size", "50304",
+          "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+          "--disable-bias-linear", "--num-experts", "8", "--moe-router-topk", "2"};
+}
+plan::Layout layout(int tp, int pp, int dp, int mb, std::string schedule = "1f1b", int v = 1,
+                    RecomputeGranularity r = RecomputeGranularity::none, bool distributed = false) {
+  plan::Layout l;
+  l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = mb, l.schedule = schedule, l.virtual_stages = v, l.recompute = r;
+  l.distributed_optimizer = distributed;
+  return l;
+}
+
+std::vector<Measured> measured_runs() {
+  const plan::Cluster one{1, 1, 80}, two{2, 1, 141}, four{4, 1, 141}, one_h200{1, 1, 141};
+  using R = RecomputeGranularity;
+  return {
+      {"GPT-2 124M, 1 GPU, mbs 32", "2026-11-23 bf16 beside PyTorch, H100", gpt(12, 768, 12, 1024, 32), one, layout(1, 1, 1, 32), 521509, 12.53},
+      {"GPT-2 350M, 1 GPU, mbs 16", "2026-11-23 bf16 beside PyTorch, H100", gpt(24, 1024, 16, 1024, 16), one, layout(1, 1, 1, 16), 192302, 18.83},
+      {"GPT 405M, 1 GPU, mbs 16", "2026-11-22 data parallelism at scale, H200", gpt(24, 1024, 16, 1024, 16), one_h200, layout(1, 1, 1, 16),
+       202340, 18.83},
+      {"GPT 405M, dp=2, mbs 16", "2026-11-22, H200", gpt(24, 1024, 16, 1024, 32), two, layout(1, 1, 2, 16), 378906, 18.83},
+      {"GPT 405M, dp=2 dist-opt, mbs 16", "2026-11-22, H200", gpt(24, 1024, 16, 1024, 32), two, layout(1, 1, 2, 16, "1f1b", 1, R::none, true),
+       391623, 16.85},
+      {"GPT 405M, dp=4 dist-opt, mbs 16", "2026-11-22, H200", gpt(24, 1024, 16, 1024, 64), four,
+       layout(1, 1, 4, 16, "1f1b", 1, R::none, true), 786212, 15.86},
+      {"GPT 405M, selective recompute", "2026-11-22, H200", gpt(24, 1024, 16, 1024, 16), one_h200,
+       layout(1, 1, 1, 16, "1f1b", 1, R::selective), 196621, 18.06},
+      {"GPT 405M, full recompute", "2026-11-22, H200", gpt(24, 1024, 16, 1024, 16), one_h200, layout(1, 1, 1, 16, "1f1b", 1, R::full), 159795,
+       7.99},
+      {"GPT 1.41B, 1 GPU, mbs 8", "2026-11-24 tp=2 with and without overlap, H200", gpt(24, 2048, 16, 1024, 8), one_h200, layout(1, 1, 1, 8),
+       63138, 34.64},
+      {"GPT 1.41B, 1 GPU, mbs 16", "2026-11-24 copy engines, H200", gpt(24, 2048, 16, 1024, 16), one_h200, layout(1, 1, 1, 16), 65470, 47.12},
+      {"GPT 1.41B, tp=2 + SP, mbs 8", "2026-11-24, H200", gpt(24, 2048, 16, 1024, 8), two, layout(2, 1, 1, 8), 97840, 18.28},
+      {"GPT 1.41B, tp=2 + SP, mbs 16", "2026-11-24, H200", gpt(24, 2048, 16, 1024, 16), two, layout(2, 1, 1, 16), 106606, 25.28},
+      {"Llama 3B, tp=2 pp=2 1f1b", "2026-11-22, 4 H200", llama3b(16), four, layout(2, 2, 1, 1), 77358, 18.69},
+      {"Llama 3B, tp=2 pp=2 interleaved v=2", "2026-11-22, 4 H200", llama3b(16), four, layout(2, 2, 1, 1, "interleaved", 2), 79106, 20.07},
+      {"Llama 3B, tp=2 pp=2 zero-bubble", "2026-11-22, 4 H200", llama3b(16), four, layout(2, 2, 1, 1, "zero-bubble"), 78305, 20.45},
+      {"Llama 3B, tp=1 pp=2 1f1b", "2026-11-23, 2 H200", llama3b(16), two, layout(1, 2, 1, 1), 47268, 35.97},
+      {"Llama 3B, tp=1 pp=2 interleaved v=2", "2026-11-23, 2 H200", llama3b(16), two, layout(1, 2, 1, 1, "interleaved", 2), 47707, 38.40},
+      {"Llama 3B, tp=1 pp=2 zero-bubble", "2026-11-23, 2 H200", llama3b(16), two, layout(1, 2, 1, 1, "zero-bubble"), 48117, 38.75},
+      {"Mixtral-shaped 8 x 1024, 8 experts top-2, 1 GPU", "2026-11-23 Mixtral, H100 (commit 44533a5)", mixtral_small(), one, layout(1, 1, 1, 8),
+       112613, 17.04},
+  };
+}
+
+struct Comparison {
+  const Measured* run;
+  double predicted_tokens_per_second, predicted_gib;
+  double time_error() const { return run->tokens_per_second / predicted_tokens_per_second - 1; }  // predicted step time vs measured
+  double memory_error() const { return predicted_gib / run->peak_gib - 1; }
+};
+
+std::vector<Comparison> compare(const std::vector<Measured>& runs) {
+  const plan::Calibration calibration = h100();
+  std::vector<Comparison> out;
+  for (const Measured& run : runs) {
+    trainer::TrainArgs model = trainer::parse_flags("gpt", run.flags);
+    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    const trainer::TrainArgs a = plan::args_of(model, run.cluster, run.layout);
+    trainer::validate(a);
+    const plan::MemoryPrediction memory = plan::predict_memory(a, calibration, run.layout.recompute);
+    const plan::StepTime time = plan::predict_step(a, run.layout, run.cluster, calibration);
+    const double tokens = double(model.global_batch_size) * model.model.seq_length / (time.total() * 1e-3);
+    // The allocator's peak counts what the estimate counts, not the runtime reserve (CUDA context).
+    out.push_back({&run, tokens, double(memory.estimate + memory.recompute_delta) / (1 << 30)});
+  }
+  return out;
+}
+
+void print(const std::vector<Comparison>& rows) {
+  std::printf("%-44s %12s %12s %8s %9s %9s %8s\n", "run", "tokens/s", "predicted", "time err", "GiB", "predicted", "mem err");
+  for (const Comparison& c : rows)
+    std::printf("%-44s %12.0f %12.0f %+7.1f%% %9.2f %9.2f %+7.1f%%\n", c.run->name, c.run->tokens_per_second, c.predicted_tokens_per_second,
+                100 * c.time_error(), c.run->peak_gib, c.predicted_gib, 100 * c.memory_error());
+}
+
+bool is(const Measured& run, const char* word) { return std::string(run.name).find(word) != std::string::npos; }
+
+// Every run but those of the two tests below: predicted step time within 15% and memory within 5%
+// of the measured (the tp=2 micro-batch 8 run is the one the NVLink figure of the calibration was
+// derived from; bench/calibration/README.md).
+TEST(Plan, PredictionsMatchTheRunsOfBenchResults) {
+  std::vector<Measured> runs;
+  for (const Measured& run : measured_runs())
+    if (!is(run, "zero-bubble") && !is(run, "Mixtral")) runs.push_back(run);
+  const auto rows = compare(runs);
+  print(rows);
+  ASSERT_EQ(rows.size(), 16u);
+  for (const Comparison& c : rows) {
+    EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name << " (" << c.run->source << ")";
+    EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name << " (" << c.run->source << ")";
+  }
+}
+
+// Zero-bubble: step time within 15%, but the memory estimate (plan_memory's, which the plan must
+// equal) counts 1F1B's peak of micro-batches in flight and not the inputs and output gradients the
+// deferred weight gradients hold, so it falls short of the measured peak by 5-11% (tp=1 pp=2:
+// 36.8 against 38.75 GiB; tp=2 pp=2: 18.4 against 20.45 GiB). This asserts that shortfall, not a
+// 5% agreement.
+TEST(Plan, ZeroBubbleMemoryFallsShortOfTheMeasuredByTheDeferredWeightGradients) {
+  std::vector<Measured> runs;
+  for (const Measured& run : measured_runs())
+    if (is(run, "zero-bubble")) runs.push_back(run);
+  const auto rows = compare(runs);
+  print(rows);
+  ASSERT_EQ(rows.size(), 2u);
+  for (const Comparison& c : rows) {
+    EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name;
+    EXPECT_LT(c.memory_error(), -0.04) << c.run->name;
+    EXPECT_GT(c.memory_error(), -0.12) << c.run->name;
+  }
+}
+
+// The Mixtral-shaped run on one H100: the calibration's host time per MoE layer (3.5 ms) comes from
+// this run's own figures (72.7 ms per step untraced, 45 ms of GPU work under the tracer, 8 layers),
+// so its step time is not an independent check (within 15%). Memory is plan_memory's MoE estimate,
+// which counts every routed row's expert activations and lands 13% above the measured peak
+// (19.25 against 17.04 GiB): this asserts that overestimate, not a 5% agreement.
+TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Percent) {
+  std::vector<Measured> runs;
+  for (const Measured& run : measured_runs())
+    if (is(run, "Mixtral")) runs.push_back(run);
+  const auto rows = compare(runs);
+  print(rows);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_LE(std::abs(rows[0].time_error()), 0.15);
+  EXPECT_GT(rows[0].memory_error(), 0.08);
+  EXPECT_LT(rows[0].memory_error(), 0.16);
+}
+
+// The bubble is the schedule table's idle share (docs/PIPELINE.md: pp = 4, m = 8 gives 0.273 for
+// 1F1B, 0.158 interleaved with v = 2, 0.111 zero-bubble), and beyond 128 micro-batches its closed form.
+TEST(Plan, BubbleIsTheScheduleTablesIdleShare) {
+  using strata::pipeline::ScheduleKind;
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 4, 8, 1), 3.0 / 11.0, 1e-12);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::interleaved, 4, 8, 2), 0.158, 5e-4);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::zero_bubble, 4, 8, 1), 0.111, 5e-4);
+  EXPECT_EQ(plan::bubble_fraction(ScheduleKind::one_f_one_b, 1, 8, 1), 0.0);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 8, 256, 1), 7.0 / 263.0, 1e-12);
+  EXPECT_NEAR(plan::bubble_fraction(ScheduleKind::one_f_one_b, 4, 128, 1), 3.0 / 131.0, 1e-12);  // the table agrees with the form
+}
+
+// The step's parts: tensor-parallel time appears with tp > 1 and grows when tp leaves the node
+// (InfiniBand), data-parallel time with dp > 1, the bubble with pp > 1; recompute adds time and
+// saves memory.
+TEST(Plan, StepTimeChargesEachPartWhereItArises) {
+  const trainer::TrainArgs model = trainer::parse_flags("gpt", gpt(24, 2048, 16, 1024, 64));
+  const plan::Calibration calibration = h100();
+  auto step = [&](plan::Cluster cluster, plan::Layout l) {
+    const trainer::TrainArgs a = plan::args_of(model, cluster, l);
+    trainer::validate(a);
+    return plan::predict_step(a, l, cluster, calibration);
+  };
+  const plan::StepTime one = step({1, 1, 80}, layout(1, 1, 1, 8));
+  EXPECT_EQ(one.communication(), 0.0);
+  EXPECT_EQ(one.bubble, 0.0);
+  const plan::StepTime tp_in_node = step({8, 1, 80}, layout(8, 1, 1, 8));
+  const plan::StepTime tp_across_nodes = step({4, 2, 80}, layout(8, 1, 1, 8));
+  EXPECT_GT(tp_in_node.tensor_parallel, 0.0);
+  EXPECT_GT(tp_across_nodes.tensor_parallel, 2 * tp_in_node.tensor_parallel);
+  EXPECT_GT(step({2, 1, 80}, layout(1, 1, 2, 8)).data_parallel, 0.0);
+  const plan::StepTime piped = step({2, 1, 80}, layout(1, 2, 1, 8));
+  EXPECT_NEAR(piped.bubble / (piped.total() - piped.bubble - piped.data_parallel - piped.optimizer - piped.overhead),
+              plan::bubble_fraction(strata::pipeline::ScheduleKind::one_f_one_b, 2, 8, 1) /
+                  (1 - plan::bubble_fraction(strata::pipeline::ScheduleKind::one_f_one_b, 2, 8, 1)),
+              1e-9);
+  const plan::StepTime full = step({1, 1, 80}, layout(1, 1, 1, 8, "1f1b", 1, RecomputeGranularity::full));
+  EXPECT_GT(full.recompute, 0.0);
+  EXPECT_NEAR(full.total(), full.compute + full.recompute + full.communication() + full.bubble + full.optimizer + full.overhead, 1e-9);
+  const trainer::TrainArgs a = plan::args_of(model, {1, 1, 80}, layout(1, 1, 1, 8));
+  EXPECT_LT(plan::predict_memory(a, calibration, RecomputeGranularity::full).per_gpu(),
+            plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu());
+  EXPECT_LT(plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu(),
+            plan::predict_memory(a, calibration, RecomputeGranularity::none).per_gpu());
+}
+
+}  // namespace
