@@ -49,28 +49,28 @@ TEST(Plan, EnumerationCountMatchesHandCount) {
   EXPECT_EQ(distributed, (24 + 72 + 24 + 72 + 24 + 24 + 24) / 2);
 }
 
-// The refusals by hand (the trainers' validation stops at the first reason, in its order):
-//   context parallelism on GPUs (validate: "runs on CPU threads so far"): every cp > 1 layout,
-//     tp1 cp2 (24 + 72) + tp1 cp4 (24) + tp2 cp2 (24) = 144;
+// The refusals by hand (the trainers' validation stops at the first reason, in its order); context
+// parallelism runs on GPUs, so no cp > 1 layout is refused for being one:
 //   the global batch 8 not a multiple of micro-batch x dp: (mbs 4 or 8, dp 4) at tp1 cp1 pp1: 2 x 3 x 2 = 12;
-//     (mbs 8, dp 2) at tp1 cp1 pp2 (3 schedules): 3 x 3 x 2 = 18, at tp2 pp1: 3 x 2 = 6; in all 36;
+//     (mbs 8, dp 2) at tp1 cp1 pp2 (3 schedules): 3 x 3 x 2 = 18, at tp2 pp1: 3 x 2 = 6, at tp1 cp2 pp1:
+//     3 x 2 = 6; in all 42;
 //   the interleaved schedule with 1 micro-batch (not a multiple of pp = 2): tp1 pp2 dp2 mbs 4: 3 x 2 = 6,
-//     tp2 pp2 dp1 mbs 8: 3;
-//   189 in all.
+//     tp2 pp2 dp1 mbs 8: 3, tp1 cp2 pp2 dp1 mbs 8: 3 x 2 = 6; 15 in all;
+//   57 in all.
 TEST(Plan, InvalidLayoutsAreCountedWithTheTrainersReasons) {
   const plan::Plan p = plan::make_plan(tiny_gpt(), plan::Cluster{4, 1, 80}, h100());
   EXPECT_EQ(p.enumerated, 336u);
   EXPECT_EQ(p.valid.size() + p.invalid.size(), p.enumerated);
   int context = 0, batch = 0, interleaved = 0;
   for (const auto& i : p.invalid) {
-    context += i.reason.find("context parallelism runs on CPU threads so far") != std::string::npos;
+    context += i.reason.find("context-parallel") != std::string::npos;
     batch += i.reason.find("is not a multiple of micro-batch-size x data-parallel") != std::string::npos;
     interleaved += i.reason.find("--pipeline-schedule interleaved with 1 micro-batches") != std::string::npos;
   }
-  EXPECT_EQ(context, 144);
-  EXPECT_EQ(batch, 36);
-  EXPECT_EQ(interleaved, 9);
-  EXPECT_EQ(p.invalid.size(), 189u);
+  EXPECT_EQ(context, 0);
+  EXPECT_EQ(batch, 42);
+  EXPECT_EQ(interleaved, 15);
+  EXPECT_EQ(p.invalid.size(), 57u);
   // The table shows none of the refused ones.
   const std::string table = plan::format_table(p, 1000);
   EXPECT_NE(table.find("336 layouts enumerated"), std::string::npos) << table;
