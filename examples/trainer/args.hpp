@@ -422,6 +422,11 @@ inline void add_moe_options(CLI::App& app, TrainArgs& a) {
       ->check(CLI::IsMember({"softmax", "sigmoid"}));
   app.add_flag("--moe-router-pre-softmax", m.routing.pre_softmax, "softmax over all experts before the top-k (softmax only)");
   app.add_option("--moe-router-topk-scaling-factor", m.routing.scaling_factor, "factor on the routing weights (default 1)");
+  app.add_option("--moe-router-num-groups", m.routing.num_groups,
+                 "group-limited routing (DeepSeek-V3): the experts form this many equal groups (default none)");
+  app.add_option("--moe-router-group-topk", m.routing.group_topk,
+                 "group-limited routing: the groups a token's experts are chosen from, those whose top topk / group-topk "
+                 "scores sum highest");
   app.add_option("--moe-router-load-balancing-type", a.moe_router_load_balancing_type,
                  "aux_loss (default: Switch/GShard), seq_aux_loss (per sequence, DeepSeek-V2) or none")
       ->check(CLI::IsMember({"aux_loss", "seq_aux_loss", "none"}));

@@ -2,7 +2,8 @@
 // all-to-all dispatcher on every layout against the single rank running the same micro-batches:
 // ep 2 and 4, etp 1 and 2, tp 2 with and without sequence parallelism, dp. Compared: each
 // micro-batch's loss, the router losses summed over the ranks (the aux loss does not depend on the
-// partition), every parameter and gradient (DESIGN.md's double bound).
+// partition), every parameter and gradient (DESIGN.md's double bound); also with group-limited
+// routing.
 #include <gtest/gtest.h>
 
 #include "moe_model_harness.hpp"
@@ -48,6 +49,27 @@ TEST(MoeModel, AllToAllTensorAndExpertParallelEqualsSingleRank) {
   for (const Case& c : {Case{{.tp = 2, .ep = 2}, true}, Case{{.tp = 2, .ep = 2}, false}, Case{{.tp = 2, .ep = 1, .etp = 2}, true},
                         Case{{.tp = 2, .dp = 2, .ep = 4}, true}, Case{{.tp = 2, .dp = 2, .ep = 2, .etp = 2}, true}})
     check(c, reference, 4);
+}
+
+// DeepSeek-V3's group-limited routing (2 groups of 4 experts scored by their top 2, the top-2 from
+// the kept group, sigmoid scores): every layout equals the single rank, and the groups change the
+// choice (the gradients differ from the run without them).
+TEST(MoeModel, GroupLimitedRoutingExpertParallelEqualsSingleRank) {
+  auto grouped = tiny_config(8);
+  grouped.moe.routing.score = strata::MoeScore::sigmoid;
+  grouped.moe.routing.num_groups = 2;
+  grouped.moe.routing.group_topk = 1;
+  const Snapshot reference = run_moe_model<Model, false>(strata::ParallelConfig{}, 2, grouped);
+  for (const Case& c : {Case{{.dp = 2, .ep = 2}, false}, Case{{.tp = 2, .dp = 2, .ep = 2}, true}}) {
+    const Snapshot got = c.sp ? run_moe_model<Model, true>(c.config, 0, grouped) : run_moe_model<Model, false>(c.config, 0, grouped);
+    strata_test::expect_equivalent(got, reference, 1e-12, describe(c.config, c.sp) + " group-limited");
+  }
+  auto plain = grouped;
+  plain.moe.routing.num_groups = plain.moe.routing.group_topk = 0;
+  const Snapshot ungrouped = run_moe_model<Model, false>(strata::ParallelConfig{}, 2, plain);
+  bool differs = false;
+  for (const auto& [name, g] : reference.grads) differs = differs || g != ungrouped.grads.at(name);
+  EXPECT_TRUE(differs) << "the groups changed no choice";
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <cmath>
 #include <mutex>
 #include <numeric>
+#include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <strata/layers/moe/router.hpp>
@@ -166,6 +169,103 @@ std::pair<std::vector<double>, std::vector<double>> split_run(int tp, RouterConf
     if (world.rank() == 0) grad.assign(router.weight().grad.begin(), router.weight().grad.end());
   });
   return {losses, grad};
+}
+
+// Group-limited routing (DeepSeek-V3) against a reference written with sorts: group scores are the
+// sums of each group's top (k / group_topk) choice values, the best group_topk groups are kept, and
+// the top-k comes from their experts alone; ties to the lower index. Softmax after and before the
+// choice, sigmoid with an expert bias; the weights are those of the chosen experts as without
+// groups.
+namespace group_reference {
+std::vector<int> choose(const std::vector<double>& value, int groups, int group_topk, int k) {
+  const int experts = static_cast<int>(value.size()), size = experts / groups;
+  auto by_value = [&](int a, int b) { return value[a] > value[b] || (value[a] == value[b] && a < b); };
+  std::vector<std::pair<double, int>> group_score;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int> members(size);
+    std::iota(members.begin(), members.end(), g * size);
+    std::sort(members.begin(), members.end(), by_value);
+    double sum = 0;
+    for (int j = 0; j < k / group_topk; ++j) sum += value[members[j]];
+    group_score.push_back({sum, g});
+  }
+  std::stable_sort(group_score.begin(), group_score.end(), [](auto a, auto b) { return a.first > b.first; });
+  std::vector<int> candidates;
+  for (int j = 0; j < group_topk; ++j)
+    for (int m = 0; m < size; ++m) candidates.push_back(group_score[j].second * size + m);
+  std::sort(candidates.begin(), candidates.end(), by_value);
+  candidates.resize(k);
+  return candidates;
+}
+}  // namespace group_reference
+
+TEST(TopKRouter, GroupLimitedRoutingChoosesAsTheReference) {
+  constexpr index_t experts = 12, k = 4;
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> normal(0.0, 1.5);
+  int differs_from_ungrouped = 0;
+  for (const MoeScore score : {MoeScore::softmax, MoeScore::sigmoid})
+    for (const bool pre : {false, true}) {
+      if (pre && score == MoeScore::sigmoid) continue;
+      for (int row = 0; row < 200; ++row) {
+        std::vector<double> z(experts), bias(experts);
+        for (auto& x : z) x = normal(gen);
+        for (auto& x : bias) x = score == MoeScore::sigmoid ? 0.1 * normal(gen) : 0.0;
+        if (row % 7 == 0) z[3] = z[5];  // ties
+        MoeRouting r{score, pre, 1.0, 4, 2};
+        const moe_math::RowStats<double> stats(z.data(), experts);
+        std::vector<double> value(experts);
+        for (index_t e = 0; e < experts; ++e) value[e] = moe_math::choice_value(z.data(), stats, r, bias.data(), e);
+        std::vector<std::int32_t> idx(k), plain_idx(k);
+        std::vector<double> w(k), plain_w(k);
+        moe_math::route_row(z.data(), experts, k, r, bias.data(), idx.data(), w.data(), static_cast<double*>(nullptr),
+                            static_cast<double*>(nullptr));
+        const std::vector<int> expected = group_reference::choose(value, 4, 2, static_cast<int>(k));
+        ASSERT_EQ(std::vector<int>(idx.begin(), idx.end()), expected) << "row " << row;
+        std::set<int> groups_used;
+        for (auto e : idx) groups_used.insert(e / 3);
+        EXPECT_LE(groups_used.size(), 2u);
+        MoeRouting plain = r;
+        plain.num_groups = plain.group_topk = 0;
+        moe_math::route_row(z.data(), experts, k, plain, bias.data(), plain_idx.data(), plain_w.data(),
+                            static_cast<double*>(nullptr), static_cast<double*>(nullptr));
+        differs_from_ungrouped += idx != plain_idx;
+        if (idx == plain_idx)
+          for (index_t j = 0; j < k; ++j) EXPECT_EQ(w[j], plain_w[j]) << "the same choice weighs the same";
+      }
+    }
+  EXPECT_GT(differs_from_ungrouped, 50) << "the groups should change many choices";
+}
+
+TEST(TopKRouter, GradientsMatchFiniteDifferencesWithGroupLimitedRouting) {
+  RouterConfig c = base_config();
+  c.routing.score = MoeScore::sigmoid;
+  c.routing.num_groups = 3;
+  c.routing.group_topk = 2;
+  c.aux_loss_coeff = 0.1;
+  check_gradients(c, "sigmoid, 3 groups, 2 kept");
+}
+
+TEST(TopKRouter, GroupLimitedRoutingThatCannotHoldTheChoiceIsRefused) {
+  auto refused = [](int groups, int group_topk, int topk, const char* expected) {
+    RouterConfig c = base_config();
+    c.topk = topk;
+    c.routing.num_groups = groups;
+    c.routing.group_topk = group_topk;
+    try {
+      inprocess::run(1, [&](inprocess::communicator& world) {
+        auto ctx = Context::single(world);
+        Router router(ctx, "router", c);
+      });
+      ADD_FAILURE() << "accepted groups=" << groups << " group_topk=" << group_topk << " topk=" << topk;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused(4, 2, 2, "--moe-router-num-groups=4 must divide num_experts=6");
+  refused(3, 3, 2, "--moe-router-group-topk=3");
+  refused(3, 0, 2, "--moe-router-group-topk=0");
+  refused(3, 1, 3, "--moe-router-topk=3 is more than the 1 kept groups of 2 experts");
 }
 
 TEST(TopKRouter, LossesEqualHandComputation) {

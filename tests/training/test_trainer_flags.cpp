@@ -440,7 +440,10 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
                             "--moe-router-bias-update-rate", "0.01", "--moe-expert-capacity-factor", "1.25",
                             "--moe-token-drop-policy", "position", "--moe-pad-expert-input-to-capacity",
                             "--moe-token-dispatcher-type", "alltoall", "--moe-layer-freq", "[1]*4", "--moe-grouped-gemm",
+                            "--moe-router-num-groups", "4", "--moe-router-group-topk", "2",
                             "--world-size", "8", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1"});
+  EXPECT_EQ(m.model.moe.routing.num_groups, 4);
+  EXPECT_EQ(m.model.moe.routing.group_topk, 2);
   EXPECT_EQ(m.model.moe.num_experts, 16);
   EXPECT_EQ(m.model.moe.topk, 4);
   EXPECT_EQ(m.model.moe.expert_ffn_hidden_size, 96);
@@ -463,6 +466,10 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   TrainArgs ok = m;
   (void)trainer::resolve_run(ok);
   trainer::validate(ok);
+
+  TrainArgs groups = ok;  // 16 experts do not form 5 groups
+  groups.model.moe.routing.num_groups = 5;
+  expect_config_error([&] { trainer::validate(groups); }, {"--moe-router-num-groups=5", "--num-experts=16"});
 
   // What strata does not build or cannot lay out is refused naming the flag and the value.
   expect_config_error([&] { (void)with({"--num-experts", "8", "--moe-layer-freq", "2"}); }, {"--moe-layer-freq 2", "every layer"});

@@ -8,6 +8,12 @@
 //                          divided by their sum (+1e-20) when k > 1
 //   then weights *= scaling_factor.
 //
+// Group-limited routing (DeepSeek-V3; Megatron's --moe-router-num-groups, --moe-router-group-topk):
+// the experts form num_groups groups of E / num_groups consecutive experts; a group's score is the
+// sum of its top (k / group_topk) choice scores (bias included), the group_topk groups of the highest
+// scores are kept, and the top-k is chosen among their experts alone. The weights and the losses
+// are computed as without groups: the groups steer only the choice.
+//
 // The expert bias (aux-loss-free balancing) steers only the choice, never the weights. Ties in the
 // choice go to the lower expert index, so two backends choose alike. Scores for the load-balancing
 // loss are softmax(z) (softmax) or s / (sum s + 1e-20) (sigmoid), over all E experts.
@@ -19,6 +25,7 @@
 #include <type_traits>
 
 #include "../core/config.hpp"
+#include "../core/error.hpp"
 #include "../core/shape.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -29,6 +36,9 @@ struct MoeRouting {
   MoeScore score = MoeScore::softmax;
   bool pre_softmax = false;     // softmax over all experts before the choice (softmax only)
   double scaling_factor = 1.0;  // the weights' factor (Megatron's moe_router_topk_scaling_factor)
+  std::int32_t num_groups = 0;  // group-limited routing: expert groups (0: none)
+  std::int32_t group_topk = 0;  // and the groups a token's experts come from
+  STRATA_HOST_DEVICE constexpr bool grouped() const { return num_groups > 1; }
 };
 static_assert(std::is_trivially_copyable_v<MoeRouting>, "MoeRouting is passed to kernels by value, so it must be trivially copyable.");
 
@@ -39,6 +49,21 @@ enum class MoeDropPolicy { probability, position };
 // The token dispatcher a model built with the `moe_configured` tag runs (layers/moe/moe_mlp.hpp):
 // Megatron's --moe-token-dispatcher-type.
 enum class MoeDispatcherType { alltoall, allgather };
+
+// The group-limited routing of `r` checked against `experts` and `topk` (ConfigError naming `who`).
+inline void check_moe_group_routing(const char* who, const MoeRouting& r, index_t experts, index_t topk) {
+  if (r.num_groups == 0 && r.group_topk == 0) return;
+  if (r.num_groups < 1 || r.num_groups > 64 || experts % r.num_groups != 0)
+    fail<ConfigError>(who, ": --moe-router-num-groups=", r.num_groups, " must divide num_experts=", experts,
+                      " (at most 64 groups): the groups are equal runs of consecutive experts");
+  if (r.group_topk < 1 || r.group_topk > r.num_groups || r.group_topk > topk)
+    fail<ConfigError>(who, ": --moe-router-group-topk=", r.group_topk, " must be between 1 and --moe-router-num-groups=",
+                      r.num_groups, " and at most --moe-router-topk=", topk,
+                      ": each kept group scores its top topk / group_topk experts (DeepSeek-V3: 8 groups, 4 kept, top-8)");
+  if (topk > static_cast<index_t>(r.group_topk) * (experts / r.num_groups))
+    fail<ConfigError>(who, ": --moe-router-topk=", topk, " is more than the ", r.group_topk, " kept groups of ",
+                      experts / r.num_groups, " experts hold; keep more groups (--moe-router-group-topk) or choose fewer");
+}
 
 // Slots per expert for `tokens` tokens routed to `topk` of `experts` experts with a capacity factor
 // (> 0): ceil(tokens x topk / experts x factor) (Megatron's get_capacity), at most `tokens`. An
@@ -79,20 +104,65 @@ STRATA_HOST_DEVICE double score(const A* z, const RowStats<A>& stats, MoeRouting
 
 // z: [experts] logits; bias: [experts] or null; writes idx[k], w[k], and aux[experts] and *lse when
 // not null.
+// The value expert e is chosen by: its logit (softmax after the choice) or its score, plus the bias.
+template <class A>
+STRATA_HOST_DEVICE double choice_value(const A* z, const RowStats<A>& stats, MoeRouting r, const A* bias, index_t e) {
+  const bool by_logit = r.score == MoeScore::softmax && !r.pre_softmax;
+  double v = by_logit ? static_cast<double>(z[e]) : score(z, stats, r, e);
+  if (bias) v += static_cast<double>(bias[e]);
+  return v;
+}
+
+// Group-limited routing: the bit mask of the kept groups (see the top). Ties go to the lower index,
+// within a group and between groups.
+template <class A>
+STRATA_HOST_DEVICE std::uint64_t kept_groups(const A* z, const RowStats<A>& stats, MoeRouting r, const A* bias,
+                                             index_t experts, index_t k) {
+  const index_t size = experts / r.num_groups, per_group = k / r.group_topk;
+  double group_score[64];
+  for (index_t g = 0; g < r.num_groups; ++g) {  // the sum of the group's top per_group choice values
+    double sum = 0, last = 0;  // the members taken so far rank at or before (last, last_index)
+    index_t last_index = -1;
+    for (index_t j = 0; j < per_group; ++j) {
+      index_t best = -1;
+      double best_value = 0;
+      for (index_t m = 0; m < size; ++m) {
+        const double v = choice_value(z, stats, r, bias, g * size + m);
+        // taken: strictly above the last choice, or equal to it at an index not after it
+        const bool taken = j > 0 && (v > last || (v == last && m <= last_index));
+        if (taken) continue;
+        if (best < 0 || v > best_value) best = m, best_value = v;
+      }
+      sum += best_value, last = best_value, last_index = best;
+    }
+    group_score[g] = sum;
+  }
+  std::uint64_t kept = 0;
+  for (index_t j = 0; j < r.group_topk; ++j) {
+    index_t best = -1;
+    for (index_t g = 0; g < r.num_groups; ++g)
+      if (!(kept >> g & 1u) && (best < 0 || group_score[g] > group_score[best])) best = g;
+    kept |= std::uint64_t{1} << best;
+  }
+  return kept;
+}
+
 template <class A>
 STRATA_HOST_DEVICE void route_row(const A* z, index_t experts, index_t k, MoeRouting r, const A* bias, std::int32_t* idx,
                                   A* w, A* aux, A* lse) {
   const RowStats<A> stats(z, experts);
   const bool by_logit = r.score == MoeScore::softmax && !r.pre_softmax;
+  const std::uint64_t kept = r.grouped() ? kept_groups(z, stats, r, bias, experts, k) : ~std::uint64_t{0};
+  const index_t group_size = r.grouped() ? experts / r.num_groups : experts;
   for (index_t j = 0; j < k; ++j) {  // the j-th largest choice score among the experts not yet chosen
     index_t best = -1;
     double best_value = 0;
     for (index_t e = 0; e < experts; ++e) {
+      if (r.grouped() && !(kept >> (e / group_size) & 1u)) continue;  // outside the kept groups
       bool taken = false;
       for (index_t i = 0; i < j; ++i) taken = taken || idx[i] == e;
       if (taken) continue;
-      double v = by_logit ? static_cast<double>(z[e]) : score(z, stats, r, e);
-      if (bias) v += static_cast<double>(bias[e]);
+      const double v = choice_value(z, stats, r, bias, e);
       if (best < 0 || v > best_value) best = e, best_value = v;
     }
     idx[j] = static_cast<std::int32_t>(best);

@@ -101,6 +101,7 @@ inline void validate_moe(const MoeModelConfig& m, const ParallelConfig& p) {
                       " must be a finite positive number (1 leaves the routing weights as they are)");
   if (m.routing.pre_softmax && m.routing.score != MoeScore::softmax)
     fail<ConfigError>("moe pre_softmax applies to the softmax score function only; turn it off with the sigmoid scores");
+  check_moe_group_routing("moe", m.routing, m.num_experts, m.topk);
   if (!(std::isfinite(m.aux_loss_coeff) && m.aux_loss_coeff >= 0))
     fail<ConfigError>("moe aux_loss_coeff=", m.aux_loss_coeff, " must be a finite number >= 0 (0 turns the aux loss off; 1e-2 is usual)");
   if (!(std::isfinite(m.z_loss_coeff) && m.z_loss_coeff >= 0))

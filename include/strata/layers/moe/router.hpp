@@ -235,6 +235,7 @@ class TopKRouter {
     if (c.routing.pre_softmax && c.routing.score != MoeScore::softmax)
       fail<ConfigError>("TopKRouter: pre_softmax applies to the softmax score function only; the sigmoid scores are "
                         "computed before the choice anyway.");
+    check_moe_group_routing("TopKRouter", c.routing, c.num_experts, c.topk);
     if (c.pad_to_capacity && c.capacity_factor <= 0)
       fail<ConfigError>("TopKRouter: pad_to_capacity needs a capacity, but capacity_factor=", c.capacity_factor,
                         "; set capacity_factor > 0 (e.g. 1.0) or turn padding off.");
