@@ -4,7 +4,7 @@
 // central finite differences in double under a fixed mask; the fraction of dropped probabilities
 // read off the op's own output; the head offset (what a tensor-parallel rank passes) drawing the
 // heads of a larger run; strided views drawing the mask of the contiguous call; probability 0
-// giving the bits of the call without options; bad probabilities refused.
+// giving the bits of the call without options; bad probabilities refused. And the sliding window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,7 +66,9 @@ struct Gradients {
 // O = (P Z) V, lse undropped; dP = Z (dO V^T), D_i = sum_j P_ij dP_ij, dS = P (dP - D).
 Gradients naive_reference(const Size& z, const std::vector<double>& q, const std::vector<double>& k,
                           const std::vector<double>& v, const std::vector<double>& dout, double scale,
-                          const AttentionDropout& dropout) {
+                          const AttentionDropout& dropout, index_t window = -1) {
+  // keys j of row i: (window < 0 or i - j <= window) and j <= i; the rest of P stays 0
+  auto from = [&](index_t i) { return window < 0 ? index_t{0} : std::max<index_t>(0, i - window); };
   const index_t s = z.s, b = z.b, H = z.heads, G = z.groups, d = z.d, per_group = H / G;
   auto qo = [&](index_t i, index_t bi, index_t h) { return static_cast<std::size_t>(((i * b + bi) * H + h) * d); };
   auto ko = [&](index_t j, index_t bi, index_t g) { return static_cast<std::size_t>(((j * b + bi) * G + g) * d); };
@@ -80,17 +82,17 @@ Gradients naive_reference(const Size& z, const std::vector<double>& q, const std
       std::vector<double> P(ss, 0.0), Z(ss, 0.0), dP(ss, 0.0);
       for (index_t i = 0; i < s; ++i) {
         double mx = -INFINITY;
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = from(i); j <= i; ++j) {
           double dot = 0;
           for (index_t e = 0; e < d; ++e) dot += q[qo(i, bi, h) + e] * k[ko(j, bi, g) + e];
           P[i * s + j] = scale * dot;
           mx = std::max(mx, P[i * s + j]);
         }
         double sum = 0;
-        for (index_t j = 0; j <= i; ++j) sum += std::exp(P[i * s + j] - mx);
+        for (index_t j = from(i); j <= i; ++j) sum += std::exp(P[i * s + j] - mx);
         const double lse = mx + std::log(sum);
         r.lse[static_cast<std::size_t>((bi * H + h) * s + i)] = lse;
-        for (index_t j = 0; j <= i; ++j) {
+        for (index_t j = from(i); j <= i; ++j) {
           P[i * s + j] = std::exp(P[i * s + j] - lse);
           const bool kept = !dropout.active() || reference_kept(dropout, bi, h, i, j);
           Z[i * s + j] = kept ? 1.0 / (1.0 - dropout.probability) : 0.0;
@@ -169,6 +171,45 @@ TEST(AttentionDropout, GroupedQueryWithHeadOffsetMatchesNaiveReference) {
 }
 TEST(AttentionDropout, HighProbabilityMatchesNaiveReference) {
   expect_matches_reference({8, 2, 2, 1, 3}, AttentionDropout{0.75, 77, 1}, 30);
+}
+
+// Sliding-window attention (AttentionOptions::window): query i sees keys i - window .. i only,
+// against the same reference with the keys outside the window left out, with and without dropout;
+// a window of s - 1 or more is the plain causal call, bit for bit; a window on a non-causal block
+// is refused.
+TEST(AttentionWindow, MatchesNaiveReferenceWithAndWithoutDropout) {
+  const Size z{13, 2, 4, 2, 5};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(z.d));
+  const Inputs x = random_inputs(z, 40);
+  for (const index_t window : {index_t{0}, index_t{1}, index_t{4}})
+    for (const AttentionDropout& dropout : {AttentionDropout{}, AttentionDropout{0.3, 99, 2}}) {
+      AttentionOptions options{AttentionStrides{}, dropout};
+      options.window = window;
+      const Gradients got = run_op(z, x, scale, options);
+      const Gradients want = naive_reference(z, x.q, x.k, x.v, x.dout, scale, dropout, window);
+      const std::string what = "window " + std::to_string(window) + (dropout.active() ? " with dropout" : "");
+      EXPECT_LE(relative_error(got.out, want.out), 1e-12) << what;
+      EXPECT_LE(relative_error(got.lse, want.lse), 1e-12) << what;
+      EXPECT_LE(relative_error(got.dq, want.dq), 1e-12) << what;
+      EXPECT_LE(relative_error(got.dk, want.dk), 1e-12) << what;
+      EXPECT_LE(relative_error(got.dv, want.dv), 1e-12) << what;
+      const Gradients whole = naive_reference(z, x.q, x.k, x.v, x.dout, scale, dropout);
+      EXPECT_GT(relative_error(got.out, whole.out), 0.05) << what << ": the window changed nothing";
+    }
+  AttentionOptions wide;
+  wide.window = z.s - 1;
+  const Gradients windowed = run_op(z, x, scale, wide), plain = run_op(z, x, scale, AttentionOptions{});
+  EXPECT_TRUE(same_bits(windowed.out, plain.out) && same_bits(windowed.dq, plain.dq) && same_bits(windowed.dk, plain.dk))
+      << "a window of s - 1 sees every causal key";
+  AttentionOptions block;
+  block.causal = false;
+  block.window = 3;
+  try {
+    (void)run_op(z, x, scale, block);
+    ADD_FAILURE() << "a window on a non-causal block was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("window=3"), std::string::npos) << e.what();
+  }
 }
 
 // L = sum(out * W): its gradient is the backward with dout = W. Each input element moved by

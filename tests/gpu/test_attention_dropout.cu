@@ -16,7 +16,7 @@
 // blocks (every key seen) and diagonal blocks at an offset, with and without dropout (the mask of
 // the global positions), on the flash kernels and, for bf16 without dropout, on cuDNN, against
 // the CPU twin with the same options, within the same tolerances; a non-causal block is far from
-// the causal one. And the merge of two blocks' outputs (cuda backend's attention_merge kernel)
+// the causal one. A sliding window (flash kernels, bf16 too) likewise, far from no window. And the merge of two blocks' outputs (cuda backend's attention_merge kernel)
 // against cpu::attention_merge: within 4 ulps of the element type per element.
 //
 // Plain main(): one line per check, a summary line, exit status 1 on any failure. `--quick` runs
@@ -238,8 +238,8 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
   using A = strata::accumulate_t<T>;
   plans.prefer_cudnn(prefer_cudnn);
   char tag[128];
-  std::snprintf(tag, sizeof tag, " block causal=%d query_offset=%lld key_offset=%lld ", options.causal ? 1 : 0,
-                (long long)options.query_offset, (long long)options.key_offset);
+  std::snprintf(tag, sizeof tag, " block causal=%d query_offset=%lld key_offset=%lld window=%lld ", options.causal ? 1 : 0,
+                (long long)options.query_offset, (long long)options.key_offset, (long long)options.window);
   const std::string name = std::string(type_name<T>()) + (prefer_cudnn ? " cudnn-preferred" : "") + tag + x.str() +
                            " " + dropout_str(options.dropout);
   const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
@@ -258,8 +258,9 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
                                          rout.data(), rlse.data(), options);
   strata::cpu::attention_backward<double>(rdo.data(), rq.data(), rk.data(), rv.data(), rout.data(), rlse.data(), x.s,
                                           x.b, x.heads, x.groups, x.d, scale, rdq.data(), rdk.data(), rdv.data(), options);
-  AttentionOptions other = options;  // the other kind of block at offset 0: the comparison's teeth
-  other.causal = !options.causal, other.query_offset = other.key_offset = 0;
+  AttentionOptions other = options;  // the other kind of block at offset 0 (or no window): the teeth
+  if (options.window >= 0) other.window = -1;
+  else other.causal = !options.causal, other.query_offset = other.key_offset = 0;
   strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
                                          other_out.data(), other_lse.data(), other);
 
@@ -275,8 +276,8 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
                             x.d, A(scale), dq.ptr, dk.ptr, dv.ptr, options);
   const cu::attention_engine backward_engine = plans.last_engine();
   STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const bool cudnn_expected =
-      prefer_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T> && !options.dropout.active();
+  const bool cudnn_expected = prefer_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T> &&
+                              !options.dropout.active() && options.window < 0;
   const cu::attention_engine expected = cudnn_expected ? cu::attention_engine::cudnn : cu::attention_engine::flash;
   check(forward_engine == expected && (x.s == 1 || backward_engine == expected),
         name + " engine forward=" + std::string(cu::engine_name(forward_engine)) + " backward=" +
@@ -549,7 +550,9 @@ int main(int argc, char** argv) {
       past.causal = false, past.query_offset = 3 * x.s, past.key_offset = x.s;
       AttentionOptions diagonal;
       diagonal.query_offset = diagonal.key_offset = 2 * x.s;
-      for (AttentionOptions options : {past, diagonal})
+      AttentionOptions window;  // sliding window (Mistral, gpt-oss), on the flash kernels
+      window.window = x.s > 40 ? 37 : 2;
+      for (AttentionOptions options : {past, diagonal, window})
         for (const AttentionDropout& dropout : {AttentionDropout{}, light}) {
           options.dropout = dropout;
           run_block_case<double>(plans, stream, x, options, false, seed++);

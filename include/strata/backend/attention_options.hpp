@@ -20,6 +20,8 @@
 //             dropped O, = sum_j P_ij dP_ij);   dS_ij = P_ij (dP_ij - D_i);   dQ, dK from dS as
 //             without dropout
 //
+// Sliding-window attention (AttentionOptions::window): query i sees keys i - window .. i only.
+//
 // Context parallelism (AttentionOptions::causal, query_offset, key_offset) draws the word of
 // global positions {key_offset + j, query_offset + i}, so every block of a ring draws the mask of
 // the whole sequence's attention.
@@ -60,6 +62,9 @@ struct AttentionOptions {
   bool causal = true;
   index_t query_offset = 0;
   index_t key_offset = 0;
+  // Sliding-window attention (Megatron's --window-size, its left bound; Mistral, gpt-oss): query i
+  // sees keys j with i - window <= j <= i. Negative: no window. Causal calls only.
+  index_t window = -1;
 
   constexpr AttentionOptions() = default;
   // A bare AttentionStrides is the options without dropout.
@@ -110,6 +115,12 @@ AttentionDropoutMask<A> attention_dropout_mask(const char* who, const AttentionD
   return mask;
 }
 
+// Whether query i sees key j (local positions) under `options`'s causal flag and window, for a
+// sequence of s keys.
+STRATA_HOST_DEVICE constexpr bool attention_sees(bool causal, index_t window, index_t s, index_t i, index_t j) {
+  return causal ? (j <= i && (window < 0 || i - j <= window)) : j < s;
+}
+
 // Whether `options` asks for what only context parallelism uses (a non-causal block, or position
 // offsets), which a backend without it refuses with a sentence.
 constexpr bool uses_context_parallel_blocks(const AttentionOptions& options) {
@@ -123,6 +134,9 @@ inline void check_attention_block(const char* who, const AttentionOptions& optio
   if (options.causal && options.query_offset != options.key_offset)
     fail<ConfigError>(who, ": a causal attention block needs query_offset=", options.query_offset, " equal to key_offset=",
                       options.key_offset, " (a diagonal block); run a block wholly in the past with causal=false");
+  if (options.window >= 0 && !options.causal)
+    fail<ConfigError>(who, ": a sliding window (window=", options.window, ") applies to causal attention only; a "
+                      "non-causal block (context parallelism) with a window is not available yet");
 }
 
 STRATA_NAMESPACE_END

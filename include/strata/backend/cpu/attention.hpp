@@ -21,6 +21,7 @@
 //             p = 0 takes the plain path: the same arithmetic and bits as without the option.
 //   causal, query_offset, key_offset   (context parallelism) causal = false lets every query see
 //             all s keys; the offsets are the global positions the dropout mask is drawn at.
+//   window    (sliding-window attention) query i sees keys max(0, i - window) .. i only.
 #pragma once
 
 #include <algorithm>
@@ -56,8 +57,9 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
       for (index_t i = 0; i < s; ++i) {
         const T* qi = qh + i * q_step;
         const index_t last = options.causal ? i : s - 1;  // the last key query i sees
+        const index_t first = options.window >= 0 ? std::max<index_t>(0, i - options.window) : 0;  // and the first
         A m = -std::numeric_limits<A>::infinity();
-        for (index_t j = 0; j <= last; ++j) {
+        for (index_t j = first; j <= last; ++j) {
           const T* kj = kh + j * kv_step;
           A dot = 0;
           for (index_t e = 0; e < d; ++e) dot += A(qi[e]) * A(kj[e]);
@@ -66,7 +68,7 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
         }
         A l = 0;
         std::fill(acc.begin(), acc.end(), A(0));
-        for (index_t j = 0; j <= last; ++j) {
+        for (index_t j = first; j <= last; ++j) {
           const A p = std::exp(z[j] - m);
           l += p;  // the undropped softmax's sum
           const A weight = dropping ? p * mask.factor(batch, h, qo + i, ko + j) : p;
@@ -107,9 +109,10 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         const T* oi = out + i * out_step + out_off;
         const A lse_i = lse[(batch * heads + h) * s + i];
         const index_t last = options.causal ? i : s - 1;  // the last key query i sees
+        const index_t first = options.window >= 0 ? std::max<index_t>(0, i - options.window) : 0;  // and the first
         A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j (out and dp with the dropout's Z)
         for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
-        for (index_t j = 0; j <= last; ++j) {
+        for (index_t j = first; j <= last; ++j) {
           const T* kj = k + j * kv_step + kv_off;
           const T* vj = v + j * kv_step + kv_off;
           A dot = 0, dp = 0;
@@ -130,7 +133,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
           }
         }
         std::fill(dq_acc.begin(), dq_acc.end(), A(0));
-        for (index_t j = 0; j <= last; ++j) {
+        for (index_t j = first; j <= last; ++j) {
           const T* kj = k + j * kv_step + kv_off;
           A* dkj = dk_acc.data() + j * acc_step + acc_off;
           const A w = scale * ds[j];

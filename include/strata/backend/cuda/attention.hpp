@@ -20,6 +20,8 @@
 //              aligned, a stride not a multiple of 16 bytes) runs the flash kernels instead, and
 //              the reason is kept (last_refusal()).
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
+//   Any element type with a sliding window (AttentionOptions::window): the flash kernels (cuDNN's
+//              diagonal band is not wired yet).
 //   Any element type with attention dropout (probability > 0): the flash kernels, for forward and
 //              backward. cuDNN's SDPA draws its dropout mask from its own Philox stream (seed and
 //              offset, per cuDNN's layout of the s x s matrix), which cannot be made to draw
@@ -231,6 +233,15 @@ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p
 // Why a call with attention dropout runs on the flash kernels (bf16 / fp16, where cuDNN would run).
 inline constexpr const char* kDropoutRefusal =
     "attention dropout: cuDNN's SDPA cannot draw strata's counter-based mask, so the flash kernels run";
+// Why a call with a sliding window runs on the flash kernels.
+inline constexpr const char* kWindowRefusal =
+    "sliding window: cuDNN's diagonal band is not used yet, so the flash kernels run";
+// The flash kernels must run the call: dropout or a window (the reason, or null).
+inline const char* flash_only(const AttentionOptions& options) {
+  if (options.dropout.active()) return kDropoutRefusal;
+  if (options.window >= 0) return kWindowRefusal;
+  return nullptr;
+}
 
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
 // Whether every stride (resolved) keeps each head's start 16-byte aligned, as cuDNN requires.
@@ -283,7 +294,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
     if (s == 0 || b == 0 || !plans.prefers_cudnn() || !detail::strides_aligned16<T>(resolved) ||
-        options.dropout.active())
+        detail::flash_only(options))
       return;
     std::size_t bytes = 0;
     for (bool direction : {false, true}) {
@@ -314,10 +325,10 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
     plans.note(attention_engine::none);
     return;
   }
-  if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
+  if (const char* reason = detail::flash_only(options)) {  // dropout or a window (see the note at the top)
     flash_attention_forward<T>(stream, q, k, v, s, b, heads, groups, d, scale, out, lse,
                                detail::with_strides(options, resolved));
-    plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
+    plans.note(attention_engine::flash, is_half_v<T> ? reason : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
@@ -359,11 +370,11 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
     plans.note(attention_engine::none);
     return;
   }
-  if (options.dropout.active()) {  // cuDNN cannot draw our mask (see the note at the top)
+  if (const char* reason = detail::flash_only(options)) {  // dropout or a window (see the note at the top)
     A* delta = static_cast<A*>(plans.workspace(sizeof(A) * static_cast<std::size_t>(b * heads * s), stream));
     flash_attention_backward<T>(stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv, delta,
                                 detail::with_strides(options, resolved));
-    plans.note(attention_engine::flash, is_half_v<T> ? detail::kDropoutRefusal : "");
+    plans.note(attention_engine::flash, is_half_v<T> ? reason : "");
     return;
   }
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN

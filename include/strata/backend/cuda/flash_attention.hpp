@@ -30,7 +30,8 @@
 // Context parallelism (AttentionOptions::causal, query_offset, key_offset): a block with causal =
 // false lets every query see all s keys (the key chunk lies wholly in the past); the offsets are
 // the global positions the dropout mask is drawn at, so a ring's blocks draw the whole sequence's
-// mask. The causal kernels stop at the diagonal tile; non-causal ones run every key tile.
+// mask. The causal kernels stop at the diagonal tile; non-causal ones run every key tile. A sliding
+// window (AttentionOptions::window) masks keys before i - window and skips the tiles wholly before.
 //
 // Element types: float, double, bf16, fp16; tiles and sums are in accumulate_t<T> (float for the
 // 16-bit types). Head size d <= 256. Written for correctness and clarity first (CUDA cores, no
@@ -149,6 +150,7 @@ struct attention_params {
   bool dropping;                 // dropout on the probabilities: the kDropout kernels run
   AttentionDropoutMask<A> mask;  // when dropping
   bool causal;                   // false: every query sees every key (a context-parallel block in the past)
+  index_t window;                // causal only: query i sees keys i - window .. i (negative: no window)
   index_t query_offset;          // global positions of query 0 and key 0 (the dropout mask's counters)
   index_t key_offset;
 };
@@ -172,7 +174,12 @@ __device__ inline index_t kv_offset(const attention_params<T>& p, index_t j, ind
 // Whether query i sees key j (both local, i < s).
 template <class T>
 __device__ inline bool sees(const attention_params<T>& p, index_t i, index_t j) {
-  return p.causal ? j <= i : j < p.s;
+  return attention_sees(p.causal, p.window, p.s, i, j);
+}
+// Whether the key tile at t0 lies wholly before query i's window (warp-uniform: one row per warp).
+template <class T>
+__device__ inline bool tile_before_window(const attention_params<T>& p, index_t i, index_t t0) {
+  return p.window >= 0 && t0 + kTile <= i - p.window;
 }
 // The first key tile past every key the queries of a block ending at row `row_end` see.
 template <class T>
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || (p.causal && t0 > i)) continue;  // warp-uniform
+    if (!active || (p.causal && t0 > i) || tile_before_window(p, i, t0)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
     const bool seen = sees(p, i, j);
@@ -251,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
       for (index_t c = 0; c < d; ++c) dot += q_row[c] * k_tile[lane * ld + c];
       score = dot * p.scale;
     }
-    const A m_new = max(m, warp_max(score));  // finite: key t0 is seen
+    const A m_new = max(m, warp_max(score));  // finite: the tile holds a seen key
     const A pj = seen ? exp_of(score - m_new) : A(0);
     const A alpha = exp_of(m - m_new);        // 0 on the first tile (m = -inf)
     l = l * alpha + warp_sum(pj);             // the undropped softmax's sum
@@ -353,7 +360,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
         delta_tile[r] = i < p.s ? p.delta[stat + i] : A(0);
       }
       __syncthreads();
-      if (!active || (p.causal && t0 + kTile <= j)) continue;  // warp-uniform: no query of the tile sees key j
+      // warp-uniform: no query of the tile sees key j (all before it, or all past its window)
+      if (!active || (p.causal && t0 + kTile <= j) || (p.window >= 0 && t0 > j + p.window)) continue;
 
       const index_t i = t0 + lane;
       A prob = 0, dscore = 0;
@@ -436,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || (p.causal && t0 > i)) continue;  // warp-uniform
+    if (!active || (p.causal && t0 > i) || tile_before_window(p, i, t0)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
     A dscore = 0;
@@ -571,6 +579,7 @@ void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const 
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   p.dropping = options.dropout.active(), p.mask = mask;
   p.causal = options.causal, p.query_offset = options.query_offset, p.key_offset = options.key_offset;
+  p.window = options.window;
   flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
 }
 
@@ -594,6 +603,7 @@ void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, co
   p.s = s, p.b = b, p.heads = heads, p.groups = groups, p.d = d, p.strides = resolved, p.scale = scale;
   p.dropping = options.dropout.active(), p.mask = mask;
   p.causal = options.causal, p.query_offset = options.query_offset, p.key_offset = options.key_offset;
+  p.window = options.window;
   flash::attention_delta_kernel<T><<<flash::grid_count(b * heads * s, flash::kRows), flash::kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK(cudaGetLastError());
   flash::dispatch_chunks<flash::launch_dkdv, T>(d, p, stream);
