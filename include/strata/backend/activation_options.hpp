@@ -31,4 +31,19 @@ static_assert(std::is_trivially_copyable_v<GluActivation>, "GluActivation is pas
 // The sigmoid's slope of each kind: silu 1, quick_gelu 1.702.
 STRATA_HOST_DEVICE inline double glu_alpha(GluKind kind) { return kind == GluKind::quick_gelu ? 1.702 : 1.0; }
 
+// The MLP's activation by value (layers/mlp.hpp's MlpConfig::activation, models' ModelConfig;
+// Megatron's --swiglu, --squared-relu, --quick-geglu); preset: the model's own.
+enum class MlpActivation { preset, gelu, swiglu, squared_relu, quick_geglu };
+
+inline const char* mlp_activation_name(MlpActivation a) {
+  switch (a) {
+    case MlpActivation::preset: return "the model's own";
+    case MlpActivation::gelu: return "gelu";
+    case MlpActivation::swiglu: return "swiglu";
+    case MlpActivation::squared_relu: return "squared_relu";
+    case MlpActivation::quick_geglu: return "quick_geglu";
+  }
+  return "?";
+}
+
 STRATA_NAMESPACE_END

@@ -35,20 +35,6 @@ struct quick_geglu {};
 template <class Default>
 struct configured_activation {};  // MlpConfig::activation at run time (Default for MlpActivation::preset)
 
-// The activations by value (MlpConfig::activation; Megatron's --swiglu, --squared-relu, --quick-geglu).
-enum class MlpActivation { preset, gelu, swiglu, squared_relu, quick_geglu };
-
-inline const char* mlp_activation_name(MlpActivation a) {
-  switch (a) {
-    case MlpActivation::preset: return "the model's own";
-    case MlpActivation::gelu: return "gelu";
-    case MlpActivation::swiglu: return "swiglu";
-    case MlpActivation::squared_relu: return "squared_relu";
-    case MlpActivation::quick_geglu: return "quick_geglu";
-  }
-  return "?";
-}
-
 namespace detail {
 template <class Act>
 struct mlp_activation_of {

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <string>
 
+#include "../backend/activation_options.hpp"
 #include "../backend/moe_routing.hpp"
-#include "../layers/mlp.hpp"
 #include "../core/checked.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/partition.hpp"
