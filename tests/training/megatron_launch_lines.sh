@@ -243,6 +243,16 @@ expect_training qwen3 "$pretrain" --world-size 4 ${QWEN_ARGS[@]} --swiglu --qk-l
   --dist-ckpt-strictness log_all
 grep -q 'strata llama' "$work/qwen3.out" || fail "qwen3: the flags did not select the Llama model"
 grep -q 'note: --dist-ckpt-strictness' "$work/qwen3.err" || fail "qwen3: no note for --dist-ckpt-strictness"
+# Exported as a Hugging Face Qwen3 (--save-hf), it trains again from there (--load-hf) with the same flags,
+# and a plain Llama is refused naming the difference.
+QWEN3_ARGS=(${QWEN_ARGS[@]} --swiglu --qk-layernorm --kv-channels 24 --tensor-model-parallel-size 2)
+expect_training qwen3-save-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --save-hf "$work/qwen3-hf"
+grep -q '"Qwen3ForCausalLM"' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not name Qwen3ForCausalLM"
+grep -q '"head_dim": 24' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not give head_dim 24"
+expect_training qwen3-load-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --load-hf "$work/qwen3-hf"
+grep -q 'loaded the Hugging Face model' "$work/qwen3-load-hf.out" || fail "qwen3-load-hf: the model was not loaded"
+expect_refusal qwen3-into-llama 'model_type is "qwen3"' "--qk-layernorm" -- "$pretrain" --world-size 2 ${QWEN_ARGS[@]} \
+  --swiglu --kv-channels 24 --tensor-model-parallel-size 2 --load-hf "$work/qwen3-hf"
 expect_training qwen2 "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --swiglu --add-qkv-bias --use-rope-scaling \
   --rope-scaling-factor 8 --tensor-model-parallel-size 2
 expect_training gpt-oss-mlp "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --quick-geglu --glu-linear-offset 1.0 \

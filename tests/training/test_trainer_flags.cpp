@@ -693,7 +693,7 @@ TEST(MegatronFlags, HarmlessFlagsAreNotedAndFsdpPointsAtTheDistributedOptimizer)
   TrainArgs a = parse_flags("gpt", harmless);
   EXPECT_EQ(a.notes.size(), 8u);
   EXPECT_TRUE(a.refused.empty());
-  for (const std::vector<std::string> fsdp : {std::vector<std::string>{"--use-megatron-fsdp"},
+  for (const std::vector<std::string>& fsdp : {std::vector<std::string>{"--use-megatron-fsdp"},
                                               {"--data-parallel-sharding-strategy", "optim_grads_params"},
                                               {"--init-model-with-meta-device"}}) {
     TrainArgs f = parse_flags("gpt", fsdp);
