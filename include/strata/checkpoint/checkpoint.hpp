@@ -496,14 +496,16 @@ inline ShardedCheckpoint open_sharded_checkpoint(const std::filesystem::path& di
 
 namespace checkpoint_detail {
 
-// The run-time architecture options of a ModelConfig as checkpoint scalars: (key, value, default).
-// Booleans and the activation are numbers (MlpActivation's value).
+// The run-time architecture options of a model configuration (models::ModelConfig, read by its
+// field names: checkpoint/ does not include models/) as checkpoint scalars: (key, value, default).
+// Booleans and the activation (MlpActivation's value) are numbers.
 struct ArchitectureOption {
   const char* key;
   double value, default_value;
 };
-inline std::vector<ArchitectureOption> architecture_options(const models::ModelConfig& c) {
-  const models::ModelConfig d{};
+template <class Config>
+std::vector<ArchitectureOption> architecture_options(const Config& c) {
+  const Config d{};
   return {{"model.kv_channels", double(c.kv_channels), double(d.kv_channels)},
           {"model.add_qkv_bias", double(c.add_qkv_bias), double(d.add_qkv_bias)},
           {"model.qk_layernorm", double(c.qk_layernorm), double(d.qk_layernorm)},
@@ -519,20 +521,21 @@ inline std::vector<ArchitectureOption> architecture_options(const models::ModelC
           {"model.glu_linear_offset", c.glu_linear_offset, d.glu_linear_offset}};
 }
 // The options a checkpoint records (absent: the default), into c.
-inline void read_architecture_options(const StateReader& r, models::ModelConfig& c) {
+template <class Config>
+void read_architecture_options(const StateReader& r, Config& c) {
+  const Config d{};
   auto get = [&](const char* key, double fallback) { return r.has(key) ? r.get_double(key) : fallback; };
-  const models::ModelConfig d{};
   c.kv_channels = static_cast<int>(get("model.kv_channels", d.kv_channels));
-  c.add_qkv_bias = get("model.add_qkv_bias", 0) != 0;
-  c.qk_layernorm = get("model.qk_layernorm", 0) != 0;
-  c.apply_layernorm_1p = get("model.apply_layernorm_1p", 0) != 0;
+  c.add_qkv_bias = get("model.add_qkv_bias", d.add_qkv_bias) != 0;
+  c.qk_layernorm = get("model.qk_layernorm", d.qk_layernorm) != 0;
+  c.apply_layernorm_1p = get("model.apply_layernorm_1p", d.apply_layernorm_1p) != 0;
   c.rotary_percent = get("model.rotary_percent", d.rotary_percent);
-  c.rotary_interleaved = get("model.rotary_interleaved", 0) != 0;
+  c.rotary_interleaved = get("model.rotary_interleaved", d.rotary_interleaved) != 0;
   c.rope_scaling_factor = get("model.rope_scaling_factor", d.rope_scaling_factor);
   c.rope_low_freq_factor = get("model.rope_low_freq_factor", d.rope_low_freq_factor);
   c.rope_high_freq_factor = get("model.rope_high_freq_factor", d.rope_high_freq_factor);
   c.rope_original_max_positions = get("model.rope_original_max_positions", d.rope_original_max_positions);
-  c.activation = static_cast<MlpActivation>(static_cast<int>(get("model.activation", 0)));
+  c.activation = static_cast<decltype(c.activation)>(static_cast<int>(get("model.activation", static_cast<int>(d.activation))));
   c.activation_clamp = get("model.activation_clamp", d.activation_clamp);
   c.glu_linear_offset = get("model.glu_linear_offset", d.glu_linear_offset);
 }
