@@ -246,7 +246,10 @@ grep -q 'note: --dist-ckpt-strictness' "$work/qwen3.err" || fail "qwen3: no note
 # Exported as a Hugging Face Qwen3 (--save-hf), it trains again from there (--load-hf) with the same flags,
 # and a plain Llama is refused naming the difference.
 QWEN3_ARGS=(${QWEN_ARGS[@]} --swiglu --qk-layernorm --kv-channels 24 --tensor-model-parallel-size 2)
-expect_training qwen3-save-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --save-hf "$work/qwen3-hf"
+expect_training qwen3-save-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --save-hf "$work/qwen3-hf" --save "$work/qwen3-ckpt"
+# Its checkpoint records the options: other architecture flags are refused naming the option.
+expect_refusal qwen3-other-rope "rotary_interleaved=0" "this run's model has 1" -- "$pretrain" --world-size 2 \
+  ${QWEN3_ARGS[@]} --rotary-interleaved --load "$work/qwen3-ckpt" --train-iters 4
 grep -q '"Qwen3ForCausalLM"' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not name Qwen3ForCausalLM"
 grep -q '"head_dim": 24' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not give head_dim 24"
 expect_training qwen3-load-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --load-hf "$work/qwen3-hf"

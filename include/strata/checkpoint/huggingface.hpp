@@ -56,7 +56,7 @@
 //
 // config.json is written with what transformers needs, and read back on import: each field that
 // shapes the weights or the math is checked against the model's ModelConfig (a mismatch names the
-// field and both values), and settings strata cannot express (another activation, RoPE scaling,
+// field and both values), and settings strata cannot express (another activation, RoPE scaling other than Llama 3.1's,
 // attention biases in Llama, GPT-2's inverse-layer-index scaling) are refused. Llama's
 // max_position_embeddings is not checked (RoPE has no table): it is written as SaveOptions says (an
 // imported config's own value, carry_settings), else as ModelConfig::positions(); bos_token_id and
