@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
       if (!quiet)
         std::printf("strata-convert: iteration %lld of %s written to %s as a Hugging Face %s model\n",
                     static_cast<long long>(source.first().get_int("train.iteration")), load.c_str(), save_hf.c_str(),
-                    std::string(strata::hf::architecture_class(architecture)).c_str());
+                    std::string(strata::hf::architecture_class(strata::hf::hf_architecture(architecture, config))).c_str());
       return 0;
     }
     const auto t0 = std::chrono::steady_clock::now();

@@ -65,14 +65,19 @@ struct ArchitectureArgs {
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
   std::string normalization = "LayerNorm";                   // LayerNorm | RMSNorm
   bool swiglu = false;
+  bool squared_relu = false;  // --squared-relu (run-time: ModelConfig::activation)
+  bool quick_geglu = false;   // --quick-geglu, gated (run-time: ModelConfig::activation)
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool group_query_attention = false;
-  int kv_channels = 0;          // 0: hidden / heads (the only value strata's attention has)
-  double rotary_percent = 1.0;  // the part of each head RoPE rotates (1.0 only)
-  bool apply_layernorm_1p = false;
-  bool qk_layernorm = false;
   bool add_position_embedding = true;  // --no-position-embedding: false
+  // --kv-channels, --rotary-percent, --apply-layernorm-1p, --qk-layernorm, --add-qkv-bias,
+  // --rotary-interleaved, --use-rope-scaling: run-time fields of ModelConfig (every compiled model).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;  // Megatron's default
+
+  // Whether the MLP is gated (--swiglu or --quick-geglu): Llama's set asks for one of them.
+  bool gated() const { return swiglu || quick_geglu; }
 
   // The Llama set (train_llama's preset): RoPE, RMSNorm, SwiGLU, untied output, no biases.
   static ArchitectureArgs llama() {
@@ -385,6 +390,23 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
+    {"--use-megatron-fsdp", false, true,
+     "Megatron-FSDP is not available; --use-distributed-optimizer shards the optimizer state over data parallelism (ZeRO-1)"},
+    {"--data-parallel-sharding-strategy", true, true,
+     "FSDP's sharding is not available; --use-distributed-optimizer shards the optimizer state over data parallelism (ZeRO-1)"},
+    {"--init-model-with-meta-device", false, true,
+     "meta-device initialization belongs to FSDP, which is not available; use --use-distributed-optimizer"},
+    {"--fsdp-double-buffer", false, true, "FSDP is not available; use --use-distributed-optimizer"},
+    {"--accumulate-allreduce-grads-in-fp32", false, false, "gradients are always accumulated and all-reduced in fp32"},
+    {"--logging-level", true, false, "strata prints its notes, warnings and errors at one level; the flag changes nothing"},
+    {"--log-num-zeros-in-grad", false, false, "not logged; the gradient norm is"},
+    {"--enable-experimental", false, false, "strata has no experimental features behind a switch; the flag changes nothing"},
+    {"--moe-per-layer-logging", false, false, "the router losses are logged for the whole model, not per layer"},
+    {"--disable-bf16-reduced-precision-matmul", false, false,
+     "strata's GEMMs compute in fp32 (cuBLASLt's CUBLAS_COMPUTE_32F); PyTorch's reduced-precision switch does not exist here"},
+    {"--auto-detect-ckpt-format", false, false, "strata loads its own checkpoint format (--load-hf reads Hugging Face weights)"},
+    {"--dist-ckpt-strictness", true, false,
+     "strata's loader checks the architecture and every tensor's name and shape before reading; a mismatch is an error"},
     {"--hierarchical-context-parallel-sizes", true, true,
      "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not available yet (use --cp-comm-type p2p or a2a)"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
@@ -586,10 +608,19 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--untie-embeddings-and-output-weights", a.architecture.untie_embeddings_and_output_weights,
                "an output layer of its own instead of the word embedding's transpose");
   app.add_flag("--disable-bias-linear", a.architecture.disable_bias_linear, "no biases in the linear layers");
-  app.add_option("--kv-channels", a.architecture.kv_channels, "head size (strata: --hidden-size / --num-attention-heads)");
-  app.add_option("--rotary-percent", a.architecture.rotary_percent, "the part of each head RoPE rotates (strata: 1.0)");
-  app.add_flag("--apply-layernorm-1p", a.architecture.apply_layernorm_1p, "norm weights stored as w - 1 (not available)");
-  app.add_flag("--qk-layernorm", a.architecture.qk_layernorm, "norms on queries and keys (not available)");
+  app.add_option("--kv-channels", a.model.kv_channels, "head size (default --hidden-size / --num-attention-heads)");
+  app.add_option("--rotary-percent", a.model.rotary_percent, "the part of each head RoPE rotates (default 1.0)");
+  app.add_flag("--rotary-interleaved", a.model.rotary_interleaved, "RoPE turns pairs of adjacent dimensions (GPT-J)");
+  app.add_flag("--use-rope-scaling", a.architecture.use_rope_scaling, "Llama 3.1's RoPE frequency scaling");
+  app.add_option("--rope-scaling-factor", a.architecture.rope_scaling_factor, "Llama 3.1's scaling factor (default 8)");
+  app.add_flag("--apply-layernorm-1p", a.model.apply_layernorm_1p, "norm weights stored as gamma - 1 (Nemotron)");
+  app.add_flag("--qk-layernorm", a.model.qk_layernorm, "the model's norm over each head of q and k (Qwen3, OLMo 2)");
+  app.add_flag("--add-qkv-bias", a.model.add_qkv_bias, "biases on q, k and v only (Qwen2)");
+  app.add_flag("--squared-relu", a.architecture.squared_relu, "squared ReLU MLP (Nemotron)");
+  app.add_flag("--quick-geglu", a.architecture.quick_geglu, "gated MLP with quick GELU (gpt-oss)");
+  app.add_option("--activation-func-clamp-value", a.model.activation_clamp,
+                 "clamp of the gated MLP's inputs (gpt-oss: 7.0; default none)");
+  app.add_option("--glu-linear-offset", a.model.glu_linear_offset, "added to the gated MLP's linear half (gpt-oss: 1.0)");
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
   app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
   app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
@@ -723,15 +754,15 @@ inline double flops_per_token(const TrainArgs& a) {
   const auto& m = a.model;
   const double d = m.hidden_size, l = m.num_layers, heads = m.num_attention_heads;
   const double groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
-  const double head = heads > 0 ? d / heads : 0;
+  const double head = m.head_dim();
   // A MoE layer: each token through topk experts and the shared experts, plus the router's logits.
   const double mlp = m.moe.enabled()
-                         ? (a.architecture.swiglu ? 3.0 : 2.0) * d * (m.moe.topk * static_cast<double>(m.expert_ffn()) + m.moe.shared_expert_ffn_hidden_size) +
+                         ? (a.architecture.gated() ? 3.0 : 2.0) * d * (m.moe.topk * static_cast<double>(m.expert_ffn()) + m.moe.shared_expert_ffn_hidden_size) +
                                d * m.moe.num_experts
-                         : (a.architecture.swiglu ? 3.0 : 2.0) * d * m.ffn();
-  const double per_layer = d * (heads * head) + 2 * d * groups * head + d * d + mlp;
+                         : (a.architecture.gated() ? 3.0 : 2.0) * d * m.ffn();
+  const double per_layer = d * (heads * head) + 2 * d * groups * head + heads * head * d + mlp;
   const double matmul = l * per_layer + d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
-  return 6 * matmul + 6 * l * d * m.seq_length;
+  return 6 * matmul + 6 * l * heads * head * m.seq_length;
 }
 
 // --decoupled-lr: the word embedding's and output layer's schedule, the same warmup and decay from
@@ -864,19 +895,18 @@ inline std::int64_t samples_of(const BatchSchedule& schedule, std::int64_t itera
 // "gpt" for GPT-2's set (Megatron's defaults), "llama" for the Llama set, "mixtral" for the Llama
 // set with --num-experts. Anything else is refused, naming the flags that differ from the nearest
 // instantiated set.
+//
+// The building blocks of current models (--kv-channels, --qk-layernorm, --add-qkv-bias,
+// --apply-layernorm-1p, --rotary-percent, --rotary-interleaved, --use-rope-scaling, --squared-relu,
+// --quick-geglu and its clamp and offset) are run-time fields of ModelConfig, so they do not change
+// which model is compiled: --quick-geglu stands for --swiglu in Llama's set (both gated).
 inline std::string resolve_architecture(const ArchitectureArgs& x, const models::ModelConfig& m) {
-  if (x.apply_layernorm_1p)
-    fail<ConfigError>("--apply-layernorm-1p: norm weights stored as w - 1 are not available; drop the flag (the "
-                      "norms then hold w itself, the same function)");
-  if (x.qk_layernorm) fail<ConfigError>("--qk-layernorm: norms on queries and keys are not available");
-  if (x.kv_channels != 0 && (m.num_attention_heads <= 0 || x.kv_channels * m.num_attention_heads != m.hidden_size))
-    fail<ConfigError>("--kv-channels ", x.kv_channels, ": strata's attention heads are --hidden-size / --num-attention-heads = ",
-                      m.hidden_size, " / ", m.num_attention_heads, " wide; drop --kv-channels or make them agree");
+  if (int(x.swiglu) + int(x.quick_geglu) + int(x.squared_relu) > 1)
+    fail<ConfigError>("--swiglu, --quick-geglu and --squared-relu each choose the MLP's activation; give one of them");
   const std::string& pos = x.position_embedding_type;
   if (pos != "learned_absolute" && pos != "rope")
-    fail<ConfigError>("--position-embedding-type ", pos, ": strata has learned_absolute (GPT-2) and rope (Llama)");
-  if (pos == "rope" && x.rotary_percent != 1.0)
-    fail<ConfigError>("--rotary-percent ", x.rotary_percent, ": strata's RoPE rotates the whole head (1.0)");
+    fail<ConfigError>("--position-embedding-type ", pos, ": strata has learned_absolute (GPT-2) and rope (Llama)",
+                      pos == "yarn" ? "; YaRN's rotary scaling is not available yet (Llama 3.1's is: --use-rope-scaling)" : "");
   struct Wanted {
     const char* flag;
     bool has;
@@ -884,14 +914,14 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
   const std::vector<Wanted> gpt = {
       {"--position-embedding-type learned_absolute", pos == "learned_absolute" && x.add_position_embedding},
       {"--normalization LayerNorm", x.normalization == "LayerNorm"},
-      {"no --swiglu", !x.swiglu},
+      {"no --swiglu", !x.swiglu},  // --quick-geglu and --squared-relu are run-time choices of either model
       {"no --untie-embeddings-and-output-weights", !x.untie_embeddings_and_output_weights},
       {"no --disable-bias-linear", !x.disable_bias_linear},
       {"no --group-query-attention", !x.group_query_attention || m.num_query_groups == 0 ||
                                           m.num_query_groups == m.num_attention_heads}};
   const std::vector<Wanted> llama = {{"--position-embedding-type rope", pos == "rope"},
                                      {"--normalization RMSNorm", x.normalization == "RMSNorm"},
-                                     {"--swiglu", x.swiglu},
+                                     {"--swiglu", x.gated() || x.squared_relu},
                                      {"--untie-embeddings-and-output-weights", x.untie_embeddings_and_output_weights},
                                      {"--disable-bias-linear", x.disable_bias_linear}};
   auto missing = [](const std::vector<Wanted>& set) {
@@ -954,7 +984,7 @@ inline void check_integer_flags(const TrainArgs& a) {
                       " does not divide --world-size=", a.world_size, "; the world is tensor x pipeline x data parallel");
   check_range("--num-layers-per-virtual-pipeline-stage", a.pipeline.num_layers_per_virtual_pipeline_stage, 0, kInt,
               "layers per virtual pipeline stage of the interleaved schedule; 0 = one chunk per rank");
-  check_range("--kv-channels", a.architecture.kv_channels, 0, kInt, "head size; 0 = --hidden-size / --num-attention-heads");
+  check_range("--kv-channels", a.model.kv_channels, 0, kInt, "head size; 0 = --hidden-size / --num-attention-heads");
   check_range("--context-parallel-size", a.context_parallel_size, 1, a.world_size,
               "context-parallel group size, at most --world-size");
   check_range("--num-layers", a.model.num_layers, 1, kInt, "transformer layers");
@@ -1253,6 +1283,35 @@ inline TrainArgs command_line_defaults(const std::string& kind) {
   return a;
 }
 
+// The run-time building blocks from their flags (ModelConfig's fields), with the checks that need
+// the flags themselves: RoPE's options without RoPE change nothing (a note, as Megatron ignores
+// them); the clamp and offset apply to gated activations.
+inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
+  ArchitectureArgs& x = a.architecture;
+  models::ModelConfig& m = a.model;
+  m.activation = x.squared_relu ? MlpActivation::squared_relu
+                 : x.quick_geglu ? MlpActivation::quick_geglu
+                 : MlpActivation::preset;
+  if (x.use_rope_scaling) {
+    if (!(std::isfinite(x.rope_scaling_factor) && x.rope_scaling_factor > 0))
+      fail<ConfigError>("--rope-scaling-factor ", x.rope_scaling_factor, " must be a finite number > 0 (Llama 3.1: 8)");
+    m.rope_scaling_factor = x.rope_scaling_factor;
+  } else if (app.count("--rope-scaling-factor") > 0) {
+    a.notes.emplace_back("--rope-scaling-factor without --use-rope-scaling: no scaling, the factor changes nothing (as in Megatron)");
+  }
+  if (app.count("--rotary-percent") > 0 && !(m.rotary_percent > 0 && m.rotary_percent <= 1))
+    fail<ConfigError>("--rotary-percent ", m.rotary_percent, " must be in (0, 1]: the share of each head's dimensions RoPE turns");
+  if (x.position_embedding_type != "rope") {
+    for (const char* flag : {"--rotary-percent", "--rotary-interleaved", "--use-rope-scaling", "--rotary-base"})
+      if (app.count(flag) > 0)
+        a.notes.push_back(std::string(flag) + ": without --position-embedding-type rope there is no RoPE, so it changes nothing");
+    m.rotary_percent = 1.0, m.rotary_interleaved = false, m.rope_scaling_factor = 0;
+  }
+  if ((app.count("--activation-func-clamp-value") > 0 || app.count("--glu-linear-offset") > 0) && !x.gated())
+    fail<ConfigError>("--activation-func-clamp-value and --glu-linear-offset apply to a gated MLP (--swiglu or --quick-geglu); "
+                      "add one of them or drop the flag");
+}
+
 // After parsing, what Megatron's validate_args settles from what was given: without
 // --group-query-attention every head has its own keys and values; an absent --ffn-hidden-size is
 // 4 x hidden, or with --swiglu 2/3 of that rounded down to a multiple of 64; an absent
@@ -1265,8 +1324,9 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
   if (app.count("--global-batch-size") == 0) a.global_batch_size = 0;
   else check_range("--global-batch-size", a.global_batch_size, 1, std::numeric_limits<int>::max(), "sequences per iteration");
   if (app.count("--kv-channels") > 0)
-    check_range("--kv-channels", a.architecture.kv_channels, 1, std::numeric_limits<int>::max(),
-                "head size, --hidden-size / --num-attention-heads in strata");
+    check_range("--kv-channels", a.model.kv_channels, 1, std::numeric_limits<int>::max(),
+                "head size; without it --hidden-size / --num-attention-heads");
+  resolve_building_blocks(app, a);
   if (const auto seed = app.get_option("--seed")->results(); !seed.empty() && !seed.back().empty() && seed.back().front() == '-')
     fail<ConfigError>("--seed ", seed.back(), " is negative: the seed must be an integer >= 0 (Megatron seeds numpy's "
                       "generator with it, which refuses negative seeds)");

@@ -277,12 +277,25 @@ class HfReference {
     return unembed(layer_norm(x, tensor("transformer.ln_f.weight"), tensor("transformer.ln_f.bias"), c.norm_epsilon), wte);
   }
 
+  // transformers' inverse frequency, with rope_type "llama3" (Llama 3.1) when config.json has it:
+  // wavelengths beyond original / low_freq_factor slowed by factor, below original / high_freq_factor
+  // kept, and a smooth mix between.
+  double inverse_frequency(int i, int d) const {
+    const double freq = 1.0 / std::pow(config_.rope_base, 2.0 * i / d);
+    const auto& c = config_;
+    if (!(c.rope_scaling_factor > 0)) return freq;
+    const double wavelength = 2 * M_PI / freq, original = c.rope_original_max_positions;
+    if (wavelength < original / c.rope_high_freq_factor) return freq;
+    if (wavelength > original / c.rope_low_freq_factor) return freq / c.rope_scaling_factor;
+    const double smooth = (original / wavelength - c.rope_low_freq_factor) / (c.rope_high_freq_factor - c.rope_low_freq_factor);
+    return (1 - smooth) * freq / c.rope_scaling_factor + smooth * freq;
+  }
   // q*cos + rotate_half(q)*sin, rotate_half(x) = [-x2, x1], cos/sin of cat(freqs, freqs)
   void rope(Rows& x, int heads, int d) const {
     for (std::size_t t = 0; t < x.size(); ++t)
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < d / 2; ++i) {
-          const double inv_freq = 1.0 / std::pow(config_.rope_base, 2.0 * i / d);
+          const double inv_freq = inverse_frequency(i, d);
           const double angle = static_cast<double>(t) * inv_freq;
           double& a = x[t][h * d + i];
           double& b = x[t][h * d + i + d / 2];
@@ -295,7 +308,8 @@ class HfReference {
 
   Rows llama(const std::vector<std::int32_t>& tokens) const {
     const auto& c = config_;
-    const int h = c.hidden_size, heads = c.num_attention_heads, kv = c.num_query_groups, d = h / heads;
+    const int h = c.hidden_size, heads = c.num_attention_heads, kv = c.num_query_groups, d = c.head_dim();
+    const bool qwen2 = architecture_ == strata::hf::Architecture::qwen2, qwen3 = architecture_ == strata::hf::Architecture::qwen3;
     const auto embed = tensor("model.embed_tokens.weight");
     Rows x(tokens.size(), std::vector<double>(static_cast<std::size_t>(h)));
     for (std::size_t t = 0; t < tokens.size(); ++t)
@@ -305,7 +319,16 @@ class HfReference {
       const Rows a = rms_norm(x, tensor(p + "input_layernorm.weight"), c.norm_epsilon);
       Rows q = linear(a, tensor(p + "self_attn.q_proj.weight"));
       Rows k = linear(a, tensor(p + "self_attn.k_proj.weight"));
-      const Rows v = linear(a, tensor(p + "self_attn.v_proj.weight"));
+      Rows v = linear(a, tensor(p + "self_attn.v_proj.weight"));
+      if (qwen2) {  // Qwen2Attention: q, k, v projections with bias
+        add_bias(q, tensor(p + "self_attn.q_proj.bias"));
+        add_bias(k, tensor(p + "self_attn.k_proj.bias"));
+        add_bias(v, tensor(p + "self_attn.v_proj.bias"));
+      }
+      if (qwen3) {  // Qwen3Attention: RMSNorm over each head's head_dim features, before RoPE
+        q = per_head_rms_norm(q, heads, d, tensor(p + "self_attn.q_norm.weight"), c.norm_epsilon);
+        k = per_head_rms_norm(k, kv, d, tensor(p + "self_attn.k_norm.weight"), c.norm_epsilon);
+      }
       rope(q, heads, d);
       rope(k, kv, d);
       add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d), tensor(p + "self_attn.o_proj.weight")));
@@ -319,6 +342,22 @@ class HfReference {
     const bool tied = !files_.has("lm_head.weight");
     return unembed(rms_norm(x, tensor("model.norm.weight"), c.norm_epsilon),
                    tensor(tied ? "model.embed_tokens.weight" : "lm_head.weight"));
+  }
+
+  static void add_bias(Rows& x, const std::vector<double>& b) {
+    for (auto& row : x)
+      for (std::size_t i = 0; i < row.size(); ++i) row[i] += b[i];
+  }
+  static Rows per_head_rms_norm(const Rows& x, int heads, int d, const std::vector<double>& g, double eps) {
+    Rows y = x;
+    for (auto& row : y)
+      for (int h = 0; h < heads; ++h) {
+        double ms = 0;
+        for (int j = 0; j < d; ++j) ms += row[h * d + j] * row[h * d + j];
+        ms /= d;
+        for (int j = 0; j < d; ++j) row[h * d + j] = row[h * d + j] / std::sqrt(ms + eps) * g[j];
+      }
+    return y;
   }
 
   strata::SafetensorsDirectory files_;

@@ -261,7 +261,7 @@ TEST(HuggingFaceImport, LlamaMismatchesAndUnsupportedSettingsAreRefused) {
        "rope_parameters.rope_theta = 400.0 cannot be imported: rope_theta says 500"},
       {"\"attention_bias\": false", "\"attention_bias\": true", "attention_bias"},
       {"\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias"},
-      {"\"head_dim\": 8", "\"head_dim\": 16", "head_dim = 16"},
+      {"\"head_dim\": 8", "\"head_dim\": 16", "head_dim is 16 but the strata model has kv_channels=8"},
   };
   for (const auto& [from, to, expected] : cases) {
     strata_test::write_text(config, strata_test::replaced(original, from, to));

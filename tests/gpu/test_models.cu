@@ -301,6 +301,34 @@ int main() {
   model_case<models::Gpt, float>(s, "gpt", gpt, 0.0, fused);
   model_case<models::Llama, bf16>(s, "llama", llama, 0.0, fused);
   model_case<models::Llama, float>(s, "llama", llama, 0.0, fused);
+  // The run-time building blocks of current models on the GPU against the CPU path: Qwen2 (q/k/v
+  // biases), Qwen3 (qk norms, head_dim 40: 4 x 40 != 96, the cuDNN / flash path at d = 40), Llama 3.1
+  // scaling with partial interleaved RoPE and gpt-oss's clamped quick GeGLU, and GPT with squared
+  // ReLU and zero-centred LayerNorms (GPT's qk LayerNorm is left out: without RoPE its key bias has
+  // a gradient of zero up to rounding, which no relative tolerance compares).
+  models::ModelConfig qwen2 = llama;
+  qwen2.add_qkv_bias = true;
+  models::ModelConfig qwen3 = llama;
+  qwen3.qk_layernorm = true;
+  qwen3.kv_channels = 40;
+  models::ModelConfig variants = llama;
+  variants.rope_scaling_factor = 8;
+  variants.rope_original_max_positions = 16;
+  variants.rotary_percent = 0.5;
+  variants.rotary_interleaved = true;
+  variants.activation = strata::MlpActivation::quick_geglu;
+  variants.activation_clamp = 1.0;
+  variants.glu_linear_offset = 1.0;
+  models::ModelConfig gpt_variants = gpt;
+  gpt_variants.activation = strata::MlpActivation::squared_relu;
+  gpt_variants.apply_layernorm_1p = true;
+  for (const auto& [name, config] : std::vector<std::pair<std::string, models::ModelConfig>>{
+           {"qwen2", qwen2}, {"qwen3", qwen3}, {"llama 3.1 rope, partial interleaved, clamped quick geglu", variants}}) {
+    model_case<models::Llama, bf16>(s, name, config, 0.0);
+    model_case<models::Llama, float>(s, name, config, 0.0);
+  }
+  model_case<models::Gpt, bf16>(s, "gpt squared relu, 1p norms", gpt_variants, 0.0);
+  model_case<models::Gpt, float>(s, "gpt squared relu, 1p norms", gpt_variants, 0.0);
   fused_memory_case(s);
   return s.finish();
 }

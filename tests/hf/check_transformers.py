@@ -4,13 +4,16 @@
 Two directions, each comparing the logits of every position of a 16-token prompt:
 
   strata -> transformers   hf_crosscheck builds a tiny float32 model (GPT-2; Llama with 4 query heads
-                           in 2 key/value groups), exports it (config.json + model.safetensors) with
-                           its own logits; GPT2LMHeadModel / LlamaForCausalLM.from_pretrained loads the
-                           directory and computes the logits again.
+                           in 2 key/value groups; the same Llama with q/k/v biases as Qwen2, and with
+                           qk norms and head_dim 24 as Qwen3), with random norm weights and biases,
+                           exports it (config.json + model.safetensors) with its own logits;
+                           GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM
+                           .from_pretrained loads the directory and computes the logits again.
   transformers -> strata   a transformers model with random weights (norm weights and biases too) is
                            saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
-                           with tied embeddings, Llama in shards with an index -- and hf_crosscheck
-                           imports it at tp=2 (CPU threads) and computes the logits.
+                           with tied embeddings, Llama in shards with an index, Llama with Llama 3.1's
+                           rope_scaling, Qwen2, Qwen3 -- and hf_crosscheck imports it at tp=2 (CPU
+                           threads) and computes the logits.
 
 Prints a table (max |difference|, relative error = ||strata - transformers|| / ||transformers||) and
 the versions of torch, transformers and safetensors, and exits 1 when a case fails: a relative error
@@ -146,11 +149,25 @@ def hf_cases(transformers, torch):
                         rms_norm_eps=1e-5, hidden_act="silu")  # RoPE theta: the default 10000
     llama = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=False, **llama_fields)
     llama_tied = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=True, **llama_fields)
-    return [
+    # Llama 3.1's scaling with an original context of 8 positions, so all three frequency regimes occur.
+    llama31 = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=False,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+                          **llama_fields)
+    cases = []
+    qwen_fields = dict(llama_fields, tie_word_embeddings=False, use_sliding_window=False)
+    if hasattr(transformers, "Qwen2ForCausalLM"):
+        qwen2 = make_config(transformers.Qwen2Config, torch, **qwen_fields)
+        cases.append(("qwen2 (q/k/v biases)", "qwen2", transformers.Qwen2ForCausalLM, qwen2, {}))
+    if hasattr(transformers, "Qwen3ForCausalLM"):
+        qwen3 = make_config(transformers.Qwen3Config, torch, head_dim=24, attention_bias=False, **qwen_fields)
+        cases.append(("qwen3 (qk norms, head_dim 24)", "qwen3", transformers.Qwen3ForCausalLM, qwen3, {}))
+    return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
         ("llama, tied lm_head", "llama", transformers.LlamaForCausalLM, llama_tied, {}),
         ("llama, sharded", "llama", transformers.LlamaForCausalLM, llama, {"max_shard_size": "40KB"}),
+        ("llama 3.1 rope_scaling", "llama", transformers.LlamaForCausalLM, llama31, {}),
     ]
 
 
@@ -198,8 +215,13 @@ def main():
             rows.append((direction, name, "-", "-", "-", "FAIL", f"{type(error).__name__}: {error}"))
 
     # strata -> transformers
-    classes = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM}
-    for architecture in ("gpt2", "llama"):
+    classes = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
+               "qwen2": getattr(transformers, "Qwen2ForCausalLM", None), "qwen3": getattr(transformers, "Qwen3ForCausalLM", None)}
+    for architecture in ("gpt2", "llama", "qwen2", "qwen3"):
+        if classes[architecture] is None:
+            rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
+                         f"this transformers ({transformers.__version__}) has no {architecture} model"))
+            continue
         def export_case(architecture=architecture):
             directory = work / f"strata_to_transformers_{architecture}"
             shutil.rmtree(directory, ignore_errors=True)
@@ -210,7 +232,8 @@ def main():
             theirs = transformers_logits(model, tokens, torch, np)
             max_abs, relative = compare(ours, theirs, np)
             return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", loading_problems(info)
-        name = "gpt2" if architecture == "gpt2" else "llama (GQA 4/2)"
+        name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "qwen2": "qwen2 (q/k/v biases)",
+                "qwen3": "qwen3 (qk norms, head_dim 24)"}[architecture]
         record("strata -> transformers", name, export_case)
 
     # transformers -> strata

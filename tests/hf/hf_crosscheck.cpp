@@ -1,15 +1,15 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3 [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3 [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2) and writes the logits of the prompt
 //       in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3 [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
     c.num_query_groups = 2;
     c.ffn_hidden_size = 96;
     c.rope_base = 10000.0;
+    c.add_qkv_bias = architecture == hf::Architecture::qwen2;  // Qwen2: biases on q, k and v
+    if (architecture == hf::Architecture::qwen3) {  // Qwen3: RMSNorm per head of q and k, head_dim 24 (4 x 24 != 64)
+      c.qk_layernorm = true;
+      c.kv_channels = 24;
+    }
   }
   return c;
 }
@@ -134,6 +140,13 @@ std::vector<std::vector<double>> export_model(const std::filesystem::path& dir, 
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
     Model<Policy> model(ctx, config);
     model.init(ctx, seed);
+    // Norm weights and biases random too (init leaves them 1 and 0), so a misplaced one shows.
+    std::mt19937_64 engine(seed);
+    std::uniform_real_distribution<double> spread(-0.2, 0.2);
+    model.for_each_parameter([&](auto& p) {
+      if (p.name.find("norm") != std::string::npos || p.name.ends_with(".bias"))
+        for (index_t i = 0; i < p.value.numel(); ++i) p.value[i] += static_cast<float>(spread(engine));
+    });
     hf::save_hf_from_model(ctx, dir, model);
     logits = logits_of(ctx, model, ids);
   });
@@ -170,9 +183,9 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama [--tp N]\n";
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3 [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3 [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3 [--tp N]\n";
   return 2;
 }
 
@@ -182,7 +195,7 @@ int run(int argc, char** argv) {
   const std::filesystem::path dir = argv[2];
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2 or llama)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2 or qwen3)\n";
     return 2;
   }
   int tp = 2;

@@ -42,17 +42,17 @@ struct mock_device_backend {
   void qkv_merge(const T* dq, const T* dk, const T* dv, index_t rows, index_t groups, index_t hpg, index_t d, T* dqkv);
   template <class T, class A = strata::accumulate_t<T>>
   void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                         const T* residual = nullptr, T* sum = nullptr);
+                         const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0));
   template <class T, class A = strata::accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
                           T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false,
-                          A* dresidual_sums = nullptr);
+                          A* dresidual_sums = nullptr, A weight_offset = A(0));
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual = nullptr,
-                       T* sum = nullptr);
+                       T* sum = nullptr, A weight_offset = A(0));
   template <class T, class A = strata::accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                        const T* dresidual = nullptr, bool accumulate = false);
+                        const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0));
   template <class T> void gelu_forward(const T* x, index_t n, T* y);
   template <class T>
   void gemm_gelu(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, const T* bias, T* pre, T* out);
@@ -61,8 +61,16 @@ struct mock_device_backend {
   template <class T> void gelu_backward(const T* dy, const T* x, index_t n, T* dx);
   template <class T> void swiglu_forward(const T* gu, index_t rows, index_t f, T* y);
   template <class T> void swiglu_backward(const T* dy, const T* gu, index_t rows, index_t f, T* dgu);
-  template <class T> void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t offset);
-  template <class T> void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t offset);
+  template <class T>
+  void glu_forward(const T* gu, index_t rows, index_t f, strata::GluActivation activation, T* y);
+  template <class T>
+  void glu_backward(const T* dy, const T* gu, index_t rows, index_t f, strata::GluActivation activation, T* dgu);
+  template <class T> void squared_relu_forward(const T* x, index_t n, T* y);
+  template <class T> void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx);
+  template <class T>
+  void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t offset, strata::RopeOptions options = {});
+  template <class T>
+  void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t offset, strata::RopeOptions options = {});
   template <class T, class A = strata::accumulate_t<T>>
   void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
                          index_t d, A scale, T* out, A* lse, strata::AttentionOptions options = {});

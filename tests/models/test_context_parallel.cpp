@@ -189,6 +189,23 @@ TEST(ContextParallel, AllGatherEqualsSingleRank) {
       true);
 }
 
+// The run-time building blocks under context parallelism: qk norms (per token and head, before RoPE
+// by global position) and a head dimension of its own, partial interleaved RoPE with Llama 3.1's
+// scaling turned by each chunk's global positions; ring (p2p) and all-to-all, with tp.
+TEST(ContextParallel, ArchitectureOptionsEqualSingleRank) {
+  auto c = tiny_llama();
+  c.qk_layernorm = true;
+  c.kv_channels = 12;
+  c.add_qkv_bias = true;
+  c.rotary_percent = 0.5;
+  c.rotary_interleaved = true;
+  c.rope_scaling_factor = 8;
+  c.rope_original_max_positions = 16;
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(
+      c, {{.cp = 2}, {.tp = 2, .cp = 2}, {.cp = 2, .comm = a2a}, {.cp = 2, .recompute = {RecomputeGranularity::selective}}},
+      true);
+}
+
 // The split itself: chunks r and 2 cp - 1 - r.
 TEST(ContextParallel, SplitHoldsChunksRAndMirror) {
   const strata::ContextParallelSplit split = strata::context_parallel_split(24, 3, 1, "test");

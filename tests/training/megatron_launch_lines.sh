@@ -192,11 +192,9 @@ EVAL_AND_LOGGING_ARGS=(
 )
 llama() { "$pretrain" --world-size 4 ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "$@" ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS_LIST[@]} \
   ${EVAL_AND_LOGGING_ARGS[@]}; }
-# As shipped (fp8): refused at the first flag strata lacks, each named with its feature:
-# --apply-layernorm-1p, then the fp8 flags, then --ckpt-format torch_dist.
-expect_refusal llama3-fp8 "--apply-layernorm-1p" -- llama ${DTYPE_ARGS[@]}
-MODEL_ARGS=("${MODEL_ARGS[@]/--apply-layernorm-1p/}")
-expect_refusal llama3-fp8-b "--fp8-format hybrid" "fp8 training is not available" -- llama ${DTYPE_ARGS[@]}
+# As shipped (fp8): refused at the first flag strata lacks, each named with its feature: the fp8
+# flags, then --ckpt-format torch_dist (--apply-layernorm-1p and --kv-channels are run-time options).
+expect_refusal llama3-fp8 "--fp8-format hybrid" "fp8 training is not available" -- llama ${DTYPE_ARGS[@]}
 expect_refusal llama3-ckpt-format "--ckpt-format torch_dist" "Hugging Face" -- llama
 EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/torch_dist/strata}")
 # Without those two, the bf16 line trains (--decoupled-lr included): 40 samples of 4 are 10 iterations.
@@ -228,4 +226,42 @@ expect_refusal mixtral-ep3 "ep=3" "--num-experts=8" -- "$pretrain" --world-size 
 # Without the MoE flags the same dense model trains (Llama).
 expect_training mixtral-dense "$pretrain" --world-size 2 ${MODEL_ARGS[@]} --mock-data --micro-batch-size 1 \
   --global-batch-size 2 --lr 1e-4 --train-iters 2 --bf16 --eval-iters 1 --sample-tokens 0
+
+# ---- The building blocks of today's open models as run-time options of the same compiled Llama:
+# Qwen3 (qk norms, kv-channels 24 x 4 heads != hidden 64) at tp=2 + SP x dp=2, Qwen2 (q/k/v biases)
+# with Llama 3.1's RoPE scaling, and gpt-oss's dense MLP (quick GeGLU, clamp, offset) with partial
+# interleaved RoPE; harmless flags are noted, Megatron-FSDP is refused pointing at the distributed optimizer.
+QWEN_ARGS=(--use-mcore-models --num-layers 2 --hidden-size 64 --ffn-hidden-size 96 --num-attention-heads 4
+    --group-query-attention --num-query-groups 2 --seq-length 32 --max-position-embeddings 32
+    --position-embedding-type rope --rotary-base 1000000 --normalization RMSNorm --norm-epsilon 1e-6
+    --untie-embeddings-and-output-weights --disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0
+    --mock-data --micro-batch-size 1 --global-batch-size 4 --lr 1e-3 --train-iters 3 --eval-iters 1 --log-interval 1
+    --sample-tokens 0)
+expect_training qwen3 "$pretrain" --world-size 4 ${QWEN_ARGS[@]} --swiglu --qk-layernorm --kv-channels 24 \
+  --tensor-model-parallel-size 2 --sequence-parallel --accumulate-allreduce-grads-in-fp32 --logging-level 20 \
+  --log-num-zeros-in-grad --enable-experimental --disable-bf16-reduced-precision-matmul --auto-detect-ckpt-format \
+  --dist-ckpt-strictness log_all
+grep -q 'strata llama' "$work/qwen3.out" || fail "qwen3: the flags did not select the Llama model"
+grep -q 'note: --dist-ckpt-strictness' "$work/qwen3.err" || fail "qwen3: no note for --dist-ckpt-strictness"
+# Exported as a Hugging Face Qwen3 (--save-hf), it trains again from there (--load-hf) with the same flags,
+# and a plain Llama is refused naming the difference.
+QWEN3_ARGS=(${QWEN_ARGS[@]} --swiglu --qk-layernorm --kv-channels 24 --tensor-model-parallel-size 2)
+expect_training qwen3-save-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --save-hf "$work/qwen3-hf" --save "$work/qwen3-ckpt"
+# Its checkpoint records the options: other architecture flags are refused naming the option.
+expect_refusal qwen3-other-rope "rotary_interleaved=0" "this run's model has 1" -- "$pretrain" --world-size 2 \
+  ${QWEN3_ARGS[@]} --rotary-interleaved --load "$work/qwen3-ckpt" --train-iters 4
+grep -q '"Qwen3ForCausalLM"' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not name Qwen3ForCausalLM"
+grep -q '"head_dim": 24' "$work/qwen3-hf/config.json" || fail "qwen3-save-hf: config.json does not give head_dim 24"
+expect_training qwen3-load-hf "$pretrain" --world-size 2 ${QWEN3_ARGS[@]} --load-hf "$work/qwen3-hf"
+grep -q 'loaded the Hugging Face model' "$work/qwen3-load-hf.out" || fail "qwen3-load-hf: the model was not loaded"
+expect_refusal qwen3-into-llama 'model_type is "qwen3"' "--qk-layernorm" -- "$pretrain" --world-size 2 ${QWEN_ARGS[@]} \
+  --swiglu --kv-channels 24 --tensor-model-parallel-size 2 --load-hf "$work/qwen3-hf"
+expect_training qwen2 "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --swiglu --add-qkv-bias --use-rope-scaling \
+  --rope-scaling-factor 8 --tensor-model-parallel-size 2
+expect_training gpt-oss-mlp "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --quick-geglu --glu-linear-offset 1.0 \
+  --activation-func-clamp-value 7.0 --rotary-percent 0.5 --rotary-interleaved --tensor-model-parallel-size 2
+expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
+  ${QWEN_ARGS[@]} --swiglu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+expect_refusal qk-tp "num_query_groups=2 is smaller than tp=4" -- "$pretrain" --world-size 4 ${QWEN_ARGS[@]} \
+  --swiglu --qk-layernorm --kv-channels 24 --tensor-model-parallel-size 4
 echo "all Megatron-shaped launch lines behave as stated"

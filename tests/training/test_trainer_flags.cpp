@@ -171,11 +171,7 @@ TEST(MegatronFlags, ArchitectureIsChosenByFlags) {
   expect_config_error([] { (void)parse_flags("gpt", {"--swiglu"}); }, {"GPT-2", "no --swiglu"});
   expect_config_error([] { (void)parse_flags("gpt", {"--group-query-attention", "--num-query-groups", "2"}); },
                       {"no --group-query-attention"});
-  expect_config_error([] { (void)parse_flags("llama", {"--rotary-percent", "0.5"}); }, {"--rotary-percent 0.5"});
-  expect_config_error([] { (void)parse_flags("llama", {"--kv-channels", "64"}); }, {"--kv-channels 64", "128 / 4"});
   EXPECT_EQ(parse_flags("llama", {"--kv-channels", "32"}).model_kind, "llama");
-  expect_config_error([] { (void)parse_flags("llama", {"--apply-layernorm-1p"}); }, {"--apply-layernorm-1p"});
-  expect_config_error([] { (void)parse_flags("llama", {"--qk-layernorm"}); }, {"--qk-layernorm"});
   EXPECT_EQ(parse_flags("llama", {"--no-position-embedding"}).model_kind, "llama");
   expect_config_error([] { (void)parse_flags("gpt", {"--no-position-embedding"}); }, {"learned_absolute"});
 }
@@ -642,3 +638,74 @@ TEST(MegatronFlags, MoeFlopsCountTheExpertsATokenGoesThrough) {
 }
 
 }  // namespace
+
+// The building blocks of current open models are run-time fields of the compiled models: their
+// flags keep the architecture's model and set ModelConfig.
+TEST(MegatronFlags, BuildingBlocksAreRunTimeFieldsOfTheCompiledModels) {
+  // Qwen3: qk norm and a head dimension unlike hidden / heads, still the Llama model.
+  TrainArgs qwen3 = parse_flags("llama", {"--qk-layernorm", "--kv-channels", "64", "--group-query-attention",
+                                          "--num-query-groups", "2"});
+  EXPECT_EQ(qwen3.model_kind, "llama");
+  EXPECT_TRUE(qwen3.model.qk_layernorm);
+  EXPECT_EQ(qwen3.model.kv_channels, 64);
+  EXPECT_EQ(qwen3.model.head_dim(), 64);
+  (void)trainer::resolve_run(qwen3);
+  EXPECT_NO_THROW(trainer::validate(qwen3));
+  // Qwen2: biases on q, k, v only.
+  TrainArgs qwen2 = parse_flags("llama", {"--add-qkv-bias"});
+  EXPECT_EQ(qwen2.model_kind, "llama");
+  EXPECT_TRUE(qwen2.model.add_qkv_bias);
+  // GPT-3's example: zero-centred LayerNorm weights, the GPT model.
+  TrainArgs gpt3 = parse_flags("gpt", {"--apply-layernorm-1p"});
+  EXPECT_EQ(gpt3.model_kind, "gpt");
+  EXPECT_TRUE(gpt3.model.apply_layernorm_1p);
+  // Rotary variants and Llama 3.1's scaling.
+  TrainArgs rope = parse_flags("llama", {"--rotary-percent", "0.5", "--rotary-interleaved", "--use-rope-scaling"});
+  EXPECT_EQ(rope.model.rotary_percent, 0.5);
+  EXPECT_TRUE(rope.model.rotary_interleaved);
+  EXPECT_EQ(rope.model.rope_scaling_factor, 8.0);  // Megatron's default --rope-scaling-factor
+  EXPECT_EQ(parse_flags("llama", {"--use-rope-scaling", "--rope-scaling-factor", "32"}).model.rope_scaling_factor, 32.0);
+  TrainArgs unscaled = parse_flags("llama", {"--rope-scaling-factor", "32"});
+  EXPECT_EQ(unscaled.model.rope_scaling_factor, 0.0);
+  ASSERT_FALSE(unscaled.notes.empty());
+  EXPECT_NE(unscaled.notes.back().find("--use-rope-scaling"), std::string::npos);
+  expect_config_error([] { (void)parse_flags("llama", {"--rotary-percent", "1.5"}); }, {"--rotary-percent 1.5", "(0, 1]"});
+  TrainArgs no_rope = parse_flags("gpt", {"--rotary-percent", "0.5"});
+  EXPECT_EQ(no_rope.model.rotary_percent, 1.0);
+  EXPECT_NE(no_rope.notes.back().find("without --position-embedding-type rope"), std::string::npos);
+  // Activations: --squared-relu on GPT's set, --quick-geglu in place of --swiglu in Llama's set.
+  TrainArgs nemotron = parse_flags("gpt", {"--squared-relu"});
+  EXPECT_EQ(nemotron.model_kind, "gpt");
+  EXPECT_EQ(nemotron.model.activation, strata::MlpActivation::squared_relu);
+  const std::vector<std::string> gpt_oss = {"--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                                            "--quick-geglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                                            "--glu-linear-offset", "1.0", "--activation-func-clamp-value", "7.0"};
+  TrainArgs oss = parse_flags("gpt", gpt_oss);
+  EXPECT_EQ(oss.model_kind, "llama");
+  EXPECT_EQ(oss.model.activation, strata::MlpActivation::quick_geglu);
+  EXPECT_EQ(oss.model.activation_clamp, 7.0);
+  EXPECT_EQ(oss.model.glu_linear_offset, 1.0);
+  expect_config_error([] { (void)parse_flags("llama", {"--quick-geglu"}); }, {"--swiglu, --quick-geglu", "give one"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--activation-func-clamp-value", "7"}); },
+                      {"--activation-func-clamp-value", "gated"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--position-embedding-type", "yarn"}); }, {"yarn", "--use-rope-scaling"});
+}
+
+// Flags harmless in strata are noted; Megatron-FSDP's are refused pointing at the distributed optimizer.
+TEST(MegatronFlags, HarmlessFlagsAreNotedAndFsdpPointsAtTheDistributedOptimizer) {
+  const std::vector<std::string> harmless = {"--accumulate-allreduce-grads-in-fp32", "--logging-level", "20",
+                                             "--log-num-zeros-in-grad", "--enable-experimental", "--moe-per-layer-logging",
+                                             "--disable-bf16-reduced-precision-matmul", "--auto-detect-ckpt-format",
+                                             "--dist-ckpt-strictness", "log_all"};
+  TrainArgs a = parse_flags("gpt", harmless);
+  EXPECT_EQ(a.notes.size(), 8u);
+  EXPECT_TRUE(a.refused.empty());
+  for (const std::vector<std::string>& fsdp : {std::vector<std::string>{"--use-megatron-fsdp"},
+                                              {"--data-parallel-sharding-strategy", "optim_grads_params"},
+                                              {"--init-model-with-meta-device"}}) {
+    TrainArgs f = parse_flags("gpt", fsdp);
+    ASSERT_EQ(f.refused.size(), 1u);
+    EXPECT_NE(f.refused[0].find(fsdp[0]), std::string::npos) << f.refused[0];
+    EXPECT_NE(f.refused[0].find("--use-distributed-optimizer"), std::string::npos) << f.refused[0];
+  }
+}

@@ -496,6 +496,50 @@ inline ShardedCheckpoint open_sharded_checkpoint(const std::filesystem::path& di
 
 namespace checkpoint_detail {
 
+// The run-time architecture options of a model configuration (models::ModelConfig, read by its
+// field names: checkpoint/ does not include models/) as checkpoint scalars: (key, value, default).
+// Booleans and the activation (MlpActivation's value) are numbers.
+struct ArchitectureOption {
+  const char* key;
+  double value, default_value;
+};
+template <class Config>
+std::vector<ArchitectureOption> architecture_options(const Config& c) {
+  const Config d{};
+  return {{"model.kv_channels", double(c.kv_channels), double(d.kv_channels)},
+          {"model.add_qkv_bias", double(c.add_qkv_bias), double(d.add_qkv_bias)},
+          {"model.qk_layernorm", double(c.qk_layernorm), double(d.qk_layernorm)},
+          {"model.apply_layernorm_1p", double(c.apply_layernorm_1p), double(d.apply_layernorm_1p)},
+          {"model.rotary_percent", c.rotary_percent, d.rotary_percent},
+          {"model.rotary_interleaved", double(c.rotary_interleaved), double(d.rotary_interleaved)},
+          {"model.rope_scaling_factor", c.rope_scaling_factor, d.rope_scaling_factor},
+          {"model.rope_low_freq_factor", c.rope_low_freq_factor, d.rope_low_freq_factor},
+          {"model.rope_high_freq_factor", c.rope_high_freq_factor, d.rope_high_freq_factor},
+          {"model.rope_original_max_positions", c.rope_original_max_positions, d.rope_original_max_positions},
+          {"model.activation", double(static_cast<int>(c.activation)), double(static_cast<int>(d.activation))},
+          {"model.activation_clamp", c.activation_clamp, d.activation_clamp},
+          {"model.glu_linear_offset", c.glu_linear_offset, d.glu_linear_offset}};
+}
+// The options a checkpoint records (absent: the default), into c.
+template <class Config>
+void read_architecture_options(const StateReader& r, Config& c) {
+  const Config d{};
+  auto get = [&](const char* key, double fallback) { return r.has(key) ? r.get_double(key) : fallback; };
+  c.kv_channels = static_cast<int>(get("model.kv_channels", d.kv_channels));
+  c.add_qkv_bias = get("model.add_qkv_bias", d.add_qkv_bias) != 0;
+  c.qk_layernorm = get("model.qk_layernorm", d.qk_layernorm) != 0;
+  c.apply_layernorm_1p = get("model.apply_layernorm_1p", d.apply_layernorm_1p) != 0;
+  c.rotary_percent = get("model.rotary_percent", d.rotary_percent);
+  c.rotary_interleaved = get("model.rotary_interleaved", d.rotary_interleaved) != 0;
+  c.rope_scaling_factor = get("model.rope_scaling_factor", d.rope_scaling_factor);
+  c.rope_low_freq_factor = get("model.rope_low_freq_factor", d.rope_low_freq_factor);
+  c.rope_high_freq_factor = get("model.rope_high_freq_factor", d.rope_high_freq_factor);
+  c.rope_original_max_positions = get("model.rope_original_max_positions", d.rope_original_max_positions);
+  c.activation = static_cast<decltype(c.activation)>(static_cast<int>(get("model.activation", static_cast<int>(d.activation))));
+  c.activation_clamp = get("model.activation_clamp", d.activation_clamp);
+  c.glu_linear_offset = get("model.glu_linear_offset", d.glu_linear_offset);
+}
+
 // The model's architecture, recorded so that a load into another model is refused by name.
 template <class Module>
 void describe_model(StateWriter& writer, const Module& model, int tp) {
@@ -513,6 +557,10 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
     writer.set("model.max_position_embeddings", c.positions());
     writer.set("model.norm_epsilon", c.norm_epsilon);
     writer.set("model.rope_base", c.rope_base);
+    // The run-time building blocks, recorded where they differ from the default (older checkpoints
+    // and plain models stay as they were): checkpoint_detail::architecture_options lists them.
+    for (const auto& [key, value, default_value] : architecture_options(c))
+      if (value != default_value) writer.set(key, value);
   }
   if constexpr (has_moe_config<Module>) {
     const auto& c = model.config();
@@ -541,6 +589,14 @@ void check_model(const StateReader& r, const Module& model) {
     check("model.num_query_groups", "--num-query-groups", c.num_query_groups == 0 ? c.num_attention_heads : c.num_query_groups);
     check("model.ffn_hidden_size", "--ffn-hidden-size", c.ffn());
     check("model.vocab_size", "the vocabulary size", c.vocab_size);
+    // The building blocks that change the math without changing a parameter's name or shape.
+    for (const auto& [key, mine, default_value] : architecture_options(c)) {
+      const double saved = r.has(key) ? r.get_double(key) : default_value;
+      if (saved != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model with ", std::string_view(key).substr(6), "=", saved,
+                          "; this run's model has ", mine, ". Build the model the checkpoint was saved with (the same "
+                          "architecture flags)");
+    }
   }
   if constexpr (has_moe_config<Module>) {
     const auto& c = model.config();

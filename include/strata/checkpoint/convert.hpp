@@ -240,6 +240,7 @@ inline std::pair<hf::Architecture, models::ModelConfig> checkpoint_model(const S
   c.make_vocab_size_divisible_by = get("model.make_vocab_size_divisible_by");
   c.norm_epsilon = r.get_double("model.norm_epsilon");
   c.rope_base = r.get_double("model.rope_base");
+  checkpoint_detail::read_architecture_options(r, c);
   return {*architecture, c};
 }
 

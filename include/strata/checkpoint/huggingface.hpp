@@ -1,5 +1,7 @@
 // strata/checkpoint/huggingface.hpp: import and export of Hugging Face transformers checkpoints
-// (config.json + safetensors) for strata's GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM).
+// (config.json + safetensors) for strata's GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM), and
+// the Llama model with Qwen2's (Qwen2ForCausalLM: add_qkv_bias) or Qwen3's (Qwen3ForCausalLM:
+// qk_layernorm, kv_channels) run-time options.
 //
 //   save_hf(dir, architecture, config, get_global, options)   export from whole (global) tensors
 //   save_hf_from_model(ctx, dir, model, options)              export a model held with pp = 1
@@ -32,6 +34,14 @@
 //     layers.L.mlp.fc2.weight              model.layers.L.mlp.down_proj.weight
 //     final_norm.weight                    model.norm.weight
 //     output.weight [Vp, h]                lm_head.weight [V, h]
+//   Qwen2 (model_type "qwen2"): Llama's names, and biases on q, k, v only (ModelConfig::add_qkv_bias)
+//     layers.L.attention.qkv.bias          model.layers.L.self_attn.{q,k,v}_proj.bias    [H d], [G d], [G d]
+//   Qwen3 (model_type "qwen3"): Llama's names, a head_dim of its own (ModelConfig::kv_channels), and
+//     RMSNorm over each head of q and k before RoPE (ModelConfig::qk_layernorm)
+//     layers.L.attention.q_norm.weight [d] model.layers.L.self_attn.q_norm.weight
+//     layers.L.attention.k_norm.weight [d] model.layers.L.self_attn.k_norm.weight
+//   In the Llama family d is head_dim (kv_channels), so q_proj is [H d, h] and o_proj [h, H d]. A Llama
+//   config's rope_scaling of rope_type "llama3" maps to ModelConfig's rope_scaling_* (Llama 3.1).
 //
 // strata's qkv rows are group-major (layers/attention.hpp): for each query group g, [the H/G query
 // heads of g | k_g | v_g], d rows each. transformers keeps [all q heads | all k | all v] (GPT-2's
@@ -46,7 +56,7 @@
 //
 // config.json is written with what transformers needs, and read back on import: each field that
 // shapes the weights or the math is checked against the model's ModelConfig (a mismatch names the
-// field and both values), and settings strata cannot express (another activation, RoPE scaling,
+// field and both values), and settings strata cannot express (another activation, RoPE scaling other than Llama 3.1's,
 // attention biases in Llama, GPT-2's inverse-layer-index scaling) are refused. Llama's
 // max_position_embeddings is not checked (RoPE has no table): it is written as SaveOptions says (an
 // imported config's own value, carry_settings), else as ModelConfig::positions(); bos_token_id and
@@ -104,16 +114,58 @@ class PipelineModel;
 
 namespace hf {
 
-enum class Architecture : std::uint8_t { gpt2, llama };
+// qwen2 and qwen3 are models::Llama with ModelConfig's add_qkv_bias, or qk_layernorm and kv_channels:
+// the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3 };
 
-constexpr std::string_view architecture_name(Architecture a) { return a == Architecture::gpt2 ? "gpt2" : "llama"; }
+constexpr std::string_view architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::gpt2: return "gpt2";
+    case Architecture::llama: return "llama";
+    case Architecture::qwen2: return "qwen2";
+    case Architecture::qwen3: return "qwen3";
+  }
+  return "?";
+}
 constexpr std::string_view architecture_class(Architecture a) {
-  return a == Architecture::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  switch (a) {
+    case Architecture::gpt2: return "GPT2LMHeadModel";
+    case Architecture::llama: return "LlamaForCausalLM";
+    case Architecture::qwen2: return "Qwen2ForCausalLM";
+    case Architecture::qwen3: return "Qwen3ForCausalLM";
+  }
+  return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
-  if (name == "gpt2") return Architecture::gpt2;
-  if (name == "llama") return Architecture::llama;
+  for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3})
+    if (name == architecture_name(a)) return a;
   return std::nullopt;
+}
+// Whether the architecture is models::Llama with run-time options (llama, qwen2, qwen3).
+constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
+
+// The Hugging Face architecture of a strata model type's architecture under a configuration: the
+// Llama model with add_qkv_bias is Qwen2, with qk_layernorm Qwen3. Options no Hugging Face class of
+// the family has are a ConfigError naming them.
+inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c) {
+  auto refuse = [&](const char* option, std::string_view why) {
+    fail<ConfigError>("hf: a strata ", architecture_name(a), " with ", option, " has no Hugging Face class: ", why);
+  };
+  if (c.rotary_percent != 1.0) refuse("rotary_percent < 1", "transformers' Llama and Qwen turn the whole head");
+  if (c.rotary_interleaved) refuse("rotary_interleaved", "transformers' Llama and Qwen rotate halves (rotate_half)");
+  if (c.apply_layernorm_1p) refuse("apply_layernorm_1p", "GPT-2, Llama and Qwen store the norm weight itself");
+  if (c.activation == MlpActivation::squared_relu || c.activation == MlpActivation::quick_geglu || c.activation_clamp != 0 ||
+      c.glu_linear_offset != 0)
+    refuse("another MLP activation", "the mapped classes use GELU (GPT-2) or SwiGLU (Llama, Qwen)");
+  if (a == Architecture::gpt2) {
+    if (c.add_qkv_bias || c.qk_layernorm || c.kv_channels != 0)
+      refuse("add_qkv_bias, qk_layernorm or kv_channels", "GPT-2 has all its biases and heads of hidden / heads");
+    return a;
+  }
+  if (c.add_qkv_bias && c.qk_layernorm) refuse("both add_qkv_bias and qk_layernorm", "Qwen2 has the first, Qwen3 the second");
+  if (c.add_qkv_bias) return Architecture::qwen2;
+  if (c.qk_layernorm) return Architecture::qwen3;
+  return Architecture::llama;
 }
 
 template <class>
@@ -206,9 +258,10 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
   const index_t padded = options.padded_vocab != 0 ? options.padded_vocab : c.padded_vocab(1);
   if (padded < vocab)
     fail<ConfigError>("hf::tensor_mappings: a padded vocabulary of ", padded, " rows is smaller than vocab_size=", vocab);
-  if (c.num_attention_heads <= 0 || h % c.num_attention_heads != 0)
+  architecture = hf_architecture(architecture, c);
+  if (c.num_attention_heads <= 0 || (c.kv_channels == 0 && h % c.num_attention_heads != 0))
     fail<ConfigError>("hf::tensor_mappings: num_attention_heads=", c.num_attention_heads, " does not divide hidden_size=", h);
-  const index_t heads = c.num_attention_heads, d = h / heads;
+  const index_t heads = c.num_attention_heads, d = c.head_dim();
   const index_t groups = architecture == Architecture::gpt2 || c.num_query_groups == 0 ? heads : c.num_query_groups;
   if (heads % groups != 0)
     fail<ConfigError>("hf::tensor_mappings: num_query_groups=", groups, " does not divide num_attention_heads=", heads);
@@ -263,7 +316,15 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
     add(s + "attention.qkv.weight", Shape{qkv_rows, h},
         {t + "self_attn.q_proj.weight", t + "self_attn.k_proj.weight", t + "self_attn.v_proj.weight"},
         {{heads * d, h}, {groups * d, h}, {groups * d, h}}, R::qkv);
-    add(s + "attention.proj.weight", Shape{h, h}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
+    if (architecture == Architecture::qwen2)
+      add(s + "attention.qkv.bias", Shape{qkv_rows},
+          {t + "self_attn.q_proj.bias", t + "self_attn.k_proj.bias", t + "self_attn.v_proj.bias"},
+          {{heads * d}, {groups * d}, {groups * d}}, R::qkv);
+    add(s + "attention.proj.weight", Shape{h, heads * d}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
+    if (architecture == Architecture::qwen3) {
+      add(s + "attention.q_norm.weight", Shape{d}, {t + "self_attn.q_norm.weight"}, {{d}});
+      add(s + "attention.k_norm.weight", Shape{d}, {t + "self_attn.k_norm.weight"}, {{d}});
+    }
     add(s + "norm2.weight", Shape{h}, {t + "post_attention_layernorm.weight"}, {{h}});
     add(s + "mlp.fc1.weight", Shape{2 * ffn, h}, {t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"},
         {{ffn, h}, {ffn, h}}, R::gate_up);
@@ -450,7 +511,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   const auto architecture = parse_architecture(model_type);
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
-                      "\" is not one strata imports (\"gpt2\" or \"llama\")");
+                      "\" is not one strata imports (\"gpt2\", \"llama\", \"qwen2\" or \"qwen3\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -506,8 +567,25 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       if (!f.present(field)) continue;
       const json::Value& rope = *f.find(field);
       if (!rope.is_object()) refuse(field, "(not an object)", "expected {\"rope_type\": \"default\", ...}");
+      const json::Value* type = nullptr;
+      for (const auto& [key, value] : rope.members())
+        if (key == "rope_type" || key == "type") type = &value;
+      const bool llama3 = type && type->is_string() && type->text() == "llama3" && *architecture == Architecture::llama;
+      if (llama3 && !rope.find("factor"))
+        refuse(detail::concat(field, ".rope_type"), "llama3", "Llama 3.1's scaling needs its factor (and low_freq_factor, "
+               "high_freq_factor, original_max_position_embeddings)");
       for (const auto& [key, value] : rope.members()) {
-        if ((key == "rope_type" || key == "type") && value.is_string() && value.text() == "default") continue;
+        if ((key == "rope_type" || key == "type") && value.is_string() && (value.text() == "default" || llama3)) continue;
+        if (llama3 && (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor" ||
+                       key == "original_max_position_embeddings")) {
+          double v = 0;
+          if (!value.to_double(v) || !(v > 0)) refuse(detail::concat(field, ".", key), value.text(), "not a positive number");
+          (key == "factor"              ? c.rope_scaling_factor
+           : key == "low_freq_factor"  ? c.rope_low_freq_factor
+           : key == "high_freq_factor" ? c.rope_high_freq_factor
+                                       : c.rope_original_max_positions) = v;
+          continue;
+        }
         if (key == "rope_theta") {
           double t = 0;
           if (!value.to_double(t)) refuse(detail::concat(field, ".rope_theta"), value.text(), "not a number");
@@ -517,17 +595,24 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
           continue;
         }
         refuse(detail::concat(field, ".", key), value.is_string() || value.is_number() ? value.text() : "(set)",
-               "strata's RoPE is the default one, with no scaling");
+               "strata's RoPE is the default one, or Llama 3.1's scaling (rope_type \"llama3\") in a Llama");
       }
     }
     c.rope_base = theta.value_or(10000.0);
-    if (f.flag("attention_bias", false)) refuse("attention_bias", "true", "strata's Llama has no biases");
-    if (f.flag("mlp_bias", false)) refuse("mlp_bias", "true", "strata's Llama has no biases");
-    if (f.present("head_dim") && c.num_attention_heads > 0 &&
-        f.integer("head_dim") * c.num_attention_heads != c.hidden_size)
-      refuse("head_dim", std::to_string(f.integer("head_dim")),
-             detail::concat("strata's head dimension is hidden_size / num_attention_heads = ",
-                            c.hidden_size / c.num_attention_heads));
+    // Qwen2 has biases on q, k and v (always); Qwen3 and Llama none unless attention_bias, which
+    // puts one on the output projection too (strata's add_qkv_bias does not).
+    if (f.flag("attention_bias", false)) refuse("attention_bias", "true", "strata's Llama family has no output-projection bias");
+    if (f.flag("mlp_bias", false)) refuse("mlp_bias", "true", "strata's Llama family has no MLP biases");
+    if (f.flag("use_sliding_window", false))
+      refuse("use_sliding_window", "true", "sliding-window attention is not available yet");
+    c.add_qkv_bias = *architecture == Architecture::qwen2;
+    c.qk_layernorm = *architecture == Architecture::qwen3;
+    // head_dim: Qwen3's default is 128; Llama's and Qwen2's hidden_size / num_attention_heads.
+    const std::int64_t plain_head = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+    const std::int64_t head_dim =
+        f.present("head_dim") ? f.integer("head_dim") : (*architecture == Architecture::qwen3 ? 128 : plain_head);
+    if (head_dim <= 0 || head_dim > (1 << 20)) refuse("head_dim", std::to_string(head_dim), "not a head dimension");
+    if (head_dim != plain_head || c.hidden_size % std::max(c.num_attention_heads, 1) != 0) c.kv_channels = static_cast<int>(head_dim);
     out.tie_word_embeddings = f.flag("tie_word_embeddings", false);
   }
   return out;
@@ -536,9 +621,11 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
 // Throws ConfigError when what config.json says does not fit the strata model's configuration,
 // naming the field and both values.
 inline void check_config(const HfConfig& file, Architecture architecture, const models::ModelConfig& model) {
+  architecture = hf_architecture(architecture, model);
   if (file.architecture != architecture)
     fail<ConfigError>("config.json ", file.path, ": model_type is \"", architecture_name(file.architecture),
-                      "\" but the strata model is ", architecture_name(architecture));
+                      "\" but the strata model is ", architecture_name(architecture),
+                      llama_family(architecture) ? " (Llama with --add-qkv-bias is qwen2, with --qk-layernorm qwen3)" : "");
   const bool gpt = architecture == Architecture::gpt2;
   auto same_int = [&](std::string_view hf_field, std::int64_t theirs, std::string_view ours_field, std::int64_t ours) {
     if (theirs != ours)
@@ -563,7 +650,17 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
   same_int("vocab_size", c.vocab_size, "vocab_size", model.vocab_size);
   if (gpt) same_int("n_positions", c.positions(), "max_position_embeddings", model.positions());
   same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
-  if (!gpt) same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
+  if (!gpt) {
+    same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
+    same_int("head_dim", c.head_dim(), "kv_channels", model.head_dim());
+    same_real("rope_scaling.factor (rope_type llama3)", c.rope_scaling_factor, "rope_scaling_factor", model.rope_scaling_factor);
+    if (model.rope_scaling_factor > 0) {
+      same_real("rope_scaling.low_freq_factor", c.rope_low_freq_factor, "rope_low_freq_factor", model.rope_low_freq_factor);
+      same_real("rope_scaling.high_freq_factor", c.rope_high_freq_factor, "rope_high_freq_factor", model.rope_high_freq_factor);
+      same_real("rope_scaling.original_max_position_embeddings", c.rope_original_max_positions,
+                "rope_original_max_positions", model.rope_original_max_positions);
+    }
+  }
 }
 
 struct SaveOptions {
@@ -592,6 +689,7 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
   using json::number;
   using json::quote;
   const std::string torch_dtype = quote(torch_dtype_name(dtype));
+  architecture = hf_architecture(architecture, c);
   if (architecture == Architecture::gpt2)
     return hf_detail::json_object({
         {"architectures", "[" + quote("GPT2LMHeadModel") + "]"},
@@ -624,15 +722,15 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
   if (!options.bos_token_id.empty()) token_ids.emplace_back("bos_token_id", options.bos_token_id);
   if (!options.eos_token_id.empty()) token_ids.emplace_back("eos_token_id", options.eos_token_id);
   std::vector<std::pair<std::string, std::string>> members{
-      {"architectures", "[" + quote("LlamaForCausalLM") + "]"},
-      {"model_type", quote("llama")},
+      {"architectures", "[" + quote(std::string(architecture_class(architecture))) + "]"},
+      {"model_type", quote(std::string(architecture_name(architecture)))},
       {"vocab_size", number(c.vocab_size)},
       {"hidden_size", number(c.hidden_size)},
       {"intermediate_size", number(c.ffn())},
       {"num_hidden_layers", number(c.num_layers)},
       {"num_attention_heads", number(c.num_attention_heads)},
       {"num_key_value_heads", number(groups)},
-      {"head_dim", number(c.hidden_size / c.num_attention_heads)},
+      {"head_dim", number(c.head_dim())},
       {"hidden_act", quote("silu")},
       {"max_position_embeddings", number(options.max_position_embeddings > 0 ? options.max_position_embeddings : c.positions())},
       {"rms_norm_eps", number(c.norm_epsilon)},
@@ -647,6 +745,16 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"torch_dtype", torch_dtype},
   };
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
+  if (architecture != Architecture::llama)  // Qwen: no sliding window (its layers' window fields left at their defaults)
+    members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
+  if (c.rope_scaling_factor > 0)
+    members.insert(members.end() - 3,
+                   {"rope_scaling", hf_detail::json_object({{"rope_type", quote("llama3")},
+                                                            {"factor", number(c.rope_scaling_factor)},
+                                                            {"low_freq_factor", number(c.rope_low_freq_factor)},
+                                                            {"high_freq_factor", number(c.rope_high_freq_factor)},
+                                                            {"original_max_position_embeddings",
+                                                             number(c.rope_original_max_positions)}})});
   return hf_detail::json_object(members);
 }
 
@@ -838,7 +946,7 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
   if (options.check_config) {
     const HfConfig file = read_config(dir);
     check_config(file, architecture, config);
-    if (architecture == Architecture::llama && file.tie_word_embeddings)
+    if (llama_family(architecture) && file.tie_word_embeddings)
       fail<ConfigError>("config.json ", file.path, ": tie_word_embeddings = true cannot be imported: strata's Llama "
                         "(--untie-embeddings-and-output-weights) has an output layer of its own, so the model would be trained "
                         "and exported untied; strata compiles no tied Llama. To fine-tune it untied all the same, set "
@@ -847,13 +955,13 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
     // An untied config whose files hold no lm_head.weight (a tied model whose config was untied
     // on purpose): the output layer starts from the embedding.
     mapping_options.llama_tied_output =
-        architecture == Architecture::llama && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
+        llama_family(architecture) && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
     if (mapping_options.llama_tied_output && ctx.world.rank() == 0)
       std::fprintf(stderr, "note: %s holds no lm_head.weight: the output layer starts as a copy of model.embed_tokens.weight "
                            "and is trained and exported untied\n", dir.string().c_str());
   } else {
     mapping_options.llama_tied_output =
-        architecture == Architecture::llama && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
+        llama_family(architecture) && !files.has("lm_head.weight") && files.has("model.embed_tokens.weight");
   }
   if (architecture == Architecture::gpt2 && !files.has("transformer.wte.weight") && files.has("wte.weight"))
     mapping_options.gpt2_prefix = "";  // saved from GPT2Model rather than GPT2LMHeadModel

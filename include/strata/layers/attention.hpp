@@ -39,6 +39,17 @@
 //
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
+//
+// Run-time options of the block (AttentionConfig), each Megatron's flag:
+//   kv_channels (--kv-channels): the head dimension d, 0 for hidden / heads; the projections are
+//     then hidden -> groups * (hpg + 2) * d and heads * d -> hidden (Qwen3, Gemma), and the
+//     softmax scale is 1 / sqrt(d).
+//   qkv_bias (--add-qkv-bias): a bias on the qkv projection even where `bias` is off (Qwen2).
+//   qk_norm (--qk-layernorm): a LayerNorm or RMSNorm over the d features of each query and key
+//     head after the projection and before RoPE (Qwen3, OLMo 2), its weight [d] shared by all heads
+//     and replicated over tp: each rank normalizes its own heads, and the weight gradients of both
+//     norms are summed over the tensor-parallel group in one all-reduce. q, k, v are then copies.
+//   rope (--rotary-percent, --rotary-interleaved, --use-rope-scaling: backend/rope_options.hpp).
 #pragma once
 
 #include <cmath>
@@ -49,10 +60,12 @@
 #include <vector>
 
 #include "../backend/attention_options.hpp"
+#include "../backend/rope_options.hpp"
 #include "../shard/context_parallel.hpp"
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
 #include "context_parallel_attention.hpp"
+#include "norm.hpp"
 #include "row_parallel_linear.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -64,6 +77,9 @@ struct no_rope {};  // positions come from elsewhere (GPT's learned absolute emb
 struct mha {};  // one key/value head per query head (query_groups is ignored)
 struct gqa {};  // query_groups key/value heads shared by heads / query_groups query heads each
 
+// The norm of --qk-layernorm (Megatron takes the model's --normalization for it).
+enum class QkNorm { none, layernorm, rmsnorm };
+
 struct AttentionConfig {
   index_t hidden_size = 0;
   int num_heads = 0;
@@ -71,6 +87,12 @@ struct AttentionConfig {
   double rope_base = 10000.0;
   bool bias = true;  // biases on the qkv and output projections
   double dropout = 0.0;  // on the attention probabilities (training forward and its backward)
+  int kv_channels = 0;       // the head dimension (--kv-channels); 0: hidden_size / num_heads
+  bool qkv_bias = false;     // a bias on the qkv projection even without `bias` (--add-qkv-bias)
+  QkNorm qk_norm = QkNorm::none;  // --qk-layernorm: a norm over each head of q and k before RoPE
+  double qk_norm_epsilon = 1e-5;
+  bool qk_norm_zero_centered = false;  // --apply-layernorm-1p for the qk norms too
+  RopeOptions rope{};  // rotary_dim (--rotary-percent), interleaved, Llama 3.1 scaling
 };
 
 template <class Policy, class Position = no_rope, class Grouping = mha>
@@ -101,22 +123,35 @@ class SelfAttention {
     Tensor<T, Space> heads_out;   // cp a2a only: this rank's heads' output over the whole sequence [s_whole, b, np_local / cp, d]
     Tensor<T, Space> qkv_output;  // selective recompute only (q, k, v, packed, out, lse then empty): [s, b, groups_local * (hpg + 2) * d]
     AttentionDropout dropout;     // the forward's (probability 0: none); the backward and a recompute draw its mask
+    // qk_norm only: the norms' saved inputs (q and k before the norm) and statistics
+    typename LayerNorm<Policy>::Saved q_layernorm, k_layernorm;
+    typename RmsNorm<Policy>::Saved q_rmsnorm, k_rmsnorm;
   };
 
   // Whether attention reads q, k, v as views of the packed projection (see the note at the top).
   bool reads_packed_qkv() const { return packed_view().is_view; }
 
-  SelfAttention(const Context& ctx, std::string name, AttentionConfig config)
+  // (ctx is not const: the qk norms, when configured, set their weights to their initial constants.)
+  SelfAttention(Context& ctx, std::string name, AttentionConfig config)
       : config_(validated(config, ctx.tp.size())),
         heads_local_(heads_per_rank(config_.num_heads, ctx.tp.size())),
         groups_local_(query_groups_per_rank(config_.num_query_groups, ctx.tp.size())),
-        head_dim_(config_.hidden_size / config_.num_heads),
+        head_dim_(config_.kv_channels),
         qkv_(ctx, name + ".qkv", config_.hidden_size,
              static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
-                 (config_.hidden_size / config_.num_heads),
-             config_.bias),
-        proj_(ctx, name + ".proj", config_.hidden_size, config_.hidden_size, config_.bias),
-        context_parallel_(ctx.cp.size() > 1) {}
+                 config_.kv_channels,
+             config_.bias || config_.qkv_bias),
+        proj_(ctx, name + ".proj", static_cast<index_t>(config_.num_heads) * config_.kv_channels, config_.hidden_size,
+              config_.bias),
+        context_parallel_(ctx.cp.size() > 1) {
+    if (config_.qk_norm == QkNorm::layernorm) {
+      q_layernorm_.emplace(ctx, name + ".q_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
+      k_layernorm_.emplace(ctx, name + ".k_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
+    } else if (config_.qk_norm == QkNorm::rmsnorm) {
+      q_rmsnorm_.emplace(ctx, name + ".q_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
+      k_rmsnorm_.emplace(ctx, name + ".k_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
+    }
+  }
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
   // backward when `backward`. Optional; the first call of a shape plans it otherwise. With dropout
@@ -161,6 +196,8 @@ class SelfAttention {
       saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
       saved.proj.input = Tensor<T, Space>();
+      saved.q_layernorm = {}, saved.k_layernorm = {};
+      saved.q_rmsnorm = {}, saved.k_rmsnorm = {};
     }
     return {std::move(y), std::move(saved)};
   }
@@ -207,9 +244,10 @@ class SelfAttention {
       saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
       ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
                                        saved.v.data());
+      qk_norm_forward(ctx, saved);
       if constexpr (std::is_same_v<Position, rope>) {
-        ctx.device.template rope_forward<T>(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0);
-        ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0);
+        ctx.device.template rope_forward<T>(saved.q.data(), s, b * heads_local_, d, config_.rope_base, 0, config_.rope);
+        ctx.device.template rope_forward<T>(saved.k.data(), s, b * groups_local_, d, config_.rope_base, 0, config_.rope);
       }
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_,
                                                groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
@@ -240,11 +278,11 @@ class SelfAttention {
       T* q_chunk = q + chunk * c * b * heads_local_ * d;
       T* k_chunk = k + chunk * c * b * groups_local_ * d;
       if (backward) {
-        ctx.device.template rope_backward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
-        ctx.device.template rope_backward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+        ctx.device.template rope_backward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first, config_.rope);
+        ctx.device.template rope_backward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first, config_.rope);
       } else {
-        ctx.device.template rope_forward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first);
-        ctx.device.template rope_forward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first);
+        ctx.device.template rope_forward<T>(q_chunk, c, b * heads_local_, d, config_.rope_base, first, config_.rope);
+        ctx.device.template rope_forward<T>(k_chunk, c, b * groups_local_, d, config_.rope_base, first, config_.rope);
       }
     }
   }
@@ -265,6 +303,7 @@ class SelfAttention {
     saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
     ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
                                      saved.v.data());
+    qk_norm_forward(ctx, saved);
     if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, saved.q.data(), saved.k.data(), b, false);
     if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of heads / cp heads
       const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
@@ -310,6 +349,7 @@ class SelfAttention {
         heads_to_sequence<T>(ctx, split, dk_heads.data(), b, groups_local_, d, dk.data());
         heads_to_sequence<T>(ctx, split, dv_heads.data(), b, groups_local_, d, dv.data());
         if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+        qk_norm_backward(ctx, saved, dq, dk);
         ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
         return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
       }
@@ -321,6 +361,7 @@ class SelfAttention {
                       saved.lse.data(), b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(), dv.data(),
                       saved.dropout);
       if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
+      qk_norm_backward(ctx, saved, dq, dk);
       ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
       return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
     }
@@ -341,9 +382,10 @@ class SelfAttention {
                                               scale(), dq.data(), dk.data(), dv.data(),
                                               AttentionOptions{AttentionStrides{}, saved.dropout});
     if constexpr (std::is_same_v<Position, rope>) {
-      ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0);
-      ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0);
+      ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0, config_.rope);
+      ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0, config_.rope);
     }
+    qk_norm_backward(ctx, saved, dq, dk);
     ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
     return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
   }
@@ -354,21 +396,54 @@ class SelfAttention {
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     qkv_.init(ctx, seed, stddev);
     proj_.init(ctx, seed, output_stddev);
+    if (q_layernorm_) {
+      q_layernorm_->init(ctx, seed, stddev);
+      k_layernorm_->init(ctx, seed, stddev);
+    }
+    if (q_rmsnorm_) {
+      q_rmsnorm_->init(ctx, seed, stddev);
+      k_rmsnorm_->init(ctx, seed, stddev);
+    }
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     qkv_.for_each_parameter(visit);
     proj_.for_each_parameter(visit);
+    if (q_layernorm_) {
+      q_layernorm_->for_each_parameter(visit);
+      k_layernorm_->for_each_parameter(visit);
+    }
+    if (q_rmsnorm_) {
+      q_rmsnorm_->for_each_parameter(visit);
+      k_rmsnorm_->for_each_parameter(visit);
+    }
   }
 
   static AttentionConfig validated(AttentionConfig c, int tp) {
     if (std::is_same_v<Grouping, mha> || c.num_query_groups == 0) c.num_query_groups = c.num_heads;
     if (c.num_heads <= 0 || c.hidden_size <= 0)
       fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " and hidden_size=", c.hidden_size, " must be positive");
-    if (c.hidden_size % c.num_heads != 0)
-      fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " does not divide hidden_size=", c.hidden_size);
-    if ((c.hidden_size / c.num_heads) % 2 != 0 && std::is_same_v<Position, rope>)
-      fail<ConfigError>("SelfAttention: rotary embeddings need an even head dimension, got ", c.hidden_size / c.num_heads);
+    if (c.kv_channels < 0)
+      fail<ConfigError>("SelfAttention: kv_channels=", c.kv_channels, " must be positive (or 0 for hidden_size / num_attention_heads)");
+    if (c.kv_channels == 0 && c.hidden_size % c.num_heads != 0)
+      fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " does not divide hidden_size=", c.hidden_size,
+                        "; give the head dimension with --kv-channels");
+    if (c.kv_channels == 0) c.kv_channels = static_cast<int>(c.hidden_size / c.num_heads);
+    if constexpr (std::is_same_v<Position, rope>) {
+      const index_t rotary_dim = rope_rotary_dim(c.rope, c.kv_channels);
+      if (rotary_dim % 2 != 0 || rotary_dim > c.kv_channels)
+        fail<ConfigError>("SelfAttention: rotary embeddings turn pairs of dimensions, but the rotary width is ", rotary_dim,
+                          " of a head dimension of ", c.kv_channels,
+                          " (kv_channels x --rotary-percent); choose a --rotary-percent that gives an even width");
+      if (c.rope.scaling_factor < 0 || !std::isfinite(c.rope.scaling_factor) ||
+          (c.rope.scaling_factor > 0 && !(c.rope.high_freq_factor > c.rope.low_freq_factor && c.rope.low_freq_factor > 0 &&
+                                          c.rope.original_max_positions > 0)))
+        fail<ConfigError>("SelfAttention: rope scaling factor=", c.rope.scaling_factor, " (low ", c.rope.low_freq_factor,
+                          ", high ", c.rope.high_freq_factor, ", original context ", c.rope.original_max_positions,
+                          ") must be >= 0 with 0 < low < high and a positive original context (Llama 3.1: 8, 1, 4, 8192)");
+    }
+    if (c.qk_norm != QkNorm::none && !(std::isfinite(c.qk_norm_epsilon) && c.qk_norm_epsilon > 0))
+      fail<ConfigError>("SelfAttention: qk_norm_epsilon=", c.qk_norm_epsilon, " must be a finite positive number");
     if (c.num_heads % c.num_query_groups != 0)
       fail<ConfigError>("SelfAttention: num_query_groups=", c.num_query_groups, " does not divide num_attention_heads=", c.num_heads);
     if (!(c.dropout >= 0 && c.dropout < 1))
@@ -384,15 +459,55 @@ class SelfAttention {
   // The local heads as views of the packed projection, or is_view = false where they are not one
   // (several groups of several query heads) or RoPE must rewrite q and k first.
   PackedQkvView packed_view() const {
-    if (context_parallel_) return {};
+    if (context_parallel_ || config_.qk_norm != QkNorm::none) return {};
     if constexpr (std::is_same_v<Position, rope>) return {};
     else return packed_qkv_view(groups_local_, heads_local_ / groups_local_, head_dim_);
+  }
+
+  // --qk-layernorm: q [s, b, np_local, d] and k [s, b, ng_local, d] of `saved` normalized over d
+  // in place, each norm's input and statistics kept in `saved` (rows: every (token, head) of this
+  // rank, so the layout is that of rows split over tp: sharded<0>).
+  void qk_norm_forward(Context& ctx, Saved& saved) const {
+    if (config_.qk_norm == QkNorm::none) return;
+    using Rows = Act<layout::sharded<0>>;
+    if (q_layernorm_) {
+      auto [q, qs] = q_layernorm_->forward(ctx, Rows(saved.q));
+      auto [k, ks] = k_layernorm_->forward(ctx, Rows(saved.k));
+      saved.q = std::move(q.tensor), saved.k = std::move(k.tensor);
+      saved.q_layernorm = std::move(qs), saved.k_layernorm = std::move(ks);
+    } else {
+      auto [q, qs] = q_rmsnorm_->forward(ctx, Rows(saved.q));
+      auto [k, ks] = k_rmsnorm_->forward(ctx, Rows(saved.k));
+      saved.q = std::move(q.tensor), saved.k = std::move(k.tensor);
+      saved.q_rmsnorm = std::move(qs), saved.k_rmsnorm = std::move(ks);
+    }
+  }
+  // dq, dk (after RoPE's backward) become the gradients of q and k before the norms; the norms'
+  // weight increments of this rank's heads are summed over tp in one all-reduce.
+  void qk_norm_backward(Context& ctx, const Saved& saved, Tensor<T, Space>& dq, Tensor<T, Space>& dk) {
+    if (config_.qk_norm == QkNorm::none) return;
+    using Rows = Act<layout::sharded<0>>;
+    std::vector<Parameter<T, Space>*> params;
+    auto run = [&](auto& q_norm, auto& k_norm, const auto& q_saved, const auto& k_saved) {
+      const index_t first = q_norm->partial_size();
+      auto partials = Tensor<A, Space>::empty(Shape{first + k_norm->partial_size()});
+      dq = q_norm->template backward_partial<layout::sharded<0>>(ctx, q_saved, Rows(dq), nullptr, partials.data()).tensor;
+      dk = k_norm->template backward_partial<layout::sharded<0>>(ctx, k_saved, Rows(dk), nullptr, partials.data() + first).tensor;
+      q_norm->for_each_parameter([&](Parameter<T, Space>& p) { params.push_back(&p); });
+      k_norm->for_each_parameter([&](Parameter<T, Space>& p) { params.push_back(&p); });
+      add_replicated_gradients<layout::sharded<0>>(ctx.device, ctx.tp, partials,
+                                                   std::span<Parameter<T, Space>* const>(params.data(), params.size()));
+    };
+    if (q_layernorm_) run(q_layernorm_, k_layernorm_, saved.q_layernorm, saved.k_layernorm);
+    else run(q_rmsnorm_, k_rmsnorm_, saved.q_rmsnorm, saved.k_rmsnorm);
   }
 
   AttentionConfig config_;
   index_t heads_local_, groups_local_, head_dim_;
   Qkv qkv_;
   Proj proj_;
+  std::optional<LayerNorm<Policy>> q_layernorm_, k_layernorm_;  // qk_norm layernorm
+  std::optional<RmsNorm<Policy>> q_rmsnorm_, k_rmsnorm_;        // qk_norm rmsnorm
   bool recompute_core_ = false;
   bool context_parallel_ = false;  // ctx.cp of more than one rank: ring attention over the local chunks
 };

@@ -8,6 +8,10 @@
 // Both norms fuse the residual add of a transformer layer (one pass over the activations instead
 // of two): forward_add(ctx, x, residual) adds residual into x in place and normalizes the sum;
 // backward(ctx, saved, dy, &dresidual) returns dresidual + the norm's input gradient.
+//
+// zero_centered (Megatron's --apply-layernorm-1p): the weight w is stored as gamma - 1 and
+// initialized to 0; the kernels scale by w + 1, added in the accumulate type (their weight_offset),
+// so a bf16 weight keeps its precision near zero. The gradient of w is that of gamma.
 #pragma once
 
 #include <span>
@@ -46,10 +50,11 @@ class LayerNorm {
     Tensor<A, Space> mean, rstd;
   };
 
-  LayerNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5)
+  LayerNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5, bool zero_centered = false)
       : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false),
-        bias_(name + ".bias", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
-    init(ctx, 0, 0);
+        bias_(name + ".bias", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps), zero_centered_(zero_centered) {
+    init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0);
+    init_constant(ctx.device, bias_, 0.0);
   }
 
   template <class Layout>
@@ -60,7 +65,7 @@ class LayerNorm {
     Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
     ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
-                               saved.mean.data(), saved.rstd.data());
+                               saved.mean.data(), saved.rstd.data(), nullptr, nullptr, weight_offset());
     return {std::move(y), std::move(saved)};
   }
 
@@ -74,7 +79,7 @@ class LayerNorm {
     Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
     ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
-                               saved.mean.data(), saved.rstd.data(), residual.data(), x.data());
+                               saved.mean.data(), saved.rstd.data(), residual.data(), x.data(), weight_offset());
     return {std::move(y), std::move(saved)};
   }
 
@@ -116,9 +121,10 @@ class LayerNorm {
   }
 
   void init(Context& ctx, std::uint64_t, double) {
-    init_constant(ctx.device, weight_, 1.0);
+    init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0);
     init_constant(ctx.device, bias_, 0.0);
   }
+  bool zero_centered() const { return zero_centered_; }
 
  private:
   // The kernel: dg, db written into (or, with accumulate, added into) dweight, dbias.
@@ -129,7 +135,8 @@ class LayerNorm {
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template layernorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.mean.data(),
                                               saved.rstd.data(), rows, h, dx.data(), dweight, dbias,
-                                              dresidual ? dresidual->data() : nullptr, accumulate, dresidual_sums);
+                                              dresidual ? dresidual->data() : nullptr, accumulate, dresidual_sums,
+                                              weight_offset());
     return dx;
   }
 
@@ -141,8 +148,11 @@ class LayerNorm {
   }
 
  private:
+  A weight_offset() const { return zero_centered_ ? A(1) : A(0); }
+
   Parameter<T, Space> weight_, bias_;
   double eps_;
+  bool zero_centered_ = false;
 };
 
 template <class Policy>
@@ -160,9 +170,9 @@ class RmsNorm {
     Tensor<A, Space> rstd;
   };
 
-  RmsNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5)
-      : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps) {
-    init(ctx, 0, 0);
+  RmsNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5, bool zero_centered = false)
+      : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps), zero_centered_(zero_centered) {
+    init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0);
   }
 
   template <class Layout>
@@ -172,7 +182,8 @@ class RmsNorm {
     if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
     Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data());
+    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data(),
+                                           nullptr, nullptr, weight_offset());
     return {std::move(y), std::move(saved)};
   }
 
@@ -186,7 +197,7 @@ class RmsNorm {
     Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
     ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data(),
-                                           residual.data(), x.data());
+                                           residual.data(), x.data(), weight_offset());
     return {std::move(y), std::move(saved)};
   }
 
@@ -219,7 +230,8 @@ class RmsNorm {
     add_replicated_gradients<Layout>(ctx.device, ctx.tp, partials, std::span<Parameter<T, Space>* const>(params));
   }
 
-  void init(Context& ctx, std::uint64_t, double) { init_constant(ctx.device, weight_, 1.0); }
+  void init(Context& ctx, std::uint64_t, double) { init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0); }
+  bool zero_centered() const { return zero_centered_; }
 
  private:
   template <class Layout>
@@ -228,7 +240,8 @@ class RmsNorm {
     const index_t rows = dy.shape().rows(), h = weight_.value.numel();
     Act<Layout> dx{Tensor<T, Space>::empty(dy.shape())};
     ctx.device.template rmsnorm_backward<T>(dy.data(), saved.input.data(), weight_.value.data(), saved.rstd.data(), rows, h,
-                                            dx.data(), dweight, dresidual ? dresidual->data() : nullptr, accumulate);
+                                            dx.data(), dweight, dresidual ? dresidual->data() : nullptr, accumulate,
+                                            weight_offset());
     return dx;
   }
 
@@ -239,8 +252,11 @@ class RmsNorm {
   }
 
  private:
+  A weight_offset() const { return zero_centered_ ? A(1) : A(0); }
+
   Parameter<T, Space> weight_;
   double eps_;
+  bool zero_centered_ = false;
 };
 
 // Which class templates are norms (TransformerLayer checks its Norm argument against this;

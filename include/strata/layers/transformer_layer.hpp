@@ -42,6 +42,7 @@ struct TransformerLayerConfig {
   index_t hidden_size = 0;
   double norm_epsilon = 1e-5;
   double hidden_dropout = 0.0;
+  bool zero_centered_norm = false;  // --apply-layernorm-1p: the norms store gamma - 1 (layers/norm.hpp)
 };
 
 namespace detail {
@@ -95,9 +96,9 @@ class TransformerLayer {
   template <class AttentionConfig, class MlpConfig>
   TransformerLayer(Context& ctx, std::string name, TransformerLayerConfig c, AttentionConfig ac, MlpConfig mc)
       : config_(c),
-        norm1_(ctx, name + ".norm1", c.hidden_size, c.norm_epsilon),
+        norm1_(ctx, name + ".norm1", c.hidden_size, c.norm_epsilon, c.zero_centered_norm),
         attention_(ctx, name + ".attention", ac),
-        norm2_(ctx, name + ".norm2", c.hidden_size, c.norm_epsilon),
+        norm2_(ctx, name + ".norm2", c.hidden_size, c.norm_epsilon, c.zero_centered_norm),
         mlp_(ctx, name + ".mlp", mc) {}
 
   // Plans what a [s, b] input needs in advance (the attention's plans; see SelfAttention::prepare).

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <string>
 
+#include "../backend/activation_options.hpp"
 #include "../backend/moe_routing.hpp"
 #include "../core/checked.hpp"
 #include "../shard/parallel_config.hpp"
@@ -61,6 +62,25 @@ struct ModelConfig {
   double attention_dropout = 0.0;  // on the attention probabilities
   double label_smoothing = 0.0;
   MoeModelConfig moe{};  // mixture of experts (num_experts = 0: dense)
+
+  // Building blocks of current open models, each a run-time option of the compiled model (Megatron's flag):
+  int kv_channels = 0;              // --kv-channels: the head dimension (0: hidden_size / num_attention_heads)
+  bool add_qkv_bias = false;        // --add-qkv-bias: a bias on q, k, v only (Qwen2)
+  bool qk_layernorm = false;        // --qk-layernorm: the model's norm over each head of q and k (Qwen3, OLMo 2)
+  bool apply_layernorm_1p = false;  // --apply-layernorm-1p: every norm stores gamma - 1 (Nemotron)
+  double rotary_percent = 1.0;      // --rotary-percent: the share of each head's dimensions RoPE turns
+  bool rotary_interleaved = false;  // --rotary-interleaved: RoPE pairs (2i, 2i+1)
+  double rope_scaling_factor = 0.0; // --use-rope-scaling with --rope-scaling-factor (Llama 3.1: 8); 0: off
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  // Llama 3.1's (Megatron's fixed values)
+  double rope_original_max_positions = 8192.0;
+  MlpActivation activation = MlpActivation::preset;  // --swiglu / --squared-relu / --quick-geglu (preset: the model's)
+  double activation_clamp = 0.0;    // --activation-func-clamp-value (gated activations; 0: none)
+  double glu_linear_offset = 0.0;   // --glu-linear-offset (gated activations)
+
+  // The head dimension: kv_channels, or hidden_size / num_attention_heads when it is 0.
+  int head_dim() const { return kv_channels != 0 ? kv_channels : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0); }
+  // The rotated width of a head: int(head_dim x rotary_percent), as Megatron.
+  int rotary_dim() const { return static_cast<int>(head_dim() * rotary_percent); }
 
   // The MLP width: ffn_hidden_size, or 4 x hidden_size when it is 0 (ConfigError when that does not fit an int).
   int ffn() const {
@@ -130,6 +150,9 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
   dims.sequence_parallel = sequence_parallel;
   dims.num_experts = m.moe.num_experts;
   dims.expert_ffn_hidden_size = m.moe.num_experts > 0 ? m.expert_ffn() : 0;
+  dims.kv_channels = m.kv_channels;
+  if (m.kv_channels < 0)
+    fail<ConfigError>("kv_channels=", m.kv_channels, " must be positive (or 0 for hidden_size / num_attention_heads)");
   check(p, dims, world_size);
   if (!(std::isfinite(m.init_method_std) && m.init_method_std > 0))
     fail<ConfigError>("init_method_std=", m.init_method_std, " must be a finite positive number (Megatron's default is 0.02)");
@@ -147,6 +170,25 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("rope_base=", m.rope_base, " must be a finite positive number (10000 for Llama 2, 500000 for Llama 3)");
   if (!(std::isfinite(m.norm_epsilon) && m.norm_epsilon > 0))
     fail<ConfigError>("norm_epsilon=", m.norm_epsilon, " must be a finite positive number (1e-5 is usual)");
+  if (!(m.rotary_percent > 0 && m.rotary_percent <= 1))
+    fail<ConfigError>("rotary_percent=", m.rotary_percent, " must be in (0, 1] (the share of each head's dimensions RoPE turns)");
+  if (m.rotary_percent < 1 && (m.rotary_dim() < 2 || m.rotary_dim() % 2 != 0))
+    fail<ConfigError>("rotary_percent=", m.rotary_percent, " turns ", m.rotary_dim(), " of the ", m.head_dim(),
+                      " dimensions of a head; RoPE turns pairs, so the width must be even and at least 2 (choose "
+                      "another --rotary-percent)");
+  if (!(std::isfinite(m.rope_scaling_factor) && m.rope_scaling_factor >= 0))
+    fail<ConfigError>("rope_scaling_factor=", m.rope_scaling_factor, " must be a finite number >= 0 (0: no scaling; Llama 3.1 uses 8)");
+  if (m.rope_scaling_factor > 0 && !(m.rope_low_freq_factor > 0 && m.rope_high_freq_factor > m.rope_low_freq_factor &&
+                                     m.rope_original_max_positions > 0))
+    fail<ConfigError>("rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original context, got ",
+                      m.rope_low_freq_factor, ", ", m.rope_high_freq_factor, ", ", m.rope_original_max_positions,
+                      " (Llama 3.1: 1, 4, 8192)");
+  if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
+    fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
+  if (m.moe.enabled() && (m.activation == MlpActivation::squared_relu || m.activation == MlpActivation::quick_geglu ||
+                          m.activation_clamp != 0 || m.glu_linear_offset != 0))
+    fail<ConfigError>("the experts of a mixture-of-experts model run SwiGLU only so far; --squared-relu, --quick-geglu, "
+                      "--activation-func-clamp-value and --glu-linear-offset need a dense model");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
   if (m.moe.enabled()) validate_moe(m.moe, p);

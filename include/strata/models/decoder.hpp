@@ -154,12 +154,11 @@ class DecoderModel {
     layers_.reserve(static_cast<std::size_t>(stage.layers.size()));
     for (index_t i = stage.layers.begin; i < stage.layers.end; ++i)
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
-                           TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout},
-                           AttentionConfig{config.hidden_size, config.num_attention_heads, config.num_query_groups,
-                                           config.rope_base, linear_bias, config.attention_dropout},
-                           mlp_config(config, linear_bias));
+                           TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout,
+                                                  config.apply_layernorm_1p},
+                           attention_config(config, linear_bias), mlp_config(config, linear_bias));
     if (stage.has_head) {
-      final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon);
+      final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p);
       if constexpr (TiedOutput) output_.emplace(embedding_->weight());
       else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
       if constexpr (!TiedOutput) output_->weight().decoupled_lr = true;
@@ -547,8 +546,27 @@ class DecoderModel {
       c.routers = &routers_;
       return c;
     } else {
-      return MlpConfig{config.hidden_size, config.ffn(), linear_bias};
+      return MlpConfig{config.hidden_size, config.ffn(), linear_bias, config.activation, config.activation_clamp,
+                       config.glu_linear_offset};
     }
+  }
+
+  static AttentionConfig attention_config(const ModelConfig& config, bool linear_bias) {
+    AttentionConfig c{config.hidden_size, config.num_attention_heads, config.num_query_groups,
+                      config.rope_base,   linear_bias,                config.attention_dropout};
+    c.kv_channels = config.kv_channels;
+    c.qkv_bias = config.add_qkv_bias;
+    if (config.qk_layernorm)  // the model's own norm, as Megatron's --qk-layernorm
+      c.qk_norm = std::is_same_v<Norm<Policy>, RmsNorm<Policy>> ? QkNorm::rmsnorm : QkNorm::layernorm;
+    c.qk_norm_epsilon = config.norm_epsilon;
+    c.qk_norm_zero_centered = config.apply_layernorm_1p;
+    if (config.rotary_percent < 1) c.rope.rotary_dim = config.rotary_dim();
+    c.rope.interleaved = config.rotary_interleaved;
+    c.rope.scaling_factor = config.rope_scaling_factor;
+    c.rope.low_freq_factor = config.rope_low_freq_factor;
+    c.rope.high_freq_factor = config.rope_high_freq_factor;
+    c.rope.original_max_positions = config.rope_original_max_positions;
+    return c;
   }
 
   // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),

@@ -1,6 +1,8 @@
 // strata/models/gpt.hpp: `models::Gpt<Policy>`, GPT-2: learned absolute positions, LayerNorm,
 // GELU (tanh), biases on every linear layer, output layer tied to the word embedding (its gradient
-// is the sum of both uses).
+// is the sum of both uses). The run-time options of ModelConfig apply (--squared-relu,
+// --apply-layernorm-1p, --kv-channels, --qk-layernorm, --add-qkv-bias): the MLP's activation is
+// configured_activation<gelu>, GELU unless ModelConfig::activation names another.
 #pragma once
 
 #include <string_view>
@@ -11,9 +13,10 @@ STRATA_NAMESPACE_BEGIN
 namespace models {
 
 template <class Policy>
-class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>,
-                                /*LearnedPositions=*/true, /*TiedOutput=*/true> {
-  using Base = DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, gelu>, true, true>;
+class Gpt : public DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>,
+                                Mlp<Policy, configured_activation<gelu>>, /*LearnedPositions=*/true, /*TiedOutput=*/true> {
+  using Base = DecoderModel<Policy, LayerNorm, SelfAttention<Policy, no_rope, mha>, Mlp<Policy, configured_activation<gelu>>,
+                           true, true>;
 
  public:
   // Recorded in checkpoints ("model.architecture"), for converters that read them without the type.

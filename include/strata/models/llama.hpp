@@ -1,5 +1,7 @@
 // strata/models/llama.hpp: `models::Llama<Policy>`: RoPE, RMSNorm, SwiGLU, grouped-query attention,
-// no biases, untied output layer.
+// no biases, untied output layer. The run-time options of ModelConfig make the Qwen2 (add_qkv_bias),
+// Qwen3 (qk_layernorm, kv_channels) and Llama 3.1 (rope_scaling_factor) variants of the same
+// compiled model; the MLP's activation is configured_activation<swiglu> (--quick-geglu at run time).
 #pragma once
 
 #include <string_view>
@@ -10,9 +12,10 @@ STRATA_NAMESPACE_BEGIN
 namespace models {
 
 template <class Policy>
-class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>,
-                                  /*LearnedPositions=*/false, /*TiedOutput=*/false> {
-  using Base = DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, swiglu>, false, false>;
+class Llama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>,
+                                  Mlp<Policy, configured_activation<swiglu>>, /*LearnedPositions=*/false, /*TiedOutput=*/false> {
+  using Base = DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope, gqa>, Mlp<Policy, configured_activation<swiglu>>,
+                           false, false>;
 
  public:
   // Recorded in checkpoints ("model.architecture"), for converters that read them without the type.

@@ -5,6 +5,9 @@
 //             = x * sigmoid(2u)                       (0.5 (1 + tanh(u)) = sigmoid(2u))
 //   gelu'(x)  = s + x * 2 s (1 - s) * c (1 + 3 * 0.044715 x^2),  s = sigmoid(2u)
 //   swiglu(g, u) = silu(g) * u,  silu(g) = g * sigmoid(g)
+//   glu (backend/activation_options.hpp): act(min(g, c)) * (clamp(u, -c, c) + offset),
+//             act(g) = g * sigmoid(alpha g), alpha 1 (silu) or 1.702 (quick_gelu)
+//   squared_relu(x) = max(x, 0)^2
 //
 // Every sigmoid comes from one call of `vector_exp`, a branch-free exp (Cody-Waite range reduction
 // to |r| <= ln2/2, a Taylor polynomial of degree 7 for float and 13 for double, the power of two
@@ -13,12 +16,14 @@
 // Accuracy: a few ulp of float (float), about 1e-15 relative (double).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <type_traits>
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
+#include "../activation_options.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cpu {
@@ -128,6 +133,60 @@ void swiglu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, T* 
       dg[i] = T(d * A(u[i]) * sig * (A(1) + gv * (A(1) - sig)));
     }
   }
+}
+
+// The gated activation of `activation` (backend/activation_options.hpp). gate_up [rows, 2f], y [rows, f].
+template <class T, class A = accumulate_t<T>>
+void glu_forward(const T* gate_up, index_t rows, index_t f, GluActivation activation, T* y) {
+  const A alpha = A(glu_alpha(activation.kind)), clamp = A(activation.clamp), offset = A(activation.linear_offset);
+  const bool clamped = activation.clamp > 0;
+  for (index_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * f;  // (f) gate, then (f) up
+    const T* u = g + f;
+    for (index_t i = 0; i < f; ++i) {
+      A gv = A(g[i]), uv = A(u[i]);
+      if (clamped) {
+        gv = std::min(gv, clamp);
+        uv = std::min(std::max(uv, -clamp), clamp);
+      }
+      y[r * f + i] = T(gv * vector_sigmoid<A>(alpha * gv) * (uv + offset));
+    }
+  }
+}
+
+template <class T, class A = accumulate_t<T>>
+void glu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, GluActivation activation, T* dgate_up) {
+  const A alpha = A(glu_alpha(activation.kind)), clamp = A(activation.clamp), offset = A(activation.linear_offset);
+  const bool clamped = activation.clamp > 0;
+  for (index_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * f;
+    const T* u = g + f;
+    T* dg = dgate_up + r * 2 * f;
+    T* du = dg + f;
+    for (index_t i = 0; i < f; ++i) {
+      const A graw = A(g[i]), uraw = A(u[i]);
+      const bool gate_passes = !clamped || graw <= clamp, up_passes = !clamped || (uraw >= -clamp && uraw <= clamp);
+      const A gv = gate_passes ? graw : clamp, uv = up_passes ? uraw : (uraw < 0 ? -clamp : clamp);
+      const A sig = vector_sigmoid<A>(alpha * gv);
+      const A d = A(dy[r * f + i]);
+      du[i] = up_passes ? T(d * (gv * sig)) : T(0);
+      dg[i] = gate_passes ? T(d * (uv + offset) * sig * (A(1) + alpha * gv * (A(1) - sig))) : T(0);
+    }
+  }
+}
+
+// y = max(x, 0)^2;  dx = dy * 2 max(x, 0)
+template <class T, class A = accumulate_t<T>>
+void squared_relu_forward(const T* x, index_t n, T* y) {
+  for (index_t i = 0; i < n; ++i) {
+    const A v = std::max(A(x[i]), A(0));
+    y[i] = T(v * v);
+  }
+}
+
+template <class T, class A = accumulate_t<T>>
+void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx) {
+  for (index_t i = 0; i < n; ++i) dx[i] = T(A(dy[i]) * A(2) * std::max(A(x[i]), A(0)));
 }
 
 }  // namespace cpu

@@ -102,24 +102,25 @@ struct backend {
   // norms (optionally fused with the residual add: cpu/norm.hpp)
   template <class T, class A = accumulate_t<T>>
   static void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                                A* rstd, const T* residual = nullptr, T* sum = nullptr) {
-    cpu::layernorm_forward<T>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum);
+                                A* rstd, const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) {
+    cpu::layernorm_forward<T>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   static void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
                                  index_t h, T* dx, A* dg, A* db, const T* dresidual = nullptr,
-                                 bool accumulate = false, A* dresidual_sums = nullptr) {
-    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, accumulate, dresidual_sums);
+                                 bool accumulate = false, A* dresidual_sums = nullptr, A weight_offset = A(0)) {
+    cpu::layernorm_backward<T>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, accumulate, dresidual_sums,
+                               weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   static void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,
-                              const T* residual = nullptr, T* sum = nullptr) {
-    cpu::rmsnorm_forward<T>(x, g, rows, h, eps, y, rstd, residual, sum);
+                              const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) {
+    cpu::rmsnorm_forward<T>(x, g, rows, h, eps, y, rstd, residual, sum, weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   static void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
-                               A* dg, const T* dresidual = nullptr, bool accumulate = false) {
-    cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg, dresidual, accumulate);
+                               A* dg, const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0)) {
+    cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg, dresidual, accumulate, weight_offset);
   }
 
   // activations
@@ -133,15 +134,31 @@ struct backend {
   static void swiglu_backward(const T* dy, const T* gu, index_t rows, index_t f, T* dgu) {
     cpu::swiglu_backward<T>(dy, gu, rows, f, dgu);
   }
+  template <class T>
+  static void glu_forward(const T* gu, index_t rows, index_t f, GluActivation activation, T* y) {
+    cpu::glu_forward<T>(gu, rows, f, activation, y);
+  }
+  template <class T>
+  static void glu_backward(const T* dy, const T* gu, index_t rows, index_t f, GluActivation activation, T* dgu) {
+    cpu::glu_backward<T>(dy, gu, rows, f, activation, dgu);
+  }
+  template <class T>
+  static void squared_relu_forward(const T* x, index_t n, T* y) { cpu::squared_relu_forward<T>(x, n, y); }
+  template <class T>
+  static void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx) {
+    cpu::squared_relu_backward<T>(dy, x, n, dx);
+  }
 
   // rotary embedding and attention
   template <class T>
-  static void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset) {
-    cpu::rope_forward<T>(x, s, n, d, base, position_offset);
+  static void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset,
+                           const RopeOptions& options = {}) {
+    cpu::rope_forward<T>(x, s, n, d, base, position_offset, options);
   }
   template <class T>
-  static void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset) {
-    cpu::rope_backward<T>(dx, s, n, d, base, position_offset);
+  static void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset,
+                            const RopeOptions& options = {}) {
+    cpu::rope_backward<T>(dx, s, n, d, base, position_offset, options);
   }
   template <class T, class A = accumulate_t<T>>
   static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,

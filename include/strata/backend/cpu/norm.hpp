@@ -3,6 +3,10 @@
 //   LayerNorm: y = (x - mean) * rstd * gamma + beta,   rstd = 1 / sqrt(var + eps)
 //   RMSNorm:   y = x * rstd * gamma,                   rstd = 1 / sqrt(mean(x^2) + eps)
 //
+// weight_offset (Megatron's --apply-layernorm-1p, zero-centred gamma): the kernels scale by
+// gamma + weight_offset, added in A (the stored gamma is w - 1 with an offset of 1, so a bf16 weight
+// keeps its precision near zero); gradients are those of gamma itself (d(gamma + c) / d gamma = 1).
+//
 // Statistics are computed and saved in accumulate_t<T>. Parameter gradients are summed over rows in
 // ascending order, then written (=), or added to what is there with `accumulate` (grad + the sum,
 // the bits of writing the sum and adding it after).
@@ -26,7 +30,7 @@ namespace cpu {
 // x, y: [rows, h]; gamma, beta: [h]; mean, rstd: [rows]
 template <class T, class A = accumulate_t<T>>
 void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, index_t h, A eps, T* y, A* mean,
-                       A* rstd, const T* residual = nullptr, T* sum = nullptr) {
+                       A* rstd, const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) {
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     if (residual) {  // sum (rows, h) = x + residual, then the norm of sum
@@ -46,7 +50,7 @@ void layernorm_forward(const T* x, const T* gamma, const T* beta, index_t rows, 
     mean[r] = mu;
     rstd[r] = rs;
     T* yr = y + r * h;
-    for (index_t i = 0; i < h; ++i) yr[i] = T((A(xr[i]) - mu) * rs * A(gamma[i]) + (beta ? A(beta[i]) : A(0)));
+    for (index_t i = 0; i < h; ++i) yr[i] = T((A(xr[i]) - mu) * rs * (A(gamma[i]) + weight_offset) + (beta ? A(beta[i]) : A(0)));
   }
 }
 
@@ -76,7 +80,7 @@ struct norm_grad_sums {
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dgamma_out, A* dbeta_out, const T* dresidual = nullptr, bool accumulate = false,
-                        A* dresidual_sums = nullptr) {
+                        A* dresidual_sums = nullptr, A weight_offset = A(0)) {
   if (!dresidual) dresidual_sums = nullptr;
   detail::norm_grad_sums<A> gamma_sums(dgamma_out, h, accumulate), beta_sums(dbeta_out, h, accumulate);
   A* dgamma = gamma_sums.sums();
@@ -87,7 +91,7 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
     A mean_g = 0, mean_gx = 0;
     for (index_t i = 0; i < h; ++i) {
       A xhat = (A(xr[i]) - mean[r]) * rstd[r];
-      A g = A(dyr[i]) * A(gamma[i]);
+      A g = A(dyr[i]) * (A(gamma[i]) + weight_offset);
       mean_g += g;
       mean_gx += g * xhat;
       dgamma[i] += A(dyr[i]) * xhat;
@@ -98,7 +102,7 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
     T* dxr = dx + r * h;
     for (index_t i = 0; i < h; ++i) {
       A xhat = (A(xr[i]) - mean[r]) * rstd[r];
-      A g = A(dyr[i]) * A(gamma[i]);
+      A g = A(dyr[i]) * (A(gamma[i]) + weight_offset);
       const A grad = rstd[r] * (g - mean_g - xhat * mean_gx);
       dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
       if (dresidual_sums) dresidual_sums[i] += A(dresidual[r * h + i]);
@@ -110,7 +114,7 @@ void layernorm_backward(const T* dy, const T* x, const T* gamma, const A* mean, 
 
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps, T* y, A* rstd,
-                     const T* residual = nullptr, T* sum = nullptr) {
+                     const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) {
   for (index_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
     if (residual) {  // sum (rows, h) = x + residual, then the norm of sum
@@ -123,14 +127,14 @@ void rmsnorm_forward(const T* x, const T* gamma, index_t rows, index_t h, A eps,
     A rs = A(1) / std::sqrt(ss / A(h) + eps);
     rstd[r] = rs;
     T* yr = y + r * h;
-    for (index_t i = 0; i < h; ++i) yr[i] = T(A(xr[i]) * rs * A(gamma[i]));
+    for (index_t i = 0; i < h; ++i) yr[i] = T(A(xr[i]) * rs * (A(gamma[i]) + weight_offset));
   }
 }
 
 // dx = rstd * (g - xhat * mean(g * xhat)),  g = dy * gamma;  dgamma = sum dy * xhat
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, index_t rows, index_t h, T* dx,
-                      A* dgamma_out, const T* dresidual = nullptr, bool accumulate = false) {
+                      A* dgamma_out, const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0)) {
   detail::norm_grad_sums<A> gamma_sums(dgamma_out, h, accumulate);
   A* dgamma = gamma_sums.sums();
   for (index_t r = 0; r < rows; ++r) {
@@ -139,7 +143,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, in
     A mean_gx = 0;
     for (index_t i = 0; i < h; ++i) {
       A xhat = A(xr[i]) * rstd[r];
-      A g = A(dyr[i]) * A(gamma[i]);
+      A g = A(dyr[i]) * (A(gamma[i]) + weight_offset);
       mean_gx += g * xhat;
       dgamma[i] += A(dyr[i]) * xhat;
     }
@@ -147,7 +151,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* gamma, const A* rstd, in
     T* dxr = dx + r * h;
     for (index_t i = 0; i < h; ++i) {
       A xhat = A(xr[i]) * rstd[r];
-      const A grad = rstd[r] * (A(dyr[i]) * A(gamma[i]) - xhat * mean_gx);
+      const A grad = rstd[r] * (A(dyr[i]) * (A(gamma[i]) + weight_offset) - xhat * mean_gx);
       dxr[i] = dresidual ? T(A(dresidual[r * h + i]) + grad) : T(grad);
     }
   }

@@ -225,28 +225,29 @@ class backend {
   // --- norms (optionally fused with the residual add: kernels/norm.cuh) ---------------------------
   template <class T, class A = accumulate_t<T>>
   void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                         A* rstd, const T* residual = nullptr, T* sum = nullptr) const {
-    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream());
+                         A* rstd, const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) const {
+    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream(), weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
                           T* dx, A* dg, A* db, const T* dresidual = nullptr, bool accumulate = false,
-                          A* dresidual_sums = nullptr) const {
+                          A* dresidual_sums = nullptr, A weight_offset = A(0)) const {
     const index_t arrays = dresidual && dresidual_sums ? 3 : 2;
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(arrays * kernels::norm_backward_blocks(rows) * h));
     kernels::layernorm_backward<T, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace.data(), accumulate,
-                                      stream(), dresidual_sums);
+                                      stream(), dresidual_sums, weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd,
-                       const T* residual = nullptr, T* sum = nullptr) const {
-    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, residual, sum, stream());
+                       const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) const {
+    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, residual, sum, stream(), weight_offset);
   }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
-                        A* dg, const T* dresidual = nullptr, bool accumulate = false) const {
+                        A* dg, const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0)) const {
     scratch<A> workspace(state_->allocator, static_cast<std::size_t>(kernels::norm_backward_blocks(rows) * h));
-    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, dresidual, workspace.data(), accumulate, stream());
+    kernels::rmsnorm_backward<T, A>(dy, x, g, rstd, rows, h, dx, dg, dresidual, workspace.data(), accumulate, stream(),
+                                    weight_offset);
   }
 
   // --- activations and RoPE ------------------------------------------------------------------------
@@ -265,12 +266,30 @@ class backend {
     kernels::swiglu_backward<T>(dy, gu, rows, f, dgu, stream());
   }
   template <class T>
-  void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset) const {
-    kernels::rope<T>(x, s, n, d, base, position_offset, false, stream());
+  void rope_forward(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset,
+                    RopeOptions options = {}) const {
+    kernels::rope<T>(x, s, n, d, base, position_offset, false, stream(), options);
   }
   template <class T>
-  void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset) const {
-    kernels::rope<T>(dx, s, n, d, base, position_offset, true, stream());
+  void rope_backward(T* dx, index_t s, index_t n, index_t d, double base, index_t position_offset,
+                     RopeOptions options = {}) const {
+    kernels::rope<T>(dx, s, n, d, base, position_offset, true, stream(), options);
+  }
+  template <class T>
+  void glu_forward(const T* gu, index_t rows, index_t f, GluActivation activation, T* y) const {
+    kernels::glu_forward<T>(gu, rows, f, activation, y, stream());
+  }
+  template <class T>
+  void glu_backward(const T* dy, const T* gu, index_t rows, index_t f, GluActivation activation, T* dgu) const {
+    kernels::glu_backward<T>(dy, gu, rows, f, activation, dgu, stream());
+  }
+  template <class T>
+  void squared_relu_forward(const T* x, index_t n, T* y) const {
+    kernels::squared_relu_forward<T>(x, n, y, stream());
+  }
+  template <class T>
+  void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx) const {
+    kernels::squared_relu_backward<T>(dy, x, n, dx, stream());
   }
 
   // --- attention (cuDNN SDPA or the flash kernels through backend/cuda/attention.hpp) ---------------

@@ -6,10 +6,14 @@
 //   swiglu(g, u)  = silu(g) u,  silu(g) = g sigmoid(g)
 //   d/du = dy silu(g),  d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g)))
 //
+//   glu (backend/activation_options.hpp): act(min(g, c)) * (clamp(u, -c, c) + offset),
+//   act(g) = g sigmoid(alpha g), alpha 1 (silu) or 1.702 (quick_gelu); squared_relu(x) = max(x, 0)^2
+//
 // gate_up [rows, 2f] holds [gate (f) | up (f)] in each row; y [rows, f]. GELU runs through map
 // (16-byte accesses where the pointers allow).
 #pragma once
 
+#include "../../activation_options.hpp"
 #include "common.cuh"
 
 STRATA_NAMESPACE_BEGIN
@@ -73,6 +77,73 @@ void swiglu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, T* 
   if (rows <= 0 || f <= 0) return;
   swiglu_backward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(dy, gate_up, rows, f, dgate_up);
   check_launch("swiglu_backward");
+}
+
+template <class T, class A = accumulate_t<T>>
+__global__ void glu_forward_kernel(const T* gate_up, index_t rows, index_t f, GluActivation activation, T* y) {
+  const index_t n = rows * f;
+  const A alpha = A(glu_alpha(activation.kind)), clamp = A(activation.clamp), offset = A(activation.linear_offset);
+  const bool clamped = activation.clamp > 0;
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / f, j = i % f;  // y (rows, f); gate_up (rows, 2f)
+    A gate = load(gate_up, r * 2 * f + j), up = load(gate_up, r * 2 * f + f + j);
+    if (clamped) {
+      gate = gate < clamp ? gate : clamp;
+      up = up < -clamp ? -clamp : (up > clamp ? clamp : up);
+    }
+    const A sig = A(1) / (A(1) + exp_(-alpha * gate));
+    store(y, i, gate * sig * (up + offset));
+  }
+}
+template <class T, class A = accumulate_t<T>>
+__global__ void glu_backward_kernel(const T* dy, const T* gate_up, index_t rows, index_t f, GluActivation activation,
+                                    T* dgate_up) {
+  const index_t n = rows * f;
+  const A alpha = A(glu_alpha(activation.kind)), clamp = A(activation.clamp), offset = A(activation.linear_offset);
+  const bool clamped = activation.clamp > 0;
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / f, j = i % f;
+    const index_t gate_at = r * 2 * f + j, up_at = gate_at + f;
+    const A graw = load(gate_up, gate_at), uraw = load(gate_up, up_at), d = load(dy, i);
+    const bool gate_passes = !clamped || graw <= clamp, up_passes = !clamped || (uraw >= -clamp && uraw <= clamp);
+    const A gate = gate_passes ? graw : clamp, up = up_passes ? uraw : (uraw < A(0) ? -clamp : clamp);
+    const A sig = A(1) / (A(1) + exp_(-alpha * gate));
+    store(dgate_up, up_at, up_passes ? d * gate * sig : A(0));
+    store(dgate_up, gate_at, gate_passes ? d * (up + offset) * sig * (A(1) + alpha * gate * (A(1) - sig)) : A(0));
+  }
+}
+template <class T>
+void glu_forward(const T* gate_up, index_t rows, index_t f, GluActivation activation, T* y, cudaStream_t stream) {
+  if (rows <= 0 || f <= 0) return;
+  glu_forward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(gate_up, rows, f, activation, y);
+  check_launch("glu_forward");
+}
+template <class T>
+void glu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, GluActivation activation, T* dgate_up,
+                  cudaStream_t stream) {
+  if (rows <= 0 || f <= 0) return;
+  glu_backward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(dy, gate_up, rows, f, activation, dgate_up);
+  check_launch("glu_backward");
+}
+
+template <class A>
+struct squared_relu_forward_op {  // a = x
+  __device__ A operator()(A v, A, index_t) const {
+    const A r = v > A(0) ? v : A(0);
+    return r * r;
+  }
+};
+template <class A>
+struct squared_relu_backward_op {  // a = dy, b = x
+  __device__ A operator()(A dy, A v, index_t) const { return dy * A(2) * (v > A(0) ? v : A(0)); }
+};
+template <class T>
+void squared_relu_forward(const T* x, index_t n, T* y, cudaStream_t stream) {
+  map<T>(x, nullptr, n, y, squared_relu_forward_op<accumulate_t<T>>{}, "squared_relu_forward", stream);
+}
+template <class T>
+void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream_t stream) {
+  map<T>(dy, x, n, dx, squared_relu_backward_op<accumulate_t<T>>{}, "squared_relu_backward", stream);
 }
 
 }  // namespace cuda::kernels

@@ -12,6 +12,9 @@
 // writes dx = T(dresidual + the norm's dx) (dx may be dresidual). Each element is read and written by
 // the same thread, so the aliases are safe.
 //
+// weight_offset (zero-centred weights, Megatron's --apply-layernorm-1p): every kernel scales by
+// g + weight_offset, added in A; dg stays the gradient of g.
+//
 // x, y, dy, dx [rows, h]; g, b [h]; mean, rstd [rows]. Two kernel shapes, chosen by the sizes and
 // the pointers only (never by the device), each deterministic:
 //   - a warp per row (the fast path): when h * sizeof(T) % 16 == 0, every row pointer is 16-byte
@@ -71,7 +74,8 @@ template <class T, bool layer, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(const T* x, const T* __restrict__ g,
                                                                             const T* __restrict__ b, index_t rows, int h, A eps,
                                                                             T* __restrict__ y, A* mean, A* rstd,
-                                                                            const T* residual, T* sum_out) {
+                                                                            const T* residual, T* sum_out,
+                                                                            A weight_offset) {
   constexpr int V = packed<T>::width;
   const int lane = threadIdx.x % 32;
   const index_t warps = index_t(gridDim.x) * kNormWarps;
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(cons
       packed<T> result;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        A o = (unpack<T>(raw[j].raw[k]) - mu) * rs * unpack<T>(gv.raw[k]);
+        A o = (unpack<T>(raw[j].raw[k]) - mu) * rs * (unpack<T>(gv.raw[k]) + weight_offset);
         if (layer && b) o += unpack<T>(bv.raw[k]);
         result.raw[k] = pack<T>(o);
       }
@@ -146,7 +150,8 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
                                                                              const T* __restrict__ g, const A* mean, const A* rstd,
                                                                              index_t rows, int h, T* dx,
                                                                              A* dg_partials, A* db_partials, index_t stride,
-                                                                             const T* dresidual, A* ds_partials) {
+                                                                             const T* dresidual, A* ds_partials,
+                                                                             A weight_offset) {
   constexpr int V = packed<T>::width;
   extern __shared__ unsigned char norm_shared[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -190,7 +195,7 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const A d = unpack<T>(dv[j].raw[k]), xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs;
-        const A gy = mul_rn(d, unpack<T>(gv[j].raw[k]));
+        const A gy = mul_rn(d, unpack<T>(gv[j].raw[k]) + weight_offset);
         if constexpr (layer) sum_gy += gy;
         sum_gy_xhat += gy * xhat;
         dg_sum[(j * V + k) * 32] += d * xhat;
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
       if (drr) add = drr[j * 32 + lane];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]));
+        const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]) + weight_offset);
         const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
         result.raw[k] = pack<T>(drr ? unpack<T>(add.raw[k]) + grad : grad);
         if (ds_partials) ds_sum[(j * V + k) * 32] += unpack<T>(add.raw[k]);  // dresidual's column sums
@@ -237,7 +242,7 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                                    A* rstd, const T* residual, T* sum_out) {
+                                    A* rstd, const T* residual, T* sum_out, A weight_offset) {
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * h;  // x (rows, h)
     if (residual) {  // sum (rows, h) = T(x + residual); each thread reads back only its own elements
@@ -263,7 +268,7 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
     }
     T* yr = y + r * h;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
-      A out = (load(xr, i) - mu) * rs * load(g, i);
+      A out = (load(xr, i) - mu) * rs * (load(g, i) + weight_offset);
       if (layer && b) out += load(b, i);
       store(yr, i, out);
     }
@@ -273,7 +278,7 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows,
                                      index_t h, T* dx, A* dg_partials, A* db_partials, index_t stride,
-                                     const T* dresidual, A* ds_partials) {
+                                     const T* dresidual, A* ds_partials, A weight_offset) {
   A* dg_part = dg_partials + blockIdx.x * stride;  // partials (blocks, stride)
   A* db_part = db_partials ? db_partials + blockIdx.x * stride : nullptr;
   A* ds_part = ds_partials ? ds_partials + blockIdx.x * stride : nullptr;
@@ -288,7 +293,7 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     const A mu = layer ? mean[r] : A(0), rs = rstd[r];
     A sum_gy = 0, sum_gy_xhat = 0;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
-      const A d = load(dyr, i), xhat = (load(xr, i) - mu) * rs, gy = mul_rn(d, load(g, i));
+      const A d = load(dyr, i), xhat = (load(xr, i) - mu) * rs, gy = mul_rn(d, load(g, i) + weight_offset);
       if constexpr (layer) sum_gy += gy;
       sum_gy_xhat += gy * xhat;
       dg_part[i] += d * xhat;
@@ -298,7 +303,7 @@ __global__ void norm_backward_kernel(const T* dy, const T* x, const T* g, const 
     const A mean_gy_xhat = block_sum(sum_gy_xhat) / A(h);
     T* dxr = dx + r * h;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
-      const A xhat = (load(xr, i) - mu) * rs, gy = mul_rn(load(dyr, i), load(g, i));
+      const A xhat = (load(xr, i) - mu) * rs, gy = mul_rn(load(dyr, i), load(g, i) + weight_offset);
       const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
       const A add = dresidual ? load(dresidual + r * h, i) : A(0);  // read before dx (which may be dresidual) is written
       store(dxr, i, dresidual ? add + grad : grad);
@@ -320,18 +325,18 @@ bool norm_vectorized(index_t h, std::initializer_list<const void*> pointers) {
 
 template <class T, bool layer, class A>
 void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                  const T* residual, T* sum, cudaStream_t stream, const char* name) {
+                  const T* residual, T* sum, cudaStream_t stream, const char* name, A weight_offset) {
   if (rows <= 0 || h <= 0) return;
   constexpr int V = packed<T>::width;
   const bool warp_path = norm_vectorized<T>(h, {x, g, b, y, residual, sum}) &&
                          with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
                            const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + kNormWarps - 1) / kNormWarps, 65535));
                            norm_forward_warp_kernel<T, layer, decltype(vectors)::value, A><<<blocks, kNormWarps * 32, 0, stream>>>(
-                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum);
+                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum, weight_offset);
                          });
   if (!warp_path) {
     const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
-    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum);
+    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, weight_offset);
   }
   check_launch(name);
 }
@@ -339,7 +344,7 @@ void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A
 template <class T, bool layer, class A>
 void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h, T* dx,
                    A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
-                   const char* name, A* dresidual_sums = nullptr) {
+                   const char* name, A* dresidual_sums = nullptr, A weight_offset = A(0)) {
   if (h <= 0) return;
   if (rows <= 0) {
     if (accumulate) return;  // adds nothing
@@ -366,11 +371,11 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
                                                                     static_cast<int>(shared)));
                            kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
                                    dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, stride,
-                                   dresidual, ds_partials);
+                                   dresidual, ds_partials, weight_offset);
                          });
   if (!warp_path)
     norm_backward_kernel<T, layer, A><<<static_cast<unsigned>(blocks), kNormThreads, 0, stream>>>(
-        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, stride, dresidual, ds_partials);
+        dy, x, g, mean, rstd, rows, h, dx, dg_partials, db_partials, stride, dresidual, ds_partials, weight_offset);
   check_launch(name);
   sum_partials<A, A>(workspace, blocks, db ? 2 * h : h, dg, accumulate, stream, db, h, stride);
   if (ds) sum_partials<A, A>(ds_partials, blocks, h, ds, true, stream, static_cast<A*>(nullptr), -1, stride);
@@ -378,8 +383,8 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
 
 template <class T, class A = accumulate_t<T>>
 void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       const T* residual, T* sum, cudaStream_t stream) {
-  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward");
+                       const T* residual, T* sum, cudaStream_t stream, A weight_offset = A(0)) {
+  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward", weight_offset);
 }
 
 // workspace: 3 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
@@ -388,23 +393,24 @@ void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
-                        A* dresidual_sums = nullptr) {
+                        A* dresidual_sums = nullptr, A weight_offset = A(0)) {
   norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, accumulate, stream,
-                            "layernorm_backward", dresidual_sums);
+                            "layernorm_backward", dresidual_sums, weight_offset);
 }
 
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual, T* sum,
-                     cudaStream_t stream) {
-  norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, residual, sum, stream, "rmsnorm_forward");
+                     cudaStream_t stream, A weight_offset = A(0)) {
+  norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, residual, sum, stream, "rmsnorm_forward",
+                            weight_offset);
 }
 
 // workspace: norm_backward_blocks(rows) * h elements of A.
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                      const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream) {
+                      const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream, A weight_offset = A(0)) {
   norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, dresidual, workspace, accumulate,
-                             stream, "rmsnorm_backward");
+                             stream, "rmsnorm_backward", nullptr, weight_offset);
 }
 
 }  // namespace cuda::kernels

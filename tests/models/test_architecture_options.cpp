@@ -1,0 +1,246 @@
+// The run-time architecture options of the compiled models (ModelConfig: --add-qkv-bias,
+// --qk-layernorm, --apply-layernorm-1p, --kv-channels, --rotary-percent, --rotary-interleaved,
+// --use-rope-scaling, --squared-relu, --quick-geglu with gpt-oss's clamp and offset): each sharded
+// over tp in {1, 2, 4}, with and without sequence parallelism, equals the single-rank run in double
+// (loss and every gathered gradient); the whole model's gradients match central differences; the
+// parameters have the shapes the option implies; impossible shapes are refused before allocation.
+#include "model_equivalence.hpp"
+
+namespace {
+
+using strata::models::ModelConfig;
+
+ModelConfig tiny_llama() {
+  ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 8;
+  c.num_query_groups = 4;
+  c.ffn_hidden_size = 48;
+  c.vocab_size = 96;
+  c.make_vocab_size_divisible_by = 4;
+  c.seq_length = 8;
+  c.rope_base = 500.0;
+  return c;
+}
+// Qwen2: biases on q, k, v only.
+ModelConfig tiny_qwen2() {
+  auto c = tiny_llama();
+  c.add_qkv_bias = true;
+  return c;
+}
+// Qwen3: RMSNorm on each head of q and k, and a head dimension of 12 (8 x 12 = 96 != hidden 32).
+ModelConfig tiny_qwen3() {
+  auto c = tiny_llama();
+  c.qk_layernorm = true;
+  c.kv_channels = 12;
+  return c;
+}
+ModelConfig tiny_gpt() {
+  ModelConfig c = tiny_llama();
+  c.num_query_groups = 0;
+  return c;
+}
+
+// The named parameters' shapes and the (non-)existence of names, on one rank.
+template <template <class> class Model>
+std::map<std::string, strata::Shape> parameter_shapes(const ModelConfig& config) {
+  using namespace strata;
+  std::map<std::string, Shape> shapes;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    Model<strata_test::ModelPolicy<double, false>> model(ctx, config);
+    model.for_each_parameter([&](Parameter<double>& p) { shapes[p.name] = p.value.shape(); });
+  });
+  return shapes;
+}
+
+TEST(Qwen2, QkvBiasWithoutOutputBias) {
+  const auto shapes = parameter_shapes<strata::models::Llama>(tiny_qwen2());
+  EXPECT_EQ(shapes.at("layers.0.attention.qkv.bias").numel(), 4 * (2 + 2) * 4);  // groups x (hpg + 2) x d
+  EXPECT_EQ(shapes.count("layers.0.attention.proj.bias"), 0u);
+  EXPECT_EQ(shapes.count("layers.0.mlp.fc1.bias"), 0u);
+}
+TEST(Qwen2, ShardedEqualsUnsharded) { strata_test::expect_model_equivalence<strata::models::Llama, double>(tiny_qwen2()); }
+TEST(Qwen2, FiniteDifferenceGradients) { strata_test::expect_finite_difference_gradients<strata::models::Llama>(tiny_qwen2()); }
+
+TEST(Qwen3, QkNormWeightsAreOneHeadWideAndProjectionsUseKvChannels) {
+  const auto shapes = parameter_shapes<strata::models::Llama>(tiny_qwen3());
+  EXPECT_EQ(shapes.at("layers.0.attention.q_norm.weight"), strata::Shape{12});
+  EXPECT_EQ(shapes.at("layers.0.attention.k_norm.weight"), strata::Shape{12});
+  EXPECT_EQ(shapes.at("layers.0.attention.qkv.weight"), (strata::Shape{4 * (2 + 2) * 12, 32}));
+  EXPECT_EQ(shapes.at("layers.0.attention.proj.weight"), (strata::Shape{32, 8 * 12}));
+}
+TEST(Qwen3, ShardedEqualsUnsharded) { strata_test::expect_model_equivalence<strata::models::Llama, double>(tiny_qwen3()); }
+TEST(Qwen3, ShardedEqualsUnshardedFloat) { strata_test::expect_model_equivalence<strata::models::Llama, float>(tiny_qwen3()); }
+TEST(Qwen3, FiniteDifferenceGradients) {
+  auto c = tiny_qwen3();
+  c.kv_channels = 6;
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+}
+TEST(Qwen3, SelectiveRecomputeAndFusedLossEqualTheReference) {
+  strata_test::expect_fused_classifier_equals_unfused<strata::models::Llama, double>(tiny_qwen3(), {1, 2});
+}
+
+// --qk-layernorm with GPT's LayerNorm (OLMo-style q/k LayerNorm with bias), and --apply-layernorm-1p.
+TEST(QkLayerNorm, GptWithLayerNormOnQAndKShardedEqualsUnsharded) {
+  auto c = tiny_gpt();
+  c.qk_layernorm = true;
+  const auto shapes = parameter_shapes<strata::models::Gpt>(c);
+  EXPECT_EQ(shapes.at("layers.1.attention.q_norm.bias"), strata::Shape{4});
+  // Without RoPE a bias added to every key shifts each query's scores by one constant, which the
+  // softmax removes: the k norm's bias gradient is zero up to rounding, so it is checked to be that,
+  // and every other gradient is compared.
+  auto without_key_bias = [](strata_test::Snapshot s) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string name = "layers." + std::to_string(layer) + ".attention.k_norm.bias";
+      EXPECT_LE(strata_test::norm(s.grads.at(name)), 1e-12) << name;
+      s.grads.erase(name), s.values.erase(name);
+    }
+    return s;
+  };
+  const auto reference = without_key_bias(strata_test::run_model<strata::models::Gpt, double, false>(1, c));
+  for (int tp : {2, 4}) {
+    strata_test::expect_equivalent(without_key_bias(strata_test::run_model<strata::models::Gpt, double, false>(tp, c)),
+                                   reference, 1e-12, "tp=" + std::to_string(tp));
+    strata_test::expect_equivalent(without_key_bias(strata_test::run_model<strata::models::Gpt, double, true>(tp, c)),
+                                   reference, 1e-12, "tp=" + std::to_string(tp) + " sequence parallel");
+  }
+  strata_test::expect_finite_difference_gradients<strata::models::Gpt>(c);
+}
+
+TEST(LayerNorm1p, GptAndLlamaShardedEqualUnshardedAndMatchDifferences) {
+  auto gpt = tiny_gpt();
+  gpt.apply_layernorm_1p = true;
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(gpt);
+  strata_test::expect_finite_difference_gradients<strata::models::Gpt>(gpt);
+  auto llama = tiny_llama();
+  llama.apply_layernorm_1p = true;
+  llama.qk_layernorm = true;  // the qk norms are zero-centred too
+  EXPECT_TRUE(parameter_shapes<strata::models::Llama>(llama).count("layers.0.attention.q_norm.weight"));
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(llama);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(llama);
+}
+
+// A zero-centred norm initialized to 0 computes what the plain norm initialized to 1 computes: the
+// same losses and gradients at initialization.
+TEST(LayerNorm1p, AtInitializationEqualsThePlainModel) {
+  auto plain = tiny_gpt();
+  auto one_p = plain;
+  one_p.apply_layernorm_1p = true;
+  auto got = strata_test::run_model<strata::models::Gpt, double, false>(2, one_p);
+  auto want = strata_test::run_model<strata::models::Gpt, double, false>(2, plain);
+  for (auto& [name, values] : got.values)  // the stored norm weights differ by 1 (compared here); losses and gradients do not
+    if (name.find("norm") != std::string::npos) {
+      for (std::size_t i = 0; i < values.size(); ++i)
+        if (name.find(".bias") == std::string::npos) EXPECT_EQ(values[i] + 1.0, want.values.at(name)[i]) << name;
+      values = want.values.at(name);
+    }
+  strata_test::expect_equivalent(got, want, 1e-14, "1p at init");
+}
+
+TEST(KvChannels, GptWithHeadDimensionUnlikeHiddenOverHeadsShardedEqualsUnsharded) {
+  auto c = tiny_gpt();
+  c.kv_channels = 6;  // 8 heads x 6 = 48 != 32
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Gpt>(c);
+}
+
+TEST(RotaryVariants, PartialInterleavedAndLlama31ScaledRopeShardedEqualUnsharded) {
+  auto c = tiny_llama();
+  c.rotary_percent = 0.5;
+  c.rotary_interleaved = true;
+  c.rope_scaling_factor = 8;
+  c.rope_original_max_positions = 16;  // all three frequency regimes at these sizes
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+}
+
+// Each rotary option changes the model's loss (it is not silently ignored).
+TEST(RotaryVariants, EachOptionChangesTheLoss) {
+  const auto reference = strata_test::run_model<strata::models::Llama, double, false>(1, tiny_llama());
+  auto loss_of = [](const ModelConfig& c) {
+    return strata_test::run_model<strata::models::Llama, double, false>(1, c).outputs[0][0];
+  };
+  auto c = tiny_llama();
+  c.rotary_percent = 0.5;
+  EXPECT_NE(loss_of(c), reference.outputs[0][0]);
+  c = tiny_llama();
+  c.rotary_interleaved = true;
+  EXPECT_NE(loss_of(c), reference.outputs[0][0]);
+  c = tiny_llama();
+  c.rope_scaling_factor = 8;
+  c.rope_original_max_positions = 16;
+  EXPECT_NE(loss_of(c), reference.outputs[0][0]);
+}
+
+TEST(Activations, SquaredReluGptShardedEqualsUnsharded) {
+  auto c = tiny_gpt();
+  c.activation = strata::MlpActivation::squared_relu;
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Gpt>(c);
+}
+
+TEST(Activations, QuickGegluWithGptOssClampAndOffsetShardedEqualsUnsharded) {
+  auto c = tiny_llama();
+  c.activation = strata::MlpActivation::quick_geglu;
+  c.activation_clamp = 0.05;  // small enough that the tiny model's pre-activations cross it
+  c.glu_linear_offset = 1.0;
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+}
+
+// --- refusals, before anything is allocated ---------------------------------------------------
+
+template <template <class> class Model>
+std::string refusal(const ModelConfig& c, int tp) {
+  using namespace strata;
+  try {
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+      Model<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    });
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ArchitectureRefusals, QueryGroupsOfKvChannelsHeadsNotDividedByTp) {
+  auto c = tiny_qwen3();
+  c.num_attention_heads = 6;
+  c.num_query_groups = 3;  // 3 x 12 key/value features cannot split over tp 2
+  const std::string message = refusal<strata::models::Llama>(c, 2);
+  EXPECT_NE(message.find("query"), std::string::npos) << message;
+  EXPECT_NE(message.find("tp"), std::string::npos) << message;
+}
+TEST(ArchitectureRefusals, HeadsNotDividingHiddenWithoutKvChannels) {
+  auto c = tiny_gpt();
+  c.num_attention_heads = 6;
+  const std::string message = refusal<strata::models::Gpt>(c, 1);
+  EXPECT_NE(message.find("kv_channels"), std::string::npos) << message;
+}
+TEST(ArchitectureRefusals, OddRotaryWidth) {
+  auto c = tiny_llama();
+  c.rotary_percent = 0.25;  // 4 x 0.25 = 1 dimension
+  const std::string message = refusal<strata::models::Llama>(c, 1);
+  EXPECT_NE(message.find("rotary_percent=0.25"), std::string::npos) << message;
+}
+TEST(ArchitectureRefusals, RotaryPercentOutOfRange) {
+  auto c = tiny_llama();
+  c.rotary_percent = 1.5;
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("(0, 1]"), std::string::npos);
+}
+TEST(ArchitectureRefusals, ClampOnANonGatedActivation) {
+  auto c = tiny_gpt();
+  c.activation_clamp = 7;
+  const std::string message = refusal<strata::models::Gpt>(c, 1);
+  EXPECT_NE(message.find("gated"), std::string::npos) << message;
+}
+TEST(ArchitectureRefusals, NegativeKvChannels) {
+  auto c = tiny_llama();
+  c.kv_channels = -4;
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("kv_channels=-4"), std::string::npos);
+}
+
+}  // namespace
