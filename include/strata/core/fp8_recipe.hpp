@@ -24,7 +24,7 @@
 // output layer and the embedding never run FP8).
 #pragma once
 
-#include <cmath>
+#include <bit>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -92,10 +92,13 @@ inline std::string_view fp8_recipe_name(Fp8RecipeKind r) {
 }
 
 // The scale that maps amax to fp8_max / 2^margin; `previous` when amax is 0 or not finite.
+// (Bit tests instead of <cmath>, so the CUDA kernel runs the same code.)
+STRATA_HOST_DEVICE inline bool fp8_finite(float x) { return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u; }
 STRATA_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float max, int margin, float previous) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;
-  float scale = (max / amax) / std::ldexp(1.0f, margin);
-  if (!std::isfinite(scale)) scale = 3.4028234663852886e38f;  // amax tiny: the largest float
+  if (!(amax > 0.0f) || !fp8_finite(amax)) return previous;
+  const float power = std::bit_cast<float>(static_cast<std::uint32_t>(127 + margin) << 23);  // 2^margin, margin in [0, 64]
+  float scale = (max / amax) / power;
+  if (!fp8_finite(scale)) scale = 3.4028234663852886e38f;  // amax tiny: the largest float
   return scale;
 }
 
