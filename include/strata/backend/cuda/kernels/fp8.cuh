@@ -112,8 +112,10 @@ __global__ void fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols
   }
 }
 
-__global__ inline void fp8_transpose_kernel(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out) {
-  __shared__ std::uint8_t tile[32][33];
+// (Kernels are templates, so a header-defined kernel has one definition in every translation unit.)
+template <class Byte = std::uint8_t>
+__global__ void fp8_transpose_kernel(const Byte* in, index_t rows, index_t cols, Byte* out) {
+  __shared__ Byte tile[32][33];
   for (index_t tile_row = blockIdx.y * index_t(32); tile_row < rows; tile_row += index_t(gridDim.y) * 32)
     for (index_t tile_col = blockIdx.x * index_t(32); tile_col < cols; tile_col += index_t(gridDim.x) * 32) {
       for (int r = threadIdx.y; r < 32; r += blockDim.y) {
@@ -129,7 +131,8 @@ __global__ inline void fp8_transpose_kernel(const std::uint8_t* in, index_t rows
     }
 }
 
-__global__ inline void fp8_update_scale_kernel(float* row, float max, Fp8UpdateArgs args) {
+template <class Args = Fp8UpdateArgs>
+__global__ void fp8_update_scale_kernel(float* row, float max, Args args) {
   if (blockIdx.x == 0 && threadIdx.x == 0) fp8_update_row(row, max, args);
 }
 
@@ -159,11 +162,12 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
 }
 inline void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  fp8_transpose_kernel<<<fp8_tile_grid(rows, cols), dim3(32, 8), 0, stream>>>(in, rows, cols, out);
+  fp8_transpose_kernel<std::uint8_t><<<fp8_tile_grid(rows, cols), dim3(32, 8), 0, stream>>>(in, rows, cols, out);
   check_launch("fp8_transpose");
 }
+static_assert(std::is_trivially_copyable_v<Fp8UpdateArgs>, "kernel arguments are trivially copyable");
 inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
-  fp8_update_scale_kernel<<<1, 1, 0, stream>>>(row, max, args);
+  fp8_update_scale_kernel<Fp8UpdateArgs><<<1, 1, 0, stream>>>(row, max, args);
   check_launch("fp8_update_scale");
 }
 
