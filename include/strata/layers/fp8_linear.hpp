@@ -65,67 +65,73 @@ struct Fp8Operand {
   const float* scale_inv;
 };
 
-// Casts n elements of x for `role` (see the design note for where the amax goes).
+// Casts x [rows, cols] for `role` (see the design note for where the amax goes): the codes in x's
+// layout, or (transposed) the codes of x^T [cols, rows] in one pass (fp8_cast_transpose), which is
+// how the gradient GEMMs get the "TN" operands cuBLASLt's FP8 GEMMs take.
 template <class Context, class T>
 Fp8Operand<typename Context::space> fp8_quantize(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
-                                                  const T* x, index_t n, bool sharded) {
+                                                  const T* x, index_t rows, index_t cols, bool sharded, bool transposed = false) {
   using Space = typename Context::space;
   const Fp8Options& options = ctx.fp8->options;
   const Fp8Format format = options.format_of(role);
-  auto codes = Tensor<std::uint8_t, Space>::empty(Shape{n});
+  auto codes = Tensor<std::uint8_t, Space>::empty(transposed ? Shape{cols, rows} : Shape{rows, cols});
+  float* amax = state.amax(role);
   if (options.recipe == Fp8RecipeKind::tensorwise) {
     float* row = state.row(role);
     ctx.device.template fill<float>(row, 1, 0.0);
-    ctx.device.template fp8_amax<T>(x, n, row);
-    auto amax = Tensor<float, Space>::alias(state.rows, row - state.rows.data(), Shape{1});
+    ctx.device.template fp8_amax<T>(x, rows * cols, row);
+    auto now = Tensor<float, Space>::alias(state.rows, row - state.rows.data(), Shape{1});
     if (role == Fp8Role::weight) {
-      if (ctx.tp.size() > 1) ctx.tp.all_reduce(amax.buffer(), ReduceOp::max);
+      if (ctx.tp.size() > 1) ctx.tp.all_reduce(now.buffer(), ReduceOp::max);
     } else if (ctx.tp_cp.size() > 1 && (sharded || ctx.cp.size() > 1)) {
-      ctx.tp_cp.all_reduce(amax.buffer(), ReduceOp::max);
+      ctx.tp_cp.all_reduce(now.buffer(), ReduceOp::max);
     }
     ctx.device.fp8_update_scale(row, fp8_max(format), Fp8UpdateArgs{1, Fp8AmaxAlgo::most_recent, 0, false});
-    ctx.device.template fp8_cast<T>(x, n, format, state.scale(role), codes.data(), nullptr);
-  } else {
-    ctx.device.template fp8_cast<T>(x, n, format, state.scale(role), codes.data(), state.amax(role));
+    amax = nullptr;  // taken above
   }
+  if (transposed)
+    ctx.device.template fp8_cast_transpose<T>(x, rows, cols, format, state.scale(role), nullptr, codes.data(), amax);
+  else
+    ctx.device.template fp8_cast<T>(x, rows * cols, format, state.scale(role), codes.data(), amax);
   return {std::move(codes), format, state.scale_inv(role)};
 }
 
-// y[rows, out] = x W^T (+ b): the forward GEMM in FP8, the bias added in T.
+// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows * in, sharding.input);
-  auto wq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out * in, true);
+  auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
+  auto wq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out, in, true);
   ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes.data(),
                                   wq.format, wq.scale_inv, y, false);  // (rows, out)
   if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
 }
 
-// dx[rows, in] = dy W, times gelu'(gelu_pre) when given.
+// dx[rows, in] = dy W = dy (W^T)^T: W cast transposed, times gelu'(gelu_pre) when given.
 template <class Context, class T, class Space>
 void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* dy, index_t rows,
                                     const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows * out, sharding.grad_output);
-  auto wq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out * in, true);
-  ctx.device.template fp8_gemm<T>(false, false, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wq.codes.data(),
-                                  wq.format, wq.scale_inv, dx, false);  // (rows, in)
+  auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
+  auto wtq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out, in, true, /*transposed=*/true);  // (in, out)
+  ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes.data(),
+                                  wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
   if (gelu_pre) ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
 }
 
-// dW[out, in] += dy^T x (written when the gradient is stale), db += column sums of dy.
+// dW[out, in] += dy^T x = (dy^T) (x^T)^T, both cast transposed (written when the gradient is
+// stale), db += column sums of dy.
 template <class Context, class T, class Space>
 void fp8_linear_weight_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, const T* dy,
                                      index_t rows, Parameter<T, Space>& weight, Parameter<T, Space>* bias) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows * out, sharding.grad_output);
-  auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows * in, sharding.input);
+  auto dytq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output, true);  // (out, rows)
+  auto xtq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input, true);                 // (in, rows)
   const bool overwrite = std::exchange(weight.grad_stale, false);
-  ctx.device.template fp8_gemm<A>(true, false, out, in, rows, dyq.codes.data(), dyq.format, dyq.scale_inv, xq.codes.data(),
-                                  xq.format, xq.scale_inv, weight.grad.data(), !overwrite);  // (out, in)
+  ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv, xtq.codes.data(),
+                                  xtq.format, xtq.scale_inv, weight.grad.data(), !overwrite);  // (out, in)
   if (bias) ctx.device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 

@@ -6,7 +6,8 @@
 //                                   q_i = fp8_f(float(x_i) * scale[0]) (round to nearest even,
 //                                   saturating); amax as fp8_amax when not null (one pass)
 //   fp8_cast_transpose(x, rows, cols, f, scale, q, qt, amax)
-//                                   q [rows, cols] and qt [cols, rows] of the same codes
+//                                   q [rows, cols] (unless q is null) and qt [cols, rows] of the
+//                                   same codes
 //   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate)
 //                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B): the codes
 //                                   decoded exactly, multiplied and summed in accumulate_t<C>
@@ -60,6 +61,11 @@ void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::
 template <class T>
 void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale, std::uint8_t* out,
                         std::uint8_t* out_t, float* amax) {
+  std::vector<std::uint8_t> own;
+  if (!out) {
+    own.resize(static_cast<std::size_t>(rows * cols));
+    out = own.data();
+  }
   fp8_cast<T>(x, rows * cols, format, scale, out, amax);
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) out_t[c * rows + r] = out[r * cols + c];

@@ -9,10 +9,9 @@
 //
 // cuBLASLt's FP8 GEMMs take one layout only: column-major "TN" (the first operand transposed, the
 // second not). In row-major terms (gemm.hpp says how the operands swap) that is op(A) = A stored
-// [m, k] and op(B) = B^T with B stored [n, k]: the forward y = x W^T as it is. Other transposes
-// (dgrad dy W, wgrad dy^T x) are served by transposing the codes into scratch first (one byte per
-// element, the kernels' fp8_transpose; a layer that casts with fp8_cast_transpose can hand the
-// transposed codes in directly). cuBLASLt also wants k, and the leading dimensions, to be
+// [m, k] and op(B) = B^T with B stored [n, k]: the forward y = x W^T as it is; the layers cast the
+// gradient GEMMs' operands transposed (fp8_cast_transpose) so theirs are TN too. Other transposes
+// are served by transposing the codes into scratch first (one byte per element, fp8_transpose). cuBLASLt also wants k, and the leading dimensions, to be
 // multiples of 16: a shape the heuristic has no algorithm for is refused with the shape named.
 #pragma once
 

@@ -2,7 +2,8 @@
 //
 //   fp8_amax            amax[0] = max(amax[0], max_i |x_i|)
 //   fp8_cast            q_i = fp8(float(x_i) * scale[0]), amax folded in the same pass (optional)
-//   fp8_cast_transpose  q [rows, cols] and qt [cols, rows] in one pass through a 32 x 33 tile, with amax
+//   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through a 32 x 33
+//                       tile, with amax
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //
@@ -86,7 +87,7 @@ __global__ void fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols
           const float v = fp8_load(x, row * cols + col);  // x (rows, cols)
           bits = max(bits, __float_as_uint(fabsf(v)));
           const std::uint8_t q = fp8_round(v * s, format);
-          out[row * cols + col] = q;
+          if (out) out[row * cols + col] = q;
           tile[r][threadIdx.x] = q;
         }
       }
