@@ -3,7 +3,7 @@
 //
 //   conversion   the hardware's cvt.rn.satfinite (__nv_cvt_float_to_fp8, __NV_SATFINITE) against
 //                core/fp8.hpp's fp8_encode on every one of the 2^32 float bit patterns, both formats
-//   fp8_amax, fp8_cast, fp8_cast_transpose, fp8_update_scale
+//   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
 //   fp8_gemm     every transpose combination, E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
@@ -92,7 +92,7 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
   device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data());
   device.copy_from_host(&scale, 1, dscale.data());
   const float start[3] = {0.25f, 0.0f, 0.0f};
-  std::vector<std::uint8_t> q(n), q2(n), qt(n), q_again(n);
+  std::vector<std::uint8_t> q(n), q2(n), qt(n), q_again(n), qt_alone(n);
   float amax[3];
   for (int run = 0; run < 2; ++run) {
     device.copy_from_host(start, 3, damax.data());
@@ -104,6 +104,8 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
     device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt.data());
     device.copy_to_host(damax.data(), 3, amax);
   }
+  device.fp8_cast_transpose<T>(dx.data(), rows, cols, format, dscale.data(), nullptr, dqt.data(), nullptr);  // qt alone
+  device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt_alone.data());
   const auto same_float = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
   const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
                            std::string(strata::fp8_format_name(format)) + (with_nan ? " with NaN" : "");
@@ -112,6 +114,7 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
   results.record(same_bits(q, q_again), "fp8_cast " + what + " same bits twice");
   results.record(same_bits(q2, q2_cpu) && same_bits(qt, qt_cpu) && same_float(amax[2], amax_ct_cpu),
                  "fp8_cast_transpose " + what + " both layouts and amax == cpu twin");
+  results.record(same_bits(qt_alone, qt_cpu), "fp8_cast_transpose " + what + " transposed codes alone == cpu twin");
 }
 
 void check_update(backend& device, suite& results) {
