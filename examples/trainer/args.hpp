@@ -28,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <strata/data.hpp>
@@ -443,6 +444,27 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
   o.validate();
   return o;
+}
+
+// cuBLASLt's FP8 GEMMs want every dimension a multiple of 16: checked before a GPU run allocates.
+// The GEMMs of one rank: k = the hidden size, the tensor-parallel widths of the attention and MLP,
+// and the rows of a micro-batch (the weight gradients sum over them); n = the same widths.
+inline void check_fp8_gpu_shapes(const TrainArgs& a) {
+  const auto& m = a.model;
+  const std::int64_t tp = a.tensor_model_parallel_size, heads = m.num_attention_heads;
+  const std::int64_t head = heads > 0 ? m.hidden_size / heads : 0;
+  const std::int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const std::pair<std::string, std::int64_t> dims[] = {
+      {"--hidden-size", m.hidden_size},
+      {"--hidden-size / tensor-parallel size", m.hidden_size / tp},
+      {"key/value heads x head size / tensor-parallel size", groups * head / tp},
+      {"--ffn-hidden-size / tensor-parallel size", m.ffn() / tp},
+      {"--micro-batch-size x --seq-length", static_cast<std::int64_t>(a.micro_batch_size) * m.seq_length}};
+  for (const auto& [what, value] : dims)
+    if (value % 16 != 0)
+      fail<ConfigError>("--fp8-format ", a.fp8_format, " on --device cuda: ", what, " is ", value,
+                        ", not a multiple of 16, which cuBLASLt's FP8 GEMMs need; choose sizes that are, or train "
+                        "without --fp8-format");
 }
 
 // Registers kMegatronFlagNotes: a given flag appends its sentence to a.notes or a.refused.
@@ -1189,6 +1211,7 @@ inline void validate(const TrainArgs& a) {
                       a.micro_batch_size, " x ", dp, " = ", per_step);
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   (void)fp8_options_of(a);
+  if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
   if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed"))
     fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--fp8-recipe " + a.fp8_recipe,
                       " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");

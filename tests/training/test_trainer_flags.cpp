@@ -676,6 +676,14 @@ TEST(MegatronFlags, Fp8Flags) {
   TrainArgs history = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-amax-history-len", "0"});
   (void)trainer::resolve_run(history);
   expect_config_error([&] { trainer::validate(history); }, {"--fp8-amax-history-len 0"});
+  // On GPUs the GEMM sizes must suit cuBLASLt's FP8 GEMMs, checked before anything is allocated.
+  TrainArgs narrow = parse_flags("gpt", {"--fp8-format", "hybrid", "--hidden-size", "72", "--num-attention-heads", "4",
+                                         "--ffn-hidden-size", "128"});
+  (void)trainer::resolve_run(narrow);
+  narrow.device = "cuda";
+  expect_config_error([&] { trainer::validate(narrow); }, {"--hidden-size is 72", "multiple of 16", "cuBLASLt"});
+  narrow.device = "cpu";  // the CPU emulation takes any size
+  trainer::validate(narrow);
   TrainArgs alone = parse_flags("gpt", {"--first-last-layers-bf16"});
   (void)trainer::resolve_run(alone);
   expect_config_error([&] { trainer::validate(alone); }, {"--first-last-layers-bf16", "--fp8-format"});
