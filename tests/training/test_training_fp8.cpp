@@ -1,5 +1,5 @@
 // FP8 training through the trainers' loop on the CPU (emulated casts and GEMMs): tensor, sequence,
-// data and pipeline parallel FP8 runs follow the single-rank FP8 run; a run resumed from a
+// data and pipeline parallel FP8 runs (also with --tp-comm-overlap) follow the single-rank FP8 run; a run resumed from a
 // checkpoint (amax histories and scales included) follows the straight run bit for bit; FP8 is in
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
 // every layer is the plain run.
@@ -52,19 +52,22 @@ TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
     struct Layout {
       int world, tp, pp;
       bool sp;
+      bool tp_comm_overlap = false;  // with dp > 1 also --overlap-grad-reduce (the FP8 layers' collectives run whole)
     };
     for (Layout l : {Layout{2, 2, 1, false}, Layout{2, 2, 1, true}, Layout{2, 1, 1, false}, Layout{2, 1, 2, false},
-                     Layout{4, 2, 1, true}, Layout{4, 2, 2, true}}) {
+                     Layout{4, 2, 1, true}, Layout{4, 2, 2, true}, Layout{4, 2, 1, true, true}}) {
       auto a = base;
       a.world_size = l.world;
       a.tensor_model_parallel_size = l.tp;
       a.pipeline.pipeline_model_parallel_size = l.pp;
       a.sequence_parallel = l.sp;
+      a.tp_comm_overlap = l.tp_comm_overlap;
+      a.overlap_grad_reduce = l.tp_comm_overlap && l.world > l.tp;
       const auto run = trainer::train<strata::models::Gpt>(a);
       ASSERT_EQ(run.losses.size(), reference.losses.size());
       for (std::size_t i = 0; i < run.losses.size(); ++i)
         EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-12 * reference.losses[i])
-            << recipe << " world=" << l.world << " tp=" << l.tp << " pp=" << l.pp << " sp=" << l.sp << " iteration " << i + 1;
+            << recipe << " world=" << l.world << " tp=" << l.tp << " pp=" << l.pp << " sp=" << l.sp << " tp_comm_overlap=" << l.tp_comm_overlap << " iteration " << i + 1;
     }
   }
 }
