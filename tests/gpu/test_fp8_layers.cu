@@ -35,6 +35,8 @@ struct Fp8Policy : default_policy {
   static constexpr bool sequence_parallel = false;
 };
 
+static_assert(backend_has_fp8<strata::cuda::backend>, "the CUDA backend has the FP8 entry points");
+
 constexpr index_t kRows = 64, kIn = 128, kHidden = 256, kOut = 96;
 constexpr int kSteps = 3;
 

@@ -17,6 +17,8 @@ using strata_test::Snapshot;
 using strata_test::random_tensor;
 using Context = ParallelContext<inprocess::communicator>;
 
+static_assert(backend_has_fp8<cpu::backend>, "the CPU backend has the FP8 entry points (backend/cpu/fp8.hpp)");
+
 constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
 constexpr int kSteps = 3;
 

@@ -155,8 +155,7 @@ class ColumnParallelLinear {
     else dy_local = dy.tensor;  // shared, read only
     if (fp8_)
       return reduce_input_gradient(
-          ctx, Act<layout::partial>(detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, dy_local, *weight_,
-                                                                bias_ ? &*bias_ : nullptr, nullptr, deferred)));
+          ctx, Act<layout::partial>(fp8_backward(ctx, saved.input, dy_local, deferred)));
     if (ctx.tp.size() == 1 || !ctx.tp_comm_overlap || (deferred && !deferred->runs_at_collectives()))
       return reduce_input_gradient(
           ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
@@ -218,11 +217,22 @@ class ColumnParallelLinear {
  private:
   // The input is the full sequence, replicated over tp; the weight and the output gradient are split.
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
+  // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
+  static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
     detail::check_linear_input(input.shape(), *weight_, "ColumnParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
-    detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data());
+    if constexpr (fp8_backend)
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data());
     return y;
+  }
+  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy,
+                                DeferredWeightGradients* deferred) {
+    if constexpr (fp8_backend)
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
+                                         deferred);
+    else
+      return Tensor<T, Space>();
   }
 
   // Whether forward gathers its input as a ring beside the GEMMs (see forward).

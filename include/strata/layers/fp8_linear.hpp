@@ -31,12 +31,27 @@
 
 STRATA_NAMESPACE_BEGIN
 
+// Whether a backend has the FP8 entry points (docs/DEVICE.md): cpu::backend and cuda::backend do;
+// a backend without them still runs every layer, and refuses ctx.fp8 when a layer is built.
+template <class Device>
+concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uint8_t* q, const std::uint8_t* codes, index_t n,
+                                   Fp8UpdateArgs args) {
+  d.template fp8_amax<float>(x, n, f);
+  d.template fp8_cast<float>(x, n, Fp8Format::e4m3, x, q, f);
+  d.template fp8_cast_transpose<float>(x, n, n, Fp8Format::e4m3, x, q, q, f);
+  d.template fp8_gemm<float>(false, true, n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, f, false);
+  d.fp8_update_scale(f, 1.0f, args);
+};
+
 // A new scaling state for the linear layer `name`, registered in ctx.fp8, when the layer is built
 // where FP8 runs (ctx.fp8 set and fp8_here()); else null. Rows start as history 0, scale 1.
 template <class Context>
 std::shared_ptr<Fp8State<typename Context::space>> make_fp8_state(const Context& ctx, const std::string& name) {
   using Space = typename Context::space;
   if (!ctx.fp8 || !ctx.fp8->fp8_here()) return nullptr;
+  if constexpr (!backend_has_fp8<typename Context::device_type>)
+    fail<ConfigError>("the linear layer ", name, " is built for FP8 (ctx.fp8), but this backend has no FP8 entry points "
+                      "(fp8_cast, fp8_gemm, ...: docs/DEVICE.md); leave ctx.fp8 unset");
   auto state = std::make_shared<Fp8State<Space>>();
   state->name = name;
   state->history = ctx.fp8->options.history();
@@ -165,6 +180,7 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
 // from its amax history and the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp.
 template <class Context>
 void fp8_after_optimizer_step(Context& ctx) {
+  if constexpr (!backend_has_fp8<typename Context::device_type>) return;  // no layer holds a state (make_fp8_state)
   if (!ctx.fp8 || ctx.fp8->options.recipe != Fp8RecipeKind::delayed) return;
   const Fp8Options& options = ctx.fp8->options;
   for (auto& state : ctx.fp8->states) {

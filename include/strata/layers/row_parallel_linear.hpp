@@ -158,7 +158,7 @@ class RowParallelLinear {
       dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
     }
     Act<layout::sharded<-1>> dx(
-        fp8_ ? detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, dy_full, weight_, bias, gelu_pre, deferred)
+        fp8_ ? fp8_backward(ctx, saved.input, dy_full, bias, gelu_pre, deferred)
              : detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
@@ -184,11 +184,21 @@ class RowParallelLinear {
  private:
   // The input and the weight are split over tp; the output gradient is the full sequence's.
   static constexpr detail::Fp8Sharding fp8_sharding() { return {true, false}; }
+  // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
+  static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
     detail::check_linear_input(input.shape(), weight_, "RowParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_.value.size(0)));  // (rows, out)
-    detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data());
+    if constexpr (fp8_backend)
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data());
     return y;
+  }
+  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy, Param* bias,
+                                const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred) {
+    if constexpr (fp8_backend)
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, weight_, bias, gelu_pre, deferred);
+    else
+      return Tensor<T, Space>();
   }
 
   // The backward under --tp-comm-overlap when no earlier weight gradient waits to hide the
