@@ -20,7 +20,9 @@
 # logs of "350M:32" are named 350M-b32); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
 # STRATA_BENCH_DTYPE=fp16 runs both in fp16 with dynamic loss scaling (strata --dtype fp16 from a
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
-# instead of bf16. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
+# instead of bf16. STRATA_BENCH_DTYPE=fp8 runs strata in bf16 with the transformer layers' linear GEMMs
+# in FP8 (--fp8-format hybrid --fp8-recipe $STRATA_BENCH_FP8_RECIPE, default tensorwise) and the peer
+# in bf16 with torchao's float8 (--float8 tensorwise); docs/FP8.md. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
 # --no-deterministic-attention (cuDNN's attention backward adding dQ up with atomics): the cost of
 # bit-identical runs, as its own row. STRATA_BENCH_GEMM_TUNING=1 adds two strata runs per shape with
 # --gemm-tuning <out-dir>/gemm-<shape>.tuning (removed first): the first times cuBLASLt's candidates
@@ -38,7 +40,19 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 iters=${STRATA_BENCH_ITERS:-30}
 shapes=${STRATA_BENCH_SHAPES:-124M 350M}
 dtype=${STRATA_BENCH_DTYPE:-bf16}
-[[ $dtype == bf16 || $dtype == fp16 ]] || { echo "STRATA_BENCH_DTYPE=$dtype: use bf16 or fp16"; exit 1; }
+[[ $dtype == bf16 || $dtype == fp16 || $dtype == fp8 ]] || { echo "STRATA_BENCH_DTYPE=$dtype: use bf16, fp16 or fp8"; exit 1; }
+# fp8: bf16 parameters and activations, FP8 GEMMs in the linear layers (strata) / torchao float8 (peer)
+element=$dtype
+fp8_args=()
+peer_script=$here/peers/torch_gpt.py
+peer_type=(--dtype "$element")
+if [[ $dtype == fp8 ]]; then
+  element=bf16
+  fp8_args=(--fp8-format hybrid --fp8-recipe "${STRATA_BENCH_FP8_RECIPE:-tensorwise}")
+  # the shared peer has --float8 (torchao); bench/peers' copy has --dtype fp16 instead
+  peer_script=${STRATA_BENCH_PEER_SCRIPT:-$repo/../shared/peers/torch_gpt.py}
+  peer_type=(--float8 tensorwise)
+fi
 
 # Libraries: CUDA's lib64 and the Python environment's nvidia-* packages (cuDNN, NCCL, cuBLAS, CUPTI).
 libs=()
@@ -82,7 +96,7 @@ for spec in $shapes; do
   fi
   common=(--device cuda --mock-data-random --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
           --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
-          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$dtype"
+          --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$element" "${fp8_args[@]}"
           --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1 --adam-beta2 0.95 --lr-decay-style cosine)
   # fp16: the loss scaler starts where torch.amp.GradScaler does (2^16) rather than at Megatron's 2^32,
   # whose first dozens of iterations would overflow and be skipped.
@@ -109,7 +123,7 @@ for spec in $shapes; do
   fi
   if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
     echo "peer $shape ..."
-    timeout 600 python3 "$here/peers/torch_gpt.py" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" --dtype "$dtype" \
+    timeout 600 python3 "$peer_script" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" "${peer_type[@]}" \
       >"$out/peer-$shape.log" 2>&1
     echo "exit $?" >>"$out/peer-$shape.log"
   fi

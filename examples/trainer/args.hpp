@@ -28,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <strata/data.hpp>
@@ -112,6 +113,16 @@ struct TrainArgs {
   PipelineArgs pipeline{};      // pipeline parallelism (pipeline_step.hpp)
   std::string device = "cpu";   // cpu | cuda (main_for: "auto" = cuda when built with CUDA and a GPU is present)
   std::string dtype = "float";  // float | double | bf16 | fp16 (16-bit parameters and activations, fp32 main params)
+  // FP8 training (Megatron's flags and defaults; docs/FP8.md): the linear layers' GEMMs in FP8 when
+  // fp8_format is set (e4m3 | hybrid); emulated bit for bit on the CPU.
+  std::string fp8_format;                          // empty: off
+  std::string fp8_recipe = "delayed";              // delayed | tensorwise | blockwise | mxfp8
+  int fp8_margin = 0;
+  int fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";  // most_recent | max
+  bool first_last_layers_bf16 = false;
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -384,10 +395,9 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--log-params-norm", false, false, "not logged; the gradient norm is"},
     {"--timing-log-level", true, false, "strata logs one step time"},
     {"--grad-reduce-in-bf16", false, false, "gradients are accumulated and reduced in fp32"},
-    {"--fp8-format", true, true, "fp8 training is not available (use --bf16)"},
-    {"--fp8-amax-history-len", true, true, "fp8 training is not available (use --bf16)"},
-    {"--fp8-amax-compute-algo", true, true, "fp8 training is not available (use --bf16)"},
-    {"--fp8-param-gather", false, true, "fp8 training is not available (use --bf16)"},
+    {"--fp8-param-gather", false, true,
+     "FP8 parameters gathered by the distributed optimizer are not built yet; drop the flag (each FP8 linear layer casts "
+     "its bf16 weight to FP8 itself)"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
     {"--use-megatron-fsdp", false, true,
@@ -414,6 +424,70 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
     {"--moe-router-dtype", true, false, "the router's softmax, top-k and losses always run in fp32"},
 };
+
+// Megatron's FP8 flags (docs/FP8.md).
+inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
+  app.add_option("--fp8-format", a.fp8_format,
+                 "run the transformer layers' linear GEMMs in FP8: e4m3 (every tensor E4M3) or hybrid (E4M3 forward, E5M2 "
+                 "gradients); emulated exactly on the CPU")
+      ->check(CLI::IsMember({"e4m3", "hybrid"}));
+  app.add_option("--fp8-recipe", a.fp8_recipe,
+                 "delayed (scales from an amax history, the default), tensorwise (the amax of each tensor now); "
+                 "blockwise and mxfp8 are not available")
+      ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}));
+  app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
+  app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
+  app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
+                 "delayed scaling: the amax of the history's window (max) or of the last step (most_recent, the default)")
+      ->check(CLI::IsMember({"most_recent", "max"}));
+  app.add_flag("--first-last-layers-bf16", a.first_last_layers_bf16,
+               "with --fp8-format: keep the first and last transformer layers out of FP8");
+  app.add_option("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16,
+                 "with --first-last-layers-bf16: how many first layers stay out of FP8 (default 1)");
+  app.add_option("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16,
+                 "with --first-last-layers-bf16: how many last layers stay out of FP8 (default 1)");
+}
+
+// The FP8 options of the flags; nullopt without --fp8-format. Throws ConfigError for a recipe or
+// value that cannot run.
+inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
+  if (a.fp8_format.empty()) return std::nullopt;
+  Fp8Options o;
+  o.format = a.fp8_format == "e4m3" ? Fp8Formats::e4m3 : Fp8Formats::hybrid;
+  o.recipe = a.fp8_recipe == "tensorwise"  ? Fp8RecipeKind::tensorwise
+             : a.fp8_recipe == "blockwise" ? Fp8RecipeKind::blockwise
+             : a.fp8_recipe == "mxfp8"     ? Fp8RecipeKind::mxfp8
+                                           : Fp8RecipeKind::delayed;
+  o.margin = a.fp8_margin;
+  o.amax_history_len = a.fp8_amax_history_len;
+  o.amax_compute_algo = a.fp8_amax_compute_algo == "max" ? Fp8AmaxAlgo::max : Fp8AmaxAlgo::most_recent;
+  o.first_last_layers_bf16 = a.first_last_layers_bf16;
+  o.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
+  o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
+  o.validate();
+  return o;
+}
+
+// cuBLASLt's FP8 GEMMs want every dimension a multiple of 16: checked before a GPU run allocates.
+// The GEMMs of one rank: k = the hidden size, the tensor-parallel widths of the attention and MLP,
+// and the rows of a micro-batch (the weight gradients sum over them); n = the same widths.
+inline void check_fp8_gpu_shapes(const TrainArgs& a) {
+  const auto& m = a.model;
+  const std::int64_t tp = a.tensor_model_parallel_size, heads = m.num_attention_heads;
+  const std::int64_t head = heads > 0 ? m.hidden_size / heads : 0;
+  const std::int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const std::pair<std::string, std::int64_t> dims[] = {
+      {"--hidden-size", m.hidden_size},
+      {"--hidden-size / tensor-parallel size", m.hidden_size / tp},
+      {"key/value heads x head size / tensor-parallel size", groups * head / tp},
+      {"--ffn-hidden-size / tensor-parallel size", m.ffn() / tp},
+      {"--micro-batch-size x --seq-length", static_cast<std::int64_t>(a.micro_batch_size) * m.seq_length}};
+  for (const auto& [what, value] : dims)
+    if (value % 16 != 0)
+      fail<ConfigError>("--fp8-format ", a.fp8_format, " on --device cuda: ", what, " is ", value,
+                        ", not a multiple of 16, which cuBLASLt's FP8 GEMMs need; choose sizes that are, or train "
+                        "without --fp8-format");
+}
 
 // Registers kMegatronFlagNotes: a given flag appends its sentence to a.notes or a.refused.
 inline void add_megatron_flag_notes(CLI::App& app, TrainArgs& a) {
@@ -574,6 +648,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "parameter and activation type (default: bf16 on cuda, float on cpu); fp16 runs with a loss scaler")
       ->check(CLI::IsMember({"float", "double", "bf16", "fp16"}));
   app.add_flag_callback("--bf16", [&a] { a.dtype = "bf16"; }, "same as --dtype bf16 (Megatron's flag)");
+  add_fp8_options(app, a);
   app.add_option("--num-layers", a.model.num_layers);
   app.add_option("--hidden-size", a.model.hidden_size);
   app.add_option("--num-attention-heads", a.model.num_attention_heads);
@@ -1181,6 +1256,11 @@ inline void validate(const TrainArgs& a) {
                       a.global_batch_size, " is not a multiple of micro-batch-size x data-parallel = ",
                       a.micro_batch_size, " x ", dp, " = ", per_step);
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
+  (void)fp8_options_of(a);
+  if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
+  if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed"))
+    fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--fp8-recipe " + a.fp8_recipe,
+                      " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");
   const BatchSchedule batches = batch_schedule_of(a);
   for (const int b : batches.sizes())
     if (b % per_step != 0)

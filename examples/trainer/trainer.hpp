@@ -468,6 +468,19 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
 
   Context ctx = Context::create(world, parallel_config_of(a), device);
   ctx.tp_comm_overlap = a.tp_comm_overlap && a.sequence_parallel;
+  if (const auto fp8 = fp8_options_of(a)) {  // before the model: its linear layers keep their scaling states here
+    ctx.fp8 = std::make_shared<Fp8Scaling<Space>>(*fp8, static_cast<int>(a.model.num_layers));
+    if (world.rank() == 0 && !a.quiet) {
+      std::printf("fp8: format %s, recipe %s", a.fp8_format.c_str(), a.fp8_recipe.c_str());
+      if (fp8->recipe == Fp8RecipeKind::delayed)
+        std::printf(", amax history %d (%s), margin %d", fp8->amax_history_len, a.fp8_amax_compute_algo.c_str(), fp8->margin);
+      if (fp8->first_last_layers_bf16)
+        std::printf(", first %d and last %d layers in %s", fp8->num_layers_at_start_in_bf16, fp8->num_layers_at_end_in_bf16,
+                    a.dtype.c_str());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
   ctx.cp_comm_type = context_parallel_comm_of(a);
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
@@ -542,7 +555,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_dry_run<Comm>) {
     if (world.size() > 1 && !launched_as_job()) {
       world.set_dry_run(true);
+      std::vector<Tensor<float, Space>> fp8_states;  // the warm-up's casts must leave no amax behind
+      if (ctx.fp8)
+        for (const auto& state : ctx.fp8->states) fp8_states.push_back(state->rows.clone());
       warm_up_step(ctx, model, optimizer, a, shared.dataset, micro_steps, shared.tokenizer.eod());
+      if (ctx.fp8)
+        for (std::size_t i = 0; i < fp8_states.size(); ++i)
+          ctx.device.template copy<float>(fp8_states[i].data(), fp8_states[i].numel(), ctx.fp8->states[i]->rows.data());
       world.set_dry_run(false);
     }
   }
@@ -804,6 +823,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       optimizer.step(ctx, model, lr, gate, decoupled_lr);
       scheduled += global_batch;
     }
+    fp8_after_optimizer_step(ctx);  // delayed FP8 scaling: this step's amaxes into the histories, new scales
     consumed += global_batch;
     consumed_after[static_cast<std::size_t>(slot)] = consumed;
     // --exit-interval / --exit-duration-in-mins: save (with --save) and stop after this iteration. The

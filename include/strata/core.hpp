@@ -4,6 +4,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/dtype.hpp"
+#include "core/fp8.hpp"
 #include "core/checked.hpp"
 #include "core/shape.hpp"
 #include "core/host_memory.hpp"

@@ -8,6 +8,7 @@
 #include "layers/gather.hpp"
 #include "layers/policy.hpp"
 #include "layers/column_parallel_linear.hpp"
+#include "layers/fp8_linear.hpp"
 #include "layers/row_parallel_linear.hpp"
 #include "layers/embedding.hpp"
 #include "layers/cross_entropy.hpp"

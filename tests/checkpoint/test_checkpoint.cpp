@@ -654,3 +654,56 @@ TEST(Checkpoint, NonFiniteWeightsAreRefusedAtLoadNamingFileAndTensor) {
 }
 
 }  // namespace
+
+// FP8 (delayed scaling): the amax histories and scales are saved and loaded, so a resumed run
+// follows the straight run bit for bit; the loaded states are the saved ones, not fresh ones.
+TEST(Checkpoint, Fp8ScalingStatesResumeEqualsStraightThrough) {
+  constexpr int kSaveAt = 3, kTotal = 6;
+  const LrSchedule schedule{.max_lr = 0.05, .min_lr = 0.001, .warmup_iters = 2, .decay_iters = kTotal};
+  const Fp8Options options{.format = Fp8Formats::hybrid, .recipe = Fp8RecipeKind::delayed, .amax_history_len = 3,
+                           .amax_compute_algo = Fp8AmaxAlgo::max};
+  TempDirectory dir("checkpoint");
+  std::vector<double> straight, resumed;
+  std::vector<std::vector<float>> saved_states(2), loaded_states(2);
+  auto build = [&](Context& ctx, std::uint64_t seed) {
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(options, 1);
+    Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+    return std::make_unique<TwoLayer<double>>(ctx, seed);
+  };
+  auto rows_of = [](Context& ctx) {
+    std::vector<float> out;
+    for (const auto& state : ctx.fp8->states) out.insert(out.end(), state->rows.span().begin(), state->rows.span().end());
+    return out;
+  };
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    auto model = build(ctx, 21);
+    AdamW<double> optimizer(*model);
+    for (int it = 0; it < kTotal; ++it) {
+      const double loss = train_step(ctx, *model, optimizer, schedule, it);
+      fp8_after_optimizer_step(ctx);
+      if (world.rank() == 0) straight.push_back(loss);
+      if (it + 1 == kSaveAt) {
+        save_checkpoint(ctx, dir.path(), kSaveAt, *model, optimizer, TrainState{.seed = 21});
+        saved_states[static_cast<std::size_t>(world.rank())] = rows_of(ctx);
+      }
+    }
+  });
+  inprocess::run(2, [&](Comm& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+    auto model = build(ctx, 77);
+    AdamW<double> optimizer(*model);
+    const std::vector<float> fresh = rows_of(ctx);
+    (void)load_checkpoint(ctx, dir.path(), *model, optimizer);
+    loaded_states[static_cast<std::size_t>(world.rank())] = rows_of(ctx);
+    EXPECT_NE(loaded_states[static_cast<std::size_t>(world.rank())], fresh);
+    for (int it = kSaveAt; it < kTotal; ++it) {
+      const double loss = train_step(ctx, *model, optimizer, schedule, it);
+      fp8_after_optimizer_step(ctx);
+      if (world.rank() == 0) resumed.push_back(loss);
+    }
+  });
+  EXPECT_EQ(loaded_states, saved_states);
+  ASSERT_EQ(resumed.size(), static_cast<std::size_t>(kTotal - kSaveAt));
+  for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], straight[kSaveAt + i]) << "iteration " << kSaveAt + i;
+}

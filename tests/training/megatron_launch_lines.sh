@@ -192,9 +192,9 @@ EVAL_AND_LOGGING_ARGS=(
 )
 llama() { "$pretrain" --world-size 4 ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "$@" ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS_LIST[@]} \
   ${EVAL_AND_LOGGING_ARGS[@]}; }
-# As shipped (fp8): refused at the first flag strata lacks, each named with its feature: the fp8
-# flags, then --ckpt-format torch_dist (--apply-layernorm-1p and --kv-channels are run-time options).
-expect_refusal llama3-fp8 "--fp8-format hybrid" "fp8 training is not available" -- llama ${DTYPE_ARGS[@]}
+# As shipped (fp8): refused at the first flag strata lacks, each named with its feature:
+# --fp8-param-gather, then --ckpt-format torch_dist (--apply-layernorm-1p and --kv-channels are run-time options).
+expect_refusal llama3-fp8 "--fp8-param-gather" "not built yet" -- llama ${DTYPE_ARGS[@]}
 expect_refusal llama3-ckpt-format "--ckpt-format torch_dist" "Hugging Face" -- llama
 EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/torch_dist/strata}")
 # Without those two, the bf16 line trains (--decoupled-lr included): 40 samples of 4 are 10 iterations.
@@ -202,6 +202,13 @@ expect_training llama3 llama
 grep -q 'iterations 1\.\.10' "$work/llama3.out" || fail "llama3: --train-samples 40 at global batch 4 is not 10 iterations"
 grep -q 'TFLOP/s/GPU' "$work/llama3.out" || fail "llama3: --log-throughput printed no TFLOP/s"
 grep -q 'note: --grad-reduce-in-bf16' "$work/llama3.err" || fail "llama3: no note for --grad-reduce-in-bf16"
+# Without --fp8-param-gather the fp8 line trains: hybrid E4M3 / E5M2 with delayed scaling over a
+# history of 1024 steps, emulated on the CPU threads (from scratch: the bf16 run's checkpoint goes).
+rm -rf "$CHECKPOINT_PATH"
+expect_training llama3-fp8-train llama ${DTYPE_ARGS[@]:0:3}
+grep -q '^fp8: format hybrid, recipe delayed, amax history 1024 (max)' "$work/llama3-fp8-train.out" ||
+  fail "llama3-fp8-train: the run did not report FP8 hybrid delayed scaling"
+grep -q 'iterations 1\.\.10' "$work/llama3-fp8-train.out" || fail "llama3-fp8-train: did not train from iteration 1"
 
 # ---- Mixtral (8x7B) shape: its Mixture-of-Experts flags train Mixtral. The script's layout is
 # tp 1, pp 4, ep 8 with the distributed optimizer and --sequence-parallel (off at tp 1, with a note);

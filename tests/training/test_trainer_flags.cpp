@@ -182,9 +182,9 @@ TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
                                     "--context-parallel-size", "1"});
   EXPECT_EQ(a.notes.size(), 3u);  // --context-parallel-size is an option of its own, not a note
   EXPECT_TRUE(a.refused.empty());
-  TrainArgs fp8 = parse_flags("gpt", {"--fp8-format", "hybrid"});
-  (void)trainer::resolve_run(fp8);
-  expect_config_error([&] { trainer::validate(fp8); }, {"--fp8-format hybrid", "fp8"});
+  TrainArgs fp8_gather = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-param-gather"});
+  (void)trainer::resolve_run(fp8_gather);
+  expect_config_error([&] { trainer::validate(fp8_gather); }, {"--fp8-param-gather", "not built yet"});
   expect_config_error([] { (void)parse_flags("gpt", {"--num-experts", "8"}); }, {"--num-experts 8", "Mixtral", "--swiglu"});
 }
 
@@ -707,5 +707,62 @@ TEST(MegatronFlags, HarmlessFlagsAreNotedAndFsdpPointsAtTheDistributedOptimizer)
     ASSERT_EQ(f.refused.size(), 1u);
     EXPECT_NE(f.refused[0].find(fsdp[0]), std::string::npos) << f.refused[0];
     EXPECT_NE(f.refused[0].find("--use-distributed-optimizer"), std::string::npos) << f.refused[0];
+
+// FP8: Megatron's flags, names and defaults; what cannot run is refused naming the value.
+TEST(MegatronFlags, Fp8Flags) {
+  const TrainArgs off = parse_flags("gpt", {});
+  EXPECT_FALSE(trainer::fp8_options_of(off).has_value());
+  TrainArgs defaults = parse_flags("gpt", {"--fp8-format", "hybrid"});
+  const auto d = trainer::fp8_options_of(defaults);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->format, strata::Fp8Formats::hybrid);
+  EXPECT_EQ(d->recipe, strata::Fp8RecipeKind::delayed);  // Megatron's defaults
+  EXPECT_EQ(d->margin, 0);
+  EXPECT_EQ(d->amax_history_len, 1);
+  EXPECT_EQ(d->amax_compute_algo, strata::Fp8AmaxAlgo::most_recent);
+  EXPECT_FALSE(d->first_last_layers_bf16);
+  EXPECT_EQ(d->num_layers_at_start_in_bf16, 1);
+  EXPECT_EQ(d->num_layers_at_end_in_bf16, 1);
+  EXPECT_EQ(d->format_of(strata::Fp8Role::grad_output), strata::Fp8Format::e5m2);
+  EXPECT_EQ(d->format_of(strata::Fp8Role::input), strata::Fp8Format::e4m3);
+  const TrainArgs llama3 = parse_flags("gpt", {"--fp8-format", "e4m3", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo",
+                                               "max", "--fp8-margin", "2", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+                                               "--num-layers-at-start-in-bf16", "2", "--num-layers-at-end-in-bf16", "3"});
+  const auto o = trainer::fp8_options_of(llama3);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->format, strata::Fp8Formats::e4m3);
+  EXPECT_EQ(o->format_of(strata::Fp8Role::grad_output), strata::Fp8Format::e4m3);
+  EXPECT_EQ(o->recipe, strata::Fp8RecipeKind::tensorwise);
+  EXPECT_EQ(o->amax_history_len, 1024);
+  EXPECT_EQ(o->amax_compute_algo, strata::Fp8AmaxAlgo::max);
+  EXPECT_EQ(o->margin, 2);
+  EXPECT_TRUE(o->first_last_layers_bf16);
+  EXPECT_EQ(o->num_layers_at_start_in_bf16, 2);
+  EXPECT_EQ(o->num_layers_at_end_in_bf16, 3);
+  TrainArgs mx = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"});
+  (void)trainer::resolve_run(mx);
+  expect_config_error([&] { trainer::validate(mx); }, {"--fp8-recipe mxfp8", "Blackwell"});
+  TrainArgs block = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"});
+  (void)trainer::resolve_run(block);
+  expect_config_error([&] { trainer::validate(block); }, {"--fp8-recipe blockwise", "delayed or tensorwise"});
+  TrainArgs history = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-amax-history-len", "0"});
+  (void)trainer::resolve_run(history);
+  expect_config_error([&] { trainer::validate(history); }, {"--fp8-amax-history-len 0"});
+  // On GPUs the GEMM sizes must suit cuBLASLt's FP8 GEMMs, checked before anything is allocated.
+  TrainArgs narrow = parse_flags("gpt", {"--fp8-format", "hybrid", "--hidden-size", "72", "--num-attention-heads", "4",
+                                         "--ffn-hidden-size", "128"});
+  (void)trainer::resolve_run(narrow);
+  narrow.device = "cuda";
+  expect_config_error([&] { trainer::validate(narrow); }, {"--hidden-size is 72", "multiple of 16", "cuBLASLt"});
+  narrow.device = "cpu";  // the CPU emulation takes any size
+  trainer::validate(narrow);
+  TrainArgs alone = parse_flags("gpt", {"--first-last-layers-bf16"});
+  (void)trainer::resolve_run(alone);
+  expect_config_error([&] { trainer::validate(alone); }, {"--first-last-layers-bf16", "--fp8-format"});
+  try {
+    (void)parse_flags("gpt", {"--fp8-format", "e5m2"});
+    ADD_FAILURE() << "--fp8-format e5m2 was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--fp8-format: e5m2 not in {e4m3,hybrid}"), std::string::npos) << e.what();
   }
 }

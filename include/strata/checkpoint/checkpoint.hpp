@@ -686,6 +686,9 @@ StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& opti
         writer.add("model." + name, tensor, tensor.shape(), ShardSpec::replicated());
     });
   }
+  if (ctx.fp8 && ctx.coords.tp == 0 && ctx.coords.cp == 0 && ctx.coords.dp == 0)  // the same on every rank of a stage
+    for (const auto& fp8 : ctx.fp8->states)
+      writer.add("fp8." + fp8->name + ".scaling", fp8->rows, fp8->rows.shape(), ShardSpec::replicated());
   if constexpr (cd::has_state_pieces<Optimizer>) {
     optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {
       if (!cd::writes_piece(ctx, piece.shard, piece.pipeline_copy, piece.data_parallel_replica, piece.expert)) return;
@@ -778,6 +781,13 @@ TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir,
       checkpoint.read_into("model." + name, tensor, tensor.shape(), ShardSpec::replicated(), read);
     });
   }
+  // FP8 scaling states (amax histories, scales): loaded where the checkpoint has them; a checkpoint
+  // of a run without FP8 leaves them as a new run starts them.
+  if (ctx.fp8)
+    for (const auto& fp8 : ctx.fp8->states) {
+      const std::string name = "fp8." + fp8->name + ".scaling";
+      if (checkpoint.has_tensor(name)) checkpoint.read_into(name, fp8->rows, fp8->rows.shape(), ShardSpec::replicated(), read);
+    }
   if (options.load_optimizer) {
     if constexpr (cd::has_state_pieces<Optimizer>) {
       optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {

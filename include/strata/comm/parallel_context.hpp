@@ -17,11 +17,13 @@
 // (every rank of a stage).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
+#include "../core/fp8_recipe.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/rank_generator.hpp"
 #include "../backend/backend.hpp"
@@ -102,6 +104,10 @@ struct ParallelContext {
   OverlapGather tp_comm_overlap_gather = OverlapGather::ring;
   // With cp > 1, how attention moves keys and values over the cp group (see ContextParallelComm).
   ContextParallelComm cp_comm_type = ContextParallelComm::p2p;
+  // FP8 training (core/fp8_recipe.hpp): null runs every GEMM in the element type. Set before the
+  // model is built: the linear layers of the transformer layers built under it keep a scaling state
+  // here and run their three GEMMs in FP8 (layers/fp8_linear.hpp). One per rank.
+  std::shared_ptr<Fp8Scaling<space>> fp8;
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

@@ -8,6 +8,10 @@
 //             -> local matmul -> sharded<-1> (or all-gather on hidden when gather_output)
 //   backward: dX partial -> all-reduce (f's backward), or reduce-scatter on seq under SP
 //
+// Built under ctx.fp8 inside a transformer layer that runs FP8, the three GEMMs run in FP8
+// (layers/fp8_linear.hpp; the input cast from the full-sequence input, the weight and the output
+// gradient sharded over tp); the --tp-comm-overlap rings are then not used.
+//
 // The weight may be borrowed from another layer (GPT's output layer uses the word embedding); the
 // borrowed parameter's gradient accumulates in its owner and is not visited again.
 #pragma once
@@ -20,6 +24,7 @@
 
 #include "../comm/parallel_context.hpp"
 #include "conversions.hpp"
+#include "fp8_linear.hpp"
 #include "linear_common.hpp"
 #include "policy.hpp"
 
@@ -54,7 +59,7 @@ class ColumnParallelLinear {
   // in, out: global feature counts. stacks: out is `stacks` equal blocks, each split over tp.
   ColumnParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true, int stacks = 1)
       : owned_weight_(Param(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
-        weight_(&*owned_weight_) {
+        weight_(&*owned_weight_), fp8_(make_fp8_state(ctx, name)) {
     owned_weight_->grad_first_write = true;  // only linear_weight_gradient_rows writes it (a borrowed weight may have other writers)
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
     check_gather(stacks);
@@ -71,6 +76,7 @@ class ColumnParallelLinear {
     owned_weight_ = std::move(other.owned_weight_);
     bias_ = std::move(other.bias_);
     weight_ = owns ? &*owned_weight_ : other.weight_;
+    fp8_ = std::move(other.fp8_);
     return *this;
   }
 
@@ -83,7 +89,10 @@ class ColumnParallelLinear {
     const Param* bias = Options.skip_bias_add || !bias_ ? nullptr : &*bias_;
     Saved saved;
     Tensor<T, Space> y;
-    if (ring_gathers(ctx)) {
+    if (fp8_) {
+      saved.input = full_input(ctx, x);
+      y = fp8_forward(ctx, saved.input, bias);
+    } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
       saved.input = detail::all_gather_dim0_ring(ctx.device, ctx.tp, x.tensor, [&](int r, const T* rows) {
@@ -106,7 +115,12 @@ class ColumnParallelLinear {
   {
     Saved saved;
     Tensor<T, Space> pre, y;
-    if (ring_gathers(ctx)) {
+    if (fp8_) {
+      saved.input = full_input(ctx, x);
+      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr);
+      y = Tensor<T, Space>::empty(pre.shape());
+      ctx.device.template gelu_forward<T>(pre.data(), pre.numel(), y.data());
+    } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       pre = Tensor<T, Space>::empty(y.shape());
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols(), in = weight_->value.size(1);
@@ -139,6 +153,9 @@ class ColumnParallelLinear {
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
+    if (fp8_)
+      return reduce_input_gradient(
+          ctx, Act<layout::partial>(fp8_backward(ctx, saved.input, dy_local, deferred)));
     if (ctx.tp.size() == 1 || !ctx.tp_comm_overlap || (deferred && !deferred->runs_at_collectives()))
       return reduce_input_gradient(
           ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
@@ -194,8 +211,30 @@ class ColumnParallelLinear {
   Param& weight() { return *weight_; }
   const Param& weight() const { return *weight_; }
   Param* bias() { return bias_ ? &*bias_ : nullptr; }
+  // The FP8 scaling state (null when the GEMMs run in T).
+  const std::shared_ptr<Fp8State<Space>>& fp8_state() const { return fp8_; }
 
  private:
+  // The input is the full sequence, replicated over tp; the weight and the output gradient are split.
+  static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
+  // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
+  static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
+  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
+    detail::check_linear_input(input.shape(), *weight_, "ColumnParallelLinear");
+    auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
+    if constexpr (fp8_backend)
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data());
+    return y;
+  }
+  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy,
+                                DeferredWeightGradients* deferred) {
+    if constexpr (fp8_backend)
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
+                                         deferred);
+    else
+      return Tensor<T, Space>();
+  }
+
   // Whether forward gathers its input as a ring beside the GEMMs (see forward).
   bool ring_gathers(const Context& ctx) const {
     return sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_ag && ctx.tp.size() > 1;
@@ -226,6 +265,7 @@ class ColumnParallelLinear {
   std::optional<Param> owned_weight_;
   std::optional<Param> bias_;
   Param* weight_ = nullptr;
+  std::shared_ptr<Fp8State<Space>> fp8_;
 };
 
 STRATA_NAMESPACE_END

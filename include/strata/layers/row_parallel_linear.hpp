@@ -9,6 +9,10 @@
 //   backward: dY replicated (all-gathered on seq under SP) -> dX sharded<-1> (all-gathered on
 //             hidden when !input_is_parallel). The bias gradient is taken from the full-sequence
 //             dY, so it is complete on every rank without a further reduction.
+//
+// Built under ctx.fp8 inside a transformer layer that runs FP8, the three GEMMs run in FP8
+// (layers/fp8_linear.hpp; the input and the weight sharded over tp, the output gradient the full
+// sequence's); the --tp-comm-overlap rings are then not used.
 #pragma once
 
 #include <optional>
@@ -18,6 +22,7 @@
 
 #include "../comm/parallel_context.hpp"
 #include "conversions.hpp"
+#include "fp8_linear.hpp"
 #include "linear_common.hpp"
 #include "policy.hpp"
 
@@ -50,7 +55,8 @@ class RowParallelLinear {
   };
 
   RowParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true)
-      : weight_(name + ".weight", Shape{out, in}, ShardSpec::split(1, ctx.tp.rank(), ctx.tp.size())) {
+      : weight_(name + ".weight", Shape{out, in}, ShardSpec::split(1, ctx.tp.rank(), ctx.tp.size())),
+        fp8_(make_fp8_state(ctx, name)) {
     weight_.grad_first_write = true;  // only linear_weight_gradient_rows writes it
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
   }
@@ -69,7 +75,7 @@ class RowParallelLinear {
     const bool fused_bias = bias_ && !Options.skip_bias_add && ctx.tp.size() == 1;
     Act<output_layout> y;
     bool added = false;  // the residual is in y
-    if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_rs && ctx.tp.size() > 1) {
+    if (sequence_parallel && ctx.tp_comm_overlap && ctx.tp_comm_overlap_rs && ctx.tp.size() > 1 && !fp8_) {
       // The reduce-scatter as a ring whose exchanges run beside the GEMM of the next block of rows
       // (reduce_scatter_dim0_ring); the input is checked as linear_forward checks it.
       const index_t in = weight_.value.size(1), out = weight_.value.size(0);
@@ -84,8 +90,9 @@ class RowParallelLinear {
           },
           "RowParallelLinear (the ring reduce-scatter of --tp-comm-overlap)"));
     } else {
-      added = residual != nullptr && ctx.tp.size() == 1;  // one rank: the sum is complete in the GEMM
+      added = residual != nullptr && ctx.tp.size() == 1 && !fp8_;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
+          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr) :
           added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                              residual->tensor, "RowParallelLinear")
                 : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
@@ -133,7 +140,7 @@ class RowParallelLinear {
     Param* bias = bias_ && bias_gradient ? &*bias_ : nullptr;
     Tensor<T, Space> dy_full;
     if constexpr (sequence_parallel) {
-      const bool overlap = ctx.tp.size() > 1 && ctx.tp_comm_overlap && (!deferred || deferred->runs_at_collectives());
+      const bool overlap = ctx.tp.size() > 1 && ctx.tp_comm_overlap && !fp8_ && (!deferred || deferred->runs_at_collectives());
       if (overlap && (!deferred || deferred->empty())) return ring_backward(ctx, saved, dy, gelu_pre, deferred, bias);
       if (overlap) {
         Comm comm = overlapped_handle(ctx.tp);
@@ -151,7 +158,8 @@ class RowParallelLinear {
       dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
     }
     Act<layout::sharded<-1>> dx(
-        detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias, gelu_pre, deferred));
+        fp8_ ? fp8_backward(ctx, saved.input, dy_full, bias, gelu_pre, deferred)
+             : detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
   }
@@ -170,8 +178,29 @@ class RowParallelLinear {
 
   Param& weight() { return weight_; }
   Param* bias() { return bias_ ? &*bias_ : nullptr; }
+  // The FP8 scaling state (null when the GEMMs run in T).
+  const std::shared_ptr<Fp8State<Space>>& fp8_state() const { return fp8_; }
 
  private:
+  // The input and the weight are split over tp; the output gradient is the full sequence's.
+  static constexpr detail::Fp8Sharding fp8_sharding() { return {true, false}; }
+  // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
+  static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
+  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
+    detail::check_linear_input(input.shape(), weight_, "RowParallelLinear");
+    auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_.value.size(0)));  // (rows, out)
+    if constexpr (fp8_backend)
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data());
+    return y;
+  }
+  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy, Param* bias,
+                                const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred) {
+    if constexpr (fp8_backend)
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, weight_, bias, gelu_pre, deferred);
+    else
+      return Tensor<T, Space>();
+  }
+
   // The backward under --tp-comm-overlap when no earlier weight gradient waits to hide the
   // all-gather of dy (a layer's first backward collective): dy is gathered as a ring
   // (all_gather_dim0_ring) and the input gradient of each arrived block of rows is computed beside
@@ -201,6 +230,7 @@ class RowParallelLinear {
 
   Param weight_;
   std::optional<Param> bias_;
+  std::shared_ptr<Fp8State<Space>> fp8_;
 };
 
 STRATA_NAMESPACE_END

@@ -152,11 +152,13 @@ class DecoderModel {
     if constexpr (LearnedPositions)
       if (stage.has_embedding) positions_.emplace(ctx, "embedding.position", config.positions(), config.hidden_size);
     layers_.reserve(static_cast<std::size_t>(stage.layers.size()));
-    for (index_t i = stage.layers.begin; i < stage.layers.end; ++i)
+    for (index_t i = stage.layers.begin; i < stage.layers.end; ++i) {
+      Fp8LayerScope<Space> fp8_scope(ctx.fp8, static_cast<int>(i));  // its linear layers run FP8 when ctx.fp8 says so
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout,
                                                   config.apply_layernorm_1p},
                            attention_config(config, linear_bias), mlp_config(config, linear_bias));
+    }
     if (stage.has_head) {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p);
       if constexpr (TiedOutput) output_.emplace(embedding_->weight());

@@ -18,6 +18,7 @@
 #include "dropout.hpp"
 #include "elementwise.hpp"
 #include "embedding.hpp"
+#include "fp8.hpp"
 #include "gemm.hpp"
 #include "init.hpp"
 #include "moe.hpp"
@@ -54,6 +55,26 @@ struct backend {
   static void scale(X* x, index_t n, double factor) { cpu::scale<X>(x, n, factor); }
   template <class X>
   static void scale_by(X* x, index_t n, const double* factor) { cpu::scale<X>(x, n, *factor); }
+
+  // FP8 (backend/cpu/fp8.hpp): casts with amax, the scaled GEMM, the scaling update
+  template <class T>
+  static void fp8_amax(const T* x, index_t n, float* amax) { cpu::fp8_amax<T>(x, n, amax); }
+  template <class T>
+  static void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::uint8_t* out, float* amax) {
+    cpu::fp8_cast<T>(x, n, format, scale, out, amax);
+  }
+  template <class T>
+  static void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale,
+                                 std::uint8_t* out, std::uint8_t* out_t, float* amax) {
+    cpu::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax);
+  }
+  template <class C>
+  static void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                       const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,
+                       bool accumulate) {
+    cpu::fp8_gemm<C>(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
+  }
+  static void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { cpu::fp8_update_scale(row, max, args); }
 
   // gemm and bias
   template <class T, class C = T>

@@ -38,6 +38,7 @@
 #include "../tensor_ref.hpp"
 #include "allocator.hpp"
 #include "attention.hpp"
+#include "fp8_gemm.hpp"
 #include "gemm.hpp"
 #include "grouped_gemm.hpp"
 #include "kernels/activation.cuh"
@@ -47,6 +48,7 @@
 #include "kernels/cross_entropy.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/multi_tensor.cuh"
 #include "kernels/norm.cuh"
@@ -153,6 +155,31 @@ class backend {
     const bool previous = std::exchange(state_->beside_communication, on);
     state_->apply_sm_target();
     return previous;
+  }
+
+  // FP8 (kernels/fp8.cuh, fp8_gemm.hpp; the twins of backend/cpu/fp8.hpp): casts with amax, the
+  // scaled GEMM through cuBLASLt, the scaling update.
+  template <class T>
+  void fp8_amax(const T* x, index_t n, float* amax) const { kernels::fp8_amax<T>(x, n, amax, stream()); }
+  template <class T>
+  void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::uint8_t* out, float* amax) const {
+    kernels::fp8_cast<T>(x, n, format, scale, out, amax, stream());
+  }
+  template <class T>
+  void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale, std::uint8_t* out,
+                          std::uint8_t* out_t, float* amax) const {
+    kernels::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax, stream());
+  }
+  template <class C>
+  void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate) const {
+    if constexpr (std::is_same_v<C, double>)
+      fail<ConfigError>("cuda::backend::fp8_gemm: FP8 GEMMs have no double output on the GPU; train in bf16 or float with FP8");
+    else
+      cuda::fp8_gemm<C>(state_->blas, stream(), ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
+  }
+  void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) const {
+    kernels::fp8_update_scale(row, max, args, stream());
   }
 
   // C[m,n] = op(A) op(B) (+= when accumulate) (+ bias[n] on every row, only when !accumulate).

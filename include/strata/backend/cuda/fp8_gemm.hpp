@@ -1,0 +1,136 @@
+// strata/backend/cuda/fp8_gemm.hpp: the scaled FP8 GEMM through cuBLASLt (Hopper, sm_89+).
+//
+//   C[m,n] = (or +=) a_scale_inv[0] b_scale_inv[0] op(A)[m,k] op(B)[k,n]
+//
+// with A and B FP8 codes (E4M3, or E5M2 for a gradient in the hybrid format; E5M2 x E5M2 is not
+// a cuBLASLt combination and is refused), C bf16 / fp16 / float, products accumulated in float.
+// The inverse scales are device scalars handed to cuBLASLt as CUBLASLT_MATMUL_DESC_{A,B}_SCALE_
+// POINTER, so no scale ever visits the host.
+//
+// cuBLASLt's FP8 GEMMs take one layout only: column-major "TN" (the first operand transposed, the
+// second not). In row-major terms (gemm.hpp says how the operands swap) that is op(A) = A stored
+// [m, k] and op(B) = B^T with B stored [n, k]: the forward y = x W^T as it is; the layers cast the
+// gradient GEMMs' operands transposed (fp8_cast_transpose) so theirs are TN too. Other transposes
+// are served by transposing the codes into scratch first (one byte per element, fp8_transpose). cuBLASLt also wants k, and the leading dimensions, to be
+// multiples of 16: a shape the heuristic has no algorithm for is refused with the shape named.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../../core/fp8.hpp"
+#include "../../core/tensor.hpp"
+#include "gemm.hpp"
+#include "kernels/fp8.cuh"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda {
+
+namespace detail {
+inline cudaDataType_t fp8_data_type(Fp8Format f) { return f == Fp8Format::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+template <class C>
+constexpr cudaDataType_t fp8_output_type() {
+  if constexpr (std::is_same_v<C, bf16>) return CUDA_R_16BF;
+  else if constexpr (std::is_same_v<C, fp16>) return CUDA_R_16F;
+  else return CUDA_R_32F;
+}
+}  // namespace detail
+
+// The TN problem: a [m, k] and b [n, k] row-major codes (see the design note).
+template <class C>
+void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                 const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate) {
+  static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, fp16> || std::is_same_v<C, float>,
+                "cuda::fp8_gemm writes bf16, fp16 or float outputs (cuBLASLt's FP8 GEMMs have no double output).");
+  if (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)
+    fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
+                      "format keeps weights and activations in E4M3)");
+  if (m == 0 || n == 0) return;
+  detail::gemm_key key{};
+  key.data_type = 1000 + static_cast<int>(fa) * 2 + static_cast<int>(fb);  // FP8 types, apart from gemm()'s keys
+  key.output_type = static_cast<int>(detail::fp8_output_type<C>());
+  key.transpose_a = false;
+  key.transpose_b = true;
+  key.accumulate = accumulate;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.align_a = detail::pointer_alignment(a);
+  key.align_b = detail::pointer_alignment(b);
+  key.align_c = detail::pointer_alignment(c);
+  key.sm_target = blas.sm_target();
+  const cudaDataType_t out_type = detail::fp8_output_type<C>();
+  detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+    // column-major: first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); D [n, m] (ld n)
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
+    if (key.sm_target > 0)
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
+                                                         sizeof(key.sm_target)));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, detail::fp8_data_type(fb), k, n, k));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, detail::fp8_data_type(fa), k, m, k));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, n, m, n));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, n, m, n));
+    detail::preference_descriptor preference;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
+    const std::uint64_t workspace = blas.workspace_bytes();
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace, sizeof(workspace)));
+    for (auto [attribute, alignment] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
+                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
+                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}})
+      STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, attribute, &alignment, sizeof(alignment)));
+    // The scale pointers take part in the heuristic's choice; the real ones are set before each call.
+    const float* placeholder = a_scale_inv;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                                       sizeof(placeholder)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                                       sizeof(placeholder)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
+                                                       p.out_c.handle, p.out_d.handle, preference.handle, 1, &result, &found));
+    if (found == 0)
+      fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
+                        " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
+                        "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
+    p.algo = result.algo;
+  });
+  // the scales of this call: cuBLASLt's A is our b, its B our a
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                                     sizeof(b_scale_inv)));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                                     sizeof(a_scale_inv)));
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
+                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
+                                     blas.workspace_bytes(), stream));
+}
+
+// Any transposes (the contract of cpu::fp8_gemm): the operands that are not in the TN layout are
+// transposed into scratch codes first.
+template <class C>
+void fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a,
+              Fp8Format fa, const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,
+              bool accumulate) {
+  Tensor<std::uint8_t, space::cuda> a_rows, b_rows;
+  if (ta) {  // a stored [k, m]: make it [m, k]
+    a_rows = Tensor<std::uint8_t, space::cuda>::empty(Shape{m, k});
+    kernels::fp8_transpose(a, k, m, a_rows.data(), stream);
+    a = a_rows.data();
+  }
+  if (!tb) {  // b stored [k, n]: make it [n, k]
+    b_rows = Tensor<std::uint8_t, space::cuda>::empty(Shape{n, k});
+    kernels::fp8_transpose(b, k, n, b_rows.data(), stream);
+    b = b_rows.data();
+  }
+  fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
+}
+
+}  // namespace cuda
+STRATA_NAMESPACE_END

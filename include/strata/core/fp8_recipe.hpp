@@ -1,0 +1,179 @@
+// strata/core/fp8_recipe.hpp: FP8 training recipes (Megatron's --fp8-* flags) and the scaling
+// state each FP8 linear layer keeps.
+//
+// Formats:  e4m3    every tensor E4M3
+//           hybrid  forward tensors (input, weight) E4M3, gradients E5M2
+// Recipes:  delayed     per-tensor scales from an amax history (Transformer Engine's
+//                       DelayedScaling): each cast during a step folds the tensor's amax into
+//                       history[0]; after the optimizer step the histories are reduced (max) over
+//                       the ranks of a pipeline stage (tp x cp x dp), the amax is taken from the
+//                       history (algo max: the largest of the window; most_recent: history[0]),
+//                       scale = (fp8_max / amax) / 2^margin (kept when amax is 0 or not finite), and
+//                       the window is rolled: roll by -1, then history[0] = 0 (so it holds the
+//                       last L steps). The first step's scale is 1.
+//           tensorwise  current scaling: the amax of the tensor now (reduced over the tensor-
+//                       parallel ranks that share a sharded tensor), scale = fp8_max / amax.
+//           blockwise, mxfp8: refused by validate() with a sentence.
+//
+// A scaling state holds, per tensor role (input, weight, output gradient), one row
+// [history(L) | scale | scale_inv] of floats in the backend's memory, so the casts read the
+// scale and write the amax without the host. `Fp8Scaling` (the state registry) is what a
+// ParallelContext points to when FP8 is on: its options, the states of the layers built under it
+// in construction order (the checkpoint's and the step update's order), and which layers run FP8
+// (Megatron's --first-last-layers-bf16 keeps the first and last transformer layers in bf16; the
+// output layer and the embedding never run FP8).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "error.hpp"
+#include "fp8.hpp"
+#include "space.hpp"
+#include "tensor.hpp"
+
+STRATA_NAMESPACE_BEGIN
+
+enum class Fp8Formats : std::uint8_t { e4m3, hybrid };
+enum class Fp8RecipeKind : std::uint8_t { delayed, tensorwise, blockwise, mxfp8 };
+enum class Fp8AmaxAlgo : std::uint8_t { max, most_recent };
+
+// The three tensors of a linear layer's GEMMs, each with its own scale.
+enum class Fp8Role : int { input = 0, weight = 1, grad_output = 2 };
+inline constexpr int kFp8Roles = 3;
+
+struct Fp8Options {
+  Fp8Formats format = Fp8Formats::hybrid;
+  Fp8RecipeKind recipe = Fp8RecipeKind::delayed;  // Megatron's default
+  int margin = 0;
+  int amax_history_len = 1;                        // Megatron's default (Transformer Engine's is 1024)
+  Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::most_recent;
+  bool first_last_layers_bf16 = false;
+  int num_layers_at_start_in_bf16 = 1;
+  int num_layers_at_end_in_bf16 = 1;
+
+  Fp8Format format_of(Fp8Role role) const {
+    return format == Fp8Formats::hybrid && role == Fp8Role::grad_output ? Fp8Format::e5m2 : Fp8Format::e4m3;
+  }
+  // The history length the state keeps (tensorwise keeps one slot: the current amax).
+  int history() const { return recipe == Fp8RecipeKind::delayed ? amax_history_len : 1; }
+
+  // Throws ConfigError with a sentence for a recipe or value this build cannot run.
+  void validate() const {
+    if (recipe == Fp8RecipeKind::mxfp8)
+      fail<ConfigError>("--fp8-recipe mxfp8: MXFP8 block scaling needs Blackwell tensor cores (sm_100); on Hopper use "
+                        "--fp8-recipe delayed or tensorwise");
+    if (recipe == Fp8RecipeKind::blockwise)
+      fail<ConfigError>("--fp8-recipe blockwise: the 1x128 / 128x128 block-scaled recipe is not built yet; use --fp8-recipe "
+                        "delayed or tensorwise");
+    if (amax_history_len < 1)
+      fail<ConfigError>("--fp8-amax-history-len ", amax_history_len, ": the history needs at least one step; give 1 or more");
+    if (margin < 0 || margin > 64)
+      fail<ConfigError>("--fp8-margin ", margin, ": the margin is a power of two between 0 and 64");
+    if (num_layers_at_start_in_bf16 < 0 || num_layers_at_end_in_bf16 < 0)
+      fail<ConfigError>("--num-layers-at-start-in-bf16 ", num_layers_at_start_in_bf16, " / --num-layers-at-end-in-bf16 ",
+                        num_layers_at_end_in_bf16, ": layer counts cannot be negative");
+  }
+};
+
+inline std::string_view fp8_formats_name(Fp8Formats f) { return f == Fp8Formats::e4m3 ? "e4m3" : "hybrid"; }
+inline std::string_view fp8_recipe_name(Fp8RecipeKind r) {
+  switch (r) {
+    case Fp8RecipeKind::delayed: return "delayed";
+    case Fp8RecipeKind::tensorwise: return "tensorwise";
+    case Fp8RecipeKind::blockwise: return "blockwise";
+    case Fp8RecipeKind::mxfp8: return "mxfp8";
+  }
+  return "?";
+}
+
+// The scale that maps amax to fp8_max / 2^margin; `previous` when amax is 0 or not finite.
+// (Bit tests instead of <cmath>, so the CUDA kernel runs the same code.)
+STRATA_HOST_DEVICE inline bool fp8_finite(float x) { return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u; }
+STRATA_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float max, int margin, float previous) {
+  if (!(amax > 0.0f) || !fp8_finite(amax)) return previous;
+  const float power = std::bit_cast<float>(static_cast<std::uint32_t>(127 + margin) << 23);  // 2^margin, margin in [0, 64]
+  float scale = (max / amax) / power;
+  if (!fp8_finite(scale)) scale = 3.4028234663852886e38f;  // amax tiny: the largest float
+  return scale;
+}
+
+// The step update of one role's row [history(L) | scale | scale_inv] (see the design note): amax
+// from the history, new scale and its inverse, then (roll) the window moves by one step and
+// history[0] becomes 0. Shared by the CPU twin and the CUDA kernel.
+struct Fp8UpdateArgs {
+  int history = 1;
+  Fp8AmaxAlgo algo = Fp8AmaxAlgo::most_recent;
+  int margin = 0;
+  bool roll = true;
+};
+STRATA_HOST_DEVICE inline void fp8_update_row(float* row, float max, const Fp8UpdateArgs& args) {
+  const int length = args.history;
+  float amax = row[0];
+  if (args.algo == Fp8AmaxAlgo::max)
+    for (int i = 1; i < length; ++i) amax = row[i] > amax || row[i] != row[i] ? row[i] : amax;  // NaN wins
+  const float scale = fp8_scale_from_amax(amax, max, args.margin, row[length]);
+  row[length] = scale;
+  row[length + 1] = 1.0f / scale;
+  if (args.roll) {
+    const float first = row[0];
+    for (int i = 0; i + 1 < length; ++i) row[i] = row[i + 1];
+    row[length - 1] = first;
+    row[0] = 0.0f;
+  }
+}
+
+// One layer's scaling state: rows for input, weight and output gradient in the backend's memory.
+template <class Space>
+struct Fp8State {
+  std::string name;  // the layer's name (checkpoint key prefix)
+  int history = 1;
+  Tensor<float, Space> rows;  // [3, history + 2]
+  index_t row_length() const { return history + 2; }
+  float* row(Fp8Role role) { return rows.data() + static_cast<int>(role) * row_length(); }
+  float* scale(Fp8Role role) { return row(role) + history; }
+  float* scale_inv(Fp8Role role) { return row(role) + history + 1; }
+  float* amax(Fp8Role role) { return row(role); }  // history[0]: the current step's amax
+};
+
+// What a context points to when FP8 is on (see the design note).
+template <class Space>
+struct Fp8Scaling {
+  Fp8Options options;
+  int num_layers = 0;          // transformer layers of the whole model (for the bf16 first / last layers)
+  int current_layer = -1;      // the transformer layer being built, -1 outside one
+  std::vector<std::shared_ptr<Fp8State<Space>>> states;  // in construction order
+
+  Fp8Scaling(Fp8Options o, int layers) : options(o), num_layers(layers) { options.validate(); }
+
+  // Whether a linear layer built now runs FP8: inside a transformer layer that is not kept in bf16.
+  bool fp8_here() const {
+    if (current_layer < 0) return false;
+    if (!options.first_last_layers_bf16) return true;
+    return current_layer >= options.num_layers_at_start_in_bf16 && current_layer < num_layers - options.num_layers_at_end_in_bf16;
+  }
+};
+
+// Marks the transformer layer being built (a model's constructor), so the linear layers built in it
+// know their index; restores "outside a layer" when it goes out of scope.
+template <class Space>
+class Fp8LayerScope {
+ public:
+  Fp8LayerScope(const std::shared_ptr<Fp8Scaling<Space>>& scaling, int layer) : scaling_(scaling.get()) {
+    if (scaling_) scaling_->current_layer = layer;
+  }
+  ~Fp8LayerScope() {
+    if (scaling_) scaling_->current_layer = -1;
+  }
+  Fp8LayerScope(const Fp8LayerScope&) = delete;
+  Fp8LayerScope& operator=(const Fp8LayerScope&) = delete;
+
+ private:
+  Fp8Scaling<Space>* scaling_;
+};
+
+STRATA_NAMESPACE_END

@@ -1,0 +1,217 @@
+// tests/gpu/test_fp8.cu: the FP8 kernels (kernels/fp8.cuh, fp8_gemm.hpp) against their CPU twins
+// (backend/cpu/fp8.hpp).
+//
+//   conversion   the hardware's cvt.rn.satfinite (__nv_cvt_float_to_fp8, __NV_SATFINITE) against
+//                core/fp8.hpp's fp8_encode on every one of the 2^32 float bit patterns, both formats
+//   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
+//                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
+//                a NaN input), run twice with the same bits
+//   fp8_gemm     every transpose combination, E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
+//                outputs (float accumulated into an existing C): against the CPU twin within
+//                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
+//                the sums differ in order); E5M2 x E5M2 refused
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <strata/backend/cpu/fp8.hpp>
+
+#include "check.hpp"
+
+using namespace gpu_test;
+using strata::Fp8Format;
+using strata::cuda::backend;
+
+namespace {
+
+__global__ void conversion_mismatches(Fp8Format format, std::uint64_t begin, std::uint64_t count, unsigned long long* mismatches,
+                                      unsigned* first_bits) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < count; i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const auto bits = static_cast<unsigned>(begin + i);
+    const float v = __uint_as_float(bits);
+    const auto hardware = static_cast<std::uint8_t>(
+        __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format == Fp8Format::e4m3 ? __NV_E4M3 : __NV_E5M2));
+    const std::uint8_t software = strata::fp8_encode(v, format);
+    // NaN: any NaN code is a NaN (the hardware's sign of a NaN result is not part of the contract)
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const bool same = nan ? (strata::detail::fp8_to_float(hardware, format) != strata::detail::fp8_to_float(hardware, format))
+                          : hardware == software;
+    if (!same) {
+      if (atomicAdd(mismatches, 1ull) == 0) *first_bits = bits;
+    }
+  }
+}
+
+void check_conversion(suite& results, Fp8Format fp8_format) {
+  device_vector<unsigned long long> mismatches(1);
+  device_vector<unsigned> first(1);
+  cudaMemset(mismatches.data(), 0, sizeof(unsigned long long));
+  const std::uint64_t total = std::uint64_t(1) << 32;
+  conversion_mismatches<<<4096, 256>>>(fp8_format, 0, total, mismatches.data(), first.data());
+  STRATA_CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned long long count = 0;
+  unsigned bits = 0;
+  cudaMemcpy(&count, mismatches.data(), sizeof count, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&bits, first.data(), sizeof bits, cudaMemcpyDeviceToHost);
+  std::string line = "conversion " + std::string(strata::fp8_format_name(fp8_format)) +
+                     ": cvt.rn.satfinite == fp8_encode on all 2^32 floats, mismatches " + std::to_string(count);
+  if (count) {
+    char first_text[32];
+    std::snprintf(first_text, sizeof first_text, " (first bits 0x%08x)", bits);
+    line += first_text;
+  }
+  results.record(count == 0, line);
+}
+
+template <class T>
+std::vector<T> inputs(std::size_t n, std::uint64_t seed, double spread) {
+  host_rng rng(seed);
+  auto v = rng.template uniform<T>(n, -spread, spread);
+  return v;
+}
+
+template <class T>
+void check_casts(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t cols, Fp8Format format, float scale,
+                 bool with_nan) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  auto x = inputs<T>(n, seed, 3.0);
+  if (with_nan && n > 2) x[n / 2] = T(std::numeric_limits<float>::quiet_NaN());
+  // CPU twins
+  std::vector<std::uint8_t> q_cpu(n), qt_cpu(n), q2_cpu(n);
+  float amax_cpu = 0.25f, amax_cast_cpu = 0.0f, amax_ct_cpu = 0.0f;
+  strata::cpu::fp8_amax<T>(x.data(), static_cast<index_t>(n), &amax_cpu);
+  strata::cpu::fp8_cast<T>(x.data(), static_cast<index_t>(n), format, &scale, q_cpu.data(), &amax_cast_cpu);
+  strata::cpu::fp8_cast_transpose<T>(x.data(), rows, cols, format, &scale, q2_cpu.data(), qt_cpu.data(), &amax_ct_cpu);
+  // GPU
+  device_vector<T> dx(n);
+  device_vector<std::uint8_t> dq(n), dq2(n), dqt(n);
+  device_vector<float> dscale(1), damax(3);
+  device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data());
+  device.copy_from_host(&scale, 1, dscale.data());
+  const float start[3] = {0.25f, 0.0f, 0.0f};
+  std::vector<std::uint8_t> q(n), q2(n), qt(n), q_again(n), qt_alone(n);
+  float amax[3];
+  for (int run = 0; run < 2; ++run) {
+    device.copy_from_host(start, 3, damax.data());
+    device.fp8_amax<T>(dx.data(), static_cast<index_t>(n), damax.data());
+    device.fp8_cast<T>(dx.data(), static_cast<index_t>(n), format, dscale.data(), dq.data(), damax.data() + 1);
+    device.fp8_cast_transpose<T>(dx.data(), rows, cols, format, dscale.data(), dq2.data(), dqt.data(), damax.data() + 2);
+    device.copy_to_host(dq.data(), static_cast<index_t>(n), run == 0 ? q.data() : q_again.data());
+    device.copy_to_host(dq2.data(), static_cast<index_t>(n), q2.data());
+    device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt.data());
+    device.copy_to_host(damax.data(), 3, amax);
+  }
+  device.fp8_cast_transpose<T>(dx.data(), rows, cols, format, dscale.data(), nullptr, dqt.data(), nullptr);  // qt alone
+  device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt_alone.data());
+  const auto same_float = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                           std::string(strata::fp8_format_name(format)) + (with_nan ? " with NaN" : "");
+  results.record(same_float(amax[0], amax_cpu), "fp8_amax " + what + " == cpu twin");
+  results.record(same_bits(q, q_cpu) && same_float(amax[1], amax_cast_cpu), "fp8_cast " + what + " codes and amax == cpu twin");
+  results.record(same_bits(q, q_again), "fp8_cast " + what + " same bits twice");
+  results.record(same_bits(q2, q2_cpu) && same_bits(qt, qt_cpu) && same_float(amax[2], amax_ct_cpu),
+                 "fp8_cast_transpose " + what + " both layouts and amax == cpu twin");
+  results.record(same_bits(qt_alone, qt_cpu), "fp8_cast_transpose " + what + " transposed codes alone == cpu twin");
+}
+
+void check_update(backend& device, suite& results) {
+  const int L = 5;
+  std::vector<float> row = {3.0f, 7.5f, 0.0f, 1.0f, 2.0f, 0.5f, 2.0f};
+  for (auto algo : {strata::Fp8AmaxAlgo::max, strata::Fp8AmaxAlgo::most_recent})
+    for (int margin : {0, 2}) {
+      const strata::Fp8UpdateArgs args{L, algo, margin, true};
+      std::vector<float> cpu = row, gpu(row.size());
+      strata::cpu::fp8_update_scale(cpu.data(), 448.0f, args);
+      device_vector<float> d(row.size());
+      device.copy_from_host(row.data(), static_cast<index_t>(row.size()), d.data());
+      device.fp8_update_scale(d.data(), 448.0f, args);
+      device.copy_to_host(d.data(), static_cast<index_t>(gpu.size()), gpu.data());
+      results.record(same_bits(cpu, gpu), std::string("fp8_update_scale ") + (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") +
+                                              " margin " + std::to_string(margin) + " == cpu twin");
+    }
+}
+
+template <class C>
+void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bool tb, index_t m, index_t n, index_t k,
+                Fp8Format fa, Fp8Format fb, bool accumulate) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(K * N, -2, 2);
+  std::vector<std::uint8_t> a(M * K), b(K * N);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = strata::fp8_encode(va[i] * 100.0f, fa);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = strata::fp8_encode(vb[i] * 100.0f, fb);
+  const float a_scale_inv = 0.013f, b_scale_inv = 0.007f;
+  auto c0 = rng.uniform<C>(M * N);
+  std::vector<C> want = c0;
+  strata::cpu::fp8_gemm<C>(ta, tb, m, n, k, a.data(), fa, &a_scale_inv, b.data(), fb, &b_scale_inv, want.data(), accumulate);
+  device_vector<std::uint8_t> da(a.size()), db(b.size());
+  device_vector<float> scales(2);
+  device_vector<C> dc(M * N);
+  device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
+  device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
+  const float s[2] = {a_scale_inv, b_scale_inv};
+  device.copy_from_host(s, 2, scales.data());
+  std::vector<C> got(M * N), again(M * N);
+  for (int run = 0; run < 2; ++run) {
+    device.copy_from_host(c0.data(), static_cast<index_t>(c0.size()), dc.data());
+    device.fp8_gemm<C>(ta, tb, m, n, k, da.data(), fa, scales.data(), db.data(), fb, scales.data() + 1, dc.data(), accumulate);
+    device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), run == 0 ? got.data() : again.data());
+  }
+  const double error = relative_error(got, want), tol = tolerance<C>();
+  results.record(error <= tol && same_bits(got, again),
+                 "fp8_gemm<" + type_name<C>() + "> ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " " +
+                     std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
+                     std::string(strata::fp8_format_name(fa)) + "x" + std::string(strata::fp8_format_name(fb)) +
+                     (accumulate ? " accumulate" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    backend device(0);
+    suite results("fp8");
+    check_conversion(results, Fp8Format::e4m3);
+    check_conversion(results, Fp8Format::e5m2);
+    std::uint64_t seed = 1;
+    for (auto format : {Fp8Format::e4m3, Fp8Format::e5m2})
+      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 33}, {128, 96}, {1000, 777}, {4096, 2048}})
+        for (float scale : {1.0f, 150.0f, 3.0e4f}) {
+          check_casts<float>(device, results, seed++, rows, cols, format, scale, false);
+          check_casts<bf16>(device, results, seed++, rows, cols, format, scale, false);
+          check_casts<double>(device, results, seed++, rows, cols, format, scale, false);
+        }
+    check_casts<float>(device, results, seed++, 64, 64, Fp8Format::e4m3, 1.0f, true);
+    check_casts<bf16>(device, results, seed++, 64, 64, Fp8Format::e5m2, 1.0f, true);
+    check_update(device, results);
+    const std::vector<std::tuple<index_t, index_t, index_t>> shapes = {{16, 16, 16}, {64, 48, 32}, {256, 512, 1024}, {1024, 768, 2048}};
+    const std::vector<std::pair<Fp8Format, Fp8Format>> formats = {
+        {Fp8Format::e4m3, Fp8Format::e4m3}, {Fp8Format::e5m2, Fp8Format::e4m3}, {Fp8Format::e4m3, Fp8Format::e5m2}};
+    for (const auto& [m, n, k] : shapes)
+      for (int t = 0; t < 4; ++t)
+        for (const auto& [fa, fb] : formats) {
+          const bool ta = t & 1, tb = t & 2;
+          check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
+          check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
+          check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, true);  // a weight gradient
+        }
+    bool refused = false;
+    try {
+      device_vector<std::uint8_t> a(256);
+      device_vector<float> s(1), c(256);
+      device.fp8_gemm<float>(false, true, 16, 16, 16, a.data(), Fp8Format::e5m2, s.data(), a.data(), Fp8Format::e5m2, s.data(),
+                             c.data(), false);
+    } catch (const strata::ConfigError& e) {
+      refused = std::string(e.what()).find("E5M2 x E5M2") != std::string::npos;
+    }
+    results.record(refused, "fp8_gemm E5M2 x E5M2 refused with a sentence");
+    device.synchronize();
+    return results.finish();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_fp8: %s\n", e.what());
+    return 2;
+  }
+}

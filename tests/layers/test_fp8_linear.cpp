@@ -1,0 +1,271 @@
+// FP8 in ColumnParallelLinear -> RowParallelLinear (layers/fp8_linear.hpp): sharded runs (tp, sp)
+// equal the single-rank FP8 run in every output and gathered gradient over several steps of both
+// recipes and both formats; the forward is the GEMM of the rounded operands; delayed scaling's
+// histories and scales follow Transformer Engine's update; unbuildable recipes are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <strata/layers/fp8_linear.hpp>
+
+#include "../common/equivalence.hpp"
+
+namespace {
+
+using namespace strata;
+using strata_test::Snapshot;
+using strata_test::random_tensor;
+using Context = ParallelContext<inprocess::communicator>;
+
+static_assert(backend_has_fp8<cpu::backend>, "the CPU backend has the FP8 entry points (backend/cpu/fp8.hpp)");
+
+constexpr index_t kSeq = 12, kBatch = 2, kIn = 24, kHidden = 48, kOut = 20;
+constexpr int kSteps = 3;
+
+struct Fp8Case {
+  bool fp8 = true;
+  Fp8Options options{};
+};
+
+// Column -> row on `tp` ranks for kSteps steps (new inputs each step; the scaling update after each
+// step); the snapshot holds every step's output and input gradient and the final gradients.
+template <class T, bool SP>
+Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
+  using P = strata_test::TestPolicy<T, SP>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+    if (c.fp8) ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(c.options, 1);
+    std::optional<ColumnParallelLinear<P>> fc1;
+    std::optional<RowParallelLinear<P>> fc2;
+    {
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      fc1.emplace(ctx, "fc1", kIn, kHidden);
+      fc2.emplace(ctx, "fc2", kHidden, kOut);
+    }
+    EXPECT_EQ(fc1->fp8_state() != nullptr, c.fp8);
+    fc1->init(ctx, 7, 0.5);
+    fc2->init(ctx, 7, 0.5);
+    init_normal(ctx.device, *fc1->bias(), 8, 0.1);
+    init_normal(ctx.device, *fc2->bias(), 9, 0.1);
+    for (int step = 0; step < kSteps; ++step) {
+      Tensor<T> x_full = random_tensor<T>(Shape{kSeq, kBatch, kIn}, 100 + step);
+      Tensor<T> dy_full = random_tensor<T>(Shape{kSeq, kBatch, kOut}, 200 + step);
+      for (std::size_t i = 0; i < x_full.span().size(); ++i) x_full[i] = T(double(x_full[i]) * (1 + step));  // amax moves
+      using In = typename ColumnParallelLinear<P>::input_layout;
+      Activation<T, layout::replicated> x_rep(x_full), dy_rep(dy_full);
+      Activation<T, In> x;
+      Activation<T, typename RowParallelLinear<P>::output_layout> dy;
+      if constexpr (SP) {
+        x = scatter_to_sequence_parallel(ctx.tp, x_rep);
+        dy = scatter_to_sequence_parallel(ctx.tp, dy_rep);
+      } else {
+        x = x_rep;
+        dy = dy_rep;
+      }
+      auto [h, s1] = fc1->forward(ctx, x);
+      auto [y, s2] = fc2->forward(ctx, h);
+      auto dx = fc1->backward(ctx, s1, fc2->backward(ctx, s2, dy));
+      fp8_after_optimizer_step(ctx);
+      Tensor<T> y_full, dx_full;
+      if constexpr (SP) {
+        y_full = gather_from_sequence_parallel(ctx.tp, y).tensor;
+        dx_full = gather_from_sequence_parallel(ctx.tp, dx).tensor;
+      } else {
+        y_full = y.tensor;
+        dx_full = dx.tensor;
+      }
+      if (world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back(strata_test::to_values(y_full));
+        snapshot.outputs.push_back(strata_test::to_values(dx_full));
+      }
+    }
+    if (c.fp8 && world.rank() == 0) {  // the scaling state, the same on every rank: compared too
+      std::lock_guard lock(mutex);
+      snapshot.outputs.push_back(strata_test::to_values(fc1->fp8_state()->rows));
+      snapshot.outputs.push_back(strata_test::to_values(fc2->fp8_state()->rows));
+    }
+    strata_test::gather_parameters(ctx, *fc1, snapshot, mutex);
+    strata_test::gather_parameters(ctx, *fc2, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+std::vector<Fp8Case> cases() {
+  std::vector<Fp8Case> out;
+  for (Fp8Formats format : {Fp8Formats::e4m3, Fp8Formats::hybrid}) {
+    out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::tensorwise}});
+    out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::delayed, .margin = 1, .amax_history_len = 2,
+                                    .amax_compute_algo = Fp8AmaxAlgo::max}});
+    out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::delayed}});
+  }
+  return out;
+}
+
+std::string describe(const Fp8Case& c) {
+  return std::string(fp8_formats_name(c.options.format)) + " " + std::string(fp8_recipe_name(c.options.recipe)) +
+         " margin " + std::to_string(c.options.margin) + " history " + std::to_string(c.options.amax_history_len);
+}
+
+template <bool SP>
+void check_sharded_equals_single() {
+  for (const Fp8Case& c : cases()) {
+    const Snapshot reference = run_fp8_mlp<double, false>(1, c);
+    for (int tp : {1, 2, 3, 4}) {
+      if (SP && kSeq % tp != 0) continue;
+      strata_test::expect_equivalent(run_fp8_mlp<double, SP>(tp, c), reference, 1e-12,
+                                     describe(c) + " tp=" + std::to_string(tp) + (SP ? " sequence parallel" : ""));
+    }
+  }
+}
+
+TEST(Fp8Linear, ShardedEqualsSingleRankDouble) { check_sharded_equals_single<false>(); }
+TEST(Fp8Linear, SequenceParallelEqualsSingleRankDouble) { check_sharded_equals_single<true>(); }
+
+// FP8 is in effect: the outputs move away from the element-type run by FP8's rounding, not more.
+TEST(Fp8Linear, DiffersFromTheElementTypeRunByFp8Rounding) {
+  const Snapshot plain = run_fp8_mlp<double, false>(1, Fp8Case{false, {}});
+  for (const Fp8Case& c : cases()) {
+    const Snapshot fp8 = run_fp8_mlp<double, false>(1, c);
+    for (std::size_t i = 0; i < plain.outputs.size(); ++i) {
+      const double error = strata_test::relative_error(fp8.outputs[i], plain.outputs[i]);
+      EXPECT_GT(error, 1e-3) << describe(c) << " output " << i;
+      EXPECT_LT(error, 0.25) << describe(c) << " output " << i;
+    }
+  }
+}
+
+// One rank, tensorwise: y = dequantized(x) dequantized(W)^T + b, computed here from fp8_encode.
+TEST(Fp8Linear, TensorwiseForwardIsTheGemmOfTheRoundedOperands) {
+  using P = strata_test::TestPolicy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.recipe = Fp8RecipeKind::tensorwise}, 1);
+    Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+    ColumnParallelLinear<P> fc(ctx, "fc", kIn, kOut);
+    fc.init(ctx, 3, 0.5);
+    init_normal(ctx.device, *fc.bias(), 4, 0.1);
+    Tensor<double> x = random_tensor<double>(Shape{kSeq, kIn}, 5);
+    auto [y, saved] = fc.forward(ctx, Activation<double, layout::replicated>(x));
+    auto quantized = [](const Tensor<double>& t) {
+      float amax = 0;
+      for (double v : t.span()) amax = std::max(amax, std::fabs(static_cast<float>(v)));
+      const float scale = 448.0f / amax;
+      std::vector<double> out;
+      for (double v : t.span()) out.push_back(double(fp8_decode(fp8_encode(static_cast<float>(v) * scale, Fp8Format::e4m3), Fp8Format::e4m3)));
+      return std::pair{out, double(1.0f / scale)};
+    };
+    const auto [xq, xs] = quantized(x);
+    const auto [wq, ws] = quantized(fc.weight().value);
+    double worst = 0;
+    for (index_t r = 0; r < kSeq; ++r)
+      for (index_t o = 0; o < kOut; ++o) {
+        double sum = 0;
+        for (index_t i = 0; i < kIn; ++i) sum += xq[r * kIn + i] * wq[o * kIn + i];
+        const double want = xs * ws * sum + fc.bias()->value[o];
+        worst = std::max(worst, std::fabs(y.tensor[r * kOut + o] - want) / (std::fabs(want) + 1e-3));
+      }
+    EXPECT_LT(worst, 1e-13);
+  });
+}
+
+// Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or
+// most_recent, scale = (max / amax) / 2^margin, kept when amax is 0.
+TEST(Fp8Recipe, DelayedHistoryRollsAndScalesAsTransformerEngine) {
+  const int L = 3;
+  std::vector<float> row(L + 2, 0.0f);
+  row[L] = row[L + 1] = 1.0f;
+  const Fp8UpdateArgs by_max{L, Fp8AmaxAlgo::max, 1, true};
+  fp8_update_row(row.data(), 448.0f, by_max);  // amax 0: the scale stays 1
+  EXPECT_EQ(row[L], 1.0f);
+  const float amaxes[] = {2.0f, 8.0f, 1.0f, 0.5f, 0.25f};
+  const float want_max[] = {2.0f, 8.0f, 8.0f, 8.0f, 1.0f};  // the window of three steps
+  for (int s = 0; s < 5; ++s) {
+    row[0] = amaxes[s];  // what the step's casts fold into history[0]
+    fp8_update_row(row.data(), 448.0f, by_max);
+    EXPECT_EQ(row[L], 448.0f / want_max[s] / 2.0f) << "step " << s;
+    EXPECT_EQ(row[L + 1], 1.0f / row[L]);
+    EXPECT_EQ(row[0], 0.0f);
+    EXPECT_EQ(row[L - 1], amaxes[s]) << "the newest amax is at the end after the roll";
+  }
+  std::vector<float> recent(L + 2, 0.0f);
+  recent[L] = 1.0f;
+  for (int s = 0; s < 5; ++s) {
+    recent[0] = amaxes[s];
+    fp8_update_row(recent.data(), 57344.0f, Fp8UpdateArgs{L, Fp8AmaxAlgo::most_recent, 0, true});
+    EXPECT_EQ(recent[L], 57344.0f / amaxes[s]);
+  }
+}
+
+// Through the layer: after a step, history[0] of each role held the step's amax (max over the
+// ranks), and the new scale is derived from it.
+TEST(Fp8Recipe, DelayedStateRecordsTheStepsAmax) {
+  using P = strata_test::TestPolicy<double, false>;
+  for (int tp : {1, 2}) {
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+      ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.format = Fp8Formats::hybrid, .recipe = Fp8RecipeKind::delayed,
+                                                                      .amax_history_len = 4, .amax_compute_algo = Fp8AmaxAlgo::max},
+                                                           1);
+      std::optional<ColumnParallelLinear<P>> fc;
+      {
+        Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+        fc.emplace(ctx, "fc", kIn, kOut);
+      }
+      ASSERT_EQ(ctx.fp8->states.size(), 1u);
+      fc->init(ctx, 3, 0.5);
+      Tensor<double> x = random_tensor<double>(Shape{kSeq, kIn}, 5), dy_full = random_tensor<double>(Shape{kSeq, kOut}, 6);
+      auto [y, saved] = fc->forward(ctx, Activation<double, layout::replicated>(x));
+      Tensor<double> dy(Shape{kSeq, kOut / tp});
+      for (index_t r = 0; r < kSeq; ++r)
+        for (index_t o = 0; o < kOut / tp; ++o) dy[r * (kOut / tp) + o] = dy_full[r * kOut + world.rank() * (kOut / tp) + o];
+      fc->backward(ctx, saved, Activation<double, layout::sharded<-1>>(dy));
+      fp8_after_optimizer_step(ctx);
+      auto amax_of = [](const Tensor<double>& t) {
+        float m = 0;
+        for (double v : t.span()) m = std::max(m, std::fabs(static_cast<float>(v)));
+        return m;
+      };
+      auto& state = *fc->fp8_state();
+      // the full weight's amax: rank 0 of a one-rank run holds it all; compare the input and gradient roles
+      EXPECT_EQ(*state.scale(Fp8Role::input), 448.0f / amax_of(x));
+      EXPECT_EQ(*state.scale(Fp8Role::grad_output), 57344.0f / amax_of(dy_full));
+      EXPECT_EQ(state.row(Fp8Role::input)[3], amax_of(x)) << "rolled to the end of the window";
+      EXPECT_EQ(state.row(Fp8Role::input)[0], 0.0f);
+    });
+  }
+}
+
+TEST(Fp8Recipe, RefusesWhatThisBuildCannotRun) {
+  auto message = [](Fp8Options o) {
+    try {
+      o.validate();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(Fp8Options{.recipe = Fp8RecipeKind::mxfp8}).find("Blackwell"), std::string::npos);
+  EXPECT_NE(message(Fp8Options{.recipe = Fp8RecipeKind::blockwise}).find("blockwise"), std::string::npos);
+  EXPECT_NE(message(Fp8Options{.amax_history_len = 0}).find("--fp8-amax-history-len 0"), std::string::npos);
+  EXPECT_EQ(message(Fp8Options{}), "");
+}
+
+// --first-last-layers-bf16: the first and last layers' linear layers are built without FP8.
+TEST(Fp8Recipe, FirstAndLastLayersStayInBf16) {
+  Fp8Scaling<space::host> scaling(Fp8Options{.first_last_layers_bf16 = true, .num_layers_at_start_in_bf16 = 2,
+                                             .num_layers_at_end_in_bf16 = 1},
+                                  6);
+  std::vector<bool> fp8;
+  for (int layer = 0; layer < 6; ++layer) {
+    scaling.current_layer = layer;
+    fp8.push_back(scaling.fp8_here());
+  }
+  EXPECT_EQ(fp8, (std::vector<bool>{false, false, true, true, true, false}));
+  scaling.current_layer = -1;
+  EXPECT_FALSE(scaling.fp8_here()) << "outside a transformer layer (the output layer) FP8 stays off";
+}
+
+}  // namespace

@@ -1,0 +1,142 @@
+// FP8 training through the trainers' loop on the CPU (emulated casts and GEMMs): tensor, sequence,
+// data and pipeline parallel FP8 runs (also with --tp-comm-overlap) follow the single-rank FP8 run; a run resumed from a
+// checkpoint (amax histories and scales included) follows the straight run bit for bit; FP8 is in
+// effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
+// every layer is the plain run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "trainer/trainer.hpp"
+
+namespace {
+
+trainer::TrainArgs tiny_fp8(const std::string& recipe) {
+  trainer::TrainArgs a = trainer::default_args("gpt");
+  a.model.num_layers = 2;
+  a.model.hidden_size = 64;
+  a.model.num_attention_heads = 4;
+  a.model.ffn_hidden_size = 128;
+  a.model.seq_length = 32;
+  a.micro_batch_size = 2;
+  a.global_batch_size = 8;
+  a.lr = 1e-2;
+  a.min_lr = 1e-3;
+  a.lr_warmup_iters = 3;
+  a.quiet = true;
+  a.eval_interval = 100;
+  a.eval_iters = 1;
+  a.sample_tokens = 0;  // pipeline layouts run no sampling
+  a.fp8_format = "hybrid";
+  a.fp8_recipe = recipe;
+  if (recipe == "delayed") {
+    a.fp8_amax_history_len = 4;
+    a.fp8_amax_compute_algo = "max";
+    a.fp8_margin = 1;
+  }
+  return a;
+}
+
+double mean(const std::vector<double>& v, std::size_t begin, std::size_t end) {
+  return std::accumulate(v.begin() + begin, v.begin() + end, 0.0) / static_cast<double>(end - begin);
+}
+
+TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
+  for (const std::string recipe : {"delayed", "tensorwise"}) {
+    auto base = tiny_fp8(recipe);
+    base.dtype = "double";
+    base.train_iters = 5;
+    const auto reference = trainer::train<strata::models::Gpt>(base);
+    struct Layout {
+      int world, tp, pp;
+      bool sp;
+      bool tp_comm_overlap = false;  // with dp > 1 also --overlap-grad-reduce (the FP8 layers' collectives run whole)
+    };
+    for (Layout l : {Layout{2, 2, 1, false}, Layout{2, 2, 1, true}, Layout{2, 1, 1, false}, Layout{2, 1, 2, false},
+                     Layout{4, 2, 1, true}, Layout{4, 2, 2, true}, Layout{4, 2, 1, true, true}}) {
+      auto a = base;
+      a.world_size = l.world;
+      a.tensor_model_parallel_size = l.tp;
+      a.pipeline.pipeline_model_parallel_size = l.pp;
+      a.sequence_parallel = l.sp;
+      a.tp_comm_overlap = l.tp_comm_overlap;
+      a.overlap_grad_reduce = l.tp_comm_overlap && l.world > l.tp;
+      const auto run = trainer::train<strata::models::Gpt>(a);
+      ASSERT_EQ(run.losses.size(), reference.losses.size());
+      for (std::size_t i = 0; i < run.losses.size(); ++i)
+        EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-12 * reference.losses[i])
+            << recipe << " world=" << l.world << " tp=" << l.tp << " pp=" << l.pp << " sp=" << l.sp << " tp_comm_overlap=" << l.tp_comm_overlap << " iteration " << i + 1;
+    }
+  }
+}
+
+TEST(TrainingFp8, RunsFp8AndTheLossFalls) {
+  auto a = tiny_fp8("delayed");
+  a.train_iters = 30;
+  const auto fp8 = trainer::train<strata::models::Gpt>(a);
+  auto plain_args = a;
+  plain_args.fp8_format.clear();
+  const auto plain = trainer::train<strata::models::Gpt>(plain_args);
+  ASSERT_EQ(fp8.losses.size(), 30u);
+  EXPECT_NE(fp8.losses[1], plain.losses[1]) << "the FP8 run is the plain run: no GEMM ran in FP8";
+  EXPECT_LT(mean(fp8.losses, 20, 30), mean(fp8.losses, 0, 10) - 0.5) << "loss did not fall";
+  EXPECT_NEAR(mean(fp8.losses, 20, 30), mean(plain.losses, 20, 30), 0.1 * mean(plain.losses, 20, 30));
+}
+
+TEST(TrainingFp8, FirstLastLayersBf16OverEveryLayerIsThePlainRun) {
+  auto a = tiny_fp8("delayed");
+  a.train_iters = 3;
+  a.first_last_layers_bf16 = true;  // 1 first + 1 last of 2 layers: nothing left in FP8
+  auto plain_args = a;
+  plain_args.fp8_format.clear();
+  plain_args.first_last_layers_bf16 = false;
+  EXPECT_EQ(trainer::train<strata::models::Gpt>(a).losses, trainer::train<strata::models::Gpt>(plain_args).losses);
+}
+
+// The amax histories and scales travel in the checkpoint: without them the resumed run would start
+// from scale 1 and an empty history.
+TEST(TrainingFp8, ResumeEqualsStraightThrough) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_fp8_resume";
+  std::filesystem::remove_all(dir);
+  auto a = tiny_fp8("delayed");
+  a.train_iters = 8;
+  auto first = a;
+  first.save = dir.string();
+  first.save_interval = 4;
+  const auto straight = trainer::train<strata::models::Gpt>(first);  // saves at 4 and 8
+  std::filesystem::remove_all(dir / "iter_0000008");
+  {
+    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+    tracker << 4 << "\n";
+  }
+  auto resumed = a;
+  resumed.load = dir.string();
+  const auto second = trainer::train<strata::models::Gpt>(resumed);
+  EXPECT_EQ(second.start_iteration, 4);
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], straight.losses[4 + i]) << "iteration " << 5 + i;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
+  auto expect_error = [](trainer::TrainArgs a, const std::string& needle) {
+    try {
+      (void)trainer::train<strata::models::Gpt>(a);
+      ADD_FAILURE() << "no error; expected one naming " << needle;
+    } catch (const strata::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto a = tiny_fp8("mxfp8");
+  a.train_iters = 1;
+  expect_error(a, "Blackwell");
+  a.fp8_recipe = "blockwise";
+  expect_error(a, "--fp8-recipe blockwise");
+  a.fp8_recipe = "delayed";
+  a.fp8_amax_history_len = 0;
+  expect_error(a, "--fp8-amax-history-len 0");
+}
+
+}  // namespace
