@@ -26,6 +26,7 @@
 #include <limits>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -131,6 +132,8 @@ struct TrainArgs {
   std::string moe_router_load_balancing_type = "aux_loss";
   std::string moe_router_score_function = "softmax";
   std::string moe_token_drop_policy = "probs";
+  std::string window_size;            // --window-size: Megatron's (left,right) tuple; empty: no sliding window
+  std::string window_attn_skip_freq;  // --window-attn-skip-freq: N, or a list of 1 (window) / 0 (full) per layer
   std::string moe_layer_freq = "1";  // 1, or a Python list of 1s: every layer a MoE layer (the only layout strata builds)
   // training
   int micro_batch_size = 4;
@@ -474,7 +477,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
 inline void check_fp8_gpu_shapes(const TrainArgs& a) {
   const auto& m = a.model;
   const std::int64_t tp = a.tensor_model_parallel_size, heads = m.num_attention_heads;
-  const std::int64_t head = heads > 0 ? m.hidden_size / heads : 0;
+  const std::int64_t head = m.head_dim();  // --kv-channels, or hidden / heads
   const std::int64_t groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const std::pair<std::string, std::int64_t> dims[] = {
       {"--hidden-size", m.hidden_size},
@@ -696,6 +699,12 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--activation-func-clamp-value", a.model.activation_clamp,
                  "clamp of the gated MLP's inputs (gpt-oss: 7.0; default none)");
   app.add_option("--glu-linear-offset", a.model.glu_linear_offset, "added to the gated MLP's linear half (gpt-oss: 1.0)");
+  app.add_option("--window-size", a.window_size,
+                 "sliding-window attention as Megatron's (left,right), e.g. \"(4095,0)\": query i sees keys i - left .. i "
+                 "(right must be 0: attention is causal; left -1: no window)");
+  app.add_option("--window-attn-skip-freq", a.window_attn_skip_freq,
+                 "which layers keep full attention: N (every N-th layer), or a list of 1 (window) / 0 (full) per layer "
+                 "such as \"[1,1,1,0]*6\" (default: every layer has the window)");
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
   app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
   app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
@@ -1366,7 +1375,103 @@ inline TrainArgs command_line_defaults(const std::string& kind) {
 // The run-time building blocks from their flags (ModelConfig's fields), with the checks that need
 // the flags themselves: RoPE's options without RoPE change nothing (a note, as Megatron ignores
 // them); the clamp and offset apply to gated activations.
+// A per-layer 0/1 pattern written as Megatron's list expressions: "[1,1,0]*4", "[0]*3+[1]*5",
+// "([1,0]*2)"; ConfigError naming `flag` when it is not one.
+inline std::vector<int> parse_layer_pattern(const char* flag, const std::string& text) {
+  std::string t;
+  for (const char c : text)
+    if (c != ' ' && c != '(' && c != ')') t += c;
+  std::vector<int> out;
+  auto refuse = [&]() {
+    fail<ConfigError>(flag, " ", text, ": not a list of 0 and 1 such as [1,1,1,0]*3 or [0]*2+[1]*6 (Megatron's syntax)");
+  };
+  std::size_t at = 0;
+  while (at < t.size()) {
+    if (t[at] != '[') refuse();
+    const std::size_t close = t.find(']', at);
+    if (close == std::string::npos) refuse();
+    std::vector<int> term;
+    std::size_t i = at + 1;
+    while (i < close) {
+      const std::size_t comma = std::min(t.find(',', i), close);
+      const std::string item = t.substr(i, comma - i);
+      if (item != "0" && item != "1") refuse();
+      term.push_back(item == "1" ? 1 : 0);
+      i = comma + 1;
+    }
+    if (term.empty()) refuse();
+    at = close + 1;
+    long repeat = 1;
+    if (at < t.size() && t[at] == '*') {
+      std::size_t end = at + 1;
+      while (end < t.size() && std::isdigit(static_cast<unsigned char>(t[end]))) ++end;
+      if (end == at + 1 || end - at > 7) refuse();
+      repeat = std::stol(t.substr(at + 1, end - at - 1));
+      at = end;
+    }
+    for (long r = 0; r < repeat; ++r) out.insert(out.end(), term.begin(), term.end());
+    if (at < t.size()) {
+      if (t[at] != '+') refuse();
+      ++at;
+    }
+  }
+  if (out.empty()) refuse();
+  return out;
+}
+
+// --window-size and --window-attn-skip-freq into ModelConfig's window_size and window_layers.
+inline void resolve_sliding_window(TrainArgs& a) {
+  models::ModelConfig& m = a.model;
+  m.window_size = -1;
+  m.window_layers.clear();
+  if (a.window_size.empty()) {
+    if (!a.window_attn_skip_freq.empty())
+      a.notes.emplace_back("--window-attn-skip-freq " + a.window_attn_skip_freq + ": without --window-size every layer has "
+                           "full attention, so it changes nothing (as in Megatron)");
+    return;
+  }
+  std::string t;
+  for (const char c : a.window_size)
+    if (c != ' ' && c != '(' && c != ')') t += c;
+  const std::size_t comma = t.find(',');
+  long left = 0, right = 0;
+  try {
+    std::size_t used = 0;
+    const std::string l = t.substr(0, comma);
+    left = std::stol(l, &used);
+    if (used != l.size()) throw std::invalid_argument("left");
+    if (comma != std::string::npos) {
+      const std::string r = t.substr(comma + 1);
+      right = std::stol(r, &used);
+      if (used != r.size()) throw std::invalid_argument("right");
+    }
+  } catch (const std::exception&) {
+    fail<ConfigError>("--window-size ", a.window_size, ": not Megatron's (left,right) tuple of integers, e.g. (4095,0)");
+  }
+  if (right != 0 && right != -1)
+    fail<ConfigError>("--window-size ", a.window_size, ": the right bound must be 0, since attention is causal (a query "
+                      "sees no later key)");
+  if (left < -1 || left > std::numeric_limits<int>::max())
+    fail<ConfigError>("--window-size ", a.window_size, ": the left bound must be -1 (no window) or a number of keys >= 0");
+  if (left == -1) return;
+  m.window_size = static_cast<int>(left);
+  if (a.window_attn_skip_freq.empty()) return;
+  const std::string& f = a.window_attn_skip_freq;
+  if (std::all_of(f.begin(), f.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; })) {
+    const long every = f.size() <= 7 ? std::stol(f) : 0;
+    if (every < 1)
+      fail<ConfigError>("--window-attn-skip-freq ", f, ": must be >= 1 (N: one full-attention layer after N - 1 windowed ones)");
+    for (int l = 0; l < m.num_layers; ++l) m.window_layers.push_back(l % every == every - 1 ? 0 : 1);
+  } else {
+    m.window_layers = parse_layer_pattern("--window-attn-skip-freq", f);
+    if (static_cast<int>(m.window_layers.size()) != m.num_layers)
+      fail<ConfigError>("--window-attn-skip-freq ", f, ": ", m.window_layers.size(), " entries for --num-layers ",
+                        m.num_layers, "; give one 1 (window) or 0 (full attention) per layer");
+  }
+}
+
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
+  resolve_sliding_window(a);
   ArchitectureArgs& x = a.architecture;
   models::ModelConfig& m = a.model;
   m.activation = x.squared_relu ? MlpActivation::squared_relu

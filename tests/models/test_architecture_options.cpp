@@ -1,6 +1,7 @@
 // The run-time architecture options of the compiled models (ModelConfig: --add-qkv-bias,
 // --qk-layernorm, --apply-layernorm-1p, --kv-channels, --rotary-percent, --rotary-interleaved,
-// --use-rope-scaling, --squared-relu, --quick-geglu with gpt-oss's clamp and offset): each sharded
+// --use-rope-scaling, --squared-relu, --quick-geglu with gpt-oss's clamp and offset, --window-size
+// with --window-attn-skip-freq): each sharded
 // over tp in {1, 2, 4}, with and without sequence parallelism, equals the single-rank run in double
 // (loss and every gathered gradient); the whole model's gradients match central differences; the
 // parameters have the shapes the option implies; impossible shapes are refused before allocation.
@@ -188,6 +189,55 @@ TEST(Activations, QuickGegluWithGptOssClampAndOffsetShardedEqualsUnsharded) {
   c.glu_linear_offset = 1.0;
   strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
   strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+}
+
+// Sliding-window attention (--window-size; --window-attn-skip-freq's per-layer pattern, as gpt-oss
+// alternates windowed and full layers): sharded equals unsharded, gradients match differences, the
+// window changes the loss, and a window covering the whole sequence (or on no layer) is the plain
+// model bit for bit.
+TEST(SlidingWindow, LlamaAndGptShardedEqualUnshardedAndMatchDifferences) {
+  auto c = tiny_llama();
+  c.window_size = 2;  // of seq 8
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+  auto g = tiny_gpt();
+  g.window_size = 3;
+  g.window_layers = {1, 0};  // layer 0 windowed, layer 1 full
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(g);
+}
+
+TEST(SlidingWindow, ChangesTheLossUnlessItCoversTheSequence) {
+  const auto reference = strata_test::run_model<strata::models::Llama, double, false>(1, tiny_llama());
+  auto loss_of = [](const ModelConfig& c) {
+    return strata_test::run_model<strata::models::Llama, double, false>(1, c).outputs[0][0];
+  };
+  auto c = tiny_llama();
+  c.window_size = 2;
+  EXPECT_NE(loss_of(c), reference.outputs[0][0]);
+  c.window_size = c.seq_length - 1;  // every causal key
+  EXPECT_EQ(loss_of(c), reference.outputs[0][0]);
+  c.window_size = 2;
+  c.window_layers = {0, 0};  // on no layer
+  EXPECT_EQ(loss_of(c), reference.outputs[0][0]);
+  c.window_layers = {0, 1};
+  EXPECT_NE(loss_of(c), reference.outputs[0][0]);
+}
+
+TEST(SlidingWindow, WithContextParallelismIsRefused) {
+  using namespace strata;
+  auto c = tiny_llama();
+  c.window_size = 2;
+  std::string message;
+  try {
+    inprocess::run(2, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    });
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("window_size=2"), std::string::npos) << message;
+  EXPECT_NE(message.find("context parallelism (cp=2)"), std::string::npos) << message;
 }
 
 // --- refusals, before anything is allocated ---------------------------------------------------

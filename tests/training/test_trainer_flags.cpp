@@ -691,6 +691,33 @@ TEST(MegatronFlags, BuildingBlocksAreRunTimeFieldsOfTheCompiledModels) {
   expect_config_error([] { (void)parse_flags("gpt", {"--position-embedding-type", "yarn"}); }, {"yarn", "--use-rope-scaling"});
 }
 
+// Sliding windows: Megatron's (left,right) tuple and its skip pattern (N, or a list expression).
+TEST(MegatronFlags, SlidingWindowFlags) {
+  const TrainArgs every = parse_flags("llama", {"--num-layers", "4", "--window-size", "(4095,0)"});
+  EXPECT_EQ(every.model.window_size, 4095);
+  EXPECT_TRUE(every.model.window_layers.empty());
+  EXPECT_EQ(every.model.layer_window(3), 4095);
+  const TrainArgs skip = parse_flags("llama", {"--num-layers", "4", "--window-size", "128,0", "--window-attn-skip-freq", "2"});
+  EXPECT_EQ(skip.model.window_layers, (std::vector<int>{1, 0, 1, 0}));  // one full layer after each windowed one
+  EXPECT_EQ(skip.model.layer_window(1), -1);
+  const TrainArgs list = parse_flags("llama", {"--num-layers", "6", "--window-size", "(64, 0)", "--window-attn-skip-freq",
+                                               "([1,1,0]*1+[0]*2+[1])"});
+  EXPECT_EQ(list.model.window_layers, (std::vector<int>{1, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(parse_flags("llama", {"--window-size", "(-1,0)"}).model.window_size, -1);
+  const TrainArgs unused = parse_flags("llama", {"--window-attn-skip-freq", "2"});
+  ASSERT_FALSE(unused.notes.empty());
+  EXPECT_NE(unused.notes.back().find("without --window-size"), std::string::npos);
+  expect_config_error([] { (void)parse_flags("llama", {"--window-size", "(8,8)"}); }, {"--window-size (8,8)", "causal"});
+  expect_config_error([] { (void)parse_flags("llama", {"--window-size", "wide"}); }, {"--window-size wide", "(left,right)"});
+  expect_config_error([] { (void)parse_flags("llama", {"--num-layers", "4", "--window-size", "8", "--window-attn-skip-freq", "[1,0]*3"}); },
+                      {"--window-attn-skip-freq [1,0]*3", "6 entries", "--num-layers 4"});
+  expect_config_error([] { (void)parse_flags("llama", {"--window-size", "8", "--window-attn-skip-freq", "[1,2]"}); },
+                      {"--window-attn-skip-freq [1,2]", "list of 0 and 1"});
+  TrainArgs cp = parse_flags("llama", {"--window-size", "8", "--context-parallel-size", "2", "--tensor-model-parallel-size", "1"});
+  (void)trainer::resolve_run(cp);
+  expect_config_error([&] { trainer::validate(cp); }, {"window_size=8", "context parallelism"});
+}
+
 // Flags harmless in strata are noted; Megatron-FSDP's are refused pointing at the distributed optimizer.
 TEST(MegatronFlags, HarmlessFlagsAreNotedAndFsdpPointsAtTheDistributedOptimizer) {
   const std::vector<std::string> harmless = {"--accumulate-allreduce-grads-in-fp32", "--logging-level", "20",
@@ -707,6 +734,8 @@ TEST(MegatronFlags, HarmlessFlagsAreNotedAndFsdpPointsAtTheDistributedOptimizer)
     ASSERT_EQ(f.refused.size(), 1u);
     EXPECT_NE(f.refused[0].find(fsdp[0]), std::string::npos) << f.refused[0];
     EXPECT_NE(f.refused[0].find("--use-distributed-optimizer"), std::string::npos) << f.refused[0];
+  }
+}
 
 // FP8: Megatron's flags, names and defaults; what cannot run is refused naming the value.
 TEST(MegatronFlags, Fp8Flags) {

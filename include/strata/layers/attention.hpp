@@ -50,6 +50,8 @@
 //     and replicated over tp: each rank normalizes its own heads, and the weight gradients of both
 //     norms are summed over the tensor-parallel group in one all-reduce. q, k, v are then copies.
 //   rope (--rotary-percent, --rotary-interleaved, --use-rope-scaling: backend/rope_options.hpp).
+//   window (--window-size): sliding-window attention, query i sees keys i - window .. i (Mistral,
+//     gpt-oss's alternating layers); not with context parallelism yet.
 #pragma once
 
 #include <cmath>
@@ -93,6 +95,7 @@ struct AttentionConfig {
   double qk_norm_epsilon = 1e-5;
   bool qk_norm_zero_centered = false;  // --apply-layernorm-1p for the qk norms too
   RopeOptions rope{};  // rotary_dim (--rotary-percent), interleaved, Llama 3.1 scaling
+  index_t window = -1;  // sliding window (--window-size): query i sees keys i - window .. i; -1: all
 };
 
 template <class Policy, class Position = no_rope, class Grouping = mha>
@@ -151,6 +154,9 @@ class SelfAttention {
       q_rmsnorm_.emplace(ctx, name + ".q_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
       k_rmsnorm_.emplace(ctx, name + ".k_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
     }
+    if (context_parallel_ && config_.window >= 0)
+      fail<ConfigError>("SelfAttention ", name, ": a sliding window (window=", config_.window, ") with context parallelism "
+                        "(cp=", ctx.cp.size(), ") is not available yet: use --context-parallel-size 1 or no --window-size");
   }
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
@@ -163,7 +169,7 @@ class SelfAttention {
     const bool plan_backward = backward && config_.dropout <= 0;
     if (!context_parallel_) {
       ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, plan_backward,
-                                               packed_view().strides);
+                                               options_of(packed_view().strides, {}));
       return;
     }
     const ContextParallelSplit split = context_parallel_split(ctx, s / ctx.cp.size());
@@ -237,7 +243,7 @@ class SelfAttention {
       const T* packed = saved.packed.data();
       ctx.device.template attention_forward<T>(packed, packed + view.k_offset, packed + view.v_offset, s, b, heads_local_,
                                                groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
-                                               AttentionOptions{view.strides, saved.dropout});
+                                               options_of(view.strides, saved.dropout));
     } else {
       saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
       saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
@@ -251,7 +257,7 @@ class SelfAttention {
       }
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_,
                                                groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
-                                               AttentionOptions{AttentionStrides{}, saved.dropout});
+                                               options_of(AttentionStrides{}, saved.dropout));
     }
   }
 
@@ -372,7 +378,7 @@ class SelfAttention {
       ctx.device.template attention_backward<T>(dcontext.data(), packed, packed + view.k_offset, packed + view.v_offset,
                                                 saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_,
                                                 d, scale(), dpacked, dpacked + view.k_offset,
-                                                dpacked + view.v_offset, AttentionOptions{view.strides, saved.dropout});
+                                                dpacked + view.v_offset, options_of(view.strides, saved.dropout));
       return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
     }
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
@@ -380,7 +386,7 @@ class SelfAttention {
     ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
                                               saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_, d,
                                               scale(), dq.data(), dk.data(), dv.data(),
-                                              AttentionOptions{AttentionStrides{}, saved.dropout});
+                                              options_of(AttentionStrides{}, saved.dropout));
     if constexpr (std::is_same_v<Position, rope>) {
       ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0, config_.rope);
       ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0, config_.rope);
@@ -421,6 +427,8 @@ class SelfAttention {
 
   static AttentionConfig validated(AttentionConfig c, int tp) {
     if (std::is_same_v<Grouping, mha> || c.num_query_groups == 0) c.num_query_groups = c.num_heads;
+    if (c.window < -1)
+      fail<ConfigError>("SelfAttention: window=", c.window, " must be -1 (no sliding window) or a number of keys >= 0");
     if (c.num_heads <= 0 || c.hidden_size <= 0)
       fail<ConfigError>("SelfAttention: num_attention_heads=", c.num_heads, " and hidden_size=", c.hidden_size, " must be positive");
     if (c.kv_channels < 0)
@@ -455,6 +463,13 @@ class SelfAttention {
   }
 
  private:
+  // The options of this layer's (non-context-parallel) attention calls: its window with `strides`
+  // and `dropout`.
+  AttentionOptions options_of(AttentionStrides strides, AttentionDropout dropout) const {
+    AttentionOptions options{strides, dropout};
+    options.window = config_.window;
+    return options;
+  }
   A scale() const { return A(1) / std::sqrt(A(head_dim_)); }
   // The local heads as views of the packed projection, or is_view = false where they are not one
   // (several groups of several query heads) or RoPE must rewrite q and k first.

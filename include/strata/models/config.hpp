@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "../backend/activation_options.hpp"
 #include "../backend/moe_routing.hpp"
@@ -76,6 +77,17 @@ struct ModelConfig {
   MlpActivation activation = MlpActivation::preset;  // --swiglu / --squared-relu / --quick-geglu (preset: the model's)
   double activation_clamp = 0.0;    // --activation-func-clamp-value (gated activations; 0: none)
   double glu_linear_offset = 0.0;   // --glu-linear-offset (gated activations)
+  int window_size = -1;             // --window-size's left bound: query i sees keys i - window .. i (-1: all)
+  std::vector<int> window_layers;   // --window-attn-skip-freq: 1 where a layer has the window (empty: every layer)
+
+  // The window of layer `layer` (0-based): window_size where the layer has one, else -1.
+  int layer_window(int layer) const {
+    if (window_size < 0) return -1;
+    if (window_layers.empty()) return window_size;
+    return layer >= 0 && layer < static_cast<int>(window_layers.size()) && window_layers[static_cast<std::size_t>(layer)] != 0
+               ? window_size
+               : -1;
+  }
 
   // The head dimension: kv_channels, or hidden_size / num_attention_heads when it is 0.
   int head_dim() const { return kv_channels != 0 ? kv_channels : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0); }
@@ -183,6 +195,20 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original context, got ",
                       m.rope_low_freq_factor, ", ", m.rope_high_freq_factor, ", ", m.rope_original_max_positions,
                       " (Llama 3.1: 1, 4, 8192)");
+  if (m.window_size < -1)
+    fail<ConfigError>("window_size=", m.window_size, " must be -1 (no sliding window) or a number of keys >= 0 (Mistral: 4095)");
+  if (!m.window_layers.empty()) {
+    if (static_cast<int>(m.window_layers.size()) != m.num_layers)
+      fail<ConfigError>("the sliding-window pattern (--window-attn-skip-freq) has ", m.window_layers.size(),
+                        " entries for num_layers=", m.num_layers, "; give one 1 (window) or 0 (full attention) per layer");
+    for (const int x : m.window_layers)
+      if (x != 0 && x != 1)
+        fail<ConfigError>("the sliding-window pattern (--window-attn-skip-freq) holds ", x,
+                          "; each layer is 1 (window) or 0 (full attention)");
+  }
+  if (m.window_size >= 0 && p.cp > 1)
+    fail<ConfigError>("window_size=", m.window_size, " with context parallelism (cp=", p.cp,
+                      ") is not available yet: train with --context-parallel-size 1, or without --window-size");
   if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
     fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
   if (m.moe.enabled() && (m.activation == MlpActivation::squared_relu || m.activation == MlpActivation::quick_geglu ||

@@ -157,7 +157,7 @@ class DecoderModel {
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout,
                                                   config.apply_layernorm_1p},
-                           attention_config(config, linear_bias), mlp_config(config, linear_bias));
+                           attention_config(config, linear_bias, static_cast<int>(i)), mlp_config(config, linear_bias));
     }
     if (stage.has_head) {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p);
@@ -553,7 +553,7 @@ class DecoderModel {
     }
   }
 
-  static AttentionConfig attention_config(const ModelConfig& config, bool linear_bias) {
+  static AttentionConfig attention_config(const ModelConfig& config, bool linear_bias, int layer) {
     AttentionConfig c{config.hidden_size, config.num_attention_heads, config.num_query_groups,
                       config.rope_base,   linear_bias,                config.attention_dropout};
     c.kv_channels = config.kv_channels;
@@ -568,6 +568,7 @@ class DecoderModel {
     c.rope.low_freq_factor = config.rope_low_freq_factor;
     c.rope.high_freq_factor = config.rope_high_freq_factor;
     c.rope.original_max_positions = config.rope_original_max_positions;
+    c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
     return c;
   }
 
