@@ -273,7 +273,7 @@ void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, co
 // one reduce-scatter hands every rank the sums of its own chunks. It moves the same bytes as the
 // ring without the overlap, and holds every rank's keys and values at once.
 
-template <class T, class A, class Context>
+template <class T, class Context>
 Tensor<T, typename Context::space> gather_over_cp(Context& ctx, const ContextParallelSplit& split, const T* x,
                                                   index_t numel) {
   using Space = typename Context::space;
@@ -290,7 +290,7 @@ void allgather_attention_forward(Context& ctx, const ContextParallelSplit& split
                                  AttentionDropout dropout) {
   using Space = typename Context::space;
   const index_t kv_numel = 2 * split.chunk * b * groups * d;
-  const auto all_k = gather_over_cp<T, A>(ctx, split, k, kv_numel), all_v = gather_over_cp<T, A>(ctx, split, v, kv_numel);
+  const auto all_k = gather_over_cp<T>(ctx, split, k, kv_numel), all_v = gather_over_cp<T>(ctx, split, v, kv_numel);
   auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, false);
   const AttentionOptions base{AttentionStrides{}, dropout};
   for (int step = 0; step < split.size; ++step) {
@@ -308,7 +308,7 @@ void allgather_attention_backward(Context& ctx, const ContextParallelSplit& spli
   using Space = typename Context::space;
   using Comm = typename Context::communicator_type;
   const index_t kv_numel = 2 * split.chunk * b * groups * d;
-  const auto all_k = gather_over_cp<T, A>(ctx, split, k, kv_numel), all_v = gather_over_cp<T, A>(ctx, split, v, kv_numel);
+  const auto all_k = gather_over_cp<T>(ctx, split, k, kv_numel), all_v = gather_over_cp<T>(ctx, split, v, kv_numel);
   auto all_dk = Tensor<T, Space>::zeros(all_k.shape()), all_dv = Tensor<T, Space>::zeros(all_k.shape());
   auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, true);
   ctx.device.template fill<T>(dq, 2 * split.chunk * b * heads * d, 0.0);
