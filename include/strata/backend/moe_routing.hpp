@@ -102,8 +102,6 @@ STRATA_HOST_DEVICE double score(const A* z, const RowStats<A>& stats, MoeRouting
   return r.score == MoeScore::softmax ? stats.softmax(z, e) : sigmoid(static_cast<double>(z[e]));
 }
 
-// z: [experts] logits; bias: [experts] or null; writes idx[k], w[k], and aux[experts] and *lse when
-// not null.
 // The value expert e is chosen by: its logit (softmax after the choice) or its score, plus the bias.
 template <class A>
 STRATA_HOST_DEVICE double choice_value(const A* z, const RowStats<A>& stats, MoeRouting r, const A* bias, index_t e) {
@@ -147,6 +145,8 @@ STRATA_HOST_DEVICE std::uint64_t kept_groups(const A* z, const RowStats<A>& stat
   return kept;
 }
 
+// z: [experts] logits; bias: [experts] or null; writes idx[k], w[k], and aux[experts] and *lse when
+// not null.
 template <class A>
 STRATA_HOST_DEVICE void route_row(const A* z, index_t experts, index_t k, MoeRouting r, const A* bias, std::int32_t* idx,
                                   A* w, A* aux, A* lse) {
