@@ -138,6 +138,30 @@ void random_values(std::mt19937_64& gen, std::size_t n, std::vector<T>& t, std::
   for (std::size_t i = 0; i < n; ++i) ref[i] = to_double(t[i] = T(normal(gen)));
 }
 
+// A case's random q, k, v and dout rounded to T (h*) and the same values in double (r*), their
+// sizes (q and out, k and v, lse) and the softmax scale 1 / sqrt(d).
+template <class T>
+struct CaseInputs {
+  std::size_t nq, nk, nl;
+  std::vector<T> hq, hk, hv, hdo;
+  std::vector<double> rq, rk, rv, rdo;
+  double scale;
+};
+template <class T>
+CaseInputs<T> random_inputs(const Shape& x, std::uint64_t seed) {
+  CaseInputs<T> in;
+  in.nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
+  in.nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
+  in.nl = static_cast<std::size_t>(x.b * x.heads * x.s);
+  std::mt19937_64 gen(seed);
+  random_values(gen, in.nq, in.hq, in.rq);
+  random_values(gen, in.nk, in.hk, in.rk);
+  random_values(gen, in.nk, in.hv, in.rv);
+  random_values(gen, in.nq, in.hdo, in.rdo);
+  in.scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+  return in;
+}
+
 // One contiguous case against the CPU twin in double with the same options.
 template <class T>
 void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, const AttentionDropout& dropout,
@@ -146,17 +170,7 @@ void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, c
   plans.prefer_cudnn(prefer_cudnn);
   const std::string name = std::string(type_name<T>()) + (prefer_cudnn ? " cudnn-preferred " : " ") + x.str() + " " +
                            dropout_str(dropout);
-  const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
-  const std::size_t nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
-  const std::size_t nl = static_cast<std::size_t>(x.b * x.heads * x.s);
-  std::mt19937_64 gen(seed);
-  std::vector<T> hq, hk, hv, hdo;
-  std::vector<double> rq, rk, rv, rdo;
-  random_values(gen, nq, hq, rq);
-  random_values(gen, nk, hk, rk);
-  random_values(gen, nk, hv, rv);
-  random_values(gen, nq, hdo, rdo);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+  auto [nq, nk, nl, hq, hk, hv, hdo, rq, rk, rv, rdo, scale] = random_inputs<T>(x, seed);
   const AttentionOptions options{AttentionStrides{}, dropout};
 
   std::vector<double> rout(nq), rlse(nl), rdq(nq), rdk(nk), rdv(nk), plain_out(nq), plain_lse(nl);
@@ -242,17 +256,7 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
                 (long long)options.query_offset, (long long)options.key_offset, (long long)options.window);
   const std::string name = std::string(type_name<T>()) + (prefer_cudnn ? " cudnn-preferred" : "") + tag + x.str() +
                            " " + dropout_str(options.dropout);
-  const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
-  const std::size_t nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
-  const std::size_t nl = static_cast<std::size_t>(x.b * x.heads * x.s);
-  std::mt19937_64 gen(seed);
-  std::vector<T> hq, hk, hv, hdo;
-  std::vector<double> rq, rk, rv, rdo;
-  random_values(gen, nq, hq, rq);
-  random_values(gen, nk, hk, rk);
-  random_values(gen, nk, hv, rv);
-  random_values(gen, nq, hdo, rdo);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+  auto [nq, nk, nl, hq, hk, hv, hdo, rq, rk, rv, rdo, scale] = random_inputs<T>(x, seed);
   std::vector<double> rout(nq), rlse(nl), rdq(nq), rdk(nk), rdv(nk), other_out(nq), other_lse(nl);
   strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
                                          rout.data(), rlse.data(), options);
