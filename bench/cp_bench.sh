@@ -39,34 +39,18 @@ llama=$build/examples/train_llama
 torchrun=(torchrun)
 command -v torchrun >/dev/null 2>&1 || torchrun=(python3 -m torch.distributed.run)
 
-shape=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --num-query-groups 8 --ffn-hidden-size 8192
+shape=(--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --group-query-attention --num-query-groups 8 --ffn-hidden-size 8192
        --vocab-size 32000 --micro-batch-size 1 --global-batch-size 1 --tensor-model-parallel-size 1)
 common=(--device cuda --bf16 --mock-data-random --train-iters "$iters" --log-interval 1 --eval-iters 0 --sample-tokens 0
         --lr 3e-4 --lr-warmup-iters 1 --seed 1234 --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1
         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --no-deterministic-attention)
 
 # strata RUN NPROC ARGS...: the trainer alone (1), or one process per GPU with torchrun's variables.
+source "$here/launch.sh"
 strata() {
   local run=$1 n=$2
   shift 2
-  rm -f "$out/$run".rank*.log
-  if [[ $n == 1 ]]; then
-    echo "  $llama $* --world-size 1" >"$out/$run.cmd"
-    timeout "$run_timeout" "$llama" "$@" --world-size 1 >"$out/$run.rank0.log" 2>&1
-    echo "exit $?" >>"$out/$run.rank0.log"
-    return
-  fi
-  local port=$((20000 + RANDOM % 12000)) pids=() r
-  echo "  RANK=r WORLD_SIZE=$n LOCAL_RANK=r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $llama $*" >"$out/$run.cmd"
-  for ((r = 0; r < n; ++r)); do
-    env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      timeout "$run_timeout" "$llama" "$@" >"$out/$run.rank$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for ((r = 0; r < n; ++r)); do
-    wait "${pids[$r]}"
-    echo "exit $?" >>"$out/$run.rank$r.log"
-  done
+  launch_ranks "$run" "$n" "$llama" "$@"
 }
 peer() {
   local run=$1 n=$2

@@ -283,7 +283,7 @@ for suite in $suites; do
     pp)
       echo "pp: Llama ${PP_L}x${PP_D}, tp=$pp_tp x pp=2, seq $PP_T, global batch $PP_GLOBAL, p2p overlap: $pp_overlaps ..."
       model="L=$PP_L D=$PP_D H=$PP_H G=$PP_G F=$PP_F T=$PP_T V=$PP_V TP=$pp_tp"
-      shape=(--num-layers "$PP_L" --hidden-size "$PP_D" --num-attention-heads "$PP_H" --num-query-groups "$PP_G"
+      shape=(--num-layers "$PP_L" --hidden-size "$PP_D" --num-attention-heads "$PP_H" --group-query-attention --num-query-groups "$PP_G"
              --ffn-hidden-size "$PP_F" --seq-length "$PP_T" --vocab-size "$PP_V" --micro-batch-size 1
              --global-batch-size "$PP_GLOBAL" --tensor-model-parallel-size "$pp_tp" --pipeline-model-parallel-size 2)
       ((pp_tp > 1)) && shape+=(--sequence-parallel)
