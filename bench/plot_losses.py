@@ -1,0 +1,99 @@
+"""Loss curves of strata trainer logs, as an SVG picture and a table (no dependencies).
+
+    python3 bench/plot_losses.py --out curves.svg --reference bf16 --from 200 bf16=a.log tensorwise=b.log
+
+Reads the log lines "iteration N/ M | loss X | ... | T tokens/s | ..." of each NAME=LOG. Prints a
+markdown table: per curve the last logged loss, the mean tokens/s of the lines after the first two,
+and, against the reference curve at the same iterations after --from, the largest and the mean
+relative distance |loss - reference| / reference. Writes the curves (loss against iteration) to --out.
+"""
+import argparse
+import re
+import sys
+
+LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \| loss ([\d.eE+-]+|nan|inf)(?:.*?\|\s+(\d+) tokens/s)?")
+COLOURS = ["#1f4e9c", "#c8402a", "#2a8c4a", "#8a4fb0", "#b08a1f", "#333333"]
+
+
+def read(path):
+    points, rates = [], []
+    for line in open(path, errors="replace"):
+        m = LINE.search(line)
+        if m:
+            points.append((int(m.group(1)), float(m.group(2))))
+            if m.group(3):
+                rates.append(float(m.group(3)))
+    return points, rates
+
+
+def svg(curves, path, title):
+    width, height, left, right, top, bottom = 900, 520, 70, 170, 40, 50
+    xs = [i for pts in curves.values() for i, _ in pts]
+    ys = [v for pts in curves.values() for _, v in pts if v == v and v < float("inf")]
+    if not xs or not ys:
+        return
+    x0, x1 = min(xs), max(xs)
+    ys_sorted = sorted(ys)
+    y0, y1 = ys_sorted[0], ys_sorted[int(0.98 * (len(ys_sorted) - 1))]  # the first steps' losses off the top
+    y1 = y1 if y1 > y0 else y0 + 1
+
+    def px(i):
+        return left + (i - x0) / max(x1 - x0, 1) * (width - left - right)
+
+    def py(v):
+        return top + (1 - (min(v, y1) - y0) / (y1 - y0)) * (height - top - bottom)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="{left}" y="22" font-size="14">{title}</text>',
+             f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="black"/>']
+    for k in range(6):
+        v = y0 + k * (y1 - y0) / 5
+        parts.append(f'<text x="{left - 8}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')
+        parts.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{width - right}" y2="{py(v):.1f}" stroke="#ddd"/>')
+        i = x0 + k * (x1 - x0) / 5
+        parts.append(f'<text x="{px(i):.1f}" y="{height - bottom + 18}" text-anchor="middle">{i:.0f}</text>')
+    parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 10}" text-anchor="middle">iteration</text>')
+    parts.append(f'<text x="16" y="{(top + height - bottom) / 2}" transform="rotate(-90 16 {(top + height - bottom) / 2})" '
+                 'text-anchor="middle">loss (mean of the log interval)</text>')
+    for n, (name, pts) in enumerate(curves.items()):
+        colour = COLOURS[n % len(COLOURS)]
+        line = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in pts if v == v and v < float("inf"))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.4" points="{line}"/>')
+        parts.append(f'<line x1="{width - right + 15}" y1="{top + 20 * n + 6}" x2="{width - right + 40}" '
+                     f'y2="{top + 20 * n + 6}" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<text x="{width - right + 46}" y="{top + 20 * n + 10}">{name}</text>')
+    parts.append("</svg>")
+    open(path, "w").write("\n".join(parts) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--reference", required=True)
+    p.add_argument("--from", dest="start", type=int, default=200)
+    p.add_argument("--title", default="strata GPT 350M on the shipped corpus, one GPU: loss per iteration")
+    p.add_argument("curves", nargs="+", help="NAME=LOG")
+    a = p.parse_args()
+    curves, rates = {}, {}
+    for spec in a.curves:
+        name, _, path = spec.partition("=")
+        curves[name], rates[name] = read(path)
+    ref = dict(curves.get(a.reference, []))
+    print(f"| run | iterations logged | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean |")
+    print("|---|---|---|---|---|---|")
+    for name, pts in curves.items():
+        r = rates[name][2:] or rates[name]
+        rate = f"{sum(r) / len(r):,.0f}" if r else "-"
+        last = f"{pts[-1][1]:.4f} (it. {pts[-1][0]})" if pts else "no loss lines"
+        dist = [abs(v - ref[i]) / ref[i] for i, v in pts if i > a.start and i in ref and ref[i] > 0]
+        far = f"{100 * max(dist):.2f}%" if dist and name != a.reference else "-"
+        mean = f"{100 * sum(dist) / len(dist):.2f}%" if dist and name != a.reference else "-"
+        print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} |")
+    svg(curves, a.out, a.title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
