@@ -16,6 +16,8 @@
 #           tp2-dp2-distopt   tp=2 + SP x dp=2, distributed optimizer, gradient reduce and parameter
 #                             gather overlapped, --tp-comm-overlap
 #           tp2-cp2           tp=2 + SP x cp=2 (ring attention), distributed optimizer over the cp group
+#           dp4-distopt       dp=4, distributed optimizer, gradient reduce and parameter gather overlapped
+#                             (102 GiB per GPU without recompute: on 80 GiB cards it falls back to recompute)
 #           pp4-zb            pp=4, zero-bubble schedule, --overlap-p2p-communication
 #   8 GPUs  tp8, tp4-dp2-distopt, tp2-pp2-dp2 (interleaved), tp2-cp2-dp2, and a Mixtral-shaped MoE
 #           (mixtral-ep8: 16 layers of hidden 4096, 8 experts of width 14336, top-2, ep=8 x dp=8 with the
@@ -26,8 +28,10 @@
 #
 # The peer (STRATA_SCALE_PEER=0 skips it): bench/peers/torchtitan_llama.py, torchtitan's Llama 3 8B
 # with its own FSDP2 + tensor-parallel code and torch.compile, under torchrun on the same GPUs at the
-# same global batch, for each of STRATA_SCALE_PEER_LAYOUTS (default "fsdp4 tp2-fsdp2" on 4 GPUs,
-# "fsdp8 tp2-fsdp4" on 8). torchtitan and what it imports must be importable (PYTHONPATH).
+# local batches of STRATA_SCALE_PEER_LAYOUTS (layout:local-batch, default "fsdp4:4 fsdp4:2 tp2-fsdp2:4"
+# on 4 GPUs, fsdp4:4 being strata's global batch of 16; "fsdp8:4 fsdp8:2 tp2-fsdp4:4" on 8), timing
+# STRATA_SCALE_PEER_STEPS (5) steps after STRATA_SCALE_PEER_WARMUP (3), the first of which compiles.
+# torchtitan and what it imports must be importable (PYTHONPATH; the peer's docstring lists the wheels).
 # The kill (STRATA_SCALE_KILL=0 skips it): the layout STRATA_SCALE_KILL_LAYOUT (default
 # tp2-dp2-distopt on 4 GPUs, tp4-dp2-distopt on 8) runs with --distributed-timeout-minutes 0.5;
 # after rank 0's second iteration the last rank is killed (SIGKILL); the row gives the seconds from
@@ -64,6 +68,8 @@ run_timeout=${STRATA_SCALE_TIMEOUT:-300}
 dtype=${STRATA_SCALE_DTYPE:-bf16}
 tiny=${STRATA_SCALE_TINY:-0}
 parts=${STRATA_SCALE_PARTS:-strata peer kill}
+[[ ${STRATA_SCALE_PEER:-1} == 0 ]] && parts=${parts//peer/}
+[[ ${STRATA_SCALE_KILL:-1} == 0 ]] && parts=${parts//kill/}
 peak_tflops=${STRATA_SCALE_PEAK_TFLOPS:-989}
 plan=${STRATA_SCALE_PLAN:-$build/examples/tools/strata-plan}
 [[ $dtype == bf16 || $dtype == fp8 ]] || { echo "STRATA_SCALE_DTYPE=$dtype: use bf16 or fp8" >&2; exit 1; }
@@ -118,6 +124,7 @@ layouts_all=(
   "tp2-pp2-interleaved|4|llama|tp=2 + SP x pp=2, interleaved (2 chunks/rank)|2 2 interleaved/$vpp 1 1 1 off|none selective full|--tensor-model-parallel-size 2 --sequence-parallel $tpo --pipeline-model-parallel-size 2 --pipeline-schedule interleaved --num-layers-per-virtual-pipeline-stage $vpp --overlap-p2p-communication"
   "tp2-dp2-distopt|4|llama|tp=2 + SP x dp=2, distributed optimizer, overlaps|2 1 - 2 1 1 on|none selective full|--tensor-model-parallel-size 2 --sequence-parallel $tpo --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
   "tp2-cp2|4|llama|tp=2 + SP x cp=2 ring, distributed optimizer|2 1 - 1 2 1 on|none selective full|--tensor-model-parallel-size 2 --sequence-parallel $tpo --context-parallel-size 2 --cp-comm-type p2p --use-distributed-optimizer"
+  "dp4-distopt|4|llama|dp=4, distributed optimizer, overlaps|1 1 - 4 1 1 on|none selective full|--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
   "pp4-zb|4|llama|pp=4, zero-bubble|1 4 zero-bubble 1 1 1 off|selective full|--pipeline-model-parallel-size 4 --pipeline-schedule zero-bubble --overlap-p2p-communication"
   "tp8|8|llama|tp=8 + SP, TP overlap|8 1 - 1 1 1 off|none selective full|--tensor-model-parallel-size 8 --sequence-parallel $tpo"
   "tp4-dp2-distopt|8|llama|tp=4 + SP x dp=2, distributed optimizer, overlaps|4 1 - 2 1 1 on|none selective full|--tensor-model-parallel-size 4 --sequence-parallel $tpo --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"
@@ -166,17 +173,18 @@ fi
 if [[ " $parts " == *" peer "* ]]; then
   torchrun=(torchrun)
   command -v torchrun >/dev/null 2>&1 || torchrun=(python3 -m torch.distributed.run)
-  default_peer="fsdp4 tp2-fsdp2"
-  ((gpus >= 8)) && default_peer="fsdp8 tp2-fsdp4"
-  for layout in ${STRATA_SCALE_PEER_LAYOUTS:-$default_peer}; do
-    run=torchtitan-$layout
-    echo "peer: torchtitan $layout ..."
+  default_peer="fsdp4:4 fsdp4:2 tp2-fsdp2:4"
+  ((gpus >= 8)) && default_peer="fsdp8:4 fsdp8:2 tp2-fsdp4:4"
+  for spec in ${STRATA_SCALE_PEER_LAYOUTS:-$default_peer}; do
+    layout=${spec%%:*} local_batch=${spec#*:}
+    run=torchtitan-$layout-b$local_batch
+    echo "peer: torchtitan $layout, local batch $local_batch ..."
     cmd=("${torchrun[@]}" --standalone --nproc-per-node "$gpus" "$here/peers/torchtitan_llama.py" --layout "$layout"
-         --seq "$T" --global-batch "$global" --steps $((iters - warmup)) --warmup "$warmup")
+         --seq "$T" --local-batch "$local_batch" --steps "${STRATA_SCALE_PEER_STEPS:-5}" --warmup "${STRATA_SCALE_PEER_WARMUP:-3}")
     echo "  ${cmd[*]}" >"$out/$run.cmd"
     timeout "$run_timeout" "${cmd[@]}" >"$out/$run.log" 2>&1
     echo "exit $?" >>"$out/$run.log"
-    record peer "$run" "$layout" "$gpus" "torchtitan $layout" - - ""
+    record peer "$run" "$run" "$gpus" "torchtitan $layout, local batch $local_batch" - - ""
   done
 fi
 

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include <strata/backend/cpu/fp8.hpp>
 #include <strata/core/fp8.hpp>
 
 using strata::Fp8Format;
@@ -145,6 +147,27 @@ TEST(Fp8Types, StorageTypesConvertThroughFloat) {
   EXPECT_EQ(strata::fp8_e4m3::from_bits(0x01).bits, 0x01);
   EXPECT_EQ(float(strata::fp8_e4m3::from_bits(0x01)), std::ldexp(1.0f, -9));
   EXPECT_EQ(float(strata::fp8_e5m2::from_bits(0x01)), std::ldexp(1.0f, -16));
+}
+
+// The amax of a tensor holding a NaN is the canonical quiet NaN (bits 0x7fc00000) whatever the
+// NaN's sign and payload, and a NaN beats infinity: the GPU kernels give the same bits (the GPU
+// suite compares them), where the hardware's fabs may return another NaN.
+TEST(Fp8Amax, NanIsCanonicalAndWins) {
+  for (std::uint32_t nan_bits : {0x7fc00000u, 0xffc00000u, 0x7fc00001u, 0x7f800001u, 0xffffffffu}) {
+    const std::vector<float> x = {1.0f, -std::numeric_limits<float>::infinity(), std::bit_cast<float>(nan_bits), -3.0f};
+    float amax = 0.5f, cast_amax = 0.0f;
+    strata::cpu::fp8_amax<float>(x.data(), static_cast<strata::index_t>(x.size()), &amax);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(amax), 0x7fc00000u) << std::hex << nan_bits;
+    std::vector<std::uint8_t> codes(x.size());
+    const float scale = 1.0f;
+    strata::cpu::fp8_cast<float>(x.data(), static_cast<strata::index_t>(x.size()), Fp8Format::e4m3, &scale, codes.data(),
+                                 &cast_amax);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(cast_amax), 0x7fc00000u) << std::hex << nan_bits;
+  }
+  const std::vector<float> finite = {1.0f, -std::numeric_limits<float>::infinity(), -3.0f};
+  float amax = 0.0f;
+  strata::cpu::fp8_amax<float>(finite.data(), 3, &amax);
+  EXPECT_EQ(amax, std::numeric_limits<float>::infinity());
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8Conversion, ::testing::Values(Fp8Format::e4m3, Fp8Format::e5m2),

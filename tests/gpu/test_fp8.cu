@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <strata/backend/cpu/fp8.hpp>
@@ -160,7 +161,12 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
     device.fp8_gemm<C>(ta, tb, m, n, k, da.data(), fa, scales.data(), db.data(), fb, scales.data() + 1, dc.data(), accumulate);
     device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), run == 0 ? got.data() : again.data());
   }
-  const double error = relative_error(got, want), tol = tolerance<C>();
+  // The accumulation bound: Hopper's FP8 tensor cores add their products in an accumulator
+  // narrower than float (about 14 mantissa bits; cuBLASLt promotes the partial sums to float at
+  // intervals along k), so a float output differs from the CPU twin's float sum by about 1e-4 of its
+  // size (seen on an H100: 2e-5 at k = 16 to 1.1e-4 at k = 2048); 5e-4 leaves room over that and is
+  // far below the casts' own error (an E4M3 step is 1/8 of a value). A bf16 output is bounded by its own rounding (tolerance<bf16>).
+  const double error = relative_error(got, want), tol = std::is_same_v<C, float> ? 5e-4 : tolerance<C>();
   results.record(error <= tol && same_bits(got, again),
                  "fp8_gemm<" + type_name<C>() + "> ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " " +
                      std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +

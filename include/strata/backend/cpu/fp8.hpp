@@ -34,6 +34,9 @@ namespace cpu {
 namespace detail {
 // max over non-negative floats and NaN by their bits (NaN's bits are the largest): the order the
 // GPU's integer atomicMax gives.
+// |v| for the amax: any NaN becomes the canonical quiet NaN (bits 0x7fc00000), so the result does
+// not depend on a NaN's payload or sign, here or on the GPU.
+inline float amax_abs(float v) { return std::isnan(v) ? std::bit_cast<float>(0x7fc00000u) : std::fabs(v); }
 inline float amax_combine(float a, float b) {
   return std::bit_cast<std::uint32_t>(a) >= std::bit_cast<std::uint32_t>(b) ? a : b;
 }
@@ -42,7 +45,7 @@ inline float amax_combine(float a, float b) {
 template <class T>
 void fp8_amax(const T* x, index_t n, float* amax) {
   float m = *amax;
-  for (index_t i = 0; i < n; ++i) m = detail::amax_combine(m, std::fabs(static_cast<float>(x[i])));
+  for (index_t i = 0; i < n; ++i) m = detail::amax_combine(m, detail::amax_abs(static_cast<float>(x[i])));
   *amax = m;
 }
 
@@ -52,7 +55,7 @@ void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::
   float m = amax ? *amax : 0.0f;
   for (index_t i = 0; i < n; ++i) {
     const float v = static_cast<float>(x[i]);
-    m = detail::amax_combine(m, std::fabs(v));
+    m = detail::amax_combine(m, detail::amax_abs(v));
     out[i] = fp8_encode(v * s, format);
   }
   if (amax) *amax = m;

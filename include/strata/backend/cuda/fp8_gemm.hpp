@@ -12,7 +12,8 @@
 // [m, k] and op(B) = B^T with B stored [n, k]: the forward y = x W^T as it is; the layers cast the
 // gradient GEMMs' operands transposed (fp8_cast_transpose) so theirs are TN too. Other transposes
 // are served by transposing the codes into scratch first (one byte per element, fp8_transpose). cuBLASLt also wants k, and the leading dimensions, to be
-// multiples of 16: a shape the heuristic has no algorithm for is refused with the shape named.
+// multiples of 16: a shape the heuristic has no algorithm for is refused with the shape named. Its
+// scale pointers must be 16-byte aligned too (see fp8_gemm_tn).
 #pragma once
 
 #include <cublasLt.h>
@@ -48,6 +49,18 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
                       "format keeps weights and activations in E4M3)");
   if (m == 0 || n == 0) return;
+  // cuBLASLt runs an FP8 GEMM only when both scale pointers are 16-byte aligned (an offset of 4 or
+  // 8 bytes gives CUBLAS_STATUS_NOT_SUPPORTED on Hopper with cuBLASLt 13.1, for every algorithm the
+  // heuristic offers); the scaling rows hold the inverse scales at any float offset, so unaligned
+  // ones are first copied into an aligned pair (one single-thread kernel on the stream).
+  Tensor<float, space::cuda> aligned;
+  const auto misaligned = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
+  if (misaligned(a_scale_inv) || misaligned(b_scale_inv)) {
+    aligned = Tensor<float, space::cuda>::empty(Shape{8});
+    kernels::fp8_align_scales(a_scale_inv, b_scale_inv, aligned.data(), stream);
+    a_scale_inv = aligned.data();
+    b_scale_inv = aligned.data() + 4;
+  }
   detail::gemm_key key{};
   key.data_type = 1000 + static_cast<int>(fa) * 2 + static_cast<int>(fb);  // FP8 types, apart from gemm()'s keys
   key.output_type = static_cast<int>(detail::fp8_output_type<C>());
@@ -95,7 +108,7 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     int found = 0;
     STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
                                                        p.out_c.handle, p.out_d.handle, preference.handle, 1, &result, &found));
-    if (found == 0)
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
       fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
                         " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");

@@ -6,9 +6,10 @@
 //                       tile, with amax
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
+//   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
 //
-// The amax is a max over the bits of non-negative floats (NaN's bits are the largest, so NaN wins,
-// as on the CPU): each block reduces its threads' maxima with warp shuffles and one atomicMax, so
+// The amax is a max over the bits of non-negative floats (a NaN counts as the canonical quiet NaN,
+// whose bits are the largest, so NaN wins, as on the CPU): each block reduces its threads' maxima with warp shuffles and one atomicMax, so
 // the result does not depend on the launch shape or on timing. The cast uses the hardware's
 // cvt.rn.satfinite (`__nv_cvt_float_to_fp8`) on sm_89 and newer and core/fp8.hpp's integer
 // conversion elsewhere; the GPU suite checks they agree on every float.
@@ -37,6 +38,11 @@ __device__ __forceinline__ float fp8_load(const T* x, index_t i) {
   return static_cast<float>(unpack<T>(reinterpret_cast<const storage_t<T>*>(x)[i]));
 }
 
+// |v| as the bits the amax compares: any NaN becomes the canonical quiet NaN 0x7fc00000 (above
+// every finite float and infinity), as on the CPU, whatever payload the input or the hardware's
+// fabs gives it.
+__device__ __forceinline__ unsigned fp8_abs_bits(float v) { return isnan(v) ? 0x7fc00000u : __float_as_uint(fabsf(v)); }
+
 // The block's max of `bits` into *amax (bits of non-negative floats, compared as unsigned).
 __device__ __forceinline__ void fp8_block_amax(unsigned bits, float* amax) {
   __shared__ unsigned warp_max[32];
@@ -56,7 +62,7 @@ template <class T>
 __global__ void fp8_amax_kernel(const T* x, index_t n, float* amax) {
   unsigned bits = 0;
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
-    bits = max(bits, __float_as_uint(fabsf(fp8_load(x, i))));
+    bits = max(bits, fp8_abs_bits(fp8_load(x, i)));
   fp8_block_amax(bits, amax);
 }
 
@@ -66,7 +72,7 @@ __global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const f
   unsigned bits = 0;
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
     const float v = fp8_load(x, i);
-    bits = max(bits, __float_as_uint(fabsf(v)));
+    bits = max(bits, fp8_abs_bits(v));
     out[i] = fp8_round(v * s, format);
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -85,7 +91,7 @@ __global__ void fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols
         const index_t row = tile_row + r, col = tile_col + threadIdx.x;
         if (row < rows && col < cols) {
           const float v = fp8_load(x, row * cols + col);  // x (rows, cols)
-          bits = max(bits, __float_as_uint(fabsf(v)));
+          bits = max(bits, fp8_abs_bits(v));
           const std::uint8_t q = fp8_round(v * s, format);
           if (out) out[row * cols + col] = q;
           tile[r][threadIdx.x] = q;
@@ -132,6 +138,15 @@ __global__ void fp8_transpose_kernel(const Byte* in, index_t rows, index_t cols,
     }
 }
 
+// out[0] = *a, out[4] = *b: two scale factors into 16-byte aligned slots (cuBLASLt's scale pointers).
+template <class F = float>
+__global__ void fp8_align_scales_kernel(const F* a, const F* b, F* out) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    out[0] = *a;
+    out[4] = *b;
+  }
+}
+
 template <class Args = Fp8UpdateArgs>
 __global__ void fp8_update_scale_kernel(float* row, float max, Args args) {
   if (blockIdx.x == 0 && threadIdx.x == 0) fp8_update_row(row, max, args);
@@ -165,6 +180,10 @@ inline void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, st
   if (rows <= 0 || cols <= 0) return;
   fp8_transpose_kernel<std::uint8_t><<<fp8_tile_grid(rows, cols), dim3(32, 8), 0, stream>>>(in, rows, cols, out);
   check_launch("fp8_transpose");
+}
+inline void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream) {
+  fp8_align_scales_kernel<float><<<1, 1, 0, stream>>>(a, b, out);
+  check_launch("fp8_align_scales");
 }
 static_assert(std::is_trivially_copyable_v<Fp8UpdateArgs>, "kernel arguments are trivially copyable");
 inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
