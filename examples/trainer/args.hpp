@@ -124,6 +124,7 @@ struct TrainArgs {
   bool first_last_layers_bf16 = false;
   int num_layers_at_start_in_bf16 = 1;
   int num_layers_at_end_in_bf16 = 1;
+  bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -467,6 +468,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.first_last_layers_bf16 = a.first_last_layers_bf16;
   o.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
+  o.cache_weights = a.fp8_cache_weights;
   o.validate();
   return o;
 }

@@ -562,6 +562,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (ctx.fp8)
         for (std::size_t i = 0; i < fp8_states.size(); ++i)
           ctx.device.template copy<float>(fp8_states[i].data(), fp8_states[i].numel(), ctx.fp8->states[i]->rows.data());
+      fp8_drop_weight_caches(ctx);  // the warm-up's weight codes were cast with no collective and its scales are gone
       world.set_dry_run(false);
     }
   }
@@ -823,7 +824,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       optimizer.step(ctx, model, lr, gate, decoupled_lr);
       scheduled += global_batch;
     }
-    fp8_after_optimizer_step(ctx);  // delayed FP8 scaling: this step's amaxes into the histories, new scales
+    fp8_after_optimizer_step(ctx);  // FP8: the weight caches dropped; delayed scaling: this step's amaxes, new scales
     consumed += global_batch;
     consumed_after[static_cast<std::size_t>(slot)] = consumed;
     // --exit-interval / --exit-duration-in-mins: save (with --save) and stop after this iteration. The

@@ -1,6 +1,7 @@
 // FP8 training through the trainers' loop on the CPU (emulated casts and GEMMs): tensor, sequence,
 // data and pipeline parallel FP8 runs (also with --tp-comm-overlap) follow the single-rank FP8 run; a run resumed from a
-// checkpoint (amax histories and scales included) follows the straight run bit for bit; FP8 is in
+// checkpoint (amax histories and scales included) follows the straight run bit for bit; the weight
+// cache (one cast per step) equals casting per GEMM bit for bit; FP8 is in
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
 // every layer is the plain run.
 #include <gtest/gtest.h>
@@ -70,6 +71,35 @@ TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
             << recipe << " world=" << l.world << " tp=" << l.tp << " pp=" << l.pp << " sp=" << l.sp << " tp_comm_overlap=" << l.tp_comm_overlap << " iteration " << i + 1;
     }
   }
+}
+
+// The weight cache (each FP8 weight cast once per step) against casting per GEMM: the same run bit
+// for bit, with four micro-batches a step, both recipes, on one rank and at tp=2 + SP (and with
+// full recompute, whose recomputed forwards read the cache too).
+TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
+  for (const std::string recipe : {"delayed", "tensorwise"})
+    for (const int tp : {1, 2})
+      for (const bool recompute : {false, true}) {
+        auto a = tiny_fp8(recipe);
+        a.dtype = "double";
+        a.train_iters = 4;
+        a.eval_interval = 2;  // evaluation forwards between steps fill the cache too
+        a.world_size = tp;
+        a.tensor_model_parallel_size = tp;
+        a.sequence_parallel = tp > 1;
+        a.keep_final_parameters = true;
+        if (recompute) a.recompute_granularity = "full";
+        auto per_gemm = a;
+        per_gemm.fp8_cache_weights = false;
+        const auto cached = trainer::train<strata::models::Gpt>(a);
+        const auto reference = trainer::train<strata::models::Gpt>(per_gemm);
+        const std::string what = recipe + " tp=" + std::to_string(tp) + (recompute ? " full recompute" : "");
+        EXPECT_EQ(cached.losses, reference.losses) << what;
+        EXPECT_EQ(cached.validation_losses, reference.validation_losses) << what;
+        EXPECT_EQ(cached.final_parameters, reference.final_parameters) << what;
+        EXPECT_EQ(cached.losses.size(), 4u) << what;
+        EXPECT_EQ(cached.validation_losses.size(), 2u) << what;
+      }
 }
 
 TEST(TrainingFp8, RunsFp8AndTheLossFalls) {

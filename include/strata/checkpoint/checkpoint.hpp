@@ -788,6 +788,7 @@ TrainState load_checkpoint(const Context& ctx, const std::filesystem::path& dir,
       const std::string name = "fp8." + fp8->name + ".scaling";
       if (checkpoint.has_tensor(name)) checkpoint.read_into(name, fp8->rows, fp8->rows.shape(), ShardSpec::replicated(), read);
     }
+  if (ctx.fp8) ctx.fp8->drop_weight_caches();  // new weights and scales: the FP8 layers cast their weights again
   if (options.load_optimizer) {
     if constexpr (cd::has_state_pieces<Optimizer>) {
       optimizer.for_each_state_piece([&](const StatePiece& piece, auto& main, auto& exp_avg, auto& exp_avg_sq) {

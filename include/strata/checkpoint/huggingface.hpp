@@ -1048,6 +1048,7 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
     }
     strata::copy(p.value, local);  // into the parameter's own storage (a gradient buffer may alias it), on its device
   });
+  if (ctx.fp8) ctx.fp8->drop_weight_caches();  // new weights: the FP8 layers cast them again
 }
 
 // The same, for models::Gpt, models::Llama or a PipelineModel of either (the architecture and the

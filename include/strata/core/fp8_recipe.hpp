@@ -17,11 +17,19 @@
 //
 // A scaling state holds, per tensor role (input, weight, output gradient), one row
 // [history(L) | scale | scale_inv] of floats in the backend's memory, so the casts read the
-// scale and write the amax without the host. `Fp8Scaling` (the state registry) is what a
-// ParallelContext points to when FP8 is on: its options, the states of the layers built under it
-// in construction order (the checkpoint's and the step update's order), and which layers run FP8
-// (Megatron's --first-last-layers-bf16 keeps the first and last transformer layers in bf16; the
-// output layer and the embedding never run FP8).
+// scale and write the amax without the host. Beside it, the weight cache: the layer's weight cast
+// once per optimizer step (Transformer Engine's weight caching), in both layouts, W [out, in] for
+// the forward and W^T [in, out] for the input gradient, made by one fp8_cast_transpose pass that
+// folds (delayed) or takes and reduces (tensorwise) the weight's amax once. A step's weight scale
+// does not change within the step and max is idempotent, so the cached codes are those a cast per
+// GEMM would make, bit for bit. Whatever changes the weights (or the weight's scale) must drop the
+// cache: the optimizer step (fp8_after_optimizer_step), checkpoint and Hugging Face loading, init,
+// and a user's own writes (Fp8Scaling::drop_weight_caches / fp8_drop_weight_caches).
+//
+// `Fp8Scaling` (the state registry) is what a ParallelContext points to when FP8 is on: its
+// options, the states of the layers built under it in construction order (the checkpoint's and the
+// step update's order), and which layers run FP8 (Megatron's --first-last-layers-bf16 keeps the
+// first and last transformer layers in bf16; the output layer and the embedding never run FP8).
 #pragma once
 
 #include <bit>
@@ -55,6 +63,9 @@ struct Fp8Options {
   bool first_last_layers_bf16 = false;
   int num_layers_at_start_in_bf16 = 1;
   int num_layers_at_end_in_bf16 = 1;
+  // Cast each weight once per optimizer step and keep its codes (2 bytes per weight element) until
+  // the weights change; off: cast per GEMM (the same codes; for tests and for memory).
+  bool cache_weights = true;
 
   Fp8Format format_of(Fp8Role role) const {
     return format == Fp8Formats::hybrid && role == Fp8Role::grad_output ? Fp8Format::e5m2 : Fp8Format::e4m3;
@@ -127,17 +138,32 @@ STRATA_HOST_DEVICE inline void fp8_update_row(float* row, float max, const Fp8Up
   }
 }
 
-// One layer's scaling state: rows for input, weight and output gradient in the backend's memory.
+// A layer's weight in FP8 for the current optimizer step (see the design note). The buffers stay
+// allocated once made; dropping the cache only marks it stale, and the next use casts again.
+template <class Space>
+struct Fp8WeightCache {
+  Tensor<std::uint8_t, Space> codes;             // W [out, in]: the forward GEMM's operand
+  Tensor<std::uint8_t, Space> codes_transposed;  // W^T [in, out]: the input gradient GEMM's operand
+  Tensor<float, Space> scale;                    // [scale, scale_inv] the codes were cast with
+  bool valid = false;
+};
+
+// One layer's scaling state: rows for input, weight and output gradient in the backend's memory,
+// and the weight cache.
 template <class Space>
 struct Fp8State {
   std::string name;  // the layer's name (checkpoint key prefix)
   int history = 1;
   Tensor<float, Space> rows;  // [3, history + 2]
+  Fp8WeightCache<Space> weight_cache;
+  std::int64_t weight_casts = 0;  // how many times the weight was cast (with or without the cache)
   index_t row_length() const { return history + 2; }
   float* row(Fp8Role role) { return rows.data() + static_cast<int>(role) * row_length(); }
   float* scale(Fp8Role role) { return row(role) + history; }
   float* scale_inv(Fp8Role role) { return row(role) + history + 1; }
   float* amax(Fp8Role role) { return row(role); }  // history[0]: the current step's amax
+  // The weight (or its scale) changed: the next use casts it again.
+  void drop_weight_cache() { weight_cache.valid = false; }
 };
 
 // What a context points to when FP8 is on (see the design note).
@@ -149,6 +175,11 @@ struct Fp8Scaling {
   std::vector<std::shared_ptr<Fp8State<Space>>> states;  // in construction order
 
   Fp8Scaling(Fp8Options o, int layers) : options(o), num_layers(layers) { options.validate(); }
+
+  // Every layer's weight cache is stale: call after anything that writes weights or scaling rows.
+  void drop_weight_caches() {
+    for (auto& state : states) state->drop_weight_cache();
+  }
 
   // Whether a linear layer built now runs FP8: inside a transformer layer that is not kept in bf16.
   bool fp8_here() const {

@@ -200,6 +200,7 @@ class ColumnParallelLinear {
   void init(Context& ctx, std::uint64_t seed, double stddev) {
     if (owned_weight_) init_normal(ctx.device, *owned_weight_, seed, stddev);
     if (bias_) init_constant(ctx.device, *bias_, 0.0);
+    if (fp8_) fp8_->drop_weight_cache();  // new weights: cast again at the next use
   }
 
   template <class Visitor>

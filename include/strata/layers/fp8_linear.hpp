@@ -8,6 +8,9 @@
 // Each operand is cast to FP8 with its role's scale (backend fp8_cast, which folds the amax into
 // the role's history[0] under the delayed recipe), and the GEMM (backend fp8_gemm) multiplies the
 // codes and applies both inverse scales to the sum. Bias, GELU and everything else stay in T.
+// The weight is cast once per optimizer step, both layouts in one pass (the weight cache,
+// core/fp8_recipe.hpp), and read from there by every forward and input gradient of the step;
+// fp8_after_optimizer_step drops the caches, and fp8_drop_weight_caches does for any other write.
 //
 // Scales agree across ranks. Tensorwise: a tensor's amax is taken now and all-reduced (max) over
 // the ranks that hold pieces of it -- the tensor-parallel group for a sharded weight, tp x cp for a
@@ -80,6 +83,28 @@ struct Fp8Operand {
   const float* scale_inv;
 };
 
+// Makes `role`'s scale ready for a cast of x (n elements) and returns where the cast folds its
+// amax: tensorwise takes the amax now, reduces it (max) over the ranks that hold pieces of the
+// tensor and derives the scale (nothing left to fold: null); delayed folds into history[0].
+template <class Context, class T>
+float* fp8_prepare_scale(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role, const T* x, index_t n,
+                         bool sharded) {
+  using Space = typename Context::space;
+  const Fp8Options& options = ctx.fp8->options;
+  if (options.recipe != Fp8RecipeKind::tensorwise) return state.amax(role);
+  float* row = state.row(role);
+  ctx.device.template fill<float>(row, 1, 0.0);
+  ctx.device.template fp8_amax<T>(x, n, row);
+  auto now = Tensor<float, Space>::alias(state.rows, row - state.rows.data(), Shape{1});
+  if (role == Fp8Role::weight) {
+    if (ctx.tp.size() > 1) ctx.tp.all_reduce(now.buffer(), ReduceOp::max);
+  } else if (ctx.tp_cp.size() > 1 && (sharded || ctx.cp.size() > 1)) {
+    ctx.tp_cp.all_reduce(now.buffer(), ReduceOp::max);
+  }
+  ctx.device.fp8_update_scale(row, fp8_max(options.format_of(role)), Fp8UpdateArgs{1, Fp8AmaxAlgo::most_recent, 0, false});
+  return nullptr;
+}
+
 // Casts x [rows, cols] for `role` (see the design note for where the amax goes): the codes in x's
 // layout, or (transposed) the codes of x^T [cols, rows] in one pass (fp8_cast_transpose), which is
 // how the gradient GEMMs get the "TN" operands cuBLASLt's FP8 GEMMs take.
@@ -87,28 +112,57 @@ template <class Context, class T>
 Fp8Operand<typename Context::space> fp8_quantize(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
                                                   const T* x, index_t rows, index_t cols, bool sharded, bool transposed = false) {
   using Space = typename Context::space;
-  const Fp8Options& options = ctx.fp8->options;
-  const Fp8Format format = options.format_of(role);
+  const Fp8Format format = ctx.fp8->options.format_of(role);
   auto codes = Tensor<std::uint8_t, Space>::empty(transposed ? Shape{cols, rows} : Shape{rows, cols});
-  float* amax = state.amax(role);
-  if (options.recipe == Fp8RecipeKind::tensorwise) {
-    float* row = state.row(role);
-    ctx.device.template fill<float>(row, 1, 0.0);
-    ctx.device.template fp8_amax<T>(x, rows * cols, row);
-    auto now = Tensor<float, Space>::alias(state.rows, row - state.rows.data(), Shape{1});
-    if (role == Fp8Role::weight) {
-      if (ctx.tp.size() > 1) ctx.tp.all_reduce(now.buffer(), ReduceOp::max);
-    } else if (ctx.tp_cp.size() > 1 && (sharded || ctx.cp.size() > 1)) {
-      ctx.tp_cp.all_reduce(now.buffer(), ReduceOp::max);
-    }
-    ctx.device.fp8_update_scale(row, fp8_max(format), Fp8UpdateArgs{1, Fp8AmaxAlgo::most_recent, 0, false});
-    amax = nullptr;  // taken above
-  }
+  float* amax = fp8_prepare_scale(ctx, state, role, x, rows * cols, sharded);
   if (transposed)
     ctx.device.template fp8_cast_transpose<T>(x, rows, cols, format, state.scale(role), nullptr, codes.data(), amax);
   else
     ctx.device.template fp8_cast<T>(x, rows * cols, format, state.scale(role), codes.data(), amax);
+  if (role == Fp8Role::weight) ++state.weight_casts;
   return {std::move(codes), format, state.scale_inv(role)};
+}
+
+// A weight operand: codes in the layer's weight cache, or owned (cast for this GEMM alone).
+template <class Space>
+struct Fp8WeightOperand {
+  const std::uint8_t* codes;
+  Fp8Format format;
+  const float* scale_inv;
+  Tensor<std::uint8_t, Space> owned;  // the codes when not cached
+};
+
+// The weight W [out, in] in FP8 for one GEMM: the forward's W, or (transposed) the input
+// gradient's W^T [in, out]. With Fp8Options::cache_weights, from the state's weight cache, filled
+// at the step's first use by one fp8_cast_transpose pass that writes both layouts (the amax folded
+// or reduced once) and kept until the weights change (fp8_after_optimizer_step,
+// fp8_drop_weight_caches). The scale of a step does not change within it and max is idempotent,
+// so these are the codes (and amax, and scale) a cast per GEMM makes. Without the cache: cast now.
+template <class Context, class T>
+Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<typename Context::space>& state, const T* w,
+                                                     index_t out, index_t in, bool transposed) {
+  using Space = typename Context::space;
+  if (!ctx.fp8->options.cache_weights) {
+    auto q = fp8_quantize(ctx, state, Fp8Role::weight, w, out, in, /*sharded=*/true, transposed);
+    const std::uint8_t* codes = q.codes.data();
+    return {codes, q.format, q.scale_inv, std::move(q.codes)};
+  }
+  const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+  auto& cache = state.weight_cache;
+  if (!cache.valid) {
+    if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in})) {  // first use: the buffers
+      cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+      cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
+      cache.scale = Tensor<float, Space>::empty(Shape{2});
+    }
+    float* amax = fp8_prepare_scale(ctx, state, Fp8Role::weight, w, out * in, /*sharded=*/true);
+    ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight), cache.codes.data(),
+                                              cache.codes_transposed.data(), amax);  // (out, in) and (in, out)
+    ctx.device.template copy<float>(state.scale(Fp8Role::weight), 2, cache.scale.data());  // [scale, scale_inv]
+    cache.valid = true;
+    ++state.weight_casts;
+  }
+  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, cache.scale.data() + 1, {}};
 }
 
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
@@ -117,20 +171,21 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
-  auto wq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out, in, true);
-  ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes.data(),
+  auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
+  ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
                                   wq.format, wq.scale_inv, y, false);  // (rows, out)
   if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
 }
 
-// dx[rows, in] = dy W = dy (W^T)^T: W cast transposed, times gelu'(gelu_pre) when given.
+// dx[rows, in] = dy W = dy (W^T)^T: W^T from the cast that made the forward's W (the weight
+// cache), times gelu'(gelu_pre) when given.
 template <class Context, class T, class Space>
 void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* dy, index_t rows,
                                     const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
-  auto wtq = fp8_quantize(ctx, state, Fp8Role::weight, weight.value.data(), out, in, true, /*transposed=*/true);  // (in, out)
-  ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes.data(),
+  auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
+  ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes,
                                   wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
   if (gelu_pre) ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
 }
@@ -175,12 +230,22 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
 
 }  // namespace detail
 
-// After each optimizer step (delayed recipe; nothing otherwise): every FP8 state of this rank, in
-// construction order, is all-reduced (max) over ctx.tp_cp_dp, then each role's scale is updated
-// from its amax history and the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp.
+// The weights changed (or the scaling rows were written): every FP8 layer of this rank casts its
+// weight again at its next use. fp8_after_optimizer_step calls it; a user who writes weights
+// another way (their own update, a load of their own) calls it after the write. Local; no collective.
+template <class Context>
+void fp8_drop_weight_caches(const Context& ctx) {
+  if (ctx.fp8) ctx.fp8->drop_weight_caches();
+}
+
+// After each optimizer step, whatever the recipe: the weight caches are dropped (the weights
+// changed). Then, delayed recipe only: every FP8 state of this rank, in construction order, is
+// all-reduced (max) over ctx.tp_cp_dp, then each role's scale is updated from its amax history and
+// the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp (delayed).
 template <class Context>
 void fp8_after_optimizer_step(Context& ctx) {
   if constexpr (!backend_has_fp8<typename Context::device_type>) return;  // no layer holds a state (make_fp8_state)
+  fp8_drop_weight_caches(ctx);
   if (!ctx.fp8 || ctx.fp8->options.recipe != Fp8RecipeKind::delayed) return;
   const Fp8Options& options = ctx.fp8->options;
   for (auto& state : ctx.fp8->states) {

@@ -168,6 +168,7 @@ class RowParallelLinear {
   void init(Context& ctx, std::uint64_t seed, double stddev) {
     init_normal(ctx.device, weight_, seed, stddev);
     if (bias_) init_constant(ctx.device, *bias_, 0.0);
+    if (fp8_) fp8_->drop_weight_cache();  // new weights: cast again at the next use
   }
 
   template <class Visitor>
