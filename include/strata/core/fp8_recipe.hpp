@@ -144,7 +144,7 @@ template <class Space>
 struct Fp8WeightCache {
   Tensor<std::uint8_t, Space> codes;             // W [out, in]: the forward GEMM's operand
   Tensor<std::uint8_t, Space> codes_transposed;  // W^T [in, out]: the input gradient GEMM's operand
-  Tensor<float, Space> scale;                    // [scale, scale_inv] the codes were cast with
+  Tensor<float, Space> scale;                    // [scale_inv] of the cast, alone: 16-byte aligned for cuBLASLt
   bool valid = false;
 };
 

@@ -153,16 +153,17 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
     if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in})) {  // first use: the buffers
       cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
       cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
-      cache.scale = Tensor<float, Space>::empty(Shape{2});
+      cache.scale = Tensor<float, Space>::empty(Shape{1});
     }
     float* amax = fp8_prepare_scale(ctx, state, Fp8Role::weight, w, out * in, /*sharded=*/true);
     ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight), cache.codes.data(),
                                               cache.codes_transposed.data(), amax);  // (out, in) and (in, out)
-    ctx.device.template copy<float>(state.scale(Fp8Role::weight), 2, cache.scale.data());  // [scale, scale_inv]
+    // the step's 1/scale, at the start of its own allocation: aligned as cuBLASLt's scale pointers must be
+    ctx.device.template copy<float>(state.scale_inv(Fp8Role::weight), 1, cache.scale.data());
     cache.valid = true;
     ++state.weight_casts;
   }
-  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, cache.scale.data() + 1, {}};
+  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, cache.scale.data(), {}};
 }
 
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
