@@ -49,8 +49,7 @@ peer_type=(--dtype "$element")
 if [[ $dtype == fp8 ]]; then
   element=bf16
   fp8_args=(--fp8-format hybrid --fp8-recipe "${STRATA_BENCH_FP8_RECIPE:-tensorwise}")
-  # the shared peer has --float8 (torchao); bench/peers' copy has --dtype fp16 instead
-  peer_script=${STRATA_BENCH_PEER_SCRIPT:-$repo/../shared/peers/torch_gpt.py}
+  peer_script=${STRATA_BENCH_PEER_SCRIPT:-$peer_script}  # --float8 needs the torchao package
   peer_type=(--float8 tensorwise)
 fi
 
