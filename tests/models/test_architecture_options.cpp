@@ -6,6 +6,10 @@
 // over tp in {1, 2, 4}, with and without sequence parallelism, equals the single-rank run in double
 // (loss and every gathered gradient); the whole model's gradients match central differences; the
 // parameters have the shapes the option implies; impossible shapes are refused before allocation.
+#include <strata/checkpoint.hpp>
+#include <strata/optim.hpp>
+
+#include "../checkpoint/temp_directory.hpp"
 #include "model_equivalence.hpp"
 
 namespace {
@@ -231,6 +235,50 @@ TEST(AttentionSinks, LearnableLlamaAndOffByOneGptShardedEqualUnshardedAndMatchDi
   gpt.softmax_type = strata::SoftmaxType::learnable;
   gpt.attention_dropout = 0.2;  // the sink with dropout on the probabilities
   strata_test::expect_model_equivalence<strata::models::Gpt, double>(gpt);
+}
+// The sink logits are saved under their name and load into another tensor-parallel size (each rank
+// its own heads' logits), together with the softmax type the checkpoint records.
+TEST(AttentionSinks, CheckpointSavesTheLogitsAndLoadsThemAtAnotherTp) {
+  using namespace strata;
+  const ModelConfig c = tiny_sinks(SoftmaxType::learnable);
+  strata_test::TempDirectory dir("sinks_checkpoint");
+  strata_test::Snapshot saved;
+  std::mutex mutex;
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
+    models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    model.init(ctx, 1234);
+    AdamW<double> optimizer(model);
+    save_checkpoint(ctx, dir.path(), 1, model, optimizer, TrainState{.iteration = 1});
+    strata_test::gather_parameters(ctx, model, saved, mutex);
+  });
+  ASSERT_EQ(saved.values.at("layers.1.attention.softmax_offset").size(), 8u);
+  for (const int tp : {1, 4}) {
+    strata_test::Snapshot loaded;
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+      model.init(ctx, 99);  // other values, overwritten by the load
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+      strata_test::gather_parameters(ctx, model, loaded, mutex);
+    });
+    for (const char* name : {"layers.0.attention.softmax_offset", "layers.1.attention.softmax_offset"})
+      EXPECT_EQ(loaded.values.at(name), saved.values.at(name)) << name << " at tp=" << tp;
+  }
+  // A model without sinks refuses the checkpoint by name.
+  std::string message;
+  try {
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, tiny_llama());
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+    });
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("softmax"), std::string::npos) << message;
 }
 TEST(AttentionSinks, ChangeTheLoss) {
   auto loss_of = [](const ModelConfig& c) {
