@@ -64,7 +64,7 @@ inline models::ModelConfig command_line_model() {
 
 // The architecture flags of pretrain_gpt.py (Megatron's defaults: GPT-2's set).
 struct ArchitectureArgs {
-  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | yarn (rope with YaRN's scaling)
   std::string normalization = "LayerNorm";                   // LayerNorm | RMSNorm
   bool swiglu = false;
   bool squared_relu = false;  // --squared-relu (run-time: ModelConfig::activation)
@@ -77,6 +77,15 @@ struct ArchitectureArgs {
   // --rotary-interleaved, --use-rope-scaling: run-time fields of ModelConfig (every compiled model).
   bool use_rope_scaling = false;
   double rope_scaling_factor = 8.0;  // Megatron's default
+  // --position-embedding-type yarn: YaRN's parameters under Megatron's names and defaults
+  // (--rotary-scaling-factor, --yarn-original-max-position-embeddings, --yarn-beta-fast,
+  // --yarn-beta-slow, --mscale, --mscale-all-dim, --[no-]yarn-correction-range-round-to-int).
+  double rotary_scaling_factor = 1.0;
+  double yarn_original_max_position_embeddings = 4096;
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  double mscale = 1.0, mscale_all_dim = 0.0;
+  bool yarn_correction_range_round_to_int = true;
+  std::string softmax_type = "vanilla";  // --softmax-type vanilla | off-by-one | learnable (run-time: ModelConfig)
 
   // Whether the MLP is gated (--swiglu or --quick-geglu): Llama's set asks for one of them.
   bool gated() const { return swiglu || quick_geglu; }
@@ -678,7 +687,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--tokenizer-model", a.tokenizer.tokenizer_model,
                  "HuggingFaceTokenizer: tokenizer.json (or its directory); SentencePiece/Llama2Tokenizer: tokenizer.model");
   app.add_option("--position-embedding-type", a.architecture.position_embedding_type,
-                 "learned_absolute (GPT-2) or rope (Llama)")
+                 "learned_absolute (GPT-2), rope (Llama), or yarn (rope with YaRN's frequency scaling)")
       ->check(CLI::IsMember({"learned_absolute", "rope", "mrope", "relative", "none", "yarn"}));
   app.add_flag_callback("--no-position-embedding", [&a] { a.architecture.add_position_embedding = false; },
                         "no learned position table (with --position-embedding-type rope)");
@@ -693,6 +702,23 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--rotary-interleaved", a.model.rotary_interleaved, "RoPE turns pairs of adjacent dimensions (GPT-J)");
   app.add_flag("--use-rope-scaling", a.architecture.use_rope_scaling, "Llama 3.1's RoPE frequency scaling");
   app.add_option("--rope-scaling-factor", a.architecture.rope_scaling_factor, "Llama 3.1's scaling factor (default 8)");
+  app.add_option("--rotary-scaling-factor", a.architecture.rotary_scaling_factor,
+                 "YaRN's scaling factor (with --position-embedding-type yarn; default 1, gpt-oss 32)");
+  app.add_option("--yarn-original-max-position-embeddings", a.architecture.yarn_original_max_position_embeddings,
+                 "YaRN: the context the model was trained at (default 4096)");
+  app.add_option("--yarn-beta-fast", a.architecture.yarn_beta_fast, "YaRN: rotations over the original context below which "
+                 "frequencies are kept (default 32)");
+  app.add_option("--yarn-beta-slow", a.architecture.yarn_beta_slow, "YaRN: rotations above which frequencies are "
+                 "interpolated (default 1)");
+  app.add_option("--mscale", a.architecture.mscale, "YaRN's mscale of the attention factor (default 1)");
+  app.add_option("--mscale-all-dim", a.architecture.mscale_all_dim, "YaRN's mscale_all_dim of the attention factor (default 0)");
+  app.add_flag("--yarn-correction-range-round-to-int,!--no-yarn-correction-range-round-to-int",
+               a.architecture.yarn_correction_range_round_to_int,
+               "YaRN: round the correction range to whole dimensions (the default; gpt-oss turns it off)");
+  app.add_option("--softmax-type", a.architecture.softmax_type,
+                 "attention softmax: vanilla, off-by-one (a zero logit in each denominator) or learnable (a learned logit "
+                 "per head, gpt-oss's sinks)")
+      ->check(CLI::IsMember({"vanilla", "off-by-one", "learnable"}));
   app.add_flag("--apply-layernorm-1p", a.model.apply_layernorm_1p, "norm weights stored as gamma - 1 (Nemotron)");
   app.add_flag("--qk-layernorm", a.model.qk_layernorm, "the model's norm over each head of q and k (Qwen3, OLMo 2)");
   app.add_flag("--add-qkv-bias", a.model.add_qkv_bias, "biases on q, k and v only (Qwen2)");
@@ -990,9 +1016,9 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
   if (int(x.swiglu) + int(x.quick_geglu) + int(x.squared_relu) > 1)
     fail<ConfigError>("--swiglu, --quick-geglu and --squared-relu each choose the MLP's activation; give one of them");
   const std::string& pos = x.position_embedding_type;
-  if (pos != "learned_absolute" && pos != "rope")
-    fail<ConfigError>("--position-embedding-type ", pos, ": strata has learned_absolute (GPT-2) and rope (Llama)",
-                      pos == "yarn" ? "; YaRN's rotary scaling is not available yet (Llama 3.1's is: --use-rope-scaling)" : "");
+  if (pos != "learned_absolute" && pos != "rope" && pos != "yarn")
+    fail<ConfigError>("--position-embedding-type ", pos, ": strata has learned_absolute (GPT-2), rope (Llama) and yarn "
+                      "(rope with YaRN's scaling)");
   struct Wanted {
     const char* flag;
     bool has;
@@ -1005,7 +1031,7 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
       {"no --disable-bias-linear", !x.disable_bias_linear},
       {"no --group-query-attention", !x.group_query_attention || m.num_query_groups == 0 ||
                                           m.num_query_groups == m.num_attention_heads}};
-  const std::vector<Wanted> llama = {{"--position-embedding-type rope", pos == "rope"},
+  const std::vector<Wanted> llama = {{"--position-embedding-type rope", pos == "rope" || pos == "yarn"},
                                      {"--normalization RMSNorm", x.normalization == "RMSNorm"},
                                      {"--swiglu", x.gated() || x.squared_relu},
                                      {"--untie-embeddings-and-output-weights", x.untie_embeddings_and_output_weights},
@@ -1472,6 +1498,51 @@ inline void resolve_sliding_window(TrainArgs& a) {
   }
 }
 
+// --position-embedding-type yarn and its parameters into ModelConfig's yarn fields (RoPE with YaRN's
+// frequencies and attention factor, backend/rope_options.hpp); without it the YaRN flags are noted
+// as changing nothing, as in Megatron.
+inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
+  const ArchitectureArgs& x = a.architecture;
+  models::ModelConfig& m = a.model;
+  static constexpr const char* kFlags[] = {"--rotary-scaling-factor", "--yarn-original-max-position-embeddings",
+                                           "--yarn-beta-fast", "--yarn-beta-slow", "--mscale", "--mscale-all-dim",
+                                           "--yarn-correction-range-round-to-int"};
+  if (x.position_embedding_type != "yarn") {
+    for (const char* flag : kFlags)
+      if (app.count(flag) > 0)
+        a.notes.push_back(std::string(flag) + ": without --position-embedding-type yarn there is no YaRN, so it changes nothing");
+    m.yarn_scaling_factor = 0;
+    return;
+  }
+  if (!(std::isfinite(x.rotary_scaling_factor) && x.rotary_scaling_factor > 0))
+    fail<ConfigError>("--rotary-scaling-factor ", x.rotary_scaling_factor,
+                      " must be a finite number > 0 (YaRN's context extension; gpt-oss: 32, 1 changes nothing)");
+  if (!(std::isfinite(x.yarn_original_max_position_embeddings) && x.yarn_original_max_position_embeddings >= 1))
+    fail<ConfigError>("--yarn-original-max-position-embeddings ", x.yarn_original_max_position_embeddings,
+                      " must be a positive number of positions (the context the model was trained at; gpt-oss: 4096)");
+  if (!(std::isfinite(x.yarn_beta_fast) && std::isfinite(x.yarn_beta_slow) && x.yarn_beta_slow > 0 &&
+        x.yarn_beta_fast > x.yarn_beta_slow))
+    fail<ConfigError>("--yarn-beta-fast ", x.yarn_beta_fast, " and --yarn-beta-slow ", x.yarn_beta_slow,
+                      " must be finite with 0 < beta-slow < beta-fast (Megatron's defaults: 32 and 1)");
+  if (!(std::isfinite(x.mscale) && std::isfinite(x.mscale_all_dim)) ||
+      !(rope_yarn_mscale(x.rotary_scaling_factor, x.mscale_all_dim) > 0))
+    fail<ConfigError>("--mscale ", x.mscale, " and --mscale-all-dim ", x.mscale_all_dim,
+                      " must be finite, with 0.1 x mscale-all-dim x ln(--rotary-scaling-factor) + 1 > 0 (defaults: 1 and 0)");
+  if (x.use_rope_scaling)
+    fail<ConfigError>("--use-rope-scaling (Llama 3.1's frequencies) with --position-embedding-type yarn: each rescales "
+                      "the rotary frequencies; give one of them");
+  if (m.rotary_interleaved)
+    fail<ConfigError>("--rotary-interleaved with --position-embedding-type yarn: Megatron's YaRN turns the halves of each "
+                      "head (rotate-half), not interleaved pairs; drop --rotary-interleaved");
+  m.yarn_scaling_factor = x.rotary_scaling_factor;
+  m.yarn_original_max_positions = x.yarn_original_max_position_embeddings;
+  m.yarn_beta_fast = x.yarn_beta_fast;
+  m.yarn_beta_slow = x.yarn_beta_slow;
+  m.yarn_mscale = x.mscale;
+  m.yarn_mscale_all_dim = x.mscale_all_dim;
+  m.yarn_round_to_int = x.yarn_correction_range_round_to_int;
+}
+
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
   resolve_sliding_window(a);
   ArchitectureArgs& x = a.architecture;
@@ -1486,9 +1557,13 @@ inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
   } else if (app.count("--rope-scaling-factor") > 0) {
     a.notes.emplace_back("--rope-scaling-factor without --use-rope-scaling: no scaling, the factor changes nothing (as in Megatron)");
   }
+  resolve_yarn(app, a);
+  m.softmax_type = x.softmax_type == "off-by-one" ? SoftmaxType::off_by_one
+                   : x.softmax_type == "learnable" ? SoftmaxType::learnable
+                                                   : SoftmaxType::vanilla;
   if (app.count("--rotary-percent") > 0 && !(m.rotary_percent > 0 && m.rotary_percent <= 1))
     fail<ConfigError>("--rotary-percent ", m.rotary_percent, " must be in (0, 1]: the share of each head's dimensions RoPE turns");
-  if (x.position_embedding_type != "rope") {
+  if (x.position_embedding_type != "rope" && x.position_embedding_type != "yarn") {
     for (const char* flag : {"--rotary-percent", "--rotary-interleaved", "--use-rope-scaling", "--rotary-base"})
       if (app.count(flag) > 0)
         a.notes.push_back(std::string(flag) + ": without --position-embedding-type rope there is no RoPE, so it changes nothing");
@@ -1514,6 +1589,10 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
     check_range("--kv-channels", a.model.kv_channels, 1, std::numeric_limits<int>::max(),
                 "head size; without it --hidden-size / --num-attention-heads");
   resolve_building_blocks(app, a);
+  if (a.device == "cuda" && a.model.softmax_type != SoftmaxType::vanilla)
+    fail<ConfigError>("--softmax-type ", a.architecture.softmax_type, " with --device cuda: attention sinks run on the CPU "
+                      "backend only so far (neither cuDNN's SDPA path nor strata's flash kernels add the sink yet); train "
+                      "with --device cpu, or with --softmax-type vanilla");
   if (const auto seed = app.get_option("--seed")->results(); !seed.empty() && !seed.back().empty() && seed.back().front() == '-')
     fail<ConfigError>("--seed ", seed.back(), " is negative: the seed must be an integer >= 0 (Megatron seeds numpy's "
                       "generator with it, which refuses negative seeds)");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 #include <vector>
 
 #include <strata/backend/cpu.hpp>
@@ -108,6 +109,72 @@ TEST(RopeVariants, Llama31ScalingSlowsLowFrequenciesKeepsHighOnesAndBlendsBetwee
   EXPECT_GT(slowed, 0);
   EXPECT_GT(blended, 0);
   expect_rope(o, rope_reference(x, 7, kDim, false, 8, 1, 4, 64), x, 7);
+}
+
+// YaRN (Hugging Face's rope_type "yarn", Megatron's --position-embedding-type yarn): the inverse
+// frequencies and the attention factor against numbers computed by hand from transformers'
+// _compute_yarn_parameters in float64 (its formulas, written out in Python's math module).
+TEST(RopeVariants, YarnFrequenciesAndAttentionFactorEqualTheHandComputedReference) {
+  auto close = [](double got, double want) { EXPECT_NEAR(got, want, 1e-14 * std::abs(want)) << want; };
+  // gpt-oss: head 64, rope_theta 150000, factor 32, original 4096, beta 32 / 1, truncate false
+  strata::RopeOptions gpt_oss;
+  gpt_oss.yarn_factor = 32;
+  gpt_oss.yarn_original_max_positions = 4096;
+  gpt_oss.yarn_round_to_int = false;
+  const std::pair<index_t, double> gpt_oss_frequencies[] = {
+      {0, 1.0},  {8, 0.050813274815461475},  {9, 0.03170569618466377},      {12, 0.006794959489732219},
+      {17, 0.00012931870124506317}, {18, 3.8308812373753384e-05}, {31, 3.0235114281192144e-07}};
+  for (const auto& [i, want] : gpt_oss_frequencies) close(strata::rope_inverse_frequency(i, 64, 150000.0, gpt_oss), want);
+  close(strata::rope_attention_factor(gpt_oss), 1.3465735902799727);  // 0.1 ln 32 + 1
+  EXPECT_EQ(strata::rope_yarn_ramp(8, 64, 150000.0, gpt_oss), 0.0);  // low = 8.0928 (unrounded): kept
+  EXPECT_EQ(strata::rope_yarn_ramp(18, 64, 150000.0, gpt_oss), 1.0);  // high = 17.398: divided by 32
+  // Qwen3 long context: head 128, rope_theta 1e6, factor 4, original 32768 (rounded range 23 .. 40)
+  strata::RopeOptions qwen3;
+  qwen3.yarn_factor = 4;
+  qwen3.yarn_original_max_positions = 32768;
+  const std::pair<index_t, double> qwen3_frequencies[] = {
+      {0, 1.0}, {20, 0.01333521432163324}, {40, 4.445698525097307e-05}, {63, 3.102344401879299e-07}};
+  for (const auto& [i, want] : qwen3_frequencies) close(strata::rope_inverse_frequency(i, 128, 1e6, qwen3), want);
+  close(strata::rope_attention_factor(qwen3), 1.138629436111989);
+  EXPECT_EQ(strata::rope_yarn_ramp(23, 128, 1e6, qwen3), 0.0);
+  EXPECT_EQ(strata::rope_yarn_ramp(40, 128, 1e6, qwen3), 1.0);
+  close(strata::rope_yarn_ramp(30, 128, 1e6, qwen3), 7.0 / 17.0);
+  // DeepSeek-V3's mscale = mscale_all_dim: the attention factor is 1
+  strata::RopeOptions deepseek;
+  deepseek.yarn_factor = 40;
+  deepseek.yarn_mscale = deepseek.yarn_mscale_all_dim = 0.707;
+  close(strata::rope_attention_factor(deepseek), 1.0);
+  // Megatron's defaults mscale 1, mscale_all_dim 0 are transformers' default (no mscale keys)
+  strata::RopeOptions plain;
+  plain.yarn_factor = 40;
+  close(strata::rope_attention_factor(plain), 0.1 * std::log(40.0) + 1.0);
+  plain.yarn_factor = 1;  // a factor of 1 is plain RoPE
+  for (index_t i = 0; i < 32; ++i) close(strata::rope_inverse_frequency(i, 64, 150000.0, plain), std::pow(150000.0, -i / 32.0));
+  close(strata::rope_attention_factor(plain), 1.0);
+}
+
+// The rotation with YaRN's frequencies and its attention factor m on cos and sin: the forward is
+// m times the rotation by YaRN's angles, and the backward its transpose (m^2 times the input back).
+TEST(RopeVariants, YarnRotatesByItsFrequenciesAndScalesByTheAttentionFactor) {
+  const auto x = random_values(kSeq * kRows * kDim, 5);
+  strata::RopeOptions o;
+  o.yarn_factor = 8;
+  o.yarn_original_max_positions = 64;  // the correction range at these sizes: pairs 0 .. 3 of 6
+  const double m = strata::rope_attention_factor(o);
+  EXPECT_GT(m, 1.2);
+  auto y = x;
+  strata::cpu::rope_forward<double>(y.data(), kSeq, kRows, kDim, kBase, 3, o);
+  for (index_t t = 0; t < kSeq; ++t)
+    for (index_t r = 0; r < kRows; ++r)
+      for (index_t i = 0; i < kDim / 2; ++i) {
+        const double angle = static_cast<double>(3 + t) * strata::rope_inverse_frequency(i, kDim, kBase, o);
+        const std::size_t row = static_cast<std::size_t>((t * kRows + r) * kDim);
+        const std::size_t a = row + static_cast<std::size_t>(i), b = a + kDim / 2;
+        EXPECT_NEAR(y[a], m * (x[a] * std::cos(angle) - x[b] * std::sin(angle)), 1e-13);
+        EXPECT_NEAR(y[b], m * (x[b] * std::cos(angle) + x[a] * std::sin(angle)), 1e-13);
+      }
+  strata::cpu::rope_backward<double>(y.data(), kSeq, kRows, kDim, kBase, 3, o);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], m * m * x[i], 1e-13) << i;
 }
 
 // ---------------------------------------------------------------------------------------------

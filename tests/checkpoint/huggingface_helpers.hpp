@@ -280,9 +280,23 @@ class HfReference {
   // transformers' inverse frequency, with rope_type "llama3" (Llama 3.1) when config.json has it:
   // wavelengths beyond original / low_freq_factor slowed by factor, below original / high_freq_factor
   // kept, and a smooth mix between.
+  // With rope_type "yarn", _compute_yarn_parameters written out: the correction range of beta_fast
+  // and beta_slow over the original context, the linear ramp between, interpolation beyond.
   double inverse_frequency(int i, int d) const {
     const double freq = 1.0 / std::pow(config_.rope_base, 2.0 * i / d);
     const auto& c = config_;
+    if (c.yarn_scaling_factor > 0) {
+      auto correction_dim = [&](double rotations) {
+        return d * std::log(c.yarn_original_max_positions / (rotations * 2 * M_PI)) / (2 * std::log(c.rope_base));
+      };
+      double low = correction_dim(c.yarn_beta_fast), high = correction_dim(c.yarn_beta_slow);
+      if (c.yarn_round_to_int) low = std::floor(low), high = std::ceil(high);
+      low = std::max(low, 0.0), high = std::min(high, d - 1.0);
+      if (low == high) high += 0.001;
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0), extrapolation = 1 - ramp;
+      const double interpolated = 1.0 / (c.yarn_scaling_factor * std::pow(c.rope_base, 2.0 * i / d));
+      return interpolated * (1 - extrapolation) + freq * extrapolation;
+    }
     if (!(c.rope_scaling_factor > 0)) return freq;
     const double wavelength = 2 * M_PI / freq, original = c.rope_original_max_positions;
     if (wavelength < original / c.rope_high_freq_factor) return freq;
@@ -290,8 +304,18 @@ class HfReference {
     const double smooth = (original / wavelength - c.rope_low_freq_factor) / (c.rope_high_freq_factor - c.rope_low_freq_factor);
     return (1 - smooth) * freq / c.rope_scaling_factor + smooth * freq;
   }
-  // q*cos + rotate_half(q)*sin, rotate_half(x) = [-x2, x1], cos/sin of cat(freqs, freqs)
+  // YaRN's attention factor on cos and sin: mscale / mscale_all_dim's when both are set, else
+  // 0.1 ln(factor) + 1 (transformers' get_mscale), 1 without YaRN.
+  double attention_factor() const {
+    const auto& c = config_;
+    if (!(c.yarn_scaling_factor > 0)) return 1.0;
+    auto get_mscale = [&](double k) { return c.yarn_scaling_factor <= 1 ? 1.0 : 0.1 * k * std::log(c.yarn_scaling_factor) + 1.0; };
+    if (c.yarn_mscale != 0 && c.yarn_mscale_all_dim != 0) return get_mscale(c.yarn_mscale) / get_mscale(c.yarn_mscale_all_dim);
+    return get_mscale(c.yarn_mscale);  // mscale 1 unless an attention_factor was read into it
+  }
+  // q*cos + rotate_half(q)*sin, rotate_half(x) = [-x2, x1], cos/sin of cat(freqs, freqs) (times YaRN's factor)
   void rope(Rows& x, int heads, int d) const {
+    const double m = attention_factor();
     for (std::size_t t = 0; t < x.size(); ++t)
       for (int h = 0; h < heads; ++h)
         for (int i = 0; i < d / 2; ++i) {
@@ -299,8 +323,8 @@ class HfReference {
           const double angle = static_cast<double>(t) * inv_freq;
           double& a = x[t][h * d + i];
           double& b = x[t][h * d + i + d / 2];
-          const double ra = a * std::cos(angle) - b * std::sin(angle);
-          const double rb = b * std::cos(angle) + a * std::sin(angle);
+          const double ra = m * (a * std::cos(angle) - b * std::sin(angle));
+          const double rb = m * (b * std::cos(angle) + a * std::sin(angle));
           a = ra;
           b = rb;
         }

@@ -50,6 +50,26 @@ models::ModelConfig tiny_llama31() {
   return c;
 }
 
+// YaRN (rope_type "yarn") on Qwen3 (gpt-oss's settings at the tiny size: factor 32, beta 32 / 1,
+// truncate false, an original context of 512 positions so that the correction range, pairs 0.90 ..
+// 4.25 of 6 at head dim 12 and base 500, has kept, ramped and interpolated pairs), and on a Llama
+// with DeepSeek-V3-style mscale and mscale_all_dim and the rounded range (pairs 0 .. 3 of 4).
+models::ModelConfig tiny_qwen3_yarn() {
+  auto c = tiny_qwen3();
+  c.yarn_scaling_factor = 32;
+  c.yarn_original_max_positions = 512;
+  c.yarn_round_to_int = false;
+  return c;
+}
+models::ModelConfig tiny_llama_yarn_mscale() {
+  auto c = tiny_llama();
+  c.yarn_scaling_factor = 40;
+  c.yarn_original_max_positions = 512;
+  c.yarn_mscale = 0.9;
+  c.yarn_mscale_all_dim = 0.5;  // an attention factor of about 1.14
+  return c;
+}
+
 const std::vector<std::int32_t> kTokens = {3, 17, 36, 0, 11, 29, 5};
 
 // The model of `config`, initialized, with the parameters init leaves constant (biases 0, norm
@@ -147,7 +167,8 @@ TEST(HuggingFaceQwen, Qwen3ConfigNamesHeadDimAndTheQkNorms) {
 
 TEST(HuggingFaceQwen, ExportedFilesGiveTheModelsLogitsInAnIndependentForward) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, models::ModelConfig>>{
-           {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}}) {
+           {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}, {"qwen3 yarn", tiny_qwen3_yarn()},
+           {"llama yarn mscale", tiny_llama_yarn_mscale()}}) {
     TempDirectory dir("hf_reference_" + name);
     const auto exported = export_random<double>(c, dir.path());
     const hf::HfConfig config = hf::read_config(dir.path());
@@ -158,7 +179,8 @@ TEST(HuggingFaceQwen, ExportedFilesGiveTheModelsLogitsInAnIndependentForward) {
 
 TEST(HuggingFaceQwen, RoundTripIsExactAtTp1AndTp2AndTp2Pp2) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, models::ModelConfig>>{
-           {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}}) {
+           {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}, {"qwen3 yarn", tiny_qwen3_yarn()},
+           {"llama yarn mscale", tiny_llama_yarn_mscale()}}) {
     TempDirectory dir("hf_round_trip_" + name);
     const auto exported = export_random<float>(c, dir.path());
     const auto tp1 = strata_test::import_model<models::Llama, float>(c, dir.path(), kTokens, 1);
@@ -170,6 +192,56 @@ TEST(HuggingFaceQwen, RoundTripIsExactAtTp1AndTp2AndTp2Pp2) {
     const auto tp2_pp2 = strata_test::import_model<models::Llama, float>(c, dir.path(), kTokens, 2, 2);
     strata_test::expect_same_values(tp2_pp2, exported, c.vocab_size, name + " tp=2 pp=2");
   }
+}
+
+// YaRN's config.json: rope_scaling {"rope_type": "yarn", ...} as transformers reads it, and back.
+TEST(HuggingFaceQwen, YarnRopeScalingIsWrittenAndReadAsTransformersReadsIt) {
+  TempDirectory dir("hf_yarn_config");
+  export_random<double>(tiny_qwen3_yarn(), dir.path());
+  const auto path = dir.path() / "config.json";
+  const std::string text = strata_test::read_text(path);
+  EXPECT_NE(text.find("\"rope_type\": \"yarn\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"truncate\": false"), std::string::npos) << text;
+  const hf::HfConfig config = hf::read_config(dir.path());
+  EXPECT_EQ(config.config.yarn_scaling_factor, 32.0);
+  EXPECT_EQ(config.config.yarn_original_max_positions, 512.0);
+  EXPECT_FALSE(config.config.yarn_round_to_int);
+  // gpt-oss's and Qwen3's own rope_scaling blocks (no mscale: 0.1 ln(factor) + 1; absent beta and
+  // truncate: 32, 1, true; a null factor: max_position_embeddings / original).
+  auto read = [&](const std::string& rope_scaling) {
+    std::string edited = text;
+    const std::size_t at = edited.find("\"rope_scaling\"");
+    const std::size_t end = edited.find('}', at);
+    edited.replace(at, end + 1 - at, "\"rope_scaling\": " + rope_scaling);
+    strata_test::write_text(path, edited);
+    return hf::read_config(dir.path()).config;
+  };
+  const auto oss = read(R"({"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                           "rope_type": "yarn", "truncate": false})");
+  EXPECT_EQ(oss.yarn_scaling_factor, 32.0);
+  EXPECT_EQ(oss.yarn_original_max_positions, 4096.0);
+  EXPECT_NEAR(rope_attention_factor(hf::hf_detail::yarn_rope_options(oss)), 0.1 * std::log(32.0) + 1, 1e-15);
+  const auto qwen = read(R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2})");
+  EXPECT_EQ(qwen.yarn_beta_fast, 32.0);
+  EXPECT_EQ(qwen.yarn_beta_slow, 1.0);
+  EXPECT_TRUE(qwen.yarn_round_to_int);
+  const auto derived = read(R"({"type": "yarn", "factor": null, "original_max_position_embeddings": 2})");
+  EXPECT_EQ(derived.yarn_scaling_factor, 7.0 / 2.0);  // max_position_embeddings 7 over 2
+  const auto explicit_factor = read(R"({"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.5})");
+  EXPECT_NEAR(rope_attention_factor(hf::hf_detail::yarn_rope_options(explicit_factor)), 1.5, 1e-14);
+  expect_error<ConfigError>([&] { (void)read(R"({"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5})"); },
+                            {"rope_scaling.partial_rotary_factor", "cannot be imported"});
+  expect_error<ConfigError>([&] { (void)read(R"({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5})"); },
+                            {"rope_scaling.beta_fast", "beta_slow"});
+  strata_test::write_text(path, text);
+}
+
+// Attention sinks have no Hugging Face class here: export refuses them by name.
+TEST(HuggingFaceQwen, AttentionSinksAreRefusedOnExport) {
+  auto c = tiny_llama();
+  c.softmax_type = SoftmaxType::learnable;
+  TempDirectory dir("hf_sinks_refused");
+  expect_error<ConfigError>([&] { export_random<float>(c, dir.path()); }, {"attention sinks", "learnable"});
 }
 
 TEST(HuggingFaceQwen, ModelsWithoutTheFilesOptionsAreRefusedNamingTheDifference) {
@@ -199,6 +271,20 @@ TEST(HuggingFaceQwen, ModelsWithoutTheFilesOptionsAreRefusedNamingTheDifference)
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
     models::Llama<strata_test::TestPolicy<float, false>> model(ctx, tiny_llama());
     expect_error<ConfigError>([&] { hf::load_hf(ctx, scaled.path(), model); }, {"rope_scaling.factor", "rope_scaling_factor=0"});
+  });
+  // A YaRN file loads into the model with the same YaRN only (factor, then each parameter).
+  TempDirectory yarn("hf_yarn_refused");
+  export_random<float>(tiny_llama_yarn_mscale(), yarn.path());
+  auto other_mscale = tiny_llama_yarn_mscale();
+  other_mscale.yarn_mscale_all_dim = 0.7;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    models::Llama<strata_test::TestPolicy<float, false>> plain(ctx, tiny_llama());
+    expect_error<ConfigError>([&] { hf::load_hf(ctx, yarn.path(), plain); }, {"rope_type yarn", "yarn_scaling_factor=0"});
+    models::Llama<strata_test::TestPolicy<float, false>> other(ctx, other_mscale);
+    expect_error<ConfigError>([&] { hf::load_hf(ctx, yarn.path(), other); }, {"attention factor"});
+    models::Llama<strata_test::TestPolicy<float, false>> same(ctx, tiny_llama_yarn_mscale());
+    hf::load_hf(ctx, yarn.path(), same);
   });
 }
 

@@ -96,13 +96,15 @@ void test_rope(backend& dev, suite& results, host_rng& rng, index_t s, index_t h
   const double tol = tolerance<T>();
   const auto total = static_cast<std::size_t>(s * heads * d);
   struct variant { const char* name; strata::RopeOptions options; };
-  strata::RopeOptions partial, interleaved, scaled, all;
+  strata::RopeOptions partial, interleaved, scaled, all, yarn;
   partial.rotary_dim = d / 2 - (d / 2) % 2;
   interleaved.interleaved = true;
   scaled.scaling_factor = 8, scaled.original_max_positions = 64;  // all three frequency regimes at these sizes
   all = scaled, all.interleaved = true, all.rotary_dim = partial.rotary_dim;
+  // YaRN: kept, ramped and interpolated pairs at these sizes, cos and sin times the attention factor
+  yarn.yarn_factor = 32, yarn.yarn_original_max_positions = 4096, yarn.yarn_round_to_int = false;
   for (const variant& v : {variant{"partial", partial}, variant{"interleaved", interleaved}, variant{"llama3 scaled", scaled},
-                           variant{"partial interleaved scaled", all}}) {
+                           variant{"partial interleaved scaled", all}, variant{"yarn", yarn}}) {
     auto vx = rng.template uniform<T>(total);
     std::vector<T> rf = vx, rb = vx;
     twin::rope_forward(rf.data(), s, heads, d, 500000.0, 7, v.options);

@@ -12,8 +12,9 @@ Two directions, each comparing the logits of every position of a 16-token prompt
   transformers -> strata   a transformers model with random weights (norm weights and biases too) is
                            saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
                            with tied embeddings, Llama in shards with an index, Llama with Llama 3.1's
-                           rope_scaling, Qwen2, Qwen3 -- and hf_crosscheck imports it at tp=2 (CPU
-                           threads) and computes the logits.
+                           rope_scaling, Llama with YaRN's rope_scaling (with and without mscale),
+                           Qwen2, Qwen3 -- and hf_crosscheck imports it at tp=2 (CPU threads) and
+                           computes the logits.
 
 Prints a table (max |difference|, relative error = ||strata - transformers|| / ||transformers||) and
 the versions of torch, transformers and safetensors, and exits 1 when a case fails: a relative error
@@ -154,6 +155,16 @@ def hf_cases(transformers, torch):
                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
                           **llama_fields)
+    # YaRN: head_dim 16, theta 10000 and an original context of 2048 put the correction range at
+    # dimensions 2.0 .. 5.0 of 8 (kept, ramped and interpolated pairs); max_position_embeddings is
+    # factor x original, so transformers releases that derive the factor from the two agree.
+    yarn_fields = dict(llama_fields, max_position_embeddings=4 * 2048)
+    llama_yarn = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=False,
+                             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+                                           "beta_fast": 32.0, "beta_slow": 1.0}, **yarn_fields)
+    llama_yarn_mscale = make_config(transformers.LlamaConfig, torch, tie_word_embeddings=False,
+                                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048,
+                                                  "mscale": 0.9, "mscale_all_dim": 0.5}, **yarn_fields)
     cases = []
     qwen_fields = dict(llama_fields, tie_word_embeddings=False, use_sliding_window=False)
     if hasattr(transformers, "Qwen2ForCausalLM"):
@@ -168,6 +179,8 @@ def hf_cases(transformers, torch):
         ("llama, tied lm_head", "llama", transformers.LlamaForCausalLM, llama_tied, {}),
         ("llama, sharded", "llama", transformers.LlamaForCausalLM, llama, {"max_shard_size": "40KB"}),
         ("llama 3.1 rope_scaling", "llama", transformers.LlamaForCausalLM, llama31, {}),
+        ("llama yarn rope_scaling", "llama", transformers.LlamaForCausalLM, llama_yarn, {}),
+        ("llama yarn, mscale / mscale_all_dim", "llama", transformers.LlamaForCausalLM, llama_yarn_mscale, {}),
     ]
 
 

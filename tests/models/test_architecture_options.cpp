@@ -1,10 +1,15 @@
 // The run-time architecture options of the compiled models (ModelConfig: --add-qkv-bias,
 // --qk-layernorm, --apply-layernorm-1p, --kv-channels, --rotary-percent, --rotary-interleaved,
-// --use-rope-scaling, --squared-relu, --quick-geglu with gpt-oss's clamp and offset, --window-size
-// with --window-attn-skip-freq): each sharded
+// --use-rope-scaling, --position-embedding-type yarn, --softmax-type off-by-one / learnable,
+// --squared-relu, --quick-geglu with gpt-oss's clamp and offset, --window-size with
+// --window-attn-skip-freq): each sharded
 // over tp in {1, 2, 4}, with and without sequence parallelism, equals the single-rank run in double
 // (loss and every gathered gradient); the whole model's gradients match central differences; the
 // parameters have the shapes the option implies; impossible shapes are refused before allocation.
+#include <strata/checkpoint.hpp>
+#include <strata/optim.hpp>
+
+#include "../checkpoint/temp_directory.hpp"
 #include "model_equivalence.hpp"
 
 namespace {
@@ -175,6 +180,132 @@ TEST(RotaryVariants, EachOptionChangesTheLoss) {
   EXPECT_NE(loss_of(c), reference.outputs[0][0]);
 }
 
+// YaRN (--position-embedding-type yarn): gpt-oss's settings scaled to the tiny model (head dim 4,
+// base 500: an original context of 512 positions puts the correction range at pairs 0.30 .. 1.42,
+// so pair 0 keeps its frequency and pair 1 is on the ramp).
+ModelConfig tiny_yarn() {
+  auto c = tiny_llama();
+  c.yarn_scaling_factor = 32;
+  c.yarn_original_max_positions = 512;
+  c.yarn_round_to_int = false;
+  return c;
+}
+TEST(Yarn, ShardedEqualsUnshardedAndMatchesDifferences) {
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(tiny_yarn());
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(tiny_yarn());
+}
+TEST(Yarn, ChangesTheLossAndAFactorOfOneDoesNot) {
+  auto loss_of = [](const ModelConfig& c) {
+    return strata_test::run_model<strata::models::Llama, double, false>(1, c).outputs[0][0];
+  };
+  const double reference = loss_of(tiny_llama());
+  EXPECT_NE(loss_of(tiny_yarn()), reference);
+  auto only_mscale = tiny_llama();  // the frequencies of a factor of 1, with an attention factor of 1: plain RoPE
+  only_mscale.yarn_scaling_factor = 1;
+  EXPECT_NEAR(loss_of(only_mscale), reference, 1e-13 * std::abs(reference));
+}
+
+// Attention sinks (--softmax-type): the learnable logits are a [heads] parameter split over tp with
+// the heads; sharded equals unsharded (the sink logits' gradients gathered), every gradient
+// matches central differences, off-by-one has no parameter, and both change the loss.
+ModelConfig tiny_sinks(strata::SoftmaxType softmax) {
+  auto c = tiny_llama();
+  c.softmax_type = softmax;
+  return c;
+}
+TEST(AttentionSinks, LearnableLogitsAreOnePerHeadSplitOverTp) {
+  const auto shapes = parameter_shapes<strata::models::Llama>(tiny_sinks(strata::SoftmaxType::learnable));
+  EXPECT_EQ(shapes.at("layers.0.attention.softmax_offset"), strata::Shape{8});
+  EXPECT_EQ(shapes.at("layers.1.attention.softmax_offset"), strata::Shape{8});
+  EXPECT_EQ(parameter_shapes<strata::models::Llama>(tiny_sinks(strata::SoftmaxType::off_by_one))
+                .count("layers.0.attention.softmax_offset"),
+            0u);
+}
+TEST(AttentionSinks, LearnableLlamaAndOffByOneGptShardedEqualUnshardedAndMatchDifferences) {
+  auto learnable = tiny_sinks(strata::SoftmaxType::learnable);
+  learnable.window_size = 3;  // gpt-oss: sinks on windowed and full layers
+  learnable.window_layers = {1, 0};
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(learnable);
+  strata_test::expect_model_equivalence<strata::models::Llama, float>(learnable);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(learnable);
+  auto gpt = tiny_gpt();  // GPT reads q, k, v as views of the packed projection
+  gpt.softmax_type = strata::SoftmaxType::off_by_one;
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(gpt);
+  strata_test::expect_finite_difference_gradients<strata::models::Gpt>(gpt);
+  gpt.softmax_type = strata::SoftmaxType::learnable;
+  gpt.attention_dropout = 0.2;  // the sink with dropout on the probabilities
+  strata_test::expect_model_equivalence<strata::models::Gpt, double>(gpt);
+}
+// The sink logits are saved under their name and load into another tensor-parallel size (each rank
+// its own heads' logits), together with the softmax type the checkpoint records.
+TEST(AttentionSinks, CheckpointSavesTheLogitsAndLoadsThemAtAnotherTp) {
+  using namespace strata;
+  const ModelConfig c = tiny_sinks(SoftmaxType::learnable);
+  strata_test::TempDirectory dir("sinks_checkpoint");
+  strata_test::Snapshot saved;
+  std::mutex mutex;
+  inprocess::run(2, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = 2});
+    models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    model.init(ctx, 1234);
+    AdamW<double> optimizer(model);
+    save_checkpoint(ctx, dir.path(), 1, model, optimizer, TrainState{.iteration = 1});
+    strata_test::gather_parameters(ctx, model, saved, mutex);
+  });
+  ASSERT_EQ(saved.values.at("layers.1.attention.softmax_offset").size(), 8u);
+  for (const int tp : {1, 4}) {
+    strata_test::Snapshot loaded;
+    inprocess::run(tp, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+      model.init(ctx, 99);  // other values, overwritten by the load
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+      strata_test::gather_parameters(ctx, model, loaded, mutex);
+    });
+    for (const char* name : {"layers.0.attention.softmax_offset", "layers.1.attention.softmax_offset"})
+      EXPECT_EQ(loaded.values.at(name), saved.values.at(name)) << name << " at tp=" << tp;
+  }
+  // A model without sinks refuses the checkpoint by name.
+  std::string message;
+  try {
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, tiny_llama());
+      AdamW<double> optimizer(model);
+      load_checkpoint(ctx, dir.path(), model, optimizer);
+    });
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("softmax"), std::string::npos) << message;
+}
+TEST(AttentionSinks, ChangeTheLoss) {
+  auto loss_of = [](const ModelConfig& c) {
+    return strata_test::run_model<strata::models::Llama, double, false>(1, c).outputs[0][0];
+  };
+  const double reference = loss_of(tiny_llama());
+  const double off_by_one = loss_of(tiny_sinks(strata::SoftmaxType::off_by_one));
+  const double learnable = loss_of(tiny_sinks(strata::SoftmaxType::learnable));
+  EXPECT_NE(off_by_one, reference);
+  EXPECT_NE(learnable, reference);
+  EXPECT_NE(learnable, off_by_one);
+}
+TEST(AttentionSinks, WithContextParallelismAreRefused) {
+  using namespace strata;
+  std::string message;
+  try {
+    inprocess::run(2, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, tiny_sinks(SoftmaxType::learnable));
+    });
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("attention sinks"), std::string::npos) << message;
+  EXPECT_NE(message.find("context parallelism (cp=2)"), std::string::npos) << message;
+}
+
 TEST(Activations, SquaredReluGptShardedEqualsUnsharded) {
   auto c = tiny_gpt();
   c.activation = strata::MlpActivation::squared_relu;
@@ -286,6 +417,23 @@ TEST(ArchitectureRefusals, ClampOnANonGatedActivation) {
   c.activation_clamp = 7;
   const std::string message = refusal<strata::models::Gpt>(c, 1);
   EXPECT_NE(message.find("gated"), std::string::npos) << message;
+}
+TEST(ArchitectureRefusals, ImpossibleYarnSettings) {
+  auto c = tiny_yarn();
+  c.yarn_beta_fast = 0.5;  // below beta_slow 1
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("beta_slow"), std::string::npos);
+  c = tiny_yarn();
+  c.rope_scaling_factor = 8;  // and Llama 3.1's
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("choose one"), std::string::npos);
+  c = tiny_yarn();
+  c.yarn_original_max_positions = 0;
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("yarn_original_max_positions=0"), std::string::npos);
+  c = tiny_yarn();
+  c.yarn_scaling_factor = -2;
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("yarn_scaling_factor=-2"), std::string::npos);
+  c = tiny_yarn();
+  c.yarn_mscale_all_dim = -10;  // 0.1 x -10 x ln 32 + 1 < 0
+  EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("mscale_all_dim"), std::string::npos);
 }
 TEST(ArchitectureRefusals, NegativeKvChannels) {
   auto c = tiny_llama();

@@ -267,6 +267,17 @@ expect_training qwen2 "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --swiglu --add-
   --rope-scaling-factor 8 --tensor-model-parallel-size 2
 expect_training gpt-oss-mlp "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --quick-geglu --glu-linear-offset 1.0 \
   --activation-func-clamp-value 7.0 --rotary-percent 0.5 --rotary-interleaved --tensor-model-parallel-size 2
+# gpt-oss's attention: YaRN (Megatron's gpt-oss flags) and learnable sinks on alternating windowed
+# layers, at tp=2 + SP; the sinks are refused with context parallelism.
+GPT_OSS_ATTENTION=(--position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 32.0
+    --yarn-original-max-position-embeddings 4096 --yarn-beta-fast 32.0 --yarn-beta-slow 1.0 --mscale 1.0
+    --mscale-all-dim 0.0 --no-yarn-correction-range-round-to-int --softmax-type learnable --window-size 7,0
+    --window-attn-skip-freq 2)
+expect_training gpt-oss-attention "$pretrain" --world-size 2 ${QWEN_ARGS[@]} ${GPT_OSS_ATTENTION[@]} --quick-geglu \
+  --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --tensor-model-parallel-size 2 --sequence-parallel
+grep -q 'strata llama' "$work/gpt-oss-attention.out" || fail "gpt-oss-attention: the flags did not select the Llama model"
+expect_refusal gpt-oss-sinks-cp "attention sinks" "context parallelism" -- "$pretrain" --world-size 2 ${QWEN_ARGS[@]} \
+  --swiglu --softmax-type learnable --context-parallel-size 2
 expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
   ${QWEN_ARGS[@]} --swiglu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
 expect_refusal qk-tp "num_query_groups=2 is smaller than tp=4" -- "$pretrain" --world-size 4 ${QWEN_ARGS[@]} \

@@ -688,7 +688,74 @@ TEST(MegatronFlags, BuildingBlocksAreRunTimeFieldsOfTheCompiledModels) {
   expect_config_error([] { (void)parse_flags("llama", {"--quick-geglu"}); }, {"--swiglu, --quick-geglu", "give one"});
   expect_config_error([] { (void)parse_flags("gpt", {"--activation-func-clamp-value", "7"}); },
                       {"--activation-func-clamp-value", "gated"});
-  expect_config_error([] { (void)parse_flags("gpt", {"--position-embedding-type", "yarn"}); }, {"yarn", "--use-rope-scaling"});
+}
+
+// YaRN: --position-embedding-type yarn is the Llama set's RoPE with YaRN's frequencies, its
+// parameters under Megatron's names and defaults; without it they change nothing (a note).
+TEST(MegatronFlags, YarnFlags) {
+  const std::vector<std::string> llama_set = {"--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+                                              "--disable-bias-linear"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), llama_set.begin(), llama_set.end());
+    return parse_flags("gpt", flags);
+  };
+  const TrainArgs defaults = with({"--position-embedding-type", "yarn"});
+  EXPECT_EQ(defaults.model_kind, "llama");
+  EXPECT_EQ(defaults.model.yarn_scaling_factor, 1.0);  // Megatron's --rotary-scaling-factor default
+  EXPECT_EQ(defaults.model.yarn_original_max_positions, 4096.0);
+  EXPECT_EQ(defaults.model.yarn_beta_fast, 32.0);
+  EXPECT_EQ(defaults.model.yarn_beta_slow, 1.0);
+  EXPECT_EQ(defaults.model.yarn_mscale, 1.0);
+  EXPECT_EQ(defaults.model.yarn_mscale_all_dim, 0.0);
+  EXPECT_TRUE(defaults.model.yarn_round_to_int);
+  // gpt-oss's line (Megatron's gpt-oss example)
+  const TrainArgs oss = with({"--position-embedding-type", "yarn", "--rotary-base", "150000", "--rotary-scaling-factor", "32.0",
+                              "--yarn-original-max-position-embeddings", "4096", "--yarn-beta-fast", "32.0", "--yarn-beta-slow",
+                              "1.0", "--mscale", "1.0", "--mscale-all-dim", "0.0", "--no-yarn-correction-range-round-to-int",
+                              "--softmax-type", "learnable"});
+  EXPECT_EQ(oss.model.yarn_scaling_factor, 32.0);
+  EXPECT_FALSE(oss.model.yarn_round_to_int);
+  EXPECT_EQ(oss.model.rope_base, 150000.0);
+  EXPECT_EQ(oss.model.softmax_type, strata::SoftmaxType::learnable);
+  const TrainArgs deepseek = with({"--position-embedding-type", "yarn", "--rotary-scaling-factor", "40", "--mscale", "0.707",
+                                   "--mscale-all-dim", "0.707", "--yarn-beta-fast", "24", "--yarn-beta-slow", "2",
+                                   "--yarn-correction-range-round-to-int"});
+  EXPECT_EQ(deepseek.model.yarn_mscale, 0.707);
+  EXPECT_EQ(deepseek.model.yarn_mscale_all_dim, 0.707);
+  EXPECT_EQ(deepseek.model.yarn_beta_fast, 24.0);
+  EXPECT_EQ(deepseek.model.yarn_beta_slow, 2.0);
+  EXPECT_TRUE(deepseek.model.yarn_round_to_int);
+  TrainArgs plain = parse_flags("llama", {"--rotary-scaling-factor", "32", "--yarn-beta-fast", "16"});
+  EXPECT_EQ(plain.model.yarn_scaling_factor, 0.0);
+  ASSERT_GE(plain.notes.size(), 2u);
+  EXPECT_NE(plain.notes.back().find("without --position-embedding-type yarn"), std::string::npos);
+  expect_config_error([&] { (void)with({"--position-embedding-type", "yarn", "--rotary-scaling-factor", "0"}); },
+                      {"--rotary-scaling-factor 0", "> 0"});
+  expect_config_error([&] { (void)with({"--position-embedding-type", "yarn", "--yarn-beta-fast", "1", "--yarn-beta-slow", "2"}); },
+                      {"--yarn-beta-fast 1", "beta-slow < beta-fast"});
+  expect_config_error([&] { (void)with({"--position-embedding-type", "yarn", "--yarn-original-max-position-embeddings", "0"}); },
+                      {"--yarn-original-max-position-embeddings 0"});
+  expect_config_error([&] { (void)with({"--position-embedding-type", "yarn", "--use-rope-scaling"}); },
+                      {"--use-rope-scaling", "give one"});
+  expect_config_error([&] { (void)with({"--position-embedding-type", "yarn", "--rotary-interleaved"}); },
+                      {"--rotary-interleaved", "rotate-half"});
+  expect_config_error([] { (void)parse_flags("gpt", {"--position-embedding-type", "yarn"}); },
+                      {"The nearest, GPT-2, also needs: --position-embedding-type learned_absolute"});
+}
+
+// Attention sinks: Megatron's --softmax-type vanilla | off-by-one | learnable, with any model.
+TEST(MegatronFlags, SoftmaxTypeFlags) {
+  EXPECT_EQ(parse_flags("llama", {}).model.softmax_type, strata::SoftmaxType::vanilla);
+  EXPECT_EQ(parse_flags("llama", {"--softmax-type", "off-by-one"}).model.softmax_type, strata::SoftmaxType::off_by_one);
+  EXPECT_EQ(parse_flags("gpt", {"--softmax-type", "learnable"}).model.softmax_type, strata::SoftmaxType::learnable);
+  EXPECT_EQ(parse_flags("llama", {"--softmax-type", "vanilla"}).model.softmax_type, strata::SoftmaxType::vanilla);
+  TrainArgs cp = parse_flags("llama", {"--softmax-type", "learnable", "--context-parallel-size", "2",
+                                       "--tensor-model-parallel-size", "1"});
+  (void)trainer::resolve_run(cp);
+  expect_config_error([&] { trainer::validate(cp); }, {"attention sinks", "context parallelism"});
+  expect_config_error([] { (void)parse_flags("llama", {"--softmax-type", "off-by-one", "--device", "cuda"}); },
+                      {"--softmax-type off-by-one", "--device cpu"});
+  EXPECT_ANY_THROW((void)parse_flags("llama", {"--softmax-type", "softmax1"}));  // not one of Megatron's three
 }
 
 // Sliding windows: Megatron's (left,right) tuple and its skip pattern (N, or a list expression).

@@ -28,6 +28,19 @@
 //
 // probability = 0 draws nothing: the arithmetic, and every bit of the results, of attention
 // without dropout.
+//
+// Attention sinks (AttentionOptions::softmax, Megatron's --softmax-type; gpt-oss): the softmax of
+// query i in head h gets one more logit s_h in its denominator, whose value vector is zero:
+//   p_ij = e^(S_ij) / (e^(s_h) + sum_j e^(S_ij)),   O_i = sum_j p_ij v_j   (sum of p_ij below 1)
+//   vanilla: no sink;  off_by_one: s_h = 0 (Evan Miller's softmax_1);  learnable: s_h read from
+//   `sinks` ([heads] of the call's element type, one per local query head).
+// lse_i = log(e^(s_h) + sum_j e^(S_ij)) includes the sink, so the backward's recomputed p_ij are
+// those of the forward, and D_i = dO_i . O_i is unchanged. The sink's own probability
+// p_sink = e^(s_h - lse_i) gets dS = p_sink (0 - D_i) (its value is zero), so
+//   d s_h = - sum over (batch, query i) of e^(s_h - lse_i) (dO_i . O_i),
+// added (+=) in the accumulate type into `sink_gradient` ([heads]) by the learnable backward.
+// Context-parallel blocks (causal false or offsets) with a sink are refused: a merge of blocks would
+// count the sink once per block.
 #pragma once
 
 #include <cmath>
@@ -51,6 +64,9 @@ struct AttentionDropout {
   friend constexpr bool operator==(const AttentionDropout&, const AttentionDropout&) = default;
 };
 
+// Megatron's --softmax-type.
+enum class SoftmaxType : std::uint8_t { vanilla, off_by_one, learnable };
+
 struct AttentionOptions {
   AttentionStrides strides{};
   AttentionDropout dropout{};
@@ -65,6 +81,14 @@ struct AttentionOptions {
   // Sliding-window attention (Megatron's --window-size, its left bound; Mistral, gpt-oss): query i
   // sees keys j with i - window <= j <= i. Negative: no window. Causal calls only.
   index_t window = -1;
+  // Attention sinks (see the note above). `sinks` points to [heads] values of the call's element
+  // type T (learnable only); `sink_gradient` to [heads] values of accumulate_t<T> that the
+  // learnable backward adds d s_h to (null: not wanted).
+  SoftmaxType softmax = SoftmaxType::vanilla;
+  const void* sinks = nullptr;
+  void* sink_gradient = nullptr;
+
+  constexpr bool has_sink() const { return softmax != SoftmaxType::vanilla; }
 
   constexpr AttentionOptions() = default;
   // A bare AttentionStrides is the options without dropout.
@@ -134,6 +158,11 @@ inline void check_attention_block(const char* who, const AttentionOptions& optio
   if (options.causal && options.query_offset != options.key_offset)
     fail<ConfigError>(who, ": a causal attention block needs query_offset=", options.query_offset, " equal to key_offset=",
                       options.key_offset, " (a diagonal block); run a block wholly in the past with causal=false");
+  if (options.has_sink() && uses_context_parallel_blocks(options))
+    fail<ConfigError>(who, ": an attention sink (--softmax-type off-by-one or learnable) in a context-parallel block is not "
+                      "available: merging the blocks would count the sink once per block; train with --context-parallel-size 1");
+  if (options.softmax == SoftmaxType::learnable && options.sinks == nullptr)
+    fail<ConfigError>(who, ": a learnable softmax (--softmax-type learnable) needs the sink logits (AttentionOptions::sinks)");
   if (options.window >= 0 && !options.causal)
     fail<ConfigError>(who, ": a sliding window (window=", options.window, ") applies to causal attention only; a "
                       "non-causal block (context parallelism) with a window is not available yet");

@@ -516,6 +516,14 @@ std::vector<ArchitectureOption> architecture_options(const Config& c) {
           {"model.rope_low_freq_factor", c.rope_low_freq_factor, d.rope_low_freq_factor},
           {"model.rope_high_freq_factor", c.rope_high_freq_factor, d.rope_high_freq_factor},
           {"model.rope_original_max_positions", c.rope_original_max_positions, d.rope_original_max_positions},
+          {"model.yarn_scaling_factor", c.yarn_scaling_factor, d.yarn_scaling_factor},
+          {"model.yarn_original_max_positions", c.yarn_original_max_positions, d.yarn_original_max_positions},
+          {"model.yarn_beta_fast", c.yarn_beta_fast, d.yarn_beta_fast},
+          {"model.yarn_beta_slow", c.yarn_beta_slow, d.yarn_beta_slow},
+          {"model.yarn_mscale", c.yarn_mscale, d.yarn_mscale},
+          {"model.yarn_mscale_all_dim", c.yarn_mscale_all_dim, d.yarn_mscale_all_dim},
+          {"model.yarn_round_to_int", double(c.yarn_round_to_int), double(d.yarn_round_to_int)},
+          {"model.softmax_type", double(static_cast<int>(c.softmax_type)), double(static_cast<int>(d.softmax_type))},
           {"model.activation", double(static_cast<int>(c.activation)), double(static_cast<int>(d.activation))},
           {"model.activation_clamp", c.activation_clamp, d.activation_clamp},
           {"model.glu_linear_offset", c.glu_linear_offset, d.glu_linear_offset}};
@@ -535,6 +543,14 @@ void read_architecture_options(const StateReader& r, Config& c) {
   c.rope_low_freq_factor = get("model.rope_low_freq_factor", d.rope_low_freq_factor);
   c.rope_high_freq_factor = get("model.rope_high_freq_factor", d.rope_high_freq_factor);
   c.rope_original_max_positions = get("model.rope_original_max_positions", d.rope_original_max_positions);
+  c.yarn_scaling_factor = get("model.yarn_scaling_factor", d.yarn_scaling_factor);
+  c.yarn_original_max_positions = get("model.yarn_original_max_positions", d.yarn_original_max_positions);
+  c.yarn_beta_fast = get("model.yarn_beta_fast", d.yarn_beta_fast);
+  c.yarn_beta_slow = get("model.yarn_beta_slow", d.yarn_beta_slow);
+  c.yarn_mscale = get("model.yarn_mscale", d.yarn_mscale);
+  c.yarn_mscale_all_dim = get("model.yarn_mscale_all_dim", d.yarn_mscale_all_dim);
+  c.yarn_round_to_int = get("model.yarn_round_to_int", d.yarn_round_to_int) != 0;
+  c.softmax_type = static_cast<decltype(c.softmax_type)>(static_cast<int>(get("model.softmax_type", static_cast<int>(d.softmax_type))));
   c.activation = static_cast<decltype(c.activation)>(static_cast<int>(get("model.activation", static_cast<int>(d.activation))));
   c.activation_clamp = get("model.activation_clamp", d.activation_clamp);
   c.glu_linear_offset = get("model.glu_linear_offset", d.glu_linear_offset);

@@ -41,7 +41,8 @@
 //     layers.L.attention.q_norm.weight [d] model.layers.L.self_attn.q_norm.weight
 //     layers.L.attention.k_norm.weight [d] model.layers.L.self_attn.k_norm.weight
 //   In the Llama family d is head_dim (kv_channels), so q_proj is [H d, h] and o_proj [h, H d]. A Llama
-//   config's rope_scaling of rope_type "llama3" maps to ModelConfig's rope_scaling_* (Llama 3.1).
+//   config's rope_scaling of rope_type "llama3" maps to ModelConfig's rope_scaling_* (Llama 3.1), and of rope_type
+//   "yarn" (any of the Llama family; gpt-oss, Qwen3 long context) to its yarn_* fields (hf_detail::read_yarn).
 //
 // strata's qkv rows are group-major (layers/attention.hpp): for each query group g, [the H/G query
 // heads of g | k_g | v_g], d rows each. transformers keeps [all q heads | all k | all v] (GPT-2's
@@ -259,6 +260,11 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
   if (padded < vocab)
     fail<ConfigError>("hf::tensor_mappings: a padded vocabulary of ", padded, " rows is smaller than vocab_size=", vocab);
   architecture = hf_architecture(architecture, c);
+  if (c.softmax_type != SoftmaxType::vanilla)
+    fail<ConfigError>("hf::tensor_mappings: attention sinks (--softmax-type ",
+                      c.softmax_type == SoftmaxType::learnable ? "learnable" : "off-by-one", ") have no place in ",
+                      architecture_class(architecture), " (gpt-oss's architecture is not mapped yet); exchange this model "
+                      "through strata's own checkpoints");
   if (c.num_attention_heads <= 0 || (c.kv_channels == 0 && h % c.num_attention_heads != 0))
     fail<ConfigError>("hf::tensor_mappings: num_attention_heads=", c.num_attention_heads, " does not divide hidden_size=", h);
   const index_t heads = c.num_attention_heads, d = c.head_dim();
@@ -495,6 +501,83 @@ auto gather_parameter(Comm& tp, const Param& p) {
   return out;
 }
 
+// The RopeOptions of a configuration's YaRN fields (for its attention factor).
+inline RopeOptions yarn_rope_options(const models::ModelConfig& c) {
+  RopeOptions o;
+  o.yarn_factor = c.yarn_scaling_factor;
+  o.yarn_original_max_positions = c.yarn_original_max_positions;
+  o.yarn_beta_fast = c.yarn_beta_fast;
+  o.yarn_beta_slow = c.yarn_beta_slow;
+  o.yarn_mscale = c.yarn_mscale;
+  o.yarn_mscale_all_dim = c.yarn_mscale_all_dim;
+  o.yarn_round_to_int = c.yarn_round_to_int;
+  return o;
+}
+
+// rope_scaling (or rope_parameters) of rope_type "yarn" into c's YaRN fields, as transformers'
+// _compute_yarn_parameters reads them: factor (absent or null: max_position_embeddings / original);
+// original_max_position_embeddings (absent: max_position_embeddings, already c.seq_length);
+// beta_fast, beta_slow (absent, null or 0: 32 and 1); the attention factor from attention_factor
+// when given, else from mscale / mscale_all_dim when both are non-zero, else 0.1 ln(factor) + 1
+// (strata's mscale 1, mscale_all_dim 0; an attention_factor a becomes mscale (a - 1) / (0.1 ln
+// factor)); truncate (default true). rope_theta is read by the caller. Older transformers (4.4x,
+// 4.5x) replaced the factor by max_position_embeddings / original whenever the original was given;
+// the two agree when the configuration is consistent (gpt-oss: 131072 / 4096 = 32).
+inline void read_yarn(const std::filesystem::path& path, std::string_view field, const json::Value& rope, models::ModelConfig& c) {
+  auto refuse = [&](std::string_view key, const std::string& value, std::string_view why) {
+    fail<ConfigError>("config.json ", path, ": ", field, ".", key, " = ", value, " cannot be imported: ", why);
+  };
+  auto number = [&](std::string_view key, const json::Value& v) {
+    double out = 0;
+    if (!v.to_double(out) || !std::isfinite(out)) refuse(key, v.text(), "not a number");
+    return out;
+  };
+  std::optional<double> factor, original, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+  bool truncate = true;
+  for (const auto& [key, value] : rope.members()) {
+    if (key == "rope_type" || key == "type" || key == "rope_theta") continue;
+    if (value.is_null()) continue;
+    if (key == "truncate") {
+      if (!value.is_bool()) refuse(key, value.text(), "not true or false");
+      truncate = value.boolean();
+      continue;
+    }
+    std::optional<double>* slot = key == "factor"                             ? &factor
+                                  : key == "original_max_position_embeddings" ? &original
+                                  : key == "beta_fast"                        ? &beta_fast
+                                  : key == "beta_slow"                        ? &beta_slow
+                                  : key == "mscale"                           ? &mscale
+                                  : key == "mscale_all_dim"                   ? &mscale_all_dim
+                                  : key == "attention_factor"                 ? &attention_factor
+                                                                              : nullptr;
+    if (!slot)
+      refuse(key, value.is_string() || value.is_number() ? value.text() : "(set)",
+             "strata's YaRN reads factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, "
+             "mscale_all_dim, attention_factor and truncate");
+    *slot = number(key, value);
+  }
+  c.yarn_original_max_positions = original.value_or(static_cast<double>(c.seq_length));
+  if (!(c.yarn_original_max_positions > 0)) refuse("original_max_position_embeddings", std::to_string(c.yarn_original_max_positions), "not positive");
+  c.yarn_scaling_factor = factor.value_or(static_cast<double>(c.seq_length) / c.yarn_original_max_positions);
+  if (!(c.yarn_scaling_factor > 0)) refuse("factor", std::to_string(c.yarn_scaling_factor), "not a positive number");
+  c.yarn_beta_fast = beta_fast && *beta_fast != 0 ? *beta_fast : 32.0;
+  c.yarn_beta_slow = beta_slow && *beta_slow != 0 ? *beta_slow : 1.0;
+  if (!(c.yarn_beta_slow > 0 && c.yarn_beta_fast > c.yarn_beta_slow))
+    refuse("beta_fast", std::to_string(c.yarn_beta_fast), detail::concat("strata needs 0 < beta_slow (", c.yarn_beta_slow,
+                                                                        ") < beta_fast"));
+  c.yarn_round_to_int = truncate;
+  c.yarn_mscale = 1.0, c.yarn_mscale_all_dim = 0.0;
+  if (attention_factor) {
+    if (c.yarn_scaling_factor > 1) c.yarn_mscale = (*attention_factor - 1.0) / (0.1 * std::log(c.yarn_scaling_factor));
+    else if (*attention_factor != 1.0)
+      refuse("attention_factor", std::to_string(*attention_factor), "with a factor of at most 1 strata's attention factor is 1");
+  } else if (mscale && mscale_all_dim && *mscale != 0 && *mscale_all_dim != 0) {
+    c.yarn_mscale = *mscale, c.yarn_mscale_all_dim = *mscale_all_dim;
+    if (!(rope_yarn_mscale(c.yarn_scaling_factor, c.yarn_mscale_all_dim) > 0))
+      refuse("mscale_all_dim", std::to_string(*mscale_all_dim), "gives an attention factor with a non-positive denominator");
+  }
+}
+
 }  // namespace hf_detail
 
 // Parses <dir>/config.json (or a config.json path) into the architecture and a ModelConfig.
@@ -571,9 +654,20 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       for (const auto& [key, value] : rope.members())
         if (key == "rope_type" || key == "type") type = &value;
       const bool llama3 = type && type->is_string() && type->text() == "llama3" && *architecture == Architecture::llama;
+      const bool yarn = type && type->is_string() && type->text() == "yarn";  // any of the Llama family
       if (llama3 && !rope.find("factor"))
         refuse(detail::concat(field, ".rope_type"), "llama3", "Llama 3.1's scaling needs its factor (and low_freq_factor, "
                "high_freq_factor, original_max_position_embeddings)");
+      if (yarn) {
+        hf_detail::read_yarn(path, field, rope, c);
+        if (const json::Value* t = rope.find("rope_theta")) {
+          double value = 0;
+          if (!t->to_double(value)) refuse(detail::concat(field, ".rope_theta"), t->text(), "not a number");
+          if (theta && *theta != value) refuse(detail::concat(field, ".rope_theta"), t->text(), detail::concat("rope_theta says ", *theta));
+          theta = value;
+        }
+        continue;
+      }
       for (const auto& [key, value] : rope.members()) {
         if ((key == "rope_type" || key == "type") && value.is_string() && (value.text() == "default" || llama3)) continue;
         if (llama3 && (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor" ||
@@ -595,7 +689,8 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
           continue;
         }
         refuse(detail::concat(field, ".", key), value.is_string() || value.is_number() ? value.text() : "(set)",
-               "strata's RoPE is the default one, or Llama 3.1's scaling (rope_type \"llama3\") in a Llama");
+               "strata's RoPE is the default one, YaRN (rope_type \"yarn\"), or Llama 3.1's scaling (rope_type \"llama3\") "
+               "in a Llama");
       }
     }
     c.rope_base = theta.value_or(10000.0);
@@ -654,6 +749,17 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
     same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
     same_int("head_dim", c.head_dim(), "kv_channels", model.head_dim());
     same_real("rope_scaling.factor (rope_type llama3)", c.rope_scaling_factor, "rope_scaling_factor", model.rope_scaling_factor);
+    same_real("rope_scaling.factor (rope_type yarn)", c.yarn_scaling_factor, "yarn_scaling_factor", model.yarn_scaling_factor);
+    if (model.yarn_scaling_factor > 0) {
+      same_real("rope_scaling.original_max_position_embeddings (yarn)", c.yarn_original_max_positions,
+                "yarn_original_max_positions", model.yarn_original_max_positions);
+      same_real("rope_scaling.beta_fast", c.yarn_beta_fast, "yarn_beta_fast", model.yarn_beta_fast);
+      same_real("rope_scaling.beta_slow", c.yarn_beta_slow, "yarn_beta_slow", model.yarn_beta_slow);
+      same_int("rope_scaling.truncate", c.yarn_round_to_int, "yarn_round_to_int", model.yarn_round_to_int);
+      same_real("the YaRN attention factor (rope_scaling.attention_factor, mscale, mscale_all_dim)",
+                rope_attention_factor(hf_detail::yarn_rope_options(c)), "the attention factor of yarn_mscale, yarn_mscale_all_dim",
+                rope_attention_factor(hf_detail::yarn_rope_options(model)));
+    }
     if (model.rope_scaling_factor > 0) {
       same_real("rope_scaling.low_freq_factor", c.rope_low_freq_factor, "rope_low_freq_factor", model.rope_low_freq_factor);
       same_real("rope_scaling.high_freq_factor", c.rope_high_freq_factor, "rope_high_freq_factor", model.rope_high_freq_factor);
@@ -747,6 +853,25 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
   if (architecture != Architecture::llama)  // Qwen: no sliding window (its layers' window fields left at their defaults)
     members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
+  if (c.yarn_scaling_factor > 0) {
+    // transformers' attention factor: mscale / mscale_all_dim's when both are non-zero (DeepSeek-V3),
+    // else 0.1 ln(factor) + 1 unless attention_factor says otherwise.
+    std::vector<std::pair<std::string, std::string>> yarn{
+        {"rope_type", quote("yarn")},
+        {"factor", number(c.yarn_scaling_factor)},
+        {"original_max_position_embeddings", number(c.yarn_original_max_positions)},
+        {"beta_fast", number(c.yarn_beta_fast)},
+        {"beta_slow", number(c.yarn_beta_slow)},
+        {"truncate", boolean(c.yarn_round_to_int)}};
+    const double factor = rope_attention_factor(hf_detail::yarn_rope_options(c));
+    if (c.yarn_mscale != 0 && c.yarn_mscale_all_dim != 0) {
+      yarn.emplace_back("mscale", number(c.yarn_mscale));
+      yarn.emplace_back("mscale_all_dim", number(c.yarn_mscale_all_dim));
+    } else if (factor != rope_yarn_mscale(c.yarn_scaling_factor, 1.0)) {
+      yarn.emplace_back("attention_factor", number(factor));
+    }
+    members.insert(members.end() - 3, {"rope_scaling", hf_detail::json_object(yarn)});
+  }
   if (c.rope_scaling_factor > 0)
     members.insert(members.end() - 3,
                    {"rope_scaling", hf_detail::json_object({{"rope_type", quote("llama3")},

@@ -49,9 +49,17 @@
 //     head after the projection and before RoPE (Qwen3, OLMo 2), its weight [d] shared by all heads
 //     and replicated over tp: each rank normalizes its own heads, and the weight gradients of both
 //     norms are summed over the tensor-parallel group in one all-reduce. q, k, v are then copies.
-//   rope (--rotary-percent, --rotary-interleaved, --use-rope-scaling: backend/rope_options.hpp).
+//   rope (--rotary-percent, --rotary-interleaved, --use-rope-scaling, --position-embedding-type yarn:
+//     backend/rope_options.hpp).
 //   window (--window-size): sliding-window attention, query i sees keys i - window .. i (Mistral,
 //     gpt-oss's alternating layers); not with context parallelism yet.
+//   softmax (--softmax-type): attention sinks (backend/attention_options.hpp). off-by-one adds a
+//     zero logit to each softmax denominator; learnable adds a learned logit per head, the
+//     parameter `softmax_offset` [heads] (Megatron's name), split over tp with the heads (rank r
+//     holds heads r x heads / tp onward), initialized N(0, std) as Megatron's init_method, no
+//     weight decay (one-dimensional, as Megatron's default). Its gradient is whole on each rank (a
+//     rank attends with its own heads over the whole sequence), so it needs no collective. Not with
+//     context parallelism (refused).
 #pragma once
 
 #include <cmath>
@@ -96,6 +104,7 @@ struct AttentionConfig {
   bool qk_norm_zero_centered = false;  // --apply-layernorm-1p for the qk norms too
   RopeOptions rope{};  // rotary_dim (--rotary-percent), interleaved, Llama 3.1 scaling
   index_t window = -1;  // sliding window (--window-size): query i sees keys i - window .. i; -1: all
+  SoftmaxType softmax = SoftmaxType::vanilla;  // attention sinks (--softmax-type)
 };
 
 template <class Policy, class Position = no_rope, class Grouping = mha>
@@ -154,6 +163,14 @@ class SelfAttention {
       q_rmsnorm_.emplace(ctx, name + ".q_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
       k_rmsnorm_.emplace(ctx, name + ".k_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
     }
+    if (config_.softmax == SoftmaxType::learnable)
+      sinks_.emplace(name + ".softmax_offset", Shape{config_.num_heads}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size()),
+                     /*decay=*/false);
+    if (context_parallel_ && config_.softmax != SoftmaxType::vanilla)
+      fail<ConfigError>("SelfAttention ", name, ": attention sinks (--softmax-type ",
+                        config_.softmax == SoftmaxType::learnable ? "learnable" : "off-by-one", ") with context parallelism (cp=",
+                        ctx.cp.size(), ") are not available: merging the blocks of the ring would count the sink once per "
+                        "block; use --context-parallel-size 1 or --softmax-type vanilla");
     if (context_parallel_ && config_.window >= 0)
       fail<ConfigError>("SelfAttention ", name, ": a sliding window (window=", config_.window, ") with context parallelism "
                         "(cp=", ctx.cp.size(), ") is not available yet: use --context-parallel-size 1 or no --window-size");
@@ -378,7 +395,7 @@ class SelfAttention {
       ctx.device.template attention_backward<T>(dcontext.data(), packed, packed + view.k_offset, packed + view.v_offset,
                                                 saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_,
                                                 d, scale(), dpacked, dpacked + view.k_offset,
-                                                dpacked + view.v_offset, options_of(view.strides, saved.dropout));
+                                                dpacked + view.v_offset, backward_options_of(view.strides, saved.dropout));
       return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
     }
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
@@ -386,7 +403,7 @@ class SelfAttention {
     ctx.device.template attention_backward<T>(dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(),
                                               saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_, d,
                                               scale(), dq.data(), dk.data(), dv.data(),
-                                              options_of(AttentionStrides{}, saved.dropout));
+                                              backward_options_of(AttentionStrides{}, saved.dropout));
     if constexpr (std::is_same_v<Position, rope>) {
       ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0, config_.rope);
       ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0, config_.rope);
@@ -410,6 +427,7 @@ class SelfAttention {
       q_rmsnorm_->init(ctx, seed, stddev);
       k_rmsnorm_->init(ctx, seed, stddev);
     }
+    if (sinks_) init_normal(ctx.device, *sinks_, seed, stddev);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
@@ -423,6 +441,7 @@ class SelfAttention {
       q_rmsnorm_->for_each_parameter(visit);
       k_rmsnorm_->for_each_parameter(visit);
     }
+    if (sinks_) visit(*sinks_);
   }
 
   static AttentionConfig validated(AttentionConfig c, int tp) {
@@ -449,6 +468,15 @@ class SelfAttention {
         fail<ConfigError>("SelfAttention: rope scaling factor=", c.rope.scaling_factor, " (low ", c.rope.low_freq_factor,
                           ", high ", c.rope.high_freq_factor, ", original context ", c.rope.original_max_positions,
                           ") must be >= 0 with 0 < low < high and a positive original context (Llama 3.1: 8, 1, 4, 8192)");
+      const RopeOptions& r = c.rope;
+      if (!(std::isfinite(r.yarn_factor) && r.yarn_factor >= 0) ||
+          (r.yarn() && (r.scaling_factor > 0 || !(r.yarn_original_max_positions > 0) || !(r.yarn_beta_slow > 0) ||
+                        !(r.yarn_beta_fast > r.yarn_beta_slow) || !std::isfinite(r.yarn_beta_fast) ||
+                        !(rope_yarn_mscale(r.yarn_factor, r.yarn_mscale_all_dim) > 0) || !std::isfinite(r.yarn_mscale))))
+        fail<ConfigError>("SelfAttention: YaRN factor=", r.yarn_factor, " (original context ", r.yarn_original_max_positions,
+                          ", beta_fast ", r.yarn_beta_fast, ", beta_slow ", r.yarn_beta_slow, ", mscale ", r.yarn_mscale,
+                          ", mscale_all_dim ", r.yarn_mscale_all_dim, ") must be >= 0, without Llama 3.1's scaling, with a "
+                          "positive original context, 0 < beta_slow < beta_fast and finite mscales (gpt-oss: 32, 4096, 32, 1)");
     }
     if (c.qk_norm != QkNorm::none && !(std::isfinite(c.qk_norm_epsilon) && c.qk_norm_epsilon > 0))
       fail<ConfigError>("SelfAttention: qk_norm_epsilon=", c.qk_norm_epsilon, " must be a finite positive number");
@@ -468,6 +496,14 @@ class SelfAttention {
   AttentionOptions options_of(AttentionStrides strides, AttentionDropout dropout) const {
     AttentionOptions options{strides, dropout};
     options.window = config_.window;
+    options.softmax = config_.softmax;
+    if (sinks_) options.sinks = sinks_->value.data();
+    return options;
+  }
+  // The options of the backward: those of the forward, and the sink logits' gradient to add to.
+  AttentionOptions backward_options_of(AttentionStrides strides, AttentionDropout dropout) {
+    AttentionOptions options = options_of(strides, dropout);
+    if (sinks_) options.sink_gradient = sinks_->grad.data();
     return options;
   }
   A scale() const { return A(1) / std::sqrt(A(head_dim_)); }
@@ -523,6 +559,7 @@ class SelfAttention {
   Proj proj_;
   std::optional<LayerNorm<Policy>> q_layernorm_, k_layernorm_;  // qk_norm layernorm
   std::optional<RmsNorm<Policy>> q_rmsnorm_, k_rmsnorm_;        // qk_norm rmsnorm
+  std::optional<Parameter<T, Space>> sinks_;                    // softmax learnable: softmax_offset [heads] split over tp
   bool recompute_core_ = false;
   bool context_parallel_ = false;  // ctx.cp of more than one rank: ring attention over the local chunks
 };

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "../backend/activation_options.hpp"
+#include "../backend/attention_options.hpp"
 #include "../backend/moe_routing.hpp"
+#include "../backend/rope_options.hpp"
 #include "../core/checked.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/partition.hpp"
@@ -74,9 +76,17 @@ struct ModelConfig {
   double rope_scaling_factor = 0.0; // --use-rope-scaling with --rope-scaling-factor (Llama 3.1: 8); 0: off
   double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  // Llama 3.1's (Megatron's fixed values)
   double rope_original_max_positions = 8192.0;
+  // --position-embedding-type yarn with --rotary-scaling-factor (0 here: no YaRN) and its parameters
+  // (backend/rope_options.hpp; Megatron's defaults when the flags are absent)
+  double yarn_scaling_factor = 0.0;
+  double yarn_original_max_positions = 4096.0;  // --yarn-original-max-position-embeddings
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;  // --yarn-beta-fast, --yarn-beta-slow
+  double yarn_mscale = 1.0, yarn_mscale_all_dim = 0.0;  // --mscale, --mscale-all-dim
+  bool yarn_round_to_int = true;  // --[no-]yarn-correction-range-round-to-int
   MlpActivation activation = MlpActivation::preset;  // --swiglu / --squared-relu / --quick-geglu (preset: the model's)
   double activation_clamp = 0.0;    // --activation-func-clamp-value (gated activations; 0: none)
   double glu_linear_offset = 0.0;   // --glu-linear-offset (gated activations)
+  SoftmaxType softmax_type = SoftmaxType::vanilla;  // --softmax-type: attention sinks (gpt-oss: learnable)
   int window_size = -1;             // --window-size's left bound: query i sees keys i - window .. i (-1: all)
   std::vector<int> window_layers;   // --window-attn-skip-freq: 1 where a layer has the window (empty: every layer)
 
@@ -195,6 +205,24 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original context, got ",
                       m.rope_low_freq_factor, ", ", m.rope_high_freq_factor, ", ", m.rope_original_max_positions,
                       " (Llama 3.1: 1, 4, 8192)");
+  if (!(std::isfinite(m.yarn_scaling_factor) && m.yarn_scaling_factor >= 0))
+    fail<ConfigError>("yarn_scaling_factor=", m.yarn_scaling_factor, " must be a finite number >= 0 (0: no YaRN; gpt-oss uses 32)");
+  if (m.yarn_scaling_factor > 0) {
+    if (m.rope_scaling_factor > 0)
+      fail<ConfigError>("YaRN (yarn_scaling_factor=", m.yarn_scaling_factor, ") and Llama 3.1's rope scaling (rope_scaling_factor=",
+                        m.rope_scaling_factor, ") each rescale the rotary frequencies; choose one");
+    if (!(std::isfinite(m.yarn_original_max_positions) && m.yarn_original_max_positions > 0))
+      fail<ConfigError>("yarn_original_max_positions=", m.yarn_original_max_positions,
+                        " must be a finite positive number (the context the model was trained at; gpt-oss: 4096)");
+    if (!(std::isfinite(m.yarn_beta_fast) && std::isfinite(m.yarn_beta_slow) && m.yarn_beta_slow > 0 &&
+          m.yarn_beta_fast > m.yarn_beta_slow))
+      fail<ConfigError>("yarn beta_fast=", m.yarn_beta_fast, " and beta_slow=", m.yarn_beta_slow,
+                        " must be finite with 0 < beta_slow < beta_fast (rotations over the original context; 32 and 1)");
+    if (!(std::isfinite(m.yarn_mscale) && std::isfinite(m.yarn_mscale_all_dim)) ||
+        !(rope_yarn_mscale(m.yarn_scaling_factor, m.yarn_mscale_all_dim) > 0))
+      fail<ConfigError>("yarn mscale=", m.yarn_mscale, " and mscale_all_dim=", m.yarn_mscale_all_dim,
+                        " must be finite, and 0.1 mscale_all_dim ln(factor) + 1 positive (Megatron's defaults: 1 and 0)");
+  }
   if (m.window_size < -1)
     fail<ConfigError>("window_size=", m.window_size, " must be -1 (no sliding window) or a number of keys >= 0 (Mistral: 4095)");
   if (!m.window_layers.empty()) {
@@ -209,6 +237,10 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
   if (m.window_size >= 0 && p.cp > 1)
     fail<ConfigError>("window_size=", m.window_size, " with context parallelism (cp=", p.cp,
                       ") is not available yet: train with --context-parallel-size 1, or without --window-size");
+  if (m.softmax_type != SoftmaxType::vanilla && p.cp > 1)
+    fail<ConfigError>("softmax_type ", m.softmax_type == SoftmaxType::learnable ? "learnable" : "off-by-one",
+                      " (attention sinks) with context parallelism (cp=", p.cp, ") is not available: merging the blocks of "
+                      "the ring would count the sink once per block; train with --context-parallel-size 1 or --softmax-type vanilla");
   if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
     fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
   if (m.moe.enabled() && (m.activation == MlpActivation::squared_relu || m.activation == MlpActivation::quick_geglu ||

@@ -568,6 +568,14 @@ class DecoderModel {
     c.rope.low_freq_factor = config.rope_low_freq_factor;
     c.rope.high_freq_factor = config.rope_high_freq_factor;
     c.rope.original_max_positions = config.rope_original_max_positions;
+    c.rope.yarn_factor = config.yarn_scaling_factor;
+    c.rope.yarn_original_max_positions = config.yarn_original_max_positions;
+    c.rope.yarn_beta_fast = config.yarn_beta_fast;
+    c.rope.yarn_beta_slow = config.yarn_beta_slow;
+    c.rope.yarn_mscale = config.yarn_mscale;
+    c.rope.yarn_mscale_all_dim = config.yarn_mscale_all_dim;
+    c.rope.yarn_round_to_int = config.yarn_round_to_int;
+    c.softmax = config.softmax_type;  // --softmax-type (attention sinks)
     c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
     return c;
   }

@@ -22,6 +22,10 @@
 //   causal, query_offset, key_offset   (context parallelism) causal = false lets every query see
 //             all s keys; the offsets are the global positions the dropout mask is drawn at.
 //   window    (sliding-window attention) query i sees keys max(0, i - window) .. i only.
+//   softmax   (attention sinks) a sink logit s_h joins each denominator: m = max(m, s_h),
+//             l += e^(s_h - m), so lse_i includes it; the backward adds
+//             d s_h -= e^(s_h - lse_i) D_i to sink_gradient, summed over (batch, query) in
+//             ascending order (see backend/attention_options.hpp).
 #pragma once
 
 #include <algorithm>
@@ -47,6 +51,7 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
   const index_t qo = options.query_offset, ko = options.key_offset;  // global positions of query 0, key 0
   const index_t q_step = b * x.q_row, kv_step = b * x.kv_row;  // from position i to i + 1 of one sequence
   const index_t out_step = b * heads * d;                        // out [s, b, heads, d]
+  const T* sinks = static_cast<const T*>(options.sinks);         // learnable: [heads]
   std::vector<A> z(static_cast<std::size_t>(s)), acc(static_cast<std::size_t>(d));
   for (index_t batch = 0; batch < b; ++batch)
     for (index_t h = 0; h < heads; ++h) {
@@ -54,6 +59,7 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
       const T* qh = q + batch * x.q_row + h * x.q_head;  // q[i] at qh + i * q_step
       const T* kh = k + batch * x.kv_row + g * x.kv_head;
       const T* vh = v + batch * x.kv_row + g * x.kv_head;
+      const A sink = options.softmax == SoftmaxType::learnable ? A(sinks[h]) : A(0);  // s_h (off-by-one: 0)
       for (index_t i = 0; i < s; ++i) {
         const T* qi = qh + i * q_step;
         const index_t last = options.causal ? i : s - 1;  // the last key query i sees
@@ -66,7 +72,8 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
           z[j] = scale * dot;
           m = std::max(m, z[j]);
         }
-        A l = 0;
+        if (options.has_sink()) m = std::max(m, sink);
+        A l = options.has_sink() ? std::exp(sink - m) : A(0);  // the sink's share of the denominator
         std::fill(acc.begin(), acc.end(), A(0));
         for (index_t j = first; j <= last; ++j) {
           const A p = std::exp(z[j] - m);
@@ -98,9 +105,13 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
   const std::size_t kv_size = static_cast<std::size_t>(s * acc_step);
   std::vector<A> dk_acc(kv_size, A(0)), dv_acc(kv_size, A(0));  // [s, b, groups, d]
   std::vector<A> ds(static_cast<std::size_t>(s)), dq_acc(static_cast<std::size_t>(d));
+  const T* sinks = static_cast<const T*>(options.sinks);  // learnable: [heads]
+  A* sink_gradient = options.softmax == SoftmaxType::learnable ? static_cast<A*>(options.sink_gradient) : nullptr;
+  std::vector<A> dsink(static_cast<std::size_t>(heads), A(0));  // d s_h of this call, summed in (batch, query) order
   for (index_t batch = 0; batch < b; ++batch)
     for (index_t h = 0; h < heads; ++h) {
       const index_t g = h / hpg;
+      const A sink = sink_gradient ? A(sinks[h]) : A(0);
       const index_t q_off = batch * x.q_row + h * x.q_head, out_off = (batch * heads + h) * d;
       const index_t kv_off = batch * x.kv_row + g * x.kv_head, acc_off = (batch * groups + g) * d;
       for (index_t i = 0; i < s; ++i) {
@@ -112,6 +123,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         const index_t first = options.window >= 0 ? std::max<index_t>(0, i - options.window) : 0;  // and the first
         A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j (out and dp with the dropout's Z)
         for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
+        if (sink_gradient) dsink[h] -= std::exp(sink - lse_i) * big_d;  // p_sink (0 - D_i)
         for (index_t j = first; j <= last; ++j) {
           const T* kj = k + j * kv_step + kv_off;
           const T* vj = v + j * kv_step + kv_off;
@@ -146,6 +158,8 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         for (index_t e = 0; e < d; ++e) dqi[e] = T(dq_acc[e]);
       }
     }
+  if (sink_gradient)
+    for (index_t h = 0; h < heads; ++h) sink_gradient[h] += dsink[h];
   for (index_t i = 0; i < s; ++i)
     for (index_t batch = 0; batch < b; ++batch)
       for (index_t g = 0; g < groups; ++g) {

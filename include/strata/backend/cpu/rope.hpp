@@ -6,6 +6,8 @@
 //     forward:   (a, b) -> (a cos - b sin, b cos + a sin)   for the pair (x[i], x[i + rotary_dim/2]),
 //                or (x[2i], x[2i+1]) when interleaved
 //     backward:  the transpose rotation (angle -> -angle)
+//   cos and sin are multiplied by rope_attention_factor(options) (YaRN's concentration, else 1) in
+//   double before the rounding, so the backward is the transpose of the scaled rotation too.
 #pragma once
 
 #include <cmath>
@@ -23,11 +25,12 @@ void rope_rotate(T* x, index_t s, index_t n, index_t d, double base, index_t pos
                  const RopeOptions& options = {}) {
   const index_t rotary_dim = rope_rotary_dim(options, d), half = rotary_dim / 2;
   std::vector<A> cosv(static_cast<std::size_t>(half)), sinv(static_cast<std::size_t>(half));
+  const double factor = rope_attention_factor(options);
   for (index_t t = 0; t < s; ++t) {
     for (index_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
-      cosv[i] = A(std::cos(angle));
-      sinv[i] = A(inverse ? -std::sin(angle) : std::sin(angle));
+      cosv[i] = A(factor * std::cos(angle));
+      sinv[i] = A(factor * (inverse ? -std::sin(angle) : std::sin(angle)));
     }
     for (index_t r = 0; r < n; ++r) {
       T* row = x + (t * n + r) * d;  // (d)

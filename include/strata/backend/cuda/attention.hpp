@@ -22,6 +22,8 @@
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
 //   Any element type with a sliding window (AttentionOptions::window): the flash kernels (cuDNN's
 //              diagonal band is not wired yet).
+//   Attention sinks (AttentionOptions::softmax other than vanilla): refused with a sentence (CPU only
+//              so far).
 //   Any element type with attention dropout (probability > 0): the flash kernels, for forward and
 //              backward. cuDNN's SDPA draws its dropout mask from its own Philox stream (seed and
 //              offset, per cuDNN's layout of the s x s matrix), which cannot be made to draw
@@ -236,6 +238,13 @@ inline constexpr const char* kDropoutRefusal =
 // Why a call with a sliding window runs on the flash kernels.
 inline constexpr const char* kWindowRefusal =
     "sliding window: cuDNN's diagonal band is not used yet, so the flash kernels run";
+// Attention sinks are not on the GPU yet: a call with one is refused with this sentence.
+inline void refuse_sink(const char* who, const AttentionOptions& options) {
+  if (options.has_sink())
+    fail<ConfigError>(who, ": attention sinks (--softmax-type ", options.softmax == SoftmaxType::learnable ? "learnable" : "off-by-one",
+                      ") run on the CPU backend only so far (neither cuDNN's SDPA path nor strata's flash kernels add the sink "
+                      "yet); train with --device cpu, or with --softmax-type vanilla");
+}
 // The flash kernels must run the call: dropout or a window (the reason, or null).
 inline const char* flash_only(const AttentionOptions& options) {
   if (options.dropout.active()) return kDropoutRefusal;
@@ -290,6 +299,7 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("prepare_attention", options.strides, heads, groups, d);
   check_attention_block("prepare_attention", options);
+  detail::refuse_sink("prepare_attention", options);
   (void)attention_dropout_mask<accumulate_t<T>>("prepare_attention", options.dropout);  // checks the probability
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
   if constexpr (is_half_v<T>) {
@@ -320,6 +330,7 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_forward", options.strides, heads, groups, d);
   check_attention_block("attention_forward", options);
+  detail::refuse_sink("attention_forward", options);
   (void)attention_dropout_mask<accumulate_t<T>>("attention_forward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
@@ -365,6 +376,7 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_backward", options.strides, heads, groups, d);
   check_attention_block("attention_backward", options);
+  detail::refuse_sink("attention_backward", options);
   (void)attention_dropout_mask<A>("attention_backward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);

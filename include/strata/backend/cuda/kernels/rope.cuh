@@ -7,6 +7,7 @@
 //     forward:  (x_a, x_b) <- (x_a cos - x_b sin,  x_b cos + x_a sin),  (a, b) = (i, i + half), or
 //               (2i, 2i + 1) when interleaved
 //     backward: the inverse (transposed) rotation, the same with -sin
+//   cos and sin are multiplied by rope_attention_factor(options) (YaRN's concentration, else 1)
 //
 // The angle and its sine and cosine are computed in double, as the CPU twin does: positions reach
 // thousands of radians, where a float angle would already be wrong in the fourth digit. A thread
@@ -29,7 +30,8 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
     const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
     double sin_angle, cos_angle;
     sincos(angle, &sin_angle, &cos_angle);
-    const A c = A(cos_angle), sn = A(sign * sin_angle);
+    const double factor = rope_attention_factor(options);
+    const A c = A(factor * cos_angle), sn = A(factor * (sign * sin_angle));
     T* pair = x + row * d;  // x (s, n, d)
     const index_t first = options.interleaved ? 2 * i : i, second = options.interleaved ? 2 * i + 1 : i + half;
     const A a = load(pair, first), b = load(pair, second);
