@@ -26,6 +26,10 @@ trainer::TrainArgs tiny_gpt() {
 }
 
 plan::Calibration h100() { return plan::load_calibration(std::string(STRATA_SOURCE_DIR) + "/bench/calibration/h100_node.json"); }
+// Written by `strata-plan --calibrate` on one H200 (GEMMs and copies measured; links from h100_node.json).
+plan::Calibration h200_measured() {
+  return plan::load_calibration(std::string(STRATA_SOURCE_DIR) + "/bench/calibration/h200_measured.json");
+}
 
 // Hand count for 1 node x 4 GPUs, 4 layers, global batch 8 (micro-batches 1, 2, 4, 8; 3 recompute
 // choices; the distributed optimizer off, and on where dp x cp > 1):
@@ -269,8 +273,7 @@ struct Comparison {
   double memory_error() const { return predicted_gib / run->peak_gib - 1; }
 };
 
-std::vector<Comparison> compare(const std::vector<Measured>& runs) {
-  const plan::Calibration calibration = h100();
+std::vector<Comparison> compare(const std::vector<Measured>& runs, const plan::Calibration& calibration = h100()) {
   std::vector<Comparison> out;
   for (const Measured& run : runs) {
     trainer::TrainArgs model = trainer::parse_flags("gpt", run.flags);
@@ -345,6 +348,48 @@ TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Perc
   EXPECT_LE(std::abs(rows[0].time_error()), 0.15);
   EXPECT_GT(rows[0].memory_error(), 0.08);
   EXPECT_LT(rows[0].memory_error(), 0.16);
+}
+
+// Llama 3 8B (seq 8192, global batch 16, micro-batch 1) on 4 H200 (bench/RESULTS.md, 2026-11-27),
+// predicted from the calibration strata-plan --calibrate measured on an H200: step time within 15%
+// for every layout (worst: tp=4 predicted 11.5% slow). Memory within 5% for dp=4, tp=2 x dp=2,
+// tp=2 x cp=2 and 1F1B; short by 5-8% for zero-bubble (the deferred weight gradients' inputs, as
+// above), interleaved (its first stage holds more micro-batches in flight than 1F1B's count) and
+// tp=4 (3.2 GiB short; not explained yet): those assert the shortfall, not a 5% agreement.
+std::vector<std::string> llama3_8b() {
+  return {"--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8",
+          "--ffn-hidden-size", "14336", "--seq-length", "8192", "--global-batch-size", "16", "--vocab-size", "128256",
+          "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--untie-embeddings-and-output-weights",
+          "--disable-bias-linear", "--rotary-base", "500000"};
+}
+TEST(Plan, Llama8BOnFourGpusStepTimeWithin15PercentAndMemoryWithin5PercentOrKnownShort) {
+  using R = RecomputeGranularity;
+  const plan::Cluster four{4, 1, 141};
+  plan::Layout cp2 = layout(2, 1, 1, 1, "1f1b", 1, R::none, true);
+  cp2.cp = 2;
+  const std::vector<Measured> runs = {
+      {"Llama 3 8B, dp=4 dist-opt", "2026-11-27, 4 H200", llama3_8b(), four, layout(1, 1, 4, 1, "1f1b", 1, R::none, true), 41866, 102.51},
+      {"Llama 3 8B, tp=2 dp=2 dist-opt", "2026-11-27, 4 H200", llama3_8b(), four, layout(2, 1, 2, 1, "1f1b", 1, R::none, true), 38288, 64.60},
+      {"Llama 3 8B, tp=2 cp=2 dist-opt", "2026-11-27, 4 H200", llama3_8b(), four, cp2, 34281, 54.78},
+      {"Llama 3 8B, tp=2 pp=2 1f1b", "2026-11-27, 4 H200", llama3_8b(), four, layout(2, 2, 1, 1), 35183, 53.35},
+      {"Llama 3 8B, tp=4", "2026-11-27, 4 H200", llama3_8b(), four, layout(4, 1, 1, 1), 32688, 45.66},
+      {"Llama 3 8B, tp=2 pp=2 interleaved v=2", "2026-11-27, 4 H200", llama3_8b(), four, layout(2, 2, 1, 1, "interleaved", 2), 35948,
+       58.13},
+      {"Llama 3 8B, pp=4 zero-bubble selective", "2026-11-27, 4 H200", llama3_8b(), four,
+       layout(1, 4, 1, 1, "zero-bubble", 1, R::selective), 32168, 76.38},
+  };
+  const auto rows = compare(runs, h200_measured());
+  print(rows);
+  ASSERT_EQ(rows.size(), 7u);
+  for (const Comparison& c : rows) {
+    EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name;
+    if (is(*c.run, "interleaved") || is(*c.run, "zero-bubble") || is(*c.run, "tp=4")) {
+      EXPECT_LT(c.memory_error(), -0.04) << c.run->name;
+      EXPECT_GT(c.memory_error(), -0.12) << c.run->name;
+    } else {
+      EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name;
+    }
+  }
 }
 
 // The bubble is the schedule table's idle share (docs/PIPELINE.md: pp = 4, m = 8 gives 0.273 for
