@@ -8,7 +8,7 @@
 //     4 KiB one (latency): `links.nvlink`.
 // The rest (attention, InfiniBand, overheads, reserve; NVLink on one GPU) is kept from the base
 // calibration, and `source` says which fields were measured. Times are the median of CUDA-event
-// timings after warm-up calls. Written for H100 nodes; it has compiled here but not yet run on a GPU.
+// timings after warm-up calls. Run on one H200 (bench/calibration/h200_measured.json).
 #pragma once
 
 #ifdef STRATA_WITH_CUDA
