@@ -438,14 +438,14 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
 }
 
 // The routers' losses of one iteration as Megatron logs them: each summed over every layer and
-// micro-batch (and every rank's share), divided by layers x micro-batches and by its coefficient
+// micro-batch (and every rank's share), divided by MoE layers x micro-batches and by its coefficient
 // (the balance itself, 1 when perfectly balanced under aux_loss); absent when that loss is off.
 struct RouterLog {
   std::optional<double> aux, z;
 };
 inline RouterLog router_log_of(const models::ModelConfig& m, double aux_sum, double z_sum, int micro_batches) {
   RouterLog log;
-  const double per = static_cast<double>(m.num_layers) * std::max(micro_batches, 1);
+  const double per = static_cast<double>(m.moe_layer_count()) * std::max(micro_batches, 1);
   if (m.moe.load_balancing != MoeLoadBalancing::none && m.moe.aux_loss_coeff > 0) log.aux = aux_sum / per / m.moe.aux_loss_coeff;
   if (m.moe.z_loss_coeff > 0) log.z = z_sum / per / m.moe.z_loss_coeff;
   return log;

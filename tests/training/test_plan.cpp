@@ -333,9 +333,10 @@ TEST(Plan, ZeroBubbleMemoryFallsShortOfTheMeasuredByTheDeferredWeightGradients) 
 // The Mixtral-shaped run on one H100: the calibration's host time per MoE layer (3.5 ms) comes from
 // this run's own figures (72.7 ms per step untraced, 45 ms of GPU work under the tracer, 8 layers),
 // so its step time is not an independent check (within 15%). Memory is plan_memory's MoE estimate,
-// which counts every routed row's expert activations and lands 13% above the measured peak
-// (19.25 against 17.04 GiB): this asserts that overestimate, not a 5% agreement.
-TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Percent) {
+// which counts each MoE layer's router logits and routed rows' expert activations instead of the
+// dense MLP's intermediate, and lands 7% above the measured peak (18.26 against 17.04 GiB; 19.25,
+// 13%, while it counted the experts on top of a dense MLP): this asserts that overestimate.
+TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy7Percent) {
   std::vector<Measured> runs;
   for (const Measured& run : measured_runs())
     if (is(run, "Mixtral")) runs.push_back(run);
@@ -343,8 +344,8 @@ TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Perc
   print(rows);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_LE(std::abs(rows[0].time_error()), 0.15);
-  EXPECT_GT(rows[0].memory_error(), 0.08);
-  EXPECT_LT(rows[0].memory_error(), 0.16);
+  EXPECT_GT(rows[0].memory_error(), 0.04);
+  EXPECT_LT(rows[0].memory_error(), 0.10);
 }
 
 // The bubble is the schedule table's idle share (docs/PIPELINE.md: pp = 4, m = 8 gives 0.273 for
