@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include <strata/checkpoint/huggingface.hpp>
 #include <strata/data.hpp>
 #include <strata/models.hpp>
 #include <strata/optim.hpp>
@@ -1459,9 +1460,14 @@ inline void validate(const TrainArgs& a) {
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",
                       "pretrain_gpt chooses by the flags)");
   if (a.model.moe.enabled()) {
-    if (!a.load_hf.empty() || !a.save_hf.empty())
-      fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts: Hugging Face Mixtral checkpoints are "
-                        "not mapped yet (GPT-2 and Llama are); save and load strata checkpoints (--save, --load)");
+    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral: what it cannot express is refused now
+      try {
+        (void)hf::hf_architecture(hf::Architecture::mixtral, a.model);
+      } catch (const ConfigError& e) {
+        fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
+                          "Face's MixtralForCausalLM: ", e.what(), " (save and load strata checkpoints instead: --save, --load)");
+      }
+    }
     check_range("--expert-model-parallel-size", a.expert_model_parallel_size, 1, a.world_size / pp,
                 "ranks of a pipeline stage the experts are spread over");
     check_range("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 0, a.world_size / pp,

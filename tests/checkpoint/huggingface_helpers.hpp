@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -333,6 +334,10 @@ class HfReference {
       rope(k, kv, d);
       add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d), tensor(p + "self_attn.o_proj.weight")));
       const Rows m = rms_norm(x, tensor(p + "post_attention_layernorm.weight"), c.norm_epsilon);
+      if (architecture_ == strata::hf::Architecture::mixtral) {
+        add(x, mixtral_moe(m, p + "block_sparse_moe."));
+        continue;
+      }
       Rows gate = linear(m, tensor(p + "mlp.gate_proj.weight"));
       const Rows up = linear(m, tensor(p + "mlp.up_proj.weight"));
       for (std::size_t t = 0; t < gate.size(); ++t)
@@ -342,6 +347,38 @@ class HfReference {
     const bool tied = !files_.has("lm_head.weight");
     return unembed(rms_norm(x, tensor("model.norm.weight"), c.norm_epsilon),
                    tensor(tied ? "model.embed_tokens.weight" : "lm_head.weight"));
+  }
+
+  // MixtralSparseMoeBlock: router logits = gate(x); probabilities softmax over all experts; the
+  // top-k of them (ties to the lower index, as torch.topk here), divided by their sum; each chosen
+  // expert's w2(silu(w1 x) * w3 x) weighted by it.
+  Rows mixtral_moe(const Rows& x, const std::string& p) const {
+    const int experts = config_.moe.num_experts, k = config_.moe.topk;
+    const Rows logits = linear(x, tensor(p + "gate.weight"));
+    Rows out(x.size(), std::vector<double>(x[0].size(), 0.0));
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      double top = logits[t][0];
+      for (int e = 1; e < experts; ++e) top = std::max(top, logits[t][e]);
+      std::vector<double> prob(static_cast<std::size_t>(experts));
+      double sum = 0;
+      for (int e = 0; e < experts; ++e) sum += prob[e] = std::exp(logits[t][e] - top);
+      for (double& q : prob) q /= sum;
+      std::vector<int> order(static_cast<std::size_t>(experts));
+      for (int e = 0; e < experts; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return prob[a] > prob[b]; });
+      double chosen = 0;
+      for (int j = 0; j < k; ++j) chosen += prob[order[j]];
+      for (int j = 0; j < k; ++j) {
+        const std::string e = p + "experts." + std::to_string(order[j]) + ".";
+        const Rows row{x[t]};
+        Rows gate = linear(row, tensor(e + "w1.weight"));
+        const Rows up = linear(row, tensor(e + "w3.weight"));
+        for (std::size_t i = 0; i < gate[0].size(); ++i) gate[0][i] = gate[0][i] / (1.0 + std::exp(-gate[0][i])) * up[0][i];
+        const Rows y = linear(gate, tensor(e + "w2.weight"));
+        for (std::size_t i = 0; i < y[0].size(); ++i) out[t][i] += prob[order[j]] / chosen * y[0][i];
+      }
+    }
+    return out;
   }
 
   static void add_bias(Rows& x, const std::vector<double>& b) {

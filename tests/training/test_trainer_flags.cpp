@@ -480,7 +480,10 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   invalid({"--num-experts", "8", "--world-size", "4", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "2"},
           {"etp=2", "ep=4"});
   invalid({"--num-experts", "8", "--recompute-granularity", "full"}, {"--recompute-granularity full", "selective"});
-  invalid({"--num-experts", "8", "--save-hf", "out"}, {"--save-hf", "Mixtral"});
+  invalid({"--num-experts", "8", "--moe-shared-expert-intermediate-size", "64", "--save-hf", "out"},
+          {"--save-hf", "MixtralForCausalLM", "shared experts"});
+  invalid({"--num-experts", "8", "--num-layers", "2", "--moe-layer-freq", "[0,1]", "--load-hf", "in"},
+          {"--load-hf", "MixtralForCausalLM", "--moe-layer-freq"});
   invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "--num-experts=8"});
   invalid({"--world-size", "2", "--expert-model-parallel-size", "2"}, {"--expert-model-parallel-size 2", "--num-experts"});
 }

@@ -12,8 +12,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
+#include <span>
 #include <string>
 
 #include "trainer/trainer.hpp"
@@ -422,6 +424,88 @@ TEST(TrainingMoe, MemoryEstimateCountsEachLayerKindsActivations) {
   const std::int64_t capacity = (s * b * k * 3 + 2 * E - 1) / (2 * E);  // ceil(64 x 2 / 4 x 1.5) = 48
   EXPECT_EQ(capacity, 48);
   EXPECT_EQ(padded_bytes - unpadded_bytes, (E * capacity - s * b * k) * (h + 3 * w) * 4);
+}
+
+// --save-hf and --load-hf with experts (MixtralForCausalLM): the trained model exported from one
+// rank and from tp 2 x ep 2 (gathered from the model) or pp 2 x ep 2 (from the final checkpoint)
+// holds the same weights (1e-10: the runs follow one trajectory); a run started from the files
+// and trained with a zero learning rate exports them again unchanged; strata-convert's export of
+// the checkpoint writes the trainer's files.
+TEST(TrainingMoe, HuggingFaceExportAndImportAtEveryLayout) {
+  const auto root = std::filesystem::temp_directory_path() / "strata_training_moe_hf";
+  std::filesystem::remove_all(root);
+  auto a = tiny_mixtral();
+  a.dtype = "double";
+  a.train_iters = 3;
+  a.eval_iters = 0;
+  a.model.moe.token_dispatcher = strata::MoeDispatcherType::alltoall;
+  auto one = a;
+  one.save_hf = (root / "one").string();
+  (void)trainer::train<Mixtral>(one);
+  auto spread = a;
+  spread.world_size = 4;
+  spread.tensor_model_parallel_size = 2;
+  spread.expert_model_parallel_size = 2;
+  spread.expert_tensor_parallel_size = 1;
+  spread.sequence_parallel = true;
+  spread.save_hf = (root / "spread").string();
+  (void)trainer::train<Mixtral>(spread);
+  auto staged = a;
+  staged.world_size = 4;
+  staged.pipeline.pipeline_model_parallel_size = 2;
+  staged.expert_model_parallel_size = 2;
+  staged.save = (root / "checkpoint").string();
+  staged.save_interval = 3;
+  staged.save_hf = (root / "staged").string();
+  (void)trainer::train<Mixtral>(staged);
+  const strata::SafetensorsDirectory reference(root / "one");
+  auto values = [](const strata::SafetensorsDirectory& files, const std::string& name) {
+    std::vector<double> v(static_cast<std::size_t>(files.entry(name).numel));
+    files.read<double>(name, std::span<double>(v));
+    return v;
+  };
+  auto expect_close = [&](const std::filesystem::path& dir) {
+    const strata::SafetensorsDirectory files(dir);
+    ASSERT_EQ(files.names(), reference.names()) << dir;
+    for (const std::string& name : reference.names()) {
+      const auto x = values(reference, name), y = values(files, name);
+      ASSERT_EQ(x.size(), y.size()) << name;
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), norm += x[i] * x[i];
+      EXPECT_LE(std::sqrt(diff), 1e-10 * std::sqrt(norm)) << dir << " " << name;
+    }
+  };
+  expect_close(root / "spread");
+  expect_close(root / "staged");
+  // strata-convert --save-hf's path: the model a checkpoint describes, exported from it
+  {
+    strata::ShardedCheckpoint source = strata::open_sharded_checkpoint(root / "checkpoint", strata::LoadOptions{});
+    const auto [architecture, config] = strata::checkpoint_model(source);
+    EXPECT_EQ(architecture, strata::hf::Architecture::mixtral);
+    EXPECT_EQ(config.moe.num_experts, 4);
+    EXPECT_EQ(config.moe.topk, 2);
+    EXPECT_EQ(config.expert_ffn(), a.model.expert_ffn());
+    strata::export_hf_from_checkpoint<double>(source, architecture, config, root / "converted");
+    std::ifstream x(root / "staged" / "model.safetensors", std::ios::binary), y(root / "converted" / "model.safetensors", std::ios::binary);
+    const std::string staged_bytes{std::istreambuf_iterator<char>(x), {}}, converted_bytes{std::istreambuf_iterator<char>(y), {}};
+    EXPECT_FALSE(staged_bytes.empty());
+    EXPECT_EQ(converted_bytes, staged_bytes);
+  }
+  EXPECT_TRUE(reference.has("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+
+  auto again = a;
+  again.world_size = 2;
+  again.expert_model_parallel_size = 2;
+  again.load_hf = (root / "one").string();
+  again.save_hf = (root / "again").string();
+  again.lr = 0;
+  again.min_lr = 0;
+  again.train_iters = 1;
+  again.lr_warmup_iters = 0;
+  (void)trainer::train<Mixtral>(again);
+  const strata::SafetensorsDirectory back(root / "again");
+  for (const std::string& name : reference.names()) EXPECT_EQ(values(back, name), values(reference, name)) << name;
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
