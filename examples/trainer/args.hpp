@@ -1460,12 +1460,13 @@ inline void validate(const TrainArgs& a) {
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",
                       "pretrain_gpt chooses by the flags)");
   if (a.model.moe.enabled()) {
-    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral: what it cannot express is refused now
+    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral or Qwen3-MoE: what they cannot express is refused now
       try {
         (void)hf::hf_architecture(hf::Architecture::mixtral, a.model);
       } catch (const ConfigError& e) {
         fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
-                          "Face's MixtralForCausalLM: ", e.what(), " (save and load strata checkpoints instead: --save, --load)");
+                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm): ", e.what(),
+                          " (save and load strata checkpoints instead: --save, --load)");
       }
     }
     check_range("--expert-model-parallel-size", a.expert_model_parallel_size, 1, a.world_size / pp,

@@ -277,4 +277,89 @@ TEST(HuggingFaceImport, MixtralMismatchesAndUnsupportedSettingsAreRefused) {
       {"model_type is \"mixtral\""});
 }
 
+// ---- Qwen3-MoE (Qwen3MoeForCausalLM): the MoE model with Qwen3's qk norms and head_dim ----
+
+models::ModelConfig tiny_qwen3_moe() {
+  models::ModelConfig c = tiny_mixtral();
+  c.qk_layernorm = true;
+  c.kv_channels = 12;  // 4 x 12 != 32
+  c.num_layers = 4;
+  c.moe.layers = {0, 1, 1, 1};  // mlp_only_layers [0]: a dense first layer of ffn_hidden_size
+  return c;
+}
+
+TEST(HuggingFaceMapping, Qwen3MoeNamesAndConfig) {
+  const auto c = tiny_qwen3_moe();
+  EXPECT_EQ(hf::hf_architecture(hf::Architecture::mixtral, c), hf::Architecture::qwen3_moe);
+  std::map<std::string, std::vector<std::string>> pieces;
+  for (const auto& m : hf::tensor_mappings(hf::Architecture::mixtral, c)) pieces[m.strata_name] = m.pieces;
+  EXPECT_EQ(pieces["layers.0.mlp.fc1.weight"], (std::vector<std::string>{"model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"}));
+  EXPECT_EQ(pieces["layers.1.mlp.router.weight"], std::vector<std::string>{"model.layers.1.mlp.gate.weight"});
+  EXPECT_EQ(pieces["layers.2.mlp.experts.3.fc1.weight"],
+            (std::vector<std::string>{"model.layers.2.mlp.experts.3.gate_proj.weight", "model.layers.2.mlp.experts.3.up_proj.weight"}));
+  EXPECT_EQ(pieces["layers.2.mlp.experts.3.fc2.weight"], std::vector<std::string>{"model.layers.2.mlp.experts.3.down_proj.weight"});
+  EXPECT_EQ(pieces["layers.1.attention.q_norm.weight"], std::vector<std::string>{"model.layers.1.self_attn.q_norm.weight"});
+
+  TempDirectory dir("hf_qwen3_moe_config");
+  (void)export_mixtral<float>(c, dir.path());
+  const std::string text = strata_test::read_text(dir.path() / "config.json");
+  for (const char* field : {"\"architectures\": [\"Qwen3MoeForCausalLM\"]", "\"model_type\": \"qwen3_moe\"", "\"intermediate_size\": 24",
+                            "\"moe_intermediate_size\": 16", "\"num_experts\": 4", "\"num_experts_per_tok\": 2",
+                            "\"norm_topk_prob\": true", "\"decoder_sparse_step\": 1", "\"mlp_only_layers\": [0]", "\"head_dim\": 12"})
+    EXPECT_NE(text.find(field), std::string::npos) << field << " not in\n" << text;
+  const hf::HfConfig back = hf::read_config(dir.path());
+  EXPECT_EQ(back.architecture, hf::Architecture::qwen3_moe);
+  EXPECT_EQ(back.config.moe.layers, (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(back.config.expert_ffn(), 16);
+  EXPECT_EQ(back.config.ffn(), 24);
+  EXPECT_TRUE(back.config.qk_layernorm);
+  EXPECT_NO_THROW(hf::check_config(back, hf::Architecture::mixtral, c));
+  // decoder_sparse_step 2: layers 1 and 3 are the sparse ones (Qwen's (layer + 1) % step == 0)
+  strata_test::write_text(dir.path() / "config.json",
+                          strata_test::replaced(strata_test::replaced(text, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"),
+                                                "\"mlp_only_layers\": [0]", "\"mlp_only_layers\": []"));
+  EXPECT_EQ(hf::read_config(dir.path()).config.moe.layers, (std::vector<int>{0, 1, 0, 1}));
+}
+
+// The files read by transformers' equations (Qwen3MoeSparseMoeBlock, with and without
+// norm_topk_prob, and the dense first layer) give the model's logits; the round trip is exact at
+// tp x ep x etp x pp layouts.
+TEST(HuggingFaceRoundTrip, Qwen3MoeIsExactAndMatchesAnIndependentForward) {
+  for (bool pre_softmax : {false, true}) {
+    auto c = tiny_qwen3_moe();
+    c.moe.routing.pre_softmax = pre_softmax;  // norm_topk_prob = !pre_softmax
+    TempDirectory reference_dir("hf_qwen3_moe_reference");
+    const auto exported64 = export_mixtral<double>(c, reference_dir.path());
+    const auto reference = strata_test::HfReference(reference_dir.path(), hf::Architecture::qwen3_moe).logits(kTokens);
+    EXPECT_LE(strata_test::logits_error(exported64.logits, reference), 1e-12) << "pre_softmax " << pre_softmax;
+    EXPECT_EQ(hf::read_config(reference_dir.path()).config.moe.routing.pre_softmax, pre_softmax);
+
+    TempDirectory dir("hf_qwen3_moe_round_trip");
+    const auto exported = export_mixtral<float>(c, dir.path());
+    for (const Layout& l : {Layout{}, Layout{.tp = 2, .ep = 2, .etp = 1}, Layout{.tp = 2, .dp = 2, .ep = 2, .etp = 2},
+                            Layout{.tp = 1, .pp = 2, .dp = 2, .ep = 2, .etp = 1}}) {
+      const auto imported = import_mixtral<float>(c, dir.path(), l);
+      strata_test::expect_same_values(imported, exported, c.vocab_size, l.str());
+    }
+  }
+  // a Qwen3-MoE checkpoint is refused by a model that differs in its pattern or its routing
+  TempDirectory dir("hf_qwen3_moe_refused");
+  const auto c = tiny_qwen3_moe();
+  (void)export_mixtral<float>(c, dir.path());
+  auto load = [&](const models::ModelConfig& m) {
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+      Mixtral<strata_test::TestPolicy<float, false>> model(ctx, m);
+      hf::load_hf(ctx, dir.path(), model);
+    });
+  };
+  auto other = c;
+  other.moe.layers = {1, 0, 1, 1};
+  expect_error<ConfigError>([&] { load(other); }, {"mlp_only_layers", "--moe-layer-freq"});
+  other = c;
+  other.moe.routing.pre_softmax = true;
+  expect_error<ConfigError>([&] { load(other); }, {"norm_topk_prob is true", "pre_softmax"});
+  load(c);
+}
+
 }  // namespace

@@ -1,16 +1,17 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
-//       Mixtral: the same with 4 experts of width 48, top-2, in each layer) on one
+//       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
+//       dense first layer and such experts in the second) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
-//       model on N tensor-parallel ranks (threads, default 2; Mixtral: N expert-parallel ranks) and
+//       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -72,6 +73,14 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
       c.moe.num_experts = 4;
       c.moe.topk = 2;
       c.ffn_hidden_size = 48;
+    }
+    if (architecture == hf::Architecture::qwen3_moe) {  // Qwen3-MoE: Qwen3's attention, a dense first layer, then 4 experts of width 48
+      c.qk_layernorm = true;
+      c.kv_channels = 24;
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.moe.expert_ffn_hidden_size = 48;
+      c.moe.layers = {0, 1};
     }
   }
   return c;
@@ -177,7 +186,7 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
   // Mixtral: the N ranks hold the experts (ep = N, data parallel) rather than split the tensors: its
   // MoE layers split a prompt's tokens over tp, which needs lengths tp divides, and the prompts here
   // grow one token at a time.
-  const ParallelConfig layout = architecture == hf::Architecture::mixtral ? ParallelConfig{.dp = tp, .ep = tp} : ParallelConfig{.tp = tp};
+  const ParallelConfig layout = hf::moe_family(architecture) ? ParallelConfig{.dp = tp, .ep = tp} : ParallelConfig{.tp = tp};
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, layout);
     Model<Policy> model(ctx, config);
@@ -193,10 +202,10 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral [--tp N]\n"
-               "(mixtral: --tp N imports over N expert-parallel ranks)\n";
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+               "(mixtral, qwen3_moe: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }
 
@@ -206,7 +215,7 @@ int run(int argc, char** argv) {
   const std::filesystem::path dir = argv[2];
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2, qwen3 or mixtral)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2, qwen3, mixtral or qwen3_moe)\n";
     return 2;
   }
   int tp = 2;
@@ -222,12 +231,12 @@ int run(int argc, char** argv) {
   const hf::Architecture a = *architecture;
   auto export_any = [&] {
     return a == hf::Architecture::gpt2      ? export_model<models::Gpt>(dir, a, seed)
-           : a == hf::Architecture::mixtral ? export_model<models::Mixtral>(dir, a, seed)
+           : hf::moe_family(a)              ? export_model<models::Mixtral>(dir, a, seed)
                                             : export_model<models::Llama>(dir, a, seed);
   };
   auto import_any = [&] {
     return a == hf::Architecture::gpt2      ? import_model<models::Gpt>(dir, a, tp)
-           : a == hf::Architecture::mixtral ? import_model<models::Mixtral>(dir, a, tp)
+           : hf::moe_family(a)              ? import_model<models::Mixtral>(dir, a, tp)
                                             : import_model<models::Llama>(dir, a, tp);
   };
   if (mode == "export") {
