@@ -394,4 +394,29 @@ TEST(Plan, StepTimeChargesEachPartWhereItArises) {
             plan::predict_memory(a, calibration, RecomputeGranularity::none).per_gpu());
 }
 
+// --moe-layer-freq: a dense layer is timed as a dense layer (no router, no all-to-all, no host
+// reads of the token counts) and the pipeline stage that holds it pays for it alone: the Mixtral
+// shape with its first two layers dense sits between the all-MoE model and the dense one, and on
+// pp 2 only the second stage's layers all pay the experts' exchange.
+TEST(Plan, DenseLayersOfAMoeModelAreTimedAsDense) {
+  const plan::Calibration calibration = h100();
+  auto step = [&](std::vector<std::string> more, plan::Cluster cluster, plan::Layout l) {
+    std::vector<std::string> flags = mixtral_small();
+    flags.insert(flags.end(), more.begin(), more.end());
+    trainer::TrainArgs model = trainer::parse_flags("gpt", flags);
+    const trainer::TrainArgs a = plan::args_of(model, cluster, l);
+    trainer::validate(a);
+    return plan::predict_step(a, l, cluster, calibration);
+  };
+  const plan::Cluster one{1, 1, 80}, two{2, 1, 80};
+  const plan::StepTime all = step({}, one, layout(1, 1, 1, 8));
+  const plan::StepTime mixed = step({"--moe-layer-freq", "[0]*2+[1]*6"}, one, layout(1, 1, 1, 8));
+  EXPECT_LT(mixed.overhead, all.overhead);
+  EXPECT_NEAR(mixed.overhead - calibration.step_overhead_ms, (all.overhead - calibration.step_overhead_ms) * 6 / 8, 1e-9);
+  EXPECT_NE(mixed.compute, all.compute);
+  const plan::StepTime piped = step({"--moe-layer-freq", "[0]*4+[1]*4", "--expert-model-parallel-size", "1"}, two, layout(1, 2, 1, 8));
+  const plan::StepTime piped_all = step({}, two, layout(1, 2, 1, 8));
+  EXPECT_NEAR(piped.overhead, piped_all.overhead, 1e-9) << "the slowest stage holds four MoE layers either way";
+}
+
 }  // namespace
