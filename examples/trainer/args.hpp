@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cctype>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include <strata/checkpoint/huggingface.hpp>
 #include <strata/data.hpp>
 #include <strata/models.hpp>
 #include <strata/optim.hpp>
@@ -142,9 +144,10 @@ struct TrainArgs {
   std::string moe_router_load_balancing_type = "aux_loss";
   std::string moe_router_score_function = "softmax";
   std::string moe_token_drop_policy = "probs";
+  std::string moe_router_dtype;  // --moe-router-dtype fp32 | fp64 (empty: not given, Megatron's None)
   std::string window_size;            // --window-size: Megatron's (left,right) tuple; empty: no sliding window
   std::string window_attn_skip_freq;  // --window-attn-skip-freq: N, or a list of 1 (window) / 0 (full) per layer
-  std::string moe_layer_freq = "1";  // 1, or a Python list of 1s: every layer a MoE layer (the only layout strata builds)
+  std::string moe_layer_freq = "1";  // N (layer l is MoE when l % N == 0), or a Python list of 1 (MoE) / 0 (dense) per layer
   // training
   int micro_batch_size = 4;
   int global_batch_size = 8;  // parse_command_line: micro-batch x data parallel when not given, as Megatron
@@ -435,7 +438,6 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
     {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
-    {"--moe-router-dtype", true, false, "the router's softmax, top-k and losses always run in fp32"},
 };
 
 // Megatron's FP8 flags (docs/FP8.md).
@@ -550,18 +552,112 @@ inline void add_moe_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--moe-token-drop-policy", a.moe_token_drop_policy, "over capacity, drop the lowest weights (probs) or the last tokens (position)")
       ->check(CLI::IsMember({"probs", "position"}));
   app.add_flag("--moe-pad-expert-input-to-capacity", m.pad_to_capacity, "pad every expert's input to its capacity");
+  app.add_option("--moe-router-dtype", a.moe_router_dtype,
+                 "fp32: the router's logits, softmax, top-k, losses and combine weights in fp32 (what strata's router "
+                 "always does with bf16 / fp16 / float; fp64 with --dtype double)")
+      ->check(CLI::IsMember({"fp32", "fp64"}));
   app.add_option("--moe-token-dispatcher-type", a.moe_token_dispatcher_type,
                  "allgather (default, as Megatron) or alltoall: how tokens reach the ranks holding their experts")
       ->check(CLI::IsMember({"allgather", "alltoall"}));
-  app.add_option("--moe-layer-freq", a.moe_layer_freq, "1 (default): every layer is a MoE layer, the one layout strata builds");
+  app.add_option("--moe-layer-freq", a.moe_layer_freq,
+                 "N: layer l (0-based) is a MoE layer when l % N == 0 (default 1: every layer); or a list of 1 (MoE) / 0 "
+                 "(dense MLP of --ffn-hidden-size) per layer, e.g. ([0]*3+[1]*29)");
   app.add_option("--expert-model-parallel-size", a.expert_model_parallel_size,
                  "ranks of a pipeline stage the experts are spread over (divides --num-experts)");
   app.add_option("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
                  "ranks each expert is split over (default --tensor-model-parallel-size, as Megatron)");
 }
 
+// A per-layer 0/1 pattern written as Megatron's Python list expressions: "[1,1,0]*4", "[0]*3+[1]*5",
+// "([1]*3+[0]*1)*3", "2*[0,1]"; ConfigError naming `flag` when it is not one. The grammar is that
+// subset of Python: sum := product ('+' product)*, product := factor ('*' factor)*, factor :=
+// '[' 0|1 (',' 0|1)* ']' | '(' sum ')' | count, a product holding exactly one list.
+inline std::vector<int> parse_layer_pattern(const char* flag, const std::string& text) {
+  std::string t;
+  for (const char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
+  auto refuse = [&]() -> void {
+    fail<ConfigError>(flag, " ", text, ": not a list of 0 and 1 such as [1,1,1,0]*3, [0]*2+[1]*6 or ([1]*3+[0])*2 (Megatron's syntax)");
+  };
+  constexpr std::size_t kMaxEntries = std::size_t{1} << 20;  // layers, far beyond any model
+  std::size_t at = 0;
+  // A factor: a list (has_list) or a count.
+  struct Factor {
+    std::vector<int> list;
+    long count = 1;
+    bool has_list = false;
+  };
+  std::function<std::vector<int>()> sum;
+  auto factor = [&]() -> Factor {
+    Factor f;
+    if (at < t.size() && t[at] == '[') {
+      ++at;
+      while (true) {
+        if (at >= t.size() || (t[at] != '0' && t[at] != '1')) refuse();
+        f.list.push_back(t[at] - '0');
+        ++at;
+        if (at < t.size() && t[at] == ',') {
+          ++at;
+          if (at < t.size() && t[at] == ']') break;  // Python's trailing comma
+          continue;
+        }
+        break;
+      }
+      if (at >= t.size() || t[at] != ']') refuse();
+      ++at;
+      f.has_list = true;
+    } else if (at < t.size() && t[at] == '(') {
+      ++at;
+      f.list = sum();
+      if (at >= t.size() || t[at] != ')') refuse();
+      ++at;
+      f.has_list = true;
+    } else {
+      const std::size_t begin = at;
+      while (at < t.size() && std::isdigit(static_cast<unsigned char>(t[at]))) ++at;
+      if (at == begin || at - begin > 7) refuse();
+      f.count = std::stol(t.substr(begin, at - begin));
+    }
+    return f;
+  };
+  auto product = [&]() -> std::vector<int> {
+    Factor f = factor();
+    std::vector<int> list = f.list;
+    bool has_list = f.has_list;
+    long count = f.count;
+    while (at < t.size() && t[at] == '*') {
+      ++at;
+      Factor g = factor();
+      if (g.has_list) {
+        if (has_list) refuse();  // list * list is no Python
+        list = g.list;
+        has_list = true;
+      }
+      count *= g.count;
+      if (count > static_cast<long>(kMaxEntries)) refuse();
+    }
+    if (!has_list || list.size() * static_cast<std::size_t>(count) > kMaxEntries) refuse();
+    std::vector<int> out;
+    for (long r = 0; r < count; ++r) out.insert(out.end(), list.begin(), list.end());
+    return out;
+  };
+  sum = [&]() -> std::vector<int> {
+    std::vector<int> out = product();
+    while (at < t.size() && t[at] == '+') {
+      ++at;
+      const std::vector<int> more = product();
+      out.insert(out.end(), more.begin(), more.end());
+      if (out.size() > kMaxEntries) refuse();
+    }
+    return out;
+  };
+  std::vector<int> out = sum();
+  if (at != t.size() || out.empty()) refuse();
+  return out;
+}
+
 // The MoE flags given as strings, settled into ModelConfig::moe (ConfigError for a --moe-layer-freq
-// other than every layer).
+// that is not Megatron's int or 0/1 list of --num-layers entries).
 inline void resolve_moe_flags(TrainArgs& a) {
   auto& m = a.model.moe;
   m.routing.score = a.moe_router_score_function == "sigmoid" ? MoeScore::sigmoid : MoeScore::softmax;
@@ -575,21 +671,44 @@ inline void resolve_moe_flags(TrainArgs& a) {
                                                                           : MoeLoadBalancing::aux_loss;
   m.drop_policy = a.moe_token_drop_policy == "position" ? MoeDropPolicy::position : MoeDropPolicy::probability;
   m.token_dispatcher = a.moe_token_dispatcher_type == "alltoall" ? MoeDispatcherType::alltoall : MoeDispatcherType::allgather;
-  // --moe-layer-freq: an int (1 = every layer) or a Python list expression of 0/1 per layer ("[1]*24").
+  // --moe-router-dtype: the router computes in accumulate_t<T> (layers/moe/router.hpp): fp32 for
+  // bf16, fp16 and float, fp64 for double. fp32 is what Megatron's flag asks for; fp64 is honoured
+  // with --dtype double only.
+  if (m.enabled() && a.moe_router_dtype == "fp64" && a.dtype != "double")
+    a.notes.emplace_back("--moe-router-dtype fp64: the router computes in fp32 with --dtype " + a.dtype +
+                         " (its logits, softmax, top-k, losses and combine weights); fp64 routing comes with --dtype double");
+  if (m.enabled() && a.moe_router_dtype == "fp32" && a.dtype == "double")
+    a.notes.emplace_back("--moe-router-dtype fp32: with --dtype double the router computes in fp64, as the whole model");
+  m.layers.clear();
+  if (!m.enabled()) return;  // a dense model reads no MoE flag
+  // --moe-layer-freq: an int N (layer l is a MoE layer when l % N == 0, as Megatron) or a Python list
+  // expression of 0/1 per layer ("[0]*3+[1]*29"), whose length must be --num-layers.
   std::string freq;
   for (const char c : a.moe_layer_freq)
     if (!std::isspace(static_cast<unsigned char>(c))) freq += c;
-  bool every_layer = freq == "1";
-  if (!every_layer && freq.size() >= 2 && freq.front() == '[') {
-    const auto close = freq.find(']');
-    const std::string items = freq.substr(1, close == std::string::npos ? 0 : close - 1);
-    const std::string rest = close == std::string::npos ? "x" : freq.substr(close + 1);
-    every_layer = close != std::string::npos && !items.empty() && items.find_first_not_of("1,") == std::string::npos &&
-                  (rest.empty() || (rest.size() > 1 && rest[0] == '*' && rest.find_first_not_of("0123456789", 1) == std::string::npos));
+  if (freq.find('[') == std::string::npos) {
+    long every = 0;
+    std::size_t used = 0;
+    try {
+      every = std::stol(freq, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (freq.empty() || used != freq.size() || every < 1)
+      fail<ConfigError>("--moe-layer-freq ", a.moe_layer_freq, ": not a whole number >= 1 (N: a MoE layer every N layers, "
+                        "starting with the first) nor a list of 0 and 1 such as ([0]*3+[1]*29)");
+    if (every == 1) return;  // every layer: the pattern stays empty
+    for (int l = 0; l < a.model.num_layers; ++l) m.layers.push_back(l % every == 0 ? 1 : 0);
+  } else {
+    m.layers = parse_layer_pattern("--moe-layer-freq", freq);
+    if (static_cast<int>(m.layers.size()) != a.model.num_layers)
+      fail<ConfigError>("--moe-layer-freq ", a.moe_layer_freq, ": ", m.layers.size(), " entries for --num-layers ",
+                        a.model.num_layers, "; give one 1 (MoE) or 0 (dense MLP) per layer");
   }
-  if (!every_layer)
-    fail<ConfigError>("--moe-layer-freq ", a.moe_layer_freq, ": strata's Mixtral makes every layer a MoE layer (1, or a list of "
-                      "1s); dense layers between MoE layers are not available");
+  if (std::find(m.layers.begin(), m.layers.end(), 1) == m.layers.end())
+    fail<ConfigError>("--moe-layer-freq ", a.moe_layer_freq, " makes every layer dense; drop --num-experts for a dense "
+                      "model, or mark at least one layer 1");
+  if (std::find(m.layers.begin(), m.layers.end(), 0) == m.layers.end()) m.layers.clear();  // every layer: as "1"
 }
 
 // The data-parallel size: world / (tp x pp x cp).
@@ -867,13 +986,17 @@ inline double flops_per_token(const TrainArgs& a) {
   const double d = m.hidden_size, l = m.num_layers, heads = m.num_attention_heads;
   const double groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
   const double head = m.head_dim();
-  // A MoE layer: each token through topk experts and the shared experts, plus the router's logits.
-  const double mlp = m.moe.enabled()
-                         ? (a.architecture.gated() ? 3.0 : 2.0) * d * (m.moe.topk * static_cast<double>(m.expert_ffn()) + m.moe.shared_expert_ffn_hidden_size) +
-                               d * m.moe.num_experts
-                         : (a.architecture.gated() ? 3.0 : 2.0) * d * m.ffn();
-  const double per_layer = d * (heads * head) + 2 * d * groups * head + heads * head * d + mlp;
-  const double matmul = l * per_layer + d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
+  // A MoE layer: each token through topk experts and the shared experts, plus the router's logits;
+  // a dense layer (every layer of a dense model, those --moe-layer-freq marks 0 in a MoE one): the MLP.
+  const double dense_mlp = (a.architecture.gated() ? 3.0 : 2.0) * d * m.ffn();
+  const double moe_mlp = m.moe.enabled() ? (a.architecture.gated() ? 3.0 : 2.0) * d *
+                                                   (m.moe.topk * static_cast<double>(m.expert_ffn()) + m.moe.shared_expert_ffn_hidden_size) +
+                                               d * m.moe.num_experts
+                                         : 0.0;
+  const double moe_layers = m.moe_layer_count();
+  const double attention = d * (heads * head) + 2 * d * groups * head + heads * head * d;
+  const double matmul = l * attention + moe_layers * moe_mlp + (l - moe_layers) * dense_mlp +
+                        d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
   return 6 * matmul + 6 * l * heads * head * m.seq_length;
 }
 
@@ -1363,9 +1486,15 @@ inline void validate(const TrainArgs& a) {
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",
                       "pretrain_gpt chooses by the flags)");
   if (a.model.moe.enabled()) {
-    if (!a.load_hf.empty() || !a.save_hf.empty())
-      fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts: Hugging Face Mixtral checkpoints are "
-                        "not mapped yet (GPT-2 and Llama are); save and load strata checkpoints (--save, --load)");
+    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral or Qwen3-MoE: what they cannot express is refused now
+      try {
+        (void)hf::hf_architecture(hf::Architecture::mixtral, a.model);
+      } catch (const ConfigError& e) {
+        fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
+                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm): ", e.what(),
+                          " (save and load strata checkpoints instead: --save, --load)");
+      }
+    }
     check_range("--expert-model-parallel-size", a.expert_model_parallel_size, 1, a.world_size / pp,
                 "ranks of a pipeline stage the experts are spread over");
     check_range("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 0, a.world_size / pp,
@@ -1403,50 +1532,6 @@ inline TrainArgs command_line_defaults(const std::string& kind) {
 // The run-time building blocks from their flags (ModelConfig's fields), with the checks that need
 // the flags themselves: RoPE's options without RoPE change nothing (a note, as Megatron ignores
 // them); the clamp and offset apply to gated activations.
-// A per-layer 0/1 pattern written as Megatron's list expressions: "[1,1,0]*4", "[0]*3+[1]*5",
-// "([1,0]*2)"; ConfigError naming `flag` when it is not one.
-inline std::vector<int> parse_layer_pattern(const char* flag, const std::string& text) {
-  std::string t;
-  for (const char c : text)
-    if (c != ' ' && c != '(' && c != ')') t += c;
-  std::vector<int> out;
-  auto refuse = [&]() {
-    fail<ConfigError>(flag, " ", text, ": not a list of 0 and 1 such as [1,1,1,0]*3 or [0]*2+[1]*6 (Megatron's syntax)");
-  };
-  std::size_t at = 0;
-  while (at < t.size()) {
-    if (t[at] != '[') refuse();
-    const std::size_t close = t.find(']', at);
-    if (close == std::string::npos) refuse();
-    std::vector<int> term;
-    std::size_t i = at + 1;
-    while (i < close) {
-      const std::size_t comma = std::min(t.find(',', i), close);
-      const std::string item = t.substr(i, comma - i);
-      if (item != "0" && item != "1") refuse();
-      term.push_back(item == "1" ? 1 : 0);
-      i = comma + 1;
-    }
-    if (term.empty()) refuse();
-    at = close + 1;
-    long repeat = 1;
-    if (at < t.size() && t[at] == '*') {
-      std::size_t end = at + 1;
-      while (end < t.size() && std::isdigit(static_cast<unsigned char>(t[end]))) ++end;
-      if (end == at + 1 || end - at > 7) refuse();
-      repeat = std::stol(t.substr(at + 1, end - at - 1));
-      at = end;
-    }
-    for (long r = 0; r < repeat; ++r) out.insert(out.end(), term.begin(), term.end());
-    if (at < t.size()) {
-      if (t[at] != '+') refuse();
-      ++at;
-    }
-  }
-  if (out.empty()) refuse();
-  return out;
-}
-
 // --window-size and --window-attn-skip-freq into ModelConfig's window_size and window_layers.
 inline void resolve_sliding_window(TrainArgs& a) {
   models::ModelConfig& m = a.model;

@@ -86,6 +86,7 @@ class DataParallelOptimizer {
       : buffer_(dense_buffer(ctx, model, options)),
         overlap_param_gather_(options.overlap_param_gather && options.distributed_optimizer),
         zero_by_first_write_(options.zero_by_first_write) {
+    expert_norm_share_only_ = !has_expert_parameters(model) && joins_expert_reductions(model);
     if (has_expert_parameters(model)) {
       auto experts = expert_parameters(model);
       expert_buffer_.emplace(ctx.device, experts, buffer_options(ctx.expert_dp.size(), options));
@@ -170,6 +171,15 @@ class DataParallelOptimizer {
       auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp_cp);
       const auto expert_square_sum = expert_distributed_->global_grad_square_sum(ctx, ctx.expert_dp);
       ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());
+      auto [norm, factor] = clip_factor_of(ctx.device, square_sum, max_norm);
+      if (max_norm > 0) clip_factor_ = std::move(factor);
+      return norm;
+    }
+    if (distributed_ && expert_norm_share_only_) {  // a stage of a MoE model without experts: adds 0, gets the others' experts
+      auto square_sum = distributed_->global_grad_square_sum(ctx, ctx.dp_cp);
+      auto expert_square_sum = Tensor<double, Space>::zeros(Shape{1});
+      if (ctx.expert_model_parallel.size() > 1) ctx.expert_model_parallel.all_reduce(expert_square_sum.buffer(), ReduceOp::sum);
+      ctx.device.template add<double>(square_sum.data(), expert_square_sum.data(), 1, square_sum.data());  // the other stages' experts
       auto [norm, factor] = clip_factor_of(ctx.device, square_sum, max_norm);
       if (max_norm > 0) clip_factor_ = std::move(factor);
       return norm;
@@ -290,6 +300,7 @@ class DataParallelOptimizer {
   std::optional<AdamW<T, Space>> adamw_;
   std::optional<DistributedOptimizer<T, Space>> distributed_;
   std::optional<DistributedOptimizer<T, Space>> expert_distributed_;
+  bool expert_norm_share_only_ = false;  // a stage of a MoE model that holds no expert (joins the experts' norm with 0)
   std::optional<LossScaler> scaler_;
   int skipped_ = 0;
   std::optional<Tensor<double, Space>> clip_factor_;  // unscale_and_clip's factor, applied by the next step()

@@ -112,7 +112,9 @@ inline std::vector<strata::models::PipelineRankHolding> pipeline_holdings(const 
     for (int c = 0; c < v; ++c) {
       const auto stage = strata::pipeline::stage_layers_of(m.num_layers, pp, v, r, c, p.decoder_first_pipeline_num_layers,
                                                            p.decoder_last_pipeline_num_layers);
-      rank.chunks.push_back({stage.layers.end - stage.layers.begin, stage.has_embedding, stage.has_head});
+      strata::models::ModelPiece piece{stage.layers.end - stage.layers.begin, stage.has_embedding, stage.has_head};
+      piece.first_layer = stage.layers.begin;
+      rank.chunks.push_back(piece);
     }
   }
   return out;

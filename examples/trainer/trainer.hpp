@@ -438,14 +438,14 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
 }
 
 // The routers' losses of one iteration as Megatron logs them: each summed over every layer and
-// micro-batch (and every rank's share), divided by layers x micro-batches and by its coefficient
+// micro-batch (and every rank's share), divided by MoE layers x micro-batches and by its coefficient
 // (the balance itself, 1 when perfectly balanced under aux_loss); absent when that loss is off.
 struct RouterLog {
   std::optional<double> aux, z;
 };
 inline RouterLog router_log_of(const models::ModelConfig& m, double aux_sum, double z_sum, int micro_batches) {
   RouterLog log;
-  const double per = static_cast<double>(m.num_layers) * std::max(micro_batches, 1);
+  const double per = static_cast<double>(m.moe_layer_count()) * std::max(micro_batches, 1);
   if (m.moe.load_balancing != MoeLoadBalancing::none && m.moe.aux_loss_coeff > 0) log.aux = aux_sum / per / m.moe.aux_loss_coeff;
   if (m.moe.z_loss_coeff > 0) log.z = z_sum / per / m.moe.z_loss_coeff;
   return log;
@@ -595,12 +595,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if (!a.load.empty() && !load && logger)
     std::printf("warning: --load %s holds no checkpoint (no %s); training starts from %s\n", a.load.c_str(),
                 std::string(kCheckpointTrackerName).c_str(), a.load_hf.empty() ? "scratch" : "--load-hf");
-  if constexpr (!moe) {  // (validate refuses --load-hf / --save-hf with experts: no Hugging Face Mixtral mapping yet)
-    if (!load && !a.load_hf.empty()) {  // transformers' weights, into this rank's shards; a fresh optimizer over them
-      hf::load_hf(ctx, a.load_hf, model);
-      optimizer.reload_main_from_model(ctx.device, model);
-      if (logger && !a.quiet) std::printf("loaded the Hugging Face model in %s\n", a.load_hf.c_str());
-    }
+  if (!load && !a.load_hf.empty()) {  // transformers' weights, into this rank's shards; a fresh optimizer over them
+    hf::load_hf(ctx, a.load_hf, model);
+    optimizer.reload_main_from_model(ctx.device, model);
+    if (logger && !a.quiet) std::printf("loaded the Hugging Face model in %s\n", a.load_hf.c_str());
   }
   if (load) {
     LoadOptions options;
@@ -1033,18 +1031,16 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   }
   if (saver) saver->finish(ctx);
   if (exited) return;
-  if (!a.save_hf.empty() && !moe) {
+  if (!a.save_hf.empty()) {
     optimizer.wait_parameters(ctx);
-    if constexpr (!moe) {
-      if (ctx.config.pp == 1) {
-        // gathered over tp; rank 0 writes
-        hf::save_hf_from_model(ctx, a.save_hf, model, hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
-      } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
-        if (world.rank() == 0)
-          export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf,
-                                       hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
-        world.barrier();
-      }
+    if (ctx.config.pp == 1) {
+      // gathered over tp (experts over etp and ep); rank 0 writes
+      hf::save_hf_from_model(ctx, a.save_hf, model, hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
+    } else {  // every stage's weights are in the final checkpoint: rank 0 exports from it
+      if (world.rank() == 0)
+        export_hf_from_checkpoint<T>(a.save, a.train_iters, hf::architecture_of<Model<Policy>>::value, model.config(), a.save_hf,
+                                     hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value));
+      world.barrier();
     }
     if (logger && !a.quiet) std::printf("saved the model in Hugging Face format to %s\n", a.save_hf.c_str());
   }

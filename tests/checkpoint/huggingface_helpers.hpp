@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -333,7 +334,8 @@ class HfReference {
   Rows llama(const std::vector<std::int32_t>& tokens) const {
     const auto& c = config_;
     const int h = c.hidden_size, heads = c.num_attention_heads, kv = c.num_query_groups, d = c.head_dim();
-    const bool qwen2 = architecture_ == strata::hf::Architecture::qwen2, qwen3 = architecture_ == strata::hf::Architecture::qwen3;
+    const bool qwen2 = architecture_ == strata::hf::Architecture::qwen2,
+               qwen3 = architecture_ == strata::hf::Architecture::qwen3 || architecture_ == strata::hf::Architecture::qwen3_moe;
     const auto embed = tensor("model.embed_tokens.weight");
     Rows x(tokens.size(), std::vector<double>(static_cast<std::size_t>(h)));
     for (std::size_t t = 0; t < tokens.size(); ++t)
@@ -357,6 +359,14 @@ class HfReference {
       rope(k, kv, d);
       add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d), tensor(p + "self_attn.o_proj.weight")));
       const Rows m = rms_norm(x, tensor(p + "post_attention_layernorm.weight"), c.norm_epsilon);
+      if (architecture_ == strata::hf::Architecture::mixtral) {
+        add(x, sparse_moe(m, p + "block_sparse_moe.", "w1", "w3", "w2", true));
+        continue;
+      }
+      if (architecture_ == strata::hf::Architecture::qwen3_moe && c.moe_layer(l)) {  // Qwen3MoeSparseMoeBlock
+        add(x, sparse_moe(m, p + "mlp.", "gate_proj", "up_proj", "down_proj", !c.moe.routing.pre_softmax));
+        continue;
+      }
       Rows gate = linear(m, tensor(p + "mlp.gate_proj.weight"));
       const Rows up = linear(m, tensor(p + "mlp.up_proj.weight"));
       for (std::size_t t = 0; t < gate.size(); ++t)
@@ -366,6 +376,41 @@ class HfReference {
     const bool tied = !files_.has("lm_head.weight");
     return unembed(rms_norm(x, tensor("model.norm.weight"), c.norm_epsilon),
                    tensor(tied ? "model.embed_tokens.weight" : "lm_head.weight"));
+  }
+
+  // MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock: router logits = gate(x); probabilities softmax
+  // over all experts; the top-k of them (ties to the lower index, as torch.topk here), divided by
+  // their sum when `renormalize` (Mixtral always, Qwen3-MoE with norm_topk_prob); each chosen
+  // expert's down(silu(gate x) * up x) weighted by it.
+  Rows sparse_moe(const Rows& x, const std::string& p, const std::string& gate_name, const std::string& up_name,
+                  const std::string& down_name, bool renormalize) const {
+    const int experts = config_.moe.num_experts, k = config_.moe.topk;
+    const Rows logits = linear(x, tensor(p + "gate.weight"));
+    Rows out(x.size(), std::vector<double>(x[0].size(), 0.0));
+    for (std::size_t t = 0; t < x.size(); ++t) {
+      double top = logits[t][0];
+      for (int e = 1; e < experts; ++e) top = std::max(top, logits[t][e]);
+      std::vector<double> prob(static_cast<std::size_t>(experts));
+      double sum = 0;
+      for (int e = 0; e < experts; ++e) sum += prob[e] = std::exp(logits[t][e] - top);
+      for (double& q : prob) q /= sum;
+      std::vector<int> order(static_cast<std::size_t>(experts));
+      for (int e = 0; e < experts; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return prob[a] > prob[b]; });
+      double chosen = 0;
+      for (int j = 0; j < k; ++j) chosen += prob[order[j]];
+      if (!renormalize) chosen = 1;
+      for (int j = 0; j < k; ++j) {
+        const std::string e = p + "experts." + std::to_string(order[j]) + ".";
+        const Rows row{x[t]};
+        Rows gate = linear(row, tensor(e + gate_name + ".weight"));
+        const Rows up = linear(row, tensor(e + up_name + ".weight"));
+        for (std::size_t i = 0; i < gate[0].size(); ++i) gate[0][i] = gate[0][i] / (1.0 + std::exp(-gate[0][i])) * up[0][i];
+        const Rows y = linear(gate, tensor(e + down_name + ".weight"));
+        for (std::size_t i = 0; i < y[0].size(); ++i) out[t][i] += prob[order[j]] / chosen * y[0][i];
+      }
+    }
+    return out;
   }
 
   static void add_bias(Rows& x, const std::vector<double>& b) {

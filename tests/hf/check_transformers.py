@@ -5,16 +5,20 @@ Two directions, each comparing the logits of every position of a 16-token prompt
 
   strata -> transformers   hf_crosscheck builds a tiny float32 model (GPT-2; Llama with 4 query heads
                            in 2 key/value groups; the same Llama with q/k/v biases as Qwen2, and with
-                           qk norms and head_dim 24 as Qwen3), with random norm weights and biases,
+                           qk norms and head_dim 24 as Qwen3; Mixtral: that Llama with 4 experts of
+                           width 48, top-2, in each layer; Qwen3-MoE: the Qwen3 one with a dense
+                           first layer and such experts in the second), with random norm weights and biases,
                            exports it (config.json + model.safetensors) with its own logits;
-                           GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM
-                           .from_pretrained loads the directory and computes the logits again.
+                           GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+                           MixtralForCausalLM / Qwen3MoeForCausalLM .from_pretrained loads the
+                           directory and computes the logits again.
   transformers -> strata   a transformers model with random weights (norm weights and biases too) is
                            saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
                            with tied embeddings, Llama in shards with an index, Llama with Llama 3.1's
                            rope_scaling, Llama with YaRN's rope_scaling (with and without mscale),
-                           Qwen2, Qwen3 -- and hf_crosscheck imports it at tp=2 (CPU threads) and
-                           computes the logits.
+                           Qwen2, Qwen3, Mixtral, Qwen3-MoE (norm_topk_prob true and false) -- and
+                           hf_crosscheck imports it at tp=2 (CPU threads; the MoE models over 2
+                           expert-parallel ranks) and computes the logits.
 
 Prints a table (max |difference|, relative error = ||strata - transformers|| / ||transformers||) and
 the versions of torch, transformers and safetensors, and exits 1 when a case fails: a relative error
@@ -52,7 +56,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--binary", default=str(default_binary), help="the hf_crosscheck program (default: %(default)s)")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks of the strata import (default: 2; at most 2 for the Llama cases, "
-                   "whose 2 key/value groups strata splits whole over the ranks)")
+                   "whose 2 key/value groups strata splits whole over the ranks; Mixtral's import uses them as expert-parallel ranks)")
     p.add_argument("--rtol", type=float, default=1e-4, help="largest relative error that passes (default: 1e-4)")
     p.add_argument("--seed", type=int, default=1234, help="seed of both sides' random weights")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoints under DIR and keep them (default: a temporary directory)")
@@ -173,6 +177,25 @@ def hf_cases(transformers, torch):
     if hasattr(transformers, "Qwen3ForCausalLM"):
         qwen3 = make_config(transformers.Qwen3Config, torch, head_dim=24, attention_bias=False, **qwen_fields)
         cases.append(("qwen3 (qk norms, head_dim 24)", "qwen3", transformers.Qwen3ForCausalLM, qwen3, {}))
+    if hasattr(transformers, "MixtralForCausalLM"):
+        # Mixtral at a reduced size: 4 experts of width 48 (intermediate_size is one expert's), top-2,
+        # full attention (sliding_window None), no router noise.
+        mixtral_fields = dict(llama_fields, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+                              sliding_window=None, router_jitter_noise=0.0, router_aux_loss_coef=0.02,
+                              tie_word_embeddings=False)
+        mixtral = make_config(transformers.MixtralConfig, torch, **mixtral_fields)
+        cases.append(("mixtral (4 experts, top-2)", "mixtral", transformers.MixtralForCausalLM, mixtral, {}))
+    if hasattr(transformers, "Qwen3MoeForCausalLM"):
+        # Qwen3-MoE: Qwen3's attention (qk norms, head_dim 24), a dense first layer (mlp_only_layers) of
+        # intermediate_size 96, then 4 experts of moe_intermediate_size 48, top-2, with and without
+        # norm_topk_prob (strata's --moe-router-pre-softmax when false).
+        for norm_topk_prob in (True, False):
+            qwen3_moe = make_config(transformers.Qwen3MoeConfig, torch, head_dim=24, attention_bias=False,
+                                    moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2,
+                                    norm_topk_prob=norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[0],
+                                    router_aux_loss_coef=0.02, **qwen_fields)
+            cases.append((f"qwen3_moe (dense first layer, norm_topk_prob {norm_topk_prob})", "qwen3_moe",
+                          transformers.Qwen3MoeForCausalLM, qwen3_moe, {}))
     return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
@@ -229,8 +252,10 @@ def main():
 
     # strata -> transformers
     classes = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
-               "qwen2": getattr(transformers, "Qwen2ForCausalLM", None), "qwen3": getattr(transformers, "Qwen3ForCausalLM", None)}
-    for architecture in ("gpt2", "llama", "qwen2", "qwen3"):
+               "qwen2": getattr(transformers, "Qwen2ForCausalLM", None), "qwen3": getattr(transformers, "Qwen3ForCausalLM", None),
+               "mixtral": getattr(transformers, "MixtralForCausalLM", None),
+               "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None)}
+    for architecture in ("gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         if classes[architecture] is None:
             rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
                          f"this transformers ({transformers.__version__}) has no {architecture} model"))
@@ -246,7 +271,8 @@ def main():
             max_abs, relative = compare(ours, theirs, np)
             return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", loading_problems(info)
         name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "qwen2": "qwen2 (q/k/v biases)",
-                "qwen3": "qwen3 (qk norms, head_dim 24)"}[architecture]
+                "qwen3": "qwen3 (qk norms, head_dim 24)", "mixtral": "mixtral (4 experts, top-2)",
+                "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)"}[architecture]
         record("strata -> transformers", name, export_case)
 
     # transformers -> strata

@@ -1,15 +1,17 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3 [--seed N]
-//       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups) on one
+//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]
+//       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
+//       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
+//       dense first layer and such experts in the second) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3 [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
-//       model on N tensor-parallel ranks (threads, default 2) and writes the logits of the prompt
-//       in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3 [--tp N]
+//       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
+//       writes the logits of the prompt in <dir>/tokens.json
+//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -66,6 +68,19 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
     if (architecture == hf::Architecture::qwen3) {  // Qwen3: RMSNorm per head of q and k, head_dim 24 (4 x 24 != 64)
       c.qk_layernorm = true;
       c.kv_channels = 24;
+    }
+    if (architecture == hf::Architecture::mixtral) {  // Mixtral: 4 experts of width 48, top-2, in every layer
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.ffn_hidden_size = 48;
+    }
+    if (architecture == hf::Architecture::qwen3_moe) {  // Qwen3-MoE: Qwen3's attention, a dense first layer, then 4 experts of width 48
+      c.qk_layernorm = true;
+      c.kv_channels = 24;
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.moe.expert_ffn_hidden_size = 48;
+      c.moe.layers = {0, 1};
     }
   }
   return c;
@@ -168,8 +183,12 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
     fail<ConfigError>("the prompt of ", ids.size(), " tokens is longer than the model's ", config.seq_length, " positions");
   std::vector<std::vector<double>> logits;
   std::mutex mutex;
+  // Mixtral: the N ranks hold the experts (ep = N, data parallel) rather than split the tensors: its
+  // MoE layers split a prompt's tokens over tp, which needs lengths tp divides, and the prompts here
+  // grow one token at a time.
+  const ParallelConfig layout = hf::moe_family(architecture) ? ParallelConfig{.dp = tp, .ep = tp} : ParallelConfig{.tp = tp};
   inprocess::run(tp, [&](inprocess::communicator& world) {
-    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, layout);
     Model<Policy> model(ctx, config);
     hf::load_hf(ctx, dir, model);
     auto mine = logits_of(ctx, model, ids);
@@ -183,9 +202,10 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3 [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3 [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3 [--tp N]\n";
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+               "(mixtral, qwen3_moe: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }
 
@@ -195,7 +215,7 @@ int run(int argc, char** argv) {
   const std::filesystem::path dir = argv[2];
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2 or qwen3)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2, qwen3, mixtral or qwen3_moe)\n";
     return 2;
   }
   int tp = 2;
@@ -208,15 +228,24 @@ int run(int argc, char** argv) {
     else return usage();
   }
   if (tp < 1) return usage();
-  const bool gpt = *architecture == hf::Architecture::gpt2;
+  const hf::Architecture a = *architecture;
+  auto export_any = [&] {
+    return a == hf::Architecture::gpt2      ? export_model<models::Gpt>(dir, a, seed)
+           : hf::moe_family(a)              ? export_model<models::Mixtral>(dir, a, seed)
+                                            : export_model<models::Llama>(dir, a, seed);
+  };
+  auto import_any = [&] {
+    return a == hf::Architecture::gpt2      ? import_model<models::Gpt>(dir, a, tp)
+           : hf::moe_family(a)              ? import_model<models::Mixtral>(dir, a, tp)
+                                            : import_model<models::Llama>(dir, a, tp);
+  };
   if (mode == "export") {
-    gpt ? export_model<models::Gpt>(dir, *architecture, seed) : export_model<models::Llama>(dir, *architecture, seed);
+    export_any();
   } else if (mode == "import") {
-    gpt ? import_model<models::Gpt>(dir, *architecture, tp) : import_model<models::Llama>(dir, *architecture, tp);
+    import_any();
   } else if (mode == "roundtrip") {
-    const auto exported =
-        gpt ? export_model<models::Gpt>(dir, *architecture, seed) : export_model<models::Llama>(dir, *architecture, seed);
-    const auto imported = gpt ? import_model<models::Gpt>(dir, *architecture, tp) : import_model<models::Llama>(dir, *architecture, tp);
+    const auto exported = export_any();
+    const auto imported = import_any();
     double diff = 0, norm = 0, max_abs = 0;
     for (std::size_t t = 0; t < exported.size(); ++t)
       for (std::size_t v = 0; v < exported[t].size(); ++v) {

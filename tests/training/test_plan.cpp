@@ -336,9 +336,10 @@ TEST(Plan, ZeroBubbleMemoryFallsShortOfTheMeasuredByTheDeferredWeightGradients) 
 // The Mixtral-shaped run on one H100: the calibration's host time per MoE layer (3.5 ms) comes from
 // this run's own figures (72.7 ms per step untraced, 45 ms of GPU work under the tracer, 8 layers),
 // so its step time is not an independent check (within 15%). Memory is plan_memory's MoE estimate,
-// which counts every routed row's expert activations and lands 13% above the measured peak
-// (19.25 against 17.04 GiB): this asserts that overestimate, not a 5% agreement.
-TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Percent) {
+// which counts each MoE layer's router logits and routed rows' expert activations instead of the
+// dense MLP's intermediate, and lands 7% above the measured peak (18.26 against 17.04 GiB; 19.25,
+// 13%, while it counted the experts on top of a dense MLP): this asserts that overestimate.
+TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy7Percent) {
   std::vector<Measured> runs;
   for (const Measured& run : measured_runs())
     if (is(run, "Mixtral")) runs.push_back(run);
@@ -346,8 +347,8 @@ TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy13Perc
   print(rows);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_LE(std::abs(rows[0].time_error()), 0.15);
-  EXPECT_GT(rows[0].memory_error(), 0.08);
-  EXPECT_LT(rows[0].memory_error(), 0.16);
+  EXPECT_GT(rows[0].memory_error(), 0.04);
+  EXPECT_LT(rows[0].memory_error(), 0.10);
 }
 
 // Llama 3 8B (seq 8192, global batch 16, micro-batch 1) on 4 H200 (bench/RESULTS.md, 2026-11-27),
@@ -436,6 +437,31 @@ TEST(Plan, StepTimeChargesEachPartWhereItArises) {
             plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu());
   EXPECT_LT(plan::predict_memory(a, calibration, RecomputeGranularity::selective).per_gpu(),
             plan::predict_memory(a, calibration, RecomputeGranularity::none).per_gpu());
+}
+
+// --moe-layer-freq: a dense layer is timed as a dense layer (no router, no all-to-all, no host
+// reads of the token counts) and the pipeline stage that holds it pays for it alone: the Mixtral
+// shape with its first two layers dense sits between the all-MoE model and the dense one, and on
+// pp 2 only the second stage's layers all pay the experts' exchange.
+TEST(Plan, DenseLayersOfAMoeModelAreTimedAsDense) {
+  const plan::Calibration calibration = h100();
+  auto step = [&](std::vector<std::string> more, plan::Cluster cluster, plan::Layout l) {
+    std::vector<std::string> flags = mixtral_small();
+    flags.insert(flags.end(), more.begin(), more.end());
+    trainer::TrainArgs model = trainer::parse_flags("gpt", flags);
+    const trainer::TrainArgs a = plan::args_of(model, cluster, l);
+    trainer::validate(a);
+    return plan::predict_step(a, l, cluster, calibration);
+  };
+  const plan::Cluster one{1, 1, 80}, two{2, 1, 80};
+  const plan::StepTime all = step({}, one, layout(1, 1, 1, 8));
+  const plan::StepTime mixed = step({"--moe-layer-freq", "[0]*2+[1]*6"}, one, layout(1, 1, 1, 8));
+  EXPECT_LT(mixed.overhead, all.overhead);
+  EXPECT_NEAR(mixed.overhead - calibration.step_overhead_ms, (all.overhead - calibration.step_overhead_ms) * 6 / 8, 1e-9);
+  EXPECT_NE(mixed.compute, all.compute);
+  const plan::StepTime piped = step({"--moe-layer-freq", "[0]*4+[1]*4", "--expert-model-parallel-size", "1"}, two, layout(1, 2, 1, 8));
+  const plan::StepTime piped_all = step({}, two, layout(1, 2, 1, 8));
+  EXPECT_NEAR(piped.overhead, piped_all.overhead, 1e-9) << "the slowest stage holds four MoE layers either way";
 }
 
 }  // namespace

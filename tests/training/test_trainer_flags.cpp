@@ -2,6 +2,7 @@
 // the Megatron behaviour it checks. Parsing only (examples/trainer/args.hpp): nothing trains here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -435,7 +436,7 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
                             "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-router-enable-expert-bias",
                             "--moe-router-bias-update-rate", "0.01", "--moe-expert-capacity-factor", "1.25",
                             "--moe-token-drop-policy", "position", "--moe-pad-expert-input-to-capacity",
-                            "--moe-token-dispatcher-type", "alltoall", "--moe-layer-freq", "[1]*4", "--moe-grouped-gemm",
+                            "--moe-token-dispatcher-type", "alltoall", "--num-layers", "4", "--moe-layer-freq", "[1]*4", "--moe-grouped-gemm",
                             "--moe-router-num-groups", "4", "--moe-router-group-topk", "2",
                             "--world-size", "8", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1"});
   EXPECT_EQ(m.model.moe.routing.num_groups, 4);
@@ -468,8 +469,7 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   expect_config_error([&] { trainer::validate(groups); }, {"--moe-router-num-groups=5", "--num-experts=16"});
 
   // What strata does not build or cannot lay out is refused naming the flag and the value.
-  expect_config_error([&] { (void)with({"--num-experts", "8", "--moe-layer-freq", "2"}); }, {"--moe-layer-freq 2", "every layer"});
-  expect_config_error([&] { (void)with({"--num-experts", "8", "--moe-layer-freq", "[1,0]*2"}); }, {"--moe-layer-freq [1,0]*2"});
+  EXPECT_TRUE(m.model.moe.layers.empty()) << "a list of 1s is every layer, as 1";
   auto invalid = [&](std::vector<std::string> more, std::vector<std::string> parts) {
     TrainArgs a = with(more);
     (void)trainer::resolve_run(a);
@@ -480,7 +480,10 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   invalid({"--num-experts", "8", "--world-size", "4", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "2"},
           {"etp=2", "ep=4"});
   invalid({"--num-experts", "8", "--recompute-granularity", "full"}, {"--recompute-granularity full", "selective"});
-  invalid({"--num-experts", "8", "--save-hf", "out"}, {"--save-hf", "Mixtral"});
+  invalid({"--num-experts", "8", "--moe-shared-expert-intermediate-size", "64", "--save-hf", "out"},
+          {"--save-hf", "MixtralForCausalLM", "shared experts"});
+  invalid({"--num-experts", "8", "--num-layers", "2", "--moe-layer-freq", "[0,1]", "--load-hf", "in"},
+          {"--load-hf", "MixtralForCausalLM", "--moe-layer-freq"});
   invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "--num-experts=8"});
   invalid({"--world-size", "2", "--expert-model-parallel-size", "2"}, {"--expert-model-parallel-size 2", "--num-experts"});
 }
@@ -625,6 +628,74 @@ TEST(MegatronFlags, ErrorsNameTheFlagAtFault) {
   refused(mixtral({"--moe-expert-capacity-factor", "-1"}), {"--moe-expert-capacity-factor=-1"}, {"moe capacity_factor"});
 }
 
+// --moe-layer-freq as Megatron reads it (moe_freq_type, and the layer pattern of its GPT layer
+// specs): an int N makes layer l a MoE layer when l % N == 0; a Python list expression gives one 1
+// (MoE) or 0 (dense MLP) per layer and must have --num-layers entries.
+TEST(MegatronFlags, MoeLayerFreqIsMegatronsPattern) {
+  auto pattern = [](std::string freq, std::string layers = "4") {
+    return checked("llama", mixtral({"--num-layers", layers, "--moe-layer-freq", freq})).model.moe.layers;
+  };
+  EXPECT_EQ(pattern("2"), (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(pattern("3", "7"), (std::vector<int>{1, 0, 0, 1, 0, 0, 1}));
+  EXPECT_EQ(pattern("([0]*1+[1]*3)"), (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(pattern("[0, 1,1,1]"), (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(pattern("[0]+[1]*3"), (std::vector<int>{0, 1, 1, 1}));
+  EXPECT_EQ(pattern("2*[0,1]"), (std::vector<int>{0, 1, 0, 1}));
+  // Megatron's own examples (its help text): "([1]*3+[0]*1)*3" and "([0]+[1]*23)"
+  EXPECT_EQ(pattern("([1]*3+[0]*1)*3", "12"), (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0}));
+  const auto deepseek = pattern("([0]+[1]*23)", "24");
+  ASSERT_EQ(deepseek.size(), 24u);
+  EXPECT_EQ(deepseek[0], 0);
+  EXPECT_EQ(std::count(deepseek.begin(), deepseek.end(), 1), 23);
+  EXPECT_TRUE(pattern("1").empty()) << "1: every layer";
+  EXPECT_TRUE(pattern("[1]*4").empty()) << "a list of 1s: every layer";
+  const TrainArgs mixed = checked("llama", mixtral({"--num-layers", "4", "--moe-layer-freq", "[0]+[1]*3"}));
+  EXPECT_FALSE(mixed.model.moe_layer(0));
+  EXPECT_TRUE(mixed.model.moe_layer(3));
+  EXPECT_EQ(mixed.model.moe_layer_count(), 3);
+  EXPECT_EQ(mixed.model.moe_layer_count(0, 2), 1);
+  // a dense model reads no MoE flag
+  EXPECT_TRUE(checked("llama", {"--num-layers", "4", "--moe-layer-freq", "2"}).model.moe.layers.empty());
+
+  auto refused = [](std::vector<std::string> flags, std::vector<std::string> parts) {
+    expect_config_error([&] { (void)checked("llama", mixtral(flags)); }, parts);
+  };
+  // a length other than --num-layers, as Megatron's "Invalid length of moe_layer_pattern"
+  refused({"--num-layers", "4", "--moe-layer-freq", "[0]+[1]*2"}, {"--moe-layer-freq [0]+[1]*2", "3 entries", "--num-layers 4"});
+  refused({"--num-layers", "4", "--moe-layer-freq", "([1]*3+[0]*1)*3"}, {"12 entries", "--num-layers 4"});
+  // what is not Megatron's syntax, or not 0 and 1
+  for (const char* bad : {"[0,2,1,1]", "[0,1,1,1", "[0,1]*2]", "[0,1]+", "[]", "[0,1]*[1,0]", "([0,1]*2", "[0;1;1;1]", "x"})
+    refused({"--num-layers", "4", "--moe-layer-freq", bad}, {std::string("--moe-layer-freq ") + bad});
+  refused({"--num-layers", "4", "--moe-layer-freq", "[0,2,1,1]"}, {"list of 0 and 1"});
+  refused({"--moe-layer-freq", "0"}, {"--moe-layer-freq 0", "whole number >= 1"});
+  refused({"--moe-layer-freq", "1.5"}, {"--moe-layer-freq 1.5"});
+  refused({"--num-layers", "4", "--moe-layer-freq", "[0]*4"}, {"--moe-layer-freq [0]*4", "every layer dense"});
+  // the sliding-window pattern shares the parser
+  EXPECT_EQ(checked("llama", {"--num-layers", "6", "--window-size", "8", "--window-attn-skip-freq", "([1]*2+[0])*2"}).model.window_layers,
+            (std::vector<int>{1, 1, 0, 1, 1, 0}));
+}
+
+// --moe-router-dtype fp32 (Megatron's choices fp32, fp64): strata's router always computes in
+// accumulate_t<T>, fp32 for bf16 / fp16 / float, so fp32 acts without a note; fp64 acts with --dtype
+// double and is noted otherwise; anything else is refused by the parser, as Megatron's choices.
+TEST(MegatronFlags, MoeRouterDtypeIsTheRoutersPrecision) {
+  auto router_notes = [](const TrainArgs& a) {
+    int n = 0;
+    for (const auto& note : a.notes) n += note.find("--moe-router-dtype") != std::string::npos ? 1 : 0;
+    return n;
+  };
+  const TrainArgs bf16 = parse_flags("llama", mixtral({"--bf16", "--moe-router-dtype", "fp32"}));
+  EXPECT_EQ(bf16.moe_router_dtype, "fp32");
+  EXPECT_EQ(router_notes(bf16), 0);
+  EXPECT_EQ(router_notes(parse_flags("llama", mixtral({"--moe-router-dtype", "fp32"}))), 0);
+  EXPECT_EQ(router_notes(parse_flags("llama", mixtral({"--dtype", "double", "--moe-router-dtype", "fp64"}))), 0);
+  EXPECT_EQ(router_notes(parse_flags("llama", mixtral({"--dtype", "double", "--moe-router-dtype", "fp32"}))), 1);
+  const TrainArgs wide = parse_flags("llama", mixtral({"--bf16", "--moe-router-dtype", "fp64"}));
+  ASSERT_EQ(router_notes(wide), 1);
+  EXPECT_EQ(router_notes(parse_flags("llama", {"--moe-router-dtype", "fp64"})), 0) << "a dense model has no router";
+  EXPECT_THROW((void)parse_flags("llama", mixtral({"--moe-router-dtype", "fp16"})), CLI::ParseError);
+}
+
 // FLOPs of a MoE layer: each token's topk experts (and shared experts) and the router's logits.
 TEST(MegatronFlags, MoeFlopsCountTheExpertsATokenGoesThrough) {
   TrainArgs a = parse_flags("llama", {"--num-experts", "8", "--moe-router-topk", "2", "--hidden-size", "64",
@@ -635,6 +706,12 @@ TEST(MegatronFlags, MoeFlopsCountTheExpertsATokenGoesThrough) {
   (void)trainer::resolve_run(dense);
   // top-2 of width 160 is the dense width 320's MLP, plus the router's 64 x 8 per layer
   EXPECT_NEAR(trainer::flops_per_token(a) - trainer::flops_per_token(dense), 6.0 * 2 * 64 * 8, 1e-6);
+  // a dense layer (--moe-layer-freq 2 over 2 layers: MoE, dense) counts the dense MLP of --ffn-hidden-size
+  TrainArgs mixed = parse_flags("llama", {"--num-experts", "8", "--moe-router-topk", "2", "--hidden-size", "64",
+                                          "--ffn-hidden-size", "160", "--num-layers", "2", "--seq-length", "32",
+                                          "--moe-layer-freq", "2"});
+  (void)trainer::resolve_run(mixed);
+  EXPECT_NEAR(trainer::flops_per_token(a) - trainer::flops_per_token(mixed), 6.0 * (3 * 64 * 160 + 64 * 8), 1e-6);
 }
 
 }  // namespace

@@ -4,14 +4,18 @@
 // sequence parallelism, expert tensor parallelism, data parallelism and pipeline parallelism,
 // either dispatcher) follows the single-rank trajectory, router losses included; a run resumed
 // from a checkpoint (expert bias included) continues bit for bit; the memory estimate counts this
-// rank's experts exactly as the model allocates them.
+// rank's experts exactly as the model allocates them. With --moe-layer-freq (dense layers among
+// the MoE ones) the same holds at every layout, pipeline stages holding mixed layers included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <numeric>
+#include <span>
 #include <string>
 
 #include "trainer/trainer.hpp"
@@ -228,6 +232,280 @@ TEST(TrainingMoe, MemoryEstimateCountsPaddedCapacity) {
   } catch (const strata::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--moe-expert-capacity-factor"), std::string::npos) << e.what();
   }
+}
+
+// --moe-layer-freq with dense first layers (DeepSeek-V3's shape): dense layers run an MLP of
+// --ffn-hidden-size, the MoE layers experts of --moe-ffn-hidden-size. Every layout follows one
+// rank in double: tp 2 (sequence parallel), ep 2, pp 2 (a stage of a dense and a MoE layer, and with
+// [0,0,1,1] a stage without any expert, whose experts' share of the gradient norm is 0), dp 2, and
+// tp 2 x ep 2 x pp 2, with and without the distributed optimizer; the router losses are divided by
+// the MoE layers alone.
+TEST(TrainingMoe, DenseFirstLayersFollowSingleRankTrajectory) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.model.num_layers = 4;
+  base.model.moe.expert_ffn_hidden_size = 48;
+  base.model.moe.shared_expert_ffn_hidden_size = 32;
+  base.model.moe.token_dispatcher = strata::MoeDispatcherType::alltoall;
+  struct Layout {
+    std::vector<int> pattern;
+    int world, tp, pp, ep;
+    bool sp;
+    bool distributed = false;  // --use-distributed-optimizer
+  };
+  std::map<std::vector<int>, trainer::TrainResult> references;
+  for (const Layout& l : {Layout{{0, 1, 1, 1}, 2, 2, 1, 1, true}, Layout{{0, 1, 1, 1}, 2, 1, 1, 2, false},
+                          Layout{{0, 1, 1, 1}, 2, 1, 2, 1, false}, Layout{{0, 1, 1, 1}, 2, 1, 1, 1, false},
+                          Layout{{0, 1, 1, 1}, 8, 2, 2, 2, true, true}, Layout{{0, 0, 1, 1}, 4, 1, 2, 2, false},
+                          Layout{{0, 0, 1, 1}, 4, 1, 2, 2, false, true}}) {
+    auto a = base;
+    a.model.moe.layers = l.pattern;
+    if (!references.contains(l.pattern)) {
+      references[l.pattern] = trainer::train<Mixtral>(a);
+      ASSERT_EQ(references[l.pattern].losses.size(), 3u);
+    }
+    const auto& reference = references[l.pattern];
+    a.world_size = l.world;
+    a.tensor_model_parallel_size = l.tp;
+    a.pipeline.pipeline_model_parallel_size = l.pp;
+    a.expert_model_parallel_size = l.ep;
+    a.expert_tensor_parallel_size = 1;
+    a.sequence_parallel = l.sp;
+    a.use_distributed_optimizer = l.distributed;
+    std::string what = "pattern";
+    for (int x : l.pattern) what += std::to_string(x);
+    what += " world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+            " ep=" + std::to_string(l.ep) + (l.sp ? " sp" : "") + (l.distributed ? " distributed optimizer" : "");
+    const auto run = trainer::train<Mixtral>(a);
+    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
+    for (std::size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
+      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
+          << what << " iteration " << i + 1;
+      EXPECT_NEAR(run.z_losses[i], reference.z_losses[i], 1e-10 * reference.z_losses[i]) << what << " iteration " << i + 1;
+    }
+    // Megatron's balance: summed over the MoE layers, divided by them; near 1 for a fresh router
+    EXPECT_GT(run.load_balancing_losses[0], 0.5) << what;
+    EXPECT_LT(run.load_balancing_losses[0], 2.0) << what;
+  }
+  // the dense layers are dense: the pattern changes the trajectory
+  auto every = base;
+  const std::vector<int> first_dense{0, 1, 1, 1};
+  EXPECT_NE(trainer::train<Mixtral>(every).losses[2], references[first_dense].losses[2]);
+}
+
+// The parameters of each pipeline stage of a mixed model are what its layers allocate: a dense
+// layer's MLP of ffn_hidden_size, named as a dense model's; a MoE layer's router and experts.
+TEST(TrainingMoe, MemoryEstimateCountsEachStagesLayerKinds) {
+  using Context = strata::ParallelContext<strata::inprocess::communicator>;
+  auto a = tiny_mixtral();
+  a.model.num_layers = 4;
+  a.model.moe.layers = {0, 1, 0, 1};
+  a.model.moe.shared_expert_ffn_hidden_size = 32;
+  a.model.moe.expert_ffn_hidden_size = 48;
+  const strata::ParallelConfig config{.tp = 2, .pp = 2, .dp = 1, .ep = 1, .etp = 1};
+  std::vector<std::int64_t> counted(4), expected(4);
+  std::vector<std::vector<std::string>> names(4);
+  strata::inprocess::run(4, [&](strata::inprocess::communicator& world) {
+    Context ctx = Context::create(world, config);
+    const auto stage = strata::pipeline::stage_layers_of(a.model.num_layers, 2, 1, ctx.pp.rank(), 0);
+    Mixtral<trainer::TrainPolicy<float, false>> model(ctx, a.model, stage);
+    std::int64_t n = 0;
+    std::vector<std::string> mine;
+    model.for_each_parameter([&](auto& p) {
+      n += p.value.numel();
+      mine.push_back(p.name);
+    });
+    strata::models::ModelPiece piece{stage.layers.end - stage.layers.begin, stage.has_embedding, stage.has_head};
+    piece.first_layer = stage.layers.begin;
+    const auto r = static_cast<std::size_t>(world.rank());
+    counted[r] = n;
+    expected[r] = strata::models::parameters_per_rank(a.model, strata::models::DecoderShape::llama(), 2, piece);
+    names[r] = mine;
+    EXPECT_EQ(model.routers().size(), 1u) << "one MoE layer per stage";
+  });
+  for (std::size_t r = 0; r < 4; ++r) EXPECT_EQ(counted[r], expected[r]) << "rank " << r;
+  auto has = [&](std::size_t rank, const std::string& name) {
+    return std::find(names[rank].begin(), names[rank].end(), name) != names[rank].end();
+  };
+  EXPECT_TRUE(has(0, "layers.0.mlp.fc1.weight"));
+  EXPECT_TRUE(has(0, "layers.1.mlp.router.weight"));
+  EXPECT_TRUE(has(0, "layers.1.mlp.experts.0.fc1.weight"));
+  EXPECT_FALSE(has(0, "layers.0.mlp.router.weight"));
+  EXPECT_TRUE(has(3, "layers.2.mlp.fc2.weight"));
+  EXPECT_TRUE(has(3, "layers.3.mlp.shared_experts.fc1.weight"));
+}
+
+// A checkpoint records which layers are MoE layers: it resumes with the same --moe-layer-freq and
+// is refused, naming the flag, with another.
+TEST(TrainingMoe, CheckpointKeepsTheLayerPattern) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_moe_pattern";
+  std::filesystem::remove_all(dir);
+  auto a = tiny_mixtral();
+  a.model.num_layers = 3;
+  a.model.moe.layers = {0, 1, 1};
+  a.train_iters = 4;
+  a.eval_iters = 0;
+  a.world_size = 2;
+  a.expert_model_parallel_size = 2;
+  const auto straight = trainer::train<Mixtral>(a);
+  auto first = a;
+  first.save = dir.string();
+  first.save_interval = 2;
+  ASSERT_EQ(trainer::train<Mixtral>(first).losses, straight.losses);
+  std::filesystem::remove_all(dir / "iter_0000004");
+  {
+    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+    tracker << 2 << "\n";
+  }
+  auto resumed = a;
+  resumed.load = dir.string();
+  const auto second = trainer::train<Mixtral>(resumed);
+  ASSERT_EQ(second.losses.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(second.losses[i], straight.losses[2 + i]) << "iteration " << 3 + i;
+  auto other = resumed;
+  other.model.moe.layers = {1, 0, 1};
+  try {
+    (void)trainer::train<Mixtral>(other);
+    ADD_FAILURE() << "a checkpoint of another layer pattern was loaded";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--moe-layer-freq"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("011"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The activations of a MoE layer replace the dense MLP's intermediate (8 h / tp per token) with
+// the router's logits, the experts' rows (tokens x topk, or the padded capacity) and the shared
+// experts' intermediate; a dense layer of the same model counts as a dense model's layer.
+TEST(TrainingMoe, MemoryEstimateCountsEachLayerKindsActivations) {
+  namespace mm = strata::models;
+  auto a = tiny_mixtral();
+  a.model.num_layers = 4;
+  a.model.moe.expert_ffn_hidden_size = 48;
+  a.model.moe.shared_expert_ffn_hidden_size = 32;
+  const auto bytes = mm::element_bytes_of<float>();
+  const std::int64_t s = 32, b = 2, h = 64, E = 4, k = 2, w = 48, ws = 32;
+  for (int tp : {1, 2}) {
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      mm::ModelConfig dense = a.model;
+      dense.moe = {};
+      mm::ModelConfig all = a.model;
+      mm::ModelConfig mixed = a.model;
+      mixed.moe.layers = {0, 0, 1, 1};
+      const mm::ModelPiece body{4, false, false, 1, 1};
+      const auto d = mm::activations_of(dense, tp, sp, b, bytes, 0, body).kept;
+      const auto m = mm::activations_of(all, tp, sp, b, bytes, 0, body).kept;
+      const auto x = mm::activations_of(mixed, tp, sp, b, bytes, 0, body).kept;
+      const std::int64_t routed = s * b / tp;
+      const std::int64_t moe_layer = routed * k * (h + 3 * w) * 4 + routed * E * 4 + s * b * 3 * ws / tp * 4;
+      const std::int64_t dense_intermediate = s * b * 8 * h / tp * 4;
+      EXPECT_EQ(m - d, 4 * (moe_layer - dense_intermediate)) << "tp=" << tp << (sp ? " sp" : "");
+      EXPECT_EQ(x - d, 2 * (moe_layer - dense_intermediate)) << "tp=" << tp << (sp ? " sp" : "");
+      // each pipeline piece counts its own layers' kinds
+      mm::ModelPiece first{2, true, false, 1, 1}, last{2, false, true, 1, 1};
+      last.first_layer = 2;
+      EXPECT_EQ(mm::activations_of(mixed, tp, sp, b, bytes, 0, first).kept, mm::activations_of(dense, tp, sp, b, bytes, 0, first).kept);
+      EXPECT_EQ(mm::activations_of(mixed, tp, sp, b, bytes, 0, last).kept - mm::activations_of(dense, tp, sp, b, bytes, 0, last).kept,
+                2 * (moe_layer - dense_intermediate));
+    }
+  }
+  // with padding every expert holds its capacity: ceil(tokens x k / E x factor) rows each
+  auto padded = a.model;
+  padded.moe.capacity_factor = 1.5;
+  padded.moe.pad_to_capacity = true;
+  const mm::ModelPiece one{1, false, false, 1, 1};
+  const auto unpadded_bytes = mm::activations_of(a.model, 1, false, b, bytes, 0, one).kept;
+  const auto padded_bytes = mm::activations_of(padded, 1, false, b, bytes, 0, one).kept;
+  const std::int64_t capacity = (s * b * k * 3 + 2 * E - 1) / (2 * E);  // ceil(64 x 2 / 4 x 1.5) = 48
+  EXPECT_EQ(capacity, 48);
+  EXPECT_EQ(padded_bytes - unpadded_bytes, (E * capacity - s * b * k) * (h + 3 * w) * 4);
+}
+
+// --save-hf and --load-hf with experts (MixtralForCausalLM): the trained model exported from one
+// rank and from tp 2 x ep 2 (gathered from the model) or pp 2 x ep 2 (from the final checkpoint)
+// holds the same weights (1e-10: the runs follow one trajectory); a run started from the files
+// and trained with a zero learning rate exports them again unchanged; strata-convert's export of
+// the checkpoint writes the trainer's files.
+TEST(TrainingMoe, HuggingFaceExportAndImportAtEveryLayout) {
+  const auto root = std::filesystem::temp_directory_path() / "strata_training_moe_hf";
+  std::filesystem::remove_all(root);
+  auto a = tiny_mixtral();
+  a.dtype = "double";
+  a.train_iters = 3;
+  a.eval_iters = 0;
+  a.model.moe.token_dispatcher = strata::MoeDispatcherType::alltoall;
+  auto one = a;
+  one.save_hf = (root / "one").string();
+  (void)trainer::train<Mixtral>(one);
+  auto spread = a;
+  spread.world_size = 4;
+  spread.tensor_model_parallel_size = 2;
+  spread.expert_model_parallel_size = 2;
+  spread.expert_tensor_parallel_size = 1;
+  spread.sequence_parallel = true;
+  spread.save_hf = (root / "spread").string();
+  (void)trainer::train<Mixtral>(spread);
+  auto staged = a;
+  staged.world_size = 4;
+  staged.pipeline.pipeline_model_parallel_size = 2;
+  staged.expert_model_parallel_size = 2;
+  staged.save = (root / "checkpoint").string();
+  staged.save_interval = 3;
+  staged.save_hf = (root / "staged").string();
+  (void)trainer::train<Mixtral>(staged);
+  const strata::SafetensorsDirectory reference(root / "one");
+  auto values = [](const strata::SafetensorsDirectory& files, const std::string& name) {
+    std::vector<double> v(static_cast<std::size_t>(files.entry(name).numel));
+    files.read<double>(name, std::span<double>(v));
+    return v;
+  };
+  auto expect_close = [&](const std::filesystem::path& dir) {
+    const strata::SafetensorsDirectory files(dir);
+    ASSERT_EQ(files.names(), reference.names()) << dir;
+    for (const std::string& name : reference.names()) {
+      const auto x = values(reference, name), y = values(files, name);
+      ASSERT_EQ(x.size(), y.size()) << name;
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), norm += x[i] * x[i];
+      EXPECT_LE(std::sqrt(diff), 1e-10 * std::sqrt(norm)) << dir << " " << name;
+    }
+  };
+  expect_close(root / "spread");
+  expect_close(root / "staged");
+  // strata-convert --save-hf's path: the model a checkpoint describes, exported from it
+  {
+    strata::ShardedCheckpoint source = strata::open_sharded_checkpoint(root / "checkpoint", strata::LoadOptions{});
+    const auto [architecture, config] = strata::checkpoint_model(source);
+    EXPECT_EQ(architecture, strata::hf::Architecture::mixtral);
+    EXPECT_EQ(config.moe.num_experts, 4);
+    EXPECT_EQ(config.moe.topk, 2);
+    EXPECT_EQ(config.expert_ffn(), a.model.expert_ffn());
+    strata::export_hf_from_checkpoint<double>(source, architecture, config, root / "converted");
+    std::ifstream x(root / "staged" / "model.safetensors", std::ios::binary), y(root / "converted" / "model.safetensors", std::ios::binary);
+    const std::string staged_bytes{std::istreambuf_iterator<char>(x), {}}, converted_bytes{std::istreambuf_iterator<char>(y), {}};
+    EXPECT_FALSE(staged_bytes.empty());
+    EXPECT_EQ(converted_bytes, staged_bytes);
+  }
+  EXPECT_TRUE(reference.has("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+
+  auto again = a;
+  again.world_size = 2;
+  again.expert_model_parallel_size = 2;
+  again.load_hf = (root / "one").string();
+  again.save_hf = (root / "again").string();
+  again.lr = 0;
+  again.min_lr = 0;
+  again.train_iters = 1;
+  again.lr_warmup_iters = 0;
+  (void)trainer::train<Mixtral>(again);
+  const strata::SafetensorsDirectory back(root / "again");
+  for (const std::string& name : reference.names()) EXPECT_EQ(values(back, name), values(reference, name)) << name;
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

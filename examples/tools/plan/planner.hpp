@@ -282,30 +282,32 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   };
   auto bytes_ms = [&](double bytes) { return bytes / (cal.elementwise_gbps * 1e9) * 1e3; };
 
-  // One layer, one micro-batch.
-  double gemm = gemm_ms(t, (heads + 2 * groups) * d / tp, h) + gemm_ms(t, h, heads * d / tp);
-  double moe_ms = 0, ep_ms = 0;
+  // One layer, one micro-batch, of each kind: a dense layer (every layer of a dense model, those
+  // --moe-layer-freq marks 0 in a MoE one) and a MoE layer.
+  const double attention_gemm = gemm_ms(t, (heads + 2 * groups) * d / tp, h) + gemm_ms(t, h, heads * d / tp);
+  const double dense_gemm = attention_gemm + gemm_ms(t, ffn * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, ffn / tp);
+  double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0;
   if (moe) {
     const double experts = m.moe.num_experts, topk = m.moe.topk, width = m.expert_ffn();
     const double rows = t * topk * l.ep / experts;  // tokens per local expert
-    gemm += gemm_ms(t, experts, h);
-    gemm += experts / l.ep * (gemm_ms(rows, width * (gated ? 2 : 1) / etp, h) + gemm_ms(rows, h, width / etp));
+    moe_gemm += gemm_ms(t, experts, h);
+    moe_gemm += experts / l.ep * (gemm_ms(rows, width * (gated ? 2 : 1) / etp, h) + gemm_ms(rows, h, width / etp));
     if (m.moe.shared_expert_ffn_hidden_size > 0) {
       const double shared = m.moe.shared_expert_ffn_hidden_size;
-      gemm += gemm_ms(t, shared * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, shared / tp);
+      moe_gemm += gemm_ms(t, shared * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, shared / tp);
     }
     const double local_tokens = sp ? t / tp : t;
     ep_ms = 4 * ep_link.seconds(local_tokens * topk * h * vb, l.ep) * 1e3;  // dispatch and combine, forward and backward
     moe_ms = cal.moe_host_ms_per_layer;
-  } else {
-    gemm += gemm_ms(t, ffn * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, ffn / tp);
   }
   const double attention_flops = 2 * t * s * h / tp;  // causal: each local token meets s / 2 keys on average
   const double attention = 3.5 * attention_flops / (cal.attention_tflops * 1e12) * 1e3;
-  const double width = moe ? m.expert_ffn() * m.moe.topk : ffn;
-  const double replicated = 16 * h * t * vb, sharded = (8 * h + 3 * width * (gated ? 2 : 1)) * t * vb / tp;
-  const double elementwise = bytes_ms(sp ? (replicated / tp + sharded) : (replicated + sharded));
-  const double layer_compute = gemm + attention + elementwise;
+  auto elementwise_of = [&](double width) {
+    const double replicated = 16 * h * t * vb, sharded = (8 * h + 3 * width * (gated ? 2 : 1)) * t * vb / tp;
+    return bytes_ms(sp ? (replicated / tp + sharded) : (replicated + sharded));
+  };
+  const double dense_elementwise = elementwise_of(ffn), moe_elementwise = moe ? elementwise_of(m.expert_ffn() * m.moe.topk) : 0;
+  const double dense_compute = dense_gemm + attention + dense_elementwise, moe_compute = moe_gemm + attention + moe_elementwise;
 
   // Tensor parallel: 4 all-gathers / reduce-scatters per direction under sequence parallelism, else
   // 2 all-reduces; the norms' gradient all-reduce (latency). On the compute stream: all exposed.
@@ -323,9 +325,12 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     const double ring = (l.cp - 1) * (cp_link.seconds(kv, 2) + cp_link.seconds(2 * kv, 2)) * 1e3;
     cp_layer = std::max(0.0, ring - attention * (l.cp - 1) / l.cp);
   }
-  double recompute_layer = 0;
-  if (l.recompute == RecomputeGranularity::selective) recompute_layer = attention / 3.5;
-  if (l.recompute == RecomputeGranularity::full) recompute_layer = gemm / 3 + attention / 3.5 + elementwise / 3 + tp_forward;
+  double dense_recompute = 0, moe_recompute = 0;
+  if (l.recompute == RecomputeGranularity::selective) dense_recompute = moe_recompute = attention / 3.5;
+  if (l.recompute == RecomputeGranularity::full) {
+    dense_recompute = dense_gemm / 3 + attention / 3.5 + dense_elementwise / 3 + tp_forward;
+    moe_recompute = moe_gemm / 3 + attention / 3.5 + moe_elementwise / 3 + tp_forward;
+  }
 
   // Per pipeline rank and micro-batch: its layers, the embedding on the first, the output layer and
   // the loss on the last; transfers to the neighbours (exposed), per chunk.
@@ -340,16 +345,20 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   StepTime worst;
   double worst_total = -1;
   for (const auto& rank : holdings) {
-    double layers = 0;
+    double layers = 0, moe_layers = 0;
     bool first = false, last = false;
-    for (const auto& chunk : rank.chunks) layers += chunk.layer_count(m), first = first || chunk.embedding, last = last || chunk.head;
+    for (const auto& chunk : rank.chunks) {
+      layers += chunk.layer_count(m), first = first || chunk.embedding, last = last || chunk.head;
+      moe_layers += static_cast<double>(chunk.moe_layer_count(m));
+    }
+    const double dense_layers = layers - moe_layers;
     StepTime r;
-    r.compute = layers * layer_compute + (first ? embedding : 0) + (last ? head : 0);
-    r.recompute = layers * recompute_layer;
+    r.compute = dense_layers * dense_compute + moe_layers * moe_compute + (first ? embedding : 0) + (last ? head : 0);
+    r.recompute = dense_layers * dense_recompute + moe_layers * moe_recompute;
     r.tensor_parallel = layers * tp_layer;
     r.context_parallel = layers * cp_layer;
-    r.expert_parallel = layers * ep_ms;
-    r.overhead = layers * moe_ms;
+    r.expert_parallel = moe_layers * ep_ms;
+    r.overhead = moe_layers * moe_ms;
     r.pipeline_transfers = boundary * static_cast<double>(rank.chunks.size());
     const double per_micro_batch = r.total();
     if (per_micro_batch > worst_total) worst_total = per_micro_batch, worst = r;

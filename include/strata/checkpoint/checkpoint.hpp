@@ -556,6 +556,13 @@ void read_architecture_options(const StateReader& r, Config& c) {
   c.glu_linear_offset = get("model.glu_linear_offset", d.glu_linear_offset);
 }
 
+// A MoE layer pattern as text, one character per layer: "0111".
+inline std::string moe_layer_pattern_text(const std::vector<int>& layers) {
+  std::string out;
+  for (const int x : layers) out += x != 0 ? '1' : '0';
+  return out;
+}
+
 // The model's architecture, recorded so that a load into another model is refused by name.
 template <class Module>
 void describe_model(StateWriter& writer, const Module& model, int tp) {
@@ -585,6 +592,7 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
       writer.set("model.moe_router_topk", c.moe.topk);
       writer.set("model.moe_ffn_hidden_size", c.expert_ffn());
       writer.set("model.moe_shared_expert_intermediate_size", c.moe.shared_expert_ffn_hidden_size);
+      if (!c.moe.layers.empty()) writer.set("model.moe_layer_pattern", moe_layer_pattern_text(c.moe.layers));
     }
   }
   if constexpr (has_architecture<Module>) writer.set("model.architecture", std::string(Module::architecture));
@@ -629,6 +637,14 @@ void check_model(const StateReader& r, const Module& model) {
       check("model.moe_ffn_hidden_size", "--moe-ffn-hidden-size", c.expert_ffn());
       check("model.moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size",
             c.moe.shared_expert_ffn_hidden_size);
+      // which layers are MoE layers (absent: every layer): "0111" for --moe-layer-freq [0]+[1]*3
+      const std::string saved = r.has("model.moe_layer_pattern") ? r.get_string("model.moe_layer_pattern")
+                                                                 : std::string(static_cast<std::size_t>(c.num_layers), '1');
+      std::string mine(static_cast<std::size_t>(c.num_layers), '1');
+      for (int l = 0; l < c.num_layers; ++l) mine[static_cast<std::size_t>(l)] = c.moe_layer(l) ? '1' : '0';
+      if (saved != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model whose MoE layers (1) and dense layers (0) are ", saved,
+                          "; this run's model has ", mine, ". Give the --moe-layer-freq the checkpoint was saved with");
     }
   }
 }

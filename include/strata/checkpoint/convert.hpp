@@ -241,6 +241,14 @@ inline std::pair<hf::Architecture, models::ModelConfig> checkpoint_model(const S
   c.norm_epsilon = r.get_double("model.norm_epsilon");
   c.rope_base = r.get_double("model.rope_base");
   checkpoint_detail::read_architecture_options(r, c);
+  if (r.has("model.num_experts")) {  // a mixture-of-experts model (its router settings are Mixtral's defaults)
+    c.moe.num_experts = get("model.num_experts");
+    c.moe.topk = get("model.moe_router_topk");
+    c.moe.expert_ffn_hidden_size = get("model.moe_ffn_hidden_size");
+    c.moe.shared_expert_ffn_hidden_size = get("model.moe_shared_expert_intermediate_size");
+    if (r.has("model.moe_layer_pattern"))
+      for (const char x : r.get_string("model.moe_layer_pattern")) c.moe.layers.push_back(x == '1' ? 1 : 0);
+  }
   return {*architecture, c};
 }
 

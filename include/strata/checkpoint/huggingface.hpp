@@ -1,7 +1,8 @@
 // strata/checkpoint/huggingface.hpp: import and export of Hugging Face transformers checkpoints
 // (config.json + safetensors) for strata's GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM), and
 // the Llama model with Qwen2's (Qwen2ForCausalLM: add_qkv_bias) or Qwen3's (Qwen3ForCausalLM:
-// qk_layernorm, kv_channels) run-time options.
+// qk_layernorm, kv_channels) run-time options; the mixture-of-experts model models::Mixtral as
+// MixtralForCausalLM, or with Qwen3's options as Qwen3MoeForCausalLM.
 //
 //   save_hf(dir, architecture, config, get_global, options)   export from whole (global) tensors
 //   save_hf_from_model(ctx, dir, model, options)              export a model held with pp = 1
@@ -43,6 +44,26 @@
 //   In the Llama family d is head_dim (kv_channels), so q_proj is [H d, h] and o_proj [h, H d]. A Llama
 //   config's rope_scaling of rope_type "llama3" maps to ModelConfig's rope_scaling_* (Llama 3.1), and of rope_type
 //   "yarn" (any of the Llama family; gpt-oss, Qwen3 long context) to its yarn_* fields (hf_detail::read_yarn).
+//   Mixtral (model_type "mixtral", models::Mixtral / MoeLlama): Llama's names for the attention and
+//   norms; every layer's MLP a mixture of E experts of width w (config.json's intermediate_size is
+//   the expert width; ModelConfig's expert_ffn()), no shared experts
+//     layers.L.mlp.router.weight [E, h]    model.layers.L.block_sparse_moe.gate.weight
+//     layers.L.mlp.experts.e.fc1.weight    model.layers.L.block_sparse_moe.experts.e.{w1,w3}.weight  [gate; up], [w, h] each
+//     layers.L.mlp.experts.e.fc2.weight    model.layers.L.block_sparse_moe.experts.e.w2.weight       [h, w]
+//   transformers' Mixtral routes as strata's default router: softmax over all E in fp32, top-k, the
+//   k weights divided by their sum, which is the softmax over the k chosen logits. Router settings
+//   it cannot express (sigmoid scores, pre-softmax weights, a scaling factor, groups, expert bias),
+//   shared experts and dense layers (--moe-layer-freq) are refused. Expert weights live on the
+//   ep rank that holds the expert, split over etp (rows of fc1's blocks, columns of fc2) as the dense
+//   MLP is over tp; import reads each rank's own experts' shards, export gathers them.
+//   Qwen3-MoE (model_type "qwen3_moe"): the MoE model with Qwen3's qk norms and head_dim; the experts
+//   are moe_intermediate_size wide, the dense layers (mlp_only_layers, or those decoder_sparse_step
+//   skips: ModelConfig::moe.layers 0) an MLP of intermediate_size with Llama's names
+//     layers.L.mlp.router.weight [E, h]    model.layers.L.mlp.gate.weight
+//     layers.L.mlp.experts.e.fc1.weight    model.layers.L.mlp.experts.e.{gate,up}_proj.weight
+//     layers.L.mlp.experts.e.fc2.weight    model.layers.L.mlp.experts.e.down_proj.weight
+//   Its router takes the top-k of the softmax over all experts, renormalized when norm_topk_prob
+//   (strata's softmax over the k chosen logits), else as they are (MoeRouting::pre_softmax).
 //
 // strata's qkv rows are group-major (layers/attention.hpp): for each query group g, [the H/G query
 // heads of g | k_g | v_g], d rows each. transformers keeps [all q heads | all k | all v] (GPT-2's
@@ -109,6 +130,8 @@ template <class Policy>
 class Gpt;
 template <class Policy>
 class Llama;
+template <class Policy, class Dispatch>
+class MoeLlama;
 template <template <class> class Model, class Policy>
 class PipelineModel;
 }  // namespace models
@@ -117,7 +140,9 @@ namespace hf {
 
 // qwen2 and qwen3 are models::Llama with ModelConfig's add_qkv_bias, or qk_layernorm and kv_channels:
 // the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
-enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3 };
+// mixtral is models::MoeLlama (models::Mixtral): the Llama block with a mixture of experts; with
+// qk_layernorm it is qwen3_moe.
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe };
 
 constexpr std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -125,6 +150,8 @@ constexpr std::string_view architecture_name(Architecture a) {
     case Architecture::llama: return "llama";
     case Architecture::qwen2: return "qwen2";
     case Architecture::qwen3: return "qwen3";
+    case Architecture::mixtral: return "mixtral";
+    case Architecture::qwen3_moe: return "qwen3_moe";
   }
   return "?";
 }
@@ -134,16 +161,21 @@ constexpr std::string_view architecture_class(Architecture a) {
     case Architecture::llama: return "LlamaForCausalLM";
     case Architecture::qwen2: return "Qwen2ForCausalLM";
     case Architecture::qwen3: return "Qwen3ForCausalLM";
+    case Architecture::mixtral: return "MixtralForCausalLM";
+    case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
-  for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3})
+  for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mixtral,
+                         Architecture::qwen3_moe})
     if (name == architecture_name(a)) return a;
   return std::nullopt;
 }
-// Whether the architecture is models::Llama with run-time options (llama, qwen2, qwen3).
+// Whether the architecture has Llama's attention and norms (llama, qwen2, qwen3, mixtral, qwen3_moe).
 constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
+// Whether the architecture is the mixture-of-experts model (models::MoeLlama).
+constexpr bool moe_family(Architecture a) { return a == Architecture::mixtral || a == Architecture::qwen3_moe; }
 
 // The Hugging Face architecture of a strata model type's architecture under a configuration: the
 // Llama model with add_qkv_bias is Qwen2, with qk_layernorm Qwen3. Options no Hugging Face class of
@@ -158,6 +190,25 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
   if (c.activation == MlpActivation::squared_relu || c.activation == MlpActivation::quick_geglu || c.activation_clamp != 0 ||
       c.glu_linear_offset != 0)
     refuse("another MLP activation", "the mapped classes use GELU (GPT-2) or SwiGLU (Llama, Qwen)");
+  if (moe_family(a) || c.moe.enabled()) {
+    if (!moe_family(a) || !c.moe.enabled())
+      refuse(c.moe.enabled() ? "experts (num_experts > 0)" : "no experts (num_experts = 0)",
+             "Mixtral and Qwen3-MoE are the MoE model (models::Mixtral), Llama and Qwen the dense one");
+    const MoeRouting& r = c.moe.routing;
+    const bool qwen = c.qk_layernorm;  // Qwen3-MoE; else Mixtral
+    if (c.add_qkv_bias) refuse("add_qkv_bias", "Mixtral's and Qwen3-MoE's attention has no biases");
+    if (c.moe.shared_expert_ffn_hidden_size > 0)
+      refuse("shared experts", "Mixtral and Qwen3-MoE route every token to experts alone");
+    if (!qwen && !c.moe.layers.empty())
+      refuse("dense layers (--moe-layer-freq)", "every Mixtral layer is a mixture of experts (Qwen3-MoE, with --qk-layernorm, has dense ones)");
+    if (r.score != MoeScore::softmax) refuse("sigmoid routing", "Mixtral's and Qwen3-MoE's routers take a softmax");
+    if (!qwen && r.pre_softmax)
+      refuse("pre-softmax routing", "Mixtral's weights are the softmax over the top-k logits (Qwen3-MoE's norm_topk_prob false is pre-softmax)");
+    if (r.scaling_factor != 1.0) refuse("a routing scaling factor", "Mixtral's and Qwen3-MoE's weights are the probabilities");
+    if (r.num_groups > 0) refuse("group-limited routing", "Mixtral and Qwen3-MoE choose among all experts");
+    if (c.moe.expert_bias) refuse("an expert bias", "Mixtral's and Qwen3-MoE's routers have no bias");
+    return qwen ? Architecture::qwen3_moe : Architecture::mixtral;
+  }
   if (a == Architecture::gpt2) {
     if (c.add_qkv_bias || c.qk_layernorm || c.kv_channels != 0)
       refuse("add_qkv_bias, qk_layernorm or kv_channels", "GPT-2 has all its biases and heads of hidden / heads");
@@ -187,6 +238,11 @@ struct architecture_of<models::Gpt<Policy>> {
 template <class Policy>
 struct architecture_of<models::Llama<Policy>> {
   static constexpr Architecture value = Architecture::llama;
+  using element = typename Policy::element;
+};
+template <class Policy, class Dispatch>
+struct architecture_of<models::MoeLlama<Policy, Dispatch>> {  // qwen3_moe with qk_layernorm (hf_architecture)
+  static constexpr Architecture value = Architecture::mixtral;
   using element = typename Policy::element;
 };
 template <template <class> class Model, class Policy>
@@ -327,11 +383,25 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
           {t + "self_attn.q_proj.bias", t + "self_attn.k_proj.bias", t + "self_attn.v_proj.bias"},
           {{heads * d}, {groups * d}, {groups * d}}, R::qkv);
     add(s + "attention.proj.weight", Shape{h, heads * d}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
-    if (architecture == Architecture::qwen3) {
+    if (architecture == Architecture::qwen3 || architecture == Architecture::qwen3_moe) {
       add(s + "attention.q_norm.weight", Shape{d}, {t + "self_attn.q_norm.weight"}, {{d}});
       add(s + "attention.k_norm.weight", Shape{d}, {t + "self_attn.k_norm.weight"}, {{d}});
     }
     add(s + "norm2.weight", Shape{h}, {t + "post_attention_layernorm.weight"}, {{h}});
+    if (moe_family(architecture) && c.moe_layer(i)) {
+      const bool mixtral = architecture == Architecture::mixtral;
+      const index_t experts = c.moe.num_experts, w = c.expert_ffn();
+      const std::string moe = t + (mixtral ? "block_sparse_moe." : "mlp.");
+      add(s + "mlp.router.weight", Shape{experts, h}, {moe + "gate.weight"}, {{experts, h}});
+      for (index_t e = 0; e < experts; ++e) {
+        const std::string se = s + "mlp.experts." + std::to_string(e) + ".", te = moe + "experts." + std::to_string(e) + ".";
+        add(se + "fc1.weight", Shape{2 * w, h}, {te + (mixtral ? "w1.weight" : "gate_proj.weight"), te + (mixtral ? "w3.weight" : "up_proj.weight")},
+            {{w, h}, {w, h}}, R::gate_up)
+            .ffn = w;
+        add(se + "fc2.weight", Shape{h, w}, {te + (mixtral ? "w2.weight" : "down_proj.weight")}, {{h, w}});
+      }
+      continue;
+    }
     add(s + "mlp.fc1.weight", Shape{2 * ffn, h}, {t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"},
         {{ffn, h}, {ffn, h}}, R::gate_up);
     add(s + "mlp.fc2.weight", Shape{h, ffn}, {t + "mlp.down_proj.weight"}, {{h, ffn}});
@@ -594,7 +664,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   const auto architecture = parse_architecture(model_type);
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
-                      "\" is not one strata imports (\"gpt2\", \"llama\", \"qwen2\" or \"qwen3\")");
+                      "\" is not one strata imports (\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\" or \"qwen3_moe\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -701,14 +771,51 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     if (f.flag("use_sliding_window", false))
       refuse("use_sliding_window", "true", "sliding-window attention is not available yet");
     c.add_qkv_bias = *architecture == Architecture::qwen2;
-    c.qk_layernorm = *architecture == Architecture::qwen3;
-    // head_dim: Qwen3's default is 128; Llama's and Qwen2's hidden_size / num_attention_heads.
+    const bool qwen3_like = *architecture == Architecture::qwen3 || *architecture == Architecture::qwen3_moe;
+    c.qk_layernorm = qwen3_like;
+    // head_dim: Qwen3's (and Qwen3-MoE's) default is 128; Llama's and Qwen2's hidden_size / num_attention_heads.
     const std::int64_t plain_head = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
-    const std::int64_t head_dim =
-        f.present("head_dim") ? f.integer("head_dim") : (*architecture == Architecture::qwen3 ? 128 : plain_head);
+    const std::int64_t head_dim = f.present("head_dim") ? f.integer("head_dim") : (qwen3_like ? 128 : plain_head);
     if (head_dim <= 0 || head_dim > (1 << 20)) refuse("head_dim", std::to_string(head_dim), "not a head dimension");
     if (head_dim != plain_head || c.hidden_size % std::max(c.num_attention_heads, 1) != 0) c.kv_channels = static_cast<int>(head_dim);
     out.tie_word_embeddings = f.flag("tie_word_embeddings", false);
+    if (*architecture == Architecture::mixtral) {  // intermediate_size (ffn_hidden_size) is one expert's width
+      c.moe.num_experts = f.small_integer("num_local_experts", 8);
+      c.moe.topk = f.small_integer("num_experts_per_tok", 2);
+      c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
+      if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
+        refuse("num_experts_per_tok", std::to_string(c.moe.topk),
+               detail::concat("each token goes to between 1 and num_local_experts=", c.moe.num_experts, " experts"));
+      if (f.present("sliding_window"))
+        refuse("sliding_window", f.find("sliding_window")->text(), "strata imports Mixtral with full attention (null)");
+      if (const double jitter = f.real("router_jitter_noise", 0.0); jitter != 0)
+        refuse("router_jitter_noise", std::to_string(jitter), "strata's router adds no noise to its inputs");
+    }
+    if (*architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; moe_intermediate_size: an expert's
+      c.moe.num_experts = f.small_integer("num_experts", 128);
+      c.moe.topk = f.small_integer("num_experts_per_tok", 8);
+      c.moe.expert_ffn_hidden_size = f.small_integer("moe_intermediate_size", 768);
+      c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
+      c.moe.routing.pre_softmax = !f.flag("norm_topk_prob", false);
+      if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
+        refuse("num_experts_per_tok", std::to_string(c.moe.topk),
+               detail::concat("each token goes to between 1 and num_experts=", c.moe.num_experts, " experts"));
+      // Qwen's layer l is sparse when it is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+      const int step = f.small_integer("decoder_sparse_step", 1);
+      if (step < 1) refuse("decoder_sparse_step", std::to_string(step), "must be at least 1");
+      std::vector<int> pattern(static_cast<std::size_t>(c.num_layers));
+      for (int l = 0; l < c.num_layers; ++l) pattern[static_cast<std::size_t>(l)] = (l + 1) % step == 0 ? 1 : 0;
+      if (const json::Value* dense = f.find("mlp_only_layers"); dense && !dense->is_null()) {
+        if (!dense->is_array()) refuse("mlp_only_layers", dense->text(), "expected a list of layer indices");
+        for (const json::Value& item : dense->items()) {
+          std::int64_t l = -1;
+          if (!item.to_int64(l) || l < 0 || l >= c.num_layers)
+            refuse("mlp_only_layers", item.text(), detail::concat("not a layer index below num_hidden_layers=", c.num_layers));
+          pattern[static_cast<std::size_t>(l)] = 0;
+        }
+      }
+      if (std::find(pattern.begin(), pattern.end(), 0) != pattern.end()) c.moe.layers = pattern;
+    }
   }
   return out;
 }
@@ -741,7 +848,28 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
     const int ours = model.num_query_groups == 0 ? model.num_attention_heads : model.num_query_groups;
     same_int("num_key_value_heads", theirs, "num_query_groups", ours);
   }
-  same_int(gpt ? "n_inner" : "intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+  if (architecture == Architecture::mixtral) {  // intermediate_size is the experts' width
+    same_int("intermediate_size", c.ffn(), "moe_ffn_hidden_size", model.expert_ffn());
+    same_int("num_local_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
+    same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
+  } else if (architecture == Architecture::qwen3_moe) {
+    if (model.moe_layer_count() < model.num_layers)  // the dense layers' width shapes their weights
+      same_int("intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+    same_int("moe_intermediate_size", c.expert_ffn(), "moe_ffn_hidden_size", model.expert_ffn());
+    same_int("num_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
+    same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
+    for (int l = 0; l < model.num_layers; ++l)
+      if (c.moe_layer(l) != model.moe_layer(l))
+        fail<ConfigError>("config.json ", file.path, ": mlp_only_layers and decoder_sparse_step make layer ", l, " ",
+                          c.moe_layer(l) ? "sparse" : "dense", " but the strata model's is ", model.moe_layer(l) ? "MoE" : "dense",
+                          " (--moe-layer-freq)");
+    if (c.moe.routing.pre_softmax != model.moe.routing.pre_softmax)
+      fail<ConfigError>("config.json ", file.path, ": norm_topk_prob is ", c.moe.routing.pre_softmax ? "false" : "true",
+                        " but the strata model's router has pre_softmax=", model.moe.routing.pre_softmax ? "true" : "false",
+                        " (norm_topk_prob false is --moe-router-pre-softmax)");
+  } else {
+    same_int(gpt ? "n_inner" : "intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+  }
   same_int("vocab_size", c.vocab_size, "vocab_size", model.vocab_size);
   if (gpt) same_int("n_positions", c.positions(), "max_position_embeddings", model.positions());
   same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
@@ -850,8 +978,36 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"use_cache", boolean(true)},
       {"torch_dtype", torch_dtype},
   };
+  if (architecture == Architecture::mixtral) {  // intermediate_size is one expert's width
+    members[4].second = number(c.expert_ffn());
+    members.insert(members.end() - 3, {{"sliding_window", "null"},
+                                       {"num_local_experts", number(c.moe.num_experts)},
+                                       {"num_experts_per_tok", number(c.moe.topk)},
+                                       {"output_router_logits", boolean(false)},
+                                       {"router_aux_loss_coef", number(c.moe.aux_loss_coeff)},
+                                       {"router_jitter_noise", number(0.0)}});
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp" || m.first == "attention_bias"; }),
+                  members.end());
+  }
+  if (architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; the experts' is moe_intermediate_size
+    std::string dense = "[";
+    for (int l = 0; l < c.num_layers; ++l)
+      if (!c.moe_layer(l)) dense += (dense.size() > 1 ? ", " : "") + std::to_string(l);
+    members.insert(members.end() - 3, {{"moe_intermediate_size", number(c.expert_ffn())},
+                                       {"num_experts", number(c.moe.num_experts)},
+                                       {"num_experts_per_tok", number(c.moe.topk)},
+                                       {"norm_topk_prob", boolean(!c.moe.routing.pre_softmax)},
+                                       {"decoder_sparse_step", number(1)},
+                                       {"mlp_only_layers", dense + "]"},
+                                       {"output_router_logits", boolean(false)},
+                                       {"router_aux_loss_coef", number(c.moe.aux_loss_coeff)}});
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp"; }),
+                  members.end());
+  }
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
-  if (architecture != Architecture::llama)  // Qwen: no sliding window (its layers' window fields left at their defaults)
+  if (architecture != Architecture::llama && architecture != Architecture::mixtral)  // Qwen: no sliding window (its layers' window fields left at their defaults)
     members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
   if (c.yarn_scaling_factor > 0) {
     // transformers' attention factor: mscale / mscale_all_dim's when both are non-zero (DeepSeek-V3),
@@ -1029,13 +1185,42 @@ void save_hf_from_model(Context& ctx, const std::filesystem::path& dir, Model& m
   using Traits = architecture_of<std::remove_cvref_t<Model>>;
   using X = typename Traits::element;
   const bool writer = ctx.world.rank() == 0;
-  std::map<std::string, Tensor<X>> globals;
+  std::map<std::string, Tensor<X>> globals, experts;
   model.for_each_parameter([&](auto& p) {
     if (p.pipeline_copy) return;
+    if (p.expert) {  // this rank's experts, gathered over the expert-tensor-parallel group
+      experts.emplace(p.name, hf_detail::gather_parameter(ctx.expert_tp, p));
+      return;
+    }
     Tensor<X> global = hf_detail::gather_parameter(ctx.tp, p);
     if (p.name == "embedding.word.weight" && options.padded_vocab == 0) options.padded_vocab = p.global_shape[0];
     if (writer) globals.emplace(p.name, std::move(global));
   });
+  // Every expert to the writer: ep rank r holds experts [r E / ep, (r + 1) E / ep) of each MoE layer
+  // and broadcasts them over its ep group (collective over ctx.ep, in the same order on every rank).
+  if (const models::ModelConfig& c = model.config(); c.moe.enabled()) {
+    using Space = typename std::remove_cvref_t<Model>::Space;
+    const int ep = ctx.ep.size();
+    const index_t per_rank = c.moe.num_experts / ep, h = c.hidden_size, w = c.expert_ffn();
+    for (int layer = 0; layer < c.num_layers; ++layer) {
+      if (!c.moe_layer(layer)) continue;
+      for (index_t e = 0; e < c.moe.num_experts; ++e)
+        for (const auto& [part, shape] : {std::pair{std::string("fc1"), Shape{2 * w, h}}, std::pair{std::string("fc2"), Shape{h, w}}}) {
+          const std::string name = "layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) + "." + part + ".weight";
+          const int owner = static_cast<int>(e / per_rank);
+          Tensor<X> whole;
+          if (ep == 1) {
+            whole = std::move(experts.at(name));
+          } else {
+            auto buffer = Tensor<X, Space>::empty(shape);
+            if (ctx.ep.rank() == owner) strata::copy(buffer, experts.at(name));
+            ctx.ep.broadcast(buffer.buffer(), owner);
+            whole = to_host(buffer);
+          }
+          if (writer) globals.emplace(name, std::move(whole));
+        }
+    }
+  }
   if (writer) {
     save_hf(dir, Traits::value, model.config(),
             [&](const std::string& name, const Shape&) -> Tensor<X> {
@@ -1128,9 +1313,9 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
     if (!(p.global_shape == m.strata_shape))
       fail<ConfigError>("hf::load_hf: the model's parameter '", p.name, "' has global shape ", p.global_shape.str(),
                         " but the configuration gives ", m.strata_shape.str());
-    if (p.shard.sharded && p.shard.parts != ctx.tp.size())
-      fail<ConfigError>("hf::load_hf: parameter '", p.name, "' is split over ", p.shard.parts,
-                        " ranks but the tensor-parallel group has ", ctx.tp.size());
+    if (const int group = p.expert ? ctx.expert_tp.size() : ctx.tp.size(); p.shard.sharded && p.shard.parts != group)
+      fail<ConfigError>("hf::load_hf: parameter '", p.name, "' is split over ", p.shard.parts, " ranks but the ",
+                        p.expert ? "expert-tensor-parallel" : "tensor-parallel", " group has ", group);
     for (std::size_t k = 0; k < m.pieces.size(); ++k) {
       if (!files.has(m.pieces[k]))
         fail<ConfigError>(where, " has no tensor '", m.pieces[k], "', which strata's parameter '", p.name, "' needs");
@@ -1176,7 +1361,7 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
   if (ctx.fp8) ctx.fp8->drop_weight_caches();  // new weights: the FP8 layers cast them again
 }
 
-// The same, for models::Gpt, models::Llama or a PipelineModel of either (the architecture and the
+// The same, for models::Gpt, models::Llama, models::Mixtral or a PipelineModel of one (the architecture and the
 // configuration come from the model).
 template <class Context, class Model>
 void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, const LoadOptions& options = {}) {

@@ -44,6 +44,9 @@ struct MoeModelConfig {
   // --moe-token-dispatcher-type: read by models built with the moe_configured tag (models::Mixtral);
   // a model whose dispatcher is fixed at compile time (moe_alltoall / moe_allgather) ignores it.
   MoeDispatcherType token_dispatcher = MoeDispatcherType::alltoall;
+  // --moe-layer-freq: 1 where layer l (0-based) is a MoE layer, 0 where it is a dense MLP of the
+  // model's ffn_hidden_size (DeepSeek-V3's first dense layers); empty: every layer is a MoE layer.
+  std::vector<int> layers;
 
   bool enabled() const { return num_experts > 0; }
 };
@@ -97,6 +100,20 @@ struct ModelConfig {
     return layer >= 0 && layer < static_cast<int>(window_layers.size()) && window_layers[static_cast<std::size_t>(layer)] != 0
                ? window_size
                : -1;
+  }
+
+  // Whether layer `layer` (0-based) has a mixture-of-experts MLP: every layer of a MoE model unless
+  // moe.layers (--moe-layer-freq) says otherwise; none of a dense model.
+  bool moe_layer(int layer) const {
+    if (!moe.enabled()) return false;
+    if (moe.layers.empty()) return true;
+    return layer >= 0 && layer < static_cast<int>(moe.layers.size()) && moe.layers[static_cast<std::size_t>(layer)] != 0;
+  }
+  // The MoE layers among [begin, end) (a pipeline stage's layers; all of them by default).
+  int moe_layer_count(int begin = 0, int end = -1) const {
+    int n = 0;
+    for (int l = begin; l < (end < 0 ? num_layers : end); ++l) n += moe_layer(l) ? 1 : 0;
+    return n;
   }
 
   // The head dimension: kv_channels, or hidden_size / num_attention_heads when it is 0.
@@ -157,6 +174,15 @@ inline void validate_moe(const MoeModelConfig& m, const ParallelConfig& p) {
   if (m.pad_to_capacity && m.capacity_factor <= 0)
     fail<ConfigError>("moe pad_to_capacity needs a capacity, but capacity_factor=", m.capacity_factor,
                       "; set capacity_factor > 0 (e.g. 1.0) or turn padding off");
+  int moe_layers = 0;
+  for (const int x : m.layers) {
+    if (x != 0 && x != 1)
+      fail<ConfigError>("the MoE layer pattern (--moe-layer-freq) holds ", x, "; each layer is 1 (MoE) or 0 (dense MLP)");
+    moe_layers += x;
+  }
+  if (!m.layers.empty() && moe_layers == 0)
+    fail<ConfigError>("the MoE layer pattern (--moe-layer-freq) makes every layer dense; train a dense model (no "
+                      "--num-experts), or mark at least one layer 1");
 }
 
 // Throws ConfigError naming the first problem (value, reason, what to do).
@@ -249,7 +275,12 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
                       "--activation-func-clamp-value and --glu-linear-offset need a dense model");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
-  if (m.moe.enabled()) validate_moe(m.moe, p);
+  if (m.moe.enabled()) {
+    if (!m.moe.layers.empty() && static_cast<int>(m.moe.layers.size()) != m.num_layers)
+      fail<ConfigError>("the MoE layer pattern (--moe-layer-freq) has ", m.moe.layers.size(), " entries for num_layers=",
+                        m.num_layers, "; give one 1 (MoE) or 0 (dense MLP) per layer");
+    validate_moe(m.moe, p);
+  }
 }
 
 }  // namespace models

@@ -157,7 +157,8 @@ class DecoderModel {
       layers_.emplace_back(ctx, "layers." + std::to_string(i),
                            TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout,
                                                   config.apply_layernorm_1p},
-                           attention_config(config, linear_bias, static_cast<int>(i)), mlp_config(config, linear_bias));
+                           attention_config(config, linear_bias, static_cast<int>(i)),
+                           mlp_config(config, linear_bias, static_cast<int>(i)));
     }
     if (stage.has_head) {
       final_norm_.emplace(ctx, "final_norm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p);
@@ -458,7 +459,7 @@ class DecoderModel {
 
   // ---- mixture of experts (a MoeMlp block; empty or nothing for a dense model) ----
 
-  // This stage's routers, one per layer, in layer order.
+  // This stage's routers, one per MoE layer (config().moe_layer), in layer order.
   const std::vector<Router*>& routers() const { return routers_; }
   // Sets every router's loss scale: the factor its aux and z losses' gradients are multiplied by
   // (forward and backward set it from their loss_scale; see the note at the top).
@@ -521,14 +522,22 @@ class DecoderModel {
     if constexpr (mixture_of_experts) set_router_loss_scale(loss_scale * static_cast<double>(tokens.numel()));
   }
 
-  // The MLP block's configuration: the dense Mlp's, or the MoeMlp's (config.moe), which records its
-  // router in routers_.
-  auto mlp_config(const ModelConfig& config, bool linear_bias) {
+  // The MLP block's configuration of layer `layer`: the dense Mlp's, or the MoeMlp's (config.moe),
+  // which records its router in routers_; a layer config.moe.layers marks dense (--moe-layer-freq)
+  // is a MoeMlp holding a dense Mlp of ffn_hidden_size.
+  auto mlp_config(const ModelConfig& config, bool linear_bias, int layer) {
+    const MlpConfig dense{config.hidden_size, config.ffn(), linear_bias, config.activation, config.activation_clamp,
+                          config.glu_linear_offset};
     if constexpr (mixture_of_experts) {
       MoeMlpConfigWithRouters<Policy> c;
       const MoeModelConfig& m = config.moe;
       if (!m.enabled())
         fail<ConfigError>("a mixture-of-experts model needs moe.num_experts > 0 (--num-experts), got ", m.num_experts);
+      if (!config.moe_layer(layer)) {
+        c.config.hidden_size = config.hidden_size;
+        c.config.dense = dense;
+        return c;
+      }
       c.config.hidden_size = config.hidden_size;
       c.config.num_experts = m.num_experts;
       c.config.topk = m.topk;
@@ -548,8 +557,8 @@ class DecoderModel {
       c.routers = &routers_;
       return c;
     } else {
-      return MlpConfig{config.hidden_size, config.ffn(), linear_bias, config.activation, config.activation_clamp,
-                       config.glu_linear_offset};
+      (void)layer;
+      return dense;
     }
   }
 

@@ -20,10 +20,21 @@
 //                  blocks): one block of logits [rows, V / tp] in T, rows = budget / row bytes
 //                  (at least 1, at most s b), and the final norm's output gradient (s b h, in T,
 //                  sharded under sequence parallelism).
-//                A mixture-of-experts layer adds its experts' rows: each keeps its dispatched input,
-//                the gated fc1's output and the activation's (h + 3 w / etp in T, w the expert
-//                width); the rows are this rank's tokens x topk, or with pad_to_capacity every
-//                expert's whole capacity (E x capacity, capacity at most the tokens).
+//                A mixture-of-experts layer (each layer of a MoE model, or those ModelConfig::moe
+//                .layers marks 1) keeps, instead of the dense MLP's intermediate (the 8 h / tp of
+//                the 12 h / tp above, Korthikanti's 4h-wide fc1 and fc2 inputs):
+//                  the router's logits          T_r x E in A, T_r the tokens this rank routes
+//                                               (s b / tp: the sequence is split over tp with or
+//                                               without sequence parallelism)
+//                  the experts' rows            rows x (h + 3 w / etp) in T: each row its dispatched
+//                                               input, the gated fc1's output and the activation's,
+//                                               w the expert width; rows = T_r x topk (the tokens
+//                                               dispatched to this rank's ep group, as many as it
+//                                               sends on average), or with pad_to_capacity every
+//                                               expert's whole capacity (E x capacity, capacity =
+//                                               ceil(T_r topk / E x factor), at most T_r)
+//                  the shared experts           s b (3 w_s / tp) in T, a dense MLP of width w_s
+//                A dense layer of a MoE model counts as a dense model's.
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
@@ -124,8 +135,14 @@ struct ModelPiece {
   bool embedding = true;     // the word (and position) embedding: the first pipeline stage
   bool head = true;          // the final norm and the output layer: the last pipeline stage
   int ep = 1, etp = 1;       // mixture of experts: num_experts / ep experts, each split over etp
+  std::int64_t first_layer = 0;  // the global index of its first layer (which are MoE layers: ModelConfig::moe_layer)
 
   std::int64_t layer_count(const ModelConfig& m) const { return layers < 0 ? m.num_layers : layers; }
+  // Its MoE layers (ModelConfig::moe_layer over its layers); 0 for a dense model.
+  std::int64_t moe_layer_count(const ModelConfig& m) const {
+    const std::int64_t begin = layers < 0 ? 0 : first_layer;
+    return m.moe_layer_count(static_cast<int>(begin), static_cast<int>(begin + layer_count(m)));
+  }
 };
 
 // Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
@@ -152,17 +169,20 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     if (shape.linear_bias) n = checked_add(n, h, what);
     return n;
   };
-  if (m.moe.enabled()) {  // router [E, h] (replicated), this rank's experts, shared experts (tensor parallel)
+  // A MoE layer's MLP: router [E, h] (replicated), this rank's experts, shared experts (tensor parallel).
+  std::int64_t moe_mlp = 0;
+  if (m.moe.enabled()) {
     const std::int64_t local_experts = m.moe.num_experts / std::max(1, piece.ep);
-    layer = checked_add(layer, checked_product(what, m.moe.num_experts, h), what);
-    layer = checked_add(layer, checked_product(what, local_experts, mlp(m.expert_ffn(), std::max(1, piece.etp))), what);
-    if (m.moe.shared_expert_ffn_hidden_size > 0) layer = checked_add(layer, mlp(m.moe.shared_expert_ffn_hidden_size, tp), what);
-  } else {
-    layer = checked_add(layer, mlp(ffn, tp), what);
+    moe_mlp = checked_product(what, m.moe.num_experts, h);
+    moe_mlp = checked_add(moe_mlp, checked_product(what, local_experts, mlp(m.expert_ffn(), std::max(1, piece.etp))), what);
+    if (m.moe.shared_expert_ffn_hidden_size > 0) moe_mlp = checked_add(moe_mlp, mlp(m.moe.shared_expert_ffn_hidden_size, tp), what);
   }
+  const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
 
   const std::int64_t word_embedding = checked_product(what, vocab, h) / tp;  // vocab-parallel
   std::int64_t total = checked_product(what, layer, piece.layer_count(m));
+  total = checked_add(total, checked_product(what, moe_mlp, moe_layers), what);
+  total = checked_add(total, checked_product(what, mlp(ffn, tp), dense_layers), what);
   if (piece.embedding) {
     total = checked_add(total, word_embedding, what);
     if (shape.learned_positions) total = checked_add(total, checked_product(what, m.positions(), h), what);
@@ -173,6 +193,26 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     if (!shape.tied_output || !piece.embedding) total = checked_add(total, word_embedding, what);
   }
   return total;
+}
+
+// What one MoE layer keeps for a micro-batch of b sequences besides its attention and norms (see
+// the top): the router's logits, the experts' rows (dispatched tokens x topk, or every expert's
+// padded capacity), the shared experts' intermediate.
+inline std::int64_t moe_layer_activation_bytes(const ModelConfig& m, int tp, std::int64_t micro_batch_size, ElementBytes bytes,
+                                               int etp) {
+  const char* what = "activation memory";
+  const std::int64_t tokens = checked_mul(m.seq_length, micro_batch_size, what), h = m.hidden_size;
+  const std::int64_t routed_tokens = tokens / std::max(1, tp);  // the rank's 1/tp of the sequence, with or without SP
+  const std::int64_t rows =
+      m.moe.pad_to_capacity && m.moe.capacity_factor > 0
+          ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
+          : checked_mul(routed_tokens, m.moe.topk, what);
+  const std::int64_t row_elements = checked_add(h, checked_mul(3, m.expert_ffn(), what) / std::max(1, etp), what);
+  std::int64_t out = checked_product(what, rows, row_elements, bytes.value);
+  out = checked_add(out, checked_product(what, routed_tokens, m.moe.num_experts, bytes.accumulate), what);  // router logits
+  if (m.moe.shared_expert_ffn_hidden_size > 0)
+    out = checked_add(out, checked_product(what, tokens, checked_mul(3, m.moe.shared_expert_ffn_hidden_size, what) / tp, bytes.value), what);
+  return out;
 }
 
 // The activations `piece` keeps for one micro-batch (see the top), and the transient logits block
@@ -194,14 +234,11 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   const std::int64_t layer_bytes = checked_add(checked_mul(layer_elements, bytes.value, what),
                                                checked_mul(a / tp, bytes.accumulate, what), what);
   out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
-  if (m.moe.enabled()) {  // the experts' rows (see the top)
-    const std::int64_t routed_tokens = sequence_parallel ? tokens / tp : tokens;
-    const std::int64_t rows =
-        m.moe.pad_to_capacity && m.moe.capacity_factor > 0
-            ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
-            : checked_mul(routed_tokens, m.moe.topk, what);
-    const std::int64_t row_elements = checked_add(h, checked_mul(3, m.expert_ffn(), what) / std::max(1, piece.etp), what);
-    out.kept = checked_add(out.kept, checked_product(what, rows, row_elements, bytes.value, piece.layer_count(m)), what);
+  if (const std::int64_t moe_layers = piece.moe_layer_count(m); moe_layers > 0) {  // see the top
+    out.kept = checked_add(out.kept, checked_mul(moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp), moe_layers, what),
+                           what);
+    // less the dense MLP's intermediate, which a MoE layer does not have
+    out.kept -= checked_product(what, tokens, checked_mul(8, h, what) / tp, bytes.value, moe_layers);
   }
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);

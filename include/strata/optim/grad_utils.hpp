@@ -167,6 +167,16 @@ bool has_expert_parameters(Module& model) {
   model.for_each_parameter([&](auto& p) { any = any || detail::is_expert(p); });
   return any;
 }
+// Whether the module takes part in the experts' gradient-norm collective over
+// ctx.expert_model_parallel (which spans the pipeline stages): it has expert parameters, or it is a
+// stage of a mixture-of-experts model that holds none (--moe-layer-freq can leave a stage with dense
+// layers alone), whose experts' share is then 0.
+template <class Module>
+bool joins_expert_reductions(Module& model) {
+  if constexpr (requires { model.config().moe.num_experts; })
+    if (model.config().moe.num_experts > 0) return true;
+  return has_expert_parameters(model);
+}
 
 // grad = 0 for every parameter, on the rank's backend.
 template <class Device, class Module>
@@ -256,7 +266,7 @@ template <class Context, class Module>
 auto global_grad_square_sum(Context& ctx, Module& model) {
   using Space = typename Context::space;
   auto sum = Tensor<double, Space>::zeros(Shape{1});
-  if (!has_expert_parameters(model)) {
+  if (!joins_expert_reductions(model)) {
     accumulate_grad_squares(ctx.device, model, ctx.tp.rank(), sum.data());
     if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
     return sum;

@@ -13,6 +13,11 @@
 //   backward  combine backward (d expert output, d weights) -> experts backward -> dispatch
 //             backward -> + router backward (d weights and the losses, scaled by loss_scale)
 //
+// A dense layer of a model that mixes dense and MoE layers (Megatron's --moe-layer-freq): with
+// MoeMlpConfig::dense set the block is an ordinary tensor-parallel Mlp of that configuration, named
+// as a dense model's MLP (`<layer>.mlp.fc1`), with no router, dispatcher or experts; one compiled
+// layer type then serves every layer of the model, each choosing its kind at construction.
+//
 // Dispatch is a tag: moe_alltoall (AllToAllDispatcher, the default), moe_allgather, or
 // moe_configured (ConfiguredDispatcher: the one MoeMlpConfig::dispatcher names, at run time).
 //
@@ -68,6 +73,7 @@ struct MoeMlpConfig {
   index_t shared_expert_ffn_hidden_size = 0;  // 0: no shared experts
   MoeDispatcherType dispatcher = MoeDispatcherType::alltoall;  // read with the moe_configured tag only
   RouterConfig router{};                      // hidden_size, num_experts and topk are taken from above
+  std::optional<MlpConfig> dense;             // set: a dense layer (an Mlp of this config); the rest is not read
 };
 
 // A MoeMlpConfig and a list the MoeMlp adds its router's address to when it is built: how a model
@@ -98,33 +104,45 @@ class MoeMlp {
     typename Dispatcher::State dispatch;
     typename GroupedExperts<Policy, Act>::Saved experts;
     typename Mlp<Policy, Act>::Saved shared;
+    typename Mlp<Policy, Act>::Saved dense;  // a dense layer's MLP
     Shape local_shape{};  // this rank's tokens [s, b, hidden]
   };
 
-  MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c)
-      : config_(c),
-        router_(ctx, name + ".router", router_config(c)),
-        dispatcher_(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk, c.dispatcher}),
-        experts_(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts}) {
+  MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c) : config_(c) {
+    if (c.dense) {
+      dense_.emplace(ctx, name, *c.dense);
+      return;
+    }
+    router_.emplace(ctx, name + ".router", router_config(c));
+    dispatcher_.emplace(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk, c.dispatcher});
+    experts_.emplace(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts});
     if (c.shared_expert_ffn_hidden_size > 0)
       shared_.emplace(ctx, name + ".shared_experts", MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false});
   }
   MoeMlp(const Context& ctx, std::string name, const MoeMlpConfigWithRouters<Policy>& c) : MoeMlp(ctx, std::move(name), c.config) {
-    if (c.routers != nullptr) c.routers->push_back(&router_);
+    if (c.routers != nullptr && router_) c.routers->push_back(&*router_);
   }
+
+  // Whether this layer routes its tokens to experts (false: a dense layer, MoeMlpConfig::dense).
+  bool is_moe() const { return router_.has_value(); }
 
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
     Saved saved;
+    if (dense_) {
+      auto [y, dense_saved] = dense_->forward(ctx, x);
+      saved.dense = std::move(dense_saved);
+      return {std::move(y), std::move(saved)};
+    }
     Tensor<T, Space> local = local_tokens(ctx, x);  // [s_local, b, hidden]
     saved.local_shape = local.shape();
     const index_t h = config_.hidden_size, tokens = local.numel() / h, sequences = local.rank() >= 3 ? local.size(1) : 1;
     const Tensor<T, Space> flat = local.reshaped(Shape{tokens, h});
-    auto [routing, router_saved] = router_.forward(ctx, flat, sequences);
+    auto [routing, router_saved] = router_->forward(ctx, flat, sequences);
     saved.router = std::move(router_saved);
-    auto [dispatched, state] = dispatcher_.dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity);
-    auto [expert_out, experts_saved] = experts_.forward(ctx, dispatched.tokens, dispatched.tokens_per_expert);
+    auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity);
+    auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.tokens_per_expert);
     saved.experts = std::move(experts_saved);
-    Tensor<T, Space> y = dispatcher_.combine(ctx, state, expert_out).reshaped(saved.local_shape);
+    Tensor<T, Space> y = dispatcher_->combine(ctx, state, expert_out).reshaped(saved.local_shape);
     saved.dispatch = std::move(state);
     Edge<Layout> out = to_residual(ctx, std::move(y));
     if (shared_) {
@@ -138,12 +156,13 @@ class MoeMlp {
   // `deferred` (a split backward) is accepted for TransformerLayer's interface; the expert and
   // router weight gradients are taken at once, the shared experts' are deferred.
   Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+    if (dense_) return dense_->backward(ctx, saved.dense, dy, deferred);
     const index_t h = config_.hidden_size, tokens = saved.local_shape.numel() / h;
     const Tensor<T, Space> dy_flat = local_gradient(ctx, dy).reshaped(Shape{tokens, h});
-    auto [d_output, dweights] = dispatcher_.combine_backward(ctx, saved.dispatch, dy_flat);
-    const Tensor<T, Space> d_input = experts_.backward(ctx, saved.experts, d_output);
-    Tensor<T, Space> dx = dispatcher_.dispatch_backward(ctx, saved.dispatch, d_input);
-    const Tensor<T, Space> d_router = router_.backward(ctx, saved.router, dweights);
+    auto [d_output, dweights] = dispatcher_->combine_backward(ctx, saved.dispatch, dy_flat);
+    const Tensor<T, Space> d_input = experts_->backward(ctx, saved.experts, d_output);
+    Tensor<T, Space> dx = dispatcher_->dispatch_backward(ctx, saved.dispatch, d_input);
+    const Tensor<T, Space> d_router = router_->backward(ctx, saved.router, dweights);
     ctx.device.template add<T>(dx.data(), d_router.data(), dx.numel(), dx.data());
     Edge<Layout> out = input_gradient(ctx, dx.reshaped(saved.local_shape));
     if (shared_) {
@@ -154,19 +173,22 @@ class MoeMlp {
   }
 
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
-    router_.init(ctx, seed, stddev);
-    experts_.init(ctx, seed, stddev, output_stddev);
+    if (dense_) dense_->init(ctx, seed, stddev, output_stddev);
+    if (router_) router_->init(ctx, seed, stddev);
+    if (experts_) experts_->init(ctx, seed, stddev, output_stddev);
     if (shared_) shared_->init(ctx, seed, stddev, output_stddev);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
-    router_.for_each_parameter(visit);
-    experts_.for_each_parameter(visit);
+    if (dense_) dense_->for_each_parameter(visit);
+    if (router_) router_->for_each_parameter(visit);
+    if (experts_) experts_->for_each_parameter(visit);
     if (shared_) shared_->for_each_parameter(visit);
   }
 
-  TopKRouter<Policy>& router() { return router_; }
-  const TopKRouter<Policy>& router() const { return router_; }
+  // The router of a MoE layer (is_moe()).
+  TopKRouter<Policy>& router() { return *router_; }
+  const TopKRouter<Policy>& router() const { return *router_; }
 
  private:
   static RouterConfig router_config(const MoeMlpConfig& c) {
@@ -200,10 +222,11 @@ class MoeMlp {
   }
 
   MoeMlpConfig config_;
-  TopKRouter<Policy> router_;
-  Dispatcher dispatcher_;
-  GroupedExperts<Policy, Act> experts_;
+  std::optional<TopKRouter<Policy>> router_;  // these three: a MoE layer
+  std::optional<Dispatcher> dispatcher_;
+  std::optional<GroupedExperts<Policy, Act>> experts_;
   std::optional<Mlp<Policy, Act>> shared_;
+  std::optional<Mlp<Policy, Act>> dense_;  // a dense layer
 };
 
 // True for the MoeMlp types (a model that must reach its routers).

@@ -1,7 +1,9 @@
 // strata/layers/moe/router.hpp: `TopKRouter<Policy>`, the mixture-of-experts gate: which k of E
 // experts each token goes to, with which weights (Megatron-Core's TopKRouter).
 //
-//   logits z = x W^T             W [E, hidden], replicated; x this rank's tokens [T, hidden]
+//   logits z = x W^T             W [E, hidden], replicated; x this rank's tokens [T, hidden]; z in
+//                                A = accumulate_t<T> (fp32 for bf16 / fp16: Megatron's
+//                                --moe-router-dtype fp32), as everything below
 //   choice and weights           backend moe_router_forward (backend/moe_routing.hpp has the math:
 //                                softmax after or before top-k, or sigmoid; the optional expert bias
 //                                steers the choice only)
@@ -34,6 +36,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "../../backend/backend.hpp"
@@ -67,6 +70,10 @@ class TopKRouter {
   using Space = space_t<Policy>;
   using Param = Parameter<T, Space>;
   static_assert(check_moe_backend<typename Policy::backend>());
+  // The logits, softmax, top-k, losses and weights are computed in A (Megatron's --moe-router-dtype
+  // fp32 with bf16 / fp16 parameters, always on).
+  static_assert(std::is_same_v<A, float> || std::is_same_v<A, double>,
+                "TopKRouter computes its logits, scores and weights in fp32 or wider: accumulate_t<element> must be float or double.");
 
   struct Output {
     Tensor<std::int32_t, Space> indices;  // [T, k] the chosen experts
