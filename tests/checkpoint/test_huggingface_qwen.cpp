@@ -220,7 +220,7 @@ TEST(HuggingFaceQwen, YarnRopeScalingIsWrittenAndReadAsTransformersReadsIt) {
                            "rope_type": "yarn", "truncate": false})");
   EXPECT_EQ(oss.yarn_scaling_factor, 32.0);
   EXPECT_EQ(oss.yarn_original_max_positions, 4096.0);
-  EXPECT_NEAR(rope_attention_factor(hf::hf_detail::yarn_rope_options(oss)), 0.1 * std::log(32.0) + 1, 1e-15);
+  EXPECT_NEAR(rope_attention_factor(oss.rope_variant()), 0.1 * std::log(32.0) + 1, 1e-15);
   const auto qwen = read(R"({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2})");
   EXPECT_EQ(qwen.yarn_beta_fast, 32.0);
   EXPECT_EQ(qwen.yarn_beta_slow, 1.0);
@@ -228,7 +228,7 @@ TEST(HuggingFaceQwen, YarnRopeScalingIsWrittenAndReadAsTransformersReadsIt) {
   const auto derived = read(R"({"type": "yarn", "factor": null, "original_max_position_embeddings": 2})");
   EXPECT_EQ(derived.yarn_scaling_factor, 7.0 / 2.0);  // max_position_embeddings 7 over 2
   const auto explicit_factor = read(R"({"rope_type": "yarn", "factor": 8.0, "attention_factor": 1.5})");
-  EXPECT_NEAR(rope_attention_factor(hf::hf_detail::yarn_rope_options(explicit_factor)), 1.5, 1e-14);
+  EXPECT_NEAR(rope_attention_factor(explicit_factor.rope_variant()), 1.5, 1e-14);
   expect_error<ConfigError>([&] { (void)read(R"({"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5})"); },
                             {"rope_scaling.partial_rotary_factor", "cannot be imported"});
   expect_error<ConfigError>([&] { (void)read(R"({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0.5})"); },

@@ -571,19 +571,6 @@ auto gather_parameter(Comm& tp, const Param& p) {
   return out;
 }
 
-// The RopeOptions of a configuration's YaRN fields (for its attention factor).
-inline RopeOptions yarn_rope_options(const models::ModelConfig& c) {
-  RopeOptions o;
-  o.yarn_factor = c.yarn_scaling_factor;
-  o.yarn_original_max_positions = c.yarn_original_max_positions;
-  o.yarn_beta_fast = c.yarn_beta_fast;
-  o.yarn_beta_slow = c.yarn_beta_slow;
-  o.yarn_mscale = c.yarn_mscale;
-  o.yarn_mscale_all_dim = c.yarn_mscale_all_dim;
-  o.yarn_round_to_int = c.yarn_round_to_int;
-  return o;
-}
-
 // rope_scaling (or rope_parameters) of rope_type "yarn" into c's YaRN fields, as transformers'
 // _compute_yarn_parameters reads them: factor (absent or null: max_position_embeddings / original);
 // original_max_position_embeddings (absent: max_position_embeddings, already c.seq_length);
@@ -885,8 +872,8 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
       same_real("rope_scaling.beta_slow", c.yarn_beta_slow, "yarn_beta_slow", model.yarn_beta_slow);
       same_int("rope_scaling.truncate", c.yarn_round_to_int, "yarn_round_to_int", model.yarn_round_to_int);
       same_real("the YaRN attention factor (rope_scaling.attention_factor, mscale, mscale_all_dim)",
-                rope_attention_factor(hf_detail::yarn_rope_options(c)), "the attention factor of yarn_mscale, yarn_mscale_all_dim",
-                rope_attention_factor(hf_detail::yarn_rope_options(model)));
+                rope_attention_factor(c.rope_variant()), "the attention factor of yarn_mscale, yarn_mscale_all_dim",
+                rope_attention_factor(model.rope_variant()));
     }
     if (model.rope_scaling_factor > 0) {
       same_real("rope_scaling.low_freq_factor", c.rope_low_freq_factor, "rope_low_freq_factor", model.rope_low_freq_factor);
@@ -1019,7 +1006,7 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
         {"beta_fast", number(c.yarn_beta_fast)},
         {"beta_slow", number(c.yarn_beta_slow)},
         {"truncate", boolean(c.yarn_round_to_int)}};
-    const double factor = rope_attention_factor(hf_detail::yarn_rope_options(c));
+    const double factor = rope_attention_factor(c.rope_variant());
     if (c.yarn_mscale != 0 && c.yarn_mscale_all_dim != 0) {
       yarn.emplace_back("mscale", number(c.yarn_mscale));
       yarn.emplace_back("mscale_all_dim", number(c.yarn_mscale_all_dim));

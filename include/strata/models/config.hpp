@@ -120,6 +120,25 @@ struct ModelConfig {
   int head_dim() const { return kv_channels != 0 ? kv_channels : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0); }
   // The rotated width of a head: int(head_dim x rotary_percent), as Megatron.
   int rotary_dim() const { return static_cast<int>(head_dim() * rotary_percent); }
+  // `o` with the rotary variant's fields of this configuration: the rotated width (--rotary-percent
+  // below 1), --rotary-interleaved, Llama 3.1's scaling and YaRN's. The base and the head size are
+  // the attention's to set.
+  RopeOptions rope_variant(RopeOptions o = {}) const {
+    if (rotary_percent < 1) o.rotary_dim = rotary_dim();
+    o.interleaved = rotary_interleaved;
+    o.scaling_factor = rope_scaling_factor;
+    o.low_freq_factor = rope_low_freq_factor;
+    o.high_freq_factor = rope_high_freq_factor;
+    o.original_max_positions = rope_original_max_positions;
+    o.yarn_factor = yarn_scaling_factor;
+    o.yarn_original_max_positions = yarn_original_max_positions;
+    o.yarn_beta_fast = yarn_beta_fast;
+    o.yarn_beta_slow = yarn_beta_slow;
+    o.yarn_mscale = yarn_mscale;
+    o.yarn_mscale_all_dim = yarn_mscale_all_dim;
+    o.yarn_round_to_int = yarn_round_to_int;
+    return o;
+  }
 
   // The MLP width: ffn_hidden_size, or 4 x hidden_size when it is 0 (ConfigError when that does not fit an int).
   int ffn() const {

@@ -571,19 +571,7 @@ class DecoderModel {
       c.qk_norm = std::is_same_v<Norm<Policy>, RmsNorm<Policy>> ? QkNorm::rmsnorm : QkNorm::layernorm;
     c.qk_norm_epsilon = config.norm_epsilon;
     c.qk_norm_zero_centered = config.apply_layernorm_1p;
-    if (config.rotary_percent < 1) c.rope.rotary_dim = config.rotary_dim();
-    c.rope.interleaved = config.rotary_interleaved;
-    c.rope.scaling_factor = config.rope_scaling_factor;
-    c.rope.low_freq_factor = config.rope_low_freq_factor;
-    c.rope.high_freq_factor = config.rope_high_freq_factor;
-    c.rope.original_max_positions = config.rope_original_max_positions;
-    c.rope.yarn_factor = config.yarn_scaling_factor;
-    c.rope.yarn_original_max_positions = config.yarn_original_max_positions;
-    c.rope.yarn_beta_fast = config.yarn_beta_fast;
-    c.rope.yarn_beta_slow = config.yarn_beta_slow;
-    c.rope.yarn_mscale = config.yarn_mscale;
-    c.rope.yarn_mscale_all_dim = config.yarn_mscale_all_dim;
-    c.rope.yarn_round_to_int = config.yarn_round_to_int;
+    c.rope = config.rope_variant(c.rope);
     c.softmax = config.softmax_type;  // --softmax-type (attention sinks)
     c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
     return c;
