@@ -319,6 +319,10 @@ TEST(HuggingFaceMapping, Qwen3MoeNamesAndConfig) {
                           strata_test::replaced(strata_test::replaced(text, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 2"),
                                                 "\"mlp_only_layers\": [0]", "\"mlp_only_layers\": []"));
   EXPECT_EQ(hf::read_config(dir.path()).config.moe.layers, (std::vector<int>{0, 1, 0, 1}));
+  // transformers 5 writes the expert count as num_local_experts
+  strata_test::write_text(dir.path() / "config.json", strata_test::replaced(text, "\"num_experts\": 4", "\"num_local_experts\": 4"));
+  EXPECT_EQ(hf::read_config(dir.path()).config.moe.num_experts, 4);
+  EXPECT_NO_THROW(hf::check_config(hf::read_config(dir.path()), hf::Architecture::mixtral, c));
 }
 
 // The files read by transformers' equations (Qwen3MoeSparseMoeBlock, with and without

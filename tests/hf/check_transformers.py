@@ -199,7 +199,8 @@ def hf_cases(transformers, torch):
     return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
-        ("llama, tied lm_head", "llama", transformers.LlamaForCausalLM, llama_tied, {}),
+        # strata compiles no tied Llama: the import must refuse it, naming the field
+        ("llama, tied lm_head (refused)", "llama", transformers.LlamaForCausalLM, llama_tied, {"refused": "tie_word_embeddings"}),
         ("llama, sharded", "llama", transformers.LlamaForCausalLM, llama, {"max_shard_size": "40KB"}),
         ("llama 3.1 rope_scaling", "llama", transformers.LlamaForCausalLM, llama31, {}),
         ("llama yarn rope_scaling", "llama", transformers.LlamaForCausalLM, llama_yarn, {}),
@@ -278,6 +279,8 @@ def main():
     # transformers -> strata
     for index, (name, architecture, cls, config, extra) in enumerate(hf_cases(transformers, torch)):
         def import_case(name=name, architecture=architecture, cls=cls, config=config, extra=extra, index=index):
+            extra = dict(extra)
+            refusal = extra.pop("refused", None)
             directory = work / f"transformers_to_strata_{index}_{architecture}"
             shutil.rmtree(directory, ignore_errors=True)
             torch.manual_seed(args.seed + index)
@@ -289,6 +292,14 @@ def main():
                 raise RuntimeError("save_pretrained wrote no shard index; lower max_shard_size")
             tokens = prompt()
             (directory / "tokens.json").write_text(json.dumps({"tokens": tokens}))
+            if refusal:
+                try:
+                    run(binary, ["import", directory, architecture, "--tp", args.tp], args.verbose)
+                except RuntimeError as error:
+                    if refusal in str(error):
+                        return 0.0, 0.0, "refused", []
+                    raise
+                raise RuntimeError(f"the import was expected to be refused (naming {refusal}) and was not")
             run(binary, ["import", directory, architecture, "--tp", args.tp], args.verbose)
             ours, _ = strata_logits(directory, np)
             theirs = transformers_logits(model, tokens, torch, np)

@@ -779,7 +779,8 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
         refuse("router_jitter_noise", std::to_string(jitter), "strata's router adds no noise to its inputs");
     }
     if (*architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; moe_intermediate_size: an expert's
-      c.moe.num_experts = f.small_integer("num_experts", 128);
+      // transformers 5 writes num_local_experts; earlier releases, and Qwen's own files, num_experts
+      c.moe.num_experts = f.small_integer(f.find("num_experts") ? "num_experts" : "num_local_experts", 128);
       c.moe.topk = f.small_integer("num_experts_per_tok", 8);
       c.moe.expert_ffn_hidden_size = f.small_integer("moe_intermediate_size", 768);
       c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
