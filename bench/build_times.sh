@@ -11,11 +11,14 @@
 #             public layers and trains it (configure with STRATA_BUILD_EXAMPLES, build custom_model)
 #   cuda      train_gpt with --device cuda (STRATA_CUDA_TRAINERS, the cuDNN frontend when
 #             STRATA_CUDNN_FRONTEND_DIR names it), where nvcc is found; its element types from
-#             STRATA_BUILD_TIMES_CUDA_ELEMENTS (default "bf16")
+#             STRATA_BUILD_TIMES_CUDA_ELEMENTS (default "bf16"). The compiled way (strata::cuda_kernels
+#             and the host compiler) unless STRATA_BUILD_TIMES_CUDA_HEADER_ONLY=1 (nvcc, header-only)
+#   cuda-user strata::cuda_kernels alone (a row of its own), then examples/llama_cuda.cpp in the same
+#             folder: a user's translation unit that trains a Llama on GPUs, host compiler
 #
 # STRATA_BUILD_TIMES_CORES (default: "2" and this machine's count) lists the core counts: each row
 # builds with -j<cores> under `taskset` on the first <cores> CPUs. STRATA_BUILD_TIMES_WHAT picks rows
-# ("demo demo-all user cuda" by default). Logs: <out-dir> (default build-times). It measures and
+# ("demo demo-all user cuda cuda-user" by default). Logs: <out-dir> (default build-times). It measures and
 # prints; it asserts nothing about time.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,7 +29,7 @@ out=$(cd "$out" && pwd)
 export CCACHE_DISABLE=1
 all=$(nproc)
 cores_list=${STRATA_BUILD_TIMES_CORES:-$( [[ $all == 2 ]] && echo 2 || echo "2 $all" )}
-what_list=${STRATA_BUILD_TIMES_WHAT:-demo demo-all user cuda}
+what_list=${STRATA_BUILD_TIMES_WHAT:-demo demo-all user cuda cuda-user}
 : >"$out/rows.tsv"
 
 # fresh SOURCE copy of the tracked files (no build folders, no caches)
@@ -77,8 +80,27 @@ for cores in $cores_list; do
         fi
         taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
           -DSTRATA_CUDA_TRAINERS=ON "-DSTRATA_TRAINER_ELEMENTS=${STRATA_BUILD_TIMES_CUDA_ELEMENTS:-bf16}" \
+          "-DSTRATA_CUDA_HEADER_ONLY=$([[ ${STRATA_BUILD_TIMES_CUDA_HEADER_ONLY:-0} == 1 ]] && echo ON || echo OFF)" \
           ${STRATA_CUDNN_FRONTEND_DIR:+-DSTRATA_CUDNN_FRONTEND_DIR=$STRATA_CUDNN_FRONTEND_DIR} >"$log" 2>&1 &&
           taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target train_gpt >>"$log" 2>&1 || status=failed
+        built=$(now)
+        first=""
+        ;;
+      cuda-user)
+        # strata::cuda_kernels built once (its own row), then the user's translation unit alone:
+        # examples/llama_cuda.cpp, a Llama trained on GPUs, compiled by the host compiler and linked
+        # against the library.
+        if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+          printf '%s\t%s\t%s\t%s\t%s\n' "$what" "$cores" "-" "-" "skipped: no nvcc" >>"$out/rows.tsv"
+          continue
+        fi
+        taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
+          -DSTRATA_CUDA_TRAINERS=ON ${STRATA_CUDNN_FRONTEND_DIR:+-DSTRATA_CUDNN_FRONTEND_DIR=$STRATA_CUDNN_FRONTEND_DIR} >"$log" 2>&1 &&
+          taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target strata_cuda_kernels >>"$log" 2>&1 || status=failed
+        built=$(now)
+        printf '%s\t%s\t%s\t%s\t%s\n' "cuda-kernels (strata::cuda_kernels, once)" "$cores" "$(seconds "$start" "$built")" "-" "$status" >>"$out/rows.tsv"
+        start=$built
+        [[ $status == ok ]] && { taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target llama_cuda >>"$log" 2>&1 || status=failed; }
         built=$(now)
         first=""
         ;;

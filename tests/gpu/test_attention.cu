@@ -188,7 +188,7 @@ template <class T>
 void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, bool use_cudnn, std::uint64_t seed) {
   using A = strata::accumulate_t<T>;
   plans.prefer_cudnn(use_cudnn);
-  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T>;
+  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn() && strata::is_half_v<T>;
   const std::string name = std::string(type_name<T>()) + (expect_cudnn ? " cudnn " : " flash ") + x.str();
 
   const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
@@ -280,7 +280,7 @@ void run_packed_case(cu::attention_plans& plans, cudaStream_t stream, const Shap
                      std::uint64_t seed) {
   using A = strata::accumulate_t<T>;
   plans.prefer_cudnn(use_cudnn);
-  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T>;
+  const bool expect_cudnn = use_cudnn && cu::attention_plans::has_cudnn() && strata::is_half_v<T>;
   const index_t hpg = x.heads / x.groups, rows = x.s * x.b, width = x.groups * (hpg + 2) * x.d;
   const strata::PackedQkvView view = strata::packed_qkv_view(x.groups, hpg, x.d);
   const std::string name = std::string(type_name<T>()) + (expect_cudnn ? " cudnn " : " flash ") +

@@ -206,7 +206,7 @@ void run_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, c
   const Result first = run();
   const Result second = run();
 
-  const bool cudnn_possible = prefer_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T>;
+  const bool cudnn_possible = prefer_cudnn && cu::attention_plans::has_cudnn() && strata::is_half_v<T>;
   const bool names_dropout = !cudnn_possible || (first.forward_refusal.find("dropout") != std::string::npos &&
                                                  first.backward_refusal.find("dropout") != std::string::npos);
   check(first.forward_engine == cu::attention_engine::flash && first.backward_engine == cu::attention_engine::flash &&
@@ -280,7 +280,7 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
                             x.d, A(scale), dq.ptr, dk.ptr, dv.ptr, options);
   const cu::attention_engine backward_engine = plans.last_engine();
   STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const bool cudnn_expected = prefer_cudnn && cu::attention_plans::has_cudnn && strata::is_half_v<T> &&
+  const bool cudnn_expected = prefer_cudnn && cu::attention_plans::has_cudnn() && strata::is_half_v<T> &&
                               !options.dropout.active() && options.window < 0;
   const cu::attention_engine expected = cudnn_expected ? cu::attention_engine::cudnn : cu::attention_engine::flash;
   check(forward_engine == expected && (x.s == 1 || backward_engine == expected),
@@ -510,7 +510,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-  std::printf("cuDNN: %s\n", cu::attention_plans::has_cudnn ? "built in (dropout must still run the flash kernels)" : "not built in");
+  std::printf("cuDNN: %s\n", cu::attention_plans::has_cudnn() ? "built in (dropout must still run the flash kernels)" : "not built in");
 
   try {
     cu::stream stream;

@@ -41,6 +41,9 @@
 #include "fp8_gemm.hpp"
 #include "gemm.hpp"
 #include "grouped_gemm.hpp"
+#include "kernels/launchers.hpp"
+#include "runtime.hpp"
+#if STRATA_CUDA_HEADER_ONLY  // else the launchers come compiled from strata::cuda_kernels
 #include "kernels/activation.cuh"
 #include "kernels/attention_merge.cuh"
 #include "kernels/bias.cuh"
@@ -55,7 +58,7 @@
 #include "kernels/optimizer.cuh"
 #include "kernels/random.cuh"
 #include "kernels/rope.cuh"
-#include "runtime.hpp"
+#endif
 
 
 STRATA_NAMESPACE_BEGIN

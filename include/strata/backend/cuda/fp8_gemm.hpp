@@ -24,7 +24,10 @@
 #include "../../core/fp8.hpp"
 #include "../../core/tensor.hpp"
 #include "gemm.hpp"
+#include "kernels/launchers.hpp"
+#if STRATA_CUDA_HEADER_ONLY
 #include "kernels/fp8.cuh"
+#endif
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda {

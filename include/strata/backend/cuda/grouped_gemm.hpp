@@ -45,7 +45,7 @@
 // weight gradients would be grouped too; and it can fuse the SwiGLU / GELU epilogue. Its cost is the
 // compile time of the instantiations (STYLE.md, habit 10).
 //
-// Needs nvcc (includes a kernel).
+// Needs nvcc (includes a kernel), unless the kernels come compiled (kernels/launchers.hpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -65,7 +65,10 @@
 #include "../../core/space.hpp"
 #include "allocator.hpp"
 #include "gemm.hpp"
+#include "kernels/launchers.hpp"
+#if STRATA_CUDA_HEADER_ONLY
 #include "kernels/pointer_table.cuh"
+#endif
 #include "runtime.hpp"
 
 // STRATA_CUBLAS_GROUPED_GEMM: 1 when the cuBLAS headers declare cublasGemmGroupedBatchedEx (12.5+).

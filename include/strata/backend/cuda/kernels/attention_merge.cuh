@@ -38,7 +38,7 @@ __global__ void attention_merge_kernel(T* out, A* lse, const T* block_out, const
   }
 }
 
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
                      index_t d, cudaStream_t stream) {
   const index_t rows = s * b * heads;

@@ -72,7 +72,7 @@ void bias_add(T* y, const T* bias, index_t rows, index_t cols, cudaStream_t stre
 inline constexpr int kColumnMaxChunks = 64;
 inline constexpr int kColumnFinishLoads = 2 * kPartialGroups;  // partials a finishing thread loads at once
 static_assert(kColumnMaxChunks % kColumnFinishLoads == 0 && kColumnFinishLoads % kPartialGroups == 0);
-inline index_t column_sum_chunks(index_t rows) {
+STRATA_CUDA_INLINE index_t column_sum_chunks(index_t rows) {
   const index_t by_rows = (rows + 127) / 128;
   return by_rows < 1 ? 1 : (by_rows > kColumnMaxChunks ? kColumnMaxChunks : by_rows);
 }
@@ -182,9 +182,9 @@ __global__ void column_partials_kernel(const T* dy, index_t rows, index_t cols, 
 
 // workspace: column_sum_chunks(rows) * cols elements of A. tickets: null, or `ticket_count` counters
 // that are zero (and are zero again when the kernel ends).
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias, A* workspace, cudaStream_t stream,
-               unsigned* tickets = nullptr, index_t ticket_count = 0) {
+               unsigned* tickets, index_t ticket_count) {
   if (cols <= 0 || rows <= 0) return;
   constexpr int V = packed<T>::width;
   const index_t chunks = column_sum_chunks(rows);

@@ -7,11 +7,12 @@
 // rounding of bf16::from_float). Every sum runs in a fixed order that depends on the sizes only
 // (never on timing or on the device), so two runs of a kernel give the same bits.
 //
-// CUDA only: the CPU build never includes a .cuh header.
+// CUDA only: the CPU build never includes a .cuh header; each family's launchers are declared,
+// with their default arguments, in launchers.hpp.
 #pragma once
 
 #if !defined(__CUDACC__)
-#error "strata/backend/cuda/kernels/*.cuh are CUDA sources: compile them with nvcc (the CPU build never includes them)."
+#error "strata/backend/cuda/kernels/*.cuh are CUDA sources: compile them with nvcc, or build with the host compiler against the compiled kernels (link strata::cuda_kernels, which sets STRATA_CUDA_KERNELS_LIBRARY=1; kernels/launchers.hpp)."
 #endif
 
 #include <cuda_bf16.h>
@@ -25,6 +26,7 @@
 #include "../../../core/dtype.hpp"
 #include "../../../core/shape.hpp"
 #include "../runtime.hpp"
+#include "launchers.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {

@@ -43,10 +43,7 @@ namespace cuda::kernels {
 // each thread loads before it uses them.
 inline constexpr int kCrossEntropyThreads = 256;
 inline constexpr int kCrossEntropyUnroll = 4;
-// Blocks per multiprocessor of the fused forward-backward kernel: each holds one row between its two
-// passes, so blocks x SMs x row bytes should fit in L2 (2 x 132 x 100 KiB for GPT-2's vocabulary in
-// bf16 on an H100, about half of its 50 MiB).
-inline constexpr int kCrossEntropyFusedBlocksPerSm = 2;
+// kCrossEntropyFusedBlocksPerSm (launchers.hpp): blocks per multiprocessor of the fused kernel.
 
 // e^(z - shift) for many z of one row. float: exp2f of z log2(e) - shift log2(e) (one fused
 // multiply-add and the hardware exp2, within a few ulp of expf for the arguments of a softmax);
@@ -138,7 +135,7 @@ __global__ void __launch_bounds__(kCrossEntropyThreads) cross_entropy_max_kernel
     if (threadIdx.x == 0) row_max[r] = m;
   }
 }
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void cross_entropy_max(const T* logits, index_t rows, index_t local, index_t used, A* row_max, cudaStream_t stream) {
   if (rows <= 0) return;
   cross_entropy_max_kernel<T, A><<<static_cast<unsigned>(std::min<index_t>(rows, 65535)), kCrossEntropyThreads, 0, stream>>>(
@@ -169,7 +166,7 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
     }
   }
 }
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void cross_entropy_sums(const T* logits, index_t rows, index_t local, index_t used, const A* row_max,
                         const std::int32_t* labels, index_t begin, A* sums, cudaStream_t stream) {
   if (rows <= 0) return;
@@ -260,7 +257,7 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
     write_gradient_row(logits + r * local, dlogits + r * local, lse[r], static_cast<index_t>(labels[r]) - begin,
                        dloss[r], local, used, uniform, hit, vectorized);
 }
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void cross_entropy_backward(const T* logits, const A* lse, const std::int32_t* labels, index_t begin, index_t rows,
                             index_t local, index_t used, index_t vocab, A smoothing, const A* dloss, T* dlogits,
                             cudaStream_t stream) {
@@ -323,10 +320,10 @@ __global__ void __launch_bounds__(kCrossEntropyThreads)
     write_gradient_row(row, row, row_lse, label, dloss[r], local, used, uniform, hit, true);
   }
 }
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void cross_entropy_forward_backward(T* logits, const std::int32_t* labels, index_t rows, index_t local, index_t used,
                                     index_t vocab, A smoothing, const A* dloss, A* loss, cudaStream_t stream,
-                                    int blocks_per_multiprocessor = kCrossEntropyFusedBlocksPerSm) {
+                                    int blocks_per_multiprocessor) {
   if (rows <= 0 || local <= 0) return;
   const index_t blocks = std::min<index_t>(rows, index_t(multiprocessor_count()) * blocks_per_multiprocessor);
   cross_entropy_forward_backward_kernel<T, A><<<static_cast<unsigned>(blocks), kCrossEntropyThreads, 0, stream>>>(

@@ -68,14 +68,14 @@ __global__ void embedding_runs_kernel(const std::int32_t* sorted_keys, const std
 }
 
 // The key bits the sort looks at: keys lie in [0, rows_local].
-inline int embedding_key_bits(index_t rows_local) {
+STRATA_CUDA_INLINE int embedding_key_bits(index_t rows_local) {
   int end_bit = 1;
   while (end_bit < 31 && (index_t{1} << end_bit) <= rows_local) ++end_bit;
   return end_bit;
 }
 
 // Bytes of workspace embedding_backward needs for n tokens: four int32 arrays and CUB's scratch.
-inline std::size_t embedding_backward_workspace(index_t n, index_t rows_local) {
+STRATA_CUDA_INLINE std::size_t embedding_backward_workspace(index_t n, index_t rows_local) {
   std::size_t cub_bytes = 0;
   STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const std::int32_t*>(nullptr),
                                                     static_cast<std::int32_t*>(nullptr),
@@ -86,7 +86,7 @@ inline std::size_t embedding_backward_workspace(index_t n, index_t rows_local) {
   return 4 * ints + cub_bytes;
 }
 
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void embedding_backward(const std::int32_t* tokens, index_t n, const T* dout, index_t row_begin, index_t rows_local,
                         index_t h, A* dweight, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (n <= 0 || h <= 0 || rows_local <= 0) return;
@@ -137,7 +137,7 @@ __global__ void position_grad_kernel(const T* dy, index_t s, index_t b, index_t 
     dweight[(first + t) * h + c] += sum;
   }
 }
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void position_grad(const T* dy, index_t s, index_t b, index_t h, index_t first, A* dweight, cudaStream_t stream) {
   if (s <= 0 || h <= 0) return;
   position_grad_kernel<T, A><<<grid_for(s * h), kThreads, 0, stream>>>(dy, s, b, h, first, dweight);

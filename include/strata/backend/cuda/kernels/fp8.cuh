@@ -185,17 +185,17 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
   fp8_cast_transpose_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(x, rows, cols, format, scale, out, out_t, amax);
   check_launch("fp8_cast_transpose");
 }
-inline void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
+STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   fp8_transpose_kernel<std::uint8_t><<<fp8_tile_grid(rows, cols), dim3(32, 8), 0, stream>>>(in, rows, cols, out);
   check_launch("fp8_transpose");
 }
-inline void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream) {
+STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream) {
   fp8_align_scales_kernel<float><<<1, 1, 0, stream>>>(a, b, out);
   check_launch("fp8_align_scales");
 }
 static_assert(std::is_trivially_copyable_v<Fp8UpdateArgs>, "kernel arguments are trivially copyable");
-inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
+STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
   fp8_update_scale_kernel<Fp8UpdateArgs><<<1, 1, 0, stream>>>(row, max, args);
   check_launch("fp8_update_scale");
 }

@@ -157,7 +157,7 @@ __global__ inline void moe_unrouted_kernel(const std::int32_t* routed, index_t n
   for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < n; a += index_t(gridDim.x) * blockDim.x)
     if (routed[a] < first_expert || routed[a] >= first_expert + experts) slot_of[a] = -1;
 }
-inline void moe_sort_by_expert(const std::int32_t* routed, index_t n, index_t k, index_t first_expert, index_t experts,
+STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n, index_t k, index_t first_expert, index_t experts,
                                index_t capacity, std::int32_t* slot_of, std::int32_t* token_of_slot, index_t slots,
                                cudaStream_t stream) {
   if (slots > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(token_of_slot, 0xff, sizeof(std::int32_t) * slots, stream));  // -1

@@ -43,7 +43,7 @@ inline constexpr int kNormThreads = 256;   // threads of the block-per-row kerne
 inline constexpr int kNormWarps = 4;       // warps (rows in flight) per block of the warp-per-row kernels
 inline constexpr int kNormMaxPerLane = 32; // elements of a row one lane may hold: the warp path takes h <= 1024
 
-inline index_t norm_backward_blocks(index_t rows) { return rows < 1 ? 1 : (rows > 512 ? 512 : rows); }
+STRATA_CUDA_INLINE index_t norm_backward_blocks(index_t rows) { return rows < 1 ? 1 : (rows > 512 ? 512 : rows); }
 
 // The sum of `value` over the warp, the same bits in every lane (an xor butterfly adds the same two
 // values in each pair of lanes).
@@ -381,34 +381,34 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
   if (ds) sum_partials<A, A>(ds_partials, blocks, h, ds, true, stream, static_cast<A*>(nullptr), -1, stride);
 }
 
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       const T* residual, T* sum, cudaStream_t stream, A weight_offset = A(0)) {
+                       const T* residual, T* sum, cudaStream_t stream, A weight_offset) {
   norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward", weight_offset);
 }
 
 // workspace: 3 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
 // dresidual_sums (with dresidual): the column sums of dresidual added into it (the bias gradient of
 // the layer whose output gradient dresidual is).
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
-                        A* dresidual_sums = nullptr, A weight_offset = A(0)) {
+                        A* dresidual_sums, A weight_offset) {
   norm_backward<T, true, A>(dy, x, g, mean, rstd, rows, h, dx, dg, db, dresidual, workspace, accumulate, stream,
                             "layernorm_backward", dresidual_sums, weight_offset);
 }
 
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual, T* sum,
-                     cudaStream_t stream, A weight_offset = A(0)) {
+                     cudaStream_t stream, A weight_offset) {
   norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, residual, sum, stream, "rmsnorm_forward",
                             weight_offset);
 }
 
 // workspace: norm_backward_blocks(rows) * h elements of A.
-template <class T, class A = accumulate_t<T>>
+template <class T, class A>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
-                      const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream, A weight_offset = A(0)) {
+                      const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream, A weight_offset) {
   norm_backward<T, false, A>(dy, x, g, nullptr, rstd, rows, h, dx, dg, nullptr, dresidual, workspace, accumulate,
                              stream, "rmsnorm_backward", nullptr, weight_offset);
 }

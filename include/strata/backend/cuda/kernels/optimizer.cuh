@@ -57,7 +57,7 @@ __global__ void adamw_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, 
 }
 // Step: AdamWStep (lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay, bias_correction1,
 // bias_correction2 in A), passed by value.
-template <class T, class Step, class A = accumulate_t<T>>
+template <class T, class Step, class A>
 void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, const Step& step,
                 cudaStream_t stream) {
   static_assert(std::is_trivially_copyable_v<Step>, "A kernel argument must be trivially copyable: the AdamW step is copied to the device.");
@@ -66,9 +66,7 @@ void adamw_step(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, ind
   check_launch("adamw_step");
 }
 
-// One parameter of adamw_step_many: its state, gradient and value, and whether it decays.
-template <class T, class A = accumulate_t<T>>
-using adamw_tensor = AdamWTensor<T, A>;
+// adamw_tensor (launchers.hpp): one parameter of adamw_step_many.
 
 inline constexpr int kAdamWTensorsPerLaunch = 24;
 inline constexpr index_t kAdamWChunk = 4096;  // elements per block
@@ -100,7 +98,7 @@ __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batc
   }
 }
 
-template <class T, class Step, class A = accumulate_t<T>>
+template <class T, class Step, class A>
 void adamw_step_many(const adamw_tensor<T, A>* tensors, std::size_t count, const Step& step, cudaStream_t stream) {
   static_assert(std::is_trivially_copyable_v<Step>, "A kernel argument must be trivially copyable: the AdamW step is copied to the device.");
   adamw_batch<T, A> batch{};
@@ -123,7 +121,7 @@ void adamw_step_many(const adamw_tensor<T, A>* tensors, std::size_t count, const
 
 inline constexpr int kReduceThreads = 512;
 // Partials of the two-phase sums: one per 16 Ki elements, at most 1024 (depends on n only).
-inline index_t reduce_blocks(index_t n) {
+STRATA_CUDA_INLINE index_t reduce_blocks(index_t n) {
   const index_t blocks = (n + 16383) / 16384;
   return blocks < 1 ? 1 : (blocks > 1024 ? 1024 : blocks);
 }
@@ -164,7 +162,7 @@ __global__ void clip_factor_kernel(const Real* square_sum, Real max_norm, Real* 
   const Real candidate = max_norm / (value + Real(1e-6));
   factor[0] = max_norm > 0 && candidate < 1 ? candidate : Real(1);
 }
-inline void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor, cudaStream_t stream) {
+STRATA_CUDA_INLINE void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor, cudaStream_t stream) {
   clip_factor_kernel<double><<<1, 1, 0, stream>>>(square_sum, max_norm, norm, factor);
   check_launch("clip_factor");
 }

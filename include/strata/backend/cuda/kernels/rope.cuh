@@ -42,7 +42,7 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
 
 template <class T>
 void rope(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset, bool inverse,
-          cudaStream_t stream, RopeOptions options = {}) {
+          cudaStream_t stream, RopeOptions options) {
   const index_t pairs = s * n * (rope_rotary_dim(options, d) / 2);
   if (pairs <= 0) return;
   rope_kernel<T><<<grid_for(pairs), kThreads, 0, stream>>>(x, s, n, d, base, position_offset, inverse ? -1.0 : 1.0,

@@ -1,0 +1,31 @@
+// strata/backend/cuda/library/instantiate.hpp: what the sources of strata::cuda_kernels share: the
+// element types every launcher is compiled for (float, double, bf16, fp16) and the accumulate types
+// (float, double). Each source includes the .cuh definitions of a few kernel families and
+// instantiates their launchers (kernels/launchers.hpp) for these types, once; code built with the
+// host compiler then links them. A launcher a build needs but no source instantiates is a link
+// error naming it: add it to the source of its family.
+#pragma once
+
+#ifndef STRATA_CUDA_KERNELS_LIBRARY
+#define STRATA_CUDA_KERNELS_LIBRARY 1
+#endif
+#if !STRATA_CUDA_KERNELS_LIBRARY
+#error "the sources of strata::cuda_kernels are compiled with STRATA_CUDA_KERNELS_LIBRARY=1"
+#endif
+
+#include "../../../core/dtype.hpp"
+
+// X(T) for each element type, and for each accumulate type.
+#define STRATA_CUDA_FOR_EACH_ELEMENT(X) X(float) X(double) X(::strata::bf16) X(::strata::fp16)
+#define STRATA_CUDA_FOR_EACH_ACCUMULATE(X) X(float) X(double)
+
+// The attention entry points (backend/cuda/attention.hpp) for element type T.
+#define STRATA_CUDA_ATTENTION_INSTANCES(T)                                                                      \
+  template void prepare_attention<T>(attention_plans&, index_t, index_t, index_t, index_t, index_t, bool,        \
+                                     AttentionOptions);                                                           \
+  template void attention_forward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, index_t,      \
+                                     index_t, index_t, index_t, index_t, accumulate_t<T>, T*, accumulate_t<T>*,  \
+                                     AttentionOptions);                                                           \
+  template void attention_backward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, const T*,    \
+                                      const T*, const accumulate_t<T>*, index_t, index_t, index_t, index_t,      \
+                                      index_t, accumulate_t<T>, T*, T*, T*, AttentionOptions);
