@@ -32,11 +32,11 @@ cores_list=${STRATA_BUILD_TIMES_CORES:-$( [[ $all == 2 ]] && echo 2 || echo "2 $
 what_list=${STRATA_BUILD_TIMES_WHAT:-demo demo-all user cuda cuda-user}
 : >"$out/rows.tsv"
 
-# fresh SOURCE copy of the tracked files (no build folders, no caches)
+# fresh SOURCE copy of the files git tracks or would track (no build folders, no caches, nothing ignored)
 fresh() {
   local dir=$1
   rm -rf "$dir" && mkdir -p "$dir"
-  (cd "$repo" && git ls-files -z | xargs -0 -I{} cp --parents {} "$dir/") 2>/dev/null ||
+  (cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$dir/") 2>/dev/null ||
     (cd "$repo" && tar cf - --exclude='./build*' --exclude=./.git . | tar xf - -C "$dir")
 }
 seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }

@@ -24,9 +24,7 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
 
-// STRATA_CUDA_ATTENTION_TEMPLATES_ONLY: a source of strata::cuda_kernels that instantiates the entry
-// points for more element types without defining attention_plans' members again (another source does).
-#if !defined(STRATA_CUDA_ATTENTION_TEMPLATES_ONLY)
+#if !defined(STRATA_CUDA_ATTENTION_TEMPLATES_ONLY) || STRATA_ATTENTION_CUDNN  // one definition wherever used
 namespace detail {
 // The cuDNN handle and the graphs built so far, one per (dtype, shape, strides, direction, dQ
 // algorithm, causality); empty without cuDNN.
@@ -52,7 +50,12 @@ struct cudnn_plans {
 #endif
 };
 }  // namespace detail
+#endif
 
+// STRATA_CUDA_ATTENTION_TEMPLATES_ONLY: a source of strata::cuda_kernels that instantiates the entry
+// points for more element types without defining attention_plans' non-template members again
+// (another source does).
+#if !defined(STRATA_CUDA_ATTENTION_TEMPLATES_ONLY)
 STRATA_CUDA_INLINE bool attention_plans::has_cudnn() { return STRATA_ATTENTION_CUDNN != 0; }
 
 STRATA_CUDA_INLINE attention_plans::attention_plans(int device, device_memory_resource* memory)
@@ -78,7 +81,10 @@ STRATA_CUDA_INLINE attention_plans::~attention_plans() {
 
 #if STRATA_ATTENTION_CUDNN
 STRATA_CUDA_INLINE cudnnContext* attention_plans::handle() const { return cudnn_->handle; }
+#endif
+#endif  // !STRATA_CUDA_ATTENTION_TEMPLATES_ONLY
 
+#if STRATA_ATTENTION_CUDNN
 template <class T>
 const sdpa::graph_entry& attention_plans::graph(index_t s, index_t b, index_t heads, index_t groups, index_t d,
                                                 const AttentionStrides& strides, bool backward, bool causal) {
@@ -103,7 +109,6 @@ const sdpa::graph_entry& attention_plans::graph(index_t s, index_t b, index_t he
   return cudnn_->graphs.emplace(k, std::move(entry)).first->second;
 }
 #endif
-#endif  // !STRATA_CUDA_ATTENTION_TEMPLATES_ONLY
 
 namespace detail {
 // `options` with its strides resolved.
