@@ -30,6 +30,9 @@ export CCACHE_DISABLE=1
 all=$(nproc)
 cores_list=${STRATA_BUILD_TIMES_CORES:-$( [[ $all == 2 ]] && echo 2 || echo "2 $all" )}
 what_list=${STRATA_BUILD_TIMES_WHAT:-demo demo-all user cuda cuda-user}
+# The CMake generator of every row: STRATA_BUILD_TIMES_GENERATOR, else CMake's default (Unix Makefiles).
+generator=(${STRATA_BUILD_TIMES_GENERATOR:+-G "$STRATA_BUILD_TIMES_GENERATOR"})
+echo "generator: ${STRATA_BUILD_TIMES_GENERATOR:-the CMake default}" >"$out/generator.txt"
 : >"$out/rows.tsv"
 
 # fresh SOURCE copy of the files git tracks or would track (no build folders, no caches, nothing ignored)
@@ -54,7 +57,7 @@ for cores in $cores_list; do
       demo|demo-all)
         elements=float
         [[ $what == demo-all ]] && elements="float;double;bf16;fp16"
-        taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
+        taskset -c "$cpus" cmake -S "$src" -B "$src/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
           "-DSTRATA_TRAINER_ELEMENTS=$elements" >"$log" 2>&1 &&
           taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target train_gpt >>"$log" 2>&1 || status=failed
         built=$(now)
@@ -68,7 +71,7 @@ for cores in $cores_list; do
         fi
         ;;
       user)
-        taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF >"$log" 2>&1 &&
+        taskset -c "$cpus" cmake -S "$src" -B "$src/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF >"$log" 2>&1 &&
           taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target custom_model >>"$log" 2>&1 || status=failed
         built=$(now)
         first=""
@@ -78,7 +81,7 @@ for cores in $cores_list; do
           printf '%s\t%s\t%s\t%s\t%s\n' "$what" "$cores" "-" "-" "skipped: no nvcc" >>"$out/rows.tsv"
           continue
         fi
-        taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
+        taskset -c "$cpus" cmake -S "$src" -B "$src/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
           -DSTRATA_CUDA_TRAINERS=ON "-DSTRATA_TRAINER_ELEMENTS=${STRATA_BUILD_TIMES_CUDA_ELEMENTS:-bf16}" \
           "-DSTRATA_CUDA_HEADER_ONLY=$([[ ${STRATA_BUILD_TIMES_CUDA_HEADER_ONLY:-0} == 1 ]] && echo ON || echo OFF)" \
           ${STRATA_CUDNN_FRONTEND_DIR:+-DSTRATA_CUDNN_FRONTEND_DIR=$STRATA_CUDNN_FRONTEND_DIR} >"$log" 2>&1 &&
@@ -94,7 +97,7 @@ for cores in $cores_list; do
           printf '%s\t%s\t%s\t%s\t%s\n' "$what" "$cores" "-" "-" "skipped: no nvcc" >>"$out/rows.tsv"
           continue
         fi
-        taskset -c "$cpus" cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
+        taskset -c "$cpus" cmake -S "$src" -B "$src/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF \
           -DSTRATA_CUDA_TRAINERS=ON ${STRATA_CUDNN_FRONTEND_DIR:+-DSTRATA_CUDNN_FRONTEND_DIR=$STRATA_CUDNN_FRONTEND_DIR} >"$log" 2>&1 &&
           taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target strata_cuda_kernels >>"$log" 2>&1 || status=failed
         built=$(now)

@@ -1,7 +1,8 @@
 // strata/backend/cuda/attention_impl.cuh: the definitions behind attention.hpp: attention_plans'
 // cuDNN state, and the dispatch between cuDNN SDPA (cudnn_sdpa.hpp) and the flash kernels
-// (flash_attention.hpp). Header-only builds include it from attention.hpp; strata::cuda_kernels
-// compiles it once (backend/cuda/library/attention_*.cu). Needs nvcc.
+// (flash_attention.hpp). Header-only builds include it from attention.hpp (nvcc); strata::cuda_kernels
+// compiles it once with the host compiler (backend/cuda/library/attention.cpp), the flash kernels
+// apart (library/flash_attention.cu), so the cuDNN frontend is parsed by the host compiler alone.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +14,10 @@
 
 #include "attention.hpp"
 #include "cudnn_sdpa.hpp"
+#include "flash_launchers.hpp"
+#if STRATA_CUDA_HEADER_ONLY  // else the flash kernels come compiled (library/flash_attention.cu)
 #include "flash_attention.hpp"
+#endif
 
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
 #define STRATA_ATTENTION_CUDNN 1
@@ -24,7 +28,6 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
 
-#if !defined(STRATA_CUDA_ATTENTION_TEMPLATES_ONLY) || STRATA_ATTENTION_CUDNN  // one definition wherever used
 namespace detail {
 // The cuDNN handle and the graphs built so far, one per (dtype, shape, strides, direction, dQ
 // algorithm, causality); empty without cuDNN.
@@ -50,12 +53,7 @@ struct cudnn_plans {
 #endif
 };
 }  // namespace detail
-#endif
 
-// STRATA_CUDA_ATTENTION_TEMPLATES_ONLY: a source of strata::cuda_kernels that instantiates the entry
-// points for more element types without defining attention_plans' non-template members again
-// (another source does).
-#if !defined(STRATA_CUDA_ATTENTION_TEMPLATES_ONLY)
 STRATA_CUDA_INLINE bool attention_plans::has_cudnn() { return STRATA_ATTENTION_CUDNN != 0; }
 
 STRATA_CUDA_INLINE attention_plans::attention_plans(int device, device_memory_resource* memory)
@@ -82,7 +80,6 @@ STRATA_CUDA_INLINE attention_plans::~attention_plans() {
 #if STRATA_ATTENTION_CUDNN
 STRATA_CUDA_INLINE cudnnContext* attention_plans::handle() const { return cudnn_->handle; }
 #endif
-#endif  // !STRATA_CUDA_ATTENTION_TEMPLATES_ONLY
 
 #if STRATA_ATTENTION_CUDNN
 template <class T>

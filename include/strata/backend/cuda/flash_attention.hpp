@@ -37,7 +37,8 @@
 // 16-bit types). Head size d <= 256. Written for correctness and clarity first (CUDA cores, no
 // tensor cores): for bf16/fp16 training the cuDNN path in attention.hpp is the fast one.
 //
-// Needs nvcc (the header holds kernels).
+// Needs nvcc (the header holds kernels); flash_launchers.hpp declares the two launchers for the host
+// compiler (strata::cuda_kernels compiles them once: backend/cuda/library/flash_attention.cu).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -58,6 +59,7 @@
 #include "../../core/shape.hpp"
 #include "../attention_options.hpp"
 #include "runtime.hpp"
+#include "flash_launchers.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
@@ -67,7 +69,7 @@ inline constexpr int kWarpSize = 32;
 inline constexpr int kRows = 8;           // query (or key) rows per block, one per warp
 inline constexpr int kTile = kWarpSize;   // keys (or queries) per shared-memory tile, one per lane
 inline constexpr int kThreads = kRows * kWarpSize;
-inline constexpr index_t kMaxHeadSize = 256;
+// kMaxHeadSize (256): flash_launchers.hpp.
 
 // Loads and stores of T in accumulate precision. The 16-bit types move as their bit patterns
 // (round to nearest even on the way back, NaN kept a NaN), so no host-only member is called.
@@ -479,20 +481,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
 // ---------------------------------------------------------------------------------------------
 // Host side.
 
-inline void check_attention_shape(const char* who, index_t s, index_t b, index_t heads, index_t groups, index_t d) {
-  if (s < 0 || b < 0 || heads <= 0 || groups <= 0)
-    fail<ShapeError>(who, ": s = ", s, ", b = ", b, ", heads = ", heads, ", groups = ", groups,
-                     " must be non-negative (heads and groups positive)");
-  if (heads % groups != 0)
-    fail<ShapeError>(who, ": heads = ", heads, " is not a multiple of groups = ", groups,
-                     "; grouped-query attention gives every key/value head the same number of query heads");
-  if (d <= 0 || d > kMaxHeadSize)
-    fail<ShapeError>(who, ": head size d = ", d, " is outside 1..", kMaxHeadSize,
-                     ", the range the flash kernels hold in registers; split the heads or use the cuDNN path");
-  if (b * heads > 65535)
-    fail<ShapeError>(who, ": b * heads = ", b * heads, " exceeds the 65535 blocks of a grid's y dimension; "
-                     "call attention on fewer sequences at a time");
-}
+// check_attention_shape: flash_launchers.hpp.
 
 // Launches kernel<T, kChunks> with the chunk count ceil(d / 32) rounded up to 1, 2, 4 or 8.
 template <template <class, int> class Launch, class T, class... Args>
@@ -567,7 +556,7 @@ struct launch_dq {
 template <class T>
 void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const T* v, index_t s, index_t b,
                              index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
-                             accumulate_t<T>* lse, AttentionOptions options = {}) {
+                             accumulate_t<T>* lse, AttentionOptions options) {
   flash::check_attention_shape("flash_attention_forward", s, b, heads, groups, d);
   const AttentionStrides resolved =
       checked_attention_strides("flash_attention_forward", options.strides, heads, groups, d);
@@ -590,7 +579,7 @@ template <class T>
 void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const accumulate_t<T>* lse, index_t s, index_t b, index_t heads, index_t groups,
                               index_t d, accumulate_t<T> scale, T* dq, T* dk, T* dv, accumulate_t<T>* delta,
-                              AttentionOptions options = {}) {
+                              AttentionOptions options) {
   flash::check_attention_shape("flash_attention_backward", s, b, heads, groups, d);
   const AttentionStrides resolved =
       checked_attention_strides("flash_attention_backward", options.strides, heads, groups, d);
