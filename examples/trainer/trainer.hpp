@@ -1215,6 +1215,15 @@ TrainResult train_with(const TrainArgs& a) {
   X(::strata::models::Gpt, ::strata::fp16) X(::strata::models::Llama, float) X(::strata::models::Llama, double) \
   X(::strata::models::Llama, ::strata::bf16) X(::strata::models::Llama, ::strata::fp16) X(::strata::models::Mixtral, float) \
   X(::strata::models::Mixtral, double) X(::strata::models::Mixtral, ::strata::bf16) X(::strata::models::Mixtral, ::strata::fp16)
+#ifdef STRATA_TRAINER_CUDA
+// The CUDA ranks' loop of one (model, element type, sequence parallel) instance: CMake compiles it in
+// a translation unit of its own (instance.cpp.in), so the CPU and the CUDA halves of train_with build
+// side by side; the unit of train_with declares it extern.
+#define STRATA_TRAINER_CUDA_RANK(Model, T, SP)                                                                      \
+  void train_rank<Model, TrainPolicy<T, SP, ::strata::cuda::backend, nccl::communicator>, nccl::communicator,      \
+                  SharedRun<Samples, Samples>>(nccl::communicator&, ::strata::cuda::backend, const TrainArgs&,      \
+                                               SharedRun<Samples, Samples>&)
+#endif
 #define STRATA_TRAINER_EXTERN_INSTANCE(Model, T)                              \
   extern template TrainResult train_with<Model, T, false>(const TrainArgs&); \
   extern template TrainResult train_with<Model, T, true>(const TrainArgs&);
