@@ -6,7 +6,8 @@
 // stacked four times, trained for a few AdamW steps on CPU threads at tp=2 with sequence parallelism
 // (the residual stream split over the sequence), and checked against the same model on one rank:
 // losses and every gathered parameter after training agree to rounding (double). docs/USER_MODELS.md
-// walks through it.
+// walks through it. Built with STRATA_CUSTOM_MODEL_CUDA (target custom_model_cuda, the host compiler
+// against strata::cuda_kernels), the same file trains on 2 GPUs over NCCL.
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -17,12 +18,29 @@
 
 #include <strata/optim.hpp>
 #include <strata/strata.hpp>
+#if defined(STRATA_CUSTOM_MODEL_CUDA)
+#include <strata/backend/cuda/backend.cuh>
+#include <strata/comm/nccl.hpp>
+#endif
 
 using namespace strata;
+
+// The CPU build trains on threads with the in-process communicator; the CUDA build
+// (STRATA_CUSTOM_MODEL_CUDA, docs/USER_MODELS.md section 5) on GPUs with the NCCL one. Nothing else
+// in this file depends on which.
+#if defined(STRATA_CUSTOM_MODEL_CUDA)
+using DeviceBackend = cuda::backend;
+using WorldComm = nccl::communicator;
+#else
+using DeviceBackend = cpu::backend;
+using WorldComm = inprocess::communicator;
+#endif
 
 template <bool SequenceParallel>
 struct Policy : default_policy {
   using element = double;
+  using backend = DeviceBackend;
+  using comm = WorldComm;
   static constexpr bool sequence_parallel = SequenceParallel;
 };
 
@@ -107,23 +125,28 @@ struct Trained {
 constexpr index_t kSeq = 16, kBatch = 2, kHidden = 32;
 constexpr int kHeads = 4, kGroups = 2, kLayers = 4, kSteps = 5;
 
-// Trains on `tp` ranks (threads); sequence parallelism when SP.
+// Trains on `tp` ranks (threads, one per GPU in the CUDA build); sequence parallelism when SP.
 template <bool SP>
 Trained train(int tp) {
   using P = Policy<SP>;
+  using Space = space_t<P>;
+  using Stream = typename ParallelBlock<P>::Stream;
   Trained result;
   std::mutex mutex;
-  inprocess::run(tp, [&](inprocess::communicator& world) {
-    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.tp = tp});
+  const auto rank_main = [&](WorldComm& world, DeviceBackend device) {
+    auto ctx = context_t<P>::create(world, ParallelConfig{.tp = tp}, device);
     Model<P> model(ctx, kLayers, kHidden, kHeads, kGroups);
     for (int l = 0; l < kLayers; ++l) model.blocks[static_cast<std::size_t>(l)].init(ctx, 1000 + 10 * l);
-    AdamW<double> adamw(model, AdamWConfig{});
-    // The same input on every rank: (s, b, hidden), deterministic.
-    Tensor<double> whole(Shape{kSeq, kBatch, kHidden});
-    for (index_t i = 0; i < whole.numel(); ++i) whole[i] = rng::normal(7, static_cast<std::uint64_t>(i));
-    using Stream = typename ParallelBlock<P>::Stream;
+    AdamW<double, Space> adamw(ctx.device, model, AdamWConfig{});
+    // The same input on every rank: (s, b, hidden), deterministic, made on the host.
+    Tensor<double> host(Shape{kSeq, kBatch, kHidden});
+    for (index_t i = 0; i < host.numel(); ++i) host[i] = rng::normal(7, static_cast<std::uint64_t>(i));
+    Tensor<double, Space> whole = [&] {
+      if constexpr (std::is_same_v<Space, space::host>) return host;
+      else return to_device(host);
+    }();
     Stream x = [&] {
-      if constexpr (SP) return scatter_to_sequence_parallel(ctx.device, ctx.tp, Activation<double, layout::replicated>(whole));
+      if constexpr (SP) return scatter_to_sequence_parallel(ctx.device, ctx.tp, Activation<double, layout::replicated, Space>(whole));
       else return Stream(whole);
     }();
     const double elements = static_cast<double>(whole.numel());
@@ -136,16 +159,16 @@ Trained train(int tp) {
         y = std::move(out);
         saved.push_back(std::move(s));
       }
-      // loss = 0.5 |y|^2 / elements, summed over the sequence shards; dy = y / elements
-      double local = 0;
-      for (index_t i = 0; i < y.tensor.numel(); ++i) local += 0.5 * y.tensor[i] * y.tensor[i] / elements;
-      if constexpr (SP) ctx.tp.all_reduce(std::span<double>(&local, 1), ReduceOp::sum);
-      Tensor<double> dy_values(y.shape());
-      for (index_t i = 0; i < y.tensor.numel(); ++i) dy_values[i] = y.tensor[i] / elements;
-      Stream dy(dy_values);
+      // loss = 0.5 |y|^2 / elements, summed over the sequence shards; dy = y / elements. Both on the
+      // backend, so the same lines run on the host and on a GPU.
+      auto square_sum = Tensor<double, Space>::zeros(Shape{1});
+      ctx.device.sum_of_squares(y.data(), y.tensor.numel(), square_sum.data());
+      if constexpr (SP) ctx.tp.all_reduce(span_t<double, Space>(square_sum.data(), 1), ReduceOp::sum);
+      Stream dy(y.tensor.clone());
+      ctx.device.scale(dy.data(), dy.tensor.numel(), 1.0 / elements);
       for (int l = kLayers - 1; l >= 0; --l) dy = model.blocks[static_cast<std::size_t>(l)].backward(ctx, saved[static_cast<std::size_t>(l)], dy);
-      adamw.step(model, 1e-2);
-      if (world.rank() == 0) result.losses.push_back(local);
+      adamw.step(ctx.device, model, 1e-2);
+      if (world.rank() == 0) result.losses.push_back(0.5 * to_host(square_sum)[0] / elements);
     }
     model.for_each_parameter([&](auto& p) {
       auto whole_parameter = gather_global(ctx.tp, p, p.value);
@@ -154,7 +177,12 @@ Trained train(int tp) {
         result.parameters[p.name].assign(whole_parameter.data(), whole_parameter.data() + whole_parameter.numel());
       }
     });
-  });
+  };
+#if defined(STRATA_CUSTOM_MODEL_CUDA)
+  nccl::run(tp, [&](nccl::communicator& world) { rank_main(world, cuda::backend(world.device(), world.stream())); });
+#else
+  inprocess::run(tp, [&](inprocess::communicator& world) { rank_main(world, cpu::backend{}); });
+#endif
   return result;
 }
 
@@ -168,6 +196,12 @@ double relative_difference(const std::vector<double>& a, const std::vector<doubl
 }
 
 int main() {
+#if defined(STRATA_CUSTOM_MODEL_CUDA)
+  if (cuda::device_count() < 2) {
+    std::fprintf(stderr, "custom_model_cuda: tp=2 needs 2 GPUs, %d visible\n", cuda::device_count());
+    return 2;
+  }
+#endif
   const Trained one = train<false>(1);
   const Trained two = train<true>(2);  // tp=2 + sequence parallelism
   double worst = relative_difference(two.losses, one.losses);
