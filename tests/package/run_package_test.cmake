@@ -40,7 +40,8 @@ set(configure_args -S ${CONSUMER_SOURCE_DIR} -B ${consumer_build} -G ${GENERATOR
     -D CMAKE_PREFIX_PATH=${prefix}
     -D CMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
     -D EXPECT_CUDA=${EXPECT_CUDA}
-    -D EXPECT_NCCL=${EXPECT_NCCL})
+    -D EXPECT_NCCL=${EXPECT_NCCL}
+    -D EXPECT_CUDA_KERNELS=${EXPECT_CUDA_KERNELS})
 if(Eigen3_DIR)
   list(APPEND configure_args -D Eigen3_DIR=${Eigen3_DIR})
 endif()
@@ -53,3 +54,7 @@ if(NOT consumer_exe)
   message(FATAL_ERROR "package test: the consumer executable was not built in ${consumer_build}")
 endif()
 step("run the consumer" ${consumer_exe})
+if(EXPECT_CUDA_KERNELS AND NOT EXISTS ${consumer_build}/strata_consumer_cuda)
+  message(FATAL_ERROR "package test: strata was installed with strata::cuda_kernels but the consumer's CUDA "
+                      "program (host compiler, linked against it) was not built in ${consumer_build}")
+endif()
