@@ -551,8 +551,7 @@ struct launch_dq {
 
 }  // namespace flash
 
-// out [s, b, heads, d] and lse [b, heads, s] from q [s, b, heads, d], k, v [s, b, groups, d] (or
-// strided views of them), with dropout on the probabilities when options.dropout is active.
+// flash_attention_forward: flash_launchers.hpp says what it computes.
 template <class T>
 void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const T* v, index_t s, index_t b,
                              index_t heads, index_t groups, index_t d, accumulate_t<T> scale, T* out,
@@ -572,9 +571,7 @@ void flash_attention_forward(cudaStream_t stream, const T* q, const T* k, const 
   flash::dispatch_chunks<flash::launch_forward, T>(d, p, stream);
 }
 
-// dq, dk, dv written (through the same strides as q and k, v), through the forward's dropout mask
-// when options.dropout is active (the forward's options). `delta` is scratch of b * heads * s
-// accumulate_t<T> elements (D = rowsum(dO * O)).
+// flash_attention_backward: flash_launchers.hpp says what it computes.
 template <class T>
 void flash_attention_backward(cudaStream_t stream, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const accumulate_t<T>* lse, index_t s, index_t b, index_t heads, index_t groups,

@@ -6,6 +6,17 @@
 
 #include "../attention_impl.cuh"
 
+// The attention entry points (backend/cuda/attention.hpp) for element type T.
+#define STRATA_CUDA_ATTENTION_INSTANCES(T)                                                                      \
+  template void prepare_attention<T>(attention_plans&, index_t, index_t, index_t, index_t, index_t, bool,        \
+                                     AttentionOptions);                                                           \
+  template void attention_forward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, index_t,      \
+                                     index_t, index_t, index_t, index_t, accumulate_t<T>, T*, accumulate_t<T>*,  \
+                                     AttentionOptions);                                                           \
+  template void attention_backward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, const T*,    \
+                                      const T*, const accumulate_t<T>*, index_t, index_t, index_t, index_t,      \
+                                      index_t, accumulate_t<T>, T*, T*, T*, AttentionOptions);
+
 STRATA_NAMESPACE_BEGIN
 namespace cuda {
 STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_CUDA_ATTENTION_INSTANCES)

@@ -19,13 +19,3 @@
 #define STRATA_CUDA_FOR_EACH_ELEMENT(X) X(float) X(double) X(::strata::bf16) X(::strata::fp16)
 #define STRATA_CUDA_FOR_EACH_ACCUMULATE(X) X(float) X(double)
 
-// The attention entry points (backend/cuda/attention.hpp) for element type T.
-#define STRATA_CUDA_ATTENTION_INSTANCES(T)                                                                      \
-  template void prepare_attention<T>(attention_plans&, index_t, index_t, index_t, index_t, index_t, bool,        \
-                                     AttentionOptions);                                                           \
-  template void attention_forward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, index_t,      \
-                                     index_t, index_t, index_t, index_t, accumulate_t<T>, T*, accumulate_t<T>*,  \
-                                     AttentionOptions);                                                           \
-  template void attention_backward<T>(attention_plans&, cudaStream_t, const T*, const T*, const T*, const T*,    \
-                                      const T*, const accumulate_t<T>*, index_t, index_t, index_t, index_t,      \
-                                      index_t, accumulate_t<T>, T*, T*, T*, AttentionOptions);
