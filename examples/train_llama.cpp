@@ -1,5 +1,5 @@
 // train_llama: Llama style model (RoPE, RMSNorm, SwiGLU, GQA), tensor + sequence + data parallel on
 // CPU threads.
-#include "trainer/trainer.hpp"
+#include "trainer/entry.hpp"
 
-int main(int argc, char** argv) { return trainer::main_for<strata::models::Llama>("llama", argc, argv); }
+int main(int argc, char** argv) { return trainer::main_llama(argc, argv); }

@@ -68,6 +68,7 @@
 #include <strata/policy.hpp>
 
 #include "args.hpp"
+#include "entry.hpp"
 #include "data_parallel.hpp"
 #include "memory_plan.hpp"
 #include "tensorboard.hpp"

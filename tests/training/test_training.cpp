@@ -188,7 +188,7 @@ std::pair<int, std::string> run_main(std::vector<std::string> flags) {
   std::vector<char*> argv;
   for (auto& f : flags) argv.push_back(f.data());
   testing::internal::CaptureStderr();
-  const int status = trainer::main_for<strata::models::Gpt>("gpt", static_cast<int>(argv.size()), argv.data());
+  const int status = trainer::main_gpt(static_cast<int>(argv.size()), argv.data());
   return {status, testing::internal::GetCapturedStderr()};
 }
 

@@ -49,6 +49,7 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_CONVERT_FROM)
                                               cudaStream_t, unsigned*, index_t);                                \
   template void dropout<T, GlobalIndexMap>(T*, index_t, GlobalIndexMap, double, std::uint64_t, cudaStream_t);   \
   template void init_normal<T, ShardIndexMap>(T*, index_t, ShardIndexMap, std::uint64_t, double, cudaStream_t); \
+  template void init_normal<T, GlobalIndexMap>(T*, index_t, GlobalIndexMap, std::uint64_t, double, cudaStream_t); \
   template void rope<T>(T*, index_t, index_t, index_t, double, index_t, bool, cudaStream_t, RopeOptions);       \
   template void embedding_forward<T>(const std::int32_t*, index_t, const T*, index_t, index_t, index_t, T*,    \
                                      cudaStream_t);                                                             \
