@@ -1674,10 +1674,6 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
     check_range("--kv-channels", a.model.kv_channels, 1, std::numeric_limits<int>::max(),
                 "head size; without it --hidden-size / --num-attention-heads");
   resolve_building_blocks(app, a);
-  if (a.device == "cuda" && a.model.softmax_type != SoftmaxType::vanilla)
-    fail<ConfigError>("--softmax-type ", a.architecture.softmax_type, " with --device cuda: attention sinks run on the CPU "
-                      "backend only so far (neither cuDNN's SDPA path nor strata's flash kernels add the sink yet); train "
-                      "with --device cpu, or with --softmax-type vanilla");
   if (const auto seed = app.get_option("--seed")->results(); !seed.empty() && !seed.back().empty() && seed.back().front() == '-')
     fail<ConfigError>("--seed ", seed.back(), " is negative: the seed must be an integer >= 0 (Megatron seeds numpy's "
                       "generator with it, which refuses negative seeds)");

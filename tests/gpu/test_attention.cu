@@ -385,6 +385,93 @@ void run_packed_case(cu::attention_plans& plans, cudaStream_t stream, const Shap
 
 }  // namespace
 
+// Attention sinks (off-by-one and learnable, backend/attention_options.hpp) on either engine, with
+// and without a sliding window: out, lse, dq, dk, dv and the learnable sinks' gradient against
+// cpu::attention_forward / attention_backward in double on the same (rounded) inputs and sinks. The
+// sink gradient is added to what the buffer holds (checked from a nonzero start).
+template <class T>
+void run_sink_case(cu::attention_plans& plans, cudaStream_t stream, const Shape& x, bool use_cudnn,
+                   strata::SoftmaxType softmax, index_t window, std::uint64_t seed) {
+  using A = strata::accumulate_t<T>;
+  plans.prefer_cudnn(use_cudnn);
+  const bool learnable = softmax == strata::SoftmaxType::learnable;
+  const std::string name = std::string(type_name<T>()) + (learnable ? " learnable sink " : " off-by-one sink ") +
+                           (use_cudnn ? "cudnn-preferred " : "flash ") +
+                           (window >= 0 ? "window=" + std::to_string(window) + " " : "") + x.str();
+  const std::size_t nq = static_cast<std::size_t>(x.s * x.b * x.heads * x.d);
+  const std::size_t nk = static_cast<std::size_t>(x.s * x.b * x.groups * x.d);
+  const std::size_t nl = static_cast<std::size_t>(x.b * x.heads * x.s);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](std::size_t n, double stddev, std::vector<T>& t, std::vector<double>& ref) {
+    t.resize(n);
+    ref.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      t[i] = T(stddev * normal(gen));
+      ref[i] = to_double(t[i]);
+    }
+  };
+  std::vector<T> hq, hk, hv, hdo, hsink;
+  std::vector<double> rq, rk, rv, rdo, rsink;
+  random(nq, 1.0, hq, rq);
+  random(nk, 1.0, hk, rk);
+  random(nk, 1.0, hv, rv);
+  random(nq, 1.0, hdo, rdo);
+  random(static_cast<std::size_t>(x.heads), 2.0, hsink, rsink);  // logits around the rows' lse
+  const double scale = 1.0 / std::sqrt(static_cast<double>(x.d));
+
+  strata::AttentionOptions ref_options;
+  ref_options.softmax = softmax;
+  ref_options.window = window;
+  std::vector<double> rout(nq), rlse(nl), rdq(nq), rdk(nk), rdv(nk), rdsink(static_cast<std::size_t>(x.heads), 0.5);
+  ref_options.sinks = rsink.data();
+  ref_options.sink_gradient = rdsink.data();
+  strata::cpu::attention_forward<double>(rq.data(), rk.data(), rv.data(), x.s, x.b, x.heads, x.groups, x.d, scale,
+                                         rout.data(), rlse.data(), ref_options);
+  strata::cpu::attention_backward<double>(rdo.data(), rq.data(), rk.data(), rv.data(), rout.data(), rlse.data(), x.s,
+                                          x.b, x.heads, x.groups, x.d, scale, rdq.data(), rdk.data(), rdv.data(),
+                                          ref_options);
+
+  DeviceArray<T> q(nq), k(nk), v(nk), dout(nq), out(nq), dq(nq), dk(nk), dv(nk), sinks(static_cast<std::size_t>(x.heads));
+  DeviceArray<A> lse(nl), dsink(static_cast<std::size_t>(x.heads));
+  q.upload(hq), k.upload(hk), v.upload(hv), dout.upload(hdo), sinks.upload(hsink);
+  dsink.upload(std::vector<A>(static_cast<std::size_t>(x.heads), A(0.5)));
+  out.poison(), lse.poison(), dq.poison(), dk.poison(), dv.poison();
+  strata::AttentionOptions options;
+  options.softmax = softmax;
+  options.window = window;
+  options.sinks = sinks.ptr;
+  options.sink_gradient = dsink.ptr;
+  cu::attention_forward<T>(plans, stream, q.ptr, k.ptr, v.ptr, x.s, x.b, x.heads, x.groups, x.d, A(scale), out.ptr,
+                           lse.ptr, options);
+  const cu::attention_engine forward_engine = plans.last_engine();
+  cu::attention_backward<T>(plans, stream, dout.ptr, q.ptr, k.ptr, v.ptr, out.ptr, lse.ptr, x.s, x.b, x.heads,
+                            x.groups, x.d, A(scale), dq.ptr, dk.ptr, dv.ptr, options);
+  const cu::attention_engine backward_engine = plans.last_engine();
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The sink runs around the engine the call would run without it: cuDNN for bf16 / fp16 without a
+  // window (where built in), the flash kernels otherwise.
+  const bool expect_cudnn = use_cudnn && window < 0 && cu::attention_plans::has_cudnn() && strata::is_half_v<T>;
+  const cu::attention_engine want = expect_cudnn ? cu::attention_engine::cudnn : cu::attention_engine::flash;
+  check(forward_engine == want && backward_engine == want,
+        name + " engine forward=" + std::string(cu::engine_name(forward_engine)) +
+            " backward=" + std::string(cu::engine_name(backward_engine)));
+  const double tol = tolerance<T>();
+  auto report = [&](const char* what, double err) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s rel=%.3e (<= %.0e)", what, err, tol);
+    check(err <= tol, name + buf);
+  };
+  report("out", relative_error(out.download(), rout));
+  report("lse", relative_error(lse.download(), rlse));
+  report("dq", relative_error(dq.download(), rdq));
+  report("dk", relative_error(dk.download(), rdk));
+  report("dv", relative_error(dv.download(), rdv));
+  if (learnable) report("d sink", relative_error(dsink.download(), rdsink));
+  else check(same_bits(dsink.download(), std::vector<A>(static_cast<std::size_t>(x.heads), A(0.5))),
+             name + " off-by-one leaves the sink gradient alone");
+}
+
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   int devices = 0;
@@ -438,6 +525,21 @@ int main(int argc, char** argv) {
     if (!quick) packed_cudnn.insert(packed_cudnn.end(), {{1023, 1, 12, 12, 64}, {1023, 2, 8, 1, 128}});
     for (const Shape& x : packed_cudnn) run_packed_case<bf16>(plans, stream, x, true, seed++);
     for (const Shape& x : {Shape{129, 2, 8, 8, 64}, Shape{65, 2, 4, 1, 64}}) run_packed_case<fp16>(plans, stream, x, true, seed++);
+
+    // Attention sinks around either engine: off-by-one and learnable, MHA and GQA, one query and odd
+    // lengths, with a sliding window (gpt-oss's alternating layers) on the flash kernels.
+    for (strata::SoftmaxType softmax : {strata::SoftmaxType::off_by_one, strata::SoftmaxType::learnable}) {
+      for (const Shape& x : {Shape{1, 2, 4, 4, 32}, Shape{7, 3, 8, 2, 48}, Shape{129, 2, 8, 2, 64}}) {
+        run_sink_case<double>(plans, stream, x, false, softmax, -1, seed++);
+        run_sink_case<float>(plans, stream, x, false, softmax, -1, seed++);
+      }
+      run_sink_case<double>(plans, stream, Shape{129, 2, 8, 2, 64}, false, softmax, 16, seed++);
+      run_sink_case<float>(plans, stream, Shape{65, 1, 4, 4, 128}, false, softmax, 7, seed++);
+      for (const Shape& x : {Shape{7, 3, 8, 2, 64}, Shape{129, 2, 12, 12, 64}, Shape{129, 1, 8, 2, 128}})
+        run_sink_case<bf16>(plans, stream, x, true, softmax, -1, seed++);
+      run_sink_case<bf16>(plans, stream, Shape{129, 2, 8, 2, 64}, false, softmax, 16, seed++);
+      run_sink_case<fp16>(plans, stream, Shape{129, 2, 8, 2, 64}, true, softmax, -1, seed++);
+    }
   } catch (const std::exception& e) {
     check(false, std::string("exception: ") + e.what());
   }

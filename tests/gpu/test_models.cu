@@ -322,8 +322,19 @@ int main() {
   models::ModelConfig gpt_variants = gpt;
   gpt_variants.activation = strata::MlpActivation::squared_relu;
   gpt_variants.apply_layernorm_1p = true;
+  // gpt-oss's attention: learnable sinks (their gradient compared with every other one) and a
+  // sliding window on every other layer; and GPT with off-by-one sinks.
+  models::ModelConfig sinks = llama;
+  sinks.softmax_type = strata::SoftmaxType::learnable;
+  sinks.window_size = 5;
+  sinks.window_layers = {1, 0};
+  models::ModelConfig gpt_sinks = gpt;
+  gpt_sinks.softmax_type = strata::SoftmaxType::off_by_one;
+  model_case<models::Gpt, bf16>(s, "gpt off-by-one sinks", gpt_sinks, 0.0);
+  model_case<models::Gpt, float>(s, "gpt off-by-one sinks", gpt_sinks, 0.0);
   for (const auto& [name, config] : std::vector<std::pair<std::string, models::ModelConfig>>{
-           {"qwen2", qwen2}, {"qwen3", qwen3}, {"llama 3.1 rope, partial interleaved, clamped quick geglu", variants}}) {
+           {"qwen2", qwen2}, {"qwen3", qwen3}, {"llama 3.1 rope, partial interleaved, clamped quick geglu", variants},
+           {"learnable sinks, window on every other layer", sinks}}) {
     model_case<models::Llama, bf16>(s, name, config, 0.0);
     model_case<models::Llama, float>(s, name, config, 0.0);
   }

@@ -830,8 +830,9 @@ TEST(MegatronFlags, SoftmaxTypeFlags) {
                                        "--tensor-model-parallel-size", "1"});
   (void)trainer::resolve_run(cp);
   expect_config_error([&] { trainer::validate(cp); }, {"attention sinks", "context parallelism"});
-  expect_config_error([] { (void)parse_flags("llama", {"--softmax-type", "off-by-one", "--device", "cuda"}); },
-                      {"--softmax-type off-by-one", "--device cpu"});
+  // The GPU has the sinks too (cuda/kernels/attention_sink.cuh): --device cuda takes them.
+  EXPECT_EQ(parse_flags("llama", {"--softmax-type", "learnable", "--device", "cuda"}).model.softmax_type,
+            strata::SoftmaxType::learnable);
   EXPECT_ANY_THROW((void)parse_flags("llama", {"--softmax-type", "softmax1"}));  // not one of Megatron's three
 }
 

@@ -22,8 +22,10 @@
 //   float, double, and bf16/fp16 without cuDNN: the flash kernels of flash_attention.hpp.
 //   Any element type with a sliding window (AttentionOptions::window): the flash kernels (cuDNN's
 //              diagonal band is not wired yet).
-//   Attention sinks (AttentionOptions::softmax other than vanilla): refused with a sentence (CPU only
-//              so far).
+//   Attention sinks (AttentionOptions::softmax other than vanilla): any engine above, then the sink
+//              joins each row's denominator in place on out and lse (kernels/attention_sink.cuh); the
+//              backward runs the engine on the saved out and lse, which hold the sink, and adds the
+//              learnable sink's gradient.
 //   Any element type with attention dropout (probability > 0): the flash kernels, for forward and
 //              backward. cuDNN's SDPA draws its dropout mask from its own Philox stream (seed and
 //              offset, per cuDNN's layout of the s x s matrix), which cannot be made to draw

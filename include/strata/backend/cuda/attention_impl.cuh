@@ -15,8 +15,9 @@
 #include "attention.hpp"
 #include "cudnn_sdpa.hpp"
 #include "flash_launchers.hpp"
-#if STRATA_CUDA_HEADER_ONLY  // else the flash kernels come compiled (library/flash_attention.cu)
+#if STRATA_CUDA_HEADER_ONLY  // else the flash and sink kernels come compiled (library/)
 #include "flash_attention.hpp"
+#include "kernels/attention_sink.cuh"
 #endif
 
 #if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
@@ -121,12 +122,13 @@ inline constexpr const char* kDropoutRefusal =
 // Why a call with a sliding window runs on the flash kernels.
 inline constexpr const char* kWindowRefusal =
     "sliding window: cuDNN's diagonal band is not used yet, so the flash kernels run";
-// Attention sinks are not on the GPU yet: a call with one is refused with this sentence.
-inline void refuse_sink(const char* who, const AttentionOptions& options) {
-  if (options.has_sink())
-    fail<ConfigError>(who, ": attention sinks (--softmax-type ", options.softmax == SoftmaxType::learnable ? "learnable" : "off-by-one",
-                      ") run on the CPU backend only so far (neither cuDNN's SDPA path nor strata's flash kernels add the sink "
-                      "yet); train with --device cpu, or with --softmax-type vanilla");
+// `options` without the sink: what the engines run (the sink is applied around them,
+// kernels/attention_sink.cuh).
+inline AttentionOptions without_sink(AttentionOptions options) {
+  options.softmax = SoftmaxType::vanilla;
+  options.sinks = nullptr;
+  options.sink_gradient = nullptr;
+  return options;
 }
 // The flash kernels must run the call: dropout or a window (the reason, or null).
 inline const char* flash_only(const AttentionOptions& options) {
@@ -178,7 +180,6 @@ void prepare_attention(attention_plans& plans, index_t s, index_t b, index_t hea
   flash::check_attention_shape("prepare_attention", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("prepare_attention", options.strides, heads, groups, d);
   check_attention_block("prepare_attention", options);
-  detail::refuse_sink("prepare_attention", options);
   (void)attention_dropout_mask<accumulate_t<T>>("prepare_attention", options.dropout);  // checks the probability
 #if STRATA_ATTENTION_CUDNN
   if constexpr (is_half_v<T>) {
@@ -207,11 +208,16 @@ void attention_forward(attention_plans& plans, cudaStream_t stream, const T* q, 
   static_assert(Element<T>, "attention_forward takes float, double, bf16 or fp16 elements.");
   flash::check_attention_shape("attention_forward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_forward", options.strides, heads, groups, d);
-  check_attention_block("attention_forward", options);
-  detail::refuse_sink("attention_forward", options);
+  check_attention_block("attention_forward", options);  // refuses a sink in a context-parallel block
   (void)attention_dropout_mask<accumulate_t<T>>("attention_forward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
+    return;
+  }
+  if (options.has_sink()) {  // the engine's attention, then the sink joins each row's denominator
+    attention_forward<T>(plans, stream, q, k, v, s, b, heads, groups, d, scale, out, lse, detail::without_sink(options));
+    const T* sinks = options.softmax == SoftmaxType::learnable ? static_cast<const T*>(options.sinks) : nullptr;
+    kernels::attention_sink_forward<T>(out, lse, sinks, s, b, heads, d, stream);
     return;
   }
   if (const char* reason = detail::flash_only(options)) {  // dropout or a window (see the note at the top)
@@ -251,11 +257,18 @@ void attention_backward(attention_plans& plans, cudaStream_t stream, const T* do
   using A = accumulate_t<T>;
   flash::check_attention_shape("attention_backward", s, b, heads, groups, d);
   const AttentionStrides resolved = checked_attention_strides("attention_backward", options.strides, heads, groups, d);
-  check_attention_block("attention_backward", options);
-  detail::refuse_sink("attention_backward", options);
+  check_attention_block("attention_backward", options);  // refuses a sink in a context-parallel block
   (void)attention_dropout_mask<A>("attention_backward", options.dropout);  // checks the probability
   if (s == 0 || b == 0) {
     plans.note(attention_engine::none);
+    return;
+  }
+  if (options.has_sink()) {  // out and lse hold the sink: the engine's backward is exact as it is
+    if (options.softmax == SoftmaxType::learnable && options.sink_gradient != nullptr)
+      kernels::attention_sink_backward<T>(dout, out, lse, static_cast<const T*>(options.sinks), s, b, heads, d,
+                                          static_cast<A*>(options.sink_gradient), stream);
+    attention_backward<T>(plans, stream, dout, q, k, v, out, lse, s, b, heads, groups, d, scale, dq, dk, dv,
+                          detail::without_sink(options));
     return;
   }
   if (const char* reason = detail::flash_only(options)) {  // dropout or a window (see the note at the top)

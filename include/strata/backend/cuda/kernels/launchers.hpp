@@ -197,6 +197,14 @@ template <class T, class A = accumulate_t<T>>
 void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
                      index_t d, cudaStream_t stream);
 
+// --- attention_sink.cuh ----------------------------------------------------------------------------
+template <class T, class A = accumulate_t<T>>
+void attention_sink_forward(T* out, A* lse, const T* sinks, index_t s, index_t b, index_t heads, index_t d,
+                            cudaStream_t stream);
+template <class T, class A = accumulate_t<T>>
+void attention_sink_backward(const T* dout, const T* out, const A* lse, const T* sinks, index_t s, index_t b,
+                             index_t heads, index_t d, A* sink_gradient, cudaStream_t stream);
+
 // --- fp8.cuh ---------------------------------------------------------------------------------------
 template <class T>
 void fp8_amax(const T* x, index_t n, float* amax, cudaStream_t stream);

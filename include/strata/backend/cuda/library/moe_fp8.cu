@@ -1,8 +1,9 @@
-// strata::cuda_kernels: the MoE router and token movement, the FP8 casts, and the merge of context
-// parallelism's attention blocks.
+// strata::cuda_kernels: the MoE router and token movement, the FP8 casts, the merge of context
+// parallelism's attention blocks, and attention sinks.
 #include "instantiate.hpp"
 
 #include "../kernels/attention_merge.cuh"
+#include "../kernels/attention_sink.cuh"
 #include "../kernels/fp8.cuh"
 #include "../kernels/moe.cuh"
 
@@ -21,7 +22,12 @@ namespace cuda::kernels {
   template void fp8_cast_transpose<T>(const T*, index_t, index_t, Fp8Format, const float*, std::uint8_t*,        \
                                       std::uint8_t*, float*, cudaStream_t);                                      \
   template void attention_merge<T, accumulate_t<T>>(T*, accumulate_t<T>*, const T*, const accumulate_t<T>*, index_t, \
-                                                    index_t, index_t, index_t, cudaStream_t);
+                                                    index_t, index_t, index_t, cudaStream_t);                    \
+  template void attention_sink_forward<T, accumulate_t<T>>(T*, accumulate_t<T>*, const T*, index_t, index_t,      \
+                                                           index_t, index_t, cudaStream_t);                      \
+  template void attention_sink_backward<T, accumulate_t<T>>(const T*, const T*, const accumulate_t<T>*, const T*, \
+                                                            index_t, index_t, index_t, index_t, accumulate_t<T>*, \
+                                                            cudaStream_t);
 STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_INSTANCE)
 #undef STRATA_INSTANCE
 
