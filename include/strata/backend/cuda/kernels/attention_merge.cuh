@@ -6,9 +6,9 @@
 //   lse' = m + log(e^(lse - m) + e^(block_lse - m)),  m = max(lse, block_lse)
 //   out' = e^(lse - lse') out + e^(block_lse - lse') block_out
 //
-// One warp per (query, batch, head) row: every lane computes the row's two weights from the same
-// two numbers (so the same bits), the lanes stride over the d columns, and lane 0 writes the merged
-// lse after the warp has read the old one.
+// One warp per (query, batch, head) row (for_each_attention_row, common.cuh): every lane computes
+// the row's two weights from the same two numbers (so the same bits), the lanes stride over the d
+// columns, and lane 0 writes the merged lse after the warp has read the old one.
 #pragma once
 
 #include "common.cuh"
@@ -19,23 +19,17 @@ namespace cuda::kernels {
 template <class T, class A = accumulate_t<T>>
 __global__ void attention_merge_kernel(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b,
                                        index_t heads, index_t d) {
-  constexpr int kWarp = 32;
-  const index_t rows = s * b * heads;
-  const int lane = threadIdx.x % kWarp;
-  const index_t warps = index_t(gridDim.x) * (blockDim.x / kWarp);
-  for (index_t row = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / kWarp; row < rows; row += warps) {
-    const index_t h = row % heads, batch = (row / heads) % b, i = row / (heads * b);  // row = (i b + batch) heads + h
-    const index_t at = (batch * heads + h) * s + i;                                    // [b, heads, s]
+  for_each_attention_row(s, b, heads, [&](index_t row, index_t, index_t at, int lane) {
     const A l = lse[at], lb = block_lse[at];
     const A m = l > lb ? l : lb;
     const A merged = m + log(exp(l - m) + exp(lb - m));
     const A w = exp(l - merged), wb = exp(lb - merged);
     T* o = out + row * d;
     const T* ob = block_out + row * d;
-    for (index_t e = lane; e < d; e += kWarp) store(o, e, w * load(o, e) + wb * load(ob, e));
+    for (index_t e = lane; e < d; e += 32) store(o, e, w * load(o, e) + wb * load(ob, e));
     __syncwarp();
     if (lane == 0) lse[at] = merged;
-  }
+  });
 }
 
 template <class T, class A>

@@ -24,22 +24,16 @@ namespace cuda::kernels {
 template <class T, class A = accumulate_t<T>>
 __global__ void attention_sink_forward_kernel(T* out, A* lse, const T* sinks, index_t s, index_t b, index_t heads,
                                               index_t d) {
-  constexpr int kWarp = 32;
-  const index_t rows = s * b * heads;
-  const int lane = threadIdx.x % kWarp;
-  const index_t warps = index_t(gridDim.x) * (blockDim.x / kWarp);
-  for (index_t row = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / kWarp; row < rows; row += warps) {
-    const index_t h = row % heads, batch = (row / heads) % b, i = row / (heads * b);  // row = (i b + batch) heads + h
-    const index_t at = (batch * heads + h) * s + i;                                    // [b, heads, s]
+  for_each_attention_row(s, b, heads, [&](index_t row, index_t h, index_t at, int lane) {
     const A l = lse[at], sink = sinks ? load(sinks, h) : A(0);
     const A m = l > sink ? l : sink;
     const A with_sink = m + log(exp(l - m) + exp(sink - m));
     const A w = exp(l - with_sink);
     T* o = out + row * d;
-    for (index_t e = lane; e < d; e += kWarp) store(o, e, w * load(o, e));
+    for (index_t e = lane; e < d; e += 32) store(o, e, w * load(o, e));
     __syncwarp();
     if (lane == 0) lse[at] = with_sink;
-  }
+  });
 }
 
 template <class T, class A = accumulate_t<T>>

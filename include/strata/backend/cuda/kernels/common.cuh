@@ -177,6 +177,22 @@ __device__ __forceinline__ A mul_rn(A a, A b) {
   if constexpr (std::is_same_v<A, float>) return __fmul_rn(a, b); else return __dmul_rn(a, b);
 }
 
+// Attention's rows, one warp each (attention_merge.cuh, attention_sink.cuh): f(row, h, at, lane) for
+// every (query i, batch, head h) row of out [s, b, heads, d], row = (i b + batch) heads + h, with
+// `at` = (batch heads + h) s + i its entry in lse [b, heads, s] and `lane` the thread's lane. The
+// grid strides over the rows; launch grid_for(rows * 32) threads.
+template <class F>
+__device__ __forceinline__ void for_each_attention_row(index_t s, index_t b, index_t heads, F f) {
+  constexpr int kWarp = 32;
+  const index_t rows = s * b * heads;
+  const int lane = threadIdx.x % kWarp;
+  const index_t warps = index_t(gridDim.x) * (blockDim.x / kWarp);
+  for (index_t row = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / kWarp; row < rows; row += warps) {
+    const index_t h = row % heads, batch = (row / heads) % b, i = row / (heads * b);
+    f(row, h, (batch * heads + h) * s + i, lane);
+  }
+}
+
 // The sum of `value` over the block, returned to every thread. Fixed order: a butterfly within each
 // warp, then warp 0 sums the per-warp results in order. blockDim.x is a multiple of 32, at most 1024.
 template <class A>
