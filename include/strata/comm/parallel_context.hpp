@@ -107,7 +107,7 @@ struct ParallelContext {
   // FP8 training (core/fp8_recipe.hpp): null runs every GEMM in the element type. Set before the
   // model is built: the linear layers of the transformer layers built under it keep a scaling state
   // here and run their three GEMMs in FP8 (layers/fp8_linear.hpp). One per rank.
-  std::shared_ptr<Fp8Scaling<space>> fp8;
+  std::shared_ptr<Fp8Scaling<space>> fp8{};
 
   // Collective over `world`: every rank must call it with the same config.
   static ParallelContext create(Comm world, const ParallelConfig& config, Device device = {},

@@ -91,7 +91,7 @@ struct ModelConfig {
   double glu_linear_offset = 0.0;   // --glu-linear-offset (gated activations)
   SoftmaxType softmax_type = SoftmaxType::vanilla;  // --softmax-type: attention sinks (gpt-oss: learnable)
   int window_size = -1;             // --window-size's left bound: query i sees keys i - window .. i (-1: all)
-  std::vector<int> window_layers;   // --window-attn-skip-freq: 1 where a layer has the window (empty: every layer)
+  std::vector<int> window_layers{};  // --window-attn-skip-freq: 1 where a layer has the window (empty: every layer)
 
   // The window of layer `layer` (0-based): window_size where the layer has one, else -1.
   int layer_window(int layer) const {
