@@ -9,7 +9,6 @@
 // float accumulation).
 #pragma once
 
-#include <Eigen/Core>
 #include <type_traits>
 #include <vector>
 
@@ -20,30 +19,33 @@ STRATA_NAMESPACE_BEGIN
 namespace cpu {
 
 namespace detail {
-template <class T>
-using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
+// C = (or +=) alpha * op(A) op(B) for float and double, through Eigen. Header-only, gemm_eigen.hpp
+// (included at the end of this file) defines it. With STRATA_CPU_KERNELS_LIBRARY (code that links
+// strata::cpu_kernels) it is only declared here: its instances are compiled once in
+// backend/cpu/library/, and code that includes this header neither parses Eigen nor generates
+// Eigen's GEMM kernels again (at -O0 they were a fifth of a test program's code).
+//
+// Two variants, in inline namespaces of their own so that both can be in one program: `portable`,
+// and `native` for code compiled with -march=native (STRATA_CPU_GEMM_NATIVE=1, which CMake's
+// strata_native_arch sets beside the flag; the library compiles it when STRATA_NATIVE_ARCH is on).
+// They can round differently: Eigen's vectorized loops peel to the vector width's alignment, and
+// a 16-byte heap block is aligned for SSE's width but not for AVX's, so only the portable variant's
+// results are independent of where the buffers lie. The tests use it; the trainers use native.
+#if defined(STRATA_CPU_GEMM_NATIVE) && STRATA_CPU_GEMM_NATIVE
+inline namespace native {
+#else
+inline namespace portable {
+#endif
 template <class T>
 void gemm_native(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, const T* a, const T* b, T* c,
-                 bool accumulate, T alpha) {
-  using Map = Eigen::Map<const RowMatrix<T>>;
-  Eigen::Map<RowMatrix<T>> out(c, m, n);
-  if (k == 0) {
-    if (!accumulate) out.setZero();
-    return;
-  }
-  auto run = [&](const auto& lhs, const auto& rhs) {
-    if (accumulate) out.noalias() += alpha * (lhs * rhs);
-    else if (alpha == T(1)) out.noalias() = lhs * rhs;
-    else out.noalias() = alpha * (lhs * rhs);
-  };
-  Map a_stored(a, transpose_a ? k : m, transpose_a ? m : k);
-  Map b_stored(b, transpose_b ? n : k, transpose_b ? k : n);
-  if (!transpose_a && !transpose_b) run(a_stored, b_stored);
-  else if (!transpose_a && transpose_b) run(a_stored, b_stored.transpose());
-  else if (transpose_a && !transpose_b) run(a_stored.transpose(), b_stored);
-  else run(a_stored.transpose(), b_stored.transpose());
-}
+                 bool accumulate, T alpha);
+#if defined(STRATA_CPU_KERNELS_LIBRARY)
+extern template void gemm_native<float>(bool, bool, index_t, index_t, index_t, const float*, const float*, float*, bool,
+                                        float);
+extern template void gemm_native<double>(bool, bool, index_t, index_t, index_t, const double*, const double*, double*,
+                                         bool, double);
+#endif
+}  // namespace native / portable
 }  // namespace detail
 
 // C may be wider than the inputs (a bf16 GEMM accumulating into float gradients). The bias (if
@@ -91,3 +93,7 @@ void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias) {
 
 }  // namespace cpu
 STRATA_NAMESPACE_END
+
+#if !defined(STRATA_CPU_KERNELS_LIBRARY)
+#include "gemm_eigen.hpp"
+#endif
