@@ -19,6 +19,10 @@
 #include <strata/backend/cpu.hpp>
 #include <strata/core.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_attention_dropout_cases {
+
 namespace {
 
 using strata::AttentionDropout;
@@ -414,3 +418,4 @@ TEST(AttentionDropout, ProbabilityOutsideZeroToOneIsRefused) {
 }
 
 }  // namespace
+}  // namespace test_attention_dropout_cases

@@ -12,6 +12,10 @@
 #include <strata/backend/cpu.hpp>
 #include <strata/core.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_attention_sinks_cases {
+
 namespace {
 
 using strata::index_t;
@@ -180,3 +184,4 @@ TEST(AttentionSinks, ContextParallelBlocksAndMissingLogitsAreRefused) {
 }
 
 }  // namespace
+}  // namespace test_attention_sinks_cases

@@ -12,6 +12,10 @@
 #include <strata/backend/cpu.hpp>
 #include <strata/core.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_cpu_architecture_kernels_cases {
+
 namespace {
 
 using strata::index_t;
@@ -282,3 +286,4 @@ TEST(NormWeightOffset, LayerNormAndRmsNormWithOffsetEqualTheNormOfGammaPlusOne) 
 }
 
 }  // namespace
+}  // namespace test_cpu_architecture_kernels_cases

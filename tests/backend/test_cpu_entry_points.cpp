@@ -16,6 +16,10 @@
 #include <strata/core.hpp>
 #include <strata/shard/shard_spec.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_cpu_entry_points_cases {
+
 namespace {
 
 using strata::bf16;
@@ -485,3 +489,4 @@ TEST(VectorExp, FloatGeluWithinAFewUlpOfTheFormula) {
 }
 
 }  // namespace
+}  // namespace test_cpu_entry_points_cases

@@ -10,6 +10,10 @@
 
 #include "../checkpoint/temp_directory.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_gemm_tuning_cases {
+
 namespace {
 
 using strata::cuda::gemm_tuning;
@@ -133,3 +137,4 @@ TEST(GemmTuning, RecordNeedsAPlatformFirst) {
 }
 
 }  // namespace
+}  // namespace test_gemm_tuning_cases

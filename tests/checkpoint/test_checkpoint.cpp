@@ -29,6 +29,10 @@
 #include "../common/equivalence.hpp"
 #include "temp_directory.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_checkpoint_cases {
+
 namespace {
 
 using namespace strata;
@@ -707,3 +711,4 @@ TEST(Checkpoint, Fp8ScalingStatesResumeEqualsStraightThrough) {
   ASSERT_EQ(resumed.size(), static_cast<std::size_t>(kTotal - kSaveAt));
   for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], straight[kSaveAt + i]) << "iteration " << kSaveAt + i;
 }
+}  // namespace test_checkpoint_cases

@@ -13,6 +13,10 @@
 
 #include "temp_directory.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_format_cases {
+
 namespace {
 
 using namespace strata;
@@ -264,3 +268,4 @@ TEST(CheckpointFormat, ExtentsWhoseProductOverflowsAreCorrupt) {
 }
 
 }  // namespace
+}  // namespace test_format_cases

@@ -14,6 +14,10 @@
 
 #include "huggingface_helpers.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_huggingface_cases {
+
 namespace {
 
 using namespace strata;
@@ -392,3 +396,4 @@ TEST(HuggingFaceImport, MissingExtraAndMisshapenTensorsAreRefused) {
 }
 
 }  // namespace
+}  // namespace test_huggingface_cases

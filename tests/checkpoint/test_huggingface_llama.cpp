@@ -8,6 +8,10 @@
 
 #include "huggingface_helpers.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_huggingface_llama_cases {
+
 namespace {
 
 using namespace strata;
@@ -280,3 +284,4 @@ TEST(HuggingFaceImport, LlamaMismatchesAndUnsupportedSettingsAreRefused) {
 }
 
 }  // namespace
+}  // namespace test_huggingface_llama_cases

@@ -8,6 +8,10 @@
 
 #include "huggingface_helpers.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_huggingface_mixtral_cases {
+
 namespace {
 
 using namespace strata;
@@ -367,3 +371,4 @@ TEST(HuggingFaceRoundTrip, Qwen3MoeIsExactAndMatchesAnIndependentForward) {
 }
 
 }  // namespace
+}  // namespace test_huggingface_mixtral_cases

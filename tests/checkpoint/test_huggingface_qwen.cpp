@@ -11,6 +11,10 @@
 
 #include "huggingface_helpers.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_huggingface_qwen_cases {
+
 namespace {
 
 using namespace strata;
@@ -289,3 +293,4 @@ TEST(HuggingFaceQwen, ModelsWithoutTheFilesOptionsAreRefusedNamingTheDifference)
 }
 
 }  // namespace
+}  // namespace test_huggingface_qwen_cases

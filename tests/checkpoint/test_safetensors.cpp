@@ -18,6 +18,10 @@
 #include "expect_error.hpp"
 #include "temp_directory.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_safetensors_cases {
+
 namespace {
 
 using namespace strata;
@@ -406,3 +410,4 @@ TEST(SafetensorsDirectory, OneFileOrShardsWithAnIndex) {
 }
 
 }  // namespace
+}  // namespace test_safetensors_cases

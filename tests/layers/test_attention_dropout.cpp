@@ -10,6 +10,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_attention_dropout_cases {
+
 namespace {
 
 using namespace strata;
@@ -195,3 +199,4 @@ TEST(SelfAttentionDropout, ProbabilityOfOneIsRejected) {
 }
 
 }  // namespace
+}  // namespace test_attention_dropout_cases

@@ -7,6 +7,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_blocks_cases {
+
 namespace {
 
 using namespace strata;
@@ -54,12 +58,14 @@ struct LayerNormReducingItself : strata::LayerNorm<P> {
   using Base::Base;
   void backward_partial() = delete;  // hides LayerNorm::backward_partial
 };
+}  // namespace test_blocks_cases
 STRATA_NAMESPACE_BEGIN
 template <>
-inline constexpr bool is_norm_v<LayerNormWithoutSums> = true;
+inline constexpr bool is_norm_v<test_blocks_cases::LayerNormWithoutSums> = true;
 template <>
-inline constexpr bool is_norm_v<LayerNormReducingItself> = true;
+inline constexpr bool is_norm_v<test_blocks_cases::LayerNormReducingItself> = true;
 STRATA_NAMESPACE_END
+namespace test_blocks_cases {
 
 namespace {
 
@@ -283,3 +289,4 @@ TEST(VocabParallelCrossEntropy, MatchesDirectComputation) {
 }
 
 }  // namespace
+}  // namespace test_blocks_cases

@@ -10,6 +10,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_fp8_linear_cases {
+
 namespace {
 
 using namespace strata;
@@ -269,3 +273,4 @@ TEST(Fp8Recipe, FirstAndLastLayersStayInBf16) {
 }
 
 }  // namespace
+}  // namespace test_fp8_linear_cases

@@ -4,6 +4,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_linear_cases {
+
 namespace {
 
 using namespace strata;
@@ -319,3 +323,4 @@ TEST(ChunkedClassifier, BlockRowsFromTheByteBudget) {
 }
 
 }  // namespace
+}  // namespace test_linear_cases

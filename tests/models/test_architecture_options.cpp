@@ -12,6 +12,10 @@
 #include "../checkpoint/temp_directory.hpp"
 #include "model_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_architecture_options_cases {
+
 namespace {
 
 using strata::models::ModelConfig;
@@ -139,7 +143,9 @@ TEST(LayerNorm1p, AtInitializationEqualsThePlainModel) {
   for (auto& [name, values] : got.values)  // the stored norm weights differ by 1 (compared here); losses and gradients do not
     if (name.find("norm") != std::string::npos) {
       for (std::size_t i = 0; i < values.size(); ++i)
-        if (name.find(".bias") == std::string::npos) EXPECT_EQ(values[i] + 1.0, want.values.at(name)[i]) << name;
+        if (name.find(".bias") == std::string::npos) {
+          EXPECT_EQ(values[i] + 1.0, want.values.at(name)[i]) << name;
+        }
       values = want.values.at(name);
     }
   strata_test::expect_equivalent(got, want, 1e-14, "1p at init");
@@ -442,3 +448,4 @@ TEST(ArchitectureRefusals, NegativeKvChannels) {
 }
 
 }  // namespace
+}  // namespace test_architecture_options_cases

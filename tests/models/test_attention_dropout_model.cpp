@@ -10,6 +10,10 @@
 
 #include "model_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_attention_dropout_model_cases {
+
 namespace {
 
 using namespace strata;
@@ -119,3 +123,4 @@ TEST(AttentionDropoutModel, EvaluationAndInferenceRunWithoutIt) {
 }
 
 }  // namespace
+}  // namespace test_attention_dropout_model_cases

@@ -9,6 +9,10 @@
 #include <strata/optim/grad_utils.hpp>
 #include <strata/shard/context_parallel.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_context_parallel_cases {
+
 namespace {
 
 using strata::index_t;
@@ -360,3 +364,4 @@ TEST(ContextParallel, WithPipelineParallelEqualsSingleRank) {
 }
 
 }  // namespace
+}  // namespace test_context_parallel_cases

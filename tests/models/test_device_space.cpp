@@ -18,6 +18,10 @@
 
 #include "model_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_device_space_cases {
+
 namespace {
 
 using namespace strata;
@@ -268,3 +272,4 @@ TEST(DeviceSpace, FusedClassifierHoldsOneBlockOfLogits) {
 }
 
 }  // namespace
+}  // namespace test_device_space_cases

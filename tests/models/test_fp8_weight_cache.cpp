@@ -13,6 +13,10 @@
 #include <strata/optim.hpp>
 #include <strata/policy.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_fp8_weight_cache_cases {
+
 namespace {
 
 using namespace strata;
@@ -191,3 +195,4 @@ TEST(Fp8WeightCache, ANewWeightIsCastAgainAfterTheDrop) {
 }
 
 }  // namespace
+}  // namespace test_fp8_weight_cache_cases

@@ -1,5 +1,9 @@
 #include "model_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_llama_cases {
+
 namespace {
 
 strata::models::ModelConfig tiny_llama() {
@@ -83,3 +87,4 @@ TEST(Llama, FusedClassifierEqualsUnfusedOddShapesPaddedVocabularyAndLabelSmoothi
 }
 
 }  // namespace
+}  // namespace test_llama_cases

@@ -10,6 +10,10 @@
 #include <strata/models/config.hpp>
 #include <strata/models/memory_estimate.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_model_config_cases {
+
 namespace {
 
 using strata::ConfigError;
@@ -59,3 +63,4 @@ TEST(MemoryEstimate, FusedClassifierKeepsOneBlockOfLogits) {
 }
 
 }  // namespace
+}  // namespace test_model_config_cases

@@ -11,6 +11,10 @@
 #include <strata/comm.hpp>
 #include <strata/policy.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_expert_groups_cases {
+
 namespace {
 
 using namespace strata;
@@ -128,3 +132,4 @@ TEST(ExpertGroups, LayoutsThatDoNotDivideAreRefused) {
 }
 
 }  // namespace
+}  // namespace test_expert_groups_cases

@@ -18,6 +18,10 @@
 #include "moe_model_harness.hpp"
 #include "trainer/data_parallel.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_checkpoint_cases {
+
 namespace {
 
 using namespace moe_model_test;
@@ -161,3 +165,4 @@ TEST(MoeCheckpoint, SavedAtEp2LoadsAtEp4AndEp1WithIdenticalLogitsAndNextStep) {
 }
 
 }  // namespace
+}  // namespace test_moe_checkpoint_cases

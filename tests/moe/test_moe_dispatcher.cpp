@@ -14,6 +14,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_dispatcher_cases {
+
 namespace {
 
 using namespace strata;
@@ -104,3 +108,4 @@ TEST(ConfiguredDispatcher, EachTypeRestoresTokensAndGradients) {
 }
 
 }  // namespace
+}  // namespace test_moe_dispatcher_cases

@@ -4,6 +4,10 @@
 
 #include "moe_layer_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_layer_allgather_cases {
+
 namespace {
 using namespace moe_test;
 
@@ -18,3 +22,4 @@ TEST(MoeMlp, DispatchersAgree) {
   }
 }
 }  // namespace
+}  // namespace test_moe_layer_allgather_cases

@@ -5,6 +5,10 @@
 
 #include "moe_layer_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_layer_alltoall_cases {
+
 namespace {
 using namespace moe_test;
 
@@ -14,3 +18,4 @@ TEST(MoeMlp, AllToAllSwigluSigmoidShardedEqualsUnshardedFloat) {
   check_layouts<float, swiglu, moe_alltoall>(false, MoeScore::sigmoid);
 }
 }  // namespace
+}  // namespace test_moe_layer_alltoall_cases

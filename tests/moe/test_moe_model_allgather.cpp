@@ -9,6 +9,10 @@
 
 #include "moe_model_harness.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_model_allgather_cases {
+
 namespace {
 
 using namespace moe_model_test;
@@ -77,3 +81,4 @@ TEST(MoeModel, RouterLossesEnterTheGradientWeighedLikeTheMicroBatchMeanLoss) {
 }
 
 }  // namespace
+}  // namespace test_moe_model_allgather_cases

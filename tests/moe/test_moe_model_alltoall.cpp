@@ -8,6 +8,10 @@
 
 #include "moe_model_harness.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_model_alltoall_cases {
+
 namespace {
 
 using namespace moe_model_test;
@@ -73,3 +77,4 @@ TEST(MoeModel, GroupLimitedRoutingExpertParallelEqualsSingleRank) {
 }
 
 }  // namespace
+}  // namespace test_moe_model_alltoall_cases

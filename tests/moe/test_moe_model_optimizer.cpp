@@ -10,6 +10,10 @@
 #include "moe_model_harness.hpp"
 #include "trainer/data_parallel.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_model_optimizer_cases {
+
 namespace {
 
 using namespace moe_model_test;
@@ -59,3 +63,4 @@ TEST(MoeModelOptimizer, AdamWStepWithExpertBuffersEqualsSingleRank) { check_step
 TEST(MoeModelOptimizer, DistributedOptimizerStepShardingExpertsOverExpertDpEqualsSingleRank) { check_step(true); }
 
 }  // namespace
+}  // namespace test_moe_model_optimizer_cases

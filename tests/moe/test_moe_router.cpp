@@ -19,6 +19,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_router_cases {
+
 namespace {
 
 using namespace strata;
@@ -230,8 +234,9 @@ TEST(TopKRouter, GroupLimitedRoutingChoosesAsTheReference) {
         moe_math::route_row(z.data(), experts, k, plain, bias.data(), plain_idx.data(), plain_w.data(),
                             static_cast<double*>(nullptr), static_cast<double*>(nullptr));
         differs_from_ungrouped += idx != plain_idx;
-        if (idx == plain_idx)
+        if (idx == plain_idx) {
           for (index_t j = 0; j < k; ++j) EXPECT_EQ(w[j], plain_w[j]) << "the same choice weighs the same";
+        }
       }
     }
   EXPECT_GT(differs_from_ungrouped, 50) << "the groups should change many choices";
@@ -385,3 +390,4 @@ TEST(TopKRouter, ExpertBiasSteersTheChoiceNotTheWeightsAndFollowsTheLoad) {
 }
 
 }  // namespace
+}  // namespace test_moe_router_cases

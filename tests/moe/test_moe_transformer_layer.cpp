@@ -10,6 +10,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_moe_transformer_layer_cases {
+
 namespace {
 
 using namespace strata;
@@ -70,3 +74,4 @@ TEST(MoeTransformerLayer, LlamaStyleWithMoeMlpShardedEqualsUnsharded) {
 }
 
 }  // namespace
+}  // namespace test_moe_transformer_layer_cases

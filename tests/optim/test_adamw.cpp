@@ -10,6 +10,10 @@
 #include <strata/layers/parameter.hpp>
 #include <strata/optim.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_adamw_cases {
+
 namespace {
 
 using namespace strata;
@@ -241,3 +245,4 @@ TEST(AdamW, SetStepsControlsBiasCorrection) {
 }
 
 }  // namespace
+}  // namespace test_adamw_cases

@@ -19,6 +19,10 @@
 #include <strata/layers/linear_common.hpp>
 #include <strata/optim.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_grad_buffer_cases {
+
 namespace {
 
 using namespace strata;
@@ -360,3 +364,4 @@ TEST(LossScaler, GrowsAfterTheWindowOfCleanIterations) {
 }
 
 }  // namespace
+}  // namespace test_grad_buffer_cases

@@ -17,6 +17,10 @@
 
 #include "../common/equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_grad_norm_cases {
+
 namespace {
 
 using namespace strata;
@@ -319,3 +323,4 @@ TEST(AdamW, TensorParallelFollowsUnshardedTrajectory) {
 }
 
 }  // namespace
+}  // namespace test_grad_norm_cases

@@ -6,6 +6,10 @@
 
 #include <strata/optim.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_lr_schedule_cases {
+
 namespace {
 
 using namespace strata;
@@ -112,3 +116,4 @@ TEST(LrSchedule, ParseDecayStyle) {
 }
 
 }  // namespace
+}  // namespace test_lr_schedule_cases

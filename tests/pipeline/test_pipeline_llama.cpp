@@ -2,6 +2,10 @@
 // schedule equals the single-rank run, on tp 1 and 2 with and without sequence parallelism.
 #include "pipeline_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_pipeline_llama_cases {
+
 namespace {
 
 using strata::pipeline::ScheduleKind;
@@ -32,3 +36,4 @@ TEST(PipelineLlama, TensorParallelZeroBubbleEqualsSingleRank) {
 }
 
 }  // namespace
+}  // namespace test_pipeline_llama_cases

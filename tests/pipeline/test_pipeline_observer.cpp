@@ -3,6 +3,10 @@
 // right after its own begin, and no other call (none around the transfer batches).
 #include "pipeline_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_pipeline_observer_cases {
+
 namespace {
 
 using strata::pipeline::Action;
@@ -59,3 +63,4 @@ TEST(PipelineObserver, SeesBeginAndEndOfEveryActionInTableOrder) {
 }
 
 }  // namespace
+}  // namespace test_pipeline_observer_cases

@@ -18,6 +18,10 @@
 
 #include "pipeline_equivalence.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_pipeline_overlap_cases {
+
 namespace {
 
 using namespace strata;
@@ -136,3 +140,4 @@ TEST(PipelineOverlap, TransfersBesideTheComputeTrainTheSameBitsLlamaTp2) {
 }
 
 }  // namespace
+}  // namespace test_pipeline_overlap_cases

@@ -9,6 +9,10 @@
 #include <map>
 #include <vector>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_pipeline_training_cases {
+
 namespace {
 
 using strata::pipeline::ScheduleKind;
@@ -205,3 +209,4 @@ TEST(PipelineTraining, RefusesSplitsThatCannotWork) {
 }
 
 }  // namespace
+}  // namespace test_pipeline_training_cases

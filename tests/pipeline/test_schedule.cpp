@@ -8,6 +8,10 @@
 
 #include <strata/pipeline.hpp>
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_schedule_cases {
+
 namespace {
 
 using namespace strata::pipeline;
@@ -92,3 +96,4 @@ TEST(ScheduleCheck, ParsesTheTrainersNames) {
 }
 
 }  // namespace
+}  // namespace test_schedule_cases

@@ -16,6 +16,10 @@
 
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_data_parallel_cases {
+
 namespace {
 
 trainer::TrainArgs tiny() {
@@ -521,3 +525,4 @@ TEST(DataParallel, YarnAndAttentionSinksTrainAlikeOverDpTpSpAndPp) {
 }
 
 }  // namespace
+}  // namespace test_data_parallel_cases

@@ -9,6 +9,10 @@
 #include "tools/plan/planner.hpp"
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_plan_cpu_run_cases {
+
 #ifndef STRATA_SOURCE_DIR
 #error "STRATA_SOURCE_DIR must name the source tree (the calibration file lives there)"
 #endif
@@ -71,3 +75,4 @@ TEST(PlanCpuRun, StateMemoryOfThreadsRunsMatchesThePlan) {
 }
 
 }  // namespace
+}  // namespace test_plan_cpu_run_cases

@@ -15,6 +15,10 @@
 
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_reshard_cases {
+
 namespace {
 
 trainer::TrainArgs tiny(const std::string& kind) {
@@ -284,3 +288,4 @@ TEST(Reshard, AsyncSaveResumesBitForBit) {
 }
 
 }  // namespace
+}  // namespace test_reshard_cases

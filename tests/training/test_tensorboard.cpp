@@ -19,6 +19,10 @@
 #include "trainer/tensorboard.hpp"
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_tensorboard_cases {
+
 namespace {
 
 using trainer::tensorboard_detail::crc32c;
@@ -200,3 +204,4 @@ TEST(TensorBoard, WeightsAndBiasesFlagsAreRefusedNamingTheAlternative) {
 }
 
 }  // namespace
+}  // namespace test_tensorboard_cases

@@ -12,6 +12,10 @@
 
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_training_fp8_cases {
+
 namespace {
 
 trainer::TrainArgs tiny_fp8(const std::string& recipe) {
@@ -170,3 +174,4 @@ TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
 }
 
 }  // namespace
+}  // namespace test_training_fp8_cases

@@ -20,6 +20,10 @@
 
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_training_moe_cases {
+
 namespace {
 
 using strata::models::Mixtral;
@@ -509,3 +513,4 @@ TEST(TrainingMoe, HuggingFaceExportAndImportAtEveryLayout) {
 }
 
 }  // namespace
+}  // namespace test_training_moe_cases
