@@ -132,7 +132,9 @@ TEST(Checkpoint, RoundTripIsBitExact) {
     // A replicated parameter (and its state) is written once, by tensor-parallel rank 0.
     EXPECT_EQ(reader.has_tensor("model.fc2.bias"), world.rank() == 0);
     EXPECT_EQ(reader.has_tensor("optimizer.fc2.bias.exp_avg"), world.rank() == 0);
-    if (world.rank() == 0) EXPECT_FALSE(reader.record("model.fc2.bias").shard.sharded);
+    if (world.rank() == 0) {
+      EXPECT_FALSE(reader.record("model.fc2.bias").shard.sharded);
+    }
   });
 }
 

@@ -124,8 +124,9 @@ TEST(HuggingFaceMapping, CoversEveryParameterOfMixtral) {
         EXPECT_EQ(m.row_source(16).piece, 1);
         EXPECT_EQ(m.row_source(16).index, 0);
       }
-      if (m.strata_name == "layers.0.mlp.router.weight")
+      if (m.strata_name == "layers.0.mlp.router.weight") {
         EXPECT_EQ(m.pieces, std::vector<std::string>{"model.layers.0.block_sparse_moe.gate.weight"});
+      }
     }
     EXPECT_EQ(mapped, parameters);
   });

@@ -678,7 +678,9 @@ TEST(MemoryEstimate, ContextParallelCountsLocalTokensAndTheAttentionBuffers) {
                                                                           1, bytes);
     EXPECT_GT(buffers, 0) << comm;
     EXPECT_EQ(trainer::plan_memory<float>(a).per_rank.activation_bytes, base + buffers) << comm;
-    if (std::string(comm) == "allgather") EXPECT_GT(buffers, previous) << "all-gather holds every rank's keys and values";
+    if (std::string(comm) == "allgather") {
+      EXPECT_GT(buffers, previous) << "all-gather holds every rank's keys and values";
+    }
     previous = buffers;
   }
   a.context_parallel_size = 1;
