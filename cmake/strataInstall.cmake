@@ -26,12 +26,12 @@ configure_package_config_file(
   ${CMAKE_CURRENT_LIST_DIR}/strataConfig.cmake.in
   ${PROJECT_BINARY_DIR}/strataConfig.cmake
   INSTALL_DESTINATION ${STRATA_INSTALL_CMAKEDIR})
-# Header-only: a 32-bit consumer may use a package configured on a 64-bit machine.
+# Not architecture-independent: the package holds compiled libraries (strata::cpu_kernels, and
+# strata::cuda_kernels where nvcc was enabled), so a consumer must match its pointer size.
 write_basic_package_version_file(
   ${PROJECT_BINARY_DIR}/strataConfigVersion.cmake
   VERSION ${PROJECT_VERSION}
-  COMPATIBILITY SameMajorVersion
-  ARCH_INDEPENDENT)
+  COMPATIBILITY SameMajorVersion)
 
 install(FILES
           ${PROJECT_BINARY_DIR}/strataConfig.cmake
