@@ -1035,6 +1035,12 @@ struct BatchSchedule {
     }
     return final_batch;
   }
+  // The number of consumed samples from which at() no longer changes: past the last step, or past
+  // the ramp (0 for a constant schedule).
+  std::int64_t settled_from() const {
+    if (!steps.empty()) return steps.back().first;
+    return ramp_samples > 0 ? ramp_samples + 1 : 0;
+  }
   // Every batch size the schedule can take.
   std::vector<int> sizes() const {
     std::vector<int> out{final_batch};
@@ -1121,9 +1127,15 @@ inline std::int64_t iterations_of(const TrainArgs& a, const BatchSchedule& sched
 
 // Samples consumed by iterations [0, iterations) under the schedule.
 inline std::int64_t samples_of(const BatchSchedule& schedule, std::int64_t iterations) {
-  std::int64_t consumed = 0;
-  for (std::int64_t i = 0; i < iterations; ++i) consumed = checked_add(consumed, std::int64_t{schedule.at(consumed)}, "samples");
-  return consumed;
+  // Iteration by iteration while the batch changes, then in one product: --train-iters in the
+  // billions is refused (or planned) at once instead of after seconds of additions.
+  std::int64_t consumed = 0, i = 0;
+  const std::int64_t settled = schedule.settled_from();
+  for (; i < iterations && consumed < settled; ++i)
+    consumed = checked_add(consumed, std::int64_t{schedule.at(consumed)}, "samples");
+  if (i == iterations) return consumed;
+  const std::int64_t rest = checked_mul(iterations - i, std::int64_t{schedule.at(consumed)}, "samples");
+  return checked_add(consumed, rest, "samples");
 }
 
 // The compiled model the architecture flags select (pretrain_gpt.py's flags over strata's table):

@@ -307,6 +307,17 @@ TEST(MegatronFlags, BatchSizeSchedules) {
   // 5 x 4 = 20, 4 x 8 = 52, then 16s: 68, 84, ..., 212 -> 5 + 4 + 10 iterations
   EXPECT_EQ(s.train_iters, 19);
   EXPECT_EQ(trainer::samples_of(steps, s.train_iters), 212);
+  // samples_of sums the changing batches one by one and the settled batch in one product: equal to
+  // adding every iteration's batch, at each count across the ramps' ends; and a billion iterations
+  // are counted without a billion additions.
+  for (const trainer::BatchSchedule* schedule : {&ramp, &steps}) {
+    std::int64_t consumed = 0;
+    for (std::int64_t iterations = 0; iterations <= 60; ++iterations) {
+      EXPECT_EQ(trainer::samples_of(*schedule, iterations), consumed) << iterations << " iterations";
+      consumed += schedule->at(consumed);
+    }
+  }
+  EXPECT_EQ(trainer::samples_of(steps, 1'000'000'000), 212 - 16 * 19 + 16'000'000'000);
   // several arguments, as Megatron's GPT-3 example script passes them (its array expanded unquoted)
   EXPECT_EQ(parse_flags("gpt", {"--step-batch-size-schedule", "0:4", "2K:8", "4.5K:16", "--lr", "1e-3"}).step_batch_size_schedule,
             "0:4 2K:8 4.5K:16");
