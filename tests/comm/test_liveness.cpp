@@ -359,4 +359,25 @@ TEST(FailureExit, OnlyTheFirstReportCountsAndNothingExitsWhenOff) {
   EXPECT_EQ(run.output, "first;first|");  // and no line printed: the exit is off
 }
 
+// stand_down() after a run that failed: the pending exit never comes, the failure is forgotten, and
+// the next run's failure is reported and ends the process as the first would have.
+TEST(FailureExit, StandDownCancelsThePendingExitAndStartsClean) {
+  const ChildRun run = run_in_child([](int out) {
+    strata::failure::exit_on_failure(0.1, 5, "strata");
+    strata::failure::report("the first run failed");
+    strata::failure::stand_down();
+    std::this_thread::sleep_for(400ms);  // four grace periods: the cancelled exit would have come
+    const std::string after = std::string(strata::failure::reported() ? "reported" : "clean") + ";" +
+                              std::string(strata::failure::exits_on_failure() ? "on" : "off") + ";";
+    (void)!::write(out, after.data(), after.size());
+    strata::failure::exit_on_failure(0.1, 6, "strata");
+    strata::failure::report("the second run failed");
+    for (;;) ::pause();
+  });
+  ASSERT_TRUE(WIFEXITED(run.status));
+  EXPECT_EQ(WEXITSTATUS(run.status), 6) << run.output;
+  EXPECT_NE(run.output.find("strata: the first run failed\nclean;off;strata: the second run failed"), std::string::npos)
+      << run.output;
+}
+
 }  // namespace

@@ -15,6 +15,10 @@
 
 #include "trainer/trainer.hpp"
 
+// Every case of this file in a namespace of its own, so that several test files can share a
+// translation unit (tests/CMakeLists.txt, strata_add_gtest_group).
+namespace test_training_cases {
+
 namespace {
 
 trainer::TrainArgs tiny(std::string kind) {
@@ -189,6 +193,9 @@ std::pair<int, std::string> run_main(std::vector<std::string> flags) {
   for (auto& f : flags) argv.push_back(f.data());
   testing::internal::CaptureStderr();
   const int status = trainer::main_gpt(static_cast<int>(argv.size()), argv.data());
+  // main() turned on the exit-on-failure of comm/failure.hpp for the process: a failure it reported
+  // would end this test program 5 s later, in whatever case runs then.
+  strata::failure::stand_down();
   return {status, testing::internal::GetCapturedStderr()};
 }
 
@@ -772,3 +779,4 @@ TEST(Training, SequenceParallelBatchNotDivisibleByTpNamesTheLengths) {
 }
 
 }  // namespace
+}  // namespace test_training_cases

@@ -44,6 +44,7 @@ struct State {
   double grace_seconds = 5.0;
   int exit_code = 1;
   std::atomic<bool> reported{false};
+  std::atomic<unsigned> generation{0};  // stand_down() moves it on: a pending exit of an older one is void
   std::string first;  // written once, under mutex
   std::string prefix = "strata";
   std::function<void(const std::string&)> forwarder;  // set_forwarder
@@ -101,6 +102,23 @@ inline void set_annotator(std::function<std::string()> annotate) {
   s.annotator = std::move(annotate);
 }
 
+// For a program that runs several trainings in one process (a test program calling a trainer's
+// main() more than once): turns the exit off, cancels a pending one (its timer sees the generation
+// move on and returns) and forgets the failure, so that the next run starts as the first did. Call
+// it once the run that failed has ended (its threads joined). A real trainer process never calls
+// it: there the pending exit is what ends a process whose exit hangs.
+inline void stand_down() noexcept {
+  detail::State& s = detail::state();
+  s.generation.fetch_add(1, std::memory_order_acq_rel);
+  try {
+    std::lock_guard lock(s.mutex);
+    s.enabled = false;
+    s.first.clear();
+  } catch (...) {
+  }
+  s.reported.store(false, std::memory_order_release);
+}
+
 // Whether a failure was reported, and its message.
 inline bool reported() { return detail::state().reported.load(std::memory_order_acquire); }
 inline std::string first_message() {
@@ -152,9 +170,11 @@ inline void report(std::string_view message, bool print = true) noexcept {
     std::fprintf(stderr, "%s: %.*s%s\n", prefix.c_str(), static_cast<int>(message.size()), message.data(), extra.c_str());
     std::fflush(stderr);
   }
+  const unsigned generation = s.generation.load(std::memory_order_acquire);
   try {
-    std::thread([grace, code, prefix] {
+    std::thread([grace, code, prefix, generation] {
       std::this_thread::sleep_for(std::chrono::duration<double>(grace));
+      if (detail::state().generation.load(std::memory_order_acquire) != generation) return;  // stand_down()
       std::fprintf(stderr, "%s: the process did not end within %g s of the failure above (a thread is blocked where the "
                            "failure cannot reach it); exiting with status %d\n",
                    prefix.c_str(), grace, code);
