@@ -134,6 +134,7 @@ inline void report(std::string_view message, bool print = true) noexcept {
   detail::State& s = detail::state();
   bool expected = false;
   if (!s.reported.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) return;
+  const unsigned generation = s.generation.load(std::memory_order_acquire);  // the run this failure ends
   bool enabled = false;
   double grace = 0;
   int code = 1;
@@ -170,7 +171,6 @@ inline void report(std::string_view message, bool print = true) noexcept {
     std::fprintf(stderr, "%s: %.*s%s\n", prefix.c_str(), static_cast<int>(message.size()), message.data(), extra.c_str());
     std::fflush(stderr);
   }
-  const unsigned generation = s.generation.load(std::memory_order_acquire);
   try {
     std::thread([grace, code, prefix, generation] {
       std::this_thread::sleep_for(std::chrono::duration<double>(grace));
