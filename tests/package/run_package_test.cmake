@@ -48,18 +48,16 @@ endif()
 step("configure the consumer" ${CMAKE_COMMAND} ${configure_args})
 step("build the consumer" ${CMAKE_COMMAND} --build ${consumer_build} --config ${STRATA_CONFIG})
 
-find_program(consumer_exe strata_consumer
-  PATHS ${consumer_build} ${consumer_build}/${STRATA_CONFIG} NO_DEFAULT_PATH NO_CACHE)
-if(NOT consumer_exe)
-  message(FATAL_ERROR "package test: the consumer executable was not built in ${consumer_build}")
-endif()
-step("run the consumer" ${consumer_exe})
-find_program(consumer_gemm_exe strata_consumer_gemm
-  PATHS ${consumer_build} ${consumer_build}/${STRATA_CONFIG} NO_DEFAULT_PATH NO_CACHE)
-if(NOT consumer_gemm_exe)
-  message(FATAL_ERROR "package test: the consumer's program linking strata::cpu_kernels was not built in ${consumer_build}")
-endif()
-step("run the consumer linking strata::cpu_kernels" ${consumer_gemm_exe})
+# strata_consumer (header-only strata::strata) and strata_consumer_gemm (strata::cpu_kernels): each
+# must be built and must run.
+foreach(program strata_consumer strata_consumer_gemm)
+  find_program(consumer_exe_${program} ${program}
+    PATHS ${consumer_build} ${consumer_build}/${STRATA_CONFIG} NO_DEFAULT_PATH NO_CACHE)
+  if(NOT consumer_exe_${program})
+    message(FATAL_ERROR "package test: the consumer's program ${program} was not built in ${consumer_build}")
+  endif()
+  step("run the consumer's ${program}" ${consumer_exe_${program}})
+endforeach()
 if(EXPECT_CUDA_KERNELS AND NOT EXISTS ${consumer_build}/strata_consumer_cuda)
   message(FATAL_ERROR "package test: strata was installed with strata::cuda_kernels but the consumer's CUDA "
                       "program (host compiler, linked against it) was not built in ${consumer_build}")
