@@ -32,10 +32,11 @@ namespace detail {
 // a 16-byte heap block is aligned for SSE's width but not for AVX's, so only the portable variant's
 // results are independent of where the buffers lie. The tests use it; the trainers use native.
 #if defined(STRATA_CPU_GEMM_NATIVE) && STRATA_CPU_GEMM_NATIVE
-inline namespace native {
+#define STRATA_CPU_GEMM_VARIANT native
 #else
-inline namespace portable {
+#define STRATA_CPU_GEMM_VARIANT portable
 #endif
+inline namespace STRATA_CPU_GEMM_VARIANT {
 template <class T>
 void gemm_native(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, const T* a, const T* b, T* c,
                  bool accumulate, T alpha);

@@ -8,16 +8,13 @@
 
 #include "../../core/dtype.hpp"
 #include "../../core/shape.hpp"
+#include "gemm.hpp"  // the declaration, in the variant's namespace (STRATA_CPU_GEMM_VARIANT)
 
 STRATA_NAMESPACE_BEGIN
 namespace cpu {
 
 namespace detail {
-#if defined(STRATA_CPU_GEMM_NATIVE) && STRATA_CPU_GEMM_NATIVE
-inline namespace native {  // the variants: gemm.hpp
-#else
-inline namespace portable {
-#endif
+inline namespace STRATA_CPU_GEMM_VARIANT {  // native or portable: gemm.hpp
 template <class T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
