@@ -346,6 +346,16 @@ struct backend {
                            const T* const* a, const T* const* b, C* const* c, bool accumulate) {
     cpu::grouped_gemm<T, C>(ta, tb, groups, m, n, k, a, b, c, accumulate);
   }
+  template <class T>
+  static void grouped_gemm_rows(bool tb, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
+                                const T* a, const T* const* b, T* c) {
+    cpu::grouped_gemm_rows<T>(tb, groups, counts, rows, n, k, a, b, c);
+  }
+  template <class T, class C = T>
+  static void grouped_gemm_weights(index_t groups, const std::int32_t* counts, index_t rows, index_t m, index_t n,
+                                   const T* a, const T* b, C* const* c, bool accumulate) {
+    cpu::grouped_gemm_weights<T, C>(groups, counts, rows, m, n, a, b, c, accumulate);
+  }
 };
 
 static_assert(check_backend<backend>());

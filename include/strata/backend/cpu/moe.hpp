@@ -18,11 +18,15 @@
 //   moe_aux_loss          loss[0] += factor * sum_i p_i c_i;  coefficient_i = factor * c_i
 //   moe_expert_bias_update bias_e += rate * sign(mean(c) - c_e)
 //   grouped_gemm          C_g = op(A_g) op(B_g) for each group g (host arrays of sizes and pointers)
+//   grouped_gemm_rows     C[rows, n] = A[rows, k] op(B_g) over consecutive groups of counts[g] rows
+//                         (counts in the backend's memory); rows past the counts' total are zero
+//   grouped_gemm_weights  C_g[m, n] (+)= A_g^T B_g over group g's rows of A [rows, m] and B [rows, n]
 #pragma once
 
 #include <cstdint>
 
 #include "../../core/dtype.hpp"
+#include "../../core/error.hpp"
 #include "../../core/shape.hpp"
 #include "../moe_routing.hpp"
 #include "gemm.hpp"
@@ -156,6 +160,52 @@ void grouped_gemm(bool transpose_a, bool transpose_b, index_t groups, const inde
       continue;
     }
     gemm<T, C>(transpose_a, transpose_b, m[g], n[g], k[g], a[g], b[g], c[g], accumulate);
+  }
+}
+
+// The row groups of grouped_gemm_rows / grouped_gemm_weights: counts[g] >= 0 rows each, at most `rows`
+// in all (the dispatchers may hand more rows than they route: the upper bound of a dispatch whose
+// counts stay in device memory). Returns the total.
+inline index_t grouped_rows_total(const char* who, index_t groups, const std::int32_t* counts, index_t rows) {
+  index_t total = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    if (counts[g] < 0) fail<ShapeError>(who, ": group ", g, " has a negative row count ", counts[g]);
+    total += counts[g];
+  }
+  if (total > rows) fail<ShapeError>(who, ": the groups' counts sum to ", total, " rows, more than the ", rows, " given");
+  return total;
+}
+
+// C[rows, n] = A[rows, k] op(B_g) for the rows of group g (consecutive groups of counts[g] rows, from
+// row 0; B_g [n, k] when transpose_b, else [k, n]); the rows past the counts' total are set to zero.
+template <class T>
+void grouped_gemm_rows(bool transpose_b, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
+                       const T* a, const T* const* b, T* c) {
+  const index_t total = grouped_rows_total("grouped_gemm_rows", groups, counts, rows);
+  index_t at = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    const index_t m = counts[g];
+    if (m > 0 && k > 0) gemm<T, T>(false, transpose_b, m, n, k, a + at * k, b[g], c + at * n, false);
+    else
+      for (index_t i = 0; i < m * n; ++i) c[at * n + i] = T{};
+    at += m;
+  }
+  for (index_t i = total * n; i < rows * n; ++i) c[i] = T{};
+}
+
+// C_g[m, n] (+)= A_g^T B_g, where A_g and B_g are group g's rows of A [rows, m] and B [rows, n] (an
+// empty group writes zeros, or adds nothing).
+template <class T, class C>
+void grouped_gemm_weights(index_t groups, const std::int32_t* counts, index_t rows, index_t m, index_t n, const T* a,
+                          const T* b, C* const* c, bool accumulate) {
+  (void)grouped_rows_total("grouped_gemm_weights", groups, counts, rows);
+  index_t at = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    const index_t r = counts[g];
+    if (r > 0) gemm<T, C>(true, false, m, n, r, a + at * m, b + at * n, c[g], accumulate);
+    else if (!accumulate)
+      for (index_t i = 0; i < m * n; ++i) c[g][i] = C{};
+    at += r;
   }
 }
 

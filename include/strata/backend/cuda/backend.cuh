@@ -523,6 +523,21 @@ class backend {
     (void)cuda::grouped_gemm<T, C>(state_->blas, state_->grouped_blas, state_->allocator, stream(), ta, tb, groups, m, n,
                                    k, a, b, c, accumulate);
   }
+  // The experts' grouped GEMMs with the group sizes in device memory (cpu/moe.hpp states them): no
+  // wait for the host with bf16 on Hopper and CUTLASS (grouped_gemm_sm90.hpp), else a read of the
+  // counts and grouped_gemm.
+  template <class T>
+  void grouped_gemm_rows(bool tb, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
+                         const T* a, const T* const* b, T* c) const {
+    cuda::grouped_gemm_rows<T>(state_->blas, state_->grouped_blas, state_->allocator, stream(), tb, groups, counts, rows,
+                               n, k, a, b, c);
+  }
+  template <class T, class C = T>
+  void grouped_gemm_weights(index_t groups, const std::int32_t* counts, index_t rows, index_t m, index_t n, const T* a,
+                            const T* b, C* const* c, bool accumulate) const {
+    cuda::grouped_gemm_weights<T, C>(state_->blas, state_->grouped_blas, state_->allocator, stream(), groups, counts, rows,
+                                     m, n, a, b, c, accumulate);
+  }
 
  private:
   struct state {

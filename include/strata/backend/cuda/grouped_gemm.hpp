@@ -39,11 +39,11 @@
 // the same bits on every run for the same sizes on the same GPU model and SM count when each stream
 // has its own workspace (its reproducibility rule), and atomics stay off: two calls give the same bits.
 //
-// CUTLASS (a note; strata does not depend on it): its grouped GEMM (the Hopper ptr-array kernels of
-// example 57_hopper_grouped_gemm) reads the problem sizes from device memory, so the token counts of
-// a dropless dispatch need never reach the host; it takes bf16 operands with an fp32 output, so the
-// weight gradients would be grouped too; and it can fuse the SwiGLU / GELU epilogue. Its cost is the
-// compile time of the instantiations (STYLE.md, habit 10).
+// The experts' layers call the device-count forms below (grouped_gemm_rows / grouped_gemm_weights),
+// whose group sizes are a device array: with bf16 on Hopper, and strata::cuda_kernels built with
+// CUTLASS, one CUTLASS ptr-array grouped kernel each (grouped_gemm_sm90.hpp), fp32 weight gradients
+// included, and the token counts never reach the host; otherwise they read the counts (one wait) and
+// run the grouped_gemm above.
 //
 // Needs nvcc (includes a kernel), unless the kernels come compiled (kernels/launchers.hpp).
 #pragma once
@@ -65,6 +65,7 @@
 #include "../../core/space.hpp"
 #include "allocator.hpp"
 #include "gemm.hpp"
+#include "grouped_gemm_sm90.hpp"
 #include "kernels/launchers.hpp"
 #if STRATA_CUDA_HEADER_ONLY
 #include "kernels/pointer_table.cuh"
@@ -260,6 +261,86 @@ index_t grouped_gemm(blas_handle& blas, cublas_handle& grouped_blas, device_memo
   for (const index_t g : chosen)
     gemm<T, C>(blas, stream, transpose_a, transpose_b, m[g], n[g], k[g], a[g], b[g], c[g], accumulate);
   return 0;
+}
+
+namespace detail {
+
+// The counts of a device-count grouped GEMM on the host (the fallback's one wait for the stream).
+inline std::vector<std::int32_t> counts_on_host(const char* who, const std::int32_t* counts, index_t groups, index_t rows,
+                                                cudaStream_t stream) {
+  std::vector<std::int32_t> host(static_cast<std::size_t>(groups));
+  if (groups > 0) {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts, sizeof(std::int32_t) * host.size(), cudaMemcpyDeviceToHost, stream));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  index_t total = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    if (host[g] < 0) fail<ShapeError>(who, ": group ", g, " has a negative row count ", host[g]);
+    total += host[g];
+  }
+  if (total > rows) fail<ShapeError>(who, ": the groups' counts sum to ", total, " rows, more than the ", rows, " given");
+  return host;
+}
+
+}  // namespace detail
+
+// The row-grouped GEMM of the MoE experts with the group sizes in device memory (the contract of
+// cpu::grouped_gemm_rows): C[rows, n] = A[rows, k] op(B_g) over consecutive groups of counts[g] rows,
+// the rows past the counts' total zero. bf16 on an sm_90 GPU with strata::cuda_kernels built with
+// CUTLASS: one grouped kernel reading the counts on the device (grouped_gemm_sm90.hpp), nothing
+// waits. Otherwise the counts are read on the host and the call is cuda::grouped_gemm's.
+template <class T>
+void grouped_gemm_rows(blas_handle& blas, cublas_handle& grouped_blas, device_memory_resource& memory, cudaStream_t stream,
+                       bool transpose_b, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
+                       const T* a, const T* const* b, T* c) {
+  if (groups < 0 || rows < 0 || n < 0 || k < 0)
+    fail<ShapeError>("cuda::grouped_gemm_rows: negative size: groups=", groups, " rows=", rows, " n=", n, " k=", k);
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (rows > 0 && sm90::grouped_gemm_rows(stream, memory, transpose_b, groups, counts, n, k, a, b, c)) {
+      kernels::moe_zero_rows_past<T>(counts, groups, rows, n, c, stream);
+      return;
+    }
+  }
+#endif
+  const std::vector<std::int32_t> host = detail::counts_on_host("cuda::grouped_gemm_rows", counts, groups, rows, stream);
+  std::vector<index_t> m(host.begin(), host.end()), ns(static_cast<std::size_t>(groups), n), ks(ns.size(), k);
+  std::vector<const T*> as(ns.size());
+  std::vector<T*> cs(ns.size());
+  index_t at = 0;
+  for (index_t g = 0; g < groups; ++g) as[g] = a + at * k, cs[g] = c + at * n, at += m[g];
+  (void)grouped_gemm<T, T>(blas, grouped_blas, memory, stream, false, transpose_b, groups, m.data(), ns.data(), ks.data(),
+                           as.data(), b, cs.data(), false);
+  if (rows > at) STRATA_CUDA_CHECK(cudaMemsetAsync(c + at * n, 0, sizeof(T) * static_cast<std::size_t>((rows - at) * n), stream));
+}
+
+// The experts' weight gradients with the group sizes in device memory (the contract of
+// cpu::grouped_gemm_weights): C_g[m, n] (+)= A_g^T B_g over group g's rows of A [rows, m] and
+// B [rows, n]. bf16 operands with a float C on an sm_90 GPU with CUTLASS: one grouped kernel;
+// otherwise the counts are read on the host and the call is cuda::grouped_gemm's.
+template <class T, class C>
+void grouped_gemm_weights(blas_handle& blas, cublas_handle& grouped_blas, device_memory_resource& memory,
+                          cudaStream_t stream, index_t groups, const std::int32_t* counts, index_t rows, index_t m,
+                          index_t n, const T* a, const T* b, C* const* c, bool accumulate) {
+  if (groups < 0 || rows < 0 || m < 0 || n < 0)
+    fail<ShapeError>("cuda::grouped_gemm_weights: negative size: groups=", groups, " rows=", rows, " m=", m, " n=", n);
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<C, float>) {
+    if (m > 0 && n > 0) {
+      if (!accumulate)  // the kernel leaves an empty group's C alone: start every C_g from zero
+        for (index_t g = 0; g < groups; ++g)
+          STRATA_CUDA_CHECK(cudaMemsetAsync(c[g], 0, sizeof(C) * static_cast<std::size_t>(m * n), stream));
+      if (sm90::grouped_gemm_weights(stream, memory, groups, counts, m, n, a, b, c, true)) return;
+    }
+  }
+#endif
+  const std::vector<std::int32_t> host = detail::counts_on_host("cuda::grouped_gemm_weights", counts, groups, rows, stream);
+  std::vector<index_t> ks(host.begin(), host.end()), ms(static_cast<std::size_t>(groups), m), ns(ms.size(), n);
+  std::vector<const T*> as(ms.size()), bs(ms.size());
+  index_t at = 0;
+  for (index_t g = 0; g < groups; ++g) as[g] = a + at * m, bs[g] = b + at * n, at += ks[g];
+  (void)grouped_gemm<T, C>(blas, grouped_blas, memory, stream, true, false, groups, ms.data(), ns.data(), ks.data(),
+                           as.data(), bs.data(), c, accumulate);
 }
 
 }  // namespace cuda

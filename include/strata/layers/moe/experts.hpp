@@ -14,6 +14,7 @@
 // initialization (at each element's global index) and checkpoints do not depend on ep or etp.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,10 +45,10 @@ class GroupedExperts {
   static_assert(check_moe_backend<typename Policy::backend>());
 
   struct Saved {
-    Tensor<T, Space> input;       // [rows, hidden]
-    Tensor<T, Space> pre;         // [rows, fc1 local]
-    Tensor<T, Space> activation;  // [rows, ffn local]
-    std::vector<index_t> tokens_per_expert;
+    Tensor<T, Space> input;                   // [rows, hidden]
+    Tensor<T, Space> pre;                     // [rows, fc1 local]
+    Tensor<T, Space> activation;              // [rows, ffn local]
+    Tensor<std::int32_t, Space> counts;       // [local experts] rows of each, in the backend's memory
   };
 
   GroupedExperts(const Context& ctx, std::string name, ExpertsConfig c) : config_(c) {
@@ -76,71 +77,43 @@ class GroupedExperts {
   index_t local_experts() const { return local_; }
   index_t first_expert() const { return first_; }
 
-  // x: [rows, hidden] grouped by local expert, tokens_per_expert[l] rows each.
+  // x: [rows, hidden], its first counts[0] rows local expert 0's, the next counts[1] expert 1's, ...;
+  // counts (in the backend's memory, never read on the host here) may total fewer than rows: the rest
+  // are outside every group and their outputs are zero.
   std::pair<Tensor<T, Space>, Saved> forward(Context& ctx, const Tensor<T, Space>& x,
-                                             const std::vector<index_t>& tokens_per_expert) const {
+                                             const Tensor<std::int32_t, Space>& counts) const {
     const index_t rows = x.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = fc1_.empty() ? 0 : fc1_[0].value.size(0), ffn_local = gated ? fc1_local / 2 : fc1_local;
-    check_rows(rows, tokens_per_expert);
-    Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>{}, tokens_per_expert};
-    Groups g(local_);
-    index_t at = 0;
-    for (index_t l = 0; l < local_; ++l) {
-      g.set(l, tokens_per_expert[l], fc1_local, h, x.data() + at * h, fc1_[l].value.data(), saved.pre.data() + at * fc1_local);
-      at += tokens_per_expert[l];
-    }
-    ctx.device.template grouped_gemm<T>(false, true, local_, g.m.data(), g.n.data(), g.k.data(), g.a.data(), g.b.data(),
-                                        g.c.data(), false);  // (rows, fc1 local)
-    if constexpr (gated) {
-      saved.activation = Tensor<T, Space>::empty(Shape{rows, ffn_local});
-      ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
-    } else {
-      saved.activation = Tensor<T, Space>::empty(Shape{rows, ffn_local});
-      ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
-    }
+    if (counts.numel() != local_)
+      fail<ShapeError>("GroupedExperts: ", counts.numel(), " token counts for ", local_, " local experts");
+    Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts};
+    ctx.device.template grouped_gemm_rows<T>(true, local_, counts.data(), rows, fc1_local, h, x.data(),
+                                             pointers(fc1_).data(), saved.pre.data());  // (rows, fc1 local)
+    if constexpr (gated) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
+    else ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
     auto y = Tensor<T, Space>::empty(Shape{rows, h});
-    at = 0;
-    for (index_t l = 0; l < local_; ++l) {
-      g.set(l, tokens_per_expert[l], h, ffn_local, saved.activation.data() + at * ffn_local, fc2_[l].value.data(),
-            y.data() + at * h);
-      at += tokens_per_expert[l];
-    }
-    ctx.device.template grouped_gemm<T>(false, true, local_, g.m.data(), g.n.data(), g.k.data(), g.a.data(), g.b.data(),
-                                        g.c.data(), false);  // (rows, hidden), partial over etp
+    ctx.device.template grouped_gemm_rows<T>(true, local_, counts.data(), rows, h, ffn_local, saved.activation.data(),
+                                             pointers(fc2_).data(), y.data());  // (rows, hidden), partial over etp
     return {std::move(y), std::move(saved)};
   }
 
   Tensor<T, Space> backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy) {
     const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = saved.pre.shape().cols(), ffn_local = saved.activation.shape().cols();
-    const auto& counts = saved.tokens_per_expert;
+    const std::int32_t* counts = saved.counts.data();
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
-    Groups g(local_);
-    GradGroups w(local_);
-    index_t at = 0;
-    for (index_t l = 0; l < local_; ++l) {
-      g.set(l, counts[l], ffn_local, h, dy.data() + at * h, fc2_[l].value.data(), dact.data() + at * ffn_local);
-      w.set(l, h, ffn_local, counts[l], dy.data() + at * h, saved.activation.data() + at * ffn_local, fc2_[l].grad.data());
-      at += counts[l];
-    }
-    ctx.device.template grouped_gemm<T>(false, false, local_, g.m.data(), g.n.data(), g.k.data(), g.a.data(), g.b.data(),
-                                        g.c.data(), false);  // da (rows, ffn local)
-    ctx.device.template grouped_gemm<T, A>(true, false, local_, w.m.data(), w.n.data(), w.k.data(), w.a.data(), w.b.data(),
-                                           w.c.data(), true);  // dfc2 (hidden, ffn local)
+    ctx.device.template grouped_gemm_rows<T>(false, local_, counts, rows, ffn_local, h, dy.data(), pointers(fc2_).data(),
+                                             dact.data());  // da (rows, ffn local)
+    ctx.device.template grouped_gemm_weights<T, A>(local_, counts, rows, h, ffn_local, dy.data(), saved.activation.data(),
+                                                   gradients(fc2_).data(), true);  // dfc2 (hidden, ffn local)
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
     if constexpr (gated) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
     else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
-    at = 0;
-    for (index_t l = 0; l < local_; ++l) {
-      g.set(l, counts[l], h, fc1_local, dpre.data() + at * fc1_local, fc1_[l].value.data(), dx.data() + at * h);
-      w.set(l, fc1_local, h, counts[l], dpre.data() + at * fc1_local, saved.input.data() + at * h, fc1_[l].grad.data());
-      at += counts[l];
-    }
-    ctx.device.template grouped_gemm<T>(false, false, local_, g.m.data(), g.n.data(), g.k.data(), g.a.data(), g.b.data(),
-                                        g.c.data(), false);  // dx (rows, hidden), partial over etp
-    ctx.device.template grouped_gemm<T, A>(true, false, local_, w.m.data(), w.n.data(), w.k.data(), w.a.data(), w.b.data(),
-                                           w.c.data(), true);  // dfc1 (fc1 local, hidden)
+    ctx.device.template grouped_gemm_rows<T>(false, local_, counts, rows, h, fc1_local, dpre.data(), pointers(fc1_).data(),
+                                             dx.data());  // dx (rows, hidden), partial over etp
+    ctx.device.template grouped_gemm_weights<T, A>(local_, counts, rows, fc1_local, h, dpre.data(), saved.input.data(),
+                                                   gradients(fc1_).data(), true);  // dfc1 (fc1 local, hidden)
     return dx;
   }
 
@@ -157,27 +130,15 @@ class GroupedExperts {
   }
 
  private:
-  // Sizes and pointers of one grouped GEMM (host arrays), for C_g = op(A_g) op(B_g).
-  template <class C>
-  struct GemmGroups {
-    std::vector<index_t> m, n, k;
-    std::vector<const T*> a, b;
-    std::vector<C*> c;
-    explicit GemmGroups(index_t groups)
-        : m(groups), n(groups), k(groups), a(groups), b(groups), c(groups) {}
-    void set(index_t g, index_t m_, index_t n_, index_t k_, const T* a_, const T* b_, C* c_) {
-      m[g] = m_, n[g] = n_, k[g] = k_, a[g] = a_, b[g] = b_, c[g] = c_;
-    }
-  };
-  using Groups = GemmGroups<T>;
-  using GradGroups = GemmGroups<A>;
-
-  void check_rows(index_t rows, const std::vector<index_t>& counts) const {
-    index_t sum = 0;
-    for (index_t c : counts) sum += c;
-    if (static_cast<index_t>(counts.size()) != local_ || sum != rows)
-      fail<ShapeError>("GroupedExperts: ", counts.size(), " token counts summing to ", sum, " for ", local_,
-                       " local experts and ", rows, " rows");
+  static std::vector<const T*> pointers(const std::vector<Param>& ps) {
+    std::vector<const T*> out;
+    for (const auto& p : ps) out.push_back(p.value.data());
+    return out;
+  }
+  static std::vector<A*> gradients(std::vector<Param>& ps) {
+    std::vector<A*> out;
+    for (auto& p : ps) out.push_back(p.grad.data());
+    return out;
   }
 
   ExpertsConfig config_;

@@ -4,7 +4,8 @@
 // (etp). Rank (etp_i, ep_i) holds the experts [ep_i * E/ep, (ep_i + 1) * E/ep), each split over etp.
 //
 //   dispatch(hidden [T, h], routed [T, k], weights [T, k])  -> the local experts' input [rows, h],
-//        grouped by local expert, and tokens_per_expert (host) for the grouped GEMMs
+//        grouped by local expert, and the rows of each local expert (counts, in the backend's memory)
+//        for the grouped GEMMs
 //   combine(expert output [rows, h], partial over etp)      -> y [T, h] = sum_j weights[x, j] *
 //        output of token x's j-th expert (dropped choices add nothing)
 //   combine_backward(dy [T, h])                             -> d expert output [rows, h], dweights [T, k]
@@ -18,9 +19,12 @@
 //   (etp source, ep source, local expert) into local-expert order. combine runs it backwards:
 //   unsort, reduce-scatter over etp, all_to_all back, then weigh and sum per token.
 //
-// Counts are read on the host once per dispatch (the sizes of the collectives and GEMMs, as in
-// Megatron); everything else stays in the backend's memory. With padding to capacity every expert
-// receives exactly its capacity from every rank (the router's `capacity`), padded with zero rows.
+// On one rank of the etp x ep group nothing is read on the host: the counts stay in the backend's
+// memory, the experts' input has the upper bound of T x k rows (the routed ones first, grouped by
+// expert; the rest, what capacity dropped, zero and in no group), and the grouped GEMMs read the counts
+// on the device. Over several ranks the counts are read on the host once per dispatch (the sizes of
+// the collectives, as in Megatron). With padding to capacity every expert receives exactly its
+// capacity from every rank (the router's `capacity`), padded with zero rows.
 #pragma once
 
 #include <cstdint>
@@ -75,8 +79,8 @@ class AllGatherDispatcher {
   static_assert(check_moe_backend<typename Policy::backend>());
 
   struct Dispatched {
-    Tensor<T, Space> tokens;                 // [rows, hidden], grouped by local expert
-    std::vector<index_t> tokens_per_expert;  // host, per local expert
+    Tensor<T, Space> tokens;             // [rows, hidden], grouped by local expert
+    Tensor<std::int32_t, Space> counts;  // [local experts] rows of each (in the backend's memory)
   };
   struct State {
     std::vector<index_t> tokens_of_rank;     // tokens of each rank of the etp x ep group
@@ -95,7 +99,9 @@ class AllGatherDispatcher {
     auto& group = ctx.expert_tp_ep;
     State state;
     state.tokens = hidden.shape().numel() / h;
-    {  // tokens of every rank
+    if (group.size() == 1) {
+      state.tokens_of_rank = {state.tokens};
+    } else {  // tokens of every rank
       std::vector<std::int64_t> mine{state.tokens}, all(static_cast<std::size_t>(group.size()));
       auto in = Tensor<std::int64_t, Space>::empty(Shape{1}), out = Tensor<std::int64_t, Space>::empty(Shape{group.size()});
       ctx.device.template copy_from_host<std::int64_t>(mine.data(), 1, in.data());
@@ -105,24 +111,36 @@ class AllGatherDispatcher {
     }
     state.gathered = std::accumulate(state.tokens_of_rank.begin(), state.tokens_of_rank.end(), index_t{0});
     const index_t n = state.gathered;
-    auto all_hidden = Tensor<T, Space>::empty(Shape{n, h});
-    auto all_routed = Tensor<std::int32_t, Space>::empty(Shape{n, k});
-    state.weights = Tensor<A, Space>::empty(Shape{n, k});
-    group.all_gather_v(hidden.buffer(), all_hidden.buffer(), detail::times(state.tokens_of_rank, h));
-    group.all_gather_v(routed.buffer(), all_routed.buffer(), detail::times(state.tokens_of_rank, k));
-    group.all_gather_v(weights.buffer(), state.weights.buffer(), detail::times(state.tokens_of_rank, k));
+    Tensor<T, Space> all_hidden = hidden;  // one rank: its own tensors, shared
+    Tensor<std::int32_t, Space> all_routed = routed;
+    state.weights = weights;
+    if (group.size() > 1) {
+      all_hidden = Tensor<T, Space>::empty(Shape{n, h});
+      all_routed = Tensor<std::int32_t, Space>::empty(Shape{n, k});
+      state.weights = Tensor<A, Space>::empty(Shape{n, k});
+      group.all_gather_v(hidden.buffer(), all_hidden.buffer(), detail::times(state.tokens_of_rank, h));
+      group.all_gather_v(routed.buffer(), all_routed.buffer(), detail::times(state.tokens_of_rank, k));
+      group.all_gather_v(weights.buffer(), state.weights.buffer(), detail::times(state.tokens_of_rank, k));
+    }
 
     const index_t first = ctx.ep.rank() * local_;
     Dispatched out;
-    out.tokens_per_expert.assign(static_cast<std::size_t>(local_), capacity * group.size());
-    if (capacity == 0) {
+    out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
+    if (capacity > 0) {
+      ctx.device.template fill<std::int32_t>(out.counts.data(), local_, static_cast<double>(capacity * group.size()));
+      state.rows = local_ * capacity * group.size();
+    } else {
       auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
       ctx.device.template moe_count<std::int32_t>(all_routed.data(), n * k, k, 1, E, counts.data(), false);
-      std::vector<std::int32_t> host(static_cast<std::size_t>(E));
-      ctx.device.template copy_to_host<std::int32_t>(counts.data(), E, host.data());
-      for (index_t e = 0; e < local_; ++e) out.tokens_per_expert[e] = host[first + e];
+      ctx.device.template copy<std::int32_t>(counts.data() + first, local_, out.counts.data());
+      if (group.size() == 1) {
+        state.rows = n * k;  // every routed assignment is local: the upper bound, read nowhere
+      } else {
+        std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
+        ctx.device.template copy_to_host<std::int32_t>(out.counts.data(), local_, host.data());
+        state.rows = std::accumulate(host.begin(), host.end(), index_t{0});
+      }
     }
-    state.rows = std::accumulate(out.tokens_per_expert.begin(), out.tokens_per_expert.end(), index_t{0});
     state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{n, k});
     auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.rows});
     ctx.device.moe_sort_by_expert(all_routed.data(), n * k, k, first, local_, capacity * group.size(), state.slot_of.data(),
@@ -138,8 +156,16 @@ class AllGatherDispatcher {
     auto all = Tensor<T, Space>::empty(Shape{state.gathered, h});
     ctx.device.template moe_combine<T, A>(expert_output.data(), state.slot_of.data(), state.weights.data(), state.gathered,
                                           config_.topk, h, all.data());
-    auto y = Tensor<T, Space>::empty(Shape{state.tokens, h});
-    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), y.buffer(), detail::times(state.tokens_of_rank, h),
+    return scatter_back(ctx, state, std::move(all), h);
+  }
+
+  // The gathered tokens' rows [N, cols] summed over the etp x ep group and scattered back to their
+  // ranks (on one rank: the rows themselves).
+  template <class X>
+  static Tensor<X, Space> scatter_back(Context& ctx, const State& state, Tensor<X, Space> all, index_t cols) {
+    if (ctx.expert_tp_ep.size() == 1) return all;
+    auto y = Tensor<X, Space>::empty(Shape{state.tokens, cols});
+    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), y.buffer(), detail::times(state.tokens_of_rank, cols),
                                       ReduceOp::sum);
     return y;
   }
@@ -147,17 +173,18 @@ class AllGatherDispatcher {
   std::pair<Tensor<T, Space>, Tensor<A, Space>> combine_backward(Context& ctx, const State& state,
                                                                  const Tensor<T, Space>& dy) const {
     const index_t h = config_.hidden_size, k = config_.topk;
-    auto all_dy = Tensor<T, Space>::empty(Shape{state.gathered, h});
-    ctx.expert_tp_ep.all_gather_v(dy.buffer(), all_dy.buffer(), detail::times(state.tokens_of_rank, h));
+    Tensor<T, Space> all_dy = dy;
+    if (ctx.expert_tp_ep.size() > 1) {
+      all_dy = Tensor<T, Space>::empty(Shape{state.gathered, h});
+      ctx.expert_tp_ep.all_gather_v(dy.buffer(), all_dy.buffer(), detail::times(state.tokens_of_rank, h));
+    }
     auto d_output = Tensor<T, Space>::empty(Shape{state.rows, h});
     auto all_dweights = Tensor<A, Space>::empty(Shape{state.gathered, k});
     ctx.device.template moe_combine_backward<T, A>(all_dy.data(), state.expert_output.data(), state.slot_of.data(),
                                                    state.weights.data(), state.gathered, k, h, state.rows, d_output.data(),
                                                    all_dweights.data());
-    auto dweights = Tensor<A, Space>::empty(Shape{state.tokens, k});  // partial sums of the experts' ranks
-    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all_dweights), dweights.buffer(),
-                                      detail::times(state.tokens_of_rank, k), ReduceOp::sum);
-    return {std::move(d_output), std::move(dweights)};
+    // partial sums of the experts' ranks
+    return {std::move(d_output), scatter_back(ctx, state, std::move(all_dweights), k)};
   }
 
   Tensor<T, Space> dispatch_backward(Context& ctx, const State& state, const Tensor<T, Space>& d_input) const {
@@ -165,10 +192,7 @@ class AllGatherDispatcher {
     auto all = Tensor<T, Space>::empty(Shape{state.gathered, h});
     ctx.device.template moe_combine<T, A>(d_input.data(), state.slot_of.data(), nullptr, state.gathered, config_.topk, h,
                                           all.data());
-    auto dx = Tensor<T, Space>::empty(Shape{state.tokens, h});
-    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), dx.buffer(), detail::times(state.tokens_of_rank, h),
-                                      ReduceOp::sum);
-    return dx;
+    return scatter_back(ctx, state, std::move(all), h);
   }
 
   index_t local_experts() const { return local_; }
@@ -209,6 +233,7 @@ class AllToAllDispatcher {
     State state;
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
+    if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, capacity);
     // Tokens per expert on this rank (every expert gets `capacity` when padding).
     std::vector<std::int32_t> per_expert(static_cast<std::size_t>(E), static_cast<std::int32_t>(capacity));
     if (capacity == 0) {
@@ -265,10 +290,13 @@ class AllToAllDispatcher {
     }
     Dispatched out;
     out.tokens = sort_chunks(ctx, state, gathered, true);
-    out.tokens_per_expert.assign(static_cast<std::size_t>(local_), 0);
+    std::vector<std::int32_t> per_local(static_cast<std::size_t>(local_), 0);
     for (int q = 0; q < etp; ++q)
       for (int p = 0; p < ep; ++p)
-        for (index_t l = 0; l < local_; ++l) out.tokens_per_expert[l] += state.chunk_rows[(q * ep + p) * local_ + l];
+        for (index_t l = 0; l < local_; ++l)
+          per_local[l] += static_cast<std::int32_t>(state.chunk_rows[(q * ep + p) * local_ + l]);
+    out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
+    ctx.device.template copy_from_host<std::int32_t>(per_local.data(), local_, out.counts.data());
     return {std::move(out), std::move(state)};
   }
 
@@ -308,10 +336,33 @@ class AllToAllDispatcher {
   index_t local_experts() const { return local_; }
 
  private:
-  // Rows in chunk order (q, p, l) -> local-expert order (l, q, p) when `to_expert_order`, else back.
+  // One rank of the etp x ep group: the sort by expert is the whole dispatch, with the counts left in
+  // the backend's memory and the upper bound of rows (T x k, or every expert's capacity), so nothing
+  // waits for the host; the chunk order is the expert order and every exchange is the rows themselves.
+  std::pair<Dispatched, State> dispatch_alone(Context& ctx, State state, const Tensor<T, Space>& hidden,
+                                              const Tensor<std::int32_t, Space>& routed, index_t capacity) const {
+    const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
+    Dispatched out;
+    out.counts = Tensor<std::int32_t, Space>::empty(Shape{E});
+    if (capacity > 0) ctx.device.template fill<std::int32_t>(out.counts.data(), E, static_cast<double>(capacity));
+    else ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, out.counts.data(), false);
+    state.permuted = state.rows = capacity > 0 ? E * capacity : state.tokens * k;
+    state.send_rows = state.recv_rows = state.etp_rows = {state.rows};
+    state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
+    auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.rows});
+    ctx.device.moe_sort_by_expert(routed.data(), state.tokens * k, k, 0, E, capacity, state.slot_of.data(),
+                                  token_of_slot.data(), state.rows);
+    out.tokens = Tensor<T, Space>::empty(Shape{state.rows, h});
+    ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.rows, out.tokens.data());
+    return {std::move(out), std::move(state)};
+  }
+
+  // Rows in chunk order (q, p, l) -> local-expert order (l, q, p) when `to_expert_order`, else back
+  // (on one rank the two orders are one: the rows themselves, shared).
   Tensor<T, Space> sort_chunks(Context& ctx, const State& state, const Tensor<T, Space>& in, bool to_expert_order) const {
     const index_t h = config_.hidden_size;
     const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
+    if (ep * etp == 1) return in;
     const std::size_t count = static_cast<std::size_t>(etp * ep * local_);
     std::vector<index_t> chunk_offset(count), expert_offset(count);  // row offsets in the two orders
     index_t at = 0;

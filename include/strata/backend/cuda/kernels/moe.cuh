@@ -7,6 +7,7 @@
 //   sort_by_expert           one block per expert walking the assignments in order, a tile of
 //                            blockDim at a time (ballot + scan over the warps: the serial order)
 //   gather_rows, combine     one thread per output element, choices summed in ascending order
+//   zero_rows_past           every block sums the device counts, then zeroes the rows past them
 //   combine_backward         d_in zeroed, then one thread per (token, choice, column); the weight
 //                            gradient one thread per (token, choice), columns summed in order
 //   aux_loss, bias_update    one thread (a few hundred numbers)
@@ -169,6 +170,25 @@ STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n
   moe_sort_by_expert_kernel<<<static_cast<unsigned>(std::min<index_t>(experts, 65535)), 256, 0, stream>>>(
       routed, n, k, first_expert, experts, capacity, slot_of, token_of_slot);
   check_launch("moe_sort_by_expert");
+}
+
+// Zero the rows of c [rows, cols] past the total of counts[0, groups) (device counts, at most a few
+// hundred: every block adds them up itself). What grouped_gemm_rows leaves of the upper-bound rows.
+template <class T>
+__global__ void moe_zero_rows_past_kernel(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c) {
+  __shared__ long long partial[32];
+  long long mine = 0;
+  for (index_t g = threadIdx.x; g < groups; g += blockDim.x) mine += counts[g];
+  const index_t total = static_cast<index_t>(moe_block_sum(mine, partial));
+  for (index_t i = total * cols + blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < rows * cols;
+       i += index_t(gridDim.x) * blockDim.x)
+    c[i] = T{};
+}
+template <class T>
+void moe_zero_rows_past(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c, cudaStream_t stream) {
+  if (rows * cols <= 0) return;
+  moe_zero_rows_past_kernel<T><<<grid_for(rows * cols, 256), 256, 0, stream>>>(counts, groups, rows, cols, c);
+  check_launch("moe_zero_rows_past");
 }
 
 template <class T>

@@ -1,0 +1,44 @@
+// strata/backend/cuda/grouped_gemm_sm90.hpp: the MoE experts' grouped GEMMs on Hopper whose group
+// sizes stay in device memory (CUTLASS's sm90 ptr-array grouped kernels, TMA + warp-specialized
+// GMMA), so a dropless dispatch never waits for the host. bf16 operands, fp32 accumulation.
+//
+//   rows     C[rows, n] = A[rows, k] op(B_g), the rows taken in consecutive groups of counts[g]
+//            (B_g [n, k] with transpose_b, else [k, n]; C bf16): the experts' forward and the
+//            gradient of their inputs
+//   weights  C_g[m, n] (+)= A_g^T B_g, A_g and B_g group g's rows of A [rows, m] and B [rows, n]
+//            (C_g float): the experts' weight gradients, the reduction over a group's tokens
+//
+// `counts` is a device array of `groups` int32; the sizes of the problems, their pointers and strides
+// are written on the device by one small kernel, then CUTLASS's persistent group scheduler walks the
+// tiles (an empty group has none). Neither function touches rows past the counts' total, nor, in
+// `weights`, a C_g whose group is empty (the caller zeroes what must be zero).
+//
+// Each returns false, enqueuing nothing, when it does not take the call: strata::cuda_kernels built
+// without CUTLASS (STRATA_WITH_CUTLASS unset), a GPU other than sm_90, more than kSm90MaxGroups
+// groups, sizes that are not multiples of 8 or pointers that are not 16-byte aligned (TMA's rules).
+// The caller (cuda::grouped_gemm_rows / grouped_gemm_weights in grouped_gemm.hpp) then runs its
+// fallback. Memory (the problem tables and CUTLASS's workspace) comes from `memory`, given back once
+// the work is enqueued (reuse is ordered on the stream).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../../core/dtype.hpp"
+#include "../../core/shape.hpp"
+#include "allocator.hpp"
+
+STRATA_NAMESPACE_BEGIN
+namespace cuda::sm90 {
+
+inline constexpr index_t kSm90MaxGroups = 256;
+
+bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
+                       const std::int32_t* counts, index_t n, index_t k, const bf16* a, const bf16* const* b, bf16* c);
+
+bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, index_t groups, const std::int32_t* counts,
+                          index_t m, index_t n, const bf16* a, const bf16* b, float* const* c, bool accumulate);
+
+}  // namespace cuda::sm90
+STRATA_NAMESPACE_END
