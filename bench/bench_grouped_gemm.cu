@@ -14,6 +14,12 @@
 //   dW bf16  the same product into a bf16 C: what the grouped call does with this shape (a reference,
 //            not what the layer runs)
 //
+// The "device" columns time what the experts run now: the backend's grouped_gemm_rows /
+// grouped_gemm_weights, whose token counts are a device array (CUTLASS's Hopper grouped kernel where
+// strata::cuda_kernels was built with it; the line before the table says which). Shapes: the two
+// above, and Mixtral-8x-small's (hidden 1024, ffn 3584) at 8192 tokens and at 256-2048 tokens (64-512
+// rows per expert: where launches and tails matter).
+//
 // Each row: the median of 20 timed calls after 3 warm-up calls, with CUDA events on the backend's
 // stream; TFLOP/s = 2 m n k summed over the experts / time; speedup = loop / grouped. The "grouped"
 // column says how many experts went into the cuBLAS grouped call (0: the loop ran).
@@ -31,6 +37,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <strata/backend/cuda/backend.cuh>
@@ -71,10 +78,17 @@ std::vector<index_t> expert_rows(index_t rows, bool skewed) {
   return out;
 }
 
-// One grouped GEMM of the experts: sizes and pointers per expert.
+// One grouped GEMM of the experts: sizes and pointers per expert, and the same call in the device-count
+// form (rows: C[rows, n] = A op(B_e) by row groups; weights: C_e += A_e^T B_e).
 template <class C>
 struct problem {
   bool ta = false, tb = false, accumulate = false;
+  bool weights = false, device_form = true;
+  const std::int32_t* counts = nullptr;  // device
+  index_t rows = 0, dn = 0, dk = 0;      // rows form: n, k; weights form: m, n
+  const bf16* base_a = nullptr;
+  const bf16* base_b = nullptr;
+  C* base_c = nullptr;
   std::vector<index_t> m, n, k;
   std::vector<const bf16*> a, b;
   std::vector<C*> c;
@@ -103,10 +117,22 @@ void run_grouped(const strata::cuda::backend& device, const problem<C>& p) {
                                p.accumulate);
 }
 
+template <class C>
+void run_device(const strata::cuda::backend& device, const problem<C>& p) {
+  if (p.weights) {
+    if constexpr (std::is_same_v<C, float>)
+      device.grouped_gemm_weights<bf16, float>(kExperts, p.counts, p.rows, p.dn, p.dk, p.base_a, p.base_b, p.c.data(),
+                                               p.accumulate);
+  } else if constexpr (std::is_same_v<C, bf16>) {
+    device.grouped_gemm_rows<bf16>(p.tb, kExperts, p.counts, p.rows, p.dn, p.dk, p.base_a, p.b.data(), p.base_c);
+  }
+}
+
 struct table_row {
   std::string shape, gemm;
   double loop_ms, grouped_ms, flops;
   std::size_t grouped;
+  double device_ms;  // < 0: not measured
 };
 
 template <class C>
@@ -116,7 +142,8 @@ table_row measure(const strata::cuda::backend& device, int iterations, const std
   const double grouped = median_ms(device, iterations, [&] { run_grouped(device, p); });
   const auto chosen = strata::cuda::groups_in_grouped_call<bf16, C>(kExperts, p.m.data(), p.n.data(), p.k.data(),
                                                                    p.a.data(), p.b.data(), p.c.data());
-  return {shape, gemm, loop, grouped, p.flops(), chosen.size()};
+  const double on_device = p.device_form ? median_ms(device, iterations, [&] { run_device(device, p); }) : -1.0;
+  return {shape, gemm, loop, grouped, p.flops(), chosen.size(), on_device};
 }
 
 // Whether this cuBLAS takes a grouped GEMM with bf16 operands and an fp32 output (its documented
@@ -174,7 +201,13 @@ int main(int argc, char** argv) {
   struct model {
     index_t hidden, ffn;
   };
-  for (const model shape : {model{4096, 14336}, model{2048, 5632}}) {
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+  std::printf("device-count grouped GEMM: CUTLASS's Hopper grouped kernel (bf16), %s\n",
+              std::getenv("STRATA_DISABLE_CUTLASS") ? "DISABLED by STRATA_DISABLE_CUTLASS" : "enabled");
+#else
+  std::printf("device-count grouped GEMM: strata::cuda_kernels built without CUTLASS (the counts are read on the host)\n");
+#endif
+  for (const model shape : {model{4096, 14336}, model{2048, 5632}, model{1024, 3584}}) {
     const index_t h = shape.hidden, f = shape.ffn, f1 = 2 * f;
     const index_t max_rows = 2 * 16384;
     const auto R = static_cast<std::size_t>(max_rows), H = static_cast<std::size_t>(h), F1 = static_cast<std::size_t>(f1);
@@ -187,10 +220,17 @@ int main(int argc, char** argv) {
     bf16* fc2 = device_array<bf16>(device, E * H * F, 16);  // [experts, hidden, ffn]
     float* dfc1 = device_array<float>(device, E * F1 * H, 17);
     bf16* dfc1_bf16 = device_array<bf16>(device, E * F1 * H, 18);
-    for (const index_t tokens : {index_t{8192}, index_t{16384}}) {
+    const std::vector<index_t> token_counts = h == 1024 ? std::vector<index_t>{256, 512, 1024, 2048, 8192}
+                                                        : std::vector<index_t>{8192, 16384};
+    std::int32_t* counts_device = nullptr;
+    check(cudaMalloc(&counts_device, sizeof(std::int32_t) * kExperts), "cudaMalloc");
+    for (const index_t tokens : token_counts) {
       for (const bool skewed : {false, true}) {
+        if (h == 1024 && skewed) continue;
         const index_t rows = 2 * tokens;
         const auto counts = expert_rows(rows, skewed);
+        const std::vector<std::int32_t> counts32(counts.begin(), counts.end());
+        check(cudaMemcpy(counts_device, counts32.data(), sizeof(std::int32_t) * kExperts, cudaMemcpyHostToDevice), "cudaMemcpy");
         const std::string label = "h" + std::to_string(h) + " ffn" + std::to_string(f) + " tok" + std::to_string(tokens) +
                                   (skewed ? " skewed" : " balanced");
         problem<bf16> fc1_forward, fc2_forward, dx, dw_bf16;
@@ -211,6 +251,14 @@ int main(int argc, char** argv) {
           add(dw_bf16, f1, h, r, dpre + at * f1, x + at * h, dfc1_bf16 + e * f1 * h);
           at += r;
         }
+        const auto device_rows = [&](auto& p, index_t n, index_t k, const bf16* a, auto* c) {
+          p.counts = counts_device, p.rows = rows, p.dn = n, p.dk = k, p.base_a = a, p.base_c = c;
+        };
+        device_rows(fc1_forward, f1, h, x, pre);
+        device_rows(fc2_forward, h, f, pre, out);
+        device_rows(dx, h, f1, dpre, out);
+        dw.weights = true, dw.counts = counts_device, dw.rows = rows, dw.dn = f1, dw.dk = h, dw.base_a = dpre, dw.base_b = x;
+        dw_bf16.device_form = false;
         rows_out.push_back(measure(device, iterations, label, "fc1", fc1_forward));
         rows_out.push_back(measure(device, iterations, label, "fc2", fc2_forward));
         rows_out.push_back(measure(device, iterations, label, "dX", dx));
@@ -219,15 +267,21 @@ int main(int argc, char** argv) {
       }
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cudaFree(counts_device);
     for (void* p : {(void*)x, (void*)pre, (void*)dpre, (void*)out, (void*)fc1, (void*)fc2, (void*)dfc1, (void*)dfc1_bf16})
       cudaFree(p);
   }
 
-  std::printf("\n%-34s %-12s %9s %10s %9s %10s %8s %8s\n", "shape", "gemm", "loop ms", "grouped ms", "loop TF/s",
-              "group TF/s", "speedup", "grouped");
-  for (const table_row& r : rows_out)
-    std::printf("%-34s %-12s %9.3f %10.3f %9.1f %10.1f %7.2fx %5zu/%d\n", r.shape.c_str(), r.gemm.c_str(), r.loop_ms,
+  std::printf("\n%-34s %-12s %9s %10s %9s %10s %8s %8s %10s %10s %9s\n", "shape", "gemm", "loop ms", "grouped ms",
+              "loop TF/s", "group TF/s", "speedup", "grouped", "device ms", "dev TF/s", "dev/loop");
+  for (const table_row& r : rows_out) {
+    std::printf("%-34s %-12s %9.3f %10.3f %9.1f %10.1f %7.2fx %5zu/%d", r.shape.c_str(), r.gemm.c_str(), r.loop_ms,
                 r.grouped_ms, r.flops / (r.loop_ms * 1e9), r.flops / (r.grouped_ms * 1e9), r.loop_ms / r.grouped_ms,
                 r.grouped, static_cast<int>(kExperts));
+    if (r.device_ms > 0)
+      std::printf(" %10.3f %10.1f %8.2fx\n", r.device_ms, r.flops / (r.device_ms * 1e9), r.loop_ms / r.device_ms);
+    else
+      std::printf(" %10s %10s %9s\n", "-", "-", "-");
+  }
   return 0;
 }
