@@ -6,10 +6,11 @@
 //   count                    one block per (group, expert), integer counts summed over the block
 //   sort_by_expert           one block per expert walking the assignments in order, a tile of
 //                            blockDim at a time (ballot + scan over the warps: the serial order)
-//   gather_rows, combine     one thread per output element, choices summed in ascending order
+//   gather_rows, combine     one thread per 16 bytes of output (one element when the rows are not
+//                            16-byte multiples), choices summed in ascending order
 //   zero_rows_past           every block sums the device counts, then zeroes the rows past them
-//   combine_backward         d_in zeroed, then one thread per (token, choice, column); the weight
-//                            gradient one thread per (token, choice), columns summed in order
+//   combine_backward         d_in zeroed, then one thread per (token, choice, 16 bytes of columns);
+//                            the weight gradient one warp per (token, choice), a fixed butterfly sum
 //   aux_loss, bias_update    one thread (a few hundred numbers)
 // No atomics: every value is produced in a fixed order (or is an exact integer sum), so two runs give
 // the same bits.
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "../../moe_routing.hpp"
 #include "common.cuh"
@@ -187,68 +189,147 @@ __global__ void moe_zero_rows_past_kernel(const std::int32_t* counts, index_t gr
 template <class T>
 void moe_zero_rows_past(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c, cudaStream_t stream) {
   if (rows * cols <= 0) return;
-  moe_zero_rows_past_kernel<T><<<grid_for(rows * cols, 256), 256, 0, stream>>>(counts, groups, rows, cols, c);
+  // A few blocks per SM: the rows past the counts are usually none, and every block sums the counts.
+  const unsigned blocks = std::min(grid_for(rows * cols, 256), 4u * static_cast<unsigned>(multiprocessor_count()));
+  moe_zero_rows_past_kernel<T><<<blocks, 256, 0, stream>>>(counts, groups, rows, cols, c);
   check_launch("moe_zero_rows_past");
 }
 
+// The row kernels below move W elements per thread: 16 bytes (packed<T>) when the row length and
+// every pointer allow it, else 1. Each element's arithmetic is the same either way (same bits).
 template <class T>
+int row_vector_width(index_t cols, std::initializer_list<const void*> pointers) {
+  if (cols % packed<T>::width != 0) return 1;
+  for (const void* p : pointers)
+    if (p != nullptr && !aligned_16(p)) return 1;
+  return packed<T>::width;
+}
+
+template <class T, int W>
+struct row_chunk {  // W elements of a row, read and written as one vector when W > 1
+  storage_t<T> raw[W];
+  __device__ __forceinline__ static row_chunk load_from(const T* p) {
+    row_chunk out;
+    if constexpr (W == packed<T>::width && W > 1) {
+      const packed<T> v = *reinterpret_cast<const packed<T>*>(p);
+#pragma unroll
+      for (int w = 0; w < W; ++w) out.raw[w] = v.raw[w];
+    } else {
+#pragma unroll
+      for (int w = 0; w < W; ++w) out.raw[w] = reinterpret_cast<const storage_t<T>*>(p)[w];
+    }
+    return out;
+  }
+  __device__ __forceinline__ void store_to(T* p) const {
+    if constexpr (W == packed<T>::width && W > 1) {
+      packed<T> v;
+#pragma unroll
+      for (int w = 0; w < W; ++w) v.raw[w] = raw[w];
+      *reinterpret_cast<packed<T>*>(p) = v;
+    } else {
+#pragma unroll
+      for (int w = 0; w < W; ++w) reinterpret_cast<storage_t<T>*>(p)[w] = raw[w];
+    }
+  }
+};
+
+template <class T, int W>
 __global__ void moe_gather_rows_kernel(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n * cols; i += index_t(gridDim.x) * blockDim.x) {
-    const std::int32_t row = rows[i / cols];
-    store(out, i, row >= 0 ? load(in, static_cast<index_t>(row) * cols + i % cols) : accumulate_t<T>(0));
+  const index_t per_row = cols / W;
+  for (index_t v = blockIdx.x * index_t(blockDim.x) + threadIdx.x; v < n * per_row; v += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = v / per_row, c = (v % per_row) * W;
+    const std::int32_t row = rows[r];
+    row_chunk<T, W> chunk{};
+    if (row >= 0) chunk = row_chunk<T, W>::load_from(in + static_cast<index_t>(row) * cols + c);
+    else
+#pragma unroll
+      for (int w = 0; w < W; ++w) chunk.raw[w] = pack<T>(accumulate_t<T>(0));
+    chunk.store_to(out + r * cols + c);
   }
 }
 template <class T>
 void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out, cudaStream_t stream) {
   if (n * cols <= 0) return;
-  moe_gather_rows_kernel<T><<<grid_for(n * cols), kThreads, 0, stream>>>(in, cols, rows, n, out);
+  if (row_vector_width<T>(cols, {in, out}) > 1) {
+    constexpr int W = packed<T>::width;
+    moe_gather_rows_kernel<T, W><<<grid_for(n * cols / W), kThreads, 0, stream>>>(in, cols, rows, n, out);
+  } else {
+    moe_gather_rows_kernel<T, 1><<<grid_for(n * cols), kThreads, 0, stream>>>(in, cols, rows, n, out);
+  }
   check_launch("moe_gather_rows");
 }
 
-template <class T, class A>
+template <class T, class A, int W>
 __global__ void moe_combine_kernel(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k,
                                    index_t cols, T* out) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < tokens * cols; i += index_t(gridDim.x) * blockDim.x) {
-    const index_t x = i / cols, c = i % cols;
-    A sum = 0;
+  const index_t per_row = cols / W;
+  for (index_t v = blockIdx.x * index_t(blockDim.x) + threadIdx.x; v < tokens * per_row; v += index_t(gridDim.x) * blockDim.x) {
+    const index_t x = v / per_row, c = (v % per_row) * W;
+    A sum[W];
+#pragma unroll
+    for (int w = 0; w < W; ++w) sum[w] = 0;
     for (index_t j = 0; j < k; ++j) {
       const std::int32_t s = slot[x * k + j];
       if (s < 0) continue;
-      const A v = load(in, static_cast<index_t>(s) * cols + c);
-      sum += weights ? weights[x * k + j] * v : v;
+      const auto chunk = row_chunk<T, W>::load_from(in + static_cast<index_t>(s) * cols + c);
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const A value = unpack<T>(chunk.raw[w]);
+        sum[w] += weights ? weights[x * k + j] * value : value;
+      }
     }
-    store(out, i, sum);
+    row_chunk<T, W> result;
+#pragma unroll
+    for (int w = 0; w < W; ++w) result.raw[w] = pack<T>(sum[w]);
+    result.store_to(out + x * cols + c);
   }
 }
 template <class T, class A>
 void moe_combine(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k, index_t cols, T* out,
                  cudaStream_t stream) {
   if (tokens * cols <= 0) return;
-  moe_combine_kernel<T, A><<<grid_for(tokens * cols), kThreads, 0, stream>>>(in, slot, weights, tokens, k, cols, out);
+  if (row_vector_width<T>(cols, {in, out}) > 1) {
+    constexpr int W = packed<T>::width;
+    moe_combine_kernel<T, A, W><<<grid_for(tokens * cols / W), kThreads, 0, stream>>>(in, slot, weights, tokens, k, cols, out);
+  } else {
+    moe_combine_kernel<T, A, 1><<<grid_for(tokens * cols), kThreads, 0, stream>>>(in, slot, weights, tokens, k, cols, out);
+  }
   check_launch("moe_combine");
 }
 
-template <class T, class A>
+template <class T, class A, int W>
 __global__ void moe_combine_backward_input_kernel(const T* dy, const std::int32_t* slot, const A* weights, index_t tokens,
                                                   index_t k, index_t cols, T* d_in) {
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < tokens * k * cols;
-       i += index_t(gridDim.x) * blockDim.x) {
-    const index_t assignment = i / cols, c = i % cols, x = assignment / k;
+  const index_t per_row = cols / W;
+  for (index_t v = blockIdx.x * index_t(blockDim.x) + threadIdx.x; v < tokens * k * per_row;
+       v += index_t(gridDim.x) * blockDim.x) {
+    const index_t assignment = v / per_row, c = (v % per_row) * W, x = assignment / k;
     const std::int32_t s = slot[assignment];
     if (s < 0) continue;
-    const A w = weights ? weights[assignment] : A(1);
-    store(d_in, static_cast<index_t>(s) * cols + c, w * load(dy, x * cols + c));
+    const A weight = weights ? weights[assignment] : A(1);
+    auto chunk = row_chunk<T, W>::load_from(dy + x * cols + c);
+#pragma unroll
+    for (int w = 0; w < W; ++w) chunk.raw[w] = pack<T>(weight * unpack<T>(chunk.raw[w]));
+    chunk.store_to(d_in + static_cast<index_t>(s) * cols + c);
   }
 }
+// One warp per assignment: the lanes take the columns in strides of 32 (coalesced), then a butterfly
+// sum over the lanes, a fixed order (the same bits every run).
 template <class T, class A>
 __global__ void moe_combine_backward_weight_kernel(const T* dy, const T* in, const std::int32_t* slot, index_t tokens,
                                                    index_t k, index_t cols, A* dweights) {
-  for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < tokens * k; a += index_t(gridDim.x) * blockDim.x) {
+  const unsigned lane = threadIdx.x % 32;
+  const index_t warps = index_t(gridDim.x) * (blockDim.x / 32);
+  for (index_t a = blockIdx.x * index_t(blockDim.x / 32) + threadIdx.x / 32; a < tokens * k; a += warps) {
     const std::int32_t s = slot[a];
     A dot = 0;
-    if (s >= 0)
-      for (index_t c = 0; c < cols; ++c) dot += load(dy, (a / k) * cols + c) * load(in, static_cast<index_t>(s) * cols + c);
-    dweights[a] = dot;
+    if (s >= 0) {
+      const T* row_dy = dy + (a / k) * cols;
+      const T* row_in = in + static_cast<index_t>(s) * cols;
+      for (index_t c = lane; c < cols; c += 32) dot += load(row_dy, c) * load(row_in, c);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (lane == 0) dweights[a] = dot;
   }
 }
 template <class T, class A>
@@ -256,13 +337,19 @@ void moe_combine_backward(const T* dy, const T* in, const std::int32_t* slot, co
                           index_t cols, index_t slots, T* d_in, A* dweights, cudaStream_t stream) {
   if (slots * cols > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(d_in, 0, sizeof(T) * slots * cols, stream));
   if (tokens * k * cols > 0) {
-    moe_combine_backward_input_kernel<T, A><<<grid_for(tokens * k * cols), kThreads, 0, stream>>>(dy, slot, weights, tokens,
-                                                                                                    k, cols, d_in);
+    if (row_vector_width<T>(cols, {dy, d_in}) > 1) {
+      constexpr int W = packed<T>::width;
+      moe_combine_backward_input_kernel<T, A, W><<<grid_for(tokens * k * cols / W), kThreads, 0, stream>>>(
+          dy, slot, weights, tokens, k, cols, d_in);
+    } else {
+      moe_combine_backward_input_kernel<T, A, 1><<<grid_for(tokens * k * cols), kThreads, 0, stream>>>(
+          dy, slot, weights, tokens, k, cols, d_in);
+    }
     check_launch("moe_combine_backward");
   }
   if (dweights && tokens * k > 0) {
-    moe_combine_backward_weight_kernel<T, A><<<grid_for(tokens * k, 128), 128, 0, stream>>>(dy, in, slot, tokens, k, cols,
-                                                                                             dweights);
+    moe_combine_backward_weight_kernel<T, A><<<grid_for(tokens * k * 32, 256), 256, 0, stream>>>(dy, in, slot, tokens, k,
+                                                                                                  cols, dweights);
     check_launch("moe_combine_backward");
   }
 }
