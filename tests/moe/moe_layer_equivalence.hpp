@@ -36,10 +36,10 @@ inline MoeMlpConfig layer_config(bool shared, MoeScore score) {
 }
 
 // micro_batches > 0: one rank runs that many micro-batches (the reference); else config's layout.
-template <class T, bool SP, class Act, class Dispatch>
+// P: the policy (its backend), TestPolicy by default.
+template <class T, bool SP, class Act, class Dispatch, class P = strata_test::TestPolicy<T, SP>>
 Snapshot run_moe(const ParallelConfig& config, int micro_batches, bool shared, MoeScore score = MoeScore::softmax) {
-  using P = strata_test::TestPolicy<T, SP>;
-  using Context = ParallelContext<inprocess::communicator>;
+  using Context = context_t<P>;
   Snapshot snapshot;
   std::mutex mutex;
   std::map<int, strata_test::Values> outputs;

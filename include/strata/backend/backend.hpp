@@ -194,6 +194,7 @@ concept moe_of = requires(B& b, const T* ct, T* t, const A* ca, A* a, const std:
   b.template moe_expert_bias_update<A>(ca, n, 1.0, a);
   b.template grouped_gemm<T>(false, true, n, sizes, sizes, sizes, cts, cts, ts, false);
   b.template grouped_gemm<T, A>(true, false, n, sizes, sizes, sizes, cts, cts, as, true);
+  { b.template grouped_gemm_counts_on_device<T>(n, n) } -> std::convertible_to<bool>;
   b.template grouped_gemm_rows<T>(true, n, ci, n, n, n, ct, cts, t);
   b.template grouped_gemm_weights<T, A>(n, ci, n, n, n, ct, ct, as, true);
 };
@@ -241,7 +242,7 @@ constexpr bool check_moe_backend() {
   static_assert(backend_requirements::moe<B>,
                 "The backend is missing a mixture-of-experts entry point: moe_router_forward, moe_router_backward, "
                 "moe_drop, moe_count, moe_sort_by_expert, moe_gather_rows, moe_combine, moe_combine_backward, "
-                "moe_aux_loss, moe_expert_bias_update, grouped_gemm, grouped_gemm_rows or grouped_gemm_weights (backend/cpu/moe.hpp lists their signatures) "
+                "moe_aux_loss, moe_expert_bias_update, grouped_gemm, grouped_gemm_counts_on_device, grouped_gemm_rows or grouped_gemm_weights (backend/cpu/moe.hpp lists their signatures) "
                 "for float, double or bf16.");
   return true;
 }

@@ -346,6 +346,12 @@ struct backend {
                            const T* const* a, const T* const* b, C* const* c, bool accumulate) {
     cpu::grouped_gemm<T, C>(ta, tb, groups, m, n, k, a, b, c, accumulate);
   }
+  // Whether grouped_gemm_rows / grouped_gemm_weights read the counts without waiting (here: always,
+  // they are host memory). The experts read the counts on the host once and call grouped_gemm when not.
+  template <class T>
+  static constexpr bool grouped_gemm_counts_on_device(index_t /*n*/, index_t /*k*/) {
+    return true;
+  }
   template <class T>
   static void grouped_gemm_rows(bool tb, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
                                 const T* a, const T* const* b, T* c) {

@@ -526,6 +526,13 @@ class backend {
   // The experts' grouped GEMMs with the group sizes in device memory (cpu/moe.hpp states them): no
   // wait for the host with bf16 on Hopper and CUTLASS (grouped_gemm_sm90.hpp), else a read of the
   // counts and grouped_gemm.
+  // Whether the two run without reading the counts on the host for these sizes (bf16, multiples of 8,
+  // the Hopper kernel built and on an sm_90 GPU). When not, the experts read the counts once per
+  // layer and call grouped_gemm instead of waiting in every call.
+  template <class T>
+  bool grouped_gemm_counts_on_device(index_t n, index_t k) const {
+    return std::is_same_v<T, bf16> && n % 8 == 0 && k % 8 == 0 && cuda::sm90::grouped_gemm_ready();
+  }
   template <class T>
   void grouped_gemm_rows(bool tb, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
                          const T* a, const T* const* b, T* c) const {

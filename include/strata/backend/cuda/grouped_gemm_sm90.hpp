@@ -34,6 +34,14 @@ namespace cuda::sm90 {
 
 inline constexpr index_t kSm90MaxGroups = 256;
 
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+// Whether the kernels run here: compiled in, the current GPU is sm_90, and STRATA_DISABLE_CUTLASS=1
+// is not set (the switch that measures the fallback in the same build).
+bool grouped_gemm_ready();
+#else
+inline bool grouped_gemm_ready() { return false; }
+#endif
+
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
                        const std::int32_t* counts, index_t n, index_t k, const bf16* a, const bf16* const* b, bf16* c);
 

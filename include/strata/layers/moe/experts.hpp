@@ -49,6 +49,7 @@ class GroupedExperts {
     Tensor<T, Space> pre;                     // [rows, fc1 local]
     Tensor<T, Space> activation;              // [rows, ffn local]
     Tensor<std::int32_t, Space> counts;       // [local experts] rows of each, in the backend's memory
+    std::vector<index_t> host_counts;         // the same on the host, when the backend reads them there
   };
 
   GroupedExperts(const Context& ctx, std::string name, ExpertsConfig c) : config_(c) {
@@ -78,42 +79,47 @@ class GroupedExperts {
   index_t first_expert() const { return first_; }
 
   // x: [rows, hidden], its first counts[0] rows local expert 0's, the next counts[1] expert 1's, ...;
-  // counts (in the backend's memory, never read on the host here) may total fewer than rows: the rest
-  // are outside every group and their outputs are zero.
+  // counts (in the backend's memory) may total fewer than rows: the rest are outside every group and
+  // their outputs are zero. The GEMMs read the counts where they are; a backend whose grouped GEMMs
+  // would read them on the host (grouped_gemm_counts_on_device false: CUDA without the Hopper kernel,
+  // other element types or sizes) gets them read once here, for the forward and the backward.
   std::pair<Tensor<T, Space>, Saved> forward(Context& ctx, const Tensor<T, Space>& x,
                                              const Tensor<std::int32_t, Space>& counts) const {
     const index_t rows = x.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = fc1_.empty() ? 0 : fc1_[0].value.size(0), ffn_local = gated ? fc1_local / 2 : fc1_local;
     if (counts.numel() != local_)
       fail<ShapeError>("GroupedExperts: ", counts.numel(), " token counts for ", local_, " local experts");
-    Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts};
-    ctx.device.template grouped_gemm_rows<T>(true, local_, counts.data(), rows, fc1_local, h, x.data(),
-                                             pointers(fc1_).data(), saved.pre.data());  // (rows, fc1 local)
+    Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts,
+                {}};
+    if (!ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
+        !ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local)) {
+      std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
+      ctx.device.template copy_to_host<std::int32_t>(counts.data(), local_, host.data());
+      saved.host_counts.assign(host.begin(), host.end());
+    }
+    rows_gemm(ctx, saved, true, rows, fc1_local, h, x.data(), pointers(fc1_), saved.pre.data());  // (rows, fc1 local)
     if constexpr (gated) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
     else ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
     auto y = Tensor<T, Space>::empty(Shape{rows, h});
-    ctx.device.template grouped_gemm_rows<T>(true, local_, counts.data(), rows, h, ffn_local, saved.activation.data(),
-                                             pointers(fc2_).data(), y.data());  // (rows, hidden), partial over etp
+    rows_gemm(ctx, saved, true, rows, h, ffn_local, saved.activation.data(), pointers(fc2_),
+              y.data());  // (rows, hidden), partial over etp
     return {std::move(y), std::move(saved)};
   }
 
   Tensor<T, Space> backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy) {
     const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = saved.pre.shape().cols(), ffn_local = saved.activation.shape().cols();
-    const std::int32_t* counts = saved.counts.data();
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
-    ctx.device.template grouped_gemm_rows<T>(false, local_, counts, rows, ffn_local, h, dy.data(), pointers(fc2_).data(),
-                                             dact.data());  // da (rows, ffn local)
-    ctx.device.template grouped_gemm_weights<T, A>(local_, counts, rows, h, ffn_local, dy.data(), saved.activation.data(),
-                                                   gradients(fc2_).data(), true);  // dfc2 (hidden, ffn local)
+    rows_gemm(ctx, saved, false, rows, ffn_local, h, dy.data(), pointers(fc2_), dact.data());  // da (rows, ffn local)
+    weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(),
+                 gradients(fc2_));  // dfc2 (hidden, ffn local)
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
     if constexpr (gated) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
     else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
-    ctx.device.template grouped_gemm_rows<T>(false, local_, counts, rows, h, fc1_local, dpre.data(), pointers(fc1_).data(),
-                                             dx.data());  // dx (rows, hidden), partial over etp
-    ctx.device.template grouped_gemm_weights<T, A>(local_, counts, rows, fc1_local, h, dpre.data(), saved.input.data(),
-                                                   gradients(fc1_).data(), true);  // dfc1 (fc1 local, hidden)
+    rows_gemm(ctx, saved, false, rows, h, fc1_local, dpre.data(), pointers(fc1_), dx.data());  // dx, partial over etp
+    weights_gemm(ctx, saved, rows, fc1_local, h, dpre.data(), saved.input.data(),
+                 gradients(fc1_));  // dfc1 (fc1 local, hidden)
     return dx;
   }
 
@@ -130,6 +136,53 @@ class GroupedExperts {
   }
 
  private:
+  // C[rows, n] = A[rows, k] op(B_l) by the saved row groups (op: transposed when tb): the backend's
+  // device-count GEMM, or with the counts read on the host (then the rows past them are zeroed here).
+  void rows_gemm(Context& ctx, const Saved& s, bool tb, index_t rows, index_t n, index_t k, const T* a,
+                 const std::vector<const T*>& b, T* c) const {
+    if (s.host_counts.empty()) {
+      ctx.device.template grouped_gemm_rows<T>(tb, local_, s.counts.data(), rows, n, k, a, b.data(), c);
+      return;
+    }
+    GemmGroups<T> g(local_);
+    index_t at = 0;
+    for (index_t l = 0; l < local_; ++l) {
+      g.set(l, s.host_counts[l], n, k, a + at * k, b[l], c + at * n);
+      at += s.host_counts[l];
+    }
+    ctx.device.template grouped_gemm<T>(false, tb, local_, g.m.data(), g.n.data(), g.k.data(), g.a.data(), g.b.data(),
+                                        g.c.data(), false);
+    if (rows > at) ctx.device.template fill<T>(c + at * n, (rows - at) * n, 0.0);
+  }
+  // C_l[m, n] += A_l^T B_l over the saved row groups of A [rows, m] and B [rows, n].
+  void weights_gemm(Context& ctx, const Saved& s, index_t rows, index_t m, index_t n, const T* a, const T* b,
+                    const std::vector<A*>& c) const {
+    if (s.host_counts.empty()) {
+      ctx.device.template grouped_gemm_weights<T, A>(local_, s.counts.data(), rows, m, n, a, b, c.data(), true);
+      return;
+    }
+    GemmGroups<A> w(local_);
+    index_t at = 0;
+    for (index_t l = 0; l < local_; ++l) {
+      w.set(l, m, n, s.host_counts[l], a + at * m, b + at * n, c[l]);
+      at += s.host_counts[l];
+    }
+    ctx.device.template grouped_gemm<T, A>(true, false, local_, w.m.data(), w.n.data(), w.k.data(), w.a.data(), w.b.data(),
+                                           w.c.data(), true);
+  }
+
+  // Sizes and pointers of one grouped GEMM (host arrays), for C_g = op(A_g) op(B_g).
+  template <class C>
+  struct GemmGroups {
+    std::vector<index_t> m, n, k;
+    std::vector<const T*> a, b;
+    std::vector<C*> c;
+    explicit GemmGroups(index_t groups) : m(groups), n(groups), k(groups), a(groups), b(groups), c(groups) {}
+    void set(index_t g, index_t m_, index_t n_, index_t k_, const T* a_, const T* b_, C* c_) {
+      m[g] = m_, n[g] = n_, k[g] = k_, a[g] = a_, b[g] = b_, c[g] = c_;
+    }
+  };
+
   static std::vector<const T*> pointers(const std::vector<Param>& ps) {
     std::vector<const T*> out;
     for (const auto& p : ps) out.push_back(p.value.data());

@@ -37,12 +37,13 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 using Problem = typename ProblemShape::UnderlyingProblemShape;
 
 // One grouped kernel: operands of ElementIn with layouts LayoutA / LayoutB, output ElementOut
-// row-major, fp32 accumulation, TileM x TileN x 64 tiles, clusters of 2 along N (the operand shared by
-// a group's row tiles is multicast), the cooperative schedule.
-template <class LayoutA, class LayoutB, class ElementOut, int TileM = 128, int TileN = 256>
+// row-major, fp32 accumulation, 128x256x64 tiles, clusters of 2 along N (the operand shared by a
+// group's row tiles is multicast), the cooperative schedule. (256x128 tiles measured 2% slower in
+// Mixtral's step on an H200, bench/RESULTS.md.)
+template <class LayoutA, class LayoutB, class ElementOut>
 struct Grouped {
   using ElementIn = cutlass::bfloat16_t;
-  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::_64>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
   static constexpr int kAlignIn = 16 / sizeof(ElementIn);
   static constexpr int kAlignOut = 16 / sizeof(ElementOut);
@@ -68,18 +69,6 @@ struct Grouped {
 
 using RowsNT = Grouped<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t>;
 using RowsNN = Grouped<cutlass::layout::RowMajor, cutlass::layout::RowMajor, cutlass::bfloat16_t>;
-using RowsNT256 = Grouped<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t, 256, 128>;
-using RowsNN256 = Grouped<cutlass::layout::RowMajor, cutlass::layout::RowMajor, cutlass::bfloat16_t, 256, 128>;
-
-// STRATA_SM90_ROWS_TILE=256x128 picks the taller tiles for the rows form (measured against the
-// default 128x256 by bench_grouped_gemm).
-bool tall_tiles() {
-  static const bool tall = [] {
-    const char* v = std::getenv("STRATA_SM90_ROWS_TILE");
-    return v != nullptr && std::string(v) == "256x128";
-  }();
-  return tall;
-}
 using Weights = Grouped<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float>;
 
 // What the setup kernel writes for every group (device arrays, one block of memory).
@@ -247,6 +236,8 @@ void run(cudaStream_t stream, device_memory_resource& memory, Setup<G>& setup, f
 
 }  // namespace
 
+bool grouped_gemm_ready() { return on_sm90(); }
+
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
                        const std::int32_t* counts, index_t n, index_t k, const bf16* a, const bf16* const* b, bf16* c) {
   if (groups <= 0 || groups > kSm90MaxGroups || n <= 0 || k <= 0 || n % 8 != 0 || k % 8 != 0) return false;
@@ -264,20 +255,14 @@ bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool
     setup.a = reinterpret_cast<const cutlass::bfloat16_t*>(a);
     setup.c = reinterpret_cast<cutlass::bfloat16_t*>(c);
     setup.stride_a = typename G::StrideA{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
-    if constexpr (std::is_same_v<G, RowsNT> || std::is_same_v<G, RowsNT256>) setup.stride_b = typename G::StrideB{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
+    if constexpr (std::is_same_v<G, RowsNT>) setup.stride_b = typename G::StrideB{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
     else setup.stride_b = typename G::StrideB{cute::_1{}, static_cast<int64_t>(n), cute::_0{}};
     setup.stride_c = typename G::StrideC{static_cast<int64_t>(n), cute::_1{}, cute::_0{}};
     for (index_t g = 0; g < groups; ++g) setup.per_group[g] = b[g];
     run<G>(stream, memory, setup, 0.0f);
   };
-  if (tall_tiles()) {
-    if (transpose_b) launch(RowsNT256{});
-    else launch(RowsNN256{});
-  } else if (transpose_b) {
-    launch(RowsNT{});
-  } else {
-    launch(RowsNN{});
-  }
+  if (transpose_b) launch(RowsNT{});
+  else launch(RowsNN{});
   return true;
 }
 
