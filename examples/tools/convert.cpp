@@ -3,6 +3,7 @@
 //
 //   strata-convert --load ckpt --save ckpt_tp4 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 1
 //   strata-convert --load ckpt --ckpt-step 2000 --save weights --no-load-optim   # parameters only
+//   strata-convert --load ckpt --save ckpt_ep8 --target-expert-parallel-size 8 --target-data-parallel-size 8
 //   strata-convert --load ckpt --save-hf gpt2-hf              # Hugging Face transformers' format
 //
 // The trainers load a checkpoint of any layout directly; converting writes each rank's shards into
@@ -23,7 +24,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"strata-convert: rewrite a strata checkpoint for another parallel layout"};
   std::string load, save, save_hf, ckpt_format = "strata";
-  int ckpt_step = -1, tp = 1, pp = 1, dp = 1;
+  int ckpt_step = -1, tp = 1, pp = 1, dp = 1, ep = 1, etp = 0;
   bool no_load_optim = false, no_load_rng = false, quiet = false;
   app.add_option("--load", load, "checkpoint directory to read")->required();
   app.add_option("--ckpt-step", ckpt_step, "iteration to read (default: the latest)");
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
   app.add_option("--target-tensor-parallel-size", tp, "tensor-parallel size of the result");
   app.add_option("--target-pipeline-parallel-size", pp, "pipeline-parallel size of the result");
   app.add_option("--target-data-parallel-size", dp, "data-parallel size of the result (its files hold the scalars only)");
+  app.add_option("--target-expert-parallel-size", ep, "expert-parallel size of the result (a mixture of experts: expert e on the rank that holds it)");
+  app.add_option("--target-expert-tensor-parallel-size", etp,
+                 "expert-tensor-parallel size of the result (default: --target-tensor-parallel-size, as Megatron)");
   app.add_flag("--no-load-optim", no_load_optim, "leave the optimizer state out (load the result with --no-load-optim or --finetune)");
   app.add_flag("--no-load-rng", no_load_rng, "accepted: strata keeps no generator state (draws are functions of the seed and the iteration)");
   app.add_option("--ckpt-format", ckpt_format, "format of --load and --save: strata (Megatron's torch and torch_dist are not read)");
@@ -43,7 +47,7 @@ int main(int argc, char** argv) {
       strata::fail<strata::ConfigError>("--ckpt-format ", ckpt_format,
                                         ": strata-convert reads and writes strata's sharded format only (--ckpt-format strata)");
     for (auto [flag, value] : {std::pair{"--target-tensor-parallel-size", tp}, std::pair{"--target-pipeline-parallel-size", pp},
-                               std::pair{"--target-data-parallel-size", dp}})
+                               std::pair{"--target-data-parallel-size", dp}, std::pair{"--target-expert-parallel-size", ep}})
       if (value < 1) strata::fail<strata::ConfigError>(flag, "=", value, " is out of range: it must be at least 1");
     if (const std::int64_t ranks = std::int64_t{tp} * pp * dp; ranks > strata::kMaxCheckpointRanks)
       strata::fail<strata::ConfigError>("--target-tensor-parallel-size ", tp, " x --target-pipeline-parallel-size ", pp,
@@ -79,6 +83,9 @@ int main(int argc, char** argv) {
     options.tp = tp;
     options.pp = pp;
     options.dp = dp;
+    options.ep = ep;
+    if (etp < 0) strata::fail<strata::ConfigError>("--target-expert-tensor-parallel-size=", etp, " is out of range: it must be at least 1");
+    options.etp = etp;
     options.optimizer = !no_load_optim;
     if (!quiet)
       options.progress = [&](const strata::ConvertProgress& p) {
@@ -94,9 +101,9 @@ int main(int argc, char** argv) {
       };
     strata::convert_checkpoint(source, save, options);
     if (!quiet)
-      std::printf("strata-convert: iteration %lld of %s written to %s for tp=%d pp=%d dp=%d%s\n",
+      std::printf("strata-convert: iteration %lld of %s written to %s for tp=%d pp=%d dp=%d ep=%d etp=%d%s\n",
                   static_cast<long long>(source.first().get_int("train.iteration")), load.c_str(), save.c_str(), tp, pp, dp,
-                  no_load_optim ? " (parameters only)" : "");
+                  ep, etp > 0 ? etp : tp, no_load_optim ? " (parameters only)" : "");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-convert: error: %s\n", e.what());

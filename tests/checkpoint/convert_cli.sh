@@ -3,7 +3,8 @@
 # converted to tp=4 x pp=1, then resumed from the converted checkpoint; the resumed run starts at
 # the saved iteration; a size the target does not divide is refused; --save-hf exports it to
 # Hugging Face's format, and the trainer starts from that with --load-hf (and exports it again with
-# the source's eos_token_id); flags out of range are refused before anything is read.
+# the source's eos_token_id); flags out of range are refused before anything is read, and an
+# expert-parallel target for a model without experts is refused.
 #   convert_cli.sh <train_gpt> <strata-convert>
 set -euo pipefail
 train=$1
@@ -18,6 +19,7 @@ refused() {  # refused <text the error must hold> <strata-convert arguments...>
 }
 refused "--ckpt-step -7 is negative" --load "$work/none" --save "$work/x" --ckpt-step -7
 refused "--target-data-parallel-size 2147483647" --load "$work/none" --save "$work/x" --target-data-parallel-size 2147483647
+refused "--target-expert-parallel-size=0 is out of range" --load "$work/none" --save "$work/x" --target-expert-parallel-size 0
 common=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --ffn-hidden-size 64 --seq-length 16
         --micro-batch-size 2 --global-batch-size 4 --eval-iters 0 --sample-tokens 0 --lr-warmup-iters 1 --quiet
         --hidden-dropout 0 --attention-dropout 0)
@@ -34,6 +36,10 @@ if "$convert" --load "$work/a" --save "$work/c" --target-tensor-parallel-size 3 
   echo "tp=3 (4 heads) was accepted"; exit 1
 fi
 grep -q "divide" "$work/err" || { echo "the tp=3 error does not say what does not divide:"; cat "$work/err"; exit 1; }
+if "$convert" --load "$work/a" --save "$work/e" --target-expert-parallel-size 2 --target-data-parallel-size 2 2> "$work/err"; then
+  echo "ep=2 was accepted for a model without experts"; exit 1
+fi
+grep -q "holds no experts" "$work/err" || { echo "the ep=2 error does not say the checkpoint holds no experts:"; cat "$work/err"; exit 1; }
 "$convert" --load "$work/a" --save-hf "$work/hf" --quiet
 test -f "$work/hf/config.json" && test -f "$work/hf/model.safetensors" || { echo "--save-hf wrote no model"; exit 1; }
 grep -q GPT2LMHeadModel "$work/hf/config.json" || { echo "config.json does not name GPT2LMHeadModel"; exit 1; }

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <tuple>
 
 #include "trainer/trainer.hpp"
 
@@ -163,6 +164,80 @@ TEST(TrainingMoe, ResumeWithExpertBiasEqualsStraightThrough) {
   ASSERT_EQ(second.losses.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << "iteration " << 4 + i;
   std::filesystem::remove_all(dir);
+}
+
+// strata-convert's path for experts: a checkpoint saved at tp 2 x ep 2 (etp 2, dp 2), converted to
+// tp 1 x ep 4 x dp 4, puts expert e in rank e's file alone, whole, and every dense tensor in rank 0's;
+// converted again to tp 2 x dp 2 x ep 2 x etp 2 (from a source saved whole, at tp 1), splits the
+// dense and the expert tensors in two. Both continue the run as loading the original does.
+TEST(TrainingMoe, ConvertedCheckpointPlacesEachExpertOnItsRank) {
+  const auto root = std::filesystem::temp_directory_path() / "strata_training_moe_convert";
+  std::filesystem::remove_all(root);
+  auto a = tiny_mixtral();
+  a.dtype = "double";
+  a.train_iters = 6;
+  a.eval_iters = 0;
+  a.world_size = 4;
+  a.tensor_model_parallel_size = 2;
+  a.expert_model_parallel_size = 2;
+  auto saving = a;
+  saving.save = (root / "saved").string();
+  saving.save_interval = 3;
+  const auto straight = trainer::train<Mixtral>(saving);
+  std::filesystem::remove_all(root / "saved" / "iter_0000006");
+  {
+    std::ofstream tracker(root / "saved" / "latest_checkpointed_iteration.txt", std::ios::trunc);
+    tracker << 3 << "\n";
+  }
+  strata::ShardedCheckpoint source(root / "saved" / "iter_0000003");
+  strata::convert_checkpoint(source, root / "ep4", strata::ConvertOptions{.tp = 1, .pp = 1, .dp = 4, .ep = 4, .etp = 1, .optimizer = true, .progress = {}});
+  for (int r = 0; r < 4; ++r) {
+    char file[32];
+    std::snprintf(file, sizeof file, "rank_%05d.strata", r);
+    strata::StateReader reader(root / "ep4" / "iter_0000003" / file);
+    for (int e = 0; e < 4; ++e) {
+      const std::string name = "model.layers.1.mlp.experts." + std::to_string(e) + ".fc1.weight";
+      EXPECT_EQ(reader.has_tensor(name), e == r) << name << " in rank " << r;
+      EXPECT_EQ(reader.has_tensor("optimizer.layers.1.mlp.experts." + std::to_string(e) + ".fc2.weight.exp_avg"), e == r);
+      if (e == r) {
+        const auto& record = reader.record(name);
+        EXPECT_EQ(record.local_shape, record.global_shape) << name << " is whole at etp 1";
+      }
+    }
+    EXPECT_EQ(reader.has_tensor("model.layers.0.attention.qkv.weight"), r == 0);
+    EXPECT_EQ(reader.get_int("parallel.ep"), 4);
+  }
+  strata::ShardedCheckpoint ep4(root / "ep4" / "iter_0000003");
+  strata::convert_checkpoint(ep4, root / "etp2", strata::ConvertOptions{.tp = 2, .pp = 1, .dp = 2, .ep = 2, .etp = 2, .optimizer = true, .progress = {}});
+  {
+    // Rank 1: tp rank 1 of dp 0; as an expert rank etp 1 of ep 0 (experts 0 and 1).
+    strata::StateReader reader(root / "etp2" / "iter_0000003" / "rank_00001.strata");
+    const auto& qkv = reader.record("model.layers.0.attention.qkv.weight");
+    EXPECT_EQ(2 * qkv.local_shape[0], qkv.global_shape[0]) << "the dense tensor saved whole is split over tp 2";
+    const auto& fc2 = reader.record("model.layers.1.mlp.experts.1.fc2.weight");
+    EXPECT_EQ(2 * fc2.local_shape[1], fc2.global_shape[1]) << "fc2 is split over etp 2 on its columns";
+    EXPECT_FALSE(reader.has_tensor("model.layers.1.mlp.experts.2.fc1.weight"));
+  }
+  for (auto [target, tp, ep, etp] : {std::tuple{"ep4", 1, 4, 1}, std::tuple{"etp2", 2, 2, 2}}) {
+    auto resumed = a;
+    resumed.tensor_model_parallel_size = tp;
+    resumed.expert_model_parallel_size = ep;
+    resumed.expert_tensor_parallel_size = etp;
+    resumed.load = (root / target).string();
+    const auto second = trainer::train<Mixtral>(resumed);
+    EXPECT_EQ(second.start_iteration, 3) << target;
+    ASSERT_EQ(second.losses.size(), 3u) << target;
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(second.losses[i], straight.losses[3 + i], 1e-9 * std::abs(straight.losses[3 + i])) << target << " iteration " << 4 + i;
+  }
+  auto bad = strata::ConvertOptions{.tp = 1, .pp = 1, .dp = 3, .ep = 3, .etp = 1, .optimizer = true, .progress = {}};
+  try {
+    strata::convert_checkpoint(source, root / "bad", bad);
+    ADD_FAILURE() << "ep 3 of 4 experts was converted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide the checkpoint's 4 experts"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(root);
 }
 
 // The estimate's parameter count of a rank is what the Mixtral model allocates on it, at every

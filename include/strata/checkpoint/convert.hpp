@@ -45,6 +45,7 @@ struct ConvertProgress {
 
 struct ConvertOptions {
   int tp = 1, pp = 1, dp = 1;           // the target layout
+  int ep = 1, etp = 0;                  // its experts' (etp 0: tp, as Megatron's default)
   bool optimizer = true;                // false: parameters only (load with --no-load-optim / --finetune)
   std::function<void(const ConvertProgress&)> progress;  // after each tensor written
 };
@@ -56,6 +57,19 @@ inline int layer_index(std::string_view parameter) {
   constexpr std::string_view prefix = "layers.";
   if (!parameter.starts_with(prefix)) return -1;
   parameter.remove_prefix(prefix.size());
+  int value = 0;
+  std::size_t digits = 0;
+  while (digits < parameter.size() && parameter[digits] >= '0' && parameter[digits] <= '9')
+    value = value * 10 + (parameter[digits++] - '0');
+  return digits == 0 ? -1 : value;
+}
+
+// "layers.<i>.mlp.experts.<e>.rest" -> e (an expert's parameter), else -1.
+inline int expert_index(std::string_view parameter) {
+  constexpr std::string_view marker = ".mlp.experts.";
+  const std::size_t at = parameter.find(marker);
+  if (at == std::string_view::npos || layer_index(parameter) < 0) return -1;
+  parameter.remove_prefix(at + marker.size());
   int value = 0;
   std::size_t digits = 0;
   while (digits < parameter.size() && parameter[digits] >= '0' && parameter[digits] <= '9')
@@ -92,13 +106,23 @@ void with_stored_type(StoredDtype dtype, F&& f) {
 }
 
 // Writes the checkpoint `source` as the same iteration in `target_dir`, laid out for options.tp x
-// options.pp x options.dp. Refuses a target whose sizes do not divide the tensors or the layers.
+// options.pp x options.dp, a mixture of experts' expert weights for options.ep x options.etp: expert
+// e on expert-data-parallel rank 0 of the ep rank that holds it, split over etp. Refuses a target
+// whose sizes do not divide the tensors, the layers or the experts.
 inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem::path& target_dir,
                                const ConvertOptions& options) {
   namespace cd = checkpoint_detail;
   const StateReader& first = source.first();
-  const ParallelConfig target{.tp = options.tp, .pp = options.pp, .dp = options.dp};
+  const ParallelConfig target{.tp = options.tp, .pp = options.pp, .dp = options.dp, .ep = options.ep,
+                              .etp = options.etp > 0 ? options.etp : options.tp};
   raise_if(validate(target));
+  const index_t experts = first.has("model.num_experts") ? first.get_int("model.num_experts") : 0;
+  if (experts > 0 && experts % target.ep != 0)
+    fail<ConfigError>("--target-expert-parallel-size ", target.ep, " does not divide the checkpoint's ", experts,
+                      " experts; each expert-parallel rank holds num_experts / ep whole experts");
+  if (experts == 0 && target.ep > 1)
+    fail<ConfigError>("--target-expert-parallel-size ", target.ep, ": checkpoint ", source.directory(),
+                      " holds no experts (model.num_experts is not recorded)");
   if (target.world_size() > kMaxCheckpointRanks)
     fail<ConfigError>("the target layout tp=", options.tp, " x pp=", options.pp, " x dp=", options.dp, " needs ", target.world_size(),
                       " rank files, more than the ", kMaxCheckpointRanks, " a checkpoint can hold; give smaller target sizes");
@@ -133,7 +157,10 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
     if (saved_padded > 0 && global.rank() >= 1 && global[0] == saved_padded) global = global.with(0, padded);
     return global;
   };
-  // The shards each rank file holds (data-parallel rank 0 of each (tp, pp)), and the progress totals.
+  // The shards each rank file holds (data-parallel rank 0 of each (tp, pp); an expert's on
+  // expert-data-parallel rank 0 of its ep rank, each etp piece), and the progress totals. A tensor
+  // saved with a split dimension is split by the target's size (also when it was saved whole, at a
+  // size of 1), a replicated one goes to the group's rank 0.
   struct Job {
     const ShardedCheckpoint::Entry* entry;
     Shape global;
@@ -143,14 +170,23 @@ inline void convert_checkpoint(ShardedCheckpoint& source, const std::filesystem:
   ConvertProgress progress;
   for (int r = 0; r < ranks.world_size(); ++r) {
     const Coordinates c = ranks.coordinates(r);
-    if (c.dp != 0) continue;
+    const ExpertCoordinates ec = ranks.expert_coordinates(r);
     for (const auto& [name, e] : source.entries()) {
       const std::string parameter = cd::parameter_of(name);
       if (parameter.empty() || (!options.optimizer && name.starts_with("optimizer."))) continue;
       if (stage_for(parameter) != c.pp) continue;
-      const bool sharded = e.shard.sharded && e.shard.parts > 1;
-      if (!sharded && c.tp != 0) continue;
-      const ShardSpec spec = sharded ? ShardSpec::split(e.shard.dim, c.tp, options.tp, e.shard.stacks) : ShardSpec{};
+      const int expert = experts > 0 ? cd::expert_index(parameter) : -1;
+      if (expert >= experts)
+        fail<FileError>("checkpoint ", source.directory(), " holds '", parameter, "' but records ", experts, " experts");
+      int split_rank = c.tp, split_parts = options.tp;
+      if (expert >= 0) {
+        if (ec.edp != 0 || ec.ep != expert / (experts / target.ep)) continue;
+        split_rank = ec.etp, split_parts = target.etp;
+      } else if (c.dp != 0) {
+        continue;
+      }
+      if (!e.shard.sharded && split_rank != 0) continue;
+      const ShardSpec spec = e.shard.sharded ? ShardSpec::split(e.shard.dim, split_rank, split_parts, e.shard.stacks) : ShardSpec{};
       const Shape global = target_global(e);
       (void)local_shape(global, spec);  // a size the new tp does not divide: ConfigError naming the shape
       jobs[static_cast<std::size_t>(r)].push_back(Job{&e, global, spec});

@@ -15,15 +15,17 @@
 //   sorts the gathered tokens of its local experts; combine weighs and sums them per gathered token
 //   and reduce-scatters back (which also sums the partial outputs of the etp ranks).
 // AllToAllDispatcher: sort this rank's tokens by expert; exchange the per-expert counts over ep
-//   first (all_to_all), then the tokens (all_to_all); all-gather over etp; sort the chunks
+//   (all_to_all) and all-gather them over etp on the device, read them on the host once; then the
+//   tokens (all_to_all over ep, all-gather over etp); sort the chunks
 //   (etp source, ep source, local expert) into local-expert order. combine runs it backwards:
 //   unsort, reduce-scatter over etp, all_to_all back, then weigh and sum per token.
 //
 // On one rank of the etp x ep group nothing is read on the host: the counts stay in the backend's
 // memory, the experts' input has the upper bound of T x k rows (the routed ones first, grouped by
 // expert; the rest, what capacity dropped, zero and in no group), and the grouped GEMMs read the counts
-// on the device. Over several ranks the counts are read on the host once per dispatch (the sizes of
-// the collectives, as in Megatron). With padding to capacity every expert receives exactly its
+// on the device. Over several ranks the sizes of the collectives are read on the host, as in
+// Megatron: once per dispatch by the all-to-all dispatcher (its counts exchanged on the device
+// first), twice by the all-gather one (the ranks' token counts, then the experts'). With padding to capacity every expert receives exactly its
 // capacity from every rank (the router's `capacity`), padded with zero rows.
 #pragma once
 
@@ -235,13 +237,33 @@ class AllToAllDispatcher {
     state.weights = weights;
     if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, capacity);
     // Tokens per expert on this rank (every expert gets `capacity` when padding).
-    std::vector<std::int32_t> per_expert(static_cast<std::size_t>(E), static_cast<std::int32_t>(capacity));
-    if (capacity == 0) {
-      auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
-      ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
-      ctx.device.template copy_to_host<std::int32_t>(counts.data(), E, per_expert.data());
+    // The counts, exchanged on the device and read on the host once: this rank's rows per expert [E],
+    // then, for each etp rank q, the rows every ep rank p sends to q's local expert l, in (q, p, l)
+    // order [etp x E] (the all-to-all of the counts over ep, all-gathered over etp). Every expert gets
+    // `capacity` rows when padding.
+    auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
+    if (capacity > 0) ctx.device.template fill<std::int32_t>(counts.data(), E, static_cast<double>(capacity));
+    else ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
+    Tensor<std::int32_t, Space> received = counts;
+    if (ep > 1) {
+      received = Tensor<std::int32_t, Space>::empty(Shape{E});
+      const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
+      ctx.ep.all_to_all(detail::read_only(counts), blocks, received.buffer(), blocks);
     }
-    state.permuted = std::accumulate(per_expert.begin(), per_expert.end(), index_t{0});
+    Tensor<std::int32_t, Space> chunks = received;
+    if (etp > 1) {
+      chunks = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
+      ctx.expert_tp.all_gather(detail::read_only(received), chunks.buffer());
+    }
+    auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
+    ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
+    ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
+    std::vector<std::int32_t> host(static_cast<std::size_t>(E + etp * E));
+    ctx.device.template copy_to_host<std::int32_t>(both.data(), E + etp * E, host.data());  // the one wait
+    const std::int32_t* per_expert = host.data();
+    const std::int32_t* mine = host.data() + E + ctx.expert_tp.rank() * E;  // received by this etp rank
+
+    state.permuted = std::accumulate(per_expert, per_expert + E, index_t{0});
     // Permute by expert (so by destination rank).
     state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
     auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.permuted});
@@ -250,35 +272,16 @@ class AllToAllDispatcher {
     auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
     ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.permuted, permuted.data());
 
-    // The counts first: received[p * local + l] = rows rank p sends to my local expert l (with ep = 1,
-    // this rank's own counts: no exchange and no second read on the host).
-    std::vector<std::int32_t> received(per_expert);
-    if (ep > 1) {
-      auto send = Tensor<std::int32_t, Space>::empty(Shape{E}), recv = Tensor<std::int32_t, Space>::empty(Shape{E});
-      ctx.device.template copy_from_host<std::int32_t>(per_expert.data(), E, send.data());
-      const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
-      ctx.ep.all_to_all(detail::read_only(send), blocks, recv.buffer(), blocks);
-      ctx.device.template copy_to_host<std::int32_t>(recv.data(), E, received.data());
-    }
     state.send_rows.assign(static_cast<std::size_t>(ep), 0);
     state.recv_rows.assign(static_cast<std::size_t>(ep), 0);
     for (int p = 0; p < ep; ++p)
       for (index_t l = 0; l < local_; ++l) {
         state.send_rows[p] += per_expert[p * local_ + l];
-        state.recv_rows[p] += received[p * local_ + l];
+        state.recv_rows[p] += mine[p * local_ + l];
       }
     const Tensor<T, Space> exchanged = exchange(ctx, state, permuted);
 
-    // All-gather over etp: the chunk sizes, then the rows.
-    std::vector<std::int32_t> chunks(received);
-    if (etp > 1) {
-      auto in = Tensor<std::int32_t, Space>::empty(Shape{E}), out = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
-      ctx.device.template copy_from_host<std::int32_t>(received.data(), E, in.data());
-      ctx.expert_tp.all_gather(detail::read_only(in), out.buffer());
-      chunks.resize(static_cast<std::size_t>(etp * E));
-      ctx.device.template copy_to_host<std::int32_t>(out.data(), etp * E, chunks.data());
-    }
-    state.chunk_rows.assign(chunks.begin(), chunks.end());
+    state.chunk_rows.assign(host.begin() + E, host.end());
     state.etp_rows.assign(static_cast<std::size_t>(etp), 0);
     for (int q = 0; q < etp; ++q)
       for (index_t c = 0; c < E; ++c) state.etp_rows[q] += state.chunk_rows[q * E + c];
