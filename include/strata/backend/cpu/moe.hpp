@@ -21,6 +21,9 @@
 //   grouped_gemm_rows     C[rows, n] = A[rows, k] op(B_g) over consecutive groups of counts[g] rows
 //                         (counts in the backend's memory); rows past the counts' total are zero
 //   grouped_gemm_weights  C_g[m, n] (+)= A_g^T B_g over group g's rows of A [rows, m] and B [rows, n]
+//   grouped_gemm_counts_on_device<T>(n, k)  (a backend member, constexpr true here) whether the two
+//                         above read the counts without waiting for the host at these sizes; the
+//                         experts read the counts once per layer and call grouped_gemm when not
 #pragma once
 
 #include <cstdint>
