@@ -163,7 +163,8 @@ inline double logits_error(const std::vector<std::vector<double>>& a, const std:
 class HfReference {
  public:
   HfReference(const std::filesystem::path& dir, strata::hf::Architecture architecture)
-      : files_(dir), architecture_(architecture), config_(strata::hf::read_config(dir).config) {}
+      : files_(dir), architecture_(architecture), config_(strata::hf::read_config(dir).config),
+        sliding_window_(raw_sliding_window(dir / "config.json")) {}
 
   // Logits [position][vocab] of the whole prompt.
   std::vector<std::vector<double>> logits(const std::vector<std::int32_t>& tokens) const {
@@ -224,10 +225,23 @@ class HfReference {
     }
     return y;
   }
+  // config.json's "sliding_window" as transformers reads it (0: none, null or absent), taken from
+  // the file itself rather than from strata's reading of it.
+  static std::size_t raw_sliding_window(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const strata::json::Value root = strata::json::parse(text.str(), "config.json");
+    const strata::json::Value* w = root.find("sliding_window");
+    std::int64_t keys = 0;
+    return w != nullptr && !w->is_null() && w->to_int64(keys) ? static_cast<std::size_t>(keys) : 0;
+  }
   // Causal attention; query head h reads key/value head h / (heads / kv_heads) (repeat_kv).
-  // q [n][heads*d] at columns q_at + h*d, k and v [n][kv_heads*d] at k_at / v_at + g*d.
+  // q [n][heads*d] at columns q_at + h*d, k and v [n][kv_heads*d] at k_at / v_at + g*d. With a
+  // sliding window W (transformers' masking_utils: key u is seen from query t when u > t - W), the
+  // keys before that are masked.
   static Rows attention(const Rows& q, std::size_t q_at, const Rows& k, std::size_t k_at, const Rows& v, std::size_t v_at,
-                        int heads, int kv_heads, int d) {
+                        int heads, int kv_heads, int d, std::size_t window = 0) {
     const std::size_t n = q.size();
     Rows out(n, std::vector<double>(static_cast<std::size_t>(heads * d)));
     for (int h = 0; h < heads; ++h) {
@@ -235,14 +249,16 @@ class HfReference {
       for (std::size_t t = 0; t < n; ++t) {
         std::vector<double> score(t + 1);
         double top = -1e300;
+        std::vector<bool> seen(t + 1);
         for (std::size_t u = 0; u <= t; ++u) {
+          seen[u] = window == 0 || u + window > t;
           double s = 0;
           for (int j = 0; j < d; ++j) s += q[t][q_at + h * d + j] * k[u][k_at + g * d + j];
           score[u] = s / std::sqrt(static_cast<double>(d));
-          top = std::max(top, score[u]);
+          if (seen[u]) top = std::max(top, score[u]);
         }
         double total = 0;
-        for (double& s : score) total += (s = std::exp(s - top));
+        for (std::size_t u = 0; u <= t; ++u) total += (score[u] = seen[u] ? std::exp(score[u] - top) : 0.0);
         for (std::size_t u = 0; u <= t; ++u)
           for (int j = 0; j < d; ++j) out[t][h * d + j] += score[u] / total * v[u][v_at + g * d + j];
       }
@@ -357,7 +373,7 @@ class HfReference {
       }
       rope(q, heads, d);
       rope(k, kv, d);
-      add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d), tensor(p + "self_attn.o_proj.weight")));
+      add(x, linear(attention(q, 0, k, 0, v, 0, heads, kv, d, sliding_window_), tensor(p + "self_attn.o_proj.weight")));
       const Rows m = rms_norm(x, tensor(p + "post_attention_layernorm.weight"), c.norm_epsilon);
       if (architecture_ == strata::hf::Architecture::mixtral) {
         add(x, sparse_moe(m, p + "block_sparse_moe.", "w1", "w3", "w2", true));
@@ -432,6 +448,7 @@ class HfReference {
   strata::SafetensorsDirectory files_;
   strata::hf::Architecture architecture_;
   strata::models::ModelConfig config_;
+  std::size_t sliding_window_ = 0;
 };
 
 }  // namespace strata_test

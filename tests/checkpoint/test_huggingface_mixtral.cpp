@@ -257,7 +257,7 @@ TEST(HuggingFaceImport, MixtralMismatchesAndUnsupportedSettingsAreRefused) {
   const auto config = dir.path() / "config.json";
   const std::string original = strata_test::read_text(config);
   const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
-      {"\"sliding_window\": null", "\"sliding_window\": 4096", "sliding_window = 4096"},
+      {"\"sliding_window\": null", "\"sliding_window\": 4096", "sliding_window (null: -1 here) is 4096"},
       {"\"router_jitter_noise\": 0.0", "\"router_jitter_noise\": 0.01", "router_jitter_noise"},
       {"\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 5", "num_experts_per_tok = 5"},
       {"\"model_type\": \"mixtral\"", "\"model_type\": \"llama\"", "model_type is \"llama\""},

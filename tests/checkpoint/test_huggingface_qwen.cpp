@@ -4,7 +4,8 @@
 // parameter; a transformers-style forward over the exported files (q, k, v biases; an RMSNorm over
 // each head of q and k before RoPE; head_dim != hidden / heads; rope_type "llama3") gives the model's
 // logits in double; export-then-import is bit for bit exact at tp=1, tp=2 and tp=2 x pp=2; what the
-// classes cannot express is refused.
+// classes cannot express is refused. Mistral (MistralForCausalLM) is the Llama model with a sliding
+// window, checked the same ways.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -45,6 +46,13 @@ models::ModelConfig tiny_qwen3() {
   auto c = tiny_llama();
   c.qk_layernorm = true;
   c.kv_channels = 12;  // 4 heads x 12 = 48 != hidden 32
+  return c;
+}
+// Mistral: Llama with a sliding window on every layer; query i sees keys i-3 .. i (transformers'
+// sliding_window 4), shorter than the 7 tokens of the prompt.
+models::ModelConfig tiny_mistral() {
+  auto c = tiny_llama();
+  c.window_size = 3;
   return c;
 }
 models::ModelConfig tiny_llama31() {
@@ -172,7 +180,7 @@ TEST(HuggingFaceQwen, Qwen3ConfigNamesHeadDimAndTheQkNorms) {
 TEST(HuggingFaceQwen, ExportedFilesGiveTheModelsLogitsInAnIndependentForward) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, models::ModelConfig>>{
            {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}, {"qwen3 yarn", tiny_qwen3_yarn()},
-           {"llama yarn mscale", tiny_llama_yarn_mscale()}}) {
+           {"llama yarn mscale", tiny_llama_yarn_mscale()}, {"mistral", tiny_mistral()}}) {
     TempDirectory dir("hf_reference_" + name);
     const auto exported = export_random<double>(c, dir.path());
     const hf::HfConfig config = hf::read_config(dir.path());
@@ -184,7 +192,7 @@ TEST(HuggingFaceQwen, ExportedFilesGiveTheModelsLogitsInAnIndependentForward) {
 TEST(HuggingFaceQwen, RoundTripIsExactAtTp1AndTp2AndTp2Pp2) {
   for (const auto& [name, c] : std::vector<std::pair<std::string, models::ModelConfig>>{
            {"qwen2", tiny_qwen2()}, {"qwen3", tiny_qwen3()}, {"llama3.1", tiny_llama31()}, {"qwen3 yarn", tiny_qwen3_yarn()},
-           {"llama yarn mscale", tiny_llama_yarn_mscale()}}) {
+           {"llama yarn mscale", tiny_llama_yarn_mscale()}, {"mistral", tiny_mistral()}}) {
     TempDirectory dir("hf_round_trip_" + name);
     const auto exported = export_random<float>(c, dir.path());
     const auto tp1 = strata_test::import_model<models::Llama, float>(c, dir.path(), kTokens, 1);
@@ -196,6 +204,53 @@ TEST(HuggingFaceQwen, RoundTripIsExactAtTp1AndTp2AndTp2Pp2) {
     const auto tp2_pp2 = strata_test::import_model<models::Llama, float>(c, dir.path(), kTokens, 2, 2);
     strata_test::expect_same_values(tp2_pp2, exported, c.vocab_size, name + " tp=2 pp=2");
   }
+}
+
+// Mistral: the Llama model with a sliding window is MistralForCausalLM, with transformers' window
+// (which counts the query's own key) in config.json; the window changes the logits of this prompt,
+// so the independent forward above checks it; a window on some layers only, or on Qwen, is refused;
+// a file with another window, or none, is refused for the model, and one with sliding_window null
+// is Llama.
+TEST(HuggingFaceMistral, SlidingWindowIsMistralsAndCountsTheQuerysOwnKey) {
+  EXPECT_EQ(hf::hf_architecture(hf::Architecture::llama, tiny_mistral()), hf::Architecture::mistral);
+  EXPECT_EQ(hf::architecture_class(hf::Architecture::mistral), "MistralForCausalLM");
+  auto some_layers = tiny_mistral();
+  some_layers.window_layers = {1, 0};
+  expect_error<ConfigError>([&] { (void)hf::hf_architecture(hf::Architecture::llama, some_layers); }, {"--window-attn-skip-freq"});
+  auto qwen = tiny_qwen2();
+  qwen.window_size = 3;
+  expect_error<ConfigError>([&] { (void)hf::hf_architecture(hf::Architecture::llama, qwen); }, {"sliding window", "Qwen2"});
+
+  TempDirectory dir("hf_mistral");
+  const auto windowed = export_random<double>(tiny_mistral(), dir.path());
+  const std::string text = strata_test::read_text(dir.path() / "config.json");
+  for (const char* field : {"\"MistralForCausalLM\"", "\"model_type\": \"mistral\"", "\"sliding_window\": 4"})
+    EXPECT_NE(text.find(field), std::string::npos) << field << " in " << text;
+  EXPECT_EQ(text.find("use_sliding_window"), std::string::npos) << text;
+  const hf::HfConfig config = hf::read_config(dir.path());
+  EXPECT_EQ(config.architecture, hf::Architecture::mistral);
+  EXPECT_EQ(config.config.window_size, 3);
+  TempDirectory full("hf_mistral_full");
+  const auto unwindowed = export_random<double>(tiny_llama(), full.path());
+  EXPECT_GT(strata_test::logits_error(windowed.logits, unwindowed.logits), 1e-6) << "the window must change the logits";
+
+  auto load = [&](const models::ModelConfig& m) {
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+      models::Llama<strata_test::TestPolicy<double, false>> model(ctx, m);
+      hf::load_hf(ctx, dir.path(), model);
+    });
+  };
+  load(tiny_mistral());
+  auto other = tiny_mistral();
+  other.window_size = 5;
+  expect_error<ConfigError>([&] { load(other); }, {"sliding_window", "is 4", "window_size + 1=6"});
+  expect_error<ConfigError>([&] { load(tiny_llama()); }, {"sliding_window", "is 4", "window_size + 1=-1"});
+  const auto path = dir.path() / "config.json";
+  strata_test::write_text(path, strata_test::replaced(text, "\"sliding_window\": 4", "\"sliding_window\": null"));
+  load(tiny_llama());  // Mistral without a window is Llama
+  strata_test::write_text(path, strata_test::replaced(text, "\"sliding_window\": 4", "\"sliding_window\": 0"));
+  expect_error<ConfigError>([&] { load(tiny_mistral()); }, {"sliding_window = 0", "at least one key"});
 }
 
 // YaRN's config.json: rope_scaling {"rope_type": "yarn", ...} as transformers reads it, and back.
@@ -265,7 +320,7 @@ TEST(HuggingFaceQwen, ModelsWithoutTheFilesOptionsAreRefusedNamingTheDifference)
   const auto path = dir.path() / "config.json";
   const std::string original = strata_test::read_text(path);
   strata_test::write_text(path, strata_test::replaced(original, "\"use_sliding_window\": false", "\"use_sliding_window\": true"));
-  expect_error<ConfigError>([&] { load(tiny_qwen3()); }, {"use_sliding_window", "sliding-window"});
+  expect_error<ConfigError>([&] { load(tiny_qwen3()); }, {"use_sliding_window", "not mapped"});
   strata_test::write_text(path, original);
   load(tiny_qwen3());
   // A Llama 3.1 file loads into the Llama with the same scaling only.

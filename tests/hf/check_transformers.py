@@ -177,6 +177,12 @@ def hf_cases(transformers, torch):
     if hasattr(transformers, "Qwen3ForCausalLM"):
         qwen3 = make_config(transformers.Qwen3Config, torch, head_dim=24, attention_bias=False, **qwen_fields)
         cases.append(("qwen3 (qk norms, head_dim 24)", "qwen3", transformers.Qwen3ForCausalLM, qwen3, {}))
+    if hasattr(transformers, "MistralForCausalLM"):
+        # Mistral: Llama with a sliding window of 6 keys (the query's own included) on every layer,
+        # shorter than the 16-token prompt.
+        mistral = make_config(transformers.MistralConfig, torch, sliding_window=6, tie_word_embeddings=False,
+                              head_dim=16, **llama_fields)
+        cases.append(("mistral (sliding window 6)", "mistral", transformers.MistralForCausalLM, mistral, {}))
     if hasattr(transformers, "MixtralForCausalLM"):
         # Mixtral at a reduced size: 4 experts of width 48 (intermediate_size is one expert's), top-2,
         # full attention (sliding_window None), no router noise.
@@ -254,9 +260,10 @@ def main():
     # strata -> transformers
     classes = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
                "qwen2": getattr(transformers, "Qwen2ForCausalLM", None), "qwen3": getattr(transformers, "Qwen3ForCausalLM", None),
+               "mistral": getattr(transformers, "MistralForCausalLM", None),
                "mixtral": getattr(transformers, "MixtralForCausalLM", None),
                "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None)}
-    for architecture in ("gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
         if classes[architecture] is None:
             rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
                          f"this transformers ({transformers.__version__}) has no {architecture} model"))
@@ -271,7 +278,7 @@ def main():
             theirs = transformers_logits(model, tokens, torch, np)
             max_abs, relative = compare(ours, theirs, np)
             return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", loading_problems(info)
-        name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "qwen2": "qwen2 (q/k/v biases)",
+        name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "mistral": "mistral (sliding window 6)", "qwen2": "qwen2 (q/k/v biases)",
                 "qwen3": "qwen3 (qk norms, head_dim 24)", "mixtral": "mixtral (4 experts, top-2)",
                 "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)"}[architecture]
         record("strata -> transformers", name, export_case)

@@ -1,17 +1,17 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
 //       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
 //       dense first layer and such experts in the second) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -69,6 +69,7 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
       c.qk_layernorm = true;
       c.kv_channels = 24;
     }
+    if (architecture == hf::Architecture::mistral) c.window_size = 5;  // Mistral: keys i-5 .. i (sliding_window 6 < 16)
     if (architecture == hf::Architecture::mixtral) {  // Mixtral: 4 experts of width 48, top-2, in every layer
       c.moe.num_experts = 4;
       c.moe.topk = 2;
@@ -202,9 +203,9 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
                "(mixtral, qwen3_moe: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }

@@ -142,7 +142,7 @@ namespace hf {
 // the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
 // mixtral is models::MoeLlama (models::Mixtral): the Llama block with a mixture of experts; with
 // qk_layernorm it is qwen3_moe.
-enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe };
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral };
 
 constexpr std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -152,6 +152,7 @@ constexpr std::string_view architecture_name(Architecture a) {
     case Architecture::qwen3: return "qwen3";
     case Architecture::mixtral: return "mixtral";
     case Architecture::qwen3_moe: return "qwen3_moe";
+    case Architecture::mistral: return "mistral";
   }
   return "?";
 }
@@ -163,16 +164,17 @@ constexpr std::string_view architecture_class(Architecture a) {
     case Architecture::qwen3: return "Qwen3ForCausalLM";
     case Architecture::mixtral: return "MixtralForCausalLM";
     case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case Architecture::mistral: return "MistralForCausalLM";
   }
   return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
   for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mixtral,
-                         Architecture::qwen3_moe})
+                         Architecture::qwen3_moe, Architecture::mistral})
     if (name == architecture_name(a)) return a;
   return std::nullopt;
 }
-// Whether the architecture has Llama's attention and norms (llama, qwen2, qwen3, mixtral, qwen3_moe).
+// Whether the architecture has Llama's attention and norms (llama, qwen2, qwen3, mixtral, qwen3_moe, mistral).
 constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
 // Whether the architecture is the mixture-of-experts model (models::MoeLlama).
 constexpr bool moe_family(Architecture a) { return a == Architecture::mixtral || a == Architecture::qwen3_moe; }
@@ -190,6 +192,9 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
   if (c.activation == MlpActivation::squared_relu || c.activation == MlpActivation::quick_geglu || c.activation_clamp != 0 ||
       c.glu_linear_offset != 0)
     refuse("another MLP activation", "the mapped classes use GELU (GPT-2) or SwiGLU (Llama, Qwen)");
+  if (c.window_size >= 0 && !c.window_layers.empty())
+    refuse("a sliding window on some layers (--window-attn-skip-freq)",
+           "Mistral's and Mixtral's sliding_window applies to every layer");
   if (moe_family(a) || c.moe.enabled()) {
     if (!moe_family(a) || !c.moe.enabled())
       refuse(c.moe.enabled() ? "experts (num_experts > 0)" : "no experts (num_experts = 0)",
@@ -207,16 +212,23 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
     if (r.scaling_factor != 1.0) refuse("a routing scaling factor", "Mixtral's and Qwen3-MoE's weights are the probabilities");
     if (r.num_groups > 0) refuse("group-limited routing", "Mixtral and Qwen3-MoE choose among all experts");
     if (c.moe.expert_bias) refuse("an expert bias", "Mixtral's and Qwen3-MoE's routers have no bias");
+    if (qwen && c.window_size >= 0) refuse("a sliding window", "Qwen3-MoE's use_sliding_window is not mapped (Mixtral's is)");
     return qwen ? Architecture::qwen3_moe : Architecture::mixtral;
   }
   if (a == Architecture::gpt2) {
-    if (c.add_qkv_bias || c.qk_layernorm || c.kv_channels != 0)
-      refuse("add_qkv_bias, qk_layernorm or kv_channels", "GPT-2 has all its biases and heads of hidden / heads");
+    if (c.add_qkv_bias || c.qk_layernorm || c.kv_channels != 0 || c.window_size >= 0)
+      refuse("add_qkv_bias, qk_layernorm, kv_channels or a sliding window", "GPT-2 has all its biases, heads of hidden / heads "
+             "and full attention");
     return a;
   }
   if (c.add_qkv_bias && c.qk_layernorm) refuse("both add_qkv_bias and qk_layernorm", "Qwen2 has the first, Qwen3 the second");
+  if (c.window_size >= 0 && (c.add_qkv_bias || c.qk_layernorm))
+    refuse("a sliding window", "Qwen2's and Qwen3's use_sliding_window (with max_window_layers) is not mapped; Mistral is "
+           "Llama with a window on every layer");
   if (c.add_qkv_bias) return Architecture::qwen2;
   if (c.qk_layernorm) return Architecture::qwen3;
+  // Mistral is Llama with a sliding window on every layer; without one the two are the same model.
+  if (c.window_size >= 0 || a == Architecture::mistral) return Architecture::mistral;
   return Architecture::llama;
 }
 
@@ -651,7 +663,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   const auto architecture = parse_architecture(model_type);
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
-                      "\" is not one strata imports (\"gpt2\", \"llama\", \"qwen2\", \"qwen3\", \"mixtral\" or \"qwen3_moe\")");
+                      "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\" or \"qwen3_moe\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -756,7 +768,16 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     if (f.flag("attention_bias", false)) refuse("attention_bias", "true", "strata's Llama family has no output-projection bias");
     if (f.flag("mlp_bias", false)) refuse("mlp_bias", "true", "strata's Llama family has no MLP biases");
     if (f.flag("use_sliding_window", false))
-      refuse("use_sliding_window", "true", "sliding-window attention is not available yet");
+      refuse("use_sliding_window", "true", "Qwen's sliding window (with max_window_layers) is not mapped; Mistral's is");
+    if (*architecture == Architecture::mistral || *architecture == Architecture::mixtral) {
+      // transformers' window counts the query's own key: key j is seen from query i when i - j < sliding_window
+      if (const json::Value* w = f.find("sliding_window"); w && !w->is_null()) {
+        std::int64_t keys = 0;
+        if (!w->to_int64(keys) || keys < 1 || keys > (std::int64_t{1} << 30))
+          refuse("sliding_window", w->text(), "a window of at least one key, or null for full attention");
+        c.window_size = static_cast<int>(keys - 1);
+      }
+    }
     c.add_qkv_bias = *architecture == Architecture::qwen2;
     const bool qwen3_like = *architecture == Architecture::qwen3 || *architecture == Architecture::qwen3_moe;
     c.qk_layernorm = qwen3_like;
@@ -773,8 +794,6 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
         refuse("num_experts_per_tok", std::to_string(c.moe.topk),
                detail::concat("each token goes to between 1 and num_local_experts=", c.moe.num_experts, " experts"));
-      if (f.present("sliding_window"))
-        refuse("sliding_window", f.find("sliding_window")->text(), "strata imports Mixtral with full attention (null)");
       if (const double jitter = f.real("router_jitter_noise", 0.0); jitter != 0)
         refuse("router_jitter_noise", std::to_string(jitter), "strata's router adds no noise to its inputs");
     }
@@ -812,6 +831,8 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
 // naming the field and both values.
 inline void check_config(const HfConfig& file, Architecture architecture, const models::ModelConfig& model) {
   architecture = hf_architecture(architecture, model);
+  if (file.architecture == Architecture::mistral && architecture == Architecture::llama)
+    architecture = Architecture::mistral;  // Mistral without a sliding window is Llama
   if (file.architecture != architecture)
     fail<ConfigError>("config.json ", file.path, ": model_type is \"", architecture_name(file.architecture),
                       "\" but the strata model is ", architecture_name(architecture),
@@ -862,6 +883,8 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
   if (gpt) same_int("n_positions", c.positions(), "max_position_embeddings", model.positions());
   same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
   if (!gpt) {
+    same_int("sliding_window (null: -1 here)", c.window_size < 0 ? -1 : c.window_size + 1, "window_size + 1",
+             model.window_size < 0 ? -1 : model.window_size + 1);
     same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
     same_int("head_dim", c.head_dim(), "kv_channels", model.head_dim());
     same_real("rope_scaling.factor (rope_type llama3)", c.rope_scaling_factor, "rope_scaling_factor", model.rope_scaling_factor);
@@ -966,9 +989,17 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       {"use_cache", boolean(true)},
       {"torch_dtype", torch_dtype},
   };
+  // transformers' sliding_window counts the query's own key (strata's window does not)
+  const std::string sliding_window = c.window_size >= 0 ? number(c.window_size + 1) : std::string("null");
+  if (architecture == Architecture::mistral) {
+    members.insert(members.end() - 3, {"sliding_window", sliding_window});
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp" || m.first == "attention_bias"; }),
+                  members.end());
+  }
   if (architecture == Architecture::mixtral) {  // intermediate_size is one expert's width
     members[4].second = number(c.expert_ffn());
-    members.insert(members.end() - 3, {{"sliding_window", "null"},
+    members.insert(members.end() - 3, {{"sliding_window", sliding_window},
                                        {"num_local_experts", number(c.moe.num_experts)},
                                        {"num_experts_per_tok", number(c.moe.topk)},
                                        {"output_router_logits", boolean(false)},
@@ -995,7 +1026,8 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
                   members.end());
   }
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
-  if (architecture != Architecture::llama && architecture != Architecture::mixtral)  // Qwen: no sliding window (its layers' window fields left at their defaults)
+  if (architecture != Architecture::llama && architecture != Architecture::mixtral &&
+      architecture != Architecture::mistral)  // Qwen: no sliding window (its layers' window fields left at their defaults)
     members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
   if (c.yarn_scaling_factor > 0) {
     // transformers' attention factor: mscale / mscale_all_dim's when both are non-zero (DeepSeek-V3),
