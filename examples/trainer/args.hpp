@@ -1497,6 +1497,15 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>("the architecture flags select ", resolve_architecture(a.architecture, a.model), ", but this run builds ",
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",
                       "pretrain_gpt chooses by the flags)");
+  if (!a.model.moe.enabled() && (!a.load_hf.empty() || !a.save_hf.empty())) {
+    // GPT-2, Llama, Mistral, Qwen2, Qwen3: what none of them can express is refused before training, not at the export
+    try {
+      (void)hf::hf_architecture(a.model_kind == "gpt" ? hf::Architecture::gpt2 : hf::Architecture::llama, a.model);
+    } catch (const ConfigError& e) {
+      fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", ": ", e.what(),
+                        " (save and load strata checkpoints instead: --save, --load)");
+    }
+  }
   if (a.model.moe.enabled()) {
     if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral or Qwen3-MoE: what they cannot express is refused now
       try {

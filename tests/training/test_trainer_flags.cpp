@@ -872,6 +872,15 @@ TEST(MegatronFlags, SlidingWindowFlags) {
   TrainArgs cp = parse_flags("llama", {"--window-size", "8", "--context-parallel-size", "2", "--tensor-model-parallel-size", "1"});
   (void)trainer::resolve_run(cp);
   expect_config_error([&] { trainer::validate(cp); }, {"window_size=8", "context parallelism"});
+  // Hugging Face: a window on every layer is Mistral's; on some layers only it has no class, refused
+  // before training rather than at the export.
+  TrainArgs mistral = parse_flags("llama", {"--num-layers", "4", "--window-size", "(15,0)", "--save-hf", "out"});
+  (void)trainer::resolve_run(mistral);
+  trainer::validate(mistral);
+  TrainArgs alternating = parse_flags("llama", {"--num-layers", "4", "--window-size", "(15,0)", "--window-attn-skip-freq", "2",
+                                                "--save-hf", "out"});
+  (void)trainer::resolve_run(alternating);
+  expect_config_error([&] { trainer::validate(alternating); }, {"--save-hf", "--window-attn-skip-freq", "every layer"});
 }
 
 // Flags harmless in strata are noted; Megatron-FSDP's are refused pointing at the distributed optimizer.
