@@ -1410,9 +1410,6 @@ inline void check_context_parallel_args(const TrainArgs& a) {
     fail<ConfigError>("--sample-tokens ", a.sample_tokens, " with --context-parallel-size ", cp,
                       ": sampling runs whole sequences on one rank; use --sample-tokens 0 and sample from the saved "
                       "checkpoint with --context-parallel-size 1");
-  if (a.model.moe.enabled())
-    fail<ConfigError>("--context-parallel-size ", cp, " with --num-experts: context parallelism with a mixture of "
-                      "experts is not available yet; use --context-parallel-size 1");
 }
 
 // Checks everything that can be checked before a thread starts or a byte is allocated.

@@ -99,13 +99,18 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
     int world, tp, pp, ep, etp;
     bool sp;
     strata::MoeDispatcherType dispatcher;
+    int cp = 1;
   };
   using D = strata::MoeDispatcherType;
   for (Layout l : {Layout{2, 1, 1, 2, 1, false, D::alltoall}, Layout{2, 1, 1, 2, 1, false, D::allgather},
                    Layout{4, 2, 1, 2, 1, true, D::alltoall}, Layout{4, 2, 1, 2, 2, true, D::allgather},
-                   Layout{4, 2, 1, 4, 1, false, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall}}) {
+                   Layout{4, 2, 1, 4, 1, false, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall},
+                   // context parallelism: each sequence's tokens split over cp ranks, routed where they are
+                   Layout{2, 1, 1, 1, 1, false, D::alltoall, 2}, Layout{4, 1, 1, 2, 1, false, D::alltoall, 2},
+                   Layout{4, 2, 1, 2, 2, true, D::allgather, 2}, Layout{4, 1, 2, 2, 1, false, D::alltoall, 2}}) {
     auto a = base;
     a.world_size = l.world;
+    a.context_parallel_size = l.cp;
     a.tensor_model_parallel_size = l.tp;
     a.pipeline.pipeline_model_parallel_size = l.pp;
     a.expert_model_parallel_size = l.ep;
@@ -114,7 +119,8 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
     a.model.moe.token_dispatcher = l.dispatcher;
     const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" +
                              std::to_string(l.pp) + " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp) +
-                             (l.sp ? " sp" : "") + (l.dispatcher == D::allgather ? " allgather" : " alltoall");
+                             (l.sp ? " sp" : "") + (l.dispatcher == D::allgather ? " allgather" : " alltoall") +
+                             (l.cp > 1 ? " cp=" + std::to_string(l.cp) : "");
     const auto run = trainer::train<Mixtral>(a);
     ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
     ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;

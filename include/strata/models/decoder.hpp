@@ -43,8 +43,9 @@
 // still takes the whole [b, s] batch; the model keeps this rank's two chunks of tokens, labels and
 // loss mask (shard/context_parallel.hpp), so everything but attention runs on the local 2c tokens
 // and LossSum is this rank's part (the caller sums it over the cp group, as over dp); pipeline
-// stages exchange the residual stream of the local tokens. Refused so far with a mixture of experts,
-// and in next_token_logits.
+// stages exchange the residual stream of the local tokens. With a mixture of experts each rank routes
+// its local tokens; the routers count tokens over the tp x cp group (the ranks of one sequence), so
+// the losses and their scale are those of whole sequences. Refused in next_token_logits.
 //
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
@@ -139,11 +140,6 @@ class DecoderModel {
                  check_stage(config, stage), config)),
         stage_(stage),
         loss_(config.label_smoothing, config.vocab_size) {
-    if (ctx.cp.size() > 1) {
-      if (mixture_of_experts)
-        fail<ConfigError>("context parallelism (--context-parallel-size ", ctx.cp.size(),
-                          ") with a mixture-of-experts model is not available yet; use --context-parallel-size 1");
-    }
     if (stage.has_embedding || (TiedOutput && stage.has_head)) {
       embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size, config.vocab_size);
       embedding_->weight().pipeline_copy = !stage.has_embedding;
