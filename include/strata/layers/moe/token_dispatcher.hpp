@@ -236,30 +236,30 @@ class AllToAllDispatcher {
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
     if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, capacity);
-    // Tokens per expert on this rank (every expert gets `capacity` when padding).
-    // The counts, exchanged on the device and read on the host once: this rank's rows per expert [E],
-    // then, for each etp rank q, the rows every ep rank p sends to q's local expert l, in (q, p, l)
-    // order [etp x E] (the all-to-all of the counts over ep, all-gathered over etp). Every expert gets
-    // `capacity` rows when padding.
-    auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
-    if (capacity > 0) ctx.device.template fill<std::int32_t>(counts.data(), E, static_cast<double>(capacity));
-    else ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
-    Tensor<std::int32_t, Space> received = counts;
-    if (ep > 1) {
-      received = Tensor<std::int32_t, Space>::empty(Shape{E});
-      const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
-      ctx.ep.all_to_all(detail::read_only(counts), blocks, received.buffer(), blocks);
+    // The counts: this rank's rows per expert [E], then, for each etp rank q, the rows every ep rank p
+    // sends to q's local expert l, in (q, p, l) order [etp x E]. Padded to capacity they are all
+    // `capacity`, known here: a fixed-size exchange with no wait. Otherwise they are counted,
+    // exchanged on the device (all-to-all over ep, all-gather over etp) and read on the host once.
+    std::vector<std::int32_t> host(static_cast<std::size_t>(E + etp * E), static_cast<std::int32_t>(capacity));
+    if (capacity == 0) {
+      auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
+      ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
+      Tensor<std::int32_t, Space> received = counts;
+      if (ep > 1) {
+        received = Tensor<std::int32_t, Space>::empty(Shape{E});
+        const std::vector<std::size_t> blocks(static_cast<std::size_t>(ep), static_cast<std::size_t>(local_));
+        ctx.ep.all_to_all(detail::read_only(counts), blocks, received.buffer(), blocks);
+      }
+      Tensor<std::int32_t, Space> chunks = received;
+      if (etp > 1) {
+        chunks = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
+        ctx.expert_tp.all_gather(detail::read_only(received), chunks.buffer());
+      }
+      auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
+      ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
+      ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
+      ctx.device.template copy_to_host<std::int32_t>(both.data(), E + etp * E, host.data());  // the one wait
     }
-    Tensor<std::int32_t, Space> chunks = received;
-    if (etp > 1) {
-      chunks = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
-      ctx.expert_tp.all_gather(detail::read_only(received), chunks.buffer());
-    }
-    auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
-    ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
-    ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
-    std::vector<std::int32_t> host(static_cast<std::size_t>(E + etp * E));
-    ctx.device.template copy_to_host<std::int32_t>(both.data(), E + etp * E, host.data());  // the one wait
     const std::int32_t* per_expert = host.data();
     const std::int32_t* mine = host.data() + E + ctx.expert_tp.rank() * E;  // received by this etp rank
 
