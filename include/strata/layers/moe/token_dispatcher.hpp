@@ -161,17 +161,6 @@ class AllGatherDispatcher {
     return scatter_back(ctx, state, std::move(all), h);
   }
 
-  // The gathered tokens' rows [N, cols] summed over the etp x ep group and scattered back to their
-  // ranks (on one rank: the rows themselves).
-  template <class X>
-  static Tensor<X, Space> scatter_back(Context& ctx, const State& state, Tensor<X, Space> all, index_t cols) {
-    if (ctx.expert_tp_ep.size() == 1) return all;
-    auto y = Tensor<X, Space>::empty(Shape{state.tokens, cols});
-    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), y.buffer(), detail::times(state.tokens_of_rank, cols),
-                                      ReduceOp::sum);
-    return y;
-  }
-
   std::pair<Tensor<T, Space>, Tensor<A, Space>> combine_backward(Context& ctx, const State& state,
                                                                  const Tensor<T, Space>& dy) const {
     const index_t h = config_.hidden_size, k = config_.topk;
@@ -200,6 +189,17 @@ class AllGatherDispatcher {
   index_t local_experts() const { return local_; }
 
  private:
+  // The gathered tokens' rows [N, cols] summed over the etp x ep group and scattered back to their
+  // ranks (on one rank: the rows themselves).
+  template <class X>
+  static Tensor<X, Space> scatter_back(Context& ctx, const State& state, Tensor<X, Space> all, index_t cols) {
+    if (ctx.expert_tp_ep.size() == 1) return all;
+    auto y = Tensor<X, Space>::empty(Shape{state.tokens, cols});
+    ctx.expert_tp_ep.reduce_scatter_v(detail::read_only(all), y.buffer(), detail::times(state.tokens_of_rank, cols),
+                                      ReduceOp::sum);
+    return y;
+  }
+
   DispatcherConfig config_;
   index_t local_;
 };
