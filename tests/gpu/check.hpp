@@ -127,6 +127,18 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+// A device vector's values on the host, and host values into a device vector (through the backend).
+template <class Device, class T>
+std::vector<T> to_host(Device& device, const device_vector<T>& d) {
+  std::vector<T> out(d.size());
+  device.copy_to_host(d.data(), static_cast<index_t>(d.size()), out.data());
+  return out;
+}
+template <class Device, class T>
+void upload(Device& device, const std::vector<T>& h, device_vector<T>& d) {
+  device.copy_from_host(h.data(), static_cast<index_t>(h.size()), d.data());
+}
+
 inline std::string format(const char* fmt, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, fmt, value);

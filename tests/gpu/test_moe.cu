@@ -27,17 +27,6 @@ using cpu = strata::cpu::backend;
 
 namespace {
 
-template <class T>
-std::vector<T> to_host(backend& device, const device_vector<T>& d) {
-  std::vector<T> out(d.size());
-  device.copy_to_host(d.data(), static_cast<index_t>(d.size()), out.data());
-  return out;
-}
-template <class T>
-void upload(backend& device, const std::vector<T>& h, device_vector<T>& d) {
-  device.copy_from_host(h.data(), static_cast<index_t>(h.size()), d.data());
-}
-
 template <class T, class C = T>
 void check_grouped_gemm(backend& device, suite& results, bool ta, bool tb, bool accumulate) {
   const std::vector<index_t> m = {5, 0, 17, 3}, n = {7, 7, 7, 7}, k = {9, 9, 0, 33};

@@ -25,17 +25,6 @@ using cpu = strata::cpu::backend;
 
 namespace {
 
-template <class T>
-std::vector<T> to_host(backend& device, const device_vector<T>& d) {
-  std::vector<T> out(d.size());
-  device.copy_to_host(d.data(), static_cast<index_t>(d.size()), out.data());
-  return out;
-}
-template <class T>
-void upload(backend& device, const std::vector<T>& h, device_vector<T>& d) {
-  device.copy_from_host(h.data(), static_cast<index_t>(h.size()), d.data());
-}
-
 constexpr bool kCutlass =
 #if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
     true;

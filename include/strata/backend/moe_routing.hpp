@@ -283,5 +283,18 @@ STRATA_HOST_DEVICE bool kept_within_capacity(const std::int32_t* idx, const A* w
   return ahead < capacity;
 }
 
+// The row groups of the experts' device-count grouped GEMMs (grouped_gemm_rows / grouped_gemm_weights
+// on every backend), read on the host: counts[g] >= 0 rows each, at most `rows` in all (a dispatcher
+// may hand more rows than it routes). Returns the total; `who` names the caller in the error.
+inline index_t grouped_rows_total(const char* who, index_t groups, const std::int32_t* counts, index_t rows) {
+  index_t total = 0;
+  for (index_t g = 0; g < groups; ++g) {
+    if (counts[g] < 0) fail<ShapeError>(who, ": group ", g, " has a negative row count ", counts[g]);
+    total += counts[g];
+  }
+  if (total > rows) fail<ShapeError>(who, ": the groups' counts sum to ", total, " rows, more than the ", rows, " given");
+  return total;
+}
+
 }  // namespace moe_math
 STRATA_NAMESPACE_END

@@ -29,7 +29,6 @@
 #include <cstdint>
 
 #include "../../core/dtype.hpp"
-#include "../../core/error.hpp"
 #include "../../core/shape.hpp"
 #include "../moe_routing.hpp"
 #include "gemm.hpp"
@@ -166,25 +165,12 @@ void grouped_gemm(bool transpose_a, bool transpose_b, index_t groups, const inde
   }
 }
 
-// The row groups of grouped_gemm_rows / grouped_gemm_weights: counts[g] >= 0 rows each, at most `rows`
-// in all (the dispatchers may hand more rows than they route: the upper bound of a dispatch whose
-// counts stay in device memory). Returns the total.
-inline index_t grouped_rows_total(const char* who, index_t groups, const std::int32_t* counts, index_t rows) {
-  index_t total = 0;
-  for (index_t g = 0; g < groups; ++g) {
-    if (counts[g] < 0) fail<ShapeError>(who, ": group ", g, " has a negative row count ", counts[g]);
-    total += counts[g];
-  }
-  if (total > rows) fail<ShapeError>(who, ": the groups' counts sum to ", total, " rows, more than the ", rows, " given");
-  return total;
-}
-
 // C[rows, n] = A[rows, k] op(B_g) for the rows of group g (consecutive groups of counts[g] rows, from
 // row 0; B_g [n, k] when transpose_b, else [k, n]); the rows past the counts' total are set to zero.
 template <class T>
 void grouped_gemm_rows(bool transpose_b, index_t groups, const std::int32_t* counts, index_t rows, index_t n, index_t k,
                        const T* a, const T* const* b, T* c) {
-  const index_t total = grouped_rows_total("grouped_gemm_rows", groups, counts, rows);
+  const index_t total = moe_math::grouped_rows_total("grouped_gemm_rows", groups, counts, rows);
   index_t at = 0;
   for (index_t g = 0; g < groups; ++g) {
     const index_t m = counts[g];
@@ -201,7 +187,7 @@ void grouped_gemm_rows(bool transpose_b, index_t groups, const std::int32_t* cou
 template <class T, class C>
 void grouped_gemm_weights(index_t groups, const std::int32_t* counts, index_t rows, index_t m, index_t n, const T* a,
                           const T* b, C* const* c, bool accumulate) {
-  (void)grouped_rows_total("grouped_gemm_weights", groups, counts, rows);
+  (void)moe_math::grouped_rows_total("grouped_gemm_weights", groups, counts, rows);
   index_t at = 0;
   for (index_t g = 0; g < groups; ++g) {
     const index_t r = counts[g];

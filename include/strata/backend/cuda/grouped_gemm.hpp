@@ -63,6 +63,7 @@
 #include "../../core/error.hpp"
 #include "../../core/shape.hpp"
 #include "../../core/space.hpp"
+#include "../moe_routing.hpp"
 #include "allocator.hpp"
 #include "gemm.hpp"
 #include "grouped_gemm_sm90.hpp"
@@ -273,12 +274,7 @@ inline std::vector<std::int32_t> counts_on_host(const char* who, const std::int3
     STRATA_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts, sizeof(std::int32_t) * host.size(), cudaMemcpyDeviceToHost, stream));
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
-  index_t total = 0;
-  for (index_t g = 0; g < groups; ++g) {
-    if (host[g] < 0) fail<ShapeError>(who, ": group ", g, " has a negative row count ", host[g]);
-    total += host[g];
-  }
-  if (total > rows) fail<ShapeError>(who, ": the groups' counts sum to ", total, " rows, more than the ", rows, " given");
+  (void)moe_math::grouped_rows_total(who, groups, host.data(), rows);
   return host;
 }
 
