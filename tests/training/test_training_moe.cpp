@@ -134,6 +134,39 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
   }
 }
 
+// The per-sequence aux loss (DeepSeek-V2's seq_aux_loss) under context parallelism: each sequence's
+// tokens are split over the cp ranks, the per-sequence counts are summed over tp x cp, and the run
+// follows one rank (loss and load-balancing loss, 1e-10 in double), also with ep 2 over cp 2 x dp 2.
+TEST(TrainingMoe, PerSequenceAuxLossUnderContextParallelismFollowsSingleRank) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.moe_router_load_balancing_type = "seq_aux_loss";
+  base.model.moe.load_balancing = strata::MoeLoadBalancing::seq_aux_loss;
+  const auto reference = trainer::train<Mixtral>(base);
+  ASSERT_EQ(reference.load_balancing_losses.size(), 3u);
+  auto whole_batch = base;  // the Switch aux loss over the whole batch: another number, so the per-sequence one ran
+  whole_batch.moe_router_load_balancing_type = "aux_loss";
+  whole_batch.model.moe.load_balancing = strata::MoeLoadBalancing::aux_loss;
+  EXPECT_NE(trainer::train<Mixtral>(whole_batch).load_balancing_losses[0], reference.load_balancing_losses[0]);
+  for (auto [world, ep] : {std::pair{2, 1}, std::pair{4, 2}}) {
+    auto a = base;
+    a.world_size = world;
+    a.context_parallel_size = 2;
+    a.expert_model_parallel_size = ep;
+    const std::string what = "cp=2 world=" + std::to_string(world) + " ep=" + std::to_string(ep);
+    const auto run = trainer::train<Mixtral>(a);
+    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
+    for (std::size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
+      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
+          << what << " iteration " << i + 1;
+    }
+  }
+}
+
 // Aux-loss-free balancing (the expert bias moves every step) and the distributed optimizer over
 // expert data parallelism: 6 straight iterations equal 3, a checkpoint, and 3 more, bit for bit.
 TEST(TrainingMoe, ResumeWithExpertBiasEqualsStraightThrough) {
