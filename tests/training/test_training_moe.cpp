@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -59,6 +60,31 @@ trainer::TrainArgs tiny_mixtral() {
 
 double mean(const std::vector<double>& v, std::size_t begin, std::size_t end) {
   return std::accumulate(v.begin() + begin, v.begin() + end, 0.0) / static_cast<double>(end - begin);
+}
+
+// `run` follows `reference`: the loss, the load-balancing loss and the z-loss of every iteration
+// within 1e-10 relative.
+template <class Result>
+void expect_follows(const Result& run, const Result& reference, const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
+  ASSERT_EQ(run.z_losses.size(), reference.z_losses.size()) << what;
+  for (std::size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
+    EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
+        << what << " iteration " << i + 1;
+    EXPECT_NEAR(run.z_losses[i], reference.z_losses[i], 1e-10 * reference.z_losses[i]) << what << " iteration " << i + 1;
+  }
+}
+
+// Drops the checkpoint of iteration `drop` from `dir` and points the tracker at `keep`, so that a run
+// loading `dir` resumes from iteration `keep`.
+void rewind_checkpoint(const std::filesystem::path& dir, int keep, int drop) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07d", drop);
+  std::filesystem::remove_all(dir / name);
+  std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+  tracker << keep << "\n";
 }
 
 TEST(TrainingMoe, MixtralLossFallsAndRouterLossesAreLogged) {
@@ -121,16 +147,7 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
                              std::to_string(l.pp) + " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp) +
                              (l.sp ? " sp" : "") + (l.dispatcher == D::allgather ? " allgather" : " alltoall") +
                              (l.cp > 1 ? " cp=" + std::to_string(l.cp) : "");
-    const auto run = trainer::train<Mixtral>(a);
-    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
-    ASSERT_EQ(run.z_losses.size(), reference.z_losses.size()) << what;
-    for (std::size_t i = 0; i < run.losses.size(); ++i) {
-      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
-      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
-          << what << " iteration " << i + 1;
-      EXPECT_NEAR(run.z_losses[i], reference.z_losses[i], 1e-10 * reference.z_losses[i]) << what << " iteration " << i + 1;
-    }
+    expect_follows(trainer::train<Mixtral>(a), reference, what);
   }
 }
 
@@ -156,14 +173,7 @@ TEST(TrainingMoe, PerSequenceAuxLossUnderContextParallelismFollowsSingleRank) {
     a.context_parallel_size = 2;
     a.expert_model_parallel_size = ep;
     const std::string what = "cp=2 world=" + std::to_string(world) + " ep=" + std::to_string(ep);
-    const auto run = trainer::train<Mixtral>(a);
-    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
-    for (std::size_t i = 0; i < run.losses.size(); ++i) {
-      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
-      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
-          << what << " iteration " << i + 1;
-    }
+    expect_follows(trainer::train<Mixtral>(a), reference, what);
   }
 }
 
@@ -191,11 +201,7 @@ TEST(TrainingMoe, ResumeWithExpertBiasEqualsStraightThrough) {
   first.save = dir.string();
   first.save_interval = 3;
   ASSERT_EQ(trainer::train<Mixtral>(first).losses, straight.losses);
-  std::filesystem::remove_all(dir / "iter_0000006");
-  {
-    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
-    tracker << 3 << "\n";
-  }
+  rewind_checkpoint(dir, 3, 6);
   auto resumed = a;
   resumed.load = dir.string();
   const auto second = trainer::train<Mixtral>(resumed);
@@ -223,11 +229,7 @@ TEST(TrainingMoe, ConvertedCheckpointPlacesEachExpertOnItsRank) {
   saving.save = (root / "saved").string();
   saving.save_interval = 3;
   const auto straight = trainer::train<Mixtral>(saving);
-  std::filesystem::remove_all(root / "saved" / "iter_0000006");
-  {
-    std::ofstream tracker(root / "saved" / "latest_checkpointed_iteration.txt", std::ios::trunc);
-    tracker << 3 << "\n";
-  }
+  rewind_checkpoint(root / "saved", 3, 6);
   strata::ShardedCheckpoint source(root / "saved" / "iter_0000003");
   strata::convert_checkpoint(source, root / "ep4", strata::ConvertOptions{.tp = 1, .pp = 1, .dp = 4, .ep = 4, .etp = 1, .optimizer = true, .progress = {}});
   for (int r = 0; r < 4; ++r) {
@@ -397,14 +399,7 @@ TEST(TrainingMoe, DenseFirstLayersFollowSingleRankTrajectory) {
     what += " world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
             " ep=" + std::to_string(l.ep) + (l.sp ? " sp" : "") + (l.distributed ? " distributed optimizer" : "");
     const auto run = trainer::train<Mixtral>(a);
-    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-    ASSERT_EQ(run.load_balancing_losses.size(), reference.load_balancing_losses.size()) << what;
-    for (std::size_t i = 0; i < run.losses.size(); ++i) {
-      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
-      EXPECT_NEAR(run.load_balancing_losses[i], reference.load_balancing_losses[i], 1e-10 * reference.load_balancing_losses[i])
-          << what << " iteration " << i + 1;
-      EXPECT_NEAR(run.z_losses[i], reference.z_losses[i], 1e-10 * reference.z_losses[i]) << what << " iteration " << i + 1;
-    }
+    expect_follows(run, reference, what);
     // Megatron's balance: summed over the MoE layers, divided by them; near 1 for a fresh router
     EXPECT_GT(run.load_balancing_losses[0], 0.5) << what;
     EXPECT_LT(run.load_balancing_losses[0], 2.0) << what;
@@ -474,11 +469,7 @@ TEST(TrainingMoe, CheckpointKeepsTheLayerPattern) {
   first.save = dir.string();
   first.save_interval = 2;
   ASSERT_EQ(trainer::train<Mixtral>(first).losses, straight.losses);
-  std::filesystem::remove_all(dir / "iter_0000004");
-  {
-    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
-    tracker << 2 << "\n";
-  }
+  rewind_checkpoint(dir, 2, 4);
   auto resumed = a;
   resumed.load = dir.string();
   const auto second = trainer::train<Mixtral>(resumed);
