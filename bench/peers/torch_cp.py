@@ -24,13 +24,14 @@ import argparse
 import json
 import math
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from peer_timing import time_steps  # bench/peers/peer_timing.py
 
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=16); p.add_argument("--hidden", type=int, default=2048)
@@ -156,14 +157,7 @@ result = {"peer": "pytorch", "torch": torch.__version__, "gpu": torch.cuda.get_d
           "rotate": a.rotate if world > 1 else "-", "compile": a.compile, "layers": L, "hidden": D, "heads": H,
           "groups": G, "ffn": F_, "vocab": V, "seq": T, "batch": B, "params_M": round(n_params / 1e6, 1)}
 try:
-    for _ in range(a.warmup):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / a.steps
+    dt, loss = time_steps(step, a.warmup, a.steps, torch.cuda.synchronize)
     tok_s = B * T / dt
     flops_per_token = 6 * n_matmul + 6 * L * D * T
     result.update({"step_ms": round(dt * 1e3, 1), "tokens_per_s": round(tok_s),

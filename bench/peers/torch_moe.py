@@ -23,6 +23,8 @@ _launch = time.perf_counter()
 import argparse, json, math
 import torch, torch.nn as nn, torch.nn.functional as F
 
+from peer_timing import time_steps  # bench/peers/peer_timing.py
+
 p = argparse.ArgumentParser()
 p.add_argument("--layers", type=int, default=8); p.add_argument("--hidden", type=int, default=1024)
 p.add_argument("--heads", type=int, default=16); p.add_argument("--groups", type=int, default=8)
@@ -173,14 +175,7 @@ def step():
 step()
 torch.cuda.synchronize()
 first_step_s = time.perf_counter() - _launch
-for _ in range(a.warmup):
-    step()
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-for _ in range(a.steps):
-    loss = step()
-torch.cuda.synchronize()
-dt = (time.perf_counter() - t0) / a.steps
+dt, loss = time_steps(step, a.warmup, a.steps, torch.cuda.synchronize)
 tok_s = B * T / dt
 print(json.dumps({
     "peer": "pytorch-moe", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
