@@ -118,9 +118,11 @@ void moe_count(const std::int32_t* routed, index_t n, index_t k, index_t groups,
 // the block walks the assignments in tiles of blockDim, in order, each thread's slot being the
 // expert's next slot plus the matches before it in the tile (a ballot and a scan over the warps),
 // which is the order one thread scanning the assignments would give.
-__global__ inline void moe_sort_by_expert_kernel(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
-                                                 index_t experts, index_t capacity, std::int32_t* slot_of,
-                                                 std::int32_t* token_of_slot) {
+// A template (of nothing) so that the kernel, defined in a header, may be in many translation units.
+template <int = 0>
+__global__ void moe_sort_by_expert_kernel(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
+                                          index_t experts, index_t capacity, std::int32_t* slot_of,
+                                          std::int32_t* token_of_slot) {
   __shared__ long long partial[32];
   __shared__ unsigned warp_matches[32];
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -155,8 +157,9 @@ __global__ inline void moe_sort_by_expert_kernel(const std::int32_t* routed, ind
     }
   }
 }
-__global__ inline void moe_unrouted_kernel(const std::int32_t* routed, index_t n, index_t first_expert, index_t experts,
-                                           std::int32_t* slot_of) {
+template <int = 0>
+__global__ void moe_unrouted_kernel(const std::int32_t* routed, index_t n, index_t first_expert, index_t experts,
+                                    std::int32_t* slot_of) {
   for (index_t a = blockIdx.x * index_t(blockDim.x) + threadIdx.x; a < n; a += index_t(gridDim.x) * blockDim.x)
     if (routed[a] < first_expert || routed[a] >= first_expert + experts) slot_of[a] = -1;
 }
@@ -165,11 +168,11 @@ STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n
                                cudaStream_t stream) {
   if (slots > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(token_of_slot, 0xff, sizeof(std::int32_t) * slots, stream));  // -1
   if (n > 0) {
-    moe_unrouted_kernel<<<grid_for(n), kThreads, 0, stream>>>(routed, n, first_expert, experts, slot_of);
+    moe_unrouted_kernel<><<<grid_for(n), kThreads, 0, stream>>>(routed, n, first_expert, experts, slot_of);
     check_launch("moe_sort_by_expert");
   }
   if (experts <= 0 || n <= 0) return;
-  moe_sort_by_expert_kernel<<<static_cast<unsigned>(std::min<index_t>(experts, 65535)), 256, 0, stream>>>(
+  moe_sort_by_expert_kernel<><<<static_cast<unsigned>(std::min<index_t>(experts, 65535)), 256, 0, stream>>>(
       routed, n, k, first_expert, experts, capacity, slot_of, token_of_slot);
   check_launch("moe_sort_by_expert");
 }
