@@ -81,10 +81,12 @@ namespace detail {
                                     " (docs/PLANNING.md describes the format; bench/calibration/h100_node.json is an example)");
 }
 
+// `where` is a view: a std::string parameter bound to a temporary ("") made GCC 13 warn that the
+// returned reference might dangle (-Wdangling-reference), though it refers into `object`.
 inline const strata::json::Value& member(const strata::json::Value& object, std::string_view key, const std::string& file,
-                                         const std::string& where) {
+                                         std::string_view where) {
   const strata::json::Value* v = object.find(key);
-  if (!v) calibration_error(file, "the field \"" + where + std::string(key) + "\" is missing");
+  if (!v) calibration_error(file, "the field \"" + std::string(where) + std::string(key) + "\" is missing");
   return *v;
 }
 
