@@ -1650,6 +1650,9 @@ inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
   resolve_sliding_window(a);
   ArchitectureArgs& x = a.architecture;
   models::ModelConfig& m = a.model;
+  // The preset's SwiGLU (train_llama, train_mixtral) yields to an activation the command line names;
+  // --swiglu given with another is refused below (resolve_architecture).
+  if (x.swiglu && app.count("--swiglu") == 0 && (x.quick_geglu || x.squared_relu)) x.swiglu = false;
   m.activation = x.squared_relu ? MlpActivation::squared_relu
                  : x.quick_geglu ? MlpActivation::quick_geglu
                  : MlpActivation::preset;

@@ -773,7 +773,14 @@ TEST(MegatronFlags, BuildingBlocksAreRunTimeFieldsOfTheCompiledModels) {
   EXPECT_EQ(oss.model.activation, strata::MlpActivation::quick_geglu);
   EXPECT_EQ(oss.model.activation_clamp, 7.0);
   EXPECT_EQ(oss.model.glu_linear_offset, 1.0);
-  expect_config_error([] { (void)parse_flags("llama", {"--quick-geglu"}); }, {"--swiglu, --quick-geglu", "give one"});
+  // train_llama's SwiGLU is a default of its preset: a named activation takes its place, as gpt-oss's
+  // preset line does; --swiglu given beside it is still two activations.
+  TrainArgs oss_preset = parse_flags("llama", {"--quick-geglu", "--glu-linear-offset", "1.0"});
+  EXPECT_EQ(oss_preset.model_kind, "llama");
+  EXPECT_FALSE(oss_preset.architecture.swiglu);
+  EXPECT_EQ(oss_preset.model.activation, strata::MlpActivation::quick_geglu);
+  EXPECT_EQ(parse_flags("llama", {"--squared-relu"}).model.activation, strata::MlpActivation::squared_relu);
+  expect_config_error([] { (void)parse_flags("llama", {"--swiglu", "--quick-geglu"}); }, {"--swiglu, --quick-geglu", "give one"});
   expect_config_error([] { (void)parse_flags("gpt", {"--activation-func-clamp-value", "7"}); },
                       {"--activation-func-clamp-value", "gated"});
 }
