@@ -15,6 +15,8 @@
 #             and the host compiler) unless STRATA_BUILD_TIMES_CUDA_HEADER_ONLY=1 (nvcc, header-only)
 #   cuda-user strata::cuda_kernels alone (a row of its own), then examples/llama_cuda.cpp in the same
 #             folder: a user's translation unit that trains a Llama on GPUs, host compiler
+#   ci        `bash .ci/run` in the fresh copy (STRATA_CI_SKIP_APT=1): asked for by name only
+#             (STRATA_BUILD_TIMES_WHAT=ci), as it takes about 12 minutes on 2 cores
 #
 # STRATA_BUILD_TIMES_CORES (default: "2" and this machine's count) lists the core counts: each row
 # builds with -j<cores> under `taskset` on the first <cores> CPUs. STRATA_BUILD_TIMES_WHAT picks rows
@@ -104,6 +106,14 @@ for cores in $cores_list; do
         printf '%s\t%s\t%s\t%s\t%s\n' "cuda-kernels (strata::cuda_kernels, once)" "$cores" "$(seconds "$start" "$built")" "-" "$status" >>"$out/rows.tsv"
         start=$built
         [[ $status == ok ]] && { taskset -c "$cpus" cmake --build "$src/build" -j"$cores" --target llama_cuda >>"$log" 2>&1 || status=failed; }
+        built=$(now)
+        first=""
+        ;;
+      ci)
+        # `bash .ci/run` itself, without its apt-get (STRATA_CI_SKIP_APT=1), on <cores> CPUs: the
+        # README's test command (which passes -j2 / -j3 itself), the header checks, the GPU build
+        # where nvcc is found and the benchmarks' build. Not in the default rows (about 12 minutes).
+        (cd "$src" && STRATA_CI_SKIP_APT=1 STRATA_CI_JOBS=$cores taskset -c "$cpus" bash .ci/run) >"$log" 2>&1 || status=failed
         built=$(now)
         first=""
         ;;
