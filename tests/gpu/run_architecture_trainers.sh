@@ -9,7 +9,8 @@
 #      orders, through 20 AdamW steps);
 #   2. bf16, 40 iterations on the GPU: the loss of the last five iterations below that of the first
 #      five (the run trains), and no NaN.
-# Needs train_llama built with the CUDA trainers (-DSTRATA_CUDA_TRAINERS=ON) for float and bf16.
+# Needs train_llama built with the CUDA trainers (-DSTRATA_CUDA_TRAINERS=ON); a check whose element
+# type (float, bf16) was not compiled (STRATA_TRAINER_ELEMENTS) is listed as not run.
 # Prints a table last; logs in <log dir> (default <build>/architecture-logs). Exit status non-zero
 # when a check fails or a run fails.
 set -uo pipefail
@@ -38,19 +39,24 @@ declare -A preset=(
 )
 order=(llama3.1 qwen2 qwen3 mistral gpt-oss)
 
-run() {  # run <name> <flags...>
+run() {  # run <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
   local name=$1
   shift
   rm -f "$logs/$name.jsonl"
   timeout 300 "$llama" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1 && return 0
+  grep -q STRATA_TRAINER_ELEMENTS "$logs/$name.log" && return 2
   echo "$name: FAILED: $(tail -n 2 "$logs/$name.log" | tr '\n' ' ')"
   return 1
 }
 
 for name in "${order[@]}"; do
   read -r -a flags <<<"${preset[$name]}"
-  if run "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}" &&
-     run "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; then
+  run "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"
+  result=$?
+  [[ $result == 0 ]] && { run "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; result=$?; }
+  if [[ $result == 2 ]]; then
+    line="not run: train_llama was built without float (STRATA_TRAINER_ELEMENTS)"
+  elif [[ $result == 0 ]]; then
     line=$(python3 - "$logs/$name-cuda-fp32.jsonl" "$logs/$name-cpu-fp32.jsonl" <<'EOF'
 import json, math, sys
 a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
@@ -75,7 +81,11 @@ EOF
   echo "$name fp32 GPU = CPU: $line"
   rows+=("| $name | fp32, GPU against CPU threads | ${line%%:*} | ${line#*: } |")
 
-  if run "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"; then
+  run "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"
+  result=$?
+  if [[ $result == 2 ]]; then
+    line="not run: train_llama was built without bf16 (STRATA_TRAINER_ELEMENTS)"
+  elif [[ $result == 0 ]]; then
     line=$(python3 - "$logs/$name-cuda-bf16.jsonl" <<'EOF'
 import json, math, sys
 a = [json.loads(l)['loss'] for l in open(sys.argv[1]) if '"loss"' in l]

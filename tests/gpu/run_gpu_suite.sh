@@ -70,6 +70,11 @@ fi
 if [[ -x $build/examples/train_mixtral && -x $build/examples/train_llama ]]; then
   run "moe_gpus" bash "$(dirname "$0")/run_moe_gpus.sh" "$build" "$logs/moe"
 fi
+# The architecture presets of docs/MEGATRON.md through train_llama: fp32 on the GPU against CPU
+# threads, and bf16 training (run_architecture_trainers.sh), when the trainers were built.
+if [[ -x $build/examples/train_llama ]]; then
+  run "architecture_trainers" bash "$(dirname "$0")/run_architecture_trainers.sh" "$build" "$logs/architecture"
+fi
 
 sanitizer=$(command -v compute-sanitizer || true)
 for candidate in ${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer} /usr/local/cuda/bin/compute-sanitizer; do
