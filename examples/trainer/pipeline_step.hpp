@@ -99,8 +99,9 @@ inline void check_pipeline_args(const PipelineArgs& p, const strata::models::Mod
                                       pp, " pass --sample-tokens 0");
 }
 
-// What each pipeline rank holds of the model (its chunks' layers and ends) and its schedule's peak
-// of micro-batch chunks in flight (pipeline::claimed_peak_in_flight), for the memory plan.
+// What each pipeline rank holds of the model (its chunks' layers and ends), its schedule's peak of
+// micro-batch chunks in flight (pipeline::claimed_peak_in_flight) and, under zero-bubble, the
+// micro-batch whose weight gradients wait, for the memory plan.
 inline std::vector<strata::models::PipelineRankHolding> pipeline_holdings(const PipelineArgs& p, const strata::models::ModelConfig& m,
                                                                           int micro_steps) {
   const int pp = p.pipeline_model_parallel_size, v = virtual_stages_of(p, m);
@@ -109,6 +110,9 @@ inline std::vector<strata::models::PipelineRankHolding> pipeline_holdings(const 
   for (int r = 0; r < pp; ++r) {
     auto& rank = out[static_cast<std::size_t>(r)];
     rank.peak_in_flight = strata::pipeline::claimed_peak_in_flight(shape, r);
+    // Zero-bubble: the micro-batch between its input half (Bi) and its weight half (W) holds its
+    // linear layers' output gradients besides its activations.
+    if (shape.kind == strata::pipeline::ScheduleKind::zero_bubble) rank.deferred_weight_gradients = 1;
     for (int c = 0; c < v; ++c) {
       const auto stage = strata::pipeline::stage_layers_of(m.num_layers, pp, v, r, c, p.decoder_first_pipeline_num_layers,
                                                            p.decoder_last_pipeline_num_layers);

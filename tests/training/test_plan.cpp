@@ -314,12 +314,10 @@ TEST(Plan, PredictionsMatchTheRunsOfBenchResults) {
   }
 }
 
-// Zero-bubble: step time within 15%, but the memory estimate (plan_memory's, which the plan must
-// equal) counts 1F1B's peak of micro-batches in flight and not the inputs and output gradients the
-// deferred weight gradients hold, so it falls short of the measured peak by 5-11% (tp=1 pp=2:
-// 36.8 against 38.75 GiB; tp=2 pp=2: 18.4 against 20.45 GiB). This asserts that shortfall, not a
-// 5% agreement.
-TEST(Plan, ZeroBubbleMemoryFallsShortOfTheMeasuredByTheDeferredWeightGradients) {
+// Zero-bubble: step time within 15%, and memory within 5% now that the estimate counts the output
+// gradients of every linear layer the micro-batch between its input half and its weight half holds
+// (without them it fell 5-10% short: tp=1 pp=2 36.8 against 38.75 GiB, tp=2 pp=2 18.4 against 20.45).
+TEST(Plan, ZeroBubbleMemoryCountsTheDeferredWeightGradients) {
   std::vector<Measured> runs;
   for (const Measured& run : measured_runs())
     if (is(run, "zero-bubble")) runs.push_back(run);
@@ -328,9 +326,27 @@ TEST(Plan, ZeroBubbleMemoryFallsShortOfTheMeasuredByTheDeferredWeightGradients) 
   ASSERT_EQ(rows.size(), 2u);
   for (const Comparison& c : rows) {
     EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name;
-    EXPECT_LT(c.memory_error(), -0.04) << c.run->name;
-    EXPECT_GT(c.memory_error(), -0.12) << c.run->name;
+    EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name;
   }
+}
+
+// The deferred output gradients, by hand for the 3B Llama's stage of 14 layers (h 3072, 24 heads in
+// 8 groups of d 128, SwiGLU 8192, seq 4096, micro-batch 1, bf16): per layer and token (24 + 16) x 128
+// / tp + 3072 + 2 x 8192 / tp + 3072, under zero-bubble only.
+TEST(Plan, DeferredWeightGradientBytesByHand) {
+  const trainer::TrainArgs a = trainer::parse_flags("gpt", llama3b(16));
+  const strata::models::ModelPiece stage{14, true, false};
+  for (int tp : {1, 2}) {
+    const std::int64_t per_token = (24 + 16) * 128 / tp + 3072 + 2 * 8192 / tp + 3072;
+    EXPECT_EQ(strata::models::deferred_weight_gradient_bytes(a.model, strata::models::DecoderShape::llama(), tp, 1, {2, 4}, stage),
+              per_token * 14 * 4096 * 2);
+  }
+  plan::Layout zb = layout(1, 2, 1, 1, "zero-bubble"), one_f_one_b = layout(1, 2, 1, 1);
+  const plan::Cluster two{2, 1, 141};
+  trainer::TrainArgs with_zb = plan::args_of(a, two, zb), with_1f1b = plan::args_of(a, two, one_f_one_b);
+  const trainer::MemoryPlan zb_plan = trainer::plan_memory<strata::bf16>(with_zb), plain = trainer::plan_memory<strata::bf16>(with_1f1b);
+  EXPECT_EQ(zb_plan.stage_estimates[0].activation_bytes - plain.stage_estimates[0].activation_bytes,
+            std::int64_t{(24 + 16) * 128 + 3072 + 2 * 8192 + 3072} * 14 * 4096 * 2);
 }
 
 // The Mixtral-shaped run on one H100: the calibration's host time per MoE layer (3.5 ms) comes from
@@ -354,9 +370,9 @@ TEST(Plan, MixtureOfExpertsStepTimeWithin15PercentAndMemoryOverestimatedBy7Perce
 // Llama 3 8B (seq 8192, global batch 16, micro-batch 1) on 4 H200 (bench/RESULTS.md, 2026-11-27),
 // predicted from the calibration strata-plan --calibrate measured on an H200: step time within 15%
 // for every layout (worst: tp=4 predicted 11.5% slow). Memory within 5% for dp=4, tp=2 x dp=2,
-// tp=2 x cp=2 and 1F1B; short by 5-8% for zero-bubble (the deferred weight gradients' inputs, as
-// above), interleaved (its first stage holds more micro-batches in flight than 1F1B's count) and
-// tp=4 (3.2 GiB short; not explained yet): those assert the shortfall, not a 5% agreement.
+// tp=2 x cp=2, 1F1B and zero-bubble (with the deferred weight gradients, as above); short by 5-8%
+// for interleaved (its first stage holds more micro-batches in flight than 1F1B's count) and tp=4
+// (3.2 GiB short; not explained yet): those assert the shortfall, not a 5% agreement.
 std::vector<std::string> llama3_8b() {
   return {"--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8",
           "--ffn-hidden-size", "14336", "--seq-length", "8192", "--global-batch-size", "16", "--vocab-size", "128256",
@@ -384,7 +400,7 @@ TEST(Plan, Llama8BOnFourGpusStepTimeWithin15PercentAndMemoryWithin5PercentOrKnow
   ASSERT_EQ(rows.size(), 7u);
   for (const Comparison& c : rows) {
     EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name;
-    if (is(*c.run, "interleaved") || is(*c.run, "zero-bubble") || is(*c.run, "tp=4")) {
+    if (is(*c.run, "interleaved") || is(*c.run, "tp=4")) {
       EXPECT_LT(c.memory_error(), -0.04) << c.run->name;
       EXPECT_GT(c.memory_error(), -0.12) << c.run->name;
     } else {

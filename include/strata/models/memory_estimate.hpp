@@ -44,7 +44,13 @@
 // tied output layer, a copy of the word embedding there). estimate_pipeline_rank_memory sums its
 // chunks' parameters and counts the activations of the micro-batch chunks its schedule keeps in
 // flight at its peak (pipeline::claimed_peak_in_flight), each as large as its largest chunk's; the
-// distributed optimizer divides the optimizer state by dp.
+// distributed optimizer divides the optimizer state by dp. A schedule that splits the backward
+// (zero-bubble) also holds, for the micro-batch chunk between its input half and its weight half,
+// the output gradient of every linear layer whose weight gradient waits
+// (deferred_weight_gradient_bytes: per layer and token, the qkv projection's (heads + 2 groups) d / tp
+// and the fc1's (2 w / tp gated, else w / tp), and h for each row-parallel one, the output projection
+// and fc2, whose gradient is whole on the sequence even under sequence parallelism; a MoE layer's
+// experts take their weight gradients at once, its shared experts defer theirs).
 //
 // Under context parallelism the activations are those of the rank's local tokens (the caller
 // passes seq_length / cp), and context_parallel_attention_bytes adds the transient buffers of one
@@ -215,6 +221,23 @@ inline std::int64_t moe_layer_activation_bytes(const ModelConfig& m, int tp, std
   return out;
 }
 
+// The output gradients a split backward holds for one micro-batch chunk of `piece` between its
+// input half and its weight half (see the top).
+inline std::int64_t deferred_weight_gradient_bytes(const ModelConfig& m, DecoderShape shape, int tp, std::int64_t micro_batch_size,
+                                                   ElementBytes bytes, ModelPiece piece) {
+  const char* what = "deferred weight gradient memory";
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads;
+  const std::int64_t groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
+  const std::int64_t attention = checked_add(checked_product(what, heads + 2 * groups, h / heads) / tp, h, what);
+  auto mlp = [&](std::int64_t w) { return checked_add(checked_mul(shape.gated_mlp ? 2 : 1, w, what) / tp, h, what); };
+  const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
+  std::int64_t per_token = checked_mul(attention, piece.layer_count(m), what);
+  per_token = checked_add(per_token, checked_mul(mlp(m.ffn()), dense_layers, what), what);
+  if (moe_layers > 0 && m.moe.shared_expert_ffn_hidden_size > 0)
+    per_token = checked_add(per_token, checked_mul(mlp(m.moe.shared_expert_ffn_hidden_size), moe_layers, what), what);
+  return checked_product(what, per_token, m.seq_length, micro_batch_size, bytes.value);
+}
+
 // The activations `piece` keeps for one micro-batch (see the top), and the transient logits block
 // of the fused output layer (or the unfused logits), which a rank holds for one micro-batch at a time.
 struct PieceActivations {
@@ -288,25 +311,30 @@ inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShap
 struct PipelineRankHolding {
   std::vector<ModelPiece> chunks;
   std::int64_t peak_in_flight = 1;
+  std::int64_t deferred_weight_gradients = 0;  // micro-batch chunks between their input and weight halves (zero-bubble: 1)
 };
 
 // The estimate for one pipeline rank: the parameters of all its chunks; the activations of
 // peak_in_flight micro-batch chunks, each counted as the largest of its chunks keeps, plus one
-// logits block; optimizer state over `optimizer_shards` ranks.
+// logits block, plus the output gradients of deferred_weight_gradients chunks (the largest); the
+// optimizer state over `optimizer_shards` ranks.
 inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
                                                     std::int64_t micro_batch_size, ElementBytes bytes,
                                                     std::int64_t classifier_block_bytes, const PipelineRankHolding& rank,
                                                     std::int64_t optimizer_shards = 1) {
   const char* what = "pipeline rank memory";
-  std::int64_t parameters = 0, largest_kept = 0, transient = 0;
+  std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0;
   for (const ModelPiece& piece : rank.chunks) {
     parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
     const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece);
     largest_kept = std::max(largest_kept, act.kept);
     transient = std::max(transient, act.transient);
+    if (rank.deferred_weight_gradients > 0)
+      largest_deferred = std::max(largest_deferred, deferred_weight_gradient_bytes(m, shape, tp, micro_batch_size, bytes, piece));
   }
   MemoryEstimate e = state_estimate(parameters, bytes, optimizer_shards);
   e.activation_bytes = checked_add(checked_mul(largest_kept, std::max<std::int64_t>(1, rank.peak_in_flight), what), transient, what);
+  e.activation_bytes = checked_add(e.activation_bytes, checked_mul(largest_deferred, rank.deferred_weight_gradients, what), what);
   return e;
 }
 
