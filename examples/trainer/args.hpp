@@ -852,6 +852,11 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--window-attn-skip-freq", a.window_attn_skip_freq,
                  "which layers keep full attention: N (every N-th layer), or a list of 1 (window) / 0 (full) per layer "
                  "such as \"[1,1,1,0]*6\" (default: every layer has the window)");
+  app.add_option("--mtp-num-layers", a.model.mtp_num_layers,
+                 "multi-token prediction depths after the head, each predicting one token further (DeepSeek-V3: 1; "
+                 "default 0: none; a RoPE model without experts, one pipeline stage, no context parallelism, so far)");
+  app.add_option("--mtp-loss-scaling-factor", a.model.mtp_loss_scaling_factor,
+                 "weight of the depths' mean loss in the objective (default 0.1)");
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
   app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
   app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
@@ -1490,6 +1495,18 @@ inline void validate(const TrainArgs& a) {
   if (!a.save_hf.empty() && a.pipeline.pipeline_model_parallel_size > 1 && a.save.empty())
     fail<ConfigError>("--save-hf with --pipeline-model-parallel-size ", a.pipeline.pipeline_model_parallel_size,
                       " needs --save <directory>: the export reads the final checkpoint, which holds every stage");
+  if (a.model.mtp_num_layers > 0 && (!a.load_hf.empty() || !a.save_hf.empty()))
+    fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --mtp-num-layers ", a.model.mtp_num_layers,
+                      ": the Hugging Face classes strata maps (Llama, Qwen, Mistral) hold no multi-token prediction layers; "
+                      "train without --mtp-num-layers to exchange weights with them");
+  if (a.model.mtp_num_layers > 0 && a.pipeline.pipeline_model_parallel_size > 1)
+    fail<ConfigError>("--mtp-num-layers ", a.model.mtp_num_layers, " with --pipeline-model-parallel-size ",
+                      a.pipeline.pipeline_model_parallel_size, " is not available yet: the depths run after the head and "
+                      "read the word embedding, which only the first stage holds; train with one pipeline stage");
+  if (a.model.mtp_num_layers > 0 && a.model_kind != "llama")
+    fail<ConfigError>("--mtp-num-layers ", a.model.mtp_num_layers, " is built for the Llama set (RoPE, no experts) so far; ",
+                      a.model_kind == "gpt" ? "GPT-2's learned positions" : "the experts of --num-experts",
+                      " would need their own rule for the depths' shifted tokens");
   if (a.model_kind != resolve_architecture(a.architecture, a.model))
     fail<ConfigError>("the architecture flags select ", resolve_architecture(a.architecture, a.model), ", but this run builds ",
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",

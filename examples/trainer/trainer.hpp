@@ -107,6 +107,9 @@ struct TrainResult {
   // Mixture of experts: per iteration, the load-balancing and z losses as logged (router_log_of;
   // empty when that loss is off).
   std::vector<double> load_balancing_losses, z_losses;
+  // Multi-token prediction: per iteration, each depth's mean loss over its tokens (depth-major runs
+  // of --mtp-num-layers values), as logged.
+  std::vector<double> mtp_losses;
   // pp > 1: per pipeline rank (of tensor- and data-parallel rank 0), the mean time of the schedule's
   // actions and of the whole schedule per step, over the steps after the first (pipeline_timing.hpp),
   // and the bubble the schedule table predicts (its unit-cost model).
@@ -695,6 +698,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // Mixture of experts: per iteration the routers' [aux, z] losses summed over every rank, layer and
   // micro-batch (slots 2 (it - start) and +1), read with the loss.
   auto router_history = Tensor<double, Space>::zeros(Shape{moe ? 2 * slots : 1});
+  // Multi-token prediction: per iteration each depth's loss sum, then its tokens, summed over the
+  // data-parallel ranks (2 D values per slot), read with the loss.
+  const index_t mtp_depths = a.model.mtp_num_layers;
+  auto mtp_history = Tensor<double, Space>::zeros(Shape{std::max<index_t>(1, 2 * mtp_depths * slots)});
   std::vector<int> micro_batches_of(static_cast<std::size_t>(slots), 0);  // per iteration, every data-parallel rank's
   // The NaN check's running sum of every iteration's loss sum and gradient norm: finite exactly
   // while every one of them was. The optimizer skips its update when it is not (read by the
@@ -768,6 +775,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const auto ready = optimizer.gradient_ready(ctx);
     const auto needed = optimizer.parameters_needed(ctx);
     if constexpr (moe) model.reset_router_losses(ctx);
+    if (mtp_depths > 0) model.reset_mtp_losses(ctx);
     micro_batches_of[static_cast<std::size_t>(slot)] = iteration_micro_steps * dp;
     if (pipeline_timer) pipeline_timer->begin_step();
     pipeline_micro_batches(ctx, model, schedule_kind_of(a.pipeline), batches, dropout_keys, optimizer.loss_scale() / tokens,
@@ -782,6 +790,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx.tp_cp_dp.all_reduce(router.buffer(), ReduceOp::sum);
       if (pp > 1) ctx.pp.all_reduce(router.buffer(), ReduceOp::sum);
       ctx.device.template copy<double>(router.data(), 2, router_history.data() + 2 * slot);
+    }
+    if (mtp_depths > 0) {  // the depths' sums and tokens of every data-parallel rank
+      auto mtp = model.mtp_losses(ctx);
+      ctx.dp_cp.all_reduce(mtp.buffer(), ReduceOp::sum);
+      ctx.device.template copy<double>(mtp.data(), 2 * mtp_depths, mtp_history.data() + 2 * mtp_depths * slot);
     }
     ctx.dp_cp.all_reduce(loss_sum.buffer(), ReduceOp::sum);  // each cp rank holds its tokens' part
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
@@ -913,6 +926,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx.device.template copy_to_host<double>(norm_history.data() + first, count, norms.data());
       std::vector<double> routers(moe ? static_cast<std::size_t>(2 * count) : 0);
       if (moe) ctx.device.template copy_to_host<double>(router_history.data() + 2 * first, 2 * count, routers.data());
+      std::vector<double> mtp(static_cast<std::size_t>(2 * mtp_depths * count));
+      if (mtp_depths > 0) ctx.device.template copy_to_host<double>(mtp_history.data() + 2 * mtp_depths * first, 2 * mtp_depths * count, mtp.data());
       const auto t1 = std::chrono::steady_clock::now();
       const double step_s = std::chrono::duration<double>(t1 - t_interval).count() / static_cast<double>(count);
       const double elapsed = std::chrono::duration<double>(t1 - t_begin).count();
@@ -925,10 +940,19 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       const std::string memory = peak >= 0 ? " | peak mem " + models::format_bytes(peak) : std::string();
       double loss = 0, grad_norm = 0;
       RouterLog router_log;
+      std::vector<double> mtp_log(static_cast<std::size_t>(mtp_depths));  // each depth's mean loss
       for (index_t k = 0; k < count; ++k) {
         const std::size_t i = static_cast<std::size_t>(first + k), j = static_cast<std::size_t>(k);
         loss = sums[j] / loss_tokens[i];
         grad_norm = norms[j];
+        for (index_t d = 0; d < mtp_depths; ++d) {
+          const double* at = mtp.data() + 2 * mtp_depths * k;
+          mtp_log[static_cast<std::size_t>(d)] = at[d] / std::max(at[mtp_depths + d], 1.0);
+        }
+        if (mtp_depths > 0) {
+          std::lock_guard lock(result_mutex);
+          result.mtp_losses.insert(result.mtp_losses.end(), mtp_log.begin(), mtp_log.end());
+        }
         if (moe) router_log = router_log_of(a.model, routers[2 * j], routers[2 * j + 1], micro_batches_of[i]);
         if (router_log.aux || router_log.z) {
           std::lock_guard lock(result_mutex);
@@ -952,6 +976,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           if (a.log_throughput) jsonl << ", \"tflops_per_gpu\": " << tflops_per_gpu;
           if (router_log.aux) jsonl << ", \"load_balancing_loss\": " << JsonNumber{*router_log.aux};
           if (router_log.z) jsonl << ", \"z_loss\": " << JsonNumber{*router_log.z};
+          for (index_t d = 0; d < mtp_depths; ++d)
+            jsonl << ", \"mtp_" << d + 1 << "_loss\": " << JsonNumber{mtp_log[static_cast<std::size_t>(d)]};
           if (peak >= 0) jsonl << ", \"peak_device_bytes\": " << peak;
           jsonl << "}\n";
         }
@@ -966,6 +992,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           if (a.log_throughput) tb->scalar("throughput", tflops_per_gpu, step);
           if (router_log.aux) tb->scalar("load_balancing_loss", *router_log.aux, step);
           if (router_log.z) tb->scalar("z_loss", *router_log.z, step);
+          for (index_t d = 0; d < mtp_depths; ++d)  // Megatron's "mtp_<k> loss"
+            tb->scalar("mtp_" + std::to_string(d + 1) + " loss", mtp_log[static_cast<std::size_t>(d)], step);
           if (scaled) tb->scalar("loss-scale", optimizer.loss_scale(), step);
           if (peak >= 0) tb->scalar("mem-max-allocated-bytes", static_cast<double>(peak), step);
         }
@@ -981,9 +1009,15 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
             (shared.batches.constant() ? std::string() : ::strata::detail::concat(" | global batch ", global_batch)) +
             (router_log.aux ? ::strata::detail::concat(" | load_balancing_loss ", *router_log.aux) : std::string()) +
             (router_log.z ? ::strata::detail::concat(" | z_loss ", *router_log.z) : std::string());
+        std::string mtp_text;
+        for (index_t d = 0; d < mtp_depths; ++d) {
+          char value[32];
+          std::snprintf(value, sizeof value, " %.4f", mtp_log[static_cast<std::size_t>(d)]);
+          mtp_text += (d == 0 ? " | mtp loss" : "") + std::string(value);
+        }
         std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
                     it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
-                    static_cast<int>(left) % 60, extra.c_str(), scaling.c_str(), memory.c_str(),
+                    static_cast<int>(left) % 60, (extra + mtp_text).c_str(), scaling.c_str(), memory.c_str(),
                     !save_now ? "" : " | saving");
         std::fflush(stdout);
       }

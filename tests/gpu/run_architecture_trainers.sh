@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run_architecture_trainers.sh <build> [log dir]: the architecture presets of
-# docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense) trained by train_llama on a GPU.
+# docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense) and multi-token prediction's
+# depths (--mtp-num-layers 2) trained by train_llama on a GPU.
 #
 # For each preset, at a small size (2 layers, hidden 128, 8 heads in 2 query groups, sequence 128,
 # the shipped corpus):
@@ -37,7 +38,8 @@ declare -A preset=(
   [mistral]="--rotary-base 10000 --norm-epsilon 1e-5 --window-size (31,0)"
   [gpt-oss]="--position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 32 --yarn-original-max-position-embeddings 64 --no-yarn-correction-range-round-to-int --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --softmax-type learnable --window-size (15,0) --window-attn-skip-freq 2"
 )
-order=(llama3.1 qwen2 qwen3 mistral gpt-oss)
+preset[deepseek-mtp]="--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3"  # multi-token prediction's depths
+order=(llama3.1 qwen2 qwen3 mistral gpt-oss deepseek-mtp)
 
 run() {  # run <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
   local name=$1

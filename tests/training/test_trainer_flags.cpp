@@ -27,6 +27,24 @@ void expect_config_error(F&& f, std::vector<std::string> parts) {
 }
 
 // Megatron's defaults for the flags that carry its names.
+// Multi-token prediction's flags: Megatron's names and default weight; what it is not built for is
+// refused before training with the flag named.
+TEST(MegatronFlags, MultiTokenPrediction) {
+  TrainArgs a = parse_flags("llama", {"--mtp-num-layers", "2", "--seq-length", "32"});
+  EXPECT_EQ(a.model.mtp_num_layers, 2);
+  EXPECT_EQ(a.model.mtp_loss_scaling_factor, 0.1);
+  EXPECT_EQ(parse_flags("llama", {"--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"}).model.mtp_loss_scaling_factor, 0.3);
+  auto refused = [](const std::string& kind, std::vector<std::string> flags, std::vector<std::string> parts) {
+    flags.insert(flags.end(), {"--mtp-num-layers", "1", "--global-batch-size", "8"});
+    const TrainArgs args = parse_flags(kind, flags);
+    expect_config_error([&] { trainer::validate(args); }, std::move(parts));
+  };
+  refused("gpt", {}, {"--mtp-num-layers 1", "Llama set"});
+  refused("llama", {"--save-hf", "/tmp/x"}, {"--save-hf with --mtp-num-layers 1", "no multi-token prediction layers"});
+  refused("llama", {"--pipeline-model-parallel-size", "2", "--world-size", "2"}, {"--mtp-num-layers 1 with --pipeline-model-parallel-size 2", "not available yet"});
+  refused("llama", {"--mtp-loss-scaling-factor", "-1"}, {"mtp_loss_scaling_factor=-1"});
+}
+
 TEST(MegatronFlags, DefaultsAreMegatrons) {
   const TrainArgs a = parse_flags("gpt", {});
   EXPECT_EQ(a.tensor_model_parallel_size, 1);

@@ -97,6 +97,48 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
   }
 }
 
+// Multi-token prediction (--mtp-num-layers 2) through the trainers' loop: tp = 2 with and without
+// sequence parallelism, dp = 2 and tp = 2 x dp = 2 follow the single-rank run in double, the loss and
+// each depth's logged loss; a zero weight (--mtp-loss-scaling-factor 0) trains the main model as
+// without depths, bit for bit.
+TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
+  auto base = tiny("llama");
+  base.model.num_query_groups = 2;
+  base.dtype = "double";
+  base.train_iters = 4;
+  base.world_size = 1;
+  base.tensor_model_parallel_size = 1;
+  base.sequence_parallel = false;
+  base.model.mtp_num_layers = 2;
+  base.model.mtp_loss_scaling_factor = 0.3;
+  const auto reference = trainer::train<strata::models::Llama>(base);
+  ASSERT_EQ(reference.mtp_losses.size(), 2 * reference.losses.size());
+  for (double l : reference.mtp_losses) EXPECT_GT(l, 0.5);  // the depths' mean cross-entropy, logged
+  struct Layout {
+    int world, tp;
+    bool sp;
+  };
+  for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true}}) {
+    auto a = base;
+    a.world_size = l.world;
+    a.tensor_model_parallel_size = l.tp;
+    a.sequence_parallel = l.sp;
+    const auto run = trainer::train<strata::models::Llama>(a);
+    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " sp=" + std::to_string(l.sp);
+    ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+    ASSERT_EQ(run.mtp_losses.size(), reference.mtp_losses.size()) << what;
+    for (std::size_t i = 0; i < run.losses.size(); ++i)
+      EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-10 * reference.losses[i]) << what << " iteration " << i + 1;
+    for (std::size_t i = 0; i < run.mtp_losses.size(); ++i)
+      EXPECT_NEAR(run.mtp_losses[i], reference.mtp_losses[i], 1e-10 * reference.mtp_losses[i]) << what << " depth value " << i;
+  }
+  auto zero = base, none = base;
+  zero.model.mtp_loss_scaling_factor = 0;
+  none.model.mtp_num_layers = 0;
+  EXPECT_EQ(trainer::train<strata::models::Llama>(zero).losses, trainer::train<strata::models::Llama>(none).losses);
+  EXPECT_NE(trainer::train<strata::models::Llama>(none).losses, reference.losses);  // the depths move the main model
+}
+
 // Context parallelism (ring attention over the cp group): cp = 2 alone, with tp = 2 under sequence
 // parallelism, with pp = 2 (1F1B), and with dp = 2 under the distributed optimizer (sharded over dp x cp) and
 // overlapped gradient reduction, with hidden and attention dropout, follows the run of the same

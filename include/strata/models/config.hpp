@@ -92,6 +92,10 @@ struct ModelConfig {
   SoftmaxType softmax_type = SoftmaxType::vanilla;  // --softmax-type: attention sinks (gpt-oss: learnable)
   int window_size = -1;             // --window-size's left bound: query i sees keys i - window .. i (-1: all)
   std::vector<int> window_layers{};  // --window-attn-skip-freq: 1 where a layer has the window (empty: every layer)
+  // Multi-token prediction (DeepSeek-V3; models/decoder.hpp): depths after the main head, each
+  // predicting one token further, and the weight of their mean loss.
+  int mtp_num_layers = 0;                // --mtp-num-layers (0: none)
+  double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
 
   // The window of layer `layer` (0-based): window_size where the layer has one, else -1.
   int layer_window(int layer) const {
@@ -294,6 +298,20 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
                       "--activation-func-clamp-value and --glu-linear-offset need a dense model");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
+  if (m.mtp_num_layers < 0 || m.mtp_num_layers >= m.seq_length)
+    fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " (--mtp-num-layers) must be >= 0 (0: no multi-token prediction) "
+                      "and below seq_length=", m.seq_length, " (depth k predicts the token k + 1 places ahead)");
+  if (!(std::isfinite(m.mtp_loss_scaling_factor) && m.mtp_loss_scaling_factor >= 0))
+    fail<ConfigError>("mtp_loss_scaling_factor=", m.mtp_loss_scaling_factor,
+                      " (--mtp-loss-scaling-factor) must be a finite number >= 0 (DeepSeek-V3: 0.3, then 0.1)");
+  if (m.mtp_num_layers > 0 && p.cp > 1)
+    fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " with context parallelism (cp=", p.cp,
+                      ") is not available yet: the tokens each depth reads are shifted across the chunks of the ranks; "
+                      "train with --context-parallel-size 1");
+  if (m.mtp_num_layers > 0 && p.pp > 1)
+    fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " with pipeline parallelism (pp=", p.pp,
+                      ") is not available yet: the depths run on the last stage and read the word embedding, which only "
+                      "the first stage holds; train with --pipeline-model-parallel-size 1");
   if (m.moe.enabled()) {
     if (!m.moe.layers.empty() && static_cast<int>(m.moe.layers.size()) != m.num_layers)
       fail<ConfigError>("the MoE layer pattern (--moe-layer-freq) has ", m.moe.layers.size(), " entries for num_layers=",

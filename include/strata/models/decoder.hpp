@@ -47,6 +47,19 @@
 // its local tokens; the routers count tokens over the tp x cp group (the ranks of one sequence), so
 // the losses and their scale are those of whole sequences. Refused in next_token_logits.
 //
+// Multi-token prediction (config.mtp_num_layers = D > 0, DeepSeek-V3's MTP with Megatron's
+// --mtp-num-layers and --mtp-loss-scaling-factor lambda): after the head, depth k = 1..D takes
+// h_{k-1} (h_0 the final norm's output) and the embedding of the tokens k places ahead, and computes
+//   h_k = final_norm_k(layer_k(proj_e_k(enorm_k(E t_{i+k})) + proj_h_k(hnorm_k(h_{k-1}))))
+// (Megatron's eh_proj over [e; h] as two column-parallel halves of its weight, gathered over tp,
+// then a transformer layer of the model's kind), and the shared output layer predicts t_{i+k+1}
+// from h_k. Tokens, labels and the loss mask are rolled left by k, the last k positions masked
+// out. The objective adds lambda / D x each depth's masked loss sum with the main loss's scale
+// (1 / the main loss's tokens), so the gradients of the depths reach the main model through h_0 and
+// the word embedding. The returned loss is the main one; mtp_losses reads each depth's sums. On the
+// fused training path only (the reference forward refuses); a RoPE model without experts
+// (Llama), one pipeline stage, no context parallelism, so far.
+//
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
 // loss_scale x the micro-batch's tokens (b x s): each micro-batch's router losses then weigh what
@@ -61,6 +74,7 @@
 #include <cstdint>
 #include <functional>
 #include <iomanip>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,6 +125,31 @@ class DecoderModel {
   struct NoRouter {};
   using Router = std::conditional_t<mixture_of_experts, TopKRouter<Policy>, NoRouter>;
 
+  // One multi-token-prediction depth (see the top): its parameters, and what its forward keeps.
+  struct MtpDepth {
+    using Proj = ColumnParallelLinear<Policy>;
+    Norm<Policy> enorm, hnorm;
+    Proj proj_e, proj_h;
+    Layer layer;
+    Norm<Policy> final_norm;
+    template <class Visitor>
+    void for_each_parameter(Visitor&& visit) {
+      enorm.for_each_parameter(visit);
+      hnorm.for_each_parameter(visit);
+      proj_e.for_each_parameter(visit);
+      proj_h.for_each_parameter(visit);
+      layer.for_each_parameter(visit);
+      final_norm.for_each_parameter(visit);
+    }
+  };
+  struct MtpSaved {
+    typename VocabParallelEmbedding<Policy>::Saved embedding;
+    typename Norm<Policy>::Saved enorm, hnorm, final_norm;
+    typename MtpDepth::Proj::Saved proj_e, proj_h;
+    typename Layer::Saved layer;
+    Activation<T, Layout, Space> output_gradient;  // d objective / d h_k from the fused output layer
+  };
+
   struct Saved {
     typename VocabParallelEmbedding<Policy>::Saved embedding;
     std::vector<std::optional<typename Layer::Saved>> layers;  // empty for a layer recomputed in backward
@@ -125,6 +164,7 @@ class DecoderModel {
     // residual layout, and the loss scale it was computed with.
     Activation<T, Layout, Space> final_norm_output_gradient;
     std::optional<double> fused_loss_scale;
+    std::vector<MtpSaved> mtp;  // multi-token prediction: one per depth
   };
 
   using Boundary = Activation<T, Layout, Space>;  // the residual stream between pipeline stages
@@ -162,6 +202,7 @@ class DecoderModel {
       else output_.emplace(ctx, "output", config.hidden_size, config.padded_vocab(ctx.tp.size()), false);
       if constexpr (!TiedOutput) output_->weight().decoupled_lr = true;
     }
+    if (config.mtp_num_layers > 0) build_mtp(ctx, config, linear_bias, stage);
   }
   DecoderModel(const DecoderModel&) = delete;  // the tied output layer points at the embedding
 
@@ -173,6 +214,11 @@ class DecoderModel {
     for (auto& layer : layers_) layer.init(ctx, seed, std, scaled);
     if constexpr (!TiedOutput)
       if (output_) output_->init(ctx, seed, std);
+    for (auto& d : mtp_) {
+      d->proj_e.init(ctx, seed, std);
+      d->proj_h.init(ctx, seed, std);
+      d->layer.init(ctx, seed, std, scaled);
+    }
   }
 
   // Plans now what forward (and backward when `backward`) of a [micro_batch, seq_length] batch will
@@ -189,6 +235,9 @@ class DecoderModel {
                                            const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask,
                                            std::uint64_t dropout_key = 0) const {
     require_whole("model forward");
+    if (!mtp_.empty())
+      fail<ConfigError>("model forward: the reference path (whole logits) has no multi-token prediction; with "
+                        "mtp_num_layers=", mtp_.size(), " call the fused forward (FusedLoss)");
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     auto [logits, out] = output_->forward(ctx, h);
@@ -215,6 +264,7 @@ class DecoderModel {
     Saved saved;
     auto h = forward_to_final_norm(ctx, tokens, labels, loss_mask, dropout_key, saved);
     auto loss = fused_head(ctx, h, labels, loss_mask, fused, saved);
+    mtp_forward(ctx, h, tokens, labels, loss_mask, dropout_key, fused, saved);
     return {std::move(loss), std::move(saved)};
   }
 
@@ -285,6 +335,10 @@ class DecoderModel {
     auto [h, fn] = final_norm_->forward(ctx, x);
     out.saved.final_norm = std::move(fn);
     out.loss = fused_head(ctx, h, labels, loss_mask, fused, out.saved);
+    if (!mtp_.empty()) {
+      for (auto& d : mtp_) need(*d);
+      mtp_forward(ctx, h, tokens, labels, loss_mask, dropout_key, fused, out.saved);
+    }
     return out;
   }
 
@@ -309,7 +363,14 @@ class DecoderModel {
     Boundary dx;
     if (stage_.has_head) {
       check_fused_scale(saved, loss_scale);
-      dx = final_norm_->backward(ctx, saved.final_norm, saved.final_norm_output_gradient);
+      if (!saved.mtp.empty()) {
+        Activation<T, Layout, Space> dh = mtp_backward(ctx, saved);  // ours: the main head's share goes in place
+        ctx.device.template add<T>(dh.data(), saved.final_norm_output_gradient.data(), dh.tensor.numel(), dh.data());
+        for (auto& d : mtp_) done(*d);
+        dx = final_norm_->backward(ctx, saved.final_norm, dh);
+      } else {
+        dx = final_norm_->backward(ctx, saved.final_norm, saved.final_norm_output_gradient);
+      }
       done(*final_norm_);
       if constexpr (!TiedOutput) done(*output_);  // its gradient came with the fused forward
     } else {
@@ -367,7 +428,11 @@ class DecoderModel {
   void backward(Context& ctx, const Saved& saved, double loss_scale) {
     require_whole("model backward");
     Activation<T, Layout, Space> dh;  // d loss / d final norm output
-    if (saved.fused_loss_scale) {
+    if (saved.fused_loss_scale && !saved.mtp.empty()) {
+      check_fused_scale(saved, loss_scale);
+      dh = mtp_backward(ctx, saved);  // ours: the main head's share goes in place
+      ctx.device.template add<T>(dh.data(), saved.final_norm_output_gradient.data(), dh.tensor.numel(), dh.data());
+    } else if (saved.fused_loss_scale) {
       check_fused_scale(saved, loss_scale);
       dh = saved.final_norm_output_gradient;  // shared, read only
     } else {
@@ -437,6 +502,30 @@ class DecoderModel {
     if (final_norm_) final_norm_->for_each_parameter(visit);
     if constexpr (!TiedOutput)
       if (output_) output_->for_each_parameter(visit);
+    for (auto& d : mtp_) d->for_each_parameter(visit);
+  }
+
+  // ---- multi-token prediction ----
+
+  int mtp_depths() const { return static_cast<int>(mtp_.size()); }
+  // [2 D]: each depth's masked loss sum (lambda not applied), then its token count (the rolled
+  // mask's sum), since the last reset_mtp_losses: this rank's share (sum it over dp as the main
+  // loss); a device tensor, empty for D = 0.
+  Tensor<double, Space> mtp_losses(Context& ctx) const {
+    const index_t d = static_cast<index_t>(mtp_.size());
+    if (d == 0) return {};
+    auto out = Tensor<double, Space>::zeros(Shape{2 * d});
+    ctx.device.template copy<double>(mtp_loss_sums_.data(), d, out.data());
+    Tensor<double> tokens(Shape{d});
+    for (index_t k = 0; k < d; ++k) tokens[k] = mtp_tokens_[static_cast<std::size_t>(k)];
+    const auto uploaded = upload(tokens);
+    ctx.device.template copy<double>(uploaded.data(), d, out.data() + d);
+    return out;
+  }
+  void reset_mtp_losses(Context&) {
+    if (mtp_.empty()) return;
+    mtp_loss_sums_ = Tensor<double, Space>::zeros(mtp_loss_sums_.shape());
+    mtp_tokens_.assign(mtp_.size(), 0.0);
   }
 
   const ModelConfig& config() const { return config_; }
@@ -571,6 +660,132 @@ class DecoderModel {
     c.softmax = config.softmax_type;  // --softmax-type (attention sinks)
     c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
     return c;
+  }
+
+  // The depths of multi-token prediction (see the top), named "mtp.<k - 1>.*".
+  void build_mtp(Context& ctx, const ModelConfig& config, bool linear_bias, const pipeline::StageLayers& stage) {
+    const int depths = config.mtp_num_layers;
+    if constexpr (LearnedPositions || mixture_of_experts)
+      fail<ConfigError>("mtp_num_layers=", depths, " (--mtp-num-layers): multi-token prediction is built for a RoPE model "
+                        "without experts (Llama's set) so far; ", LearnedPositions ? "GPT's learned positions" : "the experts",
+                        " would need their own rule for the shifted tokens");
+    if (!stage.has_embedding || !stage.has_head)
+      fail<ConfigError>("mtp_num_layers=", depths, " with pipeline parallelism is not available yet: the depths run after the "
+                        "head and read the word embedding; build the whole model (--pipeline-model-parallel-size 1)");
+    if (ctx.cp.size() > 1)
+      fail<ConfigError>("mtp_num_layers=", depths, " with context parallelism (cp=", ctx.cp.size(), ") is not available yet");
+    const index_t h = config.hidden_size;
+    for (int k = 0; k < depths; ++k) {
+      const std::string name = "mtp." + std::to_string(k);
+      // The layer is one of the model's kind; its attention options are the last layer's.
+      mtp_.push_back(std::unique_ptr<MtpDepth>(new MtpDepth{
+          Norm<Policy>(ctx, name + ".enorm", h, config.norm_epsilon, config.apply_layernorm_1p),
+          Norm<Policy>(ctx, name + ".hnorm", h, config.norm_epsilon, config.apply_layernorm_1p),
+          typename MtpDepth::Proj(ctx, name + ".eh_proj_e", h, h, false),
+          typename MtpDepth::Proj(ctx, name + ".eh_proj_h", h, h, false),
+          Layer(ctx, name + ".layer",
+                TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout, config.apply_layernorm_1p},
+                attention_config(config, linear_bias, config.num_layers - 1), mlp_config(config, linear_bias, config.num_layers - 1)),
+          Norm<Policy>(ctx, name + ".final_norm", h, config.norm_epsilon, config.apply_layernorm_1p)}));
+    }
+    mtp_loss_sums_ = Tensor<double, Space>::zeros(Shape{static_cast<index_t>(depths)});
+    mtp_tokens_.assign(static_cast<std::size_t>(depths), 0.0);
+  }
+
+  // `ids` [b, s] rolled left by `k` along the sequence (position i takes i + k, the last k wrap).
+  template <class X>
+  static Tensor<X> rolled(const Tensor<X>& ids, index_t k) {
+    const index_t b = ids.size(0), s = ids.size(1);
+    Tensor<X> out = Tensor<X>::empty(ids.shape());
+    for (index_t r = 0; r < b; ++r)
+      for (index_t i = 0; i < s; ++i) out[r * s + i] = ids[r * s + (i + k) % s];
+    return out;
+  }
+
+  // The depths' forward on the final norm's output h (fused output layer and loss per depth, with
+  // the output weight's gradient accumulated now); their Saved go to saved.mtp.
+  void mtp_forward(Context& ctx, const Activation<T, Layout, Space>& h, const Tensor<std::int32_t>& tokens,
+                   const Tensor<std::int32_t>& labels, const Tensor<float>& loss_mask, std::uint64_t dropout_key,
+                   const FusedLoss& fused, Saved& saved) {
+    if (mtp_.empty()) return;
+    const index_t depths = static_cast<index_t>(mtp_.size()), b = tokens.size(0), s = tokens.size(1);
+    const double scale = fused.loss_scale * config_.mtp_loss_scaling_factor / static_cast<double>(depths);
+    Activation<T, Layout, Space> previous = h;  // shared, read only
+    saved.mtp.clear();
+    for (index_t k = 1; k <= depths; ++k) {
+      MtpDepth& d = *mtp_[static_cast<std::size_t>(k - 1)];
+      MtpSaved m;
+      const Tensor<std::int32_t> tokens_k = rolled(tokens, k), labels_k = rolled(labels, k);
+      Tensor<float> mask_k = rolled(loss_mask, k);
+      for (index_t r = 0; r < b; ++r)
+        for (index_t i = s - k; i < s; ++i) mask_k[r * s + i] = 0.0f;  // no token k places past the end
+      auto [e, emb] = embedding_->forward(ctx, sequence_major(ctx, tokens_k, /*are_labels=*/false));
+      m.embedding = std::move(emb);
+      dropout_forward(ctx, e, config_.hidden_dropout, mtp_embedding_dropout_key(dropout_key, k));
+      auto [en, ens] = d.enorm.forward(ctx, e);
+      auto [hn, hns] = d.hnorm.forward(ctx, previous);
+      auto [pe, pes] = d.proj_e.forward(ctx, en);  // [s, b, h / tp]; ours: the other half goes in place
+      auto [ph, phs] = d.proj_h.forward(ctx, hn);
+      ctx.device.template add<T>(pe.data(), ph.data(), pe.tensor.numel(), pe.data());
+      m.enorm = std::move(ens), m.hnorm = std::move(hns), m.proj_e = std::move(pes), m.proj_h = std::move(phs);
+      auto [y, ls] = d.layer.forward(ctx, mtp_layer_input(ctx, pe), rng::mix(dropout_key, static_cast<std::uint64_t>(config_.num_layers + k - 1)));
+      m.layer = std::move(ls);
+      auto [hk, fns] = d.final_norm.forward(ctx, y);
+      m.final_norm = std::move(fns);
+      Tensor<A, Space> mask = sequence_major_mask(ctx, mask_k);
+      Tensor<A, Space> dloss = mask.clone();
+      ctx.device.template scale<A>(dloss.data(), dloss.numel(), scale);
+      auto result = chunked_classifier(ctx, *output_, loss_, hk, sequence_major(ctx, labels_k, /*are_labels=*/true), dloss,
+                                       fused.chunks);
+      m.output_gradient = std::move(result.input_gradient);
+      const LossSum<Space> depth_loss = masked_loss_sum(ctx, result.losses, mask, mask_k);
+      ctx.device.template add<double>(mtp_loss_sums_.data() + (k - 1), depth_loss.sum.data(), 1, mtp_loss_sums_.data() + (k - 1));
+      mtp_tokens_[static_cast<std::size_t>(k - 1)] += depth_loss.tokens;
+      previous = std::move(hk);
+      saved.mtp.push_back(std::move(m));
+    }
+  }
+
+  // The projection's output [s, b, h / tp] to the residual layout: gathered over tp, and under
+  // sequence parallelism this rank's sequence shard.
+  Activation<T, Layout, Space> mtp_layer_input(Context& ctx, const Activation<T, layout::sharded<-1>, Space>& x) const {
+    auto whole = gather_from_tensor_parallel(ctx.device, ctx.tp, x);
+    if constexpr (Policy::sequence_parallel) return scatter_to_sequence_parallel(ctx.device, ctx.tp, whole);
+    else return whole;
+  }
+
+  // The depths' backward, D down to 1; accumulates their gradients (and the word embedding's) and
+  // returns d objective / d h_0 from the depths (the main head's share is not in it).
+  Activation<T, Layout, Space> mtp_backward(Context& ctx, const Saved& saved) {
+    Activation<T, Layout, Space> carry;  // d / d h_k from depth k + 1
+    for (std::size_t j = saved.mtp.size(); j-- > 0;) {
+      MtpDepth& d = *mtp_[j];
+      const MtpSaved& m = saved.mtp[j];
+      Activation<T, Layout, Space> dh = m.output_gradient;
+      if (!carry.tensor.empty()) {
+        dh = Activation<T, Layout, Space>(m.output_gradient.tensor.clone());
+        ctx.device.template add<T>(dh.data(), carry.data(), dh.tensor.numel(), dh.data());
+      }
+      auto dy = d.final_norm.backward(ctx, m.final_norm, dh);
+      auto dx = d.layer.backward(ctx, m.layer, dy);
+      Activation<T, layout::replicated, Space> whole;
+      if constexpr (Policy::sequence_parallel) whole = scatter_to_sequence_parallel_backward(ctx.device, ctx.tp, dx);
+      else whole = dx;
+      const auto dp = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, whole);
+      auto den = d.proj_e.backward(ctx, m.proj_e, dp);
+      auto dhn = d.proj_h.backward(ctx, m.proj_h, dp);
+      auto de = d.enorm.backward(ctx, m.enorm, den);
+      if (config_.hidden_dropout > 0) {
+        de = Activation<T, Layout, Space>(de.tensor.clone());
+        dropout_backward(ctx, de, config_.hidden_dropout, mtp_embedding_dropout_key(saved.dropout_key, static_cast<index_t>(j) + 1));
+      }
+      embedding_->backward(ctx, m.embedding, de);
+      carry = d.hnorm.backward(ctx, m.hnorm, dhn);
+    }
+    return carry;
+  }
+  static std::uint64_t mtp_embedding_dropout_key(std::uint64_t dropout_key, index_t k) {
+    return rng::mix(embedding_dropout_key(dropout_key), static_cast<std::uint64_t>(k));
   }
 
   // Checks the batch, runs the embedding, the layers and the final norm (their Saved go to `saved`),
@@ -749,6 +964,9 @@ class DecoderModel {
   VocabParallelCrossEntropy<Policy> loss_;
   RecomputeConfig recompute_{};
   std::vector<Router*> routers_;  // MoE: the routers of layers_, in order (held by address: layers_ never moves)
+  std::vector<std::unique_ptr<MtpDepth>> mtp_;  // multi-token prediction depths (empty: none)
+  Tensor<double, Space> mtp_loss_sums_;         // [D]: see mtp_losses
+  std::vector<double> mtp_tokens_;              // [D]: their token counts, on the host
 };
 
 }  // namespace models

@@ -34,7 +34,10 @@
 //                                               expert's whole capacity (E x capacity, capacity =
 //                                               ceil(T_r topk / E x factor), at most T_r)
 //                  the shared experts           s b (3 w_s / tp) in T, a dense MLP of width w_s
-//                A dense layer of a MoE model counts as a dense model's.
+//                A dense layer of a MoE model counts as a dense model's. Each multi-token
+//                prediction depth (on the head's stage) counts as one more layer, plus its
+//                embedding output, three norm outputs and the fused output gradient (5 s b h,
+//                sharded under sequence parallelism).
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
@@ -197,6 +200,12 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     total = checked_add(total, norm, what);  // final norm
     // the output layer: its own weight, or (tied) the embedding's, a copy of it on a last stage
     if (!shape.tied_output || !piece.embedding) total = checked_add(total, word_embedding, what);
+    // multi-token prediction: per depth three norms, the two halves of eh_proj [h, h] / tp, a dense layer
+    if (m.mtp_num_layers > 0) {
+      const std::int64_t depth = checked_add(checked_add(checked_mul(3, norm, what), checked_product(what, 2, h, h) / tp, what),
+                                             checked_add(layer, mlp(ffn, tp), what), what);
+      total = checked_add(total, checked_mul(depth, m.mtp_num_layers, what), what);
+    }
   }
   return total;
 }
@@ -268,6 +277,11 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   const std::int64_t end_elements = checked_product(what, ends, tokens, h) / (sequence_parallel ? tp : 1);
   out.kept = checked_add(out.kept, checked_mul(end_elements, bytes.value, what), what);
   if (!piece.head) return out;
+  if (m.mtp_num_layers > 0) {  // each depth: one more layer, and its embedding output, three norm outputs and output gradient
+    const std::int64_t depth_ends = checked_product(what, 5, tokens, h) / (sequence_parallel ? tp : 1);
+    const std::int64_t depth = checked_add(checked_mul(tokens, layer_bytes, what), checked_mul(depth_ends, bytes.value, what), what);
+    out.kept = checked_add(out.kept, checked_mul(depth, m.mtp_num_layers, what), what);
+  }
   const std::int64_t local_vocab = m.padded_vocab(tp) / tp;
   if (classifier_block_bytes <= 0) {  // logits and their softmax, [s, b, V / tp] each
     const std::int64_t logits = checked_product(what, 2, tokens, local_vocab);

@@ -85,6 +85,13 @@ class PipelineModel {
   void reset_router_losses(Context& ctx) {
     for (auto& chunk : chunks_) chunk->reset_router_losses(ctx);
   }
+  // ---- multi-token prediction (DecoderModel::mtp_losses; the last chunk holds the depths) ----
+  int mtp_depths() const { return chunks_.back()->mtp_depths(); }
+  Tensor<double, Space> mtp_losses(Context& ctx) const { return chunks_.back()->mtp_losses(ctx); }
+  void reset_mtp_losses(Context& ctx) {
+    for (auto& chunk : chunks_) chunk->reset_mtp_losses(ctx);
+  }
+
   // Once per step after the backward: each router moves its expert bias (collective over ctx.tp_cp_dp).
   void update_expert_bias(Context& ctx) {
     for (auto& chunk : chunks_) chunk->update_expert_bias(ctx);
