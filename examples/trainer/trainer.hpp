@@ -699,7 +699,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   // micro-batch (slots 2 (it - start) and +1), read with the loss.
   auto router_history = Tensor<double, Space>::zeros(Shape{moe ? 2 * slots : 1});
   // Multi-token prediction: per iteration each depth's loss sum, then its tokens, summed over the
-  // data-parallel ranks (2 D values per slot), read with the loss.
+  // data-parallel ranks and the pipeline stages (2 D values per slot), read with the loss.
   const index_t mtp_depths = a.model.mtp_num_layers;
   auto mtp_history = Tensor<double, Space>::zeros(Shape{std::max<index_t>(1, 2 * mtp_depths * slots)});
   std::vector<int> micro_batches_of(static_cast<std::size_t>(slots), 0);  // per iteration, every data-parallel rank's
@@ -794,6 +794,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (mtp_depths > 0) {  // the depths' sums and tokens of every data-parallel rank
       auto mtp = model.mtp_losses(ctx);
       ctx.dp_cp.all_reduce(mtp.buffer(), ReduceOp::sum);
+      if (pp > 1) ctx.pp.all_reduce(mtp.buffer(), ReduceOp::sum);  // the last stage's
       ctx.device.template copy<double>(mtp.data(), 2 * mtp_depths, mtp_history.data() + 2 * mtp_depths * slot);
     }
     ctx.dp_cp.all_reduce(loss_sum.buffer(), ReduceOp::sum);  // each cp rank holds its tokens' part

@@ -170,7 +170,6 @@ TEST(Mtp, RefusesWhatItIsNotBuiltFor) {
   });
   models::ModelConfig c = tiny_llama_mtp(1);
   refused([&] { models::validate(c, ParallelConfig{.cp = 2}, false, 2); }, "context parallelism");
-  refused([&] { models::validate(c, ParallelConfig{.pp = 2}, false, 2); }, "pipeline parallelism");
   c.mtp_loss_scaling_factor = -1;
   refused([&] { models::validate(c, ParallelConfig{}, false); }, "mtp_loss_scaling_factor=-1");
 }

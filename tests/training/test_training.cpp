@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include <sys/stat.h>
 
@@ -98,9 +99,10 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
 }
 
 // Multi-token prediction (--mtp-num-layers 2) through the trainers' loop: tp = 2 with and without
-// sequence parallelism, dp = 2 and tp = 2 x dp = 2 follow the single-rank run in double, the loss and
-// each depth's logged loss; a zero weight (--mtp-loss-scaling-factor 0) trains the main model as
-// without depths, bit for bit.
+// sequence parallelism, dp = 2, tp = 2 x dp = 2, and pp = 2 (the depths on the last stage with a copy
+// of the word embedding; 1F1B and zero-bubble, and with tp = 2) follow the single-rank run in double,
+// the loss and each depth's logged loss; a zero weight (--mtp-loss-scaling-factor 0) trains the main
+// model as without depths, bit for bit.
 TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
   auto base = tiny("llama");
   base.model.num_query_groups = 2;
@@ -117,14 +119,21 @@ TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
   struct Layout {
     int world, tp;
     bool sp;
+    int pp = 1;
+    const char* schedule = "1f1b";
   };
-  for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true}}) {
+  for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true}, Layout{2, 1, false, 2},
+                   Layout{2, 1, false, 2, "zero-bubble"}, Layout{4, 2, true, 2}}) {
     auto a = base;
     a.world_size = l.world;
     a.tensor_model_parallel_size = l.tp;
     a.sequence_parallel = l.sp;
+    a.pipeline.pipeline_model_parallel_size = l.pp;
+    a.pipeline.pipeline_schedule = l.schedule;
+    if (l.pp > 1) a.sample_tokens = 0;  // sampling runs the whole model on a rank
     const auto run = trainer::train<strata::models::Llama>(a);
-    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " sp=" + std::to_string(l.sp);
+    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " sp=" + std::to_string(l.sp) +
+                             " pp=" + std::to_string(l.pp) + " " + l.schedule;
     ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
     ASSERT_EQ(run.mtp_losses.size(), reference.mtp_losses.size()) << what;
     for (std::size_t i = 0; i < run.losses.size(); ++i)
@@ -137,6 +146,48 @@ TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
   none.model.mtp_num_layers = 0;
   EXPECT_EQ(trainer::train<strata::models::Llama>(zero).losses, trainer::train<strata::models::Llama>(none).losses);
   EXPECT_NE(trainer::train<strata::models::Llama>(none).losses, reference.losses);  // the depths move the main model
+}
+
+// Checkpoints of a model with depths: saved at pp = 2 (the last stage's copy of the word embedding
+// is not written; the depths' parameters are), resumed at pp = 1 and at tp = 2 x pp = 2: the
+// losses and the depths' losses continue the straight run's.
+TEST(Training, MultiTokenPredictionCheckpointsResumeInOtherLayouts) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_mtp_resume";
+  std::filesystem::remove_all(dir);
+  auto a = tiny("llama");
+  a.model.num_query_groups = 2;
+  a.dtype = "double";
+  a.train_iters = 6;
+  a.sample_tokens = 0;
+  a.model.mtp_num_layers = 1;
+  a.model.mtp_loss_scaling_factor = 0.3;
+  const auto straight = trainer::train<strata::models::Llama>(a);
+  auto first = a;
+  first.world_size = 2;
+  first.tensor_model_parallel_size = 1;
+  first.pipeline.pipeline_model_parallel_size = 2;
+  first.save = dir.string();
+  first.save_interval = 3;
+  (void)trainer::train<strata::models::Llama>(first);
+  std::filesystem::remove_all(dir / "iter_0000006");
+  {
+    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+    tracker << 3 << "\n";
+  }
+  for (const auto& [world, tp, pp] : {std::tuple{1, 1, 1}, std::tuple{4, 2, 2}}) {
+    auto resumed = a;
+    resumed.world_size = world;
+    resumed.tensor_model_parallel_size = tp;
+    resumed.pipeline.pipeline_model_parallel_size = pp;
+    resumed.load = dir.string();
+    const auto second = trainer::train<strata::models::Llama>(resumed);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(second.losses[i], straight.losses[3 + i], 1e-10 * straight.losses[3 + i]) << "tp=" << tp << " pp=" << pp;
+      EXPECT_NEAR(second.mtp_losses[i], straight.mtp_losses[3 + i], 1e-10 * straight.mtp_losses[3 + i]) << "tp=" << tp << " pp=" << pp;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Context parallelism (ring attention over the cp group): cp = 2 alone, with tp = 2 under sequence

@@ -308,10 +308,7 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
     fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " with context parallelism (cp=", p.cp,
                       ") is not available yet: the tokens each depth reads are shifted across the chunks of the ranks; "
                       "train with --context-parallel-size 1");
-  if (m.mtp_num_layers > 0 && p.pp > 1)
-    fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " with pipeline parallelism (pp=", p.pp,
-                      ") is not available yet: the depths run on the last stage and read the word embedding, which only "
-                      "the first stage holds; train with --pipeline-model-parallel-size 1");
+
   if (m.moe.enabled()) {
     if (!m.moe.layers.empty() && static_cast<int>(m.moe.layers.size()) != m.num_layers)
       fail<ConfigError>("the MoE layer pattern (--moe-layer-freq) has ", m.moe.layers.size(), " entries for num_layers=",

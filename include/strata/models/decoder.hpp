@@ -57,8 +57,10 @@
 // out. The objective adds lambda / D x each depth's masked loss sum with the main loss's scale
 // (1 / the main loss's tokens), so the gradients of the depths reach the main model through h_0 and
 // the word embedding. The returned loss is the main one; mtp_losses reads each depth's sums. On the
-// fused training path only (the reference forward refuses); a RoPE model without experts
-// (Llama), one pipeline stage, no context parallelism, so far.
+// fused training path only (the reference forward refuses); a RoPE model without experts (Llama)
+// and no context parallelism so far. Under pipeline parallelism the depths are the last stage's,
+// with a copy of the word embedding there, whose gradient the pipeline sums with the first
+// stage's as a tied output layer's (tied_embedding_copy).
 //
 // Mixture of experts: with a MoeMlp as the MLP block (models/moe_llama.hpp) the model reaches every
 // layer's TopKRouter (routers()). The routers' aux and z losses enter the backward multiplied by
@@ -180,7 +182,9 @@ class DecoderModel {
                  check_stage(config, stage), config)),
         stage_(stage),
         loss_(config.label_smoothing, config.vocab_size) {
-    if (stage.has_embedding || (TiedOutput && stage.has_head)) {
+    // A last stage that reads the word embedding holds a copy of it: the tied output layer's, or
+    // multi-token prediction's (the depths embed shifted tokens).
+    if (stage.has_embedding || ((TiedOutput || config.mtp_num_layers > 0) && stage.has_head)) {
       embedding_.emplace(ctx, "embedding.word", config.padded_vocab(ctx.tp.size()), config.hidden_size, config.vocab_size);
       embedding_->weight().pipeline_copy = !stage.has_embedding;
       embedding_->weight().decoupled_lr = true;  // Megatron's embedding-or-output parameters (--decoupled-lr)
@@ -336,6 +340,7 @@ class DecoderModel {
     out.saved.final_norm = std::move(fn);
     out.loss = fused_head(ctx, h, labels, loss_mask, fused, out.saved);
     if (!mtp_.empty()) {
+      if constexpr (!TiedOutput) need(*embedding_);  // the depths read the (copy of the) word embedding
       for (auto& d : mtp_) need(*d);
       mtp_forward(ctx, h, tokens, labels, loss_mask, dropout_key, fused, out.saved);
     }
@@ -415,10 +420,11 @@ class DecoderModel {
     return {Boundary{}, masked_loss_sum(ctx, losses, sequence_major_mask(ctx, loss_mask), loss_mask)};
   }
 
-  // The word embedding when this stage holds one of two tied copies (the first or the last stage of
-  // a pipeline with a tied output layer), else nullptr: the pipeline sums their gradients.
+  // The word embedding when this stage holds one of two copies (the first or the last stage of a
+  // pipeline with a tied output layer or multi-token prediction), else nullptr: the pipeline sums
+  // their gradients.
   Parameter<T, Space>* tied_embedding_copy() {
-    if constexpr (TiedOutput)
+    if (TiedOutput || config_.mtp_num_layers > 0)
       if (embedding_ && stage_.virtual_stages_total > 1) return &embedding_->weight();
     return nullptr;
   }
@@ -669,9 +675,7 @@ class DecoderModel {
       fail<ConfigError>("mtp_num_layers=", depths, " (--mtp-num-layers): multi-token prediction is built for a RoPE model "
                         "without experts (Llama's set) so far; ", LearnedPositions ? "GPT's learned positions" : "the experts",
                         " would need their own rule for the shifted tokens");
-    if (!stage.has_embedding || !stage.has_head)
-      fail<ConfigError>("mtp_num_layers=", depths, " with pipeline parallelism is not available yet: the depths run after the "
-                        "head and read the word embedding; build the whole model (--pipeline-model-parallel-size 1)");
+    if (!stage.has_head) return;  // the depths live on the last stage (with a copy of the word embedding)
     if (ctx.cp.size() > 1)
       fail<ConfigError>("mtp_num_layers=", depths, " with context parallelism (cp=", ctx.cp.size(), ") is not available yet");
     const index_t h = config.hidden_size;

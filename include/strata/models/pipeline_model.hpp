@@ -85,9 +85,20 @@ class PipelineModel {
   void reset_router_losses(Context& ctx) {
     for (auto& chunk : chunks_) chunk->reset_router_losses(ctx);
   }
-  // ---- multi-token prediction (DecoderModel::mtp_losses; the last chunk holds the depths) ----
-  int mtp_depths() const { return chunks_.back()->mtp_depths(); }
-  Tensor<double, Space> mtp_losses(Context& ctx) const { return chunks_.back()->mtp_losses(ctx); }
+  // ---- multi-token prediction (DecoderModel::mtp_losses; the last stage holds the depths) ----
+  // [2 D]: the depths' loss sums and tokens of this rank's last stage, zeros on the other stages
+  // (sum it over ctx.pp as over dp); empty without depths.
+  int mtp_depths() const { return config().mtp_num_layers; }
+  Tensor<double, Space> mtp_losses(Context& ctx) const {
+    if (mtp_depths() == 0) return {};
+    auto sum = Tensor<double, Space>::zeros(Shape{2 * static_cast<index_t>(mtp_depths())});
+    for (const auto& chunk : chunks_)
+      if (chunk->mtp_depths() > 0) {
+        const auto mine = chunk->mtp_losses(ctx);
+        ctx.device.template add<double>(sum.data(), mine.data(), sum.numel(), sum.data());
+      }
+    return sum;
+  }
   void reset_mtp_losses(Context& ctx) {
     for (auto& chunk : chunks_) chunk->reset_mtp_losses(ctx);
   }
