@@ -854,7 +854,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "such as \"[1,1,1,0]*6\" (default: every layer has the window)");
   app.add_option("--mtp-num-layers", a.model.mtp_num_layers,
                  "multi-token prediction depths after the head, each predicting one token further (DeepSeek-V3: 1; "
-                 "default 0: none; a RoPE model without experts, no context parallelism, so far)");
+                 "default 0: none; a RoPE model, no context parallelism, so far)");
   app.add_option("--mtp-loss-scaling-factor", a.model.mtp_loss_scaling_factor,
                  "weight of the depths' mean loss in the objective (default 0.1)");
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
@@ -1499,10 +1499,9 @@ inline void validate(const TrainArgs& a) {
     fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --mtp-num-layers ", a.model.mtp_num_layers,
                       ": the Hugging Face classes strata maps (Llama, Qwen, Mistral) hold no multi-token prediction layers; "
                       "train without --mtp-num-layers to exchange weights with them");
-  if (a.model.mtp_num_layers > 0 && a.model_kind != "llama")
-    fail<ConfigError>("--mtp-num-layers ", a.model.mtp_num_layers, " is built for the Llama set (RoPE, no experts) so far; ",
-                      a.model_kind == "gpt" ? "GPT-2's learned positions" : "the experts of --num-experts",
-                      " would need their own rule for the depths' shifted tokens");
+  if (a.model.mtp_num_layers > 0 && a.model_kind == "gpt")
+    fail<ConfigError>("--mtp-num-layers ", a.model.mtp_num_layers, " is built for the Llama set (RoPE, with or without "
+                      "--num-experts) so far; GPT-2's learned positions would need their own rule for the depths' shifted tokens");
   if (a.model_kind != resolve_architecture(a.architecture, a.model))
     fail<ConfigError>("the architecture flags select ", resolve_architecture(a.architecture, a.model), ", but this run builds ",
                       a.model_kind, " (", a.model_kind == "gpt" ? "train_gpt is that preset; " : a.model_kind == "llama" ? "train_llama is that preset; " : "",

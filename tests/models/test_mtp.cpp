@@ -161,7 +161,7 @@ TEST(Mtp, RefusesWhatItIsNotBuiltFor) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
     models::ModelConfig gpt = tiny_llama_mtp(1);
     gpt.num_query_groups = 0;
-    refused([&] { models::Gpt<ModelPolicy<double, false>> m(ctx, gpt); }, "RoPE model without experts");
+    refused([&] { models::Gpt<ModelPolicy<double, false>> m(ctx, gpt); }, "built for RoPE models");
     refused([&] { models::ModelConfig c = tiny_llama_mtp(8); models::Llama<ModelPolicy<double, false>> m(ctx, c); },
             "below seq_length=8");
     models::Llama<ModelPolicy<double, false>> model(ctx, tiny_llama_mtp(1));

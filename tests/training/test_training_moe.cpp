@@ -151,6 +151,53 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
   }
 }
 
+// Multi-token prediction on a mixture of experts (DeepSeek-V3's shape: the depth's layer is a MoE
+// layer, its router's aux and z losses counted with the others'): ep = 2 with both dispatchers,
+// tp = 2 x ep = 2 x etp = 2 under sequence parallelism and pp = 2 follow one rank (the loss, the
+// router losses and each depth's loss, 1e-10 in double); the estimate counts the depth's experts.
+TEST(TrainingMoe, MultiTokenPredictionFollowsSingleRankTrajectory) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 4;
+  base.eval_iters = 0;
+  base.model.mtp_num_layers = 1;
+  base.model.mtp_loss_scaling_factor = 0.3;
+  const auto reference = trainer::train<Mixtral>(base);
+  ASSERT_EQ(reference.mtp_losses.size(), 4u);
+  struct Layout {
+    int world, tp, pp, ep, etp;
+    bool sp;
+    strata::MoeDispatcherType dispatcher;
+  };
+  using D = strata::MoeDispatcherType;
+  for (Layout l : {Layout{2, 1, 1, 2, 1, false, D::alltoall}, Layout{2, 1, 1, 2, 1, false, D::allgather},
+                   Layout{4, 2, 1, 2, 2, true, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall}}) {
+    auto a = base;
+    a.world_size = l.world;
+    a.tensor_model_parallel_size = l.tp;
+    a.pipeline.pipeline_model_parallel_size = l.pp;
+    a.expert_model_parallel_size = l.ep;
+    a.expert_tensor_parallel_size = l.etp;
+    a.sequence_parallel = l.sp;
+    a.model.moe.token_dispatcher = l.dispatcher;
+    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+                             " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp);
+    const auto run = trainer::train<Mixtral>(a);
+    expect_follows(run, reference, what);
+    ASSERT_EQ(run.mtp_losses.size(), reference.mtp_losses.size()) << what;
+    for (std::size_t i = 0; i < run.mtp_losses.size(); ++i)
+      EXPECT_NEAR(run.mtp_losses[i], reference.mtp_losses[i], 1e-10 * reference.mtp_losses[i]) << what << " iteration " << i + 1;
+  }
+  strata::inprocess::run(1, [&](strata::inprocess::communicator& world) {
+    auto ctx = strata::ParallelContext<strata::inprocess::communicator>::create(world, strata::ParallelConfig{});
+    Mixtral<trainer::TrainPolicy<float, false>> model(ctx, base.model);
+    std::int64_t n = 0;
+    model.for_each_parameter([&](auto& p) { n += p.value.numel(); });
+    EXPECT_EQ(n, strata::models::parameters_per_rank(base.model, strata::models::DecoderShape::llama(), 1));
+    EXPECT_EQ(model.routers().size(), 3u);  // two layers and the depth's
+  });
+}
+
 // The per-sequence aux loss (DeepSeek-V2's seq_aux_loss) under context parallelism: each sequence's
 // tokens are split over the cp ranks, the per-sequence counts are summed over tp x cp, and the run
 // follows one rank (loss and load-balancing loss, 1e-10 in double), also with ep 2 over cp 2 x dp 2.

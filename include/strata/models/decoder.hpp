@@ -57,8 +57,8 @@
 // out. The objective adds lambda / D x each depth's masked loss sum with the main loss's scale
 // (1 / the main loss's tokens), so the gradients of the depths reach the main model through h_0 and
 // the word embedding. The returned loss is the main one; mtp_losses reads each depth's sums. On the
-// fused training path only (the reference forward refuses); a RoPE model without experts (Llama)
-// and no context parallelism so far. Under pipeline parallelism the depths are the last stage's,
+// fused training path only (the reference forward refuses); a RoPE model (Llama, Mixtral) and no
+// context parallelism so far. Under pipeline parallelism the depths are the last stage's,
 // with a copy of the word embedding there, whose gradient the pipeline sums with the first
 // stage's as a tied output layer's (tied_embedding_copy).
 //
@@ -671,17 +671,18 @@ class DecoderModel {
   // The depths of multi-token prediction (see the top), named "mtp.<k - 1>.*".
   void build_mtp(Context& ctx, const ModelConfig& config, bool linear_bias, const pipeline::StageLayers& stage) {
     const int depths = config.mtp_num_layers;
-    if constexpr (LearnedPositions || mixture_of_experts)
-      fail<ConfigError>("mtp_num_layers=", depths, " (--mtp-num-layers): multi-token prediction is built for a RoPE model "
-                        "without experts (Llama's set) so far; ", LearnedPositions ? "GPT's learned positions" : "the experts",
-                        " would need their own rule for the shifted tokens");
+    if constexpr (LearnedPositions)
+      fail<ConfigError>("mtp_num_layers=", depths, " (--mtp-num-layers): multi-token prediction is built for RoPE models "
+                        "(Llama's set, with or without experts) so far; GPT's learned positions would need their own rule for "
+                        "the shifted tokens");
     if (!stage.has_head) return;  // the depths live on the last stage (with a copy of the word embedding)
     if (ctx.cp.size() > 1)
       fail<ConfigError>("mtp_num_layers=", depths, " with context parallelism (cp=", ctx.cp.size(), ") is not available yet");
     const index_t h = config.hidden_size;
     for (int k = 0; k < depths; ++k) {
       const std::string name = "mtp." + std::to_string(k);
-      // The layer is one of the model's kind; its attention options are the last layer's.
+      // The layer is one of the model's kind, with the last layer's attention options and MLP (a MoE
+      // layer's router joins routers(): its aux and z losses and expert bias count as the others').
       mtp_.push_back(std::unique_ptr<MtpDepth>(new MtpDepth{
           Norm<Policy>(ctx, name + ".enorm", h, config.norm_epsilon, config.apply_layernorm_1p),
           Norm<Policy>(ctx, name + ".hnorm", h, config.norm_epsilon, config.apply_layernorm_1p),

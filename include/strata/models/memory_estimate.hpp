@@ -200,12 +200,13 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     total = checked_add(total, norm, what);  // final norm
     // the output layer: its own weight, or (tied) the embedding's, a copy of it on a last stage
     if (!shape.tied_output || !piece.embedding) total = checked_add(total, word_embedding, what);
-    // multi-token prediction: per depth three norms, the two halves of eh_proj [h, h] / tp, a dense
-    // layer; and a copy of the word embedding on a last stage without it (untied: the tied copy is above)
+    // multi-token prediction: per depth three norms, the two halves of eh_proj [h, h] / tp, a layer
+    // of the last layer's kind; and a copy of the word embedding on a last stage without it (untied: the tied copy is above)
     if (m.mtp_num_layers > 0 && !piece.embedding && !shape.tied_output) total = checked_add(total, word_embedding, what);
     if (m.mtp_num_layers > 0) {
+      const std::int64_t depth_mlp = m.moe_layer(m.num_layers - 1) ? moe_mlp : mlp(ffn, tp);  // the last layer's kind
       const std::int64_t depth = checked_add(checked_add(checked_mul(3, norm, what), checked_product(what, 2, h, h) / tp, what),
-                                             checked_add(layer, mlp(ffn, tp), what), what);
+                                             checked_add(layer, depth_mlp, what), what);
       total = checked_add(total, checked_mul(depth, m.mtp_num_layers, what), what);
     }
   }
