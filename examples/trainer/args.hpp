@@ -854,7 +854,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "such as \"[1,1,1,0]*6\" (default: every layer has the window)");
   app.add_option("--mtp-num-layers", a.model.mtp_num_layers,
                  "multi-token prediction depths after the head, each predicting one token further (DeepSeek-V3: 1; "
-                 "default 0: none; a RoPE model, no context parallelism, so far)");
+                 "default 0: none; a RoPE model)");
   app.add_option("--mtp-loss-scaling-factor", a.model.mtp_loss_scaling_factor,
                  "weight of the depths' mean loss in the objective (default 0.1)");
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");

@@ -41,7 +41,6 @@ TEST(MegatronFlags, MultiTokenPrediction) {
   };
   refused("gpt", {}, {"--mtp-num-layers 1", "Llama set"});
   refused("llama", {"--save-hf", "/tmp/x"}, {"--save-hf with --mtp-num-layers 1", "no multi-token prediction layers"});
-  refused("llama", {"--context-parallel-size", "2", "--world-size", "2"}, {"mtp_num_layers=1", "context parallelism"});
   refused("llama", {"--mtp-loss-scaling-factor", "-1"}, {"mtp_loss_scaling_factor=-1"});
 }
 

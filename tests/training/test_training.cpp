@@ -99,8 +99,9 @@ TEST(Training, ShardedRunsFollowSingleRankTrajectory) {
 }
 
 // Multi-token prediction (--mtp-num-layers 2) through the trainers' loop: tp = 2 with and without
-// sequence parallelism, dp = 2, tp = 2 x dp = 2, and pp = 2 (the depths on the last stage with a copy
-// of the word embedding; 1F1B and zero-bubble, and with tp = 2) follow the single-rank run in double,
+// sequence parallelism, dp = 2, tp = 2 x dp = 2, pp = 2 (the depths on the last stage with a copy of
+// the word embedding; 1F1B and zero-bubble, and with tp = 2), and cp = 2 (the whole sequences rolled
+// before each rank takes its chunks; alone, with tp = 2 and with pp = 2) follow the single-rank run in double,
 // the loss and each depth's logged loss; a zero weight (--mtp-loss-scaling-factor 0) trains the main
 // model as without depths, bit for bit.
 TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
@@ -121,19 +122,22 @@ TEST(Training, MultiTokenPredictionFollowsSingleRankTrajectory) {
     bool sp;
     int pp = 1;
     const char* schedule = "1f1b";
+    int cp = 1;
   };
   for (Layout l : {Layout{2, 2, false}, Layout{2, 2, true}, Layout{2, 1, false}, Layout{4, 2, true}, Layout{2, 1, false, 2},
-                   Layout{2, 1, false, 2, "zero-bubble"}, Layout{4, 2, true, 2}}) {
+                   Layout{2, 1, false, 2, "zero-bubble"}, Layout{4, 2, true, 2}, Layout{2, 1, false, 1, "1f1b", 2},
+                   Layout{4, 2, true, 1, "1f1b", 2}, Layout{4, 1, false, 2, "1f1b", 2}}) {
     auto a = base;
     a.world_size = l.world;
+    a.context_parallel_size = l.cp;
     a.tensor_model_parallel_size = l.tp;
     a.sequence_parallel = l.sp;
     a.pipeline.pipeline_model_parallel_size = l.pp;
     a.pipeline.pipeline_schedule = l.schedule;
-    if (l.pp > 1) a.sample_tokens = 0;  // sampling runs the whole model on a rank
+    if (l.pp > 1 || l.cp > 1) a.sample_tokens = 0;  // sampling runs the whole model and sequence on a rank
     const auto run = trainer::train<strata::models::Llama>(a);
     const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " sp=" + std::to_string(l.sp) +
-                             " pp=" + std::to_string(l.pp) + " " + l.schedule;
+                             " pp=" + std::to_string(l.pp) + " " + l.schedule + " cp=" + std::to_string(l.cp);
     ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
     ASSERT_EQ(run.mtp_losses.size(), reference.mtp_losses.size()) << what;
     for (std::size_t i = 0; i < run.losses.size(); ++i)

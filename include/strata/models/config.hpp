@@ -304,10 +304,6 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
   if (!(std::isfinite(m.mtp_loss_scaling_factor) && m.mtp_loss_scaling_factor >= 0))
     fail<ConfigError>("mtp_loss_scaling_factor=", m.mtp_loss_scaling_factor,
                       " (--mtp-loss-scaling-factor) must be a finite number >= 0 (DeepSeek-V3: 0.3, then 0.1)");
-  if (m.mtp_num_layers > 0 && p.cp > 1)
-    fail<ConfigError>("mtp_num_layers=", m.mtp_num_layers, " with context parallelism (cp=", p.cp,
-                      ") is not available yet: the tokens each depth reads are shifted across the chunks of the ranks; "
-                      "train with --context-parallel-size 1");
 
   if (m.moe.enabled()) {
     if (!m.moe.layers.empty() && static_cast<int>(m.moe.layers.size()) != m.num_layers)

@@ -57,8 +57,9 @@
 // out. The objective adds lambda / D x each depth's masked loss sum with the main loss's scale
 // (1 / the main loss's tokens), so the gradients of the depths reach the main model through h_0 and
 // the word embedding. The returned loss is the main one; mtp_losses reads each depth's sums. On the
-// fused training path only (the reference forward refuses); a RoPE model (Llama, Mixtral) and no
-// context parallelism so far. Under pipeline parallelism the depths are the last stage's,
+// fused training path only (the reference forward refuses); a RoPE model (Llama, Mixtral). Under
+// context parallelism the whole [b, s] batch is rolled before this rank takes its chunks, so each
+// depth reads the tokens one rank would. Under pipeline parallelism the depths are the last stage's,
 // with a copy of the word embedding there, whose gradient the pipeline sums with the first
 // stage's as a tied output layer's (tied_embedding_copy).
 //
@@ -676,8 +677,6 @@ class DecoderModel {
                         "(Llama's set, with or without experts) so far; GPT's learned positions would need their own rule for "
                         "the shifted tokens");
     if (!stage.has_head) return;  // the depths live on the last stage (with a copy of the word embedding)
-    if (ctx.cp.size() > 1)
-      fail<ConfigError>("mtp_num_layers=", depths, " with context parallelism (cp=", ctx.cp.size(), ") is not available yet");
     const index_t h = config.hidden_size;
     for (int k = 0; k < depths; ++k) {
       const std::string name = "mtp." + std::to_string(k);
