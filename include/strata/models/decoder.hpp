@@ -369,14 +369,8 @@ class DecoderModel {
     Boundary dx;
     if (stage_.has_head) {
       check_fused_scale(saved, loss_scale);
-      if (!saved.mtp.empty()) {
-        Activation<T, Layout, Space> dh = mtp_backward(ctx, saved);  // ours: the main head's share goes in place
-        ctx.device.template add<T>(dh.data(), saved.final_norm_output_gradient.data(), dh.tensor.numel(), dh.data());
-        for (auto& d : mtp_) done(*d);
-        dx = final_norm_->backward(ctx, saved.final_norm, dh);
-      } else {
-        dx = final_norm_->backward(ctx, saved.final_norm, saved.final_norm_output_gradient);
-      }
+      dx = final_norm_->backward(ctx, saved.final_norm, fused_head_gradient(ctx, saved));
+      for (auto& d : mtp_) done(*d);
       done(*final_norm_);
       if constexpr (!TiedOutput) done(*output_);  // its gradient came with the fused forward
     } else {
@@ -387,7 +381,7 @@ class DecoderModel {
     dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
                          first_layer(), deferred, ready);
     if (!stage_.has_embedding) return dx;
-    embedding_dropout_backward(ctx, dx, saved.dropout_key);
+    embedding_dropout_backward(ctx, dx, embedding_dropout_key(saved.dropout_key));
     if (positions_) {
       positions_->backward(ctx, dx);
       done(*positions_);
@@ -435,13 +429,9 @@ class DecoderModel {
   void backward(Context& ctx, const Saved& saved, double loss_scale) {
     require_whole("model backward");
     Activation<T, Layout, Space> dh;  // d loss / d final norm output
-    if (saved.fused_loss_scale && !saved.mtp.empty()) {
+    if (saved.fused_loss_scale) {
       check_fused_scale(saved, loss_scale);
-      dh = mtp_backward(ctx, saved);  // ours: the main head's share goes in place
-      ctx.device.template add<T>(dh.data(), saved.final_norm_output_gradient.data(), dh.tensor.numel(), dh.data());
-    } else if (saved.fused_loss_scale) {
-      check_fused_scale(saved, loss_scale);
-      dh = saved.final_norm_output_gradient;  // shared, read only
+      dh = fused_head_gradient(ctx, saved);
     } else {
       Tensor<A, Space> dloss = saved.mask.clone();
       ctx.device.template scale<A>(dloss.data(), dloss.numel(), loss_scale);
@@ -452,7 +442,7 @@ class DecoderModel {
     auto dx = final_norm_->backward(ctx, saved.final_norm, dh);
     dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
                          first_layer(), static_cast<DeferredWeightGradients*>(nullptr));
-    embedding_dropout_backward(ctx, dx, saved.dropout_key);
+    embedding_dropout_backward(ctx, dx, embedding_dropout_key(saved.dropout_key));
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_->backward(ctx, saved.embedding, dx);
   }
@@ -758,6 +748,15 @@ class DecoderModel {
     else return whole;
   }
 
+  // d objective / d final norm output after a fused forward: the output layer's share (kept by the
+  // forward) and, with depths, theirs (their backward runs here).
+  Activation<T, Layout, Space> fused_head_gradient(Context& ctx, const Saved& saved) {
+    if (saved.mtp.empty()) return saved.final_norm_output_gradient;  // shared, read only
+    Activation<T, Layout, Space> dh = mtp_backward(ctx, saved);     // ours: the head's share goes in place
+    ctx.device.template add<T>(dh.data(), saved.final_norm_output_gradient.data(), dh.tensor.numel(), dh.data());
+    return dh;
+  }
+
   // The depths' backward, D down to 1; accumulates their gradients (and the word embedding's) and
   // returns d objective / d h_0 from the depths (the main head's share is not in it).
   Activation<T, Layout, Space> mtp_backward(Context& ctx, const Saved& saved) {
@@ -779,10 +778,7 @@ class DecoderModel {
       auto den = d.proj_e.backward(ctx, m.proj_e, dp);
       auto dhn = d.proj_h.backward(ctx, m.proj_h, dp);
       auto de = d.enorm.backward(ctx, m.enorm, den);
-      if (config_.hidden_dropout > 0) {
-        de = Activation<T, Layout, Space>(de.tensor.clone());
-        dropout_backward(ctx, de, config_.hidden_dropout, mtp_embedding_dropout_key(saved.dropout_key, static_cast<index_t>(j) + 1));
-      }
+      embedding_dropout_backward(ctx, de, mtp_embedding_dropout_key(saved.dropout_key, static_cast<index_t>(j) + 1));
       embedding_->backward(ctx, m.embedding, de);
       carry = d.hnorm.backward(ctx, m.hnorm, dhn);
     }
@@ -811,10 +807,12 @@ class DecoderModel {
   // Megatron's embedding dropout: --hidden-dropout on the embedding's output (words + positions),
   // with a key of its own (layer keys mix in the layer index, far below this constant).
   static std::uint64_t embedding_dropout_key(std::uint64_t dropout_key) { return rng::mix(dropout_key, 0x656d626564646e67ull); }
-  void embedding_dropout_backward(Context& ctx, Activation<T, Layout, Space>& dx, std::uint64_t dropout_key) const {
+  // The backward of the embedding output's dropout drawn with `key` (embedding_dropout_key, or a
+  // depth's mtp_embedding_dropout_key).
+  void embedding_dropout_backward(Context& ctx, Activation<T, Layout, Space>& dx, std::uint64_t key) const {
     if (config_.hidden_dropout <= 0) return;
     dx = Activation<T, Layout, Space>(dx.tensor.clone());  // dropout_backward works in place: on our own copy
-    dropout_backward(ctx, dx, config_.hidden_dropout, embedding_dropout_key(dropout_key));
+    dropout_backward(ctx, dx, config_.hidden_dropout, key);
   }
 
   // The dropout key of local layer i: keyed by the global layer index, so a stage draws the masks
