@@ -87,6 +87,31 @@ void rewind_checkpoint(const std::filesystem::path& dir, int keep, int drop) {
   tracker << keep << "\n";
 }
 
+// A layout of these tests: ranks, the parallel sizes, sequence parallelism and the dispatcher.
+struct MoeLayout {
+  int world, tp, pp, ep, etp;
+  bool sp;
+  strata::MoeDispatcherType dispatcher;
+  int cp = 1;
+};
+trainer::TrainArgs with_layout(trainer::TrainArgs a, const MoeLayout& l) {
+  a.world_size = l.world;
+  a.context_parallel_size = l.cp;
+  a.tensor_model_parallel_size = l.tp;
+  a.pipeline.pipeline_model_parallel_size = l.pp;
+  a.expert_model_parallel_size = l.ep;
+  a.expert_tensor_parallel_size = l.etp;
+  a.sequence_parallel = l.sp;
+  a.model.moe.token_dispatcher = l.dispatcher;
+  return a;
+}
+std::string describe(const MoeLayout& l) {
+  return "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+         " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp) + (l.sp ? " sp" : "") +
+         (l.dispatcher == strata::MoeDispatcherType::allgather ? " allgather" : " alltoall") +
+         (l.cp > 1 ? " cp=" + std::to_string(l.cp) : "");
+}
+
 TEST(TrainingMoe, MixtralLossFallsAndRouterLossesAreLogged) {
   auto a = tiny_mixtral();
   a.train_iters = 40;
@@ -121,34 +146,14 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
   const auto reference = trainer::train<Mixtral>(base);
   ASSERT_EQ(reference.losses.size(), 4u);
   ASSERT_EQ(reference.load_balancing_losses.size(), 4u);
-  struct Layout {
-    int world, tp, pp, ep, etp;
-    bool sp;
-    strata::MoeDispatcherType dispatcher;
-    int cp = 1;
-  };
   using D = strata::MoeDispatcherType;
-  for (Layout l : {Layout{2, 1, 1, 2, 1, false, D::alltoall}, Layout{2, 1, 1, 2, 1, false, D::allgather},
-                   Layout{4, 2, 1, 2, 1, true, D::alltoall}, Layout{4, 2, 1, 2, 2, true, D::allgather},
-                   Layout{4, 2, 1, 4, 1, false, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall},
-                   // context parallelism: each sequence's tokens split over cp ranks, routed where they are
-                   Layout{2, 1, 1, 1, 1, false, D::alltoall, 2}, Layout{4, 1, 1, 2, 1, false, D::alltoall, 2},
-                   Layout{4, 2, 1, 2, 2, true, D::allgather, 2}, Layout{4, 1, 2, 2, 1, false, D::alltoall, 2}}) {
-    auto a = base;
-    a.world_size = l.world;
-    a.context_parallel_size = l.cp;
-    a.tensor_model_parallel_size = l.tp;
-    a.pipeline.pipeline_model_parallel_size = l.pp;
-    a.expert_model_parallel_size = l.ep;
-    a.expert_tensor_parallel_size = l.etp;
-    a.sequence_parallel = l.sp;
-    a.model.moe.token_dispatcher = l.dispatcher;
-    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" +
-                             std::to_string(l.pp) + " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp) +
-                             (l.sp ? " sp" : "") + (l.dispatcher == D::allgather ? " allgather" : " alltoall") +
-                             (l.cp > 1 ? " cp=" + std::to_string(l.cp) : "");
-    expect_follows(trainer::train<Mixtral>(a), reference, what);
-  }
+  for (MoeLayout l : {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{2, 1, 1, 2, 1, false, D::allgather},
+                      MoeLayout{4, 2, 1, 2, 1, true, D::alltoall}, MoeLayout{4, 2, 1, 2, 2, true, D::allgather},
+                      MoeLayout{4, 2, 1, 4, 1, false, D::alltoall}, MoeLayout{4, 1, 2, 2, 1, false, D::alltoall},
+                      // context parallelism: each sequence's tokens split over cp ranks, routed where they are
+                      MoeLayout{2, 1, 1, 1, 1, false, D::alltoall, 2}, MoeLayout{4, 1, 1, 2, 1, false, D::alltoall, 2},
+                      MoeLayout{4, 2, 1, 2, 2, true, D::allgather, 2}, MoeLayout{4, 1, 2, 2, 1, false, D::alltoall, 2}})
+    expect_follows(trainer::train<Mixtral>(with_layout(base, l)), reference, describe(l));
 }
 
 // Multi-token prediction on a mixture of experts (DeepSeek-V3's shape: the depth's layer is a MoE
@@ -164,25 +169,11 @@ TEST(TrainingMoe, MultiTokenPredictionFollowsSingleRankTrajectory) {
   base.model.mtp_loss_scaling_factor = 0.3;
   const auto reference = trainer::train<Mixtral>(base);
   ASSERT_EQ(reference.mtp_losses.size(), 4u);
-  struct Layout {
-    int world, tp, pp, ep, etp;
-    bool sp;
-    strata::MoeDispatcherType dispatcher;
-  };
   using D = strata::MoeDispatcherType;
-  for (Layout l : {Layout{2, 1, 1, 2, 1, false, D::alltoall}, Layout{2, 1, 1, 2, 1, false, D::allgather},
-                   Layout{4, 2, 1, 2, 2, true, D::alltoall}, Layout{4, 1, 2, 2, 1, false, D::alltoall}}) {
-    auto a = base;
-    a.world_size = l.world;
-    a.tensor_model_parallel_size = l.tp;
-    a.pipeline.pipeline_model_parallel_size = l.pp;
-    a.expert_model_parallel_size = l.ep;
-    a.expert_tensor_parallel_size = l.etp;
-    a.sequence_parallel = l.sp;
-    a.model.moe.token_dispatcher = l.dispatcher;
-    const std::string what = "world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
-                             " ep=" + std::to_string(l.ep) + " etp=" + std::to_string(l.etp);
-    const auto run = trainer::train<Mixtral>(a);
+  for (MoeLayout l : {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{2, 1, 1, 2, 1, false, D::allgather},
+                      MoeLayout{4, 2, 1, 2, 2, true, D::alltoall}, MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}}) {
+    const std::string what = describe(l);
+    const auto run = trainer::train<Mixtral>(with_layout(base, l));
     expect_follows(run, reference, what);
     ASSERT_EQ(run.mtp_losses.size(), reference.mtp_losses.size()) << what;
     for (std::size_t i = 0; i < run.mtp_losses.size(); ++i)
