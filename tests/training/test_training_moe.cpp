@@ -185,7 +185,8 @@ TEST(TrainingMoe, MultiTokenPredictionFollowsSingleRankTrajectory) {
     std::int64_t n = 0;
     model.for_each_parameter([&](auto& p) { n += p.value.numel(); });
     EXPECT_EQ(n, strata::models::parameters_per_rank(base.model, strata::models::DecoderShape::llama(), 1));
-    EXPECT_EQ(model.routers().size(), 3u);  // two layers and the depth's
+    ASSERT_EQ(model.routers().size(), 3u);  // two layers and the depth's, registered where it lives
+    EXPECT_EQ(model.routers().back()->weight().name, "mtp.0.layer.mlp.router.weight");
   });
 }
 

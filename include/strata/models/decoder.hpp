@@ -131,6 +131,19 @@ class DecoderModel {
   // One multi-token-prediction depth (see the top): its parameters, and what its forward keeps.
   struct MtpDepth {
     using Proj = ColumnParallelLinear<Policy>;
+    // Built in place (never moved): a MoE layer's router registers its address with the model.
+    template <class MlpConfig>
+    MtpDepth(Context& ctx, const std::string& name, const ModelConfig& config, const AttentionConfig& attention, MlpConfig mlp)
+        : enorm(ctx, name + ".enorm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p),
+          hnorm(ctx, name + ".hnorm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p),
+          proj_e(ctx, name + ".eh_proj_e", config.hidden_size, config.hidden_size, false),
+          proj_h(ctx, name + ".eh_proj_h", config.hidden_size, config.hidden_size, false),
+          layer(ctx, name + ".layer",
+                TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout, config.apply_layernorm_1p},
+                attention, std::move(mlp)),
+          final_norm(ctx, name + ".final_norm", config.hidden_size, config.norm_epsilon, config.apply_layernorm_1p) {}
+    MtpDepth(const MtpDepth&) = delete;
+    MtpDepth& operator=(const MtpDepth&) = delete;
     Norm<Policy> enorm, hnorm;
     Proj proj_e, proj_h;
     Layer layer;
@@ -667,21 +680,12 @@ class DecoderModel {
                         "(Llama's set, with or without experts) so far; GPT's learned positions would need their own rule for "
                         "the shifted tokens");
     if (!stage.has_head) return;  // the depths live on the last stage (with a copy of the word embedding)
-    const index_t h = config.hidden_size;
-    for (int k = 0; k < depths; ++k) {
-      const std::string name = "mtp." + std::to_string(k);
+    for (int k = 0; k < depths; ++k)
       // The layer is one of the model's kind, with the last layer's attention options and MLP (a MoE
       // layer's router joins routers(): its aux and z losses and expert bias count as the others').
-      mtp_.push_back(std::unique_ptr<MtpDepth>(new MtpDepth{
-          Norm<Policy>(ctx, name + ".enorm", h, config.norm_epsilon, config.apply_layernorm_1p),
-          Norm<Policy>(ctx, name + ".hnorm", h, config.norm_epsilon, config.apply_layernorm_1p),
-          typename MtpDepth::Proj(ctx, name + ".eh_proj_e", h, h, false),
-          typename MtpDepth::Proj(ctx, name + ".eh_proj_h", h, h, false),
-          Layer(ctx, name + ".layer",
-                TransformerLayerConfig{config.hidden_size, config.norm_epsilon, config.hidden_dropout, config.apply_layernorm_1p},
-                attention_config(config, linear_bias, config.num_layers - 1), mlp_config(config, linear_bias, config.num_layers - 1)),
-          Norm<Policy>(ctx, name + ".final_norm", h, config.norm_epsilon, config.apply_layernorm_1p)}));
-    }
+      mtp_.push_back(std::make_unique<MtpDepth>(ctx, "mtp." + std::to_string(k), config,
+                                                attention_config(config, linear_bias, config.num_layers - 1),
+                                                mlp_config(config, linear_bias, config.num_layers - 1)));
     mtp_loss_sums_ = Tensor<double, Space>::zeros(Shape{static_cast<index_t>(depths)});
     mtp_tokens_.assign(static_cast<std::size_t>(depths), 0.0);
   }
