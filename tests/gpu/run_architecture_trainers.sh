@@ -51,15 +51,9 @@ run() {  # run <name> <flags...>: 0 done, 1 failed, 2 not run (the element type 
   return 1
 }
 
-for name in "${order[@]}"; do
-  read -r -a flags <<<"${preset[$name]}"
-  run "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"
-  result=$?
-  [[ $result == 0 ]] && { run "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; result=$?; }
-  if [[ $result == 2 ]]; then
-    line="not run: train_llama was built without float (STRATA_TRAINER_ELEMENTS)"
-  elif [[ $result == 0 ]]; then
-    line=$(python3 - "$logs/$name-cuda-fp32.jsonl" "$logs/$name-cpu-fp32.jsonl" <<'EOF'
+# fp32_equal <gpu jsonl> <cpu jsonl>: the verdict line of "every loss within 1e-3 of the CPU run".
+fp32_equal() {
+  python3 - "$1" "$2" <<'EOF'
 import json, math, sys
 a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
@@ -74,21 +68,10 @@ print(f"{'PASS' if ok else 'FAIL'}: {len(a)} losses within {worst:.1e} of the CP
       f"{a[0]['loss']:.4f} -> {a[-1]['loss']:.4f}")
 sys.exit(0 if ok else 1)
 EOF
-)
-    [[ $? == 0 ]] || status=1
-  else
-    line="FAIL: a run failed (logs in $logs)"
-    status=1
-  fi
-  echo "$name fp32 GPU = CPU: $line"
-  rows+=("| $name | fp32, GPU against CPU threads | ${line%%:*} | ${line#*: } |")
-
-  run "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"
-  result=$?
-  if [[ $result == 2 ]]; then
-    line="not run: train_llama was built without bf16 (STRATA_TRAINER_ELEMENTS)"
-  elif [[ $result == 0 ]]; then
-    line=$(python3 - "$logs/$name-cuda-bf16.jsonl" <<'EOF'
+}
+# bf16_trains <jsonl>: the verdict line of "40 finite losses, the last five below the first five".
+bf16_trains() {
+  python3 - "$1" <<'EOF'
 import json, math, sys
 a = [json.loads(l)['loss'] for l in open(sys.argv[1]) if '"loss"' in l]
 first, last = sum(a[:5]) / 5, sum(a[-5:]) / 5
@@ -96,14 +79,34 @@ ok = len(a) == 40 and all(math.isfinite(x) for x in a) and last < first
 print(f"{'PASS' if ok else 'FAIL'}: {len(a)} iterations, mean loss of the first five {first:.4f}, of the last five {last:.4f}")
 sys.exit(0 if ok else 1)
 EOF
-)
-    [[ $? == 0 ]] || status=1
+}
+# record <preset> <title> <check> <result of the runs> <element> <verdict command...>: prints the
+# check's line and adds its table row: not run (result 2: the element type was not compiled), the
+# verdict command's line (result 0), or FAIL (a run failed).
+record() {
+  local preset=$1 title=$2 check=$3 result=$4 element=$5 line
+  shift 5
+  if [[ $result == 2 ]]; then
+    line="not run: train_llama was built without $element (STRATA_TRAINER_ELEMENTS)"
+  elif [[ $result == 0 ]]; then
+    line=$("$@") || status=1
   else
-    line="FAIL: the run failed (logs in $logs)"
+    line="FAIL: a run failed (logs in $logs)"
     status=1
   fi
-  echo "$name bf16 trains: $line"
-  rows+=("| $name | bf16 on the GPU, 40 iterations | ${line%%:*} | ${line#*: } |")
+  echo "$preset $title: $line"
+  rows+=("| $preset | $check | ${line%%:*} | ${line#*: } |")
+}
+
+for name in "${order[@]}"; do
+  read -r -a flags <<<"${preset[$name]}"
+  run "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"
+  result=$?
+  [[ $result == 0 ]] && { run "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; result=$?; }
+  record "$name" "fp32 GPU = CPU" "fp32, GPU against CPU threads" $result float \
+    fp32_equal "$logs/$name-cuda-fp32.jsonl" "$logs/$name-cpu-fp32.jsonl"
+  run "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"
+  record "$name" "bf16 trains" "bf16 on the GPU, 40 iterations" $? bf16 bf16_trains "$logs/$name-cuda-bf16.jsonl"
 done
 
 echo
