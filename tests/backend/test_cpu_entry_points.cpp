@@ -79,6 +79,11 @@ TEST(Elementwise, TransposeSliceAndUnstack) {
   B::slice_columns<std::int32_t>(in.data(), rows, cols, 2, 2, slice.data());
   for (index_t r = 0; r < rows; ++r)
     for (index_t j = 0; j < 2; ++j) EXPECT_EQ(slice[r * 2 + j], in[r * cols + 2 + j]);
+  // columns 1..3 of `in` into columns 2..4 of a [rows, 6] matrix whose other columns keep their values
+  std::vector<std::int32_t> wide(rows * 6, -1);
+  B::copy_columns<std::int32_t>(in.data() + 1, cols, rows, 3, wide.data() + 2, 6);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < 6; ++j) EXPECT_EQ(wide[r * 6 + j], j >= 2 && j < 5 ? in[r * cols + 1 + (j - 2)] : -1);
   // [parts, rows, width] -> [rows, parts * width]
   const index_t parts = 3, width = 2;
   std::vector<float> stacked(parts * rows * width), joined(parts * rows * width);

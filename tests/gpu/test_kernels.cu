@@ -635,6 +635,22 @@ void test_rows(harness& h, index_t rows, index_t cols) {
     auto r1 = run(), r2 = run();
     compare(h, shape_label<T>("slice_columns", dims(rows, cols) + " begin=" + std::to_string(begin)), "out", r1, r2, ref, 0.0);
   }
+  {  // copy_columns: columns begin.. of [rows, cols] into columns 1.. of [rows, cols + 2], the others kept
+    const index_t begin = cols / 3, width = cols - begin, wide = cols + 2;
+    auto rng = h.fresh();
+    auto vin = rng.template uniform<T>(N), vout = rng.template uniform<T>(R * static_cast<std::size_t>(wide));
+    std::vector<T> ref = vout;
+    twin::copy_columns(vin.data() + begin, cols, rows, width, ref.data() + 1, wide);
+    device_vector<T> in(N), out(ref.size());
+    auto run = [&] {
+      upload(dev, vin, in);
+      upload(dev, vout, out);
+      dev.copy_columns(in.data() + begin, cols, rows, width, out.data() + 1, wide);
+      return download(dev, out);
+    };
+    auto r1 = run(), r2 = run();
+    compare(h, shape_label<T>("copy_columns", dims(rows, cols) + " begin=" + std::to_string(begin)), "out", r1, r2, ref, 0.0);
+  }
   {  // unstack_columns: 3 parts of [rows, cols]
     auto rng = h.fresh();
     auto vin = rng.template uniform<T>(3 * N);

@@ -36,6 +36,7 @@ struct mock_device_backend {
   template <class T> void bias_add(T* y, const T* bias, index_t rows, index_t cols);
   template <class T, class A = strata::accumulate_t<T>> void bias_grad(const T* dy, index_t rows, index_t cols, A* dbias);
   template <class T> void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out);
+  template <class T> void copy_columns(const T* in, index_t in_cols, index_t rows, index_t width, T* out, index_t out_cols);
   template <class T> void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out);
   template <class T> void qkv_split(const T* qkv, index_t rows, index_t groups, index_t hpg, index_t d, T* q, T* k, T* v);
   template <class T>

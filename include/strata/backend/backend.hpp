@@ -72,6 +72,7 @@ concept gemm = gemm_of<B, float> && gemm_of<B, double> && gemm_of<B, bf16>;
 template <class B, class T>
 concept columns_of = requires(B& b, const T* ct, T* t, index_t n) {
   b.template slice_columns<T>(ct, n, n, n, n, t);
+  b.template copy_columns<T>(ct, n, n, n, t, n);
   b.template unstack_columns<T>(ct, n, n, n, t);
   b.template qkv_split<T>(ct, n, n, n, n, t, t, t);
   b.template qkv_merge<T>(ct, ct, ct, n, n, n, n, t);

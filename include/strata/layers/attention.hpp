@@ -75,6 +75,7 @@
 #include "../shard/partition.hpp"
 #include "column_parallel_linear.hpp"
 #include "context_parallel_attention.hpp"
+#include "latent_attention.hpp"
 #include "norm.hpp"
 #include "row_parallel_linear.hpp"
 
@@ -105,6 +106,7 @@ struct AttentionConfig {
   RopeOptions rope{};  // rotary_dim (--rotary-percent), interleaved, Llama 3.1 scaling
   index_t window = -1;  // sliding window (--window-size): query i sees keys i - window .. i; -1: all
   SoftmaxType softmax = SoftmaxType::vanilla;  // attention sinks (--softmax-type)
+  LatentAttentionConfig latent{};  // multi-latent attention (--multi-latent-attention; with rope only)
 };
 
 template <class Policy, class Position = no_rope, class Grouping = mha>
@@ -138,6 +140,7 @@ class SelfAttention {
     // qk_norm only: the norms' saved inputs (q and k before the norm) and statistics
     typename LayerNorm<Policy>::Saved q_layernorm, k_layernorm;
     typename RmsNorm<Policy>::Saved q_rmsnorm, k_rmsnorm;
+    typename LatentAttention<Policy>::Saved latent;  // multi-latent attention: everything it keeps (the rest empty)
   };
 
   // Whether attention reads q, k, v as views of the packed projection (see the note at the top).
@@ -149,13 +152,23 @@ class SelfAttention {
         heads_local_(heads_per_rank(config_.num_heads, ctx.tp.size())),
         groups_local_(query_groups_per_rank(config_.num_query_groups, ctx.tp.size())),
         head_dim_(config_.kv_channels),
-        qkv_(ctx, name + ".qkv", config_.hidden_size,
-             static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
-                 config_.kv_channels,
-             config_.bias || config_.qkv_bias),
-        proj_(ctx, name + ".proj", static_cast<index_t>(config_.num_heads) * config_.kv_channels, config_.hidden_size,
-              config_.bias),
         context_parallel_(ctx.cp.size() > 1) {
+    if constexpr (std::is_same_v<Position, rope>) {
+      if (config_.latent.enabled()) {
+        if (context_parallel_)
+          fail<ConfigError>("SelfAttention ", name, ": multi-latent attention with context parallelism (cp=", ctx.cp.size(),
+                            ") is not available yet; use --context-parallel-size 1");
+        latent_.emplace(ctx, name, config_.hidden_size, config_.num_heads, config_.latent, config_.bias, config_.rope,
+                        config_.rope_base);
+        return;
+      }
+    }
+    qkv_.emplace(ctx, name + ".qkv", config_.hidden_size,
+                 static_cast<index_t>(config_.num_query_groups) * (config_.num_heads / config_.num_query_groups + 2) *
+                     config_.kv_channels,
+                 config_.bias || config_.qkv_bias);
+    proj_.emplace(ctx, name + ".proj", static_cast<index_t>(config_.num_heads) * config_.kv_channels, config_.hidden_size,
+                  config_.bias);
     if (config_.qk_norm == QkNorm::layernorm) {
       q_layernorm_.emplace(ctx, name + ".q_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
       k_layernorm_.emplace(ctx, name + ".k_norm", head_dim_, config_.qk_norm_epsilon, config_.qk_norm_zero_centered);
@@ -184,6 +197,10 @@ class SelfAttention {
   // (2 cp) queries (causal and not), or with a2a whole sequences of heads / cp heads.
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
     const bool plan_backward = backward && config_.dropout <= 0;
+    if (latent_) {
+      latent_->prepare(ctx, s, b, plan_backward, AttentionOptions{});
+      return;
+    }
     if (!context_parallel_) {
       ctx.device.template prepare_attention<T>(s, b, heads_local_, groups_local_, head_dim_, plan_backward,
                                                options_of(packed_view().strides, {}));
@@ -209,10 +226,17 @@ class SelfAttention {
     Saved saved;
     if (dropout_key && config_.dropout > 0)
       saved.dropout = AttentionDropout{config_.dropout, *dropout_key, static_cast<index_t>(ctx.tp.rank()) * heads_local_};
-    auto [qkv, qkv_saved] = qkv_.forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
+    if constexpr (std::is_same_v<Position, rope>) {
+      if (latent_) {
+        auto [y, latent_saved] = latent_->forward(ctx, x, saved.dropout, recompute_core_, AttentionOptions{});
+        saved.latent = std::move(latent_saved);
+        return {std::move(y), std::move(saved)};
+      }
+    }
+    auto [qkv, qkv_saved] = qkv_->forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
     core_forward(ctx, qkv.tensor, saved);
-    auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(saved.out));
+    auto [y, proj_saved] = proj_->forward(ctx, Act<layout::sharded<-1>>(saved.out));
     saved.proj = std::move(proj_saved);
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
@@ -230,6 +254,8 @@ class SelfAttention {
   // (RowParallelLinear::backward).
   Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
                        bool output_bias_gradient = true) {
+    if constexpr (std::is_same_v<Position, rope>)
+      if (latent_) return latent_->backward(ctx, stored.latent, dy, deferred, output_bias_gradient, AttentionOptions{});
     if (!stored.qkv_output.empty()) {  // selective recompute: the core's tensors again, then the backward
       Saved saved = stored;
       core_forward(ctx, saved.qkv_output, saved);
@@ -239,7 +265,7 @@ class SelfAttention {
     return backward_from(ctx, stored, dy, deferred, output_bias_gradient);
   }
   // The output projection's bias (null without one).
-  Parameter<T, Space>* output_bias() { return proj_.bias(); }
+  Parameter<T, Space>* output_bias() { return latent_ ? latent_->output_bias() : proj_->bias(); }
 
   // On: forward keeps only the qkv output and backward recomputes the attention core (see above).
   void set_recompute_core(bool on) { recompute_core_ = on; }
@@ -353,7 +379,7 @@ class SelfAttention {
   Act<Layout> backward_from(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred,
                             bool output_bias_gradient) {
     const index_t s = saved.out.size(0), b = saved.out.size(1), d = head_dim_, hpg = heads_local_ / groups_local_;
-    auto dcontext = proj_.backward(ctx, saved.proj, dy, deferred, output_bias_gradient);  // (s, b, np_local * d)
+    auto dcontext = proj_->backward(ctx, saved.proj, dy, deferred, output_bias_gradient);  // (s, b, np_local * d)
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     if (context_parallel_) {
       const ContextParallelSplit split = context_parallel_split(ctx, s);
@@ -374,7 +400,7 @@ class SelfAttention {
         if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
         qk_norm_backward(ctx, saved, dq, dk);
         ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
-        return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+        return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
       }
       auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
            dv = Tensor<T, Space>::empty(saved.v.shape());
@@ -386,7 +412,7 @@ class SelfAttention {
       if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
       qk_norm_backward(ctx, saved, dq, dk);
       ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
-      return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+      return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
     }
     if (const PackedQkvView view = packed_view(); view.is_view) {
       // dq, dk, dv are views of dqkv that together cover each of its elements once: no zeroing
@@ -396,7 +422,7 @@ class SelfAttention {
                                                 saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_,
                                                 d, scale(), dpacked, dpacked + view.k_offset,
                                                 dpacked + view.v_offset, backward_options_of(view.strides, saved.dropout));
-      return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+      return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
     }
     auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
          dv = Tensor<T, Space>::empty(saved.v.shape());
@@ -410,15 +436,19 @@ class SelfAttention {
     }
     qk_norm_backward(ctx, saved, dq, dk);
     ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
-    return qkv_.backward(ctx, saved.qkv, dqkv, deferred);
+    return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
   }
 
  public:
 
   // Megatron's init: N(0, std) for qkv; the output projection scaled by output_stddev.
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
-    qkv_.init(ctx, seed, stddev);
-    proj_.init(ctx, seed, output_stddev);
+    if (latent_) {
+      latent_->init(ctx, seed, stddev, output_stddev);
+      return;
+    }
+    qkv_->init(ctx, seed, stddev);
+    proj_->init(ctx, seed, output_stddev);
     if (q_layernorm_) {
       q_layernorm_->init(ctx, seed, stddev);
       k_layernorm_->init(ctx, seed, stddev);
@@ -431,8 +461,12 @@ class SelfAttention {
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
-    qkv_.for_each_parameter(visit);
-    proj_.for_each_parameter(visit);
+    if (latent_) {
+      latent_->for_each_parameter(visit);
+      return;
+    }
+    qkv_->for_each_parameter(visit);
+    proj_->for_each_parameter(visit);
     if (q_layernorm_) {
       q_layernorm_->for_each_parameter(visit);
       k_layernorm_->for_each_parameter(visit);
@@ -444,8 +478,40 @@ class SelfAttention {
     if (sinks_) visit(*sinks_);
   }
 
+  // Multi-latent attention's sizes, and the options it does not take yet.
+  static void validate_latent(const AttentionConfig& c) {
+    const LatentAttentionConfig& l = c.latent;
+    if constexpr (!std::is_same_v<Position, rope>)
+      fail<ConfigError>("SelfAttention: multi-latent attention needs rotary embeddings (its keys' and queries' "
+                        "qk_pos_emb_head_dim part); this model uses learned positions (--position-embedding-type learned_absolute)");
+    if (l.q_lora_rank < 0 || l.qk_head_dim <= 0 || l.qk_pos_emb_head_dim <= 0 || l.qk_pos_emb_head_dim % 2 != 0 ||
+        l.v_head_dim <= 0 || !(std::isfinite(l.norm_epsilon) && l.norm_epsilon > 0))
+      fail<ConfigError>("SelfAttention: multi-latent attention needs --kv-lora-rank > 0 (", l.kv_lora_rank,
+                        "), --q-lora-rank >= 0 (", l.q_lora_rank, "; 0: no query compression), --qk-head-dim > 0 (",
+                        l.qk_head_dim, "), an even --qk-pos-emb-head-dim > 0 (", l.qk_pos_emb_head_dim,
+                        ") and --v-head-dim > 0 (", l.v_head_dim, ")");
+    if (l.v_head_dim > l.head_dim())
+      fail<ConfigError>("SelfAttention: multi-latent attention with --v-head-dim ", l.v_head_dim,
+                        " wider than --qk-head-dim + --qk-pos-emb-head-dim = ", l.head_dim(),
+                        " is not available (values are padded to the query/key head dimension); use --v-head-dim <= ", l.head_dim());
+    const char* other = c.window >= 0                           ? "a sliding window (--window-size)"
+                        : c.softmax != SoftmaxType::vanilla     ? "attention sinks (--softmax-type)"
+                        : c.qk_norm != QkNorm::none             ? "--qk-layernorm (the latents have their own norms)"
+                        : c.rope.yarn()                         ? "YaRN (--position-embedding-type yarn; DeepSeek scales the softmax by its mscale)"
+                        : c.qkv_bias                            ? "--add-qkv-bias"
+                        : c.rope.rotary_dim > 0                 ? "--rotary-percent below 1 (the qk_pos_emb_head_dim part turns whole)"
+                        : nullptr;
+    if (other)
+      fail<ConfigError>("SelfAttention: multi-latent attention with ", other, " is not available yet; drop one of the two");
+  }
+
   static AttentionConfig validated(AttentionConfig c, int tp) {
     if (std::is_same_v<Grouping, mha> || c.num_query_groups == 0) c.num_query_groups = c.num_heads;
+    if (c.latent.enabled()) {  // every head has its own keys and values, of the latent's head dimension
+      c.num_query_groups = c.num_heads;
+      c.kv_channels = static_cast<int>(c.latent.head_dim());
+      validate_latent(c);
+    }
     if (c.window < -1)
       fail<ConfigError>("SelfAttention: window=", c.window, " must be -1 (no sliding window) or a number of keys >= 0");
     if (c.num_heads <= 0 || c.hidden_size <= 0)
@@ -555,8 +621,9 @@ class SelfAttention {
 
   AttentionConfig config_;
   index_t heads_local_, groups_local_, head_dim_;
-  Qkv qkv_;
-  Proj proj_;
+  std::optional<Qkv> qkv_;    // empty under multi-latent attention
+  std::optional<Proj> proj_;  // empty under multi-latent attention (latent_ has its own)
+  std::optional<LatentAttention<Policy>> latent_;  // multi-latent attention (config_.latent), rope only
   std::optional<LayerNorm<Policy>> q_layernorm_, k_layernorm_;  // qk_norm layernorm
   std::optional<RmsNorm<Policy>> q_rmsnorm_, k_rmsnorm_;        // qk_norm rmsnorm
   std::optional<Parameter<T, Space>> sinks_;                    // softmax learnable: softmax_offset [heads] split over tp

@@ -96,6 +96,14 @@ struct ModelConfig {
   // predicting one token further, and the weight of their mean loss.
   int mtp_num_layers = 0;                // --mtp-num-layers (0: none)
   double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  // Multi-latent attention (DeepSeek-V2/V3; layers/latent_attention.hpp), RoPE models only. The
+  // sizes default to Megatron's (q_lora_rank 0 stands for its None: queries without compression).
+  bool multi_latent_attention = false;  // --multi-latent-attention
+  int q_lora_rank = 0;                  // --q-lora-rank
+  int kv_lora_rank = 32;                // --kv-lora-rank
+  int qk_head_dim = 128;                // --qk-head-dim
+  int qk_pos_emb_head_dim = 64;         // --qk-pos-emb-head-dim
+  int v_head_dim = 128;                 // --v-head-dim
 
   // The window of layer `layer` (0-based): window_size where the layer has one, else -1.
   int layer_window(int layer) const {

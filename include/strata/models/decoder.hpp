@@ -669,6 +669,9 @@ class DecoderModel {
     c.rope = config.rope_variant(c.rope);
     c.softmax = config.softmax_type;  // --softmax-type (attention sinks)
     c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
+    if (config.multi_latent_attention)
+      c.latent = LatentAttentionConfig{config.q_lora_rank,         config.kv_lora_rank, config.qk_head_dim,
+                                       config.qk_pos_emb_head_dim, config.v_head_dim,   config.norm_epsilon};
     return c;
   }
 

@@ -165,9 +165,25 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   // qkv: [heads + 2 groups] x head_dim output columns, sharded by tp.
   const std::int64_t qkv_out = checked_product(what, checked_add(heads, checked_mul(2, groups, what), what), head_dim);
   std::int64_t layer = checked_mul(2, norm, what);
-  layer = checked_add(layer, checked_product(what, qkv_out, h) / tp, what);
-  if (shape.linear_bias) layer = checked_add(layer, qkv_out / tp, what);
-  layer = checked_add(layer, checked_product(what, heads * head_dim, h) / tp, what);  // output projection
+  if (m.multi_latent_attention) {
+    // The replicated down projections and latent RMSNorms, the up projections and the output
+    // projection split by heads (layers/latent_attention.hpp).
+    const std::int64_t rq = m.q_lora_rank, rkv = m.kv_lora_rank, dr = m.qk_pos_emb_head_dim, dv = m.v_head_dim;
+    const std::int64_t qk = checked_product(what, heads, m.qk_head_dim + dr);
+    if (rq > 0)
+      layer = checked_add(layer, checked_add(checked_add(checked_mul(rq, h, what), rq, what), checked_mul(qk, rq, what) / tp, what),
+                          what);
+    else
+      layer = checked_add(layer, checked_mul(qk, h, what) / tp, what);
+    layer = checked_add(layer, checked_add(checked_mul(rkv + dr, h, what), rkv, what), what);
+    layer = checked_add(layer, checked_product(what, heads, m.qk_head_dim + dv, rkv) / tp, what);
+    layer = checked_add(layer, checked_product(what, heads, dv, h) / tp, what);  // output projection
+    if (shape.linear_bias) layer = checked_add(layer, h, what);                     // its bias is replicated
+  } else {
+    layer = checked_add(layer, checked_product(what, qkv_out, h) / tp, what);
+    if (shape.linear_bias) layer = checked_add(layer, qkv_out / tp, what);
+    layer = checked_add(layer, checked_product(what, heads * head_dim, h) / tp, what);  // output projection
+  }
   if (shape.linear_bias) layer = checked_add(layer, h, what);                            // its bias is replicated
   // A dense MLP of width w sharded over `over` ranks (fc1, fc2 and their biases).
   auto mlp = [&](std::int64_t w, std::int64_t over) {

@@ -107,6 +107,10 @@ struct backend {
     cpu::slice_columns<T>(in, rows, cols, begin, width, out);
   }
   template <class T>
+  static void copy_columns(const T* in, index_t in_cols, index_t rows, index_t width, T* out, index_t out_cols) {
+    cpu::copy_columns<T>(in, in_cols, rows, width, out, out_cols);
+  }
+  template <class T>
   static void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out) {
     cpu::unstack_columns<T>(stacked, parts, rows, width, out);
   }

@@ -61,6 +61,13 @@ void slice_columns(const X* in, index_t rows, index_t cols, index_t begin, index
   for (index_t r = 0; r < rows; ++r) std::copy_n(in + r * cols + begin, width, out + r * width);
 }
 
+// out[r * out_cols + j] = in[r * in_cols + j] for j < width: a block of columns of a row-major
+// matrix into a block of columns of another (either pointer may start at a column offset)
+template <class X>
+void copy_columns(const X* in, index_t in_cols, index_t rows, index_t width, X* out, index_t out_cols) {
+  for (index_t r = 0; r < rows; ++r) std::copy_n(in + r * in_cols, width, out + r * out_cols);
+}
+
 // stacked [parts, rows, width] -> out [rows, parts * width]
 template <class X>
 void unstack_columns(const X* stacked, index_t parts, index_t rows, index_t width, X* out) {

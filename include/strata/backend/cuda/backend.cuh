@@ -238,6 +238,10 @@ class backend {
     kernels::slice_columns<T>(in, rows, cols, begin, width, out, stream());
   }
   template <class T>
+  void copy_columns(const T* in, index_t in_cols, index_t rows, index_t width, T* out, index_t out_cols) const {
+    kernels::copy_columns<T>(in, in_cols, rows, width, out, out_cols, stream());
+  }
+  template <class T>
   void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out) const {
     kernels::unstack_columns<T>(stacked, parts, rows, width, out, stream());
   }

@@ -1,6 +1,7 @@
 // strata/backend/cuda/kernels/columns.cuh: column slices and the attention head permutations.
 //
 //   slice_columns    out[r, j] = in[r, begin + j]                        in [rows, cols], out [rows, width]
+//   copy_columns     out[r * out_cols + j] = in[r * in_cols + j], j < width (blocks of columns; one 2D copy)
 //   unstack_columns  out[r, p * width + w] = stacked[p, r, w]            stacked [parts, rows, width]
 //   qkv_split        qkv [rows, groups, heads_per_group + 2, d] -> q [rows, groups * heads_per_group, d],
 //                    k, v [rows, groups, d]: slot j < heads_per_group of group g is query head
@@ -34,6 +35,16 @@ void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index
   slice_columns_kernel<S><<<grid_for(rows * width), kThreads, 0, stream>>>(
       reinterpret_cast<const S*>(in), rows, cols, begin, width, reinterpret_cast<S*>(out));
   check_launch("slice_columns");
+}
+
+// A 2D copy on the stream (the copy engines or a copy kernel, as the driver picks): rows of `width`
+// elements at pitches in_cols and out_cols.
+template <class T>
+void copy_columns(const T* in, index_t in_cols, index_t rows, index_t width, T* out, index_t out_cols, cudaStream_t stream) {
+  if (rows <= 0 || width <= 0) return;
+  STRATA_CUDA_CHECK(cudaMemcpy2DAsync(out, static_cast<std::size_t>(out_cols) * sizeof(T), in,
+                                      static_cast<std::size_t>(in_cols) * sizeof(T), static_cast<std::size_t>(width) * sizeof(T),
+                                      static_cast<std::size_t>(rows), cudaMemcpyDeviceToDevice, stream));
 }
 
 template <class S>

@@ -88,6 +88,8 @@ STRATA_CUDA_INLINE void clip_factor(const double* square_sum, double max_norm, d
 template <class T>
 void slice_columns(const T* in, index_t rows, index_t cols, index_t begin, index_t width, T* out, cudaStream_t stream);
 template <class T>
+void copy_columns(const T* in, index_t in_cols, index_t rows, index_t width, T* out, index_t out_cols, cudaStream_t stream);
+template <class T>
 void unstack_columns(const T* stacked, index_t parts, index_t rows, index_t width, T* out, cudaStream_t stream);
 template <class T>
 void qkv_split(const T* qkv, index_t rows, index_t groups, index_t heads_per_group, index_t d, T* q, T* k, T* v,

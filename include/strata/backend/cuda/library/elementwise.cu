@@ -41,6 +41,7 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_CONVERT_FROM)
   template void adamw_step_many<T, AdamWStep<accumulate_t<T>>, accumulate_t<T>>(                               \
       const adamw_tensor<T, accumulate_t<T>>*, std::size_t, const AdamWStep<accumulate_t<T>>&, cudaStream_t);   \
   template void slice_columns<T>(const T*, index_t, index_t, index_t, index_t, T*, cudaStream_t);               \
+  template void copy_columns<T>(const T*, index_t, index_t, index_t, T*, index_t, cudaStream_t);               \
   template void unstack_columns<T>(const T*, index_t, index_t, index_t, T*, cudaStream_t);                      \
   template void qkv_split<T>(const T*, index_t, index_t, index_t, index_t, T*, T*, T*, cudaStream_t);           \
   template void qkv_merge<T>(const T*, const T*, const T*, index_t, index_t, index_t, index_t, T*, cudaStream_t); \
