@@ -178,7 +178,6 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     layer = checked_add(layer, checked_add(checked_mul(rkv + dr, h, what), rkv, what), what);
     layer = checked_add(layer, checked_product(what, heads, m.qk_head_dim + dv, rkv) / tp, what);
     layer = checked_add(layer, checked_product(what, heads, dv, h) / tp, what);  // output projection
-    if (shape.linear_bias) layer = checked_add(layer, h, what);                     // its bias is replicated
   } else {
     layer = checked_add(layer, checked_product(what, qkv_out, h) / tp, what);
     if (shape.linear_bias) layer = checked_add(layer, qkv_out / tp, what);
