@@ -67,6 +67,7 @@ inline models::ModelConfig command_line_model() {
 // The architecture flags of pretrain_gpt.py (Megatron's defaults: GPT-2's set).
 struct ArchitectureArgs {
   std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope | yarn (rope with YaRN's scaling)
+  std::string rope_type;                                     // --rope-type (multi-latent attention's): rope | yarn; "" unset
   std::string normalization = "LayerNorm";                   // LayerNorm | RMSNorm
   bool swiglu = false;
   bool squared_relu = false;  // --squared-relu (run-time: ModelConfig::activation)
@@ -857,6 +858,16 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "default 0: none; a RoPE model)");
   app.add_option("--mtp-loss-scaling-factor", a.model.mtp_loss_scaling_factor,
                  "weight of the depths' mean loss in the objective (default 0.1)");
+  app.add_flag("--multi-latent-attention", a.model.multi_latent_attention,
+               "multi-latent attention (DeepSeek-V2/V3): queries, keys and values through low-rank latents (a RoPE model)");
+  app.add_option("--q-lora-rank", a.model.q_lora_rank, "rank of the queries' latent (default: none, queries from the hidden state)");
+  app.add_option("--kv-lora-rank", a.model.kv_lora_rank, "rank of the keys' and values' latent (default 32)");
+  app.add_option("--qk-head-dim", a.model.qk_head_dim, "dimensions of a query/key head without RoPE (default 128)");
+  app.add_option("--qk-pos-emb-head-dim", a.model.qk_pos_emb_head_dim,
+                 "dimensions of a query/key head turned by RoPE, shared by the heads in k (default 64)");
+  app.add_option("--v-head-dim", a.model.v_head_dim, "dimensions of a value head (default 128)");
+  app.add_option("--rope-type", a.architecture.rope_type, "RoPE of multi-latent attention: rope (yarn is not available with it yet)")
+      ->check(CLI::IsMember({"rope", "yarn"}));
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
   app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
   app.add_option("--make-vocab-size-divisible-by", a.model.make_vocab_size_divisible_by);
@@ -1658,6 +1669,34 @@ inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
   m.yarn_round_to_int = x.yarn_correction_range_round_to_int;
 }
 
+// --multi-latent-attention and its sizes; --rope-type, which Megatron reads for it alone.
+inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
+  models::ModelConfig& m = a.model;
+  constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+  const std::string& rope_type = a.architecture.rope_type;
+  if (!m.multi_latent_attention) {
+    for (const char* flag : {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type"})
+      if (app.count(flag) > 0)
+        a.notes.push_back(std::string(flag) + ": without --multi-latent-attention it changes nothing (as in Megatron)");
+    return;
+  }
+  check_range("--q-lora-rank", m.q_lora_rank, 0, kIntMax, "rank of the queries' latent; 0 = none");
+  check_range("--kv-lora-rank", m.kv_lora_rank, 1, kIntMax, "rank of the keys' and values' latent");
+  check_range("--qk-head-dim", m.qk_head_dim, 1, kIntMax, "query/key head dimensions without RoPE");
+  check_range("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, 2, kIntMax, "query/key head dimensions with RoPE (even)");
+  check_range("--v-head-dim", m.v_head_dim, 1, kIntMax, "value head dimensions");
+  if (rope_type == "yarn")
+    fail<ConfigError>("--rope-type yarn with --multi-latent-attention: strata's multi-latent attention has plain RoPE so far "
+                      "(DeepSeek's YaRN also scales the softmax by its mscale); use --rope-type rope");
+  if (rope_type.empty())
+    a.notes.emplace_back("--multi-latent-attention without --rope-type: plain RoPE (Megatron's multi-latent attention defaults "
+                         "to YaRN with factor 40, which strata's lacks so far); --rope-type rope says so explicitly");
+  if (!a.load_hf.empty() || !a.save_hf.empty())
+    fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --multi-latent-attention: the Hugging Face "
+                      "classes strata maps (Llama, Qwen, Mistral, Mixtral, Qwen3-MoE) have no latent attention; train without it "
+                      "to exchange weights with them");
+}
+
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
   resolve_sliding_window(a);
   ArchitectureArgs& x = a.architecture;
@@ -1687,6 +1726,7 @@ inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
         a.notes.push_back(std::string(flag) + ": without --position-embedding-type rope there is no RoPE, so it changes nothing");
     m.rotary_percent = 1.0, m.rotary_interleaved = false, m.rope_scaling_factor = 0;
   }
+  resolve_latent_attention(app, a);
   if ((app.count("--activation-func-clamp-value") > 0 || app.count("--glu-linear-offset") > 0) && !x.gated())
     fail<ConfigError>("--activation-func-clamp-value and --glu-linear-offset apply to a gated MLP (--swiglu or --quick-geglu); "
                       "add one of them or drop the flag");

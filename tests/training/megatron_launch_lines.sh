@@ -2,6 +2,7 @@
 # megatron_launch_lines.sh <pretrain_gpt> <preprocess_data> <source dir>: command lines shaped like
 # Megatron-LM's own example scripts (examples/gpt3/train_gpt3_175b_distributed.sh,
 # examples/llama/train_llama3_8b_h100_fp8.sh, examples/mixtral/train_mixtral_8x7b_distributed.sh),
+# and the building blocks of Qwen, gpt-oss and DeepSeek-V3 as their lines give them,
 # with the same flags at tiny sizes, run through pretrain_gpt on CPU threads (torchrun's processes
 # become --world-size threads). The arrays are built and expanded as the scripts do (unquoted, so
 # "--split '99,1,0'" reaches the trainer with its quotes). What a line needs that strata does not
@@ -278,6 +279,17 @@ expect_training gpt-oss-attention "$pretrain" --world-size 2 ${QWEN_ARGS[@]} ${G
 grep -q 'strata llama' "$work/gpt-oss-attention.out" || fail "gpt-oss-attention: the flags did not select the Llama model"
 expect_refusal gpt-oss-sinks-cp "attention sinks" "context parallelism" -- "$pretrain" --world-size 2 ${QWEN_ARGS[@]} \
   --swiglu --softmax-type learnable --context-parallel-size 2
+# DeepSeek-V3's blocks at a toy size: multi-latent attention (queries and keys/values through latents,
+# a RoPE part shared by the heads), experts with a shared expert and sigmoid routing with an expert
+# bias, and one multi-token prediction depth, at tp=2 + SP x ep=2 on 4 threads.
+DEEPSEEK_ARGS=(${QWEN_ARGS[@]} --swiglu --multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16
+    --qk-pos-emb-head-dim 8 --v-head-dim 12 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32
+    --moe-shared-expert-intermediate-size 32 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+    --mtp-num-layers 1)
+expect_training deepseek "$pretrain" --world-size 4 ${DEEPSEEK_ARGS[@]} --rope-type rope --tensor-model-parallel-size 2 \
+  --sequence-parallel --expert-model-parallel-size 2
+grep -q 'strata mixtral' "$work/deepseek.out" || fail "deepseek: the flags did not select the Mixtral model"
+expect_refusal deepseek-yarn "--rope-type yarn" "plain RoPE" -- "$pretrain" --world-size 1 ${DEEPSEEK_ARGS[@]} --rope-type yarn
 expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
   ${QWEN_ARGS[@]} --swiglu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
 expect_refusal qk-tp "num_query_groups=2 is smaller than tp=4" -- "$pretrain" --world-size 4 ${QWEN_ARGS[@]} \

@@ -44,6 +44,38 @@ TEST(MegatronFlags, MultiTokenPrediction) {
   refused("llama", {"--mtp-loss-scaling-factor", "-1"}, {"mtp_loss_scaling_factor=-1"});
 }
 
+TEST(MegatronFlags, MultiLatentAttention) {
+  const TrainArgs a = parse_flags("llama", {"--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16",
+                                            "--qk-head-dim", "12", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "10",
+                                            "--rope-type", "rope"});
+  EXPECT_TRUE(a.model.multi_latent_attention);
+  EXPECT_EQ(a.model.q_lora_rank, 24);
+  EXPECT_EQ(a.model.kv_lora_rank, 16);
+  EXPECT_EQ(a.model.qk_head_dim, 12);
+  EXPECT_EQ(a.model.qk_pos_emb_head_dim, 8);
+  EXPECT_EQ(a.model.v_head_dim, 10);
+  const TrainArgs defaults = parse_flags("llama", {"--multi-latent-attention"});  // Megatron's defaults
+  EXPECT_EQ(defaults.model.q_lora_rank, 0);
+  EXPECT_EQ(defaults.model.kv_lora_rank, 32);
+  EXPECT_EQ(defaults.model.qk_head_dim, 128);
+  EXPECT_EQ(defaults.model.qk_pos_emb_head_dim, 64);
+  EXPECT_EQ(defaults.model.v_head_dim, 128);
+  auto noted = [](const TrainArgs& args, const std::string& text) {
+    for (const std::string& n : args.notes)
+      if (n.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(noted(defaults, "without --rope-type: plain RoPE"));
+  EXPECT_TRUE(noted(parse_flags("llama", {"--kv-lora-rank", "16"}), "--kv-lora-rank: without --multi-latent-attention"));
+  EXPECT_FALSE(parse_flags("llama", {"--kv-lora-rank", "16"}).model.multi_latent_attention);
+  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--rope-type", "yarn"}); },
+                      {"--rope-type yarn", "plain RoPE"});
+  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--save-hf", "/tmp/x"}); },
+                      {"--save-hf with --multi-latent-attention"});
+  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--qk-pos-emb-head-dim", "0"}); },
+                      {"--qk-pos-emb-head-dim=0"});
+}
+
 TEST(MegatronFlags, DefaultsAreMegatrons) {
   const TrainArgs a = parse_flags("gpt", {});
   EXPECT_EQ(a.tensor_model_parallel_size, 1);
