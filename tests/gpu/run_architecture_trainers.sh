@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/run_architecture_trainers.sh <build> [log dir]: the architecture presets of
-# docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense) and multi-token prediction's
-# depths (--mtp-num-layers 2) trained by train_llama on a GPU.
+# docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense), multi-token prediction's
+# depths (--mtp-num-layers 2) and multi-latent attention (--multi-latent-attention) trained by
+# train_llama on a GPU. STRATA_ARCH_PRESETS="a b" runs those presets only.
 #
 # For each preset, at a small size (2 layers, hidden 128, 8 heads in 2 query groups, sequence 128,
 # the shipped corpus):
@@ -39,7 +40,10 @@ declare -A preset=(
   [gpt-oss]="--position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 32 --yarn-original-max-position-embeddings 64 --no-yarn-correction-range-round-to-int --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --softmax-type learnable --window-size (15,0) --window-attn-skip-freq 2"
 )
 preset[deepseek-mtp]="--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3"  # multi-token prediction's depths
-order=(llama3.1 qwen2 qwen3 mistral gpt-oss deepseek-mtp)
+# Multi-latent attention (heads of 16 + 16 dimensions, values of 16 padded to 32) with one MTP depth.
+preset[deepseek-mla]="--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16 --rope-type rope --mtp-num-layers 1"
+order=(llama3.1 qwen2 qwen3 mistral gpt-oss deepseek-mtp deepseek-mla)
+[[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
 
 run() {  # run <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
   local name=$1
