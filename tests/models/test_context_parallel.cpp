@@ -210,6 +210,33 @@ TEST(ContextParallel, ArchitectureOptionsEqualSingleRank) {
       true);
 }
 
+// Multi-latent attention (DeepSeek-V2/V3): the latents per token, RoPE on the shared key part and the
+// queries' part by each chunk's global positions, the attention of head dimension 10 with values of
+// 5 padded to it; ring (p2p, cp 2 and 3), all-gather and all-to-all, with tp (+ SP), dp, dropout and
+// selective recompute.
+TEST(ContextParallel, MultiLatentAttentionEqualsSingleRank) {
+  auto c = tiny_llama();
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 5;
+  c.hidden_dropout = 0.2;
+  c.attention_dropout = 0.25;
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(
+      c,
+      {{.cp = 2},
+       {.cp = 3},
+       {.tp = 2, .cp = 2},
+       {.cp = 2, .dp = 2},
+       {.cp = 2, .comm = allgather},
+       {.cp = 2, .comm = a2a},
+       {.tp = 2, .cp = 2, .comm = a2a},
+       {.cp = 2, .recompute = {RecomputeGranularity::selective}}},
+      true);
+}
+
 // The split itself: chunks r and 2 cp - 1 - r.
 TEST(ContextParallel, SplitHoldsChunksRAndMirror) {
   const strata::ContextParallelSplit split = strata::context_parallel_split(24, 3, 1, "test");

@@ -211,7 +211,6 @@ TEST(MultiLatentAttention, RefusesWhatItIsNotBuiltFor) {
   auto yarn = tiny_mla();
   yarn.yarn_scaling_factor = 4;
   cases.push_back({"YaRN", yarn, {}, false, "YaRN"});
-  cases.push_back({"context parallelism", tiny_mla(), ParallelConfig{.cp = 2}, false, "context parallelism"});
   cases.push_back({"GPT's learned positions", tiny_mla(), {}, true, "learned positions"});
   for (const Case& k : cases) {
     const std::string message = k.gpt ? refusal(k.config, k.parallel, std::type_identity<Gpt>{})

@@ -155,9 +155,6 @@ class SelfAttention {
         context_parallel_(ctx.cp.size() > 1) {
     if constexpr (std::is_same_v<Position, rope>) {
       if (config_.latent.enabled()) {
-        if (context_parallel_)
-          fail<ConfigError>("SelfAttention ", name, ": multi-latent attention with context parallelism (cp=", ctx.cp.size(),
-                            ") is not available yet; use --context-parallel-size 1");
         latent_.emplace(ctx, name, config_.hidden_size, config_.num_heads, config_.latent, config_.bias, config_.rope,
                         config_.rope_base);
         return;

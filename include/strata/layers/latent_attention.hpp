@@ -22,7 +22,13 @@
 // all-reduce, and the input's gradient is reduced as a column-parallel layer's (all-reduce, or
 // reduce-scatter under sequence parallelism).
 //
-// Not yet: context parallelism, YaRN (DeepSeek's softmax scale by the YaRN mscale), sliding windows,
+// Context parallelism (ctx.cp of more than one rank): everything but the attention is per token and
+// runs on the rank's two chunks; RoPE turns each chunk by its global positions, and the attention
+// of q, k and the padded v (head dimension D) is that of SelfAttention under cp: ring attention
+// (p2p), the same blocks against the gathered keys and values (allgather), or all-to-all (a2a: the
+// heads of this tp rank must divide over cp).
+//
+// Not yet: YaRN (DeepSeek's softmax scale by the YaRN mscale), sliding windows, cp a2a+p2p,
 // attention sinks and qk norms with a latent (refused by SelfAttention::validated). Under FP8 only the
 // output projection runs in FP8; the down and up projections run in the element type.
 #pragma once
@@ -34,7 +40,9 @@
 
 #include "../backend/attention_options.hpp"
 #include "../backend/rope_options.hpp"
+#include "../shard/context_parallel.hpp"
 #include "column_parallel_linear.hpp"
+#include "context_parallel_attention.hpp"
 #include "norm.hpp"
 #include "row_parallel_linear.hpp"
 
@@ -74,7 +82,8 @@ class LatentAttention {
     Tensor<T, Space> q_raw, kv, k_pe_raw;                 // recompute only: the core's inputs (q before RoPE, [k_nope | v], k_pe)
     Tensor<T, Space> q, k, v;                             // [S, b, n_local, D]: q and k after RoPE, v padded with zeros
     Tensor<T, Space> out;                                 // [S, b, n_local, D]: the attention's output (columns past dv zero)
-    Tensor<A, Space> lse;                                 // [b, n_local, S]
+    Tensor<A, Space> lse;                                 // [b, n_local, S]; under cp p2p/allgather [2, b, n_local, S / 2]
+    Tensor<T, Space> heads_out;                           // cp a2a only: the output of this rank's heads over the whole sequence
     typename Proj::Saved proj;                            // its input: out's first dv columns [S, b, n_local * dv]
     AttentionDropout dropout;
   };
@@ -134,7 +143,7 @@ class LatentAttention {
     auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(output_columns(ctx, saved.out)));
     saved.proj = std::move(proj_saved);
     if (recompute_core) {
-      saved.q = saved.k = saved.v = saved.out = Tensor<T, Space>();
+      saved.q = saved.k = saved.v = saved.out = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
       saved.proj.input = Tensor<T, Space>();
     }
@@ -159,12 +168,30 @@ class LatentAttention {
     auto dout = Tensor<T, Space>::empty(Shape{s, b, n, D});
     if (dv < D) ctx.device.template fill<T>(dout.data(), dout.numel(), 0.0);
     ctx.device.template copy_columns<T>(dcontext.data(), dv, rows * n, dv, dout.data(), D);
-    auto dq = Tensor<T, Space>::empty(sv.q.shape()), dk = Tensor<T, Space>::empty(sv.k.shape()),
-         dvp = Tensor<T, Space>::empty(sv.v.shape());
-    ctx.device.template attention_backward<T>(dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(),
-                                              sv.lse.data(), s, b, n, n, D, scale(), dq.data(), dk.data(), dvp.data(),
-                                              AttentionOptions{options.strides, sv.dropout});
-    ctx.device.template rope_backward<T>(dq.data() + dn, s, b * n, D, rope_base_, 0, pe_rope());
+    auto dq = Tensor<T, Space>::empty(Shape{s, b, n, D}), dk = Tensor<T, Space>::empty(Shape{s, b, n, D}),
+         dvp = Tensor<T, Space>::empty(Shape{s, b, n, D});
+    const ContextParallelSplit split = cp_split(ctx, s);
+    if (!split.active()) {
+      ctx.device.template attention_backward<T>(dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(),
+                                                sv.lse.data(), s, b, n, n, D, scale(), dq.data(), dk.data(), dvp.data(),
+                                                AttentionOptions{options.strides, sv.dropout});
+    } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+      const index_t heads = n / split.size, whole = s * split.size;
+      const auto dout_heads = sequence_to_heads<T>(ctx, split, dout.data(), b, n, D);
+      auto dq_h = Tensor<T, Space>::empty(sv.q.shape()), dk_h = Tensor<T, Space>::empty(sv.k.shape()),
+           dv_h = Tensor<T, Space>::empty(sv.v.shape());
+      ctx.device.template attention_backward<T>(dout_heads.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.heads_out.data(),
+                                                sv.lse.data(), whole, b, heads, heads, D, scale(), dq_h.data(), dk_h.data(),
+                                                dv_h.data(), AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, sv.dropout)});
+      heads_to_sequence<T>(ctx, split, dq_h.data(), b, n, D, dq.data());
+      heads_to_sequence<T>(ctx, split, dk_h.data(), b, n, D, dk.data());
+      heads_to_sequence<T>(ctx, split, dv_h.data(), b, n, D, dvp.data());
+    } else {
+      auto blocks_backward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_backward<T, A, Context>
+                                                                                 : ring_attention_backward<T, A, Context>;
+      blocks_backward(ctx, split, dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(), sv.lse.data(), b, n, n,
+                      D, scale(), dq.data(), dk.data(), dvp.data(), sv.dropout);
+    }
     // dk, dv -> d[k_nope | v] per head; the heads' k_pe gradients summed
     auto dkv = Tensor<T, Space>::empty(Shape{s, b, n * (dn + dv)});
     ctx.device.template copy_columns<T>(dk.data(), D, rows * n, dn, dkv.data(), dn + dv);
@@ -178,7 +205,7 @@ class LatentAttention {
         ctx.device.template add<T>(dk_pe.data(), head.data(), dk_pe.numel(), dk_pe.data());
       }
     }
-    ctx.device.template rope_backward<T>(dk_pe.data(), s, b, dr, rope_base_, 0, rope_);
+    rope_by_chunk(ctx, split, dq.data(), dk_pe.data(), s, b, /*backward=*/true);
     // Up projections (this rank's heads): their weight gradients, and the latents' partial gradients.
     auto dkv_latent = Tensor<T, Space>::empty(sv.kv_latent.shape());
     kv_up_.backward_rows(ctx, sv.kv_latent.data(), dkv.data(), rows, dkv_latent.data());
@@ -279,22 +306,75 @@ class LatentAttention {
                     const AttentionOptions& options) const {
     const index_t s = q.size(0), b = q.size(1), rows = s * b, n = heads_local_;
     const index_t D = c_.head_dim(), dn = c_.qk_head_dim, dr = c_.qk_pos_emb_head_dim, dv = c_.v_head_dim;
-    ctx.device.template rope_forward<T>(q.data() + dn, s, b * n, D, rope_base_, 0, pe_rope());
-    ctx.device.template rope_forward<T>(k_pe.data(), s, b, dr, rope_base_, 0, rope_);
+    const ContextParallelSplit split = cp_split(ctx, s);
+    rope_by_chunk(ctx, split, q.data(), k_pe.data(), s, b, /*backward=*/false);
     q.reshape(Shape{s, b, n, D});
-    saved.q = std::move(q);
-    saved.k = Tensor<T, Space>::empty(Shape{s, b, n, D});
-    saved.v = Tensor<T, Space>::empty(Shape{s, b, n, D});
-    ctx.device.template copy_columns<T>(kv.data(), dn + dv, rows * n, dn, saved.k.data(), D);
-    for (index_t h = 0; h < n; ++h)
-      ctx.device.template copy_columns<T>(k_pe.data(), dr, rows, dr, saved.k.data() + h * D + dn, n * D);
-    if (dv < D) ctx.device.template fill<T>(saved.v.data(), saved.v.numel(), 0.0);
-    ctx.device.template copy_columns<T>(kv.data() + dn, dn + dv, rows * n, dv, saved.v.data(), D);
+    auto k = Tensor<T, Space>::empty(Shape{s, b, n, D}), v = Tensor<T, Space>::empty(Shape{s, b, n, D});
+    ctx.device.template copy_columns<T>(kv.data(), dn + dv, rows * n, dn, k.data(), D);
+    for (index_t h = 0; h < n; ++h) ctx.device.template copy_columns<T>(k_pe.data(), dr, rows, dr, k.data() + h * D + dn, n * D);
+    if (dv < D) ctx.device.template fill<T>(v.data(), v.numel(), 0.0);
+    ctx.device.template copy_columns<T>(kv.data() + dn, dn + dv, rows * n, dv, v.data(), D);
     saved.out = Tensor<T, Space>::empty(Shape{s, b, n, D});
-    saved.lse = Tensor<A, Space>::empty(Shape{b, n, s});
-    ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, n, n, D, scale(),
-                                             saved.out.data(), saved.lse.data(),
-                                             AttentionOptions{options.strides, saved.dropout});
+    if (!split.active()) {
+      saved.q = std::move(q), saved.k = std::move(k), saved.v = std::move(v);
+      saved.lse = Tensor<A, Space>::empty(Shape{b, n, s});
+      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, n, n, D, scale(),
+                                               saved.out.data(), saved.lse.data(),
+                                               AttentionOptions{options.strides, saved.dropout});
+    } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of n / cp heads
+      const index_t heads = n / split.size, whole = s * split.size;
+      saved.q = sequence_to_heads<T>(ctx, split, q.data(), b, n, D);
+      saved.k = sequence_to_heads<T>(ctx, split, k.data(), b, n, D);
+      saved.v = sequence_to_heads<T>(ctx, split, v.data(), b, n, D);
+      saved.heads_out = Tensor<T, Space>::empty(saved.q.shape());
+      saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
+      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, heads, D,
+                                               scale(), saved.heads_out.data(), saved.lse.data(),
+                                               AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+      heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, n, D, saved.out.data());
+    } else {
+      saved.q = std::move(q), saved.k = std::move(k), saved.v = std::move(v);
+      saved.lse = Tensor<A, Space>::empty(Shape{2, b, n, split.chunk});
+      auto blocks_forward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_forward<T, A, Context>
+                                                                                : ring_attention_forward<T, A, Context>;
+      blocks_forward(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, n, n, D, scale(), saved.out.data(),
+                     saved.lse.data(), saved.dropout);
+    }
+  }
+  // This rank's part of a local sequence of s tokens (inactive without context parallelism).
+  ContextParallelSplit cp_split(const Context& ctx, index_t s) const {
+    if (ctx.cp.size() == 1) return {};
+    if (ctx.cp_comm_type == ContextParallelComm::a2a_p2p)
+      fail<ConfigError>("LatentAttention: --cp-comm-type a2a+p2p is not available yet; use p2p, allgather or a2a");
+    if (ctx.cp_comm_type == ContextParallelComm::a2a && heads_local_ % ctx.cp.size() != 0)
+      fail<ConfigError>("LatentAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(), " ranks whole heads, but this "
+                        "tensor-parallel rank has ", heads_local_, " heads, which cp does not divide; use --cp-comm-type p2p, "
+                        "or a smaller cp or tp");
+    return context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "LatentAttention");
+  }
+  // RoPE (or its backward) on q's pe part ([s, b, n, D], dn columns in) and on k_pe [s, b, dr], each
+  // chunk of the local sequence turned by the global position of its first token.
+  void rope_by_chunk(Context& ctx, const ContextParallelSplit& split, T* q, T* k_pe, index_t s, index_t b, bool backward) const {
+    const index_t n = heads_local_, D = c_.head_dim(), dn = c_.qk_head_dim, dr = c_.qk_pos_emb_head_dim;
+    const int chunks = split.active() ? 2 : 1;
+    const index_t c = split.active() ? split.chunk : s;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      const index_t first = split.active() ? split.global_chunk(chunk) * c : 0;
+      T* q_chunk = q + chunk * c * b * n * D + dn;
+      T* k_chunk = k_pe + chunk * c * b * dr;
+      if (backward) {
+        ctx.device.template rope_backward<T>(q_chunk, c, b * n, D, rope_base_, first, pe_rope());
+        ctx.device.template rope_backward<T>(k_chunk, c, b, dr, rope_base_, first, rope_);
+      } else {
+        ctx.device.template rope_forward<T>(q_chunk, c, b * n, D, rope_base_, first, pe_rope());
+        ctx.device.template rope_forward<T>(k_chunk, c, b, dr, rope_base_, first, rope_);
+      }
+    }
+  }
+  // The dropout of a2a attention: this rank's heads start at cp rank x heads / cp of the local ones.
+  AttentionDropout a2a_dropout(const Context& ctx, AttentionDropout dropout) const {
+    dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (heads_local_ / ctx.cp.size());
+    return dropout;
   }
 
   LatentAttentionConfig c_;
