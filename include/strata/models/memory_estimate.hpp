@@ -265,6 +265,24 @@ inline std::int64_t deferred_weight_gradient_bytes(const ModelConfig& m, Decoder
   return checked_product(what, per_token, m.seq_length, micro_batch_size, bytes.value);
 }
 
+// Multi-latent attention keeps, per token and layer, other tensors than the packed projection's
+// q, k, v and output the count above holds: the latents before and after their norms (2 rq + 2 rkv,
+// replicated), q, k, v padded to the head dimension D = qk + pos-emb dims and the attention's output
+// (4 n D / tp), and the output projection's input (n dv / tp). The difference, in elements (negative
+// where the latents are the smaller).
+inline std::int64_t latent_attention_activation_delta(const ModelConfig& m, int tp) {
+  const char* what = "activation memory";
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads, d = h / heads;
+  const std::int64_t groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
+  const std::int64_t D = m.qk_head_dim + m.qk_pos_emb_head_dim;
+  const std::int64_t plain = checked_product(what, heads + 2 * groups + heads, d) / tp;
+  const std::int64_t latent = checked_add(checked_mul(2, checked_add(m.q_lora_rank, m.kv_lora_rank, what), what),
+                                          checked_add(checked_product(what, 4, heads, D) / tp,
+                                                      checked_product(what, heads, m.v_head_dim) / tp, what),
+                                          what);
+  return latent - plain;
+}
+
 // The activations `piece` keeps for one micro-batch (see the top), and the transient logits block
 // of the fused output layer (or the unfused logits), which a rank holds for one micro-batch at a time.
 struct PieceActivations {
@@ -284,6 +302,10 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   const std::int64_t layer_bytes = checked_add(checked_mul(layer_elements, bytes.value, what),
                                                checked_mul(a / tp, bytes.accumulate, what), what);
   out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
+  if (m.multi_latent_attention) {  // see latent_attention_activation_delta
+    const std::int64_t delta = latent_attention_activation_delta(m, tp);
+    out.kept += checked_product(what, tokens, delta, bytes.value, piece.layer_count(m));
+  }
   if (const std::int64_t moe_layers = piece.moe_layer_count(m); moe_layers > 0) {  // see the top
     out.kept = checked_add(out.kept, checked_mul(moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp), moe_layers, what),
                            what);
