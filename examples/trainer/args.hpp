@@ -1532,7 +1532,8 @@ inline void validate(const TrainArgs& a) {
         (void)hf::hf_architecture(hf::Architecture::mixtral, a.model);
       } catch (const ConfigError& e) {
         fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
-                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm): ", e.what(),
+                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm, DeepseekV3ForCausalLM with "
+                          "--multi-latent-attention): ", e.what(),
                           " (save and load strata checkpoints instead: --save, --load)");
       }
     }
@@ -1691,10 +1692,6 @@ inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
   if (rope_type.empty())
     a.notes.emplace_back("--multi-latent-attention without --rope-type: plain RoPE (Megatron's multi-latent attention defaults "
                          "to YaRN with factor 40, which strata's lacks so far); --rope-type rope says so explicitly");
-  if (!a.load_hf.empty() || !a.save_hf.empty())
-    fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --multi-latent-attention: the Hugging Face "
-                      "classes strata maps (Llama, Qwen, Mistral, Mixtral, Qwen3-MoE) have no latent attention; train without it "
-                      "to exchange weights with them");
 }
 
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {

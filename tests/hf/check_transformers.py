@@ -7,7 +7,9 @@ Two directions, each comparing the logits of every position of a 16-token prompt
                            in 2 key/value groups; the same Llama with q/k/v biases as Qwen2, and with
                            qk norms and head_dim 24 as Qwen3; Mixtral: that Llama with 4 experts of
                            width 48, top-2, in each layer; Qwen3-MoE: the Qwen3 one with a dense
-                           first layer and such experts in the second), with random norm weights and biases,
+                           first layer and such experts in the second; DeepSeek-V3: multi-latent attention,
+                           a dense first layer, then 4 sigmoid-routed experts in 2 groups with the router's
+                           correction bias and a shared expert), with random norm weights and biases,
                            exports it (config.json + model.safetensors) with its own logits;
                            GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
                            MixtralForCausalLM / Qwen3MoeForCausalLM .from_pretrained loads the
@@ -16,7 +18,8 @@ Two directions, each comparing the logits of every position of a 16-token prompt
                            saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
                            with tied embeddings, Llama in shards with an index, Llama with Llama 3.1's
                            rope_scaling, Llama with YaRN's rope_scaling (with and without mscale),
-                           Qwen2, Qwen3, Mixtral, Qwen3-MoE (norm_topk_prob true and false) -- and
+                           Qwen2, Qwen3, Mixtral, Qwen3-MoE (norm_topk_prob true and false), DeepSeek-V3
+                           (with and without the queries' latent, interleaved RoPE or not) -- and
                            hf_crosscheck imports it at tp=2 (CPU threads; the MoE models over 2
                            expert-parallel ranks) and computes the logits.
 
@@ -132,6 +135,9 @@ def randomize(model, seed, torch, std=0.1):
             noise = std * torch.randn(p.shape, generator=generator, dtype=torch.float32)
             is_norm_weight = p.dim() == 1 and name.endswith("weight") and ("ln" in name or "norm" in name)
             p.copy_(1.0 + noise if is_norm_weight else noise)
+        for name, b in model.named_buffers():  # DeepSeek-V3's router bias is a buffer (zeros at init)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(std * torch.randn(b.shape, generator=generator, dtype=torch.float32))
 
 
 def make_config(cls, torch, **fields):
@@ -202,6 +208,22 @@ def hf_cases(transformers, torch):
                                     router_aux_loss_coef=0.02, **qwen_fields)
             cases.append((f"qwen3_moe (dense first layer, norm_topk_prob {norm_topk_prob})", "qwen3_moe",
                           transformers.Qwen3MoeForCausalLM, qwen3_moe, {}))
+    if hasattr(transformers, "DeepseekV3ForCausalLM"):
+        # DeepSeek-V3: multi-latent attention (queries through a latent of 24, or none; keys and values
+        # through one of 16; heads of 12 + 8 RoPE dimensions, values of 10), a dense first layer, then 4
+        # sigmoid-routed experts of width 32 in 2 groups (top-1 group, top-2 experts) with the router's
+        # correction bias, a scaling factor and a shared expert; interleaved RoPE or not.
+        for q_lora_rank, interleave in ((24, True), (None, False)):
+            deepseek = make_config(transformers.DeepseekV3Config, torch, vocab_size=VOCAB, hidden_size=64,
+                                   intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=PROMPT_LENGTH, rms_norm_eps=1e-5, hidden_act="silu",
+                                   q_lora_rank=q_lora_rank, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+                                   v_head_dim=10, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1,
+                                   num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                                   norm_topk_prob=True, first_k_dense_replace=1, rope_interleave=interleave,
+                                   tie_word_embeddings=False)
+            cases.append((f"deepseek_v3 (MLA, q_lora_rank {q_lora_rank}, rope_interleave {interleave}, experts in groups)",
+                          "deepseek_v3", transformers.DeepseekV3ForCausalLM, deepseek, {}))
     return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
@@ -262,8 +284,9 @@ def main():
                "qwen2": getattr(transformers, "Qwen2ForCausalLM", None), "qwen3": getattr(transformers, "Qwen3ForCausalLM", None),
                "mistral": getattr(transformers, "MistralForCausalLM", None),
                "mixtral": getattr(transformers, "MixtralForCausalLM", None),
-               "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None)}
-    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+               "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None),
+               "deepseek_v3": getattr(transformers, "DeepseekV3ForCausalLM", None)}
+    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"):
         if classes[architecture] is None:
             rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
                          f"this transformers ({transformers.__version__}) has no {architecture} model"))
@@ -280,7 +303,8 @@ def main():
             return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", loading_problems(info)
         name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "mistral": "mistral (sliding window 6)", "qwen2": "qwen2 (q/k/v biases)",
                 "qwen3": "qwen3 (qk norms, head_dim 24)", "mixtral": "mixtral (4 experts, top-2)",
-                "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)"}[architecture]
+                "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)",
+                "deepseek_v3": "deepseek_v3 (MLA, dense first layer, grouped sigmoid experts, shared expert)"}[architecture]
         record("strata -> transformers", name, export_case)
 
     # transformers -> strata

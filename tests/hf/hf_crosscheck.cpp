@@ -1,17 +1,18 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
 //       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
-//       dense first layer and such experts in the second) on one
+//       dense first layer and such experts in the second; DeepSeek-V3: multi-latent attention, a dense first
+//       layer, then 4 sigmoid-routed experts in 2 groups with an expert bias and a shared expert) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -81,6 +82,26 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
       c.moe.num_experts = 4;
       c.moe.topk = 2;
       c.moe.expert_ffn_hidden_size = 48;
+      c.moe.layers = {0, 1};
+    }
+    if (architecture == hf::Architecture::deepseek_v3) {  // DeepSeek-V3: multi-latent attention, a dense first layer,
+      c.multi_latent_attention = true;                    // then 4 sigmoid-routed experts of width 32 in 2 groups and
+      c.q_lora_rank = 24;                                 // a shared expert; interleaved RoPE on 8 of 20 dimensions
+      c.kv_lora_rank = 16;
+      c.qk_head_dim = 12;
+      c.qk_pos_emb_head_dim = 8;
+      c.v_head_dim = 10;
+      c.rotary_interleaved = true;
+      c.num_query_groups = 0;
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.moe.expert_ffn_hidden_size = 32;
+      c.moe.shared_expert_ffn_hidden_size = 32;
+      c.moe.routing.score = MoeScore::sigmoid;
+      c.moe.routing.scaling_factor = 2.5;
+      c.moe.routing.num_groups = 2;
+      c.moe.routing.group_topk = 1;
+      c.moe.expert_bias = true;
       c.moe.layers = {0, 1};
     }
   }
@@ -163,6 +184,10 @@ std::vector<std::vector<double>> export_model(const std::filesystem::path& dir, 
       if (p.name.find("norm") != std::string::npos || p.name.ends_with(".bias"))
         for (index_t i = 0; i < p.value.numel(); ++i) p.value[i] += static_cast<float>(spread(engine));
     });
+    model.for_each_persistent_tensor([&](const std::string&, auto& tensor) {  // the routers' expert biases (DeepSeek-V3)
+      auto handle = tensor;
+      for (index_t i = 0; i < handle.numel(); ++i) handle[i] += spread(engine);
+    });
     hf::save_hf_from_model(ctx, dir, model);
     logits = logits_of(ctx, model, ids);
   });
@@ -203,10 +228,10 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe [--tp N]\n"
-               "(mixtral, qwen3_moe: --tp N imports over N expert-parallel ranks)\n";
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]\n"
+               "(mixtral, qwen3_moe, deepseek_v3: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }
 
@@ -216,7 +241,7 @@ int run(int argc, char** argv) {
   const std::filesystem::path dir = argv[2];
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, qwen2, qwen3, mixtral or qwen3_moe)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or deepseek_v3)\n";
     return 2;
   }
   int tp = 2;

@@ -70,8 +70,16 @@ TEST(MegatronFlags, MultiLatentAttention) {
   EXPECT_FALSE(parse_flags("llama", {"--kv-lora-rank", "16"}).model.multi_latent_attention);
   expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--rope-type", "yarn"}); },
                       {"--rope-type yarn", "plain RoPE"});
-  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--save-hf", "/tmp/x"}); },
-                      {"--save-hf with --multi-latent-attention"});
+  // Hugging Face's class of multi-latent attention is DeepSeek-V3's, a mixture of experts; its router is refused
+  // where DeepseekV3ForCausalLM cannot express it.
+  expect_config_error([] { trainer::validate(parse_flags("llama", {"--multi-latent-attention", "--save-hf", "/tmp/x", "--global-batch-size", "8"})); },
+                      {"--save-hf", "multi-latent attention without experts"});
+  expect_config_error(
+      [] {
+        trainer::validate(parse_flags("mixtral", {"--multi-latent-attention", "--save-hf", "/tmp/x", "--global-batch-size", "8", "--num-experts", "4",
+                                                  "--moe-shared-expert-intermediate-size", "32", "--moe-ffn-hidden-size", "32"}));
+      },
+      {"--save-hf", "DeepseekV3ForCausalLM", "sigmoid"});
   expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--qk-pos-emb-head-dim", "0"}); },
                       {"--qk-pos-emb-head-dim=0"});
 }

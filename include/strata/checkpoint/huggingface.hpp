@@ -64,6 +64,25 @@
 //     layers.L.mlp.experts.e.fc2.weight    model.layers.L.mlp.experts.e.down_proj.weight
 //   Its router takes the top-k of the softmax over all experts, renormalized when norm_topk_prob
 //   (strata's softmax over the k chosen logits), else as they are (MoeRouting::pre_softmax).
+//   DeepSeek-V3 (model_type "deepseek_v3"): the MoE model with multi-latent attention
+//   (ModelConfig::multi_latent_attention, layers/latent_attention.hpp); Qwen3-MoE's names for the
+//   experts and the dense first_k_dense_replace layers, and
+//     layers.L.attention.q_down.weight     model.layers.L.self_attn.q_a_proj.weight  [q_lora_rank, h]
+//     layers.L.attention.q_latent_norm     model.layers.L.self_attn.q_a_layernorm
+//     layers.L.attention.q_up.weight       model.layers.L.self_attn.q_b_proj.weight  [H (dn + dr), q_lora_rank]
+//     layers.L.attention.q.weight          model.layers.L.self_attn.q_proj.weight    (q_lora_rank null)
+//     layers.L.attention.kv_down.weight    model.layers.L.self_attn.kv_a_proj_with_mqa.weight  [kv_lora_rank + dr, h]
+//     layers.L.attention.kv_latent_norm    model.layers.L.self_attn.kv_a_layernorm
+//     layers.L.attention.kv_up.weight      model.layers.L.self_attn.kv_b_proj.weight [H (dn + dv), kv_lora_rank]
+//     layers.L.attention.proj.weight       model.layers.L.self_attn.o_proj.weight
+//     layers.L.mlp.router.expert_bias      model.layers.L.mlp.gate.e_score_correction_bias  (a persistent tensor)
+//     layers.L.mlp.shared_experts.fc1/fc2  model.layers.L.mlp.shared_experts.{gate,up,down}_proj
+//   in the same row orders (per head [nope | rope] and [k_nope | v]). Its router takes sigmoid
+//   scores, chooses with the bias among the top topk_group of n_group groups (a group scored by its
+//   top 2: strata's top topk / group_topk, so topk must be 2 x topk_group), divides the k weights by
+//   their sum (norm_topk_prob, strata's sigmoid router with k > 1) and scales them by
+//   routed_scaling_factor; rope_interleave is ModelConfig::rotary_interleaved (transformers'
+//   de-interleaving permutes q and k alike, which leaves the scores those of interleaved pairs).
 //
 // strata's qkv rows are group-major (layers/attention.hpp): for each query group g, [the H/G query
 // heads of g | k_g | v_g], d rows each. transformers keeps [all q heads | all k | all v] (GPT-2's
@@ -142,7 +161,7 @@ namespace hf {
 // the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
 // mixtral is models::MoeLlama (models::Mixtral): the Llama block with a mixture of experts; with
 // qk_layernorm it is qwen3_moe.
-enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral };
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral, deepseek_v3 };
 
 constexpr std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -153,6 +172,7 @@ constexpr std::string_view architecture_name(Architecture a) {
     case Architecture::mixtral: return "mixtral";
     case Architecture::qwen3_moe: return "qwen3_moe";
     case Architecture::mistral: return "mistral";
+    case Architecture::deepseek_v3: return "deepseek_v3";
   }
   return "?";
 }
@@ -165,19 +185,25 @@ constexpr std::string_view architecture_class(Architecture a) {
     case Architecture::mixtral: return "MixtralForCausalLM";
     case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
     case Architecture::mistral: return "MistralForCausalLM";
+    case Architecture::deepseek_v3: return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
   for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mixtral,
-                         Architecture::qwen3_moe, Architecture::mistral})
+                         Architecture::qwen3_moe, Architecture::mistral, Architecture::deepseek_v3})
     if (name == architecture_name(a)) return a;
   return std::nullopt;
 }
 // Whether the architecture has Llama's attention and norms (llama, qwen2, qwen3, mixtral, qwen3_moe, mistral).
 constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
 // Whether the architecture is the mixture-of-experts model (models::MoeLlama).
-constexpr bool moe_family(Architecture a) { return a == Architecture::mixtral || a == Architecture::qwen3_moe; }
+constexpr bool moe_family(Architecture a) {
+  return a == Architecture::mixtral || a == Architecture::qwen3_moe || a == Architecture::deepseek_v3;
+}
+
+// DeepSeek-V3's group score is the sum of a group's top 2 choice scores (strata's: its top k / group_topk).
+inline constexpr int kDeepseekGroupTop = 2;
 
 // The Hugging Face architecture of a strata model type's architecture under a configuration: the
 // Llama model with add_qkv_bias is Qwen2, with qk_layernorm Qwen3. Options no Hugging Face class of
@@ -186,6 +212,30 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
   auto refuse = [&](const char* option, std::string_view why) {
     fail<ConfigError>("hf: a strata ", architecture_name(a), " with ", option, " has no Hugging Face class: ", why);
   };
+  if (c.multi_latent_attention || a == Architecture::deepseek_v3) {  // DeepseekV3ForCausalLM
+    const MoeRouting& r = c.moe.routing;
+    const char* why_moe = "DeepseekV3ForCausalLM is multi-latent attention with experts (models::Mixtral)";
+    if (!c.multi_latent_attention) refuse("no multi-latent attention", why_moe);
+    if (!c.moe.enabled() || !moe_family(a)) refuse("multi-latent attention without experts", why_moe);
+    if (c.rotary_percent != 1.0) refuse("rotary_percent < 1", "DeepSeek-V3 turns the whole qk_rope_head_dim");
+    if (c.apply_layernorm_1p) refuse("apply_layernorm_1p", "DeepSeek-V3 stores the norm weight itself");
+    if (c.activation == MlpActivation::squared_relu || c.activation == MlpActivation::quick_geglu || c.activation_clamp != 0 ||
+        c.glu_linear_offset != 0)
+      refuse("another MLP activation", "DeepSeek-V3 uses SwiGLU");
+    if (r.score != MoeScore::sigmoid) refuse("softmax routing", "DeepSeek-V3's router takes sigmoid scores");
+    if (!c.moe.expert_bias)
+      refuse("no expert bias", "DeepSeek-V3's router adds e_score_correction_bias to the choice (--moe-router-enable-expert-bias)");
+    if (r.num_groups > 1 && (r.group_topk <= 0 || c.moe.topk != kDeepseekGroupTop * r.group_topk))
+      refuse("group-limited routing with topk / group_topk other than 2",
+             "DeepSeek-V3 scores a group by the sum of its top 2 choices, strata by its top topk / group_topk");
+    if (c.moe.shared_expert_ffn_hidden_size <= 0 || c.moe.shared_expert_ffn_hidden_size % c.expert_ffn() != 0)
+      refuse("no shared experts, or shared experts of a width other than a multiple of the experts'",
+             "DeepSeek-V3 has n_shared_experts experts of moe_intermediate_size each (--moe-shared-expert-intermediate-size)");
+    for (int l = 1; l < c.num_layers; ++l)
+      if (c.moe_layer(l - 1) && !c.moe_layer(l))
+        refuse("a dense layer after a MoE layer (--moe-layer-freq)", "DeepSeek-V3's dense layers are its first_k_dense_replace first ones");
+    return Architecture::deepseek_v3;
+  }
   if (c.rotary_percent != 1.0) refuse("rotary_percent < 1", "transformers' Llama and Qwen turn the whole head");
   if (c.rotary_interleaved) refuse("rotary_interleaved", "transformers' Llama and Qwen rotate halves (rotate_half)");
   if (c.apply_layernorm_1p) refuse("apply_layernorm_1p", "GPT-2, Llama and Qwen store the norm weight itself");
@@ -384,17 +434,34 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
     return out;
   }
   add("embedding.word.weight", Shape{padded, h}, {"model.embed_tokens.weight"}, {{vocab, h}}, R::padded_vocab);
+  const bool deepseek = architecture == Architecture::deepseek_v3;
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string s = "layers." + std::to_string(i) + ".", t = "model.layers." + std::to_string(i) + ".";
     add(s + "norm1.weight", Shape{h}, {t + "input_layernorm.weight"}, {{h}});
-    add(s + "attention.qkv.weight", Shape{qkv_rows, h},
+    if (deepseek) {  // multi-latent attention (layers/latent_attention.hpp): the same rows on both sides
+      const index_t rq = c.q_lora_rank, rkv = c.kv_lora_rank, dr = c.qk_pos_emb_head_dim, dv = c.v_head_dim;
+      const index_t qk = heads * (c.qk_head_dim + dr), kv = heads * (c.qk_head_dim + dv);
+      const std::string a = s + "attention.", u = t + "self_attn.";
+      if (rq > 0) {
+        add(a + "q_down.weight", Shape{rq, h}, {u + "q_a_proj.weight"}, {{rq, h}});
+        add(a + "q_latent_norm.weight", Shape{rq}, {u + "q_a_layernorm.weight"}, {{rq}});
+        add(a + "q_up.weight", Shape{qk, rq}, {u + "q_b_proj.weight"}, {{qk, rq}});
+      } else {
+        add(a + "q.weight", Shape{qk, h}, {u + "q_proj.weight"}, {{qk, h}});
+      }
+      add(a + "kv_down.weight", Shape{rkv + dr, h}, {u + "kv_a_proj_with_mqa.weight"}, {{rkv + dr, h}});
+      add(a + "kv_latent_norm.weight", Shape{rkv}, {u + "kv_a_layernorm.weight"}, {{rkv}});
+      add(a + "kv_up.weight", Shape{kv, rkv}, {u + "kv_b_proj.weight"}, {{kv, rkv}});
+      add(a + "proj.weight", Shape{h, heads * dv}, {u + "o_proj.weight"}, {{h, heads * dv}});
+    }
+    if (!deepseek) add(s + "attention.qkv.weight", Shape{qkv_rows, h},
         {t + "self_attn.q_proj.weight", t + "self_attn.k_proj.weight", t + "self_attn.v_proj.weight"},
         {{heads * d, h}, {groups * d, h}, {groups * d, h}}, R::qkv);
     if (architecture == Architecture::qwen2)
       add(s + "attention.qkv.bias", Shape{qkv_rows},
           {t + "self_attn.q_proj.bias", t + "self_attn.k_proj.bias", t + "self_attn.v_proj.bias"},
           {{heads * d}, {groups * d}, {groups * d}}, R::qkv);
-    add(s + "attention.proj.weight", Shape{h, heads * d}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
+    if (!deepseek) add(s + "attention.proj.weight", Shape{h, heads * d}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
     if (architecture == Architecture::qwen3 || architecture == Architecture::qwen3_moe) {
       add(s + "attention.q_norm.weight", Shape{d}, {t + "self_attn.q_norm.weight"}, {{d}});
       add(s + "attention.k_norm.weight", Shape{d}, {t + "self_attn.k_norm.weight"}, {{d}});
@@ -405,12 +472,20 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
       const index_t experts = c.moe.num_experts, w = c.expert_ffn();
       const std::string moe = t + (mixtral ? "block_sparse_moe." : "mlp.");
       add(s + "mlp.router.weight", Shape{experts, h}, {moe + "gate.weight"}, {{experts, h}});
+      if (deepseek)  // the router's expert bias: a persistent tensor, not a parameter (DecoderModel::for_each_persistent_tensor)
+        add(s + "mlp.router.expert_bias", Shape{experts}, {moe + "gate.e_score_correction_bias"}, {{experts}});
       for (index_t e = 0; e < experts; ++e) {
         const std::string se = s + "mlp.experts." + std::to_string(e) + ".", te = moe + "experts." + std::to_string(e) + ".";
         add(se + "fc1.weight", Shape{2 * w, h}, {te + (mixtral ? "w1.weight" : "gate_proj.weight"), te + (mixtral ? "w3.weight" : "up_proj.weight")},
             {{w, h}, {w, h}}, R::gate_up)
             .ffn = w;
         add(se + "fc2.weight", Shape{h, w}, {te + (mixtral ? "w2.weight" : "down_proj.weight")}, {{h, w}});
+      }
+      if (const index_t ws = c.moe.shared_expert_ffn_hidden_size; deepseek) {
+        add(s + "mlp.shared_experts.fc1.weight", Shape{2 * ws, h},
+            {moe + "shared_experts.gate_proj.weight", moe + "shared_experts.up_proj.weight"}, {{ws, h}, {ws, h}}, R::gate_up)
+            .ffn = ws;
+        add(s + "mlp.shared_experts.fc2.weight", Shape{h, ws}, {moe + "shared_experts.down_proj.weight"}, {{h, ws}});
       }
       continue;
     }
@@ -583,6 +658,61 @@ auto gather_parameter(Comm& tp, const Param& p) {
   return out;
 }
 
+// DeepseekV3ForCausalLM's fields (intermediate_size is the dense layers' width): multi-latent
+// attention, sigmoid routing with e_score_correction_bias (strata's expert bias), groups, a scaling
+// factor, shared experts and first_k_dense_replace dense layers. What strata cannot express is refused.
+inline void read_deepseek_v3(const ConfigFields& f, const std::filesystem::path& path, models::ModelConfig& c) {
+  auto refuse = [&](std::string_view field, const std::string& value, std::string_view why) {
+    fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
+  };
+  c.multi_latent_attention = true;
+  c.kv_channels = 0;  // head_dim is qk_rope_head_dim there; the latent attention has its own sizes
+  c.q_lora_rank = f.find("q_lora_rank") ? f.small_integer("q_lora_rank", 0) : 1536;  // null: queries without a latent
+  c.kv_lora_rank = f.small_integer("kv_lora_rank", 512);
+  c.qk_head_dim = f.small_integer("qk_nope_head_dim", 128);
+  c.qk_pos_emb_head_dim = f.small_integer("qk_rope_head_dim", 64);
+  c.v_head_dim = f.small_integer("v_head_dim", 128);
+  c.rotary_interleaved = f.flag("rope_interleave", true);
+  c.moe.num_experts = f.small_integer("n_routed_experts", 256);
+  c.moe.topk = f.small_integer("num_experts_per_tok", 8);
+  c.moe.expert_ffn_hidden_size = f.small_integer("moe_intermediate_size", 2048);
+  const int shared = f.small_integer("n_shared_experts", 1);
+  if (shared < 1) refuse("n_shared_experts", std::to_string(shared), "DeepseekV3ForCausalLM always runs its shared experts");
+  c.moe.shared_expert_ffn_hidden_size = shared * c.moe.expert_ffn_hidden_size;
+  if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
+    refuse("num_experts_per_tok", std::to_string(c.moe.topk),
+           detail::concat("each token goes to between 1 and n_routed_experts=", c.moe.num_experts, " experts"));
+  c.moe.routing.score = MoeScore::sigmoid;
+  c.moe.routing.scaling_factor = f.real("routed_scaling_factor", 2.5);
+  c.moe.expert_bias = true;
+  if (f.present("scoring_func") && f.text("scoring_func") != "sigmoid")
+    refuse("scoring_func", json::quote(f.text("scoring_func")), "DeepseekV3ForCausalLM's router takes sigmoid scores");
+  if (f.present("topk_method") && f.text("topk_method") != "noaux_tc")
+    refuse("topk_method", json::quote(f.text("topk_method")), "strata routes as DeepseekV3ForCausalLM does (\"noaux_tc\")");
+  if (f.flag("norm_topk_prob", true) != (c.moe.topk > 1))
+    refuse("norm_topk_prob", f.flag("norm_topk_prob", true) ? "true" : "false",
+           "strata's sigmoid router divides the weights by their sum exactly when a token has more than one expert");
+  const int groups = f.small_integer("n_group", 8), group_topk = f.small_integer("topk_group", 4);
+  if (groups > 1) {
+    if (c.moe.num_experts % groups != 0 || group_topk < 1 || group_topk > groups || c.moe.topk != kDeepseekGroupTop * group_topk)
+      refuse("n_group, topk_group", detail::concat(groups, ", ", group_topk),
+             detail::concat("strata scores a group by its top num_experts_per_tok / topk_group choices and DeepseekV3ForCausalLM "
+                            "by its top 2, so num_experts_per_tok must be 2 x topk_group (it is ", c.moe.topk,
+                            "), and n_group must divide n_routed_experts"));
+    c.moe.routing.num_groups = groups;
+    c.moe.routing.group_topk = group_topk;
+  }
+  if (f.present("moe_layer_freq") && f.small_integer("moe_layer_freq") != 1)
+    refuse("moe_layer_freq", std::to_string(f.small_integer("moe_layer_freq")), "only every layer after the dense ones is mapped");
+  const int dense = f.present("first_k_dense_replace") ? f.small_integer("first_k_dense_replace") : 0;
+  if (dense > c.num_layers)
+    refuse("first_k_dense_replace", std::to_string(dense), detail::concat("more than num_hidden_layers=", c.num_layers));
+  if (dense > 0) {
+    c.moe.layers.assign(static_cast<std::size_t>(c.num_layers), 1);
+    std::fill(c.moe.layers.begin(), c.moe.layers.begin() + dense, 0);
+  }
+}
+
 // rope_scaling (or rope_parameters) of rope_type "yarn" into c's YaRN fields, as transformers'
 // _compute_yarn_parameters reads them: factor (absent or null: max_position_embeddings / original);
 // original_max_position_embeddings (absent: max_position_embeddings, already c.seq_length);
@@ -663,7 +793,8 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   const auto architecture = parse_architecture(model_type);
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
-                      "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\" or \"qwen3_moe\")");
+                      "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen3_moe\" "
+                      "or \"deepseek_v3\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -823,6 +954,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       }
       if (std::find(pattern.begin(), pattern.end(), 0) != pattern.end()) c.moe.layers = pattern;
     }
+    if (*architecture == Architecture::deepseek_v3) hf_detail::read_deepseek_v3(f, path, c);
   }
   return out;
 }
@@ -876,6 +1008,28 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
       fail<ConfigError>("config.json ", file.path, ": norm_topk_prob is ", c.moe.routing.pre_softmax ? "false" : "true",
                         " but the strata model's router has pre_softmax=", model.moe.routing.pre_softmax ? "true" : "false",
                         " (norm_topk_prob false is --moe-router-pre-softmax)");
+  } else if (architecture == Architecture::deepseek_v3) {
+    if (model.moe_layer_count() < model.num_layers) same_int("intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+    same_int("moe_intermediate_size", c.expert_ffn(), "moe_ffn_hidden_size", model.expert_ffn());
+    same_int("n_routed_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
+    same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
+    same_int("n_shared_experts x moe_intermediate_size", c.moe.shared_expert_ffn_hidden_size, "moe_shared_expert_intermediate_size",
+             model.moe.shared_expert_ffn_hidden_size);
+    same_real("routed_scaling_factor", c.moe.routing.scaling_factor, "moe_router_topk_scaling_factor", model.moe.routing.scaling_factor);
+    same_int("n_group (1: none)", std::max(1, c.moe.routing.num_groups), "moe_router_num_groups (0 or 1: none)",
+             std::max(1, model.moe.routing.num_groups));
+    if (model.moe.routing.num_groups > 1)
+      same_int("topk_group", c.moe.routing.group_topk, "moe_router_group_topk", model.moe.routing.group_topk);
+    for (int l = 0; l < model.num_layers; ++l)
+      if (c.moe_layer(l) != model.moe_layer(l))
+        fail<ConfigError>("config.json ", file.path, ": first_k_dense_replace makes layer ", l, " ", c.moe_layer(l) ? "sparse" : "dense",
+                          " but the strata model's is ", model.moe_layer(l) ? "MoE" : "dense", " (--moe-layer-freq)");
+    same_int("q_lora_rank (null: 0)", c.q_lora_rank, "q_lora_rank", model.q_lora_rank);
+    same_int("kv_lora_rank", c.kv_lora_rank, "kv_lora_rank", model.kv_lora_rank);
+    same_int("qk_nope_head_dim", c.qk_head_dim, "qk_head_dim", model.qk_head_dim);
+    same_int("qk_rope_head_dim", c.qk_pos_emb_head_dim, "qk_pos_emb_head_dim", model.qk_pos_emb_head_dim);
+    same_int("v_head_dim", c.v_head_dim, "v_head_dim", model.v_head_dim);
+    same_int("rope_interleave", c.rotary_interleaved, "rotary_interleaved", model.rotary_interleaved);
   } else {
     same_int(gpt ? "n_inner" : "intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
   }
@@ -1025,9 +1179,35 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
                                  [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp"; }),
                   members.end());
   }
+  if (architecture == Architecture::deepseek_v3) {  // intermediate_size: the dense layers'; head_dim: qk_rope_head_dim
+    int dense = 0;
+    while (dense < c.num_layers && !c.moe_layer(dense)) ++dense;
+    const int groups = c.moe.routing.num_groups > 1 ? c.moe.routing.num_groups : 1;
+    for (auto& m : members) {
+      if (m.first == "head_dim") m.second = number(c.qk_pos_emb_head_dim);
+      if (m.first == "num_key_value_heads") m.second = number(c.num_attention_heads);
+    }
+    members.insert(members.end() - 3, {{"q_lora_rank", c.q_lora_rank > 0 ? number(c.q_lora_rank) : std::string("null")},
+                                       {"kv_lora_rank", number(c.kv_lora_rank)},
+                                       {"qk_nope_head_dim", number(c.qk_head_dim)},
+                                       {"qk_rope_head_dim", number(c.qk_pos_emb_head_dim)},
+                                       {"v_head_dim", number(c.v_head_dim)},
+                                       {"rope_interleave", boolean(c.rotary_interleaved)},
+                                       {"moe_intermediate_size", number(c.expert_ffn())},
+                                       {"n_routed_experts", number(c.moe.num_experts)},
+                                       {"n_shared_experts", number(c.moe.shared_expert_ffn_hidden_size / c.expert_ffn())},
+                                       {"num_experts_per_tok", number(c.moe.topk)},
+                                       {"routed_scaling_factor", number(c.moe.routing.scaling_factor)},
+                                       {"n_group", number(groups)},
+                                       {"topk_group", number(groups > 1 ? c.moe.routing.group_topk : 1)},
+                                       {"norm_topk_prob", boolean(c.moe.topk > 1)},
+                                       {"first_k_dense_replace", number(dense)}});
+    members.erase(std::remove_if(members.begin(), members.end(), [](const auto& m) { return m.first == "mlp_bias"; }),
+                  members.end());
+  }
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
   if (architecture != Architecture::llama && architecture != Architecture::mixtral &&
-      architecture != Architecture::mistral)  // Qwen: no sliding window (its layers' window fields left at their defaults)
+      architecture != Architecture::mistral && architecture != Architecture::deepseek_v3)  // Qwen: no sliding window (its layers' window fields left at their defaults)
     members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
   if (c.yarn_scaling_factor > 0) {
     // transformers' attention factor: mscale / mscale_all_dim's when both are non-zero (DeepSeek-V3),
@@ -1216,6 +1396,14 @@ void save_hf_from_model(Context& ctx, const std::filesystem::path& dir, Model& m
     if (p.name == "embedding.word.weight" && options.padded_vocab == 0) options.padded_vocab = p.global_shape[0];
     if (writer) globals.emplace(p.name, std::move(global));
   });
+  // The routers' expert biases (DeepSeek-V3's e_score_correction_bias), replicated, in the element type.
+  if constexpr (requires { model.for_each_persistent_tensor([](const std::string&, auto&) {}); })
+    model.for_each_persistent_tensor([&](const std::string& name, auto& tensor) {
+      const auto host = to_host(tensor);
+      Tensor<X> out = Tensor<X>::empty(host.shape());
+      for (index_t i = 0; i < host.numel(); ++i) out[i] = static_cast<X>(host[i]);
+      if (writer) globals.emplace(name, std::move(out));
+    });
   // Every expert to the writer: ep rank r holds experts [r E / ep, (r + 1) E / ep) of each MoE layer
   // and broadcasts them over its ep group (collective over ctx.ep, in the same order on every rank).
   if (const models::ModelConfig& c = model.config(); c.moe.enabled()) {
@@ -1378,6 +1566,26 @@ void load_hf(Context& ctx, const std::filesystem::path& dir, Model& model, Archi
     }
     strata::copy(p.value, local);  // into the parameter's own storage (a gradient buffer may alias it), on its device
   });
+  // The routers' expert biases (DeepSeek-V3's e_score_correction_bias), whole on every rank.
+  if constexpr (requires { model.for_each_persistent_tensor([](const std::string&, auto&) {}); })
+    model.for_each_persistent_tensor([&](const std::string& name, auto& tensor) {
+      using A = typename std::remove_cvref_t<decltype(tensor)>::value_type;
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        fail<ConfigError>("hf::load_hf: the model's '", name, "' has no counterpart in ", architecture_class(architecture));
+      const TensorMapping& m = it->second;
+      if (!files.has(m.pieces[0]))
+        fail<ConfigError>(where, " has no tensor '", m.pieces[0], "', which strata's '", name, "' needs");
+      if (files.entry(m.pieces[0]).shape != m.piece_shapes[0] || !(tensor.shape() == m.strata_shape))
+        fail<ConfigError>("safetensors file ", files.file_of(m.pieces[0]).path(), ": tensor '", m.pieces[0], "' has shape ",
+                          files.entry(m.pieces[0]).shape_str(), " but strata's '", name, "' is ", tensor.shape().str());
+      std::vector<A> values(static_cast<std::size_t>(tensor.numel()));
+      files.read<A>(m.pieces[0], std::span<A>(values), 0);
+      Tensor<A> local = Tensor<A>::empty(tensor.shape());
+      for (index_t i = 0; i < local.numel(); ++i) local[i] = values[static_cast<std::size_t>(i)];
+      auto handle = tensor;  // a handle on the model's own storage
+      strata::copy(handle, local);
+    });
   if (ctx.fp8) ctx.fp8->drop_weight_caches();  // new weights: the FP8 layers cast them again
 }
 
