@@ -195,7 +195,7 @@ class SelfAttention {
   void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
     const bool plan_backward = backward && config_.dropout <= 0;
     if (latent_) {
-      latent_->prepare(ctx, s, b, plan_backward, AttentionOptions{});
+      latent_->prepare(ctx, s, b, plan_backward);
       return;
     }
     if (!context_parallel_) {
@@ -225,7 +225,7 @@ class SelfAttention {
       saved.dropout = AttentionDropout{config_.dropout, *dropout_key, static_cast<index_t>(ctx.tp.rank()) * heads_local_};
     if constexpr (std::is_same_v<Position, rope>) {
       if (latent_) {
-        auto [y, latent_saved] = latent_->forward(ctx, x, saved.dropout, recompute_core_, AttentionOptions{});
+        auto [y, latent_saved] = latent_->forward(ctx, x, saved.dropout, recompute_core_);
         saved.latent = std::move(latent_saved);
         return {std::move(y), std::move(saved)};
       }
@@ -252,7 +252,7 @@ class SelfAttention {
   Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
                        bool output_bias_gradient = true) {
     if constexpr (std::is_same_v<Position, rope>)
-      if (latent_) return latent_->backward(ctx, stored.latent, dy, deferred, output_bias_gradient, AttentionOptions{});
+      if (latent_) return latent_->backward(ctx, stored.latent, dy, deferred, output_bias_gradient);
     if (!stored.qkv_output.empty()) {  // selective recompute: the core's tensors again, then the backward
       Saved saved = stored;
       core_forward(ctx, saved.qkv_output, saved);
@@ -332,11 +332,6 @@ class SelfAttention {
       }
     }
   }
-  // The dropout of a2a attention: this rank's heads start at cp rank x heads / cp of the local ones.
-  AttentionDropout a2a_dropout(const Context& ctx, AttentionDropout dropout) const {
-    dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (heads_local_ / ctx.cp.size());
-    return dropout;
-  }
   // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention (p2p),
   // or all-to-all attention (a2a: q, k, v, the output and lse are then kept as this rank's heads
   // over the whole sequence).
@@ -360,7 +355,7 @@ class SelfAttention {
       saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, groups, d,
                                                scale(), saved.heads_out.data(), saved.lse.data(),
-                                               AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+                                               AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
       heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, heads_local_, d, saved.out.data());
       return;
     }
@@ -388,7 +383,7 @@ class SelfAttention {
         ctx.device.template attention_backward<T>(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(),
                                                   saved.heads_out.data(), saved.lse.data(), whole, b, heads, groups, d,
                                                   scale(), dq_heads.data(), dk_heads.data(), dv_heads.data(),
-                                                  AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+                                                  AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
         auto dq = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
         auto dk = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d}), dv = Tensor<T, Space>::empty(dk.shape());
         heads_to_sequence<T>(ctx, split, dq_heads.data(), b, heads_local_, d, dq.data());

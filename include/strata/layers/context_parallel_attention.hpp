@@ -370,4 +370,12 @@ void heads_to_sequence(Context& ctx, const ContextParallelSplit& split, const T*
   ctx.device.template unstack_columns<T>(recv.data(), cp, rows, n_rank * d, y);  // heads of rank j at columns j
 }
 
+// The dropout of all-to-all attention: of a rank's `local_heads` heads (those of its tp rank), cp rank
+// r attends to the r-th local_heads / cp of them, so their global numbers start that far on.
+template <class Context>
+AttentionDropout a2a_attention_dropout(const Context& ctx, AttentionDropout dropout, index_t local_heads) {
+  dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (local_heads / ctx.cp.size());
+  return dropout;
+}
+
 STRATA_NAMESPACE_END

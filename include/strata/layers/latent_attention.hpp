@@ -105,12 +105,14 @@ class LatentAttention {
     rope_.rotary_dim = 0;  // all of the dr dimensions turn
   }
 
-  void prepare(Context& ctx, index_t s, index_t b, bool backward, const AttentionOptions& options) const {
-    ctx.device.template prepare_attention<T>(s, b, heads_local_, heads_local_, c_.head_dim(), backward, options);
+  // Plans the attention of a [s, b] input (SelfAttention::prepare). Under context parallelism the
+  // blocks are planned at their first call.
+  void prepare(Context& ctx, index_t s, index_t b, bool backward) const {
+    if (ctx.cp.size() > 1) return;
+    ctx.device.template prepare_attention<T>(s, b, heads_local_, heads_local_, c_.head_dim(), backward, AttentionOptions{});
   }
 
-  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x, AttentionDropout dropout, bool recompute_core,
-                                        const AttentionOptions& options) const {
+  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x, AttentionDropout dropout, bool recompute_core) const {
     Saved saved;
     saved.dropout = dropout;
     saved.x = q_->full_input(ctx, x);
@@ -136,9 +138,9 @@ class LatentAttention {
     kv_up_.forward_rows(ctx, saved.kv_latent.data(), rows, kv.data());
     if (recompute_core) {
       saved.q_raw = q, saved.kv = kv, saved.k_pe_raw = k_pe;  // shared handles: the core works on copies
-      core_forward(ctx, saved, copy_of(ctx, q), kv, copy_of(ctx, k_pe), options);
+      core_forward(ctx, saved, copy_of(ctx, q), kv, copy_of(ctx, k_pe));
     } else {
-      core_forward(ctx, saved, std::move(q), kv, std::move(k_pe), options);
+      core_forward(ctx, saved, std::move(q), kv, std::move(k_pe));
     }
     auto [y, proj_saved] = proj_.forward(ctx, Act<layout::sharded<-1>>(output_columns(ctx, saved.out)));
     saved.proj = std::move(proj_saved);
@@ -151,12 +153,12 @@ class LatentAttention {
   }
 
   Act<Layout> backward(Context& ctx, const Saved& stored, const Act<Layout>& dy, DeferredWeightGradients* deferred,
-                       bool output_bias_gradient, const AttentionOptions& options) {
+                       bool output_bias_gradient) {
     Saved recomputed;
     const Saved* saved = &stored;
     if (!stored.q_raw.empty()) {  // selective recompute: the core again from its kept inputs
       recomputed = stored;
-      core_forward(ctx, recomputed, copy_of(ctx, stored.q_raw), stored.kv, copy_of(ctx, stored.k_pe_raw), options);
+      core_forward(ctx, recomputed, copy_of(ctx, stored.q_raw), stored.kv, copy_of(ctx, stored.k_pe_raw));
       recomputed.proj.input = output_columns(ctx, recomputed.out);
       saved = &recomputed;
     }
@@ -174,7 +176,7 @@ class LatentAttention {
     if (!split.active()) {
       ctx.device.template attention_backward<T>(dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(),
                                                 sv.lse.data(), s, b, n, n, D, scale(), dq.data(), dk.data(), dvp.data(),
-                                                AttentionOptions{options.strides, sv.dropout});
+                                                AttentionOptions{AttentionStrides{}, sv.dropout});
     } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {
       const index_t heads = n / split.size, whole = s * split.size;
       const auto dout_heads = sequence_to_heads<T>(ctx, split, dout.data(), b, n, D);
@@ -182,7 +184,7 @@ class LatentAttention {
            dv_h = Tensor<T, Space>::empty(sv.v.shape());
       ctx.device.template attention_backward<T>(dout_heads.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.heads_out.data(),
                                                 sv.lse.data(), whole, b, heads, heads, D, scale(), dq_h.data(), dk_h.data(),
-                                                dv_h.data(), AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, sv.dropout)});
+                                                dv_h.data(), AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, sv.dropout, heads_local_)});
       heads_to_sequence<T>(ctx, split, dq_h.data(), b, n, D, dq.data());
       heads_to_sequence<T>(ctx, split, dk_h.data(), b, n, D, dk.data());
       heads_to_sequence<T>(ctx, split, dv_h.data(), b, n, D, dvp.data());
@@ -302,8 +304,7 @@ class LatentAttention {
   }
   // q (owned, [S, b, n * D] before RoPE), kv [S, b, n * (dn + dv)], k_pe (owned, [S, b, dr] before
   // RoPE) -> saved q, k, v, out, lse.
-  void core_forward(Context& ctx, Saved& saved, Tensor<T, Space> q, const Tensor<T, Space>& kv, Tensor<T, Space> k_pe,
-                    const AttentionOptions& options) const {
+  void core_forward(Context& ctx, Saved& saved, Tensor<T, Space> q, const Tensor<T, Space>& kv, Tensor<T, Space> k_pe) const {
     const index_t s = q.size(0), b = q.size(1), rows = s * b, n = heads_local_;
     const index_t D = c_.head_dim(), dn = c_.qk_head_dim, dr = c_.qk_pos_emb_head_dim, dv = c_.v_head_dim;
     const ContextParallelSplit split = cp_split(ctx, s);
@@ -320,7 +321,7 @@ class LatentAttention {
       saved.lse = Tensor<A, Space>::empty(Shape{b, n, s});
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, n, n, D, scale(),
                                                saved.out.data(), saved.lse.data(),
-                                               AttentionOptions{options.strides, saved.dropout});
+                                               AttentionOptions{AttentionStrides{}, saved.dropout});
     } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of n / cp heads
       const index_t heads = n / split.size, whole = s * split.size;
       saved.q = sequence_to_heads<T>(ctx, split, q.data(), b, n, D);
@@ -330,7 +331,7 @@ class LatentAttention {
       saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, heads, D,
                                                scale(), saved.heads_out.data(), saved.lse.data(),
-                                               AttentionOptions{AttentionStrides{}, a2a_dropout(ctx, saved.dropout)});
+                                               AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
       heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, n, D, saved.out.data());
     } else {
       saved.q = std::move(q), saved.k = std::move(k), saved.v = std::move(v);
@@ -370,11 +371,6 @@ class LatentAttention {
         ctx.device.template rope_forward<T>(k_chunk, c, b, dr, rope_base_, first, rope_);
       }
     }
-  }
-  // The dropout of a2a attention: this rank's heads start at cp rank x heads / cp of the local ones.
-  AttentionDropout a2a_dropout(const Context& ctx, AttentionDropout dropout) const {
-    dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (heads_local_ / ctx.cp.size());
-    return dropout;
   }
 
   LatentAttentionConfig c_;
