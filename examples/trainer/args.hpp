@@ -866,7 +866,8 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--qk-pos-emb-head-dim", a.model.qk_pos_emb_head_dim,
                  "dimensions of a query/key head turned by RoPE, shared by the heads in k (default 64)");
   app.add_option("--v-head-dim", a.model.v_head_dim, "dimensions of a value head (default 128)");
-  app.add_option("--rope-type", a.architecture.rope_type, "RoPE of multi-latent attention: rope (yarn is not available with it yet)")
+  app.add_option("--rope-type", a.architecture.rope_type,
+                 "RoPE of multi-latent attention: yarn (the default, with --rotary-scaling-factor, --mscale, --mscale-all-dim) or rope")
       ->check(CLI::IsMember({"rope", "yarn"}));
   app.add_option("--norm-epsilon", a.model.norm_epsilon, "epsilon of LayerNorm / RMSNorm");
   app.add_option("--attention-dropout", a.model.attention_dropout, "dropout on the attention probabilities (default 0.1)");
@@ -1634,10 +1635,14 @@ inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
   static constexpr const char* kFlags[] = {"--rotary-scaling-factor", "--yarn-original-max-position-embeddings",
                                            "--yarn-beta-fast", "--yarn-beta-slow", "--mscale", "--mscale-all-dim",
                                            "--yarn-correction-range-round-to-int"};
-  if (x.position_embedding_type != "yarn") {
+  // Megatron's multi-latent attention turns its RoPE part with YaRN unless --rope-type rope (with
+  // --rotary-scaling-factor's default of 1, YaRN's frequencies are RoPE's).
+  const bool latent_yarn = m.multi_latent_attention && x.rope_type != "rope";
+  if (x.position_embedding_type != "yarn" && !latent_yarn) {
     for (const char* flag : kFlags)
       if (app.count(flag) > 0)
-        a.notes.push_back(std::string(flag) + ": without --position-embedding-type yarn there is no YaRN, so it changes nothing");
+        a.notes.push_back(std::string(flag) + ": without --position-embedding-type yarn (or --multi-latent-attention with "
+                          "--rope-type yarn) there is no YaRN, so it changes nothing");
     m.yarn_scaling_factor = 0;
     return;
   }
@@ -1658,7 +1663,7 @@ inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
   if (x.use_rope_scaling)
     fail<ConfigError>("--use-rope-scaling (Llama 3.1's frequencies) with --position-embedding-type yarn: each rescales "
                       "the rotary frequencies; give one of them");
-  if (m.rotary_interleaved)
+  if (m.rotary_interleaved && !m.multi_latent_attention)
     fail<ConfigError>("--rotary-interleaved with --position-embedding-type yarn: Megatron's YaRN turns the halves of each "
                       "head (rotate-half), not interleaved pairs; drop --rotary-interleaved");
   m.yarn_scaling_factor = x.rotary_scaling_factor;
@@ -1674,7 +1679,6 @@ inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
 inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
   models::ModelConfig& m = a.model;
   constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
-  const std::string& rope_type = a.architecture.rope_type;
   if (!m.multi_latent_attention) {
     for (const char* flag : {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--rope-type"})
       if (app.count(flag) > 0)
@@ -1686,12 +1690,13 @@ inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
   check_range("--qk-head-dim", m.qk_head_dim, 1, kIntMax, "query/key head dimensions without RoPE");
   check_range("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, 2, kIntMax, "query/key head dimensions with RoPE (even)");
   check_range("--v-head-dim", m.v_head_dim, 1, kIntMax, "value head dimensions");
-  if (rope_type == "yarn")
-    fail<ConfigError>("--rope-type yarn with --multi-latent-attention: strata's multi-latent attention has plain RoPE so far "
-                      "(DeepSeek's YaRN also scales the softmax by its mscale); use --rope-type rope");
-  if (rope_type.empty())
-    a.notes.emplace_back("--multi-latent-attention without --rope-type: plain RoPE (Megatron's multi-latent attention defaults "
-                         "to YaRN with factor 40, which strata's lacks so far); --rope-type rope says so explicitly");
+  // YaRN unless --rope-type rope: resolve_yarn.
+  // Megatron's multi-latent attention turns interleaved pairs (it de-interleaves before rotating halves,
+  // as DeepSeek's rope_interleave does); --rotary-interleaved on top would rotate another pairing.
+  if (app.count("--rotary-interleaved") > 0)
+    fail<ConfigError>("--rotary-interleaved with --multi-latent-attention: Megatron's multi-latent attention already turns "
+                      "interleaved pairs (DeepSeek's rope_interleave); drop --rotary-interleaved");
+  m.rotary_interleaved = true;
 }
 
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {

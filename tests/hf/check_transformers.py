@@ -224,6 +224,19 @@ def hf_cases(transformers, torch):
                                    tie_word_embeddings=False)
             cases.append((f"deepseek_v3 (MLA, q_lora_rank {q_lora_rank}, rope_interleave {interleave}, experts in groups)",
                           "deepseek_v3", transformers.DeepseekV3ForCausalLM, deepseek, {}))
+        # and with DeepSeek-V3's YaRN: factor 4 over an original context of 4, mscale = mscale_all_dim
+        # (the softmax scale times mscale(4, 1)^2), the ramp over the 8 RoPE dimensions
+        deepseek_yarn = make_config(transformers.DeepseekV3Config, torch, vocab_size=VOCAB, hidden_size=64,
+                                    intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                    max_position_embeddings=PROMPT_LENGTH, rms_norm_eps=1e-5, hidden_act="silu",
+                                    q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                                    moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                    n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                    first_k_dense_replace=1, rope_interleave=True, tie_word_embeddings=False,
+                                    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+                                                  "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+        cases.append(("deepseek_v3 with YaRN (factor 4, mscale_all_dim 1)", "deepseek_v3",
+                      transformers.DeepseekV3ForCausalLM, deepseek_yarn, {}))
     return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),

@@ -87,6 +87,44 @@ TEST(MultiLatentAttention, WithExpertsShardedEqualsUnsharded) {  // DeepSeek's l
   EXPECT_TRUE(std::isfinite(one));
   for (const int tp : {2, 4}) EXPECT_NEAR(loss_at(tp), one, 1e-12 * std::abs(one)) << "tp=" << tp << " sequence parallel";
 }
+// DeepSeek-V3's RoPE: interleaved pairs, YaRN (factor 4 over an original context of 4) with the
+// softmax scale times mscale(factor, mscale_all_dim)^2.
+ModelConfig yarn_mla() {
+  auto c = tiny_mla();
+  c.rotary_interleaved = true;
+  c.yarn_scaling_factor = 4;
+  c.yarn_original_max_positions = 4;
+  c.yarn_mscale = 1.0;
+  c.yarn_mscale_all_dim = 1.0;
+  return c;
+}
+TEST(MultiLatentAttention, YarnAndInterleavedRopeShardedEqualUnshardedAndMatchDifferences) {
+  strata_test::expect_model_equivalence<models::Llama, double>(yarn_mla());
+  strata_test::expect_finite_difference_gradients<models::Llama>(yarn_mla());
+}
+TEST(MultiLatentAttention, YarnMscaleAllDimScalesTheSoftmax) {
+  auto loss_of = [](const ModelConfig& c) {
+    double loss = 0;
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+      model.init(ctx, 5);
+      const auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
+      loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum();
+    });
+    return loss;
+  };
+  // mscale = mscale_all_dim: cos and sin unscaled, so the two differ by the softmax scale alone
+  auto without = yarn_mla();
+  without.yarn_mscale = without.yarn_mscale_all_dim = 0;
+  EXPECT_NE(loss_of(yarn_mla()), loss_of(without));
+  // a factor of 1 is plain RoPE (Megatron's default --rotary-scaling-factor under multi-latent attention)
+  auto one = yarn_mla(), plain = yarn_mla();
+  one.yarn_scaling_factor = 1;
+  plain.yarn_scaling_factor = 0;
+  EXPECT_EQ(loss_of(one), loss_of(plain));
+}
+
 TEST(MultiLatentAttention, FiniteDifferenceGradients) {
   strata_test::expect_finite_difference_gradients<models::Llama>(tiny_mla());
   strata_test::expect_finite_difference_gradients<models::Llama>(tiny_mla(0));
@@ -208,9 +246,6 @@ TEST(MultiLatentAttention, RefusesWhatItIsNotBuiltFor) {
   auto window = tiny_mla();
   window.window_size = 3;
   cases.push_back({"sliding window", window, {}, false, "sliding window"});
-  auto yarn = tiny_mla();
-  yarn.yarn_scaling_factor = 4;
-  cases.push_back({"YaRN", yarn, {}, false, "YaRN"});
   cases.push_back({"GPT's learned positions", tiny_mla(), {}, true, "learned positions"});
   for (const Case& k : cases) {
     const std::string message = k.gpt ? refusal(k.config, k.parallel, std::type_identity<Gpt>{})

@@ -289,7 +289,12 @@ DEEPSEEK_ARGS=(${QWEN_ARGS[@]} --swiglu --multi-latent-attention --q-lora-rank 2
 expect_training deepseek "$pretrain" --world-size 4 ${DEEPSEEK_ARGS[@]} --rope-type rope --tensor-model-parallel-size 2 \
   --sequence-parallel --expert-model-parallel-size 2
 grep -q 'strata mixtral' "$work/deepseek.out" || fail "deepseek: the flags did not select the Mixtral model"
-expect_refusal deepseek-yarn "--rope-type yarn" "plain RoPE" -- "$pretrain" --world-size 1 ${DEEPSEEK_ARGS[@]} --rope-type yarn
+# Megatron's DeepSeek-V3 RoPE: YaRN (its default --rope-type under multi-latent attention) with the
+# example's factor and mscales.
+expect_training deepseek-yarn "$pretrain" --world-size 2 ${DEEPSEEK_ARGS[@]} --rotary-scaling-factor 40 --mscale 1.0 \
+  --mscale-all-dim 1.0 --tensor-model-parallel-size 2
+expect_refusal deepseek-interleaved "--rotary-interleaved with --multi-latent-attention" -- "$pretrain" --world-size 1 \
+  ${DEEPSEEK_ARGS[@]} --rotary-interleaved
 expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
   ${QWEN_ARGS[@]} --swiglu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
 expect_refusal qk-tp "num_query_groups=2 is smaller than tp=4" -- "$pretrain" --world-size 4 ${QWEN_ARGS[@]} \

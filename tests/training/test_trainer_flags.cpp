@@ -65,11 +65,20 @@ TEST(MegatronFlags, MultiLatentAttention) {
       if (n.find(text) != std::string::npos) return true;
     return false;
   };
-  EXPECT_TRUE(noted(defaults, "without --rope-type: plain RoPE"));
+  // Megatron's RoPE of multi-latent attention: YaRN (factor 1 by default: RoPE's frequencies) on
+  // interleaved pairs; --rope-type rope without YaRN
+  EXPECT_TRUE(defaults.model.rotary_interleaved);
+  EXPECT_EQ(defaults.model.yarn_scaling_factor, 1.0);
+  const TrainArgs deepseek = parse_flags("llama", {"--multi-latent-attention", "--rotary-scaling-factor", "40", "--mscale",
+                                                   "1.0", "--mscale-all-dim", "1.0"});
+  EXPECT_EQ(deepseek.model.yarn_scaling_factor, 40.0);
+  EXPECT_EQ(deepseek.model.yarn_mscale_all_dim, 1.0);
+  EXPECT_EQ(a.model.yarn_scaling_factor, 0.0);  // --rope-type rope
+  EXPECT_TRUE(a.model.rotary_interleaved);
   EXPECT_TRUE(noted(parse_flags("llama", {"--kv-lora-rank", "16"}), "--kv-lora-rank: without --multi-latent-attention"));
   EXPECT_FALSE(parse_flags("llama", {"--kv-lora-rank", "16"}).model.multi_latent_attention);
-  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--rope-type", "yarn"}); },
-                      {"--rope-type yarn", "plain RoPE"});
+  expect_config_error([] { parse_flags("llama", {"--multi-latent-attention", "--rotary-interleaved"}); },
+                      {"--rotary-interleaved with --multi-latent-attention", "interleaved pairs"});
   // Hugging Face's class of multi-latent attention is DeepSeek-V3's, a mixture of experts; its router is refused
   // where DeepseekV3ForCausalLM cannot express it.
   expect_config_error([] { trainer::validate(parse_flags("llama", {"--multi-latent-attention", "--save-hf", "/tmp/x", "--global-batch-size", "8"})); },

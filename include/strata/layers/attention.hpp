@@ -489,7 +489,6 @@ class SelfAttention {
     const char* other = c.window >= 0                           ? "a sliding window (--window-size)"
                         : c.softmax != SoftmaxType::vanilla     ? "attention sinks (--softmax-type)"
                         : c.qk_norm != QkNorm::none             ? "--qk-layernorm (the latents have their own norms)"
-                        : c.rope.yarn()                         ? "YaRN (--position-embedding-type yarn; DeepSeek scales the softmax by its mscale)"
                         : c.qkv_bias                            ? "--add-qkv-bias"
                         : c.rope.rotary_dim > 0                 ? "--rotary-percent below 1 (the qk_pos_emb_head_dim part turns whole)"
                         : nullptr;

@@ -28,7 +28,12 @@
 // (p2p), the same blocks against the gathered keys and values (allgather), or all-to-all (a2a: the
 // heads of this tp rank must divide over cp).
 //
-// Not yet: YaRN (DeepSeek's softmax scale by the YaRN mscale), sliding windows, cp a2a+p2p,
+// RoPE turns the dr dimensions of q and k_pe as AttentionConfig::rope says (DeepSeek's and Megatron's
+// multi-latent attention: interleaved pairs); under YaRN the softmax scale is 1 / sqrt(D) times
+// mscale(factor, mscale_all_dim)^2, as DeepSeek-V3 scales it, and cos and sin carry YaRN's attention
+// factor as for every head.
+//
+// Not yet: sliding windows, cp a2a+p2p,
 // attention sinks and qk norms with a latent (refused by SelfAttention::validated). Under FP8 only the
 // output projection runs in FP8; the down and up projections run in the element type.
 #pragma once
@@ -283,7 +288,16 @@ class LatentAttention {
   }
 
  private:
-  A scale() const { return A(1) / std::sqrt(A(c_.head_dim())); }
+  // 1 / sqrt(D), times YaRN's mscale(factor, mscale_all_dim)^2 under YaRN with mscale_all_dim set
+  // (DeepSeek-V3's, Megatron's and transformers' multi-latent attention).
+  A scale() const {
+    double s = 1.0 / std::sqrt(static_cast<double>(c_.head_dim()));
+    if (rope_.yarn() && rope_.yarn_mscale_all_dim != 0) {
+      const double m = rope_yarn_mscale(rope_.yarn_factor, rope_.yarn_mscale_all_dim);
+      s *= m * m;
+    }
+    return A(s);
+  }
   // RoPE over the last dr columns of rows of pitch D (q's pe part, from a pointer dn columns in).
   RopeOptions pe_rope() const {
     RopeOptions o = rope_;
