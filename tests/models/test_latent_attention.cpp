@@ -52,6 +52,19 @@ std::int64_t counted_parameters(const ModelConfig& config, int tp) {
   return counted;
 }
 
+// The loss of one forward of a Llama of `c` on one rank (initialized and fed alike for every `c`).
+double loss_of(const ModelConfig& c) {
+  double loss = 0;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    model.init(ctx, 5);
+    const auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
+    loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum();
+  });
+  return loss;
+}
+
 }  // namespace
 
 TEST(MultiLatentAttention, ShardedEqualsUnsharded) {
@@ -103,17 +116,6 @@ TEST(MultiLatentAttention, YarnAndInterleavedRopeShardedEqualUnshardedAndMatchDi
   strata_test::expect_finite_difference_gradients<models::Llama>(yarn_mla());
 }
 TEST(MultiLatentAttention, YarnMscaleAllDimScalesTheSoftmax) {
-  auto loss_of = [](const ModelConfig& c) {
-    double loss = 0;
-    inprocess::run(1, [&](inprocess::communicator& world) {
-      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
-      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
-      model.init(ctx, 5);
-      const auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
-      loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum();
-    });
-    return loss;
-  };
   // mscale = mscale_all_dim: cos and sin unscaled, so the two differ by the softmax scale alone
   auto without = yarn_mla();
   without.yarn_mscale = without.yarn_mscale_all_dim = 0;
@@ -197,17 +199,6 @@ TEST(MultiLatentAttention, ParametersAreMegatronsAndTheEstimateCountsThem) {
 }
 
 TEST(MultiLatentAttention, ChangesTheLossFromTheSameModelWithout) {
-  auto loss_of = [](const ModelConfig& c) {
-    double loss = 0;
-    inprocess::run(1, [&](inprocess::communicator& world) {
-      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
-      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
-      model.init(ctx, 5);
-      const auto batch = strata_test::random_batch(c.vocab_size, 2, c.seq_length, 3);
-      loss = model.forward(ctx, batch.tokens, batch.labels, batch.mask).first.loss_sum();
-    });
-    return loss;
-  };
   auto without = tiny_mla();
   without.multi_latent_attention = false;
   EXPECT_NE(loss_of(tiny_mla()), loss_of(without));

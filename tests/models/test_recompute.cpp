@@ -115,10 +115,8 @@ TEST(Recompute, BadLayerCountIsRefusedNamingIt) {
   }
 }
 
-// Peak bytes of one forward + backward on one rank (GPT, 8 layers, seq 256, batch 4, hidden 128):
-// full recompute keeps one input per chunk instead of every layer's saved tensors; without
-// recompute the peak is the memory estimate's activations within 25%.
-TEST(Recompute, PeakActivationMemoryFalls) {
+// The model whose peak memory the tests below measure: 8 layers of hidden 128, seq 256.
+models::ModelConfig peak_measurement_model() {
   models::ModelConfig c;
   c.num_layers = 8;
   c.hidden_size = 128;
@@ -126,6 +124,14 @@ TEST(Recompute, PeakActivationMemoryFalls) {
   c.ffn_hidden_size = 512;
   c.seq_length = 256;
   c.vocab_size = 257;
+  return c;
+}
+
+// Peak bytes of one forward + backward on one rank (GPT, 8 layers, seq 256, batch 4, hidden 128):
+// full recompute keeps one input per chunk instead of every layer's saved tensors; without
+// recompute the peak is the memory estimate's activations within 25%.
+TEST(Recompute, PeakActivationMemoryFalls) {
+  models::ModelConfig c = peak_measurement_model();
   using G = models::RecomputeGranularity;
   using M = models::RecomputeMethod;
   const std::size_t none = run<models::Gpt, false>(1, c, {}, 4).peak;
@@ -151,13 +157,7 @@ TEST(Recompute, PeakActivationMemoryFalls) {
 // to the query/key head dimension): the estimate counts them, so its ratio to the measured peak is
 // that of the same Llama without it (within 0.1), and within 25% of the measurement.
 TEST(Recompute, ActivationEstimateCountsMultiLatentAttention) {
-  models::ModelConfig c;
-  c.num_layers = 8;
-  c.hidden_size = 128;
-  c.num_attention_heads = 4;
-  c.ffn_hidden_size = 512;
-  c.seq_length = 256;
-  c.vocab_size = 257;
+  models::ModelConfig c = peak_measurement_model();
   auto ratio = [&](const models::ModelConfig& config) {
     const std::size_t measured = run<models::Llama, false>(1, config, {}, 4).peak;
     const auto e = models::activations_of(config, 1, false, 4, models::element_bytes_of<float>(),
