@@ -31,6 +31,7 @@ models::ModelConfig tiny_deepseek() {
   c.norm_epsilon = 1e-6;
   c.init_method_std = 0.2;
   c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // the latents' RMSNorms
   c.q_lora_rank = 12;
   c.kv_lora_rank = 10;
   c.qk_head_dim = 6;
@@ -124,6 +125,7 @@ TEST(HuggingFaceMapping, DeepseekV3NamesAndConfig) {
   EXPECT_EQ(file.architecture, hf::Architecture::deepseek_v3);
   const models::ModelConfig& r = file.config;
   EXPECT_TRUE(r.multi_latent_attention);
+  EXPECT_TRUE(r.qk_layernorm);
   EXPECT_EQ(r.q_lora_rank, 12);
   EXPECT_EQ(r.kv_lora_rank, 10);
   EXPECT_EQ(r.qk_head_dim, 6);
@@ -178,6 +180,9 @@ TEST(HuggingFaceExport, DeepseekV3SettingsItCannotExpressAreRefused) {
   c.moe.routing.num_groups = 2;
   c.moe.routing.group_topk = 2;  // top-2 of 2 groups: strata scores a group by its top 1, DeepSeek by its top 2
   refused(c, {"topk / group_topk other than 2"});
+  c = tiny_deepseek();
+  c.qk_layernorm = false;
+  refused(c, {"without its latent norms", "--qk-layernorm"});
   c = tiny_deepseek();
   c.moe.layers = {1, 0, 1};
   refused(c, {"dense layer after a MoE layer"});

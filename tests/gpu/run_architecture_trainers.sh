@@ -41,7 +41,7 @@ declare -A preset=(
 )
 preset[deepseek-mtp]="--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3"  # multi-token prediction's depths
 # Multi-latent attention (heads of 16 + 16 dimensions, values of 16 padded to 32) with one MTP depth.
-preset[deepseek-mla]="--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16 --rope-type rope --mtp-num-layers 1"
+preset[deepseek-mla]="--multi-latent-attention --qk-layernorm --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16 --rope-type rope --mtp-num-layers 1"
 order=(llama3.1 qwen2 qwen3 mistral gpt-oss deepseek-mtp deepseek-mla)
 [[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
 

@@ -86,6 +86,7 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
     }
     if (architecture == hf::Architecture::deepseek_v3) {  // DeepSeek-V3: multi-latent attention, a dense first layer,
       c.multi_latent_attention = true;                    // then 4 sigmoid-routed experts of width 32 in 2 groups and
+      c.qk_layernorm = true;                              // (the latents' norms)
       c.q_lora_rank = 24;                                 // a shared expert; interleaved RoPE on 8 of 20 dimensions
       c.kv_lora_rank = 16;
       c.qk_head_dim = 12;

@@ -217,6 +217,7 @@ TEST(ContextParallel, ArchitectureOptionsEqualSingleRank) {
 TEST(ContextParallel, MultiLatentAttentionEqualsSingleRank) {
   auto c = tiny_llama();
   c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // the latents' RMSNorms
   c.q_lora_rank = 12;
   c.kv_lora_rank = 10;
   c.qk_head_dim = 6;

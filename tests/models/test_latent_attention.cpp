@@ -2,7 +2,8 @@
 // with --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim), run by the
 // Llama and Mixtral models' SelfAttention: sharded over tp in {1, 2, 4}, with and without sequence
 // parallelism and with the tensor-parallel rings, equal to the single-rank run in double (loss and
-// every gathered gradient), with and without query compression and with v narrower than q and k,
+// every gathered gradient), with and without query compression, with and without the latent norms
+// (--qk-layernorm under multi-latent attention, as in Megatron), with v narrower than q and k,
 // and with a MoE MLP (the loss);
 // the whole model's gradients match central differences; selective and full recompute give the
 // bits of no recompute; the parameters are Megatron's (replicated down projections and latent norms,
@@ -32,6 +33,7 @@ ModelConfig tiny_mla(int q_lora_rank = 12) {
   c.seq_length = 8;
   c.rope_base = 500.0;
   c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // the latents' RMSNorms
   c.q_lora_rank = q_lora_rank;
   c.kv_lora_rank = 10;
   c.qk_head_dim = 6;
@@ -72,6 +74,15 @@ TEST(MultiLatentAttention, ShardedEqualsUnsharded) {
 }
 TEST(MultiLatentAttention, WithoutQueryCompressionShardedEqualsUnsharded) {
   strata_test::expect_model_equivalence<models::Llama, double>(tiny_mla(0));
+}
+TEST(MultiLatentAttention, WithoutLatentNormsShardedEqualsUnsharded) {  // Megatron's without --qk-layernorm
+  auto c = tiny_mla();
+  c.qk_layernorm = false;
+  strata_test::expect_model_equivalence<models::Llama, double>(c);
+  strata_test::expect_finite_difference_gradients<models::Llama>(c);
+  EXPECT_NE(loss_of(c), loss_of(tiny_mla()));
+  for (const int tp : {1, 2})
+    EXPECT_EQ(models::parameters_per_rank(c, models::DecoderShape::llama(), tp), counted_parameters(c, tp)) << "tp=" << tp;
 }
 TEST(MultiLatentAttention, ValuesAsWideAsKeysShardedEqualsUnsharded) {
   auto c = tiny_mla();

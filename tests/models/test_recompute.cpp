@@ -169,6 +169,7 @@ TEST(Recompute, ActivationEstimateCountsMultiLatentAttention) {
   };
   const double plain = ratio(c);
   c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // with the latents' RMSNorms
   c.q_lora_rank = 48;
   c.kv_lora_rank = 32;
   c.qk_head_dim = 32;

@@ -282,7 +282,7 @@ expect_refusal gpt-oss-sinks-cp "attention sinks" "context parallelism" -- "$pre
 # DeepSeek-V3's blocks at a toy size: multi-latent attention (queries and keys/values through latents,
 # a RoPE part shared by the heads), experts with a shared expert and sigmoid routing with an expert
 # bias, and one multi-token prediction depth, at tp=2 + SP x ep=2 on 4 threads.
-DEEPSEEK_ARGS=(${QWEN_ARGS[@]} --swiglu --multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16
+DEEPSEEK_ARGS=(${QWEN_ARGS[@]} --swiglu --multi-latent-attention --qk-layernorm --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16
     --qk-pos-emb-head-dim 8 --v-head-dim 12 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32
     --moe-shared-expert-intermediate-size 32 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
     --mtp-num-layers 1)

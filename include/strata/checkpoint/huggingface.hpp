@@ -216,6 +216,8 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
     const MoeRouting& r = c.moe.routing;
     const char* why_moe = "DeepseekV3ForCausalLM is multi-latent attention with experts (models::Mixtral)";
     if (!c.multi_latent_attention) refuse("no multi-latent attention", why_moe);
+    if (!c.qk_layernorm)
+      refuse("multi-latent attention without its latent norms", "DeepSeek-V3 RMS-normalizes both latents (--qk-layernorm)");
     if (!c.moe.enabled() || !moe_family(a)) refuse("multi-latent attention without experts", why_moe);
     if (c.rotary_percent != 1.0) refuse("rotary_percent < 1", "DeepSeek-V3 turns the whole qk_rope_head_dim");
     if (c.apply_layernorm_1p) refuse("apply_layernorm_1p", "DeepSeek-V3 stores the norm weight itself");
@@ -666,6 +668,7 @@ inline void read_deepseek_v3(const ConfigFields& f, const std::filesystem::path&
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
   c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // the latents' RMSNorms (Megatron's --qk-layernorm under multi-latent attention)
   c.kv_channels = 0;  // head_dim is qk_rope_head_dim there; the latent attention has its own sizes
   c.q_lora_rank = f.find("q_lora_rank") ? f.small_integer("q_lora_rank", 0) : 1536;  // null: queries without a latent
   c.kv_lora_rank = f.small_integer("kv_lora_rank", 512);

@@ -488,7 +488,7 @@ class SelfAttention {
                         " is not available (values are padded to the query/key head dimension); use --v-head-dim <= ", l.head_dim());
     const char* other = c.window >= 0                           ? "a sliding window (--window-size)"
                         : c.softmax != SoftmaxType::vanilla     ? "attention sinks (--softmax-type)"
-                        : c.qk_norm != QkNorm::none             ? "--qk-layernorm (the latents have their own norms)"
+                        : c.qk_norm != QkNorm::none             ? "norms on each head of q and k (its norms are the latents', LatentAttentionConfig::latent_norms)"
                         : c.qkv_bias                            ? "--add-qkv-bias"
                         : c.rope.rotary_dim > 0                 ? "--rotary-percent below 1 (the qk_pos_emb_head_dim part turns whole)"
                         : nullptr;

@@ -5,15 +5,17 @@
 // another compiled model.
 //
 // With n heads, dn = qk_head_dim, dr = qk_pos_emb_head_dim, dv = v_head_dim, D = dn + dr:
-//   queries:   q_lora_rank > 0: c_q = x Wq_down^T [rq] (replicated), RMSNorm, q = c_q Wq_up^T
+//   queries:   q_lora_rank > 0: c_q = x Wq_down^T [rq] (replicated), RMSNorm*, q = c_q Wq_up^T
 //              (column-parallel, n * D); otherwise q = x Wq^T (column-parallel, n * D)
-//   keys/vals: [c_kv | k_pe] = x Wkv_down^T [rkv + dr] (replicated); c_kv RMSNorm;
+//   keys/vals: [c_kv | k_pe] = x Wkv_down^T [rkv + dr] (replicated); c_kv RMSNorm*;
 //              [k_nope | v] = c_kv Wkv_up^T (column-parallel, n * (dn + dv))
 //   each head: q_h = [q_nope | rope(q_pe)], k_h = [k_nope_h | rope(k_pe)] (k_pe shared by the heads),
 //              attention with head dimension D and softmax scale 1 / sqrt(D); v is padded with zeros to
 //              D columns (the attention's own head dimension), and the output's first dv columns kept
 //   output:    RowParallelLinear n * dv -> hidden
 // The head layout of each projection is Megatron's: per head, q = [nope | pe] and kv = [k_nope | v].
+// * The latent RMSNorms exist with LatentAttentionConfig::latent_norms (Megatron: --qk-layernorm,
+//   which its DeepSeek-V3 example passes; DeepSeek-V3 always has them).
 //
 // Tensor parallelism as Megatron shards it: the down projections and the latent norms are
 // replicated, the up projections and the output projection split by heads. Every rank runs the
@@ -61,6 +63,7 @@ struct LatentAttentionConfig {
   index_t qk_pos_emb_head_dim = 0;  // --qk-pos-emb-head-dim: the part with RoPE (shared by the heads in k)
   index_t v_head_dim = 0;           // --v-head-dim
   double norm_epsilon = 1e-5;       // the latent RMSNorms'
+  bool latent_norms = true;         // RMSNorm on c_q and c_kv (Megatron: with --qk-layernorm; DeepSeek always)
   bool enabled() const { return kv_lora_rank > 0; }
   index_t head_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }
 };
@@ -81,8 +84,8 @@ class LatentAttention {
 
   struct Saved {
     Tensor<T, Space> x;                                   // the whole-sequence input [S, b, hidden]
-    Tensor<T, Space> q_latent;                            // q_lora_rank > 0: the normalized c_q [S, b, rq]
-    Tensor<T, Space> kv_latent;                           // the normalized c_kv [S, b, rkv]
+    Tensor<T, Space> q_latent;                            // q_lora_rank > 0: c_q [S, b, rq] (normalized with the latent norms)
+    Tensor<T, Space> kv_latent;                           // c_kv [S, b, rkv] (normalized with the latent norms)
     typename RmsNorm<Policy>::Saved q_norm, kv_norm;
     Tensor<T, Space> q_raw, kv, k_pe_raw;                 // recompute only: the core's inputs (q before RoPE, [k_nope | v], k_pe)
     Tensor<T, Space> q, k, v;                             // [S, b, n_local, D]: q and k after RoPE, v padded with zeros
@@ -97,16 +100,16 @@ class LatentAttention {
                   RopeOptions rope, double rope_base)
       : c_(c), heads_local_(heads / ctx.tp.size()), hidden_(hidden), rope_(rope), rope_base_(rope_base),
         kv_down_(name + ".kv_down.weight", Shape{c.kv_lora_rank + c.qk_pos_emb_head_dim, hidden}, ShardSpec::replicated()),
-        kv_norm_(ctx, name + ".kv_latent_norm", c.kv_lora_rank, c.norm_epsilon),
         kv_up_(ctx, name + ".kv_up", c.kv_lora_rank, static_cast<index_t>(heads) * (c.qk_head_dim + c.v_head_dim), false),
         proj_(ctx, name + ".proj", static_cast<index_t>(heads) * c.v_head_dim, hidden, bias) {
     if (c.q_lora_rank > 0) {
       q_down_.emplace(name + ".q_down.weight", Shape{c.q_lora_rank, hidden}, ShardSpec::replicated());
-      q_norm_.emplace(ctx, name + ".q_latent_norm", c.q_lora_rank, c.norm_epsilon);
+      if (c.latent_norms) q_norm_.emplace(ctx, name + ".q_latent_norm", c.q_lora_rank, c.norm_epsilon);
       q_.emplace(ctx, name + ".q_up", c.q_lora_rank, static_cast<index_t>(heads) * c.head_dim(), false);
     } else {
       q_.emplace(ctx, name + ".q", hidden, static_cast<index_t>(heads) * c.head_dim(), false);
     }
+    if (c.latent_norms) kv_norm_.emplace(ctx, name + ".kv_latent_norm", c.kv_lora_rank, c.norm_epsilon);
     rope_.rotary_dim = 0;  // all of the dr dimensions turn
   }
 
@@ -126,8 +129,7 @@ class LatentAttention {
     auto q = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * c_.head_dim()});
     if (q_down_) {
       auto c_q = detail::linear_forward(ctx.device, saved.x, *q_down_, nullptr, "LatentAttention q_down");
-      auto [normed, norm_saved] = q_norm_->forward(ctx, Act<layout::sharded<0>>(std::move(c_q)));
-      saved.q_latent = std::move(normed.tensor), saved.q_norm = std::move(norm_saved);
+      saved.q_latent = latent_norm_forward(ctx, q_norm_, std::move(c_q), saved.q_norm);
       q_->forward_rows(ctx, saved.q_latent.data(), rows, q.data());
     } else {
       q_->forward_rows(ctx, saved.x.data(), rows, q.data());
@@ -137,8 +139,7 @@ class LatentAttention {
     auto k_pe = Tensor<T, Space>::empty(Shape{s, b, dr});
     ctx.device.template copy_columns<T>(kv_all.data(), rkv + dr, rows, rkv, c_kv.data(), rkv);
     ctx.device.template copy_columns<T>(kv_all.data() + rkv, rkv + dr, rows, dr, k_pe.data(), dr);
-    auto [normed, norm_saved] = kv_norm_.forward(ctx, Act<layout::sharded<0>>(std::move(c_kv)));
-    saved.kv_latent = std::move(normed.tensor), saved.kv_norm = std::move(norm_saved);
+    saved.kv_latent = latent_norm_forward(ctx, kv_norm_, std::move(c_kv), saved.kv_norm);
     auto kv = Tensor<T, Space>::empty(Shape{s, b, heads_local_ * (c_.qk_head_dim + c_.v_head_dim)});
     kv_up_.forward_rows(ctx, saved.kv_latent.data(), rows, kv.data());
     if (recompute_core) {
@@ -216,10 +217,11 @@ class LatentAttention {
     // Up projections (this rank's heads): their weight gradients, and the latents' partial gradients.
     auto dkv_latent = Tensor<T, Space>::empty(sv.kv_latent.shape());
     kv_up_.backward_rows(ctx, sv.kv_latent.data(), dkv.data(), rows, dkv_latent.data());
-    // The replicated parameters' increments, one after the other: [q_down | kv_down | q norm | kv norm].
+    // The replicated parameters' increments, one after the other: [q_down | kv_down | kv norm | q norm].
     std::vector<Param*> replicated;
-    index_t total = kv_down_.value.numel() + kv_norm_.partial_size();
-    if (q_down_) total += q_down_->value.numel() + q_norm_->partial_size();
+    const index_t kv_norm_size = kv_norm_ ? kv_norm_->partial_size() : 0;
+    index_t total = kv_down_.value.numel() + kv_norm_size + (q_norm_ ? q_norm_->partial_size() : 0);
+    if (q_down_) total += q_down_->value.numel();
     auto increments = Tensor<A, Space>::empty(Shape{total});
     index_t at = 0;
     auto dx = Tensor<T, Space>::empty(sv.x.shape());  // partial over tp
@@ -239,21 +241,18 @@ class LatentAttention {
     }
     // The latent norms' backward (their weight increments after the down projections').
     const index_t norm_at = kv_down_.value.numel() + (q_down_ ? q_down_->value.numel() : 0);
-    auto dc_kv = kv_norm_.template backward_partial<layout::sharded<0>>(
-        ctx, sv.kv_norm, Act<layout::sharded<0>>(std::move(dkv_latent)), nullptr, increments.data() + norm_at);
+    auto dc_kv = latent_norm_backward(ctx, kv_norm_, sv.kv_norm, std::move(dkv_latent), increments.data() + norm_at);
     auto dkv_all = Tensor<T, Space>::empty(Shape{s, b, rkv + dr});
     ctx.device.template copy_columns<T>(dc_kv.data(), rkv, rows, rkv, dkv_all.data(), rkv + dr);
     ctx.device.template copy_columns<T>(dk_pe.data(), dr, rows, dr, dkv_all.data() + rkv, rkv + dr);
     if (q_down_) {
-      auto dc_q = q_norm_->template backward_partial<layout::sharded<0>>(
-          ctx, sv.q_norm, Act<layout::sharded<0>>(std::move(dq_latent)), nullptr,
-          increments.data() + norm_at + kv_norm_.partial_size());
-      down_backward(*q_down_, dc_q.tensor, false);
+      auto dc_q = latent_norm_backward(ctx, q_norm_, sv.q_norm, std::move(dq_latent), increments.data() + norm_at + kv_norm_size);
+      down_backward(*q_down_, dc_q, false);
       down_backward(kv_down_, dkv_all, true);
     } else {
       down_backward(kv_down_, dkv_all, true);  // dx holds the query projection's part
     }
-    kv_norm_.for_each_parameter([&](Param& p) { replicated.push_back(&p); });
+    if (kv_norm_) kv_norm_->for_each_parameter([&](Param& p) { replicated.push_back(&p); });
     if (q_norm_) q_norm_->for_each_parameter([&](Param& p) { replicated.push_back(&p); });
     // Each rank's increments are its heads' share: summed over tp (the layout tag that reduces them).
     add_replicated_gradients<layout::sharded<0>>(ctx.device, ctx.tp, increments,
@@ -266,11 +265,11 @@ class LatentAttention {
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     if (q_down_) {
       init_normal(ctx.device, *q_down_, seed, stddev);
-      q_norm_->init(ctx, seed, stddev);
+      if (q_norm_) q_norm_->init(ctx, seed, stddev);
     }
     q_->init(ctx, seed, stddev);
     init_normal(ctx.device, kv_down_, seed, stddev);
-    kv_norm_.init(ctx, seed, stddev);
+    if (kv_norm_) kv_norm_->init(ctx, seed, stddev);
     kv_up_.init(ctx, seed, stddev);
     proj_.init(ctx, seed, output_stddev);
   }
@@ -278,11 +277,11 @@ class LatentAttention {
   void for_each_parameter(Visitor&& visit) {
     if (q_down_) {
       visit(*q_down_);
-      q_norm_->for_each_parameter(visit);
+      if (q_norm_) q_norm_->for_each_parameter(visit);
     }
     q_->for_each_parameter(visit);
     visit(kv_down_);
-    kv_norm_.for_each_parameter(visit);
+    if (kv_norm_) kv_norm_->for_each_parameter(visit);
     kv_up_.for_each_parameter(visit);
     proj_.for_each_parameter(visit);
   }
@@ -356,6 +355,23 @@ class LatentAttention {
                      saved.lse.data(), saved.dropout);
     }
   }
+  // A latent through its RMSNorm (its input and statistics into `saved`), or as it is without one.
+  Tensor<T, Space> latent_norm_forward(Context& ctx, const std::optional<RmsNorm<Policy>>& norm, Tensor<T, Space> latent,
+                                       typename RmsNorm<Policy>::Saved& saved) const {
+    if (!norm) return latent;
+    auto [normed, norm_saved] = norm->forward(ctx, Act<layout::sharded<0>>(std::move(latent)));
+    saved = std::move(norm_saved);
+    return std::move(normed.tensor);
+  }
+  // Its backward: the gradient before the norm, the weight's increment into `increment`.
+  Tensor<T, Space> latent_norm_backward(Context& ctx, std::optional<RmsNorm<Policy>>& norm,
+                                        const typename RmsNorm<Policy>::Saved& saved, Tensor<T, Space> dlatent,
+                                        A* increment) {
+    if (!norm) return dlatent;
+    return norm->template backward_partial<layout::sharded<0>>(ctx, saved, Act<layout::sharded<0>>(std::move(dlatent)), nullptr,
+                                                               increment)
+        .tensor;
+  }
   // This rank's part of a local sequence of s tokens (inactive without context parallelism).
   ContextParallelSplit cp_split(const Context& ctx, index_t s) const {
     if (ctx.cp.size() == 1) return {};
@@ -392,10 +408,10 @@ class LatentAttention {
   RopeOptions rope_;
   double rope_base_;
   std::optional<Param> q_down_;
-  std::optional<RmsNorm<Policy>> q_norm_;
+  std::optional<RmsNorm<Policy>> q_norm_;  // q_lora_rank > 0, with the latent norms
   std::optional<Up> q_;  // q_up (from the latent) or q (from the hidden state); optional only to be built after q_down_
   Param kv_down_;
-  RmsNorm<Policy> kv_norm_;
+  std::optional<RmsNorm<Policy>> kv_norm_;  // with the latent norms
   Up kv_up_;
   Proj proj_;
 };

@@ -98,7 +98,7 @@ struct ModelConfig {
   double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
   // Multi-latent attention (DeepSeek-V2/V3; layers/latent_attention.hpp), RoPE models only. The
   // sizes default to Megatron's (q_lora_rank 0 stands for its None: queries without compression).
-  bool multi_latent_attention = false;  // --multi-latent-attention
+  bool multi_latent_attention = false;  // --multi-latent-attention (qk_layernorm: the latents' RMSNorms, as Megatron's)
   int q_lora_rank = 0;                  // --q-lora-rank
   int kv_lora_rank = 32;                // --kv-lora-rank
   int qk_head_dim = 128;                // --qk-head-dim

@@ -669,9 +669,12 @@ class DecoderModel {
     c.rope = config.rope_variant(c.rope);
     c.softmax = config.softmax_type;  // --softmax-type (attention sinks)
     c.window = config.layer_window(layer);  // --window-size, on the layers --window-attn-skip-freq gives it
-    if (config.multi_latent_attention)
+    if (config.multi_latent_attention) {  // --qk-layernorm is the latents' RMSNorms there, as in Megatron
       c.latent = LatentAttentionConfig{config.q_lora_rank,         config.kv_lora_rank, config.qk_head_dim,
-                                       config.qk_pos_emb_head_dim, config.v_head_dim,   config.norm_epsilon};
+                                       config.qk_pos_emb_head_dim, config.v_head_dim,   config.norm_epsilon,
+                                       config.qk_layernorm};
+      c.qk_norm = QkNorm::none;
+    }
     return c;
   }
 

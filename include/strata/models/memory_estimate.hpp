@@ -170,12 +170,13 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     // projection split by heads (layers/latent_attention.hpp).
     const std::int64_t rq = m.q_lora_rank, rkv = m.kv_lora_rank, dr = m.qk_pos_emb_head_dim, dv = m.v_head_dim;
     const std::int64_t qk = checked_product(what, heads, m.qk_head_dim + dr);
+    const std::int64_t norms = m.qk_layernorm ? 1 : 0;  // the latents' RMSNorms
     if (rq > 0)
-      layer = checked_add(layer, checked_add(checked_add(checked_mul(rq, h, what), rq, what), checked_mul(qk, rq, what) / tp, what),
+      layer = checked_add(layer, checked_add(checked_add(checked_mul(rq, h, what), norms * rq, what), checked_mul(qk, rq, what) / tp, what),
                           what);
     else
       layer = checked_add(layer, checked_mul(qk, h, what) / tp, what);
-    layer = checked_add(layer, checked_add(checked_mul(rkv + dr, h, what), rkv, what), what);
+    layer = checked_add(layer, checked_add(checked_mul(rkv + dr, h, what), norms * rkv, what), what);
     layer = checked_add(layer, checked_product(what, heads, m.qk_head_dim + dv, rkv) / tp, what);
     layer = checked_add(layer, checked_product(what, heads, dv, h) / tp, what);  // output projection
   } else {
