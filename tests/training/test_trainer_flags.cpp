@@ -81,11 +81,16 @@ TEST(MegatronFlags, MultiLatentAttention) {
                       {"--rotary-interleaved with --multi-latent-attention", "interleaved pairs"});
   // Hugging Face's class of multi-latent attention is DeepSeek-V3's, a mixture of experts; its router is refused
   // where DeepseekV3ForCausalLM cannot express it.
-  expect_config_error([] { trainer::validate(parse_flags("llama", {"--multi-latent-attention", "--save-hf", "/tmp/x", "--global-batch-size", "8"})); },
-                      {"--save-hf", "multi-latent attention without experts"});
   expect_config_error(
       [] {
-        trainer::validate(parse_flags("mixtral", {"--multi-latent-attention", "--save-hf", "/tmp/x", "--global-batch-size", "8", "--num-experts", "4",
+        trainer::validate(parse_flags("llama", {"--multi-latent-attention", "--qk-layernorm", "--save-hf", "/tmp/x",
+                                                "--global-batch-size", "8"}));
+      },
+      {"--save-hf", "multi-latent attention without experts"});
+  expect_config_error(
+      [] {
+        trainer::validate(parse_flags("mixtral", {"--multi-latent-attention", "--qk-layernorm", "--save-hf", "/tmp/x", "--global-batch-size",
+                                                  "8", "--num-experts", "4",
                                                   "--moe-shared-expert-intermediate-size", "32", "--moe-ffn-hidden-size", "32"}));
       },
       {"--save-hf", "DeepseekV3ForCausalLM", "sigmoid"});
