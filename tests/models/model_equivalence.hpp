@@ -23,6 +23,19 @@ struct TokenBatch {
   strata::Tensor<float> mask;
 };
 
+// DeepSeek-V3's attention at a toy size on `c`: queries through a latent of 12, keys and values
+// through one of 10 (both RMS-normalized), heads of 6 + 4 dimensions (4 turned by RoPE), values of 5.
+inline strata::models::ModelConfig with_latent_attention(strata::models::ModelConfig c) {
+  c.multi_latent_attention = true;
+  c.qk_layernorm = true;  // the latents' RMSNorms
+  c.q_lora_rank = 12;
+  c.kv_lora_rank = 10;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 5;
+  return c;
+}
+
 inline TokenBatch random_batch(int vocab, strata::index_t b, strata::index_t s, std::uint64_t key) {
   using namespace strata;
   TokenBatch batch{Tensor<std::int32_t>(Shape{b, s}), Tensor<std::int32_t>(Shape{b, s}), Tensor<float>(Shape{b, s})};

@@ -216,13 +216,7 @@ TEST(ContextParallel, ArchitectureOptionsEqualSingleRank) {
 // selective recompute.
 TEST(ContextParallel, MultiLatentAttentionEqualsSingleRank) {
   auto c = tiny_llama();
-  c.multi_latent_attention = true;
-  c.qk_layernorm = true;  // the latents' RMSNorms
-  c.q_lora_rank = 12;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 6;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 5;
+  c = strata_test::with_latent_attention(c);
   c.hidden_dropout = 0.2;
   c.attention_dropout = 0.25;
   expect_context_parallel_equals_single_rank<strata::models::Llama>(

@@ -20,8 +20,7 @@ namespace {
 using namespace strata;
 using strata::models::ModelConfig;
 
-// DeepSeek-V3's attention at a toy size: queries through a latent of 12, keys and values through one
-// of 10, heads of 6 + 4 dimensions (4 turned by RoPE) and values of 5.
+// A small Llama with DeepSeek-V3's attention (strata_test::with_latent_attention).
 ModelConfig tiny_mla(int q_lora_rank = 12) {
   ModelConfig c;
   c.num_layers = 2;
@@ -32,13 +31,8 @@ ModelConfig tiny_mla(int q_lora_rank = 12) {
   c.make_vocab_size_divisible_by = 4;
   c.seq_length = 8;
   c.rope_base = 500.0;
-  c.multi_latent_attention = true;
-  c.qk_layernorm = true;  // the latents' RMSNorms
+  c = strata_test::with_latent_attention(c);
   c.q_lora_rank = q_lora_rank;
-  c.kv_lora_rank = 10;
-  c.qk_head_dim = 6;
-  c.qk_pos_emb_head_dim = 4;
-  c.v_head_dim = 5;
   return c;
 }
 
