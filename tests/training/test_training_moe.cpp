@@ -156,6 +156,56 @@ TEST(TrainingMoe, ExpertParallelRunsFollowSingleRankTrajectory) {
     expect_follows(trainer::train<Mixtral>(with_layout(base, l)), reference, describe(l));
 }
 
+// gpt-oss's experts: quick GeGLU with a clamp and a linear offset in the routed and the shared
+// experts. The clamp (0.1 here, so that it bites at this initialization) and the offset change the
+// loss from SwiGLU's, and every layout (ep, etp with SP, pp, both dispatchers) follows one rank.
+TEST(TrainingMoe, QuickGegluExpertsFollowSingleRankTrajectory) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.model.moe.shared_expert_ffn_hidden_size = 32;
+  const auto swiglu = trainer::train<Mixtral>(base);
+  base.model.activation = strata::MlpActivation::quick_geglu;
+  base.model.activation_clamp = 0.1;
+  base.model.glu_linear_offset = 1.0;
+  const auto reference = trainer::train<Mixtral>(base);
+  ASSERT_EQ(reference.losses.size(), 3u);
+  EXPECT_GT(std::abs(reference.losses[0] - swiglu.losses[0]), 1e-6) << "quick GeGLU gave SwiGLU's loss";
+  auto unclamped = base;
+  unclamped.model.activation_clamp = 0;
+  EXPECT_GT(std::abs(trainer::train<Mixtral>(unclamped).losses[1] - reference.losses[1]), 1e-9)
+      << "the clamp changed nothing";
+  using D = strata::MoeDispatcherType;
+  for (MoeLayout l : {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{4, 2, 1, 2, 2, true, D::allgather},
+                      MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}})
+    expect_follows(trainer::train<Mixtral>(with_layout(base, l)), reference, "quick GeGLU " + describe(l));
+}
+
+// Megatron's --moe-router-force-load-balancing: random router logits (a benchmark's balanced load).
+// The run differs from the routed one, is the same when repeated, and still trains the router's
+// weight through the straight-through gradient.
+TEST(TrainingMoe, ForcedLoadBalancingRoutesByRandomLogits) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.world_size = 2;
+  base.expert_model_parallel_size = 2;
+  base.model.moe.token_dispatcher = strata::MoeDispatcherType::alltoall;
+  const auto routed = trainer::train<Mixtral>(base);
+  base.model.moe.force_load_balancing = true;
+  const auto forced = trainer::train<Mixtral>(base), again = trainer::train<Mixtral>(base);
+  ASSERT_EQ(forced.losses.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::isfinite(forced.losses[i])) << "iteration " << i + 1;
+    EXPECT_EQ(forced.losses[i], again.losses[i]) << "iteration " << i + 1 << ": the random logits are not reproducible";
+  }
+  EXPECT_GT(std::abs(forced.losses[0] - routed.losses[0]), 1e-9) << "the logits were not replaced";
+  // the z-loss is of the random logits, the same at every step in distribution but not in value
+  EXPECT_NE(forced.z_losses[0], forced.z_losses[1]);
+}
+
 // Multi-token prediction on a mixture of experts (DeepSeek-V3's shape: the depth's layer is a MoE
 // layer, its router's aux and z losses counted with the others'): ep = 2 with both dispatchers,
 // tp = 2 x ep = 2 x etp = 2 under sequence parallelism and pp = 2 follow one rank (the loss, the

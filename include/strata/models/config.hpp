@@ -41,6 +41,7 @@ struct MoeModelConfig {
   double capacity_factor = 0.0;            // --moe-expert-capacity-factor (0: no capacity, nothing dropped)
   MoeDropPolicy drop_policy = MoeDropPolicy::probability;  // --moe-token-drop-policy (probs / position)
   bool pad_to_capacity = false;            // --moe-pad-expert-input-to-capacity
+  bool force_load_balancing = false;       // --moe-router-force-load-balancing (random logits, benchmarks)
   // --moe-token-dispatcher-type: read by models built with the moe_configured tag (models::Mixtral);
   // a model whose dispatcher is fixed at compile time (moe_alltoall / moe_allgather) ignores it.
   MoeDispatcherType token_dispatcher = MoeDispatcherType::alltoall;
@@ -300,10 +301,9 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
                       "the ring would count the sink once per block; train with --context-parallel-size 1 or --softmax-type vanilla");
   if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
     fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
-  if (m.moe.enabled() && (m.activation == MlpActivation::squared_relu || m.activation == MlpActivation::quick_geglu ||
-                          m.activation_clamp != 0 || m.glu_linear_offset != 0))
-    fail<ConfigError>("the experts of a mixture-of-experts model run SwiGLU only so far; --squared-relu, --quick-geglu, "
-                      "--activation-func-clamp-value and --glu-linear-offset need a dense model");
+  if (m.moe.enabled() && m.activation == MlpActivation::squared_relu)
+    fail<ConfigError>("the experts of a mixture-of-experts model run a gated activation (SwiGLU, or quick GeGLU with "
+                      "--quick-geglu); --squared-relu needs a dense model");
   if (m.make_vocab_size_divisible_by < 1)
     fail<ConfigError>("make_vocab_size_divisible_by=", m.make_vocab_size_divisible_by, " must be at least 1");
   if (m.mtp_num_layers < 0 || m.mtp_num_layers >= m.seq_length)

@@ -639,6 +639,9 @@ class DecoderModel {
       c.config.expert_ffn_hidden_size = config.expert_ffn();
       c.config.shared_expert_ffn_hidden_size = m.shared_expert_ffn_hidden_size;
       c.config.dispatcher = m.token_dispatcher;
+      c.config.activation = config.activation;
+      c.config.glu_clamp = config.activation_clamp;
+      c.config.glu_linear_offset = config.glu_linear_offset;
       RouterConfig& r = c.config.router;
       r.routing = m.routing;
       r.load_balancing = m.load_balancing;
@@ -649,6 +652,7 @@ class DecoderModel {
       r.capacity_factor = m.capacity_factor;
       r.drop_policy = m.drop_policy;
       r.pad_to_capacity = m.pad_to_capacity;
+      r.force_load_balancing = m.force_load_balancing;
       c.routers = &routers_;
       return c;
     } else {

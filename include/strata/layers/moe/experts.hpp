@@ -5,7 +5,9 @@
 //   fc1 (expert e) [ffn (x2 for swiglu: [gate; up]), hidden], split over etp on its rows (each
 //                  stacked block on its own, as the dense column-parallel fc1)
 //   fc2 (expert e) [hidden, ffn], split over etp on its columns (as the dense row-parallel fc2)
-//   forward   h = x_e fc1_e^T (grouped), a = gelu(h) or silu(gate) * up, y_e = a fc2_e^T (grouped)
+//   forward   h = x_e fc1_e^T (grouped), a = gelu(h) or glu(gate, up), y_e = a fc2_e^T (grouped)
+//             glu: ExpertsConfig::glu, silu(gate) * up by default (SwiGLU), or quick_gelu with
+//             gpt-oss's clamp and offset (backend/activation_options.hpp), as the dense Mlp
 //             y is partial over etp: the dispatcher's combine sums it over the etp ranks
 //   backward  da = dy_e fc2_e, dfc2_e += dy_e^T a_e, dh = act'(h) da, dx_e = dh fc1_e (partial over
 //             etp, summed by the dispatcher), dfc1_e += dh^T x_e
@@ -14,6 +16,7 @@
 // initialization (at each element's global index) and checkpoints do not depend on ep or etp.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -30,6 +33,7 @@ struct ExpertsConfig {
   index_t hidden_size = 0;
   index_t ffn_hidden_size = 0;  // of one expert
   index_t num_experts = 0;      // in the whole model
+  GluActivation glu{};          // the gated activation (Activation swiglu); the default is SwiGLU
 };
 
 template <class Policy, class Act = gelu>
@@ -63,6 +67,12 @@ class GroupedExperts {
     if (c.ffn_hidden_size % etp != 0)
       fail<ConfigError>("GroupedExperts: etp=", etp, " does not divide the expert ffn hidden size ", c.ffn_hidden_size,
                         "; each expert-tensor-parallel rank holds an equal slice of every expert's MLP.");
+    if (!gated && (c.glu.kind != GluKind::silu || c.glu.clamp != 0 || c.glu.linear_offset != 0))
+      fail<ConfigError>("GroupedExperts: a gated activation (quick GELU, a clamp or a linear offset) was configured for "
+                        "experts built with strata::gelu; build them with strata::swiglu");
+    if (!(c.glu.clamp >= 0 && std::isfinite(c.glu.clamp)) || !std::isfinite(c.glu.linear_offset))
+      fail<ConfigError>("GroupedExperts: the activation clamp (", c.glu.clamp, ") must be a finite number >= 0 and the "
+                        "linear offset (", c.glu.linear_offset, ") finite");
     local_ = c.num_experts / ep;
     first_ = ctx.ep.rank() * local_;
     for (index_t l = 0; l < local_; ++l) {
@@ -98,8 +108,10 @@ class GroupedExperts {
       saved.host_counts.assign(host.begin(), host.end());
     }
     rows_gemm(ctx, saved, true, rows, fc1_local, h, x.data(), pointers(fc1_), saved.pre.data());  // (rows, fc1 local)
-    if constexpr (gated) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
-    else ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
+    if constexpr (gated) {
+      if (plain_swiglu()) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
+      else ctx.device.template glu_forward<T>(saved.pre.data(), rows, ffn_local, config_.glu, saved.activation.data());
+    } else ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
     auto y = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, true, rows, h, ffn_local, saved.activation.data(), pointers(fc2_),
               y.data());  // (rows, hidden), partial over etp
@@ -114,8 +126,10 @@ class GroupedExperts {
     weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(),
                  gradients(fc2_));  // dfc2 (hidden, ffn local)
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
-    if constexpr (gated) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
-    else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
+    if constexpr (gated) {
+      if (plain_swiglu()) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
+      else ctx.device.template glu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, config_.glu, dpre.data());
+    } else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, false, rows, h, fc1_local, dpre.data(), pointers(fc1_), dx.data());  // dx, partial over etp
     weights_gemm(ctx, saved, rows, fc1_local, h, dpre.data(), saved.input.data(),
@@ -136,6 +150,10 @@ class GroupedExperts {
   }
 
  private:
+  // SwiGLU without clamp or offset runs on the backend's own swiglu kernels.
+  bool plain_swiglu() const {
+    return config_.glu.kind == GluKind::silu && config_.glu.clamp == 0 && config_.glu.linear_offset == 0;
+  }
   // C[rows, n] = A[rows, k] op(B_l) by the saved row groups (op: transposed when tb): the backend's
   // device-count GEMM, or with the counts read on the host (then the rows past them are zeroed here).
   void rows_gemm(Context& ctx, const Saved& s, bool tb, index_t rows, index_t n, index_t k, const T* a,

@@ -73,6 +73,11 @@ struct MoeMlpConfig {
   index_t shared_expert_ffn_hidden_size = 0;  // 0: no shared experts
   MoeDispatcherType dispatcher = MoeDispatcherType::alltoall;  // read with the moe_configured tag only
   RouterConfig router{};                      // hidden_size, num_experts and topk are taken from above
+  // The experts' and shared experts' activation (MlpConfig's meaning): preset is Activation itself;
+  // a gated Activation (swiglu) also runs quick_geglu, each with gpt-oss's clamp and linear offset.
+  MlpActivation activation = MlpActivation::preset;
+  double glu_clamp = 0.0;
+  double glu_linear_offset = 0.0;
   std::optional<MlpConfig> dense;             // set: a dense layer (an Mlp of this config); the rest is not read
 };
 
@@ -98,13 +103,16 @@ class MoeMlp {
   using Layout = residual_layout_t<Policy>;
   using Dispatcher = typename detail::moe_dispatcher<Policy, Dispatch>::type;
   static constexpr bool sequence_parallel = Policy::sequence_parallel;
+  // The shared experts and a dense layer's MLP: Act unless MoeMlpConfig::activation (or the dense
+  // MlpConfig) names another at run time.
+  using DenseMlp = Mlp<Policy, configured_activation<Act>>;
 
   struct Saved {
     typename TopKRouter<Policy>::Saved router;
     typename Dispatcher::State dispatch;
     typename GroupedExperts<Policy, Act>::Saved experts;
-    typename Mlp<Policy, Act>::Saved shared;
-    typename Mlp<Policy, Act>::Saved dense;  // a dense layer's MLP
+    typename DenseMlp::Saved shared;
+    typename DenseMlp::Saved dense;  // a dense layer's MLP
     Shape local_shape{};  // this rank's tokens [s, b, hidden]
   };
 
@@ -115,9 +123,12 @@ class MoeMlp {
     }
     router_.emplace(ctx, name + ".router", router_config(c));
     dispatcher_.emplace(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk, c.dispatcher});
-    experts_.emplace(ctx, name + ".experts", ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts});
+    experts_.emplace(ctx, name + ".experts",
+                     ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts, experts_glu(c)});
     if (c.shared_expert_ffn_hidden_size > 0)
-      shared_.emplace(ctx, name + ".shared_experts", MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false});
+      shared_.emplace(ctx, name + ".shared_experts",
+                      MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false, c.activation, c.glu_clamp,
+                                c.glu_linear_offset});
   }
   MoeMlp(const Context& ctx, std::string name, const MoeMlpConfigWithRouters<Policy>& c) : MoeMlp(ctx, std::move(name), c.config) {
     if (c.routers != nullptr && router_) c.routers->push_back(&*router_);
@@ -191,6 +202,24 @@ class MoeMlp {
   const TopKRouter<Policy>& router() const { return *router_; }
 
  private:
+  // The routed experts' gated activation: SwiGLU unless MoeMlpConfig::activation says quick_geglu
+  // (Act swiglu), with the clamp and offset; experts of another Act take none of them.
+  static GluActivation experts_glu(const MoeMlpConfig& c) {
+    constexpr bool gated = std::is_same_v<Act, swiglu>;
+    const bool other = c.activation != MlpActivation::preset && c.activation != MlpActivation::swiglu &&
+                       c.activation != MlpActivation::quick_geglu;
+    if ((gated && other) || (!gated && c.activation != MlpActivation::preset && c.activation != MlpActivation::gelu) ||
+        (!gated && (c.glu_clamp != 0 || c.glu_linear_offset != 0)))
+      fail<ConfigError>("MoeMlp: the experts are built for ", gated ? "a gated activation (swiglu)" : "gelu",
+                        " and cannot run ", mlp_activation_name(c.activation),
+                        c.glu_clamp != 0 || c.glu_linear_offset != 0 ? " with a clamp or linear offset" : "",
+                        "; the routed experts run SwiGLU or quick GeGLU (with --activation-func-clamp-value and "
+                        "--glu-linear-offset)");
+    if (!gated) return GluActivation{};
+    return GluActivation{c.activation == MlpActivation::quick_geglu ? GluKind::quick_gelu : GluKind::silu, c.glu_clamp,
+                         c.glu_linear_offset};
+  }
+
   static RouterConfig router_config(const MoeMlpConfig& c) {
     RouterConfig r = c.router;
     r.hidden_size = c.hidden_size;
@@ -225,8 +254,8 @@ class MoeMlp {
   std::optional<TopKRouter<Policy>> router_;  // these three: a MoE layer
   std::optional<Dispatcher> dispatcher_;
   std::optional<GroupedExperts<Policy, Act>> experts_;
-  std::optional<Mlp<Policy, Act>> shared_;
-  std::optional<Mlp<Policy, Act>> dense_;  // a dense layer
+  std::optional<DenseMlp> shared_;
+  std::optional<DenseMlp> dense_;  // a dense layer
 };
 
 // True for the MoeMlp types (a model that must reach its routers).
