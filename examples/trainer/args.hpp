@@ -89,6 +89,7 @@ struct ArchitectureArgs {
   double mscale = 1.0, mscale_all_dim = 0.0;
   bool yarn_correction_range_round_to_int = true;
   std::string softmax_type = "vanilla";  // --softmax-type vanilla | off-by-one | learnable (run-time: ModelConfig)
+  bool enable_gpt_oss = false;           // --enable-gpt-oss: YaRN with gpt-oss's values (resolve_yarn)
 
   // Whether the MLP is gated (--swiglu or --quick-geglu): Llama's set asks for one of them.
   bool gated() const { return swiglu || quick_geglu; }
@@ -142,6 +143,7 @@ struct TrainArgs {
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
   // mixture of experts: the router's settings are model.moe's; these are the flags' own forms
   std::string moe_token_dispatcher_type = "allgather";  // Megatron's default
+  std::string moe_flex_dispatcher_backend;              // --moe-flex-dispatcher-backend (flex: strata's all-to-all)
   std::string moe_router_load_balancing_type = "aux_loss";
   std::string moe_router_score_function = "softmax";
   std::string moe_token_drop_policy = "probs";
@@ -164,6 +166,7 @@ struct TrainArgs {
   std::int64_t lr_warmup_samples = 0;
   std::int64_t lr_decay_samples = 0;    // 0: --train-samples
   double lr_warmup_fraction = -1;       // < 0: not given; else warmup = fraction x decay
+  double lr_warmup_init = 0;  // --lr-warmup-init: the learning rate warmup starts from
   double decoupled_lr = -1, decoupled_min_lr = -1;  // < 0: not given (the embedding and output layer's own rates)
   double weight_decay = 0.01;
   double clip_grad = 1.0;
@@ -222,6 +225,7 @@ struct TrainArgs {
   int profile_step_start = 10, profile_step_end = 12;
   // data parallelism, mixed precision, activation recompute (data_parallel.hpp, models/recompute.hpp)
   bool use_distributed_optimizer = false;
+  int num_distributed_optimizer_instances = 1;  // Megatron's default; others are refused
   bool overlap_grad_reduce = false;    // bucket collectives during the backward, on the communication stream
   bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
   std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
@@ -234,6 +238,7 @@ struct TrainArgs {
   double min_loss_scale = 1.0;
   bool skip_nonfinite_iterations = false;  // skip the update of a non-finite iteration instead of stopping
   std::string recompute_granularity;       // "", selective, full
+  std::string recompute_modules;           // --recompute-modules (selective): Megatron's names, space-separated
   std::string recompute_method = "uniform";
   int recompute_num_layers = 1;
   int inject_nonfinite_gradient_at = -1;   // (tests) iteration (0-based) whose gradients are set to inf
@@ -274,6 +279,8 @@ inline TrainArgs default_args(std::string kind) {
 
 // The flags of data parallelism at scale, mixed precision and activation recompute (Megatron's names).
 inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
+  app.add_option("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances,
+                 "copies of the distributed optimizer over data parallelism: 1 (the default, one ZeRO-1 shard per rank)");
   app.add_flag("--use-distributed-optimizer", a.use_distributed_optimizer,
                "shard the optimizer state over data parallelism (ZeRO-1): gradient buckets are reduce-scattered, each "
                "rank updates its shard (fp32 main weights and Adam moments for it only) and the parameters are "
@@ -439,6 +446,24 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
     {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
+    {"--cuda-graph-impl", true, false, "strata launches its kernels without CUDA graphs; the flag changes nothing"},
+    {"--export-force-local-attention", false, false,
+     "a choice of attention module for ModelOpt's export; strata's attention is one module"},
+    {"--record-memory-history", false, false, "PyTorch's allocator history; strata logs the peak device memory instead"},
+    {"--memory-snapshot-path", true, false, "PyTorch's allocator snapshot; strata logs the peak device memory instead"},
+    {"--profile-ranks", true, false, "--profile brackets the profiled iterations on every rank"},
+    {"--use-nccl-ub", false, false, "NCCL user-buffer registration is a transport choice; the flag changes nothing"},
+    {"--use-precision-aware-optimizer", false, false,
+     "strata's optimizer keeps fp32 main parameters, gradients and moments, which is what the precision-aware optimizer "
+     "keeps with its default dtypes"},
+    {"--fsdp-manual-registration", false, true, "FSDP is not available; use --use-distributed-optimizer"},
+    {"--fsdp-db-use-persist-buf-on-alloc-fail", false, true, "FSDP is not available; use --use-distributed-optimizer"},
+    {"--megatron-fsdp-grad-comm-dtype", true, true, "Megatron-FSDP is not available; use --use-distributed-optimizer"},
+    {"--megatron-fsdp-main-grads-dtype", true, true, "Megatron-FSDP is not available; use --use-distributed-optimizer"},
+    {"--megatron-fsdp-main-params-dtype", true, true, "Megatron-FSDP is not available; use --use-distributed-optimizer"},
+    {"--megatron-fsdp-max-pool-double-buffer", false, true, "Megatron-FSDP is not available; use --use-distributed-optimizer"},
+    {"--outer-dp-sharding-strategy", true, true,
+     "FSDP's sharding is not available; --use-distributed-optimizer shards the optimizer state over data parallelism (ZeRO-1)"},
 };
 
 // Megatron's FP8 flags (docs/FP8.md).
@@ -558,8 +583,16 @@ inline void add_moe_options(CLI::App& app, TrainArgs& a) {
                  "always does with bf16 / fp16 / float; fp64 with --dtype double)")
       ->check(CLI::IsMember({"fp32", "fp64"}));
   app.add_option("--moe-token-dispatcher-type", a.moe_token_dispatcher_type,
-                 "allgather (default, as Megatron) or alltoall: how tokens reach the ranks holding their experts")
-      ->check(CLI::IsMember({"allgather", "alltoall"}));
+                 "allgather (default, as Megatron) or alltoall: how tokens reach the ranks holding their experts; flex "
+                 "(DeepEP / HybridEP kernels in Megatron) runs the all-to-all dispatcher, the same exchange")
+      ->check(CLI::IsMember({"allgather", "alltoall", "flex"}));
+  app.add_option("--moe-flex-dispatcher-backend", a.moe_flex_dispatcher_backend,
+                 "flex's kernels (deepep, hybridep, ncclep): with --moe-token-dispatcher-type flex, strata's all-to-all "
+                 "dispatcher runs instead (a note says so)")
+      ->check(CLI::IsMember({"deepep", "hybridep", "ncclep"}));
+  app.add_flag("--moe-router-force-load-balancing", m.force_load_balancing,
+               "benchmarks only: random router logits (per rank and step) balance the experts' loads; the gradient "
+               "passes to the router's weight unchanged (Megatron's straight-through estimate)");
   app.add_option("--moe-layer-freq", a.moe_layer_freq,
                  "N: layer l (0-based) is a MoE layer when l % N == 0 (default 1: every layer); or a list of 1 (MoE) / 0 "
                  "(dense MLP of --ffn-hidden-size) per layer, e.g. ([0]*3+[1]*29)");
@@ -671,7 +704,16 @@ inline void resolve_moe_flags(TrainArgs& a) {
                      : a.moe_router_load_balancing_type == "seq_aux_loss" ? MoeLoadBalancing::seq_aux_loss
                                                                           : MoeLoadBalancing::aux_loss;
   m.drop_policy = a.moe_token_drop_policy == "position" ? MoeDropPolicy::position : MoeDropPolicy::probability;
-  m.token_dispatcher = a.moe_token_dispatcher_type == "alltoall" ? MoeDispatcherType::alltoall : MoeDispatcherType::allgather;
+  m.token_dispatcher = a.moe_token_dispatcher_type == "allgather" ? MoeDispatcherType::allgather : MoeDispatcherType::alltoall;
+  if (m.enabled() && a.moe_token_dispatcher_type == "flex")
+    a.notes.emplace_back("--moe-token-dispatcher-type flex" +
+                         (a.moe_flex_dispatcher_backend.empty() ? std::string()
+                                                                : " (--moe-flex-dispatcher-backend " + a.moe_flex_dispatcher_backend + ")") +
+                         ": strata's all-to-all dispatcher runs it (Megatron's flex is the same exchange through DeepEP / "
+                         "HybridEP kernels): the same tokens reach the same experts");
+  else if (!a.moe_flex_dispatcher_backend.empty())
+    a.notes.emplace_back("--moe-flex-dispatcher-backend " + a.moe_flex_dispatcher_backend +
+                         ": read with --moe-token-dispatcher-type flex only, as in Megatron; it changes nothing here");
   // --moe-router-dtype: the router computes in accumulate_t<T> (layers/moe/router.hpp): fp32 for
   // bf16, fp16 and float, fp64 for double. fp32 is what Megatron's flag asks for; fp64 is honoured
   // with --dtype double only.
@@ -835,6 +877,9 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--yarn-correction-range-round-to-int,!--no-yarn-correction-range-round-to-int",
                a.architecture.yarn_correction_range_round_to_int,
                "YaRN: round the correction range to whole dimensions (the default; gpt-oss turns it off)");
+  app.add_flag("--enable-gpt-oss", a.architecture.enable_gpt_oss,
+               "YaRN with gpt-oss's values (factor 32, original context 131072, beta 32 / 1, mscale 1 / 0, the range not "
+               "rounded), set over the YaRN flags as Megatron's flag sets them");
   app.add_option("--softmax-type", a.architecture.softmax_type,
                  "attention softmax: vanilla, off-by-one (a zero logit in each denominator) or learnable (a learned logit "
                  "per head, gpt-oss's sinks)")
@@ -889,6 +934,7 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--lr-warmup-samples", a.lr_warmup_samples, "samples of linear warmup (with --train-samples)");
   app.add_option("--lr-decay-samples", a.lr_decay_samples, "samples the learning rate decays over (0: --train-samples)");
   app.add_option("--lr-warmup-fraction", a.lr_warmup_fraction, "warmup as a fraction of the decay length");
+  app.add_option("--lr-warmup-init", a.lr_warmup_init, "the learning rate warmup starts from (default 0)");
   app.add_option("--decoupled-lr", a.decoupled_lr, "the word embedding's and output layer's own peak learning rate");
   app.add_option("--decoupled-min-lr", a.decoupled_min_lr, "their minimum learning rate");
   app.add_option("--rampup-batch-size", a.rampup_batch_size,
@@ -966,6 +1012,10 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
   add_moe_options(app, a);
   app.add_flag_callback("--recompute-activations", [&a] { a.recompute_granularity = "selective"; },
                         "selective activation recompute (same as --recompute-granularity selective)");
+  add_joined_option(app, "--recompute-modules", a.recompute_modules,
+                    "selective recompute's modules, Megatron's names (default core_attn): strata recomputes core_attn, the "
+                    "attention core; the others (mlp, moe, moe_act, shared_experts, layernorm, mla_up_proj) keep their "
+                    "activations (the same numbers, more memory; a note says so)");
   add_megatron_flag_notes(app, a);
 }
 
@@ -992,7 +1042,8 @@ inline LrSchedule schedule_of(const TrainArgs& a) {
     warmup = static_cast<std::int64_t>(fractional_warmup);
   }
   return LrSchedule{.max_lr = a.lr, .min_lr = a.min_lr, .warmup_iters = warmup, .decay_iters = decay,
-                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = decay, .fractional_warmup = fractional_warmup};
+                    .style = parse_lr_decay_style(a.lr_decay_style), .train_iters = decay, .fractional_warmup = fractional_warmup,
+                    .warmup_init = a.lr_warmup_init};
 }
 
 // Training FLOPs per token, as DESIGN.md counts them for MFU: 6 x the matmul parameters (the output
@@ -1638,6 +1689,18 @@ inline void resolve_yarn(const CLI::App& app, TrainArgs& a) {
   // Megatron's multi-latent attention turns its RoPE part with YaRN unless --rope-type rope (with
   // --rotary-scaling-factor's default of 1, YaRN's frequencies are RoPE's).
   const bool latent_yarn = m.multi_latent_attention && x.rope_type != "rope";
+  if (x.enable_gpt_oss) {  // Megatron sets these over whatever the flags gave
+    a.notes.emplace_back("--enable-gpt-oss: YaRN with gpt-oss's values (--rotary-scaling-factor 32, "
+                         "--yarn-original-max-position-embeddings 131072, --yarn-beta-fast 32, --yarn-beta-slow 1, --mscale 1, "
+                         "--mscale-all-dim 0, --no-yarn-correction-range-round-to-int), over the flags' own");
+    ArchitectureArgs& y = a.architecture;
+    y.position_embedding_type = "yarn";
+    y.rotary_scaling_factor = 32.0;
+    y.yarn_original_max_position_embeddings = 131072;
+    y.yarn_beta_fast = 32.0, y.yarn_beta_slow = 1.0;
+    y.mscale = 1.0, y.mscale_all_dim = 0.0;
+    y.yarn_correction_range_round_to_int = false;
+  }
   if (x.position_embedding_type != "yarn" && !latent_yarn) {
     for (const char* flag : kFlags)
       if (app.count(flag) > 0)
@@ -1697,6 +1760,37 @@ inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
     fail<ConfigError>("--rotary-interleaved with --multi-latent-attention: Megatron's multi-latent attention already turns "
                       "interleaved pairs (DeepSeek's rope_interleave); drop --rotary-interleaved");
   m.rotary_interleaved = true;
+  if (app.count("--kv-channels") > 0)
+    a.notes.emplace_back("--kv-channels: multi-latent attention's heads are --qk-head-dim + --qk-pos-emb-head-dim wide "
+                         "(queries and keys) and --v-head-dim (values), so it changes nothing, as in Megatron");
+}
+
+// --recompute-modules, Megatron's names: read with --recompute-granularity selective only (a note
+// otherwise). strata's selective recompute is core_attn's (the attention core); a list without it
+// recomputes nothing, and the other modules keep their activations, which a note names.
+inline void resolve_recompute_modules(TrainArgs& a) {
+  if (a.recompute_modules.empty()) return;
+  static constexpr const char* kKnown[] = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
+  std::istringstream in(a.recompute_modules);
+  bool core_attn = false;
+  std::string kept;
+  for (std::string name; in >> name;) {
+    if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return name == k; }) == std::end(kKnown))
+      fail<ConfigError>("--recompute-modules ", name, ": not one of Megatron's modules core_attn, moe_act, layernorm, "
+                        "mla_up_proj, mlp, moe, shared_experts");
+    if (name == "core_attn") core_attn = true;
+    else kept += (kept.empty() ? "" : ", ") + name;
+  }
+  if (a.recompute_granularity != "selective") {
+    a.notes.emplace_back("--recompute-modules " + a.recompute_modules +
+                         ": read with --recompute-granularity selective only, as in Megatron; it changes nothing here");
+    return;
+  }
+  if (!core_attn) a.recompute_granularity.clear();  // selective without the attention core: nothing recomputed
+  if (!kept.empty())
+    a.notes.emplace_back("--recompute-modules " + a.recompute_modules + ": strata recomputes the attention core (core_attn)" +
+                         (core_attn ? "" : ", which this list leaves out, so nothing is recomputed") + "; " + kept +
+                         " keep their activations: the same numbers as Megatron's, more activation memory");
 }
 
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {
@@ -1749,6 +1843,11 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
     check_range("--kv-channels", a.model.kv_channels, 1, std::numeric_limits<int>::max(),
                 "head size; without it --hidden-size / --num-attention-heads");
   resolve_building_blocks(app, a);
+  resolve_recompute_modules(a);
+  if (a.num_distributed_optimizer_instances != 1)
+    fail<ConfigError>("--num-distributed-optimizer-instances ", a.num_distributed_optimizer_instances,
+                      ": several copies of the distributed optimizer (Megatron's partial sharding over data parallelism) are "
+                      "not available; give 1 (the default: each data-parallel rank holds one shard)");
   if (const auto seed = app.get_option("--seed")->results(); !seed.empty() && !seed.back().empty() && seed.back().front() == '-')
     fail<ConfigError>("--seed ", seed.back(), " is negative: the seed must be an integer >= 0 (Megatron seeds numpy's "
                       "generator with it, which refuses negative seeds)");

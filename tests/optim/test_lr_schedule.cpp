@@ -30,6 +30,18 @@ TEST(LrSchedule, WarmupIsLinearFromZero) {
   }
 }
 
+// Megatron's --lr-warmup-init: warmup runs linearly from that value to max_lr; decay is unchanged.
+TEST(LrSchedule, WarmupStartsFromWarmupInit) {
+  LrSchedule s = schedule(LrDecayStyle::cosine);
+  s.warmup_init = 0.2;
+  EXPECT_EQ(s.lr(0), 0.2);
+  EXPECT_NEAR(s.lr(5), 0.6, kTolerance);
+  EXPECT_EQ(s.lr(10), 1.0);
+  EXPECT_EQ(s.lr(60), schedule(LrDecayStyle::cosine).lr(60));
+  s.warmup_init = -1;
+  EXPECT_THROW(s.lr(1), ConfigError);
+}
+
 TEST(LrSchedule, CosineDecay) {
   const LrSchedule s = schedule(LrDecayStyle::cosine);
   // ratio = (it - 10) / 100; lr = 0.1 + 0.9 * 0.5 * (cos(pi * ratio) + 1)

@@ -98,6 +98,56 @@ TEST(MegatronFlags, MultiLatentAttention) {
                       {"--qk-pos-emb-head-dim=0"});
 }
 
+// The flags of Megatron's gpt-oss and DeepSeek-V3 example lines that strata answers with its own
+// meaning: --lr-warmup-init, --recompute-modules, the flex dispatcher, forced balance, one optimizer
+// instance, --enable-gpt-oss.
+TEST(MegatronFlags, ExampleLineFlagsOfGptOssAndDeepSeek) {
+  auto has_note = [](const TrainArgs& args, const std::string& text) {
+    return std::any_of(args.notes.begin(), args.notes.end(), [&](const std::string& n) { return n.find(text) != std::string::npos; });
+  };
+  const TrainArgs warm = parse_flags("gpt", {"--lr-warmup-init", "3.9e-7", "--lr-warmup-iters", "4", "--train-iters", "10",
+                                                "--global-batch-size", "2"});
+  EXPECT_EQ(trainer::schedule_of(warm).warmup_init, 3.9e-7);
+  EXPECT_EQ(trainer::schedule_of(warm).lr(0), 3.9e-7);
+
+  // selective recompute is the attention core: a list without core_attn recomputes nothing
+  const TrainArgs deepseek = parse_flags("llama", {"--recompute-granularity", "selective", "--recompute-modules", "mlp", "moe",
+                                                   "mla_up_proj", "layernorm"});
+  EXPECT_EQ(trainer::recompute_of(deepseek).granularity, strata::models::RecomputeGranularity::none);
+  EXPECT_TRUE(has_note(deepseek, "so nothing is recomputed"));
+  const TrainArgs core = parse_flags("llama", {"--recompute-activations", "--recompute-modules", "core_attn", "mlp"});
+  EXPECT_EQ(trainer::recompute_of(core).granularity, strata::models::RecomputeGranularity::selective);
+  EXPECT_TRUE(has_note(core, "mlp keep their activations"));
+  EXPECT_TRUE(has_note(parse_flags("llama", {"--recompute-modules", "core_attn"}), "selective only"));
+  expect_config_error([] { parse_flags("llama", {"--recompute-activations", "--recompute-modules", "attention"}); },
+                      {"--recompute-modules attention", "core_attn"});
+
+  const TrainArgs flex = parse_flags("mixtral", {"--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep",
+                                                 "--moe-router-force-load-balancing"});
+  EXPECT_EQ(flex.model.moe.token_dispatcher, strata::MoeDispatcherType::alltoall);
+  EXPECT_TRUE(has_note(flex, "--moe-flex-dispatcher-backend hybridep): strata's all-to-all dispatcher"));
+  EXPECT_TRUE(flex.model.moe.force_load_balancing);
+  EXPECT_TRUE(has_note(parse_flags("mixtral", {"--moe-flex-dispatcher-backend", "deepep"}), "flex only"));
+
+  EXPECT_EQ(parse_flags("gpt", {"--num-distributed-optimizer-instances", "1"}).num_distributed_optimizer_instances, 1);
+  expect_config_error([] { parse_flags("gpt", {"--num-distributed-optimizer-instances", "2"}); },
+                      {"--num-distributed-optimizer-instances 2", "give 1"});
+
+  // Megatron's --enable-gpt-oss sets YaRN with gpt-oss's values over the flags' own
+  const TrainArgs oss = parse_flags("llama", {"--enable-gpt-oss", "--rotary-scaling-factor", "4"});
+  EXPECT_EQ(oss.model.yarn_scaling_factor, 32.0);
+  EXPECT_EQ(oss.model.yarn_original_max_positions, 131072.0);
+  EXPECT_FALSE(oss.model.yarn_round_to_int);
+  EXPECT_EQ(oss.model.yarn_mscale_all_dim, 0.0);
+  EXPECT_TRUE(has_note(oss, "--enable-gpt-oss"));
+
+  // gpt-oss's experts run quick GeGLU with the clamp and offset (a dense model's flags, now a MoE's too)
+  const TrainArgs experts = parse_flags("mixtral", {"--quick-geglu", "--activation-func-clamp-value", "7", "--glu-linear-offset", "1"});
+  EXPECT_EQ(experts.model.activation, strata::MlpActivation::quick_geglu);
+  EXPECT_NO_THROW(strata::models::validate(experts.model, trainer::parallel_config_of(experts), false));
+  EXPECT_TRUE(has_note(parse_flags("llama", {"--multi-latent-attention", "--kv-channels", "16"}), "--kv-channels: multi-latent"));
+}
+
 TEST(MegatronFlags, DefaultsAreMegatrons) {
   const TrainArgs a = parse_flags("gpt", {});
   EXPECT_EQ(a.tensor_model_parallel_size, 1);

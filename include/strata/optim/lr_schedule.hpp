@@ -3,7 +3,8 @@
 // caller counts: iterations, or samples as Megatron's scheduler does (the trainers pass the samples
 // consumed, so batch-size ramp-ups and sample-based runs follow Megatron exactly).
 //
-//   it <= warmup_iters (warmup_iters > 0)  lr = max_lr * it / warmup_iters   (0 at it = 0)
+//   it <= warmup_iters (warmup_iters > 0)  lr = init + (max_lr - init) * it / warmup_iters, init =
+//                                           warmup_init (Megatron's --lr-warmup-init, default 0)
 //   style constant                          lr = max_lr
 //   it > decay_iters                        lr = min_lr
 //   otherwise, ratio = (it - warmup) / (decay_iters - warmup):
@@ -54,6 +55,7 @@ struct LrSchedule {
   LrDecayStyle style = LrDecayStyle::cosine;
   std::int64_t train_iters = 0;  // the run's length; used when decay_iters is 0
   double fractional_warmup = 0;  // > 0: the warmup in steps, not rounded (replaces warmup_iters)
+  double warmup_init = 0;        // the learning rate warmup starts from (step 0)
 
   // The warmup length: fractional_warmup when set, else warmup_iters.
   constexpr double warmup() const { return fractional_warmup > 0 ? fractional_warmup : static_cast<double>(warmup_iters); }
@@ -66,6 +68,9 @@ struct LrSchedule {
       fail<ConfigError>("the maximum learning rate must be a finite number >= 0, got ", max_lr);
     if (!std::isfinite(min_lr) || min_lr < 0 || min_lr > max_lr)
       fail<ConfigError>("the minimum learning rate must lie in [0, max_lr = ", max_lr, "], got ", min_lr);
+    if (!std::isfinite(warmup_init) || warmup_init < 0)
+      fail<ConfigError>("the learning rate warmup starts from (--lr-warmup-init) must be a finite number >= 0, got ",
+                        warmup_init);
     if (warmup_iters < 0) fail<ConfigError>("the number of warmup iterations must be >= 0, got ", warmup_iters);
     if (!std::isfinite(fractional_warmup) || fractional_warmup < 0)
       fail<ConfigError>("the fractional warmup must be a finite number of steps >= 0, got ", fractional_warmup);
@@ -86,7 +91,7 @@ struct LrSchedule {
     if (iteration < 0) fail<ConfigError>("LrSchedule::lr: the iteration must be >= 0, got ", iteration);
     const double warmup_steps = warmup();
     if (warmup_steps > 0 && static_cast<double>(iteration) <= warmup_steps)
-      return max_lr * static_cast<double>(iteration) / warmup_steps;
+      return warmup_init + (max_lr - warmup_init) * static_cast<double>(iteration) / warmup_steps;
     if (style == LrDecayStyle::constant) return max_lr;
     const std::int64_t decay = effective_decay_iters();
     if (iteration > decay) return min_lr;

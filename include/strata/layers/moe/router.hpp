@@ -29,12 +29,19 @@
 // rank's tokens), dW += dz^T x summed over the tensor-parallel group (each rank routes different
 // tokens; over cp and dp the gradient reduction sums it like any replicated parameter's).
 //
+// Forced balance (Megatron's --moe-router-force-load-balancing, for benchmarks): the logits are
+// replaced by standard normal values after the GEMM, different on each rank and each forward
+// (keyed by the weight's name, the forward's count and the rank in tp x cp x dp), so the experts
+// get about equal loads whatever the weights; the backward passes the gradient of those logits
+// to the weight unchanged (a straight-through estimate), as Megatron's RandomSTE.
+//
 // Expert bias (aux-loss-free balancing, DeepSeek-V3): tokens per expert after dropping accumulate
 // over the micro-batches; update_expert_bias sums them over tp x cp x dp and moves each bias by
 // rate * sign(mean - load), once per step after the backward.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -59,6 +66,7 @@ struct RouterConfig {
   double capacity_factor = 0.0;  // 0: no capacity, nothing dropped
   MoeDropPolicy drop_policy = MoeDropPolicy::probability;
   bool pad_to_capacity = false;  // every expert gets exactly `capacity` slots (needs capacity_factor > 0)
+  bool force_load_balancing = false;  // random logits (benchmarks only; see above)
 };
 
 template <class Policy>
@@ -113,6 +121,12 @@ class TopKRouter {
     saved.logits = Tensor<A, Space>::empty(Shape{tokens, experts});  // (T, E)
     ctx.device.template gemm<T, A>(false, true, tokens, experts, config_.hidden_size, x.data(), weight_.value.data(),
                                    saved.logits.data(), false);
+    if (config_.force_load_balancing) {
+      const std::uint64_t rank = static_cast<std::uint64_t>(ctx.tp_cp_dp.rank());
+      const std::uint64_t key = rng::parameter_key(rng::mix(forward_calls_++, rank), weight_.name);
+      ctx.device.template init_normal<A>(saved.logits.data(), saved.logits.numel(),
+                                         ShardIndexMap(saved.logits.shape(), ShardSpec::replicated()), key, 1.0);
+    }
     Output out;
     out.indices = Tensor<std::int32_t, Space>::empty(Shape{tokens, k});
     out.weights = Tensor<A, Space>::empty(Shape{tokens, k});
@@ -257,6 +271,7 @@ class TopKRouter {
   // Written by the (const) forward, like the statistics a norm keeps: the losses and the load.
   mutable Tensor<double, Space> losses_;          // [aux, z]
   Tensor<A, Space> expert_bias_;                  // [E] (with expert_bias)
+  mutable std::uint64_t forward_calls_ = 0;       // keys the random logits of force_load_balancing
   mutable Tensor<A, Space> tokens_per_expert_;    // [E] since the last update (with expert_bias)
   double loss_scale_ = 1.0;
 };
