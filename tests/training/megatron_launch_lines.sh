@@ -299,4 +299,105 @@ expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer"
   ${QWEN_ARGS[@]} --swiglu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
 expect_refusal qk-tp "num_query_groups=2 is smaller than tp=4" -- "$pretrain" --world-size 4 ${QWEN_ARGS[@]} \
   --swiglu --qk-layernorm --kv-channels 24 --tensor-model-parallel-size 4
+
+# ---- gpt-oss (examples/gptoss/02_train.sh), its MOCK branch with every flag but the FP8 ones
+# (--fp8-format, --fp8-param-gather, --fp8-amax-compute-algo, --fp8-amax-history-len): 4 layers,
+# hidden 64, 8 heads over 2 key/value groups, 4 experts (quick GeGLU with the clamp and offset in
+# the experts too), learnable sinks on alternating windowed layers, --enable-gpt-oss's YaRN; the
+# script's pipeline over every GPU becomes pp=2 on 2 threads, its sample counts a few samples.
+GPT_OSS_CKPT=$work/gpt-oss-ckpt
+mkdir -p "$GPT_OSS_CKPT"
+MODEL_ARGS=(
+    --no-masked-softmax-fusion --transformer-impl transformer_engine --disable-bias-linear
+    --untie-embeddings-and-output-weights --no-rope-fusion --normalization RMSNorm --num-layers 4 --hidden-size 64
+    --ffn-hidden-size 64 --num-attention-heads 8 --group-query-attention --num-query-groups 2 --seq-length 32
+    --max-position-embeddings 32 --use-mcore-models --rotary-percent 1.0 --rope-type rope --position-embedding-type rope
+    --rotary-base 10000 --no-bias-gelu-fusion --export-force-local-attention --no-bias-dropout-fusion --quick-geglu
+    --glu-linear-offset 1.0 --softmax-type learnable --window-attn-skip-freq 2 --activation-func-clamp-value 7.0
+    --window-size 7,0 --enable-gpt-oss
+)
+MOE_ARGS=(
+    --num-experts 4 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3
+    --moe-grouped-gemm --moe-token-dispatcher-type alltoall --overlap-param-gather --overlap-grad-reduce
+    --moe-ffn-hidden-size 64 --moe-router-dtype fp32 --moe-z-loss-coeff 1e-3 --moe-permute-fusion
+)
+DATA_ARGS_LIST=(
+    "--mock-data" "--tokenizer-type NullTokenizer" "--vocab-size 512" "--data-cache-path $work/gpt-oss-cache"
+    "--tiktoken-pattern v2" "--split '99,1,0'" "--no-create-attention-mask-in-dataloader" "--no-mmap-bin-files"
+    "--num-workers 1"
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1 --global-batch-size 4 --lr 1.0e-5 --train-samples 16 --lr-decay-samples 12
+    --lr-decay-style cosine --min-lr 1.0e-6 --weight-decay 0.1 --lr-warmup-fraction 0.05 --clip-grad 1.0 --bf16
+    --use-flash-attn --attention-softmax-in-fp32 --accumulate-allreduce-grads-in-fp32
+    --disable-bf16-reduced-precision-matmul --recompute-activations
+)
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2 --expert-model-parallel-size 1 --sequence-parallel
+    --context-parallel-size 1 --use-distributed-optimizer
+)
+LOGGING_ARGS=(
+    --log-interval 1 --save-interval 10000 --eval-interval 50000000 --eval-iters 0 --save $GPT_OSS_CKPT
+    --tensorboard-dir "${GPT_OSS_CKPT}/tensorboard" --moe-per-layer-logging --no-load-optim --no-load-rng --log-throughput
+)
+expect_training gpt-oss-line "$pretrain" --world-size 2 ${MODEL_ARGS[@]} ${MOE_ARGS[@]} ${DATA_ARGS_LIST[@]} \
+  ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} ${LOGGING_ARGS[@]} --sample-tokens 0
+grep -q 'strata mixtral' "$work/gpt-oss-line.out" || fail "gpt-oss-line: the flags did not select the Mixtral model"
+grep -q 'note: --enable-gpt-oss' "$work/gpt-oss-line.err" || fail "gpt-oss-line: no note for --enable-gpt-oss"
+# As shipped (fp8, with the FP8 weights gathered by the distributed optimizer): refused naming the flag.
+expect_refusal gpt-oss-fp8-param-gather "--fp8-param-gather" -- "$pretrain" --world-size 2 ${MODEL_ARGS[@]} \
+  ${MOE_ARGS[@]} ${DATA_ARGS_LIST[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} --fp8-format hybrid --fp8-param-gather \
+  --fp8-amax-compute-algo max --fp8-amax-history-len 1024 ${LOGGING_ARGS[@]}
+
+# ---- DeepSeek-V3 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) without Megatron-FSDP
+# (USE_MEGATRON_FSDP=0), wandb (WANDB=0) or the profiler: every other flag, at 4 layers (the first
+# dense, as the script's [0]*3 of 61), hidden 64, 8 experts in 4 groups, the latents and heads
+# shrunk; EP=8 becomes ep=2 on 2 threads. The tokenizer is a local Llama 3 style tokenizer.json in
+# place of deepseek-ai/DeepSeek-V3 (no network), the data the shipped corpus tokenized with it.
+"$preprocess" --input "$src/examples/data/kjv_pentateuch.txt" --output-prefix "$work/kjv-hf" \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$src/tests/tokenizers/llama3_bpe" --append-eod \
+  >"$work/preprocess-hf.out" 2>&1 || { cat "$work/preprocess-hf.out" >&2; fail "preprocess_data (HuggingFaceTokenizer)"; }
+OUTPUT_PATH=$work/deepseek-v3
+mkdir -p "$OUTPUT_PATH"
+PRETRAIN_ARGS=(
+    --distributed-timeout-minutes 60 --tensor-model-parallel-size 1 --expert-model-parallel-size 2
+    --expert-tensor-parallel-size 1 --context-parallel-size 1 --use-distributed-optimizer --overlap-grad-reduce
+    --overlap-param-gather --use-mcore-models --sequence-parallel --use-flash-attn --disable-bias-linear
+    --micro-batch-size 1 --global-batch-size 4 --train-samples 16 --exit-duration-in-mins 220
+    --no-check-for-nan-in-loss-and-grad --manual-gc --manual-gc-interval 10 --recompute-granularity selective
+    --recompute-modules mlp moe mla_up_proj layernorm --transformer-impl transformer_engine --seq-length 32
+    --data-cache-path ${OUTPUT_PATH}/cache --tokenizer-type HuggingFaceTokenizer
+    --tokenizer-model $src/tests/tokenizers/llama3_bpe --data-path $work/kjv-hf_text_document --split 99,1,0
+    --no-mmap-bin-files --no-create-attention-mask-in-dataloader --num-workers 6 --num-layers 4 --hidden-size 64
+    --ffn-hidden-size 96 --num-attention-heads 4 --kv-channels 16 --max-position-embeddings 32
+    --position-embedding-type rope --rotary-base 10000 --make-vocab-size-divisible-by 128 --normalization RMSNorm
+    --norm-epsilon 1e-6 --swiglu --untie-embeddings-and-output-weights --multi-latent-attention --attention-dropout 0.0
+    --hidden-dropout 0.0 --clip-grad 1.0 --weight-decay 0.1 --qk-layernorm --lr-decay-samples 12
+    --lr-warmup-samples 4 --lr-warmup-init 3.9e-7 --lr 3.9e-6 --min-lr 3.9e-7 --lr-decay-style cosine
+    --adam-beta1 0.9 --adam-beta2 0.95 --num-experts 8 --moe-layer-freq [0]*1+[1]*3 --moe-ffn-hidden-size 16
+    --moe-shared-expert-intermediate-size 16 --moe-router-load-balancing-type seq_aux_loss --moe-router-topk 4
+    --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-router-pre-softmax
+    --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-group-topk 2 --moe-router-num-groups 4
+    --moe-router-topk-scaling-factor 2.5 --moe-router-score-function sigmoid --moe-router-enable-expert-bias
+    --moe-router-bias-update-rate 1e-3 --moe-router-dtype fp32 --moe-permute-fusion --moe-router-force-load-balancing
+    --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
+    --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0 --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1
+    --eval-iters 1 --eval-interval 100 --auto-detect-ckpt-format --load ${OUTPUT_PATH}/checkpoints
+    --save ${OUTPUT_PATH}/checkpoints --save-interval 100 --dist-ckpt-strictness log_all --init-method-std 0.02
+    --log-timers-to-tensorboard --log-memory-to-tensorboard --log-num-zeros-in-grad --log-params-norm
+    --log-validation-ppl-to-tensorboard --log-throughput --log-interval 1 --logging-level 40
+    --tensorboard-dir ${OUTPUT_PATH}/tensorboard --bf16 --enable-experimental
+)
+expect_training deepseek-v3-line "$pretrain" --world-size 2 ${PRETRAIN_ARGS[@]} --sample-tokens 0
+grep -q 'strata mixtral' "$work/deepseek-v3-line.out" || fail "deepseek-v3-line: the flags did not select the Mixtral model"
+for note in '--moe-token-dispatcher-type flex' '--recompute-modules' '--moe-router-pre-softmax'; do
+  grep -qF -- "note: $note" "$work/deepseek-v3-line.err" || fail "deepseek-v3-line: no note for $note"
+done
+# With Megatron-FSDP (the script's default USE_MEGATRON_FSDP=1): refused, pointing at the distributed optimizer.
+expect_refusal deepseek-v3-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
+  ${PRETRAIN_ARGS[@]} --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params \
+  --no-gradient-accumulation-fusion --use-distributed-optimizer --calculate-per-token-loss --init-model-with-meta-device \
+  --ckpt-format fsdp_dtensor --fsdp-double-buffer --use-nccl-ub --megatron-fsdp-grad-comm-dtype bf16 \
+  --megatron-fsdp-main-grads-dtype bf16
+
 echo "all Megatron-shaped launch lines behave as stated"
