@@ -1237,8 +1237,9 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
   const std::vector<Wanted> llama = {{"--position-embedding-type rope", pos == "rope" || pos == "yarn"},
                                      {"--normalization RMSNorm", x.normalization == "RMSNorm"},
                                      {"--swiglu", x.gated() || x.squared_relu},
-                                     {"--untie-embeddings-and-output-weights", x.untie_embeddings_and_output_weights},
-                                     {"--disable-bias-linear", x.disable_bias_linear}};
+                                     {"--untie-embeddings-and-output-weights", x.untie_embeddings_and_output_weights}};
+  // (--disable-bias-linear is Llama's; without it the Llama block has Megatron's default linear
+  // biases, ModelConfig::add_bias_linear, as gpt-oss.)
   auto missing = [](const std::vector<Wanted>& set) {
     std::vector<std::string> out;
     for (const Wanted& w : set)
@@ -1257,8 +1258,8 @@ inline std::string resolve_architecture(const ArchitectureArgs& x, const models:
   for (const std::string& f : nearer_gpt ? to_gpt : to_llama) differ += (differ.empty() ? "" : ", ") + f;
   fail<ConfigError>("these architecture flags select a model strata does not compile: it has GPT-2 (Megatron's defaults: "
                     "learned_absolute positions, LayerNorm, GELU, tied output layer, biases) and Llama "
-                    "(--position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights "
-                    "--disable-bias-linear, with or without --group-query-attention). The nearest, ",
+                    "(--position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights, "
+                    "with --disable-bias-linear or with biases as gpt-oss, with or without --group-query-attention). The nearest, ",
                     nearer_gpt ? "GPT-2" : "Llama", ", also needs: ", differ);
 }
 
@@ -1896,6 +1897,8 @@ inline void finish_command_line(const CLI::App& app, TrainArgs& a) {
     a.notes.emplace_back("--vocab-file and --merge-file without --tokenizer-type: GPT2BPETokenizer");
   }
   a.model_kind = resolve_architecture(a.architecture, a.model);
+  // The Llama block without --disable-bias-linear: Megatron's default biases (GPT-2 always has them).
+  a.model.add_bias_linear = a.model_kind != "gpt" && !a.architecture.disable_bias_linear;
 }
 
 // Parses `flags` over a trainer's defaults (CLI::ParseError and ConfigError as thrown).

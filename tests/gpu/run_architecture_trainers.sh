@@ -2,7 +2,8 @@
 # tests/gpu/run_architecture_trainers.sh <build> [log dir]: the architecture presets of
 # docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense), multi-token prediction's
 # depths (--mtp-num-layers 2) and multi-latent attention (--multi-latent-attention) trained by
-# train_llama on a GPU. STRATA_ARCH_PRESETS="a b" runs those presets only.
+# train_llama on a GPU, and gpt-oss with its experts and linear biases (the router's, the experts',
+# the attention's) by pretrain_gpt. STRATA_ARCH_PRESETS="a b" runs those presets only.
 #
 # For each preset, at a small size (2 layers, hidden 128, 8 heads in 2 query groups, sequence 128,
 # the shipped corpus):
@@ -42,14 +43,18 @@ declare -A preset=(
 preset[deepseek-mtp]="--mtp-num-layers 2 --mtp-loss-scaling-factor 0.3"  # multi-token prediction's depths
 # Multi-latent attention (heads of 16 + 16 dimensions, values of 16 padded to 32) with one MTP depth.
 preset[deepseek-mla]="--multi-latent-attention --qk-layernorm --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 16 --qk-pos-emb-head-dim 16 --v-head-dim 16 --rope-type rope --mtp-num-layers 1"
-order=(llama3.1 qwen2 qwen3 mistral gpt-oss deepseek-mtp deepseek-mla)
+# gpt-oss with 4 experts (quick GeGLU, clamp and offset in the experts) and Megatron's default linear
+# biases (no --disable-bias-linear): pretrain_gpt, since train_llama's preset has no biases.
+preset[gpt-oss-moe]="--position-embedding-type yarn --normalization RMSNorm --untie-embeddings-and-output-weights ${preset[gpt-oss]#--position-embedding-type yarn } --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-token-dispatcher-type alltoall"
+declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt)
+order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe deepseek-mtp deepseek-mla)
 [[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
 
-run() {  # run <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
-  local name=$1
-  shift
+run() {  # run <preset> <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
+  local trainer=${binary[$1]:-$llama} name=$2
+  shift 2
   rm -f "$logs/$name.jsonl"
-  timeout 300 "$llama" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1 && return 0
+  timeout 300 "$trainer" "$@" --log-jsonl "$logs/$name.jsonl" >"$logs/$name.log" 2>&1 && return 0
   grep -q STRATA_TRAINER_ELEMENTS "$logs/$name.log" && return 2
   echo "$name: FAILED: $(tail -n 2 "$logs/$name.log" | tr '\n' ' ')"
   return 1
@@ -104,12 +109,12 @@ record() {
 
 for name in "${order[@]}"; do
   read -r -a flags <<<"${preset[$name]}"
-  run "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"
+  run "$name" "$name-cuda-fp32" --device cuda --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"
   result=$?
-  [[ $result == 0 ]] && { run "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; result=$?; }
+  [[ $result == 0 ]] && { run "$name" "$name-cpu-fp32" --device cpu --dtype float --train-iters 20 "${small[@]}" "${flags[@]}"; result=$?; }
   record "$name" "fp32 GPU = CPU" "fp32, GPU against CPU threads" $result float \
     fp32_equal "$logs/$name-cuda-fp32.jsonl" "$logs/$name-cpu-fp32.jsonl"
-  run "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"
+  run "$name" "$name-cuda-bf16" --device cuda --dtype bf16 --train-iters 40 "${small[@]}" "${flags[@]}"
   record "$name" "bf16 trains" "bf16 on the GPU, 40 iterations" $? bf16 bf16_trains "$logs/$name-cuda-bf16.jsonl"
 done
 

@@ -441,6 +441,39 @@ TEST(ArchitectureRefusals, ImpossibleYarnSettings) {
   c.yarn_mscale_all_dim = -10;  // 0.1 x -10 x ln 32 + 1 < 0
   EXPECT_NE(refusal<strata::models::Llama>(c, 1).find("mscale_all_dim"), std::string::npos);
 }
+// gpt-oss's linear biases (ModelConfig::add_bias_linear, no --disable-bias-linear): q, k, v and the
+// output projection, the MLP's fc1 and fc2; sharded equals one rank, the gradients match central
+// differences. With experts, the router's logits and each expert's fc1 / fc2 have biases too
+// (quick GeGLU with gpt-oss's clamp and offset): central differences on one rank, and the layouts
+// in tests/training/test_training_moe.cpp.
+TEST(LinearBiases, LlamaBlockWithBiasesShardedEqualsUnsharded) {
+  auto c = tiny_llama();
+  c.add_bias_linear = true;
+  strata_test::expect_model_equivalence<strata::models::Llama, double>(c);
+  strata_test::expect_finite_difference_gradients<strata::models::Llama>(c);
+}
+TEST(LinearBiases, ExpertsAndRouterBiasesMatchCentralDifferences) {
+  auto c = tiny_llama();
+  c.add_bias_linear = true;
+  c.activation = strata::MlpActivation::quick_geglu;
+  c.activation_clamp = 0.2;
+  c.glu_linear_offset = 1.0;
+  c.moe.num_experts = 4;
+  c.moe.topk = 2;
+  c.moe.expert_ffn_hidden_size = 16;
+  strata_test::expect_finite_difference_gradients<strata::models::Mixtral>(c);
+  int biases = 0;
+  strata::inprocess::run(1, [&](strata::inprocess::communicator& world) {
+    auto ctx = strata::ParallelContext<strata::inprocess::communicator>::create(world, strata::ParallelConfig{});
+    strata::models::Mixtral<strata_test::ModelPolicy<double, false>> model(ctx, c);
+    model.for_each_parameter([&](auto& p) {
+      if (p.name.find("router.bias") != std::string::npos || p.name.find("experts.0.fc1.bias") != std::string::npos ||
+          p.name.find("experts.3.fc2.bias") != std::string::npos)
+        ++biases;
+    });
+  });
+  EXPECT_EQ(biases, 3 * c.num_layers) << "each layer's router and experts have their biases";
+}
 TEST(ArchitectureRefusals, NegativeKvChannels) {
   auto c = tiny_llama();
   c.kv_channels = -4;

@@ -286,7 +286,14 @@ TEST(MegatronFlags, ArchitectureIsChosenByFlags) {
   const std::vector<std::string> llama = {"--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
                                           "--untie-embeddings-and-output-weights", "--disable-bias-linear"};
   EXPECT_EQ(parse_flags("gpt", llama).model_kind, "llama");
+  EXPECT_FALSE(parse_flags("gpt", llama).model.add_bias_linear);
   EXPECT_EQ(parse_flags("llama", {}).model_kind, "llama");  // train_llama's preset
+  EXPECT_FALSE(parse_flags("llama", {}).model.add_bias_linear);
+  // without --disable-bias-linear, Megatron's default: the Llama block with every linear bias (gpt-oss)
+  const std::vector<std::string> biased(llama.begin(), llama.end() - 1);
+  EXPECT_EQ(parse_flags("gpt", biased).model_kind, "llama");
+  EXPECT_TRUE(parse_flags("gpt", biased).model.add_bias_linear);
+  EXPECT_FALSE(parse_flags("gpt", {}).model.add_bias_linear);  // GPT-2's biases are its own
   std::vector<std::string> mixed = llama;
   mixed[3] = "LayerNorm";
   expect_config_error([&] { (void)parse_flags("gpt", mixed); }, {"Llama", "--normalization RMSNorm"});

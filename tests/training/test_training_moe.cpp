@@ -177,9 +177,16 @@ TEST(TrainingMoe, QuickGegluExpertsFollowSingleRankTrajectory) {
   EXPECT_GT(std::abs(trainer::train<Mixtral>(unclamped).losses[1] - reference.losses[1]), 1e-9)
       << "the clamp changed nothing";
   using D = strata::MoeDispatcherType;
-  for (MoeLayout l : {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{4, 2, 1, 2, 2, true, D::allgather},
-                      MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}})
+  const MoeLayout layouts[] = {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{4, 2, 1, 2, 2, true, D::allgather},
+                               MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}};
+  for (const MoeLayout& l : layouts)
     expect_follows(trainer::train<Mixtral>(with_layout(base, l)), reference, "quick GeGLU " + describe(l));
+  // gpt-oss's biases (router, experts, shared experts, attention): the same at every layout
+  base.model.add_bias_linear = true;
+  const auto biased = trainer::train<Mixtral>(base);
+  EXPECT_GT(std::abs(biased.losses[0] - reference.losses[0]), 1e-9) << "the router's bias changed nothing";
+  for (const MoeLayout& l : layouts)
+    expect_follows(trainer::train<Mixtral>(with_layout(base, l)), biased, "biases, quick GeGLU " + describe(l));
 }
 
 // Megatron's --moe-router-force-load-balancing: random router logits (a benchmark's balanced load).

@@ -508,6 +508,7 @@ std::vector<ArchitectureOption> architecture_options(const Config& c) {
   const Config d{};
   return {{"model.kv_channels", double(c.kv_channels), double(d.kv_channels)},
           {"model.add_qkv_bias", double(c.add_qkv_bias), double(d.add_qkv_bias)},
+          {"model.add_bias_linear", double(c.add_bias_linear), double(d.add_bias_linear)},
           {"model.qk_layernorm", double(c.qk_layernorm), double(d.qk_layernorm)},
           {"model.apply_layernorm_1p", double(c.apply_layernorm_1p), double(d.apply_layernorm_1p)},
           {"model.rotary_percent", c.rotary_percent, d.rotary_percent},
@@ -535,6 +536,7 @@ void read_architecture_options(const StateReader& r, Config& c) {
   auto get = [&](const char* key, double fallback) { return r.has(key) ? r.get_double(key) : fallback; };
   c.kv_channels = static_cast<int>(get("model.kv_channels", d.kv_channels));
   c.add_qkv_bias = get("model.add_qkv_bias", d.add_qkv_bias) != 0;
+  c.add_bias_linear = get("model.add_bias_linear", d.add_bias_linear) != 0;
   c.qk_layernorm = get("model.qk_layernorm", d.qk_layernorm) != 0;
   c.apply_layernorm_1p = get("model.apply_layernorm_1p", d.apply_layernorm_1p) != 0;
   c.rotary_percent = get("model.rotary_percent", d.rotary_percent);

@@ -212,6 +212,10 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
   auto refuse = [&](const char* option, std::string_view why) {
     fail<ConfigError>("hf: a strata ", architecture_name(a), " with ", option, " has no Hugging Face class: ", why);
   };
+  if (c.add_bias_linear && a != Architecture::gpt2)
+    refuse("linear biases (add_bias_linear, no --disable-bias-linear)",
+           "gpt-oss's GptOssForCausalLM, the class with them, is not mapped yet; exchange this model through strata's own "
+           "checkpoints");
   if (c.multi_latent_attention || a == Architecture::deepseek_v3) {  // DeepseekV3ForCausalLM
     const MoeRouting& r = c.moe.routing;
     const char* why_moe = "DeepseekV3ForCausalLM is multi-latent attention with experts (models::Mixtral)";

@@ -73,6 +73,8 @@ struct ModelConfig {
   // Building blocks of current open models, each a run-time option of the compiled model (Megatron's flag):
   int kv_channels = 0;              // --kv-channels: the head dimension (0: hidden_size / num_attention_heads)
   bool add_qkv_bias = false;        // --add-qkv-bias: a bias on q, k, v only (Qwen2)
+  bool add_bias_linear = false;     // the Llama block's linear biases (Megatron's default without --disable-bias-linear;
+                                    // gpt-oss): q, k, v, the output projection, the MLP, the router and experts
   bool qk_layernorm = false;        // --qk-layernorm: the model's norm over each head of q and k (Qwen3, OLMo 2)
   bool apply_layernorm_1p = false;  // --apply-layernorm-1p: every norm stores gamma - 1 (Nemotron)
   double rotary_percent = 1.0;      // --rotary-percent: the share of each head's dimensions RoPE turns
@@ -301,6 +303,9 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
                       "the ring would count the sink once per block; train with --context-parallel-size 1 or --softmax-type vanilla");
   if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
     fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
+  if (m.add_bias_linear && m.multi_latent_attention)
+    fail<ConfigError>("add_bias_linear (no --disable-bias-linear) with multi-latent attention: its projections have no "
+                      "biases here, as DeepSeek's; add --disable-bias-linear");
   if (m.moe.enabled() && m.activation == MlpActivation::squared_relu)
     fail<ConfigError>("the experts of a mixture-of-experts model run a gated activation (SwiGLU, or quick GeGLU with "
                       "--quick-geglu); --squared-relu needs a dense model");

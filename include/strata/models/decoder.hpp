@@ -642,6 +642,7 @@ class DecoderModel {
       c.config.activation = config.activation;
       c.config.glu_clamp = config.activation_clamp;
       c.config.glu_linear_offset = config.glu_linear_offset;
+      c.config.bias = linear_bias;
       RouterConfig& r = c.config.router;
       r.routing = m.routing;
       r.load_balancing = m.load_balancing;

@@ -157,6 +157,7 @@ struct ModelPiece {
 // Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
 inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape, int tp, ModelPiece piece = {}) {
   const char* what = "parameter count";
+  shape.linear_bias = shape.linear_bias || m.add_bias_linear;  // the Llama block with biases (gpt-oss)
   const std::int64_t h = m.hidden_size, heads = m.num_attention_heads;
   const std::int64_t groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
   const std::int64_t head_dim = h / heads;
@@ -198,7 +199,7 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   std::int64_t moe_mlp = 0;
   if (m.moe.enabled()) {
     const std::int64_t local_experts = m.moe.num_experts / std::max(1, piece.ep);
-    moe_mlp = checked_product(what, m.moe.num_experts, h);
+    moe_mlp = checked_product(what, m.moe.num_experts, shape.linear_bias ? h + 1 : h);  // and the logits' bias
     moe_mlp = checked_add(moe_mlp, checked_product(what, local_experts, mlp(m.expert_ffn(), std::max(1, piece.etp))), what);
     if (m.moe.shared_expert_ffn_hidden_size > 0) moe_mlp = checked_add(moe_mlp, mlp(m.moe.shared_expert_ffn_hidden_size, tp), what);
   }

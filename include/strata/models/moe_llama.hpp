@@ -27,10 +27,10 @@ class MoeLlama : public DecoderModel<Policy, RmsNorm, SelfAttention<Policy, rope
  public:
   // Recorded in checkpoints ("model.architecture"), for converters that read them without the type.
   static constexpr std::string_view architecture = "mixtral";
-  MoeLlama(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, /*linear_bias=*/false) {}
+  MoeLlama(typename Base::Context& ctx, const ModelConfig& config) : Base(ctx, config, config.add_bias_linear) {}
   // One pipeline stage (pipeline::stage_layers_of).
   MoeLlama(typename Base::Context& ctx, const ModelConfig& config, pipeline::StageLayers stage)
-      : Base(ctx, config, /*linear_bias=*/false, stage) {}
+      : Base(ctx, config, config.add_bias_linear, stage) {}
 };
 
 // The all-gather dispatcher's variant, as a one-parameter template (what the trainers' loops take).

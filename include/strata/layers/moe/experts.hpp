@@ -14,6 +14,12 @@
 //
 // Parameters are named `<name>.<global expert>.fc1.weight` / `.fc2.weight` and flagged `expert`, so
 // initialization (at each element's global index) and checkpoints do not depend on ep or etp.
+//
+// With ExpertsConfig::bias (Megatron's add_bias_linear, gpt-oss) each expert also has
+// `fc1.bias` [ffn (x2)] (split over etp as fc1's rows) and `fc2.bias` [hidden] (replicated over
+// etp, added on etp rank 0 only, since the output is summed over etp; every etp rank computes its
+// whole gradient, the same on each). Each group's rows get their expert's bias, so the counts are
+// read on the host once per forward (a synchronization the bias-free GEMMs on Hopper avoid).
 #pragma once
 
 #include <cmath>
@@ -34,6 +40,7 @@ struct ExpertsConfig {
   index_t ffn_hidden_size = 0;  // of one expert
   index_t num_experts = 0;      // in the whole model
   GluActivation glu{};          // the gated activation (Activation swiglu); the default is SwiGLU
+  bool bias = false;            // fc1 and fc2 biases per expert (see above)
 };
 
 template <class Policy, class Act = gelu>
@@ -82,7 +89,15 @@ class GroupedExperts {
       fc2_.emplace_back(prefix + ".fc2.weight", Shape{c.hidden_size, c.ffn_hidden_size},
                         ShardSpec::split(1, ctx.expert_tp.rank(), etp));
       fc1_.back().expert = fc2_.back().expert = true;
+      if (c.bias) {
+        fc1_bias_.emplace_back(prefix + ".fc1.bias", Shape{(gated ? 2 : 1) * c.ffn_hidden_size},
+                               ShardSpec::split(0, ctx.expert_tp.rank(), etp, gated ? 2 : 1));
+        fc2_bias_.emplace_back(prefix + ".fc2.bias", Shape{c.hidden_size}, ShardSpec::replicated());
+        fc1_bias_.back().expert = fc2_bias_.back().expert = true;
+        fc1_bias_.back().weight_decay = fc2_bias_.back().weight_decay = false;
+      }
     }
+    output_bias_rank_ = ctx.expert_tp.rank() == 0;
   }
 
   index_t local_experts() const { return local_; }
@@ -101,13 +116,14 @@ class GroupedExperts {
       fail<ShapeError>("GroupedExperts: ", counts.numel(), " token counts for ", local_, " local experts");
     Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts,
                 {}};
-    if (!ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
+    if (config_.bias || !ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
         !ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local)) {
       std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
       ctx.device.template copy_to_host<std::int32_t>(counts.data(), local_, host.data());
       saved.host_counts.assign(host.begin(), host.end());
     }
     rows_gemm(ctx, saved, true, rows, fc1_local, h, x.data(), pointers(fc1_), saved.pre.data());  // (rows, fc1 local)
+    if (config_.bias) add_group_biases(ctx, saved, fc1_local, pointers(fc1_bias_), saved.pre.data());
     if constexpr (gated) {
       if (plain_swiglu()) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
       else ctx.device.template glu_forward<T>(saved.pre.data(), rows, ffn_local, config_.glu, saved.activation.data());
@@ -115,6 +131,7 @@ class GroupedExperts {
     auto y = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, true, rows, h, ffn_local, saved.activation.data(), pointers(fc2_),
               y.data());  // (rows, hidden), partial over etp
+    if (config_.bias && output_bias_rank_) add_group_biases(ctx, saved, h, pointers(fc2_bias_), y.data());
     return {std::move(y), std::move(saved)};
   }
 
@@ -125,11 +142,13 @@ class GroupedExperts {
     rows_gemm(ctx, saved, false, rows, ffn_local, h, dy.data(), pointers(fc2_), dact.data());  // da (rows, ffn local)
     weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(),
                  gradients(fc2_));  // dfc2 (hidden, ffn local)
+    if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
     if constexpr (gated) {
       if (plain_swiglu()) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
       else ctx.device.template glu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, config_.glu, dpre.data());
     } else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
+    if (config_.bias) group_bias_gradients(ctx, saved, fc1_local, dpre.data(), fc1_bias_);
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, false, rows, h, fc1_local, dpre.data(), pointers(fc1_), dx.data());  // dx, partial over etp
     weights_gemm(ctx, saved, rows, fc1_local, h, dpre.data(), saved.input.data(),
@@ -140,16 +159,39 @@ class GroupedExperts {
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     for (auto& p : fc1_) init_normal(ctx.device, p, seed, stddev);
     for (auto& p : fc2_) init_normal(ctx.device, p, seed, output_stddev);
+    for (auto& p : fc1_bias_) init_constant(ctx.device, p, 0.0);  // zeros, as Megatron's linear biases
+    for (auto& p : fc2_bias_) init_constant(ctx.device, p, 0.0);
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     for (index_t l = 0; l < local_; ++l) {
       visit(fc1_[l]);
       visit(fc2_[l]);
+      if (config_.bias) {
+        visit(fc1_bias_[l]);
+        visit(fc2_bias_[l]);
+      }
     }
   }
 
  private:
+  // Adds bias[l] to the rows of local expert l (the counts read on the host: forward with a bias).
+  void add_group_biases(Context& ctx, const Saved& s, index_t cols, const std::vector<const T*>& bias, T* c) const {
+    index_t at = 0;
+    for (index_t l = 0; l < local_; ++l) {
+      if (s.host_counts[l] > 0) ctx.device.template bias_add<T>(c + at * cols, bias[l], s.host_counts[l], cols);
+      at += s.host_counts[l];
+    }
+  }
+  // Adds the column sums of each group's rows of dy [rows, cols] to its expert's bias gradient.
+  static void group_bias_gradients(Context& ctx, const Saved& s, index_t cols, const T* dy, std::vector<Param>& bias) {
+    index_t at = 0;
+    for (std::size_t l = 0; l < bias.size(); ++l) {
+      settle_gradient(ctx.device, bias[l]);
+      if (s.host_counts[l] > 0) ctx.device.template bias_grad<T, A>(dy + at * cols, s.host_counts[l], cols, bias[l].grad.data());
+      at += s.host_counts[l];
+    }
+  }
   // SwiGLU without clamp or offset runs on the backend's own swiglu kernels.
   bool plain_swiglu() const {
     return config_.glu.kind == GluKind::silu && config_.glu.clamp == 0 && config_.glu.linear_offset == 0;
@@ -215,6 +257,8 @@ class GroupedExperts {
   ExpertsConfig config_;
   index_t local_ = 0, first_ = 0;
   std::vector<Param> fc1_, fc2_;
+  std::vector<Param> fc1_bias_, fc2_bias_;  // with ExpertsConfig::bias
+  bool output_bias_rank_ = true;             // adds fc2's bias (etp rank 0)
 };
 
 STRATA_NAMESPACE_END

@@ -78,6 +78,7 @@ struct MoeMlpConfig {
   MlpActivation activation = MlpActivation::preset;
   double glu_clamp = 0.0;
   double glu_linear_offset = 0.0;
+  bool bias = false;  // Megatron's add_bias_linear: the router's logits, each expert's fc1 / fc2, the shared experts
   std::optional<MlpConfig> dense;             // set: a dense layer (an Mlp of this config); the rest is not read
 };
 
@@ -124,10 +125,10 @@ class MoeMlp {
     router_.emplace(ctx, name + ".router", router_config(c));
     dispatcher_.emplace(ctx, DispatcherConfig{c.hidden_size, c.num_experts, c.topk, c.dispatcher});
     experts_.emplace(ctx, name + ".experts",
-                     ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts, experts_glu(c)});
+                     ExpertsConfig{c.hidden_size, c.expert_ffn_hidden_size, c.num_experts, experts_glu(c), c.bias});
     if (c.shared_expert_ffn_hidden_size > 0)
       shared_.emplace(ctx, name + ".shared_experts",
-                      MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, false, c.activation, c.glu_clamp,
+                      MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, c.bias, c.activation, c.glu_clamp,
                                 c.glu_linear_offset});
   }
   MoeMlp(const Context& ctx, std::string name, const MoeMlpConfigWithRouters<Policy>& c) : MoeMlp(ctx, std::move(name), c.config) {
@@ -225,6 +226,7 @@ class MoeMlp {
     r.hidden_size = c.hidden_size;
     r.num_experts = c.num_experts;
     r.topk = c.topk;
+    r.bias = c.bias;
     return r;
   }
 

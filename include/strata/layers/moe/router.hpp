@@ -1,7 +1,8 @@
 // strata/layers/moe/router.hpp: `TopKRouter<Policy>`, the mixture-of-experts gate: which k of E
 // experts each token goes to, with which weights (Megatron-Core's TopKRouter).
 //
-//   logits z = x W^T             W [E, hidden], replicated; x this rank's tokens [T, hidden]; z in
+//   logits z = x W^T (+ b)       W [E, hidden], replicated (b [E] with RouterConfig::bias:
+//                                Megatron's add_bias_linear, gpt-oss); x this rank's tokens [T, hidden]; z in
 //                                A = accumulate_t<T> (fp32 for bf16 / fp16: Megatron's
 //                                --moe-router-dtype fp32), as everything below
 //   choice and weights           backend moe_router_forward (backend/moe_routing.hpp has the math:
@@ -67,6 +68,7 @@ struct RouterConfig {
   MoeDropPolicy drop_policy = MoeDropPolicy::probability;
   bool pad_to_capacity = false;  // every expert gets exactly `capacity` slots (needs capacity_factor > 0)
   bool force_load_balancing = false;  // random logits (benchmarks only; see above)
+  bool bias = false;                  // a bias on the logits, `<name>.bias` [E]
 };
 
 template <class Policy>
@@ -102,6 +104,7 @@ class TopKRouter {
       : config_(checked(c)), weight_(name + ".weight", Shape{c.num_experts, c.hidden_size}, ShardSpec::replicated()),
         losses_(Tensor<double, Space>::zeros(Shape{2})) {
     (void)ctx;
+    if (c.bias) bias_ = Param(name + ".bias", Shape{c.num_experts}, ShardSpec::replicated(), /*decay=*/false);
     if (c.expert_bias) {
       expert_bias_ = Tensor<A, Space>::zeros(Shape{c.num_experts});
       tokens_per_expert_ = Tensor<A, Space>::zeros(Shape{c.num_experts});
@@ -121,6 +124,14 @@ class TopKRouter {
     saved.logits = Tensor<A, Space>::empty(Shape{tokens, experts});  // (T, E)
     ctx.device.template gemm<T, A>(false, true, tokens, experts, config_.hidden_size, x.data(), weight_.value.data(),
                                    saved.logits.data(), false);
+    if (config_.bias) {
+      if constexpr (std::is_same_v<T, A>) ctx.device.template bias_add<A>(saved.logits.data(), bias_.value.data(), tokens, experts);
+      else {
+        auto b = Tensor<A, Space>::empty(Shape{experts});
+        ctx.device.template convert<T, A>(bias_.value.data(), experts, b.data());
+        ctx.device.template bias_add<A>(saved.logits.data(), b.data(), tokens, experts);
+      }
+    }
     if (config_.force_load_balancing) {
       const std::uint64_t rank = static_cast<std::uint64_t>(ctx.tp_cp_dp.rank());
       const std::uint64_t key = rng::parameter_key(rng::mix(forward_calls_++, rank), weight_.name);
@@ -195,6 +206,11 @@ class TopKRouter {
     auto increment = Tensor<A, Space>::empty(weight_.grad.shape());  // (E, hidden)
     ctx.device.template gemm<T, A>(true, false, experts, hidden, tokens, dz.data(), saved.input.data(), increment.data(), false);
     add_replicated_gradient<layout::sharded<0>>(ctx.device, ctx.tp, weight_.grad, increment);
+    if (config_.bias) {
+      auto bias_increment = Tensor<A, Space>::zeros(Shape{experts});
+      ctx.device.template bias_grad<A, A>(dlogits.data(), tokens, experts, bias_increment.data());
+      add_replicated_gradient<layout::sharded<0>>(ctx.device, ctx.tp, bias_.grad, bias_increment);
+    }
     auto dx = Tensor<T, Space>::empty(saved.input.shape());  // (T, hidden)
     ctx.device.template gemm<T>(false, false, tokens, hidden, experts, dz.data(), weight_.value.data(), dx.data(), false);
     return dx;
@@ -238,10 +254,15 @@ class TopKRouter {
   Tensor<A, Space>& expert_bias() { return expert_bias_; }
   const Tensor<A, Space>& tokens_per_expert() const { return tokens_per_expert_; }
 
-  void init(Context& ctx, std::uint64_t seed, double stddev) { init_normal(ctx.device, weight_, seed, stddev); }
+  // The weight and the bias normal with `stddev` (Megatron's init_method on both).
+  void init(Context& ctx, std::uint64_t seed, double stddev) {
+    init_normal(ctx.device, weight_, seed, stddev);
+    if (config_.bias) init_normal(ctx.device, bias_, seed, stddev);
+  }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
     visit(weight_);
+    if (config_.bias) visit(bias_);
   }
   Param& weight() { return weight_; }
 
@@ -268,6 +289,7 @@ class TopKRouter {
 
   RouterConfig config_;
   Param weight_;
+  Param bias_;  // [E] with RouterConfig::bias
   // Written by the (const) forward, like the statistics a norm keeps: the losses and the load.
   mutable Tensor<double, Space> losses_;          // [aux, z]
   Tensor<A, Space> expert_bias_;                  // [E] (with expert_bias)
