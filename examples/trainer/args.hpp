@@ -1586,7 +1586,7 @@ inline void validate(const TrainArgs& a) {
       } catch (const ConfigError& e) {
         fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
                           "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm, DeepseekV3ForCausalLM with "
-                          "--multi-latent-attention): ", e.what(),
+                          "--multi-latent-attention, GptOssForCausalLM without --disable-bias-linear): ", e.what(),
                           " (save and load strata checkpoints instead: --save, --load)");
       }
     }

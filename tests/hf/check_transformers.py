@@ -237,6 +237,21 @@ def hf_cases(transformers, torch):
                                                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
         cases.append(("deepseek_v3 with YaRN (factor 4, mscale_all_dim 1)", "deepseek_v3",
                       transformers.DeepseekV3ForCausalLM, deepseek_yarn, {}))
+    if hasattr(transformers, "GptOssForCausalLM"):
+        # gpt-oss at a reduced size: 4 experts of width 48 with their biases, top-2, the router's bias,
+        # quick GeGLU clamped at 0.3 (swiglu_limit) with the offset 1, q/k/v/o biases, a learned sink per
+        # head, a window of 6 keys on the first layer and full attention on the second, YaRN (factor 4
+        # over an original context of 4, not truncated).
+        gpt_oss = make_config(transformers.GptOssConfig, torch, vocab_size=VOCAB, hidden_size=64, intermediate_size=48,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              max_position_embeddings=PROMPT_LENGTH, rms_norm_eps=1e-5, num_local_experts=4,
+                              num_experts_per_tok=2, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                              swiglu_limit=0.3, attention_bias=True, tie_word_embeddings=False, router_aux_loss_coef=0.02,
+                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                               "truncate": False, "original_max_position_embeddings": 4,
+                                               "rope_theta": 10000.0})
+        cases.append(("gpt_oss (biases, clamped quick GeGLU experts, sinks, alternating window, YaRN)", "gpt_oss",
+                      transformers.GptOssForCausalLM, gpt_oss, {}))
     return cases + [
         ("gpt2", "gpt2", transformers.GPT2LMHeadModel, gpt2, {}),
         ("llama (GQA 4/2)", "llama", transformers.LlamaForCausalLM, llama, {}),
@@ -298,8 +313,9 @@ def main():
                "mistral": getattr(transformers, "MistralForCausalLM", None),
                "mixtral": getattr(transformers, "MixtralForCausalLM", None),
                "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None),
-               "deepseek_v3": getattr(transformers, "DeepseekV3ForCausalLM", None)}
-    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"):
+               "deepseek_v3": getattr(transformers, "DeepseekV3ForCausalLM", None),
+               "gpt_oss": getattr(transformers, "GptOssForCausalLM", None)}
+    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"):
         if classes[architecture] is None:
             rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
                          f"this transformers ({transformers.__version__}) has no {architecture} model"))
@@ -317,7 +333,8 @@ def main():
         name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "mistral": "mistral (sliding window 6)", "qwen2": "qwen2 (q/k/v biases)",
                 "qwen3": "qwen3 (qk norms, head_dim 24)", "mixtral": "mixtral (4 experts, top-2)",
                 "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)",
-                "deepseek_v3": "deepseek_v3 (MLA, dense first layer, grouped sigmoid experts, shared expert)"}[architecture]
+                "deepseek_v3": "deepseek_v3 (MLA, dense first layer, grouped sigmoid experts, shared expert)",
+                "gpt_oss": "gpt_oss (biases, clamped quick GeGLU experts, sinks, alternating window, YaRN)"}[architecture]
         record("strata -> transformers", name, export_case)
 
     # transformers -> strata

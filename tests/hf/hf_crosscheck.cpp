@@ -1,18 +1,20 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
 //       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
 //       dense first layer and such experts in the second; DeepSeek-V3: multi-latent attention, a dense first
-//       layer, then 4 sigmoid-routed experts in 2 groups with an expert bias and a shared expert) on one
+//       layer, then 4 sigmoid-routed experts in 2 groups with an expert bias and a shared expert; gpt-oss:
+//       every linear bias, 4 experts of width 48 running quick GeGLU clamped at 0.3, learned sinks, a
+//       window of 6 keys on the first layer only, YaRN) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
-//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -83,6 +85,21 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
       c.moe.topk = 2;
       c.moe.expert_ffn_hidden_size = 48;
       c.moe.layers = {0, 1};
+    }
+    if (architecture == hf::Architecture::gpt_oss) {  // gpt-oss: biases, clamped quick GeGLU experts, sinks, alternating windows, YaRN
+      c.add_bias_linear = true;
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.ffn_hidden_size = 48;
+      c.activation = MlpActivation::quick_geglu;
+      c.activation_clamp = 0.3;  // bites at this initialization
+      c.glu_linear_offset = 1.0;
+      c.softmax_type = SoftmaxType::learnable;
+      c.window_size = 5;
+      c.window_layers = {1, 0};
+      c.yarn_scaling_factor = 4.0;
+      c.yarn_original_max_positions = 4;
+      c.yarn_round_to_int = false;
     }
     if (architecture == hf::Architecture::deepseek_v3) {  // DeepSeek-V3: multi-latent attention, a dense first layer,
       c.multi_latent_attention = true;                    // then 4 sigmoid-routed experts of width 32 in 2 groups and
@@ -229,10 +246,10 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3 [--tp N]\n"
-               "(mixtral, qwen3_moe, deepseek_v3: --tp N imports over N expert-parallel ranks)\n";
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
+               "(mixtral, qwen3_moe, deepseek_v3, gpt_oss: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }
 
@@ -242,7 +259,7 @@ int run(int argc, char** argv) {
   const std::filesystem::path dir = argv[2];
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or deepseek_v3)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or gpt_oss)\n";
     return 2;
   }
   int tp = 2;

@@ -64,6 +64,16 @@
 //     layers.L.mlp.experts.e.fc2.weight    model.layers.L.mlp.experts.e.down_proj.weight
 //   Its router takes the top-k of the softmax over all experts, renormalized when norm_topk_prob
 //   (strata's softmax over the k chosen logits), else as they are (MoeRouting::pre_softmax).
+//   gpt-oss (model_type "gpt_oss"): the MoE model with every linear bias (ModelConfig::add_bias_linear),
+//   learned sinks, quick GeGLU experts clamped at swiglu_limit, windows by layer_types; Llama's names
+//   for the attention (with q, k, v, o biases) and norms, and
+//     layers.L.attention.softmax_offset    model.layers.L.self_attn.sinks  [H]
+//     layers.L.mlp.router.{weight,bias}    model.layers.L.mlp.router.{weight,bias}
+//     layers.L.mlp.experts.e.fc1.weight    slice e of model.layers.L.mlp.experts.gate_up_proj [E, h, 2w]
+//                                          ([in, out], gate and up interleaved: TensorMapping::expert)
+//     layers.L.mlp.experts.e.fc1.bias      slice e of ...gate_up_proj_bias [E, 2w] (interleaved)
+//     layers.L.mlp.experts.e.fc2.weight    slice e of ...down_proj [E, w, h] ([in, out])
+//     layers.L.mlp.experts.e.fc2.bias      slice e of ...down_proj_bias [E, h]
 //   DeepSeek-V3 (model_type "deepseek_v3"): the MoE model with multi-latent attention
 //   (ModelConfig::multi_latent_attention, layers/latent_attention.hpp); Qwen3-MoE's names for the
 //   experts and the dense first_k_dense_replace layers, and
@@ -161,7 +171,7 @@ namespace hf {
 // the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
 // mixtral is models::MoeLlama (models::Mixtral): the Llama block with a mixture of experts; with
 // qk_layernorm it is qwen3_moe.
-enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral, deepseek_v3 };
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral, deepseek_v3, gpt_oss };
 
 constexpr std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -173,6 +183,7 @@ constexpr std::string_view architecture_name(Architecture a) {
     case Architecture::qwen3_moe: return "qwen3_moe";
     case Architecture::mistral: return "mistral";
     case Architecture::deepseek_v3: return "deepseek_v3";
+    case Architecture::gpt_oss: return "gpt_oss";
   }
   return "?";
 }
@@ -186,12 +197,13 @@ constexpr std::string_view architecture_class(Architecture a) {
     case Architecture::qwen3_moe: return "Qwen3MoeForCausalLM";
     case Architecture::mistral: return "MistralForCausalLM";
     case Architecture::deepseek_v3: return "DeepseekV3ForCausalLM";
+    case Architecture::gpt_oss: return "GptOssForCausalLM";
   }
   return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
   for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mixtral,
-                         Architecture::qwen3_moe, Architecture::mistral, Architecture::deepseek_v3})
+                         Architecture::qwen3_moe, Architecture::mistral, Architecture::deepseek_v3, Architecture::gpt_oss})
     if (name == architecture_name(a)) return a;
   return std::nullopt;
 }
@@ -199,8 +211,11 @@ inline std::optional<Architecture> parse_architecture(std::string_view name) {
 constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
 // Whether the architecture is the mixture-of-experts model (models::MoeLlama).
 constexpr bool moe_family(Architecture a) {
-  return a == Architecture::mixtral || a == Architecture::qwen3_moe || a == Architecture::deepseek_v3;
+  return a == Architecture::mixtral || a == Architecture::qwen3_moe || a == Architecture::deepseek_v3 || a == Architecture::gpt_oss;
 }
+
+// gpt-oss's quick GeGLU: the sigmoid's slope (transformers' swiglu_alpha) and the offset on the up half.
+inline constexpr double kGptOssGluAlpha = 1.702, kGptOssGluOffset = 1.0;
 
 // DeepSeek-V3's group score is the sum of a group's top 2 choice scores (strata's: its top k / group_topk).
 inline constexpr int kDeepseekGroupTop = 2;
@@ -212,10 +227,30 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
   auto refuse = [&](const char* option, std::string_view why) {
     fail<ConfigError>("hf: a strata ", architecture_name(a), " with ", option, " has no Hugging Face class: ", why);
   };
-  if (c.add_bias_linear && a != Architecture::gpt2)
-    refuse("linear biases (add_bias_linear, no --disable-bias-linear)",
-           "gpt-oss's GptOssForCausalLM, the class with them, is not mapped yet; exchange this model through strata's own "
-           "checkpoints");
+  if (a != Architecture::gpt2 && (c.add_bias_linear || a == Architecture::gpt_oss)) {  // GptOssForCausalLM
+    const MoeRouting& r = c.moe.routing;
+    if (!c.add_bias_linear)
+      refuse("no linear biases (--disable-bias-linear)", "gpt-oss's attention, router and experts have biases");
+    if (!c.moe.enabled() || !moe_family(a))
+      refuse("linear biases without experts", "GptOssForCausalLM, the class with them, has experts in every layer "
+             "(models::Mixtral); a dense Llama with biases has no Hugging Face class");
+    if (!c.moe.layers.empty() && std::find(c.moe.layers.begin(), c.moe.layers.end(), 0) != c.moe.layers.end())
+      refuse("dense layers (--moe-layer-freq)", "every gpt-oss layer is a mixture of experts");
+    if (c.add_qkv_bias || c.qk_layernorm) refuse("add_qkv_bias or qk_layernorm", "gpt-oss has neither");
+    if (c.softmax_type != SoftmaxType::learnable)
+      refuse("no learnable attention sinks", "gpt-oss's attention has a learned sink per head (--softmax-type learnable)");
+    if (c.activation != MlpActivation::quick_geglu || c.glu_linear_offset != kGptOssGluOffset || !(c.activation_clamp > 0))
+      refuse("another expert activation", "gpt-oss's experts run quick GeGLU with an offset of 1 and a clamp (--quick-geglu "
+             "--glu-linear-offset 1 --activation-func-clamp-value, swiglu_limit)");
+    if (c.rotary_percent != 1.0 || c.rotary_interleaved || c.rope_scaling_factor > 0)
+      refuse("partial, interleaved or Llama 3.1-scaled RoPE", "gpt-oss turns the halves of the whole head, with YaRN or without");
+    if (c.apply_layernorm_1p) refuse("apply_layernorm_1p", "gpt-oss stores the norm weight itself");
+    if (r.score != MoeScore::softmax || r.pre_softmax || r.scaling_factor != 1.0 || r.num_groups > 0 || c.moe.expert_bias ||
+        c.moe.shared_expert_ffn_hidden_size > 0)
+      refuse("another router (sigmoid, pre-softmax, scaled, grouped, an expert bias or shared experts)",
+             "gpt-oss's weights are the softmax over the top-k logits of a linear router with a bias, and it has no shared experts");
+    return Architecture::gpt_oss;
+  }
   if (c.multi_latent_attention || a == Architecture::deepseek_v3) {  // DeepseekV3ForCausalLM
     const MoeRouting& r = c.moe.routing;
     const char* why_moe = "DeepseekV3ForCausalLM is multi-latent attention with experts (models::Mixtral)";
@@ -323,6 +358,7 @@ struct TensorMapping {
     padded_vocab,  // same, and rows >= real_rows are vocabulary padding (in no piece)
     qkv,           // group-major qkv rows from [q | k | v] (one piece, GPT-2) or q, k, v (three pieces, Llama)
     gate_up,       // [gate; up] rows from two pieces
+    gate_up_interleaved,  // [gate; up] rows from one piece whose even rows are gate's, odd rows up's (gpt-oss)
   };
   struct Source {
     int piece = -1;  // -1: padding
@@ -338,6 +374,9 @@ struct TensorMapping {
   index_t real_rows = 0;                        // padded_vocab
   index_t heads = 0, groups = 0, head_dim = 0;  // qkv
   index_t ffn = 0;                              // gate_up
+  // >= 0: the one piece stacks every expert ([experts, ...], gpt-oss) and this tensor is expert
+  // `expert`'s slice of it; with conv1d the slice is stored [in, out].
+  index_t expert = -1;
 
   // Where row r of the strata tensor lives: {piece, row of the piece}.
   Source row_source(index_t r) const {
@@ -345,6 +384,7 @@ struct TensorMapping {
       case Rows::same: return {0, r};
       case Rows::padded_vocab: return r < real_rows ? Source{0, r} : Source{};
       case Rows::gate_up: return r < ffn ? Source{0, r} : Source{1, r - ffn};
+      case Rows::gate_up_interleaved: return r < ffn ? Source{0, 2 * r} : Source{0, 2 * (r - ffn) + 1};
       case Rows::qkv: {
         const index_t per_group = heads / groups, block = (per_group + 2) * head_dim;  // rows of one group
         const index_t group = r / block, slot = (r % block) / head_dim, within = r % head_dim;
@@ -360,6 +400,15 @@ struct TensorMapping {
 
   // Where element `global` (row-major) of the strata tensor lives: {piece, linear index in the piece}.
   Source element_source(index_t global) const {
+    if (expert >= 0) {  // a slice of the stacked experts' piece
+      const auto& ps = piece_shapes[0];
+      std::int64_t per_expert = 1;
+      for (std::size_t k = 1; k < ps.size(); ++k) per_expert *= ps[k];
+      const index_t cols = strata_shape.rank() == 2 ? strata_shape[1] : 1;
+      const index_t row = row_source(strata_shape.rank() == 2 ? global / cols : global).index, col = global % cols;
+      const index_t within = strata_shape.rank() == 1 ? row : conv1d ? col * ps[2] + row : row * cols + col;
+      return {0, expert * per_expert + within};
+    }
     if (strata_shape.rank() == 1) return row_source(global);
     const index_t cols = strata_shape[1];
     Source s = row_source(global / cols);
@@ -384,11 +433,11 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
   if (padded < vocab)
     fail<ConfigError>("hf::tensor_mappings: a padded vocabulary of ", padded, " rows is smaller than vocab_size=", vocab);
   architecture = hf_architecture(architecture, c);
-  if (c.softmax_type != SoftmaxType::vanilla)
+  if (c.softmax_type != SoftmaxType::vanilla && architecture != Architecture::gpt_oss)
     fail<ConfigError>("hf::tensor_mappings: attention sinks (--softmax-type ",
                       c.softmax_type == SoftmaxType::learnable ? "learnable" : "off-by-one", ") have no place in ",
-                      architecture_class(architecture), " (gpt-oss's architecture is not mapped yet); exchange this model "
-                      "through strata's own checkpoints");
+                      architecture_class(architecture), " (GptOssForCausalLM has them, with linear biases and experts); "
+                      "exchange this model through strata's own checkpoints");
   if (c.num_attention_heads <= 0 || (c.kv_channels == 0 && h % c.num_attention_heads != 0))
     fail<ConfigError>("hf::tensor_mappings: num_attention_heads=", c.num_attention_heads, " does not divide hidden_size=", h);
   const index_t heads = c.num_attention_heads, d = c.head_dim();
@@ -463,11 +512,16 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
     if (!deepseek) add(s + "attention.qkv.weight", Shape{qkv_rows, h},
         {t + "self_attn.q_proj.weight", t + "self_attn.k_proj.weight", t + "self_attn.v_proj.weight"},
         {{heads * d, h}, {groups * d, h}, {groups * d, h}}, R::qkv);
-    if (architecture == Architecture::qwen2)
+    const bool gpt_oss = architecture == Architecture::gpt_oss;
+    if (architecture == Architecture::qwen2 || gpt_oss)
       add(s + "attention.qkv.bias", Shape{qkv_rows},
           {t + "self_attn.q_proj.bias", t + "self_attn.k_proj.bias", t + "self_attn.v_proj.bias"},
           {{heads * d}, {groups * d}, {groups * d}}, R::qkv);
     if (!deepseek) add(s + "attention.proj.weight", Shape{h, heads * d}, {t + "self_attn.o_proj.weight"}, {{h, heads * d}});
+    if (gpt_oss) {
+      add(s + "attention.proj.bias", Shape{h}, {t + "self_attn.o_proj.bias"}, {{h}});
+      add(s + "attention.softmax_offset", Shape{heads}, {t + "self_attn.sinks"}, {{heads}});
+    }
     if (architecture == Architecture::qwen3 || architecture == Architecture::qwen3_moe) {
       add(s + "attention.q_norm.weight", Shape{d}, {t + "self_attn.q_norm.weight"}, {{d}});
       add(s + "attention.k_norm.weight", Shape{d}, {t + "self_attn.k_norm.weight"}, {{d}});
@@ -477,6 +531,22 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
       const bool mixtral = architecture == Architecture::mixtral;
       const index_t experts = c.moe.num_experts, w = c.expert_ffn();
       const std::string moe = t + (mixtral ? "block_sparse_moe." : "mlp.");
+      if (gpt_oss) {  // the router's linear with a bias; each stacked expert tensor holds every expert, stored [in, out]
+        add(s + "mlp.router.weight", Shape{experts, h}, {moe + "router.weight"}, {{experts, h}});
+        add(s + "mlp.router.bias", Shape{experts}, {moe + "router.bias"}, {{experts}});
+        for (index_t e = 0; e < experts; ++e) {
+          const std::string se = s + "mlp.experts." + std::to_string(e) + ".";
+          auto& fc1 = add(se + "fc1.weight", Shape{2 * w, h}, {moe + "experts.gate_up_proj"}, {{experts, h, 2 * w}},
+                          R::gate_up_interleaved, true);
+          fc1.ffn = w, fc1.expert = e;
+          auto& fc1_bias = add(se + "fc1.bias", Shape{2 * w}, {moe + "experts.gate_up_proj_bias"}, {{experts, 2 * w}},
+                               R::gate_up_interleaved);
+          fc1_bias.ffn = w, fc1_bias.expert = e;
+          add(se + "fc2.weight", Shape{h, w}, {moe + "experts.down_proj"}, {{experts, w, h}}, R::same, true).expert = e;
+          add(se + "fc2.bias", Shape{h}, {moe + "experts.down_proj_bias"}, {{experts, h}}).expert = e;
+        }
+        continue;
+      }
       add(s + "mlp.router.weight", Shape{experts, h}, {moe + "gate.weight"}, {{experts, h}});
       if (deepseek)  // the router's expert bias: a persistent tensor, not a parameter (DecoderModel::for_each_persistent_tensor)
         add(s + "mlp.router.expert_bias", Shape{experts}, {moe + "gate.e_score_correction_bias"}, {{experts}});
@@ -800,8 +870,8 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   const auto architecture = parse_architecture(model_type);
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
-                      "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen3_moe\" "
-                      "or \"deepseek_v3\")");
+                      "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen3_moe\", "
+                      "\"deepseek_v3\" or \"gpt_oss\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -851,8 +921,13 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     if (activation != "silu") refuse("hidden_act", json::quote(activation), "strata's Llama uses SwiGLU with SiLU");
     // RoPE: "rope_theta" (transformers 4), or "rope_parameters": {"rope_type": "default", "rope_theta": ...}
     // (transformers 5); a "rope_scaling" or rope_parameters of any other type is a scaling strata lacks.
+    const bool gpt_oss = *architecture == Architecture::gpt_oss;
     std::optional<double> theta;
     if (f.present("rope_theta")) theta = f.real("rope_theta");
+    if (gpt_oss && !f.present("rope_parameters") && !f.present("rope_scaling")) {  // GptOssConfig's default: YaRN
+      c.yarn_scaling_factor = 32.0, c.yarn_original_max_positions = 4096, c.yarn_beta_fast = 32.0, c.yarn_beta_slow = 1.0;
+      c.yarn_round_to_int = false, c.yarn_mscale = 1.0, c.yarn_mscale_all_dim = 0.0;
+    }
     for (const char* field : {"rope_parameters", "rope_scaling"}) {
       if (!f.present(field)) continue;
       const json::Value& rope = *f.find(field);
@@ -900,13 +975,42 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
                "in a Llama");
       }
     }
-    c.rope_base = theta.value_or(10000.0);
+    c.rope_base = theta.value_or(gpt_oss ? 150000.0 : 10000.0);
     // Qwen2 has biases on q, k and v (always); Qwen3 and Llama none unless attention_bias, which
     // puts one on the output projection too (strata's add_qkv_bias does not).
-    if (f.flag("attention_bias", false)) refuse("attention_bias", "true", "strata's Llama family has no output-projection bias");
+    if (gpt_oss) {
+      // every linear layer has a bias (attention_bias: q, k, v, o; the router and experts always)
+      if (!f.flag("attention_bias", true))
+        refuse("attention_bias", "false", "strata's gpt-oss has every linear bias (add_bias_linear), the attention's included");
+      c.add_bias_linear = true;
+    } else if (f.flag("attention_bias", false)) {
+      refuse("attention_bias", "true", "strata's Llama family has no output-projection bias");
+    }
     if (f.flag("mlp_bias", false)) refuse("mlp_bias", "true", "strata's Llama family has no MLP biases");
     if (f.flag("use_sliding_window", false))
       refuse("use_sliding_window", "true", "Qwen's sliding window (with max_window_layers) is not mapped; Mistral's is");
+    if (gpt_oss) {  // sliding_window keys on the layers layer_types names "sliding_attention" (default: the even ones)
+      std::int64_t keys = 128;
+      if (const json::Value* w = f.find("sliding_window"); w && !w->is_null())
+        if (!w->to_int64(keys) || keys < 1 || keys > (std::int64_t{1} << 30))
+          refuse("sliding_window", w->text(), "a window of at least one key");
+      std::vector<int> pattern(static_cast<std::size_t>(c.num_layers));
+      for (int l = 0; l < c.num_layers; ++l) pattern[static_cast<std::size_t>(l)] = (l + 1) % 2;
+      if (const json::Value* types = f.find("layer_types"); types && !types->is_null()) {
+        if (!types->is_array() || static_cast<int>(types->items().size()) != c.num_layers)
+          refuse("layer_types", "(set)", detail::concat("expected a list of num_hidden_layers=", c.num_layers, " layer types"));
+        int l = 0;
+        for (const json::Value& item : types->items()) {
+          if (!item.is_string() || (item.text() != "sliding_attention" && item.text() != "full_attention"))
+            refuse("layer_types", item.text(), "each layer is \"sliding_attention\" or \"full_attention\"");
+          pattern[static_cast<std::size_t>(l++)] = item.text() == "sliding_attention" ? 1 : 0;
+        }
+      }
+      const bool any = std::find(pattern.begin(), pattern.end(), 1) != pattern.end();
+      const bool all = std::find(pattern.begin(), pattern.end(), 0) == pattern.end();
+      if (any) c.window_size = static_cast<int>(keys - 1);
+      if (any && !all) c.window_layers = pattern;
+    }
     if (*architecture == Architecture::mistral || *architecture == Architecture::mixtral) {
       // transformers' window counts the query's own key: key j is seen from query i when i - j < sliding_window
       if (const json::Value* w = f.find("sliding_window"); w && !w->is_null()) {
@@ -921,10 +1025,26 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     c.qk_layernorm = qwen3_like;
     // head_dim: Qwen3's (and Qwen3-MoE's) default is 128; Llama's and Qwen2's hidden_size / num_attention_heads.
     const std::int64_t plain_head = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
-    const std::int64_t head_dim = f.present("head_dim") ? f.integer("head_dim") : (qwen3_like ? 128 : plain_head);
+    const std::int64_t head_dim = f.present("head_dim") ? f.integer("head_dim") : qwen3_like ? 128 : gpt_oss ? 64 : plain_head;
     if (head_dim <= 0 || head_dim > (1 << 20)) refuse("head_dim", std::to_string(head_dim), "not a head dimension");
     if (head_dim != plain_head || c.hidden_size % std::max(c.num_attention_heads, 1) != 0) c.kv_channels = static_cast<int>(head_dim);
     out.tie_word_embeddings = f.flag("tie_word_embeddings", false);
+    if (gpt_oss) {  // intermediate_size (ffn_hidden_size) is one expert's width; the experts' quick GeGLU, clamped
+      c.moe.num_experts = f.small_integer("num_local_experts", 128);
+      c.moe.topk = f.small_integer("num_experts_per_tok", 4);
+      c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
+      if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
+        refuse("num_experts_per_tok", std::to_string(c.moe.topk),
+               detail::concat("each token goes to between 1 and num_local_experts=", c.moe.num_experts, " experts"));
+      if (const double alpha = f.real("swiglu_alpha", kGptOssGluAlpha); alpha != kGptOssGluAlpha)
+        refuse("swiglu_alpha", std::to_string(alpha), "strata's quick GeGLU has the slope 1.702");
+      c.activation = MlpActivation::quick_geglu;
+      c.activation_clamp = f.real("swiglu_limit", 7.0);
+      if (!(c.activation_clamp > 0 && std::isfinite(c.activation_clamp)))
+        refuse("swiglu_limit", std::to_string(c.activation_clamp), "a positive clamp");
+      c.glu_linear_offset = kGptOssGluOffset;
+      c.softmax_type = SoftmaxType::learnable;
+    }
     if (*architecture == Architecture::mixtral) {  // intermediate_size (ffn_hidden_size) is one expert's width
       c.moe.num_experts = f.small_integer("num_local_experts", 8);
       c.moe.topk = f.small_integer("num_experts_per_tok", 2);
@@ -996,7 +1116,17 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
     const int ours = model.num_query_groups == 0 ? model.num_attention_heads : model.num_query_groups;
     same_int("num_key_value_heads", theirs, "num_query_groups", ours);
   }
-  if (architecture == Architecture::mixtral) {  // intermediate_size is the experts' width
+  if (architecture == Architecture::gpt_oss) {  // intermediate_size is the experts' width
+    same_int("intermediate_size", c.ffn(), "moe_ffn_hidden_size", model.expert_ffn());
+    same_int("num_local_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
+    same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
+    same_real("swiglu_limit", c.activation_clamp, "activation_clamp", model.activation_clamp);
+    for (int l = 0; l < model.num_layers; ++l)
+      if (c.layer_window(l) != model.layer_window(l))
+        fail<ConfigError>("config.json ", file.path, ": sliding_window and layer_types give layer ", l, " a window of ",
+                          c.layer_window(l), " keys before the query (-1: full attention) but the strata model's is ",
+                          model.layer_window(l), " (--window-size, --window-attn-skip-freq)");
+  } else if (architecture == Architecture::mixtral) {  // intermediate_size is the experts' width
     same_int("intermediate_size", c.ffn(), "moe_ffn_hidden_size", model.expert_ffn());
     same_int("num_local_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
     same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
@@ -1044,8 +1174,9 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
   if (gpt) same_int("n_positions", c.positions(), "max_position_embeddings", model.positions());
   same_real(gpt ? "layer_norm_epsilon" : "rms_norm_eps", c.norm_epsilon, "norm_epsilon", model.norm_epsilon);
   if (!gpt) {
-    same_int("sliding_window (null: -1 here)", c.window_size < 0 ? -1 : c.window_size + 1, "window_size + 1",
-             model.window_size < 0 ? -1 : model.window_size + 1);
+    if (architecture != Architecture::gpt_oss)  // gpt-oss's windows are compared per layer above
+      same_int("sliding_window (null: -1 here)", c.window_size < 0 ? -1 : c.window_size + 1, "window_size + 1",
+               model.window_size < 0 ? -1 : model.window_size + 1);
     same_real("rope_theta", c.rope_base, "rope_base", model.rope_base);
     same_int("head_dim", c.head_dim(), "kv_channels", model.head_dim());
     same_real("rope_scaling.factor (rope_type llama3)", c.rope_scaling_factor, "rope_scaling_factor", model.rope_scaling_factor);
@@ -1170,6 +1301,28 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
                                  [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp" || m.first == "attention_bias"; }),
                   members.end());
   }
+  if (architecture == Architecture::gpt_oss) {  // intermediate_size is one expert's width; windows by layer_types
+    members[4].second = number(c.expert_ffn());
+    std::string types = "[";
+    for (int l = 0; l < c.num_layers; ++l)
+      types += std::string(l > 0 ? ", " : "") + quote(c.layer_window(l) >= 0 ? "sliding_attention" : "full_attention");
+    members.insert(members.end() - 3, {{"sliding_window", sliding_window},
+                                       {"layer_types", types + "]"},
+                                       {"num_local_experts", number(c.moe.num_experts)},
+                                       {"num_experts_per_tok", number(c.moe.topk)},
+                                       {"output_router_logits", boolean(false)},
+                                       {"router_aux_loss_coef", number(c.moe.aux_loss_coeff)},
+                                       {"swiglu_alpha", number(kGptOssGluAlpha)},
+                                       {"swiglu_limit", number(c.activation_clamp)}});
+    for (auto& m : members)
+      if (m.first == "attention_bias") m.second = boolean(true);
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [](const auto& m) { return m.first == "mlp_bias" || m.first == "pretraining_tp"; }),
+                  members.end());
+    if (c.yarn_scaling_factor <= 0)  // without rope_parameters GptOssConfig would take its default YaRN
+      members.insert(members.end() - 3, {"rope_parameters", hf_detail::json_object({{"rope_type", quote("default")},
+                                                                                   {"rope_theta", number(c.rope_base)}})});
+  }
   if (architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; the experts' is moe_intermediate_size
     std::string dense = "[";
     for (int l = 0; l < c.num_layers; ++l)
@@ -1213,8 +1366,8 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
                   members.end());
   }
   members.insert(members.end() - 3, token_ids.begin(), token_ids.end());  // before tie_word_embeddings, as transformers
-  if (architecture != Architecture::llama && architecture != Architecture::mixtral &&
-      architecture != Architecture::mistral && architecture != Architecture::deepseek_v3)  // Qwen: no sliding window (its layers' window fields left at their defaults)
+  if (architecture != Architecture::llama && architecture != Architecture::mixtral && architecture != Architecture::mistral &&
+      architecture != Architecture::deepseek_v3 && architecture != Architecture::gpt_oss)  // Qwen: no sliding window (its layers' window fields left at their defaults)
     members.insert(members.end() - 3, {"use_sliding_window", boolean(false)});
   if (c.yarn_scaling_factor > 0) {
     // transformers' attention factor: mscale / mscale_all_dim's when both are non-zero (DeepSeek-V3),
@@ -1274,14 +1427,22 @@ void save_hf(const std::filesystem::path& dir, Architecture architecture, const 
   std::filesystem::create_directories(dir, ec);
   if (ec) fail<FileError>("cannot create directory ", dir, ": ", ec.message());
 
+  // The parameters whose pieces each file tensor is written from: one, or (a piece stacking every
+  // expert, gpt-oss) every expert's; the tensor is written with the first of them.
+  std::map<std::string, std::vector<std::pair<std::size_t, std::size_t>>> piece_users;  // name -> (mapping, piece)
+  for (std::size_t m = 0; m < mappings.size(); ++m)
+    for (std::size_t k = 0; k < mappings[m].pieces.size(); ++k) piece_users[mappings[m].pieces[k]].emplace_back(m, k);
+  auto first_user = [&](std::size_t m, std::size_t k) { return piece_users.at(mappings[m].pieces[k]).front().first == m; };
+
   // Shards: whole parameters, in the model's order.
   std::vector<std::vector<std::size_t>> shards(1);
   std::uint64_t shard_bytes = 0, total_bytes = 0;
   for (std::size_t m = 0; m < mappings.size(); ++m) {
     std::uint64_t bytes = 0;
-    for (const auto& shape : mappings[m].piece_shapes) {
+    for (std::size_t k = 0; k < mappings[m].piece_shapes.size(); ++k) {
+      if (!first_user(m, k)) continue;
       std::uint64_t n = element;
-      for (std::int64_t x : shape) n *= static_cast<std::uint64_t>(x);
+      for (std::int64_t x : mappings[m].piece_shapes[k]) n *= static_cast<std::uint64_t>(x);
       bytes += n;
     }
     if (!shards.back().empty() && options.max_shard_bytes > 0 && shard_bytes + bytes > options.max_shard_bytes) {
@@ -1315,7 +1476,14 @@ void save_hf(const std::filesystem::path& dir, Architecture architecture, const 
     }
     const std::byte* in = it->second.bytes.data();
     const Shape& shape = map.strata_shape;
-    const index_t rows = shape[0], cols = shape.rank() == 2 ? shape[1] : 1;
+    index_t rows = shape[0];
+    const index_t cols = shape.rank() == 2 ? shape[1] : 1;
+    if (map.expert >= 0) {  // an expert's slice of a stacked piece: element by element
+      for (index_t i = 0; i < shape.numel(); ++i)
+        std::memcpy(out.data() + static_cast<std::size_t>(map.element_source(i).index) * element,
+                    in + static_cast<std::size_t>(i) * element, element);
+      rows = 0;
+    }
     for (index_t r = 0; r < rows; ++r) {
       const TensorMapping::Source s = map.row_source(r);
       if (s.piece != static_cast<int>(piece)) continue;
@@ -1344,8 +1512,11 @@ void save_hf(const std::filesystem::path& dir, Architecture architecture, const 
     writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
     for (std::size_t m : shards[k])
       for (std::size_t piece = 0; piece < mappings[m].pieces.size(); ++piece) {
-        writer.add(mappings[m].pieces[piece], dtype, mappings[m].piece_shapes[piece],
-                   [&fill_piece, m, piece](std::span<std::byte> out) { fill_piece(m, piece, out); });
+        if (!first_user(m, piece)) continue;
+        const auto& users = piece_users.at(mappings[m].pieces[piece]);
+        writer.add(mappings[m].pieces[piece], dtype, mappings[m].piece_shapes[piece], [&fill_piece, &users](std::span<std::byte> out) {
+          for (const auto& [user, user_piece] : users) fill_piece(user, user_piece, out);
+        });
         weight_map.emplace_back(mappings[m].pieces[piece], file_name(k));
       }
     writer.write(dir / file_name(k));
@@ -1419,9 +1590,11 @@ void save_hf_from_model(Context& ctx, const std::filesystem::path& dir, Model& m
     const index_t per_rank = c.moe.num_experts / ep, h = c.hidden_size, w = c.expert_ffn();
     for (int layer = 0; layer < c.num_layers; ++layer) {
       if (!c.moe_layer(layer)) continue;
+      std::vector<std::pair<std::string, Shape>> parts{{"fc1.weight", Shape{2 * w, h}}, {"fc2.weight", Shape{h, w}}};
+      if (c.add_bias_linear) parts.insert(parts.end(), {{"fc1.bias", Shape{2 * w}}, {"fc2.bias", Shape{h}}});  // gpt-oss
       for (index_t e = 0; e < c.moe.num_experts; ++e)
-        for (const auto& [part, shape] : {std::pair{std::string("fc1"), Shape{2 * w, h}}, std::pair{std::string("fc2"), Shape{h, w}}}) {
-          const std::string name = "layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) + "." + part + ".weight";
+        for (const auto& [part, shape] : parts) {
+          const std::string name = "layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) + "." + part;
           const int owner = static_cast<int>(e / per_rank);
           Tensor<X> whole;
           if (ep == 1) {
