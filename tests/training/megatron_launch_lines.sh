@@ -349,6 +349,21 @@ expect_refusal gpt-oss-fp8-param-gather "--fp8-param-gather" -- "$pretrain" --wo
   ${MOE_ARGS[@]} ${DATA_ARGS_LIST[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} --fp8-format hybrid --fp8-param-gather \
   --fp8-amax-compute-algo max --fp8-amax-history-len 1024 ${LOGGING_ARGS[@]}
 
+# With Megatron's default linear biases (no --disable-bias-linear) the same blocks are Hugging Face's
+# GptOssForCausalLM: exported at ep=2 (--save-hf), trained again from there at ep=1 (--load-hf).
+GPT_OSS_HF=(--use-mcore-models --untie-embeddings-and-output-weights --normalization RMSNorm --num-layers 2 --hidden-size 64
+    --ffn-hidden-size 64 --num-attention-heads 8 --group-query-attention --num-query-groups 2 --seq-length 32
+    --max-position-embeddings 32 --position-embedding-type rope --quick-geglu --glu-linear-offset 1.0
+    --activation-func-clamp-value 7.0 --softmax-type learnable --window-size 7,0 --window-attn-skip-freq 2 --enable-gpt-oss
+    --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --mock-data --micro-batch-size 1
+    --global-batch-size 4 --lr 1e-4 --train-iters 2 --eval-iters 0 --sample-tokens 0 --attention-dropout 0.0
+    --hidden-dropout 0.0)
+expect_training gpt-oss-save-hf "$pretrain" --world-size 2 ${GPT_OSS_HF[@]} --expert-model-parallel-size 2 \
+  --save "$work/gpt-oss-hf-ckpt" --save-hf "$work/gpt-oss-hf"
+grep -q '"GptOssForCausalLM"' "$work/gpt-oss-hf/config.json" || fail "gpt-oss-save-hf: config.json does not name GptOssForCausalLM"
+expect_training gpt-oss-load-hf "$pretrain" --world-size 2 ${GPT_OSS_HF[@]} --load-hf "$work/gpt-oss-hf"
+grep -q 'loaded the Hugging Face model' "$work/gpt-oss-load-hf.out" || fail "gpt-oss-load-hf: the model was not loaded"
+
 # ---- DeepSeek-V3 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) without Megatron-FSDP
 # (USE_MEGATRON_FSDP=0), wandb (WANDB=0) or the profiler: every other flag, at 4 layers (the first
 # dense, as the script's [0]*3 of 61), hidden 64, 8 experts in 4 groups, the latents and heads
