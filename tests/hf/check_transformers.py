@@ -14,14 +14,17 @@ Two directions, each comparing the logits of every position of a 16-token prompt
                            GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
                            MixtralForCausalLM / Qwen3MoeForCausalLM .from_pretrained loads the
                            directory and computes the logits again.
-  transformers -> strata   a transformers model with random weights (norm weights and biases too) is
+  transformers -> strata   (and back, trained) a transformers model with random weights (norm weights and biases too) is
                            saved with save_pretrained(safe_serialization=True) -- GPT-2, Llama, Llama
                            with tied embeddings, Llama in shards with an index, Llama with Llama 3.1's
                            rope_scaling, Llama with YaRN's rope_scaling (with and without mscale),
                            Qwen2, Qwen3, Mixtral, Qwen3-MoE (norm_topk_prob true and false), DeepSeek-V3
                            (with and without the queries' latent, interleaved RoPE or not) -- and
                            hf_crosscheck imports it at tp=2 (CPU threads; the MoE models over 2
-                           expert-parallel ranks) and computes the logits.
+                           expert-parallel ranks) and computes the logits. The first case of each
+                           architecture is then trained 5 AdamW steps by strata (one rank), exported,
+                           and loaded by transformers: its logits and its loss on the prompt must be
+                           strata's, and strata's loss must have fallen.
 
 Prints a table (max |difference|, relative error = ||strata - transformers|| / ||transformers||) and
 the versions of torch, transformers and safetensors, and exits 1 when a case fails: a relative error
@@ -338,6 +341,7 @@ def main():
         record("strata -> transformers", name, export_case)
 
     # transformers -> strata
+    trained = set()
     for index, (name, architecture, cls, config, extra) in enumerate(hf_cases(transformers, torch)):
         def import_case(name=name, architecture=architecture, cls=cls, config=config, extra=extra, index=index):
             extra = dict(extra)
@@ -367,6 +371,31 @@ def main():
             max_abs, relative = compare(ours, theirs, np)
             return max_abs, relative, f"{ours.shape[0]} x {ours.shape[1]}", []
         record(f"transformers -> strata (tp={args.tp})", name, import_case)
+
+        # The first imported case of each architecture again: trained 5 AdamW steps by strata, exported,
+        # and loaded by transformers, whose logits and loss on the prompt must be strata's.
+        if rows[-1][5] != "ok" or rows[-1][2] == "refused" or architecture in trained:
+            continue
+        trained.add(architecture)
+        def train_case(architecture=architecture, cls=cls, index=index):
+            directory = work / f"transformers_to_strata_{index}_{architecture}"
+            out = directory / "trained"
+            shutil.rmtree(out, ignore_errors=True)
+            run(binary, ["train", directory, out, architecture, "--steps", 5], args.verbose)
+            ours, tokens = strata_logits(out, np)
+            model, info = load_pretrained(cls, out)
+            theirs = transformers_logits(model, tokens, torch, np)
+            max_abs, relative = compare(ours, theirs, np)
+            losses = json.loads((out / "losses.json").read_text())["losses"]
+            targets = torch.tensor(tokens[1:], dtype=torch.long)
+            their_loss = float(torch.nn.functional.cross_entropy(torch.tensor(theirs[:-1]), targets))
+            problems = loading_problems(info)
+            if not losses[-1] < losses[0]:
+                problems.append(f"strata's loss did not fall over the 5 steps: {losses[0]:.6f} -> {losses[-1]:.6f}")
+            if abs(their_loss - losses[-1]) > args.rtol * abs(their_loss):
+                problems.append(f"transformers' loss of the trained model {their_loss:.7f}, strata's {losses[-1]:.7f}")
+            return max_abs, relative, f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", problems
+        record("transformers -> strata, 5 steps -> transformers", name, train_case)
 
     header = ("direction", "case", "logits", "max |diff|", "rel. error", "result")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]

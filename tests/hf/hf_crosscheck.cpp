@@ -14,6 +14,10 @@
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
+//   hf_crosscheck train <dir> <out> <architecture> [--steps N]
+//       imports the transformers checkpoint in <dir> on one rank, trains it N AdamW steps (default 5)
+//       on the prompt of <dir>/tokens.json (next-token loss), exports it to <out> with the trained
+//       model's logits and its losses before and after (crosscheck.json "losses")
 //   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
@@ -37,6 +41,7 @@
 
 #include <strata/checkpoint/huggingface.hpp>
 #include <strata/models.hpp>
+#include <strata/optim.hpp>
 #include <strata/policy.hpp>
 
 namespace {
@@ -245,9 +250,53 @@ std::vector<std::vector<double>> import_model(const std::filesystem::path& dir, 
   return logits;
 }
 
+// Import <dir>, `steps` AdamW steps on the prompt's next-token loss (mean over its positions), export
+// to <out>; returns the losses of each step and of the trained model.
+template <template <class> class Model>
+void train_model(const std::filesystem::path& dir, const std::filesystem::path& out, hf::Architecture architecture,
+                 int steps) {
+  hf::HfConfig file = hf::read_config(dir);
+  if (file.architecture != architecture)
+    fail<ConfigError>(dir / "config.json", " describes a ", hf::architecture_name(file.architecture), " model, not ",
+                      hf::architecture_name(architecture));
+  models::ModelConfig config = file.config;
+  config.make_vocab_size_divisible_by = 8;
+  const std::vector<std::int32_t> ids = read_prompt(dir);
+  const index_t n = static_cast<index_t>(ids.size()) - 1;  // positions with a next token
+  Tensor<std::int32_t> tokens(Shape{1, n}), labels(Shape{1, n});
+  Tensor<float> mask(Shape{1, n});
+  for (index_t i = 0; i < n; ++i) tokens[i] = ids[static_cast<std::size_t>(i)], labels[i] = ids[static_cast<std::size_t>(i + 1)], mask[i] = 1;
+  std::vector<double> losses;
+  std::vector<std::vector<double>> logits;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    Model<Policy> model(ctx, config);
+    hf::load_hf(ctx, dir, model);
+    AdamW<float> adamw(model, AdamWConfig{.weight_decay = 0.0});
+    for (int step = 0; step <= steps; ++step) {
+      zero_gradients(model);
+      auto [loss, saved] = model.forward(ctx, tokens, labels, mask);
+      losses.push_back(loss.loss_sum() / static_cast<double>(n));
+      if (step == steps) break;  // the trained model's loss
+      model.backward(ctx, saved, 1.0 / static_cast<double>(n));
+      adamw.step(model, 1e-2);
+    }
+    hf::save_hf_from_model(ctx, out, model);
+    logits = logits_of(ctx, model, ids);
+  });
+  std::ofstream(out / "tokens.json") << "{\"tokens\": " << int_list(ids) << "}\n";
+  write_logits(out, architecture, "train", 1, ids, logits);
+  std::string list = "[";
+  for (std::size_t i = 0; i < losses.size(); ++i) list += (i ? ", " : "") + json::number(losses[i]);
+  std::ofstream(out / "losses.json") << "{\"losses\": " << list << "]}\n";
+  std::printf("%s: %d steps, loss %.6f -> %.6f\n", hf::architecture_name(architecture).data(), steps, losses.front(),
+              losses.back());
+}
+
 int usage() {
   std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--seed N]\n"
                "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
+               "       hf_crosscheck train <dir> <out> gpt2|llama|...|gpt_oss [--steps N]\n"
                "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
                "(mixtral, qwen3_moe, deepseek_v3, gpt_oss: --tp N imports over N expert-parallel ranks)\n";
   return 2;
@@ -257,17 +306,24 @@ int run(int argc, char** argv) {
   if (argc < 4) return usage();
   const std::string mode = argv[1];
   const std::filesystem::path dir = argv[2];
+  std::filesystem::path trained;
+  if (mode == "train") {  // train <dir> <out> <architecture>
+    if (argc < 5) return usage();
+    trained = argv[3];
+    ++argv, --argc;
+  }
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
     std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or gpt_oss)\n";
     return 2;
   }
-  int tp = 2;
+  int tp = 2, steps = 5;
   std::uint64_t seed = 1234;
   for (int i = 4; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) return usage();
     if (flag == "--tp") tp = std::atoi(argv[++i]);
+    else if (flag == "--steps") steps = std::atoi(argv[++i]);
     else if (flag == "--seed") seed = std::strtoull(argv[++i], nullptr, 10);
     else return usage();
   }
@@ -283,7 +339,12 @@ int run(int argc, char** argv) {
            : hf::moe_family(a)              ? import_model<models::Mixtral>(dir, a, tp)
                                             : import_model<models::Llama>(dir, a, tp);
   };
-  if (mode == "export") {
+  if (mode == "train") {
+    if (steps < 1) return usage();
+    if (a == hf::Architecture::gpt2) train_model<models::Gpt>(dir, trained, a, steps);
+    else if (hf::moe_family(a)) train_model<models::Mixtral>(dir, trained, a, steps);
+    else train_model<models::Llama>(dir, trained, a, steps);
+  } else if (mode == "export") {
     export_any();
   } else if (mode == "import") {
     import_any();
