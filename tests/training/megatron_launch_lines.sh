@@ -11,6 +11,7 @@ set -euo pipefail
 pretrain=${1:?usage: megatron_launch_lines.sh <pretrain_gpt> <preprocess_data> <source dir>}
 preprocess=${2:?}
 src=${3:?}
+convert=${4:-}  # strata-convert (optional): the gpt-oss checkpoint exported again from the checkpoint
 work=$(mktemp -d /tmp/strata_megatron_lines.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
@@ -363,6 +364,20 @@ expect_training gpt-oss-save-hf "$pretrain" --world-size 2 ${GPT_OSS_HF[@]} --ex
 grep -q '"GptOssForCausalLM"' "$work/gpt-oss-hf/config.json" || fail "gpt-oss-save-hf: config.json does not name GptOssForCausalLM"
 expect_training gpt-oss-load-hf "$pretrain" --world-size 2 ${GPT_OSS_HF[@]} --load-hf "$work/gpt-oss-hf"
 grep -q 'loaded the Hugging Face model' "$work/gpt-oss-load-hf.out" || fail "gpt-oss-load-hf: the model was not loaded"
+# Its checkpoint records the windows: another window is refused naming both.
+expect_refusal gpt-oss-other-window "sliding window of 7 keys" "this run's model has 3" -- "$pretrain" --world-size 2 \
+  ${GPT_OSS_HF[@]/7,0/3,0} --expert-model-parallel-size 2 --load "$work/gpt-oss-hf-ckpt" --train-iters 4
+# strata-convert --save-hf exports the same checkpoint to the same weights and configuration (the
+# windowed layers included); only the trainer knows its tokenizer's end-of-document id.
+if [[ -n "$convert" ]]; then
+  "$convert" --load "$work/gpt-oss-hf-ckpt" --save-hf "$work/gpt-oss-hf-convert" --quiet ||
+    fail "strata-convert --save-hf of the gpt-oss checkpoint"
+  cmp -s "$work/gpt-oss-hf/model.safetensors" "$work/gpt-oss-hf-convert/model.safetensors" ||
+    fail "strata-convert's gpt-oss weights differ from the trainer's export"
+  diff <(grep -v '_token_id' "$work/gpt-oss-hf/config.json") <(grep -v '_token_id' "$work/gpt-oss-hf-convert/config.json") ||
+    fail "strata-convert's gpt-oss config.json differs from the trainer's"
+  echo "ok: strata-convert exports the gpt-oss checkpoint as the trainer did"
+fi
 
 # ---- DeepSeek-V3 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) without Megatron-FSDP
 # (USE_MEGATRON_FSDP=0), wandb (WANDB=0) or the profiler: every other flag, at 4 layers (the first

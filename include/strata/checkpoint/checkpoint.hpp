@@ -586,6 +586,12 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
     // and plain models stay as they were): checkpoint_detail::architecture_options lists them.
     for (const auto& [key, value, default_value] : architecture_options(c))
       if (value != default_value) writer.set(key, value);
+    // Sliding windows: the window and which layers have it ("10" for --window-attn-skip-freq 2 over
+    // two layers; absent: every layer). Absent in checkpoints older than this record.
+    if (c.window_size >= 0) {
+      writer.set("model.window_size", c.window_size);
+      if (!c.window_layers.empty()) writer.set("model.window_pattern", moe_layer_pattern_text(c.window_layers));
+    }
   }
   if constexpr (has_moe_config<Module>) {
     const auto& c = model.config();
@@ -622,6 +628,17 @@ void check_model(const StateReader& r, const Module& model) {
         fail<ConfigError>("checkpoint file ", r.path(), " holds a model with ", std::string_view(key).substr(6), "=", saved,
                           "; this run's model has ", mine, ". Build the model the checkpoint was saved with (the same "
                           "architecture flags)");
+    }
+    // The windows, where the checkpoint records them (older ones do not; they load as before).
+    if (r.has("model.window_size")) {
+      std::string saved = r.has("model.window_pattern") ? r.get_string("model.window_pattern")
+                                                        : std::string(static_cast<std::size_t>(c.num_layers), '1');
+      std::string mine(static_cast<std::size_t>(c.num_layers), '0');
+      for (int l = 0; l < c.num_layers; ++l) mine[static_cast<std::size_t>(l)] = c.layer_window(l) >= 0 ? '1' : '0';
+      if (r.get_int("model.window_size") != c.window_size || saved != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model with a sliding window of ", r.get_int("model.window_size"),
+                          " keys before each query on its layers ", saved, " (1: windowed); this run's model has ", c.window_size, " on ", mine,
+                          ". Give the --window-size and --window-attn-skip-freq the checkpoint was saved with");
     }
   }
   if constexpr (has_moe_config<Module>) {
