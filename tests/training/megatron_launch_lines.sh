@@ -28,6 +28,18 @@ expect_refusal() {
   done
   echo "ok: $name refused: $(grep -m1 '^error' "$work/$name.err")"
 }
+# expect_same_export <name> <checkpoint> <trainer's --save-hf directory>: strata-convert --save-hf (when
+# given) exports the checkpoint to the same weights and configuration as the trainer (the
+# architecture options and router settings the checkpoint records); only the trainer knows its
+# tokenizer's end-of-document id.
+expect_same_export() {
+  [[ -n "$convert" ]] || return 0
+  "$convert" --load "$2" --save-hf "$3-convert" --quiet || fail "$1: strata-convert --save-hf"
+  cmp -s "$3/model.safetensors" "$3-convert/model.safetensors" || fail "$1: strata-convert's weights differ from the trainer's export"
+  diff <(grep -v '_token_id' "$3/config.json") <(grep -v '_token_id' "$3-convert/config.json") ||
+    fail "$1: strata-convert's config.json differs from the trainer's"
+  echo "ok: $1: strata-convert exports the checkpoint as the trainer did"
+}
 # expect_training <name> <command...>: the command exits 0 and logs "done: loss A -> B".
 expect_training() {
   local name=$1; shift
@@ -294,6 +306,16 @@ grep -q 'strata mixtral' "$work/deepseek.out" || fail "deepseek: the flags did n
 # example's factor and mscales.
 expect_training deepseek-yarn "$pretrain" --world-size 2 ${DEEPSEEK_ARGS[@]} --rotary-scaling-factor 40 --mscale 1.0 \
   --mscale-all-dim 1.0 --tensor-model-parallel-size 2
+# Without the MTP depth (transformers has none), exported as DeepseekV3ForCausalLM at ep=2; its
+# checkpoint records the latent attention and the router, so strata-convert exports it the same and
+# a resume with softmax routing is refused.
+DEEPSEEK_HF=("${DEEPSEEK_ARGS[@]:0:${#DEEPSEEK_ARGS[@]}-2}")
+expect_training deepseek-save-hf "$pretrain" --world-size 2 ${DEEPSEEK_HF[@]} --rope-type rope --expert-model-parallel-size 2 \
+  --save "$work/deepseek-ckpt" --save-hf "$work/deepseek-hf"
+grep -q '"DeepseekV3ForCausalLM"' "$work/deepseek-hf/config.json" || fail "deepseek-save-hf: config.json does not name DeepseekV3ForCausalLM"
+expect_same_export deepseek "$work/deepseek-ckpt" "$work/deepseek-hf"
+expect_refusal deepseek-other-router "moe_router_score=1" -- "$pretrain" --world-size 2 ${DEEPSEEK_HF[@]/sigmoid/softmax} \
+  --rope-type rope --expert-model-parallel-size 2 --load "$work/deepseek-ckpt" --train-iters 4
 expect_refusal deepseek-interleaved "--rotary-interleaved with --multi-latent-attention" -- "$pretrain" --world-size 1 \
   ${DEEPSEEK_ARGS[@]} --rotary-interleaved
 expect_refusal megatron-fsdp "--use-megatron-fsdp" "--use-distributed-optimizer" -- "$pretrain" --world-size 2 \
@@ -367,17 +389,7 @@ grep -q 'loaded the Hugging Face model' "$work/gpt-oss-load-hf.out" || fail "gpt
 # Its checkpoint records the windows: another window is refused naming both.
 expect_refusal gpt-oss-other-window "sliding window of 7 keys" "this run's model has 3" -- "$pretrain" --world-size 2 \
   ${GPT_OSS_HF[@]/7,0/3,0} --expert-model-parallel-size 2 --load "$work/gpt-oss-hf-ckpt" --train-iters 4
-# strata-convert --save-hf exports the same checkpoint to the same weights and configuration (the
-# windowed layers included); only the trainer knows its tokenizer's end-of-document id.
-if [[ -n "$convert" ]]; then
-  "$convert" --load "$work/gpt-oss-hf-ckpt" --save-hf "$work/gpt-oss-hf-convert" --quiet ||
-    fail "strata-convert --save-hf of the gpt-oss checkpoint"
-  cmp -s "$work/gpt-oss-hf/model.safetensors" "$work/gpt-oss-hf-convert/model.safetensors" ||
-    fail "strata-convert's gpt-oss weights differ from the trainer's export"
-  diff <(grep -v '_token_id' "$work/gpt-oss-hf/config.json") <(grep -v '_token_id' "$work/gpt-oss-hf-convert/config.json") ||
-    fail "strata-convert's gpt-oss config.json differs from the trainer's"
-  echo "ok: strata-convert exports the gpt-oss checkpoint as the trainer did"
-fi
+expect_same_export gpt-oss "$work/gpt-oss-hf-ckpt" "$work/gpt-oss-hf"
 
 # ---- DeepSeek-V3 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) without Megatron-FSDP
 # (USE_MEGATRON_FSDP=0), wandb (WANDB=0) or the profiler: every other flag, at 4 layers (the first

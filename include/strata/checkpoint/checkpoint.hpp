@@ -529,6 +529,48 @@ std::vector<ArchitectureOption> architecture_options(const Config& c) {
           {"model.activation_clamp", c.activation_clamp, d.activation_clamp},
           {"model.glu_linear_offset", c.glu_linear_offset, d.glu_linear_offset}};
 }
+// Options every checkpoint records since they were added: multi-latent attention's sizes and the
+// router's settings. A checkpoint without them (older) is checked against none of them.
+template <class Config>
+std::vector<ArchitectureOption> recorded_options(const Config& c) {
+  // (the sizes only with multi-latent attention, the router's settings only with experts: the
+  // flags are read for them alone)
+  const auto& r = c.moe.routing;
+  std::vector<ArchitectureOption> out{{"model.multi_latent_attention", double(c.multi_latent_attention), 0}};
+  if (c.multi_latent_attention)
+    out.insert(out.end(), {{"model.q_lora_rank", double(c.q_lora_rank), 0},
+                           {"model.kv_lora_rank", double(c.kv_lora_rank), 0},
+                           {"model.qk_head_dim", double(c.qk_head_dim), 0},
+                           {"model.qk_pos_emb_head_dim", double(c.qk_pos_emb_head_dim), 0},
+                           {"model.v_head_dim", double(c.v_head_dim), 0}});
+  if (c.moe.num_experts > 0)
+    out.insert(out.end(), {{"model.moe_router_score", double(static_cast<int>(r.score)), 0},
+                           {"model.moe_router_pre_softmax", double(r.pre_softmax), 0},
+                           {"model.moe_router_topk_scaling_factor", r.scaling_factor, 0},
+                           {"model.moe_router_num_groups", double(r.num_groups), 0},
+                           {"model.moe_router_group_topk", double(r.group_topk), 0},
+                           {"model.moe_router_enable_expert_bias", double(c.moe.expert_bias), 0}});
+  return out;
+}
+template <class Config>
+void read_recorded_options(const StateReader& r, Config& c) {
+  auto get = [&](const char* key, auto& field) {
+    if (r.has(key)) field = static_cast<std::remove_reference_t<decltype(field)>>(r.get_double(key));
+  };
+  get("model.multi_latent_attention", c.multi_latent_attention);
+  get("model.q_lora_rank", c.q_lora_rank);
+  get("model.kv_lora_rank", c.kv_lora_rank);
+  get("model.qk_head_dim", c.qk_head_dim);
+  get("model.qk_pos_emb_head_dim", c.qk_pos_emb_head_dim);
+  get("model.v_head_dim", c.v_head_dim);
+  if (r.has("model.moe_router_score")) c.moe.routing.score = static_cast<MoeScore>(static_cast<int>(r.get_double("model.moe_router_score")));
+  get("model.moe_router_pre_softmax", c.moe.routing.pre_softmax);
+  get("model.moe_router_topk_scaling_factor", c.moe.routing.scaling_factor);
+  get("model.moe_router_num_groups", c.moe.routing.num_groups);
+  get("model.moe_router_group_topk", c.moe.routing.group_topk);
+  get("model.moe_router_enable_expert_bias", c.moe.expert_bias);
+}
+
 // The options a checkpoint records (absent: the default), into c.
 template <class Config>
 void read_architecture_options(const StateReader& r, Config& c) {
@@ -588,6 +630,7 @@ void describe_model(StateWriter& writer, const Module& model, int tp) {
       if (value != default_value) writer.set(key, value);
     // Sliding windows: the window and which layers have it ("10" for --window-attn-skip-freq 2 over
     // two layers; absent: every layer). Absent in checkpoints older than this record.
+    for (const auto& [key, value, unused] : recorded_options(c)) writer.set(key, value);
     if (c.window_size >= 0) {
       writer.set("model.window_size", c.window_size);
       if (!c.window_layers.empty()) writer.set("model.window_pattern", moe_layer_pattern_text(c.window_layers));
@@ -629,6 +672,11 @@ void check_model(const StateReader& r, const Module& model) {
                           "; this run's model has ", mine, ". Build the model the checkpoint was saved with (the same "
                           "architecture flags)");
     }
+    for (const auto& [key, mine, unused] : recorded_options(c))
+      if (r.has(key) && r.get_double(key) != mine)
+        fail<ConfigError>("checkpoint file ", r.path(), " holds a model with ", std::string_view(key).substr(6), "=",
+                          r.get_double(key), "; this run's model has ", mine, ". Build the model the checkpoint was saved "
+                          "with (the same architecture and router flags)");
     // The windows, where the checkpoint records them (older ones do not; they load as before).
     if (r.has("model.window_size")) {
       std::string saved = r.has("model.window_pattern") ? r.get_string("model.window_pattern")

@@ -277,12 +277,13 @@ inline std::pair<hf::Architecture, models::ModelConfig> checkpoint_model(const S
   c.norm_epsilon = r.get_double("model.norm_epsilon");
   c.rope_base = r.get_double("model.rope_base");
   checkpoint_detail::read_architecture_options(r, c);
+  checkpoint_detail::read_recorded_options(r, c);
   if (r.has("model.window_size")) {  // sliding windows (checkpoints older than this record hold none)
     c.window_size = get("model.window_size");
     if (r.has("model.window_pattern"))
       for (const char x : r.get_string("model.window_pattern")) c.window_layers.push_back(x == '1' ? 1 : 0);
   }
-  if (r.has("model.num_experts")) {  // a mixture-of-experts model (its router settings are Mixtral's defaults)
+  if (r.has("model.num_experts")) {  // a mixture-of-experts model (router settings: read_recorded_options, else Mixtral's)
     c.moe.num_experts = get("model.num_experts");
     c.moe.topk = get("model.moe_router_topk");
     c.moe.expert_ffn_hidden_size = get("model.moe_ffn_hidden_size");
