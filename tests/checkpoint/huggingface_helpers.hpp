@@ -42,6 +42,14 @@ inline std::string replaced(std::string text, const std::string& from, const std
   return text;
 }
 
+// read_config refuses `config` (a config.json's text) with `from` replaced once by `to`, written to
+// <dir>/config.json, with a ConfigError naming every one of `parts`.
+inline void expect_config_refused(const std::filesystem::path& dir, const std::string& config, const std::string& from,
+                                  const std::string& to, std::initializer_list<std::string> parts) {
+  write_text(dir / "config.json", replaced(config, from, to));
+  expect_error<strata::ConfigError>([&] { (void)strata::hf::read_config(dir); }, parts);
+}
+
 inline strata::Tensor<std::int32_t> prompt(const std::vector<std::int32_t>& ids) {
   return strata::Tensor<std::int32_t>(strata::Shape{1, static_cast<strata::index_t>(ids.size())}, ids);
 }

@@ -196,8 +196,7 @@ TEST(HuggingFaceImport, DeepseekV3SettingsItCannotExpressAreRefused) {
   const auto c = tiny_deepseek();
   const std::string config = hf::config_json(hf::Architecture::mixtral, c, SafetensorsDtype::float32);
   auto refused = [&](const std::string& from, const std::string& to, std::initializer_list<std::string> parts) {
-    strata_test::write_text(dir.path() / "config.json", strata_test::replaced(config, from, to));
-    expect_error<ConfigError>([&] { (void)hf::read_config(dir.path()); }, parts);
+    strata_test::expect_config_refused(dir.path(), config, from, to, parts);
   };
   refused("\"norm_topk_prob\": true", "\"norm_topk_prob\": false", {"norm_topk_prob", "divides the weights by their sum"});
   refused("\"topk_group\": 1", "\"topk_group\": 2", {"n_group, topk_group", "2 x topk_group"});
