@@ -1029,13 +1029,15 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
     if (head_dim <= 0 || head_dim > (1 << 20)) refuse("head_dim", std::to_string(head_dim), "not a head dimension");
     if (head_dim != plain_head || c.hidden_size % std::max(c.num_attention_heads, 1) != 0) c.kv_channels = static_cast<int>(head_dim);
     out.tie_word_embeddings = f.flag("tie_word_embeddings", false);
-    if (gpt_oss) {  // intermediate_size (ffn_hidden_size) is one expert's width; the experts' quick GeGLU, clamped
-      c.moe.num_experts = f.small_integer("num_local_experts", 128);
-      c.moe.topk = f.small_integer("num_experts_per_tok", 4);
+    if (gpt_oss || *architecture == Architecture::mixtral) {  // intermediate_size (ffn_hidden_size) is one expert's width
+      c.moe.num_experts = f.small_integer("num_local_experts", gpt_oss ? 128 : 8);
+      c.moe.topk = f.small_integer("num_experts_per_tok", gpt_oss ? 4 : 2);
       c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
       if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
         refuse("num_experts_per_tok", std::to_string(c.moe.topk),
                detail::concat("each token goes to between 1 and num_local_experts=", c.moe.num_experts, " experts"));
+    }
+    if (gpt_oss) {  // the experts' quick GeGLU, clamped
       if (const double alpha = f.real("swiglu_alpha", kGptOssGluAlpha); alpha != kGptOssGluAlpha)
         refuse("swiglu_alpha", std::to_string(alpha), "strata's quick GeGLU has the slope 1.702");
       c.activation = MlpActivation::quick_geglu;
@@ -1045,13 +1047,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       c.glu_linear_offset = kGptOssGluOffset;
       c.softmax_type = SoftmaxType::learnable;
     }
-    if (*architecture == Architecture::mixtral) {  // intermediate_size (ffn_hidden_size) is one expert's width
-      c.moe.num_experts = f.small_integer("num_local_experts", 8);
-      c.moe.topk = f.small_integer("num_experts_per_tok", 2);
-      c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
-      if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
-        refuse("num_experts_per_tok", std::to_string(c.moe.topk),
-               detail::concat("each token goes to between 1 and num_local_experts=", c.moe.num_experts, " experts"));
+    if (*architecture == Architecture::mixtral) {
       if (const double jitter = f.real("router_jitter_noise", 0.0); jitter != 0)
         refuse("router_jitter_noise", std::to_string(jitter), "strata's router adds no noise to its inputs");
     }
