@@ -563,7 +563,7 @@ void read_recorded_options(const StateReader& r, Config& c) {
   get("model.qk_head_dim", c.qk_head_dim);
   get("model.qk_pos_emb_head_dim", c.qk_pos_emb_head_dim);
   get("model.v_head_dim", c.v_head_dim);
-  if (r.has("model.moe_router_score")) c.moe.routing.score = static_cast<MoeScore>(static_cast<int>(r.get_double("model.moe_router_score")));
+  if (r.has("model.moe_router_score")) c.moe.routing.score = static_cast<decltype(c.moe.routing.score)>(static_cast<int>(r.get_double("model.moe_router_score")));
   get("model.moe_router_pre_softmax", c.moe.routing.pre_softmax);
   get("model.moe_router_topk_scaling_factor", c.moe.routing.scaling_factor);
   get("model.moe_router_num_groups", c.moe.routing.num_groups);
