@@ -46,8 +46,11 @@ preset[deepseek-mla]="--multi-latent-attention --qk-layernorm --q-lora-rank 64 -
 # gpt-oss with 4 experts (quick GeGLU, clamp and offset in the experts) and Megatron's default linear
 # biases (no --disable-bias-linear): pretrain_gpt, since train_llama's preset has no biases.
 preset[gpt-oss-moe]="--position-embedding-type yarn --normalization RMSNorm --untie-embeddings-and-output-weights ${preset[gpt-oss]#--position-embedding-type yarn } --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-token-dispatcher-type alltoall"
-declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt)
-order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe deepseek-mtp deepseek-mla)
+# The same with Megatron's benchmark router (--moe-router-force-load-balancing): random logits drawn by
+# the device's counter-based generator, the same numbers on the GPU as on CPU threads.
+preset[gpt-oss-flb]="${preset[gpt-oss-moe]} --moe-router-force-load-balancing"
+declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt [gpt-oss-flb]=$build/examples/pretrain_gpt)
+order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe gpt-oss-flb deepseek-mtp deepseek-mla)
 [[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
 
 run() {  # run <preset> <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
