@@ -13,7 +13,7 @@ declare -A model=(
   ["Llama 3 8B"]="--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 $llama"
   ["Llama 3 70B"]="--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --ffn-hidden-size 28672 $llama"
   ["Llama 3 405B"]="--num-layers 126 --hidden-size 16384 --num-attention-heads 128 --ffn-hidden-size 53248 $llama"
-  ["DeepSeek-V3-like"]="--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --ffn-hidden-size 18432 --num-experts 256 --moe-ffn-hidden-size 2048 --moe-router-topk 8 --moe-shared-expert-intermediate-size 2048 --moe-token-dispatcher-type alltoall --position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 129280 --seq-length 4096"
+  ["DeepSeek-V3-like"]="--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --qk-layernorm --moe-layer-freq [0]*3+[1]*58 --ffn-hidden-size 18432 --num-experts 256 --moe-ffn-hidden-size 2048 --moe-router-topk 8 --moe-shared-expert-intermediate-size 2048 --moe-token-dispatcher-type alltoall --position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 129280 --seq-length 4096"
 )
 echo "| model | GPUs | global batch | enumerated / refused / valid / fit | planner's best layout | GiB per GPU | step | tokens/s | MFU | where the best step goes |"
 echo "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |"

@@ -113,7 +113,8 @@ struct TrainArgs {
   int world_size = 2;
   int tensor_model_parallel_size = 1;
   int context_parallel_size = 1;         // cp: each sequence split over cp ranks (ring or all-to-all attention)
-  std::string cp_comm_type = "p2p";      // p2p (ring attention), allgather or a2a (Ulysses); a2a+p2p is refused so far
+  std::string cp_comm_type = "p2p";      // p2p (ring attention), allgather, a2a (Ulysses) or a2a+p2p
+  std::vector<int> hierarchical_cp_sizes{};  // a2a+p2p: {all-to-all group, ring} sizes, product cp
   int expert_model_parallel_size = 1;   // ep: experts spread over ep ranks of each stage
   int expert_tensor_parallel_size = 0;  // etp: each expert split over etp ranks; 0 = --tensor-model-parallel-size (Megatron)
   bool sequence_parallel = false;  // turned off (with a warning) when tensor parallel is 1, as Megatron
@@ -441,8 +442,6 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--auto-detect-ckpt-format", false, false, "strata loads its own checkpoint format (--load-hf reads Hugging Face weights)"},
     {"--dist-ckpt-strictness", true, false,
      "strata's loader checks the architecture and every tensor's name and shape before reading; a mismatch is an error"},
-    {"--hierarchical-context-parallel-sizes", true, true,
-     "hierarchical context parallelism (--cp-comm-type a2a+p2p) is not available yet (use --cp-comm-type p2p or a2a)"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
     {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
     {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
@@ -761,6 +760,15 @@ inline int data_parallel_size_of(const TrainArgs& a) {
   return model > 0 ? static_cast<int>(a.world_size / model) : 0;
 }
 
+// The start-up line's words after cp=N: the comm type, and a2a+p2p's sizes ("" for cp = 1).
+inline std::string context_parallel_label(const TrainArgs& a) {
+  if (a.context_parallel_size <= 1) return "";
+  std::string label = " " + a.cp_comm_type;
+  if (a.hierarchical_cp_sizes.size() == 2)
+    label += " " + std::to_string(a.hierarchical_cp_sizes[0]) + "x" + std::to_string(a.hierarchical_cp_sizes[1]);
+  return label;
+}
+
 // --cp-comm-type as the layers' enum (the flag is checked by check_context_parallel_args).
 inline ContextParallelComm context_parallel_comm_of(const TrainArgs& a) {
   return a.cp_comm_type == "a2a"         ? ContextParallelComm::a2a
@@ -790,8 +798,14 @@ inline void add_options(CLI::App& app, TrainArgs& a) {
                  "2cp-1-r, and attention runs as a ring over the group (docs/CONTEXT_PARALLEL.md)");
   app.add_option("--cp-comm-type", a.cp_comm_type,
                  "how attention exchanges keys and values over the context-parallel group: p2p (ring attention, the "
-                 "default), allgather (every rank's keys and values gathered at once) or a2a (all-to-all to whole "
-                 "sequences of heads / cp heads); a2a+p2p is not available yet");
+                 "default), allgather (every rank's keys and values gathered at once), a2a (all-to-all to whole "
+                 "sequences of heads / cp heads) or a2a+p2p (all-to-all inside groups of adjacent cp ranks, the ring "
+                 "across them; with --hierarchical-context-parallel-sizes)");
+  app.add_option("--hierarchical-context-parallel-sizes", a.hierarchical_cp_sizes,
+                 "for --cp-comm-type a2a+p2p, two sizes whose product is --context-parallel-size: the all-to-all "
+                 "groups of adjacent cp ranks, then the ring across them (Megatron's order)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", a.sequence_parallel, "shard norms and residuals on the sequence");
   app.add_flag("--tp-comm-overlap", a.tp_comm_overlap,
                "tensor-parallel collectives beside the GEMMs: the input all-gathers as rings whose arrived blocks "
@@ -1062,10 +1076,20 @@ inline double flops_per_token(const TrainArgs& a) {
                                                d * m.moe.num_experts
                                          : 0.0;
   const double moe_layers = m.moe_layer_count();
-  const double attention = d * (heads * head) + 2 * d * groups * head + heads * head * d;
+  // Attention's projections and its core (QK^T and PV, causal: half of the keys on average), as
+  // Megatron counts them; multi-latent attention with its latents' projections and norms, q and k of
+  // qk + pe dimensions and values of v (Megatron's MLA formula).
+  double attention = d * (heads * head) + 2 * d * groups * head + heads * head * d, core = heads * head;
+  if (m.multi_latent_attention) {
+    const double qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim, dv = m.v_head_dim, rq = m.q_lora_rank,
+                 rkv = m.kv_lora_rank;
+    const double q = rq > 0 ? rq * (d + heads * (qk + pe) + 1) : d * heads * (qk + pe);
+    attention = q + rkv * (d + heads * (qk + dv) + 1) + d * pe + heads * dv * d;
+    core = heads * (qk + pe + dv) / 2;
+  }
   const double matmul = l * attention + moe_layers * moe_mlp + (l - moe_layers) * dense_mlp +
                         d * static_cast<double>(m.padded_vocab(a.tensor_model_parallel_size));
-  return 6 * matmul + 6 * l * heads * head * m.seq_length;
+  return 6 * matmul + 6 * l * core * m.seq_length;
 }
 
 // --decoupled-lr: the word embedding's and output layer's schedule, the same warmup and decay from
@@ -1461,19 +1485,28 @@ inline void check_context_parallel_args(const TrainArgs& a) {
     fail<ConfigError>("--context-parallel-size=", cp, " x --tensor-model-parallel-size=", tp,
                       " x --pipeline-model-parallel-size=", pp, " does not divide --world-size=", a.world_size,
                       "; the world is tensor x context x data x pipeline parallel");
+  const auto& sizes = a.hierarchical_cp_sizes;
+  if (!sizes.empty() && a.cp_comm_type != "a2a+p2p")
+    fail<ConfigError>("--hierarchical-context-parallel-sizes is given with --cp-comm-type ", a.cp_comm_type,
+                      "; the sizes are for --cp-comm-type a2a+p2p only");
+  if (a.cp_comm_type == "a2a+p2p") {
+    if (sizes.size() != 2)
+      fail<ConfigError>("--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes with two sizes (the all-to-all "
+                        "groups, then the ring across them), got ", sizes.size());
+    if (sizes[0] < 1 || sizes[1] < 1 || std::int64_t{sizes[0]} * sizes[1] != cp)
+      fail<ConfigError>("--hierarchical-context-parallel-sizes ", sizes[0], " ", sizes[1], ": their product must be "
+                        "--context-parallel-size ", cp);
+  }
   if (cp == 1) return;
-  if (a.cp_comm_type == "a2a+p2p")
-    fail<ConfigError>("--cp-comm-type a2a+p2p is not available yet (it needs the two-level cp group of "
-                      "--hierarchical-context-parallel-sizes); context parallelism runs ring attention (--cp-comm-type "
-                      "p2p, the default), all-gather attention (allgather) or all-to-all attention (a2a)");
-  if (a.cp_comm_type == "a2a" && tp > 0) {
+  const int a2a_size = a.cp_comm_type == "a2a" ? cp : a.cp_comm_type == "a2a+p2p" ? sizes[0] : 1;
+  if (a2a_size > 1 && tp > 0) {
     const int groups_total = a.model.num_query_groups == 0 ? a.model.num_attention_heads : a.model.num_query_groups;
     const int heads = a.model.num_attention_heads / tp, groups = groups_total / tp;
-    if (heads % cp != 0 || groups % cp != 0)
-      fail<ConfigError>("--cp-comm-type a2a with --context-parallel-size ", cp, ": each tensor-parallel rank has ", heads,
-                        " query heads and ", groups, " key/value heads, which ", cp,
-                        " does not divide; all-to-all attention gives each cp rank whole heads, so use --cp-comm-type "
-                        "p2p, more --num-query-groups, or a smaller cp or tp");
+    if (heads % a2a_size != 0 || groups % a2a_size != 0)
+      fail<ConfigError>("--cp-comm-type ", a.cp_comm_type, " with --context-parallel-size ", cp, ": each tensor-parallel "
+                        "rank has ", heads, " query heads and ", groups, " key/value heads, which ", a2a_size,
+                        " does not divide; all-to-all attention gives each rank of its group whole heads, so use "
+                        "--cp-comm-type p2p, more --num-query-groups, or a smaller cp or tp");
   }
   if (a.sample_tokens > 0)
     fail<ConfigError>("--sample-tokens ", a.sample_tokens, " with --context-parallel-size ", cp,

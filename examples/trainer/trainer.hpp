@@ -486,6 +486,8 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     }
   }
   ctx.cp_comm_type = context_parallel_comm_of(a);
+  if (ctx.cp_comm_type == ContextParallelComm::a2a_p2p && ctx.cp.size() > 1)
+    ctx.split_context_parallel(a.hierarchical_cp_sizes[0]);  // collective over cp
   ctx.tp_comm_overlap_ag = !a.disable_tp_comm_overlap_ag;
   ctx.tp_comm_overlap_rs = !a.disable_tp_comm_overlap_rs;
   ctx.tp_comm_overlap_gather = a.tp_comm_overlap_gather == "collective"     ? Context::OverlapGather::collective
@@ -636,7 +638,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     model.for_each_parameter([&](auto& p) { params += p.global_shape.numel(); });
     std::printf("strata %s: %d ranks on %s (tp=%d, pp=%d %s, cp=%d%s, dp=%d, sequence parallel %s), %s, %lld parameters, global batch %d x %d tokens (%d micro-batches of %d per rank), iterations %d..%d\n",
                 a.model_kind.c_str(), a.world_size, a.device.c_str(), a.tensor_model_parallel_size, pp, a.pipeline.pipeline_schedule.c_str(),
-                a.context_parallel_size, a.context_parallel_size > 1 ? (" " + a.cp_comm_type).c_str() : "", dp, SP ? "on" : "off",
+                a.context_parallel_size, context_parallel_label(a).c_str(), dp, SP ? "on" : "off",
                 a.dtype.c_str(), static_cast<long long>(params), a.global_batch_size, a.model.seq_length, micro_steps,
                 a.micro_batch_size, start + 1, a.train_iters);
     std::printf("%s\n", describe(memory, optimizer.distributed(), dp).c_str());

@@ -173,11 +173,7 @@ std::string refusal(const strata::AttentionOptions& options) {
   return "";
 }
 
-TEST(AttentionSinks, ContextParallelBlocksAndMissingLogitsAreRefused) {
-  strata::AttentionOptions block;
-  block.softmax = SoftmaxType::off_by_one;
-  block.causal = false;  // a block of context parallelism
-  EXPECT_NE(refusal(block).find("context-parallel"), std::string::npos) << refusal(block);
+TEST(AttentionSinks, MissingLogitsAreRefused) {
   strata::AttentionOptions missing;
   missing.softmax = SoftmaxType::learnable;
   EXPECT_NE(refusal(missing).find("sink logits"), std::string::npos) << refusal(missing);

@@ -16,8 +16,11 @@
 // blocks (every key seen) and diagonal blocks at an offset, with and without dropout (the mask of
 // the global positions), on the flash kernels and, for bf16 without dropout, on cuDNN, against
 // the CPU twin with the same options, within the same tolerances; a non-causal block is far from
-// the causal one. A sliding window (flash kernels, bf16 too) likewise, far from no window. And the merge of two blocks' outputs (cuda backend's attention_merge kernel)
-// against cpu::attention_merge: within 4 ulps of the element type per element.
+// the causal one. A sliding window (flash kernels, bf16 too) likewise, far from no window: on the
+// diagonal, at an offset, and as a band of a block in the past where some rows see no key (out 0,
+// lse -inf); an off-by-one sink on a diagonal and on a past block. And the merge of two blocks'
+// outputs (cuda backend's attention_merge kernel) against cpu::attention_merge, rows with lse -inf
+// on either side or both among them: within 4 ulps of the element type per element.
 //
 // Plain main(): one line per check, a summary line, exit status 1 on any failure. `--quick` runs
 // only the small shapes (for compute-sanitizer).
@@ -252,8 +255,9 @@ void run_block_case(cu::attention_plans& plans, cudaStream_t stream, const Shape
   using A = strata::accumulate_t<T>;
   plans.prefer_cudnn(prefer_cudnn);
   char tag[128];
-  std::snprintf(tag, sizeof tag, " block causal=%d query_offset=%lld key_offset=%lld window=%lld ", options.causal ? 1 : 0,
-                (long long)options.query_offset, (long long)options.key_offset, (long long)options.window);
+  std::snprintf(tag, sizeof tag, " block causal=%d query_offset=%lld key_offset=%lld window=%lld%s ", options.causal ? 1 : 0,
+                (long long)options.query_offset, (long long)options.key_offset, (long long)options.window,
+                options.has_sink() ? " off-by-one sink" : "");
   const std::string name = std::string(type_name<T>()) + (prefer_cudnn ? " cudnn-preferred" : "") + tag + x.str() +
                            " " + dropout_str(options.dropout);
   auto [nq, nk, nl, hq, hk, hv, hdo, rq, rk, rv, rdo, scale] = random_inputs<T>(x, seed);
@@ -320,6 +324,8 @@ void run_merge_case(cudaStream_t stream, index_t s, index_t b, index_t heads, in
   std::uniform_real_distribution<double> spread(-6.0, 6.0);
   std::vector<A> lse(nl), block_lse(nl);
   for (std::size_t i = 0; i < nl; ++i) lse[i] = A(spread(gen)), block_lse[i] = A(spread(gen));
+  for (std::size_t i = 0; i < nl; i += 7) lse[i] = -std::numeric_limits<A>::infinity();  // rows that saw no key:
+  for (std::size_t i = 0; i < nl; i += 5) block_lse[i] = -std::numeric_limits<A>::infinity();  // one side, or both
   std::vector<T> cpu_out = out;
   std::vector<A> cpu_lse = lse;
   strata::cpu::attention_merge<T>(cpu_out.data(), cpu_lse.data(), block_out.data(), block_lse.data(), s, b, heads, d);
@@ -340,6 +346,7 @@ void run_merge_case(cudaStream_t stream, index_t s, index_t b, index_t heads, in
   }
   for (std::size_t i = 0; i < nl; ++i) {
     const double ref = cpu_lse[i], g = got_lse[i];
+    if (g == ref) continue;  // both -inf included
     worst_lse = std::max(worst_lse, std::isfinite(g) ? std::abs(g - ref) / std::max(std::abs(ref), 1.0) / ulp_a : INFINITY);
   }
   char buf[200];
@@ -556,7 +563,15 @@ int main(int argc, char** argv) {
       diagonal.query_offset = diagonal.key_offset = 2 * x.s;
       AttentionOptions window;  // sliding window (Mistral, gpt-oss), on the flash kernels
       window.window = x.s > 40 ? 37 : 2;
-      for (AttentionOptions options : {past, diagonal, window})
+      // a window over a block one chunk in the past: rows i < s - s / 2 see a band of its keys, the
+      // others none (out 0, lse -inf)
+      AttentionOptions band;
+      band.causal = false, band.query_offset = 2 * x.s, band.key_offset = x.s, band.window = x.s / 2;
+      AttentionOptions diagonal_window = diagonal;  // a diagonal block at an offset, windowed, with a sink
+      diagonal_window.window = x.s / 3, diagonal_window.softmax = strata::SoftmaxType::off_by_one;
+      AttentionOptions past_sink = past;  // a sink on a block wholly in the past
+      past_sink.softmax = strata::SoftmaxType::off_by_one;
+      for (AttentionOptions options : {past, diagonal, window, band, diagonal_window, past_sink})
         for (const AttentionDropout& dropout : {AttentionDropout{}, light}) {
           options.dropout = dropout;
           run_block_case<double>(plans, stream, x, options, false, seed++);

@@ -297,21 +297,6 @@ TEST(AttentionSinks, ChangeTheLoss) {
   EXPECT_NE(learnable, reference);
   EXPECT_NE(learnable, off_by_one);
 }
-TEST(AttentionSinks, WithContextParallelismAreRefused) {
-  using namespace strata;
-  std::string message;
-  try {
-    inprocess::run(2, [&](inprocess::communicator& world) {
-      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
-      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, tiny_sinks(SoftmaxType::learnable));
-    });
-  } catch (const ConfigError& e) {
-    message = e.what();
-  }
-  EXPECT_NE(message.find("attention sinks"), std::string::npos) << message;
-  EXPECT_NE(message.find("context parallelism (cp=2)"), std::string::npos) << message;
-}
-
 TEST(Activations, SquaredReluGptShardedEqualsUnsharded) {
   auto c = tiny_gpt();
   c.activation = strata::MlpActivation::squared_relu;
@@ -358,23 +343,6 @@ TEST(SlidingWindow, ChangesTheLossUnlessItCoversTheSequence) {
   EXPECT_EQ(loss_of(c), reference.outputs[0][0]);
   c.window_layers = {0, 1};
   EXPECT_NE(loss_of(c), reference.outputs[0][0]);
-}
-
-TEST(SlidingWindow, WithContextParallelismIsRefused) {
-  using namespace strata;
-  auto c = tiny_llama();
-  c.window_size = 2;
-  std::string message;
-  try {
-    inprocess::run(2, [&](inprocess::communicator& world) {
-      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
-      models::Llama<strata_test::ModelPolicy<double, false>> model(ctx, c);
-    });
-  } catch (const ConfigError& e) {
-    message = e.what();
-  }
-  EXPECT_NE(message.find("window_size=2"), std::string::npos) << message;
-  EXPECT_NE(message.find("context parallelism (cp=2)"), std::string::npos) << message;
 }
 
 // --- refusals, before anything is allocated ---------------------------------------------------

@@ -2,7 +2,7 @@
 // cp ranks, alone or with tensor (+ sequence) and data parallelism, dropout and recompute, equals
 // the single-rank run in double: every micro-batch's loss (summed over the cp group), the
 // validation loss, and every gradient (summed over dp x cp, gathered over tp); ring (p2p), all-gather
-// and all-to-all (a2a) attention. Lengths the split
+// and all-to-all (a2a) attention, with sliding windows and attention sinks. Lengths the split
 // cannot cut, and what is not available yet, are refused with sentences.
 #include "model_equivalence.hpp"
 
@@ -24,9 +24,12 @@ struct Layout {
   int tp = 1, cp = 1, dp = 1;
   RecomputeConfig recompute{};
   strata::ContextParallelComm comm = strata::ContextParallelComm::p2p;
+  int a2a_size = 0;  // a2a+p2p: the all-to-all groups' size (the ring has cp / a2a_size ranks)
   std::string str() const {
     return "tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " dp=" + std::to_string(dp) + " " +
-           strata::context_parallel_comm_name(comm) +
+           strata::context_parallel_comm_name(comm) + (a2a_size > 0 ? " " + std::to_string(a2a_size) + "x" +
+                                                                          std::to_string(cp / a2a_size)
+                                                                    : "") +
            (recompute.granularity == RecomputeGranularity::selective ? " selective recompute"
             : recompute.granularity == RecomputeGranularity::full    ? " full recompute"
                                                                       : "");
@@ -48,6 +51,7 @@ strata_test::Snapshot run_context_parallel(const ModelConfig& config, Layout lay
   inprocess::run(parallel.world_size(), [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, parallel);
     ctx.cp_comm_type = layout.comm;
+    if (layout.a2a_size > 0) ctx.split_context_parallel(layout.a2a_size);
     Model<P> model(ctx, config);
     model.init(ctx, 1234);
     model.set_recompute(layout.recompute);
@@ -210,6 +214,67 @@ TEST(ContextParallel, ArchitectureOptionsEqualSingleRank) {
       true);
 }
 
+// Hierarchical context parallelism (a2a+p2p, Megatron's --hierarchical-context-parallel-sizes):
+// all-to-all inside groups of adjacent cp ranks, the ring across them on their two runs of chunks.
+// 2 x 2 and 2 x 3 (the ring of 3 over runs of 2 chunks), the degenerate 1 x 4 (the ring) and 4 x 1
+// (all-to-all), with tp (+ SP), dp, dropout, a window with sinks, selective recompute, and
+// multi-latent attention.
+constexpr auto a2a_p2p = strata::ContextParallelComm::a2a_p2p;
+TEST(ContextParallel, HierarchicalAllToAllAndRingEqualsSingleRank) {
+  auto c = tiny_llama();
+  c.attention_dropout = 0.25;
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(
+      c,
+      {{.cp = 4, .comm = a2a_p2p, .a2a_size = 2},
+       {.cp = 6, .comm = a2a_p2p, .a2a_size = 2},
+       {.cp = 4, .comm = a2a_p2p, .a2a_size = 1},
+       {.cp = 2, .dp = 2, .comm = a2a_p2p, .a2a_size = 2},
+       {.cp = 4, .recompute = {RecomputeGranularity::selective}, .comm = a2a_p2p, .a2a_size = 2}},
+      false);
+  auto gpt = tiny_gpt();  // 4 heads: tp = 2 leaves 2 per rank for the all-to-all pairs
+  gpt.hidden_dropout = 0.2;
+  gpt.window_size = 5;
+  gpt.softmax_type = strata::SoftmaxType::learnable;
+  expect_context_parallel_equals_single_rank<strata::models::Gpt>(
+      gpt,
+      {{.cp = 4, .comm = a2a_p2p, .a2a_size = 2},
+       {.cp = 4, .comm = a2a_p2p, .a2a_size = 4},
+       {.tp = 2, .cp = 4, .comm = a2a_p2p, .a2a_size = 2}},
+      true);
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(strata_test::with_latent_attention(tiny_llama()),
+                                                                    {{.cp = 4, .comm = a2a_p2p, .a2a_size = 2}}, false);
+}
+
+// Sliding windows and attention sinks (Mistral, gpt-oss) under context parallelism. A window of 5
+// keys over chunks of 6, 4 and 3 tokens (cp = 2, 3, 4): the ring skips the blocks wholly before
+// every window, masks a band of the others, and some rows of a block see none of its keys; layer 0
+// windowed, layer 1 full (gpt-oss's alternation). The learnable sinks join the diagonal block only
+// (ring, all-gather) or the rank's heads (a2a); off-by-one on GPT. With tp (+ SP), dp, dropout and
+// selective recompute.
+TEST(ContextParallel, SlidingWindowAndSinksEqualSingleRank) {
+  auto c = tiny_llama();
+  c.window_size = 5;
+  c.window_layers = {1, 0};
+  c.softmax_type = strata::SoftmaxType::learnable;
+  c.attention_dropout = 0.25;
+  expect_context_parallel_equals_single_rank<strata::models::Llama>(
+      c,
+      {{.cp = 2},
+       {.cp = 3},
+       {.cp = 4},
+       {.tp = 2, .cp = 2},
+       {.cp = 2, .dp = 2},
+       {.cp = 3, .comm = allgather},
+       {.cp = 2, .comm = a2a},
+       {.cp = 2, .recompute = {RecomputeGranularity::selective}}},
+      true);
+  auto gpt = odd(tiny_gpt());
+  gpt.window_size = 2;  // narrower than a chunk of 3 at cp = 4: most past blocks skipped
+  gpt.softmax_type = strata::SoftmaxType::off_by_one;
+  expect_context_parallel_equals_single_rank<strata::models::Gpt>(
+      gpt, {{.cp = 4}, {.tp = 3, .cp = 2}, {.tp = 3, .cp = 2, .comm = a2a}, {.cp = 4, .comm = allgather}}, true);
+}
+
 // Multi-latent attention (DeepSeek-V2/V3): the latents per token, RoPE on the shared key part and the
 // queries' part by each chunk's global positions, the attention of head dimension 10 with values of
 // 5 padded to it; ring (p2p, cp 2 and 3), all-gather and all-to-all, with tp (+ SP), dp, dropout and
@@ -290,19 +355,27 @@ TEST(ContextParallel, UnevenLengthsAreRefusedNamingBothNumbers) {
 TEST(ContextParallel, WhatIsNotAvailableIsRefused) {
   using namespace strata;
   using P = strata_test::ModelPolicy<double, false>;
-  for (const ContextParallelComm comm : {ContextParallelComm::a2a_p2p}) {
-    const std::string error = config_error_of([&] {
-      inprocess::run(2, [&](inprocess::communicator& world) {
-        auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
-        ctx.cp_comm_type = comm;
-        models::Llama<P> model(ctx, tiny_llama());
-        model.init(ctx, 1);
-        strata_test::TokenBatch batch = strata_test::random_batch(64, 1, 24, 3);
-        (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask);
-      });
+  // a2a+p2p without its two groups, and an all-to-all group size that does not divide cp
+  const std::string error = config_error_of([&] {
+    inprocess::run(2, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 2});
+      ctx.cp_comm_type = ContextParallelComm::a2a_p2p;
+      models::Llama<P> model(ctx, tiny_llama());
+      model.init(ctx, 1);
+      strata_test::TokenBatch batch = strata_test::random_batch(64, 1, 24, 3);
+      (void)model.forward(ctx, batch.tokens, batch.labels, batch.mask);
     });
-    EXPECT_NE(error.find(std::string("--cp-comm-type ") + context_parallel_comm_name(comm)), std::string::npos) << error;
-  }
+  });
+  EXPECT_NE(error.find("--cp-comm-type a2a+p2p"), std::string::npos) << error;
+  EXPECT_NE(error.find("--hierarchical-context-parallel-sizes"), std::string::npos) << error;
+  const std::string sizes_error = config_error_of([&] {
+    inprocess::run(4, [&](inprocess::communicator& world) {
+      auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{.cp = 4});
+      ctx.split_context_parallel(3);
+    });
+  });
+  EXPECT_NE(sizes_error.find("group of 3 ranks does not divide --context-parallel-size 4"), std::string::npos)
+      << sizes_error;
   // a2a needs whole query and key/value heads per cp rank: 2 key/value heads over cp = 4 is refused
   const std::string heads_error = config_error_of([&] {
     inprocess::run(4, [&](inprocess::communicator& world) {

@@ -282,7 +282,8 @@ expect_training qwen2 "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --swiglu --add-
 expect_training gpt-oss-mlp "$pretrain" --world-size 2 ${QWEN_ARGS[@]} --quick-geglu --glu-linear-offset 1.0 \
   --activation-func-clamp-value 7.0 --rotary-percent 0.5 --rotary-interleaved --tensor-model-parallel-size 2
 # gpt-oss's attention: YaRN (Megatron's gpt-oss flags) and learnable sinks on alternating windowed
-# layers, at tp=2 + SP; the sinks are refused with context parallelism.
+# layers, at tp=2 + SP, and at cp=2 (ring attention: the window by global positions, the sinks on the
+# diagonal blocks).
 GPT_OSS_ATTENTION=(--position-embedding-type yarn --rotary-base 150000 --rotary-scaling-factor 32.0
     --yarn-original-max-position-embeddings 4096 --yarn-beta-fast 32.0 --yarn-beta-slow 1.0 --mscale 1.0
     --mscale-all-dim 0.0 --no-yarn-correction-range-round-to-int --softmax-type learnable --window-size 7,0
@@ -290,8 +291,13 @@ GPT_OSS_ATTENTION=(--position-embedding-type yarn --rotary-base 150000 --rotary-
 expect_training gpt-oss-attention "$pretrain" --world-size 2 ${QWEN_ARGS[@]} ${GPT_OSS_ATTENTION[@]} --quick-geglu \
   --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --tensor-model-parallel-size 2 --sequence-parallel
 grep -q 'strata llama' "$work/gpt-oss-attention.out" || fail "gpt-oss-attention: the flags did not select the Llama model"
-expect_refusal gpt-oss-sinks-cp "attention sinks" "context parallelism" -- "$pretrain" --world-size 2 ${QWEN_ARGS[@]} \
-  --swiglu --softmax-type learnable --context-parallel-size 2
+expect_training gpt-oss-attention-cp "$pretrain" --world-size 2 ${QWEN_ARGS[@]} ${GPT_OSS_ATTENTION[@]} --quick-geglu \
+  --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --context-parallel-size 2
+# Hierarchical context parallelism: all-to-all inside pairs of cp ranks, the ring across the pairs.
+expect_training gpt-oss-attention-a2a-p2p "$pretrain" --world-size 4 ${QWEN_ARGS[@]} ${GPT_OSS_ATTENTION[@]} --quick-geglu \
+  --glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --context-parallel-size 4 --cp-comm-type a2a+p2p \
+  --hierarchical-context-parallel-sizes 2 2
+grep -q 'cp=4 a2a+p2p 2x2' "$work/gpt-oss-attention-a2a-p2p.out" || fail "gpt-oss-attention-a2a-p2p: the start-up line does not show cp"
 # DeepSeek-V3's blocks at a toy size: multi-latent attention (queries and keys/values through latents,
 # a RoPE part shared by the heads), experts with a shared expert and sigmoid routing with an expert
 # bias, and one multi-token prediction depth, at tp=2 + SP x ep=2 on 4 threads.

@@ -480,4 +480,33 @@ TEST(Plan, DenseLayersOfAMoeModelAreTimedAsDense) {
   EXPECT_NEAR(piped.overhead, piped_all.overhead, 1e-9) << "the slowest stage holds four MoE layers either way";
 }
 
+// Multi-latent attention is timed as its own projections (the down projections replicated over tp,
+// the up and output ones split by heads) and an attention of qk + pe dimensions over one key/value
+// head per query head, not as the plain attention of the same hidden size: a larger key/value
+// latent costs more, and a plain model of that hidden size costs something else.
+TEST(Plan, MultiLatentAttentionIsTimedAsItsProjections) {
+  const plan::Calibration calibration = h100();
+  auto step = [&](std::vector<std::string> more, plan::Layout l) {
+    std::vector<std::string> flags = {"--num-layers", "4", "--hidden-size", "2048", "--num-attention-heads", "16",
+                                      "--seq-length", "1024", "--global-batch-size", "8", "--vocab-size", "32000", "--swiglu"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    const trainer::TrainArgs model = trainer::parse_flags("llama", flags);
+    const plan::Cluster cluster{l.tp, 1, 80};
+    const trainer::TrainArgs a = plan::args_of(model, cluster, l);
+    trainer::validate(a);
+    return plan::predict_step(a, l, cluster, calibration);
+  };
+  const std::vector<std::string> mla = {"--multi-latent-attention", "--q-lora-rank", "512", "--qk-head-dim", "128",
+                                        "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128"};
+  auto with_rank = [&](const char* rank) {
+    std::vector<std::string> f = mla;
+    f.insert(f.end(), {"--kv-lora-rank", rank});
+    return f;
+  };
+  const plan::StepTime small = step(with_rank("128"), layout(1, 1, 1, 8)), large = step(with_rank("1024"), layout(1, 1, 1, 8));
+  const plan::StepTime plain = step({}, layout(1, 1, 1, 8));
+  EXPECT_GT(large.compute, small.compute) << "the key/value latent's up projection grows with its rank";
+  EXPECT_GT(std::abs(small.compute - plain.compute), 1e-3 * plain.compute) << "MLA was timed as plain attention";
+}
+
 }  // namespace

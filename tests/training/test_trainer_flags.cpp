@@ -317,7 +317,7 @@ TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
   expect_config_error([] { (void)parse_flags("gpt", {"--num-experts", "8"}); }, {"--num-experts 8", "Mixtral", "--swiglu"});
 }
 
-// Context parallelism: Megatron's flags and defaults; what is not available yet is refused naming the flag.
+// Context parallelism: Megatron's flags and defaults; impossible layouts are refused naming the flags.
 TEST(MegatronFlags, ContextParallelFlags) {
   TrainArgs cp = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1", "--world-size", "4"});
   EXPECT_EQ(cp.context_parallel_size, 2);
@@ -337,13 +337,33 @@ TEST(MegatronFlags, ContextParallelFlags) {
                                               "--num-query-groups", "2"});
   (void)trainer::resolve_run(few_heads);
   expect_config_error([&] { trainer::validate(few_heads); }, {"--cp-comm-type a2a", "2 key/value heads"});
-  for (const char* type : {"a2a+p2p"}) {
-    TrainArgs other = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
-                                          "--cp-comm-type", type});
-    (void)trainer::resolve_run(other);
-    (void)trainer::resolve_run(other);
-  expect_config_error([&] { trainer::validate(other); }, {std::string("--cp-comm-type ") + type, "not available yet"});
-  }
+  // a2a+p2p (Megatron's hierarchical context parallelism): the two sizes, their product cp, the heads
+  // over the all-to-all groups; the sizes without the comm type
+  TrainArgs two_level = parse_flags("gpt", {"--context-parallel-size", "4", "--tensor-model-parallel-size", "1",
+                                            "--world-size", "4", "--cp-comm-type", "a2a+p2p",
+                                            "--hierarchical-context-parallel-sizes", "2", "2"});
+  EXPECT_EQ(two_level.hierarchical_cp_sizes, (std::vector<int>{2, 2}));
+  (void)trainer::resolve_run(two_level);
+  EXPECT_NO_THROW(trainer::validate(two_level));
+  EXPECT_EQ(trainer::context_parallel_comm_of(two_level), strata::ContextParallelComm::a2a_p2p);
+  EXPECT_EQ(trainer::context_parallel_label(two_level), " a2a+p2p 2x2");
+  auto two_level_with = [](std::vector<std::string> extra) {
+    std::vector<std::string> flags = {"--context-parallel-size", "4", "--tensor-model-parallel-size", "1", "--world-size",
+                                      "4"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    TrainArgs a = parse_flags("llama", flags);
+    (void)trainer::resolve_run(a);
+    return a;
+  };
+  const TrainArgs no_sizes = two_level_with({"--cp-comm-type", "a2a+p2p"});
+  expect_config_error([&] { trainer::validate(no_sizes); }, {"--cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes", "two sizes"});
+  const TrainArgs product = two_level_with({"--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "3"});
+  expect_config_error([&] { trainer::validate(product); }, {"--hierarchical-context-parallel-sizes 2 3", "--context-parallel-size 4"});
+  const TrainArgs sizes_alone = two_level_with({"--hierarchical-context-parallel-sizes", "2", "2"});
+  expect_config_error([&] { trainer::validate(sizes_alone); }, {"--hierarchical-context-parallel-sizes", "--cp-comm-type p2p"});
+  const TrainArgs group_heads = two_level_with({"--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "4", "1",
+                                                "--group-query-attention", "--num-query-groups", "2"});
+  expect_config_error([&] { trainer::validate(group_heads); }, {"--cp-comm-type a2a+p2p", "2 key/value heads", "which 4"});
   TrainArgs unknown = parse_flags("gpt", {"--cp-comm-type", "ring"});
   (void)trainer::resolve_run(unknown);
   expect_config_error([&] { trainer::validate(unknown); }, {"--cp-comm-type ring"});
@@ -359,9 +379,6 @@ TEST(MegatronFlags, ContextParallelFlags) {
                                            "--pipeline-model-parallel-size", "2", "--world-size", "4"});
   (void)trainer::resolve_run(pipeline);
   EXPECT_NO_THROW(trainer::validate(pipeline));  // cp x pp
-  TrainArgs hierarchical = parse_flags("gpt", {"--hierarchical-context-parallel-sizes", "2"});
-  (void)trainer::resolve_run(hierarchical);
-  expect_config_error([&] { trainer::validate(hierarchical); }, {"--hierarchical-context-parallel-sizes 2", "not available yet"});
   TrainArgs length = parse_flags("gpt", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "1",
                                          "--seq-length", "30"});
   (void)trainer::resolve_run(length);
@@ -516,6 +533,21 @@ TEST(MegatronFlags, RuntimeFlags) {
                                     "1024", "--vocab-size", "50257"});
   (void)trainer::resolve_run(g);
   EXPECT_NEAR(trainer::flops_per_token(g), 6.0 * (12 * 12 * 768.0 * 768 + 768.0 * 50304) + 6.0 * 12 * 768 * 1024, 1.0);
+  // Multi-latent attention counted as Megatron counts it: the latents' projections (and norms), the
+  // RoPE key part, the output; the core over q, k of qk + pe and values of v dimensions. Against the
+  // plain attention of the same model (4 heads of 16, 2 layers, sequence 32):
+  //   plain  projections 64 x 64 + 2 x 64 x 64 + 64 x 64 = 16384 per layer, core 4 x 16 = 64
+  //   MLA    24 (64 + 4 x 20 + 1) + 16 (64 + 4 x 22 + 1) + 64 x 8 + 4 x 10 x 64 = 9000, core 4 x 30 / 2 = 60
+  const std::vector<std::string> shape = {"--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                                          "--seq-length", "32"};
+  std::vector<std::string> latent = shape;
+  latent.insert(latent.end(), {"--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "12",
+                               "--qk-pos-emb-head-dim", "8", "--v-head-dim", "10", "--rope-type", "rope"});
+  TrainArgs plain_args = parse_flags("llama", shape), latent_args = parse_flags("llama", latent);
+  (void)trainer::resolve_run(plain_args);
+  (void)trainer::resolve_run(latent_args);
+  EXPECT_NEAR(trainer::flops_per_token(latent_args) - trainer::flops_per_token(plain_args),
+              6.0 * 2 * (9000 - 16384) + 6.0 * 2 * 32 * (60 - 64), 1e-6);
 }
 
 // Megatron's straggler detector flags and strata's progress timer: parsed, defaults, bad values refused.
@@ -975,7 +1007,7 @@ TEST(MegatronFlags, SoftmaxTypeFlags) {
   TrainArgs cp = parse_flags("llama", {"--softmax-type", "learnable", "--context-parallel-size", "2",
                                        "--tensor-model-parallel-size", "1"});
   (void)trainer::resolve_run(cp);
-  expect_config_error([&] { trainer::validate(cp); }, {"attention sinks", "context parallelism"});
+  EXPECT_NO_THROW(trainer::validate(cp));  // the ring gives the sink to its diagonal blocks
   // The GPU has the sinks too (cuda/kernels/attention_sink.cuh): --device cuda takes them.
   EXPECT_EQ(parse_flags("llama", {"--softmax-type", "learnable", "--device", "cuda"}).model.softmax_type,
             strata::SoftmaxType::learnable);
@@ -1004,9 +1036,10 @@ TEST(MegatronFlags, SlidingWindowFlags) {
                       {"--window-attn-skip-freq [1,0]*3", "6 entries", "--num-layers 4"});
   expect_config_error([] { (void)parse_flags("llama", {"--window-size", "8", "--window-attn-skip-freq", "[1,2]"}); },
                       {"--window-attn-skip-freq [1,2]", "list of 0 and 1"});
-  TrainArgs cp = parse_flags("llama", {"--window-size", "8", "--context-parallel-size", "2", "--tensor-model-parallel-size", "1"});
+  TrainArgs cp = parse_flags("llama", {"--window-size", "8", "--softmax-type", "learnable", "--context-parallel-size", "2",
+                                       "--tensor-model-parallel-size", "1"});
   (void)trainer::resolve_run(cp);
-  expect_config_error([&] { trainer::validate(cp); }, {"window_size=8", "context parallelism"});
+  trainer::validate(cp);  // windows and sinks run under context parallelism (by global positions)
   // Hugging Face: a window on every layer is Mistral's; on some layers only it has no class, refused
   // before training rather than at the export.
   TrainArgs mistral = parse_flags("llama", {"--num-layers", "4", "--window-size", "(15,0)", "--save-hf", "out"});

@@ -219,10 +219,13 @@ TEST(Training, ContextParallelFollowsSingleRankTrajectory) {
       int world, tp, cp;
       bool distributed = false;
       int pp = 1;
+      int a2a_size = 0;  // > 0: --cp-comm-type a2a+p2p with --hierarchical-context-parallel-sizes a2a_size cp/a2a_size
     };
-    for (Layout l : {Layout{2, 1, 2}, Layout{4, 2, 2}, Layout{4, 1, 2, true}, Layout{4, 1, 2, false, 2}}) {
-      if (kind == "llama" && l.world > 2) continue;  // the model tests cover the rest
+    for (Layout l : {Layout{2, 1, 2}, Layout{4, 2, 2}, Layout{4, 1, 2, true}, Layout{4, 1, 2, false, 2},
+                     Layout{4, 1, 4, false, 1, 2}}) {
+      if (kind == "llama" && l.world > 2 && l.a2a_size == 0) continue;  // the model tests cover the rest
       auto a = base;
+      if (l.a2a_size > 0) a.cp_comm_type = "a2a+p2p", a.hierarchical_cp_sizes = {l.a2a_size, l.cp / l.a2a_size};
       a.world_size = l.world;
       a.pipeline.pipeline_model_parallel_size = l.pp;
       a.tensor_model_parallel_size = l.tp;
@@ -761,7 +764,7 @@ TEST(MemoryEstimate, PipelineRanksCountTheirOwnStage) {
 
 // Under context parallelism the activations are the local tokens' (seq_length / cp) plus one layer's
 // attention buffers of the chosen exchange: the ring's keys, values and gradient sums (p2p), every
-// rank's at once (allgather, growing with cp), or the all-to-all's (a2a).
+// rank's at once (allgather, growing with cp), the all-to-all's (a2a), or both (a2a+p2p).
 TEST(MemoryEstimate, ContextParallelCountsLocalTokensAndTheAttentionBuffers) {
   auto a = tiny("llama");
   a.world_size = 4;
@@ -776,8 +779,9 @@ TEST(MemoryEstimate, ContextParallelCountsLocalTokensAndTheAttentionBuffers) {
   const auto base = trainer::plan_memory<float>(local).per_rank.activation_bytes;
   const auto bytes = strata::models::element_bytes_of<float>();
   std::int64_t previous = -1;
-  for (const char* comm : {"p2p", "a2a", "allgather"}) {
+  for (const char* comm : {"p2p", "a2a", "allgather", "a2a+p2p"}) {
     a.cp_comm_type = comm;
+    if (std::string(comm) == "a2a+p2p") a.hierarchical_cp_sizes = {2, 2};
     const auto buffers = strata::models::context_parallel_attention_bytes(a.model, 1, 4, trainer::context_parallel_comm_of(a),
                                                                           1, bytes);
     EXPECT_GT(buffers, 0) << comm;

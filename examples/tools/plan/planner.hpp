@@ -264,7 +264,7 @@ inline double bubble_fraction(strata::pipeline::ScheduleKind kind, int pp, int m
 inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const Cluster& cluster, const Calibration& cal) {
   const auto& m = a.model;
   const double h = m.hidden_size, heads = m.num_attention_heads, groups = m.num_query_groups == 0 ? heads : m.num_query_groups;
-  const double d = h / heads, ffn = m.ffn(), vocab = static_cast<double>(m.padded_vocab(l.tp));
+  const double d = m.head_dim(), ffn = m.ffn(), vocab = static_cast<double>(m.padded_vocab(l.tp));
   const bool gated = a.architecture.swiglu, moe = m.moe.enabled();
   const double tp = l.tp, cp = l.cp, s = m.seq_length, vb = 2;  // bf16
   const double t = l.micro_batch * s / cp;                       // this rank's tokens of a micro-batch
@@ -284,7 +284,20 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
 
   // One layer, one micro-batch, of each kind: a dense layer (every layer of a dense model, those
   // --moe-layer-freq marks 0 in a MoE one) and a MoE layer.
-  const double attention_gemm = gemm_ms(t, (heads + 2 * groups) * d / tp, h) + gemm_ms(t, h, heads * d / tp);
+  // Attention's GEMMs and the attention engine's head dimension and key/value heads: plain (the qkv
+  // and output projections), or multi-latent (layers/latent_attention.hpp: the down projections
+  // replicated over tp, the up and output projections split by heads; q and k of qk + pe dimensions,
+  // values padded to them, one key/value head per query head).
+  double attention_gemm = 0, core_dim = d, kv_heads = groups;
+  if (m.multi_latent_attention) {
+    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim,
+                 dv = m.v_head_dim;
+    core_dim = qk + pe, kv_heads = heads;
+    attention_gemm = (rq > 0 ? gemm_ms(t, rq, h) + gemm_ms(t, heads * core_dim / tp, rq) : gemm_ms(t, heads * core_dim / tp, h)) +
+                     gemm_ms(t, rkv + pe, h) + gemm_ms(t, heads * (qk + dv) / tp, rkv) + gemm_ms(t, h, heads * dv / tp);
+  } else {
+    attention_gemm = gemm_ms(t, (heads + 2 * groups) * d / tp, h) + gemm_ms(t, h, heads * d / tp);
+  }
   const double dense_gemm = attention_gemm + gemm_ms(t, ffn * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, ffn / tp);
   double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0;
   if (moe) {
@@ -300,7 +313,7 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     ep_ms = 4 * ep_link.seconds(local_tokens * topk * h * vb, l.ep) * 1e3;  // dispatch and combine, forward and backward
     moe_ms = cal.moe_host_ms_per_layer;
   }
-  const double attention_flops = 2 * t * s * h / tp;  // causal: each local token meets s / 2 keys on average
+  const double attention_flops = 2 * t * s * heads * core_dim / tp;  // causal: each local token meets s / 2 keys on average
   const double attention = 3.5 * attention_flops / (cal.attention_tflops * 1e12) * 1e3;
   auto elementwise_of = [&](double width) {
     const double replicated = 16 * h * t * vb, sharded = (8 * h + 3 * width * (gated ? 2 : 1)) * t * vb / tp;
@@ -321,7 +334,7 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // backward, each hidden behind the attention block it feeds.
   double cp_layer = 0;
   if (l.cp > 1) {
-    const double kv = 2 * t * std::max(1.0, groups / tp) * d * vb;
+    const double kv = 2 * t * std::max(1.0, kv_heads / tp) * core_dim * vb;
     const double ring = (l.cp - 1) * (cp_link.seconds(kv, 2) + cp_link.seconds(2 * kv, 2)) * 1e3;
     cp_layer = std::max(0.0, ring - attention * (l.cp - 1) / l.cp);
   }

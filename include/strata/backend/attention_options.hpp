@@ -20,7 +20,12 @@
 //             dropped O, = sum_j P_ij dP_ij);   dS_ij = P_ij (dP_ij - D_i);   dQ, dK from dS as
 //             without dropout
 //
-// Sliding-window attention (AttentionOptions::window): query i sees keys i - window .. i only.
+// Sliding-window attention (AttentionOptions::window): query i sees keys i - window .. i only, by
+// global positions: in a block at offsets (context parallelism), local query i (global
+// query_offset + i) sees local key j (global key_offset + j) when
+//   key_offset + j >= query_offset + i - window,   and j <= i in a causal (diagonal) block,
+// so a block wholly in the past sees a band of its keys, and a query row may see none of them: such
+// a row's output is 0 and its lse is -inf (the block adds nothing to the merge).
 //
 // Context parallelism (AttentionOptions::causal, query_offset, key_offset) draws the word of
 // global positions {key_offset + j, query_offset + i}, so every block of a ring draws the mask of
@@ -39,8 +44,9 @@
 // p_sink = e^(s_h - lse_i) gets dS = p_sink (0 - D_i) (its value is zero), so
 //   d s_h = - sum over (batch, query i) of e^(s_h - lse_i) (dO_i . O_i),
 // added (+=) in the accumulate type into `sink_gradient` ([heads]) by the learnable backward.
-// Context-parallel blocks (causal false or offsets) with a sink are refused: a merge of blocks would
-// count the sink once per block.
+// Context parallelism splits a row's keys into blocks and merges them; the sink must join one block
+// of each query row only (the ring gives it to the diagonal block), or the merge counts it once per
+// block. Any block may carry it: its lse then includes the sink, and the merged lse does too.
 #pragma once
 
 #include <cmath>
@@ -79,7 +85,7 @@ struct AttentionOptions {
   index_t query_offset = 0;
   index_t key_offset = 0;
   // Sliding-window attention (Megatron's --window-size, its left bound; Mistral, gpt-oss): query i
-  // sees keys j with i - window <= j <= i. Negative: no window. Causal calls only.
+  // sees keys j with i - window <= j <= i, in global positions (the note above). Negative: no window.
   index_t window = -1;
   // Attention sinks (see the note above). `sinks` points to [heads] values of the call's element
   // type T (learnable only); `sink_gradient` to [heads] values of accumulate_t<T> that the
@@ -139,17 +145,25 @@ AttentionDropoutMask<A> attention_dropout_mask(const char* who, const AttentionD
   return mask;
 }
 
-// Whether query i sees key j (local positions) under `options`'s causal flag and window, for a
-// sequence of s keys.
-STRATA_HOST_DEVICE constexpr bool attention_sees(bool causal, index_t window, index_t s, index_t i, index_t j) {
-  return causal ? (j <= i && (window < 0 || i - j <= window)) : j < s;
+// The keys first .. last (local positions) query i sees in a block of s keys under the causal flag
+// and the window, whose query 0 lies `delta` = query_offset - key_offset positions after key 0
+// (0 in a causal block). first > last: the row sees no key of the block.
+struct AttentionKeyRange {
+  index_t first, last;
+};
+STRATA_HOST_DEVICE constexpr AttentionKeyRange attention_keys_of(bool causal, index_t window, index_t delta, index_t s,
+                                                                 index_t i) {
+  const index_t last = causal ? i : s - 1;
+  const index_t from = window < 0 ? 0 : i + delta - window;
+  return {from > 0 ? from : 0, last};
+}
+// Whether query i sees key j (local positions), as attention_keys_of says.
+STRATA_HOST_DEVICE constexpr bool attention_sees(bool causal, index_t window, index_t delta, index_t s, index_t i,
+                                                 index_t j) {
+  const AttentionKeyRange keys = attention_keys_of(causal, window, delta, s, i);
+  return j >= keys.first && j <= keys.last;
 }
 
-// Whether `options` asks for what only context parallelism uses (a non-causal block, or position
-// offsets), which a backend without it refuses with a sentence.
-constexpr bool uses_context_parallel_blocks(const AttentionOptions& options) {
-  return !options.causal || options.query_offset != 0 || options.key_offset != 0;
-}
 // The offsets checked: non-negative, and equal for a causal block.
 inline void check_attention_block(const char* who, const AttentionOptions& options) {
   if (options.query_offset < 0 || options.key_offset < 0)
@@ -158,14 +172,8 @@ inline void check_attention_block(const char* who, const AttentionOptions& optio
   if (options.causal && options.query_offset != options.key_offset)
     fail<ConfigError>(who, ": a causal attention block needs query_offset=", options.query_offset, " equal to key_offset=",
                       options.key_offset, " (a diagonal block); run a block wholly in the past with causal=false");
-  if (options.has_sink() && uses_context_parallel_blocks(options))
-    fail<ConfigError>(who, ": an attention sink (--softmax-type off-by-one or learnable) in a context-parallel block is not "
-                      "available: merging the blocks would count the sink once per block; train with --context-parallel-size 1");
   if (options.softmax == SoftmaxType::learnable && options.sinks == nullptr)
     fail<ConfigError>(who, ": a learnable softmax (--softmax-type learnable) needs the sink logits (AttentionOptions::sinks)");
-  if (options.window >= 0 && !options.causal)
-    fail<ConfigError>(who, ": a sliding window (window=", options.window, ") applies to causal attention only; a "
-                      "non-causal block (context parallelism) with a window is not available yet");
 }
 
 STRATA_NAMESPACE_END

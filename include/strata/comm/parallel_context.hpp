@@ -18,11 +18,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
+#include "../core/error.hpp"
 #include "../core/fp8_recipe.hpp"
 #include "../shard/parallel_config.hpp"
 #include "../shard/rank_generator.hpp"
@@ -32,8 +34,10 @@
 STRATA_NAMESPACE_BEGIN
 
 // How attention exchanges keys and values over the context-parallel group (Megatron's
-// --cp-comm-type): p2p is ring attention (layers/context_parallel_attention.hpp); a2a (Ulysses),
-// allgather and a2a+p2p are refused by the attention so far.
+// --cp-comm-type; layers/context_parallel_attention.hpp): p2p is ring attention, allgather every
+// rank's keys and values at once, a2a (Ulysses) all-to-all to whole sequences of heads / cp heads,
+// a2a+p2p all-to-all inside groups of adjacent cp ranks and a ring across them
+// (ParallelContext::split_context_parallel).
 enum class ContextParallelComm { p2p, a2a, allgather, a2a_p2p };
 
 inline const char* context_parallel_comm_name(ContextParallelComm c) {
@@ -104,6 +108,10 @@ struct ParallelContext {
   OverlapGather tp_comm_overlap_gather = OverlapGather::ring;
   // With cp > 1, how attention moves keys and values over the cp group (see ContextParallelComm).
   ContextParallelComm cp_comm_type = ContextParallelComm::p2p;
+  // a2a+p2p's two levels of the cp group (split_context_parallel): the groups of adjacent cp ranks
+  // that exchange heads all-to-all, and the ring over the ranks at one place in them. Empty until
+  // split.
+  std::optional<Comm> cp_a2a{}, cp_p2p{};
   // FP8 training (core/fp8_recipe.hpp): null runs every GEMM in the element type. Set before the
   // model is built: the linear layers of the transformer layers built under it keep a scaling state
   // here and run their three GEMMs in FP8 (layers/fp8_linear.hpp). One per rank.
@@ -124,6 +132,20 @@ struct ParallelContext {
                         make("etp"),    make("edp"),                 make("etp-ep"), make("etp-ep-pp"),
                         generator.expert_coordinates(rank),          std::move(device)};
     return ctx;
+  }
+
+  // Megatron's --hierarchical-context-parallel-sizes a b (a x b = cp) for --cp-comm-type a2a+p2p:
+  // cp rank r joins all-to-all group r / a at place r % a (cp_a2a, a adjacent cp ranks) and ring
+  // r % a at place r / a (cp_p2p, b ranks). Collective over cp: every cp rank calls it with the
+  // same size. A size that does not divide cp is a ConfigError naming both numbers.
+  void split_context_parallel(int a2a_size) {
+    const int size = cp.size(), r = cp.rank();
+    if (a2a_size < 1 || size % a2a_size != 0)
+      fail<ConfigError>("hierarchical context parallelism: an all-to-all group of ", a2a_size,
+                        " ranks does not divide --context-parallel-size ", size,
+                        "; give --hierarchical-context-parallel-sizes whose product is the cp size");
+    cp_a2a = cp.split(r / a2a_size, r % a2a_size, "cp-a2a");
+    cp_p2p = cp.split(r % a2a_size, r / a2a_size, "cp-p2p");
   }
 
   // A context for one rank that runs everything itself (tp = pp = dp = cp = ep = 1).

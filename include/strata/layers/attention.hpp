@@ -35,7 +35,9 @@
 // [2, b, np, s/2]; with cp_comm_type allgather, the same blocks against every rank's keys and values
 // gathered at once; or, with cp_comm_type a2a (Ulysses), one all-to-all makes q, k, v whole
 // sequences of np/cp heads (heads and groups per tp rank must divide over cp), attention runs on
-// them as without cp, and one all-to-all brings the output back. a2a+p2p is refused. Both run on every backend (on the GPU the ring's transfers overlap the blocks).
+// them as without cp, and one all-to-all brings the output back; with a2a+p2p, all-to-all inside
+// groups of adjacent cp ranks and the ring across them. All run on every backend (on the GPU the
+// ring's transfers overlap the blocks).
 //
 // Query groups must be a multiple of tp (each rank owns whole groups); fewer groups than tp is
 // rejected with a ConfigError before any allocation. Input and output: the residual stream layout.
@@ -52,14 +54,17 @@
 //   rope (--rotary-percent, --rotary-interleaved, --use-rope-scaling, --position-embedding-type yarn:
 //     backend/rope_options.hpp).
 //   window (--window-size): sliding-window attention, query i sees keys i - window .. i (Mistral,
-//     gpt-oss's alternating layers); not with context parallelism yet.
+//     gpt-oss's alternating layers); under context parallelism by global positions (the ring skips
+//     the blocks wholly before every window).
 //   softmax (--softmax-type): attention sinks (backend/attention_options.hpp). off-by-one adds a
 //     zero logit to each softmax denominator; learnable adds a learned logit per head, the
 //     parameter `softmax_offset` [heads] (Megatron's name), split over tp with the heads (rank r
 //     holds heads r x heads / tp onward), initialized N(0, std) as Megatron's init_method, no
 //     weight decay (one-dimensional, as Megatron's default). Its gradient is whole on each rank (a
-//     rank attends with its own heads over the whole sequence), so it needs no collective. Not with
-//     context parallelism (refused).
+//     rank attends with its own heads over the whole sequence), so it needs no collective. Under
+//     context parallelism the ring gives the sink to the diagonal block of each query chunk only,
+//     a2a to the rank's heads; each cp rank's gradient is its queries' share (or its heads'), summed
+//     with the other gradients over dp x cp.
 #pragma once
 
 #include <cmath>
@@ -176,14 +181,6 @@ class SelfAttention {
     if (config_.softmax == SoftmaxType::learnable)
       sinks_.emplace(name + ".softmax_offset", Shape{config_.num_heads}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size()),
                      /*decay=*/false);
-    if (context_parallel_ && config_.softmax != SoftmaxType::vanilla)
-      fail<ConfigError>("SelfAttention ", name, ": attention sinks (--softmax-type ",
-                        config_.softmax == SoftmaxType::learnable ? "learnable" : "off-by-one", ") with context parallelism (cp=",
-                        ctx.cp.size(), ") are not available: merging the blocks of the ring would count the sink once per "
-                        "block; use --context-parallel-size 1 or --softmax-type vanilla");
-    if (context_parallel_ && config_.window >= 0)
-      fail<ConfigError>("SelfAttention ", name, ": a sliding window (window=", config_.window, ") with context parallelism "
-                        "(cp=", ctx.cp.size(), ") is not available yet: use --context-parallel-size 1 or no --window-size");
   }
 
   // Plans the attention of a [s, b] input now (backend prepare_attention): its forward, and its
@@ -203,17 +200,9 @@ class SelfAttention {
                                                options_of(packed_view().strides, {}));
       return;
     }
-    const ContextParallelSplit split = context_parallel_split(ctx, s / ctx.cp.size());
-    if (ctx.cp_comm_type == ContextParallelComm::a2a) {
-      ctx.device.template prepare_attention<T>(s, b, heads_local_ / split.size, groups_local_ / split.size, head_dim_,
-                                               plan_backward, AttentionOptions{});
-      return;
-    }
-    for (const bool causal : {true, false}) {
-      AttentionOptions block;
-      block.causal = causal;
-      ctx.device.template prepare_attention<T>(split.chunk, b, heads_local_, groups_local_, head_dim_, plan_backward, block);
-    }
+    (void)context_parallel_split(ctx, s / ctx.cp.size());  // checks the length
+    prepare_context_parallel_attention<T>(ctx, s / ctx.cp.size(), b, heads_local_, groups_local_, head_dim_, plan_backward,
+                                          options_of({}, {}), "SelfAttention");
   }
 
   // dropout_key: the key of this micro-batch's attention dropout mask (distinct per layer and
@@ -303,16 +292,6 @@ class SelfAttention {
 
   // This rank's part of a local sequence of s tokens (two chunks of s / 2).
   ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
-    if (ctx.cp_comm_type == ContextParallelComm::a2a_p2p)
-      fail<ConfigError>("SelfAttention: --cp-comm-type a2a+p2p is not available yet (it needs a two-level cp group); "
-                        "context parallelism runs ring attention (--cp-comm-type p2p), all-gather attention (allgather) "
-                        "or all-to-all attention (a2a)");
-    if (ctx.cp_comm_type == ContextParallelComm::a2a &&
-        (heads_local_ % ctx.cp.size() != 0 || groups_local_ % ctx.cp.size() != 0))
-      fail<ConfigError>("SelfAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(),
-                        " ranks whole query heads and key/value heads, but this tensor-parallel rank has ", heads_local_,
-                        " query heads and ", groups_local_, " key/value heads (num_query_groups / tp), which cp does "
-                        "not divide; use --cp-comm-type p2p, more query groups, or a smaller cp or tp");
     return strata::context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "SelfAttention");
   }
   // RoPE (or its backward) on q [s, b, np_local, d] and k [s, b, ng_local, d] of the local sequence,
@@ -332,13 +311,11 @@ class SelfAttention {
       }
     }
   }
-  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, ring attention (p2p),
-  // or all-to-all attention (a2a: q, k, v, the output and lse are then kept as this rank's heads
-  // over the whole sequence).
+  // core_forward under context parallelism: q, k, v as copies, RoPE by chunk, then the comm type's
+  // core (context_parallel_attention_forward says what it keeps).
   void context_parallel_core_forward(Context& ctx, const Tensor<T, Space>& qkv, Saved& saved) const {
     const index_t s = qkv.shape()[0], b = qkv.shape()[1], d = head_dim_, hpg = heads_local_ / groups_local_;
     const ContextParallelSplit split = context_parallel_split(ctx, s);
-    saved.lse = Tensor<A, Space>::empty(Shape{2, b, heads_local_, split.chunk});  // per chunk
     saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
     saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
     saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
@@ -346,25 +323,9 @@ class SelfAttention {
                                      saved.v.data());
     qk_norm_forward(ctx, saved);
     if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, saved.q.data(), saved.k.data(), b, false);
-    if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of heads / cp heads
-      const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
-      saved.q = sequence_to_heads<T>(ctx, split, saved.q.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
-      saved.k = sequence_to_heads<T>(ctx, split, saved.k.data(), b, groups_local_, d);
-      saved.v = sequence_to_heads<T>(ctx, split, saved.v.data(), b, groups_local_, d);
-      saved.heads_out = Tensor<T, Space>::empty(saved.q.shape());
-      saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
-      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, groups, d,
-                                               scale(), saved.heads_out.data(), saved.lse.data(),
-                                               AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
-      heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, heads_local_, d, saved.out.data());
-      return;
-    }
-    if (ctx.cp_comm_type == ContextParallelComm::allgather)
-      allgather_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
-                                        groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
-    else
-      ring_attention_forward<T, A>(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, heads_local_,
-                                   groups_local_, d, scale(), saved.out.data(), saved.lse.data(), saved.dropout);
+    context_parallel_attention_forward<T, A>(ctx, b, heads_local_, groups_local_, d, scale(), options_of({}, saved.dropout),
+                                             saved.q, saved.k, saved.v, saved.heads_out, saved.lse, saved.out.data(),
+                                             "SelfAttention");
   }
 
   // With `deferred`, the qkv and output projections' weight gradients are appended to it.
@@ -375,32 +336,12 @@ class SelfAttention {
     Act<layout::sharded<-1>> dqkv(Tensor<T, Space>::empty(Shape{s, b, groups_local_ * (hpg + 2) * d}));
     if (context_parallel_) {
       const ContextParallelSplit split = context_parallel_split(ctx, s);
-      if (ctx.cp_comm_type == ContextParallelComm::a2a) {
-        const index_t heads = heads_local_ / split.size, groups = groups_local_ / split.size, whole = s * split.size;
-        const auto dout = sequence_to_heads<T>(ctx, split, dcontext.data(), b, heads_local_, d);  // (s_whole, b, heads, d)
-        auto dq_heads = Tensor<T, Space>::empty(saved.q.shape()), dk_heads = Tensor<T, Space>::empty(saved.k.shape()),
-             dv_heads = Tensor<T, Space>::empty(saved.v.shape());
-        ctx.device.template attention_backward<T>(dout.data(), saved.q.data(), saved.k.data(), saved.v.data(),
-                                                  saved.heads_out.data(), saved.lse.data(), whole, b, heads, groups, d,
-                                                  scale(), dq_heads.data(), dk_heads.data(), dv_heads.data(),
-                                                  AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
-        auto dq = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
-        auto dk = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d}), dv = Tensor<T, Space>::empty(dk.shape());
-        heads_to_sequence<T>(ctx, split, dq_heads.data(), b, heads_local_, d, dq.data());
-        heads_to_sequence<T>(ctx, split, dk_heads.data(), b, groups_local_, d, dk.data());
-        heads_to_sequence<T>(ctx, split, dv_heads.data(), b, groups_local_, d, dv.data());
-        if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
-        qk_norm_backward(ctx, saved, dq, dk);
-        ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
-        return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
-      }
-      auto dq = Tensor<T, Space>::empty(saved.q.shape()), dk = Tensor<T, Space>::empty(saved.k.shape()),
-           dv = Tensor<T, Space>::empty(saved.v.shape());
-      auto blocks_backward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_backward<T, A, Context>
-                                                                                 : ring_attention_backward<T, A, Context>;
-      blocks_backward(ctx, split, dcontext.data(), saved.q.data(), saved.k.data(), saved.v.data(), saved.out.data(),
-                      saved.lse.data(), b, heads_local_, groups_local_, d, scale(), dq.data(), dk.data(), dv.data(),
-                      saved.dropout);
+      auto dq = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
+      auto dk = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d}), dv = Tensor<T, Space>::empty(dk.shape());
+      context_parallel_attention_backward<T, A>(ctx, b, heads_local_, groups_local_, d, scale(),
+                                                backward_options_of({}, saved.dropout), saved.q, saved.k, saved.v,
+                                                saved.heads_out, saved.lse, saved.out.data(), dcontext.data(), s, dq.data(),
+                                                dk.data(), dv.data(), "SelfAttention");
       if constexpr (std::is_same_v<Position, rope>) rope_by_chunk(ctx, split, dq.data(), dk.data(), b, /*backward=*/true);
       qk_norm_backward(ctx, saved, dq, dk);
       ctx.device.template qkv_merge<T>(dq.data(), dk.data(), dv.data(), s * b, groups_local_, hpg, d, dqkv.data());
@@ -548,7 +489,7 @@ class SelfAttention {
   }
 
  private:
-  // The options of this layer's (non-context-parallel) attention calls: its window with `strides`
+  // The options of this layer's attention calls (and of the context-parallel core): its window with `strides`
   // and `dropout`.
   AttentionOptions options_of(AttentionStrides strides, AttentionDropout dropout) const {
     AttentionOptions options{strides, dropout};

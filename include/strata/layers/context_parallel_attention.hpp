@@ -10,13 +10,20 @@
 //   key chunk <  query chunk   full block (every key lies in the past)
 //   key chunk >  query chunk   skipped (every key lies in the future)
 //
+// A sliding window (AttentionOptions::window, by global positions) skips the blocks wholly before
+// every query's window as well, and masks a band of the others (a row that sees none of a block's
+// keys adds nothing to the merge). Attention sinks join the diagonal block only, so every query row
+// counts its sink once: that block's lse includes it, and so the merged lse, from which the
+// backward's probabilities and the sink's gradient (on the diagonal block, once per row) follow.
+//
 // Forward: k and v travel around the cp ring (cp - 1 exchanges: send to rank + 1, receive from
 // rank - 1, batched so blocking point-to-point cannot deadlock). At step t a rank holds the keys and
 // values of rank r - t and runs its blocks with the backend's attention_forward (causal or not,
 // with the global positions of both chunks so the dropout mask is the whole sequence's); each
 // block's output and log-sum-exp merge into the chunk's through attention_merge:
 //   lse = log sum_k e^(lse_k),   out = sum_k e^(lse_k - lse) out_k.
-// Every rank runs the same number of blocks (three at step 0, two after).
+// Without a window every rank runs the same number of blocks (three at step 0, two after); the
+// diagonal blocks come first and write out and lse.
 //
 // Backward: flash attention's backward of a block from the *merged* out and lse is exactly that
 // block's share of the gradient (p = e^(z - lse) are the whole softmax's probabilities and
@@ -50,6 +57,7 @@
 #include "../backend/attention_options.hpp"
 #include "../comm/communicator.hpp"
 #include "../comm/parallel_context.hpp"
+#include "../core/dtype.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/context_parallel.hpp"
 
@@ -58,18 +66,22 @@ STRATA_NAMESPACE_BEGIN
 namespace detail {
 
 // The blocks of local query chunk `query_chunk` against the key chunks of cp rank `owner`: calls
-// block(key_chunk, options) for each block that is not skipped (the diagonal one causal).
+// block(key_chunk, options) for each block that is not skipped, the diagonal one (causal, with the
+// sink of `base` if any) first; the others without a sink.
 template <class Block>
-void for_each_ring_block(const ContextParallelSplit& split, int owner, int query_chunk, AttentionOptions base,
+void for_each_ring_block(const ContextParallelSplit& split, int owner, int query_chunk, const AttentionOptions& base,
                          Block&& block) {
-  const index_t global_query = split.global_chunk(query_chunk);
-  for (int key_chunk = 0; key_chunk < 2; ++key_chunk) {
+  const index_t c = split.chunk, global_query = split.global_chunk(query_chunk);
+  const int first = owner == split.rank ? query_chunk : 0;  // the own chunks: the diagonal block first
+  for (const int key_chunk : {first, 1 - first}) {
     const index_t global_key = split.global_chunk_of(owner, key_chunk);
     if (global_key > global_query) continue;  // wholly in the future
+    if (base.window >= 0 && (global_key + 1) * c - 1 < global_query * c - base.window) continue;  // before every window
     AttentionOptions options = base;
     options.causal = global_key == global_query;
-    options.query_offset = global_query * split.chunk;
-    options.key_offset = global_key * split.chunk;
+    options.query_offset = global_query * c;
+    options.key_offset = global_key * c;
+    if (!options.causal) options.softmax = SoftmaxType::vanilla, options.sinks = nullptr, options.sink_gradient = nullptr;
     block(key_chunk, options);
   }
 }
@@ -109,7 +121,7 @@ struct RingBlockScratch {
 
 // The forward blocks of both local query chunks against the key/value chunks of cp rank `owner`
 // (keys, values [2c, b, groups, d]), merged into out and lse; `first` (the rank's own chunks, the
-// first owner of a call): the diagonal blocks and the blocks of key chunk 0 write out and lse.
+// first owner of a call): the diagonal blocks, which come first, write out and lse.
 template <class T, class A, class Context, class Space>
 void forward_blocks(Context& ctx, const ContextParallelSplit& split, int owner, bool first, const T* q, const T* keys,
                     const T* values, index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
@@ -120,7 +132,7 @@ void forward_blocks(Context& ctx, const ContextParallelSplit& split, int owner, 
     for_each_ring_block(split, owner, query_chunk, base, [&](int key_chunk, const AttentionOptions& options) {
       T* chunk_out = out + query_chunk * q_chunk;
       A* chunk_lse = lse + query_chunk * lse_chunk;
-      const bool writes = first && key_chunk == 0;  // key chunk 0 of the own chunks comes first for both query chunks
+      const bool writes = first && options.causal;  // the diagonal block comes first for both query chunks
       ctx.device.template attention_forward<T>(q + query_chunk * q_chunk, keys + key_chunk * kv_chunk,
                                                values + key_chunk * kv_chunk, c, b, heads, groups, d, scale,
                                                writes ? chunk_out : scratch.out.data(),
@@ -171,11 +183,12 @@ RingBlockScratch<T, A, Space> ring_block_scratch(index_t c, index_t b, index_t h
 
 }  // namespace detail
 
-// out [2c, b, heads, d] and lse [2][b, heads, c] written (see the note at the top).
-template <class T, class A, class Context>
-void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
+// out [2c, b, heads, d] and lse [2][b, heads, c] written (see the note at the top). `base`: the
+// layer's dropout, window and sink (its strides are the contiguous layout, as here everywhere).
+template <class T, class A, class Context, class Comm>
+void ring_attention_forward(Context& ctx, Comm& cp, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
                             index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
-                            AttentionDropout dropout) {
+                            const AttentionOptions& base) {
   using Space = typename Context::space;
   const index_t c = split.chunk;
   const index_t kv_numel = 2 * c * b * groups * d;
@@ -183,10 +196,9 @@ void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, con
   auto held_k = Tensor<T, Space>::empty(kv_shape), held_v = Tensor<T, Space>::empty(kv_shape);
   auto next_k = Tensor<T, Space>::empty(kv_shape), next_v = Tensor<T, Space>::empty(kv_shape);
   auto scratch = detail::ring_block_scratch<T, A, Space>(c, b, heads, groups, d, false);
-  const AttentionOptions base{AttentionStrides{}, dropout};
   const int size = split.size, rank = split.rank;
-  auto ring = overlapped_handle(ctx.cp);  // the exchanges run beside the blocks
-  std::uint64_t arrived = 0;              // the mark of the exchanges the next join waits for
+  auto ring = overlapped_handle(cp);  // the exchanges run beside the blocks
+  std::uint64_t arrived = 0;          // the mark of the exchanges the next join waits for
   for (int step = 0; step < size; ++step) {
     const T* keys = step == 0 ? k : held_k.data();
     const T* values = step == 0 ? v : held_v.data();
@@ -206,10 +218,10 @@ void ring_attention_forward(Context& ctx, const ContextParallelSplit& split, con
 
 // dq [2c, b, heads, d], dk, dv [2c, b, groups, d] written from dout, q, k, v and the forward's
 // merged out and lse (see the note at the top).
-template <class T, class A, class Context>
-void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, const T* dout, const T* q, const T* k,
+template <class T, class A, class Context, class Comm>
+void ring_attention_backward(Context& ctx, Comm& cp, const ContextParallelSplit& split, const T* dout, const T* q, const T* k,
                              const T* v, const T* out, const A* lse, index_t b, index_t heads, index_t groups,
-                             index_t d, A scale, T* dq, T* dk, T* dv, AttentionDropout dropout) {
+                             index_t d, A scale, T* dq, T* dk, T* dv, const AttentionOptions& base) {
   using Space = typename Context::space;
   const index_t c = split.chunk;
   const index_t kv_numel = 2 * c * b * groups * d;
@@ -221,10 +233,9 @@ void ring_attention_backward(Context& ctx, const ContextParallelSplit& split, co
   auto step_dk = Tensor<T, Space>::empty(kv_shape), step_dv = Tensor<T, Space>::empty(kv_shape);  // this step's blocks
   auto scratch = detail::ring_block_scratch<T, A, Space>(c, b, heads, groups, d, true);
   ctx.device.template fill<T>(dq, 2 * c * b * heads * d, 0.0);
-  const AttentionOptions base{AttentionStrides{}, dropout};
   const int size = split.size, rank = split.rank;
-  auto ring = overlapped_handle(ctx.cp);  // the exchanges run beside the blocks
-  std::uint64_t arrived = 0;              // the mark of the exchanges the next join waits for
+  auto ring = overlapped_handle(cp);  // the exchanges run beside the blocks
+  std::uint64_t arrived = 0;          // the mark of the exchanges the next join waits for
   for (int step = 0; step < size; ++step) {
     const T* keys = step == 0 ? k : held_k.data();
     const T* values = step == 0 ? v : held_v.data();
@@ -277,9 +288,10 @@ template <class T, class Context>
 Tensor<T, typename Context::space> gather_over_cp(Context& ctx, const ContextParallelSplit& split, const T* x,
                                                   index_t numel) {
   using Space = typename Context::space;
+  using Comm = typename Context::communicator_type;
   auto all = Tensor<T, Space>::empty(Shape{split.size, numel});
-  ctx.cp.all_gather(comm_span_t<const T, typename Context::communicator_type>(x, static_cast<std::size_t>(numel)),
-                    comm_span_t<T, typename Context::communicator_type>(all.data(), static_cast<std::size_t>(split.size * numel)));
+  ctx.cp.all_gather(comm_span_t<const T, Comm>(x, static_cast<std::size_t>(numel)),
+                    comm_span_t<T, Comm>(all.data(), static_cast<std::size_t>(split.size * numel)));
   return all;
 }
 
@@ -287,12 +299,11 @@ Tensor<T, typename Context::space> gather_over_cp(Context& ctx, const ContextPar
 template <class T, class A, class Context>
 void allgather_attention_forward(Context& ctx, const ContextParallelSplit& split, const T* q, const T* k, const T* v,
                                  index_t b, index_t heads, index_t groups, index_t d, A scale, T* out, A* lse,
-                                 AttentionDropout dropout) {
+                                 const AttentionOptions& base) {
   using Space = typename Context::space;
   const index_t kv_numel = 2 * split.chunk * b * groups * d;
   const auto all_k = gather_over_cp<T>(ctx, split, k, kv_numel), all_v = gather_over_cp<T>(ctx, split, v, kv_numel);
   auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, false);
-  const AttentionOptions base{AttentionStrides{}, dropout};
   for (int step = 0; step < split.size; ++step) {
     const int owner = (split.rank - step + split.size) % split.size;
     detail::forward_blocks<T, A>(ctx, split, owner, step == 0, q, all_k.data() + owner * kv_numel,
@@ -304,7 +315,8 @@ void allgather_attention_forward(Context& ctx, const ContextParallelSplit& split
 template <class T, class A, class Context>
 void allgather_attention_backward(Context& ctx, const ContextParallelSplit& split, const T* dout, const T* q,
                                   const T* k, const T* v, const T* out, const A* lse, index_t b, index_t heads,
-                                  index_t groups, index_t d, A scale, T* dq, T* dk, T* dv, AttentionDropout dropout) {
+                                  index_t groups, index_t d, A scale, T* dq, T* dk, T* dv,
+                                  const AttentionOptions& base) {
   using Space = typename Context::space;
   using Comm = typename Context::communicator_type;
   const index_t kv_numel = 2 * split.chunk * b * groups * d;
@@ -312,7 +324,6 @@ void allgather_attention_backward(Context& ctx, const ContextParallelSplit& spli
   auto all_dk = Tensor<T, Space>::zeros(all_k.shape()), all_dv = Tensor<T, Space>::zeros(all_k.shape());
   auto scratch = detail::ring_block_scratch<T, A, Space>(split.chunk, b, heads, groups, d, true);
   ctx.device.template fill<T>(dq, 2 * split.chunk * b * heads * d, 0.0);
-  const AttentionOptions base{AttentionStrides{}, dropout};
   for (int step = 0; step < split.size; ++step) {
     const int owner = (split.rank - step + split.size) % split.size;
     const index_t at = owner * kv_numel;
@@ -326,14 +337,16 @@ void allgather_attention_backward(Context& ctx, const ContextParallelSplit& spli
 
 // ---- all-to-all (Ulysses, --cp-comm-type a2a) ----
 //
-// One all-to-all over the cp group turns this rank's local sequence of all its heads into the whole
-// sequence of heads / cp of them: x [2c, b, n, d] -> [s, b, n / cp, d] in global order (rank j's
-// block holds its chunks j and 2cp-1-j, put where they lie in the sequence); attention then runs on
-// whole sequences as without context parallelism, and one all-to-all brings the output back.
-// Heads and key/value groups must both divide over cp (checked by the caller).
-template <class T, class Context>
-Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, const ContextParallelSplit& split, const T* x,
-                                                     index_t b, index_t n, index_t d) {
+// One all-to-all over a group of a ranks (the cp group, or a2a+p2p's inner group) turns this
+// rank's local sequence of all its heads into the sequences of heads / a of them held by the group:
+// x [2c, b, n, d] -> [2 a c, b, n / a, d]. `split` is the group's split (size a, this rank's place
+// in the group, chunk c): rank j's two chunks go to places j and 2a-1-j, so for the cp group (a =
+// cp) the result is the whole sequence in global order; attention then runs on whole sequences as
+// without context parallelism, and one all-to-all brings the output back. Heads and key/value
+// groups must both divide over a (checked_cp_heads below).
+template <class T, class Context, class Comm>
+Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, Comm& group, const ContextParallelSplit& split,
+                                                     const T* x, index_t b, index_t n, index_t d) {
   using Space = typename Context::space;
   const int cp = split.size;
   const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
@@ -342,7 +355,7 @@ Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, const Context
   auto recv = Tensor<T, Space>::empty(send.shape());
   for (int j = 0; j < cp; ++j)  // heads [j n / cp, (j + 1) n / cp) of every local token to rank j
     ctx.device.template slice_columns<T>(x, rows, n * d, j * n_rank * d, n_rank * d, send.data() + j * block);
-  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  detail::all_to_all_equal<T>(group, send.data(), recv.data(), block);
   auto whole = Tensor<T, Space>::empty(Shape{2 * cp * c, b, n_rank, d});  // (s, b, n / cp, d)
   for (int j = 0; j < cp; ++j)
     for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
@@ -351,11 +364,11 @@ Tensor<T, typename Context::space> sequence_to_heads(Context& ctx, const Context
   return whole;
 }
 
-// The inverse: whole [s, b, n / cp, d] of this rank's heads -> y [2c, b, n, d], this rank's tokens of
-// every head.
-template <class T, class Context>
-void heads_to_sequence(Context& ctx, const ContextParallelSplit& split, const T* whole, index_t b, index_t n, index_t d,
-                       T* y) {
+// The inverse: whole [2 a c, b, n / a, d] of this rank's heads -> y [2c, b, n, d], this rank's tokens
+// of every head.
+template <class T, class Context, class Comm>
+void heads_to_sequence(Context& ctx, Comm& group, const ContextParallelSplit& split, const T* whole, index_t b, index_t n,
+                       index_t d, T* y) {
   using Space = typename Context::space;
   const int cp = split.size;
   const index_t c = split.chunk, n_rank = n / cp, rows = 2 * c * b;
@@ -366,16 +379,175 @@ void heads_to_sequence(Context& ctx, const ContextParallelSplit& split, const T*
     for (int local_chunk = 0; local_chunk < 2; ++local_chunk)
       ctx.device.template copy<T>(whole + split.global_chunk_of(j, local_chunk) * chunk, chunk,
                                   send.data() + j * block + local_chunk * chunk);
-  detail::all_to_all_equal<T>(ctx.cp, send.data(), recv.data(), block);
+  detail::all_to_all_equal<T>(group, send.data(), recv.data(), block);
   ctx.device.template unstack_columns<T>(recv.data(), cp, rows, n_rank * d, y);  // heads of rank j at columns j
 }
 
-// The dropout of all-to-all attention: of a rank's `local_heads` heads (those of its tp rank), cp rank
-// r attends to the r-th local_heads / cp of them, so their global numbers start that far on.
+// The options of all-to-all attention: of a rank's `local_heads` heads (those of its tp rank), rank
+// j of the all-to-all group (size a) attends to the j-th local_heads / a of them, so their global
+// numbers (the dropout mask's) start that far on, and so do their sink logits and the sinks'
+// gradients (elements T and accumulate_t<T>).
+template <class T, class Comm>
+AttentionOptions a2a_attention_options(const Comm& group, AttentionOptions options, index_t local_heads) {
+  const index_t first = static_cast<index_t>(group.rank()) * (local_heads / group.size());
+  options.dropout.head_offset += first;
+  if (options.sinks) options.sinks = static_cast<const T*>(options.sinks) + first;
+  if (options.sink_gradient) options.sink_gradient = static_cast<accumulate_t<T>*>(options.sink_gradient) + first;
+  return options;
+}
+
+// ---- all-to-all inside, ring across (--cp-comm-type a2a+p2p) ----
+//
+// Megatron's hierarchical context parallelism (--hierarchical-context-parallel-sizes a b, a x b =
+// cp): the cp group splits into groups of a adjacent cp ranks (ParallelContext::cp_a2a) and the
+// groups of the ranks at one place in them (cp_p2p, b ranks). cp rank r = o a + j is rank j of
+// inner group o and rank o of the ring. The inner all-to-all gathers the group's chunks, which are
+// two runs of a adjacent chunks of the sequence: chunks o a .. o a + a - 1 and their mirror
+// 2cp-1-o a-(a-1) .. 2cp-1-o a (sequence_to_heads places rank j's chunks at j and 2a-1-j, which
+// is that order). Those two runs are the load-balanced split of the sequence over b ranks with
+// chunks of a c tokens, rank o's: ring attention over cp_p2p runs on them for heads / a heads
+// unchanged (global positions for the causal mask, the window and dropout follow from the runs'
+// offsets), and the inner all-to-all brings the output back. a = cp is a2a; a = 1 is the ring.
+
+// The all-to-all group of ctx.cp_comm_type: the cp group for a2a, the inner group for a2a+p2p (a
+// ConfigError where the context has none).
 template <class Context>
-AttentionDropout a2a_attention_dropout(const Context& ctx, AttentionDropout dropout, index_t local_heads) {
-  dropout.head_offset += static_cast<index_t>(ctx.cp.rank()) * (local_heads / ctx.cp.size());
-  return dropout;
+auto& cp_a2a_group(Context& ctx) {
+  if (ctx.cp_comm_type != ContextParallelComm::a2a_p2p) return ctx.cp;
+  if (!ctx.cp_a2a)
+    fail<ConfigError>("--cp-comm-type a2a+p2p needs the hierarchical context-parallel sizes (Megatron's "
+                      "--hierarchical-context-parallel-sizes; ParallelContext::split_context_parallel) to form its "
+                      "all-to-all and ring groups; give them, or use --cp-comm-type p2p or a2a");
+  return *ctx.cp_a2a;
+}
+
+// Heads and key/value groups of this tensor-parallel rank checked against the all-to-all group's
+// size (a2a, a2a+p2p: each of its ranks attends whole heads), naming `who`.
+template <class Context>
+void check_cp_heads(const Context& ctx, index_t heads, index_t groups, const char* who) {
+  if (ctx.cp.size() <= 1) return;
+  if (ctx.cp_comm_type != ContextParallelComm::a2a && ctx.cp_comm_type != ContextParallelComm::a2a_p2p) return;
+  const int a = cp_a2a_group(ctx).size();
+  if (heads % a != 0 || groups % a != 0)
+    fail<ConfigError>(who, ": --cp-comm-type ", context_parallel_comm_name(ctx.cp_comm_type), " (cp=", ctx.cp.size(),
+                      ") gives each of the ", a,
+                      " ranks of an all-to-all group whole query heads and key/value heads, but this tensor-parallel rank "
+                      "has ", heads, " query heads and ", groups, " key/value heads (num_query_groups / tp), which ", a,
+                      " does not divide; use --cp-comm-type p2p, more query groups, or a smaller cp or tp");
+}
+
+// ---- the core of context-parallel attention, every comm type ----
+//
+// q [2c, b, heads, d], k, v [2c, b, groups, d]: this rank's local sequence (RoPE applied); out
+// [2c, b, heads, d] written. Kept for the backward, in the caller's tensors:
+//   p2p, allgather: q, k, v as given; lse [2, b, heads, c] (out is the merged output)
+//   a2a:            q, k, v, heads_out: the whole sequence of heads / cp heads; lse [b, heads / cp, s]
+//   a2a+p2p:        q, k, v, heads_out: the ring's two runs of heads / a heads; lse [2, b, heads / a, a c]
+// `options`: the layer's dropout, window and sinks.
+template <class T, class A, class Context, class Space = typename Context::space>
+void context_parallel_attention_forward(Context& ctx, index_t b, index_t heads, index_t groups, index_t d, A scale,
+                                        const AttentionOptions& options, Tensor<T, Space>& q, Tensor<T, Space>& k,
+                                        Tensor<T, Space>& v, Tensor<T, Space>& heads_out, Tensor<A, Space>& lse, T* out,
+                                        const char* who) {
+  const index_t s = q.size(0);
+  check_cp_heads(ctx, heads, groups, who);
+  if (ctx.cp_comm_type == ContextParallelComm::p2p || ctx.cp_comm_type == ContextParallelComm::allgather) {
+    const ContextParallelSplit split = context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), who);
+    lse = Tensor<A, Space>::empty(Shape{2, b, heads, split.chunk});
+    if (ctx.cp_comm_type == ContextParallelComm::allgather)
+      allgather_attention_forward<T, A>(ctx, split, q.data(), k.data(), v.data(), b, heads, groups, d, scale, out, lse.data(),
+                                        options);
+    else
+      ring_attention_forward<T, A>(ctx, ctx.cp, split, q.data(), k.data(), v.data(), b, heads, groups, d, scale, out,
+                                   lse.data(), options);
+    return;
+  }
+  auto& group = cp_a2a_group(ctx);
+  const ContextParallelSplit inner{group.size(), group.rank(), s / 2};
+  const index_t nh = heads / inner.size, ng = groups / inner.size, span = s * inner.size;
+  const AttentionOptions heads_options = a2a_attention_options<T>(group, options, heads);
+  q = sequence_to_heads<T>(ctx, group, inner, q.data(), b, heads, d);  // [span, b, nh, d]
+  k = sequence_to_heads<T>(ctx, group, inner, k.data(), b, groups, d);
+  v = sequence_to_heads<T>(ctx, group, inner, v.data(), b, groups, d);
+  heads_out = Tensor<T, Space>::empty(q.shape());
+  if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences
+    lse = Tensor<A, Space>::empty(Shape{b, nh, span});
+    ctx.device.template attention_forward<T>(q.data(), k.data(), v.data(), span, b, nh, ng, d, scale, heads_out.data(),
+                                             lse.data(), heads_options);
+  } else {  // the ring across the groups, on their two runs
+    auto& ring = *ctx.cp_p2p;
+    const ContextParallelSplit outer{ring.size(), ring.rank(), span / 2};
+    lse = Tensor<A, Space>::empty(Shape{2, b, nh, outer.chunk});
+    ring_attention_forward<T, A>(ctx, ring, outer, q.data(), k.data(), v.data(), b, nh, ng, d, scale, heads_out.data(),
+                                 lse.data(), heads_options);
+  }
+  heads_to_sequence<T>(ctx, group, inner, heads_out.data(), b, heads, d, out);
+}
+
+// dq [2c, b, heads, d], dk, dv [2c, b, groups, d] of the local sequence written from dout [2c, b,
+// heads, d] and what the forward kept (out: the forward's output; p2p and allgather read it).
+template <class T, class A, class Context, class Space = typename Context::space>
+void context_parallel_attention_backward(Context& ctx, index_t b, index_t heads, index_t groups, index_t d, A scale,
+                                         const AttentionOptions& options, const Tensor<T, Space>& q,
+                                         const Tensor<T, Space>& k, const Tensor<T, Space>& v,
+                                         const Tensor<T, Space>& heads_out, const Tensor<A, Space>& lse, const T* out,
+                                         const T* dout, index_t s, T* dq, T* dk, T* dv, const char* who) {
+  if (ctx.cp_comm_type == ContextParallelComm::p2p || ctx.cp_comm_type == ContextParallelComm::allgather) {
+    const ContextParallelSplit split = context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), who);
+    if (ctx.cp_comm_type == ContextParallelComm::allgather)
+      allgather_attention_backward<T, A>(ctx, split, dout, q.data(), k.data(), v.data(), out, lse.data(), b, heads, groups,
+                                         d, scale, dq, dk, dv, options);
+    else
+      ring_attention_backward<T, A>(ctx, ctx.cp, split, dout, q.data(), k.data(), v.data(), out, lse.data(), b, heads,
+                                    groups, d, scale, dq, dk, dv, options);
+    return;
+  }
+  auto& group = cp_a2a_group(ctx);
+  const ContextParallelSplit inner{group.size(), group.rank(), s / 2};
+  const index_t nh = heads / inner.size, ng = groups / inner.size, span = s * inner.size;
+  const AttentionOptions heads_options = a2a_attention_options<T>(group, options, heads);
+  const auto dout_heads = sequence_to_heads<T>(ctx, group, inner, dout, b, heads, d);
+  auto dq_heads = Tensor<T, Space>::empty(q.shape()), dk_heads = Tensor<T, Space>::empty(k.shape()),
+       dv_heads = Tensor<T, Space>::empty(v.shape());
+  if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+    ctx.device.template attention_backward<T>(dout_heads.data(), q.data(), k.data(), v.data(), heads_out.data(), lse.data(),
+                                              span, b, nh, ng, d, scale, dq_heads.data(), dk_heads.data(), dv_heads.data(),
+                                              heads_options);
+  } else {
+    auto& ring = *ctx.cp_p2p;
+    const ContextParallelSplit outer{ring.size(), ring.rank(), span / 2};
+    ring_attention_backward<T, A>(ctx, ring, outer, dout_heads.data(), q.data(), k.data(), v.data(), heads_out.data(),
+                                  lse.data(), b, nh, ng, d, scale, dq_heads.data(), dk_heads.data(), dv_heads.data(),
+                                  heads_options);
+  }
+  heads_to_sequence<T>(ctx, group, inner, dq_heads.data(), b, heads, d, dq);
+  heads_to_sequence<T>(ctx, group, inner, dk_heads.data(), b, groups, d, dk);
+  heads_to_sequence<T>(ctx, group, inner, dv_heads.data(), b, groups, d, dv);
+}
+
+// Plans the attention calls of the core for a local sequence of s tokens (SelfAttention::prepare):
+// the ring's blocks (causal and not) or whole sequences of heads.
+template <class T, class Context>
+void prepare_context_parallel_attention(Context& ctx, index_t s, index_t b, index_t heads, index_t groups, index_t d,
+                                        bool backward, AttentionOptions options, const char* who) {
+  check_cp_heads(ctx, heads, groups, who);
+  index_t block = s / 2;  // p2p, allgather: the local chunks
+  if (ctx.cp_comm_type == ContextParallelComm::a2a || ctx.cp_comm_type == ContextParallelComm::a2a_p2p) {
+    auto& group = cp_a2a_group(ctx);
+    options = a2a_attention_options<T>(group, options, heads);
+    heads /= group.size(), groups /= group.size();
+    if (ctx.cp_comm_type == ContextParallelComm::a2a) {
+      ctx.device.template prepare_attention<T>(s * group.size(), b, heads, groups, d, backward, options);
+      return;
+    }
+    block = s * group.size() / 2;  // the ring's runs
+  }
+  for (const bool causal : {true, false}) {
+    AttentionOptions o = options;
+    o.causal = causal;
+    if (!causal) o.softmax = SoftmaxType::vanilla, o.sinks = nullptr, o.sink_gradient = nullptr;  // the diagonal's only
+    ctx.device.template prepare_attention<T>(block, b, heads, groups, d, backward, o);
+  }
 }
 
 STRATA_NAMESPACE_END

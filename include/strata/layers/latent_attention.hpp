@@ -183,22 +183,10 @@ class LatentAttention {
       ctx.device.template attention_backward<T>(dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(),
                                                 sv.lse.data(), s, b, n, n, D, scale(), dq.data(), dk.data(), dvp.data(),
                                                 AttentionOptions{AttentionStrides{}, sv.dropout});
-    } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {
-      const index_t heads = n / split.size, whole = s * split.size;
-      const auto dout_heads = sequence_to_heads<T>(ctx, split, dout.data(), b, n, D);
-      auto dq_h = Tensor<T, Space>::empty(sv.q.shape()), dk_h = Tensor<T, Space>::empty(sv.k.shape()),
-           dv_h = Tensor<T, Space>::empty(sv.v.shape());
-      ctx.device.template attention_backward<T>(dout_heads.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.heads_out.data(),
-                                                sv.lse.data(), whole, b, heads, heads, D, scale(), dq_h.data(), dk_h.data(),
-                                                dv_h.data(), AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, sv.dropout, heads_local_)});
-      heads_to_sequence<T>(ctx, split, dq_h.data(), b, n, D, dq.data());
-      heads_to_sequence<T>(ctx, split, dk_h.data(), b, n, D, dk.data());
-      heads_to_sequence<T>(ctx, split, dv_h.data(), b, n, D, dvp.data());
     } else {
-      auto blocks_backward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_backward<T, A, Context>
-                                                                                 : ring_attention_backward<T, A, Context>;
-      blocks_backward(ctx, split, dout.data(), sv.q.data(), sv.k.data(), sv.v.data(), sv.out.data(), sv.lse.data(), b, n, n,
-                      D, scale(), dq.data(), dk.data(), dvp.data(), sv.dropout);
+      context_parallel_attention_backward<T, A>(ctx, b, n, n, D, scale(), AttentionOptions{AttentionStrides{}, sv.dropout},
+                                                sv.q, sv.k, sv.v, sv.heads_out, sv.lse, sv.out.data(), dout.data(), s,
+                                                dq.data(), dk.data(), dvp.data(), "LatentAttention");
     }
     // dk, dv -> d[k_nope | v] per head; the heads' k_pe gradients summed
     auto dkv = Tensor<T, Space>::empty(Shape{s, b, n * (dn + dv)});
@@ -335,24 +323,11 @@ class LatentAttention {
       ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, n, n, D, scale(),
                                                saved.out.data(), saved.lse.data(),
                                                AttentionOptions{AttentionStrides{}, saved.dropout});
-    } else if (ctx.cp_comm_type == ContextParallelComm::a2a) {  // whole sequences of n / cp heads
-      const index_t heads = n / split.size, whole = s * split.size;
-      saved.q = sequence_to_heads<T>(ctx, split, q.data(), b, n, D);
-      saved.k = sequence_to_heads<T>(ctx, split, k.data(), b, n, D);
-      saved.v = sequence_to_heads<T>(ctx, split, v.data(), b, n, D);
-      saved.heads_out = Tensor<T, Space>::empty(saved.q.shape());
-      saved.lse = Tensor<A, Space>::empty(Shape{b, heads, whole});
-      ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), whole, b, heads, heads, D,
-                                               scale(), saved.heads_out.data(), saved.lse.data(),
-                                               AttentionOptions{AttentionStrides{}, a2a_attention_dropout(ctx, saved.dropout, heads_local_)});
-      heads_to_sequence<T>(ctx, split, saved.heads_out.data(), b, n, D, saved.out.data());
     } else {
       saved.q = std::move(q), saved.k = std::move(k), saved.v = std::move(v);
-      saved.lse = Tensor<A, Space>::empty(Shape{2, b, n, split.chunk});
-      auto blocks_forward = ctx.cp_comm_type == ContextParallelComm::allgather ? allgather_attention_forward<T, A, Context>
-                                                                                : ring_attention_forward<T, A, Context>;
-      blocks_forward(ctx, split, saved.q.data(), saved.k.data(), saved.v.data(), b, n, n, D, scale(), saved.out.data(),
-                     saved.lse.data(), saved.dropout);
+      context_parallel_attention_forward<T, A>(ctx, b, n, n, D, scale(), AttentionOptions{AttentionStrides{}, saved.dropout},
+                                               saved.q, saved.k, saved.v, saved.heads_out, saved.lse, saved.out.data(),
+                                               "LatentAttention");
     }
   }
   // A latent through its RMSNorm (its input and statistics into `saved`), or as it is without one.
@@ -375,12 +350,6 @@ class LatentAttention {
   // This rank's part of a local sequence of s tokens (inactive without context parallelism).
   ContextParallelSplit cp_split(const Context& ctx, index_t s) const {
     if (ctx.cp.size() == 1) return {};
-    if (ctx.cp_comm_type == ContextParallelComm::a2a_p2p)
-      fail<ConfigError>("LatentAttention: --cp-comm-type a2a+p2p is not available yet; use p2p, allgather or a2a");
-    if (ctx.cp_comm_type == ContextParallelComm::a2a && heads_local_ % ctx.cp.size() != 0)
-      fail<ConfigError>("LatentAttention: --cp-comm-type a2a gives each of the cp=", ctx.cp.size(), " ranks whole heads, but this "
-                        "tensor-parallel rank has ", heads_local_, " heads, which cp does not divide; use --cp-comm-type p2p, "
-                        "or a smaller cp or tp");
     return context_parallel_split(s * ctx.cp.size(), ctx.cp.size(), ctx.cp.rank(), "LatentAttention");
   }
   // RoPE (or its backward) on q's pe part ([s, b, n, D], dn columns in) and on k_pe [s, b, dr], each

@@ -294,13 +294,6 @@ inline void validate(const ModelConfig& m, const ParallelConfig& p, bool sequenc
         fail<ConfigError>("the sliding-window pattern (--window-attn-skip-freq) holds ", x,
                           "; each layer is 1 (window) or 0 (full attention)");
   }
-  if (m.window_size >= 0 && p.cp > 1)
-    fail<ConfigError>("window_size=", m.window_size, " with context parallelism (cp=", p.cp,
-                      ") is not available yet: train with --context-parallel-size 1, or without --window-size");
-  if (m.softmax_type != SoftmaxType::vanilla && p.cp > 1)
-    fail<ConfigError>("softmax_type ", m.softmax_type == SoftmaxType::learnable ? "learnable" : "off-by-one",
-                      " (attention sinks) with context parallelism (cp=", p.cp, ") is not available: merging the blocks of "
-                      "the ring would count the sink once per block; train with --context-parallel-size 1 or --softmax-type vanilla");
   if (!(std::isfinite(m.activation_clamp) && m.activation_clamp >= 0))
     fail<ConfigError>("activation_clamp=", m.activation_clamp, " must be a finite number >= 0 (0: no clamp; gpt-oss uses 7)");
   if (m.add_bias_linear && m.multi_latent_attention)

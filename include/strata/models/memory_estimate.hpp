@@ -65,6 +65,8 @@
 //              dq, dk, dv (q / 2 + kv)
 //   a2a        one all-to-all's send and receive buffers of the largest tensor (2 q) and the
 //              whole-sequence dq, dk, dv of this rank's heads (q + 2 kv)
+//   a2a+p2p    the ring's buffers over its runs of heads / a heads (the same element counts as
+//              p2p's: 11 kv + q / 2) beside dout, dq, dk, dv of those heads (2 q + 2 kv)
 #pragma once
 
 #include <algorithm>
@@ -133,6 +135,7 @@ inline std::int64_t context_parallel_attention_bytes(const ModelConfig& m, int t
   switch (comm) {
     case ContextParallelComm::allgather: elements = checked_add(checked_mul(4 * cp, kv, what), q / 2 + kv, what); break;
     case ContextParallelComm::a2a: elements = checked_add(checked_mul(3, q, what), 2 * kv, what); break;
+    case ContextParallelComm::a2a_p2p: elements = checked_add(checked_mul(13, kv, what), 2 * q + q / 2, what); break;
     default: elements = checked_add(checked_mul(11, kv, what), q / 2, what); break;
   }
   return checked_mul(elements, bytes.value, what);

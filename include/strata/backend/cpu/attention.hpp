@@ -21,7 +21,9 @@
 //             p = 0 takes the plain path: the same arithmetic and bits as without the option.
 //   causal, query_offset, key_offset   (context parallelism) causal = false lets every query see
 //             all s keys; the offsets are the global positions the dropout mask is drawn at.
-//   window    (sliding-window attention) query i sees keys max(0, i - window) .. i only.
+//   window    (sliding-window attention) query i sees keys i - window .. i only, by global
+//             positions (attention_keys_of); a row of a block that sees no key gets out 0 and
+//             lse -inf.
 //   softmax   (attention sinks) a sink logit s_h joins each denominator: m = max(m, s_h),
 //             l += e^(s_h - m), so lse_i includes it; the backward adds
 //             d s_h -= e^(s_h - lse_i) D_i to sink_gradient, summed over (batch, query) in
@@ -62,8 +64,7 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
       const A sink = options.softmax == SoftmaxType::learnable ? A(sinks[h]) : A(0);  // s_h (off-by-one: 0)
       for (index_t i = 0; i < s; ++i) {
         const T* qi = qh + i * q_step;
-        const index_t last = options.causal ? i : s - 1;  // the last key query i sees
-        const index_t first = options.window >= 0 ? std::max<index_t>(0, i - options.window) : 0;  // and the first
+        const auto [first, last] = attention_keys_of(options.causal, options.window, qo - ko, s, i);
         A m = -std::numeric_limits<A>::infinity();
         for (index_t j = first; j <= last; ++j) {
           const T* kj = kh + j * kv_step;
@@ -83,8 +84,9 @@ void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b,
           for (index_t e = 0; e < d; ++e) acc[e] += weight * A(vj[e]);
         }
         T* oi = out + i * out_step + (batch * heads + h) * d;
-        for (index_t e = 0; e < d; ++e) oi[e] = T(acc[e] / l);
-        lse[(batch * heads + h) * s + i] = m + std::log(l);
+        const A inv_l = l > A(0) ? A(1) / l : A(0);  // a row that sees no key (and no sink): out 0, lse -inf
+        for (index_t e = 0; e < d; ++e) oi[e] = T(acc[e] * inv_l);
+        lse[(batch * heads + h) * s + i] = l > A(0) ? m + std::log(l) : -std::numeric_limits<A>::infinity();
       }
     }
 }
@@ -119,8 +121,7 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
         const T* doi = dout + i * out_step + out_off;
         const T* oi = out + i * out_step + out_off;
         const A lse_i = lse[(batch * heads + h) * s + i];
-        const index_t last = options.causal ? i : s - 1;  // the last key query i sees
-        const index_t first = options.window >= 0 ? std::max<index_t>(0, i - options.window) : 0;  // and the first
+        const auto [first, last] = attention_keys_of(options.causal, options.window, qo - ko, s, i);
         A big_d = 0;  // D_i = dout_i . out_i = sum_j p_j dp_j (out and dp with the dropout's Z)
         for (index_t e = 0; e < d; ++e) big_d += A(doi[e]) * A(oi[e]);
         if (sink_gradient) dsink[h] -= std::exp(sink - lse_i) * big_d;  // p_sink (0 - D_i)
@@ -178,7 +179,8 @@ void attention_backward(const T* dout, const T* q, const T* k, const T* v, const
 //   lse' = log(e^lse + e^block_lse) = m + log(e^(lse - m) + e^(block_lse - m)),  m = max of the two
 //   out' = e^(lse - lse') out + e^(block_lse - lse') block_out
 // (each block's output is normalized by its own sum, so the weights are the blocks' shares of the
-// whole softmax). In place on out and lse, in the accumulate type.
+// whole softmax). In place on out and lse, in the accumulate type. A row that saw no key has lse
+// -inf and weight 0 (both -inf: the row stays as it is).
 template <class T, class A = accumulate_t<T>>
 void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, index_t s, index_t b, index_t heads,
                      index_t d) {
@@ -188,6 +190,7 @@ void attention_merge(T* out, A* lse, const T* block_out, const A* block_lse, ind
         A& l = lse[(batch * heads + h) * s + i];
         const A lb = block_lse[(batch * heads + h) * s + i];
         const A m = std::max(l, lb);
+        if (m == -std::numeric_limits<A>::infinity()) continue;  // neither saw a key
         const A merged = m + std::log(std::exp(l - m) + std::exp(lb - m));
         const A w = std::exp(l - merged), wb = std::exp(lb - merged);
         T* oi = out + (i * b * heads + batch * heads + h) * d;

@@ -152,9 +152,9 @@ struct attention_params {
   bool dropping;                 // dropout on the probabilities: the kDropout kernels run
   AttentionDropoutMask<A> mask;  // when dropping
   bool causal;                   // false: every query sees every key (a context-parallel block in the past)
-  index_t window;                // causal only: query i sees keys i - window .. i (negative: no window)
-  index_t query_offset;          // global positions of query 0 and key 0 (the dropout mask's counters)
-  index_t key_offset;
+  index_t window;                // query i sees keys i - window .. i in global positions (negative: no window)
+  index_t query_offset;          // global positions of query 0 and key 0 (the dropout mask's counters,
+  index_t key_offset;            // and the window's)
 };
 static_assert(std::is_trivially_copyable_v<attention_params<float>>,
               "attention_params is passed to kernels by value, so it must be trivially copyable.");
@@ -173,15 +173,29 @@ __device__ inline index_t kv_offset(const attention_params<T>& p, index_t j, ind
   return (j * p.b + bi) * p.strides.kv_row + g * p.strides.kv_head;  // k, v, dk, dv: position (j, bi), head g
 }
 
+// The keys query i (local, i < s) sees: attention_keys_of (backend/attention_options.hpp).
+template <class T>
+__device__ inline AttentionKeyRange keys_of(const attention_params<T>& p, index_t i) {
+  return attention_keys_of(p.causal, p.window, p.query_offset - p.key_offset, p.s, i);
+}
 // Whether query i sees key j (both local, i < s).
 template <class T>
 __device__ inline bool sees(const attention_params<T>& p, index_t i, index_t j) {
-  return attention_sees(p.causal, p.window, p.s, i, j);
+  return attention_sees(p.causal, p.window, p.query_offset - p.key_offset, p.s, i, j);
 }
-// Whether the key tile at t0 lies wholly before query i's window (warp-uniform: one row per warp).
+// Whether query i sees no key of the tile at t0 (all in its future, or before its window; warp-uniform:
+// one row per warp). Exact, so a tile that is not skipped holds a seen key.
 template <class T>
-__device__ inline bool tile_before_window(const attention_params<T>& p, index_t i, index_t t0) {
-  return p.window >= 0 && t0 + kTile <= i - p.window;
+__device__ inline bool tile_unseen(const attention_params<T>& p, index_t i, index_t t0) {
+  const AttentionKeyRange keys = keys_of(p, i);
+  return t0 > keys.last || t0 + kTile <= keys.first || keys.first > keys.last;
+}
+// Whether no query of the tile at t0 sees key j (warp-uniform: one key per warp): queries i see j for
+// i >= j (causal) and i <= j + window - delta (window).
+template <class T>
+__device__ inline bool queries_unseen(const attention_params<T>& p, index_t j, index_t t0) {
+  if (p.causal && t0 + kTile <= j) return true;
+  return p.window >= 0 && t0 + (p.query_offset - p.key_offset) > j + p.window;
 }
 // The first key tile past every key the queries of a block ending at row `row_end` see.
 template <class T>
@@ -250,7 +264,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || (p.causal && t0 > i) || tile_before_window(p, i, t0)) continue;  // warp-uniform
+    if (!active || tile_unseen(p, i, t0)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
     const bool seen = sees(p, i, j);
@@ -281,13 +295,13 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(attention_p
     }
   }
   if (!active) return;
-  const A inv_l = A(1) / l;
+  const A inv_l = l > A(0) ? A(1) / l : A(0);  // a row that sees no key of the block: out 0, lse -inf
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) {
     const index_t c = lane + t * kWarpSize;
     if (c < d) element_io<T>::store(p.out_w, out_offset(p, i, bi, h) + c, o[t] * inv_l);
   }
-  if (lane == 0) p.lse_w[(bi * p.heads + h) * p.s + i] = m + log_of(l);  // [b, heads, s]
+  if (lane == 0) p.lse_w[(bi * p.heads + h) * p.s + i] = l > A(0) ? m + log_of(l) : negative_infinity<A>();  // [b, heads, s]
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,7 +377,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(attention_para
       }
       __syncthreads();
       // warp-uniform: no query of the tile sees key j (all before it, or all past its window)
-      if (!active || (p.causal && t0 + kTile <= j) || (p.window >= 0 && t0 > j + p.window)) continue;
+      if (!active || queries_unseen(p, j, t0)) continue;
 
       const index_t i = t0 + lane;
       A prob = 0, dscore = 0;
@@ -446,7 +460,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(attention_params
     __syncthreads();
     load_kv_tile(p, t0, bi, g, k_tile, v_tile);
     __syncthreads();
-    if (!active || (p.causal && t0 > i) || tile_before_window(p, i, t0)) continue;  // warp-uniform
+    if (!active || tile_unseen(p, i, t0)) continue;  // warp-uniform
 
     const index_t j = t0 + lane;
     A dscore = 0;

@@ -8,7 +8,8 @@
 //
 // One warp per (query, batch, head) row (for_each_attention_row, common.cuh): every lane computes
 // the row's two weights from the same two numbers (so the same bits), the lanes stride over the d
-// columns, and lane 0 writes the merged lse after the warp has read the old one.
+// columns, and lane 0 writes the merged lse after the warp has read the old one. A row that saw no
+// key has lse -inf and weight 0 (both -inf: the row is left as it is).
 #pragma once
 
 #include "common.cuh"
@@ -22,6 +23,7 @@ __global__ void attention_merge_kernel(T* out, A* lse, const T* block_out, const
   for_each_attention_row(s, b, heads, [&](index_t row, index_t, index_t at, int lane) {
     const A l = lse[at], lb = block_lse[at];
     const A m = l > lb ? l : lb;
+    if (isinf(m) && m < A(0)) return;  // neither saw a key: the row stays as it is
     const A merged = m + log(exp(l - m) + exp(lb - m));
     const A w = exp(l - merged), wb = exp(lb - merged);
     T* o = out + row * d;
