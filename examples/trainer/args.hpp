@@ -138,6 +138,7 @@ struct TrainArgs {
   bool first_last_layers_bf16 = false;
   int num_layers_at_start_in_bf16 = 1;
   int num_layers_at_end_in_bf16 = 1;
+  int fp8_block_size = 128;  // --fp8-recipe blockwise: the block length (128 as DeepSeek-V3; smaller on CPU threads)
   bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
   // model
   models::ModelConfig model = command_line_model();
@@ -472,9 +473,13 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                  "gradients); emulated exactly on the CPU")
       ->check(CLI::IsMember({"e4m3", "hybrid"}));
   app.add_option("--fp8-recipe", a.fp8_recipe,
-                 "delayed (scales from an amax history, the default), tensorwise (the amax of each tensor now); "
-                 "blockwise and mxfp8 are not available")
+                 "delayed (scales from an amax history, the default), tensorwise (the amax of each tensor now), "
+                 "blockwise (DeepSeek-V3's 1x128 runs and 128x128 weight tiles, each with its own scale; CPU threads "
+                 "so far); mxfp8 needs Blackwell")
       ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}));
+  app.add_option("--fp8-block-size", a.fp8_block_size,
+                 "--fp8-recipe blockwise: the length of a block (1 x B runs, B x B weight tiles); 128 (DeepSeek-V3's, "
+                 "cuBLASLt's), smaller for small models on CPU threads");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -505,6 +510,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
   o.cache_weights = a.fp8_cache_weights;
+  o.block = a.fp8_block_size;
   o.validate();
   return o;
 }
@@ -1529,6 +1535,10 @@ inline void validate(const TrainArgs& a) {
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   (void)fp8_options_of(a);
   if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
+  if (!a.fp8_format.empty() && a.device == "cuda" && a.fp8_recipe == "blockwise")
+    fail<ConfigError>("--fp8-recipe blockwise on --device cuda: the block-scaled recipe runs on CPU threads so far (its "
+                      "CUDA kernels and cuBLASLt's block-scaled GEMM are not in this build); use --fp8-recipe delayed or "
+                      "tensorwise on GPUs");
   if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed"))
     fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--fp8-recipe " + a.fp8_recipe,
                       " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");

@@ -170,6 +170,136 @@ TEST(Fp8Amax, NanIsCanonicalAndWins) {
   EXPECT_EQ(amax, std::numeric_limits<float>::infinity());
 }
 
+// The blockwise recipe's scale: the power of two at or below max / amax, 1 for 0 and non-finite
+// amaxes, so 1 / scale is exact.
+TEST(Fp8Blocks, ScaleIsThePowerOfTwoBelowMaxOverAmax) {
+  for (const float amax : {1.0f, 3.0f, 448.0f, 0.001f, 1e-30f, 5e30f, 1e-44f}) {
+    const float scale = strata::fp8_block_scale(amax, 448.0f);
+    int exponent = 0;
+    EXPECT_EQ(std::frexp(scale, &exponent), 0.5f) << amax;  // a power of two
+    EXPECT_LE(double(amax) * scale, 448.0 * (1 + 1e-7)) << amax;
+    if (scale < std::ldexp(1.0f, 127)) EXPECT_GT(double(amax) * scale * 2, 448.0 * (1 - 1e-7)) << amax;
+    EXPECT_EQ(double(1.0f / scale) * scale, 1.0) << amax;
+  }
+  EXPECT_EQ(strata::fp8_block_scale(0.0f, 448.0f), 1.0f);
+  EXPECT_EQ(strata::fp8_block_scale(std::numeric_limits<float>::infinity(), 448.0f), 1.0f);
+  EXPECT_EQ(strata::fp8_block_scale(std::numeric_limits<float>::quiet_NaN(), 448.0f), 1.0f);
+}
+
+// fp8_cast_blocks and fp8_cast_tiles against a reference written here: each block's amax, its
+// scale, the codes of x times the scale; the transposed outputs hold the same codes as runs of the
+// other dimension; partial blocks at the edges; every block's largest value lands in the top
+// binade of the format (the scale uses the range).
+TEST(Fp8Blocks, CastsMatchTheBlockReference) {
+  using strata::index_t;
+  const index_t rows = 7, cols = 10, block = 4;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * cols));
+  for (index_t i = 0; i < rows * cols; ++i) x[static_cast<std::size_t>(i)] = normal(gen) * std::ldexp(1.0f, static_cast<int>(i % 9) - 4);
+  for (index_t c = 4; c < 8; ++c) x[static_cast<std::size_t>(2 * cols + c)] = 0.0f;  // an all-zero run: scale 1
+  for (const Fp8Format format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+    const float max = strata::fp8_max(format);
+    auto reference = [&](auto index_of, index_t n) {  // codes and 1 / scale of one block of n elements
+      float amax = 0;
+      for (index_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(index_of(i))]));
+      const float scale = strata::fp8_block_scale(amax, max);
+      if (amax > 0) EXPECT_GE(amax * scale, max / 2);
+      std::vector<std::uint8_t> codes;
+      for (index_t i = 0; i < n; ++i) codes.push_back(strata::fp8_encode(x[static_cast<std::size_t>(index_of(i))] * scale, format));
+      return std::pair{codes, 1.0f / scale};
+    };
+    const index_t row_runs = (cols + block - 1) / block, col_runs = (rows + block - 1) / block;
+    std::vector<std::uint8_t> q(x.size()), qt(x.size());
+    std::vector<float> q_inv(static_cast<std::size_t>(row_runs * rows)), qt_inv(static_cast<std::size_t>(col_runs * cols));
+    strata::cpu::fp8_cast_blocks<float>(x.data(), rows, cols, format, block, q.data(), q_inv.data(), qt.data(), qt_inv.data());
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t kb = 0; kb < row_runs; ++kb) {
+        const index_t c0 = kb * block, n = std::min(block, cols - c0);
+        const auto [codes, inverse] = reference([&](index_t i) { return r * cols + c0 + i; }, n);
+        EXPECT_EQ(q_inv[static_cast<std::size_t>(kb * rows + r)], inverse) << r << " " << kb;
+        for (index_t i = 0; i < n; ++i) EXPECT_EQ(q[static_cast<std::size_t>(r * cols + c0 + i)], codes[static_cast<std::size_t>(i)]);
+      }
+    for (index_t c = 0; c < cols; ++c)
+      for (index_t rb = 0; rb < col_runs; ++rb) {
+        const index_t r0 = rb * block, n = std::min(block, rows - r0);
+        const auto [codes, inverse] = reference([&](index_t i) { return (r0 + i) * cols + c; }, n);
+        EXPECT_EQ(qt_inv[static_cast<std::size_t>(rb * cols + c)], inverse) << c << " " << rb;
+        for (index_t i = 0; i < n; ++i) EXPECT_EQ(qt[static_cast<std::size_t>(c * rows + r0 + i)], codes[static_cast<std::size_t>(i)]);
+      }
+    EXPECT_EQ(q_inv[static_cast<std::size_t>(1 * rows + 2)], 1.0f) << "the zero run's scale";
+    // tiles
+    const index_t tile_rows = col_runs, tile_cols = row_runs;
+    std::vector<std::uint8_t> tq(x.size()), tqt(x.size());
+    std::vector<float> t_inv(static_cast<std::size_t>(tile_rows * tile_cols)), t_inv_t(t_inv.size());
+    strata::cpu::fp8_cast_tiles<float>(x.data(), rows, cols, format, block, tq.data(), tqt.data(), t_inv.data(), t_inv_t.data());
+    for (index_t tr = 0; tr < tile_rows; ++tr)
+      for (index_t tc = 0; tc < tile_cols; ++tc) {
+        const index_t r0 = tr * block, c0 = tc * block, nr = std::min(block, rows - r0), nc = std::min(block, cols - c0);
+        const auto [codes, inverse] = reference([&](index_t i) { return (r0 + i / nc) * cols + c0 + i % nc; }, nr * nc);
+        EXPECT_EQ(t_inv[static_cast<std::size_t>(tr * tile_cols + tc)], inverse);
+        EXPECT_EQ(t_inv_t[static_cast<std::size_t>(tc * tile_rows + tr)], inverse);
+        for (index_t i = 0; i < nr * nc; ++i) {
+          const index_t r = r0 + i / nc, c = c0 + i % nc;
+          EXPECT_EQ(tq[static_cast<std::size_t>(r * cols + c)], codes[static_cast<std::size_t>(i)]);
+          EXPECT_EQ(tqt[static_cast<std::size_t>(c * rows + r)], codes[static_cast<std::size_t>(i)]);
+        }
+      }
+  }
+}
+
+// fp8_gemm_blocks: C = A B^T of the decoded codes, each times its block's 1 / scale, for runs and
+// tiles on either side, written and accumulated, against the sum written out here.
+TEST(Fp8Blocks, GemmIsTheSumOfTheDecodedBlocks) {
+  using strata::index_t;
+  const index_t m = 6, n = 9, k = 11, block = 4;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](index_t count) {
+    std::vector<float> v(static_cast<std::size_t>(count));
+    for (float& x : v) x = normal(gen);
+    return v;
+  };
+  const std::vector<float> a = random(m * k), b = random(n * k);
+  auto cast = [&](const std::vector<float>& x, index_t rows, bool tiles, Fp8Format f) {
+    std::vector<std::uint8_t> q(x.size());
+    const index_t runs = (k + block - 1) / block;
+    std::vector<float> inverse(static_cast<std::size_t>(tiles ? ((rows + block - 1) / block) * runs : runs * rows));
+    if (tiles) strata::cpu::fp8_cast_tiles<float>(x.data(), rows, k, f, block, q.data(), nullptr, inverse.data(), nullptr);
+    else strata::cpu::fp8_cast_blocks<float>(x.data(), rows, k, f, block, q.data(), inverse.data(), nullptr, nullptr);
+    std::vector<double> decoded(x.size());
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t i = 0; i < k; ++i) {
+        const float s = tiles ? inverse[static_cast<std::size_t>((r / block) * runs + i / block)]
+                              : inverse[static_cast<std::size_t>((i / block) * rows + r)];
+        decoded[static_cast<std::size_t>(r * k + i)] = double(strata::fp8_decode(q[static_cast<std::size_t>(r * k + i)], f)) * s;
+      }
+    return std::tuple{q, inverse, decoded};
+  };
+  for (const bool a_tiles : {false, true})
+    for (const bool b_tiles : {false, true}) {
+      const auto [qa, sa, da] = cast(a, m, a_tiles, Fp8Format::e4m3);
+      const auto [qb, sb, db] = cast(b, n, b_tiles, Fp8Format::e5m2);
+      std::vector<double> c(static_cast<std::size_t>(m * n), 1.0);
+      strata::cpu::fp8_gemm_blocks<double>(m, n, k, qa.data(), Fp8Format::e4m3, sa.data(), a_tiles, qb.data(), Fp8Format::e5m2,
+                                           sb.data(), b_tiles, block, c.data(), /*accumulate=*/true);
+      double worst = 0, distance = 0;
+      for (index_t i = 0; i < m; ++i)
+        for (index_t j = 0; j < n; ++j) {
+          double want = 1.0, exact = 1.0;
+          for (index_t p = 0; p < k; ++p) {
+            want += da[static_cast<std::size_t>(i * k + p)] * db[static_cast<std::size_t>(j * k + p)];
+            exact += double(a[static_cast<std::size_t>(i * k + p)]) * b[static_cast<std::size_t>(j * k + p)];
+          }
+          worst = std::max(worst, std::fabs(c[static_cast<std::size_t>(i * n + j)] - want));
+          distance = std::max(distance, std::fabs(want - exact));
+        }
+      EXPECT_LT(worst, 1e-12) << a_tiles << b_tiles;
+      EXPECT_GT(distance, 1e-4) << "FP8 rounding changed nothing";
+      EXPECT_LT(distance, 0.5) << "the blocks' scales are wrong";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8Conversion, ::testing::Values(Fp8Format::e4m3, Fp8Format::e5m2),
                          [](const auto& info) { return std::string(strata::fp8_format_name(info.param)); });
 

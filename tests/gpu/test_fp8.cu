@@ -10,6 +10,11 @@
 //                outputs (float accumulated into an existing C): against the CPU twin within
 //                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
 //                the sums differ in order); E5M2 x E5M2 refused
+//   blockwise    fp8_cast_blocks (runs along rows, runs along columns into x^T) and fp8_cast_tiles
+//                (both layouts, both scale grids) bit for bit against the CPU twin (blocks of 128 and
+//                of 32, partial blocks, an all-zero block, a NaN); fp8_gemm_blocks (runs x tiles,
+//                tiles x runs, runs x runs; bf16 and float outputs, float accumulated) against the
+//                CPU twin within the bf16 bound (the decoded operands are exact, the sums differ)
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -174,6 +179,86 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                      (accumulate ? " accumulate" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
 }
 
+template <class T>
+void check_block_casts(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t cols, index_t block,
+                       Fp8Format format) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  auto x = inputs<T>(n, seed, 3.0);
+  for (std::size_t i = 0; i < n; ++i) x[i] = T(float(x[i]) * std::ldexp(1.0f, static_cast<int>(i % 11) - 5));  // ranges
+  for (index_t c = 0; c < std::min<index_t>(cols, block); ++c) x[static_cast<std::size_t>(c)] = T(0.0f);  // a zero run
+  if (n > 3) x[n - 2] = T(std::numeric_limits<float>::quiet_NaN());
+  const index_t row_runs = (cols + block - 1) / block, col_runs = (rows + block - 1) / block;
+  const std::size_t nq = static_cast<std::size_t>(row_runs * rows), nqt = static_cast<std::size_t>(col_runs * cols),
+                    nt = static_cast<std::size_t>(row_runs * col_runs);
+  std::vector<std::uint8_t> q_cpu(n), qt_cpu(n), tq_cpu(n), tqt_cpu(n);
+  std::vector<float> s_cpu(nq), st_cpu(nqt), t_cpu(nt), tt_cpu(nt);
+  strata::cpu::fp8_cast_blocks<T>(x.data(), rows, cols, format, block, q_cpu.data(), s_cpu.data(), qt_cpu.data(), st_cpu.data());
+  strata::cpu::fp8_cast_tiles<T>(x.data(), rows, cols, format, block, tq_cpu.data(), tqt_cpu.data(), t_cpu.data(), tt_cpu.data());
+  device_vector<T> dx(n);
+  device_vector<std::uint8_t> dq(n), dqt(n), dtq(n), dtqt(n);
+  device_vector<float> ds(nq), dst(nqt), dt(nt), dtt(nt);
+  device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data());
+  device.fp8_cast_blocks<T>(dx.data(), rows, cols, format, block, dq.data(), ds.data(), dqt.data(), dst.data());
+  device.fp8_cast_tiles<T>(dx.data(), rows, cols, format, block, dtq.data(), dtqt.data(), dt.data(), dtt.data());
+  std::vector<std::uint8_t> q(n), qt(n), tq(n), tqt(n);
+  std::vector<float> sv(nq), stv(nqt), tv(nt), ttv(nt);
+  device.copy_to_host(dq.data(), static_cast<index_t>(n), q.data());
+  device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt.data());
+  device.copy_to_host(dtq.data(), static_cast<index_t>(n), tq.data());
+  device.copy_to_host(dtqt.data(), static_cast<index_t>(n), tqt.data());
+  device.copy_to_host(ds.data(), static_cast<index_t>(nq), sv.data());
+  device.copy_to_host(dst.data(), static_cast<index_t>(nqt), stv.data());
+  device.copy_to_host(dt.data(), static_cast<index_t>(nt), tv.data());
+  device.copy_to_host(dtt.data(), static_cast<index_t>(nt), ttv.data());
+  const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " blocks of " +
+                           std::to_string(block) + " " + std::string(strata::fp8_format_name(format));
+  results.record(same_bits(q, q_cpu) && same_bits(sv, s_cpu), "fp8_cast_blocks " + what + " runs along rows == cpu twin");
+  results.record(same_bits(qt, qt_cpu) && same_bits(stv, st_cpu), "fp8_cast_blocks " + what + " runs along columns == cpu twin");
+  results.record(same_bits(tq, tq_cpu) && same_bits(tqt, tqt_cpu) && same_bits(tv, t_cpu) && same_bits(ttv, tt_cpu),
+                 "fp8_cast_tiles " + what + " both layouts and grids == cpu twin");
+}
+
+template <class C>
+void check_block_gemm(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, index_t block,
+                      bool a_tiles, bool b_tiles, bool accumulate) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(N * K, -2, 2);
+  for (std::size_t i = 0; i < va.size(); ++i) va[i] *= std::ldexp(1.0f, static_cast<int>((i / 97) % 7) - 3);
+  auto scales_of = [&](index_t rows, bool tiles) {
+    const index_t runs = (k + block - 1) / block;
+    return static_cast<std::size_t>(tiles ? ((rows + block - 1) / block) * runs : runs * rows);
+  };
+  std::vector<std::uint8_t> a(M * K), b(N * K);
+  std::vector<float> sa(scales_of(m, a_tiles)), sb(scales_of(n, b_tiles));
+  const Fp8Format fa = Fp8Format::e4m3, fb = accumulate ? Fp8Format::e5m2 : Fp8Format::e4m3;
+  if (a_tiles) strata::cpu::fp8_cast_tiles<float>(va.data(), m, k, fa, block, a.data(), nullptr, sa.data(), nullptr);
+  else strata::cpu::fp8_cast_blocks<float>(va.data(), m, k, fa, block, a.data(), sa.data(), nullptr, nullptr);
+  if (b_tiles) strata::cpu::fp8_cast_tiles<float>(vb.data(), n, k, fb, block, b.data(), nullptr, sb.data(), nullptr);
+  else strata::cpu::fp8_cast_blocks<float>(vb.data(), n, k, fb, block, b.data(), sb.data(), nullptr, nullptr);
+  auto c0 = rng.uniform<C>(M * N);
+  std::vector<C> want = c0;
+  strata::cpu::fp8_gemm_blocks<C>(m, n, k, a.data(), fa, sa.data(), a_tiles, b.data(), fb, sb.data(), b_tiles, block, want.data(),
+                                  accumulate);
+  device_vector<std::uint8_t> da(a.size()), db(b.size());
+  device_vector<float> dsa(sa.size()), dsb(sb.size());
+  device_vector<C> dc(M * N);
+  device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
+  device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
+  device.copy_from_host(sa.data(), static_cast<index_t>(sa.size()), dsa.data());
+  device.copy_from_host(sb.data(), static_cast<index_t>(sb.size()), dsb.data());
+  device.copy_from_host(c0.data(), static_cast<index_t>(c0.size()), dc.data());
+  device.fp8_gemm_blocks<C>(m, n, k, da.data(), fa, dsa.data(), a_tiles, db.data(), fb, dsb.data(), b_tiles, block, dc.data(),
+                            accumulate);
+  std::vector<C> got(M * N);
+  device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), got.data());
+  const double error = relative_error(got, want), tol = std::is_same_v<C, float> ? 5e-4 : tolerance<C>();
+  results.record(error <= tol, "fp8_gemm_blocks<" + type_name<C>() + "> " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                                   std::to_string(k) + " blocks of " + std::to_string(block) + (a_tiles ? " tiles" : " runs") +
+                                   " x" + (b_tiles ? " tiles" : " runs") + (accumulate ? " accumulate" : "") + " rel err " +
+                                   format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
+}
+
 }  // namespace
 
 int main() {
@@ -214,6 +299,17 @@ int main() {
       refused = std::string(e.what()).find("E5M2 x E5M2") != std::string::npos;
     }
     results.record(refused, "fp8_gemm E5M2 x E5M2 refused with a sentence");
+    for (const index_t block : {128, 32})
+      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 200}, {300, 260}, {1024, 768}})
+        for (auto format : {Fp8Format::e4m3, Fp8Format::e5m2}) {
+          check_block_casts<float>(device, results, seed++, rows, cols, block, format);
+          check_block_casts<bf16>(device, results, seed++, rows, cols, block, format);
+        }
+    for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{64, 48, 200}, {512, 384, 1024}})
+      for (const auto& [a_tiles, b_tiles] : {std::pair{false, true}, {true, false}, {false, false}}) {
+        check_block_gemm<bf16>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, false);
+        check_block_gemm<float>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, true);
+      }
     device.synchronize();
     return results.finish();
   } catch (const std::exception& e) {

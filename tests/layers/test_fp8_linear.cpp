@@ -1,6 +1,7 @@
 // FP8 in ColumnParallelLinear -> RowParallelLinear (layers/fp8_linear.hpp): sharded runs (tp, sp)
 // equal the single-rank FP8 run in every output and gathered gradient over several steps of both
-// recipes and both formats; the forward is the GEMM of the rounded operands; delayed scaling's
+// recipes (delayed, tensorwise, blockwise) and both formats; the forward is the GEMM of the rounded
+// operands (per tensor, per block); blocks that straddle shards are refused; delayed scaling's
 // histories and scales follow Transformer Engine's update; unbuildable recipes are refused.
 #include <gtest/gtest.h>
 
@@ -104,13 +105,16 @@ std::vector<Fp8Case> cases() {
     out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::delayed, .margin = 1, .amax_history_len = 2,
                                     .amax_compute_algo = Fp8AmaxAlgo::max}});
     out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::delayed}});
+    // blocks of 4: hidden 48 over tp = 1..4 is whole blocks on every rank (12, 16, 24, 48)
+    out.push_back({true, Fp8Options{.format = format, .recipe = Fp8RecipeKind::blockwise, .block = 4}});
   }
   return out;
 }
 
 std::string describe(const Fp8Case& c) {
   return std::string(fp8_formats_name(c.options.format)) + " " + std::string(fp8_recipe_name(c.options.recipe)) +
-         " margin " + std::to_string(c.options.margin) + " history " + std::to_string(c.options.amax_history_len);
+         " margin " + std::to_string(c.options.margin) + " history " + std::to_string(c.options.amax_history_len) +
+         (c.options.recipe == Fp8RecipeKind::blockwise ? " block " + std::to_string(c.options.block) : "");
 }
 
 template <bool SP>
@@ -175,7 +179,73 @@ TEST(Fp8Linear, TensorwiseForwardIsTheGemmOfTheRoundedOperands) {
   });
 }
 
-// Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or
+// One rank, blockwise (blocks of 4, and of 128: one partial block per run): y = the sum over the
+// inner dimension of x's codes times its 1 x B run's 1 / scale and W's codes times its B x B tile's,
+// plus b, computed here from fp8_encode and fp8_block_scale.
+TEST(Fp8Linear, BlockwiseForwardIsTheGemmOfTheBlockRoundedOperands) {
+  using P = strata_test::TestPolicy<double, false>;
+  for (const int block : {4, 128})
+    inprocess::run(1, [&](inprocess::communicator& world) {
+      auto ctx = Context::create(world, ParallelConfig{});
+      ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.recipe = Fp8RecipeKind::blockwise, .block = block}, 1);
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      ColumnParallelLinear<P> fc(ctx, "fc", kIn, kOut);
+      fc.init(ctx, 3, 0.5);
+      init_normal(ctx.device, *fc.bias(), 4, 0.1);
+      Tensor<double> x = random_tensor<double>(Shape{kSeq, kIn}, 5);
+      for (index_t i = 0; i < x.numel(); ++i) x[i] *= std::ldexp(1.0, static_cast<int>(i % 7));  // runs of other ranges
+      auto [y, saved] = fc.forward(ctx, Activation<double, layout::replicated>(x));
+      // the decoded value of element (r, c) of t [rows, cols] in blocks of br x bc
+      auto decoded = [&](const Tensor<double>& t, index_t rows, index_t cols, index_t br, index_t bc) {
+        std::vector<double> out(static_cast<std::size_t>(rows * cols));
+        for (index_t r0 = 0; r0 < rows; r0 += br)
+          for (index_t c0 = 0; c0 < cols; c0 += bc) {
+            float amax = 0;
+            for (index_t r = r0; r < std::min(rows, r0 + br); ++r)
+              for (index_t c = c0; c < std::min(cols, c0 + bc); ++c) amax = std::max(amax, std::fabs(static_cast<float>(t[r * cols + c])));
+            const float scale = fp8_block_scale(amax, 448.0f);
+            for (index_t r = r0; r < std::min(rows, r0 + br); ++r)
+              for (index_t c = c0; c < std::min(cols, c0 + bc); ++c)
+                out[static_cast<std::size_t>(r * cols + c)] =
+                    double(fp8_decode(fp8_encode(static_cast<float>(t[r * cols + c]) * scale, Fp8Format::e4m3), Fp8Format::e4m3)) /
+                    scale;
+          }
+        return out;
+      };
+      const std::vector<double> xq = decoded(x, kSeq, kIn, 1, block), wq = decoded(fc.weight().value, kOut, kIn, block, block);
+      double worst = 0;
+      for (index_t r = 0; r < kSeq; ++r)
+        for (index_t o = 0; o < kOut; ++o) {
+          double sum = 0;
+          for (index_t i = 0; i < kIn; ++i) sum += xq[static_cast<std::size_t>(r * kIn + i)] * wq[static_cast<std::size_t>(o * kIn + i)];
+          const double want = sum + fc.bias()->value[o];
+          worst = std::max(worst, std::fabs(y.tensor[r * kOut + o] - want) / (std::fabs(want) + 1e-3));
+        }
+      EXPECT_LT(worst, 1e-13) << "block " << block;
+    });
+}
+
+// The blockwise recipe refuses a layout whose tensor-parallel shards cut a block (hidden 48 over
+// tp = 2 is 24 features per rank, not whole blocks of 16), naming the layer and the numbers.
+TEST(Fp8Linear, BlockwiseRefusesBlocksStraddlingShards) {
+  using P = strata_test::TestPolicy<double, false>;
+  std::string message;
+  try {
+    inprocess::run(2, [&](inprocess::communicator& world) {
+      auto ctx = Context::create(world, ParallelConfig{.tp = 2});
+      ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.recipe = Fp8RecipeKind::blockwise, .block = 16}, 1);
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      ColumnParallelLinear<P> fc1(ctx, "fc1", kIn, kHidden);
+    });
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("fc1"), std::string::npos) << message;
+  EXPECT_NE(message.find("24 output features"), std::string::npos) << message;
+  EXPECT_NE(message.find("blocks of 16"), std::string::npos) << message;
+}
+
+// Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or// Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or
 // most_recent, scale = (max / amax) / 2^margin, kept when amax is 0.
 TEST(Fp8Recipe, DelayedHistoryRollsAndScalesAsTransformerEngine) {
   const int L = 3;
@@ -252,7 +322,8 @@ TEST(Fp8Recipe, RefusesWhatThisBuildCannotRun) {
     return std::string();
   };
   EXPECT_NE(message(Fp8Options{.recipe = Fp8RecipeKind::mxfp8}).find("Blackwell"), std::string::npos);
-  EXPECT_NE(message(Fp8Options{.recipe = Fp8RecipeKind::blockwise}).find("blockwise"), std::string::npos);
+  EXPECT_NE(message(Fp8Options{.recipe = Fp8RecipeKind::blockwise, .block = 0}).find("a block of 0"), std::string::npos);
+  EXPECT_EQ(message(Fp8Options{.recipe = Fp8RecipeKind::blockwise}), "");
   EXPECT_NE(message(Fp8Options{.amax_history_len = 0}).find("--fp8-amax-history-len 0"), std::string::npos);
   EXPECT_EQ(message(Fp8Options{}), "");
 }

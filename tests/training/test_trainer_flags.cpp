@@ -1104,9 +1104,18 @@ TEST(MegatronFlags, Fp8Flags) {
   TrainArgs mx = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"});
   (void)trainer::resolve_run(mx);
   expect_config_error([&] { trainer::validate(mx); }, {"--fp8-recipe mxfp8", "Blackwell"});
-  TrainArgs block = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"});
+  TrainArgs block = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--fp8-block-size", "16"});
   (void)trainer::resolve_run(block);
-  expect_config_error([&] { trainer::validate(block); }, {"--fp8-recipe blockwise", "delayed or tensorwise"});
+  EXPECT_NO_THROW(trainer::validate(block));
+  EXPECT_EQ(trainer::fp8_options_of(block)->recipe, strata::Fp8RecipeKind::blockwise);
+  EXPECT_EQ(trainer::fp8_options_of(block)->block, 16);
+  EXPECT_EQ(parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}).fp8_block_size, 128);  // DeepSeek-V3's
+  TrainArgs no_block = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--fp8-block-size", "0"});
+  (void)trainer::resolve_run(no_block);
+  expect_config_error([&] { trainer::validate(no_block); }, {"--fp8-recipe blockwise", "a block of 0"});
+  TrainArgs block_gpu = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--device", "cuda"});
+  (void)trainer::resolve_run(block_gpu);
+  expect_config_error([&] { trainer::validate(block_gpu); }, {"--fp8-recipe blockwise on --device cuda", "CPU threads"});
   TrainArgs history = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-amax-history-len", "0"});
   (void)trainer::resolve_run(history);
   expect_config_error([&] { trainer::validate(history); }, {"--fp8-amax-history-len 0"});

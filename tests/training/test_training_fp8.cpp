@@ -1,4 +1,5 @@
-// FP8 training through the trainers' loop on the CPU (emulated casts and GEMMs): tensor, sequence,
+// FP8 training through the trainers' loop on the CPU (emulated casts and GEMMs), with the delayed,
+// tensorwise and blockwise recipes: tensor, sequence,
 // data and pipeline parallel FP8 runs (also with --tp-comm-overlap) follow the single-rank FP8 run; a run resumed from a
 // checkpoint (amax histories and scales included) follows the straight run bit for bit; the weight
 // cache (one cast per step) equals casting per GEMM bit for bit; FP8 is in
@@ -41,6 +42,7 @@ trainer::TrainArgs tiny_fp8(const std::string& recipe) {
     a.fp8_amax_compute_algo = "max";
     a.fp8_margin = 1;
   }
+  a.fp8_block_size = 16;  // blockwise: every tensor-parallel shard of the tiny model is whole blocks
   return a;
 }
 
@@ -49,7 +51,7 @@ double mean(const std::vector<double>& v, std::size_t begin, std::size_t end) {
 }
 
 TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
-  for (const std::string recipe : {"delayed", "tensorwise"}) {
+  for (const std::string recipe : {"delayed", "tensorwise", "blockwise"}) {
     auto base = tiny_fp8(recipe);
     base.dtype = "double";
     base.train_iters = 5;
@@ -81,7 +83,7 @@ TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
 // for bit, with four micro-batches a step, both recipes, on one rank and at tp=2 + SP (and with
 // full recompute, whose recomputed forwards read the cache too).
 TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
-  for (const std::string recipe : {"delayed", "tensorwise"})
+  for (const std::string recipe : {"delayed", "tensorwise", "blockwise"})
     for (const int tp : {1, 2})
       for (const bool recompute : {false, true}) {
         auto a = tiny_fp8(recipe);
@@ -107,16 +109,19 @@ TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
 }
 
 TEST(TrainingFp8, RunsFp8AndTheLossFalls) {
-  auto a = tiny_fp8("delayed");
-  a.train_iters = 30;
-  const auto fp8 = trainer::train<strata::models::Gpt>(a);
-  auto plain_args = a;
-  plain_args.fp8_format.clear();
-  const auto plain = trainer::train<strata::models::Gpt>(plain_args);
-  ASSERT_EQ(fp8.losses.size(), 30u);
-  EXPECT_NE(fp8.losses[1], plain.losses[1]) << "the FP8 run is the plain run: no GEMM ran in FP8";
-  EXPECT_LT(mean(fp8.losses, 20, 30), mean(fp8.losses, 0, 10) - 0.5) << "loss did not fall";
-  EXPECT_NEAR(mean(fp8.losses, 20, 30), mean(plain.losses, 20, 30), 0.1 * mean(plain.losses, 20, 30));
+  for (const std::string recipe : {"delayed", "blockwise"}) {
+    auto a = tiny_fp8(recipe);
+    a.train_iters = 30;
+    const auto fp8 = trainer::train<strata::models::Gpt>(a);
+    auto plain_args = a;
+    plain_args.fp8_format.clear();
+    plain_args.fp8_recipe = "delayed";
+    const auto plain = trainer::train<strata::models::Gpt>(plain_args);
+    ASSERT_EQ(fp8.losses.size(), 30u);
+    EXPECT_NE(fp8.losses[1], plain.losses[1]) << recipe << ": the FP8 run is the plain run: no GEMM ran in FP8";
+    EXPECT_LT(mean(fp8.losses, 20, 30), mean(fp8.losses, 0, 10) - 0.5) << recipe << ": loss did not fall";
+    EXPECT_NEAR(mean(fp8.losses, 20, 30), mean(plain.losses, 20, 30), 0.1 * mean(plain.losses, 20, 30)) << recipe;
+  }
 }
 
 TEST(TrainingFp8, FirstLastLayersBf16OverEveryLayerIsThePlainRun) {
@@ -166,8 +171,14 @@ TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
   auto a = tiny_fp8("mxfp8");
   a.train_iters = 1;
   expect_error(a, "Blackwell");
-  a.fp8_recipe = "blockwise";
-  expect_error(a, "--fp8-recipe blockwise");
+  a.fp8_recipe = "blockwise";  // at tp = 2 each rank holds 32 of the hidden features: not whole blocks of 64
+  a.fp8_block_size = 64;
+  a.lr_warmup_iters = 0;
+  a.world_size = 2;
+  a.tensor_model_parallel_size = 2;
+  expect_error(a, "not whole blocks of 64");
+  a.world_size = 1;
+  a.tensor_model_parallel_size = 1;
   a.fp8_recipe = "delayed";
   a.fp8_amax_history_len = 0;
   expect_error(a, "--fp8-amax-history-len 0");

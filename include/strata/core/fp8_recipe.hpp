@@ -13,7 +13,15 @@
 //                       last L steps). The first step's scale is 1.
 //           tensorwise  current scaling: the amax of the tensor now (reduced over the tensor-
 //                       parallel ranks that share a sharded tensor), scale = fp8_max / amax.
-//           blockwise, mxfp8: refused by validate() with a sentence.
+//           blockwise   DeepSeek-V3's recipe (Transformer Engine's Float8BlockScaling): current
+//                       scaling per block, 1 x 128 runs along the GEMM's inner dimension for
+//                       inputs and output gradients, 128 x 128 tiles for weights; each block's
+//                       scale is the power of two at or below fp8_max / amax (1 for an amax of 0
+//                       or not finite), so decoding a code times 1 / scale is exact. No history,
+//                       no collective: a block never straddles two tensor-parallel shards
+//                       (checked when the layer is built). The block length is
+//                       Fp8Options::block (128; the CPU backend takes any length, for tests).
+//           mxfp8: refused by validate() with a sentence (Blackwell).
 //
 // A scaling state holds, per tensor role (input, weight, output gradient), one row
 // [history(L) | scale | scale_inv] of floats in the backend's memory, so the casts read the
@@ -66,6 +74,9 @@ struct Fp8Options {
   // Cast each weight once per optimizer step and keep its codes (2 bytes per weight element) until
   // the weights change; off: cast per GEMM (the same codes; for tests and for memory).
   bool cache_weights = true;
+  // blockwise: the length of a block (1 x block runs, block x block tiles); cuBLASLt's block-scaled
+  // GEMMs take 128, the CPU backend any length >= 1.
+  int block = 128;
 
   Fp8Format format_of(Fp8Role role) const {
     return format == Fp8Formats::hybrid && role == Fp8Role::grad_output ? Fp8Format::e5m2 : Fp8Format::e4m3;
@@ -78,9 +89,8 @@ struct Fp8Options {
     if (recipe == Fp8RecipeKind::mxfp8)
       fail<ConfigError>("--fp8-recipe mxfp8: MXFP8 block scaling needs Blackwell tensor cores (sm_100); on Hopper use "
                         "--fp8-recipe delayed or tensorwise");
-    if (recipe == Fp8RecipeKind::blockwise)
-      fail<ConfigError>("--fp8-recipe blockwise: the 1x128 / 128x128 block-scaled recipe is not built yet; use --fp8-recipe "
-                        "delayed or tensorwise");
+    if (recipe == Fp8RecipeKind::blockwise && block < 1)
+      fail<ConfigError>("--fp8-recipe blockwise: a block of ", block, " elements; blocks hold at least one (128 as DeepSeek-V3)");
     if (amax_history_len < 1)
       fail<ConfigError>("--fp8-amax-history-len ", amax_history_len, ": the history needs at least one step; give 1 or more");
     if (margin < 0 || margin > 64)
@@ -111,6 +121,15 @@ STRATA_HOST_DEVICE inline float fp8_scale_from_amax(float amax, float max, int m
   float scale = (max / amax) / power;
   if (!fp8_finite(scale)) scale = 3.4028234663852886e38f;  // amax tiny: the largest float
   return scale;
+}
+
+// The blockwise recipe's scale of a block whose amax is `amax`: the power of two at or below
+// max / amax (so 1 / scale is exact), 1 when amax is 0 or not finite, 2^127 at most.
+STRATA_HOST_DEVICE inline float fp8_block_scale(float amax, float max) {
+  if (!(amax > 0.0f) || !fp8_finite(amax)) return 1.0f;
+  const float ratio = max / amax;
+  if (!fp8_finite(ratio)) return std::bit_cast<float>(0x7f000000u);                  // 2^127
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(ratio) & 0x7f800000u);  // its power of two (ratio >= 2^-126)
 }
 
 // The step update of one role's row [history(L) | scale | scale_inv] (see the design note): amax
@@ -144,7 +163,9 @@ template <class Space>
 struct Fp8WeightCache {
   Tensor<std::uint8_t, Space> codes;             // W [out, in]: the forward GEMM's operand
   Tensor<std::uint8_t, Space> codes_transposed;  // W^T [in, out]: the input gradient GEMM's operand
-  Tensor<float, Space> scale;                    // [scale_inv] of the cast, alone: 16-byte aligned for cuBLASLt
+  Tensor<float, Space> scale;                    // [scale_inv] of the cast, alone: 16-byte aligned for cuBLASLt;
+                                                 // blockwise: the tiles' 1 / scale of W, [ceil(out/B), ceil(in/B)]
+  Tensor<float, Space> scale_transposed;         // blockwise: those of W^T, [ceil(in/B), ceil(out/B)]
   bool valid = false;
 };
 

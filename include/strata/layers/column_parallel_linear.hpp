@@ -63,6 +63,7 @@ class ColumnParallelLinear {
     owned_weight_->grad_first_write = true;  // only linear_weight_gradient_rows writes it (a borrowed weight may have other writers)
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
     check_gather(stacks);
+    if (fp8_) check_fp8_block_shard(ctx, name, "output features", out / stacks / ctx.tp.size());
   }
   // Borrows `weight` (global [out, in], split on dim 0); no bias.
   explicit ColumnParallelLinear(Param& borrowed_weight) : weight_(&borrowed_weight) {

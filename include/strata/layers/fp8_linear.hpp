@@ -8,6 +8,10 @@
 // Each operand is cast to FP8 with its role's scale (backend fp8_cast, which folds the amax into
 // the role's history[0] under the delayed recipe), and the GEMM (backend fp8_gemm) multiplies the
 // codes and applies both inverse scales to the sum. Bias, GELU and everything else stay in T.
+// The blockwise recipe casts each operand in blocks along the GEMM's inner dimension (backend
+// fp8_cast_blocks: x and dy in runs of B along their rows for the forward and the input gradient,
+// along their columns, transposed, for the weight gradient; fp8_cast_tiles: W in B x B tiles, both
+// layouts) and multiplies with fp8_gemm_blocks; its scales need no state and no collective.
 // The weight is cast once per optimizer step, both layouts in one pass (the weight cache,
 // core/fp8_recipe.hpp), and read from there by every forward and input gradient of the step;
 // fp8_after_optimizer_step drops the caches, and fp8_drop_weight_caches does for any other write.
@@ -46,6 +50,29 @@ concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uin
   d.fp8_update_scale(f, 1.0f, args);
 };
 
+// Whether a backend has the blockwise recipe's entry points (docs/DEVICE.md).
+template <class Device>
+concept backend_has_fp8_blocks = requires(Device& d, const float* x, float* f, std::uint8_t* q, const std::uint8_t* codes,
+                                          index_t n) {
+  d.template fp8_cast_blocks<float>(x, n, n, Fp8Format::e4m3, n, q, f, q, f);
+  d.template fp8_cast_tiles<float>(x, n, n, Fp8Format::e4m3, n, q, q, f, f);
+  d.template fp8_gemm_blocks<float>(n, n, n, codes, Fp8Format::e4m3, x, false, codes, Fp8Format::e4m3, x, true, n, f, false);
+};
+
+// The blockwise recipe under tensor parallelism: a block must not straddle two ranks' shards, so that
+// a sharded run casts the unsharded run's blocks. `local` is the length of this rank's part of the
+// sharded dimension (of each stack, for stacked weights); a ConfigError names the layer otherwise.
+template <class Context>
+void check_fp8_block_shard(const Context& ctx, const std::string& name, const char* what, index_t local) {
+  if (!ctx.fp8 || !ctx.fp8->fp8_here() || ctx.fp8->options.recipe != Fp8RecipeKind::blockwise || ctx.tp.size() == 1) return;
+  const index_t block = ctx.fp8->options.block;
+  if (local % block != 0)
+    fail<ConfigError>("--fp8-recipe blockwise: the linear layer ", name, " gives each of the tp=", ctx.tp.size(), " ranks ",
+                      local, " ", what, ", not whole blocks of ", block,
+                      ", so a block would straddle two ranks; choose sizes whose shards are multiples of ", block,
+                      ", another tp, or --fp8-recipe delayed or tensorwise");
+}
+
 // A new scaling state for the linear layer `name`, registered in ctx.fp8, when the layer is built
 // where FP8 runs (ctx.fp8 set and fp8_here()); else null. Rows start as history 0, scale 1.
 template <class Context>
@@ -55,6 +82,11 @@ std::shared_ptr<Fp8State<typename Context::space>> make_fp8_state(const Context&
   if constexpr (!backend_has_fp8<typename Context::device_type>)
     fail<ConfigError>("the linear layer ", name, " is built for FP8 (ctx.fp8), but this backend has no FP8 entry points "
                       "(fp8_cast, fp8_gemm, ...: docs/DEVICE.md); leave ctx.fp8 unset");
+  if constexpr (!backend_has_fp8_blocks<typename Context::device_type>)
+    if (ctx.fp8->options.recipe == Fp8RecipeKind::blockwise)
+      fail<ConfigError>("the linear layer ", name, " is built for the blockwise FP8 recipe, but this backend has no "
+                        "block-scaled entry points (fp8_cast_blocks, fp8_gemm_blocks: docs/DEVICE.md); use --fp8-recipe "
+                        "delayed or tensorwise");
   auto state = std::make_shared<Fp8State<Space>>();
   state->name = name;
   state->history = ctx.fp8->options.history();
@@ -166,11 +198,78 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
   return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, cache.scale.data(), {}};
 }
 
+// ---- the blockwise recipe ----
+
+template <class Space>
+struct Fp8BlockOperand {
+  Tensor<std::uint8_t, Space> codes;
+  Tensor<float, Space> scale_inv;  // runs: [ceil(k/B), rows] of the operand [rows, k]
+  Fp8Format format;
+};
+
+// x [rows, cols] for `role` in runs of B along its rows (codes [rows, cols]), or (transposed, for the
+// weight gradient) x^T [cols, rows] in runs along x's columns.
+template <class Context, class T>
+Fp8BlockOperand<typename Context::space> fp8_quantize_blocks(Context& ctx, Fp8Role role, const T* x, index_t rows,
+                                                             index_t cols, bool transposed) {
+  using Space = typename Context::space;
+  const index_t block = ctx.fp8->options.block;
+  const Fp8Format format = ctx.fp8->options.format_of(role);
+  auto runs = [&](index_t n) { return (n + block - 1) / block; };
+  Fp8BlockOperand<Space> q{Tensor<std::uint8_t, Space>::empty(transposed ? Shape{cols, rows} : Shape{rows, cols}),
+                           Tensor<float, Space>::empty(transposed ? Shape{runs(rows), cols} : Shape{runs(cols), rows}), format};
+  if (transposed)
+    ctx.device.template fp8_cast_blocks<T>(x, rows, cols, format, block, nullptr, nullptr, q.codes.data(), q.scale_inv.data());
+  else
+    ctx.device.template fp8_cast_blocks<T>(x, rows, cols, format, block, q.codes.data(), q.scale_inv.data(), nullptr, nullptr);
+  return q;
+}
+
+// The weight W [out, in] in B x B tiles for one GEMM: W (tiles [ceil(out/B), ceil(in/B)]) or
+// (transposed) W^T (tiles [ceil(in/B), ceil(out/B)]); from the weight cache, as fp8_weight.
+template <class Context, class T>
+Fp8WeightOperand<typename Context::space> fp8_weight_tiles(Context& ctx, Fp8State<typename Context::space>& state,
+                                                           const T* w, index_t out, index_t in, bool transposed) {
+  using Space = typename Context::space;
+  const index_t block = ctx.fp8->options.block;
+  const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+  auto& cache = state.weight_cache;
+  if (!cache.valid || !ctx.fp8->options.cache_weights) {
+    if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in})) {
+      const index_t tile_rows = (out + block - 1) / block, tile_cols = (in + block - 1) / block;
+      cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+      cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
+      cache.scale = Tensor<float, Space>::empty(Shape{tile_rows, tile_cols});
+      cache.scale_transposed = Tensor<float, Space>::empty(Shape{tile_cols, tile_rows});
+    }
+    ctx.device.template fp8_cast_tiles<T>(w, out, in, format, block, cache.codes.data(), cache.codes_transposed.data(),
+                                          cache.scale.data(), cache.scale_transposed.data());
+    cache.valid = ctx.fp8->options.cache_weights;
+    ++state.weight_casts;
+  }
+  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format,
+          transposed ? cache.scale_transposed.data() : cache.scale.data(), {}};
+}
+
+template <class Context>
+bool fp8_blockwise(const Context& ctx) {
+  return ctx.fp8->options.recipe == Fp8RecipeKind::blockwise;
+}
+
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
+  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
+    if (fp8_blockwise(ctx)) {
+      auto xq = fp8_quantize_blocks(ctx, Fp8Role::input, x, rows, in, false);                      // runs along in
+      auto wq = fp8_weight_tiles(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in) tiles
+      ctx.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
+                                             wq.format, wq.scale_inv, true, ctx.fp8->options.block, y, false);
+      if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
+      return;
+    }
   auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
   ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
@@ -184,10 +283,21 @@ template <class Context, class T, class Space>
 void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* dy, index_t rows,
                                     const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
-  auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
-  ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes,
-                                  wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
+  bool done = false;
+  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
+    if (fp8_blockwise(ctx)) {
+      auto dyq = fp8_quantize_blocks(ctx, Fp8Role::grad_output, dy, rows, out, false);             // runs along out
+      auto wtq = fp8_weight_tiles(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out) tiles
+      ctx.device.template fp8_gemm_blocks<T>(rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv.data(), false,
+                                             wtq.codes, wtq.format, wtq.scale_inv, true, ctx.fp8->options.block, dx, false);
+      done = true;
+    }
+  if (!done) {
+    auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
+    auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
+    ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes,
+                                    wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
+  }
   if (gelu_pre) ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
 }
 
@@ -198,11 +308,24 @@ void fp8_linear_weight_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sh
                                      index_t rows, Parameter<T, Space>& weight, Parameter<T, Space>* bias) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  auto dytq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output, true);  // (out, rows)
-  auto xtq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input, true);                 // (in, rows)
-  const bool overwrite = std::exchange(weight.grad_stale, false);
-  ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv, xtq.codes.data(),
-                                  xtq.format, xtq.scale_inv, weight.grad.data(), !overwrite);  // (out, in)
+  bool done = false;
+  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
+    if (fp8_blockwise(ctx)) {
+      auto dytq = fp8_quantize_blocks(ctx, Fp8Role::grad_output, dy, rows, out, true);  // (out, rows), runs along rows
+      auto xtq = fp8_quantize_blocks(ctx, Fp8Role::input, x, rows, in, true);           // (in, rows), runs along rows
+      const bool overwrite = std::exchange(weight.grad_stale, false);
+      ctx.device.template fp8_gemm_blocks<A>(out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv.data(), false,
+                                             xtq.codes.data(), xtq.format, xtq.scale_inv.data(), false,
+                                             ctx.fp8->options.block, weight.grad.data(), !overwrite);  // (out, in)
+      done = true;
+    }
+  if (!done) {
+    auto dytq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output, true);  // (out, rows)
+    auto xtq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input, true);                 // (in, rows)
+    const bool overwrite = std::exchange(weight.grad_stale, false);
+    ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv,
+                                    xtq.codes.data(), xtq.format, xtq.scale_inv, weight.grad.data(), !overwrite);  // (out, in)
+  }
   if (bias) ctx.device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 

@@ -59,6 +59,7 @@ class RowParallelLinear {
         fp8_(make_fp8_state(ctx, name)) {
     weight_.grad_first_write = true;  // only linear_weight_gradient_rows writes it
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
+    if (fp8_) check_fp8_block_shard(ctx, name, "input features", in / ctx.tp.size());
   }
 
   // With `residual` (the output's layout and shape): returns y + residual. On one rank the residual

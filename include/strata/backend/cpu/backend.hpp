@@ -75,6 +75,23 @@ struct backend {
     cpu::fp8_gemm<C>(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
   }
   static void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { cpu::fp8_update_scale(row, max, args); }
+  // the blockwise recipe's casts (runs and tiles) and block-scaled GEMM
+  template <class T>
+  static void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                              float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv) {
+    cpu::fp8_cast_blocks<T>(x, rows, cols, format, block, q, q_scale_inv, qt, qt_scale_inv);
+  }
+  template <class T>
+  static void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                             std::uint8_t* qt, float* scale_inv, float* scale_inv_t) {
+    cpu::fp8_cast_tiles<T>(x, rows, cols, format, block, q, qt, scale_inv, scale_inv_t);
+  }
+  template <class C>
+  static void fp8_gemm_blocks(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                              bool a_tiles, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, bool b_tiles,
+                              index_t block, C* c, bool accumulate) {
+    cpu::fp8_gemm_blocks<C>(m, n, k, a, fa, a_scale_inv, a_tiles, b, fb, b_scale_inv, b_tiles, block, c, accumulate);
+  }
 
   // gemm and bias
   template <class T, class C = T>

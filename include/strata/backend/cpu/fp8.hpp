@@ -15,10 +15,31 @@
 //                                   scales applied to the sum (as cuBLASLt's scale pointers do)
 //   fp8_update_scale(row, max, args)  the step update of one scaling row (core/fp8_recipe.hpp)
 //
+// The blockwise recipe (core/fp8_recipe.hpp), B = the block length:
+//   fp8_cast_blocks(x, rows, cols, f, B, q, q_scale_inv, qt, qt_scale_inv)
+//                                   q [rows, cols] with one scale per run of B along a row:
+//                                   q_scale_inv [ceil(cols/B), rows] (run kb of row r at kb rows + r);
+//                                   qt [cols, rows], the codes of x^T with one scale per run of B
+//                                   along a column of x: qt_scale_inv [ceil(rows/B), cols]. Either
+//                                   output may be null (not written).
+//   fp8_cast_tiles(x, rows, cols, f, B, q, qt, scale_inv, scale_inv_t)
+//                                   q [rows, cols] and qt [cols, rows] (either may be null) with one
+//                                   scale per B x B tile: scale_inv [ceil(rows/B), ceil(cols/B)] and
+//                                   its transpose scale_inv_t [ceil(cols/B), ceil(rows/B)]
+//   fp8_gemm_blocks(m, n, k, a, fa, a_scale_inv, a_tiles, b, fb, b_scale_inv, b_tiles, B, c, accumulate)
+//                                   C[m, n] = (or +=) sum_k A(m, k) B(n, k), A [m, k] and B [n, k]
+//                                   (both k-major: cuBLASLt's "TN"), each code decoded times its
+//                                   block's 1 / scale: runs of B along k (tiles false: scale_inv
+//                                   [ceil(k/B), rows]) or B x B tiles (true: [ceil(rows/B), ceil(k/B)]).
+//                                   The scales are powers of two, so the decoded values are exact and
+//                                   the GEMM of them is the block-scaled GEMM up to summation order.
+// Each block's scale is fp8_block_scale(amax of the block, fp8_max), its 1 / scale stored.
+//
 // The product float(x) * scale is rounded to float before the FP8 rounding, as the GPU kernel
 // computes it; for double tensors x is first rounded to float.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -86,6 +107,83 @@ void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint
 }
 
 inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { fp8_update_row(row, max, args); }
+
+inline index_t fp8_block_count(index_t n, index_t block) { return (n + block - 1) / block; }
+
+template <class T>
+void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                     float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv) {
+  const float max = fp8_max(format);
+  if (q)
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c0 = 0; c0 < cols; c0 += block) {  // the run [c0, c0 + B) of row r
+        const index_t c1 = std::min(cols, c0 + block);
+        float amax = 0.0f;
+        for (index_t c = c0; c < c1; ++c) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
+        const float scale = fp8_block_scale(amax, max);
+        for (index_t c = c0; c < c1; ++c) q[r * cols + c] = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
+        q_scale_inv[(c0 / block) * rows + r] = 1.0f / scale;
+      }
+  if (qt)
+    for (index_t c = 0; c < cols; ++c)
+      for (index_t r0 = 0; r0 < rows; r0 += block) {  // the run [r0, r0 + B) of column c
+        const index_t r1 = std::min(rows, r0 + block);
+        float amax = 0.0f;
+        for (index_t r = r0; r < r1; ++r) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
+        const float scale = fp8_block_scale(amax, max);
+        for (index_t r = r0; r < r1; ++r) qt[c * rows + r] = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
+        qt_scale_inv[(r0 / block) * cols + c] = 1.0f / scale;
+      }
+}
+
+template <class T>
+void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                    std::uint8_t* qt, float* scale_inv, float* scale_inv_t) {
+  const float max = fp8_max(format);
+  const index_t tile_rows = fp8_block_count(rows, block), tile_cols = fp8_block_count(cols, block);
+  for (index_t tr = 0; tr < tile_rows; ++tr)
+    for (index_t tc = 0; tc < tile_cols; ++tc) {
+      const index_t r0 = tr * block, r1 = std::min(rows, r0 + block), c0 = tc * block, c1 = std::min(cols, c0 + block);
+      float amax = 0.0f;
+      for (index_t r = r0; r < r1; ++r)
+        for (index_t c = c0; c < c1; ++c) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
+      const float scale = fp8_block_scale(amax, max);
+      for (index_t r = r0; r < r1; ++r)
+        for (index_t c = c0; c < c1; ++c) {
+          const std::uint8_t code = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
+          if (q) q[r * cols + c] = code;
+          if (qt) qt[c * rows + r] = code;
+        }
+      if (scale_inv) scale_inv[tr * tile_cols + tc] = 1.0f / scale;
+      if (scale_inv_t) scale_inv_t[tc * tile_rows + tr] = 1.0f / scale;
+    }
+}
+
+namespace detail {
+// The decoded values of a block-scaled operand X [rows, k] (see fp8_gemm_blocks).
+template <class A>
+std::vector<A> fp8_decode_blocks(const std::uint8_t* x, index_t rows, index_t k, Fp8Format format, const float* scale_inv,
+                                 bool tiles, index_t block) {
+  std::vector<A> values(static_cast<std::size_t>(rows * k));
+  const index_t k_blocks = fp8_block_count(k, block);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t i = 0; i < k; ++i) {
+      const float inverse = tiles ? scale_inv[(r / block) * k_blocks + i / block] : scale_inv[(i / block) * rows + r];
+      values[static_cast<std::size_t>(r * k + i)] = static_cast<A>(fp8_decode(x[r * k + i], format)) * static_cast<A>(inverse);
+    }
+  return values;
+}
+}  // namespace detail
+
+template <class C>
+void fp8_gemm_blocks(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                     bool a_tiles, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, bool b_tiles,
+                     index_t block, C* c, bool accumulate) {
+  using A = accumulate_t<C>;
+  const std::vector<A> a_values = detail::fp8_decode_blocks<A>(a, m, k, fa, a_scale_inv, a_tiles, block);
+  const std::vector<A> b_values = detail::fp8_decode_blocks<A>(b, n, k, fb, b_scale_inv, b_tiles, block);
+  cpu::gemm<A, C>(false, true, m, n, k, a_values.data(), b_values.data(), c, accumulate, A(1));
+}
 
 }  // namespace cpu
 STRATA_NAMESPACE_END

@@ -184,6 +184,33 @@ class backend {
   void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) const {
     kernels::fp8_update_scale(row, max, args, stream());
   }
+  // The blockwise recipe (the twins of cpu::fp8_cast_blocks / _tiles / fp8_gemm_blocks). The GEMM
+  // decodes both operands to bf16 (exact: the scales are powers of two) and runs the bf16 GEMM, a
+  // correct but not a fast path; cuBLASLt's block-scaled FP8 GEMM is not wired yet.
+  template <class T>
+  void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                       float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv) const {
+    kernels::fp8_cast_blocks<T>(x, rows, cols, format, block, q, q_scale_inv, qt, qt_scale_inv, stream());
+  }
+  template <class T>
+  void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                      std::uint8_t* qt, float* scale_inv, float* scale_inv_t) const {
+    kernels::fp8_cast_tiles<T>(x, rows, cols, format, block, q, qt, scale_inv, scale_inv_t, stream());
+  }
+  template <class C>
+  void fp8_gemm_blocks(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                       bool a_tiles, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, bool b_tiles,
+                       index_t block, C* c, bool accumulate) const {
+    if constexpr (!std::is_same_v<C, bf16> && !std::is_same_v<C, float>) {
+      fail<ConfigError>("cuda::backend::fp8_gemm_blocks: block-scaled FP8 GEMMs write bf16 or float on the GPU; train in bf16 "
+                        "or float with --fp8-recipe blockwise");
+    } else {
+      auto da = Tensor<bf16, space>::empty(Shape{m, k}), db = Tensor<bf16, space>::empty(Shape{n, k});
+      kernels::fp8_decode_blocks<bf16>(a, m, k, fa, a_scale_inv, a_tiles, block, da.data(), stream());
+      kernels::fp8_decode_blocks<bf16>(b, n, k, fb, b_scale_inv, b_tiles, block, db.data(), stream());
+      cuda::gemm<bf16, C>(state_->blas, stream(), false, true, m, n, k, da.data(), db.data(), c, accumulate, nullptr);
+    }
+  }
 
   // C[m,n] = op(A) op(B) (+= when accumulate) (+ bias[n] on every row, only when !accumulate).
   template <class T, class C = T>

@@ -7,6 +7,12 @@
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
+//   fp8_cast_blocks     the blockwise recipe's runs of B: along rows (one warp per run) and, for
+//                       x^T, along columns (one thread per run), each run's scale from its amax
+//   fp8_cast_tiles      B x B tiles, one block per tile, both layouts
+//   fp8_decode_blocks   codes times their block's 1 / scale, written as bf16 (exact: an FP8 value
+//                       times a power of two is a bf16 value unless it falls below 2^-133), the
+//                       operands of the block-scaled GEMM's fallback
 //
 // The amax is a max over the bits of non-negative floats (a NaN counts as the canonical quiet NaN,
 // whose bits are the largest, so NaN wins, as on the CPU): each block reduces its threads' maxima with warp shuffles and one atomicMax, so
@@ -152,6 +158,84 @@ __global__ void fp8_update_scale_kernel(float* row, float max, Args args) {
   if (blockIdx.x == 0 && threadIdx.x == 0) fp8_update_row(row, max, args);
 }
 
+// ---- the blockwise recipe (core/fp8_recipe.hpp; the twins are cpu::fp8_cast_blocks / _tiles) ----
+
+__device__ __forceinline__ index_t fp8_min(index_t a, index_t b) { return a < b ? a : b; }
+
+// One warp per run of B along a row: the lanes' maxima by shuffles, the scale from the run's amax.
+template <class T>
+__global__ void fp8_cast_runs_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block,
+                                     std::uint8_t* q, float* q_scale_inv) {
+  const index_t runs = (cols + block - 1) / block, warps = index_t(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  const float limit = fp8_max(format);
+  for (index_t id = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / 32; id < rows * runs; id += warps) {
+    const index_t r = id / runs, kb = id % runs, c0 = kb * block, c1 = fp8_min(cols, c0 + block);
+    unsigned bits = 0;
+    for (index_t c = c0 + lane; c < c1; c += 32) bits = max(bits, fp8_abs_bits(fp8_load(x, r * cols + c)));
+    for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+    const float scale = fp8_block_scale(__uint_as_float(bits), limit);
+    for (index_t c = c0 + lane; c < c1; c += 32) q[r * cols + c] = fp8_round(fp8_load(x, r * cols + c) * scale, format);
+    if (lane == 0) q_scale_inv[kb * rows + r] = 1.0f / scale;
+  }
+}
+
+// One thread per run of B along a column (x^T's rows): neighbouring threads read neighbouring columns.
+template <class T>
+__global__ void fp8_cast_column_runs_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block,
+                                            std::uint8_t* qt, float* qt_scale_inv) {
+  const index_t runs = (rows + block - 1) / block;
+  const float limit = fp8_max(format);
+  for (index_t id = blockIdx.x * index_t(blockDim.x) + threadIdx.x; id < runs * cols; id += index_t(gridDim.x) * blockDim.x) {
+    const index_t c = id % cols, rb = id / cols, r0 = rb * block, r1 = fp8_min(rows, r0 + block);
+    unsigned bits = 0;
+    for (index_t r = r0; r < r1; ++r) bits = max(bits, fp8_abs_bits(fp8_load(x, r * cols + c)));
+    const float scale = fp8_block_scale(__uint_as_float(bits), limit);
+    for (index_t r = r0; r < r1; ++r) qt[c * rows + r] = fp8_round(fp8_load(x, r * cols + c) * scale, format);
+    qt_scale_inv[rb * cols + c] = 1.0f / scale;
+  }
+}
+
+// One block per B x B tile: the block's max of the bits through shared memory, then the codes.
+template <class T>
+__global__ void fp8_cast_tiles_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block,
+                                      std::uint8_t* q, std::uint8_t* qt, float* scale_inv, float* scale_inv_t) {
+  __shared__ unsigned warp_max[32];
+  const index_t tile_rows = (rows + block - 1) / block, tile_cols = (cols + block - 1) / block;
+  const index_t tr = blockIdx.y, tc = blockIdx.x;
+  const index_t r0 = tr * block, c0 = tc * block, nr = fp8_min(rows - r0, block), nc = fp8_min(cols - c0, block);
+  unsigned bits = 0;
+  for (index_t i = threadIdx.x; i < nr * nc; i += blockDim.x) bits = max(bits, fp8_abs_bits(fp8_load(x, (r0 + i / nc) * cols + c0 + i % nc)));
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  if (lane == 0) warp_max[warp] = bits;
+  __syncthreads();
+  bits = 0;
+  for (int w = 0; w < warps; ++w) bits = max(bits, warp_max[w]);
+  const float scale = fp8_block_scale(__uint_as_float(bits), fp8_max(format));
+  for (index_t i = threadIdx.x; i < nr * nc; i += blockDim.x) {
+    const index_t r = r0 + i / nc, c = c0 + i % nc;
+    const std::uint8_t code = fp8_round(fp8_load(x, r * cols + c) * scale, format);
+    if (q) q[r * cols + c] = code;
+    if (qt) qt[c * rows + r] = code;
+  }
+  if (threadIdx.x == 0) {
+    if (scale_inv) scale_inv[tr * tile_cols + tc] = 1.0f / scale;
+    if (scale_inv_t) scale_inv_t[tc * tile_rows + tr] = 1.0f / scale;
+  }
+}
+
+template <class T>
+__global__ void fp8_decode_blocks_kernel(const std::uint8_t* q, index_t rows, index_t k, Fp8Format format,
+                                         const float* scale_inv, bool tiles, index_t block, T* out) {
+  const index_t k_blocks = (k + block - 1) / block;
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < rows * k; i += index_t(gridDim.x) * blockDim.x) {
+    const index_t r = i / k, p = i % k;
+    const float inverse = tiles ? scale_inv[(r / block) * k_blocks + p / block] : scale_inv[(p / block) * rows + r];
+    out[i] = T(fp8_decode(q[i], format) * inverse);
+  }
+}
+
 // The grids. A kernel that folds an amax ends each block with one atomicMax on the same word, and
 // those serialize in L2: a grid of one block per 256 elements (65,536 blocks for a 4096 x 4096
 // tensor) spent about 80 us per cast on an H100 in atomics alone. So those kernels run at most
@@ -194,6 +278,37 @@ STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* 
   fp8_align_scales_kernel<float><<<1, 1, 0, stream>>>(a, b, out);
   check_launch("fp8_align_scales");
 }
+template <class T>
+void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                     float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if (q) {
+    const index_t runs = rows * ((cols + block - 1) / block);
+    fp8_cast_runs_kernel<T><<<grid_for(runs * 32), kThreads, 0, stream>>>(x, rows, cols, format, block, q, q_scale_inv);
+    check_launch("fp8_cast_blocks");
+  }
+  if (qt) {
+    const index_t runs = cols * ((rows + block - 1) / block);
+    fp8_cast_column_runs_kernel<T><<<grid_for(runs), kThreads, 0, stream>>>(x, rows, cols, format, block, qt, qt_scale_inv);
+    check_launch("fp8_cast_blocks (columns)");
+  }
+}
+template <class T>
+void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                    std::uint8_t* qt, float* scale_inv, float* scale_inv_t, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + block - 1) / block), static_cast<unsigned>((rows + block - 1) / block));
+  fp8_cast_tiles_kernel<T><<<grid, kThreads, 0, stream>>>(x, rows, cols, format, block, q, qt, scale_inv, scale_inv_t);
+  check_launch("fp8_cast_tiles");
+}
+template <class T>
+void fp8_decode_blocks(const std::uint8_t* q, index_t rows, index_t k, Fp8Format format, const float* scale_inv, bool tiles,
+                       index_t block, T* out, cudaStream_t stream) {
+  if (rows <= 0 || k <= 0) return;
+  fp8_decode_blocks_kernel<T><<<grid_for(rows * k), kThreads, 0, stream>>>(q, rows, k, format, scale_inv, tiles, block, out);
+  check_launch("fp8_decode_blocks");
+}
+
 static_assert(std::is_trivially_copyable_v<Fp8UpdateArgs>, "kernel arguments are trivially copyable");
 STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
   fp8_update_scale_kernel<Fp8UpdateArgs><<<1, 1, 0, stream>>>(row, max, args);

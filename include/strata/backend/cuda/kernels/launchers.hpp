@@ -220,6 +220,15 @@ STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, inde
                                       cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream);
+template <class T>
+void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                     float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv, cudaStream_t stream);
+template <class T>
+void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
+                    std::uint8_t* qt, float* scale_inv, float* scale_inv_t, cudaStream_t stream);
+template <class T>
+void fp8_decode_blocks(const std::uint8_t* q, index_t rows, index_t k, Fp8Format format, const float* scale_inv, bool tiles,
+                       index_t block, T* out, cudaStream_t stream);
 
 // --- moe.cuh ---------------------------------------------------------------------------------------
 template <class A>

@@ -22,6 +22,10 @@ namespace cuda::kernels {
   template void fp8_cast<T>(const T*, index_t, Fp8Format, const float*, std::uint8_t*, float*, cudaStream_t);    \
   template void fp8_cast_transpose<T>(const T*, index_t, index_t, Fp8Format, const float*, std::uint8_t*,        \
                                       std::uint8_t*, float*, cudaStream_t);                                      \
+  template void fp8_cast_blocks<T>(const T*, index_t, index_t, Fp8Format, index_t, std::uint8_t*, float*,       \
+                                   std::uint8_t*, float*, cudaStream_t);                                         \
+  template void fp8_cast_tiles<T>(const T*, index_t, index_t, Fp8Format, index_t, std::uint8_t*, std::uint8_t*, \
+                                  float*, float*, cudaStream_t);                                                 \
   template void attention_merge<T, accumulate_t<T>>(T*, accumulate_t<T>*, const T*, const accumulate_t<T>*, index_t, \
                                                     index_t, index_t, index_t, cudaStream_t);                    \
   template void attention_sink_forward<T, accumulate_t<T>>(T*, accumulate_t<T>*, const T*, index_t, index_t,      \
@@ -43,6 +47,8 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_INSTANCE)
   template void moe_expert_bias_update<A>(const A*, index_t, double, A*, cudaStream_t);
 STRATA_CUDA_FOR_EACH_ACCUMULATE(STRATA_INSTANCE)
 #undef STRATA_INSTANCE
+template void fp8_decode_blocks<bf16>(const std::uint8_t*, index_t, index_t, Fp8Format, const float*, bool, index_t, bf16*,
+                                      cudaStream_t);
 template void moe_count<std::int32_t>(const std::int32_t*, index_t, index_t, index_t, index_t, std::int32_t*, bool,
                                       cudaStream_t);
 
