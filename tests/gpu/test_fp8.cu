@@ -14,7 +14,10 @@
 //                (both layouts, both scale grids) bit for bit against the CPU twin (blocks of 128 and
 //                of 32, partial blocks, an all-zero block, a NaN); fp8_gemm_blocks (runs x tiles,
 //                tiles x runs, runs x runs; bf16 and float outputs, float accumulated) against the
-//                CPU twin within the bf16 bound (the decoded operands are exact, the sums differ)
+//                CPU twin within the bf16 bound (the decoded operands are exact, the sums differ).
+//                A probe (printed, not a check): cuBLASLt's block-scaled FP8 GEMM with strata's scale
+//                layouts as they are and transposed, each against the CPU twin, to find the layout
+//                cuBLASLt reads before it is wired as the training path
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -259,6 +262,63 @@ void check_block_gemm(backend& device, suite& results, std::uint64_t seed, index
                                    format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
 }
 
+// The probe (see the note at the top): runs x tiles and runs x runs at 256 x 384 x 512, blocks of
+// 128, each operand's scales as strata lays them out (runs [k/B, rows], tiles [rows/B, k/B]) or
+// transposed; one printed line per candidate with its error against the CPU twin.
+void probe_cublaslt_block_layouts(backend& device) {
+  const index_t m = 256, n = 384, k = 512, block = 128;
+  host_rng rng(77);
+  auto va = rng.uniform<float>(static_cast<std::size_t>(m * k), -2, 2), vb = rng.uniform<float>(static_cast<std::size_t>(n * k), -2, 2);
+  for (std::size_t i = 0; i < va.size(); ++i) va[i] *= std::ldexp(1.0f, static_cast<int>((i / 61) % 9) - 4);
+  for (std::size_t i = 0; i < vb.size(); ++i) vb[i] *= std::ldexp(1.0f, static_cast<int>((i / 37) % 7) - 3);
+  auto transpose = [](const std::vector<float>& x, index_t rows, index_t cols) {
+    std::vector<float> t(x.size());
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) t[static_cast<std::size_t>(c * rows + r)] = x[static_cast<std::size_t>(r * cols + c)];
+    return t;
+  };
+  for (const bool b_tiles : {true, false}) {
+    std::vector<std::uint8_t> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k));
+    std::vector<float> sa(static_cast<std::size_t>((k / block) * m)), sb(static_cast<std::size_t>(b_tiles ? (n / block) * (k / block) : (k / block) * n));
+    strata::cpu::fp8_cast_blocks<float>(va.data(), m, k, Fp8Format::e4m3, block, a.data(), sa.data(), nullptr, nullptr);
+    if (b_tiles) strata::cpu::fp8_cast_tiles<float>(vb.data(), n, k, Fp8Format::e4m3, block, b.data(), nullptr, sb.data(), nullptr);
+    else strata::cpu::fp8_cast_blocks<float>(vb.data(), n, k, Fp8Format::e4m3, block, b.data(), sb.data(), nullptr, nullptr);
+    std::vector<float> want(static_cast<std::size_t>(m * n));
+    strata::cpu::fp8_gemm_blocks<float>(m, n, k, a.data(), Fp8Format::e4m3, sa.data(), false, b.data(), Fp8Format::e4m3, sb.data(),
+                                        b_tiles, block, want.data(), false);
+    device_vector<std::uint8_t> da(a.size()), db(b.size());
+    device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
+    device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
+    for (const bool a_transposed : {false, true})
+      for (const bool b_transposed : {false, true}) {
+        const std::vector<float> la = a_transposed ? transpose(sa, k / block, m) : sa;
+        const std::vector<float> lb = !b_transposed ? sb
+                                      : b_tiles     ? transpose(sb, n / block, k / block)
+                                                    : transpose(sb, k / block, n);
+        device_vector<float> dsa(la.size()), dsb(lb.size()), dc(static_cast<std::size_t>(m * n));
+        device.copy_from_host(la.data(), static_cast<index_t>(la.size()), dsa.data());
+        device.copy_from_host(lb.data(), static_cast<index_t>(lb.size()), dsb.data());
+        bool ran = false;
+        std::string error;
+        try {
+          ran = strata::cuda::fp8_gemm_blocks_cublaslt<float>(device.blas(), device.stream(), m, n, k, da.data(), Fp8Format::e4m3,
+                                                              dsa.data(), false, db.data(), Fp8Format::e4m3, dsb.data(), b_tiles,
+                                                              dc.data(), false);
+          device.synchronize();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        std::vector<float> got(static_cast<std::size_t>(m * n), 0.0f);
+        if (ran) device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), got.data());
+        std::printf("probe cuBLASLt block-scaled FP8 GEMM runs x %s: a scales %s, b scales %s: %s\n", b_tiles ? "tiles" : "runs",
+                    a_transposed ? "transposed" : "as strata's", b_transposed ? "transposed" : "as strata's",
+                    !error.empty() ? ("error: " + error).c_str()
+                    : ran          ? format("rel err %.3g", relative_error(got, want)).c_str()
+                                   : "no algorithm");
+      }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -310,6 +370,7 @@ int main() {
         check_block_gemm<bf16>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, false);
         check_block_gemm<float>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, true);
       }
+    probe_cublaslt_block_layouts(device);
     device.synchronize();
     return results.finish();
   } catch (const std::exception& e) {
