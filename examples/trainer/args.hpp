@@ -444,8 +444,11 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--dist-ckpt-strictness", true, false,
      "strata's loader checks the architecture and every tensor's name and shape before reading; a mismatch is an error"},
     {"--moe-grouped-gemm", false, false, "the experts always run as grouped GEMMs"},
-    {"--moe-permute-fusion", false, false, "a kernel-fusion choice; strata's permutation kernels are fixed"},
-    {"--moe-router-fusion", false, false, "a kernel-fusion choice; strata's router kernels are fixed"},
+    {"--moe-permute-fusion", false, false,
+     "always on: the permutation is one gather kernel (moe_gather_rows) and the unpermutation sums each token's expert "
+     "outputs times its routing probabilities in one kernel (moe_combine, and its backward)"},
+    {"--moe-router-fusion", false, false,
+     "always on: the router's score function, top-k, normalization and scaling run as one kernel (moe_router_forward)"},
     {"--cuda-graph-impl", true, false, "strata launches its kernels without CUDA graphs; the flag changes nothing"},
     {"--export-force-local-attention", false, false,
      "a choice of attention module for ModelOpt's export; strata's attention is one module"},
@@ -561,6 +564,8 @@ inline void add_moe_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--moe-ffn-hidden-size", m.expert_ffn_hidden_size, "one expert's MLP width (default --ffn-hidden-size)");
   app.add_option("--moe-shared-expert-intermediate-size", m.shared_expert_ffn_hidden_size,
                  "width of the shared experts every token goes through (DeepSeek; default none)");
+  app.add_flag("--moe-shared-expert-gate", m.shared_expert_gate,
+               "scale the shared experts' output by sigmoid(x . w) per token, w a learned [1, hidden] weight (Qwen2-MoE)");
   app.add_option("--moe-router-score-function", a.moe_router_score_function, "softmax (default) or sigmoid scores")
       ->check(CLI::IsMember({"softmax", "sigmoid"}));
   app.add_flag("--moe-router-pre-softmax", m.routing.pre_softmax, "softmax over all experts before the top-k (softmax only)");

@@ -1,6 +1,7 @@
 // tests/gpu/test_architecture_kernels.cu: the kernels of the architecture options against their CPU
 // twins (the same entry points of cpu::backend): the gated activations beyond SwiGLU (quick GeGLU,
-// gpt-oss's clamp and linear offset), squared ReLU, the rotary variants (partial, interleaved,
+// gpt-oss's clamp and linear offset), squared ReLU, the shared experts' sigmoid gate (Qwen2-MoE), the
+// rotary variants (partial, interleaved,
 // Llama 3.1 scaling), and LayerNorm / RMSNorm with a weight offset (--apply-layernorm-1p) on the
 // warp-per-row and the block-per-row paths. Each check runs the GPU entry point twice on fresh
 // uploads with NaN-filled outputs: the same bits both times, and ||gpu - cpu|| / ||cpu|| within
@@ -88,6 +89,24 @@ void test_activations(backend& dev, suite& results, host_rng& rng, index_t rows,
     auto r1 = run(), r2 = run();
     compare(results, "squared_relu_forward<" + dims + "> y", r1.first, r2.first, ry, tol);
     compare(results, "squared_relu_backward<" + dims + "> dx", r1.second, r2.second, rdx, tol);
+  }
+  {  // the shared experts' gate: rows (rows, f) scaled by sigmoid(z[r])
+    auto vx = rng.template uniform<T>(N, -2, 2), vz = rng.template uniform<T>(static_cast<std::size_t>(rows), -4, 4),
+         vdy = rng.template uniform<T>(N);
+    std::vector<T> ry(N), rdx(N), rdz(static_cast<std::size_t>(rows));
+    twin::sigmoid_gate_forward(vx.data(), vz.data(), rows, f, ry.data());
+    twin::sigmoid_gate_backward(vdy.data(), vx.data(), vz.data(), rows, f, rdx.data(), rdz.data());
+    device_vector<T> x(N), z(static_cast<std::size_t>(rows)), dy(N), y(N), dx(N), dz(static_cast<std::size_t>(rows));
+    auto run = [&] {
+      upload(dev, vx, x); upload(dev, vz, z); upload(dev, vdy, dy); nan_fill(dev, y); nan_fill(dev, dx); nan_fill(dev, dz);
+      dev.sigmoid_gate_forward(x.data(), z.data(), rows, f, y.data());
+      dev.sigmoid_gate_backward(dy.data(), x.data(), z.data(), rows, f, dx.data(), dz.data());
+      return std::tuple{download(dev, y), download(dev, dx), download(dev, dz)};
+    };
+    auto r1 = run(), r2 = run();
+    compare(results, "sigmoid_gate_forward<" + dims + "> y", std::get<0>(r1), std::get<0>(r2), ry, tol);
+    compare(results, "sigmoid_gate_backward<" + dims + "> dx", std::get<1>(r1), std::get<1>(r2), rdx, tol);
+    compare(results, "sigmoid_gate_backward<" + dims + "> dz", std::get<2>(r1), std::get<2>(r2), rdz, tol);
   }
 }
 

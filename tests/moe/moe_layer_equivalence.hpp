@@ -21,13 +21,14 @@ using strata_test::Snapshot;
 
 constexpr index_t kSeq = 8, kBatch = 2, kHidden = 16, kExperts = 8, kTopk = 2, kExpertFfn = 8;
 
-inline MoeMlpConfig layer_config(bool shared, MoeScore score) {
+inline MoeMlpConfig layer_config(bool shared, MoeScore score, bool gate = false) {
   MoeMlpConfig c;
   c.hidden_size = kHidden;
   c.num_experts = kExperts;
   c.topk = kTopk;
   c.expert_ffn_hidden_size = kExpertFfn;
   c.shared_expert_ffn_hidden_size = shared ? 16 : 0;
+  c.shared_expert_gate = gate;
   c.router.routing.score = score;
   c.router.load_balancing = MoeLoadBalancing::aux_loss;
   c.router.aux_loss_coeff = 0.05;
@@ -38,7 +39,8 @@ inline MoeMlpConfig layer_config(bool shared, MoeScore score) {
 // micro_batches > 0: one rank runs that many micro-batches (the reference); else config's layout.
 // P: the policy (its backend), TestPolicy by default.
 template <class T, bool SP, class Act, class Dispatch, class P = strata_test::TestPolicy<T, SP>>
-Snapshot run_moe(const ParallelConfig& config, int micro_batches, bool shared, MoeScore score = MoeScore::softmax) {
+Snapshot run_moe(const ParallelConfig& config, int micro_batches, bool shared, MoeScore score = MoeScore::softmax,
+                 bool gate = false) {
   using Context = context_t<P>;
   Snapshot snapshot;
   std::mutex mutex;
@@ -46,7 +48,7 @@ Snapshot run_moe(const ParallelConfig& config, int micro_batches, bool shared, M
   strata_test::Values losses(2, 0.0);
   inprocess::run(config.world_size(), [&](inprocess::communicator& world) {
     auto ctx = Context::create(world, config);
-    MoeMlp<P, Act, Dispatch> layer(ctx, "moe", layer_config(shared, score));
+    MoeMlp<P, Act, Dispatch> layer(ctx, "moe", layer_config(shared, score, gate));
     layer.init(ctx, 11, 0.3, 0.2);
     layer.router().set_loss_scale(0.7);
     const int first = micro_batches > 0 ? 0 : ctx.coords.dp, last = micro_batches > 0 ? micro_batches : ctx.coords.dp + 1;
@@ -97,15 +99,16 @@ inline std::string describe(const ParallelConfig& c, bool sp) {
          " etp=" + std::to_string(c.etp);
 }
 
-// Every layout against the single rank with as many micro-batches as the layout's dp.
+// Every layout against the single rank with as many micro-batches as the layout's dp. `gate`: the
+// shared experts' gate (MoeMlpConfig::shared_expert_gate).
 template <class T, class Act, class Dispatch>
-void check_layouts(bool shared, MoeScore score = MoeScore::softmax) {
+void check_layouts(bool shared, MoeScore score = MoeScore::softmax, bool gate = false) {
   std::map<int, Snapshot> reference;
   for (int dp : {1, 2, 4}) {
-    reference[dp] = run_moe<T, false, Act, Dispatch>(ParallelConfig{}, dp, shared, score);
-    // the router, fc1 and fc2 of every expert, the shared experts' fc1 and fc2; y and dx per
-    // micro-batch, then the losses
-    EXPECT_EQ(reference[dp].grads.size(), static_cast<std::size_t>(1 + 2 * kExperts + (shared ? 2 : 0)));
+    reference[dp] = run_moe<T, false, Act, Dispatch>(ParallelConfig{}, dp, shared, score, gate);
+    // the router, fc1 and fc2 of every expert, the shared experts' fc1 and fc2 (and gate); y and dx
+    // per micro-batch, then the losses
+    EXPECT_EQ(reference[dp].grads.size(), static_cast<std::size_t>(1 + 2 * kExperts + (shared ? 2 : 0) + (gate ? 1 : 0)));
     ASSERT_EQ(reference[dp].outputs.size(), static_cast<std::size_t>(2 * dp + 1));
     EXPECT_GT(reference[dp].outputs.back()[0], 0.0) << "no aux loss";
     EXPECT_GT(reference[dp].outputs.back()[1], 0.0) << "no z loss";
@@ -122,8 +125,8 @@ void check_layouts(bool shared, MoeScore score = MoeScore::softmax) {
       {{.tp = 2, .dp = 2, .ep = 4}, true},            {{.tp = 2, .dp = 2, .ep = 2, .etp = 2}, true},
   };
   for (const Case& c : cases) {
-    const Snapshot got = c.sp ? run_moe<T, true, Act, Dispatch>(c.config, 0, shared, score)
-                              : run_moe<T, false, Act, Dispatch>(c.config, 0, shared, score);
+    const Snapshot got = c.sp ? run_moe<T, true, Act, Dispatch>(c.config, 0, shared, score, gate)
+                              : run_moe<T, false, Act, Dispatch>(c.config, 0, shared, score, gate);
     strata_test::expect_equivalent(got, reference.at(c.config.dp), strata_test::tolerance<T>(), describe(c.config, c.sp));
   }
 }

@@ -602,8 +602,8 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   EXPECT_EQ(parse_flags("llama", {}).model_kind, "llama");
 
   const TrainArgs m = with({"--num-experts", "16", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "96",
-                            "--moe-shared-expert-intermediate-size", "64", "--moe-router-score-function", "sigmoid",
-                            "--moe-router-topk-scaling-factor", "2.5", "--moe-router-load-balancing-type", "seq_aux_loss",
+                            "--moe-shared-expert-intermediate-size", "64", "--moe-shared-expert-gate",
+                            "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.5", "--moe-router-load-balancing-type", "seq_aux_loss",
                             "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-router-enable-expert-bias",
                             "--moe-router-bias-update-rate", "0.01", "--moe-expert-capacity-factor", "1.25",
                             "--moe-token-drop-policy", "position", "--moe-pad-expert-input-to-capacity",
@@ -616,6 +616,8 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   EXPECT_EQ(m.model.moe.topk, 4);
   EXPECT_EQ(m.model.moe.expert_ffn_hidden_size, 96);
   EXPECT_EQ(m.model.moe.shared_expert_ffn_hidden_size, 64);
+  EXPECT_TRUE(m.model.moe.shared_expert_gate);
+  EXPECT_FALSE(d.model.moe.shared_expert_gate);  // Megatron's default
   EXPECT_EQ(m.model.moe.routing.score, strata::MoeScore::sigmoid);
   EXPECT_EQ(m.model.moe.routing.scaling_factor, 2.5);
   EXPECT_EQ(m.model.moe.load_balancing, strata::MoeLoadBalancing::seq_aux_loss);
@@ -656,6 +658,7 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   invalid({"--num-experts", "8", "--num-layers", "2", "--moe-layer-freq", "[0,1]", "--load-hf", "in"},
           {"--load-hf", "MixtralForCausalLM", "--moe-layer-freq"});
   invalid({"--num-experts", "8", "--moe-router-topk", "9"}, {"topk=9", "--num-experts=8"});
+  invalid({"--num-experts", "8", "--moe-shared-expert-gate"}, {"--moe-shared-expert-gate", "--moe-shared-expert-intermediate-size"});
   invalid({"--world-size", "2", "--expert-model-parallel-size", "2"}, {"--expert-model-parallel-size 2", "--num-experts"});
 }
 

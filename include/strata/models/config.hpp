@@ -31,6 +31,7 @@ struct MoeModelConfig {
   int topk = 2;                            // --moe-router-topk
   int expert_ffn_hidden_size = 0;          // --moe-ffn-hidden-size (0: the model's ffn_hidden_size)
   int shared_expert_ffn_hidden_size = 0;   // --moe-shared-expert-intermediate-size (0: no shared experts)
+  bool shared_expert_gate = false;         // --moe-shared-expert-gate: the shared output times sigmoid(x . w) (Qwen2-MoE)
   MoeRouting routing{};                    // --moe-router-score-function, --moe-router-pre-softmax,
                                            // --moe-router-topk-scaling-factor
   MoeLoadBalancing load_balancing = MoeLoadBalancing::aux_loss;  // --moe-router-load-balancing-type
@@ -189,6 +190,9 @@ inline void validate_moe(const MoeModelConfig& m, const ParallelConfig& p) {
     fail<ConfigError>("moe shared_expert_ffn_hidden_size=", m.shared_expert_ffn_hidden_size,
                       " must be 0 (no shared experts) or a positive multiple of tp=", p.tp,
                       ": the shared experts are a tensor-parallel MLP split over tp");
+  if (m.shared_expert_gate && m.shared_expert_ffn_hidden_size == 0)
+    fail<ConfigError>("moe shared_expert_gate is set without shared experts: the gate scales the shared experts' output; "
+                      "give --moe-shared-expert-intermediate-size too, or drop --moe-shared-expert-gate");
   if (!(std::isfinite(m.routing.scaling_factor) && m.routing.scaling_factor > 0))
     fail<ConfigError>("moe router scaling_factor=", m.routing.scaling_factor,
                       " must be a finite positive number (1 leaves the routing weights as they are)");

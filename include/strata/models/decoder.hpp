@@ -638,6 +638,7 @@ class DecoderModel {
       c.config.topk = m.topk;
       c.config.expert_ffn_hidden_size = config.expert_ffn();
       c.config.shared_expert_ffn_hidden_size = m.shared_expert_ffn_hidden_size;
+      c.config.shared_expert_gate = m.shared_expert_gate;
       c.config.dispatcher = m.token_dispatcher;
       c.config.activation = config.activation;
       c.config.glu_clamp = config.activation_clamp;

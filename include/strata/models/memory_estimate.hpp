@@ -205,6 +205,7 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
     moe_mlp = checked_product(what, m.moe.num_experts, shape.linear_bias ? h + 1 : h);  // and the logits' bias
     moe_mlp = checked_add(moe_mlp, checked_product(what, local_experts, mlp(m.expert_ffn(), std::max(1, piece.etp))), what);
     if (m.moe.shared_expert_ffn_hidden_size > 0) moe_mlp = checked_add(moe_mlp, mlp(m.moe.shared_expert_ffn_hidden_size, tp), what);
+    if (m.moe.shared_expert_gate) moe_mlp = checked_add(moe_mlp, h, what);  // its gate's weight [1, h], replicated
   }
   const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
 

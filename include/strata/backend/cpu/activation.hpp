@@ -189,5 +189,29 @@ void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx) {
   for (index_t i = 0; i < n; ++i) dx[i] = T(A(dy[i]) * A(2) * std::max(A(x[i]), A(0)));
 }
 
+// Rows scaled by the sigmoid of one logit each (the shared experts' gate, Qwen2-MoE):
+//   y[r, :] = sigmoid(z[r]) x[r, :];   dx[r, :] = sigmoid(z[r]) dy[r, :],
+//   dz[r] = sigmoid(z[r]) (1 - sigmoid(z[r])) sum_c dy[r, c] x[r, c]  (summed in A, c ascending)
+template <class T, class A = accumulate_t<T>>
+void sigmoid_gate_forward(const T* x, const T* z, index_t rows, index_t cols, T* y) {
+  for (index_t r = 0; r < rows; ++r) {
+    const A g = A(1) / (A(1) + std::exp(-A(z[r])));
+    for (index_t c = 0; c < cols; ++c) y[r * cols + c] = T(g * A(x[r * cols + c]));
+  }
+}
+
+template <class T, class A = accumulate_t<T>>
+void sigmoid_gate_backward(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz) {
+  for (index_t r = 0; r < rows; ++r) {
+    const A g = A(1) / (A(1) + std::exp(-A(z[r])));
+    A dot = 0;
+    for (index_t c = 0; c < cols; ++c) {
+      dot += A(dy[r * cols + c]) * A(x[r * cols + c]);
+      dx[r * cols + c] = T(g * A(dy[r * cols + c]));
+    }
+    dz[r] = T(g * (A(1) - g) * dot);
+  }
+}
+
 }  // namespace cpu
 STRATA_NAMESPACE_END

@@ -181,6 +181,14 @@ struct backend {
     cpu::glu_forward<T>(gu, rows, f, activation, y);
   }
   template <class T>
+  static void sigmoid_gate_forward(const T* x, const T* z, index_t rows, index_t cols, T* y) {
+    cpu::sigmoid_gate_forward<T>(x, z, rows, cols, y);
+  }
+  template <class T>
+  static void sigmoid_gate_backward(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz) {
+    cpu::sigmoid_gate_backward<T>(dy, x, z, rows, cols, dx, dz);
+  }
+  template <class T>
   static void glu_backward(const T* dy, const T* gu, index_t rows, index_t f, GluActivation activation, T* dgu) {
     cpu::glu_backward<T>(dy, gu, rows, f, activation, dgu);
   }

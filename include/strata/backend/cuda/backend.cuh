@@ -341,6 +341,14 @@ class backend {
     kernels::glu_forward<T>(gu, rows, f, activation, y, stream());
   }
   template <class T>
+  void sigmoid_gate_forward(const T* x, const T* z, index_t rows, index_t cols, T* y) const {
+    kernels::sigmoid_gate_forward<T>(x, z, rows, cols, y, stream());
+  }
+  template <class T>
+  void sigmoid_gate_backward(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz) const {
+    kernels::sigmoid_gate_backward<T>(dy, x, z, rows, cols, dx, dz, stream());
+  }
+  template <class T>
   void glu_backward(const T* dy, const T* gu, index_t rows, index_t f, GluActivation activation, T* dgu) const {
     kernels::glu_backward<T>(dy, gu, rows, f, activation, dgu, stream());
   }

@@ -9,7 +9,12 @@
 // tensor-parallel ranks never route the same token twice.
 //
 //   forward   tokens -> router (choices, weights; aux and z losses) -> dispatch -> experts ->
-//             combine -> (+ shared experts on the whole input)
+//             combine -> (+ shared experts on the whole input, optionally gated)
+//
+// The shared experts' gate (Megatron's --moe-shared-expert-gate, Qwen2-MoE's shared_expert_gate):
+// the shared output of token t is scaled by sigmoid(x_t . w), w [1, hidden] a replicated
+// parameter `<layer>.shared_experts.gate_weight`. Its gradient is summed over tp under sequence
+// parallelism (each rank saw its shard of the tokens), as a norm's is.
 //   backward  combine backward (d expert output, d weights) -> experts backward -> dispatch
 //             backward -> + router backward (d weights and the losses, scaled by loss_scale)
 //
@@ -79,6 +84,7 @@ struct MoeMlpConfig {
   double glu_clamp = 0.0;
   double glu_linear_offset = 0.0;
   bool bias = false;  // Megatron's add_bias_linear: the router's logits, each expert's fc1 / fc2, the shared experts
+  bool shared_expert_gate = false;  // the shared experts' output times sigmoid(x . w) (Qwen2-MoE; needs shared experts)
   std::optional<MlpConfig> dense;             // set: a dense layer (an Mlp of this config); the rest is not read
 };
 
@@ -113,6 +119,7 @@ class MoeMlp {
     typename Dispatcher::State dispatch;
     typename GroupedExperts<Policy, Act>::Saved experts;
     typename DenseMlp::Saved shared;
+    Tensor<T, Space> shared_input, shared_output, gate_logits;  // with the shared experts' gate
     typename DenseMlp::Saved dense;  // a dense layer's MLP
     Shape local_shape{};  // this rank's tokens [s, b, hidden]
   };
@@ -130,6 +137,12 @@ class MoeMlp {
       shared_.emplace(ctx, name + ".shared_experts",
                       MlpConfig{c.hidden_size, c.shared_expert_ffn_hidden_size, c.bias, c.activation, c.glu_clamp,
                                 c.glu_linear_offset});
+    if (c.shared_expert_gate) {
+      if (!shared_)
+        fail<ConfigError>("MoeMlp ", name, ": the shared experts' gate (--moe-shared-expert-gate) needs shared experts "
+                          "(--moe-shared-expert-intermediate-size)");
+      shared_gate_.emplace(name + ".shared_experts.gate_weight", Shape{1, c.hidden_size}, ShardSpec::replicated());
+    }
   }
   MoeMlp(const Context& ctx, std::string name, const MoeMlpConfigWithRouters<Policy>& c) : MoeMlp(ctx, std::move(name), c.config) {
     if (c.routers != nullptr && router_) c.routers->push_back(&*router_);
@@ -160,7 +173,19 @@ class MoeMlp {
     if (shared_) {
       auto [s, shared_saved] = shared_->forward(ctx, x);
       saved.shared = std::move(shared_saved);
-      ctx.device.template add<T>(out.data(), s.data(), out.tensor.numel(), out.data());
+      if (shared_gate_) {  // s times sigmoid(x . w), row by row
+        const index_t rows = x.tensor.numel() / h;
+        saved.gate_logits = Tensor<T, Space>::empty(Shape{rows});
+        ctx.device.template gemm<T>(false, true, rows, 1, h, x.data(), shared_gate_->value.data(), saved.gate_logits.data(),
+                                    false);
+        auto gated = Tensor<T, Space>::empty(s.tensor.shape());
+        ctx.device.template sigmoid_gate_forward<T>(s.data(), saved.gate_logits.data(), rows, h, gated.data());
+        saved.shared_input = x.tensor;
+        saved.shared_output = std::move(s.tensor);
+        ctx.device.template add<T>(out.data(), gated.data(), out.tensor.numel(), out.data());
+      } else {
+        ctx.device.template add<T>(out.data(), s.data(), out.tensor.numel(), out.data());
+      }
     }
     return {std::move(out), std::move(saved)};
   }
@@ -178,8 +203,22 @@ class MoeMlp {
     ctx.device.template add<T>(dx.data(), d_router.data(), dx.numel(), dx.data());
     Edge<Layout> out = input_gradient(ctx, dx.reshaped(saved.local_shape));
     if (shared_) {
-      auto ds = shared_->backward(ctx, saved.shared, dy, deferred);
-      ctx.device.template add<T>(out.data(), ds.data(), out.tensor.numel(), out.data());
+      Edge<Layout> d_shared = dy;
+      if (shared_gate_) {  // through the gate: d s = g dy; d logit = g (1 - g) (dy . s); then dw and dx
+        const index_t rows = dy.tensor.numel() / h;
+        auto ds = Tensor<T, Space>::empty(dy.tensor.shape());
+        auto dlogits = Tensor<T, Space>::empty(Shape{rows});
+        ctx.device.template sigmoid_gate_backward<T>(dy.data(), saved.shared_output.data(), saved.gate_logits.data(), rows,
+                                                     h, ds.data(), dlogits.data());
+        auto increment = Tensor<A, Space>::empty(shared_gate_->grad.shape());
+        ctx.device.template gemm<T, A>(true, false, 1, h, rows, dlogits.data(), saved.shared_input.data(), increment.data(),
+                                       false);
+        add_replicated_gradient<Layout>(ctx.device, ctx.tp, shared_gate_->grad, increment);
+        ctx.device.template gemm<T>(false, false, rows, h, 1, dlogits.data(), shared_gate_->value.data(), out.data(), true);
+        d_shared = Edge<Layout>(std::move(ds));
+      }
+      auto dshared = shared_->backward(ctx, saved.shared, d_shared, deferred);
+      ctx.device.template add<T>(out.data(), dshared.data(), out.tensor.numel(), out.data());
     }
     return out;
   }
@@ -189,6 +228,7 @@ class MoeMlp {
     if (router_) router_->init(ctx, seed, stddev);
     if (experts_) experts_->init(ctx, seed, stddev, output_stddev);
     if (shared_) shared_->init(ctx, seed, stddev, output_stddev);
+    if (shared_gate_) init_normal(ctx.device, *shared_gate_, seed, stddev);  // Megatron's init_method
   }
   template <class Visitor>
   void for_each_parameter(Visitor&& visit) {
@@ -196,6 +236,7 @@ class MoeMlp {
     if (router_) router_->for_each_parameter(visit);
     if (experts_) experts_->for_each_parameter(visit);
     if (shared_) shared_->for_each_parameter(visit);
+    if (shared_gate_) visit(*shared_gate_);
   }
 
   // The router of a MoE layer (is_moe()).
@@ -257,6 +298,7 @@ class MoeMlp {
   std::optional<Dispatcher> dispatcher_;
   std::optional<GroupedExperts<Policy, Act>> experts_;
   std::optional<DenseMlp> shared_;
+  std::optional<Parameter<T, Space>> shared_gate_;  // [1, hidden], replicated (MoeMlpConfig::shared_expert_gate)
   std::optional<DenseMlp> dense_;  // a dense layer
 };
 

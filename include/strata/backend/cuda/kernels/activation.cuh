@@ -146,5 +146,43 @@ void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream
   map<T>(dy, x, n, dx, squared_relu_backward_op<accumulate_t<T>>{}, "squared_relu_backward", stream);
 }
 
+// The shared experts' gate (cpu::sigmoid_gate_forward / _backward): rows scaled by sigmoid(z[r]).
+// Forward one thread per element; backward one warp per row (the row's dot product by shuffles).
+template <class T, class A = accumulate_t<T>>
+__global__ void sigmoid_gate_forward_kernel(const T* x, const T* z, index_t rows, index_t cols, T* y) {
+  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < rows * cols; i += index_t(gridDim.x) * blockDim.x) {
+    const A g = A(1) / (A(1) + exp_(-A(load(z, i / cols))));
+    store(y, i, g * load(x, i));
+  }
+}
+template <class T, class A = accumulate_t<T>>
+__global__ void sigmoid_gate_backward_kernel(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz) {
+  const int lane = threadIdx.x % 32;
+  const index_t warps = index_t(gridDim.x) * (blockDim.x / 32);
+  for (index_t r = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / 32; r < rows; r += warps) {
+    const A g = A(1) / (A(1) + exp_(-A(load(z, r))));
+    A dot = 0;
+    for (index_t c = lane; c < cols; c += 32) {
+      const A d = load(dy, r * cols + c);
+      dot += d * load(x, r * cols + c);
+      store(dx, r * cols + c, g * d);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (lane == 0) store(dz, r, g * (A(1) - g) * dot);
+  }
+}
+template <class T>
+void sigmoid_gate_forward(const T* x, const T* z, index_t rows, index_t cols, T* y, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  sigmoid_gate_forward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream>>>(x, z, rows, cols, y);
+  check_launch("sigmoid_gate_forward");
+}
+template <class T>
+void sigmoid_gate_backward(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  sigmoid_gate_backward_kernel<T><<<grid_for(rows * 32), kThreads, 0, stream>>>(dy, x, z, rows, cols, dx, dz);
+  check_launch("sigmoid_gate_backward");
+}
+
 }  // namespace cuda::kernels
 STRATA_NAMESPACE_END

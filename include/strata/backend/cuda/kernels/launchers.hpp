@@ -147,6 +147,10 @@ void swiglu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, T* 
 template <class T>
 void glu_forward(const T* gate_up, index_t rows, index_t f, GluActivation activation, T* y, cudaStream_t stream);
 template <class T>
+void sigmoid_gate_forward(const T* x, const T* z, index_t rows, index_t cols, T* y, cudaStream_t stream);
+template <class T>
+void sigmoid_gate_backward(const T* dy, const T* x, const T* z, index_t rows, index_t cols, T* dx, T* dz, cudaStream_t stream);
+template <class T>
 void glu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, GluActivation activation, T* dgate_up,
                   cudaStream_t stream);
 template <class T>

@@ -29,6 +29,8 @@ namespace cuda::kernels {
   template void glu_backward<T>(const T*, const T*, index_t, index_t, GluActivation, T*, cudaStream_t);             \
   template void squared_relu_forward<T>(const T*, index_t, T*, cudaStream_t);                                       \
   template void squared_relu_backward<T>(const T*, const T*, index_t, T*, cudaStream_t);                            \
+  template void sigmoid_gate_forward<T>(const T*, const T*, index_t, index_t, T*, cudaStream_t);                    \
+  template void sigmoid_gate_backward<T>(const T*, const T*, const T*, index_t, index_t, T*, T*, cudaStream_t);     \
   template void cross_entropy_max<T, accumulate_t<T>>(const T*, index_t, index_t, index_t, accumulate_t<T>*,        \
                                                       cudaStream_t);                                                \
   template void cross_entropy_sums<T, accumulate_t<T>>(const T*, index_t, index_t, index_t, const accumulate_t<T>*,  \
