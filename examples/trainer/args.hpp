@@ -1628,12 +1628,13 @@ inline void validate(const TrainArgs& a) {
     }
   }
   if (a.model.moe.enabled()) {
-    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's Mixtral or Qwen3-MoE: what they cannot express is refused now
+    if (!a.load_hf.empty() || !a.save_hf.empty()) {  // Hugging Face's MoE classes: what they cannot express is refused now
       try {
         (void)hf::hf_architecture(hf::Architecture::mixtral, a.model);
       } catch (const ConfigError& e) {
         fail<ConfigError>(!a.load_hf.empty() ? "--load-hf" : "--save-hf", " with --num-experts maps the model to Hugging "
-                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm, DeepseekV3ForCausalLM with "
+                          "Face's MixtralForCausalLM (Qwen3MoeForCausalLM with --qk-layernorm, Qwen2MoeForCausalLM with "
+                          "--add-qkv-bias and a gated shared expert, DeepseekV3ForCausalLM with "
                           "--multi-latent-attention, GptOssForCausalLM without --disable-bias-linear): ", e.what(),
                           " (save and load strata checkpoints instead: --save, --load)");
       }

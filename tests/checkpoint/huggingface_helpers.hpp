@@ -358,7 +358,7 @@ class HfReference {
   Rows llama(const std::vector<std::int32_t>& tokens) const {
     const auto& c = config_;
     const int h = c.hidden_size, heads = c.num_attention_heads, kv = c.num_query_groups, d = c.head_dim();
-    const bool qwen2 = architecture_ == strata::hf::Architecture::qwen2,
+    const bool qwen2 = architecture_ == strata::hf::Architecture::qwen2 || architecture_ == strata::hf::Architecture::qwen2_moe,
                qwen3 = architecture_ == strata::hf::Architecture::qwen3 || architecture_ == strata::hf::Architecture::qwen3_moe;
     const auto embed = tensor("model.embed_tokens.weight");
     Rows x(tokens.size(), std::vector<double>(static_cast<std::size_t>(h)));
@@ -389,6 +389,20 @@ class HfReference {
       }
       if (architecture_ == strata::hf::Architecture::qwen3_moe && c.moe_layer(l)) {  // Qwen3MoeSparseMoeBlock
         add(x, sparse_moe(m, p + "mlp.", "gate_proj", "up_proj", "down_proj", !c.moe.routing.pre_softmax));
+        continue;
+      }
+      if (architecture_ == strata::hf::Architecture::qwen2_moe && c.moe_layer(l)) {  // Qwen2MoeSparseMoeBlock
+        add(x, sparse_moe(m, p + "mlp.", "gate_proj", "up_proj", "down_proj", !c.moe.routing.pre_softmax));
+        // the shared expert, times sigmoid(shared_expert_gate(x)) per token
+        Rows gate = linear(m, tensor(p + "mlp.shared_expert.gate_proj.weight"));
+        const Rows up = linear(m, tensor(p + "mlp.shared_expert.up_proj.weight"));
+        for (std::size_t t = 0; t < gate.size(); ++t)
+          for (std::size_t i = 0; i < gate[t].size(); ++i) gate[t][i] = gate[t][i] / (1.0 + std::exp(-gate[t][i])) * up[t][i];
+        Rows shared = linear(gate, tensor(p + "mlp.shared_expert.down_proj.weight"));
+        const Rows logit = linear(m, tensor(p + "mlp.shared_expert_gate.weight"));
+        for (std::size_t t = 0; t < shared.size(); ++t)
+          for (double& v : shared[t]) v *= 1.0 / (1.0 + std::exp(-logit[t][0]));
+        add(x, shared);
         continue;
       }
       Rows gate = linear(m, tensor(p + "mlp.gate_proj.weight"));

@@ -371,5 +371,80 @@ TEST(HuggingFaceRoundTrip, Qwen3MoeIsExactAndMatchesAnIndependentForward) {
   load(c);
 }
 
+// ---- Qwen2-MoE (Qwen2MoeForCausalLM): q, k, v biases, a gated shared expert, dense layers ----
+
+models::ModelConfig tiny_qwen2_moe() {
+  models::ModelConfig c = tiny_mixtral();
+  c.add_qkv_bias = true;
+  c.num_layers = 4;
+  c.moe.layers = {0, 1, 1, 1};  // mlp_only_layers [0]
+  c.moe.shared_expert_ffn_hidden_size = 20;
+  c.moe.shared_expert_gate = true;
+  c.moe.routing.pre_softmax = true;  // norm_topk_prob false, Qwen1.5-MoE's
+  return c;
+}
+
+TEST(HuggingFaceMapping, Qwen2MoeNamesAndConfig) {
+  const auto c = tiny_qwen2_moe();
+  EXPECT_EQ(hf::hf_architecture(hf::Architecture::mixtral, c), hf::Architecture::qwen2_moe);
+  std::map<std::string, std::vector<std::string>> pieces;
+  for (const auto& m : hf::tensor_mappings(hf::Architecture::mixtral, c)) pieces[m.strata_name] = m.pieces;
+  EXPECT_EQ(pieces["layers.1.attention.qkv.bias"],
+            (std::vector<std::string>{"model.layers.1.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+                                      "model.layers.1.self_attn.v_proj.bias"}));
+  EXPECT_EQ(pieces["layers.2.mlp.shared_experts.fc1.weight"],
+            (std::vector<std::string>{"model.layers.2.mlp.shared_expert.gate_proj.weight", "model.layers.2.mlp.shared_expert.up_proj.weight"}));
+  EXPECT_EQ(pieces["layers.2.mlp.shared_experts.fc2.weight"], std::vector<std::string>{"model.layers.2.mlp.shared_expert.down_proj.weight"});
+  EXPECT_EQ(pieces["layers.2.mlp.shared_experts.gate_weight"], std::vector<std::string>{"model.layers.2.mlp.shared_expert_gate.weight"});
+  EXPECT_EQ(pieces["layers.2.mlp.experts.3.fc2.weight"], std::vector<std::string>{"model.layers.2.mlp.experts.3.down_proj.weight"});
+  EXPECT_EQ(pieces.count("layers.0.mlp.shared_experts.gate_weight"), 0u) << "the dense first layer has no experts";
+
+  TempDirectory dir("hf_qwen2_moe_config");
+  (void)export_mixtral<float>(c, dir.path());
+  const std::string text = strata_test::read_text(dir.path() / "config.json");
+  for (const char* field : {"\"architectures\": [\"Qwen2MoeForCausalLM\"]", "\"model_type\": \"qwen2_moe\"",
+                            "\"shared_expert_intermediate_size\": 20", "\"qkv_bias\": true", "\"norm_topk_prob\": false",
+                            "\"mlp_only_layers\": [0]", "\"moe_intermediate_size\": 16"})
+    EXPECT_NE(text.find(field), std::string::npos) << field << " not in\n" << text;
+  const hf::HfConfig back = hf::read_config(dir.path());
+  EXPECT_EQ(back.architecture, hf::Architecture::qwen2_moe);
+  EXPECT_TRUE(back.config.add_qkv_bias);
+  EXPECT_TRUE(back.config.moe.shared_expert_gate);
+  EXPECT_EQ(back.config.moe.shared_expert_ffn_hidden_size, 20);
+  EXPECT_TRUE(back.config.moe.routing.pre_softmax);
+  EXPECT_NO_THROW(hf::check_config(back, hf::Architecture::mixtral, c));
+  // what the class cannot be without: the gate, the shared expert, the biases
+  auto no_gate = c;
+  no_gate.moe.shared_expert_gate = false;
+  expect_error<ConfigError>([&] { (void)hf::hf_architecture(hf::Architecture::mixtral, no_gate); },
+                            {"no gated shared expert", "--moe-shared-expert-gate"});
+  auto other_width = c;
+  other_width.moe.shared_expert_ffn_hidden_size = 24;
+  expect_error<ConfigError>([&] { hf::check_config(back, hf::Architecture::mixtral, other_width); },
+                            {"shared_expert_intermediate_size is 20", "24"});
+}
+
+// The files read by transformers' equations (Qwen2MoeSparseMoeBlock: softmax top-k, with and without
+// norm_topk_prob, plus the gated shared expert; the dense first layer; the attention's biases) give
+// the model's logits; the round trip is exact at tp x ep x etp x pp layouts.
+TEST(HuggingFaceRoundTrip, Qwen2MoeIsExactAndMatchesAnIndependentForward) {
+  for (bool pre_softmax : {true, false}) {
+    auto c = tiny_qwen2_moe();
+    c.moe.routing.pre_softmax = pre_softmax;
+    TempDirectory reference_dir("hf_qwen2_moe_reference");
+    const auto exported64 = export_mixtral<double>(c, reference_dir.path());
+    const auto reference = strata_test::HfReference(reference_dir.path(), hf::Architecture::qwen2_moe).logits(kTokens);
+    EXPECT_LE(strata_test::logits_error(exported64.logits, reference), 1e-12) << "pre_softmax " << pre_softmax;
+
+    TempDirectory dir("hf_qwen2_moe_round_trip");
+    const auto exported = export_mixtral<float>(c, dir.path());
+    for (const Layout& l : {Layout{}, Layout{.tp = 2, .ep = 2, .etp = 1}, Layout{.tp = 2, .dp = 2, .ep = 2, .etp = 2},
+                            Layout{.tp = 1, .pp = 2, .dp = 2, .ep = 2, .etp = 1}}) {
+      const auto imported = import_mixtral<float>(c, dir.path(), l);
+      strata_test::expect_same_values(imported, exported, c.vocab_size, l.str());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace test_huggingface_mixtral_cases

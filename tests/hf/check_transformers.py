@@ -211,6 +211,17 @@ def hf_cases(transformers, torch):
                                     router_aux_loss_coef=0.02, **qwen_fields)
             cases.append((f"qwen3_moe (dense first layer, norm_topk_prob {norm_topk_prob})", "qwen3_moe",
                           transformers.Qwen3MoeForCausalLM, qwen3_moe, {}))
+    if hasattr(transformers, "Qwen2MoeForCausalLM"):
+        # Qwen2-MoE: Qwen2's attention (q/k/v biases), a dense first layer of intermediate_size 96, then 4
+        # experts of moe_intermediate_size 48, top-2, and a shared expert of 40 behind its sigmoid gate,
+        # with and without norm_topk_prob.
+        for norm_topk_prob in (False, True):
+            qwen2_moe = make_config(transformers.Qwen2MoeConfig, torch, moe_intermediate_size=48, num_experts=4,
+                                    num_experts_per_tok=2, shared_expert_intermediate_size=40, norm_topk_prob=norm_topk_prob,
+                                    decoder_sparse_step=1, mlp_only_layers=[0], router_aux_loss_coef=0.02, qkv_bias=True,
+                                    **qwen_fields)
+            cases.append((f"qwen2_moe (gated shared expert, norm_topk_prob {norm_topk_prob})", "qwen2_moe",
+                          transformers.Qwen2MoeForCausalLM, qwen2_moe, {}))
     if hasattr(transformers, "DeepseekV3ForCausalLM"):
         # DeepSeek-V3: multi-latent attention (queries through a latent of 24, or none; keys and values
         # through one of 16; heads of 12 + 8 RoPE dimensions, values of 10), a dense first layer, then 4
@@ -316,9 +327,10 @@ def main():
                "mistral": getattr(transformers, "MistralForCausalLM", None),
                "mixtral": getattr(transformers, "MixtralForCausalLM", None),
                "qwen3_moe": getattr(transformers, "Qwen3MoeForCausalLM", None),
+               "qwen2_moe": getattr(transformers, "Qwen2MoeForCausalLM", None),
                "deepseek_v3": getattr(transformers, "DeepseekV3ForCausalLM", None),
                "gpt_oss": getattr(transformers, "GptOssForCausalLM", None)}
-    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"):
+    for architecture in ("gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss"):
         if classes[architecture] is None:
             rows.append(("strata -> transformers", architecture, "-", "-", "-", "FAIL",
                          f"this transformers ({transformers.__version__}) has no {architecture} model"))
@@ -336,6 +348,7 @@ def main():
         name = {"gpt2": "gpt2", "llama": "llama (GQA 4/2)", "mistral": "mistral (sliding window 6)", "qwen2": "qwen2 (q/k/v biases)",
                 "qwen3": "qwen3 (qk norms, head_dim 24)", "mixtral": "mixtral (4 experts, top-2)",
                 "qwen3_moe": "qwen3_moe (dense first layer, 4 experts)",
+                "qwen2_moe": "qwen2_moe (q/k/v biases, dense first layer, 4 experts, gated shared expert)",
                 "deepseek_v3": "deepseek_v3 (MLA, dense first layer, grouped sigmoid experts, shared expert)",
                 "gpt_oss": "gpt_oss (biases, clamped quick GeGLU experts, sinks, alternating window, YaRN)"}[architecture]
         record("strata -> transformers", name, export_case)

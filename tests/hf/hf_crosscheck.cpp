@@ -1,7 +1,7 @@
 // hf_crosscheck: the strata side of the cross-check against Hugging Face transformers
 // (tests/hf/check_transformers.py drives it on a machine with PyTorch).
 //
-//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--seed N]
+//   hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--seed N]
 //       builds a tiny float32 model (Llama with grouped-query attention: 4 heads in 2 groups;
 //       Mixtral: the same with 4 experts of width 48, top-2, in each layer; Qwen3-MoE: Qwen3's with a
 //       dense first layer and such experts in the second; DeepSeek-V3: multi-latent attention, a dense first
@@ -10,7 +10,7 @@
 //       window of 6 keys on the first layer only, YaRN) on one
 //       rank, initializes it with the seed, writes it to <dir> as a transformers checkpoint
 //       (config.json + model.safetensors), the prompt it uses (tokens.json) and its logits
-//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]
+//   hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--tp N]
 //       loads the transformers checkpoint in <dir> (its config.json gives the sizes) into a float32
 //       model on N tensor-parallel ranks (threads, default 2; Mixtral and Qwen3-MoE: N expert-parallel ranks) and
 //       writes the logits of the prompt in <dir>/tokens.json
@@ -18,7 +18,7 @@
 //       imports the transformers checkpoint in <dir> on one rank, trains it N AdamW steps (default 5)
 //       on the prompt of <dir>/tokens.json (next-token loss), exports it to <out> with the trained
 //       model's logits and its losses before and after (crosscheck.json "losses")
-//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]
+//   hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--tp N]
 //       export, then import from the same directory at tp=N, and compare the logits (exit 1 when
 //       they differ by more than float rounding)
 //
@@ -89,6 +89,16 @@ models::ModelConfig tiny_config(hf::Architecture architecture) {
       c.moe.num_experts = 4;
       c.moe.topk = 2;
       c.moe.expert_ffn_hidden_size = 48;
+      c.moe.layers = {0, 1};
+    }
+    if (architecture == hf::Architecture::qwen2_moe) {  // Qwen2-MoE: Qwen2's biases, a dense first layer, 4 experts of width 48
+      c.add_qkv_bias = true;                          // and a gated shared expert of width 40 on the MoE layer
+      c.moe.num_experts = 4;
+      c.moe.topk = 2;
+      c.moe.expert_ffn_hidden_size = 48;
+      c.moe.shared_expert_ffn_hidden_size = 40;
+      c.moe.shared_expert_gate = true;
+      c.moe.routing.pre_softmax = true;  // norm_topk_prob false
       c.moe.layers = {0, 1};
     }
     if (architecture == hf::Architecture::gpt_oss) {  // gpt-oss: biases, clamped quick GeGLU experts, sinks, alternating windows, YaRN
@@ -294,11 +304,11 @@ void train_model(const std::filesystem::path& dir, const std::filesystem::path& 
 }
 
 int usage() {
-  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--seed N]\n"
-               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
+  std::cerr << "usage: hf_crosscheck export <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--seed N]\n"
+               "       hf_crosscheck import <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--tp N]\n"
                "       hf_crosscheck train <dir> <out> gpt2|llama|...|gpt_oss [--steps N]\n"
-               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|deepseek_v3|gpt_oss [--tp N]\n"
-               "(mixtral, qwen3_moe, deepseek_v3, gpt_oss: --tp N imports over N expert-parallel ranks)\n";
+               "       hf_crosscheck roundtrip <dir> gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen3_moe|qwen2_moe|deepseek_v3|gpt_oss [--tp N]\n"
+               "(mixtral, qwen3_moe, qwen2_moe, deepseek_v3, gpt_oss: --tp N imports over N expert-parallel ranks)\n";
   return 2;
 }
 
@@ -314,7 +324,7 @@ int run(int argc, char** argv) {
   }
   const auto architecture = hf::parse_architecture(argv[3]);
   if (!architecture) {
-    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or gpt_oss)\n";
+    std::cerr << "hf_crosscheck: unknown architecture '" << argv[3] << "' (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, qwen2_moe, deepseek_v3 or gpt_oss)\n";
     return 2;
   }
   int tp = 2, steps = 5;

@@ -64,6 +64,11 @@
 //     layers.L.mlp.experts.e.fc2.weight    model.layers.L.mlp.experts.e.down_proj.weight
 //   Its router takes the top-k of the softmax over all experts, renormalized when norm_topk_prob
 //   (strata's softmax over the k chosen logits), else as they are (MoeRouting::pre_softmax).
+//   Qwen2-MoE (model_type "qwen2_moe"): Qwen3-MoE's experts, router and dense layers with Qwen2's
+//   attention (q, k, v biases, heads of hidden / heads) and one shared expert per MoE layer behind a
+//   sigmoid gate (MoeModelConfig::shared_expert_gate)
+//     layers.L.mlp.shared_experts.fc1/fc2  model.layers.L.mlp.shared_expert.{gate,up,down}_proj.weight
+//     layers.L.mlp.shared_experts.gate_weight [1, h]  model.layers.L.mlp.shared_expert_gate.weight
 //   gpt-oss (model_type "gpt_oss"): the MoE model with every linear bias (ModelConfig::add_bias_linear),
 //   learned sinks, quick GeGLU experts clamped at swiglu_limit, windows by layer_types; Llama's names
 //   for the attention (with q, k, v, o biases) and norms, and
@@ -171,7 +176,7 @@ namespace hf {
 // the compiled model is Llama's, the Hugging Face class follows the configuration (hf_architecture).
 // mixtral is models::MoeLlama (models::Mixtral): the Llama block with a mixture of experts; with
 // qk_layernorm it is qwen3_moe.
-enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral, deepseek_v3, gpt_oss };
+enum class Architecture : std::uint8_t { gpt2, llama, qwen2, qwen3, mixtral, qwen3_moe, mistral, deepseek_v3, gpt_oss, qwen2_moe };
 
 constexpr std::string_view architecture_name(Architecture a) {
   switch (a) {
@@ -184,6 +189,7 @@ constexpr std::string_view architecture_name(Architecture a) {
     case Architecture::mistral: return "mistral";
     case Architecture::deepseek_v3: return "deepseek_v3";
     case Architecture::gpt_oss: return "gpt_oss";
+    case Architecture::qwen2_moe: return "qwen2_moe";
   }
   return "?";
 }
@@ -198,12 +204,14 @@ constexpr std::string_view architecture_class(Architecture a) {
     case Architecture::mistral: return "MistralForCausalLM";
     case Architecture::deepseek_v3: return "DeepseekV3ForCausalLM";
     case Architecture::gpt_oss: return "GptOssForCausalLM";
+    case Architecture::qwen2_moe: return "Qwen2MoeForCausalLM";
   }
   return "?";
 }
 inline std::optional<Architecture> parse_architecture(std::string_view name) {
   for (Architecture a : {Architecture::gpt2, Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mixtral,
-                         Architecture::qwen3_moe, Architecture::mistral, Architecture::deepseek_v3, Architecture::gpt_oss})
+                         Architecture::qwen3_moe, Architecture::mistral, Architecture::deepseek_v3, Architecture::gpt_oss,
+                         Architecture::qwen2_moe})
     if (name == architecture_name(a)) return a;
   return std::nullopt;
 }
@@ -211,7 +219,8 @@ inline std::optional<Architecture> parse_architecture(std::string_view name) {
 constexpr bool llama_family(Architecture a) { return a != Architecture::gpt2; }
 // Whether the architecture is the mixture-of-experts model (models::MoeLlama).
 constexpr bool moe_family(Architecture a) {
-  return a == Architecture::mixtral || a == Architecture::qwen3_moe || a == Architecture::deepseek_v3 || a == Architecture::gpt_oss;
+  return a == Architecture::mixtral || a == Architecture::qwen3_moe || a == Architecture::deepseek_v3 || a == Architecture::gpt_oss ||
+         a == Architecture::qwen2_moe;
 }
 
 // gpt-oss's quick GeGLU: the sigmoid's slope (transformers' swiglu_alpha) and the offset on the up half.
@@ -291,10 +300,15 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
       refuse(c.moe.enabled() ? "experts (num_experts > 0)" : "no experts (num_experts = 0)",
              "Mixtral and Qwen3-MoE are the MoE model (models::Mixtral), Llama and Qwen the dense one");
     const MoeRouting& r = c.moe.routing;
-    const bool qwen = c.qk_layernorm;  // Qwen3-MoE; else Mixtral
-    if (c.add_qkv_bias) refuse("add_qkv_bias", "Mixtral's and Qwen3-MoE's attention has no biases");
-    if (c.moe.shared_expert_ffn_hidden_size > 0)
-      refuse("shared experts", "Mixtral and Qwen3-MoE route every token to experts alone");
+    const bool qwen2 = c.add_qkv_bias;  // Qwen2-MoE
+    const bool qwen = c.qk_layernorm || qwen2;  // Qwen3-MoE or Qwen2-MoE; else Mixtral
+    if (qwen2 && c.qk_layernorm) refuse("both add_qkv_bias and qk_layernorm", "Qwen2-MoE has the first, Qwen3-MoE the second");
+    if (qwen2 && (c.moe.shared_expert_ffn_hidden_size == 0 || !c.moe.shared_expert_gate))
+      refuse("no gated shared expert", "Qwen2-MoE runs one shared expert behind a sigmoid gate on every MoE layer "
+             "(--moe-shared-expert-intermediate-size and --moe-shared-expert-gate)");
+    if (!qwen2 && c.moe.shared_expert_ffn_hidden_size > 0)
+      refuse("shared experts", "Mixtral and Qwen3-MoE route every token to experts alone (Qwen2-MoE, with --add-qkv-bias, "
+             "has a gated shared expert)");
     if (!qwen && !c.moe.layers.empty())
       refuse("dense layers (--moe-layer-freq)", "every Mixtral layer is a mixture of experts (Qwen3-MoE, with --qk-layernorm, has dense ones)");
     if (r.score != MoeScore::softmax) refuse("sigmoid routing", "Mixtral's and Qwen3-MoE's routers take a softmax");
@@ -303,8 +317,9 @@ inline Architecture hf_architecture(Architecture a, const models::ModelConfig& c
     if (r.scaling_factor != 1.0) refuse("a routing scaling factor", "Mixtral's and Qwen3-MoE's weights are the probabilities");
     if (r.num_groups > 0) refuse("group-limited routing", "Mixtral and Qwen3-MoE choose among all experts");
     if (c.moe.expert_bias) refuse("an expert bias", "Mixtral's and Qwen3-MoE's routers have no bias");
-    if (qwen && c.window_size >= 0) refuse("a sliding window", "Qwen3-MoE's use_sliding_window is not mapped (Mixtral's is)");
-    return qwen ? Architecture::qwen3_moe : Architecture::mixtral;
+    if (qwen && c.window_size >= 0)
+      refuse("a sliding window", "Qwen3-MoE's and Qwen2-MoE's use_sliding_window is not mapped (Mixtral's is)");
+    return qwen2 ? Architecture::qwen2_moe : qwen ? Architecture::qwen3_moe : Architecture::mixtral;
   }
   if (a == Architecture::gpt2) {
     if (c.add_qkv_bias || c.qk_layernorm || c.kv_channels != 0 || c.window_size >= 0)
@@ -513,7 +528,7 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
         {t + "self_attn.q_proj.weight", t + "self_attn.k_proj.weight", t + "self_attn.v_proj.weight"},
         {{heads * d, h}, {groups * d, h}, {groups * d, h}}, R::qkv);
     const bool gpt_oss = architecture == Architecture::gpt_oss;
-    if (architecture == Architecture::qwen2 || gpt_oss)
+    if (architecture == Architecture::qwen2 || architecture == Architecture::qwen2_moe || gpt_oss)
       add(s + "attention.qkv.bias", Shape{qkv_rows},
           {t + "self_attn.q_proj.bias", t + "self_attn.k_proj.bias", t + "self_attn.v_proj.bias"},
           {{heads * d}, {groups * d}, {groups * d}}, R::qkv);
@@ -557,11 +572,14 @@ inline std::vector<TensorMapping> tensor_mappings(Architecture architecture, con
             .ffn = w;
         add(se + "fc2.weight", Shape{h, w}, {te + (mixtral ? "w2.weight" : "down_proj.weight")}, {{h, w}});
       }
-      if (const index_t ws = c.moe.shared_expert_ffn_hidden_size; deepseek) {
-        add(s + "mlp.shared_experts.fc1.weight", Shape{2 * ws, h},
-            {moe + "shared_experts.gate_proj.weight", moe + "shared_experts.up_proj.weight"}, {{ws, h}, {ws, h}}, R::gate_up)
+      if (const index_t ws = c.moe.shared_expert_ffn_hidden_size; deepseek || architecture == Architecture::qwen2_moe) {
+        const std::string shared = moe + (deepseek ? "shared_experts." : "shared_expert.");  // Qwen2-MoE's is one expert
+        add(s + "mlp.shared_experts.fc1.weight", Shape{2 * ws, h}, {shared + "gate_proj.weight", shared + "up_proj.weight"},
+            {{ws, h}, {ws, h}}, R::gate_up)
             .ffn = ws;
-        add(s + "mlp.shared_experts.fc2.weight", Shape{h, ws}, {moe + "shared_experts.down_proj.weight"}, {{h, ws}});
+        add(s + "mlp.shared_experts.fc2.weight", Shape{h, ws}, {shared + "down_proj.weight"}, {{h, ws}});
+        if (c.moe.shared_expert_gate)
+          add(s + "mlp.shared_experts.gate_weight", Shape{1, h}, {moe + "shared_expert_gate.weight"}, {{1, h}});
       }
       continue;
     }
@@ -871,7 +889,7 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
   if (!architecture)
     fail<ConfigError>("config.json ", path, ": model_type \"", model_type,
                       "\" is not one strata imports (\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\", \"mixtral\", \"qwen3_moe\", "
-                      "\"deepseek_v3\" or \"gpt_oss\")");
+                      "\"qwen2_moe\", \"deepseek_v3\" or \"gpt_oss\")");
   auto refuse = [&](const std::string& field, const std::string& value, std::string_view why) {
     fail<ConfigError>("config.json ", path, ": ", field, " = ", value, " cannot be imported: ", why);
   };
@@ -1020,7 +1038,9 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
         c.window_size = static_cast<int>(keys - 1);
       }
     }
-    c.add_qkv_bias = *architecture == Architecture::qwen2;
+    c.add_qkv_bias = *architecture == Architecture::qwen2 || *architecture == Architecture::qwen2_moe;
+    if (*architecture == Architecture::qwen2_moe && !f.flag("qkv_bias", true))
+      refuse("qkv_bias", "false", "strata's Qwen2-MoE attention has q, k and v biases (--add-qkv-bias)");
     const bool qwen3_like = *architecture == Architecture::qwen3 || *architecture == Architecture::qwen3_moe;
     c.qk_layernorm = qwen3_like;
     // head_dim: Qwen3's (and Qwen3-MoE's) default is 128; Llama's and Qwen2's hidden_size / num_attention_heads.
@@ -1051,11 +1071,20 @@ inline HfConfig read_config(const std::filesystem::path& dir_or_file) {
       if (const double jitter = f.real("router_jitter_noise", 0.0); jitter != 0)
         refuse("router_jitter_noise", std::to_string(jitter), "strata's router adds no noise to its inputs");
     }
-    if (*architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; moe_intermediate_size: an expert's
-      // transformers 5 writes num_local_experts; earlier releases, and Qwen's own files, num_experts
-      c.moe.num_experts = f.small_integer(f.find("num_experts") ? "num_experts" : "num_local_experts", 128);
-      c.moe.topk = f.small_integer("num_experts_per_tok", 8);
-      c.moe.expert_ffn_hidden_size = f.small_integer("moe_intermediate_size", 768);
+    if (*architecture == Architecture::qwen3_moe || *architecture == Architecture::qwen2_moe) {
+      // intermediate_size: the dense layers'; moe_intermediate_size: an expert's. transformers 5 writes
+      // num_local_experts; earlier releases, and Qwen's own files, num_experts. Defaults: each class's.
+      const bool qwen2 = *architecture == Architecture::qwen2_moe;
+      c.moe.num_experts = f.small_integer(f.find("num_experts") ? "num_experts" : "num_local_experts", qwen2 ? 60 : 128);
+      c.moe.topk = f.small_integer("num_experts_per_tok", qwen2 ? 4 : 8);
+      c.moe.expert_ffn_hidden_size = f.small_integer("moe_intermediate_size", qwen2 ? 1408 : 768);
+      if (qwen2) {  // one shared expert behind a sigmoid gate, on every MoE layer
+        c.moe.shared_expert_ffn_hidden_size = f.small_integer("shared_expert_intermediate_size", 5632);
+        c.moe.shared_expert_gate = true;
+        if (c.moe.shared_expert_ffn_hidden_size < 1)
+          refuse("shared_expert_intermediate_size", std::to_string(c.moe.shared_expert_ffn_hidden_size),
+                 "Qwen2-MoE always runs its shared expert");
+      }
       c.moe.aux_loss_coeff = f.real("router_aux_loss_coef", 0.001);
       c.moe.routing.pre_softmax = !f.flag("norm_topk_prob", false);
       if (c.moe.num_experts < 1 || c.moe.topk < 1 || c.moe.topk > c.moe.num_experts)
@@ -1126,9 +1155,12 @@ inline void check_config(const HfConfig& file, Architecture architecture, const 
     same_int("intermediate_size", c.ffn(), "moe_ffn_hidden_size", model.expert_ffn());
     same_int("num_local_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
     same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
-  } else if (architecture == Architecture::qwen3_moe) {
+  } else if (architecture == Architecture::qwen3_moe || architecture == Architecture::qwen2_moe) {
     if (model.moe_layer_count() < model.num_layers)  // the dense layers' width shapes their weights
       same_int("intermediate_size", c.ffn(), "ffn_hidden_size", model.ffn());
+    if (architecture == Architecture::qwen2_moe)
+      same_int("shared_expert_intermediate_size", c.moe.shared_expert_ffn_hidden_size, "moe_shared_expert_intermediate_size",
+               model.moe.shared_expert_ffn_hidden_size);
     same_int("moe_intermediate_size", c.expert_ffn(), "moe_ffn_hidden_size", model.expert_ffn());
     same_int("num_experts", c.moe.num_experts, "num_experts", model.moe.num_experts);
     same_int("num_experts_per_tok", c.moe.topk, "moe_router_topk", model.moe.topk);
@@ -1319,10 +1351,14 @@ inline std::string config_json(Architecture architecture, const models::ModelCon
       members.insert(members.end() - 3, {"rope_parameters", hf_detail::json_object({{"rope_type", quote("default")},
                                                                                    {"rope_theta", number(c.rope_base)}})});
   }
-  if (architecture == Architecture::qwen3_moe) {  // intermediate_size: the dense layers'; the experts' is moe_intermediate_size
+  if (architecture == Architecture::qwen3_moe || architecture == Architecture::qwen2_moe) {
+    // intermediate_size: the dense layers'; the experts' is moe_intermediate_size
     std::string dense = "[";
     for (int l = 0; l < c.num_layers; ++l)
       if (!c.moe_layer(l)) dense += (dense.size() > 1 ? ", " : "") + std::to_string(l);
+    if (architecture == Architecture::qwen2_moe)
+      members.insert(members.end() - 3, {{"shared_expert_intermediate_size", number(c.moe.shared_expert_ffn_hidden_size)},
+                                         {"qkv_bias", boolean(true)}});
     members.insert(members.end() - 3, {{"moe_intermediate_size", number(c.expert_ffn())},
                                        {"num_experts", number(c.moe.num_experts)},
                                        {"num_experts_per_tok", number(c.moe.topk)},
