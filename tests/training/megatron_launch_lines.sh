@@ -397,6 +397,18 @@ expect_refusal gpt-oss-other-window "sliding window of 7 keys" "this run's model
   ${GPT_OSS_HF[@]/7,0/3,0} --expert-model-parallel-size 2 --load "$work/gpt-oss-hf-ckpt" --train-iters 4
 expect_same_export gpt-oss "$work/gpt-oss-hf-ckpt" "$work/gpt-oss-hf"
 
+# Qwen2-MoE's blocks: q/k/v biases, a dense first layer, experts with a shared expert behind its
+# sigmoid gate (--moe-shared-expert-gate), Hugging Face's Qwen2MoeForCausalLM at ep=2, exported again
+# from its checkpoint by strata-convert.
+QWEN2_MOE=(${QWEN_ARGS[@]} --swiglu --add-qkv-bias --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32
+    --moe-shared-expert-intermediate-size 48 --moe-shared-expert-gate --moe-layer-freq "[0,1]" --moe-router-pre-softmax
+    --moe-token-dispatcher-type alltoall)
+expect_training qwen2-moe-save-hf "$pretrain" --world-size 2 ${QWEN2_MOE[@]} --expert-model-parallel-size 2 \
+  --save "$work/qwen2-moe-ckpt" --save-hf "$work/qwen2-moe-hf"
+grep -q '"Qwen2MoeForCausalLM"' "$work/qwen2-moe-hf/config.json" || fail "qwen2-moe-save-hf: config.json does not name Qwen2MoeForCausalLM"
+expect_training qwen2-moe-load-hf "$pretrain" --world-size 2 ${QWEN2_MOE[@]} --load-hf "$work/qwen2-moe-hf"
+expect_same_export qwen2-moe "$work/qwen2-moe-ckpt" "$work/qwen2-moe-hf"
+
 # ---- DeepSeek-V3 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh) without Megatron-FSDP
 # (USE_MEGATRON_FSDP=0), wandb (WANDB=0) or the profiler: every other flag, at 4 layers (the first
 # dense, as the script's [0]*3 of 61), hidden 64, 8 experts in 4 groups, the latents and heads

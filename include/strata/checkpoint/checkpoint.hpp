@@ -549,7 +549,8 @@ std::vector<ArchitectureOption> recorded_options(const Config& c) {
                            {"model.moe_router_topk_scaling_factor", r.scaling_factor, 0},
                            {"model.moe_router_num_groups", double(r.num_groups), 0},
                            {"model.moe_router_group_topk", double(r.group_topk), 0},
-                           {"model.moe_router_enable_expert_bias", double(c.moe.expert_bias), 0}});
+                           {"model.moe_router_enable_expert_bias", double(c.moe.expert_bias), 0},
+                           {"model.moe_shared_expert_gate", double(c.moe.shared_expert_gate), 0}});
   return out;
 }
 template <class Config>
@@ -569,6 +570,7 @@ void read_recorded_options(const StateReader& r, Config& c) {
   get("model.moe_router_num_groups", c.moe.routing.num_groups);
   get("model.moe_router_group_topk", c.moe.routing.group_topk);
   get("model.moe_router_enable_expert_bias", c.moe.expert_bias);
+  get("model.moe_shared_expert_gate", c.moe.shared_expert_gate);
 }
 
 // The options a checkpoint records (absent: the default), into c.
