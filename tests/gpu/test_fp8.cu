@@ -270,7 +270,10 @@ void probe_cublaslt_block_layouts(backend& device) {
   host_rng rng(77);
   auto va = rng.uniform<float>(static_cast<std::size_t>(m * k), -2, 2), vb = rng.uniform<float>(static_cast<std::size_t>(n * k), -2, 2);
   for (std::size_t i = 0; i < va.size(); ++i) va[i] *= std::ldexp(1.0f, static_cast<int>((i / 61) % 9) - 4);
-  for (std::size_t i = 0; i < vb.size(); ++i) vb[i] *= std::ldexp(1.0f, static_cast<int>((i / 37) % 7) - 3);
+  for (std::size_t i = 0; i < vb.size(); ++i) {  // every 128 x 128 tile of b its own range, so the tile layout shows
+    const std::size_t row = i / static_cast<std::size_t>(k), col = i % static_cast<std::size_t>(k);
+    vb[i] *= std::ldexp(1.0f, static_cast<int>(((row / 128) * 5 + col / 128) % 7) - 3);
+  }
   auto transpose = [](const std::vector<float>& x, index_t rows, index_t cols) {
     std::vector<float> t(x.size());
     for (index_t r = 0; r < rows; ++r)
