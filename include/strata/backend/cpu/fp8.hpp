@@ -110,52 +110,52 @@ inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) {
 
 inline index_t fp8_block_count(index_t n, index_t block) { return (n + block - 1) / block; }
 
+namespace detail {
+// One block of x [rows, cols], rows r0 .. r1 - 1 by columns c0 .. c1 - 1: its scale from its amax, its
+// codes into q [rows, cols] and / or qt [cols, rows] (either may be null); returns 1 / scale.
+template <class T>
+float fp8_cast_block(const T* x, index_t rows, index_t cols, index_t r0, index_t r1, index_t c0, index_t c1, Fp8Format format,
+                     std::uint8_t* q, std::uint8_t* qt) {
+  float amax = 0.0f;
+  for (index_t r = r0; r < r1; ++r)
+    for (index_t c = c0; c < c1; ++c) amax = amax_combine(amax, amax_abs(static_cast<float>(x[r * cols + c])));
+  const float scale = fp8_block_scale(amax, fp8_max(format));
+  for (index_t r = r0; r < r1; ++r)
+    for (index_t c = c0; c < c1; ++c) {
+      const std::uint8_t code = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
+      if (q) q[r * cols + c] = code;
+      if (qt) qt[c * rows + r] = code;
+    }
+  return 1.0f / scale;
+}
+}  // namespace detail
+
 template <class T>
 void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
                      float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv) {
-  const float max = fp8_max(format);
   if (q)
     for (index_t r = 0; r < rows; ++r)
-      for (index_t c0 = 0; c0 < cols; c0 += block) {  // the run [c0, c0 + B) of row r
-        const index_t c1 = std::min(cols, c0 + block);
-        float amax = 0.0f;
-        for (index_t c = c0; c < c1; ++c) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
-        const float scale = fp8_block_scale(amax, max);
-        for (index_t c = c0; c < c1; ++c) q[r * cols + c] = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
-        q_scale_inv[(c0 / block) * rows + r] = 1.0f / scale;
-      }
+      for (index_t c0 = 0; c0 < cols; c0 += block)  // the run [c0, c0 + B) of row r
+        q_scale_inv[(c0 / block) * rows + r] =
+            detail::fp8_cast_block(x, rows, cols, r, r + 1, c0, std::min(cols, c0 + block), format, q, nullptr);
   if (qt)
     for (index_t c = 0; c < cols; ++c)
-      for (index_t r0 = 0; r0 < rows; r0 += block) {  // the run [r0, r0 + B) of column c
-        const index_t r1 = std::min(rows, r0 + block);
-        float amax = 0.0f;
-        for (index_t r = r0; r < r1; ++r) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
-        const float scale = fp8_block_scale(amax, max);
-        for (index_t r = r0; r < r1; ++r) qt[c * rows + r] = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
-        qt_scale_inv[(r0 / block) * cols + c] = 1.0f / scale;
-      }
+      for (index_t r0 = 0; r0 < rows; r0 += block)  // the run [r0, r0 + B) of column c
+        qt_scale_inv[(r0 / block) * cols + c] =
+            detail::fp8_cast_block(x, rows, cols, r0, std::min(rows, r0 + block), c, c + 1, format, nullptr, qt);
 }
 
 template <class T>
 void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
                     std::uint8_t* qt, float* scale_inv, float* scale_inv_t) {
-  const float max = fp8_max(format);
   const index_t tile_rows = fp8_block_count(rows, block), tile_cols = fp8_block_count(cols, block);
   for (index_t tr = 0; tr < tile_rows; ++tr)
     for (index_t tc = 0; tc < tile_cols; ++tc) {
-      const index_t r0 = tr * block, r1 = std::min(rows, r0 + block), c0 = tc * block, c1 = std::min(cols, c0 + block);
-      float amax = 0.0f;
-      for (index_t r = r0; r < r1; ++r)
-        for (index_t c = c0; c < c1; ++c) amax = detail::amax_combine(amax, detail::amax_abs(static_cast<float>(x[r * cols + c])));
-      const float scale = fp8_block_scale(amax, max);
-      for (index_t r = r0; r < r1; ++r)
-        for (index_t c = c0; c < c1; ++c) {
-          const std::uint8_t code = fp8_encode(static_cast<float>(x[r * cols + c]) * scale, format);
-          if (q) q[r * cols + c] = code;
-          if (qt) qt[c * rows + r] = code;
-        }
-      if (scale_inv) scale_inv[tr * tile_cols + tc] = 1.0f / scale;
-      if (scale_inv_t) scale_inv_t[tc * tile_rows + tr] = 1.0f / scale;
+      const index_t r0 = tr * block, c0 = tc * block;
+      const float inverse =
+          detail::fp8_cast_block(x, rows, cols, r0, std::min(rows, r0 + block), c0, std::min(cols, c0 + block), format, q, qt);
+      if (scale_inv) scale_inv[tr * tile_cols + tc] = inverse;
+      if (scale_inv_t) scale_inv_t[tc * tile_rows + tr] = inverse;
     }
 }
 
