@@ -3,7 +3,8 @@
 # docs/MEGATRON.md (Llama 3.1, Qwen2, Qwen3, Mistral, gpt-oss dense), multi-token prediction's
 # depths (--mtp-num-layers 2) and multi-latent attention (--multi-latent-attention) trained by
 # train_llama on a GPU, and gpt-oss with its experts and linear biases (the router's, the experts',
-# the attention's) by pretrain_gpt. STRATA_ARCH_PRESETS="a b" runs those presets only.
+# the attention's) and Qwen2-MoE (the gated shared expert) by pretrain_gpt. STRATA_ARCH_PRESETS="a b" runs
+# those presets only.
 #
 # For each preset, at a small size (2 layers, hidden 128, 8 heads in 2 query groups, sequence 128,
 # the shipped corpus):
@@ -49,8 +50,12 @@ preset[gpt-oss-moe]="--position-embedding-type yarn --normalization RMSNorm --un
 # The same with Megatron's benchmark router (--moe-router-force-load-balancing): random logits drawn by
 # the device's counter-based generator, the same numbers on the GPU as on CPU threads.
 preset[gpt-oss-flb]="${preset[gpt-oss-moe]} --moe-router-force-load-balancing"
-declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt [gpt-oss-flb]=$build/examples/pretrain_gpt)
-order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe gpt-oss-flb deepseek-mtp deepseek-mla)
+# Qwen2-MoE: Qwen2's biases, 4 experts with a shared expert behind its sigmoid gate, top-k weights as
+# they are (norm_topk_prob false).
+preset[qwen2-moe]="--position-embedding-type rope --normalization RMSNorm --untie-embeddings-and-output-weights --swiglu ${preset[qwen2]} --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-shared-expert-intermediate-size 96 --moe-shared-expert-gate --moe-router-pre-softmax --moe-token-dispatcher-type alltoall"
+declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt [gpt-oss-flb]=$build/examples/pretrain_gpt
+                   [qwen2-moe]=$build/examples/pretrain_gpt)
+order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe gpt-oss-flb qwen2-moe deepseek-mtp deepseek-mla)
 [[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
 
 run() {  # run <preset> <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
