@@ -24,7 +24,6 @@ build=${1:?usage: run_architecture_trainers.sh <build> [log dir]}
 logs=${2:-$build/architecture-logs}
 mkdir -p "$logs"
 llama=$build/examples/train_llama
-[[ -x $llama ]] || { echo "no $llama: build train_llama with -DSTRATA_CUDA_TRAINERS=ON"; exit 2; }
 data=${STRATA_DATA_PATH:-$repo/examples/data/corpus_text_document}
 status=0
 rows=()
@@ -57,6 +56,10 @@ declare -A binary=([gpt-oss-moe]=$build/examples/pretrain_gpt [gpt-oss-flb]=$bui
                    [qwen2-moe]=$build/examples/pretrain_gpt)
 order=(llama3.1 qwen2 qwen3 mistral gpt-oss gpt-oss-moe gpt-oss-flb qwen2-moe deepseek-mtp deepseek-mla)
 [[ -n ${STRATA_ARCH_PRESETS:-} ]] && read -r -a order <<<"$STRATA_ARCH_PRESETS"  # a subset, e.g. "deepseek-mla"
+for name in "${order[@]}"; do  # every trainer the chosen presets need, built with the CUDA trainers
+  trainer=${binary[$name]:-$llama}
+  [[ -x $trainer ]] || { echo "no $trainer: build it with -DSTRATA_CUDA_TRAINERS=ON"; exit 2; }
+done
 
 run() {  # run <preset> <name> <flags...>: 0 done, 1 failed, 2 not run (the element type was not compiled)
   local trainer=${binary[$1]:-$llama} name=$2
