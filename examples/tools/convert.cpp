@@ -65,10 +65,14 @@ int main(int argc, char** argv) {
     strata::ShardedCheckpoint source = strata::open_sharded_checkpoint(load, which);
     if (!save_hf.empty()) {
       const auto [architecture, config] = strata::checkpoint_model(source);
+      strata::hf::SaveOptions options;  // the token ids the training run's tokenizer gave (checkpoints since they are kept)
+      const strata::StateReader& state = source.first();
+      if (state.has("train.extra.hf_bos_token_id")) options.bos_token_id = strata::json::number(state.get_int("train.extra.hf_bos_token_id"));
+      if (state.has("train.extra.hf_eos_token_id")) options.eos_token_id = strata::json::number(state.get_int("train.extra.hf_eos_token_id"));
       strata::with_stored_type(source.entry("model.embedding.word.weight").dtype, [&](auto zero) {
         using X = decltype(zero);
         if constexpr (std::is_floating_point_v<X> || std::is_same_v<X, strata::bf16> || std::is_same_v<X, strata::fp16>)
-          strata::export_hf_from_checkpoint<X>(source, architecture, config, save_hf);
+          strata::export_hf_from_checkpoint<X>(source, architecture, config, save_hf, options);
         else
           strata::fail<strata::FileError>("checkpoint ", load, " holds integer weights");
       });

@@ -333,6 +333,15 @@ inline hf::SaveOptions hf_save_options(const TrainArgs& a, const data::Tokenizer
   return options;
 }
 
+// The token ids of hf_save_options kept in a checkpoint (TrainState::extra "hf_bos_token_id",
+// "hf_eos_token_id"), so strata-convert --save-hf writes the config.json the trainer's --save-hf
+// writes; ids given as a list (an imported config's several eos ids) are not kept.
+inline void record_hf_token_ids(const hf::SaveOptions& ids, std::map<std::string, std::int64_t>& extra) {
+  for (const auto& [key, text] : {std::pair{"hf_bos_token_id", &ids.bos_token_id}, std::pair{"hf_eos_token_id", &ids.eos_token_id}})
+    if (!text->empty() && std::all_of(text->begin(), text->end(), [](char c) { return c >= '0' && c <= '9'; }) && text->size() < 18)
+      extra[key] = std::stoll(*text);
+}
+
 // Whether torchrun, Slurm or Open MPI variables say this process is one rank of a job (then the
 // cuda device runs one process per GPU and the world size comes from the environment).
 inline bool launched_as_job() {
@@ -1046,6 +1055,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (save_now) {
       std::map<std::string, std::int64_t> extra = loss_scaler_state(optimizer);
       if (scheduled != consumed) extra["lr_scheduler_samples"] = scheduled;
+      record_hf_token_ids(hf_save_options(a, shared.tokenizer, hf::architecture_of<Model<Policy>>::value), extra);
       const TrainState state{it + 1, consumed, a.seed, std::move(extra)};
       phase(it + 1, saver ? "checkpoint save (background)" : "checkpoint save");
       if (saver) saver->save(ctx, a.save, it + 1, checkpoint_writer(ctx, model, optimizer, state, /*copy_data=*/true),
