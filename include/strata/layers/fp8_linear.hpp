@@ -251,9 +251,18 @@ Fp8WeightOperand<typename Context::space> fp8_weight_tiles(Context& ctx, Fp8Stat
           transposed ? cache.scale_transposed.data() : cache.scale.data(), {}};
 }
 
-template <class Context>
-bool fp8_blockwise(const Context& ctx) {
-  return ctx.fp8->options.recipe == Fp8RecipeKind::blockwise;
+// Runs blocks(ctx) and returns true where the blockwise recipe is on and the backend has its entry
+// points; false (nothing run) otherwise. `blocks` is a generic lambda that reaches the context
+// through its argument only, so its body is compiled for backends with the entry points alone.
+template <class Context, class Blocks>
+bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
+  if constexpr (backend_has_fp8_blocks<typename Context::device_type>) {
+    if (ctx.fp8->options.recipe == Fp8RecipeKind::blockwise) {
+      blocks(ctx);
+      return true;
+    }
+  }
+  return false;
 }
 
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
@@ -261,19 +270,18 @@ template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
-    if (fp8_blockwise(ctx)) {
-      auto xq = fp8_quantize_blocks(ctx, Fp8Role::input, x, rows, in, false);                      // runs along in
-      auto wq = fp8_weight_tiles(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in) tiles
-      ctx.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
-                                             wq.format, wq.scale_inv, true, ctx.fp8->options.block, y, false);
-      if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
-      return;
-    }
-  auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
-  auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
-  ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
-                                  wq.format, wq.scale_inv, y, false);  // (rows, out)
+  const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
+    auto xq = fp8_quantize_blocks(c, Fp8Role::input, x, rows, in, false);                      // runs along in
+    auto wq = fp8_weight_tiles(c, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in) tiles
+    c.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
+                                         wq.format, wq.scale_inv, true, c.fp8->options.block, y, false);
+  });
+  if (!blocks) {
+    auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
+    auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
+    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
+                                    wq.format, wq.scale_inv, y, false);  // (rows, out)
+  }
   if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
 }
 
@@ -283,16 +291,13 @@ template <class Context, class T, class Space>
 void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* dy, index_t rows,
                                     const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  bool done = false;
-  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
-    if (fp8_blockwise(ctx)) {
-      auto dyq = fp8_quantize_blocks(ctx, Fp8Role::grad_output, dy, rows, out, false);             // runs along out
-      auto wtq = fp8_weight_tiles(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out) tiles
-      ctx.device.template fp8_gemm_blocks<T>(rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv.data(), false,
-                                             wtq.codes, wtq.format, wtq.scale_inv, true, ctx.fp8->options.block, dx, false);
-      done = true;
-    }
-  if (!done) {
+  const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
+    auto dyq = fp8_quantize_blocks(c, Fp8Role::grad_output, dy, rows, out, false);             // runs along out
+    auto wtq = fp8_weight_tiles(c, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out) tiles
+    c.device.template fp8_gemm_blocks<T>(rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv.data(), false,
+                                         wtq.codes, wtq.format, wtq.scale_inv, true, c.fp8->options.block, dx, false);
+  });
+  if (!blocks) {
     auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
     auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
     ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes,
@@ -308,18 +313,15 @@ void fp8_linear_weight_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sh
                                      index_t rows, Parameter<T, Space>& weight, Parameter<T, Space>* bias) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
-  bool done = false;
-  if constexpr (backend_has_fp8_blocks<typename Context::device_type>)
-    if (fp8_blockwise(ctx)) {
-      auto dytq = fp8_quantize_blocks(ctx, Fp8Role::grad_output, dy, rows, out, true);  // (out, rows), runs along rows
-      auto xtq = fp8_quantize_blocks(ctx, Fp8Role::input, x, rows, in, true);           // (in, rows), runs along rows
-      const bool overwrite = std::exchange(weight.grad_stale, false);
-      ctx.device.template fp8_gemm_blocks<A>(out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv.data(), false,
-                                             xtq.codes.data(), xtq.format, xtq.scale_inv.data(), false,
-                                             ctx.fp8->options.block, weight.grad.data(), !overwrite);  // (out, in)
-      done = true;
-    }
-  if (!done) {
+  const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
+    auto dytq = fp8_quantize_blocks(c, Fp8Role::grad_output, dy, rows, out, true);  // (out, rows), runs along rows
+    auto xtq = fp8_quantize_blocks(c, Fp8Role::input, x, rows, in, true);           // (in, rows), runs along rows
+    const bool overwrite = std::exchange(weight.grad_stale, false);
+    c.device.template fp8_gemm_blocks<A>(out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv.data(), false,
+                                         xtq.codes.data(), xtq.format, xtq.scale_inv.data(), false, c.fp8->options.block,
+                                         weight.grad.data(), !overwrite);  // (out, in)
+  });
+  if (!blocks) {
     auto dytq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output, true);  // (out, rows)
     auto xtq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input, true);                 // (in, rows)
     const bool overwrite = std::exchange(weight.grad_stale, false);
