@@ -99,6 +99,27 @@ int main(int argc, char** argv) {
   time("add (residual)", hidden, 3 * n * e, [&] { device.add(x, r, rows * hidden, out); });
   time("gelu_forward", mlp, 2 * nm * e, [&] { device.gelu_forward(x, rows * mlp, out); });
   time("gelu_backward", mlp, 3 * nm * e, [&] { device.gelu_backward(dy, x, rows * mlp, out); });
+  // The FP8 casts of a linear layer's operands (E4M3, amax folded in, as the delayed recipe runs
+  // them): the codes alone, x^T's codes alone, and both layouts in one pass.
+  {
+    std::uint8_t* q = nullptr;
+    std::uint8_t* qt = nullptr;
+    check(cudaMalloc(&q, R * mlp), "cudaMalloc (codes)");
+    check(cudaMalloc(&qt, R * mlp), "cudaMalloc (codes)");
+    A* scale_amax = device_array<A>(2);
+    device.fill(scale_amax, 1, 1.0);
+    const auto e4m3 = strata::Fp8Format::e4m3;
+    for (index_t cols : {hidden, mlp}) {
+      const double m = double(rows) * cols;
+      time("fp8_cast", cols, m * e + m, [&] { device.fp8_cast(x, rows * cols, e4m3, scale_amax, q, scale_amax + 1); });
+      time("fp8_cast_transpose (x^T alone)", cols, m * e + m,
+           [&] { device.fp8_cast_transpose(x, rows, cols, e4m3, scale_amax, nullptr, qt, scale_amax + 1); });
+      time("fp8_cast_transpose (both layouts)", cols, m * e + 2 * m,
+           [&] { device.fp8_cast_transpose(x, rows, cols, e4m3, scale_amax, q, qt, scale_amax + 1); });
+    }
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (void* p : {(void*)q, (void*)qt, (void*)scale_amax}) cudaFree(p);
+  }
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out}) cudaFree(p);
 

@@ -1540,10 +1540,6 @@ inline void validate(const TrainArgs& a) {
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   (void)fp8_options_of(a);
   if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
-  if (!a.fp8_format.empty() && a.device == "cuda" && a.fp8_recipe == "blockwise")
-    fail<ConfigError>("--fp8-recipe blockwise on --device cuda: the block-scaled recipe runs on CPU threads so far (its "
-                      "CUDA kernels and cuBLASLt's block-scaled GEMM are not in this build); use --fp8-recipe delayed or "
-                      "tensorwise on GPUs");
   if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed"))
     fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--fp8-recipe " + a.fp8_recipe,
                       " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");

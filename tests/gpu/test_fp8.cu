@@ -15,9 +15,11 @@
 //                of 32, partial blocks, an all-zero block, a NaN); fp8_gemm_blocks (runs x tiles,
 //                tiles x runs, runs x runs; bf16 and float outputs, float accumulated) against the
 //                CPU twin within the bf16 bound (the decoded operands are exact, the sums differ).
-//                A probe (printed, not a check): cuBLASLt's block-scaled FP8 GEMM with strata's scale
-//                layouts as they are and transposed, each against the CPU twin, to find the layout
-//                cuBLASLt reads before it is wired as the training path
+//                (blocks of 128 with k whole blocks run through cuBLASLt's block-scaled GEMM, whose
+//                accumulation bound for float outputs is 5e-4 as for the per-tensor GEMM).
+//                cuBLASLt's block-scaled GEMM called directly with strata's scale layouts, runs x tiles
+//                and runs x runs, against the CPU twin (a check); the transposed layouts beside them
+//                are printed as a probe
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -115,6 +117,18 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
   }
   device.fp8_cast_transpose<T>(dx.data(), rows, cols, format, dscale.data(), nullptr, dqt.data(), nullptr);  // qt alone
   device.copy_to_host(dqt.data(), static_cast<index_t>(n), qt_alone.data());
+  // Input and codes one element past an aligned start: the kernels' element-by-element paths.
+  std::vector<std::uint8_t> q_off(n), q2_off(n), qt_off(n);
+  {
+    device_vector<T> dx1(n + 1);
+    device_vector<std::uint8_t> dq1(n + 1), dq21(n + 1), dqt1(n + 1);
+    device.copy_from_host(x.data(), static_cast<index_t>(n), dx1.data() + 1);
+    device.fp8_cast<T>(dx1.data() + 1, static_cast<index_t>(n), format, dscale.data(), dq1.data() + 1, nullptr);
+    device.fp8_cast_transpose<T>(dx1.data() + 1, rows, cols, format, dscale.data(), dq21.data() + 1, dqt1.data() + 1, nullptr);
+    device.copy_to_host(dq1.data() + 1, static_cast<index_t>(n), q_off.data());
+    device.copy_to_host(dq21.data() + 1, static_cast<index_t>(n), q2_off.data());
+    device.copy_to_host(dqt1.data() + 1, static_cast<index_t>(n), qt_off.data());
+  }
   const auto same_float = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
   const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
                            std::string(strata::fp8_format_name(format)) + (with_nan ? " with NaN" : "");
@@ -124,6 +138,8 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
   results.record(same_bits(q2, q2_cpu) && same_bits(qt, qt_cpu) && same_float(amax[2], amax_ct_cpu),
                  "fp8_cast_transpose " + what + " both layouts and amax == cpu twin");
   results.record(same_bits(qt_alone, qt_cpu), "fp8_cast_transpose " + what + " transposed codes alone == cpu twin");
+  results.record(same_bits(q_off, q_cpu) && same_bits(q2_off, q2_cpu) && same_bits(qt_off, qt_cpu),
+                 "fp8_cast, fp8_cast_transpose " + what + " from unaligned pointers == cpu twin");
 }
 
 void check_update(backend& device, suite& results) {
@@ -265,7 +281,7 @@ void check_block_gemm(backend& device, suite& results, std::uint64_t seed, index
 // The probe (see the note at the top): runs x tiles and runs x runs at 256 x 384 x 512, blocks of
 // 128, each operand's scales as strata lays them out (runs [k/B, rows], tiles [rows/B, k/B]) or
 // transposed; one printed line per candidate with its error against the CPU twin.
-void probe_cublaslt_block_layouts(backend& device) {
+void probe_cublaslt_block_layouts(backend& device, suite& results) {
   const index_t m = 256, n = 384, k = 512, block = 128;
   host_rng rng(77);
   auto va = rng.uniform<float>(static_cast<std::size_t>(m * k), -2, 2), vb = rng.uniform<float>(static_cast<std::size_t>(n * k), -2, 2);
@@ -313,6 +329,10 @@ void probe_cublaslt_block_layouts(backend& device) {
         }
         std::vector<float> got(static_cast<std::size_t>(m * n), 0.0f);
         if (ran) device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), got.data());
+        if (!a_transposed && !b_transposed)
+          results.record(ran && relative_error(got, want) <= 5e-4,
+                         std::string("cuBLASLt's block-scaled FP8 GEMM reads strata's scale layouts, runs x ") +
+                             (b_tiles ? "tiles" : "runs") + " (the training path of fp8_gemm_blocks)");
         std::printf("probe cuBLASLt block-scaled FP8 GEMM runs x %s: a scales %s, b scales %s: %s\n", b_tiles ? "tiles" : "runs",
                     a_transposed ? "transposed" : "as strata's", b_transposed ? "transposed" : "as strata's",
                     !error.empty() ? ("error: " + error).c_str()
@@ -332,7 +352,7 @@ int main() {
     check_conversion(results, Fp8Format::e5m2);
     std::uint64_t seed = 1;
     for (auto format : {Fp8Format::e4m3, Fp8Format::e5m2})
-      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 33}, {128, 96}, {1000, 777}, {4096, 2048}})
+      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 33}, {128, 96}, {200, 136}, {1000, 777}, {4096, 2048}})
         for (float scale : {1.0f, 150.0f, 3.0e4f}) {
           check_casts<float>(device, results, seed++, rows, cols, format, scale, false);
           check_casts<bf16>(device, results, seed++, rows, cols, format, scale, false);
@@ -373,7 +393,7 @@ int main() {
         check_block_gemm<bf16>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, false);
         check_block_gemm<float>(device, results, seed++, m, n, k, 128, a_tiles, b_tiles, true);
       }
-    probe_cublaslt_block_layouts(device);
+    probe_cublaslt_block_layouts(device, results);
     device.synchronize();
     return results.finish();
   } catch (const std::exception& e) {

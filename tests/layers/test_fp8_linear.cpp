@@ -1,7 +1,8 @@
 // FP8 in ColumnParallelLinear -> RowParallelLinear (layers/fp8_linear.hpp): sharded runs (tp, sp)
 // equal the single-rank FP8 run in every output and gathered gradient over several steps of both
 // recipes (delayed, tensorwise, blockwise) and both formats; the forward is the GEMM of the rounded
-// operands (per tensor, per block); blocks that straddle shards are refused; delayed scaling's
+// operands (per tensor, per block), and the backward's GEMMs those of each micro-batch's rounded
+// operands; blocks that straddle shards are refused; delayed scaling's
 // histories and scales follow Transformer Engine's update; unbuildable recipes are refused.
 #include <gtest/gtest.h>
 
@@ -176,6 +177,69 @@ TEST(Fp8Linear, TensorwiseForwardIsTheGemmOfTheRoundedOperands) {
         worst = std::max(worst, std::fabs(y.tensor[r * kOut + o] - want) / (std::fabs(want) + 1e-3));
       }
     EXPECT_LT(worst, 1e-13);
+  });
+}
+
+// One rank, tensorwise, hybrid, two micro-batches whose amaxes differ 16-fold, both forwards before
+// either backward (as a pipeline runs them), the first backward's weight gradient deferred past the
+// second: dx = dec(dy) dec(W) and dW = sum over micro-batches of dec(dy)^T dec(x), each operand
+// with its own micro-batch's scale, computed here from fp8_encode. The forward keeps the codes of
+// x^T in place of x, and the weight gradients read them.
+TEST(Fp8Linear, TensorwiseBackwardIsTheGemmsOfEachMicroBatchsRoundedOperands) {
+  using P = strata_test::TestPolicy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    const Fp8Options options{.recipe = Fp8RecipeKind::tensorwise};
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(options, 1);
+    Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+    ColumnParallelLinear<P> fc(ctx, "fc", kIn, kOut, /*bias=*/false);
+    fc.init(ctx, 3, 0.5);
+    // dec(t): t rounded to FP8 with its own tensorwise scale (amax / format max), decoded, row-major
+    auto dec = [](const Tensor<double>& t, Fp8Format format) {
+      float amax = 0;
+      for (double v : t.span()) amax = std::max(amax, std::fabs(static_cast<float>(v)));
+      const float scale = fp8_max(format) / amax, inverse = 1.0f / scale;
+      std::vector<double> out;
+      for (double v : t.span()) out.push_back(double(fp8_decode(fp8_encode(static_cast<float>(v) * scale, format), format)) * inverse);
+      return out;
+    };
+    const Fp8Format e4m3 = options.format_of(Fp8Role::input), e5m2 = options.format_of(Fp8Role::grad_output);
+    ASSERT_EQ(e5m2, Fp8Format::e5m2);
+    std::vector<Tensor<double>> xs, dys;
+    std::vector<ColumnParallelLinear<P>::Saved> saved;
+    for (int mb = 0; mb < 2; ++mb) {
+      xs.push_back(random_tensor<double>(Shape{kSeq, kIn}, 10 + mb));
+      dys.push_back(random_tensor<double>(Shape{kSeq, kOut}, 20 + mb));
+      for (index_t i = 0; i < xs[mb].numel(); ++i) xs[mb][i] *= mb ? 16.0 : 1.0;
+      for (index_t i = 0; i < dys[mb].numel(); ++i) dys[mb][i] *= mb ? 1.0 / 16 : 1.0;
+      saved.push_back(fc.forward(ctx, Activation<double, layout::replicated>(xs[mb])).second);
+      EXPECT_TRUE(saved[mb].input.empty()) << "the forward keeps x^T's codes, not x";
+      EXPECT_EQ(saved[mb].fp8_input.codes_t.shape(), (Shape{kIn, kSeq}));
+    }
+    const std::vector<double> w = dec(fc.weight().value, e4m3);
+    DeferredWeightGradients deferred;
+    std::vector<Tensor<double>> dx;
+    dx.push_back(fc.backward(ctx, saved[0], Activation<double, layout::sharded<-1>>(dys[0]), &deferred).tensor);
+    dx.push_back(fc.backward(ctx, saved[1], Activation<double, layout::sharded<-1>>(dys[1])).tensor);
+    deferred.run();
+    std::vector<double> dw(static_cast<std::size_t>(kOut * kIn), 0.0);
+    double worst_dx = 0, worst_dw = 0;
+    for (int mb = 0; mb < 2; ++mb) {
+      const std::vector<double> x = dec(xs[mb], e4m3), dy = dec(dys[mb], e5m2);
+      for (index_t r = 0; r < kSeq; ++r)
+        for (index_t i = 0; i < kIn; ++i) {
+          double want = 0;
+          for (index_t o = 0; o < kOut; ++o) want += dy[r * kOut + o] * w[o * kIn + i];
+          worst_dx = std::max(worst_dx, std::fabs(dx[mb][r * kIn + i] - want) / (std::fabs(want) + 1e-3));
+        }
+      for (index_t o = 0; o < kOut; ++o)
+        for (index_t i = 0; i < kIn; ++i)
+          for (index_t r = 0; r < kSeq; ++r) dw[o * kIn + i] += dy[r * kOut + o] * x[r * kIn + i];
+    }
+    for (index_t j = 0; j < kOut * kIn; ++j)
+      worst_dw = std::max(worst_dw, std::fabs(fc.weight().grad[j] - dw[j]) / (std::fabs(dw[j]) + 1e-3));
+    EXPECT_LT(worst_dx, 1e-13);
+    EXPECT_LT(worst_dw, 1e-13);
   });
 }
 

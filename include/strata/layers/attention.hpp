@@ -228,7 +228,7 @@ class SelfAttention {
       saved.qkv_output = std::move(qkv.tensor);
       saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
-      saved.proj.input = Tensor<T, Space>();
+      saved.proj = {};  // the input, or under FP8 the codes kept in its place
       saved.q_layernorm = {}, saved.k_layernorm = {};
       saved.q_rmsnorm = {}, saved.k_rmsnorm = {};
     }

@@ -54,6 +54,9 @@ class ColumnParallelLinear {
 
   struct Saved {
     Tensor<T, Space> input;  // the full-sequence input (gathered under sequence parallelism)
+    // FP8 with a per-tensor recipe: the codes of the input^T the forward's cast wrote for the weight
+    // gradient, kept instead of the input (which is then dropped); empty otherwise.
+    detail::Fp8Pair<Space> fp8_input;
   };
 
   // in, out: global feature counts. stacks: out is `stacks` equal blocks, each split over tp.
@@ -92,7 +95,8 @@ class ColumnParallelLinear {
     Tensor<T, Space> y;
     if (fp8_) {
       saved.input = full_input(ctx, x);
-      y = fp8_forward(ctx, saved.input, bias);
+      y = fp8_forward(ctx, saved.input, bias, saved.fp8_input);
+      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
     } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
@@ -118,7 +122,8 @@ class ColumnParallelLinear {
     Tensor<T, Space> pre, y;
     if (fp8_) {
       saved.input = full_input(ctx, x);
-      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr);
+      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr, saved.fp8_input);
+      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
       y = Tensor<T, Space>::empty(pre.shape());
       ctx.device.template gelu_forward<T>(pre.data(), pre.numel(), y.data());
     } else if (ring_gathers(ctx)) {
@@ -156,7 +161,7 @@ class ColumnParallelLinear {
     else dy_local = dy.tensor;  // shared, read only
     if (fp8_)
       return reduce_input_gradient(
-          ctx, Act<layout::partial>(fp8_backward(ctx, saved.input, dy_local, deferred)));
+          ctx, Act<layout::partial>(fp8_backward(ctx, saved, dy_local, deferred)));
     if (ctx.tp.size() == 1 || !ctx.tp_comm_overlap || (deferred && !deferred->runs_at_collectives()))
       return reduce_input_gradient(
           ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
@@ -221,18 +226,21 @@ class ColumnParallelLinear {
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
-  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
+  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
+                               detail::Fp8Pair<Space>& keep) const {
     detail::check_linear_input(input.shape(), *weight_, "ColumnParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
-    if constexpr (fp8_backend)
-      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data());
+    if constexpr (fp8_backend) {
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data(),
+                                      &keep);
+      if (!keep.empty()) keep.shape = input.shape();
+    }
     return y;
   }
-  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy,
-                                DeferredWeightGradients* deferred) {
+  Tensor<T, Space> fp8_backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy, DeferredWeightGradients* deferred) {
     if constexpr (fp8_backend)
-      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
-                                         deferred);
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input, dy, *weight_,
+                                         bias_ ? &*bias_ : nullptr, nullptr, deferred);
     else
       return Tensor<T, Space>();
   }

@@ -155,6 +155,42 @@ Fp8Operand<typename Context::space> fp8_quantize(Context& ctx, Fp8State<typename
   return {std::move(codes), format, state.scale_inv(role)};
 }
 
+// A per-tensor operand cast once for two GEMMs: x's codes (unless not asked for) and x^T's in one
+// pass (fp8_cast_transpose), and the 1/scale they were cast with. Under tensorwise that factor is
+// copied aside: the role's row is rewritten by the next cast of the role, which may come before the
+// second GEMM (another micro-batch's forward ahead of this one's backward, a deferred weight
+// gradient). Under delayed the row's factor holds for the whole step and is used in place.
+template <class Space>
+struct Fp8Pair {
+  Tensor<std::uint8_t, Space> codes, codes_t;  // x [rows, cols], x^T [cols, rows]
+  Fp8Format format = Fp8Format::e4m3;
+  const float* scale_inv = nullptr;
+  Tensor<float, Space> owned_scale_inv;  // [1] (tensorwise)
+  Shape shape;                           // x's
+  bool empty() const { return codes_t.data() == nullptr; }
+};
+
+template <class Context, class T>
+Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
+                                                   const T* x, index_t rows, index_t cols, bool sharded, bool plain) {
+  using Space = typename Context::space;
+  Fp8Pair<Space> q;
+  q.format = ctx.fp8->options.format_of(role);
+  q.shape = Shape{rows, cols};
+  if (plain) q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
+  q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
+  float* amax = fp8_prepare_scale(ctx, state, role, x, rows * cols, sharded);
+  ctx.device.template fp8_cast_transpose<T>(x, rows, cols, q.format, state.scale(role), plain ? q.codes.data() : nullptr,
+                                            q.codes_t.data(), amax);
+  q.scale_inv = state.scale_inv(role);
+  if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
+    q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
+    ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
+    q.scale_inv = q.owned_scale_inv.data();
+  }
+  return q;
+}
+
 // A weight operand: codes in the layer's weight cache, or owned (cast for this GEMM alone).
 template <class Space>
 struct Fp8WeightOperand {
@@ -265,10 +301,13 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
   return false;
 }
 
-// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T.
+// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T. With
+// `keep` (per-tensor recipes), x is cast in both layouts in one pass and x^T's codes go to *keep
+// for the weight gradient, which then needs neither x nor a cast of its own.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
-                             const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y) {
+                             const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y,
+                             Fp8Pair<Space>* keep = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
     auto xq = fp8_quantize_blocks(c, Fp8Role::input, x, rows, in, false);                      // runs along in
@@ -276,7 +315,13 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
     c.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
                                          wq.format, wq.scale_inv, true, c.fp8->options.block, y, false);
   });
-  if (!blocks) {
+  if (!blocks && keep) {
+    *keep = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
+    auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
+    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, keep->codes.data(), keep->format, keep->scale_inv, wq.codes,
+                                    wq.format, wq.scale_inv, y, false);  // (rows, out)
+    keep->codes = Tensor<std::uint8_t, Space>();                      // x's own codes served this GEMM alone
+  } else if (!blocks) {
     auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
     auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
     ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
@@ -286,31 +331,32 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
 }
 
 // dx[rows, in] = dy W = dy (W^T)^T: W^T from the cast that made the forward's W (the weight
-// cache), times gelu'(gelu_pre) when given.
+// cache), times gelu'(gelu_pre) when given. dy's codes: cast here in runs (blockwise), or dyq's
+// (per-tensor recipes).
 template <class Context, class T, class Space>
-void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* dy, index_t rows,
-                                    const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
+void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, const T* dy, const Fp8Pair<Space>* dyq,
+                                    index_t rows, const Parameter<T, Space>& weight, T* dx, const T* gelu_pre = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
-    auto dyq = fp8_quantize_blocks(c, Fp8Role::grad_output, dy, rows, out, false);             // runs along out
+    auto dyb = fp8_quantize_blocks(c, Fp8Role::grad_output, dy, rows, out, false);             // runs along out
     auto wtq = fp8_weight_tiles(c, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out) tiles
-    c.device.template fp8_gemm_blocks<T>(rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv.data(), false,
+    c.device.template fp8_gemm_blocks<T>(rows, in, out, dyb.codes.data(), dyb.format, dyb.scale_inv.data(), false,
                                          wtq.codes, wtq.format, wtq.scale_inv, true, c.fp8->options.block, dx, false);
   });
   if (!blocks) {
-    auto dyq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output);
     auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
-    ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq.codes.data(), dyq.format, dyq.scale_inv, wtq.codes,
+    ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq->codes.data(), dyq->format, dyq->scale_inv, wtq.codes,
                                     wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
   }
   if (gelu_pre) ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
 }
 
-// dW[out, in] += dy^T x = (dy^T) (x^T)^T, both cast transposed (written when the gradient is
-// stale), db += column sums of dy.
+// dW[out, in] += dy^T x = (dy^T) (x^T)^T, db += column sums of dy. Blockwise: dy^T and x^T cast
+// here in runs along the rows; per-tensor recipes: the codes of dy^T and x^T in dyq and xq.
 template <class Context, class T, class Space>
-void fp8_linear_weight_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, const T* dy,
-                                     index_t rows, Parameter<T, Space>& weight, Parameter<T, Space>* bias) {
+void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, const Fp8Pair<Space>* xq,
+                                     const Fp8Pair<Space>* dyq, index_t rows, Parameter<T, Space>& weight,
+                                     Parameter<T, Space>* bias) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -322,35 +368,45 @@ void fp8_linear_weight_gradient_rows(Context& ctx, Fp8State<Space>& state, Fp8Sh
                                          weight.grad.data(), !overwrite);  // (out, in)
   });
   if (!blocks) {
-    auto dytq = fp8_quantize(ctx, state, Fp8Role::grad_output, dy, rows, out, sharding.grad_output, true);  // (out, rows)
-    auto xtq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input, true);                 // (in, rows)
     const bool overwrite = std::exchange(weight.grad_stale, false);
-    ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dytq.codes.data(), dytq.format, dytq.scale_inv,
-                                    xtq.codes.data(), xtq.format, xtq.scale_inv, weight.grad.data(), !overwrite);  // (out, in)
+    ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dyq->codes_t.data(), dyq->format, dyq->scale_inv,
+                                    xq->codes_t.data(), xq->format, xq->scale_inv, weight.grad.data(), !overwrite);  // (out, in)
   }
   if (bias) ctx.device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 
 // The layer's backward in FP8: dx written (times gelu'(gelu_pre) when given), dW and db accumulated
-// now, or appended to `deferred` (the closure keeps x, dy and ctx, which must outlive it).
+// now, or appended to `deferred` (the closure keeps what it reads and ctx, which must outlive it).
+// Per-tensor recipes: dy is cast once in both layouts (dx's GEMM reads dy's codes, dW's dy^T's), and
+// x^T's codes are those the forward kept (`kept`), or cast now from x when it kept none. Blockwise:
+// x and dy are cast in runs for each GEMM (their scales differ by layout).
 template <class Context, class T, class Space>
 Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8State<Space>>& state, Fp8Sharding sharding,
-                                     const Tensor<T, Space>& x, const Tensor<T, Space>& dy, Parameter<T, Space>& weight,
-                                     Parameter<T, Space>* bias, const std::type_identity_t<Tensor<T, Space>>* gelu_pre,
+                                     const Tensor<T, Space>& x, const Fp8Pair<Space>& kept, const Tensor<T, Space>& dy,
+                                     Parameter<T, Space>& weight, Parameter<T, Space>* bias,
+                                     const std::type_identity_t<Tensor<T, Space>>* gelu_pre,
                                      DeferredWeightGradients* deferred) {
-  const index_t out = weight.value.size(0), rows = x.shape().rows();
+  const Shape shape = kept.empty() ? x.shape() : kept.shape;
+  const index_t out = weight.value.size(0), in = weight.value.size(1), rows = shape.rows();
   if (dy.shape().rows() != rows || dy.shape().cols() != out)
     fail<ShapeError>("linear backward (FP8): output gradient ", dy.shape().str(), " does not match ", rows, " rows of ", out,
                      " features");
-  auto dx = Tensor<T, Space>::empty(x.shape());  // (rows, in)
-  fp8_linear_input_gradient_rows(ctx, *state, sharding, dy.data(), rows, weight, dx.data(),
-                                 gelu_pre ? gelu_pre->data() : nullptr);
-  if (deferred)
-    deferred->add([&ctx, state, sharding, x, dy, rows, &weight, bias] {
-      fp8_linear_weight_gradient_rows(ctx, *state, sharding, x.data(), dy.data(), rows, weight, bias);
-    });
-  else
-    fp8_linear_weight_gradient_rows(ctx, *state, sharding, x.data(), dy.data(), rows, weight, bias);
+  auto dx = Tensor<T, Space>::empty(shape);  // (rows, in)
+  const bool per_tensor = ctx.fp8->options.recipe != Fp8RecipeKind::blockwise;
+  Fp8Pair<Space> dyq, xq;
+  if (per_tensor) dyq = fp8_quantize_pair(ctx, *state, Fp8Role::grad_output, dy.data(), rows, out, sharding.grad_output, true);
+  fp8_linear_input_gradient_rows(ctx, *state, dy.data(), &dyq, rows, weight, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
+  if (per_tensor) {
+    dyq.codes = Tensor<std::uint8_t, Space>();  // dy's own codes served the input gradient alone
+    xq = kept.empty() ? fp8_quantize_pair(ctx, *state, Fp8Role::input, x.data(), rows, in, sharding.input, false) : kept;
+  }
+  // Blockwise reads x and dy; the per-tensor recipes dy alone (the bias gradient) and the codes.
+  Tensor<T, Space> x_read = per_tensor ? Tensor<T, Space>() : x;
+  auto weight_gradient = [&ctx, x_read, dy, xq, dyq, rows, &weight, bias] {
+    fp8_linear_weight_gradient_rows(ctx, x_read.data(), dy.data(), &xq, &dyq, rows, weight, bias);
+  };
+  if (deferred) deferred->add(weight_gradient);
+  else weight_gradient();
   return dx;
 }
 

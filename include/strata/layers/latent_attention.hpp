@@ -153,7 +153,7 @@ class LatentAttention {
     if (recompute_core) {
       saved.q = saved.k = saved.v = saved.out = saved.heads_out = Tensor<T, Space>();
       saved.lse = Tensor<A, Space>();
-      saved.proj.input = Tensor<T, Space>();
+      saved.proj = {};  // the input, or under FP8 the codes kept in its place
     }
     return {std::move(y), std::move(saved)};
   }

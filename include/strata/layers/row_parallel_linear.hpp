@@ -52,6 +52,9 @@ class RowParallelLinear {
 
   struct Saved {
     Tensor<T, Space> input;  // local input shard [rows, in/tp]
+    // FP8 with a per-tensor recipe: the codes of the input^T the forward's cast wrote for the weight
+    // gradient, kept instead of the input (which is then dropped); empty otherwise.
+    detail::Fp8Pair<Space> fp8_input;
   };
 
   RowParallelLinear(const Context& ctx, std::string name, index_t in, index_t out, bool bias = true)
@@ -93,11 +96,12 @@ class RowParallelLinear {
     } else {
       added = residual != nullptr && ctx.tp.size() == 1 && !fp8_;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
-          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr) :
+          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input) :
           added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                              residual->tensor, "RowParallelLinear")
                 : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                          "RowParallelLinear"));
+      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
       if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
       else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
     }
@@ -159,7 +163,7 @@ class RowParallelLinear {
       dy_full = reduce_from_tensor_parallel_backward(dy).tensor;  // shared, read only
     }
     Act<layout::sharded<-1>> dx(
-        fp8_ ? fp8_backward(ctx, saved.input, dy_full, bias, gelu_pre, deferred)
+        fp8_ ? fp8_backward(ctx, saved, dy_full, bias, gelu_pre, deferred)
              : detail::linear_backward(ctx.device, saved.input, dy_full, weight_, bias, gelu_pre, deferred));
     if constexpr (Options.input_is_parallel) return dx;
     else return scatter_to_tensor_parallel_backward(ctx.device, ctx.tp, dx);
@@ -188,17 +192,22 @@ class RowParallelLinear {
   static constexpr detail::Fp8Sharding fp8_sharding() { return {true, false}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
-  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias) const {
+  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
+                               detail::Fp8Pair<Space>& keep) const {
     detail::check_linear_input(input.shape(), weight_, "RowParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_.value.size(0)));  // (rows, out)
-    if constexpr (fp8_backend)
-      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data());
+    if constexpr (fp8_backend) {
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data(),
+                                      &keep);
+      if (!keep.empty()) keep.shape = input.shape();
+    }
     return y;
   }
-  Tensor<T, Space> fp8_backward(Context& ctx, const Tensor<T, Space>& input, const Tensor<T, Space>& dy, Param* bias,
+  Tensor<T, Space> fp8_backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy, Param* bias,
                                 const Tensor<T, Space>* gelu_pre, DeferredWeightGradients* deferred) {
     if constexpr (fp8_backend)
-      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), input, dy, weight_, bias, gelu_pre, deferred);
+      return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input, dy, weight_, bias, gelu_pre,
+                                         deferred);
     else
       return Tensor<T, Space>();
   }

@@ -185,8 +185,9 @@ class backend {
     kernels::fp8_update_scale(row, max, args, stream());
   }
   // The blockwise recipe (the twins of cpu::fp8_cast_blocks / _tiles / fp8_gemm_blocks). The GEMM
-  // decodes both operands to bf16 (exact: the scales are powers of two) and runs the bf16 GEMM, a
-  // correct but not a fast path; cuBLASLt's block-scaled FP8 GEMM is not wired yet.
+  // runs as cuBLASLt's block-scaled FP8 GEMM (fp8_gemm_blocks_cublaslt) where it can: blocks of 128,
+  // k whole blocks, a shape cuBLASLt has an algorithm for. Elsewhere both operands are decoded to
+  // bf16 (exact: the scales are powers of two) for the bf16 GEMM, correct but slower.
   template <class T>
   void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
                        float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv) const {
@@ -205,6 +206,9 @@ class backend {
       fail<ConfigError>("cuda::backend::fp8_gemm_blocks: block-scaled FP8 GEMMs write bf16 or float on the GPU; train in bf16 "
                         "or float with --fp8-recipe blockwise");
     } else {
+      if (block == 128 && cuda::fp8_gemm_blocks_cublaslt<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, a_tiles, b, fb,
+                                                            b_scale_inv, b_tiles, c, accumulate))
+        return;
       auto da = Tensor<bf16, space>::empty(Shape{m, k}), db = Tensor<bf16, space>::empty(Shape{n, k});
       kernels::fp8_decode_blocks<bf16>(a, m, k, fa, a_scale_inv, a_tiles, block, da.data(), stream());
       kernels::fp8_decode_blocks<bf16>(b, n, k, fb, b_scale_inv, b_tiles, block, db.data(), stream());

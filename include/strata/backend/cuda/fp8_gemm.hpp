@@ -130,51 +130,78 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
 
 // The block-scaled TN problem through cuBLASLt (Hopper, cuBLASLt 12.9+): a [m, k] and b [n, k]
 // with one float 1/scale per 1 x 128 run along k (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per
-// 128 x 128 tile (BLK128x128_32F), the scale tensors handed to cuBLASLt as they are (in the layout
-// cuBLASLt reads; the GPU suite's probe finds which of strata's layouts that is). Returns false,
-// writing nothing, where cuBLASLt has no algorithm for the problem. Descriptors are built per call
-// (not cached): not yet a training path.
+// 128 x 128 tile (BLK128x128_32F). The scale tensors go to cuBLASLt as strata lays them out (runs
+// [k/128, rows], tiles [rows/128, k/128]): the layouts cuBLASLt reads, as the GPU suite's probe
+// shows against the CPU twin. Each problem is planned once (the blas handle's plan cache, with the
+// answer "no algorithm" cached too); returns false, writing nothing, where cuBLASLt has none or k is
+// not whole blocks of 128.
 template <class C>
 bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a,
                               Fp8Format fa, const float* a_scales, bool a_tiles, const std::uint8_t* b, Fp8Format fb,
                               const float* b_scales, bool b_tiles, C* c, bool accumulate) {
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, float>, "block-scaled FP8 GEMMs write bf16 or float");
   if (m == 0 || n == 0) return true;
-  detail::matmul_descriptor desc;
-  detail::layout_descriptor first, second, out;
-  detail::preference_descriptor preference;
+  if (k % 128 != 0 || (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)) return false;
+  detail::gemm_key key{};
+  key.data_type = 2000 + static_cast<int>(fa) * 2 + static_cast<int>(fb);  // block-scaled FP8, apart from the other keys
+  key.output_type = static_cast<int>(detail::fp8_output_type<C>());
+  key.transpose_a = false;
+  key.transpose_b = true;
+  key.accumulate = accumulate;
+  key.epilogue = (a_tiles ? 1 : 0) | (b_tiles ? 2 : 0);
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.align_a = detail::pointer_alignment(a);
+  key.align_b = detail::pointer_alignment(b);
+  key.align_c = detail::pointer_alignment(c);
+  key.sm_target = blas.sm_target();
   const cudaDataType_t out_type = detail::fp8_output_type<C>();
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
-  // cuBLASLt's A is our b, its B our a (see fp8_gemm_tn)
-  const cublasLtMatmulMatrixScale_t mode_a = b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  const cublasLtMatmulMatrixScale_t mode_b = a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
+  detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
+    if (key.sm_target > 0)
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
+                                                         sizeof(key.sm_target)));
+    // cuBLASLt's A is our b, its B our a (see fp8_gemm_tn)
+    const cublasLtMatmulMatrixScale_t mode_a = b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const cublasLtMatmulMatrixScale_t mode_b = a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+    // The scale pointers take part in the heuristic's choice; the real ones are set before each call.
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
+                                                       sizeof(b_scales)));
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
+                                                       sizeof(a_scales)));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, detail::fp8_data_type(fb), k, n, k));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, detail::fp8_data_type(fa), k, m, k));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, n, m, n));
+    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, n, m, n));
+    detail::preference_descriptor preference;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
+    const std::uint64_t workspace = blas.workspace_bytes();
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace, sizeof(workspace)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    p.fused = cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
+                                             p.out_d.handle, preference.handle, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
+              found > 0 && result.state == CUBLAS_STATUS_SUCCESS;  // "fused": cuBLASLt runs this problem
+    if (p.fused) p.algo = result.algo;
+  });
+  if (!plan.fused) return false;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
                                                      sizeof(b_scales)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
                                                      sizeof(a_scales)));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first.handle, detail::fp8_data_type(fb), k, n, k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second.handle, detail::fp8_data_type(fa), k, m, k));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out.handle, out_type, n, m, n));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
-  const std::uint64_t workspace = blas.workspace_bytes();
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace, sizeof(workspace)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(blas.get(), desc.handle, first.handle, second.handle, out.handle, out.handle,
-                                     preference.handle, 1, &result, &found) != CUBLAS_STATUS_SUCCESS ||
-      found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    return false;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), desc.handle, &alpha, b, first.handle, a, second.handle, &beta, c, out.handle, c,
-                                     out.handle, &result.algo, blas.workspace(), blas.workspace_bytes(), stream));
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
+                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
+                                     blas.workspace_bytes(), stream));
   return true;
 }
 

@@ -1,9 +1,10 @@
 // strata/backend/cuda/kernels/fp8.cuh: the FP8 kernels, twins of backend/cpu/fp8.hpp (bit for bit).
 //
 //   fp8_amax            amax[0] = max(amax[0], max_i |x_i|)
-//   fp8_cast            q_i = fp8(float(x_i) * scale[0]), amax folded in the same pass (optional)
-//   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through a 32 x 33
-//                       tile, with amax
+//   fp8_cast            q_i = fp8(float(x_i) * scale[0]), amax folded in the same pass (optional);
+//                       eight elements a thread (16-byte loads, 8-byte stores)
+//   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through 64 x 65
+//                       byte tiles in shared memory, with amax
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
@@ -72,11 +73,50 @@ __global__ void fp8_amax_kernel(const T* x, index_t n, float* amax) {
   fp8_block_amax(bits, amax);
 }
 
+// Eight elements of x from element i (x + i 16-byte aligned) as floats: one to four 16-byte loads.
 template <class T>
-__global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const float* scale, std::uint8_t* out, float* amax) {
+__device__ __forceinline__ void fp8_load8(const T* x, index_t i, float (&v)[8]) {
+  constexpr int width = packed<T>::width;  // 8 bf16, 4 float, 2 double
+  static_assert(8 % width == 0, "eight elements are whole 16-byte vectors");
+  const packed<T>* p = reinterpret_cast<const packed<T>*>(x + i);
+#pragma unroll
+  for (int k = 0; k < 8 / width; ++k) {
+    const packed<T> chunk = p[k];
+#pragma unroll
+    for (int j = 0; j < width; ++j) v[k * width + j] = static_cast<float>(unpack<T>(chunk.raw[j]));
+  }
+}
+
+// The codes of v[0..8) * s as eight bytes (byte j at the lowest address + j), their |v| folded into bits.
+__device__ __forceinline__ uint2 fp8_round8(const float (&v)[8], float s, Fp8Format format, unsigned& bits) {
+  unsigned word[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    bits = max(bits, fp8_abs_bits(v[j]));
+    word[j / 4] |= static_cast<unsigned>(fp8_round(v[j] * s, format)) << (8 * (j % 4));
+  }
+  return make_uint2(word[0], word[1]);
+}
+
+// With `vectorized` (x 16-byte and out 8-byte aligned), each thread reads eight elements with
+// 16-byte loads and writes their eight codes with one 8-byte store; a scalar loop does the tail.
+template <class T>
+__global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const float* scale, std::uint8_t* out, float* amax,
+                                bool vectorized) {
   const float s = *scale;
   unsigned bits = 0;
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+  const index_t first = blockIdx.x * index_t(blockDim.x) + threadIdx.x, stride = index_t(gridDim.x) * blockDim.x;
+  index_t done = 0;
+  if (vectorized) {
+    const index_t vectors = n / 8;
+    for (index_t v = first; v < vectors; v += stride) {
+      float e[8];
+      fp8_load8(x, v * 8, e);
+      reinterpret_cast<uint2*>(out)[v] = fp8_round8(e, s, format, bits);
+    }
+    done = vectors * 8;
+  }
+  for (index_t i = done + first; i < n; i += stride) {
     const float v = fp8_load(x, i);
     bits = max(bits, fp8_abs_bits(v));
     out[i] = fp8_round(v * s, format);
@@ -84,45 +124,64 @@ __global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const f
   if (amax) fp8_block_amax(bits, amax);
 }
 
-// One 32 x 32 tile per block iteration; blockDim (32, 8).
+// Tiles of 64 x 64 elements, 256 threads, a grid-stride loop over the tiles. Reading, thread t takes
+// eight neighbouring columns (8 (t % 8) ...) of rows t / 8 and t / 8 + 32; writing x^T, eight
+// neighbouring rows of the tile's columns t / 8 and t / 8 + 32 from shared memory (rows of 65
+// bytes, so the eight rows a thread gathers fall in different banks). Whole tiles with `vectorized`
+// (x 16-byte aligned, out and out_t 8-byte aligned, rows and cols multiples of 8) move 16-byte
+// loads and 8-byte stores; tiles at the edges element by element.
+inline constexpr int kFp8Tile = 64;
 template <class T>
-__global__ void fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale,
-                                          std::uint8_t* out, std::uint8_t* out_t, float* amax) {
-  __shared__ std::uint8_t tile[32][33];
+__global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols, Fp8Format format,
+                                                                 const float* scale, std::uint8_t* out, std::uint8_t* out_t,
+                                                                 float* amax, bool vectorized) {
+  __shared__ std::uint8_t tile[kFp8Tile][kFp8Tile + 1];
   const float s = *scale;
   unsigned bits = 0;
-  for (index_t tile_row = blockIdx.y * index_t(32); tile_row < rows; tile_row += index_t(gridDim.y) * 32)
-    for (index_t tile_col = blockIdx.x * index_t(32); tile_col < cols; tile_col += index_t(gridDim.x) * 32) {
-      for (int r = threadIdx.y; r < 32; r += blockDim.y) {
-        const index_t row = tile_row + r, col = tile_col + threadIdx.x;
-        if (row < rows && col < cols) {
-          const float v = fp8_load(x, row * cols + col);  // x (rows, cols)
-          bits = max(bits, fp8_abs_bits(v));
-          const std::uint8_t q = fp8_round(v * s, format);
-          if (out) out[row * cols + col] = q;
-          tile[r][threadIdx.x] = q;
+  const index_t tiles_c = (cols + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
+  const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
+  for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
+    const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
+    const bool whole = vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = line + 32 * half;
+      const index_t row = row0 + r, col = col0 + eighth;
+      float e[8];
+      if (whole) {
+        fp8_load8(x, row * cols + col, e);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = row < rows && col + j < cols ? fp8_load(x, row * cols + col + j) : 0.0f;  // 0: no amax
+      }
+      const uint2 codes = fp8_round8(e, s, format, bits);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) tile[r][eighth + j] = static_cast<std::uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
+      if (out) {
+        if (whole) {
+          *reinterpret_cast<uint2*>(out + row * cols + col) = codes;
+        } else if (row < rows) {
+          for (int j = 0; j < 8 && col + j < cols; ++j) out[row * cols + col + j] = tile[r][eighth + j];
         }
       }
-      __syncthreads();
-      for (int c = threadIdx.y; c < 32; c += blockDim.y) {
-        const index_t col = tile_col + c, row = tile_row + threadIdx.x;
-        if (row < rows && col < cols) out_t[col * rows + row] = tile[threadIdx.x][c];  // out_t (cols, rows)
-      }
-      __syncthreads();
     }
-  if (amax) {
-    // fp8_block_amax wants a 1-D block: flatten the (32, 8) block's thread index.
-    __shared__ unsigned warp_max[8];
-    const int flat = threadIdx.y * 32 + threadIdx.x;
-    for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_down_sync(0xffffffffu, bits, offset));
-    if (flat % 32 == 0) warp_max[flat / 32] = bits;
     __syncthreads();
-    if (flat == 0) {
-      unsigned m = 0;
-      for (int w = 0; w < 8; ++w) m = max(m, warp_max[w]);
-      atomicMax(reinterpret_cast<unsigned*>(amax), m);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int c = line + 32 * half;
+      const index_t col = col0 + c, row = row0 + eighth;  // out_t (cols, rows)
+      if (whole) {
+        unsigned word[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(tile[eighth + j][c]) << (8 * (j % 4));
+        *reinterpret_cast<uint2*>(out_t + col * rows + row) = make_uint2(word[0], word[1]);
+      } else if (col < cols) {
+        for (int j = 0; j < 8 && row + j < rows; ++j) out_t[col * rows + row + j] = tile[eighth + j][c];
+      }
     }
+    __syncthreads();
   }
+  if (amax) fp8_block_amax(bits, amax);
 }
 
 // (Kernels are templates, so a header-defined kernel has one definition in every translation unit.)
@@ -239,8 +298,8 @@ __global__ void fp8_decode_blocks_kernel(const std::uint8_t* q, index_t rows, in
 // The grids. A kernel that folds an amax ends each block with one atomicMax on the same word, and
 // those serialize in L2: a grid of one block per 256 elements (65,536 blocks for a 4096 x 4096
 // tensor) spent about 80 us per cast on an H100 in atomics alone. So those kernels run at most
-// 8 blocks per multiprocessor (grid-stride loops; about a thousand atomics), the cast-transpose at
-// most 32 x 32 blocks of tiles; the plain transpose, with no atomics, one block per tile.
+// 8 blocks per multiprocessor (grid-stride loops; about a thousand atomics), the cast-transpose too
+// (over its 64 x 64 tiles); the plain transpose, with no atomics, one block per 32 x 32 tile.
 inline dim3 fp8_tile_grid(index_t rows, index_t cols, index_t cap = 65535) {
   const auto tiles = [cap](index_t extent) { return static_cast<unsigned>(std::min<index_t>((extent + 31) / 32, cap)); };
   return dim3(tiles(cols), tiles(rows));
@@ -258,15 +317,21 @@ void fp8_amax(const T* x, index_t n, float* amax, cudaStream_t stream) {
 template <class T>
 void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::uint8_t* out, float* amax, cudaStream_t stream) {
   if (n <= 0) return;
-  fp8_cast_kernel<T><<<amax ? fp8_amax_grid(n) : grid_for(n), kThreads, 0, stream>>>(x, n, format, scale, out, amax);
+  const bool vectorized = aligned_16(x) && reinterpret_cast<std::uintptr_t>(out) % 8 == 0;
+  const index_t work = vectorized ? (n + 7) / 8 : n;
+  fp8_cast_kernel<T><<<amax ? fp8_amax_grid(work) : grid_for(work), kThreads, 0, stream>>>(x, n, format, scale, out, amax,
+                                                                                           vectorized);
   check_launch("fp8_cast");
 }
 template <class T>
 void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale, std::uint8_t* out,
                         std::uint8_t* out_t, float* amax, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  const dim3 grid = fp8_tile_grid(rows, cols, amax ? 32 : 65535);
-  fp8_cast_transpose_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(x, rows, cols, format, scale, out, out_t, amax);
+  const auto aligned_8 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; };
+  const bool vectorized = aligned_16(x) && (!out || aligned_8(out)) && aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
+  const index_t tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * ((cols + kFp8Tile - 1) / kFp8Tile);
+  const unsigned grid = static_cast<unsigned>(std::min<index_t>(tiles, 8 * index_t(multiprocessor_count())));
+  fp8_cast_transpose_kernel<T><<<grid, kThreads, 0, stream>>>(x, rows, cols, format, scale, out, out_t, amax, vectorized);
   check_launch("fp8_cast_transpose");
 }
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
