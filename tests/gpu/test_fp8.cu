@@ -6,7 +6,7 @@
 //   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
-//   fp8_gemm     every transpose combination, E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
+//   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
 //                outputs (float accumulated into an existing C): against the CPU twin within
 //                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
 //                the sums differ in order); E5M2 x E5M2 refused
@@ -161,7 +161,7 @@ void check_update(backend& device, suite& results) {
 
 template <class C>
 void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bool tb, index_t m, index_t n, index_t k,
-                Fp8Format fa, Fp8Format fb, bool accumulate) {
+                Fp8Format fa, Fp8Format fb, bool accumulate, bool with_bias = false) {
   host_rng rng(seed);
   const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
   auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(K * N, -2, 2);
@@ -171,10 +171,14 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
   const float a_scale_inv = 0.013f, b_scale_inv = 0.007f;
   auto c0 = rng.uniform<C>(M * N);
   std::vector<C> want = c0;
-  strata::cpu::fp8_gemm<C>(ta, tb, m, n, k, a.data(), fa, &a_scale_inv, b.data(), fb, &b_scale_inv, want.data(), accumulate);
+  const std::vector<C> bias = rng.uniform<C>(N, -3, 3);
+  const C* host_bias = with_bias ? bias.data() : nullptr;
+  strata::cpu::fp8_gemm<C>(ta, tb, m, n, k, a.data(), fa, &a_scale_inv, b.data(), fb, &b_scale_inv, want.data(), accumulate,
+                           host_bias);
   device_vector<std::uint8_t> da(a.size()), db(b.size());
   device_vector<float> scales(2);
-  device_vector<C> dc(M * N);
+  device_vector<C> dc(M * N), dbias(N);
+  device.copy_from_host(bias.data(), static_cast<index_t>(N), dbias.data());
   device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
   device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
   const float s[2] = {a_scale_inv, b_scale_inv};
@@ -182,7 +186,8 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
   std::vector<C> got(M * N), again(M * N);
   for (int run = 0; run < 2; ++run) {
     device.copy_from_host(c0.data(), static_cast<index_t>(c0.size()), dc.data());
-    device.fp8_gemm<C>(ta, tb, m, n, k, da.data(), fa, scales.data(), db.data(), fb, scales.data() + 1, dc.data(), accumulate);
+    device.fp8_gemm<C>(ta, tb, m, n, k, da.data(), fa, scales.data(), db.data(), fb, scales.data() + 1, dc.data(), accumulate,
+                       with_bias ? dbias.data() : nullptr);
     device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), run == 0 ? got.data() : again.data());
   }
   // The accumulation bound: Hopper's FP8 tensor cores add their products in an accumulator
@@ -195,7 +200,7 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                  "fp8_gemm<" + type_name<C>() + "> ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " " +
                      std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
                      std::string(strata::fp8_format_name(fa)) + "x" + std::string(strata::fp8_format_name(fb)) +
-                     (accumulate ? " accumulate" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
+                     (accumulate ? " accumulate" : "") + (with_bias ? " + bias" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
 }
 
 template <class T>
@@ -370,6 +375,10 @@ int main() {
           const bool ta = t & 1, tb = t & 2;
           check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
           check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
+          if (t == 2) {  // the forward's layout (TN): the bias in the epilogue
+            check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, true);
+            check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, true);
+          }
           check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, true);  // a weight gradient
         }
     bool refused = false;

@@ -46,7 +46,7 @@ concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uin
   d.template fp8_amax<float>(x, n, f);
   d.template fp8_cast<float>(x, n, Fp8Format::e4m3, x, q, f);
   d.template fp8_cast_transpose<float>(x, n, n, Fp8Format::e4m3, x, q, q, f);
-  d.template fp8_gemm<float>(false, true, n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, f, false);
+  d.template fp8_gemm<float>(false, true, n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, f, false, x);
   d.fp8_update_scale(f, 1.0f, args);
 };
 
@@ -301,33 +301,37 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
   return false;
 }
 
-// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is), the bias added in T. With
-// `keep` (per-tensor recipes), x is cast in both layouts in one pass and x^T's codes go to *keep
-// for the weight gradient, which then needs neither x nor a cast of its own.
+// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is); the bias added in T to the
+// rounded product (per-tensor recipes: in the GEMM's epilogue where the backend can). With `keep`
+// (per-tensor recipes), x is cast in both layouts in one pass and x^T's codes go to *keep for the
+// weight gradient, which then needs neither x nor a cast of its own.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y,
                              Fp8Pair<Space>* keep = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
+  const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
     auto xq = fp8_quantize_blocks(c, Fp8Role::input, x, rows, in, false);                      // runs along in
     auto wq = fp8_weight_tiles(c, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in) tiles
     c.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
                                          wq.format, wq.scale_inv, true, c.fp8->options.block, y, false);
+    if (b) c.device.template bias_add<T>(y, b, rows, out);
   });
-  if (!blocks && keep) {
-    *keep = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
-    auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
-    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, keep->codes.data(), keep->format, keep->scale_inv, wq.codes,
-                                    wq.format, wq.scale_inv, y, false);  // (rows, out)
-    keep->codes = Tensor<std::uint8_t, Space>();                      // x's own codes served this GEMM alone
-  } else if (!blocks) {
-    auto xq = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
-    auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
-    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes,
-                                    wq.format, wq.scale_inv, y, false);  // (rows, out)
+  if (blocks) return;
+  Fp8Pair<Space> pair;
+  Fp8Operand<Space> single{Tensor<std::uint8_t, Space>(), Fp8Format::e4m3, nullptr};
+  if (keep) pair = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
+  else single = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
+  const std::uint8_t* x_codes = keep ? pair.codes.data() : single.codes.data();
+  auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
+  ctx.device.template fp8_gemm<T>(false, true, rows, out, in, x_codes, keep ? pair.format : single.format,
+                                  keep ? pair.scale_inv : single.scale_inv, wq.codes, wq.format, wq.scale_inv, y, false,
+                                  b);  // (rows, out)
+  if (keep) {
+    pair.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
+    *keep = std::move(pair);
   }
-  if (bias) ctx.device.template bias_add<T>(y, bias->value.data(), rows, out);
 }
 
 // dx[rows, in] = dy W = dy (W^T)^T: W^T from the cast that made the forward's W (the weight

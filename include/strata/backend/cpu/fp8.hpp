@@ -8,8 +8,9 @@
 //   fp8_cast_transpose(x, rows, cols, f, scale, q, qt, amax)
 //                                   q [rows, cols] (unless q is null) and qt [cols, rows] of the
 //                                   same codes
-//   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate)
-//                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B): the codes
+//   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias = null)
+//                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B) (+ bias[n]
+//                                   on every row, added to the rounded product; not with accumulate): the codes
 //                                   decoded exactly, multiplied and summed in accumulate_t<C>
 //                                   (float for bf16 and float outputs, double for double), the
 //                                   scales applied to the sum (as cuBLASLt's scale pointers do)
@@ -97,13 +98,14 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
 
 template <class C>
 void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
-              const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate) {
+              const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate, const C* bias = nullptr) {
   using A = accumulate_t<C>;
   std::vector<A> a_values(static_cast<std::size_t>(m * k)), b_values(static_cast<std::size_t>(k * n));
   for (std::size_t i = 0; i < a_values.size(); ++i) a_values[i] = static_cast<A>(fp8_decode(a[i], fa));
   for (std::size_t i = 0; i < b_values.size(); ++i) b_values[i] = static_cast<A>(fp8_decode(b[i], fb));
   const A alpha = static_cast<A>(*a_scale_inv) * static_cast<A>(*b_scale_inv);
   cpu::gemm<A, C>(ta, tb, m, n, k, a_values.data(), b_values.data(), c, accumulate, alpha);
+  if (bias) cpu::bias_add<C>(c, bias, m, n);  // after the product's rounding to C, as a bias add after the GEMM
 }
 
 inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { fp8_update_row(row, max, args); }

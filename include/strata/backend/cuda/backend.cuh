@@ -175,11 +175,15 @@ class backend {
   }
   template <class C>
   void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
-                const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate) const {
-    if constexpr (std::is_same_v<C, double>)
+                const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
+                const C* bias = nullptr) const {
+    if constexpr (std::is_same_v<C, double>) {
       fail<ConfigError>("cuda::backend::fp8_gemm: FP8 GEMMs have no double output on the GPU; train in bf16 or float with FP8");
-    else
-      cuda::fp8_gemm<C>(state_->blas, stream(), ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
+    } else {
+      // the bias in cuBLASLt's epilogue where it has an algorithm with it, else a kernel after
+      if (!cuda::fp8_gemm<C>(state_->blas, stream(), ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias))
+        kernels::bias_add<C>(c, bias, m, n, stream());
+    }
   }
   void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) const {
     kernels::fp8_update_scale(row, max, args, stream());

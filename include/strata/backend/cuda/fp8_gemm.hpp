@@ -42,16 +42,20 @@ constexpr cudaDataType_t fp8_output_type() {
 }
 }  // namespace detail
 
-// The TN problem: a [m, k] and b [n, k] row-major codes (see the design note).
+// The TN problem: a [m, k] and b [n, k] row-major codes (see the design note). With a bias (not
+// with accumulate), cuBLASLt's BIAS epilogue adds it where it has an algorithm for the problem with
+// it (bias in C's type, 16-byte aligned); returns whether the bias was added (true without one).
 template <class C>
-void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
-                 const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate) {
+bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                 const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
+                 const C* bias = nullptr) {
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, fp16> || std::is_same_v<C, float>,
                 "cuda::fp8_gemm writes bf16, fp16 or float outputs (cuBLASLt's FP8 GEMMs have no double output).");
   if (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)
     fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
                       "format keeps weights and activations in E4M3)");
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return true;
+  const bool use_bias = bias != nullptr && !accumulate && detail::pointer_alignment(bias) >= 16;
   // cuBLASLt runs an FP8 GEMM only when both scale pointers are 16-byte aligned (an offset of 4 or
   // 8 bytes gives CUBLAS_STATUS_NOT_SUPPORTED on Hopper with cuBLASLt 13.1, for every algorithm the
   // heuristic offers); the scaling rows hold the inverse scales at any float offset, so unaligned
@@ -70,6 +74,7 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
   key.transpose_a = false;
   key.transpose_b = true;
   key.accumulate = accumulate;
+  key.bias = use_bias;
   key.m = m;
   key.n = n;
   key.k = k;
@@ -81,6 +86,21 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+    const auto set_bias_epilogue = [&](bool on) {
+      // the bias runs along the rows of the column-major D [n, m]: one value per row-major column
+      const cublasLtEpilogue_t epilogue = on ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      if (on) {
+        const cudaDataType_t bias_type = out_type;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                           sizeof(bias_type)));
+        const void* bias_pointer = bias;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                           sizeof(bias_pointer)));
+      }
+      p.bias_epilogue = on;
+    };
+    set_bias_epilogue(use_bias);
     // column-major: first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); D [n, m] (ld n)
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
@@ -109,9 +129,19 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
                                                        sizeof(placeholder)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle,
-                                                       p.out_c.handle, p.out_d.handle, preference.handle, 1, &result, &found));
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    const auto ask = [&] {
+      found = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
+                                         p.out_d.handle, preference.handle, 1, &result, &found) != CUBLAS_STATUS_SUCCESS ||
+          result.state != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    };
+    ask();
+    if (found == 0 && use_bias) {  // no algorithm with the epilogue for this problem: the caller adds the bias
+      set_bias_epilogue(false);
+      ask();
+    }
+    if (found == 0)
       fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
                         " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
@@ -122,10 +152,16 @@ void fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
                                                      sizeof(b_scale_inv)));
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
                                                      sizeof(a_scale_inv)));
+  if (plan.bias_epilogue) {
+    const void* bias_pointer = bias;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
+                                                       sizeof(bias_pointer)));
+  }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
                                      plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
+  return bias == nullptr || plan.bias_epilogue;
 }
 
 // The block-scaled TN problem through cuBLASLt (Hopper, cuBLASLt 12.9+): a [m, k] and b [n, k]
@@ -208,9 +244,9 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
 // Any transposes (the contract of cpu::fp8_gemm): the operands that are not in the TN layout are
 // transposed into scratch codes first.
 template <class C>
-void fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a,
+bool fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a,
               Fp8Format fa, const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,
-              bool accumulate) {
+              bool accumulate, const C* bias = nullptr) {
   Tensor<std::uint8_t, space::cuda> a_rows, b_rows;
   if (ta) {  // a stored [k, m]: make it [m, k]
     a_rows = Tensor<std::uint8_t, space::cuda>::empty(Shape{m, k});
@@ -222,7 +258,7 @@ void fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t 
     kernels::fp8_transpose(b, k, n, b_rows.data(), stream);
     b = b_rows.data();
   }
-  fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate);
+  return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias);
 }
 
 }  // namespace cuda
