@@ -6,7 +6,8 @@
 //   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
-//   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
+//   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue; and
+//                fp8_gemm_gelu / fp8_gemm_gelu_backward, the GELU epilogues, against the CPU backend's), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
 //                outputs (float accumulated into an existing C): against the CPU twin within
 //                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
 //                the sums differ in order); E5M2 x E5M2 refused
@@ -28,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <strata/backend/cpu/backend.hpp>
 #include <strata/backend/cpu/fp8.hpp>
 
 #include "check.hpp"
@@ -201,6 +203,50 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                      std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
                      std::string(strata::fp8_format_name(fa)) + "x" + std::string(strata::fp8_format_name(fb)) +
                      (accumulate ? " accumulate" : "") + (with_bias ? " + bias" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
+}
+
+// fp8_gemm_gelu and fp8_gemm_gelu_backward (TN, with and without a bias) against the CPU backend's:
+// pre and out within the GEMM's bound (the GPU's GELU reads the fp32 product, the CPU's the rounded
+// pre-activation: a bf16 rounding apart).
+template <class C>
+void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, bool with_bias) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(N * K, -2, 2);
+  std::vector<std::uint8_t> a(M * K), b(N * K);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = strata::fp8_encode(va[i] * 100.0f, Fp8Format::e4m3);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = strata::fp8_encode(vb[i] * 100.0f, Fp8Format::e4m3);
+  const float s[2] = {0.0013f, 0.0007f};  // products of order 1, where GELU bends
+  const std::vector<C> bias = rng.uniform<C>(N, -1, 1);
+  const C* host_bias = with_bias ? bias.data() : nullptr;
+  std::vector<C> pre_cpu(M * N), out_cpu(M * N), dgelu_cpu(M * N);
+  strata::cpu::backend::fp8_gemm_gelu<C>(m, n, k, a.data(), Fp8Format::e4m3, s, b.data(), Fp8Format::e4m3, s + 1, host_bias,
+                                         pre_cpu.data(), out_cpu.data());
+  strata::cpu::backend::fp8_gemm_gelu_backward<C>(m, n, k, a.data(), Fp8Format::e4m3, s, b.data(), Fp8Format::e4m3, s + 1,
+                                                  pre_cpu.data(), dgelu_cpu.data());
+  device_vector<std::uint8_t> da(a.size()), db(b.size());
+  device_vector<float> scales(2);
+  device_vector<C> dbias(N), dpre(M * N), dout(M * N), dpre_in(M * N), ddgelu(M * N);
+  device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
+  device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
+  device.copy_from_host(s, 2, scales.data());
+  device.copy_from_host(bias.data(), static_cast<index_t>(N), dbias.data());
+  device.copy_from_host(pre_cpu.data(), static_cast<index_t>(M * N), dpre_in.data());
+  device.fp8_gemm_gelu<C>(m, n, k, da.data(), Fp8Format::e4m3, scales.data(), db.data(), Fp8Format::e4m3, scales.data() + 1,
+                          with_bias ? dbias.data() : nullptr, dpre.data(), dout.data());
+  device.fp8_gemm_gelu_backward<C>(m, n, k, da.data(), Fp8Format::e4m3, scales.data(), db.data(), Fp8Format::e4m3,
+                                   scales.data() + 1, dpre_in.data(), ddgelu.data());
+  std::vector<C> pre(M * N), out(M * N), dgelu(M * N);
+  device.copy_to_host(dpre.data(), static_cast<index_t>(M * N), pre.data());
+  device.copy_to_host(dout.data(), static_cast<index_t>(M * N), out.data());
+  device.copy_to_host(ddgelu.data(), static_cast<index_t>(M * N), dgelu.data());
+  const double tol = std::is_same_v<C, float> ? 5e-4 : tolerance<C>();
+  const double e_pre = relative_error(pre, pre_cpu), e_out = relative_error(out, out_cpu), e_d = relative_error(dgelu, dgelu_cpu);
+  const std::string what = type_name<C>() + " " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                           (with_bias ? " + bias" : "");
+  results.record(e_pre <= tol && e_out <= tol, "fp8_gemm_gelu<" + what + "> pre, out rel err " + format("%.3g", e_pre) + ", " +
+                                                   format("%.3g", e_out) + " (tol " + format("%.0e", tol) + ")");
+  results.record(e_d <= tol, "fp8_gemm_gelu_backward<" + what + "> rel err " + format("%.3g", e_d) + " (tol " + format("%.0e", tol) + ")");
 }
 
 template <class T>
@@ -391,6 +437,11 @@ int main() {
       refused = std::string(e.what()).find("E5M2 x E5M2") != std::string::npos;
     }
     results.record(refused, "fp8_gemm E5M2 x E5M2 refused with a sentence");
+    for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{64, 48, 32}, {512, 1024, 256}})
+      for (const bool with_bias : {false, true}) {
+        check_gemm_gelu<bf16>(device, results, seed++, m, n, k, with_bias);
+        check_gemm_gelu<float>(device, results, seed++, m, n, k, with_bias);
+      }
     for (const index_t block : {128, 32})
       for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 200}, {300, 260}, {1024, 768}})
         for (auto format : {Fp8Format::e4m3, Fp8Format::e5m2}) {

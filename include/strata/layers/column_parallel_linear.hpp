@@ -122,10 +122,9 @@ class ColumnParallelLinear {
     Tensor<T, Space> pre, y;
     if (fp8_) {
       saved.input = full_input(ctx, x);
-      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr, saved.fp8_input);
+      y = Tensor<T, Space>::empty(saved.input.shape().with(-1, weight_->value.size(0)));
+      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr, saved.fp8_input, y.data());
       if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
-      y = Tensor<T, Space>::empty(pre.shape());
-      ctx.device.template gelu_forward<T>(pre.data(), pre.numel(), y.data());
     } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       pre = Tensor<T, Space>::empty(y.shape());
@@ -226,13 +225,14 @@ class ColumnParallelLinear {
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
-  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
-                               detail::Fp8Pair<Space>& keep) const {
+  // y = input W^T (+ bias), returned; with gelu_out, also gelu(y) into gelu_out (same shape).
+  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias, detail::Fp8Pair<Space>& keep,
+                               T* gelu_out = nullptr) const {
     detail::check_linear_input(input.shape(), *weight_, "ColumnParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
     if constexpr (fp8_backend) {
       detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data(),
-                                      &keep);
+                                      &keep, gelu_out);
       if (!keep.empty()) keep.shape = input.shape();
     }
     return y;

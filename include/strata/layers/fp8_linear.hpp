@@ -47,6 +47,8 @@ concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uin
   d.template fp8_cast<float>(x, n, Fp8Format::e4m3, x, q, f);
   d.template fp8_cast_transpose<float>(x, n, n, Fp8Format::e4m3, x, q, q, f);
   d.template fp8_gemm<float>(false, true, n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, f, false, x);
+  d.template fp8_gemm_gelu<float>(n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, x, f, f);
+  d.template fp8_gemm_gelu_backward<float>(n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, x, f);
   d.fp8_update_scale(f, 1.0f, args);
 };
 
@@ -302,13 +304,14 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 }
 
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is); the bias added in T to the
-// rounded product (per-tensor recipes: in the GEMM's epilogue where the backend can). With `keep`
-// (per-tensor recipes), x is cast in both layouts in one pass and x^T's codes go to *keep for the
-// weight gradient, which then needs neither x nor a cast of its own.
+// rounded product (per-tensor recipes: in the GEMM's epilogue where the backend can). With
+// `gelu_out`, also gelu_out = gelu(y) (per-tensor recipes: in the same GEMM's epilogue where the
+// backend can). With `keep` (per-tensor recipes), x is cast in both layouts in one pass and x^T's
+// codes go to *keep for the weight gradient, which then needs neither x nor a cast of its own.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y,
-                             Fp8Pair<Space>* keep = nullptr) {
+                             Fp8Pair<Space>* keep = nullptr, T* gelu_out = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -317,6 +320,7 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
     c.device.template fp8_gemm_blocks<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv.data(), false, wq.codes,
                                          wq.format, wq.scale_inv, true, c.fp8->options.block, y, false);
     if (b) c.device.template bias_add<T>(y, b, rows, out);
+    if (gelu_out) c.device.template gelu_forward<T>(y, rows * out, gelu_out);
   });
   if (blocks) return;
   Fp8Pair<Space> pair;
@@ -325,9 +329,14 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
   else single = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
   const std::uint8_t* x_codes = keep ? pair.codes.data() : single.codes.data();
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
-  ctx.device.template fp8_gemm<T>(false, true, rows, out, in, x_codes, keep ? pair.format : single.format,
-                                  keep ? pair.scale_inv : single.scale_inv, wq.codes, wq.format, wq.scale_inv, y, false,
-                                  b);  // (rows, out)
+  const Fp8Format x_format = keep ? pair.format : single.format;
+  const float* x_scale_inv = keep ? pair.scale_inv : single.scale_inv;
+  if (gelu_out)
+    ctx.device.template fp8_gemm_gelu<T>(rows, out, in, x_codes, x_format, x_scale_inv, wq.codes, wq.format, wq.scale_inv, b, y,
+                                         gelu_out);  // (rows, out) twice
+  else
+    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, x_codes, x_format, x_scale_inv, wq.codes, wq.format,
+                                    wq.scale_inv, y, false, b);  // (rows, out)
   if (keep) {
     pair.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
     *keep = std::move(pair);
@@ -349,10 +358,15 @@ void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, const 
   });
   if (!blocks) {
     auto wtq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/true);  // (in, out)
-    ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq->codes.data(), dyq->format, dyq->scale_inv, wtq.codes,
-                                    wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
+    if (gelu_pre)  // times gelu'(gelu_pre) in the GEMM's epilogue where the backend can
+      ctx.device.template fp8_gemm_gelu_backward<T>(rows, in, out, dyq->codes.data(), dyq->format, dyq->scale_inv, wtq.codes,
+                                                    wtq.format, wtq.scale_inv, gelu_pre, dx);  // (rows, in)
+    else
+      ctx.device.template fp8_gemm<T>(false, true, rows, in, out, dyq->codes.data(), dyq->format, dyq->scale_inv, wtq.codes,
+                                      wtq.format, wtq.scale_inv, dx, false);  // (rows, in)
+  } else if (gelu_pre) {
+    ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
   }
-  if (gelu_pre) ctx.device.template gelu_backward<T>(dx, gelu_pre, rows * in, dx);
 }
 
 // dW[out, in] += dy^T x = (dy^T) (x^T)^T, db += column sums of dy. Blockwise: dy^T and x^T cast

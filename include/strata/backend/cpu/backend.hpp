@@ -74,6 +74,21 @@ struct backend {
                        bool accumulate, const C* bias = nullptr) {
     cpu::fp8_gemm<C>(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias);
   }
+  // TN: pre = product (+ bias), out = gelu(pre); and out = product * gelu'(pre): the FP8 GEMM, then
+  // the GELU (the CUDA backend fuses them into one GEMM epilogue).
+  template <class C>
+  static void fp8_gemm_gelu(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                            const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out) {
+    cpu::fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, false, bias);
+    cpu::gelu_forward<C>(pre, m * n, out);
+  }
+  template <class C>
+  static void fp8_gemm_gelu_backward(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                                     const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv,
+                                     const C* pre, C* out) {
+    cpu::fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, out, false);
+    cpu::gelu_backward<C>(out, pre, m * n, out);  // element-wise, in place
+  }
   static void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { cpu::fp8_update_scale(row, max, args); }
   // the blockwise recipe's casts (runs and tiles) and block-scaled GEMM
   template <class T>

@@ -185,6 +185,30 @@ class backend {
         kernels::bias_add<C>(c, bias, m, n, stream());
     }
   }
+  // TN (the forward's layout): pre = product (+ bias), out = gelu(pre), in one cuBLASLt GEMM where
+  // it has an algorithm with the GELU epilogue, else the GEMM and the GELU kernel.
+  template <class C>
+  void fp8_gemm_gelu(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                     const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out) const {
+    if constexpr (std::is_same_v<C, double>) {
+      fail<ConfigError>("cuda::backend::fp8_gemm_gelu: FP8 GEMMs have no double output on the GPU");
+    } else if (!cuda::fp8_gemm_gelu<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, bias, pre, out)) {
+      fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, false, bias);
+      kernels::gelu_forward<C>(pre, m * n, out, stream());
+    }
+  }
+  // TN: out = product * gelu'(pre), in one cuBLASLt GEMM (DGELU epilogue) where it can, else the GEMM
+  // and the GELU backward kernel.
+  template <class C>
+  void fp8_gemm_gelu_backward(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                              const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* pre, C* out) const {
+    if constexpr (std::is_same_v<C, double>) {
+      fail<ConfigError>("cuda::backend::fp8_gemm_gelu_backward: FP8 GEMMs have no double output on the GPU");
+    } else if (!cuda::fp8_gemm_dgelu<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, out)) {
+      fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, out, false);
+      kernels::gelu_backward<C>(out, pre, m * n, out, stream());
+    }
+  }
   void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) const {
     kernels::fp8_update_scale(row, max, args, stream());
   }

@@ -19,6 +19,8 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "../../core/fp8.hpp"
@@ -45,16 +47,25 @@ constexpr cudaDataType_t fp8_output_type() {
 // The TN problem: a [m, k] and b [n, k] row-major codes (see the design note). With a bias (not
 // with accumulate), cuBLASLt's BIAS epilogue adds it where it has an algorithm for the problem with
 // it (bias in C's type, 16-byte aligned); returns whether the bias was added (true without one).
+//
+// With a GELU epilogue (not with accumulate): gelu_aux writes pre = product (+ bias) to `aux` and
+// c = gelu_tanh(pre) (cuBLASLt's GELU_AUX(_BIAS), the GELU of the fp32 value before rounding);
+// dgelu reads pre from `aux` and writes c = product * gelu_tanh'(pre) (DGELU). Those return false,
+// having enqueued nothing, where cuBLASLt has no algorithm with the epilogue.
 template <class C>
 bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                  const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
-                 const C* bias = nullptr) {
+                 const C* bias = nullptr, detail::gemm_epilogue epilogue = detail::gemm_epilogue::none,
+                 const C* aux = nullptr) {
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, fp16> || std::is_same_v<C, float>,
                 "cuda::fp8_gemm writes bf16, fp16 or float outputs (cuBLASLt's FP8 GEMMs have no double output).");
   if (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)
     fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
                       "format keeps weights and activations in E4M3)");
   if (m == 0 || n == 0) return true;
+  const bool gelu = epilogue != detail::gemm_epilogue::none;
+  if (gelu && (accumulate || n % 8 != 0 || detail::pointer_alignment(aux) < 16 || (bias && detail::pointer_alignment(bias) < 16)))
+    return false;
   const bool use_bias = bias != nullptr && !accumulate && detail::pointer_alignment(bias) >= 16;
   // cuBLASLt runs an FP8 GEMM only when both scale pointers are 16-byte aligned (an offset of 4 or
   // 8 bytes gives CUBLAS_STATUS_NOT_SUPPORTED on Hopper with cuBLASLt 13.1, for every algorithm the
@@ -75,6 +86,7 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
   key.transpose_b = true;
   key.accumulate = accumulate;
   key.bias = use_bias;
+  key.epilogue = static_cast<int>(epilogue);
   key.m = m;
   key.n = n;
   key.k = k;
@@ -88,8 +100,22 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
     const auto set_bias_epilogue = [&](bool on) {
       // the bias runs along the rows of the column-major D [n, m]: one value per row-major column
-      const cublasLtEpilogue_t epilogue = on ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      const cublasLtEpilogue_t kind = epilogue == detail::gemm_epilogue::dgelu    ? CUBLASLT_EPILOGUE_DGELU
+                                      : epilogue == detail::gemm_epilogue::gelu_aux ? (on ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                                          : CUBLASLT_EPILOGUE_GELU_AUX)
+                                      : on                                        ? CUBLASLT_EPILOGUE_BIAS
+                                                                                  : CUBLASLT_EPILOGUE_DEFAULT;
+      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+      if (gelu) {  // the aux matrix has D's column-major layout [n, m] (ld n) and type
+        const std::int64_t ld = n;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+        const cudaDataType_t aux_type = out_type;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                                           sizeof(aux_type)));
+        const void* aux_pointer = aux;
+        STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                           &aux_pointer, sizeof(aux_pointer)));
+      }
       if (on) {
         const cudaDataType_t bias_type = out_type;
         STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
@@ -137,6 +163,10 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
         found = 0;
     };
     ask();
+    if (found == 0 && gelu) {  // not fused: the caller runs the plain GEMM and the GELU kernel
+      p.fused = false;
+      return;
+    }
     if (found == 0 && use_bias) {  // no algorithm with the epilogue for this problem: the caller adds the bias
       set_bias_epilogue(false);
       ask();
@@ -152,10 +182,16 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
                                                      sizeof(b_scale_inv)));
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
                                                      sizeof(a_scale_inv)));
+  if (!plan.fused) return false;
   if (plan.bias_epilogue) {
     const void* bias_pointer = bias;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer,
                                                        sizeof(bias_pointer)));
+  }
+  if (gelu) {
+    const void* aux_pointer = aux;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer,
+                                                       sizeof(aux_pointer)));
   }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
@@ -259,6 +295,33 @@ bool fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t 
     b = b_rows.data();
   }
   return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias);
+}
+
+// Whether the FP8 GEMMs may take the GELU epilogues: yes unless STRATA_FP8_NO_GELU_EPILOGUE=1 (to
+// measure the unfused path in the same build). Read once.
+inline bool fp8_gelu_epilogues() {
+  static const bool on = [] {
+    const char* v = std::getenv("STRATA_FP8_NO_GELU_EPILOGUE");
+    return v == nullptr || std::string_view(v) != "1";
+  }();
+  return on;
+}
+
+// TN, pre = product (+ bias) and out = gelu_tanh(pre) in one GEMM; false (nothing enqueued) where
+// cuBLASLt has no algorithm with the epilogue.
+template <class C>
+bool fp8_gemm_gelu(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                   const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre,
+                   C* out) {
+  return fp8_gelu_epilogues() && fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, out, false, bias,
+                                                detail::gemm_epilogue::gelu_aux, pre);
+}
+// TN, out = product * gelu_tanh'(pre) in one GEMM; false (nothing enqueued) where unavailable.
+template <class C>
+bool fp8_gemm_dgelu(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                    const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* pre, C* out) {
+  return fp8_gelu_epilogues() && fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, out, false,
+                                                nullptr, detail::gemm_epilogue::dgelu, pre);
 }
 
 }  // namespace cuda
