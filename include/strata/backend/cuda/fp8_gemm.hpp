@@ -63,10 +63,15 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
                       "format keeps weights and activations in E4M3)");
   if (m == 0 || n == 0) return true;
+  // The epilogues with FP8 operands take 16-bit outputs here: with a float D, cuBLASLt offers an
+  // algorithm for the BIAS epilogue and then refuses the call (CUBLAS_STATUS_INVALID_VALUE, H100,
+  // cuBLASLt 13.1), so float outputs add the bias (and GELU) after the GEMM.
+  constexpr bool epilogue_type = !std::is_same_v<C, float>;
   const bool gelu = epilogue != detail::gemm_epilogue::none;
-  if (gelu && (accumulate || n % 8 != 0 || detail::pointer_alignment(aux) < 16 || (bias && detail::pointer_alignment(bias) < 16)))
+  if (gelu && (!epilogue_type || accumulate || n % 8 != 0 || detail::pointer_alignment(aux) < 16 ||
+               (bias && detail::pointer_alignment(bias) < 16)))
     return false;
-  const bool use_bias = bias != nullptr && !accumulate && detail::pointer_alignment(bias) >= 16;
+  const bool use_bias = epilogue_type && bias != nullptr && !accumulate && detail::pointer_alignment(bias) >= 16;
   // cuBLASLt runs an FP8 GEMM only when both scale pointers are 16-byte aligned (an offset of 4 or
   // 8 bytes gives CUBLAS_STATUS_NOT_SUPPORTED on Hopper with cuBLASLt 13.1, for every algorithm the
   // heuristic offers); the scaling rows hold the inverse scales at any float offset, so unaligned
