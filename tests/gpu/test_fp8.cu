@@ -247,6 +247,25 @@ void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_
   results.record(e_pre <= tol && e_out <= tol, "fp8_gemm_gelu<" + what + "> pre, out rel err " + format("%.3g", e_pre) + ", " +
                                                    format("%.3g", e_out) + " (tol " + format("%.0e", tol) + ")");
   results.record(e_d <= tol, "fp8_gemm_gelu_backward<" + what + "> rel err " + format("%.3g", e_d) + " (tol " + format("%.0e", tol) + ")");
+  // The GELU epilogues themselves (the backend takes them only with STRATA_FP8_GELU_EPILOGUE=1): run
+  // for bf16 outputs, declined for float ones.
+  if constexpr (std::is_same_v<C, bf16>) {
+    namespace sc = strata::cuda;
+    device_vector<C> epre(M * N), eout(M * N), edgelu(M * N);
+    const bool fused = sc::fp8_gemm_tn<C>(device.blas(), device.stream(), m, n, k, da.data(), Fp8Format::e4m3, scales.data(),
+                                          db.data(), Fp8Format::e4m3, scales.data() + 1, eout.data(), false,
+                                          with_bias ? dbias.data() : nullptr, sc::detail::gemm_epilogue::gelu_aux, epre.data());
+    const bool dfused = sc::fp8_gemm_tn<C>(device.blas(), device.stream(), m, n, k, da.data(), Fp8Format::e4m3, scales.data(),
+                                           db.data(), Fp8Format::e4m3, scales.data() + 1, edgelu.data(), false, nullptr,
+                                           sc::detail::gemm_epilogue::dgelu, dpre_in.data());
+    device.copy_to_host(epre.data(), static_cast<index_t>(M * N), pre.data());
+    device.copy_to_host(eout.data(), static_cast<index_t>(M * N), out.data());
+    device.copy_to_host(edgelu.data(), static_cast<index_t>(M * N), dgelu.data());
+    const double f_pre = relative_error(pre, pre_cpu), f_out = relative_error(out, out_cpu), f_d = relative_error(dgelu, dgelu_cpu);
+    results.record(fused && dfused && f_pre <= tol && f_out <= tol && f_d <= tol,
+                   "FP8 GELU_AUX / DGELU epilogues <" + what + "> ran, rel err " + format("%.3g", f_pre) + ", " + format("%.3g", f_out) +
+                       ", " + format("%.3g", f_d));
+  }
 }
 
 template <class T>

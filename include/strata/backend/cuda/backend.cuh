@@ -185,8 +185,9 @@ class backend {
         kernels::bias_add<C>(c, bias, m, n, stream());
     }
   }
-  // TN (the forward's layout): pre = product (+ bias), out = gelu(pre), in one cuBLASLt GEMM where
-  // it has an algorithm with the GELU epilogue, else the GEMM and the GELU kernel.
+  // TN (the forward's layout): pre = product (+ bias), out = gelu(pre): the FP8 GEMM and the GELU
+  // kernel, or with STRATA_FP8_GELU_EPILOGUE=1 one cuBLASLt GEMM with the GELU epilogue where it has
+  // an algorithm (slower on an H100: fp8_gelu_epilogues).
   template <class C>
   void fp8_gemm_gelu(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
                      const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out) const {
@@ -197,8 +198,8 @@ class backend {
       kernels::gelu_forward<C>(pre, m * n, out, stream());
     }
   }
-  // TN: out = product * gelu'(pre), in one cuBLASLt GEMM (DGELU epilogue) where it can, else the GEMM
-  // and the GELU backward kernel.
+  // TN: out = product * gelu'(pre): the FP8 GEMM and the GELU backward kernel, or with
+  // STRATA_FP8_GELU_EPILOGUE=1 one cuBLASLt GEMM with the DGELU epilogue where it can.
   template <class C>
   void fp8_gemm_gelu_backward(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
                               const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* pre, C* out) const {
