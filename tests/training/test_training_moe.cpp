@@ -435,8 +435,10 @@ TEST(TrainingMoe, MemoryEstimateCountsPaddedCapacity) {
   a.model.moe.pad_to_capacity = true;
   const auto padded = trainer::plan_memory<float>(a).per_rank.activation_bytes;
   // tokens 64 of a micro-batch: 4 experts x 64 padded rows instead of 64 x 2 routed rows, per layer
-  const std::int64_t row_bytes = (64 + 3 * a.model.expert_ffn()) * 4;
-  EXPECT_EQ(padded - unpadded, 2 * (4 * 64 - 64 * 2) * row_bytes);
+  // (its input, fc1's output and the activation, the experts' output the dispatcher keeps), and as
+  // many again in the one layer's backward the estimate counts on top
+  const std::int64_t row_bytes = (2 * 64 + 3 * a.model.expert_ffn()) * 4;
+  EXPECT_EQ(padded - unpadded, (2 + 1) * (4 * 64 - 64 * 2) * row_bytes);
   a.model.moe.capacity_factor = 1e18;
   EXPECT_EQ(trainer::plan_memory<float>(a).per_rank.activation_bytes, padded);
   // a padded run that cannot fit is refused naming the factor
@@ -607,8 +609,12 @@ TEST(TrainingMoe, MemoryEstimateCountsEachLayerKindsActivations) {
       const auto m = mm::activations_of(all, tp, sp, b, bytes, 0, body).kept;
       const auto x = mm::activations_of(mixed, tp, sp, b, bytes, 0, body).kept;
       const std::int64_t routed = s * b / tp;
-      const std::int64_t moe_layer = routed * k * (h + 3 * w) * 4 + routed * E * 4 + s * b * 3 * ws / tp * 4;
-      const std::int64_t dense_intermediate = s * b * 8 * h / tp * 4;
+      // the router's input and logits, the choices, slots (int32) and weights, per row its input, fc1's
+      // output, the activation and the experts' output; the shared experts' input and intermediate
+      const std::int64_t moe_layer = routed * k * (2 * h + 3 * w) * 4 + routed * h * 4 + routed * E * 4 + routed * k * 12 +
+                                     s * b * (h + 3 * ws / tp) * 4;
+      // a dense (GELU, as activations_of counts without gated_mlp) MLP's input and intermediate
+      const std::int64_t dense_intermediate = s * b * (h + 2 * a.model.ffn() / tp) * 4;
       EXPECT_EQ(m - d, 4 * (moe_layer - dense_intermediate)) << "tp=" << tp << (sp ? " sp" : "");
       EXPECT_EQ(x - d, 2 * (moe_layer - dense_intermediate)) << "tp=" << tp << (sp ? " sp" : "");
       // each pipeline piece counts its own layers' kinds
@@ -628,7 +634,7 @@ TEST(TrainingMoe, MemoryEstimateCountsEachLayerKindsActivations) {
   const auto padded_bytes = mm::activations_of(padded, 1, false, b, bytes, 0, one).kept;
   const std::int64_t capacity = (s * b * k * 3 + 2 * E - 1) / (2 * E);  // ceil(64 x 2 / 4 x 1.5) = 48
   EXPECT_EQ(capacity, 48);
-  EXPECT_EQ(padded_bytes - unpadded_bytes, (E * capacity - s * b * k) * (h + 3 * w) * 4);
+  EXPECT_EQ(padded_bytes - unpadded_bytes, (E * capacity - s * b * k) * (2 * h + 3 * w) * 4);
 }
 
 // --save-hf and --load-hf with experts (MixtralForCausalLM): the trained model exported from one

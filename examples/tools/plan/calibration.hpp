@@ -12,7 +12,7 @@
 //     "links": {"nvlink": {"bus_gbps": 160, "latency_us": 15},
 //               "infiniband": {"bus_gbps": 40, "latency_us": 25}},
 //     "step_overhead_ms": 2,               // per step, whatever the layout: host work, the gradient norm, launches
-//     "moe_host_ms_per_layer": 9,          // per MoE layer and micro-batch: the dispatcher's host reads of token counts
+//     "moe_host_ms_per_layer": 2,          // per MoE layer and micro-batch where the dispatcher reads token counts on the host (ep x etp > 1, counted exchange)
 //     "runtime_reserve_gib": 1.5           // per GPU beyond the estimate: CUDA context, workspaces, allocator slack
 //   }
 //

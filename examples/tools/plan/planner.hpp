@@ -197,11 +197,14 @@ inline std::int64_t recompute_activation_delta(const trainer::TrainArgs& a, Reco
   strata::models::ModelConfig local = m;
   local.seq_length = m.seq_length / std::max(1, a.context_parallel_size);
   strata::models::ModelPiece one_layer{1, false, false, trainer::parallel_config_of(a).ep, trainer::parallel_config_of(a).etp};
-  const std::int64_t layer = strata::models::activations_of(local, tp, a.sequence_parallel, a.micro_batch_size, {2, 4}, 0, one_layer).kept;
+  const auto shape = a.model_kind == "gpt" ? strata::models::DecoderShape::gpt() : strata::models::DecoderShape::llama();
+  const std::int64_t layer = strata::models::activations_of(local, tp, a.sequence_parallel, a.micro_batch_size, {2, 4}, 0, one_layer,
+                                                            strata::models::gated_mlp_of(m, shape))
+                                 .kept;
   const std::int64_t input = tokens * m.hidden_size / (a.sequence_parallel ? tp : 1) * value;
-  // The recomputed layer's activations, and as much again for its backward's gradients (without
-  // this second term the 405M run's 7.99 GiB would be predicted 7.56).
-  return -kept_layers * (layer - input) + 2 * layer;
+  // The recomputed layer's activations (the gradients of its backward plan_memory counts already,
+  // as the most one layer's backward holds).
+  return -kept_layers * (layer - input) + layer;
 }
 
 inline MemoryPrediction predict_memory(const trainer::TrainArgs& a, const Calibration& calibration, RecomputeGranularity r) {
@@ -302,7 +305,13 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0;
   if (moe) {
     const double experts = m.moe.num_experts, topk = m.moe.topk, width = m.expert_ffn();
-    const double rows = t * topk * l.ep / experts;  // tokens per local expert
+    // Rows per local expert: the routed ones, or with padding every expert's whole capacity (from
+    // each of the ep ranks), which it computes whether tokens fill it or not.
+    const double routed = t / (sp ? tp : 1);
+    const double rows = m.moe.pad_to_capacity && m.moe.capacity_factor > 0
+                            ? double(strata::moe_expert_capacity(static_cast<std::int64_t>(routed), m.moe.topk, m.moe.num_experts,
+                                                                 m.moe.capacity_factor)) * l.ep * (sp ? tp : 1)
+                            : t * topk * l.ep / experts;
     moe_gemm += gemm_ms(t, experts, h);
     moe_gemm += experts / l.ep * (gemm_ms(rows, width * (gated ? 2 : 1) / etp, h) + gemm_ms(rows, h, width / etp));
     if (m.moe.shared_expert_ffn_hidden_size > 0) {
@@ -311,7 +320,18 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     }
     const double local_tokens = sp ? t / tp : t;
     ep_ms = 4 * ep_link.seconds(local_tokens * topk * h * vb, l.ep) * 1e3;  // dispatch and combine, forward and backward
-    moe_ms = cal.moe_host_ms_per_layer;
+    // The host waits for the token counts (layers/moe/token_dispatcher.hpp): on one rank of the
+    // etp x ep group none (the experts' grouped GEMMs read the counts on the device); over several,
+    // the all-to-all dispatcher reads them once per dispatch unless padding to capacity fixes every
+    // size, the all-gather one reads the ranks' token counts, and the experts' counts unless padded.
+    // Experts with biases read their counts once more per forward.
+    double reads = 0;
+    if (l.ep * etp > 1) {
+      const bool padded = m.moe.pad_to_capacity && m.moe.capacity_factor > 0;
+      reads = m.moe.token_dispatcher == strata::MoeDispatcherType::allgather ? (padded ? 1 : 2) : (padded ? 0 : 1);
+    }
+    if (m.add_bias_linear) reads += 1;
+    moe_ms = reads * cal.moe_host_ms_per_layer;
   }
   const double attention_flops = 2 * t * s * heads * core_dim / tp;  // causal: each local token meets s / 2 keys on average
   const double attention = 3.5 * attention_flops / (cal.attention_tflops * 1e12) * 1e3;

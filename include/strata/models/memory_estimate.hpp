@@ -234,11 +234,26 @@ inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape
   return total;
 }
 
-// What one MoE layer keeps for a micro-batch of b sequences besides its attention and norms (see
-// the top): the router's logits, the experts' rows (dispatched tokens x topk, or every expert's
-// padded capacity), the shared experts' intermediate.
+// Whether the model's MLP is gated (fc1 makes [gate; up]): its activation when the flags name one,
+// else the decoder's (Llama: SwiGLU, GPT: GELU).
+inline bool gated_mlp_of(const ModelConfig& m, DecoderShape shape) {
+  switch (m.activation) {
+    case MlpActivation::swiglu:
+    case MlpActivation::quick_geglu: return true;
+    case MlpActivation::preset: return shape.gated_mlp;
+    default: return false;
+  }
+}
+
+// What one MoE layer's MLP keeps for a micro-batch of b sequences (see the top): the router's input
+// and logits, the routing's choices, slots and weights, the experts' rows (dispatched input, fc1's
+// output, the activation, and the experts' output the dispatcher keeps for combine's backward;
+// dispatched tokens x topk rows, or every expert's padded capacity), the shared experts' input and
+// intermediate. With `backward`: instead, the most its backward holds at once (the output gradient
+// of the rank's tokens, the dispatched rows' output gradient, fc1's and the activation's gradients
+// and the rows' input gradient, the weights' gradient).
 inline std::int64_t moe_layer_activation_bytes(const ModelConfig& m, int tp, std::int64_t micro_batch_size, ElementBytes bytes,
-                                               int etp) {
+                                               int etp, bool backward = false) {
   const char* what = "activation memory";
   const std::int64_t tokens = checked_mul(m.seq_length, micro_batch_size, what), h = m.hidden_size;
   const std::int64_t routed_tokens = tokens / std::max(1, tp);  // the rank's 1/tp of the sequence, with or without SP
@@ -246,11 +261,15 @@ inline std::int64_t moe_layer_activation_bytes(const ModelConfig& m, int tp, std
       m.moe.pad_to_capacity && m.moe.capacity_factor > 0
           ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
           : checked_mul(routed_tokens, m.moe.topk, what);
-  const std::int64_t row_elements = checked_add(h, checked_mul(3, m.expert_ffn(), what) / std::max(1, etp), what);
+  const std::int64_t row_elements = checked_add(2 * h, checked_mul(3, m.expert_ffn(), what) / std::max(1, etp), what);
   std::int64_t out = checked_product(what, rows, row_elements, bytes.value);
+  out = checked_add(out, checked_product(what, routed_tokens, h, bytes.value), what);  // router input / output gradient
+  if (backward) return checked_add(out, checked_product(what, routed_tokens, m.moe.topk, bytes.accumulate), what);  // d weights
   out = checked_add(out, checked_product(what, routed_tokens, m.moe.num_experts, bytes.accumulate), what);  // router logits
-  if (m.moe.shared_expert_ffn_hidden_size > 0)
-    out = checked_add(out, checked_product(what, tokens, checked_mul(3, m.moe.shared_expert_ffn_hidden_size, what) / tp, bytes.value), what);
+  // the chosen experts and their slots (int32) and weights (A)
+  out = checked_add(out, checked_product(what, routed_tokens, m.moe.topk, checked_add(8, bytes.accumulate, what)), what);
+  if (m.moe.shared_expert_ffn_hidden_size > 0)  // its fc1's input (whole sequence) and gated intermediate
+    out = checked_add(out, checked_product(what, tokens, checked_add(h, checked_mul(3, m.moe.shared_expert_ffn_hidden_size, what) / tp, what), bytes.value), what);
   return out;
 }
 
@@ -294,29 +313,61 @@ inline std::int64_t latent_attention_activation_delta(const ModelConfig& m, int 
 struct PieceActivations {
   std::int64_t kept = 0;       // bytes kept from the forward to the backward of one micro-batch
   std::int64_t transient = 0;  // bytes of the output layer's logits (block) while it runs
+  std::int64_t backward = 0;   // the most one layer's backward holds at once beyond what is kept (its MLP's gradients)
+  // What a rank holds beyond the kept activations at its largest moment: the logits block, or a
+  // layer's backward, which never run at once.
+  std::int64_t extra() const { return std::max(transient, backward); }
 };
+// Per layer and token, in elements of T (see the top): the attention's part (the layer's input, the
+// qkv projection's input, its output, the attention's output, the residual after it) and the dense
+// MLP's (fc1's input and the intermediate it keeps). Under sequence parallelism the column-parallel
+// layers keep their gathered input (h each, whole), the rest is sharded; without it the norms'
+// inputs and outputs are replicated.
+struct LayerElements {
+  std::int64_t attention = 0, mlp = 0, mlp_width = 0;  // mlp_width: the intermediate fc1 / the activation keep (3 w gated, 2 w)
+};
+inline LayerElements layer_elements_of(const ModelConfig& m, int tp, bool sequence_parallel, bool gated_mlp) {
+  const char* what = "activation memory";
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads, groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const std::int64_t d = m.head_dim();
+  const std::int64_t qkv = checked_product(what, heads + 2 * groups, d), core = checked_mul(heads, d, what);
+  LayerElements e;
+  e.attention = sequence_parallel ? checked_add(h, checked_add(2 * h, checked_add(qkv, core, what), what) / tp, what)
+                                  : checked_add(3 * h, checked_add(qkv, core, what) / tp, what);
+  e.mlp_width = checked_mul(gated_mlp ? 3 : 2, m.ffn(), what);
+  e.mlp = checked_add(h, e.mlp_width / tp, what);
+  return e;
+}
 inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequence_parallel, std::int64_t micro_batch_size,
-                                       ElementBytes bytes, std::int64_t classifier_block_bytes, ModelPiece piece) {
+                                       ElementBytes bytes, std::int64_t classifier_block_bytes, ModelPiece piece,
+                                       bool gated_mlp = false) {
   const char* what = "activation memory";
   PieceActivations out;
   const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
   const std::int64_t tokens = checked_mul(s, b, what);
-  // Per layer and token: 17 h elements (sharded, or 5 h replicated + 12 h sharded), and the a / tp
-  // log-sum-exp values.
-  const std::int64_t layer_elements = sequence_parallel ? checked_mul(17, h, what) / tp
-                                                        : checked_add(checked_mul(5, h, what), checked_mul(12, h, what) / tp, what);
-  const std::int64_t layer_bytes = checked_add(checked_mul(layer_elements, bytes.value, what),
+  // Per layer and token: the attention's and the dense MLP's elements, and the a / tp log-sum-exp values.
+  const LayerElements elements = layer_elements_of(m, tp, sequence_parallel, gated_mlp);
+  const std::int64_t layer_bytes = checked_add(checked_mul(checked_add(elements.attention, elements.mlp, what), bytes.value, what),
                                                checked_mul(a / tp, bytes.accumulate, what), what);
   out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
   if (m.multi_latent_attention) {  // see latent_attention_activation_delta
     const std::int64_t delta = latent_attention_activation_delta(m, tp);
     out.kept += checked_product(what, tokens, delta, bytes.value, piece.layer_count(m));
   }
-  if (const std::int64_t moe_layers = piece.moe_layer_count(m); moe_layers > 0) {  // see the top
+  const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
+  if (moe_layers > 0) {  // see the top
     out.kept = checked_add(out.kept, checked_mul(moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp), moe_layers, what),
                            what);
-    // less the dense MLP's intermediate, which a MoE layer does not have
-    out.kept -= checked_product(what, tokens, checked_mul(8, h, what) / tp, bytes.value, moe_layers);
+    // less the dense MLP's input and intermediate, which a MoE layer does not have
+    out.kept -= checked_product(what, tokens, elements.mlp, bytes.value, moe_layers);
+    out.backward = moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp, true);
+  }
+  // a dense MLP's backward: the output gradient and fc1's input gradient (h each, whole) beside the
+  // gradients of the activation's output and input (3 w gated; GELU's backward runs inside fc2's dX
+  // GEMM, so only its input's gradient, w; squared ReLU 2 w)
+  if (dense_layers > 0) {
+    const std::int64_t width = gated_mlp ? elements.mlp_width : m.activation == MlpActivation::squared_relu ? 2 * m.ffn() : m.ffn();
+    out.backward = std::max(out.backward, checked_product(what, tokens, checked_add(2 * h, width / tp, what), bytes.value));
   }
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);
@@ -361,8 +412,9 @@ inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShap
                                                std::int64_t micro_batch_size, ElementBytes bytes,
                                                std::int64_t classifier_block_bytes = 0) {
   MemoryEstimate e = state_estimate(parameters_per_rank(m, shape, tp), bytes);
-  const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, {});
-  e.activation_bytes = checked_add(act.kept, act.transient, "activation memory");
+  const PieceActivations act =
+      activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, {}, gated_mlp_of(m, shape));
+  e.activation_bytes = checked_add(act.kept, act.extra(), "activation memory");
   return e;
 }
 
@@ -386,9 +438,10 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
   std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0;
   for (const ModelPiece& piece : rank.chunks) {
     parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
-    const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece);
+    const PieceActivations act =
+        activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated_mlp_of(m, shape));
     largest_kept = std::max(largest_kept, act.kept);
-    transient = std::max(transient, act.transient);
+    transient = std::max(transient, act.extra());
     if (rank.deferred_weight_gradients > 0)
       largest_deferred = std::max(largest_deferred, deferred_weight_gradient_bytes(m, shape, tp, micro_batch_size, bytes, piece));
   }
