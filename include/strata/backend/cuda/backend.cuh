@@ -20,14 +20,16 @@
 // (cuDNN handle, graphs, workspace) are created on the first attention call.
 //
 // Pointers are device pointers in the backend's space; sizes are index_t; `A` is accumulate_t<T>.
-// Everything returns as soon as the work is enqueued, except copy_to_host and synchronize, which
-// wait, and copy_from_host, which returns once the host memory may be reused: small copies are staged
+// Everything returns as soon as the work is enqueued, except copy_to_host, wait_host_copies and
+// synchronize, which wait, and copy_from_host, which returns once the host memory may be reused: small copies are staged
 // in pinned memory and do not wait for the GPU (caching_allocator::copy).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
+#include <vector>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -96,6 +98,7 @@ class backend {
     install();
     (void)attention();
     state_->allocator.prepare_staging();
+    state_->prepare_readback();
   }
 
   // Makes this backend's device current on the calling thread and installs its allocator as the
@@ -129,6 +132,35 @@ class backend {
     if (n <= 0) return;
     STRATA_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes_of<X>(n), cudaMemcpyDeviceToHost, stream()));
     synchronize();
+  }
+  // A copy to the host that does not wait: it is enqueued (into pinned memory) and `host` is written
+  // by the next wait_host_copies(), which waits for the copies started since the last one and for
+  // nothing enqueued after them. So the host can read a few values (token counts) while the GPU goes
+  // on with work enqueued after the copy. `host` must stay valid until then. A copy larger than the
+  // pinned area (64 KiB) is made at once, as copy_to_host.
+  template <class X>
+  void copy_to_host_start(const X* src, index_t n, X* host) const {
+    if (n <= 0) return;
+    state& s = *state_;
+    const std::size_t bytes = bytes_of<X>(n);
+    std::size_t offset = (s.readback_used + 15) / 16 * 16;
+    if (offset + bytes > state::kReadbackBytes) {
+      wait_host_copies();
+      offset = 0;
+    }
+    if (bytes > state::kReadbackBytes) return copy_to_host(src, n, host);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(s.readback) + offset, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    STRATA_CUDA_CHECK(cudaEventRecord(s.readback_done, stream()));  // after every copy started so far
+    s.readbacks.push_back({offset, bytes, host});
+    s.readback_used = offset + bytes;
+  }
+  void wait_host_copies() const {
+    state& s = *state_;
+    if (s.readbacks.empty()) return;
+    STRATA_CUDA_CHECK(cudaEventSynchronize(s.readback_done));
+    for (const auto& c : s.readbacks) std::memcpy(c.host, static_cast<const char*>(s.readback) + c.offset, c.bytes);
+    s.readbacks.clear();
+    s.readback_used = 0;
   }
   template <class X>
   void copy_from_host(const X* host, index_t n, X* dst) const {
@@ -642,6 +674,23 @@ class backend {
 
     static constexpr index_t kTickets = 4096;
 
+    // copy_to_host_start / wait_host_copies: the pinned area the started copies land in, the event
+    // recorded after the latest, and where each goes on the host.
+    struct readback_copy {
+      std::size_t offset, bytes;
+      void* host;
+    };
+    static constexpr std::size_t kReadbackBytes = std::size_t{64} << 10;
+    void* readback = nullptr;
+    cudaEvent_t readback_done = nullptr;
+    std::size_t readback_used = 0;
+    std::vector<readback_copy> readbacks;
+    void prepare_readback() {  // at start: cudaHostAlloc in a step could wait on the device
+      if (readback != nullptr) return;
+      STRATA_CUDA_CHECK(cudaHostAlloc(&readback, kReadbackBytes, cudaHostAllocDefault));
+      STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&readback_done, cudaEventDisableTiming));
+    }
+
     state(int ordinal, cudaStream_t given)
         : device(checked(ordinal)),
           compute(),
@@ -661,6 +710,8 @@ class backend {
       (void)cudaStreamSynchronize(compute_stream);
       (void)cudaStreamSynchronize(communication.get());
       if (current_device_resource() == &allocator) current_device_resource() = nullptr;
+      if (readback_done != nullptr) (void)cudaEventDestroy(readback_done);
+      if (readback != nullptr) (void)cudaFreeHost(readback);
     }
     // Validates the ordinal and makes it current before the streams and handles are created on it.
     static int checked(int ordinal) {

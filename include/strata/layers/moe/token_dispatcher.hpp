@@ -15,7 +15,9 @@
 //   sorts the gathered tokens of its local experts; combine weighs and sums them per gathered token
 //   and reduce-scatters back (which also sums the partial outputs of the etp ranks).
 // AllToAllDispatcher: sort this rank's tokens by expert; exchange the per-expert counts over ep
-//   (all_to_all) and all-gather them over etp on the device, read them on the host once; then the
+//   (all_to_all) and all-gather them over etp on the device, read them on the host once (the copy
+//   started before the rows are permuted by expert, its wait after, so the GPU permutes while the
+//   host waits); then the
 //   tokens (all_to_all over ep, all-gather over etp); sort the chunks
 //   (etp source, ep source, local expert) into local-expert order. combine runs it backwards:
 //   unsort, reduce-scatter over etp, all_to_all back, then weigh and sum per token.
@@ -48,6 +50,19 @@ struct DispatcherConfig {
 };
 
 namespace detail {
+
+// A copy of device counts to the host started now and finished by finish_host_copies (the backend's
+// copy_to_host_start / wait_host_copies, so the GPU goes on with the work enqueued in between), or
+// made at once by a backend without them.
+template <class Device, class X>
+void start_host_copy(Device& device, const X* src, index_t n, X* host) {
+  if constexpr (requires { device.template copy_to_host_start<X>(src, n, host); }) device.template copy_to_host_start<X>(src, n, host);
+  else device.template copy_to_host<X>(src, n, host);
+}
+template <class Device>
+void finish_host_copies(Device& device) {
+  if constexpr (requires { device.wait_host_copies(); }) device.wait_host_copies();
+}
 
 inline std::vector<std::size_t> times(const std::vector<index_t>& counts, index_t factor) {
   std::vector<std::size_t> out(counts.size());
@@ -258,19 +273,23 @@ class AllToAllDispatcher {
       auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
       ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
       ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
-      ctx.device.template copy_to_host<std::int32_t>(both.data(), E + etp * E, host.data());  // the one wait
+      detail::start_host_copy(ctx.device, both.data(), E + etp * E, host.data());  // read beside the permutation below
     }
+    // Permute by expert (so by destination rank) while the counts travel to the host: into the most
+    // slots there can be (every assignment kept, or every expert's capacity), kept rows first, the
+    // slots past them empty (-1, gathered as zero rows); then the one wait, and the kept rows.
+    const index_t slots = capacity > 0 ? E * capacity : state.tokens * k;
+    state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
+    auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{slots});
+    ctx.device.moe_sort_by_expert(routed.data(), state.tokens * k, k, 0, E, capacity, state.slot_of.data(),
+                                  token_of_slot.data(), slots);
+    auto permuted = Tensor<T, Space>::empty(Shape{slots, h});
+    ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), slots, permuted.data());
+    detail::finish_host_copies(ctx.device);  // the one wait
     const std::int32_t* per_expert = host.data();
     const std::int32_t* mine = host.data() + E + ctx.expert_tp.rank() * E;  // received by this etp rank
-
     state.permuted = std::accumulate(per_expert, per_expert + E, index_t{0});
-    // Permute by expert (so by destination rank).
-    state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
-    auto token_of_slot = Tensor<std::int32_t, Space>::empty(Shape{state.permuted});
-    ctx.device.moe_sort_by_expert(routed.data(), state.tokens * k, k, 0, E, capacity, state.slot_of.data(),
-                                  token_of_slot.data(), state.permuted);
-    auto permuted = Tensor<T, Space>::empty(Shape{state.permuted, h});
-    ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.permuted, permuted.data());
+    if (state.permuted < slots) permuted = Tensor<T, Space>::alias(permuted, 0, Shape{state.permuted, h});
 
     state.send_rows.assign(static_cast<std::size_t>(ep), 0);
     state.recv_rows.assign(static_cast<std::size_t>(ep), 0);
