@@ -79,11 +79,17 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   const ParallelConfig parallel = parallel_config_of(a);
   for (auto& holding : holdings)
     for (auto& piece : holding.chunks) piece.ep = parallel.ep, piece.etp = parallel.etp;
+  models::Fp8Layers fp8;  // the layers --fp8-format runs in FP8 (not --first-last-layers-bf16's)
+  if (!a.fp8_format.empty()) {
+    fp8.first = a.first_last_layers_bf16 ? a.num_layers_at_start_in_bf16 : 0;
+    fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
+    fp8.codes_kept = a.fp8_recipe != "blockwise";
+  }
   for (std::size_t r = 0; r < holdings.size(); ++r) {
     models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
         local_model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
         static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r],
-        a.use_distributed_optimizer ? dp * a.context_parallel_size : 1);
+        a.use_distributed_optimizer ? dp * a.context_parallel_size : 1, fp8);
     e.activation_bytes = checked_add(  // the ring's (or all-to-all's) buffers of one layer's backward
         e.activation_bytes,
         models::context_parallel_attention_bytes(a.model, tp, a.context_parallel_size, context_parallel_comm_of(a),
@@ -118,7 +124,8 @@ inline std::string describe(const MemoryPlan& p, const std::string& dtype) {
       "memory estimate per rank (", dtype, p.stages > 1 ? ::strata::detail::concat(", pipeline rank ", p.per_rank_stage, " of ", p.stages, ", the largest") : std::string(),
       "): ", r.parameters, " parameters ", models::format_bytes(r.parameter_bytes),
       ", gradients ", models::format_bytes(r.gradient_bytes), ", optimizer ", models::format_bytes(r.optimizer_bytes),
-      ", activations ", models::format_bytes(r.activation_bytes), ", batches ", models::format_bytes(p.batch_bytes), p.stages > 1 ? "; over the stages, x " : "; x ",
+      ", activations ", models::format_bytes(r.activation_bytes),
+      r.fp8_cache_bytes > 0 ? ", FP8 weight caches " + models::format_bytes(r.fp8_cache_bytes) : std::string(), ", batches ", models::format_bytes(p.batch_bytes), p.stages > 1 ? "; over the stages, x " : "; x ",
       p.stages > 1 ? p.ranks / p.stages : p.ranks, p.stages > 1 ? " replicas" : " ranks", " + dataset indices ", models::format_bytes(p.train_index_bytes + p.validation_index_bytes),
       " + history ", models::format_bytes(p.history_bytes), " = ", models::format_bytes(p.total), " of ",
       p.available < 0 ? std::string("unknown") : models::format_bytes(p.available), " available");

@@ -114,10 +114,12 @@ struct MemoryEstimate {
   std::int64_t gradient_bytes = 0;
   std::int64_t optimizer_bytes = 0;
   std::int64_t activation_bytes = 0;  // the micro-batches in flight at the peak (one without a pipeline)
+  std::int64_t fp8_cache_bytes = 0;   // FP8 layers' weight caches: their weights' codes, both layouts
 
   std::int64_t total() const {
     std::int64_t sum = checked_add(parameter_bytes, gradient_bytes, "memory estimate");
     sum = checked_add(sum, optimizer_bytes, "memory estimate");
+    sum = checked_add(sum, fp8_cache_bytes, "memory estimate");
     return checked_add(sum, activation_bytes, "memory estimate");
   }
 };
@@ -156,6 +158,44 @@ struct ModelPiece {
     return m.moe_layer_count(static_cast<int>(begin), static_cast<int>(begin + layer_count(m)));
   }
 };
+
+// The transformer layers whose linear layers run their GEMMs in FP8: layers [first, end) of the
+// model (--first-last-layers-bf16 leaves some out); none by default. Each FP8 linear layer keeps its
+// weight's codes in both layouts for the step (the weight cache: 2 bytes per weight). Under the
+// per-tensor recipes (delayed, tensorwise; `codes_kept`) its forward also keeps the one-byte codes
+// of its input^T for the weight gradient in place of the input (layers/fp8_linear.hpp): the norms'
+// outputs (the qkv and fc1 inputs) and the activation's output (fc2's input) are then held as codes
+// instead of T, and the output projection's input, which the attention keeps anyway, is held twice.
+struct Fp8Layers {
+  std::int64_t first = 0, end = 0;
+  bool codes_kept = true;
+  // How many of `piece`'s layers are FP8 layers, and how many of those are MoE layers.
+  std::int64_t in(const ModelConfig& m, const ModelPiece& piece) const {
+    const std::int64_t begin = piece.layers < 0 ? 0 : piece.first_layer, stop = begin + piece.layer_count(m);
+    return std::max<std::int64_t>(0, std::min(stop, end) - std::max(begin, first));
+  }
+  std::int64_t moe_in(const ModelConfig& m, const ModelPiece& piece) const {
+    const std::int64_t begin = std::max(piece.layers < 0 ? 0 : piece.first_layer, first);
+    const std::int64_t stop = std::min((piece.layers < 0 ? 0 : piece.first_layer) + piece.layer_count(m), end);
+    return stop > begin ? m.moe_layer_count(static_cast<int>(begin), static_cast<int>(stop)) : 0;
+  }
+};
+
+// Per FP8 layer (see Fp8Layers): the weight cache's bytes on one tensor-parallel rank (the attention's
+// projections, and a dense layer's MLP), and the change of the bytes kept per token.
+inline std::int64_t fp8_weight_cache_bytes(const ModelConfig& m, int tp, bool gated_mlp, bool dense_mlp) {
+  const char* what = "FP8 weight cache";
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads, groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  const std::int64_t d = m.head_dim();
+  std::int64_t weights = checked_product(what, checked_add(heads + 2 * groups, heads, what), d, h);  // qkv and the projection
+  if (dense_mlp) weights = checked_add(weights, checked_product(what, gated_mlp ? 3 : 2, m.ffn(), h), what);  // fc1 and fc2
+  return checked_mul(weights / std::max(1, tp), 2, what);
+}
+inline std::int64_t fp8_kept_delta_per_token(const ModelConfig& m, int tp, bool dense_mlp, ElementBytes bytes) {
+  const std::int64_t h = m.hidden_size, core = m.num_attention_heads * m.head_dim() / std::max(1, tp);
+  const std::int64_t inputs = dense_mlp ? 2 * h + m.ffn() / std::max(1, tp) : h;  // held as codes instead of T
+  return inputs * (1 - bytes.value) + core;
+}
 
 // Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
 inline std::int64_t parameters_per_rank(const ModelConfig& m, DecoderShape shape, int tp, ModelPiece piece = {}) {
@@ -340,7 +380,7 @@ inline LayerElements layer_elements_of(const ModelConfig& m, int tp, bool sequen
 }
 inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequence_parallel, std::int64_t micro_batch_size,
                                        ElementBytes bytes, std::int64_t classifier_block_bytes, ModelPiece piece,
-                                       bool gated_mlp = false) {
+                                       bool gated_mlp = false, Fp8Layers fp8 = {}) {
   const char* what = "activation memory";
   PieceActivations out;
   const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
@@ -353,6 +393,11 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   if (m.multi_latent_attention) {  // see latent_attention_activation_delta
     const std::int64_t delta = latent_attention_activation_delta(m, tp);
     out.kept += checked_product(what, tokens, delta, bytes.value, piece.layer_count(m));
+  }
+  if (fp8.codes_kept) {  // see Fp8Layers
+    const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
+    out.kept = checked_add(out.kept, tokens * (fp8_dense * fp8_kept_delta_per_token(m, tp, true, bytes) +
+                                               fp8_moe * fp8_kept_delta_per_token(m, tp, false, bytes)), what);
   }
   const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
   if (moe_layers > 0) {  // see the top
@@ -433,19 +478,25 @@ struct PipelineRankHolding {
 inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
                                                     std::int64_t micro_batch_size, ElementBytes bytes,
                                                     std::int64_t classifier_block_bytes, const PipelineRankHolding& rank,
-                                                    std::int64_t optimizer_shards = 1) {
+                                                    std::int64_t optimizer_shards = 1, Fp8Layers fp8 = {}) {
   const char* what = "pipeline rank memory";
-  std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0;
+  std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0, fp8_cache = 0;
+  const bool gated = gated_mlp_of(m, shape);
   for (const ModelPiece& piece : rank.chunks) {
     parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
+    const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
+    fp8_cache = checked_add(fp8_cache, checked_add(checked_mul(fp8_dense, fp8_weight_cache_bytes(m, tp, gated, true), what),
+                                                   checked_mul(fp8_moe, fp8_weight_cache_bytes(m, tp, gated, false), what), what),
+                            what);
     const PieceActivations act =
-        activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated_mlp_of(m, shape));
+        activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);
     largest_kept = std::max(largest_kept, act.kept);
     transient = std::max(transient, act.extra());
     if (rank.deferred_weight_gradients > 0)
       largest_deferred = std::max(largest_deferred, deferred_weight_gradient_bytes(m, shape, tp, micro_batch_size, bytes, piece));
   }
   MemoryEstimate e = state_estimate(parameters, bytes, optimizer_shards);
+  e.fp8_cache_bytes = fp8_cache;
   e.activation_bytes = checked_add(checked_mul(largest_kept, std::max<std::int64_t>(1, rank.peak_in_flight), what), transient, what);
   e.activation_bytes = checked_add(e.activation_bytes, checked_mul(largest_deferred, rank.deferred_weight_gradients, what), what);
   return e;
