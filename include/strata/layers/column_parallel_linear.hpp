@@ -232,7 +232,7 @@ class ColumnParallelLinear {
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
     if constexpr (fp8_backend) {
       detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data(),
-                                      &keep, gelu_out);
+                                      keep, gelu_out);
       if (!keep.empty()) keep.shape = input.shape();
     }
     return y;

@@ -306,12 +306,13 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is); the bias added in T to the
 // rounded product (per-tensor recipes: in the GEMM's epilogue where the backend can). With
 // `gelu_out`, also gelu_out = gelu(y) (per-tensor recipes: in the same GEMM's epilogue where the
-// backend can). With `keep` (per-tensor recipes), x is cast in both layouts in one pass and x^T's
-// codes go to *keep for the weight gradient, which then needs neither x nor a cast of its own.
+// backend takes it). Per-tensor recipes: x is cast in both layouts in one pass, and x^T's codes go to
+// `keep` for the weight gradient, which then needs neither x nor a cast of its own (blockwise: `keep`
+// stays empty).
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
-                             const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y,
-                             Fp8Pair<Space>* keep = nullptr, T* gelu_out = nullptr) {
+                             const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y, Fp8Pair<Space>& keep,
+                             T* gelu_out = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -323,24 +324,16 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
     if (gelu_out) c.device.template gelu_forward<T>(y, rows * out, gelu_out);
   });
   if (blocks) return;
-  Fp8Pair<Space> pair;
-  Fp8Operand<Space> single{Tensor<std::uint8_t, Space>(), Fp8Format::e4m3, nullptr};
-  if (keep) pair = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
-  else single = fp8_quantize(ctx, state, Fp8Role::input, x, rows, in, sharding.input);
-  const std::uint8_t* x_codes = keep ? pair.codes.data() : single.codes.data();
+  Fp8Pair<Space> xq = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
-  const Fp8Format x_format = keep ? pair.format : single.format;
-  const float* x_scale_inv = keep ? pair.scale_inv : single.scale_inv;
   if (gelu_out)
-    ctx.device.template fp8_gemm_gelu<T>(rows, out, in, x_codes, x_format, x_scale_inv, wq.codes, wq.format, wq.scale_inv, b, y,
-                                         gelu_out);  // (rows, out) twice
+    ctx.device.template fp8_gemm_gelu<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
+                                         wq.scale_inv, b, y, gelu_out);  // (rows, out) twice
   else
-    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, x_codes, x_format, x_scale_inv, wq.codes, wq.format,
+    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
                                     wq.scale_inv, y, false, b);  // (rows, out)
-  if (keep) {
-    pair.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
-    *keep = std::move(pair);
-  }
+  xq.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
+  keep = std::move(xq);
 }
 
 // dx[rows, in] = dy W = dy (W^T)^T: W^T from the cast that made the forward's W (the weight
