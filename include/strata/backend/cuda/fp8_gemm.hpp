@@ -42,6 +42,71 @@ constexpr cudaDataType_t fp8_output_type() {
   else if constexpr (std::is_same_v<C, fp16>) return CUDA_R_16F;
   else return CUDA_R_32F;
 }
+
+// The plan key of an FP8 TN problem; `kind` keeps the per-tensor (1000) and the block-scaled (2000)
+// problems apart from each other and from gemm()'s keys.
+template <class C>
+gemm_key fp8_tn_key(const blas_handle& blas, int kind, Fp8Format fa, Fp8Format fb, index_t m, index_t n, index_t k,
+                    const void* a, const void* b, const void* c, bool accumulate) {
+  gemm_key key{};
+  key.data_type = kind + static_cast<int>(fa) * 2 + static_cast<int>(fb);
+  key.output_type = static_cast<int>(fp8_output_type<C>());
+  key.transpose_a = false;
+  key.transpose_b = true;
+  key.accumulate = accumulate;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.align_a = pointer_alignment(a);
+  key.align_b = pointer_alignment(b);
+  key.align_c = pointer_alignment(c);
+  key.sm_target = blas.sm_target();
+  return key;
+}
+
+// The descriptor of the key's FP8 TN problem (fp32 compute, the key's SM target; column-major:
+// first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); C and D [n, m] (ld n)), and a
+// preference for the handle's workspace and the key's alignments. The caller adds its epilogue or
+// scale modes before asking the heuristic.
+template <class C>
+void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa, Fp8Format fb, gemm_plan& p,
+                     preference_descriptor& preference) {
+  const cudaDataType_t out_type = fp8_output_type<C>();
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
+  if (key.sm_target > 0)
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
+                                                       sizeof(key.sm_target)));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, fp8_data_type(fb), key.k, key.n, key.k));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, fp8_data_type(fa), key.k, key.m, key.k));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, key.n, key.m, key.n));
+  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, key.n, key.m, key.n));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
+  const std::uint64_t workspace = blas.workspace_bytes();
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace, sizeof(workspace)));
+  for (auto [attribute, alignment] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+                                      std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}})
+    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, attribute, &alignment, sizeof(alignment)));
+}
+
+// Runs a planned FP8 TN problem with this call's scale pointers (cuBLASLt's A is our b, its B our a).
+template <class C>
+void fp8_tn_run(blas_handle& blas, cudaStream_t stream, const gemm_plan& plan, const std::uint8_t* a, const float* a_scales,
+                const std::uint8_t* b, const float* b_scales, C* c, bool accumulate) {
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
+                                                     sizeof(b_scales)));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
+                                                     sizeof(a_scales)));
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
+                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
+                                     blas.workspace_bytes(), stream));
+}
 }  // namespace detail
 
 // The TN problem: a [m, k] and b [n, k] row-major codes (see the design note). With a bias (not
@@ -84,25 +149,13 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     a_scale_inv = aligned.data();
     b_scale_inv = aligned.data() + 4;
   }
-  detail::gemm_key key{};
-  key.data_type = 1000 + static_cast<int>(fa) * 2 + static_cast<int>(fb);  // FP8 types, apart from gemm()'s keys
-  key.output_type = static_cast<int>(detail::fp8_output_type<C>());
-  key.transpose_a = false;
-  key.transpose_b = true;
-  key.accumulate = accumulate;
+  detail::gemm_key key = detail::fp8_tn_key<C>(blas, 1000, fa, fb, m, n, k, a, b, c, accumulate);
   key.bias = use_bias;
   key.epilogue = static_cast<int>(epilogue);
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  key.align_a = detail::pointer_alignment(a);
-  key.align_b = detail::pointer_alignment(b);
-  key.align_c = detail::pointer_alignment(c);
-  key.sm_target = blas.sm_target();
   const cudaDataType_t out_type = detail::fp8_output_type<C>();
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+    detail::preference_descriptor preference;
+    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference);
     const auto set_bias_epilogue = [&](bool on) {
       // the bias runs along the rows of the column-major D [n, m]: one value per row-major column
       const cublasLtEpilogue_t kind = epilogue == detail::gemm_epilogue::dgelu    ? CUBLASLT_EPILOGUE_DGELU
@@ -132,26 +185,6 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
       p.bias_epilogue = on;
     };
     set_bias_epilogue(use_bias);
-    // column-major: first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); D [n, m] (ld n)
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
-    if (key.sm_target > 0)
-      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
-                                                         sizeof(key.sm_target)));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, detail::fp8_data_type(fb), k, n, k));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, detail::fp8_data_type(fa), k, m, k));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, n, m, n));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, n, m, n));
-    detail::preference_descriptor preference;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
-    const std::uint64_t workspace = blas.workspace_bytes();
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace, sizeof(workspace)));
-    for (auto [attribute, alignment] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
-                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
-                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-                                        std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}})
-      STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, attribute, &alignment, sizeof(alignment)));
     // The scale pointers take part in the heuristic's choice; the real ones are set before each call.
     const float* placeholder = a_scale_inv;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
@@ -182,11 +215,6 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
     p.algo = result.algo;
   });
-  // the scales of this call: cuBLASLt's A is our b, its B our a
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                                                     sizeof(b_scale_inv)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                                                     sizeof(a_scale_inv)));
   if (!plan.fused) return false;
   if (plan.bias_epilogue) {
     const void* bias_pointer = bias;
@@ -198,10 +226,7 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer,
                                                        sizeof(aux_pointer)));
   }
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
-                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
-                                     blas.workspace_bytes(), stream));
+  detail::fp8_tn_run<C>(blas, stream, plan, a, a_scale_inv, b, b_scale_inv, c, accumulate);
   return bias == nullptr || plan.bias_epilogue;
 }
 
@@ -219,29 +244,11 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, float>, "block-scaled FP8 GEMMs write bf16 or float");
   if (m == 0 || n == 0) return true;
   if (k % 128 != 0 || (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)) return false;
-  detail::gemm_key key{};
-  key.data_type = 2000 + static_cast<int>(fa) * 2 + static_cast<int>(fb);  // block-scaled FP8, apart from the other keys
-  key.output_type = static_cast<int>(detail::fp8_output_type<C>());
-  key.transpose_a = false;
-  key.transpose_b = true;
-  key.accumulate = accumulate;
+  detail::gemm_key key = detail::fp8_tn_key<C>(blas, 2000, fa, fb, m, n, k, a, b, c, accumulate);
   key.epilogue = (a_tiles ? 1 : 0) | (b_tiles ? 2 : 0);
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  key.align_a = detail::pointer_alignment(a);
-  key.align_b = detail::pointer_alignment(b);
-  key.align_c = detail::pointer_alignment(c);
-  key.sm_target = blas.sm_target();
-  const cudaDataType_t out_type = detail::fp8_output_type<C>();
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof(transposed)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof(plain)));
-    if (key.sm_target > 0)
-      STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
-                                                         sizeof(key.sm_target)));
+    detail::preference_descriptor preference;
+    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference);
     // cuBLASLt's A is our b, its B our a (see fp8_gemm_tn)
     const cublasLtMatmulMatrixScale_t mode_a = b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -254,15 +261,6 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
                                                        sizeof(b_scales)));
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
                                                        sizeof(a_scales)));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, detail::fp8_data_type(fb), k, n, k));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, detail::fp8_data_type(fa), k, m, k));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, n, m, n));
-    STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, n, m, n));
-    detail::preference_descriptor preference;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
-    const std::uint64_t workspace = blas.workspace_bytes();
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace, sizeof(workspace)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     p.fused = cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
@@ -271,14 +269,7 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
     if (p.fused) p.algo = result.algo;
   });
   if (!plan.fused) return false;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
-                                                     sizeof(b_scales)));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
-                                                     sizeof(a_scales)));
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
-                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
-                                     blas.workspace_bytes(), stream));
+  detail::fp8_tn_run<C>(blas, stream, plan, a, a_scales, b, b_scales, c, accumulate);
   return true;
 }
 
