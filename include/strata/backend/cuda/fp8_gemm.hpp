@@ -94,6 +94,25 @@ void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa,
     STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, attribute, &alignment, sizeof(alignment)));
 }
 
+// Sets the scale pointers (they take part in the heuristic's choice; fp8_tn_run sets each call's
+// own) and asks the heuristic for the described problem's algorithm: into p.algo, false where it
+// has none.
+inline bool fp8_tn_algorithm(const blas_handle& blas, gemm_plan& p, const preference_descriptor& preference,
+                             const float* a_scales, const float* b_scales) {
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
+                                                     sizeof(b_scales)));
+  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
+                                                     sizeof(a_scales)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle, p.out_d.handle,
+                                     preference.handle, 1, &result, &found) != CUBLAS_STATUS_SUCCESS ||
+      found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    return false;
+  p.algo = result.algo;
+  return true;
+}
+
 // Runs a planned FP8 TN problem with this call's scale pointers (cuBLASLt's A is our b, its B our a).
 template <class C>
 void fp8_tn_run(blas_handle& blas, cudaStream_t stream, const gemm_plan& plan, const std::uint8_t* a, const float* a_scales,
@@ -185,35 +204,19 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
       p.bias_epilogue = on;
     };
     set_bias_epilogue(use_bias);
-    // The scale pointers take part in the heuristic's choice; the real ones are set before each call.
-    const float* placeholder = a_scale_inv;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
-                                                       sizeof(placeholder)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
-                                                       sizeof(placeholder)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const auto ask = [&] {
-      found = 0;
-      if (cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
-                                         p.out_d.handle, preference.handle, 1, &result, &found) != CUBLAS_STATUS_SUCCESS ||
-          result.state != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    };
-    ask();
-    if (found == 0 && gelu) {  // not fused: the caller runs the plain GEMM and the GELU kernel
+    bool found = detail::fp8_tn_algorithm(blas, p, preference, a_scale_inv, b_scale_inv);
+    if (!found && gelu) {  // not fused: the caller runs the plain GEMM and the GELU kernel
       p.fused = false;
       return;
     }
-    if (found == 0 && use_bias) {  // no algorithm with the epilogue for this problem: the caller adds the bias
+    if (!found && use_bias) {  // no algorithm with the epilogue for this problem: the caller adds the bias
       set_bias_epilogue(false);
-      ask();
+      found = detail::fp8_tn_algorithm(blas, p, preference, a_scale_inv, b_scale_inv);
     }
-    if (found == 0)
+    if (!found)
       fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
                         " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
-    p.algo = result.algo;
   });
   if (!plan.fused) return false;
   if (plan.bias_epilogue) {
@@ -256,17 +259,7 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
-    // The scale pointers take part in the heuristic's choice; the real ones are set before each call.
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
-                                                       sizeof(b_scales)));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
-                                                       sizeof(a_scales)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    p.fused = cublasLtMatmulAlgoGetHeuristic(blas.get(), p.desc.handle, p.first.handle, p.second.handle, p.out_c.handle,
-                                             p.out_d.handle, preference.handle, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
-              found > 0 && result.state == CUBLAS_STATUS_SUCCESS;  // "fused": cuBLASLt runs this problem
-    if (p.fused) p.algo = result.algo;
+    p.fused = detail::fp8_tn_algorithm(blas, p, preference, a_scales, b_scales);  // "fused": cuBLASLt runs this problem
   });
   if (!plan.fused) return false;
   detail::fp8_tn_run<C>(blas, stream, plan, a, a_scales, b, b_scales, c, accumulate);
