@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../backend/moe_routing.hpp"
@@ -171,13 +172,20 @@ struct Fp8Layers {
   bool codes_kept = true;
   // How many of `piece`'s layers are FP8 layers, and how many of those are MoE layers.
   std::int64_t in(const ModelConfig& m, const ModelPiece& piece) const {
-    const std::int64_t begin = piece.layers < 0 ? 0 : piece.first_layer, stop = begin + piece.layer_count(m);
-    return std::max<std::int64_t>(0, std::min(stop, end) - std::max(begin, first));
+    const auto [begin, stop] = overlap(m, piece);
+    return stop - begin;
   }
   std::int64_t moe_in(const ModelConfig& m, const ModelPiece& piece) const {
-    const std::int64_t begin = std::max(piece.layers < 0 ? 0 : piece.first_layer, first);
-    const std::int64_t stop = std::min((piece.layers < 0 ? 0 : piece.first_layer) + piece.layer_count(m), end);
+    const auto [begin, stop] = overlap(m, piece);
     return stop > begin ? m.moe_layer_count(static_cast<int>(begin), static_cast<int>(stop)) : 0;
+  }
+
+ private:
+  // The global layers [begin, stop) that are both the piece's and FP8 (begin == stop: none).
+  std::pair<std::int64_t, std::int64_t> overlap(const ModelConfig& m, const ModelPiece& piece) const {
+    const std::int64_t piece_begin = piece.layers < 0 ? 0 : piece.first_layer;
+    const std::int64_t begin = std::max(piece_begin, first), stop = std::min(piece_begin + piece.layer_count(m), end);
+    return {begin, std::max(begin, stop)};
   }
 };
 
