@@ -1124,12 +1124,14 @@ int main(int argc, char** argv) {
         test_rows<bf16>(h, r, c);
         test_transpose_int(h, r, c);
       }
-    // The vector paths: cols a multiple of every 16-byte width (8 .. 8192; 1024 is the widest row a
-    // warp holds, 2048 and 8192 take the block-per-row norms), 1030 not a multiple of 8 (bf16) or 4
-    // (float); row counts that are not multiples of the warps per block.
+    // The vector paths: cols a multiple of every 16-byte width (8 .. 16384; 1024 is the widest row a
+    // warp holds, 1536 .. 16384 take teams of 2 to 16 warps per norm row, double's backward stops at
+    // 8 warps, 20480 takes the block-per-row norms), 1030 not a multiple of 8 (bf16) or 4 (float);
+    // row counts that are not multiples of the warps per block.
     const std::vector<index_t> vector_rows = small ? std::vector<index_t>{1, 37} : std::vector<index_t>{1, 5, 1001};
     const std::vector<index_t> vector_cols =
-        small ? std::vector<index_t>{64, 1030} : std::vector<index_t>{8, 64, 768, 1024, 1030, 2048, 8192};
+        small ? std::vector<index_t>{64, 1030, 2048}
+              : std::vector<index_t>{8, 64, 768, 1024, 1030, 1536, 2048, 4096, 8192, 16384, 20480};
     for (index_t r : vector_rows)
       for (index_t c : vector_cols)
         for (index_t offset : {0, 1}) {

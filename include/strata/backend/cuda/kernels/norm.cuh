@@ -17,16 +17,19 @@
 //
 // x, y, dy, dx [rows, h]; g, b [h]; mean, rstd [rows]. Two kernel shapes, chosen by the sizes and
 // the pointers only (never by the device), each deterministic:
-//   - a warp per row (the fast path): when h * sizeof(T) % 16 == 0, every row pointer is 16-byte
-//     aligned and h <= 32 * kNormMaxPerLane, each lane holds G 16-byte vectors of the row in
-//     registers (lane l owns elements [(j * 32 + l) * V, + V) for j < G, V = 16 / sizeof(T)), so
-//     x and dy are read from memory once; the row sums are warp butterflies (every lane gets the
-//     same bits), the mean and the variance two passes over the registers.
-//   - a 256-thread block per row (any h, any alignment): block_sum gives the row sums.
+//   - a team of W warps per row (the fast path): when h * sizeof(T) % 16 == 0 and every row pointer
+//     is 16-byte aligned, each thread holds G 16-byte vectors of the row in registers (thread t of
+//     the team owns elements [(j * W * 32 + t) * V, + V) for j < G, V = 16 / sizeof(T)), so x and dy
+//     are read from memory once. One warp (W = 1, four rows a block) while h <= 32 * kNormMaxPerLane;
+//     wider rows take W = 2, 4, 8 or 16 warps (one row a block, h up to 16384 elements; 8192 in
+//     double for the backward). The row sums are warp butterflies, then the warps' sums added in warp
+//     order (every thread gets the same bits); the mean and the variance two passes over registers.
+//   - a 256-thread block per row (wider rows, any alignment): block_sum gives the row sums.
 // Weight gradients never use atomics: block k of the backward (norm_backward_blocks(rows) blocks)
 // writes partials[k, c] for every column c, from the rows it owns in a fixed order (warp path: warp w
-// of block k owns rows (k * kNormWarps + w) + i * blocks * kNormWarps and keeps its running sums in
-// its own slice of shared memory; the block then adds its warps' sums in warp order); one
+// of block k owns rows (k * kNormWarps + w) + i * blocks * kNormWarps, a team of several warps rows
+// k + i * blocks, and keeps its running sums in its own slice of shared memory; the block then adds
+// its teams' sums in team order); one
 // sum_partials then adds the partials of dg and db over k in a fixed order. Workspace: 2 * blocks * h.
 // gy is rounded on its own (mul_rn) in both passes, so gy - mean(gy) is exactly 0 where the host
 // gets 0 (h = 1), instead of the rounding error an FMA would leave.
@@ -68,63 +71,119 @@ bool with_vectors_per_lane(index_t vectors, F&& f) {
   }
 }
 
-// --- warp per row ---------------------------------------------------------------------------------
+// --- a team of warps per row ----------------------------------------------------------------------
 
-template <class T, bool layer, int G, class A = accumulate_t<T>>
-__global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(const T* x, const T* __restrict__ g,
-                                                                            const T* __restrict__ b, index_t rows, int h, A eps,
-                                                                            T* __restrict__ y, A* mean, A* rstd,
-                                                                            const T* residual, T* sum_out,
-                                                                            A weight_offset) {
-  constexpr int V = packed<T>::width;
-  const int lane = threadIdx.x % 32;
-  const index_t warps = index_t(gridDim.x) * kNormWarps;
-  for (index_t r = blockIdx.x * index_t(kNormWarps) + threadIdx.x / 32; r < rows; r += warps) {
+// Warps per block of the team kernels: kNormWarps teams of one warp, or one team of W warps.
+template <int W>
+inline constexpr int kNormTeamsPerBlock = W == 1 ? kNormWarps : 1;
+
+// The sums of a and b over the team (W warps), the same bits in every thread: each warp's butterfly,
+// then (W > 1) the warps' sums added in warp order through shared memory. W > 1 only with one team
+// per block, so every thread of the block reaches the barrier the same number of times. `round`
+// alternates the two slots, so one barrier per call suffices: a slot is written again only after the
+// next call's barrier, which every thread reaches after reading it.
+template <int W, class A>
+__device__ __forceinline__ void team_sums(A& a, A& b, int& round) {
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if constexpr (W > 1) {
+    __shared__ A slots[2][2][W];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, s = round++ & 1;
+    if (lane == 0) {
+      slots[s][0][warp] = a;
+      slots[s][1][warp] = b;
+    }
+    __syncthreads();
+    a = slots[s][0][0];
+    b = slots[s][1][0];
+#pragma unroll
+    for (int w = 1; w < W; ++w) {
+      a += slots[s][0][w];
+      b += slots[s][1][w];
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, W>{}, std::integral_constant<int, G>{}) with the team size W
+// (warps per row) and the 16-byte vectors per lane G for a row of h elements: one warp (W = 1, the
+// smallest G with G >= the vectors a lane needs) while the row fits a warp's registers, else the
+// smallest W in {2, 4, 8, 16} that holds it with kNormMaxPerLane elements a lane. False when h is too
+// large for every team up to MaxW warps (the block-per-row kernels take it).
+template <int V, int MaxW = 16, class F>
+bool with_norm_team(index_t h, F&& f) {
+  const index_t vectors = (h + V - 1) / V;  // 16-byte vectors of the row
+  if (with_vectors_per_lane<V>((vectors + 31) / 32, [&](auto g) { f(std::integral_constant<int, 1>{}, g); })) return true;
+  constexpr int G = kNormMaxPerLane / V;
+  const auto fits = [&](int w) { return vectors <= index_t(w) * 32 * G; };
+  const std::integral_constant<int, G> g{};
+  if (fits(2)) f(std::integral_constant<int, 2>{}, g);
+  else if (fits(4)) f(std::integral_constant<int, 4>{}, g);
+  else if (fits(8)) f(std::integral_constant<int, 8>{}, g);
+  else if constexpr (MaxW >= 16) {
+    if (fits(16)) f(std::integral_constant<int, 16>{}, g);
+    else return false;
+  }
+  else return false;
+  return true;
+}
+
+// Thread t of a team (t < W * 32) holds vectors j * W * 32 + t of its row, j < G.
+template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_team_kernel(
+    const T* x, const T* __restrict__ g, const T* __restrict__ b, index_t rows, int h, A eps, T* __restrict__ y, A* mean,
+    A* rstd, const T* residual, T* sum_out, A weight_offset) {
+  constexpr int V = packed<T>::width, N = W * 32;
+  const int t = threadIdx.x % N;  // thread within the team
+  const index_t teams = index_t(gridDim.x) * kNormTeamsPerBlock<W>;
+  int round = 0;
+  for (index_t r = blockIdx.x * index_t(kNormTeamsPerBlock<W>) + threadIdx.x / N; r < rows; r += teams) {
     const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x (rows, h), as (rows, h / V) vectors
     packed<T> raw[G];
 #pragma unroll
     for (int j = 0; j < G; ++j)
-      if ((j * 32 + lane) * V < h) raw[j] = xr[j * 32 + lane];
+      if ((j * N + t) * V < h) raw[j] = xr[j * N + t];
     if (residual) {  // raw := T(x + residual), written to sum (rows, h)
       const packed<T>* rr = reinterpret_cast<const packed<T>*>(residual + r * h);
       packed<T>* sr = reinterpret_cast<packed<T>*>(sum_out + r * h);
 #pragma unroll
       for (int j = 0; j < G; ++j)
-        if ((j * 32 + lane) * V < h) {
-          const packed<T> add = rr[j * 32 + lane];
+        if ((j * N + t) * V < h) {
+          const packed<T> add = rr[j * N + t];
 #pragma unroll
           for (int k = 0; k < V; ++k) raw[j].raw[k] = pack<T>(unpack<T>(raw[j].raw[k]) + unpack<T>(add.raw[k]));
-          sr[j * 32 + lane] = raw[j];
+          sr[j * N + t] = raw[j];
         }
     }
     A mu = 0;
     if constexpr (layer) {
-      A sum = 0;
+      A sum = 0, unused = 0;
 #pragma unroll
       for (int j = 0; j < G; ++j)
-        if ((j * 32 + lane) * V < h)
+        if ((j * N + t) * V < h)
 #pragma unroll
           for (int k = 0; k < V; ++k) sum += unpack<T>(raw[j].raw[k]);
-      mu = warp_sum(sum) / A(h);
+      team_sums<W>(sum, unused, round);
+      mu = sum / A(h);
     }
-    A squares = 0;
+    A squares = 0, unused = 0;
 #pragma unroll
     for (int j = 0; j < G; ++j)
-      if ((j * 32 + lane) * V < h)
+      if ((j * N + t) * V < h)
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const A centered = unpack<T>(raw[j].raw[k]) - mu;
           squares += centered * centered;
         }
-    const A rs = A(1) / sqrt_(warp_sum(squares) / A(h) + eps);
-    if (lane == 0) {
+    team_sums<W>(squares, unused, round);
+    const A rs = A(1) / sqrt_(squares / A(h) + eps);
+    if (t == 0) {
       if constexpr (layer) mean[r] = mu;
       rstd[r] = rs;
     }
     packed<T>* yr = reinterpret_cast<packed<T>*>(y + r * h);
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-      const int v = j * 32 + lane;  // vector index within the row
+      const int v = j * N + t;  // vector index within the row
       if (v * V >= h) continue;
       const packed<T> gv = reinterpret_cast<const packed<T>*>(g)[v];
       packed<T> bv{};
@@ -141,56 +200,54 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_forward_warp_kernel(cons
   }
 }
 
-// Dynamic shared memory: 2 * kNormWarps * (G * V * 32) elements of A, each warp's running dg and db
-// sums (lane l only ever touches its own elements until the block adds the warps' sums together).
-// Element k of lane l's vector j sits at (j * V + k) * 32 + l, so a warp's accesses hit 32
-// different banks.
-template <class T, bool layer, int G, class A = accumulate_t<T>>
-__global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                                             const T* __restrict__ g, const A* mean, const A* rstd,
-                                                                             index_t rows, int h, T* dx,
-                                                                             A* dg_partials, A* db_partials, index_t stride,
-                                                                             const T* dresidual, A* ds_partials,
-                                                                             A weight_offset) {
-  constexpr int V = packed<T>::width;
+// Dynamic shared memory: 2 (3 with ds_partials) * kNormTeamsPerBlock<W> * (G * V * W * 32) elements
+// of A, each team's running dg and db sums (thread t only ever touches its own elements until the
+// block adds the teams' sums together). Element k of thread t's vector j sits at
+// (j * V + k) * W * 32 + t, so a warp's accesses hit 32 different banks.
+template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_team_kernel(
+    const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ g, const A* mean, const A* rstd, index_t rows,
+    int h, T* dx, A* dg_partials, A* db_partials, index_t stride, const T* dresidual, A* ds_partials, A weight_offset) {
+  constexpr int V = packed<T>::width, N = W * 32, teams_here = kNormTeamsPerBlock<W>;
   extern __shared__ unsigned char norm_shared[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  constexpr int P = G * V * 32;                     // elements of a warp's slice
-  A* dg_sums = reinterpret_cast<A*>(norm_shared);  // dg_sums, db_sums[, ds_sums] (kNormWarps, G, V, 32)
-  A* db_sums = dg_sums + kNormWarps * P;
-  A* ds_sums = db_sums + kNormWarps * P;           // allocated with ds_partials only
-  A* dg_sum = dg_sums + warp * P + lane;           // this lane's element (j, k) at [(j * V + k) * 32]
-  A* db_sum = db_sums + warp * P + lane;
-  A* ds_sum = ds_sums + warp * P + lane;
+  const int t = threadIdx.x % N, team = threadIdx.x / N;
+  constexpr int P = G * V * N;                     // elements of a team's slice
+  A* dg_sums = reinterpret_cast<A*>(norm_shared);  // dg_sums, db_sums[, ds_sums] (teams, G, V, N)
+  A* db_sums = dg_sums + teams_here * P;
+  A* ds_sums = db_sums + teams_here * P;           // allocated with ds_partials only
+  A* dg_sum = dg_sums + team * P + t;              // this thread's element (j, k) at [(j * V + k) * N]
+  A* db_sum = db_sums + team * P + t;
+  A* ds_sum = ds_sums + team * P + t;
   packed<T> gv[G];
 #pragma unroll
   for (int j = 0; j < G; ++j) {
-    const int e = (j * 32 + lane) * V;  // first element of vector j of this lane
+    const int e = (j * N + t) * V;  // first element of vector j of this thread
     if (e >= h) continue;
-    gv[j] = reinterpret_cast<const packed<T>*>(g)[j * 32 + lane];
+    gv[j] = reinterpret_cast<const packed<T>*>(g)[j * N + t];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      dg_sum[(j * V + k) * 32] = db_sum[(j * V + k) * 32] = A(0);
-      if (ds_partials) ds_sum[(j * V + k) * 32] = A(0);
+      dg_sum[(j * V + k) * N] = db_sum[(j * V + k) * N] = A(0);
+      if (ds_partials) ds_sum[(j * V + k) * N] = A(0);
     }
   }
 
-  const index_t warps = index_t(gridDim.x) * kNormWarps;
-  for (index_t r = blockIdx.x * index_t(kNormWarps) + warp; r < rows; r += warps) {
+  const index_t teams = index_t(gridDim.x) * teams_here;
+  int round = 0;
+  for (index_t r = blockIdx.x * index_t(teams_here) + team; r < rows; r += teams) {
     const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x, dy (rows, h) as vectors
     const packed<T>* dyr = reinterpret_cast<const packed<T>*>(dy + r * h);
     packed<T> xv[G], dv[G];
 #pragma unroll
     for (int j = 0; j < G; ++j)
-      if ((j * 32 + lane) * V < h) {
-        xv[j] = xr[j * 32 + lane];
-        dv[j] = dyr[j * 32 + lane];
+      if ((j * N + t) * V < h) {
+        xv[j] = xr[j * N + t];
+        dv[j] = dyr[j * N + t];
       }
     const A mu = layer ? mean[r] : A(0), rs = rstd[r];
     A sum_gy = 0, sum_gy_xhat = 0;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-      const int e = (j * 32 + lane) * V;
+      const int e = (j * N + t) * V;
       if (e >= h) continue;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -198,36 +255,37 @@ __global__ void __launch_bounds__(kNormWarps * 32) norm_backward_warp_kernel(con
         const A gy = mul_rn(d, unpack<T>(gv[j].raw[k]) + weight_offset);
         if constexpr (layer) sum_gy += gy;
         sum_gy_xhat += gy * xhat;
-        dg_sum[(j * V + k) * 32] += d * xhat;
-        if constexpr (layer) db_sum[(j * V + k) * 32] += d;
+        dg_sum[(j * V + k) * N] += d * xhat;
+        if constexpr (layer) db_sum[(j * V + k) * N] += d;
       }
     }
-    const A mean_gy = layer ? warp_sum(sum_gy) / A(h) : A(0);
-    const A mean_gy_xhat = warp_sum(sum_gy_xhat) / A(h);
+    team_sums<W>(sum_gy, sum_gy_xhat, round);
+    const A mean_gy = layer ? sum_gy / A(h) : A(0);
+    const A mean_gy_xhat = sum_gy_xhat / A(h);
     packed<T>* dxr = reinterpret_cast<packed<T>*>(dx + r * h);
     const packed<T>* drr = dresidual ? reinterpret_cast<const packed<T>*>(dresidual + r * h) : nullptr;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-      if ((j * 32 + lane) * V >= h) continue;
+      if ((j * N + t) * V >= h) continue;
       packed<T> result, add{};
-      if (drr) add = drr[j * 32 + lane];
+      if (drr) add = drr[j * N + t];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const A xhat = (unpack<T>(xv[j].raw[k]) - mu) * rs, gy = mul_rn(unpack<T>(dv[j].raw[k]), unpack<T>(gv[j].raw[k]) + weight_offset);
         const A grad = rs * (gy - mean_gy - xhat * mean_gy_xhat);
         result.raw[k] = pack<T>(drr ? unpack<T>(add.raw[k]) + grad : grad);
-        if (ds_partials) ds_sum[(j * V + k) * 32] += unpack<T>(add.raw[k]);  // dresidual's column sums
+        if (ds_partials) ds_sum[(j * V + k) * N] += unpack<T>(add.raw[k]);  // dresidual's column sums
       }
-      dxr[j * 32 + lane] = result;
+      dxr[j * N + t] = result;
     }
   }
 
-  // The block's partial of each column: its warps' sums added in warp order.
+  // The block's partial of each column: its teams' sums added in team order.
   __syncthreads();
   for (int c = threadIdx.x; c < h; c += blockDim.x) {
-    const int at = ((c / (32 * V)) * V + c % V) * 32 + (c / V) % 32;  // c = (j * 32 + l) * V + k
+    const int at = ((c / (N * V)) * V + c % V) * N + (c / V) % N;  // c = (j * N + t) * V + k
     A dg_total = dg_sums[at], db_total = db_sums[at], ds_total = ds_partials ? ds_sums[at] : A(0);
-    for (int w = 1; w < kNormWarps; ++w) {
+    for (int w = 1; w < teams_here; ++w) {
       dg_total += dg_sums[w * P + at];
       db_total += db_sums[w * P + at];
       if (ds_partials) ds_total += ds_sums[w * P + at];
@@ -329,9 +387,10 @@ void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A
   if (rows <= 0 || h <= 0) return;
   constexpr int V = packed<T>::width;
   const bool warp_path = norm_vectorized<T>(h, {x, g, b, y, residual, sum}) &&
-                         with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
-                           const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + kNormWarps - 1) / kNormWarps, 65535));
-                           norm_forward_warp_kernel<T, layer, decltype(vectors)::value, A><<<blocks, kNormWarps * 32, 0, stream>>>(
+                         with_norm_team<V>(h, [&](auto team, auto vectors) {
+                           constexpr int W = decltype(team)::value, teams = kNormTeamsPerBlock<W>;
+                           const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + teams - 1) / teams, 65535));
+                           norm_forward_team_kernel<T, layer, W, decltype(vectors)::value, A><<<blocks, teams * W * 32, 0, stream>>>(
                                x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum, weight_offset);
                          });
   if (!warp_path) {
@@ -363,13 +422,15 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
   A* ds_partials = ds ? workspace + stride - h : nullptr;
   const int shared_arrays = ds ? 3 : 2;
   const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx, dresidual}) &&
-                         with_vectors_per_lane<V>(h / V / 32 + (h % (32 * V) != 0), [&](auto vectors) {
-                           const std::size_t shared = shared_arrays * std::size_t(kNormWarps) * decltype(vectors)::value * V * 32 * sizeof(A);
-                           auto* kernel = &norm_backward_warp_kernel<T, layer, decltype(vectors)::value, A>;
-                           if (shared > 48 * 1024)  // above the default limit of dynamic shared memory (double rows)
+                         // (double rows stop at 8 warps: 16 would need 384 KiB of shared memory)
+                         with_norm_team<V, sizeof(A) == 8 ? 8 : 16>(h, [&](auto team, auto vectors) {
+                           constexpr int W = decltype(team)::value, teams = kNormTeamsPerBlock<W>, G = decltype(vectors)::value;
+                           const std::size_t shared = shared_arrays * std::size_t(teams) * G * V * W * 32 * sizeof(A);
+                           auto* kernel = &norm_backward_team_kernel<T, layer, W, G, A>;
+                           if (shared > 48 * 1024)  // above the default limit of dynamic shared memory
                              STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                     static_cast<int>(shared)));
-                           kernel<<<static_cast<unsigned>(blocks), kNormWarps * 32, shared, stream>>>(
+                           kernel<<<static_cast<unsigned>(blocks), teams * W * 32, shared, stream>>>(
                                    dy, x, g, mean, rstd, rows, static_cast<int>(h), dx, dg_partials, db_partials, stride,
                                    dresidual, ds_partials, weight_offset);
                          });
