@@ -4,6 +4,8 @@
 //   conversion   the hardware's cvt.rn.satfinite (__nv_cvt_float_to_fp8, __NV_SATFINITE) against
 //                core/fp8.hpp's fp8_encode on every one of the 2^32 float bit patterns, both formats
 //   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
+//   fp8_cast_transpose_fused (copy, GELU and GELU-backward producers, with column sums) against the
+//                unfused steps on the GPU: codes and amax bit for bit, sums within 1e-4 (1e-12 double)
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
 //   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue; and
@@ -142,6 +144,62 @@ void check_casts(backend& device, suite& results, std::uint64_t seed, index_t ro
   results.record(same_bits(qt_alone, qt_cpu), "fp8_cast_transpose " + what + " transposed codes alone == cpu twin");
   results.record(same_bits(q_off, q_cpu) && same_bits(q2_off, q2_cpu) && same_bits(qt_off, qt_cpu),
                  "fp8_cast, fp8_cast_transpose " + what + " from unaligned pointers == cpu twin");
+}
+
+// fp8_cast_transpose_fused against the GPU's own unfused steps (gelu_forward / gelu_backward, then
+// fp8_cast_transpose, and bias_grad for the column sums): codes in both layouts and amax bit for bit,
+// the column sums within the accumulation bound; aligned (16-byte loads) and one element past
+// (element by element), whole and edge tiles.
+template <class T>
+void check_fused_casts(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t cols, strata::Fp8Producer p,
+                       index_t offset) {
+  using A = strata::accumulate_t<T>;
+  const std::size_t n = static_cast<std::size_t>(rows * cols), at = static_cast<std::size_t>(offset);
+  const auto x = inputs<T>(n, seed, 3.0), pre = inputs<T>(n, seed + 1000, 3.0);
+  const float scale = 40.0f;
+  device_vector<T> dx(n + at), dpre(n + at), dv(n + at);
+  device_vector<std::uint8_t> q(n + at), qt(n + at), q_ref(n), qt_ref(n);
+  device_vector<float> dscale(1), amax(2);
+  device_vector<A> sums(static_cast<std::size_t>(cols)), sums_ref(static_cast<std::size_t>(cols));
+  device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data() + at);
+  device.copy_from_host(pre.data(), static_cast<index_t>(n), dpre.data() + at);
+  device.copy_from_host(&scale, 1, dscale.data());
+  const float zero[2] = {0.0f, 0.0f};
+  device.copy_from_host(zero, 2, amax.data());
+  // the unfused steps
+  const T* v = dx.data() + at;
+  if (p == strata::Fp8Producer::gelu) device.gelu_forward<T>(dx.data() + at, static_cast<index_t>(n), dv.data() + at);
+  if (p == strata::Fp8Producer::gelu_backward)
+    device.gelu_backward<T>(dx.data() + at, dpre.data() + at, static_cast<index_t>(n), dv.data() + at);
+  if (p != strata::Fp8Producer::copy) v = dv.data() + at;
+  const Fp8Format format = Fp8Format::e5m2;
+  device.fp8_cast_transpose<T>(v, rows, cols, format, dscale.data(), q_ref.data(), qt_ref.data(), amax.data());
+  device.fill<A>(sums_ref.data(), cols, 0.0);
+  device.bias_grad<T>(v, rows, cols, sums_ref.data());
+  // fused
+  device.fp8_cast_transpose_fused<T>(p, dx.data() + at, dpre.data() + at, rows, cols, format, dscale.data(), q.data() + at,
+                                     qt.data() + at, amax.data() + 1, sums.data());
+  std::vector<std::uint8_t> hq(n), hqt(n), hq_ref(n), hqt_ref(n);
+  std::vector<A> hs(static_cast<std::size_t>(cols)), hs_ref(static_cast<std::size_t>(cols));
+  float ha[2];
+  device.copy_to_host(q.data() + at, static_cast<index_t>(n), hq.data());
+  device.copy_to_host(qt.data() + at, static_cast<index_t>(n), hqt.data());
+  device.copy_to_host(q_ref.data(), static_cast<index_t>(n), hq_ref.data());
+  device.copy_to_host(qt_ref.data(), static_cast<index_t>(n), hqt_ref.data());
+  device.copy_to_host(sums.data(), cols, hs.data());
+  device.copy_to_host(sums_ref.data(), cols, hs_ref.data());
+  device.copy_to_host(amax.data(), 2, ha);
+  double worst = 0;
+  for (std::size_t c = 0; c < hs.size(); ++c)
+    worst = std::max(worst, std::abs(double(hs[c]) - double(hs_ref[c])) / (1.0 + std::abs(double(hs_ref[c]))));
+  const double bound = std::is_same_v<A, double> ? 1e-12 : 1e-4;
+  const char* name = p == strata::Fp8Producer::copy ? "copy" : p == strata::Fp8Producer::gelu ? "gelu" : "gelu_backward";
+  const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " + name +
+                           (offset ? " unaligned" : "");
+  results.record(same_bits(hq, hq_ref) && same_bits(hqt, hqt_ref) && std::memcmp(&ha[0], &ha[1], sizeof(float)) == 0,
+                 "fp8_cast_transpose_fused " + what + ": codes and amax == the unfused steps'");
+  results.record(worst <= bound, "fp8_cast_transpose_fused " + what + ": column sums within " + std::to_string(bound) +
+                                     " of bias_grad's (worst " + std::to_string(worst) + ")");
 }
 
 void check_update(backend& device, suite& results) {
@@ -431,6 +489,13 @@ int main() {
     check_casts<float>(device, results, seed++, 64, 64, Fp8Format::e4m3, 1.0f, true);
     check_casts<bf16>(device, results, seed++, 64, 64, Fp8Format::e5m2, 1.0f, true);
     check_update(device, results);
+    for (auto producer : {strata::Fp8Producer::copy, strata::Fp8Producer::gelu, strata::Fp8Producer::gelu_backward})
+      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 33}, {200, 136}, {1024, 768}, {4096, 2048}})
+        for (index_t offset : {0, 1}) {
+          check_fused_casts<bf16>(device, results, seed++, rows, cols, producer, offset);
+          check_fused_casts<float>(device, results, seed++, rows, cols, producer, offset);
+          check_fused_casts<double>(device, results, seed++, rows, cols, producer, offset);
+        }
     const std::vector<std::tuple<index_t, index_t, index_t>> shapes = {{16, 16, 16}, {64, 48, 32}, {256, 512, 1024}, {1024, 768, 2048}};
     const std::vector<std::pair<Fp8Format, Fp8Format>> formats = {
         {Fp8Format::e4m3, Fp8Format::e4m3}, {Fp8Format::e5m2, Fp8Format::e4m3}, {Fp8Format::e4m3, Fp8Format::e5m2}};

@@ -33,9 +33,14 @@ struct Fp8Case {
   Fp8Options options{};
 };
 
+// How the block's middle runs: fc1 -> fc2 (none), fc1 -> GELU -> fc2 through forward_gelu_of and
+// backward_gelu_of (fused: under the delayed recipe the GELU and its backward run inside the FP8
+// casts), or the same with the GELU's own kernels between the layers (between).
+enum class Middle { none, fused, between };
+
 // Column -> row on `tp` ranks for kSteps steps (new inputs each step; the scaling update after each
 // step); the snapshot holds every step's output and input gradient and the final gradients.
-template <class T, bool SP>
+template <class T, bool SP, Middle M = Middle::none>
 Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
   using P = strata_test::TestPolicy<T, SP>;
   Snapshot snapshot;
@@ -71,8 +76,25 @@ Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
         dy = dy_rep;
       }
       auto [h, s1] = fc1->forward(ctx, x);
-      auto [y, s2] = fc2->forward(ctx, h);
-      auto dx = fc1->backward(ctx, s1, fc2->backward(ctx, s2, dy));
+      Activation<T, typename ColumnParallelLinear<P>::input_layout> dx;
+      Activation<T, typename RowParallelLinear<P>::output_layout> y;
+      if constexpr (M == Middle::none) {
+        auto [out, s2] = fc2->forward(ctx, h);
+        y = std::move(out);
+        dx = fc1->backward(ctx, s1, fc2->backward(ctx, s2, dy));
+      } else if constexpr (M == Middle::fused) {
+        auto [out, s2] = fc2->forward_gelu_of(ctx, h);
+        y = std::move(out);
+        dx = fc1->backward_gelu_of(ctx, s1, fc2->backward(ctx, s2, dy), h.tensor);
+      } else {
+        Activation<T, layout::sharded<-1>> act(Tensor<T>::empty(h.shape())), dh(Tensor<T>::empty(h.shape()));
+        ctx.device.template gelu_forward<T>(h.data(), h.tensor.numel(), act.data());
+        auto [out, s2] = fc2->forward(ctx, act);
+        y = std::move(out);
+        auto dact = fc2->backward(ctx, s2, dy);
+        ctx.device.template gelu_backward<T>(dact.data(), h.data(), h.tensor.numel(), dh.data());
+        dx = fc1->backward(ctx, s1, dh);
+      }
       fp8_after_optimizer_step(ctx);
       Tensor<T> y_full, dx_full;
       if constexpr (SP) {
@@ -131,6 +153,26 @@ void check_sharded_equals_single() {
 }
 
 TEST(Fp8Linear, ShardedEqualsSingleRankDouble) { check_sharded_equals_single<false>(); }
+
+// The GELU between fc1 and fc2 made inside the FP8 casts (delayed: fc2's input cast computes it, fc1's
+// output-gradient cast its backward, with the bias gradient's column sums) gives the bits of the GELU
+// kernels run between the layers, for every recipe (the others run the kernels themselves), and the
+// fused block sharded over tp (with and without sequence parallelism) equals its single-rank run.
+TEST(Fp8Linear, GeluInsideTheCastsIsTheGeluBetweenTheLayers) {
+  for (const Fp8Case& c : cases()) {
+    const Snapshot between = run_fp8_mlp<double, false, Middle::between>(1, c);
+    strata_test::expect_equivalent(run_fp8_mlp<double, false, Middle::fused>(1, c), between, 0.0, describe(c) + " fused");
+    for (int tp : {2, 3}) {
+      strata_test::expect_equivalent(run_fp8_mlp<double, false, Middle::fused>(tp, c), between, 1e-12,
+                                     describe(c) + " fused tp=" + std::to_string(tp));
+      strata_test::expect_equivalent(run_fp8_mlp<double, true, Middle::fused>(tp, c), between, 1e-12,
+                                     describe(c) + " fused tp=" + std::to_string(tp) + " sequence parallel");
+    }
+    const Snapshot bf16_between = run_fp8_mlp<bf16, false, Middle::between>(1, c);
+    strata_test::expect_equivalent(run_fp8_mlp<bf16, false, Middle::fused>(1, c), bf16_between, 0.0,
+                                   describe(c) + " fused bf16");
+  }
+}
 TEST(Fp8Linear, SequenceParallelEqualsSingleRankDouble) { check_sharded_equals_single<true>(); }
 
 // FP8 is in effect: the outputs move away from the element-type run by FP8's rounding, not more.

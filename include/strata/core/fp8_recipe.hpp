@@ -62,6 +62,13 @@ enum class Fp8AmaxAlgo : std::uint8_t { max, most_recent };
 enum class Fp8Role : int { input = 0, weight = 1, grad_output = 2 };
 inline constexpr int kFp8Roles = 3;
 
+// What a fused cast computes before it casts (backend fp8_cast_transpose_fused): the tensor as it is
+// (copy), GELU of it (gelu: the input of the linear layer after the activation), or the output
+// gradient times GELU's derivative at the pre-activation (gelu_backward: the output gradient of the
+// linear layer before the activation). Each rounded to the element type as the backend's own
+// gelu_forward / gelu_backward round it, so the codes are those of a cast of their result.
+enum class Fp8Producer : std::uint8_t { copy, gelu, gelu_backward };
+
 struct Fp8Options {
   Fp8Formats format = Fp8Formats::hybrid;
   Fp8RecipeKind recipe = Fp8RecipeKind::delayed;  // Megatron's default

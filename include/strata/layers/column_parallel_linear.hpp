@@ -180,6 +180,32 @@ class ColumnParallelLinear {
     return reduced;
   }
 
+  // backward() with the output gradient dy gelu'(pre) (an MLP's fc1, whose output pre went through
+  // a GELU): where the output gradient's cast can make it itself (fp8_fuses_casts), it is never
+  // written; otherwise the GELU backward runs first (backend gelu_backward).
+  template <class Layout>
+  Act<input_layout> backward_gelu_of(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
+                                     DeferredWeightGradients* deferred = nullptr)
+    requires(!Options.gather_output)
+  {
+    expect_layout<output_layout, Layout>();
+    check_same_shape(dy.shape(), pre.shape(), "ColumnParallelLinear::backward_gelu_of");
+    if constexpr (fp8_backend) {
+      if (fp8_fuses_casts(ctx))
+        return reduce_input_gradient(
+            ctx, Act<layout::partial>(detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input,
+                                                                  dy.tensor, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
+                                                                  deferred, Fp8Producer::gelu_backward, &pre)));
+    }
+    Act<layout::sharded<-1>> dh(Tensor<T, Space>::empty(pre.shape()));
+    ctx.device.template gelu_backward<T>(dy.data(), pre.data(), pre.numel(), dh.data());
+    return backward(ctx, saved, dh, deferred);
+  }
+  // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
+  // same pass: FP8 with the delayed recipe, whose scale is known before the tensor exists.
+  bool fp8_fuses_casts(const Context& ctx) const {
+    return fp8_ && ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed;
+  }
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
   // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
   // under sequence parallelism; otherwise x's tensor, shared), the matmul of `rows` rows of it

@@ -46,6 +46,7 @@ concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uin
   d.template fp8_amax<float>(x, n, f);
   d.template fp8_cast<float>(x, n, Fp8Format::e4m3, x, q, f);
   d.template fp8_cast_transpose<float>(x, n, n, Fp8Format::e4m3, x, q, q, f);
+  d.template fp8_cast_transpose_fused<float>(Fp8Producer::gelu, x, x, n, n, Fp8Format::e4m3, x, q, q, f, f);
   d.template fp8_gemm<float>(false, true, n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, f, false, x);
   d.template fp8_gemm_gelu<float>(n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, x, f, f);
   d.template fp8_gemm_gelu_backward<float>(n, n, n, codes, Fp8Format::e4m3, x, codes, Fp8Format::e4m3, x, x, f);
@@ -172,18 +173,30 @@ struct Fp8Pair {
   bool empty() const { return codes_t.data() == nullptr; }
 };
 
+// With `producer` (delayed recipe only: the scale must be known before the values exist), the pair
+// is cast from what it makes of x and pre (gelu(x), or x gelu'(pre)) in the same pass, and the
+// values themselves are never written. With `column_sums` ([cols], written), also the column sums of
+// the values cast (a bias gradient) from the same pass.
 template <class Context, class T>
 Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
-                                                   const T* x, index_t rows, index_t cols, bool sharded, bool plain) {
+                                                   const T* x, index_t rows, index_t cols, bool sharded, bool plain,
+                                                   Fp8Producer producer = Fp8Producer::copy, const T* pre = nullptr,
+                                                   accumulate_t<T>* column_sums = nullptr) {
   using Space = typename Context::space;
+  if (producer != Fp8Producer::copy && ctx.fp8->options.recipe != Fp8RecipeKind::delayed)
+    fail<Error>("fp8_quantize_pair: a cast fused with its producer needs the delayed recipe's scale (", state.name, ")");
   Fp8Pair<Space> q;
   q.format = ctx.fp8->options.format_of(role);
   q.shape = Shape{rows, cols};
   if (plain) q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
   q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
   float* amax = fp8_prepare_scale(ctx, state, role, x, rows * cols, sharded);
-  ctx.device.template fp8_cast_transpose<T>(x, rows, cols, q.format, state.scale(role), plain ? q.codes.data() : nullptr,
-                                            q.codes_t.data(), amax);
+  if (producer == Fp8Producer::copy && !column_sums)
+    ctx.device.template fp8_cast_transpose<T>(x, rows, cols, q.format, state.scale(role), plain ? q.codes.data() : nullptr,
+                                              q.codes_t.data(), amax);
+  else
+    ctx.device.template fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, q.format, state.scale(role),
+                                                    plain ? q.codes.data() : nullptr, q.codes_t.data(), amax, column_sums);
   q.scale_inv = state.scale_inv(role);
   if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
     q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
@@ -309,10 +322,11 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // backend takes it). Per-tensor recipes: x is cast in both layouts in one pass, and x^T's codes go to
 // `keep` for the weight gradient, which then needs neither x nor a cast of its own (blockwise: `keep`
 // stays empty).
+// With `producer` (delayed recipe), the input is what it makes of x (gelu(x)), made by the cast.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y, Fp8Pair<Space>& keep,
-                             T* gelu_out = nullptr) {
+                             T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -324,7 +338,7 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
     if (gelu_out) c.device.template gelu_forward<T>(y, rows * out, gelu_out);
   });
   if (blocks) return;
-  Fp8Pair<Space> xq = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true);
+  Fp8Pair<Space> xq = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
   if (gelu_out)
     ctx.device.template fp8_gemm_gelu<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
@@ -364,10 +378,11 @@ void fp8_linear_input_gradient_rows(Context& ctx, Fp8State<Space>& state, const 
 
 // dW[out, in] += dy^T x = (dy^T) (x^T)^T, db += column sums of dy. Blockwise: dy^T and x^T cast
 // here in runs along the rows; per-tensor recipes: the codes of dy^T and x^T in dyq and xq.
+// Per-tensor recipes with `bias_sums`: db += bias_sums (dy's column sums, taken by dy's cast).
 template <class Context, class T, class Space>
 void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, const Fp8Pair<Space>* xq,
                                      const Fp8Pair<Space>* dyq, index_t rows, Parameter<T, Space>& weight,
-                                     Parameter<T, Space>* bias) {
+                                     Parameter<T, Space>* bias, const accumulate_t<T>* bias_sums = nullptr) {
   using A = accumulate_t<T>;
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -383,20 +398,25 @@ void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, cons
     ctx.device.template fp8_gemm<A>(false, true, out, in, rows, dyq->codes_t.data(), dyq->format, dyq->scale_inv,
                                     xq->codes_t.data(), xq->format, xq->scale_inv, weight.grad.data(), !overwrite);  // (out, in)
   }
-  if (bias) ctx.device.template bias_grad<T>(dy, rows, out, bias->grad.data());
+  if (bias && bias_sums) ctx.device.template add<A>(bias->grad.data(), bias_sums, out, bias->grad.data());
+  else if (bias) ctx.device.template bias_grad<T>(dy, rows, out, bias->grad.data());
 }
 
 // The layer's backward in FP8: dx written (times gelu'(gelu_pre) when given), dW and db accumulated
 // now, or appended to `deferred` (the closure keeps what it reads and ctx, which must outlive it).
-// Per-tensor recipes: dy is cast once in both layouts (dx's GEMM reads dy's codes, dW's dy^T's), and
-// x^T's codes are those the forward kept (`kept`), or cast now from x when it kept none. Blockwise:
+// Per-tensor recipes: dy is cast once in both layouts (dx's GEMM reads dy's codes, dW's dy^T's), with
+// its column sums for the bias gradient in the same pass, and x^T's codes are those the forward kept
+// (`kept`), or cast now from x when it kept none. With `producer` gelu_backward (delayed recipe: an
+// MLP's fc1), the output gradient is dy gelu'(pre), made by that cast and never written. Blockwise:
 // x and dy are cast in runs for each GEMM (their scales differ by layout).
 template <class Context, class T, class Space>
 Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8State<Space>>& state, Fp8Sharding sharding,
                                      const Tensor<T, Space>& x, const Fp8Pair<Space>& kept, const Tensor<T, Space>& dy,
                                      Parameter<T, Space>& weight, Parameter<T, Space>* bias,
                                      const std::type_identity_t<Tensor<T, Space>>* gelu_pre,
-                                     DeferredWeightGradients* deferred) {
+                                     DeferredWeightGradients* deferred, Fp8Producer producer = Fp8Producer::copy,
+                                     const std::type_identity_t<Tensor<T, Space>>* pre = nullptr) {
+  using A = accumulate_t<T>;
   const Shape shape = kept.empty() ? x.shape() : kept.shape;
   const index_t out = weight.value.size(0), in = weight.value.size(1), rows = shape.rows();
   if (dy.shape().rows() != rows || dy.shape().cols() != out)
@@ -404,17 +424,24 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
                      " features");
   auto dx = Tensor<T, Space>::empty(shape);  // (rows, in)
   const bool per_tensor = ctx.fp8->options.recipe != Fp8RecipeKind::blockwise;
+  if (!per_tensor && producer != Fp8Producer::copy)
+    fail<Error>("linear backward (FP8): a fused output-gradient producer needs a per-tensor recipe (", state->name, ")");
   Fp8Pair<Space> dyq, xq;
-  if (per_tensor) dyq = fp8_quantize_pair(ctx, *state, Fp8Role::grad_output, dy.data(), rows, out, sharding.grad_output, true);
+  Tensor<A, Space> bias_sums;
+  if (per_tensor) {
+    if (bias) bias_sums = Tensor<A, Space>::empty(Shape{out});
+    dyq = fp8_quantize_pair(ctx, *state, Fp8Role::grad_output, dy.data(), rows, out, sharding.grad_output, true, producer,
+                            pre ? pre->data() : nullptr, bias ? bias_sums.data() : nullptr);
+  }
   fp8_linear_input_gradient_rows(ctx, *state, dy.data(), &dyq, rows, weight, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
   if (per_tensor) {
     dyq.codes = Tensor<std::uint8_t, Space>();  // dy's own codes served the input gradient alone
     xq = kept.empty() ? fp8_quantize_pair(ctx, *state, Fp8Role::input, x.data(), rows, in, sharding.input, false) : kept;
   }
-  // Blockwise reads x and dy; the per-tensor recipes dy alone (the bias gradient) and the codes.
-  Tensor<T, Space> x_read = per_tensor ? Tensor<T, Space>() : x;
-  auto weight_gradient = [&ctx, x_read, dy, xq, dyq, rows, &weight, bias] {
-    fp8_linear_weight_gradient_rows(ctx, x_read.data(), dy.data(), &xq, &dyq, rows, weight, bias);
+  // Blockwise reads x and dy; the per-tensor recipes the codes and dy's column sums.
+  Tensor<T, Space> x_read = per_tensor ? Tensor<T, Space>() : x, dy_read = per_tensor ? Tensor<T, Space>() : dy;
+  auto weight_gradient = [&ctx, x_read, dy_read, xq, dyq, bias_sums, rows, &weight, bias] {
+    fp8_linear_weight_gradient_rows(ctx, x_read.data(), dy_read.data(), &xq, &dyq, rows, weight, bias, bias_sums.data());
   };
   if (deferred) deferred->add(weight_gradient);
   else weight_gradient();

@@ -71,6 +71,31 @@ class RowParallelLinear {
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
                                                const Act<output_layout>* residual = nullptr) const {
+    return forward_impl(ctx, x, residual, Fp8Producer::copy);
+  }
+  // forward() of gelu(pre) (an MLP's fc2 after fc1 without its GELU). Where the input cast can make
+  // the GELU itself (fp8_fuses_casts), gelu(pre) is never written: the cast reads pre; otherwise the
+  // GELU runs first (backend gelu_forward).
+  template <class Layout>
+  std::pair<Act<output_layout>, Saved> forward_gelu_of(Context& ctx, const Act<Layout>& pre,
+                                                       const Act<output_layout>* residual = nullptr) const
+    requires(Options.input_is_parallel)
+  {
+    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::gelu);
+    Act<Layout> act(Tensor<T, Space>::empty(pre.shape()));
+    ctx.device.template gelu_forward<T>(pre.data(), pre.tensor.numel(), act.data());
+    return forward(ctx, act, residual);
+  }
+  // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
+  // same pass: FP8 with the delayed recipe, whose scale is known before the tensor exists.
+  bool fp8_fuses_casts(const Context& ctx) const {
+    return fp8_ && ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed;
+  }
+
+ private:
+  template <class Layout>
+  std::pair<Act<output_layout>, Saved> forward_impl(Context& ctx, const Act<Layout>& x, const Act<output_layout>* residual,
+                                                    Fp8Producer producer) const {
     expect_layout<input_layout, Layout>();
     Saved saved;
     if constexpr (Options.input_is_parallel) saved.input = x.tensor;  // shared, read only
@@ -96,7 +121,7 @@ class RowParallelLinear {
     } else {
       added = residual != nullptr && ctx.tp.size() == 1 && !fp8_;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
-          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input) :
+          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input, producer) :
           added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                              residual->tensor, "RowParallelLinear")
                 : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
@@ -113,6 +138,7 @@ class RowParallelLinear {
     return {std::move(y), std::move(saved)};
   }
 
+ public:
   // With `deferred`, the weight gradients are appended to it instead (a split backward). With an
   // `at_collectives` list under sequence parallelism, the all-gather of dy runs on the
   // communicator's overlapped handle while the list's weight gradients (earlier layers') run, and
@@ -193,12 +219,12 @@ class RowParallelLinear {
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
-                               detail::Fp8Pair<Space>& keep) const {
+                               detail::Fp8Pair<Space>& keep, Fp8Producer producer) const {
     detail::check_linear_input(input.shape(), weight_, "RowParallelLinear");
     auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_.value.size(0)));  // (rows, out)
     if constexpr (fp8_backend) {
       detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data(),
-                                      keep);
+                                      keep, static_cast<T*>(nullptr), producer);
       if (!keep.empty()) keep.shape = input.shape();
     }
     return y;

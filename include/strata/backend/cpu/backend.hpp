@@ -72,6 +72,12 @@ struct backend {
                                  std::uint8_t* out, std::uint8_t* out_t, float* amax) {
     cpu::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax);
   }
+  template <class T, class A = accumulate_t<T>>
+  static void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols,
+                                       Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,
+                                       float* amax, A* column_sums) {
+    cpu::fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums);
+  }
   template <class C>
   static void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                        const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,

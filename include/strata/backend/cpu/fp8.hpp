@@ -8,6 +8,12 @@
 //   fp8_cast_transpose(x, rows, cols, f, scale, q, qt, amax)
 //                                   q [rows, cols] (unless q is null) and qt [cols, rows] of the
 //                                   same codes
+//   fp8_cast_transpose_fused(p, x, pre, rows, cols, f, scale, q, qt, amax, column_sums)
+//                                   the same for v = x (p copy), T(gelu(x)) (gelu) or
+//                                   T(x gelu'(pre)) (gelu_backward: x the output gradient), computed
+//                                   by gelu_forward / gelu_backward; with column_sums, also
+//                                   column_sums[c] = sum_r v[r, c] in accumulate_t<T>, rows in order
+//                                   (written, not added)
 //   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias = null)
 //                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B) (+ bias[n]
 //                                   on every row, added to the rounded product; not with accumulate): the codes
@@ -48,6 +54,7 @@
 
 #include "../../core/fp8.hpp"
 #include "../../core/fp8_recipe.hpp"
+#include "activation.hpp"
 #include "gemm.hpp"
 
 STRATA_NAMESPACE_BEGIN
@@ -94,6 +101,26 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
   fp8_cast<T>(x, rows * cols, format, scale, out, amax);
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) out_t[c * rows + r] = out[r * cols + c];
+}
+
+template <class T, class A = accumulate_t<T>>
+void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
+                              const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums) {
+  const index_t n = rows * cols;
+  std::vector<T> produced;
+  const T* v = x;
+  if (producer != Fp8Producer::copy) {
+    produced.resize(static_cast<std::size_t>(n));
+    if (producer == Fp8Producer::gelu) cpu::gelu_forward<T>(x, n, produced.data());
+    else cpu::gelu_backward<T>(x, pre, n, produced.data());
+    v = produced.data();
+  }
+  fp8_cast_transpose<T>(v, rows, cols, format, scale, out, out_t, amax);
+  if (column_sums) {
+    std::fill(column_sums, column_sums + cols, A(0));
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) column_sums[c] += A(v[r * cols + c]);
+  }
 }
 
 template <class C>

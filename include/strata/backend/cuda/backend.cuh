@@ -205,6 +205,15 @@ class backend {
                           std::uint8_t* out_t, float* amax) const {
     kernels::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax, stream());
   }
+  // fp8_cast_transpose of x, gelu(x) or x gelu'(pre) (Fp8Producer), with their column sums (written)
+  // when column_sums is given.
+  template <class T, class A = accumulate_t<T>>
+  void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
+                                const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums) const {
+    scratch<A> partials(state_->allocator, column_sums ? static_cast<std::size_t>(kernels::fp8_tile_rows(rows) * cols) : 0);
+    kernels::fp8_cast_transpose_fused<T, A>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums,
+                                            partials.data(), stream());
+  }
   template <class C>
   void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
                 const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,

@@ -5,6 +5,8 @@
 //                       eight elements a thread (16-byte loads, 8-byte stores)
 //   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through 64 x 65
 //                       byte tiles in shared memory, with amax
+//   fp8_cast_transpose_fused  the same of x, gelu(x) or x gelu'(pre) (Fp8Producer), with the column
+//                       sums of those values when asked (per-tile partials, then sum_partials)
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
@@ -26,6 +28,7 @@
 
 #include "../../../core/fp8.hpp"
 #include "../../../core/fp8_recipe.hpp"
+#include "activation.cuh"
 #include "common.cuh"
 
 STRATA_NAMESPACE_BEGIN
@@ -124,35 +127,77 @@ __global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const f
   if (amax) fp8_block_amax(bits, amax);
 }
 
+// The element a fused cast reads at i (Fp8Producer): x itself, T(gelu(x)) or T(x gelu'(pre)), in A
+// (the GELU ops are the ones gelu_forward / gelu_backward map, rounded to T as they store).
+template <class T, Fp8Producer P, class A = accumulate_t<T>>
+__device__ __forceinline__ A fp8_produce(storage_t<T> x, storage_t<T> pre) {
+  if constexpr (P == Fp8Producer::copy) return unpack<T>(x);
+  else if constexpr (P == Fp8Producer::gelu) return unpack<T>(pack<T>(gelu_forward_op<A>{}(unpack<T>(x), A(0), 0)));
+  else return unpack<T>(pack<T>(gelu_backward_op<A>{}(unpack<T>(x), unpack<T>(pre), 0)));
+}
+// Eight produced elements from element i (x + i and pre + i 16-byte aligned).
+template <class T, Fp8Producer P, class A = accumulate_t<T>>
+__device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t i, A (&v)[8]) {
+  constexpr int width = packed<T>::width;  // 8 bf16, 4 float, 2 double
+  const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
+  const packed<T>* pp = reinterpret_cast<const packed<T>*>(pre + i);
+#pragma unroll
+  for (int k = 0; k < 8 / width; ++k) {
+    const packed<T> chunk = px[k];
+    packed<T> chunk_pre{};
+    if constexpr (P == Fp8Producer::gelu_backward) chunk_pre = pp[k];
+#pragma unroll
+    for (int j = 0; j < width; ++j) v[k * width + j] = fp8_produce<T, P>(chunk.raw[j], chunk_pre.raw[j]);
+  }
+}
+
 // Tiles of 64 x 64 elements, 256 threads, a grid-stride loop over the tiles. Reading, thread t takes
 // eight neighbouring columns (8 (t % 8) ...) of rows t / 8 and t / 8 + 32; writing x^T, eight
 // neighbouring rows of the tile's columns t / 8 and t / 8 + 32 from shared memory (rows of 65
 // bytes, so the eight rows a thread gathers fall in different banks). Whole tiles with `vectorized`
-// (x 16-byte aligned, out and out_t 8-byte aligned, rows and cols multiples of 8) move 16-byte
-// loads and 8-byte stores; tiles at the edges element by element.
+// (x and pre 16-byte aligned, out and out_t 8-byte aligned, rows and cols multiples of 8) move
+// 16-byte loads and 8-byte stores; tiles at the edges element by element.
+// The elements are x's or what P produces from x and pre (fp8_produce). With `Sums`, the column sums
+// of the produced elements: each thread adds its two rows, the 32 lines of a column are added in line
+// order through shared memory, and the tile's sums go to partials[tile row, column], which
+// sum_partials then adds over the tile rows in order (deterministic: no atomics).
 inline constexpr int kFp8Tile = 64;
-template <class T>
-__global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, index_t rows, index_t cols, Fp8Format format,
-                                                                 const float* scale, std::uint8_t* out, std::uint8_t* out_t,
-                                                                 float* amax, bool vectorized) {
+template <class T, Fp8Producer P = Fp8Producer::copy, bool Sums = false, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, const T* pre, index_t rows, index_t cols,
+                                                                 Fp8Format format, const float* scale, std::uint8_t* out,
+                                                                 std::uint8_t* out_t, float* amax, A* partials, bool vectorized) {
   __shared__ std::uint8_t tile[kFp8Tile][kFp8Tile + 1];
+  __shared__ A line_sums[Sums ? 32 : 1][Sums ? kFp8Tile : 1];
   const float s = *scale;
   unsigned bits = 0;
   const index_t tiles_c = (cols + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
   const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
+  const auto* xs = reinterpret_cast<const storage_t<T>*>(x);
+  const auto* ps = reinterpret_cast<const storage_t<T>*>(pre);
   for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
     const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
     const bool whole = vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
+    A column[8] = {};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = line + 32 * half;
       const index_t row = row0 + r, col = col0 + eighth;
-      float e[8];
+      A v[8];
       if (whole) {
-        fp8_load8(x, row * cols + col, e);
+        fp8_produce8<T, P>(x, pre, row * cols + col, v);
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = row < rows && col + j < cols ? fp8_load(x, row * cols + col + j) : 0.0f;  // 0: no amax
+        for (int j = 0; j < 8; ++j) {
+          const index_t i = row * cols + col + j;
+          v[j] = row < rows && col + j < cols ? fp8_produce<T, P>(xs[i], P == Fp8Producer::gelu_backward ? ps[i] : storage_t<T>{})
+                                              : A(0);  // 0: no amax, no sum
+        }
+      }
+      float e[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        e[j] = static_cast<float>(v[j]);
+        if constexpr (Sums) column[j] += v[j];
       }
       const uint2 codes = fp8_round8(e, s, format, bits);
 #pragma unroll
@@ -165,7 +210,18 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, ind
         }
       }
     }
+    if constexpr (Sums) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) line_sums[line][eighth + j] = column[j];
+    }
     __syncthreads();
+    if constexpr (Sums) {
+      if (threadIdx.x < kFp8Tile && col0 + threadIdx.x < cols) {
+        A total = line_sums[0][threadIdx.x];
+        for (int l = 1; l < 32; ++l) total += line_sums[l][threadIdx.x];
+        partials[(row0 / kFp8Tile) * cols + col0 + threadIdx.x] = total;  // partials (tile rows, cols)
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int c = line + 32 * half;
@@ -323,16 +379,46 @@ void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::
                                                                                            vectorized);
   check_launch("fp8_cast");
 }
+// The tile rows of a cast-transpose: the rows of the column-sum partials fp8_cast_transpose_fused writes.
+STRATA_CUDA_INLINE index_t fp8_tile_rows(index_t rows) { return (rows + kFp8Tile - 1) / kFp8Tile; }
+
+// fp8_cast_transpose of what `producer` makes from x and pre; with column_sums (then `partials`, a
+// workspace of fp8_tile_rows(rows) * cols elements), also their column sums, written.
+template <class T, class A>
+void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
+                              const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums,
+                              A* partials, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) {
+    if (column_sums && cols > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(column_sums, 0, cols * sizeof(A), stream));
+    return;
+  }
+  const auto aligned_8 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; };
+  const bool vectorized = aligned_16(x) && (producer != Fp8Producer::gelu_backward || aligned_16(pre)) && (!out || aligned_8(out)) &&
+                          aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
+  const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
+  const unsigned grid = static_cast<unsigned>(std::min<index_t>(tiles, 8 * index_t(multiprocessor_count())));
+  const auto launch = [&](auto p, auto sums) {
+    fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A><<<grid, kThreads, 0, stream>>>(
+        x, pre, rows, cols, format, scale, out, out_t, amax, partials, vectorized);
+  };
+  using copy = std::integral_constant<Fp8Producer, Fp8Producer::copy>;
+  using gelu = std::integral_constant<Fp8Producer, Fp8Producer::gelu>;
+  using gelu_backward = std::integral_constant<Fp8Producer, Fp8Producer::gelu_backward>;
+  const auto with_sums = [&](auto p) {
+    if (column_sums) launch(p, std::true_type{});
+    else launch(p, std::false_type{});
+  };
+  if (producer == Fp8Producer::copy) with_sums(copy{});
+  else if (producer == Fp8Producer::gelu) with_sums(gelu{});
+  else with_sums(gelu_backward{});
+  check_launch("fp8_cast_transpose");
+  if (column_sums) sum_partials<A, A>(partials, fp8_tile_rows(rows), cols, column_sums, false, stream);
+}
 template <class T>
 void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale, std::uint8_t* out,
                         std::uint8_t* out_t, float* amax, cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  const auto aligned_8 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; };
-  const bool vectorized = aligned_16(x) && (!out || aligned_8(out)) && aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
-  const index_t tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * ((cols + kFp8Tile - 1) / kFp8Tile);
-  const unsigned grid = static_cast<unsigned>(std::min<index_t>(tiles, 8 * index_t(multiprocessor_count())));
-  fp8_cast_transpose_kernel<T><<<grid, kThreads, 0, stream>>>(x, rows, cols, format, scale, out, out_t, amax, vectorized);
-  check_launch("fp8_cast_transpose");
+  fp8_cast_transpose_fused<T, accumulate_t<T>>(Fp8Producer::copy, x, nullptr, rows, cols, format, scale, out, out_t, amax,
+                                               nullptr, nullptr, stream);
 }
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
