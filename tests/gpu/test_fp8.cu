@@ -216,6 +216,20 @@ void check_update(backend& device, suite& results) {
       device.copy_to_host(d.data(), static_cast<index_t>(gpu.size()), gpu.data());
       results.record(same_bits(cpu, gpu), std::string("fp8_update_scale ") + (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") +
                                               " margin " + std::to_string(margin) + " == cpu twin");
+      // the three roles' rows of a state in one launch (rows [3, L + 2], each its own max)
+      std::vector<float> rows;
+      for (int r = 0; r < strata::kFp8Roles; ++r)
+        for (float v : row) rows.push_back(v * float(r + 1));
+      const strata::Fp8RoleMaxes maxes{{448.0f, 448.0f, 57344.0f}};
+      std::vector<float> rows_cpu = rows, rows_gpu(rows.size());
+      strata::cpu::fp8_update_scales(rows_cpu.data(), L + 2, maxes, args);
+      device_vector<float> dr(rows.size());
+      device.copy_from_host(rows.data(), static_cast<index_t>(rows.size()), dr.data());
+      device.fp8_update_scales(dr.data(), L + 2, maxes, args);
+      device.copy_to_host(dr.data(), static_cast<index_t>(rows_gpu.size()), rows_gpu.data());
+      results.record(same_bits(rows_cpu, rows_gpu), std::string("fp8_update_scales (three roles) ") +
+                                                        (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") + " margin " +
+                                                        std::to_string(margin) + " == cpu twin");
     }
 }
 

@@ -6,9 +6,12 @@
 //     `optimizer_gbps`;
 //   - with a second GPU that GPU 0 can reach directly, a 256 MiB peer copy (bytes over time) and a
 //     4 KiB one (latency): `links.nvlink`.
-// The rest (attention, InfiniBand, overheads, reserve; NVLink on one GPU) is kept from the base
-// calibration, and `source` says which fields were measured. Times are the median of CUDA-event
-// timings after warm-up calls. Run on one H200 (bench/calibration/h200_measured.json).
+//   - where strata::cudnn is built in, causal attention through cuDNN (forward and backward, bf16,
+//     16 heads in 8 key/value groups of 128, the non-deterministic backward, 64K tokens a call) at
+//     sequence lengths 1K to 64K: `attention_tflops_by_length` (and `attention_tflops` at 1K).
+// The rest (InfiniBand, overheads, reserve; NVLink on one GPU; attention without cuDNN) is kept
+// from the base calibration, and `source` says which fields were measured. Times are the median of
+// CUDA-event timings after warm-up calls. Run on one H200 (bench/calibration/h200_measured.json).
 #pragma once
 
 #ifdef STRATA_WITH_CUDA
@@ -16,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,6 +28,12 @@
 #include <strata/backend/cuda/gemm.hpp>
 #include <strata/backend/cuda/runtime.hpp>
 #include <strata/core/dtype.hpp>
+
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+#include <unordered_map>
+
+#include <strata/backend/cuda/cudnn_sdpa.hpp>
+#endif
 
 #include "calibration.hpp"
 
@@ -96,6 +106,54 @@ inline Calibration calibrate_cuda(const Calibration& base, int iterations = 10) 
     c.elementwise_gbps = c.optimizer_gbps = 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
     measured += ", elementwise_gbps and optimizer_gbps (a 1 GiB device copy)";
   }
+#if defined(STRATA_WITH_CUDNN) && STRATA_WITH_CUDNN
+  {
+    namespace sdpa = strata::cuda::sdpa;
+    cudnnHandle_t handle = nullptr;
+    STRATA_CUDNN_CHECK(cudnnCreate(&handle));
+    STRATA_CUDNN_CHECK(cudnnSetStream(handle, stream));
+    const std::int64_t heads = 16, groups = 8, d = 128, tokens = 65536;
+    std::vector<AttentionPoint> points;
+    for (std::int64_t seq = 1024; seq <= tokens; seq *= 2) {
+      const std::int64_t b = tokens / seq;
+      const sdpa::shape x{seq, b, heads, groups, d, strata::AttentionStrides{}.resolved(heads, groups, d), true};
+      sdpa::graph_entry forward, backward;
+      try {
+        forward = sdpa::build_forward<strata::bf16>(handle, x);
+        backward = sdpa::build_backward<strata::bf16>(handle, x, /*deterministic=*/false);
+      } catch (const std::exception& e) {
+        forward.refusal = e.what();
+      }
+      if (!forward.refusal.empty() || !backward.refusal.empty()) continue;  // cuDNN has no plan for this length here
+      const auto q_size = static_cast<std::size_t>(tokens * heads * d), kv_size = static_cast<std::size_t>(tokens * groups * d);
+      strata::cuda::device_buffer<strata::bf16> q(q_size), k(kv_size), v(kv_size), o(q_size), dout(q_size), dq(q_size),
+          dk(kv_size), dv(kv_size);
+      strata::cuda::device_buffer<float> stats(static_cast<std::size_t>(b * heads * seq));
+      strata::cuda::device_buffer<std::uint8_t> workspace(
+          static_cast<std::size_t>(std::max<std::int64_t>({forward.workspace_bytes, backward.workspace_bytes, 1})));
+      for (auto* buffer : {&q, &k, &v, &dout})
+        STRATA_CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->size() * sizeof(strata::bf16), stream));
+      float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::unordered_map<std::int64_t, void*> pack = {
+          {sdpa::kQ, q.data()},     {sdpa::kK, k.data()},         {sdpa::kV, v.data()},   {sdpa::kO, o.data()},
+          {sdpa::kStats, stats.data()}, {sdpa::kScale, &scale},   {sdpa::kDO, dout.data()}, {sdpa::kDQ, dq.data()},
+          {sdpa::kDK, dk.data()},   {sdpa::kDV, dv.data()}};
+      const double ms = detail::median_ms(stream, iterations, [&] {
+        sdpa::execute(forward, handle, pack, workspace.data());
+        sdpa::execute(backward, handle, pack, workspace.data());
+      });
+      const double flops = 3.5 * 2.0 * static_cast<double>(tokens) * seq * heads * d;  // the planner's count (causal)
+      points.push_back({seq, std::min(c.peak_tflops, flops / (ms * 1e-3) / 1e12)});
+    }
+    cudnnDestroy(handle);
+    if (!points.empty()) {
+      c.attention_by_length = points;
+      c.attention_tflops = points.front().tflops;
+      measured += ", attention_tflops and attention_tflops_by_length (cuDNN causal attention, 16 heads of 128 in 8 groups, " +
+                  std::to_string(points.size()) + " lengths from " + std::to_string(points.front().seq) + ")";
+    }
+  }
+#endif
   int can_reach = 0;
   if (visible_cuda_devices() > 1 && cudaDeviceCanAccessPeer(&can_reach, 0, 1) == cudaSuccess && can_reach) {
     (void)cudaDeviceEnablePeerAccess(1, 0);

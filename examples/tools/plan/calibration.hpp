@@ -7,6 +7,7 @@
 //     "peak_tflops": 989,                  // dense bf16 peak, for MFU only
 //     "gemm_tflops": [ {"m": 8192, "n": 12288, "k": 4096, "tflops": 679}, ... ],
 //     "attention_tflops": 192,             // causal attention, forward + backward FLOPs (backward = 2.5 forward) over time
+//     "attention_tflops_by_length": [ {"seq": 4096, "tflops": 310}, ... ],  // optional: the same by sequence length
 //     "elementwise_gbps": 2400,            // memory-bound kernels (norms, residual adds, bias, activations), bytes moved / s
 //     "optimizer_gbps": 2900,              // the AdamW update, 32 bytes touched per parameter of the shard
 //     "links": {"nvlink": {"bus_gbps": 160, "latency_us": 15},
@@ -18,8 +19,11 @@
 //
 // Bus bandwidth is nccl-tests' busbw: a ring all-gather or reduce-scatter of S bytes over n ranks
 // takes (n - 1) / n x S / busbw + latency, an all-reduce twice the bytes. A GEMM's throughput is that
-// of the measured shape nearest to it (distance in log m, log n, log k). Every field is required;
-// a missing, unknown, mistyped or non-positive field is an error naming the file and the field.
+// of the measured shape nearest to it (distance in log m, log n, log k). Attention's throughput at a
+// sequence length is interpolated linearly in log(length) between the measured lengths of
+// `attention_tflops_by_length` (ascending; flat beyond its ends), or is `attention_tflops` without
+// that table. Every other field is required; a missing, unknown, mistyped or non-positive field is an
+// error naming the file and the field.
 #pragma once
 
 #include <cmath>
@@ -40,6 +44,11 @@ struct GemmPoint {
   double tflops = 0;
 };
 
+struct AttentionPoint {
+  std::int64_t seq = 0;
+  double tflops = 0;
+};
+
 struct Link {
   double bus_gbps = 0;    // GB/s (1e9 bytes), nccl-tests' busbw
   double latency_us = 0;  // per collective or transfer
@@ -55,12 +64,25 @@ struct Calibration {
   double peak_tflops = 989;
   std::vector<GemmPoint> gemm;
   double attention_tflops = 0;
+  std::vector<AttentionPoint> attention_by_length;  // ascending seq; optional
   double elementwise_gbps = 0;
   double optimizer_gbps = 0;
   Link nvlink, infiniband;
   double step_overhead_ms = 0;
   double moe_host_ms_per_layer = 0;
   double runtime_reserve_gib = 0;
+
+  // TFLOP/s of causal attention over sequences of `seq` tokens (see the top).
+  double attention_tflops_at(double seq) const {
+    if (attention_by_length.empty()) return attention_tflops;
+    if (seq <= attention_by_length.front().seq) return attention_by_length.front().tflops;
+    if (seq >= attention_by_length.back().seq) return attention_by_length.back().tflops;
+    std::size_t i = 1;
+    while (attention_by_length[i].seq < seq) ++i;
+    const AttentionPoint &a = attention_by_length[i - 1], &b = attention_by_length[i];
+    const double f = std::log(seq / a.seq) / std::log(static_cast<double>(b.seq) / a.seq);
+    return a.tflops + f * (b.tflops - a.tflops);
+  }
 
   // TFLOP/s of the measured GEMM shape nearest to m x n x k.
   double gemm_tflops(double m, double n, double k) const {
@@ -135,7 +157,8 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   }
   if (!root.is_object()) calibration_error(file, "the document is " + std::string(strata::json::Value::kind_name(root.kind())) + ", not an object");
   detail::only_known(root,
-                     {"format", "version", "name", "source", "peak_tflops", "gemm_tflops", "attention_tflops", "elementwise_gbps",
+                     {"format", "version", "name", "source", "peak_tflops", "gemm_tflops", "attention_tflops",
+                      "attention_tflops_by_length", "elementwise_gbps",
                       "optimizer_gbps", "links", "step_overhead_ms", "moe_host_ms_per_layer", "runtime_reserve_gib"},
                      file, "");
   if (detail::text(root, "format", file) != kCalibrationFormat)
@@ -166,6 +189,27 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
     c.gemm.push_back(g);
   }
   c.attention_tflops = detail::positive(root, "attention_tflops", file);
+  if (root.find("attention_tflops_by_length")) {
+    const strata::json::Value& points = detail::member(root, "attention_tflops_by_length", file, "");
+    if (!points.is_array() || points.items().empty())
+      calibration_error(file, "\"attention_tflops_by_length\" must be a non-empty array of {\"seq\", \"tflops\"} objects");
+    for (std::size_t i = 0; i < points.items().size(); ++i) {
+      const strata::json::Value& p = points.items()[i];
+      const std::string where = "attention_tflops_by_length[" + std::to_string(i) + "].";
+      if (!p.is_object()) calibration_error(file, "\"" + where.substr(0, where.size() - 1) + "\" is not an object");
+      detail::only_known(p, {"seq", "tflops", "source"}, file, where);
+      AttentionPoint a;
+      a.seq = static_cast<std::int64_t>(detail::positive(p, "seq", file, where));
+      a.tflops = detail::positive(p, "tflops", file, where);
+      if (a.tflops > c.peak_tflops)
+        calibration_error(file, "\"" + where + "tflops\" (" + std::to_string(a.tflops) + ") is above \"peak_tflops\" (" +
+                                    std::to_string(c.peak_tflops) + ")");
+      if (!c.attention_by_length.empty() && a.seq <= c.attention_by_length.back().seq)
+        calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
+                                    ") must be larger than the one before it: the lengths go in ascending order");
+      c.attention_by_length.push_back(a);
+    }
+  }
   c.elementwise_gbps = detail::positive(root, "elementwise_gbps", file);
   c.optimizer_gbps = detail::positive(root, "optimizer_gbps", file);
   const strata::json::Value& links = detail::member(root, "links", file, "");
@@ -205,7 +249,15 @@ inline std::string calibration_json(const Calibration& c) {
     out += "    {\"m\": " + number(g.m) + ", \"n\": " + number(g.n) + ", \"k\": " + number(g.k) + ", \"tflops\": " + number(g.tflops) + "}" +
            (i + 1 < c.gemm.size() ? ",\n" : "\n");
   }
-  out += "  ],\n  \"attention_tflops\": " + number(c.attention_tflops) + ",\n  \"elementwise_gbps\": " + number(c.elementwise_gbps) +
+  out += "  ],\n  \"attention_tflops\": " + number(c.attention_tflops) + ",\n";
+  if (!c.attention_by_length.empty()) {
+    out += "  \"attention_tflops_by_length\": [\n";
+    for (std::size_t i = 0; i < c.attention_by_length.size(); ++i)
+      out += "    {\"seq\": " + number(c.attention_by_length[i].seq) + ", \"tflops\": " + number(c.attention_by_length[i].tflops) + "}" +
+             (i + 1 < c.attention_by_length.size() ? ",\n" : "\n");
+    out += "  ],\n";
+  }
+  out += "  \"elementwise_gbps\": " + number(c.elementwise_gbps) +
          ",\n  \"optimizer_gbps\": " + number(c.optimizer_gbps) + ",\n  \"links\": {\n    \"nvlink\": {\"bus_gbps\": " +
          number(c.nvlink.bus_gbps) + ", \"latency_us\": " + number(c.nvlink.latency_us) + "},\n    \"infiniband\": {\"bus_gbps\": " +
          number(c.infiniband.bus_gbps) + ", \"latency_us\": " + number(c.infiniband.latency_us) + "}\n  },\n  \"step_overhead_ms\": " +

@@ -164,6 +164,11 @@ STRATA_HOST_DEVICE inline void fp8_update_row(float* row, float max, const Fp8Up
   }
 }
 
+// The largest finite value of each role's format (Fp8Options::format_of), for fp8_update_scales.
+struct Fp8RoleMaxes {
+  float value[kFp8Roles] = {};
+};
+
 // A layer's weight in FP8 for the current optimizer step (see the design note). The buffers stay
 // allocated once made; dropping the cache only marks it stale, and the next use casts again.
 template <class Space>
@@ -173,6 +178,10 @@ struct Fp8WeightCache {
   Tensor<float, Space> scale;                    // [scale_inv] of the cast, alone: 16-byte aligned for cuBLASLt;
                                                  // blockwise: the tiles' 1 / scale of W, [ceil(out/B), ceil(in/B)]
   Tensor<float, Space> scale_transposed;         // blockwise: those of W^T, [ceil(in/B), ceil(out/B)]
+  // Per-tensor recipes: each role's 1 / scale at [4 * role] of [3 * 4], 16-byte aligned as cuBLASLt's
+  // scale pointers must be, copied from the rows in one pass when the cache is filled (the weight's
+  // is the one its codes were cast with; under delayed scaling the others hold for the whole step).
+  Tensor<float, Space> gemm_scales;
   bool valid = false;
 };
 
@@ -190,6 +199,12 @@ struct Fp8State {
   float* scale(Fp8Role role) { return row(role) + history; }
   float* scale_inv(Fp8Role role) { return row(role) + history + 1; }
   float* amax(Fp8Role role) { return row(role); }  // history[0]: the current step's amax
+  // The aligned copy of role's 1 / scale (Fp8WeightCache::gemm_scales; allocated at the first call,
+  // written when the weight cache is filled).
+  float* gemm_scale_inv(Fp8Role role) {
+    if (weight_cache.gemm_scales.data() == nullptr) weight_cache.gemm_scales = Tensor<float, Space>::empty(Shape{kFp8Roles * 4});
+    return weight_cache.gemm_scales.data() + 4 * static_cast<int>(role);
+  }
   // The weight (or its scale) changed: the next use casts it again.
   void drop_weight_cache() { weight_cache.valid = false; }
 };

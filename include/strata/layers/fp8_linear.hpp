@@ -197,7 +197,10 @@ Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typena
   else
     ctx.device.template fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, q.format, state.scale(role),
                                                     plain ? q.codes.data() : nullptr, q.codes_t.data(), amax, column_sums);
-  q.scale_inv = state.scale_inv(role);
+  // Delayed with the weight cache: the aligned copy the cache's fill writes before the step's first
+  // GEMM (the factor holds for the whole step), so the GEMMs need no aligning copy of their own.
+  const bool delayed_cached = ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.cache_weights;
+  q.scale_inv = delayed_cached ? state.gemm_scale_inv(role) : state.scale_inv(role);
   if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
     q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
     ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
@@ -232,21 +235,21 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
   }
   const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
   auto& cache = state.weight_cache;
+  float* gemm_scales = state.gemm_scale_inv(Fp8Role::input);  // [3 * 4]
   if (!cache.valid) {
     if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in})) {  // first use: the buffers
       cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
       cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
-      cache.scale = Tensor<float, Space>::empty(Shape{1});
     }
     float* amax = fp8_prepare_scale(ctx, state, Fp8Role::weight, w, out * in, /*sharded=*/true);
     ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight), cache.codes.data(),
                                               cache.codes_transposed.data(), amax);  // (out, in) and (in, out)
-    // the step's 1/scale, at the start of its own allocation: aligned as cuBLASLt's scale pointers must be
-    ctx.device.template copy<float>(state.scale_inv(Fp8Role::weight), 1, cache.scale.data());
+    // every role's 1/scale into its aligned slot (the weight's of this cast), one pass
+    ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1, gemm_scales, 4);
     cache.valid = true;
     ++state.weight_casts;
   }
-  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, cache.scale.data(), {}};
+  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, state.gemm_scale_inv(Fp8Role::weight), {}};
 }
 
 // ---- the blockwise recipe ----
@@ -468,12 +471,17 @@ void fp8_after_optimizer_step(Context& ctx) {
   fp8_drop_weight_caches(ctx);
   if (!ctx.fp8 || ctx.fp8->options.recipe != Fp8RecipeKind::delayed) return;
   const Fp8Options& options = ctx.fp8->options;
+  Fp8RoleMaxes maxes;
+  for (int r = 0; r < kFp8Roles; ++r) maxes.value[r] = fp8_max(options.format_of(static_cast<Fp8Role>(r)));
+  const Fp8UpdateArgs args{0, options.amax_compute_algo, options.margin, true};
   for (auto& state : ctx.fp8->states) {
     if (ctx.tp_cp_dp.size() > 1) ctx.tp_cp_dp.all_reduce(state->rows.buffer(), ReduceOp::max);
-    for (int r = 0; r < kFp8Roles; ++r) {
-      const auto role = static_cast<Fp8Role>(r);
-      ctx.device.fp8_update_scale(state->row(role), fp8_max(options.format_of(role)),
-                                  Fp8UpdateArgs{state->history, options.amax_compute_algo, options.margin, true});
+    Fp8UpdateArgs mine = args;
+    mine.history = state->history;
+    if constexpr (requires { ctx.device.fp8_update_scales(state->row(Fp8Role::input), index_t{}, maxes, mine); }) {
+      ctx.device.fp8_update_scales(state->row(Fp8Role::input), state->row_length(), maxes, mine);  // every role, one call
+    } else {
+      for (int r = 0; r < kFp8Roles; ++r) ctx.device.fp8_update_scale(state->row(static_cast<Fp8Role>(r)), maxes.value[r], mine);
     }
   }
 }

@@ -100,6 +100,9 @@ struct backend {
     cpu::gelu_backward<C>(out, pre, m * n, out);  // element-wise, in place
   }
   static void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { cpu::fp8_update_scale(row, max, args); }
+  static void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args) {
+    cpu::fp8_update_scales(rows, stride, maxes, args);
+  }
   // the blockwise recipe's casts (runs and tiles) and block-scaled GEMM
   template <class T>
   static void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,

@@ -272,6 +272,12 @@ template <class Args = Fp8UpdateArgs>
 __global__ void fp8_update_scale_kernel(float* row, float max, Args args) {
   if (blockIdx.x == 0 && threadIdx.x == 0) fp8_update_row(row, max, args);
 }
+// Thread r updates role r's row of one state.
+template <class Args = Fp8UpdateArgs>
+__global__ void fp8_update_scales_kernel(float* rows, index_t stride, Fp8RoleMaxes maxes, Args args) {
+  const int r = threadIdx.x;
+  if (blockIdx.x == 0 && r < kFp8Roles) fp8_update_row(rows + r * stride, maxes.value[r], args);
+}
 
 // ---- the blockwise recipe (core/fp8_recipe.hpp; the twins are cpu::fp8_cast_blocks / _tiles) ----
 
@@ -464,6 +470,11 @@ static_assert(std::is_trivially_copyable_v<Fp8UpdateArgs>, "kernel arguments are
 STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream) {
   fp8_update_scale_kernel<Fp8UpdateArgs><<<1, 1, 0, stream>>>(row, max, args);
   check_launch("fp8_update_scale");
+}
+STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
+                                          cudaStream_t stream) {
+  fp8_update_scales_kernel<Fp8UpdateArgs><<<1, 32, 0, stream>>>(rows, stride, maxes, args);
+  check_launch("fp8_update_scales");
 }
 
 }  // namespace cuda::kernels

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_t
 // of A, each team's running dg and db sums (thread t only ever touches its own elements until the
 // block adds the teams' sums together). Element k of thread t's vector j sits at
 // (j * V + k) * W * 32 + t, so a warp's accesses hit 32 different banks.
-template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
+template <class T, bool layer, int W, int G, class A = accumulate_t<T>, bool prefetch = (G <= 4 && W <= 8)>
 __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_team_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ g, const A* mean, const A* rstd, index_t rows,
     int h, T* dx, A* dg_partials, A* db_partials, index_t stride, const T* dresidual, A* ds_partials, A weight_offset) {
@@ -233,16 +233,29 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_
 
   const index_t teams = index_t(gridDim.x) * teams_here;
   int round = 0;
-  for (index_t r = blockIdx.x * index_t(teams_here) + team; r < rows; r += teams) {
-    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x, dy (rows, h) as vectors
+  // x and dy of row r (rows, h) as vectors; the next row's are loaded before this row's math, so
+  // their reads are in flight while it runs (where the registers allow: up to 4 vectors a thread, and
+  // up to 8 warps a block, whose launch bound leaves 128 registers a thread: the default of `prefetch`).
+  const auto load_row = [&](index_t r, packed<T>(&xs)[G], packed<T>(&ds)[G]) {
+    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);
     const packed<T>* dyr = reinterpret_cast<const packed<T>*>(dy + r * h);
-    packed<T> xv[G], dv[G];
 #pragma unroll
     for (int j = 0; j < G; ++j)
       if ((j * N + t) * V < h) {
-        xv[j] = xr[j * N + t];
-        dv[j] = dyr[j * N + t];
+        xs[j] = xr[j * N + t];
+        ds[j] = dyr[j * N + t];
       }
+  };
+  packed<T> xv[G], dv[G];
+  index_t r = blockIdx.x * index_t(teams_here) + team;
+  if (prefetch && r < rows) load_row(r, xv, dv);
+  for (; r < rows; r += teams) {
+    packed<T> x_next[G], dy_next[G];
+    if constexpr (prefetch) {
+      if (r + teams < rows) load_row(r + teams, x_next, dy_next);
+    } else {
+      load_row(r, xv, dv);
+    }
     const A mu = layer ? mean[r] : A(0), rs = rstd[r];
     A sum_gy = 0, sum_gy_xhat = 0;
 #pragma unroll
@@ -277,6 +290,13 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_
         if (ds_partials) ds_sum[(j * V + k) * N] += unpack<T>(add.raw[k]);  // dresidual's column sums
       }
       dxr[j * N + t] = result;
+    }
+    if constexpr (prefetch) {
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        xv[j] = x_next[j];
+        dv[j] = dy_next[j];
+      }
     }
   }
 
@@ -427,7 +447,9 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
                            constexpr int W = decltype(team)::value, teams = kNormTeamsPerBlock<W>, G = decltype(vectors)::value;
                            const std::size_t shared = shared_arrays * std::size_t(teams) * G * V * W * 32 * sizeof(A);
                            auto* kernel = &norm_backward_team_kernel<T, layer, W, G, A>;
-                           if (shared > 48 * 1024)  // above the default limit of dynamic shared memory
+                           // above the default limit of 48 KiB a block (the dynamic part with the
+                           // teams' static sums slots): ask for it
+                           if (shared + 1024 > 48 * 1024)
                              STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                     static_cast<int>(shared)));
                            kernel<<<static_cast<unsigned>(blocks), teams * W * 32, shared, stream>>>(
