@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "../../../core/dtype.hpp"
 #include "../../../core/shape.hpp"
@@ -49,6 +50,28 @@ inline int multiprocessor_count() {
     cached_device = device;
   }
   return cached_count;
+}
+
+// How many blocks of `threads` threads of `kernel` (no dynamic shared memory) one multiprocessor of
+// the current device runs at once, at most `cap` (asked once per thread, device, kernel and size).
+template <class Kernel>
+int resident_blocks(Kernel* kernel, int threads, int cap) {
+  struct Entry {
+    int device;
+    const void* kernel;
+    int threads, blocks;
+  };
+  thread_local std::vector<Entry> known;
+  int device = 0;
+  STRATA_CUDA_CHECK(cudaGetDevice(&device));
+  int blocks = -1;
+  for (const Entry& e : known)
+    if (e.device == device && e.kernel == reinterpret_cast<const void*>(kernel) && e.threads == threads) blocks = e.blocks;
+  if (blocks < 0) {
+    STRATA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0));
+    known.push_back({device, reinterpret_cast<const void*>(kernel), threads, blocks});
+  }
+  return blocks < 1 ? 1 : (blocks > cap ? cap : blocks);
 }
 
 inline void check_launch(const char* kernel) {

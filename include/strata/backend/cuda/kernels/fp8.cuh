@@ -402,10 +402,13 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   const bool vectorized = aligned_16(x) && (producer != Fp8Producer::gelu_backward || aligned_16(pre)) && (!out || aligned_8(out)) &&
                           aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
   const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
-  const unsigned grid = static_cast<unsigned>(std::min<index_t>(tiles, 8 * index_t(multiprocessor_count())));
   const auto launch = [&](auto p, auto sums) {
-    fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A><<<grid, kThreads, 0, stream>>>(
-        x, pre, rows, cols, format, scale, out, out_t, amax, partials, vectorized);
+    auto* kernel = &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
+    // No more blocks than run at once (at most 8 a multiprocessor, for the amax atomics): a second,
+    // partial wave of blocks that each loop over as many tiles would double the time of the first.
+    const unsigned grid = static_cast<unsigned>(
+        std::min<index_t>(tiles, index_t(resident_blocks(kernel, kThreads, 8)) * multiprocessor_count()));
+    kernel<<<grid, kThreads, 0, stream>>>(x, pre, rows, cols, format, scale, out, out_t, amax, partials, vectorized);
   };
   using copy = std::integral_constant<Fp8Producer, Fp8Producer::copy>;
   using gelu = std::integral_constant<Fp8Producer, Fp8Producer::gelu>;

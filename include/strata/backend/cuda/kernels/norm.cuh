@@ -22,7 +22,7 @@
 //     the team owns elements [(j * W * 32 + t) * V, + V) for j < G, V = 16 / sizeof(T)), so x and dy
 //     are read from memory once. One warp (W = 1, four rows a block) while h <= 32 * kNormMaxPerLane;
 //     wider rows take W = 2, 4, 8 or 16 warps (one row a block, h up to 16384 elements; 8192 in
-//     double for the backward). The row sums are warp butterflies, then the warps' sums added in warp
+//     double for the backward; the backward prefers 8 warps: with_norm_backward_team). The row sums are warp butterflies, then the warps' sums added in warp
 //     order (every thread gets the same bits); the mean and the variance two passes over registers.
 //   - a 256-thread block per row (wider rows, any alignment): block_sum gives the row sums.
 // Weight gradients never use atomics: block k of the backward (norm_backward_blocks(rows) blocks)
@@ -102,6 +102,26 @@ __device__ __forceinline__ void team_sums(A& a, A& b, int& round) {
       b += slots[s][1][w];
     }
   }
+}
+
+// The backward's team for rows wider than a warp holds: 8 warps with the fewest vectors a lane that
+// hold the row (up to kNormMaxPerLane elements), else 16 warps of kNormMaxPerLane. Measured on an
+// H100 (bf16, 8192 rows of 2048): 8 warps of one vector 64 us, 4 of two 71 us, 2 of four 93 us, 16
+// of one (half idle) 97 us; the forward is fastest with the fewest warps (2 of four, 4 of two: 27 us).
+template <int V, int MaxW = 16, class F>
+bool with_norm_backward_team(index_t h, F&& f) {
+  const index_t vectors = (h + V - 1) / V;
+  if (with_vectors_per_lane<V>((vectors + 31) / 32, [&](auto g) { f(std::integral_constant<int, 1>{}, g); })) return true;
+  if (with_vectors_per_lane<V>((vectors + 8 * 32 - 1) / (8 * 32), [&](auto g) { f(std::integral_constant<int, 8>{}, g); }))
+    return true;
+  if constexpr (MaxW >= 16) {
+    constexpr int G = kNormMaxPerLane / V;
+    if (vectors <= index_t(16) * 32 * G) {
+      f(std::integral_constant<int, 16>{}, std::integral_constant<int, G>{});
+      return true;
+    }
+  }
+  return false;
 }
 
 // Calls f(std::integral_constant<int, W>{}, std::integral_constant<int, G>{}) with the team size W
@@ -204,7 +224,7 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_t
 // of A, each team's running dg and db sums (thread t only ever touches its own elements until the
 // block adds the teams' sums together). Element k of thread t's vector j sits at
 // (j * V + k) * W * 32 + t, so a warp's accesses hit 32 different banks.
-template <class T, bool layer, int W, int G, class A = accumulate_t<T>, bool prefetch = (G <= 4 && W <= 8)>
+template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_team_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ g, const A* mean, const A* rstd, index_t rows,
     int h, T* dx, A* dg_partials, A* db_partials, index_t stride, const T* dresidual, A* ds_partials, A weight_offset) {
@@ -233,29 +253,16 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_
 
   const index_t teams = index_t(gridDim.x) * teams_here;
   int round = 0;
-  // x and dy of row r (rows, h) as vectors; the next row's are loaded before this row's math, so
-  // their reads are in flight while it runs (where the registers allow: up to 4 vectors a thread, and
-  // up to 8 warps a block, whose launch bound leaves 128 registers a thread: the default of `prefetch`).
-  const auto load_row = [&](index_t r, packed<T>(&xs)[G], packed<T>(&ds)[G]) {
-    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);
+  for (index_t r = blockIdx.x * index_t(teams_here) + team; r < rows; r += teams) {
+    const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x, dy (rows, h) as vectors
     const packed<T>* dyr = reinterpret_cast<const packed<T>*>(dy + r * h);
+    packed<T> xv[G], dv[G];
 #pragma unroll
     for (int j = 0; j < G; ++j)
       if ((j * N + t) * V < h) {
-        xs[j] = xr[j * N + t];
-        ds[j] = dyr[j * N + t];
+        xv[j] = xr[j * N + t];
+        dv[j] = dyr[j * N + t];
       }
-  };
-  packed<T> xv[G], dv[G];
-  index_t r = blockIdx.x * index_t(teams_here) + team;
-  if (prefetch && r < rows) load_row(r, xv, dv);
-  for (; r < rows; r += teams) {
-    packed<T> x_next[G], dy_next[G];
-    if constexpr (prefetch) {
-      if (r + teams < rows) load_row(r + teams, x_next, dy_next);
-    } else {
-      load_row(r, xv, dv);
-    }
     const A mu = layer ? mean[r] : A(0), rs = rstd[r];
     A sum_gy = 0, sum_gy_xhat = 0;
 #pragma unroll
@@ -290,13 +297,6 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_
         if (ds_partials) ds_sum[(j * V + k) * N] += unpack<T>(add.raw[k]);  // dresidual's column sums
       }
       dxr[j * N + t] = result;
-    }
-    if constexpr (prefetch) {
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        xv[j] = x_next[j];
-        dv[j] = dy_next[j];
-      }
     }
   }
 
@@ -443,7 +443,7 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
   const int shared_arrays = ds ? 3 : 2;
   const bool warp_path = norm_vectorized<T>(h, {dy, x, g, dx, dresidual}) &&
                          // (double rows stop at 8 warps: 16 would need 384 KiB of shared memory)
-                         with_norm_team<V, sizeof(A) == 8 ? 8 : 16>(h, [&](auto team, auto vectors) {
+                         with_norm_backward_team<V, sizeof(A) == 8 ? 8 : 16>(h, [&](auto team, auto vectors) {
                            constexpr int W = decltype(team)::value, teams = kNormTeamsPerBlock<W>, G = decltype(vectors)::value;
                            const std::size_t shared = shared_arrays * std::size_t(teams) * G * V * W * 32 * sizeof(A);
                            auto* kernel = &norm_backward_team_kernel<T, layer, W, G, A>;
