@@ -510,6 +510,13 @@ std::vector<Measured> cp_runs() {
 // these lengths; cuDNN runs causal attention of heads of 128 over 16K-128K tokens far faster, so
 // every run is predicted slow, the more the longer the sequence (+15-42% at 16K, about 2x at 64K,
 // 2.3-2.4x at 128K). Asserted as that known error: predicted slow by more than 10%.
+// strata-plan --calibrate now measures cuDNN's attention by length (attention_tflops_by_length; 306
+// TFLOP/s at 1K to 666 at 64K on an H100, bench/RESULTS.md). Priced with that table these runs
+// come out 20-36% fast, and the Llama 3 8B runs below 10-29% fast: the trainers' attention runs
+// slower than cuDNN's graphs alone (the deterministic backward of the 8B runs, strided q/k/v views,
+// RoPE and the ring's merges are not in the microbenchmark; a GPT 1.41B trace gives 267 TFLOP/s at
+// 1K against the table's 306). So the shipped calibration keeps its one rate until the calibrator
+// times attention as the trainers call it.
 TEST(Plan, ContextParallelMemoryWithin5PercentStepTimeKnownSlow) {
   const std::vector<Measured> runs = cp_runs();
   const auto rows = compare(runs, h200_measured());
@@ -519,6 +526,52 @@ TEST(Plan, ContextParallelMemoryWithin5PercentStepTimeKnownSlow) {
     EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name;
     EXPECT_GT(c.time_error(), 0.10) << c.run->name;  // predicted slower than measured
   }
+}
+
+// Attention's rate by sequence length (attention_tflops_by_length): flat below and above the measured
+// lengths, linear in log(length) between them, written and read back; lengths out of order are
+// refused naming the entry; without the table every length gets attention_tflops. The planner
+// prices the ring's attention at the rate of its blocks (s / cp) and the all-to-all's at whole
+// sequences (s): with a table whose rate is low at s / 2 and high at s, cp=2 p2p computes longer
+// than cp=2 a2a; without it the two compute the same.
+TEST(Plan, AttentionRateByLengthIsInterpolatedAndPricedAtTheEnginesLength) {
+  plan::Calibration c = h200_measured();
+  c.attention_by_length = {{1024, 300}, {4096, 500}, {16384, 600}};
+  EXPECT_EQ(c.attention_tflops_at(512), 300);
+  EXPECT_NEAR(c.attention_tflops_at(2048), 400, 1e-9);
+  EXPECT_NEAR(c.attention_tflops_at(8192), 550, 1e-9);
+  EXPECT_EQ(c.attention_tflops_at(16384), 600);
+  EXPECT_EQ(c.attention_tflops_at(1 << 20), 600);
+  const plan::Calibration back = plan::parse_calibration(plan::calibration_json(c), "by_length.json");
+  ASSERT_EQ(back.attention_by_length.size(), 3u);
+  EXPECT_EQ(back.attention_by_length[1].seq, 4096);
+  EXPECT_EQ(back.attention_by_length[1].tflops, 500);
+  std::string text = plan::calibration_json(c);
+  const std::string second = "\"seq\": 4096";
+  text.replace(text.find(second), second.size(), "\"seq\": 512");
+  try {
+    plan::parse_calibration(text, "by_length.json");
+    ADD_FAILURE() << "lengths out of order were accepted";
+  } catch (const strata::ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("by_length.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("attention_tflops_by_length[1].seq"), std::string::npos) << m;
+  }
+  EXPECT_EQ(h200_measured().attention_tflops_at(65536), h200_measured().attention_tflops);
+
+  const plan::Cluster two{2, 1, 141};
+  plan::Layout cp2 = layout(1, 1, 1, 1, "1f1b", 1, RecomputeGranularity::full);
+  cp2.cp = 2;
+  auto compute = [&](const plan::Calibration& cal, const char* comm) {
+    trainer::TrainArgs model = trainer::parse_flags("gpt", cp_llama(16384, comm));
+    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    const trainer::TrainArgs a = plan::args_of(model, two, cp2);
+    return plan::predict_step(a, cp2, two, cal).compute;
+  };
+  plan::Calibration steep = h200_measured();
+  steep.attention_by_length = {{8192, 200}, {16384, 800}};
+  EXPECT_GT(compute(steep, "p2p"), compute(steep, "a2a") * 1.2);
+  EXPECT_NEAR(compute(h200_measured(), "p2p"), compute(h200_measured(), "a2a"), 1e-9);
 }
 
 // Llama 3 8B (seq 8192, global batch 16, micro-batch 1) on 4 H200 (bench/RESULTS.md, 2026-11-27),
