@@ -140,6 +140,7 @@ struct TrainArgs {
   int num_layers_at_end_in_bf16 = 1;
   int fp8_block_size = 128;  // --fp8-recipe blockwise: the block length (128 as DeepSeek-V3; smaller on CPU threads)
   bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
+  std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, or auto (fp8_keeps_forward_weight_codes)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -483,6 +484,11 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--fp8-block-size", a.fp8_block_size,
                  "--fp8-recipe blockwise: the length of a block (1 x B runs, B x B weight tiles); 128 (DeepSeek-V3's, "
                  "cuBLASLt's), smaller for small models on CPU threads");
+  app.add_option("--fp8-weight-cache", a.fp8_weight_cache,
+                 "what each FP8 layer keeps of its weight's codes for the step: both layouts (1 byte per weight each), "
+                 "transposed (W^T for the input gradient; a later forward casts W again), or auto (the default: both "
+                 "when a step runs a layer's forward more than once, micro-batches or full recompute; else transposed)")
+      ->check(CLI::IsMember({"auto", "both", "transposed"}));
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -498,6 +504,19 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
 
 // The FP8 options of the flags; nullopt without --fp8-format. Throws ConfigError for a recipe or
 // value that cannot run.
+inline int data_parallel_size_of(const TrainArgs& a);
+
+// Whether the FP8 layers keep their weights' forward codes for the step (Fp8Options::
+// cache_forward_weights): --fp8-weight-cache both, or auto where a step runs a layer's forward more
+// than once (micro-batches, full recompute).
+inline bool fp8_keeps_forward_weight_codes(const TrainArgs& a) {
+  if (a.fp8_weight_cache != "auto") return a.fp8_weight_cache == "both";
+  const int dp = data_parallel_size_of(a);
+  const std::int64_t per_micro_step = std::int64_t{a.micro_batch_size} * std::max(dp, 1);
+  const std::int64_t micro_batches = per_micro_step > 0 ? a.global_batch_size / per_micro_step : 1;
+  return micro_batches > 1 || a.recompute_granularity == "full";
+}
+
 inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   if (a.fp8_format.empty()) return std::nullopt;
   Fp8Options o;
@@ -513,6 +532,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
   o.cache_weights = a.fp8_cache_weights;
+  o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
   o.block = a.fp8_block_size;
   o.validate();
   return o;

@@ -1090,6 +1090,17 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_EQ(d->num_layers_at_end_in_bf16, 1);
   EXPECT_EQ(d->format_of(strata::Fp8Role::grad_output), strata::Fp8Format::e5m2);
   EXPECT_EQ(d->format_of(strata::Fp8Role::input), strata::Fp8Format::e4m3);
+  // --fp8-weight-cache auto: both layouts where a step runs a layer's forward more than once
+  auto keeps = [](std::vector<std::string> more) {
+    std::vector<std::string> flags = {"--fp8-format", "hybrid", "--micro-batch-size", "4"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    return trainer::fp8_options_of(parse_flags("gpt", flags))->cache_forward_weights;
+  };
+  EXPECT_FALSE(keeps({"--global-batch-size", "4"}));
+  EXPECT_TRUE(keeps({"--global-batch-size", "8"}));
+  EXPECT_TRUE(keeps({"--global-batch-size", "4", "--recompute-granularity", "full"}));
+  EXPECT_TRUE(keeps({"--global-batch-size", "4", "--fp8-weight-cache", "both"}));
+  EXPECT_FALSE(keeps({"--global-batch-size", "8", "--fp8-weight-cache", "transposed"}));
   const TrainArgs llama3 = parse_flags("gpt", {"--fp8-format", "e4m3", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo",
                                                "max", "--fp8-margin", "2", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
                                                "--num-layers-at-start-in-bf16", "2", "--num-layers-at-end-in-bf16", "3"});

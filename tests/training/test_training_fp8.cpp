@@ -82,11 +82,17 @@ TEST(TrainingFp8, ShardedRunsFollowSingleRankFp8Trajectory) {
 // The weight cache (each FP8 weight cast once per step) against casting per GEMM: the same run bit
 // for bit, with four micro-batches a step, both recipes, on one rank and at tp=2 + SP (and with
 // full recompute, whose recomputed forwards read the cache too).
+// The weight cache (both layouts, or W^T alone with each later forward casting W again) gives the
+// bits of a cast per GEMM: four micro-batches a step, evaluations between steps, with and without
+// full recompute.
 TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
   for (const std::string recipe : {"delayed", "tensorwise", "blockwise"})
     for (const int tp : {1, 2})
-      for (const bool recompute : {false, true}) {
+      for (const bool recompute : {false, true})
+        for (const char* layouts : {"both", "transposed"}) {
+        if (recipe == "blockwise" && std::string(layouts) == "transposed") continue;  // the tiles keep both
         auto a = tiny_fp8(recipe);
+        a.fp8_weight_cache = layouts;
         a.dtype = "double";
         a.train_iters = 4;
         a.eval_interval = 2;  // evaluation forwards between steps fill the cache too
@@ -99,7 +105,7 @@ TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
         per_gemm.fp8_cache_weights = false;
         const auto cached = trainer::train<strata::models::Gpt>(a);
         const auto reference = trainer::train<strata::models::Gpt>(per_gemm);
-        const std::string what = recipe + " tp=" + std::to_string(tp) + (recompute ? " full recompute" : "");
+        const std::string what = recipe + " tp=" + std::to_string(tp) + (recompute ? " full recompute" : "") + " cache " + layouts;
         EXPECT_EQ(cached.losses, reference.losses) << what;
         EXPECT_EQ(cached.validation_losses, reference.validation_losses) << what;
         EXPECT_EQ(cached.final_parameters, reference.final_parameters) << what;

@@ -81,6 +81,11 @@ struct Fp8Options {
   // Cast each weight once per optimizer step and keep its codes (2 bytes per weight element) until
   // the weights change; off: cast per GEMM (the same codes; for tests and for memory).
   bool cache_weights = true;
+  // With cache_weights: keep the forward's layout W as well as W^T (1 byte per weight element each).
+  // Off: the cache keeps W^T alone and a forward after the step's first casts W again (the same
+  // codes): a byte per weight saved for nothing where the step has one forward per layer (one
+  // micro-batch, no full recompute: the trainers choose this then).
+  bool cache_forward_weights = true;
   // blockwise: the length of a block (1 x block runs, block x block tiles); cuBLASLt's block-scaled
   // GEMMs take 128, the CPU backend any length >= 1.
   int block = 128;
@@ -173,7 +178,7 @@ struct Fp8RoleMaxes {
 // allocated once made; dropping the cache only marks it stale, and the next use casts again.
 template <class Space>
 struct Fp8WeightCache {
-  Tensor<std::uint8_t, Space> codes;             // W [out, in]: the forward GEMM's operand
+  Tensor<std::uint8_t, Space> codes;             // W [out, in]: the forward GEMM's operand (empty: not cached)
   Tensor<std::uint8_t, Space> codes_transposed;  // W^T [in, out]: the input gradient GEMM's operand
   Tensor<float, Space> scale;                    // [scale_inv] of the cast, alone: 16-byte aligned for cuBLASLt;
                                                  // blockwise: the tiles' 1 / scale of W, [ceil(out/B), ceil(in/B)]

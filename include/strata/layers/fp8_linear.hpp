@@ -224,6 +224,9 @@ struct Fp8WeightOperand {
 // or reduced once) and kept until the weights change (fp8_after_optimizer_step,
 // fp8_drop_weight_caches). The scale of a step does not change within it and max is idempotent,
 // so these are the codes (and amax, and scale) a cast per GEMM makes. Without the cache: cast now.
+// Without Fp8Options::cache_forward_weights the cache keeps W^T alone: the filling pass writes W
+// into a buffer of the GEMM's own, and a later forward of the step casts W again with the step's
+// scale (the same codes).
 template <class Context, class T>
 Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<typename Context::space>& state, const T* w,
                                                      index_t out, index_t in, bool transposed) {
@@ -234,22 +237,35 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
     return {codes, q.format, q.scale_inv, std::move(q.codes)};
   }
   const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+  const bool keep_forward = ctx.fp8->options.cache_forward_weights;
   auto& cache = state.weight_cache;
   float* gemm_scales = state.gemm_scale_inv(Fp8Role::input);  // [3 * 4]
+  Tensor<std::uint8_t, Space> own;  // W for this GEMM alone (forward codes not cached)
   if (!cache.valid) {
-    if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in})) {  // first use: the buffers
-      cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+    if (cache.codes_transposed.data() == nullptr || !(cache.codes_transposed.shape() == Shape{in, out})) {  // first use
       cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
+      cache.codes = Tensor<std::uint8_t, Space>();
+    }
+    if (keep_forward && cache.codes.data() == nullptr) cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+    if (!keep_forward) {
+      cache.codes = Tensor<std::uint8_t, Space>();
+      if (!transposed) own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
     }
     float* amax = fp8_prepare_scale(ctx, state, Fp8Role::weight, w, out * in, /*sharded=*/true);
-    ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight), cache.codes.data(),
-                                              cache.codes_transposed.data(), amax);  // (out, in) and (in, out)
+    ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight),
+                                              keep_forward ? cache.codes.data() : own.data(), cache.codes_transposed.data(),
+                                              amax);  // (out, in) and (in, out)
     // every role's 1/scale into its aligned slot (the weight's of this cast), one pass
     ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1, gemm_scales, 4);
     cache.valid = true;
     ++state.weight_casts;
+  } else if (!keep_forward && !transposed) {  // a later forward of the step: W again, with the step's scale
+    own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+    ctx.device.template fp8_cast<T>(w, out * in, format, state.scale(Fp8Role::weight), own.data(), nullptr);
+    ++state.weight_casts;
   }
-  return {transposed ? cache.codes_transposed.data() : cache.codes.data(), format, state.gemm_scale_inv(Fp8Role::weight), {}};
+  const std::uint8_t* codes = transposed ? cache.codes_transposed.data() : keep_forward ? cache.codes.data() : own.data();
+  return {codes, format, state.gemm_scale_inv(Fp8Role::weight), std::move(own)};
 }
 
 // ---- the blockwise recipe ----

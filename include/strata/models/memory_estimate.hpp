@@ -162,7 +162,8 @@ struct ModelPiece {
 
 // The transformer layers whose linear layers run their GEMMs in FP8: layers [first, end) of the
 // model (--first-last-layers-bf16 leaves some out); none by default. Each FP8 linear layer keeps its
-// weight's codes in both layouts for the step (the weight cache: 2 bytes per weight). Under the
+// weight's codes in both layouts for the step (the weight cache: 2 bytes per weight; W^T alone, 1
+// byte, without `forward_codes_cached`). Under the
 // per-tensor recipes (delayed, tensorwise; `codes_kept`) its forward also keeps the one-byte codes
 // of its input^T for the weight gradient in place of the input (layers/fp8_linear.hpp): the norms'
 // outputs (the qkv and fc1 inputs) and the activation's output (fc2's input) are then held as codes
@@ -170,6 +171,9 @@ struct ModelPiece {
 struct Fp8Layers {
   std::int64_t first = 0, end = 0;
   bool codes_kept = true;
+  // The weight cache keeps the forward's layout too (Fp8Options::cache_forward_weights); without it,
+  // one byte per weight, and the largest weight's forward codes exist while its GEMM runs.
+  bool forward_codes_cached = true;
   // How many of `piece`'s layers are FP8 layers, and how many of those are MoE layers.
   std::int64_t in(const ModelConfig& m, const ModelPiece& piece) const {
     const auto [begin, stop] = overlap(m, piece);
@@ -190,14 +194,24 @@ struct Fp8Layers {
 };
 
 // Per FP8 layer (see Fp8Layers): the weight cache's bytes on one tensor-parallel rank (the attention's
-// projections, and a dense layer's MLP), and the change of the bytes kept per token.
-inline std::int64_t fp8_weight_cache_bytes(const ModelConfig& m, int tp, bool gated_mlp, bool dense_mlp) {
+// projections, and a dense layer's MLP: both layouts, or W^T alone), and the change of the bytes
+// kept per token.
+inline std::int64_t fp8_weight_cache_bytes(const ModelConfig& m, int tp, bool gated_mlp, bool dense_mlp,
+                                           bool both_layouts = true) {
   const char* what = "FP8 weight cache";
   const std::int64_t h = m.hidden_size, heads = m.num_attention_heads, groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
   const std::int64_t d = m.head_dim();
   std::int64_t weights = checked_product(what, checked_add(heads + 2 * groups, heads, what), d, h);  // qkv and the projection
   if (dense_mlp) weights = checked_add(weights, checked_product(what, gated_mlp ? 3 : 2, m.ffn(), h), what);  // fc1 and fc2
-  return checked_mul(weights / std::max(1, tp), 2, what);
+  return checked_mul(weights / std::max(1, tp), both_layouts ? 2 : 1, what);
+}
+// The forward codes of the largest FP8 weight of a layer on one rank (the cache without its forward
+// layout casts each forward's W into a buffer of its GEMM's own).
+inline std::int64_t fp8_largest_forward_codes(const ModelConfig& m, int tp, bool gated_mlp, bool dense_mlp) {
+  const std::int64_t h = m.hidden_size, heads = m.num_attention_heads, groups = m.num_query_groups > 0 ? m.num_query_groups : heads;
+  std::int64_t largest = (heads + 2 * groups) * m.head_dim() * h;
+  if (dense_mlp) largest = std::max(largest, (gated_mlp ? 2 : 1) * m.ffn() * h);
+  return largest / std::max(1, tp);
 }
 inline std::int64_t fp8_kept_delta_per_token(const ModelConfig& m, int tp, bool dense_mlp, ElementBytes bytes) {
   const std::int64_t h = m.hidden_size, core = m.num_attention_heads * m.head_dim() / std::max(1, tp);
@@ -488,14 +502,17 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
                                                     std::int64_t classifier_block_bytes, const PipelineRankHolding& rank,
                                                     std::int64_t optimizer_shards = 1, Fp8Layers fp8 = {}) {
   const char* what = "pipeline rank memory";
-  std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0, fp8_cache = 0;
+  std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0, fp8_cache = 0, fp8_forward_codes = 0;
   const bool gated = gated_mlp_of(m, shape);
   for (const ModelPiece& piece : rank.chunks) {
     parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
     const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
-    fp8_cache = checked_add(fp8_cache, checked_add(checked_mul(fp8_dense, fp8_weight_cache_bytes(m, tp, gated, true), what),
-                                                   checked_mul(fp8_moe, fp8_weight_cache_bytes(m, tp, gated, false), what), what),
+    const bool both = fp8.forward_codes_cached;
+    fp8_cache = checked_add(fp8_cache, checked_add(checked_mul(fp8_dense, fp8_weight_cache_bytes(m, tp, gated, true, both), what),
+                                                   checked_mul(fp8_moe, fp8_weight_cache_bytes(m, tp, gated, false, both), what), what),
                             what);
+    if (!both && fp8_dense + fp8_moe > 0)
+      fp8_forward_codes = std::max(fp8_forward_codes, fp8_largest_forward_codes(m, tp, gated, fp8_dense > 0));
     const PieceActivations act =
         activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);
     largest_kept = std::max(largest_kept, act.kept);
@@ -504,7 +521,7 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
       largest_deferred = std::max(largest_deferred, deferred_weight_gradient_bytes(m, shape, tp, micro_batch_size, bytes, piece));
   }
   MemoryEstimate e = state_estimate(parameters, bytes, optimizer_shards);
-  e.fp8_cache_bytes = fp8_cache;
+  e.fp8_cache_bytes = checked_add(fp8_cache, fp8_forward_codes, what);
   e.activation_bytes = checked_add(checked_mul(largest_kept, std::max<std::int64_t>(1, rank.peak_in_flight), what), transient, what);
   e.activation_bytes = checked_add(e.activation_bytes, checked_mul(largest_deferred, rank.deferred_weight_gradients, what), what);
   return e;
