@@ -135,14 +135,28 @@ __device__ __forceinline__ A fp8_produce(storage_t<T> x, storage_t<T> pre) {
   else if constexpr (P == Fp8Producer::gelu) return unpack<T>(pack<T>(gelu_forward_op<A>{}(unpack<T>(x), A(0), 0)));
   else return unpack<T>(pack<T>(gelu_backward_op<A>{}(unpack<T>(x), unpack<T>(pre), 0)));
 }
+// Eight produced elements from element i (x + i and pre + i 16-byte aligned).
+template <class T, Fp8Producer P, class A = accumulate_t<T>>
+__device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t i, A (&v)[8]) {
+  constexpr int width = packed<T>::width;  // 8 bf16, 4 float, 2 double
+  const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
+  const packed<T>* pp = reinterpret_cast<const packed<T>*>(pre + i);
+#pragma unroll
+  for (int k = 0; k < 8 / width; ++k) {
+    const packed<T> chunk = px[k];
+    packed<T> chunk_pre{};
+    if constexpr (P == Fp8Producer::gelu_backward) chunk_pre = pp[k];
+#pragma unroll
+    for (int j = 0; j < width; ++j) v[k * width + j] = fp8_produce<T, P>(chunk.raw[j], chunk_pre.raw[j]);
+  }
+}
+
 // Tiles of 64 x 64 elements, 256 threads, a grid-stride loop over the tiles. Reading, thread t takes
 // eight neighbouring columns (8 (t % 8) ...) of rows t / 8 and t / 8 + 32; writing x^T, eight
 // neighbouring rows of the tile's columns t / 8 and t / 8 + 32 from shared memory (rows of 65
 // bytes, so the eight rows a thread gathers fall in different banks). Whole tiles with `vectorized`
 // (x and pre 16-byte aligned, out and out_t 8-byte aligned, rows and cols multiples of 8) move
-// 16-byte loads and 8-byte stores, and the next whole tile's loads are issued before this tile's
-// transposed stores and barriers, so they are in flight while those run; tiles at the edges element
-// by element.
+// 16-byte loads and 8-byte stores; tiles at the edges element by element.
 // The elements are x's or what P produces from x and pre (fp8_produce). With `Sums`, the column sums
 // of the produced elements: each thread adds its two rows, the 32 lines of a column are added in line
 // order through shared memory, and the tile's sums go to partials[tile row, column], which
@@ -152,8 +166,6 @@ template <class T, Fp8Producer P = Fp8Producer::copy, bool Sums = false, class A
 __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, const T* pre, index_t rows, index_t cols,
                                                                  Fp8Format format, const float* scale, std::uint8_t* out,
                                                                  std::uint8_t* out_t, float* amax, A* partials, bool vectorized) {
-  constexpr int width = packed<T>::width, chunks = 8 / width;  // 16-byte vectors per eight elements
-  constexpr bool two = P == Fp8Producer::gelu_backward;       // reads pre too
   __shared__ std::uint8_t tile[kFp8Tile][kFp8Tile + 1];
   __shared__ A line_sums[Sums ? 32 : 1][Sums ? kFp8Tile : 1];
   const float s = *scale;
@@ -162,28 +174,9 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
   const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
   const auto* xs = reinterpret_cast<const storage_t<T>*>(x);
   const auto* ps = reinterpret_cast<const storage_t<T>*>(pre);
-  const auto is_whole = [&](index_t id) {
-    const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
-    return vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
-  };
-  // This thread's sixteen elements of a whole tile (two rows of eight), as raw vectors.
-  packed<T> raw_x[2][chunks], raw_pre[2][two ? chunks : 1];
-  const auto load_whole = [&](index_t id) {
-    const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const index_t at = (row0 + line + 32 * half) * cols + col0 + eighth;
-#pragma unroll
-      for (int k = 0; k < chunks; ++k) {
-        raw_x[half][k] = reinterpret_cast<const packed<T>*>(x + at)[k];
-        if constexpr (two) raw_pre[half][k] = reinterpret_cast<const packed<T>*>(pre + at)[k];
-      }
-    }
-  };
-  if (blockIdx.x < tiles && is_whole(blockIdx.x)) load_whole(blockIdx.x);
   for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
     const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
-    const bool whole = is_whole(id);  // then raw_x (raw_pre) hold the tile: loaded before the loop or at the last tile
+    const bool whole = vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
     A column[8] = {};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -191,16 +184,13 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
       const index_t row = row0 + r, col = col0 + eighth;
       A v[8];
       if (whole) {
-#pragma unroll
-        for (int k = 0; k < chunks; ++k)
-#pragma unroll
-          for (int j = 0; j < width; ++j)
-            v[k * width + j] = fp8_produce<T, P>(raw_x[half][k].raw[j], two ? raw_pre[half][two ? k : 0].raw[j] : storage_t<T>{});
+        fp8_produce8<T, P>(x, pre, row * cols + col, v);
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const index_t i = row * cols + col + j;
-          v[j] = row < rows && col + j < cols ? fp8_produce<T, P>(xs[i], two ? ps[i] : storage_t<T>{}) : A(0);  // 0: no amax, no sum
+          v[j] = row < rows && col + j < cols ? fp8_produce<T, P>(xs[i], P == Fp8Producer::gelu_backward ? ps[i] : storage_t<T>{})
+                                              : A(0);  // 0: no amax, no sum
         }
       }
       float e[8];
@@ -220,8 +210,6 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         }
       }
     }
-    const index_t next = id + gridDim.x;
-    if (next < tiles && is_whole(next)) load_whole(next);  // in flight during the stores below
     if constexpr (Sums) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) line_sums[line][eighth + j] = column[j];
