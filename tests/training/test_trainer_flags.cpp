@@ -1092,7 +1092,7 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_EQ(d->format_of(strata::Fp8Role::input), strata::Fp8Format::e4m3);
   // --fp8-weight-cache auto: both layouts where a step runs a layer's forward more than once
   auto keeps = [](std::vector<std::string> more) {
-    std::vector<std::string> flags = {"--fp8-format", "hybrid", "--micro-batch-size", "4"};
+    std::vector<std::string> flags = {"--fp8-format", "hybrid", "--micro-batch-size", "4", "--world-size", "1"};
     flags.insert(flags.end(), more.begin(), more.end());
     return trainer::fp8_options_of(parse_flags("gpt", flags))->cache_forward_weights;
   };
