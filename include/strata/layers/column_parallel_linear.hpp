@@ -202,10 +202,8 @@ class ColumnParallelLinear {
     return backward(ctx, saved, dh, deferred);
   }
   // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
-  // same pass: FP8 with the delayed recipe, whose scale is known before the tensor exists.
-  bool fp8_fuses_casts(const Context& ctx) const {
-    return fp8_ && ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed;
-  }
+  // same pass (fp8_casts_take_producers).
+  bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
   // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
   // under sequence parallelism; otherwise x's tensor, shared), the matmul of `rows` rows of it

@@ -103,6 +103,14 @@ std::shared_ptr<Fp8State<typename Context::space>> make_fp8_state(const Context&
   return state;
 }
 
+// Whether a layer's FP8 casts can take what produces their tensor (a GELU, its backward) into the
+// same pass: the layer runs FP8 (`state`) under the delayed recipe, whose scale is known before the
+// tensor exists.
+template <class Context, class Space>
+bool fp8_casts_take_producers(const Context& ctx, const std::shared_ptr<Fp8State<Space>>& state) {
+  return state && ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed;
+}
+
 namespace detail {
 
 // Which tensors of a layer hold pieces on different tensor-parallel ranks (for tensorwise amaxes).

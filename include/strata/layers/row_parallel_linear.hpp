@@ -87,10 +87,8 @@ class RowParallelLinear {
     return forward(ctx, act, residual);
   }
   // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
-  // same pass: FP8 with the delayed recipe, whose scale is known before the tensor exists.
-  bool fp8_fuses_casts(const Context& ctx) const {
-    return fp8_ && ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed;
-  }
+  // same pass (fp8_casts_take_producers).
+  bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
 
  private:
   template <class Layout>
