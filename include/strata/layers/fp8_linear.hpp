@@ -250,15 +250,13 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
   float* gemm_scales = state.gemm_scale_inv(Fp8Role::input);  // [3 * 4]
   Tensor<std::uint8_t, Space> own;  // W for this GEMM alone (forward codes not cached)
   if (!cache.valid) {
-    if (cache.codes_transposed.data() == nullptr || !(cache.codes_transposed.shape() == Shape{in, out})) {  // first use
+    // the buffers at the first use (kept while their shapes hold); W for this GEMM alone when not cached
+    if (cache.codes_transposed.data() == nullptr || !(cache.codes_transposed.shape() == Shape{in, out}))
       cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
-      cache.codes = Tensor<std::uint8_t, Space>();
-    }
-    if (keep_forward && cache.codes.data() == nullptr) cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
-    if (!keep_forward) {
-      cache.codes = Tensor<std::uint8_t, Space>();
-      if (!transposed) own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
-    }
+    if (!keep_forward) cache.codes = Tensor<std::uint8_t, Space>();
+    else if (cache.codes.data() == nullptr || !(cache.codes.shape() == Shape{out, in}))
+      cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+    if (!keep_forward && !transposed) own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
     float* amax = fp8_prepare_scale(ctx, state, Fp8Role::weight, w, out * in, /*sharded=*/true);
     ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight),
                                               keep_forward ? cache.codes.data() : own.data(), cache.codes_transposed.data(),
