@@ -35,6 +35,8 @@ warmup=${STRATA_CPBENCH_WARMUP:-2}
 run_timeout=${STRATA_CPBENCH_TIMEOUT:-420}
 llama=$build/examples/train_llama
 [[ -x $llama ]] || { echo "cp_bench: $llama is missing; build train_llama with CUDA first" >&2; exit 1; }
+source "$here/cudnn_frontend_check.sh"
+warn_without_cudnn_frontend "$build" "$out"
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >"$out/device.txt" 2>&1
 torchrun=(torchrun)
 command -v torchrun >/dev/null 2>&1 || torchrun=(python3 -m torch.distributed.run)

@@ -20,6 +20,8 @@ build=${1:-$repo/build-bench}
 out=${2:-$build/fp8-convergence-logs}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+source "$here/cudnn_frontend_check.sh"
+warn_without_cudnn_frontend "$build" "$out"
 iters=${STRATA_FP8_CONV_ITERS:-2000}
 from=${STRATA_FP8_CONV_FROM:-200}
 runs=${STRATA_FP8_CONV_RUNS:-bf16 tensorwise delayed}

@@ -75,12 +75,8 @@ if [[ ! -x $trainer || ! -f $tracer ]]; then
     { echo "build failed: $out/build.log"; tail -20 "$out/build.log"; exit 1; }
 fi
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; } >"$out/device.txt" 2>&1
-# Without the cuDNN frontend headers the build has no cuDNN attention and strata's own flash kernels run
-# (several times slower at these sizes): say so, since every figure below depends on it.
-if grep -q "^CudnnFrontend_INCLUDE_DIR:PATH=.*NOTFOUND" "$build/CMakeCache.txt" 2>/dev/null; then
-  echo "warning: $build was configured without the cuDNN frontend headers (no cuDNN attention; strata's own flash" \
-       "kernels run); point STRATA_CUDNN_FRONTEND_DIR at them (pip's nvidia-cudnn-frontend) and build again" | tee "$out/warning.txt"
-fi
+source "$here/cudnn_frontend_check.sh"
+warn_without_cudnn_frontend "$build" "$out"
 
 shape_args() {  # layers hidden heads batch
   case $1 in

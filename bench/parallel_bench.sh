@@ -106,6 +106,8 @@ if [[ $dry != 1 && $missing == 1 ]]; then
   cmake --build "$build" -j"$(nproc)" --target train_gpt train_llama >"$out/build.log" 2>&1 ||
     { echo "build failed: $out/build.log"; tail -20 "$out/build.log"; exit 1; }
 fi
+source "$here/cudnn_frontend_check.sh"
+[[ $tiny == 1 ]] || warn_without_cudnn_frontend "$build" "$out"
 
 if [[ $tiny == 1 ]]; then
   gpus=${STRATA_PARBENCH_GPUS:-4}

@@ -60,6 +60,8 @@ build=${1:-$repo/build-bench}
 out=${2:-$build/scale-bench-logs}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+source "$here/cudnn_frontend_check.sh"
+warn_without_cudnn_frontend "$build" "$out"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 unset NCCL_COMM_ID STRATA_NCCL_ID_FILE
 iters=${STRATA_SCALE_ITERS:-6}
