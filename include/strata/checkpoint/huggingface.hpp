@@ -628,6 +628,26 @@ constexpr std::string_view torch_dtype_name(SafetensorsDtype d) {
 
 namespace hf_detail {
 
+// count elements of `element` bytes from consecutive places of `in` to every `stride`-th place of
+// `out` (a row of a tensor into a column of its transpose), typed for the usual widths.
+template <class Word>
+void copy_strided_as(const std::byte* in, std::byte* out, std::size_t count, std::size_t stride) {
+  for (std::size_t i = 0; i < count; ++i) {
+    Word w;
+    std::memcpy(&w, in + i * sizeof(Word), sizeof(Word));
+    std::memcpy(out + i * stride * sizeof(Word), &w, sizeof(Word));
+  }
+}
+inline void copy_strided(const std::byte* in, std::byte* out, std::size_t count, std::size_t stride, std::size_t element) {
+  switch (element) {
+    case 2: return copy_strided_as<std::uint16_t>(in, out, count, stride);
+    case 4: return copy_strided_as<std::uint32_t>(in, out, count, stride);
+    case 8: return copy_strided_as<std::uint64_t>(in, out, count, stride);
+    default:
+      for (std::size_t i = 0; i < count; ++i) std::memcpy(out + i * stride * element, in + i * element, element);
+  }
+}
+
 // Whether tensors `a` and `b` of the files hold the same shape and values (read in blocks).
 inline bool same_values(const SafetensorsDirectory& files, std::string_view a, std::string_view b) {
   const SafetensorsEntry &x = files.entry(a), &y = files.entry(b);
@@ -1508,25 +1528,27 @@ void save_hf(const std::filesystem::path& dir, Architecture architecture, const 
     }
     const std::byte* in = it->second.bytes.data();
     const Shape& shape = map.strata_shape;
-    index_t rows = shape[0];
+    const index_t rows = shape[0];
     const index_t cols = shape.rank() == 2 ? shape[1] : 1;
-    if (map.expert >= 0) {  // an expert's slice of a stacked piece: element by element
-      for (index_t i = 0; i < shape.numel(); ++i)
-        std::memcpy(out.data() + static_cast<std::size_t>(map.element_source(i).index) * element,
-                    in + static_cast<std::size_t>(i) * element, element);
-      rows = 0;
+    // An expert's slice of a stacked piece [E, ...] starts at expert * (the slice's elements), its
+    // rows placed as a piece of the slice's shape would place them (in piece 0).
+    const std::vector<std::int64_t>& piece_shape = map.piece_shapes[map.expert >= 0 ? 0 : piece];
+    index_t base = 0;
+    if (map.expert >= 0) {
+      base = map.expert;
+      for (std::size_t k = 1; k < piece_shape.size(); ++k) base *= piece_shape[k];
     }
+    const index_t piece_cols = piece_shape.back();  // the [in, out] layout's row length (conv1d)
     for (index_t r = 0; r < rows; ++r) {
-      const TensorMapping::Source s = map.row_source(r);
+      TensorMapping::Source s = map.row_source(r);
+      if (map.expert >= 0) s.piece = 0;
       if (s.piece != static_cast<int>(piece)) continue;
       if (shape.rank() == 1 || !map.conv1d) {  // a whole row
-        std::memcpy(out.data() + static_cast<std::size_t>(s.index * cols) * element,
+        std::memcpy(out.data() + static_cast<std::size_t>(base + s.index * cols) * element,
                     in + static_cast<std::size_t>(r * cols) * element, static_cast<std::size_t>(cols) * element);
-      } else {  // column s.index of the [in, out] piece
-        const index_t piece_cols = map.piece_shapes[piece][1];
-        for (index_t c = 0; c < cols; ++c)
-          std::memcpy(out.data() + static_cast<std::size_t>(c * piece_cols + s.index) * element,
-                      in + static_cast<std::size_t>(r * cols + c) * element, element);
+      } else {  // column s.index of the [in, out] piece: a strided copy
+        hf_detail::copy_strided(in + static_cast<std::size_t>(r * cols) * element, out.data() + static_cast<std::size_t>(base + s.index) * element,
+                             static_cast<std::size_t>(cols), static_cast<std::size_t>(piece_cols), element);
       }
     }
     if (--it->second.pieces_left == 0) fetched.erase(it);
