@@ -21,7 +21,8 @@ static_assert(strata::check_communicator<communicator>());
 template <class T>
 concept moves_element = strata::detail::communicator_moves<communicator, T>;
 static_assert(moves_element<float> && moves_element<double> && moves_element<strata::bf16> &&
-              moves_element<strata::fp16> && moves_element<std::int32_t> && moves_element<std::int64_t>);
+              moves_element<strata::fp16> && moves_element<std::int32_t> && moves_element<std::int64_t> &&
+              moves_element<std::uint8_t>);
 static_assert(!moves_element<char>, "char is not a CommElement.");
 
 static_assert(strata::CommElement<std::int64_t> && !strata::CommElement<unsigned>);

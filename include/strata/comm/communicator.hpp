@@ -5,7 +5,7 @@
 // the backend its operations are ordered with (`using default_device`); buffers are typed spans of
 // that space, `span_t<T, typename C::space>` (std::span on the host, device_span on a GPU); the
 // element type is known at compile time and is one of `CommElement` (float, double, bf16, fp16,
-// int32, int64).
+// int32, int64, and uint8 for FP8 codes, which are gathered but never reduced).
 //
 //   all_reduce(buffer, op)                          in place; every rank gets op over all ranks
 //   all_gather(in, out)                             out = in_0 | in_1 | ... (rank-major), |out| = |in| * size
@@ -58,9 +58,10 @@ constexpr std::string_view reduce_op_name(ReduceOp op) {
   return "unknown";
 }
 
-// The element types a communicator moves and reduces.
+// The element types a communicator moves and reduces (uint8: FP8 codes, moved, never reduced).
 template <class T>
-concept CommElement = Element<T> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+concept CommElement = Element<T> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> ||
+                      std::is_same_v<T, std::uint8_t>;
 
 namespace detail {
 

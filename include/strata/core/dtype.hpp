@@ -110,6 +110,7 @@ constexpr std::string_view dtype_name() {
   else if constexpr (std::is_same_v<T, fp16>) return "float16";
   else if constexpr (std::is_same_v<T, std::int32_t>) return "int32";
   else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return "uint8";
   else return "unknown";
 }
 

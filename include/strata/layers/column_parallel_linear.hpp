@@ -9,7 +9,8 @@
 //   backward: dX partial -> all-reduce (f's backward), or reduce-scatter on seq under SP
 //
 // Built under ctx.fp8 inside a transformer layer that runs FP8, the three GEMMs run in FP8
-// (layers/fp8_linear.hpp; the input cast from the full-sequence input, the weight and the output
+// (layers/fp8_linear.hpp; the input cast from the full-sequence input, or under sequence parallelism
+// with a per-tensor recipe each rank's rows cast and their codes gathered; the weight and the output
 // gradient sharded over tp); the --tp-comm-overlap rings are then not used.
 //
 // The weight may be borrowed from another layer (GPT's output layer uses the word embedding); the
@@ -94,9 +95,7 @@ class ColumnParallelLinear {
     Saved saved;
     Tensor<T, Space> y;
     if (fp8_) {
-      saved.input = full_input(ctx, x);
-      y = fp8_forward(ctx, saved.input, bias, saved.fp8_input);
-      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
+      y = fp8_forward(ctx, x, bias, saved);
     } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
@@ -121,10 +120,9 @@ class ColumnParallelLinear {
     Saved saved;
     Tensor<T, Space> pre, y;
     if (fp8_) {
-      saved.input = full_input(ctx, x);
-      y = Tensor<T, Space>::empty(saved.input.shape().with(-1, weight_->value.size(0)));
-      pre = fp8_forward(ctx, saved.input, bias_ ? &*bias_ : nullptr, saved.fp8_input, y.data());
-      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
+      const index_t rows = x.tensor.size(0) * (sequence_parallel ? ctx.tp.size() : 1);
+      y = Tensor<T, Space>::empty(x.tensor.shape().with(0, rows).with(-1, weight_->value.size(0)));
+      pre = fp8_forward(ctx, x, bias_ ? &*bias_ : nullptr, saved, y.data());
     } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       pre = Tensor<T, Space>::empty(y.shape());
@@ -249,17 +247,39 @@ class ColumnParallelLinear {
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
-  // y = input W^T (+ bias), returned; with gelu_out, also gelu(y) into gelu_out (same shape).
-  Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias, detail::Fp8Pair<Space>& keep,
+  // y = input W^T (+ bias) of the full-sequence input, returned; with gelu_out, also gelu(y) into
+  // gelu_out (same shape). The saved input: x^T's codes for the per-tensor recipes, else the input.
+  // Under sequence parallelism over several ranks with a per-tensor recipe, x's own rows are cast and
+  // the codes gathered (detail::fp8_quantize_gathered); the input in T is never gathered.
+  template <class Layout>
+  Tensor<T, Space> fp8_forward(Context& ctx, const Act<Layout>& x, const Param* bias, Saved& saved,
                                T* gelu_out = nullptr) const {
-    detail::check_linear_input(input.shape(), *weight_, "ColumnParallelLinear");
-    auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
     if constexpr (fp8_backend) {
-      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), *weight_, bias, y.data(),
-                                      keep, gelu_out);
-      if (!keep.empty()) keep.shape = input.shape();
+      if constexpr (sequence_parallel && detail::backend_has_fp8_transpose<typename Policy::backend>) {
+        if (ctx.tp.size() > 1 && ctx.fp8->options.recipe != Fp8RecipeKind::blockwise) {
+          expect_layout<input_layout, Layout>();
+          detail::check_linear_input(x.tensor.shape(), *weight_, "ColumnParallelLinear");
+          detail::Fp8Pair<Space> codes = detail::fp8_quantize_gathered(ctx, *fp8_, x.tensor);
+          auto y = Tensor<T, Space>::empty(codes.shape.with(-1, weight_->value.size(0)));  // (rows, out)
+          detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), static_cast<const T*>(nullptr), codes.shape.rows(),
+                                          *weight_, bias, y.data(), saved.fp8_input, gelu_out, Fp8Producer::copy, &codes);
+          saved.fp8_input.shape = y.shape().with(-1, weight_->value.size(1));
+          return y;
+        }
+      }
+      saved.input = full_input(ctx, x);
+      detail::check_linear_input(saved.input.shape(), *weight_, "ColumnParallelLinear");
+      auto y = Tensor<T, Space>::empty(saved.input.shape().with(-1, weight_->value.size(0)));  // (rows, out)
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), saved.input.data(), saved.input.shape().rows(), *weight_,
+                                      bias, y.data(), saved.fp8_input, gelu_out);
+      if (!saved.fp8_input.empty()) {
+        saved.fp8_input.shape = saved.input.shape();
+        saved.input = Tensor<T, Space>();
+      }
+      return y;
+    } else {
+      return Tensor<T, Space>();
     }
-    return y;
   }
   Tensor<T, Space> fp8_backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy, DeferredWeightGradients* deferred) {
     if constexpr (fp8_backend)

@@ -217,6 +217,42 @@ Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typena
   return q;
 }
 
+// Whether a backend can transpose FP8 codes (fp8_transpose): then a sequence-parallel input is cast
+// where it lives and its codes are gathered (fp8_quantize_gathered).
+template <class Device>
+concept backend_has_fp8_transpose = requires(Device& d, const std::uint8_t* in, std::uint8_t* out, index_t n) {
+  d.fp8_transpose(in, n, n, out);
+};
+
+// The input of a column-parallel layer under sequence parallelism, x [rows / tp, cols] on each rank
+// of ctx.tp: each rank casts its own rows (tensorwise: with the amax reduced over tp x cp first), the
+// codes are all-gathered (one byte per element on the wire instead of T's), and x^T's codes come from
+// a transpose of the gathered ones. The codes are those a cast of the gathered x makes.
+template <class Context, class T>
+Fp8Pair<typename Context::space> fp8_quantize_gathered(Context& ctx, Fp8State<typename Context::space>& state,
+                                                       const Tensor<T, typename Context::space>& local) {
+  using Space = typename Context::space;
+  const index_t local_rows = local.shape().rows(), cols = local.shape().cols(), rows = local_rows * ctx.tp.size();
+  Fp8Pair<Space> q;
+  q.format = ctx.fp8->options.format_of(Fp8Role::input);
+  q.shape = local.shape().with(0, local.size(0) * ctx.tp.size());
+  auto mine = Tensor<std::uint8_t, Space>::empty(Shape{local_rows, cols});
+  float* amax = fp8_prepare_scale(ctx, state, Fp8Role::input, local.data(), local_rows * cols, /*sharded=*/true);
+  ctx.device.template fp8_cast<T>(local.data(), local_rows * cols, q.format, state.scale(Fp8Role::input), mine.data(), amax);
+  q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
+  q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
+  ctx.tp.all_gather(std::as_const(mine).buffer(), q.codes.buffer());
+  ctx.device.fp8_transpose(q.codes.data(), rows, cols, q.codes_t.data());
+  const bool delayed_cached = ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.cache_weights;
+  q.scale_inv = delayed_cached ? state.gemm_scale_inv(Fp8Role::input) : state.scale_inv(Fp8Role::input);
+  if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
+    q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
+    ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
+    q.scale_inv = q.owned_scale_inv.data();
+  }
+  return q;
+}
+
 // A weight operand: codes in the layer's weight cache, or owned (cast for this GEMM alone).
 template <class Space>
 struct Fp8WeightOperand {
@@ -348,10 +384,11 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // `keep` for the weight gradient, which then needs neither x nor a cast of its own (blockwise: `keep`
 // stays empty).
 // With `producer` (delayed recipe), the input is what it makes of x (gelu(x)), made by the cast.
+// With `given` (per-tensor recipes), the input's codes are those (fp8_quantize_gathered); x is unused.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y, Fp8Pair<Space>& keep,
-                             T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy) {
+                             T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy, Fp8Pair<Space>* given = nullptr) {
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -363,7 +400,8 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
     if (gelu_out) c.device.template gelu_forward<T>(y, rows * out, gelu_out);
   });
   if (blocks) return;
-  Fp8Pair<Space> xq = fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer);
+  Fp8Pair<Space> xq = given ? std::move(*given)
+                            : fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
   if (gelu_out)
     ctx.device.template fp8_gemm_gelu<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,

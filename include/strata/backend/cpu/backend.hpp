@@ -72,6 +72,9 @@ struct backend {
                                  std::uint8_t* out, std::uint8_t* out_t, float* amax) {
     cpu::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax);
   }
+  static void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out) {
+    cpu::fp8_transpose(in, rows, cols, out);
+  }
   template <class T, class A = accumulate_t<T>>
   static void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols,
                                        Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,

@@ -14,6 +14,7 @@
 //                                   by gelu_forward / gelu_backward; with column_sums, also
 //                                   column_sums[c] = sum_r v[r, c] in accumulate_t<T>, rows in order
 //                                   (written, not added)
+//   fp8_transpose(q, rows, cols, qt)  codes [rows, cols] -> [cols, rows]
 //   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias = null)
 //                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B) (+ bias[n]
 //                                   on every row, added to the rounded product; not with accumulate): the codes
@@ -122,6 +123,12 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
     for (index_t r = 0; r < rows; ++r)
       for (index_t c = 0; c < cols; ++c) column_sums[c] += A(v[r * cols + c]);
   }
+}
+
+// codes [rows, cols] -> [cols, rows]
+inline void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out) {
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
 template <class C>

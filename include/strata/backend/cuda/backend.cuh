@@ -206,6 +206,10 @@ class backend {
                           std::uint8_t* out_t, float* amax) const {
     kernels::fp8_cast_transpose<T>(x, rows, cols, format, scale, out, out_t, amax, stream());
   }
+  // codes [rows, cols] -> [cols, rows]
+  void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out) const {
+    kernels::fp8_transpose(in, rows, cols, out, stream());
+  }
   // fp8_cast_transpose of x, gelu(x) or x gelu'(pre) (Fp8Producer), with their column sums (written)
   // when column_sums is given.
   template <class T, class A = accumulate_t<T>>

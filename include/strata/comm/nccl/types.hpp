@@ -74,13 +74,14 @@ inline constexpr std::string_view kBackend = "nccl communicator";
 
 template <class T>
 constexpr ncclDataType_t data_type() {
-  static_assert(CommElement<T>, "The NCCL communicator moves float, double, bf16, fp16, int32_t and int64_t only.");
+  static_assert(CommElement<T>, "The NCCL communicator moves float, double, bf16, fp16, int32_t, int64_t and uint8_t only.");
   static_assert(sizeof(bf16) == 2 && sizeof(fp16) == 2, "bf16 and fp16 must be 16-bit storage types to reach NCCL.");
   if constexpr (std::is_same_v<T, float>) return ncclFloat32;
   else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
   else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
   else if constexpr (std::is_same_v<T, fp16>) return ncclFloat16;
   else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
   else return ncclInt64;
 }
 
