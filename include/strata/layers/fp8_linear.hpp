@@ -181,6 +181,22 @@ struct Fp8Pair {
   bool empty() const { return codes_t.data() == nullptr; }
 };
 
+// The 1/scale a pair's GEMMs read (see Fp8Pair): delayed with the weight cache, the aligned copy the
+// cache's fill writes before the step's first GEMM (the factor holds for the whole step), so the GEMMs
+// need no aligning copy of their own; tensorwise, a copy of the row's factor taken now; else the row's.
+template <class Context>
+void fp8_pair_scale_inv(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
+                        Fp8Pair<typename Context::space>& q) {
+  using Space = typename Context::space;
+  const bool delayed_cached = ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.cache_weights;
+  q.scale_inv = delayed_cached ? state.gemm_scale_inv(role) : state.scale_inv(role);
+  if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
+    q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
+    ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
+    q.scale_inv = q.owned_scale_inv.data();
+  }
+}
+
 // With `producer` (delayed recipe only: the scale must be known before the values exist), the pair
 // is cast from what it makes of x and pre (gelu(x), or x gelu'(pre)) in the same pass, and the
 // values themselves are never written. With `column_sums` ([cols], written), also the column sums of
@@ -205,15 +221,7 @@ Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typena
   else
     ctx.device.template fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, q.format, state.scale(role),
                                                     plain ? q.codes.data() : nullptr, q.codes_t.data(), amax, column_sums);
-  // Delayed with the weight cache: the aligned copy the cache's fill writes before the step's first
-  // GEMM (the factor holds for the whole step), so the GEMMs need no aligning copy of their own.
-  const bool delayed_cached = ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.cache_weights;
-  q.scale_inv = delayed_cached ? state.gemm_scale_inv(role) : state.scale_inv(role);
-  if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
-    q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
-    ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
-    q.scale_inv = q.owned_scale_inv.data();
-  }
+  fp8_pair_scale_inv(ctx, state, role, q);
   return q;
 }
 
@@ -243,13 +251,7 @@ Fp8Pair<typename Context::space> fp8_quantize_gathered(Context& ctx, Fp8State<ty
   q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
   ctx.tp.all_gather(std::as_const(mine).buffer(), q.codes.buffer());
   ctx.device.fp8_transpose(q.codes.data(), rows, cols, q.codes_t.data());
-  const bool delayed_cached = ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.cache_weights;
-  q.scale_inv = delayed_cached ? state.gemm_scale_inv(Fp8Role::input) : state.scale_inv(Fp8Role::input);
-  if (ctx.fp8->options.recipe == Fp8RecipeKind::tensorwise) {
-    q.owned_scale_inv = Tensor<float, Space>::empty(Shape{1});
-    ctx.device.template copy<float>(q.scale_inv, 1, q.owned_scale_inv.data());
-    q.scale_inv = q.owned_scale_inv.data();
-  }
+  fp8_pair_scale_inv(ctx, state, Fp8Role::input, q);
   return q;
 }
 
