@@ -142,6 +142,33 @@ inline void only_known(const strata::json::Value& object, std::initializer_list<
   }
 }
 
+// Calls each(item, where) for every item of the array `key` of `root`, which must be a non-empty
+// array of objects (`shape` names their fields in the error) whose fields are among `known`;
+// `where` is "key[i]." for the item's errors.
+template <class Each>
+void for_each_object(const strata::json::Value& root, std::string_view key, std::initializer_list<std::string_view> known,
+                     const char* shape, const std::string& file, Each&& each) {
+  const strata::json::Value& items = member(root, key, file, "");
+  if (!items.is_array() || items.items().empty())
+    calibration_error(file, "\"" + std::string(key) + "\" must be a non-empty array of " + shape + " objects");
+  for (std::size_t i = 0; i < items.items().size(); ++i) {
+    const strata::json::Value& item = items.items()[i];
+    const std::string at = std::string(key) + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) calibration_error(file, "\"" + at + "\" is not an object");
+    only_known(item, known, file, at + ".");
+    each(item, at + ".");
+  }
+}
+
+// The field "tflops" of `object`: positive and at most `peak` (peak_tflops).
+inline double tflops_within_peak(const strata::json::Value& object, const std::string& where, double peak, const std::string& file) {
+  const double tflops = positive(object, "tflops", file, where);
+  if (tflops > peak)
+    calibration_error(file, "\"" + where + "tflops\" (" + std::to_string(tflops) + ") is above \"peak_tflops\" (" +
+                                std::to_string(peak) + ")");
+  return tflops;
+}
+
 }  // namespace detail
 
 inline constexpr std::string_view kCalibrationFormat = "strata-plan-calibration";
@@ -170,46 +197,28 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   c.name = detail::text(root, "name", file);
   c.source = detail::text(root, "source", file);
   c.peak_tflops = detail::positive(root, "peak_tflops", file);
-  const strata::json::Value& gemm = detail::member(root, "gemm_tflops", file, "");
-  if (!gemm.is_array() || gemm.items().empty())
-    calibration_error(file, "\"gemm_tflops\" must be a non-empty array of {\"m\", \"n\", \"k\", \"tflops\"} objects");
-  for (std::size_t i = 0; i < gemm.items().size(); ++i) {
-    const strata::json::Value& p = gemm.items()[i];
-    const std::string where = "gemm_tflops[" + std::to_string(i) + "].";
-    if (!p.is_object()) calibration_error(file, "\"gemm_tflops[" + std::to_string(i) + "]\" is not an object");
-    detail::only_known(p, {"m", "n", "k", "tflops", "source"}, file, where);
-    GemmPoint g;
-    g.m = static_cast<std::int64_t>(detail::positive(p, "m", file, where));
-    g.n = static_cast<std::int64_t>(detail::positive(p, "n", file, where));
-    g.k = static_cast<std::int64_t>(detail::positive(p, "k", file, where));
-    g.tflops = detail::positive(p, "tflops", file, where);
-    if (g.tflops > c.peak_tflops)
-      calibration_error(file, "\"" + where + "tflops\" (" + std::to_string(g.tflops) + ") is above \"peak_tflops\" (" +
-                                  std::to_string(c.peak_tflops) + ")");
-    c.gemm.push_back(g);
-  }
+  detail::for_each_object(root, "gemm_tflops", {"m", "n", "k", "tflops", "source"}, "{\"m\", \"n\", \"k\", \"tflops\"}", file,
+                          [&](const strata::json::Value& p, const std::string& where) {
+                            GemmPoint g;
+                            g.m = static_cast<std::int64_t>(detail::positive(p, "m", file, where));
+                            g.n = static_cast<std::int64_t>(detail::positive(p, "n", file, where));
+                            g.k = static_cast<std::int64_t>(detail::positive(p, "k", file, where));
+                            g.tflops = detail::tflops_within_peak(p, where, c.peak_tflops, file);
+                            c.gemm.push_back(g);
+                          });
   c.attention_tflops = detail::positive(root, "attention_tflops", file);
-  if (root.find("attention_tflops_by_length")) {
-    const strata::json::Value& points = detail::member(root, "attention_tflops_by_length", file, "");
-    if (!points.is_array() || points.items().empty())
-      calibration_error(file, "\"attention_tflops_by_length\" must be a non-empty array of {\"seq\", \"tflops\"} objects");
-    for (std::size_t i = 0; i < points.items().size(); ++i) {
-      const strata::json::Value& p = points.items()[i];
-      const std::string where = "attention_tflops_by_length[" + std::to_string(i) + "].";
-      if (!p.is_object()) calibration_error(file, "\"" + where.substr(0, where.size() - 1) + "\" is not an object");
-      detail::only_known(p, {"seq", "tflops", "source"}, file, where);
-      AttentionPoint a;
-      a.seq = static_cast<std::int64_t>(detail::positive(p, "seq", file, where));
-      a.tflops = detail::positive(p, "tflops", file, where);
-      if (a.tflops > c.peak_tflops)
-        calibration_error(file, "\"" + where + "tflops\" (" + std::to_string(a.tflops) + ") is above \"peak_tflops\" (" +
-                                    std::to_string(c.peak_tflops) + ")");
-      if (!c.attention_by_length.empty() && a.seq <= c.attention_by_length.back().seq)
-        calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
-                                    ") must be larger than the one before it: the lengths go in ascending order");
-      c.attention_by_length.push_back(a);
-    }
-  }
+  if (root.find("attention_tflops_by_length"))
+    detail::for_each_object(root, "attention_tflops_by_length", {"seq", "tflops", "source"}, "{\"seq\", \"tflops\"}", file,
+                            [&](const strata::json::Value& p, const std::string& where) {
+                              AttentionPoint a;
+                              a.seq = static_cast<std::int64_t>(detail::positive(p, "seq", file, where));
+                              a.tflops = detail::tflops_within_peak(p, where, c.peak_tflops, file);
+                              if (!c.attention_by_length.empty() && a.seq <= c.attention_by_length.back().seq)
+                                detail::calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
+                                                                    ") must be larger than the one before it: the lengths "
+                                                                    "go in ascending order");
+                              c.attention_by_length.push_back(a);
+                            });
   c.elementwise_gbps = detail::positive(root, "elementwise_gbps", file);
   c.optimizer_gbps = detail::positive(root, "optimizer_gbps", file);
   const strata::json::Value& links = detail::member(root, "links", file, "");
