@@ -8,6 +8,8 @@
 #   fp8 delayed                     --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
 #                                   --fp8-amax-compute-algo max (the Llama 3 example line's recipe)
 #   fp8 blockwise                   --fp8-format e4m3 --fp8-recipe blockwise (1x128 / 128x128 blocks)
+#   bf16-reseeded                   bf16 with another --seed (initialization and data order): how far
+#                                   two bf16 runs lie apart, the noise floor of the distances (not by default)
 # The corpus: the whole King James Bible (examples/data/kjv_bible.txt.gz, 4.15M byte tokens),
 # tokenized first by <build-dir>/examples/tools/preprocess_data into <out-dir>; 2,000 iterations of
 # 2 sequences of 1024 read 4.10M tokens, so every sample is new text (the shipped
@@ -43,19 +45,21 @@ preprocess=$build/examples/tools/preprocess_data
 common=(--device cuda --bf16 --data-path "$out/kjv_text_document" --num-layers 24 --hidden-size 1024
         --num-attention-heads 16 --seq-length 1024 --micro-batch-size "$batch" --global-batch-size "$batch" --train-iters "$iters"
         --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --adam-beta2 0.95
-        --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --eval-iters 0 --sample-tokens 0 --seed 1234
+        --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --eval-iters 0 --sample-tokens 0
         --world-size 1)
 for run in $runs; do
+  seed=1234
   case $run in
     bf16) extra=() ;;
+    bf16-reseeded) extra=(); seed=4321 ;;
     tensorwise) extra=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
     delayed) extra=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max) ;;
     blockwise) extra=(--fp8-format e4m3 --fp8-recipe blockwise) ;;
-    *) echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise)" >&2; exit 1 ;;
+    *) echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, bf16-reseeded)" >&2; exit 1 ;;
   esac
   echo "$run: $iters iterations ..."
-  echo "$trainer ${common[*]} ${extra[*]}" >"$out/$run.cmd"
-  "$trainer" "${common[@]}" "${extra[@]}" >"$out/$run.log" 2>&1
+  echo "$trainer ${common[*]} --seed $seed ${extra[*]}" >"$out/$run.cmd"
+  "$trainer" "${common[@]}" --seed "$seed" "${extra[@]}" >"$out/$run.log" 2>&1
   echo "exit $?" >>"$out/$run.log"
 done
 python3 "$here/plot_losses.py" --out "$out/fp8_convergence.svg" --from "$from" --reference bf16 \

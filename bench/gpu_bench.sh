@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # bench/gpu_bench.sh [build-dir] [out-dir]: strata's GPT trainer beside the PyTorch peer on one GPU,
-# in one command, on the shapes of GPT-2 124M and 350M (seq 1024, vocab 50304, bf16, random tokens).
+# in one command, on the shapes of GPT-2 124M and 350M (seq 1024, vocab 50304, bf16, random tokens),
+# GPT 1.41B, and a Llama of 3.0B at seq 4096 (shape llama3B: 28 layers, hidden 3072, 24 heads in 8
+# key/value groups, SwiGLU of width 8192, vocab 32000, rotary base 500000; train_llama beside the peer's
+# --arch llama).
 #
 #   1. Builds what it needs when <build-dir> (default build-bench) has no CUDA train_gpt yet:
 #      configure with CUDA, NCCL, cuDNN (STRATA_CUDNN_FRONTEND_DIR, or the nvidia-cudnn-frontend
-#      Python package) and the CUPTI tracer, then build train_gpt and strata_kernel_trace. CLI11's
+#      Python package) and the CUPTI tracer, then build train_gpt, train_llama and strata_kernel_trace. CLI11's
 #      headers: a system install, or CLI11_INCLUDE_DIR.
 #   2. Per shape: strata (--mock-data-random, one GPU, STRATA_BENCH_ITERS iterations, tokens/s of the last
 #      log interval), then the same run again under the CUPTI tracer with --profile (the per-kernel
@@ -16,7 +19,7 @@
 #      finished step, and whether the two strata runs gave the same losses.
 # Full logs: <out-dir> (default <build-dir>/bench-logs). STRATA_BENCH_SHAPES picks shapes (default
 # "124M 350M"; a shape may name its batch, as in "350M:32", else it runs at its default batch:
-# 124M 32, 350M 16, 1.4B 8; strata and the peer always run at the same batch, and the
+# 124M 32, 350M 16, 1.4B 8, llama3B 2; strata and the peer always run at the same batch, and the
 # logs of "350M:32" are named 350M-b32); STRATA_BENCH_PEER=0 skips the peer; STRATA_BENCH_ITERS (default 30);
 # STRATA_BENCH_DTYPE=fp16 runs both in fp16 with dynamic loss scaling (strata --dtype fp16 from a
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
@@ -64,39 +67,50 @@ export LD_LIBRARY_PATH
 
 trainer=$build/examples/train_gpt
 tracer=$build/bench/libstrata_kernel_trace.so
-if [[ ! -x $trainer || ! -f $tracer ]]; then
+need_llama=0
+[[ " $shapes " == *" llama3B"* ]] && need_llama=1
+if [[ ! -x $trainer || ! -f $tracer || ( $need_llama == 1 && ! -x $build/examples/train_llama ) ]]; then
   echo "building $build (train_gpt, strata_kernel_trace) ..."
   frontend=${STRATA_CUDNN_FRONTEND_DIR:-$(python3 -c "import cudnn, os; print(os.path.dirname(cudnn.__file__))" 2>/dev/null)}
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_BUILD_TESTS=OFF -DSTRATA_CUDA_TRAINERS=ON \
     -DSTRATA_BUILD_BENCH=ON -DSTRATA_BENCH_TRACE_ONLY=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     ${frontend:+-DSTRATA_CUDNN_FRONTEND_DIR=$frontend} ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} \
     >"$out/configure.log" 2>&1 || { echo "configure failed: $out/configure.log"; exit 1; }
-  cmake --build "$build" -j"$(nproc)" --target train_gpt strata_kernel_trace >"$out/build.log" 2>&1 ||
+  cmake --build "$build" -j"$(nproc)" --target train_gpt train_llama strata_kernel_trace >"$out/build.log" 2>&1 ||
     { echo "build failed: $out/build.log"; tail -20 "$out/build.log"; exit 1; }
 fi
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; } >"$out/device.txt" 2>&1
 source "$here/cudnn_frontend_check.sh"
 warn_without_cudnn_frontend "$build" "$out"
 
-shape_args() {  # layers hidden heads batch
+shape_args() {  # layers hidden heads batch seq vocab
   case $1 in
-    124M) echo "12 768 12 32" ;;
-    350M) echo "24 1024 16 16" ;;
-    1.4B) echo "24 2048 16 8" ;;
-    *) echo "unknown shape $1" >&2; return 1 ;;
+    124M) echo "12 768 12 32 1024 50304" ;;
+    350M) echo "24 1024 16 16 1024 50304" ;;
+    1.4B) echo "24 2048 16 8 1024 50304" ;;
+    llama3B) echo "28 3072 24 2 4096 32000" ;;
+    *) echo "unknown shape $1 (124M, 350M, 1.4B, llama3B)" >&2; return 1 ;;
   esac
 }
 
 for spec in $shapes; do
-  read -r L D H B <<<"$(shape_args "${spec%%:*}")" || exit 1
+  read -r L D H B T V <<<"$(shape_args "${spec%%:*}")" || exit 1
   shape=${spec%%:*}
+  run=$trainer
+  arch=()       # strata's model flags beyond the common ones
+  peer_arch=()  # the peer's
+  if [[ $shape == llama3B ]]; then
+    run=$build/examples/train_llama
+    arch=(--group-query-attention --num-query-groups 8 --ffn-hidden-size 8192 --rotary-base 500000)
+    peer_arch=(--arch llama --kv-heads 8 --ffn 8192 --rope-theta 500000)
+  fi
   if [[ $spec == *:* ]]; then
     B=${spec#*:}
     [[ $B =~ ^[1-9][0-9]*$ ]] || { echo "STRATA_BENCH_SHAPES: '$spec': the batch after ':' must be a positive integer"; exit 1; }
     shape=$shape-b$B
   fi
-  common=(--device cuda --mock-data-random --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length 1024
-          --vocab-size 50304 --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
+  common=(--device cuda --mock-data-random --num-layers "$L" --hidden-size "$D" --num-attention-heads "$H" --seq-length "$T"
+          --vocab-size "$V" "${arch[@]}" --micro-batch-size "$B" --global-batch-size "$B" --train-iters "$iters" --log-interval 10
           --eval-iters 0 --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype "$element" "${fp8_args[@]}"
           --hidden-dropout 0 --attention-dropout 0 --weight-decay 0.1 --adam-beta2 0.95 --lr-decay-style cosine)
   # fp16: the loss scaler starts where torch.amp.GradScaler does (2^16) rather than at Megatron's 2^32,
@@ -104,27 +118,28 @@ for spec in $shapes; do
   [[ $dtype == fp16 ]] && common+=(--initial-loss-scale 65536)
   echo "strata $shape ..."
   rm -f "$out/strata-$shape-1.jsonl" "$out/strata-$shape-2.jsonl"
-  timeout 600 "$trainer" "${common[@]}" --log-jsonl "$out/strata-$shape-1.jsonl" >"$out/strata-$shape.log" 2>&1
+  timeout 600 "$run" "${common[@]}" --log-jsonl "$out/strata-$shape-1.jsonl" >"$out/strata-$shape.log" 2>&1
   echo "exit $?" >>"$out/strata-$shape.log"
-  STRATA_TRACE_OUT="$out/kernels-$shape.md" CUDA_INJECTION64_PATH="$tracer" timeout 600 "$trainer" "${common[@]}" \
+  STRATA_TRACE_OUT="$out/kernels-$shape.md" CUDA_INJECTION64_PATH="$tracer" timeout 600 "$run" "${common[@]}" \
     --profile --profile-step-start 10 --profile-step-end 12 --log-jsonl "$out/strata-$shape-2.jsonl" \
     >"$out/strata-$shape-traced.log" 2>&1
   echo "exit $?" >>"$out/strata-$shape-traced.log"
   if [[ ${STRATA_BENCH_NONDETERMINISTIC:-0} != 0 ]]; then
-    timeout 600 "$trainer" "${common[@]}" --no-deterministic-attention >"$out/strata-$shape-nd.log" 2>&1
+    timeout 600 "$run" "${common[@]}" --no-deterministic-attention >"$out/strata-$shape-nd.log" 2>&1
     echo "exit $?" >>"$out/strata-$shape-nd.log"
   fi
   if [[ ${STRATA_BENCH_GEMM_TUNING:-0} != 0 ]]; then
     rm -f "$out/gemm-$shape.tuning" "$out/strata-$shape-tuned-1.jsonl" "$out/strata-$shape-tuned-2.jsonl"
     for k in 1 2; do
-      timeout 600 "$trainer" "${common[@]}" --gemm-tuning "$out/gemm-$shape.tuning" \
+      timeout 600 "$run" "${common[@]}" --gemm-tuning "$out/gemm-$shape.tuning" \
         --log-jsonl "$out/strata-$shape-tuned-$k.jsonl" >"$out/strata-$shape-tuned-$k.log" 2>&1
       echo "exit $?" >>"$out/strata-$shape-tuned-$k.log"
     done
   fi
   if [[ ${STRATA_BENCH_PEER:-1} != 0 ]]; then
     echo "peer $shape ..."
-    timeout 600 python3 "$peer_script" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" "${peer_type[@]}" \
+    timeout 600 python3 "$peer_script" --layers "$L" --heads "$H" --hidden "$D" --batch "$B" --seq "$T" --vocab "$V" \
+      "${peer_arch[@]}" "${peer_type[@]}" \
       >"$out/peer-$shape.log" 2>&1
     echo "exit $?" >>"$out/peer-$shape.log"
   fi
@@ -133,12 +148,17 @@ done
 python3 - "$out" "$dtype" $shapes <<'PY'
 import json, re, sys, os
 out, dtype, shapes = sys.argv[1], sys.argv[2], sys.argv[3:]
-dims = {"124M": (12, 768, 12, 32), "350M": (24, 1024, 16, 16), "1.4B": (24, 2048, 16, 8)}
+# layers, hidden, heads, batch, seq, vocab; the FLOPs' count leaves out the embeddings that do no
+# matmul work: GPT's position table, Llama's untied token table
+dims = {"124M": (12, 768, 12, 32, 1024, 50304), "350M": (24, 1024, 16, 16, 1024, 50304),
+        "1.4B": (24, 2048, 16, 8, 1024, 50304), "llama3B": (28, 3072, 24, 2, 4096, 32000)}
 rows = [f"| model ({dtype}) | stack | batch | tokens/s | MFU | peak memory | launch to first step | same losses twice |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
 for spec in shapes:
     name, _, batch = spec.partition(":")
-    L, D, H, B = dims[name]; T = 1024
+    L, D, H, B, T, V = dims[name]
+    model = "Llama 3.0B" if name == "llama3B" else f"GPT-2 {name}"
+    no_matmul = V * D if name == "llama3B" else T * D
     s = f"{name}-b{batch}" if batch else name
     if batch: B = int(batch)
     log = open(f"{out}/strata-{s}.log").read() if os.path.exists(f"{out}/strata-{s}.log") else ""
@@ -153,20 +173,20 @@ for spec in shapes:
     same = "yes" if l1 and l1 == l2 else ("no" if l1 and l2 else "n/a")
     if params and tps:
         n = int(params.group(1)); tok = int(tps[-1])
-        mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
-        rows.append(f"| GPT-2 {name} | strata | {B} | {tok:,} | {mfu:.1f}% | {peak.group(1) if peak else '?'} | "
+        mfu = 100 * (6 * (n - no_matmul) + 6 * L * D * T) * tok / 989e12
+        rows.append(f"| {model} | strata | {B} | {tok:,} | {mfu:.1f}% | {peak.group(1) if peak else '?'} | "
                     f"{first.group(1) + ' s' if first else '?'} | {same} |")
     else:
-        rows.append(f"| GPT-2 {name} | strata | {B} | failed (see strata-{s}.log) | | | | |")
+        rows.append(f"| {model} | strata | {B} | failed (see strata-{s}.log) | | | | |")
     if os.path.exists(f"{out}/strata-{s}-nd.log"):
         nd = open(f"{out}/strata-{s}-nd.log").read()
         tps_nd = re.findall(r"\|\s+(\d+) tokens/s", nd)
         if params and tps_nd:
             tok = int(tps_nd[-1]); n = int(params.group(1))
-            mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
-            rows.append(f"| GPT-2 {name} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
+            mfu = 100 * (6 * (n - no_matmul) + 6 * L * D * T) * tok / 989e12
+            rows.append(f"| {model} | strata --no-deterministic-attention | {B} | {tok:,} | {mfu:.1f}% | | | not asked |")
         else:
-            rows.append(f"| GPT-2 {name} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
+            rows.append(f"| {model} | strata --no-deterministic-attention | {B} | failed (see strata-{s}-nd.log) | | | | |")
     if os.path.exists(f"{out}/strata-{s}-tuned-2.log"):
         t1, t2 = (open(f"{out}/strata-{s}-tuned-{k}.log").read() for k in (1, 2))
         tps_t = re.findall(r"\|\s+(\d+) tokens/s", t2)
@@ -176,18 +196,18 @@ for spec in shapes:
         same_t = "yes" if lt1 and lt1 == lt2 else ("no" if lt1 and lt2 else "n/a")
         if params and tps_t:
             tok = int(tps_t[-1]); n = int(params.group(1))
-            mfu = 100 * (6 * (n - T * D) + 6 * L * D * T) * tok / 989e12
+            mfu = 100 * (6 * (n - no_matmul) + 6 * L * D * T) * tok / 989e12
             first_t = " / ".join(f.group(1) + " s" if f else "?" for f in firsts)
-            rows.append(f"| GPT-2 {name} | strata --gemm-tuning | {B} | {tok:,} | {mfu:.1f}% | {peak_t.group(1) if peak_t else '?'} | "
+            rows.append(f"| {model} | strata --gemm-tuning | {B} | {tok:,} | {mfu:.1f}% | {peak_t.group(1) if peak_t else '?'} | "
                         f"{first_t} (timing / reading) | {same_t} |")
         else:
-            rows.append(f"| GPT-2 {name} | strata --gemm-tuning | {B} | failed (see strata-{s}-tuned-*.log) | | | | |")
+            rows.append(f"| {model} | strata --gemm-tuning | {B} | failed (see strata-{s}-tuned-*.log) | | | | |")
     try:
         peer = [json.loads(l) for l in open(f"{out}/peer-{s}.log") if l.startswith("{")][-1]
-        rows.append(f"| GPT-2 {name} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "
+        rows.append(f"| {model} | PyTorch {peer['torch']} torch.compile | {B} | {peer['tokens_per_s']:,} | {peer['mfu_pct']}% | "
                     f"{peer['peak_mem_GiB']} GiB | {peer['first_step_s']} s | |")
     except (OSError, IndexError, ValueError):
-        if os.path.exists(f"{out}/peer-{s}.log"): rows.append(f"| GPT-2 {name} | PyTorch | {B} | failed (see peer-{s}.log) | | | | |")
+        if os.path.exists(f"{out}/peer-{s}.log"): rows.append(f"| {model} | PyTorch | {B} | failed (see peer-{s}.log) | | | | |")
 print(open(f"{out}/device.txt").read().strip())
 print("\n".join(rows))
 open(f"{out}/summary.md", "w").write("\n".join(rows) + "\n")

@@ -140,6 +140,7 @@ struct TrainArgs {
   int num_layers_at_end_in_bf16 = 1;
   int fp8_block_size = 128;  // --fp8-recipe blockwise: the block length (128 as DeepSeek-V3; smaller on CPU threads)
   bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
+  std::string fp8_forward_accumulation = "fast";  // --fp8-forward-accumulation: fast or split (Fp8Accumulation)
   std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, or auto (fp8_keeps_forward_weight_codes)
   // model
   models::ModelConfig model = command_line_model();
@@ -478,8 +479,8 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
       ->check(CLI::IsMember({"e4m3", "hybrid"}));
   app.add_option("--fp8-recipe", a.fp8_recipe,
                  "delayed (scales from an amax history, the default), tensorwise (the amax of each tensor now), "
-                 "blockwise (DeepSeek-V3's 1x128 runs and 128x128 weight tiles, each with its own scale; CPU threads "
-                 "so far); mxfp8 needs Blackwell")
+                 "blockwise (DeepSeek-V3's 1x128 runs and 128x128 weight tiles, each with its own scale; cuBLASLt's "
+                 "block-scaled GEMM on GPUs); mxfp8 needs Blackwell")
       ->check(CLI::IsMember({"delayed", "tensorwise", "blockwise", "mxfp8"}));
   app.add_option("--fp8-block-size", a.fp8_block_size,
                  "--fp8-recipe blockwise: the length of a block (1 x B runs, B x B weight tiles); 128 (DeepSeek-V3's, "
@@ -489,6 +490,11 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                  "transposed (W^T for the input gradient; a later forward casts W again), or auto (the default: both "
                  "when a step runs a layer's forward more than once, micro-batches or full recompute; else transposed)")
       ->check(CLI::IsMember({"auto", "both", "transposed"}));
+  app.add_option("--fp8-forward-accumulation", a.fp8_forward_accumulation,
+                 "how the GPU's tensor cores accumulate the forward FP8 GEMM: fast (cuBLASLt's FAST_ACCUM, as Transformer "
+                 "Engine's and torchao's forward; the default) or split (promoted to fp32 at intervals, as the gradient "
+                 "GEMMs always are); the CPU sums exactly either way")
+      ->check(CLI::IsMember({"fast", "split"}));
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -533,6 +539,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
   o.cache_weights = a.fp8_cache_weights;
   o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
+  o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;
   o.validate();
   return o;

@@ -235,7 +235,9 @@ void check_update(backend& device, suite& results) {
 
 template <class C>
 void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bool tb, index_t m, index_t n, index_t k,
-                Fp8Format fa, Fp8Format fb, bool accumulate, bool with_bias = false) {
+                Fp8Format fa, Fp8Format fb, bool accumulate, bool with_bias = false,
+                strata::Fp8Accumulation accumulation = strata::Fp8Accumulation::split) {
+  const bool fast = accumulation == strata::Fp8Accumulation::fast;
   host_rng rng(seed);
   const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
   auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(K * N, -2, 2);
@@ -261,7 +263,7 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
   for (int run = 0; run < 2; ++run) {
     device.copy_from_host(c0.data(), static_cast<index_t>(c0.size()), dc.data());
     device.fp8_gemm<C>(ta, tb, m, n, k, da.data(), fa, scales.data(), db.data(), fb, scales.data() + 1, dc.data(), accumulate,
-                       with_bias ? dbias.data() : nullptr);
+                       with_bias ? dbias.data() : nullptr, accumulation);
     device.copy_to_host(dc.data(), static_cast<index_t>(got.size()), run == 0 ? got.data() : again.data());
   }
   // The accumulation bound: Hopper's FP8 tensor cores add their products in an accumulator
@@ -269,12 +271,18 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
   // intervals along k), so a float output differs from the CPU twin's float sum by about 1e-4 of its
   // size (seen on an H100: 2e-5 at k = 16 to 1.1e-4 at k = 2048); 5e-4 leaves room over that and is
   // far below the casts' own error (an E4M3 step is 1/8 of a value). A bf16 output is bounded by its own rounding (tolerance<bf16>).
-  const double error = relative_error(got, want), tol = std::is_same_v<C, float> ? 5e-4 : tolerance<C>();
+  // Fast accumulation (Fp8Accumulation::fast) keeps the whole sum in that narrower accumulator, no
+  // promotion: its float bound is 4e-3 (the accumulator's 2^-14 relative step grows about as the
+  // square root of the additions, 2^-14 x sqrt(k) x 8 at k = 2048 is 2.2e-2 for the worst element,
+  // far less over the whole output), still under an E4M3 step; bf16 outputs keep tolerance<bf16>.
+  const double error = relative_error(got, want);
+  const double tol = std::is_same_v<C, float> ? (fast ? 4e-3 : 5e-4) : tolerance<C>();
   results.record(error <= tol && same_bits(got, again),
                  "fp8_gemm<" + type_name<C>() + "> ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " " +
                      std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
                      std::string(strata::fp8_format_name(fa)) + "x" + std::string(strata::fp8_format_name(fb)) +
-                     (accumulate ? " accumulate" : "") + (with_bias ? " + bias" : "") + " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
+                     (accumulate ? " accumulate" : "") + (with_bias ? " + bias" : "") + (fast ? " fast accumulation" : "") +
+                     " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
 }
 
 // fp8_gemm_gelu and fp8_gemm_gelu_backward (TN, with and without a bias) against the CPU backend's:
@@ -519,12 +527,23 @@ int main() {
           const bool ta = t & 1, tb = t & 2;
           check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
           check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false);
-          if (t == 2) {  // the forward's layout (TN): the bias in the epilogue
+          if (t == 2) {  // the forward's layout (TN): the bias in the epilogue; the forward's fast accumulation
             check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, true);
             check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, true);
+            for (const bool with_bias : {false, true}) {
+              check_gemm<bf16>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, with_bias, strata::Fp8Accumulation::fast);
+              check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, false, with_bias, strata::Fp8Accumulation::fast);
+            }
           }
           check_gemm<float>(device, results, seed++, ta, tb, m, n, k, fa, fb, true);  // a weight gradient
         }
+    for (const bool fast : {false, true}) {  // a long sum, as the MLP's second GEMM's (k = 4 x hidden)
+      const auto accumulation = fast ? strata::Fp8Accumulation::fast : strata::Fp8Accumulation::split;
+      check_gemm<float>(device, results, seed++, false, true, 256, 512, 8192, Fp8Format::e4m3, Fp8Format::e4m3, false, false,
+                        accumulation);
+      check_gemm<bf16>(device, results, seed++, false, true, 256, 512, 8192, Fp8Format::e4m3, Fp8Format::e4m3, false, false,
+                       accumulation);
+    }
     bool refused = false;
     try {
       device_vector<std::uint8_t> a(256);

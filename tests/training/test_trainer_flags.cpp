@@ -1090,6 +1090,12 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_EQ(d->num_layers_at_end_in_bf16, 1);
   EXPECT_EQ(d->format_of(strata::Fp8Role::grad_output), strata::Fp8Format::e5m2);
   EXPECT_EQ(d->format_of(strata::Fp8Role::input), strata::Fp8Format::e4m3);
+  // the forward GEMM accumulates fast by default (Transformer Engine's fprop, torchao's forward)
+  EXPECT_EQ(d->forward_accumulation, strata::Fp8Accumulation::fast);
+  EXPECT_EQ(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-forward-accumulation", "split"}))
+                ->forward_accumulation,
+            strata::Fp8Accumulation::split);
+  EXPECT_THROW((void)parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-forward-accumulation", "exact"}), CLI::ParseError);
   // --fp8-weight-cache auto: both layouts where a step runs a layer's forward more than once
   auto keeps = [](std::vector<std::string> more) {
     std::vector<std::string> flags = {"--fp8-format", "hybrid", "--micro-batch-size", "4", "--world-size", "1"};

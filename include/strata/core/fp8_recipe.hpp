@@ -69,6 +69,13 @@ inline constexpr int kFp8Roles = 3;
 // gelu_forward / gelu_backward round it, so the codes are those of a cast of their result.
 enum class Fp8Producer : std::uint8_t { copy, gelu, gelu_backward };
 
+// How an FP8 GEMM's tensor cores accumulate on Hopper. split: the partial sums are promoted to fp32
+// at intervals along k (cuBLASLt's default). fast: they stay in the tensor cores' own narrower
+// accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM), which is faster; Transformer Engine runs the
+// forward GEMM so and the gradient GEMMs split, as torchao's float8 does. The CPU twin accumulates
+// every product exactly either way, so the choice changes GPU results only, within the GEMM's bound.
+enum class Fp8Accumulation : std::uint8_t { split, fast };
+
 struct Fp8Options {
   Fp8Formats format = Fp8Formats::hybrid;
   Fp8RecipeKind recipe = Fp8RecipeKind::delayed;  // Megatron's default
@@ -89,6 +96,8 @@ struct Fp8Options {
   // blockwise: the length of a block (1 x block runs, block x block tiles); cuBLASLt's block-scaled
   // GEMMs take 128, the CPU backend any length >= 1.
   int block = 128;
+  // The forward GEMM's accumulation on the GPU (Fp8Accumulation); the gradient GEMMs always split.
+  Fp8Accumulation forward_accumulation = Fp8Accumulation::fast;
 
   Fp8Format format_of(Fp8Role role) const {
     return format == Fp8Formats::hybrid && role == Fp8Role::grad_output ? Fp8Format::e5m2 : Fp8Format::e4m3;

@@ -379,7 +379,8 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
   return false;
 }
 
-// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is); the bias added in T to the
+// y[rows, out] = x W^T (+ b): the forward GEMM in FP8 (TN as it is; accumulated as
+// Fp8Options::forward_accumulation says, the gradient GEMMs always split); the bias added in T to the
 // rounded product (per-tensor recipes: in the GEMM's epilogue where the backend can). With
 // `gelu_out`, also gelu_out = gelu(y) (per-tensor recipes: in the same GEMM's epilogue where the
 // backend takes it). Per-tensor recipes: x is cast in both layouts in one pass, and x^T's codes go to
@@ -405,12 +406,13 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
   Fp8Pair<Space> xq = given ? std::move(*given)
                             : fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
+  const Fp8Accumulation accumulation = ctx.fp8->options.forward_accumulation;
   if (gelu_out)
     ctx.device.template fp8_gemm_gelu<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
-                                         wq.scale_inv, b, y, gelu_out);  // (rows, out) twice
+                                         wq.scale_inv, b, y, gelu_out, accumulation);  // (rows, out) twice
   else
     ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
-                                    wq.scale_inv, y, false, b);  // (rows, out)
+                                    wq.scale_inv, y, false, b, accumulation);  // (rows, out)
   xq.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
   keep = std::move(xq);
 }

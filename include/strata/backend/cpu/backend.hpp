@@ -81,17 +81,19 @@ struct backend {
                                        float* amax, A* column_sums) {
     cpu::fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums);
   }
+  // Fp8Accumulation changes how a GPU's tensor cores accumulate; the twin sums exactly either way.
   template <class C>
   static void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                        const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,
-                       bool accumulate, const C* bias = nullptr) {
+                       bool accumulate, const C* bias = nullptr, Fp8Accumulation = Fp8Accumulation::split) {
     cpu::fp8_gemm<C>(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias);
   }
   // TN: pre = product (+ bias), out = gelu(pre); and out = product * gelu'(pre): the FP8 GEMM, then
   // the GELU (the CUDA backend fuses them into one GEMM epilogue).
   template <class C>
   static void fp8_gemm_gelu(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
-                            const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out) {
+                            const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out,
+                            Fp8Accumulation = Fp8Accumulation::split) {
     cpu::fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, false, bias);
     cpu::gelu_forward<C>(pre, m * n, out);
   }

@@ -223,12 +223,13 @@ class backend {
   template <class C>
   void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
                 const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
-                const C* bias = nullptr) const {
+                const C* bias = nullptr, Fp8Accumulation accumulation = Fp8Accumulation::split) const {
     if constexpr (std::is_same_v<C, double>) {
       fail<ConfigError>("cuda::backend::fp8_gemm: FP8 GEMMs have no double output on the GPU; train in bf16 or float with FP8");
     } else {
       // the bias in cuBLASLt's epilogue where it has an algorithm with it, else a kernel after
-      if (!cuda::fp8_gemm<C>(state_->blas, stream(), ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias))
+      if (!cuda::fp8_gemm<C>(state_->blas, stream(), ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias,
+                             accumulation))
         kernels::bias_add<C>(c, bias, m, n, stream());
     }
   }
@@ -237,11 +238,13 @@ class backend {
   // an algorithm (slower on an H100: fp8_gelu_epilogues).
   template <class C>
   void fp8_gemm_gelu(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
-                     const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out) const {
+                     const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre, C* out,
+                     Fp8Accumulation accumulation = Fp8Accumulation::split) const {
     if constexpr (std::is_same_v<C, double>) {
       fail<ConfigError>("cuda::backend::fp8_gemm_gelu: FP8 GEMMs have no double output on the GPU");
-    } else if (!cuda::fp8_gemm_gelu<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, bias, pre, out)) {
-      fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, false, bias);
+    } else if (!cuda::fp8_gemm_gelu<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, bias, pre, out,
+                                       accumulation)) {
+      fp8_gemm<C>(false, true, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, pre, false, bias, accumulation);
       kernels::gelu_forward<C>(pre, m * n, out, stream());
     }
   }

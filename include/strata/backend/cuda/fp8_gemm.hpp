@@ -43,8 +43,8 @@ constexpr cudaDataType_t fp8_output_type() {
   else return CUDA_R_32F;
 }
 
-// The plan key of an FP8 TN problem; `kind` keeps the per-tensor (1000) and the block-scaled (2000)
-// problems apart from each other and from gemm()'s keys.
+// The plan key of an FP8 TN problem; `kind` keeps the per-tensor (1000, 1100 with fast accumulation)
+// and the block-scaled (2000) problems apart from each other and from gemm()'s keys.
 template <class C>
 gemm_key fp8_tn_key(const blas_handle& blas, int kind, Fp8Format fa, Fp8Format fb, index_t m, index_t n, index_t k,
                     const void* a, const void* b, const void* c, bool accumulate) {
@@ -67,10 +67,10 @@ gemm_key fp8_tn_key(const blas_handle& blas, int kind, Fp8Format fa, Fp8Format f
 // The descriptor of the key's FP8 TN problem (fp32 compute, the key's SM target; column-major:
 // first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); C and D [n, m] (ld n)), and a
 // preference for the handle's workspace and the key's alignments. The caller adds its epilogue or
-// scale modes before asking the heuristic.
+// scale modes before asking the heuristic. `fast`: cuBLASLt's FAST_ACCUM (Fp8Accumulation::fast).
 template <class C>
 void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa, Fp8Format fb, gemm_plan& p,
-                     preference_descriptor& preference) {
+                     preference_descriptor& preference, bool fast = false) {
   const cudaDataType_t out_type = fp8_output_type<C>();
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
@@ -79,6 +79,10 @@ void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa,
   if (key.sm_target > 0)
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
                                                        sizeof(key.sm_target)));
+  if (fast) {
+    const std::int8_t on = 1;
+    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc.handle, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof(on)));
+  }
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.first.handle, fp8_data_type(fb), key.k, key.n, key.k));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.second.handle, fp8_data_type(fa), key.k, key.m, key.k));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, key.n, key.m, key.n));
@@ -135,12 +139,13 @@ void fp8_tn_run(blas_handle& blas, cudaStream_t stream, const gemm_plan& plan, c
 // With a GELU epilogue (not with accumulate): gelu_aux writes pre = product (+ bias) to `aux` and
 // c = gelu_tanh(pre) (cuBLASLt's GELU_AUX(_BIAS), the GELU of the fp32 value before rounding);
 // dgelu reads pre from `aux` and writes c = product * gelu_tanh'(pre) (DGELU). Those return false,
-// having enqueued nothing, where cuBLASLt has no algorithm with the epilogue.
+// having enqueued nothing, where cuBLASLt has no algorithm with the epilogue. `accumulation`: how the
+// tensor cores accumulate (Fp8Accumulation).
 template <class C>
 bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                  const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
                  const C* bias = nullptr, detail::gemm_epilogue epilogue = detail::gemm_epilogue::none,
-                 const C* aux = nullptr) {
+                 const C* aux = nullptr, Fp8Accumulation accumulation = Fp8Accumulation::split) {
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, fp16> || std::is_same_v<C, float>,
                 "cuda::fp8_gemm writes bf16, fp16 or float outputs (cuBLASLt's FP8 GEMMs have no double output).");
   if (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)
@@ -168,13 +173,14 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     a_scale_inv = aligned.data();
     b_scale_inv = aligned.data() + 4;
   }
-  detail::gemm_key key = detail::fp8_tn_key<C>(blas, 1000, fa, fb, m, n, k, a, b, c, accumulate);
+  const bool fast = accumulation == Fp8Accumulation::fast;
+  detail::gemm_key key = detail::fp8_tn_key<C>(blas, fast ? 1100 : 1000, fa, fb, m, n, k, a, b, c, accumulate);
   key.bias = use_bias;
   key.epilogue = static_cast<int>(epilogue);
   const cudaDataType_t out_type = detail::fp8_output_type<C>();
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
     detail::preference_descriptor preference;
-    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference);
+    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference, fast);
     const auto set_bias_epilogue = [&](bool on) {
       // the bias runs along the rows of the column-major D [n, m]: one value per row-major column
       const cublasLtEpilogue_t kind = epilogue == detail::gemm_epilogue::dgelu    ? CUBLASLT_EPILOGUE_DGELU
@@ -271,7 +277,7 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
 template <class C>
 bool fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a,
               Fp8Format fa, const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c,
-              bool accumulate, const C* bias = nullptr) {
+              bool accumulate, const C* bias = nullptr, Fp8Accumulation accumulation = Fp8Accumulation::split) {
   Tensor<std::uint8_t, space::cuda> a_rows, b_rows;
   if (ta) {  // a stored [k, m]: make it [m, k]
     a_rows = Tensor<std::uint8_t, space::cuda>::empty(Shape{m, k});
@@ -283,7 +289,8 @@ bool fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t 
     kernels::fp8_transpose(b, k, n, b_rows.data(), stream);
     b = b_rows.data();
   }
-  return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias);
+  return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias,
+                        detail::gemm_epilogue::none, nullptr, accumulation);
 }
 
 // Whether the FP8 GEMMs take the GELU epilogues: only with STRATA_FP8_GELU_EPILOGUE=1. On an H100
@@ -302,9 +309,9 @@ inline bool fp8_gelu_epilogues() {
 template <class C>
 bool fp8_gemm_gelu(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                    const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, C* pre,
-                   C* out) {
+                   C* out, Fp8Accumulation accumulation = Fp8Accumulation::split) {
   return fp8_gelu_epilogues() && fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, out, false, bias,
-                                                detail::gemm_epilogue::gelu_aux, pre);
+                                                detail::gemm_epilogue::gelu_aux, pre, accumulation);
 }
 // TN, out = product * gelu_tanh'(pre) in one GEMM; false (nothing enqueued) where unavailable.
 template <class C>
