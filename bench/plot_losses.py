@@ -73,7 +73,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--reference", required=True)
     p.add_argument("--from", dest="start", type=int, default=200)
-    p.add_argument("--title", default="strata GPT 350M on the shipped corpus, one GPU: loss per iteration")
+    p.add_argument("--title", default="strata GPT 350M, one GPU: loss per iteration")
     p.add_argument("curves", nargs="+", help="NAME=LOG")
     a = p.parse_args()
     curves, rates = {}, {}

@@ -140,8 +140,8 @@ struct TrainArgs {
   int num_layers_at_end_in_bf16 = 1;
   int fp8_block_size = 128;  // --fp8-recipe blockwise: the block length (128 as DeepSeek-V3; smaller on CPU threads)
   bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
-  std::string fp8_forward_accumulation = "fast";  // --fp8-forward-accumulation: fast or split (Fp8Accumulation)
-  std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, or auto (fp8_keeps_forward_weight_codes)
+  std::string fp8_forward_accumulation = "split";  // --fp8-forward-accumulation: split or fast (Fp8Accumulation)
+  std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, none, or auto (fp8_keeps_forward_weight_codes)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -487,13 +487,14 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                  "cuBLASLt's), smaller for small models on CPU threads");
   app.add_option("--fp8-weight-cache", a.fp8_weight_cache,
                  "what each FP8 layer keeps of its weight's codes for the step: both layouts (1 byte per weight each), "
-                 "transposed (W^T for the input gradient; a later forward casts W again), or auto (the default: both "
-                 "when a step runs a layer's forward more than once, micro-batches or full recompute; else transposed)")
-      ->check(CLI::IsMember({"auto", "both", "transposed"}));
+                 "transposed (W^T for the input gradient; a later forward casts W again), none (every GEMM casts its "
+                 "weight: the least memory, one more weight cast a micro-batch), or auto (the default: both when a step "
+                 "runs a layer's forward more than once, micro-batches or full recompute; else transposed)")
+      ->check(CLI::IsMember({"auto", "both", "transposed", "none"}));
   app.add_option("--fp8-forward-accumulation", a.fp8_forward_accumulation,
-                 "how the GPU's tensor cores accumulate the forward FP8 GEMM: fast (cuBLASLt's FAST_ACCUM, as Transformer "
-                 "Engine's and torchao's forward; the default) or split (promoted to fp32 at intervals, as the gradient "
-                 "GEMMs always are); the CPU sums exactly either way")
+                 "how the GPU's tensor cores accumulate the forward FP8 GEMM: split (promoted to fp32 at intervals, as the "
+                 "gradient GEMMs always are; the default) or fast (cuBLASLt's FAST_ACCUM, as Transformer Engine's and "
+                 "torchao's forward: no faster on an H100, ten times the error); the CPU sums exactly either way")
       ->check(CLI::IsMember({"fast", "split"}));
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
@@ -537,7 +538,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.first_last_layers_bf16 = a.first_last_layers_bf16;
   o.num_layers_at_start_in_bf16 = a.num_layers_at_start_in_bf16;
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
-  o.cache_weights = a.fp8_cache_weights;
+  o.cache_weights = a.fp8_cache_weights && a.fp8_weight_cache != "none";
   o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
   o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;

@@ -85,6 +85,8 @@ MemoryPlan plan_memory(const TrainArgs& a) {
     fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
     fp8.codes_kept = a.fp8_recipe != "blockwise";
     fp8.forward_codes_cached = a.fp8_recipe == "blockwise" || !a.fp8_cache_weights || fp8_keeps_forward_weight_codes(a);
+    // blockwise casts into the cache's buffers even when it casts per GEMM
+    fp8.weight_cache = a.fp8_recipe == "blockwise" || (a.fp8_cache_weights && a.fp8_weight_cache != "none");
   }
   for (std::size_t r = 0; r < holdings.size(); ++r) {
     models::MemoryEstimate e = models::estimate_pipeline_rank_memory(

@@ -214,10 +214,11 @@ int main(int argc, char** argv) {
       test_activations<double>(device, results, rng, rows, f);
       test_activations<strata::bf16>(device, results, rng, rows, f);
     }
-    for (const auto& [s, d] : std::vector<std::pair<index_t, index_t>>{{5, 12}, {129, 64}, {300, 128}}) {
-      test_rope<float>(device, results, rng, s, 3, d);
-      test_rope<double>(device, results, rng, s, 3, d);
-      test_rope<strata::bf16>(device, results, rng, s, 3, d);
+    // n = 50 heads of 128: a position's pairs outnumber a block's threads
+    for (const auto& [s, n, d] : std::vector<std::tuple<index_t, index_t, index_t>>{{5, 3, 12}, {129, 3, 64}, {300, 3, 128}, {40, 50, 128}}) {
+      test_rope<float>(device, results, rng, s, n, d);
+      test_rope<double>(device, results, rng, s, n, d);
+      test_rope<strata::bf16>(device, results, rng, s, n, d);
     }
     // 64 and 128 (qk norms over a head) take the warp path, 7 and 2048 the block path.
     for (const auto& [rows, cols] : std::vector<std::pair<index_t, index_t>>{{3, 7}, {1001, 64}, {257, 128}, {5, 2048}}) {

@@ -155,14 +155,15 @@ void check_fused_casts(backend& device, suite& results, std::uint64_t seed, inde
                        index_t offset) {
   using A = strata::accumulate_t<T>;
   const std::size_t n = static_cast<std::size_t>(rows * cols), at = static_cast<std::size_t>(offset);
-  const auto x = inputs<T>(n, seed, 3.0), pre = inputs<T>(n, seed + 1000, 3.0);
+  // x and pre hold 2n values (swiglu reads [gate | up] of 2 cols a row); the others read n
+  const auto x = inputs<T>(2 * n, seed, 3.0), pre = inputs<T>(2 * n, seed + 1000, 3.0);
   const float scale = 40.0f;
-  device_vector<T> dx(n + at), dpre(n + at), dv(n + at);
+  device_vector<T> dx(2 * n + at), dpre(2 * n + at), dv(n + at);
   device_vector<std::uint8_t> q(n + at), qt(n + at), q_ref(n), qt_ref(n);
   device_vector<float> dscale(1), amax(2);
   device_vector<A> sums(static_cast<std::size_t>(cols)), sums_ref(static_cast<std::size_t>(cols));
-  device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data() + at);
-  device.copy_from_host(pre.data(), static_cast<index_t>(n), dpre.data() + at);
+  device.copy_from_host(x.data(), static_cast<index_t>(2 * n), dx.data() + at);
+  device.copy_from_host(pre.data(), static_cast<index_t>(2 * n), dpre.data() + at);
   device.copy_from_host(&scale, 1, dscale.data());
   const float zero[2] = {0.0f, 0.0f};
   device.copy_from_host(zero, 2, amax.data());
@@ -171,6 +172,9 @@ void check_fused_casts(backend& device, suite& results, std::uint64_t seed, inde
   if (p == strata::Fp8Producer::gelu) device.gelu_forward<T>(dx.data() + at, static_cast<index_t>(n), dv.data() + at);
   if (p == strata::Fp8Producer::gelu_backward)
     device.gelu_backward<T>(dx.data() + at, dpre.data() + at, static_cast<index_t>(n), dv.data() + at);
+  if (p == strata::Fp8Producer::swiglu) device.swiglu_forward<T>(dx.data() + at, rows, cols, dv.data() + at);
+  if (p == strata::Fp8Producer::swiglu_backward)
+    device.swiglu_backward<T>(dx.data() + at, dpre.data() + at, rows, cols / 2, dv.data() + at);
   if (p != strata::Fp8Producer::copy) v = dv.data() + at;
   const Fp8Format format = Fp8Format::e5m2;
   device.fp8_cast_transpose<T>(v, rows, cols, format, dscale.data(), q_ref.data(), qt_ref.data(), amax.data());
@@ -193,7 +197,8 @@ void check_fused_casts(backend& device, suite& results, std::uint64_t seed, inde
   for (std::size_t c = 0; c < hs.size(); ++c)
     worst = std::max(worst, std::abs(double(hs[c]) - double(hs_ref[c])) / (1.0 + std::abs(double(hs_ref[c]))));
   const double bound = std::is_same_v<A, double> ? 1e-12 : 1e-4;
-  const char* name = p == strata::Fp8Producer::copy ? "copy" : p == strata::Fp8Producer::gelu ? "gelu" : "gelu_backward";
+  const char* names[] = {"copy", "gelu", "gelu_backward", "swiglu", "swiglu_backward"};
+  const char* name = names[static_cast<int>(p)];
   const std::string what = type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) + " " + name +
                            (offset ? " unaligned" : "");
   results.record(same_bits(hq, hq_ref) && same_bits(hqt, hqt_ref) && std::memcmp(&ha[0], &ha[1], sizeof(float)) == 0,
@@ -511,8 +516,11 @@ int main() {
     check_casts<float>(device, results, seed++, 64, 64, Fp8Format::e4m3, 1.0f, true);
     check_casts<bf16>(device, results, seed++, 64, 64, Fp8Format::e5m2, 1.0f, true);
     check_update(device, results);
-    for (auto producer : {strata::Fp8Producer::copy, strata::Fp8Producer::gelu, strata::Fp8Producer::gelu_backward})
-      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 33}, {200, 136}, {1024, 768}, {4096, 2048}})
+    for (auto producer : {strata::Fp8Producer::copy, strata::Fp8Producer::gelu, strata::Fp8Producer::gelu_backward,
+                          strata::Fp8Producer::swiglu, strata::Fp8Producer::swiglu_backward})
+      // swiglu_backward makes [d gate | d up]: an even width (136 = 2 x 68: eights straddle the halves;
+      // 768, 2048: they do not)
+      for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 2}, {7, 34}, {200, 136}, {1024, 768}, {4096, 2048}})
         for (index_t offset : {0, 1}) {
           check_fused_casts<bf16>(device, results, seed++, rows, cols, producer, offset);
           check_fused_casts<float>(device, results, seed++, rows, cols, producer, offset);

@@ -35,8 +35,9 @@ struct Fp8Case {
 
 // How the block's middle runs: fc1 -> fc2 (none), fc1 -> GELU -> fc2 through forward_gelu_of and
 // backward_gelu_of (fused: under the delayed recipe the GELU and its backward run inside the FP8
-// casts), or the same with the GELU's own kernels between the layers (between).
-enum class Middle { none, fused, between };
+// casts), or the same with the GELU's own kernels between the layers (between); the same two for
+// SwiGLU, fc1 then a stacked [gate; up] layer (swiglu_fused: forward_swiglu_of, backward_swiglu_of).
+enum class Middle { none, fused, between, swiglu_fused, swiglu_between };
 
 // Column -> row on `tp` ranks for kSteps steps (new inputs each step; the scaling update after each
 // step); the snapshot holds every step's output and input gradient and the final gradients.
@@ -52,7 +53,10 @@ Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
     std::optional<RowParallelLinear<P>> fc2;
     {
       Fp8LayerScope<space::host> scope(ctx.fp8, 0);
-      fc1.emplace(ctx, "fc1", kIn, kHidden);
+      if constexpr (M == Middle::swiglu_fused || M == Middle::swiglu_between)
+        fc1.emplace(ctx, "fc1", kIn, 2 * kHidden, true, 2);  // [gate; up], each stack split over tp
+      else
+        fc1.emplace(ctx, "fc1", kIn, kHidden);
       fc2.emplace(ctx, "fc2", kHidden, kOut);
     }
     EXPECT_EQ(fc1->fp8_state() != nullptr, c.fp8);
@@ -86,6 +90,19 @@ Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
         auto [out, s2] = fc2->forward_gelu_of(ctx, h);
         y = std::move(out);
         dx = fc1->backward_gelu_of(ctx, s1, fc2->backward(ctx, s2, dy), h.tensor);
+      } else if constexpr (M == Middle::swiglu_fused) {
+        auto [out, s2] = fc2->forward_swiglu_of(ctx, h);
+        y = std::move(out);
+        dx = fc1->backward_swiglu_of(ctx, s1, fc2->backward(ctx, s2, dy), h.tensor);
+      } else if constexpr (M == Middle::swiglu_between) {
+        const index_t rows = h.shape().rows(), f = h.shape().cols() / 2;
+        Activation<T, layout::sharded<-1>> act(Tensor<T>::empty(h.shape().with(-1, f))), dh(Tensor<T>::empty(h.shape()));
+        ctx.device.template swiglu_forward<T>(h.data(), rows, f, act.data());
+        auto [out, s2] = fc2->forward(ctx, act);
+        y = std::move(out);
+        auto dact = fc2->backward(ctx, s2, dy);
+        ctx.device.template swiglu_backward<T>(dact.data(), h.data(), rows, f, dh.data());
+        dx = fc1->backward(ctx, s1, dh);
       } else {
         Activation<T, layout::sharded<-1>> act(Tensor<T>::empty(h.shape())), dh(Tensor<T>::empty(h.shape()));
         ctx.device.template gelu_forward<T>(h.data(), h.tensor.numel(), act.data());
@@ -154,26 +171,37 @@ void check_sharded_equals_single() {
 
 TEST(Fp8Linear, ShardedEqualsSingleRankDouble) { check_sharded_equals_single<false>(); }
 
-// The GELU between fc1 and fc2 made inside the FP8 casts (delayed: fc2's input cast computes it, fc1's
-// output-gradient cast its backward, with the bias gradient's column sums) gives the bits of the GELU
-// kernels run between the layers, for every recipe (the others run the kernels themselves), and the
-// fused block sharded over tp (with and without sequence parallelism) equals its single-rank run.
-TEST(Fp8Linear, GeluInsideTheCastsIsTheGeluBetweenTheLayers) {
+TEST(Fp8Linear, SequenceParallelEqualsSingleRankDouble) { check_sharded_equals_single<true>(); }
+
+// An activation between fc1 and fc2 made inside the FP8 casts (delayed: fc2's input cast computes it,
+// fc1's output-gradient cast its backward, with the bias gradient's column sums) gives the bits of the
+// activation's kernels run between the layers, for every recipe (the others run the kernels
+// themselves), and the fused block sharded over tp (with and without sequence parallelism) equals its
+// single-rank run.
+template <Middle Fused, Middle Between>
+void check_activation_inside_the_casts(const std::string& name) {
   for (const Fp8Case& c : cases()) {
-    const Snapshot between = run_fp8_mlp<double, false, Middle::between>(1, c);
-    strata_test::expect_equivalent(run_fp8_mlp<double, false, Middle::fused>(1, c), between, 0.0, describe(c) + " fused");
+    const Snapshot between = run_fp8_mlp<double, false, Between>(1, c);
+    strata_test::expect_equivalent(run_fp8_mlp<double, false, Fused>(1, c), between, 0.0, describe(c) + " " + name);
     for (int tp : {2, 3}) {
-      strata_test::expect_equivalent(run_fp8_mlp<double, false, Middle::fused>(tp, c), between, 1e-12,
-                                     describe(c) + " fused tp=" + std::to_string(tp));
-      strata_test::expect_equivalent(run_fp8_mlp<double, true, Middle::fused>(tp, c), between, 1e-12,
-                                     describe(c) + " fused tp=" + std::to_string(tp) + " sequence parallel");
+      strata_test::expect_equivalent(run_fp8_mlp<double, false, Fused>(tp, c), between, 1e-12,
+                                     describe(c) + " " + name + " tp=" + std::to_string(tp));
+      strata_test::expect_equivalent(run_fp8_mlp<double, true, Fused>(tp, c), between, 1e-12,
+                                     describe(c) + " " + name + " tp=" + std::to_string(tp) + " sequence parallel");
     }
-    const Snapshot bf16_between = run_fp8_mlp<bf16, false, Middle::between>(1, c);
-    strata_test::expect_equivalent(run_fp8_mlp<bf16, false, Middle::fused>(1, c), bf16_between, 0.0,
-                                   describe(c) + " fused bf16");
+    const Snapshot bf16_between = run_fp8_mlp<bf16, false, Between>(1, c);
+    strata_test::expect_equivalent(run_fp8_mlp<bf16, false, Fused>(1, c), bf16_between, 0.0, describe(c) + " " + name + " bf16");
   }
 }
-TEST(Fp8Linear, SequenceParallelEqualsSingleRankDouble) { check_sharded_equals_single<true>(); }
+// GELU: forward_gelu_of and backward_gelu_of.
+TEST(Fp8Linear, GeluInsideTheCastsIsTheGeluBetweenTheLayers) {
+  check_activation_inside_the_casts<Middle::fused, Middle::between>("gelu fused");
+}
+// SwiGLU between a stacked [gate; up] fc1 and fc2 (forward_swiglu_of, backward_swiglu_of; each rank
+// holds its gate and up slices).
+TEST(Fp8Linear, SwigluInsideTheCastsIsTheSwigluBetweenTheLayers) {
+  check_activation_inside_the_casts<Middle::swiglu_fused, Middle::swiglu_between>("swiglu fused");
+}
 
 // FP8 is in effect: the outputs move away from the element-type run by FP8's rounding, not more.
 TEST(Fp8Linear, DiffersFromTheElementTypeRunByFp8Rounding) {

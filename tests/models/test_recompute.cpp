@@ -148,6 +148,16 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   std::printf("peak bytes: float %zu, FP8 %zu: change %.0f, estimated %.0f\n", plain, fp8, measured, estimated);
   EXPECT_LT(estimated, 0.0);  // codes of 1 byte in place of float inputs outweigh the weight caches here
   EXPECT_NEAR(measured / estimated, 1.0, 0.10);
+  // Without a weight cache (--fp8-weight-cache none) every GEMM casts its weight: no codes outlive it,
+  // so the peak falls by the caches, to the kept codes' change and one weight's codes.
+  const std::size_t uncached = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.cache_weights = false}).peak;
+  const double estimated_uncached = double(c.num_layers) * double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes)) +
+                                    double(models::fp8_largest_forward_codes(c, 1, false, true));
+  const double measured_uncached = double(uncached) - double(plain);
+  std::printf("peak bytes without a weight cache: %zu: change %.0f, estimated %.0f\n", uncached, measured_uncached,
+              estimated_uncached);
+  EXPECT_LT(uncached, fp8);
+  EXPECT_NEAR(measured_uncached / estimated_uncached, 1.0, 0.10);
 }
 
 // Peak bytes of one forward + backward on one rank (GPT, 8 layers, seq 256, batch 4, hidden 128):

@@ -1090,11 +1090,11 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_EQ(d->num_layers_at_end_in_bf16, 1);
   EXPECT_EQ(d->format_of(strata::Fp8Role::grad_output), strata::Fp8Format::e5m2);
   EXPECT_EQ(d->format_of(strata::Fp8Role::input), strata::Fp8Format::e4m3);
-  // the forward GEMM accumulates fast by default (Transformer Engine's fprop, torchao's forward)
-  EXPECT_EQ(d->forward_accumulation, strata::Fp8Accumulation::fast);
-  EXPECT_EQ(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-forward-accumulation", "split"}))
+  // the forward GEMM accumulates split by default; fast (Transformer Engine's fprop, torchao's forward) on request
+  EXPECT_EQ(d->forward_accumulation, strata::Fp8Accumulation::split);
+  EXPECT_EQ(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-forward-accumulation", "fast"}))
                 ->forward_accumulation,
-            strata::Fp8Accumulation::split);
+            strata::Fp8Accumulation::fast);
   EXPECT_THROW((void)parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-forward-accumulation", "exact"}), CLI::ParseError);
   // --fp8-weight-cache auto: both layouts where a step runs a layer's forward more than once
   auto keeps = [](std::vector<std::string> more) {
@@ -1107,6 +1107,8 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_TRUE(keeps({"--global-batch-size", "4", "--recompute-granularity", "full"}));
   EXPECT_TRUE(keeps({"--global-batch-size", "4", "--fp8-weight-cache", "both"}));
   EXPECT_FALSE(keeps({"--global-batch-size", "8", "--fp8-weight-cache", "transposed"}));
+  EXPECT_TRUE(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid"}))->cache_weights);
+  EXPECT_FALSE(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-weight-cache", "none"}))->cache_weights);
   const TrainArgs llama3 = parse_flags("gpt", {"--fp8-format", "e4m3", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo",
                                                "max", "--fp8-margin", "2", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
                                                "--num-layers-at-start-in-bf16", "2", "--num-layers-at-end-in-bf16", "3"});

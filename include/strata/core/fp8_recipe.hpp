@@ -63,17 +63,27 @@ enum class Fp8Role : int { input = 0, weight = 1, grad_output = 2 };
 inline constexpr int kFp8Roles = 3;
 
 // What a fused cast computes before it casts (backend fp8_cast_transpose_fused): the tensor as it is
-// (copy), GELU of it (gelu: the input of the linear layer after the activation), or the output
+// (copy), GELU of it (gelu: the input of the linear layer after the activation), the output
 // gradient times GELU's derivative at the pre-activation (gelu_backward: the output gradient of the
-// linear layer before the activation). Each rounded to the element type as the backend's own
-// gelu_forward / gelu_backward round it, so the codes are those of a cast of their result.
-enum class Fp8Producer : std::uint8_t { copy, gelu, gelu_backward };
+// linear layer before the activation), or the same two of SwiGLU: swiglu makes [rows, cols] from the
+// pre-activation x = [gate | up] [rows, 2 cols]; swiglu_backward makes [d gate | d up] [rows, cols]
+// from the activation's gradient x [rows, cols / 2] and the pre-activation pre [rows, cols]. Each
+// rounded to the element type as the backend's own gelu_forward / gelu_backward / swiglu_forward /
+// swiglu_backward round it, so the codes are those of a cast of their result.
+enum class Fp8Producer : std::uint8_t { copy, gelu, gelu_backward, swiglu, swiglu_backward };
+
+// The row length of the x a producer reads when it makes rows of `cols` values.
+constexpr index_t fp8_producer_input_cols(Fp8Producer p, index_t cols) {
+  return p == Fp8Producer::swiglu ? 2 * cols : p == Fp8Producer::swiglu_backward ? cols / 2 : cols;
+}
 
 // How an FP8 GEMM's tensor cores accumulate on Hopper. split: the partial sums are promoted to fp32
 // at intervals along k (cuBLASLt's default). fast: they stay in the tensor cores' own narrower
-// accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM), which is faster; Transformer Engine runs the
-// forward GEMM so and the gradient GEMMs split, as torchao's float8 does. The CPU twin accumulates
-// every product exactly either way, so the choice changes GPU results only, within the GEMM's bound.
+// accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM); Transformer Engine runs the forward GEMM so and the
+// gradient GEMMs split, as torchao's float8 does. On an H100 with cuBLASLt 13.1 fast gained nothing
+// (GPT 1.41B: the same tokens/s) and erred ten times more (1.1e-3 against 1.1e-4 of a float output
+// at k = 8192), so split is the default. The CPU twin accumulates every product exactly either way,
+// so the choice changes GPU results only, within the GEMM's bound.
 enum class Fp8Accumulation : std::uint8_t { split, fast };
 
 struct Fp8Options {
@@ -97,7 +107,7 @@ struct Fp8Options {
   // GEMMs take 128, the CPU backend any length >= 1.
   int block = 128;
   // The forward GEMM's accumulation on the GPU (Fp8Accumulation); the gradient GEMMs always split.
-  Fp8Accumulation forward_accumulation = Fp8Accumulation::fast;
+  Fp8Accumulation forward_accumulation = Fp8Accumulation::split;
 
   Fp8Format format_of(Fp8Role role) const {
     return format == Fp8Formats::hybrid && role == Fp8Role::grad_output ? Fp8Format::e5m2 : Fp8Format::e4m3;

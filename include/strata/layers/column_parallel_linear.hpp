@@ -186,21 +186,26 @@ class ColumnParallelLinear {
                                      DeferredWeightGradients* deferred = nullptr)
     requires(!Options.gather_output)
   {
-    expect_layout<output_layout, Layout>();
     check_same_shape(dy.shape(), pre.shape(), "ColumnParallelLinear::backward_gelu_of");
-    if constexpr (fp8_backend) {
-      if (fp8_fuses_casts(ctx))
-        return reduce_input_gradient(
-            ctx, Act<layout::partial>(detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input,
-                                                                  dy.tensor, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
-                                                                  deferred, Fp8Producer::gelu_backward, &pre)));
-    }
-    Act<layout::sharded<-1>> dh(Tensor<T, Space>::empty(pre.shape()));
-    ctx.device.template gelu_backward<T>(dy.data(), pre.data(), pre.numel(), dh.data());
-    return backward(ctx, saved, dh, deferred);
+    return backward_produced(ctx, saved, dy, pre, Fp8Producer::gelu_backward, deferred, [&](T* dh) {
+      ctx.device.template gelu_backward<T>(dy.data(), pre.data(), pre.numel(), dh);
+    });
   }
-  // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
-  // same pass (fp8_casts_take_producers).
+  // backward() with the output gradient SwiGLU's backward of dy at pre = [gate | up] (an MLP's gated
+  // fc1; dy [.., f], pre [.., 2f]), as backward_gelu_of: made by the output gradient's cast where it
+  // can, else by the backend's swiglu_backward first.
+  template <class Layout>
+  Act<input_layout> backward_swiglu_of(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
+                                       DeferredWeightGradients* deferred = nullptr)
+    requires(!Options.gather_output)
+  {
+    check_same_shape(dy.shape().with(-1, 2 * dy.shape().cols()), pre.shape(), "ColumnParallelLinear::backward_swiglu_of");
+    return backward_produced(ctx, saved, dy, pre, Fp8Producer::swiglu_backward, deferred, [&](T* dh) {
+      ctx.device.template swiglu_backward<T>(dy.data(), pre.data(), pre.shape().rows(), dy.shape().cols(), dh);
+    });
+  }
+  // Whether this layer's FP8 casts take what produces their tensor (a GELU or SwiGLU, or their
+  // backward) into the same pass (fp8_casts_take_producers).
   bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
   // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
@@ -246,6 +251,23 @@ class ColumnParallelLinear {
   // The input is the full sequence, replicated over tp; the weight and the output gradient are split.
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
+  // The backward of an output gradient that `producer` makes from dy and pre: inside the output
+  // gradient's FP8 cast where it can (fp8_fuses_casts), else `unfused(dh)` writes it [pre's shape] first.
+  template <class Layout, class Unfused>
+  Act<input_layout> backward_produced(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
+                                      Fp8Producer producer, DeferredWeightGradients* deferred, Unfused&& unfused) {
+    expect_layout<output_layout, Layout>();
+    if constexpr (fp8_backend) {
+      if (fp8_fuses_casts(ctx))
+        return reduce_input_gradient(
+            ctx, Act<layout::partial>(detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input,
+                                                                  dy.tensor, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
+                                                                  deferred, producer, &pre)));
+    }
+    Act<layout::sharded<-1>> dh(Tensor<T, Space>::empty(pre.shape()));
+    unfused(dh.data());
+    return backward(ctx, saved, dh, deferred);
+  }
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   // y = input W^T (+ bias) of the full-sequence input, returned; with gelu_out, also gelu(y) into
   // gelu_out (same shape). The saved input: x^T's codes for the per-tensor recipes, else the input.

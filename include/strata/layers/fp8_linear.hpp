@@ -386,7 +386,8 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // backend takes it). Per-tensor recipes: x is cast in both layouts in one pass, and x^T's codes go to
 // `keep` for the weight gradient, which then needs neither x nor a cast of its own (blockwise: `keep`
 // stays empty).
-// With `producer` (delayed recipe), the input is what it makes of x (gelu(x)), made by the cast.
+// With `producer` (delayed recipe), the input is what it makes of x (gelu(x); swiglu of x [rows, 2 in]),
+// made by the cast.
 // With `given` (per-tensor recipes), the input's codes are those (fp8_quantize_gathered); x is unused.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
@@ -474,7 +475,8 @@ void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, cons
 // Per-tensor recipes: dy is cast once in both layouts (dx's GEMM reads dy's codes, dW's dy^T's), with
 // its column sums for the bias gradient in the same pass, and x^T's codes are those the forward kept
 // (`kept`), or cast now from x when it kept none. With `producer` gelu_backward (delayed recipe: an
-// MLP's fc1), the output gradient is dy gelu'(pre), made by that cast and never written. Blockwise:
+// MLP's fc1), the output gradient is dy gelu'(pre), made by that cast and never written; with
+// swiglu_backward it is SwiGLU's backward of dy [rows, out / 2] at pre [rows, out]. Blockwise:
 // x and dy are cast in runs for each GEMM (their scales differ by layout).
 template <class Context, class T, class Space>
 Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8State<Space>>& state, Fp8Sharding sharding,
@@ -486,7 +488,10 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
   using A = accumulate_t<T>;
   const Shape shape = kept.empty() ? x.shape() : kept.shape;
   const index_t out = weight.value.size(0), in = weight.value.size(1), rows = shape.rows();
-  if (dy.shape().rows() != rows || dy.shape().cols() != out)
+  // dy is what the producer reads: the output gradient itself, or (swiglu_backward) the activation's
+  // gradient of half its width, from which the cast makes the output gradient
+  if (dy.shape().rows() != rows || dy.shape().cols() != fp8_producer_input_cols(producer, out) ||
+      (producer == Fp8Producer::swiglu_backward && (out % 2 != 0 || !pre || pre->shape().cols() != out)))
     fail<ShapeError>("linear backward (FP8): output gradient ", dy.shape().str(), " does not match ", rows, " rows of ", out,
                      " features");
   auto dx = Tensor<T, Space>::empty(shape);  // (rows, in)

@@ -6,7 +6,8 @@
 //                 under FP8's delayed recipe the GELU and its backward run inside the FP8 casts of
 //                 fc2's input and fc1's output gradient instead)
 //   squared_relu: fc1 hidden -> ffn,            y = fc2(max(fc1 x, 0)^2)     (Nemotron, --squared-relu)
-//   swiglu:       fc1 hidden -> [gate; up] 2ffn, y = fc2(silu(gate) * up)    (Llama)
+//   swiglu:       fc1 hidden -> [gate; up] 2ffn, y = fc2(silu(gate) * up)    (Llama; under FP8's delayed
+//                 recipe inside the casts as GELU is, without a clamp or offset)
 //   quick_geglu:  fc1 hidden -> [gate; up] 2ffn, y = fc2(quick_gelu(gate) * up), quick_gelu(g) =
 //                 g sigmoid(1.702 g)                                          (gpt-oss, --quick-geglu)
 // The gated ones take MlpConfig::glu_clamp and glu_linear_offset (gpt-oss: 7 and 1;
@@ -92,7 +93,7 @@ class Mlp {
   // can (RowParallelLinear::forward).
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x, const Edge<Layout>* residual = nullptr) const {
     Saved saved;
-    if (activation_ == MlpActivation::gelu && fuses_gelu_casts(ctx)) {  // the GELU inside fc2's input cast
+    if (activation_ == MlpActivation::gelu && fuses_activation_casts(ctx)) {  // the GELU inside fc2's input cast
       auto [pre, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, ffn / tp)
       saved.fc1 = std::move(fc1_saved);
       auto [y, fc2_saved] = fc2_.forward_gelu_of(ctx, pre, residual);
@@ -110,6 +111,12 @@ class Mlp {
     }
     auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, 2 ffn / tp) gated, else (s, b, ffn / tp)
     saved.fc1 = std::move(fc1_saved);
+    if (plain_swiglu() && fuses_activation_casts(ctx)) {  // SwiGLU inside fc2's input cast
+      auto [y, fc2_saved] = fc2_.forward_swiglu_of(ctx, h, residual);
+      saved.fc2 = std::move(fc2_saved);
+      saved.pre_activation = std::move(h.tensor);
+      return {std::move(y), std::move(saved)};
+    }
     const index_t rows = h.shape().rows(), width = h.shape().cols(), ffn_local = gated() ? width / 2 : width;
     Edge<layout::sharded<-1>> act(Tensor<T, Space>::empty(h.shape().with(-1, ffn_local)));
     if (activation_ == MlpActivation::squared_relu)
@@ -129,9 +136,13 @@ class Mlp {
   Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
                         bool output_bias_gradient = true) {
     const Tensor<T, Space>& h = saved.pre_activation;
-    if (activation_ == MlpActivation::gelu && fuses_gelu_casts(ctx)) {  // the GELU backward inside fc1's gradient cast
+    if (activation_ == MlpActivation::gelu && fuses_activation_casts(ctx)) {  // the GELU backward inside fc1's gradient cast
       auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred, output_bias_gradient);
       return fc1_.backward_gelu_of(ctx, saved.fc1, dact, h, deferred);
+    }
+    if (plain_swiglu() && fuses_activation_casts(ctx)) {  // SwiGLU's backward inside fc1's gradient cast
+      auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred, output_bias_gradient);
+      return fc1_.backward_swiglu_of(ctx, saved.fc1, dact, h, deferred);
     }
     if (activation_ == MlpActivation::gelu) {  // the GELU backward fused into fc2's dX GEMM where the backend can
       return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h, deferred, output_bias_gradient),
@@ -190,10 +201,10 @@ class Mlp {
     return GluActivation{a == MlpActivation::quick_geglu ? GluKind::quick_gelu : GluKind::silu, c.glu_clamp,
                          c.glu_linear_offset};
   }
-  // GELU under FP8's delayed recipe: fc2's input cast computes the GELU from fc1's output, and fc1's
-  // output-gradient cast computes the GELU backward from fc2's input gradient, so neither gelu(h) nor
-  // its gradient is ever written in T (Row/ColumnParallelLinear::fp8_fuses_casts).
-  bool fuses_gelu_casts(const Context& ctx) const { return fc1_.fp8_fuses_casts(ctx) && fc2_.fp8_fuses_casts(ctx); }
+  // GELU or plain SwiGLU under FP8's delayed recipe: fc2's input cast computes the activation from
+  // fc1's output, and fc1's output-gradient cast computes its backward from fc2's input gradient, so
+  // neither act(h) nor its gradient is ever written in T (Row/ColumnParallelLinear::fp8_fuses_casts).
+  bool fuses_activation_casts(const Context& ctx) const { return fc1_.fp8_fuses_casts(ctx) && fc2_.fp8_fuses_casts(ctx); }
   // SwiGLU without clamp or offset runs on the backend's own swiglu kernels.
   bool plain_swiglu() const { return activation_ == MlpActivation::swiglu && glu_.clamp == 0 && glu_.linear_offset == 0; }
 

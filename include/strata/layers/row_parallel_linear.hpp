@@ -86,8 +86,23 @@ class RowParallelLinear {
     ctx.device.template gelu_forward<T>(pre.data(), pre.tensor.numel(), act.data());
     return forward(ctx, act, residual);
   }
-  // Whether this layer's FP8 casts take what produces their tensor (a GELU or its backward) into the
-  // same pass (fp8_casts_take_producers).
+  // forward() of swiglu(pre), pre = [gate | up] (an MLP's fc2 after a gated fc1), as forward_gelu_of:
+  // the input cast makes silu(gate) up itself where it can, else the backend's swiglu_forward runs first.
+  template <class Layout>
+  std::pair<Act<output_layout>, Saved> forward_swiglu_of(Context& ctx, const Act<Layout>& pre,
+                                                         const Act<output_layout>* residual = nullptr) const
+    requires(Options.input_is_parallel)
+  {
+    if (pre.shape().cols() % 2 != 0)
+      fail<ShapeError>("RowParallelLinear::forward_swiglu_of: [gate | up] of ", pre.shape().str(), " has an odd width");
+    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::swiglu);
+    const index_t f = pre.shape().cols() / 2;
+    Act<Layout> act(Tensor<T, Space>::empty(pre.shape().with(-1, f)));
+    ctx.device.template swiglu_forward<T>(pre.data(), pre.shape().rows(), f, act.data());
+    return forward(ctx, act, residual);
+  }
+  // Whether this layer's FP8 casts take what produces their tensor (a GELU or SwiGLU, or their
+  // backward) into the same pass (fp8_casts_take_producers).
   bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
 
  private:
@@ -218,12 +233,14 @@ class RowParallelLinear {
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
                                detail::Fp8Pair<Space>& keep, Fp8Producer producer) const {
-    detail::check_linear_input(input.shape(), weight_, "RowParallelLinear");
-    auto y = Tensor<T, Space>::empty(input.shape().with(-1, weight_.value.size(0)));  // (rows, out)
+    // the input the GEMM multiplies: the tensor, or (swiglu) what the cast makes of [gate | up]
+    const Shape shape = producer == Fp8Producer::swiglu ? input.shape().with(-1, input.shape().cols() / 2) : input.shape();
+    detail::check_linear_input(shape, weight_, "RowParallelLinear");
+    auto y = Tensor<T, Space>::empty(shape.with(-1, weight_.value.size(0)));  // (rows, out)
     if constexpr (fp8_backend) {
-      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), input.shape().rows(), weight_, bias, y.data(),
-                                      keep, static_cast<T*>(nullptr), producer);
-      if (!keep.empty()) keep.shape = input.shape();
+      detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), shape.rows(), weight_, bias, y.data(), keep,
+                                      static_cast<T*>(nullptr), producer);
+      if (!keep.empty()) keep.shape = shape;
     }
     return y;
   }

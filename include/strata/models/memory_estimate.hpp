@@ -115,7 +115,7 @@ struct MemoryEstimate {
   std::int64_t gradient_bytes = 0;
   std::int64_t optimizer_bytes = 0;
   std::int64_t activation_bytes = 0;  // the micro-batches in flight at the peak (one without a pipeline)
-  std::int64_t fp8_cache_bytes = 0;   // FP8 layers' weight caches: their weights' codes, both layouts
+  std::int64_t fp8_cache_bytes = 0;   // FP8 layers' weight caches (their weights' codes) and a GEMM's own codes
 
   std::int64_t total() const {
     std::int64_t sum = checked_add(parameter_bytes, gradient_bytes, "memory estimate");
@@ -174,6 +174,9 @@ struct Fp8Layers {
   // The weight cache keeps the forward's layout too (Fp8Options::cache_forward_weights); without it,
   // one byte per weight, and the largest weight's forward codes exist while its GEMM runs.
   bool forward_codes_cached = true;
+  // Any weight cache (Fp8Options::cache_weights, --fp8-weight-cache none): without one, no weight's
+  // codes outlive its GEMM, and the largest weight's exist while its GEMM runs.
+  bool weight_cache = true;
   // How many of `piece`'s layers are FP8 layers, and how many of those are MoE layers.
   std::int64_t in(const ModelConfig& m, const ModelPiece& piece) const {
     const auto [begin, stop] = overlap(m, piece);
@@ -508,10 +511,12 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
     parameters = checked_add(parameters, parameters_per_rank(m, shape, tp, piece), what);
     const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
     const bool both = fp8.forward_codes_cached;
-    fp8_cache = checked_add(fp8_cache, checked_add(checked_mul(fp8_dense, fp8_weight_cache_bytes(m, tp, gated, true, both), what),
-                                                   checked_mul(fp8_moe, fp8_weight_cache_bytes(m, tp, gated, false, both), what), what),
-                            what);
-    if (!both && fp8_dense + fp8_moe > 0)
+    if (fp8.weight_cache)
+      fp8_cache = checked_add(fp8_cache,
+                              checked_add(checked_mul(fp8_dense, fp8_weight_cache_bytes(m, tp, gated, true, both), what),
+                                          checked_mul(fp8_moe, fp8_weight_cache_bytes(m, tp, gated, false, both), what), what),
+                              what);
+    if ((!both || !fp8.weight_cache) && fp8_dense + fp8_moe > 0)
       fp8_forward_codes = std::max(fp8_forward_codes, fp8_largest_forward_codes(m, tp, gated, fp8_dense > 0));
     const PieceActivations act =
         activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);

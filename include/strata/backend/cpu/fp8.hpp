@@ -9,9 +9,12 @@
 //                                   q [rows, cols] (unless q is null) and qt [cols, rows] of the
 //                                   same codes
 //   fp8_cast_transpose_fused(p, x, pre, rows, cols, f, scale, q, qt, amax, column_sums)
-//                                   the same for v = x (p copy), T(gelu(x)) (gelu) or
-//                                   T(x gelu'(pre)) (gelu_backward: x the output gradient), computed
-//                                   by gelu_forward / gelu_backward; with column_sums, also
+//                                   the same for v = x (p copy), T(gelu(x)) (gelu),
+//                                   T(x gelu'(pre)) (gelu_backward: x the output gradient), SwiGLU of
+//                                   x = [gate | up] [rows, 2 cols] (swiglu) or its backward from the
+//                                   activation's gradient x [rows, cols / 2] and pre [rows, cols]
+//                                   (swiglu_backward), computed by gelu_forward / gelu_backward /
+//                                   swiglu_forward / swiglu_backward; with column_sums, also
 //                                   column_sums[c] = sum_r v[r, c] in accumulate_t<T>, rows in order
 //                                   (written, not added)
 //   fp8_transpose(q, rows, cols, qt)  codes [rows, cols] -> [cols, rows]
@@ -114,7 +117,9 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   if (producer != Fp8Producer::copy) {
     produced.resize(static_cast<std::size_t>(n));
     if (producer == Fp8Producer::gelu) cpu::gelu_forward<T>(x, n, produced.data());
-    else cpu::gelu_backward<T>(x, pre, n, produced.data());
+    else if (producer == Fp8Producer::gelu_backward) cpu::gelu_backward<T>(x, pre, n, produced.data());
+    else if (producer == Fp8Producer::swiglu) cpu::swiglu_forward<T>(x, rows, cols, produced.data());
+    else cpu::swiglu_backward<T>(x, pre, rows, cols / 2, produced.data());
     v = produced.data();
   }
   fp8_cast_transpose<T>(v, rows, cols, format, scale, out, out_t, amax);

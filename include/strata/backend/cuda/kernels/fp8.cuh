@@ -5,7 +5,7 @@
 //                       eight elements a thread (16-byte loads, 8-byte stores)
 //   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through 64 x 65
 //                       byte tiles in shared memory, with amax
-//   fp8_cast_transpose_fused  the same of x, gelu(x) or x gelu'(pre) (Fp8Producer), with the column
+//   fp8_cast_transpose_fused  the same of x, gelu(x), x gelu'(pre), SwiGLU or its backward (Fp8Producer), with the column
 //                       sums of those values when asked (per-tile partials, then sum_partials)
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
@@ -127,27 +127,75 @@ __global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const f
   if (amax) fp8_block_amax(bits, amax);
 }
 
-// The element a fused cast reads at i (Fp8Producer): x itself, T(gelu(x)) or T(x gelu'(pre)), in A
-// (the GELU ops are the ones gelu_forward / gelu_backward map, rounded to T as they store).
+// The element a fused cast makes at (row, col) of its [rows, cols] output (Fp8Producer): x itself,
+// T(gelu(x)), T(x gelu'(pre)), SwiGLU of x = [gate | up] [rows, 2 cols], or SwiGLU's backward into
+// [d gate | d up] from x = the activation's gradient [rows, cols / 2] and pre [rows, cols]; in A, each
+// computed by the op (or the expression) gelu_forward / gelu_backward / swiglu_forward /
+// swiglu_backward compute and rounded to T as they store.
+template <class T, class A = accumulate_t<T>>
+__device__ __forceinline__ A fp8_sigmoid(A g) { return A(1) / (A(1) + exp_(-g)); }
 template <class T, Fp8Producer P, class A = accumulate_t<T>>
-__device__ __forceinline__ A fp8_produce(storage_t<T> x, storage_t<T> pre) {
-  if constexpr (P == Fp8Producer::copy) return unpack<T>(x);
-  else if constexpr (P == Fp8Producer::gelu) return unpack<T>(pack<T>(gelu_forward_op<A>{}(unpack<T>(x), A(0), 0)));
-  else return unpack<T>(pack<T>(gelu_backward_op<A>{}(unpack<T>(x), unpack<T>(pre), 0)));
+__device__ __forceinline__ A fp8_produce_at(const storage_t<T>* x, const storage_t<T>* pre, index_t row, index_t col,
+                                            index_t cols) {
+  if constexpr (P == Fp8Producer::copy) {
+    return unpack<T>(x[row * cols + col]);
+  } else if constexpr (P == Fp8Producer::gelu) {
+    return unpack<T>(pack<T>(gelu_forward_op<A>{}(unpack<T>(x[row * cols + col]), A(0), 0)));
+  } else if constexpr (P == Fp8Producer::gelu_backward) {
+    const index_t i = row * cols + col;
+    return unpack<T>(pack<T>(gelu_backward_op<A>{}(unpack<T>(x[i]), unpack<T>(pre[i]), 0)));
+  } else if constexpr (P == Fp8Producer::swiglu) {
+    const A gate = unpack<T>(x[row * 2 * cols + col]), up = unpack<T>(x[row * 2 * cols + cols + col]);
+    return unpack<T>(pack<T>(gate * fp8_sigmoid<T>(gate) * up));
+  } else {  // swiglu_backward
+    const index_t f = cols / 2, j = col < f ? col : col - f;
+    const A gate = unpack<T>(pre[row * cols + j]), up = unpack<T>(pre[row * cols + f + j]), d = unpack<T>(x[row * f + j]);
+    const A sig = fp8_sigmoid<T>(gate);
+    return unpack<T>(pack<T>(col < f ? d * up * sig * (A(1) + gate * (A(1) - sig)) : d * gate * sig));
+  }
 }
-// Eight produced elements from element i (x + i and pre + i 16-byte aligned).
+// Eight produced elements from (row, col) on, 16-byte loads (fp8_cast_transpose_fused checks the
+// alignments; swiglu_backward's eight never straddle its two halves).
 template <class T, Fp8Producer P, class A = accumulate_t<T>>
-__device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t i, A (&v)[8]) {
+__device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t row, index_t col, index_t cols, A (&v)[8]) {
   constexpr int width = packed<T>::width;  // 8 bf16, 4 float, 2 double
-  const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
-  const packed<T>* pp = reinterpret_cast<const packed<T>*>(pre + i);
+  if constexpr (P == Fp8Producer::copy || P == Fp8Producer::gelu || P == Fp8Producer::gelu_backward) {
+    const index_t i = row * cols + col;
+    const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
+    const packed<T>* pp = reinterpret_cast<const packed<T>*>(pre + i);
 #pragma unroll
-  for (int k = 0; k < 8 / width; ++k) {
-    const packed<T> chunk = px[k];
-    packed<T> chunk_pre{};
-    if constexpr (P == Fp8Producer::gelu_backward) chunk_pre = pp[k];
+    for (int k = 0; k < 8 / width; ++k) {
+      const packed<T> chunk = px[k];
+      packed<T> chunk_pre{};
+      if constexpr (P == Fp8Producer::gelu_backward) chunk_pre = pp[k];
 #pragma unroll
-    for (int j = 0; j < width; ++j) v[k * width + j] = fp8_produce<T, P>(chunk.raw[j], chunk_pre.raw[j]);
+      for (int j = 0; j < width; ++j)
+        v[k * width + j] = fp8_produce_at<T, P>(chunk.raw, chunk_pre.raw, 0, j, 0);
+    }
+  } else {
+    // gate, up (and d) as three runs of eight; the element expressions as fp8_produce_at's
+    const index_t f = P == Fp8Producer::swiglu ? cols : cols / 2, j0 = P == Fp8Producer::swiglu || col < f ? col : col - f;
+    const T* gate_up = P == Fp8Producer::swiglu ? x + row * 2 * cols : pre + row * cols;
+    const packed<T>* pg = reinterpret_cast<const packed<T>*>(gate_up + j0);
+    const packed<T>* pu = reinterpret_cast<const packed<T>*>(gate_up + f + j0);
+    const packed<T>* pd = reinterpret_cast<const packed<T>*>(x + row * f + j0);
+#pragma unroll
+    for (int k = 0; k < 8 / width; ++k) {
+      const packed<T> g = pg[k], u = pu[k];
+      packed<T> d{};
+      if constexpr (P == Fp8Producer::swiglu_backward) d = pd[k];
+#pragma unroll
+      for (int j = 0; j < width; ++j) {
+        const A gate = unpack<T>(g.raw[j]), up = unpack<T>(u.raw[j]);
+        const A sig = fp8_sigmoid<T>(gate);
+        if constexpr (P == Fp8Producer::swiglu) {
+          v[k * width + j] = unpack<T>(pack<T>(gate * sig * up));
+        } else {
+          const A dv = unpack<T>(d.raw[j]);
+          v[k * width + j] = unpack<T>(pack<T>(col < f ? dv * up * sig * (A(1) + gate * (A(1) - sig)) : dv * gate * sig));
+        }
+      }
+    }
   }
 }
 
@@ -184,14 +232,11 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
       const index_t row = row0 + r, col = col0 + eighth;
       A v[8];
       if (whole) {
-        fp8_produce8<T, P>(x, pre, row * cols + col, v);
+        fp8_produce8<T, P>(x, pre, row, col, cols, v);
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const index_t i = row * cols + col + j;
-          v[j] = row < rows && col + j < cols ? fp8_produce<T, P>(xs[i], P == Fp8Producer::gelu_backward ? ps[i] : storage_t<T>{})
-                                              : A(0);  // 0: no amax, no sum
-        }
+        for (int j = 0; j < 8; ++j)
+          v[j] = row < rows && col + j < cols ? fp8_produce_at<T, P>(xs, ps, row, col + j, cols) : A(0);  // 0: no amax, no sum
       }
       float e[8];
 #pragma unroll
@@ -399,8 +444,9 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
     return;
   }
   const auto aligned_8 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; };
-  const bool vectorized = aligned_16(x) && (producer != Fp8Producer::gelu_backward || aligned_16(pre)) && (!out || aligned_8(out)) &&
-                          aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
+  const bool reads_pre = producer == Fp8Producer::gelu_backward || producer == Fp8Producer::swiglu_backward;
+  const bool vectorized = aligned_16(x) && (!reads_pre || aligned_16(pre)) && (!out || aligned_8(out)) && aligned_8(out_t) &&
+                          rows % 8 == 0 && cols % 8 == 0 && (producer != Fp8Producer::swiglu_backward || cols % 16 == 0);
   const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
   const auto launch = [&](auto p, auto sums) {
     auto* kernel = &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
@@ -413,13 +459,19 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   using copy = std::integral_constant<Fp8Producer, Fp8Producer::copy>;
   using gelu = std::integral_constant<Fp8Producer, Fp8Producer::gelu>;
   using gelu_backward = std::integral_constant<Fp8Producer, Fp8Producer::gelu_backward>;
+  using swiglu = std::integral_constant<Fp8Producer, Fp8Producer::swiglu>;
+  using swiglu_backward = std::integral_constant<Fp8Producer, Fp8Producer::swiglu_backward>;
   const auto with_sums = [&](auto p) {
     if (column_sums) launch(p, std::true_type{});
     else launch(p, std::false_type{});
   };
-  if (producer == Fp8Producer::copy) with_sums(copy{});
-  else if (producer == Fp8Producer::gelu) with_sums(gelu{});
-  else with_sums(gelu_backward{});
+  switch (producer) {
+    case Fp8Producer::copy: with_sums(copy{}); break;
+    case Fp8Producer::gelu: with_sums(gelu{}); break;
+    case Fp8Producer::gelu_backward: with_sums(gelu_backward{}); break;
+    case Fp8Producer::swiglu: with_sums(swiglu{}); break;
+    case Fp8Producer::swiglu_backward: with_sums(swiglu_backward{}); break;
+  }
   check_launch("fp8_cast_transpose");
   if (column_sums) sum_partials<A, A>(partials, fp8_tile_rows(rows), cols, column_sums, false, stream);
 }

@@ -10,8 +10,12 @@
 //   cos and sin are multiplied by rope_attention_factor(options) (YaRN's concentration, else 1)
 //
 // The angle and its sine and cosine are computed in double, as the CPU twin does: positions reach
-// thousands of radians, where a float angle would already be wrong in the fourth digit. A thread
-// per pair; the rotation itself runs in A = accumulate_t<T>.
+// thousands of radians, where a float angle would already be wrong in the fourth digit. They depend
+// on the position and the pair only, so a block takes one position at a time: its threads compute
+// that position's `half` cosines and sines once (in shared memory, rounded to A as the twin rounds
+// them) and then turn every pair of its n heads, which lie contiguous in x [s, n, d]. The rotation
+// itself runs in A = accumulate_t<T>. (A thread per pair with its own double sincos and pow ran at a
+// sixth of the memory bandwidth: 220 us a call for [4096 x 48 heads x 128] bf16 on an H100.)
 #pragma once
 
 #include "../../rope_options.hpp"
@@ -23,30 +27,44 @@ namespace cuda::kernels {
 template <class T, class A = accumulate_t<T>>
 __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset, double sign,
                             RopeOptions options) {
+  extern __shared__ unsigned char rope_shared[];
+  A* cosines = reinterpret_cast<A*>(rope_shared);
   const index_t rotary_dim = rope_rotary_dim(options, d), half = rotary_dim / 2;
-  const index_t pairs = s * n * half;
-  for (index_t p = blockIdx.x * index_t(blockDim.x) + threadIdx.x; p < pairs; p += index_t(gridDim.x) * blockDim.x) {
-    const index_t i = p % half, row = p / half, t = row / n;  // pairs (s, n, half); row = t * n + head
-    const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
-    double sin_angle, cos_angle;
-    sincos(angle, &sin_angle, &cos_angle);
-    const double factor = rope_attention_factor(options);
-    const A c = A(factor * cos_angle), sn = A(factor * (sign * sin_angle));
-    T* pair = x + row * d;  // x (s, n, d)
-    const index_t first = options.interleaved ? 2 * i : i, second = options.interleaved ? 2 * i + 1 : i + half;
-    const A a = load(pair, first), b = load(pair, second);
-    store(pair, first, a * c - b * sn);
-    store(pair, second, b * c + a * sn);
+  A* sines = cosines + half;
+  const double factor = rope_attention_factor(options);
+  const index_t first_step = options.interleaved ? 2 : 1, second_offset = options.interleaved ? 1 : half;
+  for (index_t t = blockIdx.x; t < s; t += gridDim.x) {
+    __syncthreads();  // the previous position's table is no longer read
+    for (index_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
+      double sin_angle, cos_angle;
+      sincos(angle, &sin_angle, &cos_angle);
+      cosines[i] = A(factor * cos_angle);
+      sines[i] = A(factor * (sign * sin_angle));
+    }
+    __syncthreads();
+    T* rows = x + t * n * d;  // the n heads of position t
+    for (index_t p = threadIdx.x; p < n * half; p += blockDim.x) {
+      const index_t head = p / half, i = p - head * half;
+      T* pair = rows + head * d;
+      const index_t first = i * first_step, second = first + second_offset;
+      const A c = cosines[i], sn = sines[i];
+      const A a = load(pair, first), b = load(pair, second);
+      store(pair, first, a * c - b * sn);
+      store(pair, second, b * c + a * sn);
+    }
   }
 }
 
 template <class T>
 void rope(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset, bool inverse,
           cudaStream_t stream, RopeOptions options) {
-  const index_t pairs = s * n * (rope_rotary_dim(options, d) / 2);
-  if (pairs <= 0) return;
-  rope_kernel<T><<<grid_for(pairs), kThreads, 0, stream>>>(x, s, n, d, base, position_offset, inverse ? -1.0 : 1.0,
-                                                           options);
+  using A = accumulate_t<T>;
+  const index_t half = rope_rotary_dim(options, d) / 2;
+  if (s <= 0 || n <= 0 || half <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<index_t>(s, index_t{1} << 20));
+  const std::size_t shared = 2 * static_cast<std::size_t>(half) * sizeof(A);
+  rope_kernel<T><<<blocks, kThreads, shared, stream>>>(x, s, n, d, base, position_offset, inverse ? -1.0 : 1.0, options);
   check_launch(inverse ? "rope_backward" : "rope_forward");
 }
 
