@@ -223,6 +223,17 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
       fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
                         " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
+    if (blas.tuning() != nullptr) {  // --gemm-tuning: the heuristic's candidates timed, as gemm()'s (tuned_algorithm)
+      const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+      const auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
+        return cublasLtMatmul(blas.get(), p.desc.handle, &alpha, b, p.first.handle, a, p.second.handle, &beta, c,
+                              p.out_c.handle, d, p.out_d.handle, &algo, blas.workspace(), blas.workspace_bytes(), stream);
+      };
+      const void* out = c;
+      const bool scratch = accumulate || out == bias || out == aux;  // D is also read: time into scratch
+      p.algo = detail::tuned_algorithm(blas, stream, key, p, preference.handle, p.algo, c,
+                                       static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C), scratch, launch);
+    }
   });
   if (!plan.fused) return false;
   if (plan.bias_epilogue) {
