@@ -44,14 +44,31 @@ void gelu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream_t strea
   map<T>(dy, x, n, dx, gelu_backward_op<accumulate_t<T>>{}, "gelu_backward", stream);
 }
 
+// SwiGLU of one (gate, up) pair and its two gradients, as every kernel that computes them does (the
+// FP8 casts that make them too: kernels/fp8.cuh), so those agree bit for bit.
+template <class A>
+__device__ __forceinline__ A swiglu_value(A gate, A up) {
+  const A sig = A(1) / (A(1) + exp_(-gate));
+  return gate * sig * up;
+}
+template <class A>
+__device__ __forceinline__ A swiglu_gate_gradient(A d, A gate, A up) {
+  const A sig = A(1) / (A(1) + exp_(-gate));
+  return d * up * sig * (A(1) + gate * (A(1) - sig));
+}
+template <class A>
+__device__ __forceinline__ A swiglu_up_gradient(A d, A gate) {
+  const A sig = A(1) / (A(1) + exp_(-gate));
+  return d * gate * sig;
+}
+
 template <class T, class A = accumulate_t<T>>
 __global__ void swiglu_forward_kernel(const T* gate_up, index_t rows, index_t f, T* y) {
   const index_t n = rows * f;
   for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
     const index_t r = i / f, j = i % f;  // y (rows, f)
     const A gate = load(gate_up, r * 2 * f + j), up = load(gate_up, r * 2 * f + f + j);  // gate_up (rows, 2f)
-    const A sig = A(1) / (A(1) + exp_(-gate));
-    store(y, i, gate * sig * up);
+    store(y, i, swiglu_value(gate, up));
   }
 }
 template <class T, class A = accumulate_t<T>>
@@ -61,9 +78,8 @@ __global__ void swiglu_backward_kernel(const T* dy, const T* gate_up, index_t ro
     const index_t r = i / f, j = i % f;
     const index_t gate_at = r * 2 * f + j, up_at = gate_at + f;
     const A gate = load(gate_up, gate_at), up = load(gate_up, up_at), d = load(dy, i);
-    const A sig = A(1) / (A(1) + exp_(-gate));
-    store(dgate_up, up_at, d * gate * sig);
-    store(dgate_up, gate_at, d * up * sig * (A(1) + gate * (A(1) - sig)));
+    store(dgate_up, up_at, swiglu_up_gradient(d, gate));
+    store(dgate_up, gate_at, swiglu_gate_gradient(d, gate, up));
   }
 }
 template <class T>

@@ -133,7 +133,9 @@ __global__ void fp8_cast_kernel(const T* x, index_t n, Fp8Format format, const f
 // computed by the op (or the expression) gelu_forward / gelu_backward / swiglu_forward /
 // swiglu_backward compute and rounded to T as they store.
 template <class T, class A = accumulate_t<T>>
-__device__ __forceinline__ A fp8_sigmoid(A g) { return A(1) / (A(1) + exp_(-g)); }
+__device__ __forceinline__ A fp8_swiglu_gradient(bool gate_half, A d, A gate, A up) {
+  return gate_half ? swiglu_gate_gradient(d, gate, up) : swiglu_up_gradient(d, gate);
+}
 template <class T, Fp8Producer P, class A = accumulate_t<T>>
 __device__ __forceinline__ A fp8_produce_at(const storage_t<T>* x, const storage_t<T>* pre, index_t row, index_t col,
                                             index_t cols) {
@@ -146,12 +148,11 @@ __device__ __forceinline__ A fp8_produce_at(const storage_t<T>* x, const storage
     return unpack<T>(pack<T>(gelu_backward_op<A>{}(unpack<T>(x[i]), unpack<T>(pre[i]), 0)));
   } else if constexpr (P == Fp8Producer::swiglu) {
     const A gate = unpack<T>(x[row * 2 * cols + col]), up = unpack<T>(x[row * 2 * cols + cols + col]);
-    return unpack<T>(pack<T>(gate * fp8_sigmoid<T>(gate) * up));
+    return unpack<T>(pack<T>(swiglu_value(gate, up)));
   } else {  // swiglu_backward
     const index_t f = cols / 2, j = col < f ? col : col - f;
     const A gate = unpack<T>(pre[row * cols + j]), up = unpack<T>(pre[row * cols + f + j]), d = unpack<T>(x[row * f + j]);
-    const A sig = fp8_sigmoid<T>(gate);
-    return unpack<T>(pack<T>(col < f ? d * up * sig * (A(1) + gate * (A(1) - sig)) : d * gate * sig));
+    return unpack<T>(pack<T>(fp8_swiglu_gradient<T>(col < f, d, gate, up)));
   }
 }
 // Eight produced elements from (row, col) on, 16-byte loads (fp8_cast_transpose_fused checks the
@@ -173,7 +174,7 @@ __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t r
         v[k * width + j] = fp8_produce_at<T, P>(chunk.raw, chunk_pre.raw, 0, j, 0);
     }
   } else {
-    // gate, up (and d) as three runs of eight; the element expressions as fp8_produce_at's
+    // gate, up (and d) as runs of eight; the elements as fp8_produce_at makes them
     const index_t f = P == Fp8Producer::swiglu ? cols : cols / 2, j0 = P == Fp8Producer::swiglu || col < f ? col : col - f;
     const T* gate_up = P == Fp8Producer::swiglu ? x + row * 2 * cols : pre + row * cols;
     const packed<T>* pg = reinterpret_cast<const packed<T>*>(gate_up + j0);
@@ -187,13 +188,10 @@ __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t r
 #pragma unroll
       for (int j = 0; j < width; ++j) {
         const A gate = unpack<T>(g.raw[j]), up = unpack<T>(u.raw[j]);
-        const A sig = fp8_sigmoid<T>(gate);
-        if constexpr (P == Fp8Producer::swiglu) {
-          v[k * width + j] = unpack<T>(pack<T>(gate * sig * up));
-        } else {
-          const A dv = unpack<T>(d.raw[j]);
-          v[k * width + j] = unpack<T>(pack<T>(col < f ? dv * up * sig * (A(1) + gate * (A(1) - sig)) : dv * gate * sig));
-        }
+        if constexpr (P == Fp8Producer::swiglu)
+          v[k * width + j] = unpack<T>(pack<T>(swiglu_value(gate, up)));
+        else
+          v[k * width + j] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(col < f, unpack<T>(d.raw[j]), gate, up)));
       }
     }
   }
