@@ -6,7 +6,12 @@
 #      test_fp8 (each kernel against its CPU twin bit for bit, the conversion against the hardware's
 #      cvt on every float, the cuBLASLt FP8 GEMM within the accumulation bound) and test_fp8_layers
 #      (the FP8 linear layers on the GPU against the emulated CPU run).
-#   2. GPT 1.41B (24 layers, hidden 2048, 16 heads, batch 8, seq 1024): bench/gpu_bench.sh in bf16,
+#   2. Resume on the GPU (needs <bench-build-dir>/examples/train_gpt with CUDA): a small GPT in bf16
+#      with FP8 delayed scaling (history 16, max) trains 20 iterations straight, then again stopped
+#      by --exit-interval 10 (saving the checkpoint, with the scaling states) and resumed with --load
+#      to 20; the two runs' losses must be the same bits at every iteration (the amax histories and
+#      scales come back from the checkpoint). STRATA_FP8_RESUME=0 skips it.
+#   3. GPT 1.41B (24 layers, hidden 2048, 16 heads, batch 8, seq 1024): bench/gpu_bench.sh in bf16,
 #      then with STRATA_BENCH_DTYPE=fp8 (strata --fp8-format hybrid --fp8-recipe tensorwise beside
 #      the peer's --float8 tensorwise); STRATA_FP8_BENCH=0 skips this part, STRATA_BENCH_FP8_RECIPE
 #      picks strata's recipe (tensorwise | delayed).
@@ -27,6 +32,45 @@ for test in test_fp8 test_fp8_layers; do
   echo "== $test"
   "$program" || status=1
 done
+if [[ ${STRATA_FP8_RESUME:-1} != 0 ]]; then
+  echo "== FP8 resume on the GPU"
+  trainer=$bench_build/examples/train_gpt
+  dir=$bench_build/fp8-resume
+  rm -rf "$dir" && mkdir -p "$dir"
+  small=(--device cuda --mock-data-random --num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 256
+         --vocab-size 4096 --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --log-interval 1 --eval-iters 0
+         --sample-tokens 0 --lr 6e-4 --lr-warmup-iters 2 --seed 1234 --dtype bf16 --hidden-dropout 0 --attention-dropout 0
+         --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16 --fp8-amax-compute-algo max)
+  if [[ ! -x $trainer ]]; then
+    echo "missing $trainer: build train_gpt with CUDA in $bench_build"
+    status=1
+  else
+    "$trainer" "${small[@]}" --log-jsonl "$dir/straight.jsonl" >"$dir/straight.log" 2>&1 &&
+      "$trainer" "${small[@]}" --save "$dir/ck" --exit-interval 10 --log-jsonl "$dir/resumed.jsonl" >"$dir/first.log" 2>&1 &&
+      "$trainer" "${small[@]}" --save "$dir/ck" --load "$dir/ck" --log-jsonl "$dir/resumed.jsonl" >"$dir/second.log" 2>&1
+    trained=$?
+    same=$(python3 - "$dir/straight.jsonl" "$dir/resumed.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    try:
+        for line in open(path):
+            r = json.loads(line)
+            if "loss" in r:
+                out[r["iteration"]] = r["loss"]
+    except OSError:
+        pass
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+keys = sorted(a)
+print("yes" if len(keys) == 20 and keys == sorted(b) and all(a[k] == b[k] for k in keys) else
+      "no: %d and %d iterations logged" % (len(a), len(b)))
+PY
+)
+    echo "FP8 resume: runs exit $trained, the same losses at every iteration: $same (logs: $dir)"
+    [[ $trained -eq 0 && $same == yes ]] || status=1
+  fi
+fi
 if [[ ${STRATA_FP8_BENCH:-1} != 0 ]]; then
   for dtype in bf16 fp8; do
     echo "== GPT 1.41B, STRATA_BENCH_DTYPE=$dtype"
