@@ -145,10 +145,14 @@ int main(int argc, char** argv) {
               << ", vocabulary " << model.model.vocab_size << (model.tokenizer.vocab_size > 0 ? "" : " (the byte tokenizer's: pass --vocab-size)")
               << ", seq " << model.model.seq_length << ", global batch " << model.global_batch_size << " on " << cluster.nodes << " x "
               << cluster.gpus_per_node << " GPUs of " << cluster.gpu_memory_gib << " GiB (" << calibration.name << ")\n";
-    if (!model.fp8_format.empty())
+    if (!model.fp8_format.empty()) {
+      const char* pricing = model.fp8_recipe == "blockwise" ? "as bf16's (the blockwise recipe is not priced as FP8)"
+                            : calibration.fp8_gemm.empty()
+                                ? "at the calibration's bf16 rates, with their casts (it has no fp8_gemm_tflops)"
+                                : "at the calibration's fp8_gemm_tflops, with their casts";
       std::cout << "note: --fp8-format " << model.fp8_format << ": memory counts the FP8 layers' codes and weight caches; step "
-                << "times price every GEMM at the calibration's bf16 rates and leave the casts out (FP8 steps measured 1.27-1.33x "
-                << "faster than bf16's on one H100: bench/RESULTS.md)\n";
+                << "times price their GEMMs " << pricing << "\n";
+    }
     std::cout << plan::format_table(p, static_cast<std::size_t>(top));
     if (!svg_file.empty()) {
       std::ofstream out(svg_file);

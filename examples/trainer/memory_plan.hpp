@@ -59,6 +59,20 @@ struct MemoryPlan {
   bool padded_experts = false;        // --moe-pad-expert-input-to-capacity: the experts' rows are their capacity
 };
 
+// The layers --fp8-format runs in FP8 (not --first-last-layers-bf16's) and what they keep, for the
+// memory estimate (models::Fp8Layers); none without --fp8-format.
+inline models::Fp8Layers fp8_layers_of(const TrainArgs& a) {
+  models::Fp8Layers fp8;
+  if (a.fp8_format.empty()) return fp8;
+  fp8.first = a.first_last_layers_bf16 ? a.num_layers_at_start_in_bf16 : 0;
+  fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
+  fp8.codes_kept = a.fp8_recipe != "blockwise";
+  fp8.forward_codes_cached = a.fp8_recipe == "blockwise" || !a.fp8_cache_weights || fp8_keeps_forward_weight_codes(a);
+  // blockwise casts into the cache's buffers even when it casts per GEMM
+  fp8.weight_cache = a.fp8_recipe == "blockwise" || (a.fp8_cache_weights && a.fp8_weight_cache != "none");
+  return fp8;
+}
+
 template <class T>
 MemoryPlan plan_memory(const TrainArgs& a) {
   MemoryPlan plan;
@@ -79,15 +93,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
   const ParallelConfig parallel = parallel_config_of(a);
   for (auto& holding : holdings)
     for (auto& piece : holding.chunks) piece.ep = parallel.ep, piece.etp = parallel.etp;
-  models::Fp8Layers fp8;  // the layers --fp8-format runs in FP8 (not --first-last-layers-bf16's)
-  if (!a.fp8_format.empty()) {
-    fp8.first = a.first_last_layers_bf16 ? a.num_layers_at_start_in_bf16 : 0;
-    fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
-    fp8.codes_kept = a.fp8_recipe != "blockwise";
-    fp8.forward_codes_cached = a.fp8_recipe == "blockwise" || !a.fp8_cache_weights || fp8_keeps_forward_weight_codes(a);
-    // blockwise casts into the cache's buffers even when it casts per GEMM
-    fp8.weight_cache = a.fp8_recipe == "blockwise" || (a.fp8_cache_weights && a.fp8_weight_cache != "none");
-  }
+  const models::Fp8Layers fp8 = fp8_layers_of(a);
   for (std::size_t r = 0; r < holdings.size(); ++r) {
     models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
         local_model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),

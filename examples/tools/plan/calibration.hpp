@@ -6,6 +6,7 @@
 //     "name": "one H100 SXM node", "source": "where each figure comes from",
 //     "peak_tflops": 989,                  // dense bf16 peak, for MFU only
 //     "gemm_tflops": [ {"m": 8192, "n": 12288, "k": 4096, "tflops": 679}, ... ],
+//     "fp8_gemm_tflops": [ {"m": 8192, "n": 16384, "k": 3072, "tflops": 1407}, ... ],  // optional: FP8 GEMMs (up to twice peak_tflops)
 //     "attention_tflops": 192,             // causal attention, forward + backward FLOPs (backward = 2.5 forward) over time
 //     "attention_tflops_by_length": [ {"seq": 4096, "tflops": 310}, ... ],  // optional: the same by sequence length
 //     "elementwise_gbps": 2400,            // memory-bound kernels (norms, residual adds, bias, activations), bytes moved / s
@@ -22,7 +23,8 @@
 // of the measured shape nearest to it (distance in log m, log n, log k). Attention's throughput at a
 // sequence length is interpolated linearly in log(length) between the measured lengths of
 // `attention_tflops_by_length` (ascending; flat beyond its ends), or is `attention_tflops` without
-// that table. Every other field is required; a missing, unknown, mistyped or non-positive field is an
+// that table. An FP8 GEMM's is that of the nearest `fp8_gemm_tflops` shape, or the bf16 one's without
+// that table (Hopper's dense FP8 peak is twice its bf16 peak, the bound of those entries). Every other field is required; a missing, unknown, mistyped or non-positive field is an
 // error naming the file and the field.
 #pragma once
 
@@ -63,6 +65,7 @@ struct Calibration {
   std::string name, source;
   double peak_tflops = 989;
   std::vector<GemmPoint> gemm;
+  std::vector<GemmPoint> fp8_gemm;  // optional
   double attention_tflops = 0;
   std::vector<AttentionPoint> attention_by_length;  // ascending seq; optional
   double elementwise_gbps = 0;
@@ -85,9 +88,16 @@ struct Calibration {
   }
 
   // TFLOP/s of the measured GEMM shape nearest to m x n x k.
-  double gemm_tflops(double m, double n, double k) const {
+  double gemm_tflops(double m, double n, double k) const { return nearest(gemm, m, n, k); }
+  // The same of an FP8 GEMM: the nearest FP8 shape, or the bf16 one's without an FP8 table.
+  double fp8_gemm_tflops(double m, double n, double k) const {
+    return fp8_gemm.empty() ? gemm_tflops(m, n, k) : nearest(fp8_gemm, m, n, k);
+  }
+
+ private:
+  static double nearest(const std::vector<GemmPoint>& points, double m, double n, double k) {
     double best = 0, best_distance = 1e300;
-    for (const GemmPoint& p : gemm) {
+    for (const GemmPoint& p : points) {
       const double dm = std::log(m / p.m), dn = std::log(n / p.n), dk = std::log(k / p.k);
       const double distance = dm * dm + dn * dn + dk * dk;
       if (distance < best_distance) best_distance = distance, best = p.tflops;
@@ -184,7 +194,7 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   }
   if (!root.is_object()) calibration_error(file, "the document is " + std::string(strata::json::Value::kind_name(root.kind())) + ", not an object");
   detail::only_known(root,
-                     {"format", "version", "name", "source", "peak_tflops", "gemm_tflops", "attention_tflops",
+                     {"format", "version", "name", "source", "peak_tflops", "gemm_tflops", "fp8_gemm_tflops", "attention_tflops",
                       "attention_tflops_by_length", "elementwise_gbps",
                       "optimizer_gbps", "links", "step_overhead_ms", "moe_host_ms_per_layer", "runtime_reserve_gib"},
                      file, "");
@@ -197,15 +207,19 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   c.name = detail::text(root, "name", file);
   c.source = detail::text(root, "source", file);
   c.peak_tflops = detail::positive(root, "peak_tflops", file);
-  detail::for_each_object(root, "gemm_tflops", {"m", "n", "k", "tflops", "source"}, "{\"m\", \"n\", \"k\", \"tflops\"}", file,
-                          [&](const strata::json::Value& p, const std::string& where) {
-                            GemmPoint g;
-                            g.m = static_cast<std::int64_t>(detail::positive(p, "m", file, where));
-                            g.n = static_cast<std::int64_t>(detail::positive(p, "n", file, where));
-                            g.k = static_cast<std::int64_t>(detail::positive(p, "k", file, where));
-                            g.tflops = detail::tflops_within_peak(p, where, c.peak_tflops, file);
-                            c.gemm.push_back(g);
-                          });
+  const auto gemm_points = [&](std::string_view key, double peak, std::vector<GemmPoint>& into) {
+    detail::for_each_object(root, key, {"m", "n", "k", "tflops", "source"}, "{\"m\", \"n\", \"k\", \"tflops\"}", file,
+                            [&](const strata::json::Value& p, const std::string& where) {
+                              GemmPoint g;
+                              g.m = static_cast<std::int64_t>(detail::positive(p, "m", file, where));
+                              g.n = static_cast<std::int64_t>(detail::positive(p, "n", file, where));
+                              g.k = static_cast<std::int64_t>(detail::positive(p, "k", file, where));
+                              g.tflops = detail::tflops_within_peak(p, where, peak, file);
+                              into.push_back(g);
+                            });
+  };
+  gemm_points("gemm_tflops", c.peak_tflops, c.gemm);
+  if (root.find("fp8_gemm_tflops")) gemm_points("fp8_gemm_tflops", 2 * c.peak_tflops, c.fp8_gemm);
   c.attention_tflops = detail::positive(root, "attention_tflops", file);
   if (root.find("attention_tflops_by_length"))
     detail::for_each_object(root, "attention_tflops_by_length", {"seq", "tflops", "source"}, "{\"seq\", \"tflops\"}", file,
@@ -251,14 +265,20 @@ inline Calibration load_calibration(const std::string& path) {
 inline std::string calibration_json(const Calibration& c) {
   using strata::json::number;
   using strata::json::quote;
+  const auto gemm_points = [&](const char* key, const std::vector<GemmPoint>& points) {
+    std::string text = std::string("  \"") + key + "\": [\n";
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      const GemmPoint& g = points[i];
+      text += "    {\"m\": " + number(g.m) + ", \"n\": " + number(g.n) + ", \"k\": " + number(g.k) + ", \"tflops\": " +
+              number(g.tflops) + "}" + (i + 1 < points.size() ? ",\n" : "\n");
+    }
+    return text + "  ],\n";
+  };
   std::string out = "{\n  \"format\": " + quote(kCalibrationFormat) + ",\n  \"version\": 1,\n  \"name\": " + quote(c.name) +
-                    ",\n  \"source\": " + quote(c.source) + ",\n  \"peak_tflops\": " + number(c.peak_tflops) + ",\n  \"gemm_tflops\": [\n";
-  for (std::size_t i = 0; i < c.gemm.size(); ++i) {
-    const GemmPoint& g = c.gemm[i];
-    out += "    {\"m\": " + number(g.m) + ", \"n\": " + number(g.n) + ", \"k\": " + number(g.k) + ", \"tflops\": " + number(g.tflops) + "}" +
-           (i + 1 < c.gemm.size() ? ",\n" : "\n");
-  }
-  out += "  ],\n  \"attention_tflops\": " + number(c.attention_tflops) + ",\n";
+                    ",\n  \"source\": " + quote(c.source) + ",\n  \"peak_tflops\": " + number(c.peak_tflops) + ",\n";
+  out += gemm_points("gemm_tflops", c.gemm);
+  if (!c.fp8_gemm.empty()) out += gemm_points("fp8_gemm_tflops", c.fp8_gemm);
+  out += "  \"attention_tflops\": " + number(c.attention_tflops) + ",\n";
   if (!c.attention_by_length.empty()) {
     out += "  \"attention_tflops_by_length\": [\n";
     for (std::size_t i = 0; i < c.attention_by_length.size(); ++i)

@@ -21,7 +21,8 @@
 //    `recompute_activation_delta` says; plus the calibration's runtime reserve.
 // 4. Step time (`predict_step`): per micro-batch and pipeline rank, compute from the shapes (GEMMs
 //    x3 for forward, input and weight gradient at the calibrated throughput of the nearest measured
-//    shape; causal attention at the calibrated rate for its length; memory-bound kernels from the bytes they move),
+//    shape, FP8 layers' at the FP8 one, with their casts; causal attention at the calibrated rate for
+//    its length; memory-bound kernels from the bytes they move),
 //    the exposed communication (tensor parallel: on the compute stream, all exposed; context
 //    parallel: ring steps hidden behind the attention blocks they feed; expert all-to-alls: exposed;
 //    pipeline transfers: exposed), the recompute's extra forward; the pipeline bubble from the
@@ -291,17 +292,35 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // and output projections), or multi-latent (layers/latent_attention.hpp: the down projections
   // replicated over tp, the up and output projections split by heads; q and k of qk + pe dimensions,
   // values padded to them, one key/value head per query head).
-  double attention_gemm = 0, core_dim = d, kv_heads = groups;
-  if (m.multi_latent_attention) {
-    const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim,
-                 dv = m.v_head_dim;
-    core_dim = qk + pe, kv_heads = heads;
-    attention_gemm = (rq > 0 ? gemm_ms(t, rq, h) + gemm_ms(t, heads * core_dim / tp, rq) : gemm_ms(t, heads * core_dim / tp, h)) +
-                     gemm_ms(t, rkv + pe, h) + gemm_ms(t, heads * (qk + dv) / tp, rkv) + gemm_ms(t, h, heads * dv / tp);
-  } else {
-    attention_gemm = gemm_ms(t, (heads + 2 * groups) * d / tp, h) + gemm_ms(t, h, heads * d / tp);
-  }
-  const double dense_gemm = attention_gemm + gemm_ms(t, ffn * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, ffn / tp);
+  // FP8 layers (--fp8-format, the per-tensor recipes): their linear GEMMs at the calibration's FP8
+  // rates, plus the casts (each GEMM operand in the element type read and its codes written in both
+  // layouts, once per micro-batch; the weights' once per step). Blockwise is priced as bf16.
+  const bool fp8 = !a.fp8_format.empty() && a.fp8_recipe != "blockwise";
+  auto fp8_gemm_ms = [&](double rows, double cols, double inner) {
+    if (rows < 1 || cols < 1 || inner < 1) return 0.0;
+    return 3 * 2 * rows * cols * inner / (cal.fp8_gemm_tflops(rows, cols, inner) * 1e12) * 1e3;
+  };
+  double core_dim = d, kv_heads = groups;
+  const auto attention_gemm_of = [&](auto&& gemm) {
+    if (m.multi_latent_attention) {
+      const double rq = m.q_lora_rank, rkv = m.kv_lora_rank, qk = m.qk_head_dim, pe = m.qk_pos_emb_head_dim,
+                   dv = m.v_head_dim;
+      core_dim = qk + pe, kv_heads = heads;
+      return (rq > 0 ? gemm(t, rq, h) + gemm(t, heads * core_dim / tp, rq) : gemm(t, heads * core_dim / tp, h)) +
+             gemm(t, rkv + pe, h) + gemm(t, heads * (qk + dv) / tp, rkv) + gemm(t, h, heads * dv / tp);
+    }
+    return gemm(t, (heads + 2 * groups) * d / tp, h) + gemm(t, h, heads * d / tp);
+  };
+  const auto mlp_gemm_of = [&](auto&& gemm) { return gemm(t, ffn * (gated ? 2 : 1) / tp, h) + gemm(t, h, ffn / tp); };
+  const double attention_gemm = attention_gemm_of(gemm_ms);
+  const double dense_gemm = attention_gemm + mlp_gemm_of(gemm_ms);
+  // the FP8 layers' GEMMs and casts (the elements of the linear layers' inputs and outputs per token)
+  const double fp8_attention_gemm = fp8 ? attention_gemm_of(fp8_gemm_ms) : attention_gemm;
+  const double fp8_dense_gemm = fp8 ? fp8_attention_gemm + mlp_gemm_of(fp8_gemm_ms) : dense_gemm;
+  const double attention_io = h + (heads + 2 * groups) * d / tp + heads * d / tp + h,
+               mlp_io = h + ffn * (gated ? 2 : 1) / tp + ffn / tp + h;
+  const double fp8_attention_casts = fp8 ? bytes_ms((vb + 2) * t * attention_io) : 0,
+               fp8_mlp_casts = fp8 ? bytes_ms((vb + 2) * t * mlp_io) : 0;
   double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0;
   if (moe) {
     const double experts = m.moe.num_experts, topk = m.moe.topk, width = m.expert_ffn();
@@ -344,6 +363,8 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   };
   const double dense_elementwise = elementwise_of(ffn), moe_elementwise = moe ? elementwise_of(m.expert_ffn() * m.moe.topk) : 0;
   const double dense_compute = dense_gemm + attention + dense_elementwise, moe_compute = moe_gemm + attention + moe_elementwise;
+  const double fp8_dense_compute = dense_compute - dense_gemm + fp8_dense_gemm + fp8_attention_casts + fp8_mlp_casts,
+               fp8_moe_compute = moe_compute - attention_gemm + fp8_attention_gemm + fp8_attention_casts;  // experts stay bf16
 
   // Tensor parallel: 4 all-gathers / reduce-scatters per direction under sequence parallelism, else
   // 2 all-reduces; the norms' gradient all-reduce (latency). On the compute stream: all exposed.
@@ -378,18 +399,25 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // One point-to-point transfer (bus bandwidth as its rate) each way per chunk and micro-batch.
   const double boundary =
       l.pp > 1 ? 2 * ((t * h * vb / (sp ? tp : 1)) / (pp_link.bus_gbps * 1e9) * 1e3 + pp_link.latency_us * 1e-3) : 0;
+  const strata::models::Fp8Layers fp8_layers = fp8 ? trainer::fp8_layers_of(a) : strata::models::Fp8Layers{};
+  // the weight casts of one FP8 layer, once per step: read in bf16, W^T (and W) written
+  const double fp8_weight_casts =
+      fp8 ? bytes_ms((vb + 2) * (((heads + 2 * groups) * d + heads * d) * h + (gated ? 3 : 2) * ffn * h) / tp) : 0;
   StepTime worst;
-  double worst_total = -1;
+  double worst_total = -1, worst_fp8_layers = 0;
   for (const auto& rank : holdings) {
-    double layers = 0, moe_layers = 0;
+    double layers = 0, moe_layers = 0, fp8_all = 0, fp8_moe = 0;
     bool first = false, last = false;
     for (const auto& chunk : rank.chunks) {
       layers += chunk.layer_count(m), first = first || chunk.embedding, last = last || chunk.head;
       moe_layers += static_cast<double>(chunk.moe_layer_count(m));
+      fp8_all += static_cast<double>(fp8_layers.in(m, chunk));
+      fp8_moe += static_cast<double>(fp8_layers.moe_in(m, chunk));
     }
-    const double dense_layers = layers - moe_layers;
+    const double dense_layers = layers - moe_layers, fp8_dense = fp8_all - fp8_moe;
     StepTime r;
-    r.compute = dense_layers * dense_compute + moe_layers * moe_compute + (first ? embedding : 0) + (last ? head : 0);
+    r.compute = (dense_layers - fp8_dense) * dense_compute + fp8_dense * fp8_dense_compute + (moe_layers - fp8_moe) * moe_compute +
+                fp8_moe * fp8_moe_compute + (first ? embedding : 0) + (last ? head : 0);
     r.recompute = dense_layers * dense_recompute + moe_layers * moe_recompute;
     r.tensor_parallel = layers * tp_layer;
     r.context_parallel = layers * cp_layer;
@@ -397,11 +425,11 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     r.overhead = moe_layers * moe_ms;
     r.pipeline_transfers = boundary * static_cast<double>(rank.chunks.size());
     const double per_micro_batch = r.total();
-    if (per_micro_batch > worst_total) worst_total = per_micro_batch, worst = r;
+    if (per_micro_batch > worst_total) worst_total = per_micro_batch, worst = r, worst_fp8_layers = fp8_all;
   }
   StepTime step;
   const double mb = micro_batches;
-  step.compute = worst.compute * mb;
+  step.compute = worst.compute * mb + worst_fp8_layers * fp8_weight_casts;
   step.recompute = worst.recompute * mb;
   step.tensor_parallel = worst.tensor_parallel * mb;
   step.context_parallel = worst.context_parallel * mb;
