@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from peer_rope import rotate  # bench/peers/peer_rope.py
 from peer_timing import time_steps  # bench/peers/peer_timing.py
 
 p = argparse.ArgumentParser()
@@ -61,12 +62,6 @@ class RMSNorm(nn.Module):
 
     def forward(s, x):
         return F.rms_norm(x, (x.shape[-1],), s.weight, 1e-5)
-
-
-def rotate(x, cos, sin):  # x [b, h, t, hd]; cos, sin [t, hd / 2]
-    x1, x2 = x[..., : HD // 2], x[..., HD // 2:]
-    c, s_ = cos[None, None].to(x.dtype), sin[None, None].to(x.dtype)
-    return torch.cat((x1 * c - x2 * s_, x2 * c + x1 * s_), dim=-1)
 
 
 class Block(nn.Module):
