@@ -363,8 +363,9 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   };
   const double dense_elementwise = elementwise_of(ffn), moe_elementwise = moe ? elementwise_of(m.expert_ffn() * m.moe.topk) : 0;
   const double dense_compute = dense_gemm + attention + dense_elementwise, moe_compute = moe_gemm + attention + moe_elementwise;
-  const double fp8_dense_compute = dense_compute - dense_gemm + fp8_dense_gemm + fp8_attention_casts + fp8_mlp_casts,
-               fp8_moe_compute = moe_compute - attention_gemm + fp8_attention_gemm + fp8_attention_casts;  // experts stay bf16
+  // FP8 layers: the same with their GEMMs at the FP8 rates and their casts (a MoE layer's experts stay bf16)
+  const double fp8_dense_compute = fp8_dense_gemm + fp8_attention_casts + fp8_mlp_casts + attention + dense_elementwise,
+               fp8_moe_compute = moe_gemm - attention_gemm + fp8_attention_gemm + fp8_attention_casts + attention + moe_elementwise;
 
   // Tensor parallel: 4 all-gathers / reduce-scatters per direction under sequence parallelism, else
   // 2 all-reduces; the norms' gradient all-reduce (latency). On the compute stream: all exposed.
