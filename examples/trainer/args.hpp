@@ -142,6 +142,7 @@ struct TrainArgs {
   bool fp8_cache_weights = true;  // (tests) off: each FP8 weight is cast per GEMM instead of once per step
   std::string fp8_forward_accumulation = "split";  // --fp8-forward-accumulation: split or fast (Fp8Accumulation)
   std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, none, or auto (fp8_keeps_forward_weight_codes)
+  bool fp8_param_gather = false;  // --fp8-param-gather: the distributed optimizer casts its shards and gathers FP8 codes
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -423,9 +424,6 @@ inline constexpr MegatronFlagNote kMegatronFlagNotes[] = {
     {"--log-params-norm", false, false, "not logged; the gradient norm is"},
     {"--timing-log-level", true, false, "strata logs one step time"},
     {"--grad-reduce-in-bf16", false, false, "gradients are accumulated and reduced in fp32"},
-    {"--fp8-param-gather", false, true,
-     "FP8 parameters gathered by the distributed optimizer are not built yet; drop the flag (each FP8 linear layer casts "
-     "its bf16 weight to FP8 itself)"},
     {"--rotary-seq-len-interpolation-factor", true, true, "RoPE interpolation is not available"},
     {"--use-torch-fsdp2", false, true, "FSDP is not available (use --use-distributed-optimizer)"},
     {"--use-megatron-fsdp", false, true,
@@ -496,6 +494,10 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                  "gradient GEMMs always are; the default) or fast (cuBLASLt's FAST_ACCUM, as Transformer Engine's and "
                  "torchao's forward: no faster on an H100, ten times the error); the CPU sums exactly either way")
       ->check(CLI::IsMember({"fast", "split"}));
+  app.add_flag("--fp8-param-gather", a.fp8_param_gather,
+               "with --use-distributed-optimizer: each rank casts its shard of the FP8 layers' weights to FP8 after the "
+               "step and the parameter all-gather moves those codes (a byte per weight instead of two); the layers read "
+               "their weights' codes from there (delayed and tensorwise recipes)");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -1568,9 +1570,22 @@ inline void validate(const TrainArgs& a) {
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   (void)fp8_options_of(a);
   if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
-  if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed"))
-    fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16" : "--fp8-recipe " + a.fp8_recipe,
+  if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed" || a.fp8_param_gather))
+    fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16"
+                      : a.fp8_param_gather     ? "--fp8-param-gather"
+                                               : "--fp8-recipe " + a.fp8_recipe,
                       " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");
+  if (a.fp8_param_gather) {
+    if (!a.use_distributed_optimizer)
+      fail<ConfigError>("--fp8-param-gather: the distributed optimizer casts each rank's shard of the weights and gathers "
+                        "the codes, as Megatron asserts; add --use-distributed-optimizer or drop the flag");
+    if (a.fp8_recipe == "blockwise")
+      fail<ConfigError>("--fp8-param-gather with --fp8-recipe blockwise: a weight's 128 x 128 tiles would straddle the "
+                        "data-parallel shards the ranks cast; use --fp8-recipe delayed or tensorwise, or drop the flag");
+    if (a.fp8_weight_cache == "none" || !a.fp8_cache_weights)
+      fail<ConfigError>("--fp8-param-gather keeps each weight's gathered codes for the step, which --fp8-weight-cache "
+                        "none forbids; drop one of them");
+  }
   const BatchSchedule batches = batch_schedule_of(a);
   for (const int b : batches.sizes())
     if (b % per_step != 0)

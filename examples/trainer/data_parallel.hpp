@@ -23,6 +23,11 @@
 //                                     --overlap-param-gather on the communication stream, the buckets
 //                                     last first; wait_parameters() waits for all of it before
 //                                     anything else reads the parameters)
+//   finish_step(ctx)                  after fp8_after_optimizer_step: with --fp8-param-gather the
+//                                     FP8 weights' shards cast with the new scales and the parameter
+//                                     all-gather, codes for those weights (nothing otherwise)
+//   gather_values(ctx)                with --fp8-param-gather, before a checkpoint or an export: the
+//                                     FP8 weights' values whole on every rank (the gather moved codes)
 // and hands the object to save_checkpoint / load_checkpoint as the optimizer (for_each_state_piece,
 // steps, set_steps, config, reload_main_from_model, reset_moments).
 //
@@ -76,6 +81,9 @@ struct DataParallelOptions {
   // zero_gradients() leaves the linear layers' weight gradients to their first GEMM (GradBuffer::zero's
   // first_write) instead of filling the whole buffer.
   bool zero_by_first_write = true;
+  // (distributed optimizer, FP8) --fp8-param-gather: the FP8 weights' codes gathered instead of
+  // their values (GradBufferOptions::fp8_param_gather, DistributedOptimizer::finish_step).
+  bool fp8_param_gather = false;
 };
 
 template <class T, class Space>
@@ -219,6 +227,20 @@ class DataParallelOptimizer {
     clip_factor_.reset();
   }
 
+  // After step() and fp8_after_optimizer_step(ctx): the FP8 parameter gather (see the list above).
+  template <class Context>
+  void finish_step(Context& ctx) {
+    if (distributed_) distributed_->finish_step(ctx, ctx.dp_cp, overlap_param_gather_);
+  }
+  // Before a checkpoint or an export reads the values (see the list above). Collective over dp.
+  template <class Context>
+  void gather_values(Context& ctx) {
+    if (distributed_) distributed_->gather_values(ctx.dp_cp);
+  }
+
+  // Whether gather_values is due before the values are read whole (checkpoint_writer refuses to save then).
+  bool values_stale() const { return distributed_ && distributed_->values_stale(); }
+
   // Checkpoints: the optimizer's state in pieces (for_each_state_piece: any layout loads it), its
   // step count and its AdamW numbers; a fresh state over loaded weights (--no-load-optim).
   template <class Visitor>
@@ -292,6 +314,7 @@ class DataParallelOptimizer {
     o.param_buffer = options.distributed_optimizer;
     o.overlap_communication = options.overlap_grad_reduce;
     o.gradient_scaling_factor = 1.0;  // each rank's loss is already divided by the global batch's tokens
+    o.fp8_param_gather = options.fp8_param_gather && options.distributed_optimizer;
     return o;
   }
 

@@ -67,7 +67,9 @@ inline models::Fp8Layers fp8_layers_of(const TrainArgs& a) {
   fp8.first = a.first_last_layers_bf16 ? a.num_layers_at_start_in_bf16 : 0;
   fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
   fp8.codes_kept = a.fp8_recipe != "blockwise";
-  fp8.forward_codes_cached = a.fp8_recipe == "blockwise" || !a.fp8_cache_weights || fp8_keeps_forward_weight_codes(a);
+  // --fp8-param-gather: the gathered codes are the forward's W (counted here, not as parameters)
+  fp8.forward_codes_cached =
+      a.fp8_recipe == "blockwise" || !a.fp8_cache_weights || a.fp8_param_gather || fp8_keeps_forward_weight_codes(a);
   // blockwise casts into the cache's buffers even when it casts per GEMM
   fp8.weight_cache = a.fp8_recipe == "blockwise" || (a.fp8_cache_weights && a.fp8_weight_cache != "none");
   return fp8;

@@ -439,6 +439,7 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
   ctx.device.template fill<double>(skip.data(), 1, std::numeric_limits<double>::quiet_NaN());
   const int steps = optimizer.steps();
   optimizer.step(ctx, model, a.lr, skip.data());
+  optimizer.finish_step(ctx);
   optimizer.wait_parameters(ctx);
   optimizer.set_steps(steps);
   optimizer.zero_gradients(ctx);
@@ -490,6 +491,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       if (fp8->first_last_layers_bf16)
         std::printf(", first %d and last %d layers in %s", fp8->num_layers_at_start_in_bf16, fp8->num_layers_at_end_in_bf16,
                     a.dtype.c_str());
+      if (a.fp8_param_gather) std::printf(", weights gathered as FP8 codes");
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -560,7 +562,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx, model,
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
-                          a.overlap_grad_reduce, a.overlap_param_gather, !a.zero_gradients_by_fill});
+                          a.overlap_grad_reduce, a.overlap_param_gather, !a.zero_gradients_by_fill, a.fp8_param_gather});
   MemoryReport memory = optimizer.memory(model, shared.memory.stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
   if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
@@ -849,6 +851,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       scheduled += global_batch;
     }
     fp8_after_optimizer_step(ctx);  // FP8: the weight caches dropped; delayed scaling: this step's amaxes, new scales
+    optimizer.finish_step(ctx);     // --fp8-param-gather: the shards cast with those scales, the codes gathered
     consumed += global_batch;
     consumed_after[static_cast<std::size_t>(slot)] = consumed;
     // --exit-interval / --exit-duration-in-mins: save (with --save) and stop after this iteration. The
@@ -868,6 +871,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const bool evaluate_now =
         shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters);
     if (save_now || evaluate_now || it + 1 == a.train_iters) optimizer.wait_parameters(ctx);  // they read the parameters
+    if (save_now || it + 1 == a.train_iters) optimizer.gather_values(ctx);  // --fp8-param-gather: the values too
     const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters || exit_now;
     // Loss and norm are identical on every rank (all-reduced), so every rank stops here together,
     // before any save.

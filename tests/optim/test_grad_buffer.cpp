@@ -281,6 +281,81 @@ TEST(GradBuffer, OverlappedParameterGatherIsWaitedForBucketByBucket) {
   });
 }
 
+// The FP8 parameter gather's layout: the weights an FP8 layer casts (Parameter::fp8) fill buckets
+// of their own, two buckets open at a time and each placed when closed; every bucket holds one kind;
+// the code buckets' codes lie in a buffer of their own laid out as the bucket, and each FP8 weight's
+// state points at its codes. The gather moves a code bucket's codes and leaves its values alone
+// outside the rank's shard, until gather_values() gathers them too.
+TEST(GradBuffer, Fp8ParameterGatherPutsFp8WeightsInCodeBuckets) {
+  inprocess::run(2, [&](inprocess::communicator& dp) {
+    cpu::backend device;
+    Flat m({100, 7, 300, 50, 40});
+    Fp8State<space::host> s0, s2;
+    m.params[0]->fp8 = &s0;
+    m.params[2]->fp8 = &s2;
+    GradBuffer<float> buffer(device, m,
+                             GradBufferOptions{.bucket_size = 256, .dp = 2, .alignment = 64, .distributed = true,
+                                               .param_buffer = true, .fp8_param_gather = true});
+    // reverse order p4 p3 p2 p1 p0; p2 (300) closes the FP8 stream's first bucket; at the end the
+    // plain stream (last parameter p1) closes before the FP8 one (p0)
+    const auto& b = buffer.buckets();
+    ASSERT_EQ(b.size(), 3u);
+    EXPECT_TRUE(b[0].codes);
+    EXPECT_FALSE(b[1].codes);
+    EXPECT_TRUE(b[2].codes);
+    EXPECT_EQ(b[0].offset, 0);
+    EXPECT_EQ(b[0].numel, 384);  // 300 padded to 2 x 64
+    EXPECT_EQ(b[1].offset, 384);
+    EXPECT_EQ(b[1].numel, 256);  // p4 at 0, p3 at 64, p1 at 128: 135
+    EXPECT_EQ(b[2].offset, 640);
+    EXPECT_EQ(b[2].numel, 128);
+    EXPECT_EQ(b[0].code_offset, 0);
+    EXPECT_EQ(b[2].code_offset, 384);
+    EXPECT_EQ(buffer.codes().numel(), 512);
+    EXPECT_EQ(buffer.size(), 768);
+    for (const auto& e : buffer.entries()) EXPECT_EQ(b[e.bucket].codes, e.param->fp8 != nullptr) << e.param->name;
+    EXPECT_EQ(m.params[2]->value.data(), buffer.params().data() + 0);
+    EXPECT_EQ(m.params[4]->value.data(), buffer.params().data() + 384);
+    EXPECT_EQ(m.params[1]->value.data(), buffer.params().data() + 512);
+    EXPECT_EQ(m.params[0]->value.data(), buffer.params().data() + 640);
+    EXPECT_EQ(s2.gathered_codes, buffer.codes().data());
+    EXPECT_EQ(s0.gathered_codes, buffer.codes().data() + 384);
+    EXPECT_EQ(m.params[1]->value[3], 1003.f);
+    // each rank's shards: codes rank + 1, values 10 x (rank + 1)
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      std::fill_n(buffer.params().data() + buffer.shard_begin(k, dp.rank()), buffer.shard_size(k), 10.f * (dp.rank() + 1));
+      if (b[k].codes)
+        std::fill_n(buffer.codes().data() + b[k].code_offset + dp.rank() * buffer.shard_size(k), buffer.shard_size(k),
+                    std::uint8_t(dp.rank() + 1));
+    }
+    buffer.all_gather_parameters(dp);
+    const float other = 10.f * (2 - dp.rank());  // the other rank's values
+    EXPECT_EQ(m.params[4]->value[0], 10.f);  // a plain bucket: values gathered (384.. rank 0's shard, 512.. rank 1's)
+    EXPECT_EQ(m.params[1]->value[0], 20.f);
+    EXPECT_EQ(m.params[1]->value[6], 20.f);
+    EXPECT_EQ(s2.gathered_codes[0], 1);      // a code bucket: codes gathered
+    EXPECT_EQ(s2.gathered_codes[299], 2);
+    EXPECT_EQ(s0.gathered_codes[0], 1);
+    EXPECT_EQ(s0.gathered_codes[99], 2);
+    const float mine = 10.f * (dp.rank() + 1);
+    EXPECT_EQ(m.params[2]->value[dp.rank() == 0 ? 0 : 299], mine);  // its own shard
+    EXPECT_NE(m.params[2]->value[dp.rank() == 0 ? 299 : 0], other);  // not gathered
+    EXPECT_TRUE(buffer.values_stale());
+    buffer.gather_values(dp);
+    EXPECT_FALSE(buffer.values_stale());
+    EXPECT_EQ(m.params[2]->value[0], 10.f);
+    EXPECT_EQ(m.params[2]->value[299], 20.f);
+    // without the option, FP8 weights are laid out as any other
+    Flat plain({100, 7, 300, 50, 40});
+    plain.params[0]->fp8 = &s0;
+    GradBuffer<float> mixed(device, plain, GradBufferOptions{.bucket_size = 256, .dp = 2, .alignment = 64,
+                                                             .distributed = true, .param_buffer = true});
+    EXPECT_FALSE(mixed.has_codes());
+    EXPECT_EQ(mixed.entries()[1].offset, 64);
+    EXPECT_THROW(GradBuffer<float>(device, plain, GradBufferOptions{.dp = 2, .fp8_param_gather = true}), ConfigError);
+  });
+}
+
 // The distributed optimizer updates exactly as AdamW on the all-reduced gradients (the same math
 // element by element), and its gradient norm equals the unsharded one to rounding.
 TEST(DistributedOptimizer, StepEqualsAdamWOnAllReducedGradients) {

@@ -13,7 +13,7 @@ preprocess=${2:?}
 src=${3:?}
 convert=${4:-}  # strata-convert (optional): the gpt-oss checkpoint exported again from the checkpoint
 work=$(mktemp -d /tmp/strata_megatron_lines.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+trap '[[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_refusal <name> <text...> -- <command...>: the command exits 1 and stderr holds every text.
@@ -205,9 +205,9 @@ EVAL_AND_LOGGING_ARGS=(
 )
 llama() { "$pretrain" --world-size 4 ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} "$@" ${MODEL_PARALLEL_ARGS[@]} ${DATA_ARGS_LIST[@]} \
   ${EVAL_AND_LOGGING_ARGS[@]}; }
-# As shipped (fp8): refused at the first flag strata lacks, each named with its feature:
-# --fp8-param-gather, then --ckpt-format torch_dist (--apply-layernorm-1p and --kv-channels are run-time options).
-expect_refusal llama3-fp8 "--fp8-param-gather" "not built yet" -- llama ${DTYPE_ARGS[@]}
+# As shipped (fp8 or bf16): refused at the one flag strata lacks, named with its feature:
+# --ckpt-format torch_dist (--apply-layernorm-1p and --kv-channels are run-time options).
+expect_refusal llama3-fp8 "--ckpt-format torch_dist" "Hugging Face" -- llama ${DTYPE_ARGS[@]}
 expect_refusal llama3-ckpt-format "--ckpt-format torch_dist" "Hugging Face" -- llama
 EVAL_AND_LOGGING_ARGS=("${EVAL_AND_LOGGING_ARGS[@]/torch_dist/strata}")
 # Without those two, the bf16 line trains (--decoupled-lr included): 40 samples of 4 are 10 iterations.
@@ -215,12 +215,13 @@ expect_training llama3 llama
 grep -q 'iterations 1\.\.10' "$work/llama3.out" || fail "llama3: --train-samples 40 at global batch 4 is not 10 iterations"
 grep -q 'TFLOP/s/GPU' "$work/llama3.out" || fail "llama3: --log-throughput printed no TFLOP/s"
 grep -q 'note: --grad-reduce-in-bf16' "$work/llama3.err" || fail "llama3: no note for --grad-reduce-in-bf16"
-# Without --fp8-param-gather the fp8 line trains: hybrid E4M3 / E5M2 with delayed scaling over a
-# history of 1024 steps, emulated on the CPU threads (from scratch: the bf16 run's checkpoint goes).
+# The fp8 line trains: hybrid E4M3 / E5M2 with delayed scaling over a history of 1024 steps, the
+# distributed optimizer gathering the FP8 weights' codes (--fp8-param-gather, overlapped), emulated
+# on the CPU threads (from scratch: the bf16 run's checkpoint goes).
 rm -rf "$CHECKPOINT_PATH"
-expect_training llama3-fp8-train llama ${DTYPE_ARGS[@]:0:3}
-grep -q '^fp8: format hybrid, recipe delayed, amax history 1024 (max)' "$work/llama3-fp8-train.out" ||
-  fail "llama3-fp8-train: the run did not report FP8 hybrid delayed scaling"
+expect_training llama3-fp8-train llama ${DTYPE_ARGS[@]}
+grep -q '^fp8: format hybrid, recipe delayed, amax history 1024 (max).*weights gathered as FP8 codes' "$work/llama3-fp8-train.out" ||
+  fail "llama3-fp8-train: the run did not report FP8 hybrid delayed scaling with the weights gathered as codes"
 grep -q 'iterations 1\.\.10' "$work/llama3-fp8-train.out" || fail "llama3-fp8-train: did not train from iteration 1"
 
 # ---- Mixtral (8x7B) shape: its Mixture-of-Experts flags train Mixtral. The script's layout is
@@ -372,10 +373,12 @@ expect_training gpt-oss-line "$pretrain" --world-size 2 ${MODEL_ARGS[@]} ${MOE_A
   ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} ${LOGGING_ARGS[@]} --sample-tokens 0
 grep -q 'strata mixtral' "$work/gpt-oss-line.out" || fail "gpt-oss-line: the flags did not select the Mixtral model"
 grep -q 'note: --enable-gpt-oss' "$work/gpt-oss-line.err" || fail "gpt-oss-line: no note for --enable-gpt-oss"
-# As shipped (fp8, with the FP8 weights gathered by the distributed optimizer): refused naming the flag.
-expect_refusal gpt-oss-fp8-param-gather "--fp8-param-gather" -- "$pretrain" --world-size 2 ${MODEL_ARGS[@]} \
+# As shipped (fp8, with the FP8 weights gathered by the distributed optimizer): trains too.
+expect_training gpt-oss-fp8-param-gather "$pretrain" --world-size 2 ${MODEL_ARGS[@]} \
   ${MOE_ARGS[@]} ${DATA_ARGS_LIST[@]} ${TRAINING_ARGS[@]} ${MODEL_PARALLEL_ARGS[@]} --fp8-format hybrid --fp8-param-gather \
-  --fp8-amax-compute-algo max --fp8-amax-history-len 1024 ${LOGGING_ARGS[@]}
+  --fp8-amax-compute-algo max --fp8-amax-history-len 1024 ${LOGGING_ARGS[@]} --sample-tokens 0
+grep -q 'weights gathered as FP8 codes' "$work/gpt-oss-fp8-param-gather.out" ||
+  fail "gpt-oss-fp8-param-gather: the run did not report the FP8 parameter gather"
 
 # With Megatron's default linear biases (no --disable-bias-linear) the same blocks are Hugging Face's
 # GptOssForCausalLM: exported at ep=2 (--save-hf), trained again from there at ep=1 (--load-hf).

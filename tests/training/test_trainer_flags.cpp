@@ -313,7 +313,10 @@ TEST(MegatronFlags, UnavailableFeaturesAreNamedAndNoOpsAreNoted) {
   EXPECT_TRUE(a.refused.empty());
   TrainArgs fp8_gather = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-param-gather"});
   (void)trainer::resolve_run(fp8_gather);
-  expect_config_error([&] { trainer::validate(fp8_gather); }, {"--fp8-param-gather", "not built yet"});
+  expect_config_error([&] { trainer::validate(fp8_gather); }, {"--fp8-param-gather", "--use-distributed-optimizer"});
+  TrainArgs fp8_gathered = parse_flags("gpt", {"--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer"});
+  EXPECT_TRUE(fp8_gathered.fp8_param_gather);
+  EXPECT_TRUE(fp8_gathered.refused.empty());
   expect_config_error([] { (void)parse_flags("gpt", {"--num-experts", "8"}); }, {"--num-experts 8", "Mixtral", "--swiglu"});
 }
 

@@ -4,7 +4,7 @@
 // checkpoint (amax histories and scales included) follows the straight run bit for bit; the weight
 // cache (one cast per step) equals casting per GEMM bit for bit; FP8 is in
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
-// every layer is the plain run.
+// every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -165,6 +165,93 @@ TEST(TrainingFp8, ResumeEqualsStraightThrough) {
   std::filesystem::remove_all(dir);
 }
 
+// --fp8-param-gather: each data-parallel rank casts its shard of the FP8 weights with the step's
+// weight scale and the gather moves codes. The codes are those each layer's own cast of the whole
+// weight makes, so without clipping the run is the run without the flag bit for bit (losses,
+// validation losses, every final weight): over dp 2 and 4, with tp 2 + SP, pp 2, small buckets (FP8
+// weights and the rest in buckets of their own, several of each), the overlapped gather, and
+// micro-batches that read the gathered codes several times a step. With clipping the two differ by
+// the rounding of the gradient norm alone (its squares are summed over other buckets): 1e-12.
+TEST(TrainingFp8, ParameterGatherIsTheRunWithoutIt) {
+  struct Layout {
+    int world, tp, pp;
+    bool overlap;
+  };
+  for (const std::string recipe : {"delayed", "tensorwise"})
+    for (Layout l : {Layout{2, 1, 1, false}, Layout{2, 1, 1, true}, Layout{4, 2, 1, false}, Layout{4, 1, 2, true},
+                     Layout{4, 1, 1, true}}) {
+      auto a = tiny_fp8(recipe);
+      a.dtype = "double";
+      a.train_iters = 4;
+      a.eval_interval = 2;
+      a.world_size = l.world;
+      a.tensor_model_parallel_size = l.tp;
+      a.pipeline.pipeline_model_parallel_size = l.pp;
+      a.sequence_parallel = l.tp > 1;
+      a.use_distributed_optimizer = true;
+      a.overlap_grad_reduce = a.overlap_param_gather = l.overlap;
+      a.ddp_bucket_size = 6000;  // several buckets of each kind
+      a.keep_final_parameters = true;
+      a.clip_grad = 0;
+      auto gathered = a;
+      gathered.fp8_param_gather = true;
+      const auto with = trainer::train<strata::models::Gpt>(gathered);
+      const auto without = trainer::train<strata::models::Gpt>(a);
+      auto clipped = a;
+      clipped.clip_grad = 1.0;
+      clipped.keep_final_parameters = false;
+      auto clipped_gathered = clipped;
+      clipped_gathered.fp8_param_gather = true;
+      const auto clipped_with = trainer::train<strata::models::Gpt>(clipped_gathered);
+      const auto clipped_without = trainer::train<strata::models::Gpt>(clipped);
+      const std::string what = recipe + " world=" + std::to_string(l.world) + " tp=" + std::to_string(l.tp) +
+                               " pp=" + std::to_string(l.pp) + (l.overlap ? " overlapped" : "");
+      ASSERT_EQ(with.losses.size(), 4u) << what;
+      EXPECT_EQ(with.losses, without.losses) << what;
+      EXPECT_EQ(with.validation_losses, without.validation_losses) << what;
+      ASSERT_EQ(with.final_parameters.size(), without.final_parameters.size()) << what;
+      for (std::size_t k = 0; k < with.final_parameters.size(); ++k) {
+        const auto& [name, values] = with.final_parameters[k];
+        EXPECT_EQ(name, without.final_parameters[k].first) << what;
+        EXPECT_TRUE(values == without.final_parameters[k].second) << what << ": " << name << " differs";
+      }
+      ASSERT_EQ(clipped_with.losses.size(), 4u) << what;
+      for (std::size_t i = 0; i < 4; ++i)
+        EXPECT_NEAR(clipped_with.losses[i], clipped_without.losses[i], 1e-12 * clipped_without.losses[i]) << what << " clipped";
+    }
+}
+
+// A run with --fp8-param-gather resumed from its checkpoint (saved after the values were gathered)
+// follows the straight run bit for bit: the first step after the load casts the loaded weights.
+TEST(TrainingFp8, ParameterGatherResumeEqualsStraightThrough) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_fp8_gather_resume";
+  std::filesystem::remove_all(dir);
+  for (const std::string recipe : {"delayed", "tensorwise"}) {
+    auto a = tiny_fp8(recipe);
+    a.train_iters = 6;
+    a.world_size = 2;
+    a.use_distributed_optimizer = true;
+    a.fp8_param_gather = true;
+    a.ddp_bucket_size = 6000;
+    auto first = a;
+    first.save = dir.string();
+    first.save_interval = 3;
+    const auto straight = trainer::train<strata::models::Gpt>(first);  // saves at 3 and 6
+    std::filesystem::remove_all(dir / "iter_0000006");
+    {
+      std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
+      tracker << 3 << "\n";
+    }
+    auto resumed = a;
+    resumed.load = dir.string();
+    const auto second = trainer::train<strata::models::Gpt>(resumed);
+    EXPECT_EQ(second.start_iteration, 3) << recipe;
+    ASSERT_EQ(second.losses.size(), 3u) << recipe;
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << recipe << " iteration " << 4 + i;
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
   auto expect_error = [](trainer::TrainArgs a, const std::string& needle) {
     try {
@@ -188,6 +275,19 @@ TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
   a.fp8_recipe = "delayed";
   a.fp8_amax_history_len = 0;
   expect_error(a, "--fp8-amax-history-len 0");
+  a.fp8_amax_history_len = 1;
+  a.fp8_param_gather = true;  // the distributed optimizer's
+  expect_error(a, "add --use-distributed-optimizer");
+  a.use_distributed_optimizer = true;
+  a.fp8_recipe = "blockwise";
+  a.fp8_block_size = 16;
+  expect_error(a, "straddle the data-parallel shards");
+  a.fp8_recipe = "delayed";
+  a.fp8_weight_cache = "none";
+  expect_error(a, "--fp8-weight-cache none");
+  a.fp8_weight_cache = "auto";
+  a.fp8_format.clear();
+  expect_error(a, "--fp8-param-gather without --fp8-format");
 }
 
 }  // namespace

@@ -776,6 +776,10 @@ template <class Context, class Module, class Optimizer>
 StateWriter checkpoint_writer(const Context& ctx, Module& model, Optimizer& optimizer, const TrainState& state,
                               bool copy_data = false) {
   namespace cd = checkpoint_detail;
+  if constexpr (requires { optimizer.values_stale(); })
+    if (optimizer.values_stale())
+      fail<Error>("checkpoint_writer: under the FP8 parameter gather the FP8 weights' values are current only in this "
+                  "rank's shards (the gather moved their codes); call the optimizer's gather_values(ctx) before saving");
   StateWriter writer;
   writer.copy_data(copy_data);
   model.for_each_parameter([&](auto& p) {

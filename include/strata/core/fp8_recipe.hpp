@@ -229,8 +229,20 @@ struct Fp8State {
     if (weight_cache.gemm_scales.data() == nullptr) weight_cache.gemm_scales = Tensor<float, Space>::empty(Shape{kFp8Roles * 4});
     return weight_cache.gemm_scales.data() + 4 * static_cast<int>(role);
   }
+  // Under the FP8 parameter gather (GradBufferOptions::fp8_param_gather): W's codes [out, in] in the
+  // gradient buffer's code buckets, which the distributed optimizer casts from its shard of the
+  // weight and all-gathers after each step (DistributedOptimizer::finish_step). `gathered_current`:
+  // they are this step's (the cache then takes W from there and makes W^T by a transpose of the
+  // codes); `awaiting_gather`: the optimizer stepped and has not gathered yet, so neither the codes
+  // nor the weight's values outside this rank's shard may be read.
+  const std::uint8_t* gathered_codes = nullptr;
+  bool gathered_current = false;
+  bool awaiting_gather = false;
   // The weight (or its scale) changed: the next use casts it again.
-  void drop_weight_cache() { weight_cache.valid = false; }
+  void drop_weight_cache() {
+    weight_cache.valid = false;
+    gathered_current = false;
+  }
 };
 
 // What a context points to when FP8 is on (see the design note).

@@ -65,6 +65,7 @@ class ColumnParallelLinear {
       : owned_weight_(Param(name + ".weight", Shape{out, in}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks))),
         weight_(&*owned_weight_), fp8_(make_fp8_state(ctx, name)) {
     owned_weight_->grad_first_write = true;  // only linear_weight_gradient_rows writes it (a borrowed weight may have other writers)
+    owned_weight_->fp8 = fp8_.get();  // (null without FP8)
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::split(0, ctx.tp.rank(), ctx.tp.size(), stacks), false);
     check_gather(stacks);
     if (fp8_) check_fp8_block_shard(ctx, name, "output features", out / stacks / ctx.tp.size());

@@ -264,6 +264,32 @@ struct Fp8WeightOperand {
   Tensor<std::uint8_t, Space> owned;  // the codes when not cached
 };
 
+// The weight's operand under the FP8 parameter gather, once the optimizer cast and gathered this
+// step's codes (Fp8State::gathered_codes, [out, in]): W is those codes; W^T is made from them by a
+// transpose of the bytes at the step's first use and kept in the weight cache, with every role's
+// aligned 1 / scale (as the cache's own fill writes them). The codes are those the cache's cast of
+// the weight's values would make: the same values, scale and rounding, cast where they were updated.
+template <class Context>
+Fp8WeightOperand<typename Context::space> fp8_gathered_weight(Context& ctx, Fp8State<typename Context::space>& state,
+                                                              index_t out, index_t in, bool transposed) {
+  using Space = typename Context::space;
+  auto& cache = state.weight_cache;
+  if (!cache.valid) {
+    if (cache.codes_transposed.data() == nullptr || !(cache.codes_transposed.shape() == Shape{in, out}))
+      cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
+    cache.codes = Tensor<std::uint8_t, Space>();  // W is the gathered codes
+    if constexpr (backend_has_fp8_transpose<typename Context::device_type>)
+      ctx.device.fp8_transpose(state.gathered_codes, out, in, cache.codes_transposed.data());
+    else
+      fail<ConfigError>("the FP8 parameter gather needs a backend with fp8_transpose (docs/DEVICE.md)");
+    ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1,
+                                            state.gemm_scale_inv(Fp8Role::input), 4);
+    cache.valid = true;
+  }
+  return {transposed ? cache.codes_transposed.data() : state.gathered_codes, ctx.fp8->options.format_of(Fp8Role::weight),
+          state.gemm_scale_inv(Fp8Role::weight), {}};
+}
+
 // The weight W [out, in] in FP8 for one GEMM: the forward's W, or (transposed) the input
 // gradient's W^T [in, out]. With Fp8Options::cache_weights, from the state's weight cache, filled
 // at the step's first use by one fp8_cast_transpose pass that writes both layouts (the amax folded
@@ -277,6 +303,10 @@ template <class Context, class T>
 Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<typename Context::space>& state, const T* w,
                                                      index_t out, index_t in, bool transposed) {
   using Space = typename Context::space;
+  if (state.awaiting_gather)
+    fail<Error>("the FP8 linear layer ", state.name, " reads its weight after an optimizer step that has not gathered the "
+                "weights yet (FP8 parameter gather): call the optimizer's finish_step(ctx) after fp8_after_optimizer_step(ctx)");
+  if (state.gathered_current) return fp8_gathered_weight(ctx, state, out, in, transposed);
   if (!ctx.fp8->options.cache_weights) {
     auto q = fp8_quantize(ctx, state, Fp8Role::weight, w, out, in, /*sharded=*/true, transposed);
     const std::uint8_t* codes = q.codes.data();

@@ -34,6 +34,9 @@
 
 STRATA_NAMESPACE_BEGIN
 
+template <class Space>
+struct Fp8State;  // core/fp8_recipe.hpp
+
 template <class T, class Space = space::host>
 struct Parameter {
   using value_type = T;
@@ -61,6 +64,10 @@ struct Parameter {
   bool grad_first_write = false;
   // The gradient's memory holds an earlier iteration's values that count as zero (see above).
   bool grad_stale = false;
+  // The FP8 scaling state of the linear layer that casts this weight to FP8 (null: the weight's GEMMs
+  // run in T). Set by the layer that owns it; the FP8 parameter gather (GradBufferOptions::
+  // fp8_param_gather) keeps such a weight's codes and gathers them instead of its values.
+  Fp8State<Space>* fp8 = nullptr;
   Tensor<T, Space> value;
   Tensor<grad_type, Space> grad;
 

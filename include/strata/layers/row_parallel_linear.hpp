@@ -61,6 +61,7 @@ class RowParallelLinear {
       : weight_(name + ".weight", Shape{out, in}, ShardSpec::split(1, ctx.tp.rank(), ctx.tp.size())),
         fp8_(make_fp8_state(ctx, name)) {
     weight_.grad_first_write = true;  // only linear_weight_gradient_rows writes it
+    weight_.fp8 = fp8_.get();  // (null without FP8)
     if (bias) bias_.emplace(name + ".bias", Shape{out}, ShardSpec::replicated(), false);
     if (fp8_) check_fp8_block_shard(ctx, name, "input features", in / ctx.tp.size());
   }

@@ -15,6 +15,9 @@
 //      decay (biases, norms) keep it off; the updated values are written in T into the parameter
 //      buffer's owned shard;
 //   4. all-gather of the parameter buffer over dp (GradBuffer::all_gather_parameters), in place.
+//      Under the FP8 parameter gather (a buffer with code buckets) step() stops before it, and
+//      finish_step(ctx, dp), after fp8_after_optimizer_step(ctx) set the step's weight scales, casts
+//      this rank's shards of the FP8 weights to their codes and runs the gather, codes for those.
 // Padding between and after parameters is never updated (its gradient is zero and no piece covers it).
 //
 // Memory per rank for N parameters in T with fp32 gradients (A = float): values 2N (bf16), gradients
@@ -46,7 +49,9 @@
 
 #include "../backend/adamw_step.hpp"
 #include "../core/error.hpp"
+#include "../core/fp8_recipe.hpp"
 #include "../core/tensor.hpp"
+#include "../layers/fp8_linear.hpp"
 #include "../shard/shard_spec.hpp"
 #include "adamw.hpp"
 #include "grad_buffer.hpp"
@@ -76,6 +81,8 @@ class DistributedOptimizer {
     Shape global_shape;    // the parameter's, and its shard (for checkpoints)
     ShardSpec shard;
     bool decoupled_lr = false;  // steps with the decoupled learning rate when one is given (Parameter::decoupled_lr)
+    Fp8State<Space>* fp8 = nullptr;  // an FP8 weight whose codes this rank casts (a code bucket's)
+    std::uint8_t* codes = nullptr;   // where (the buffer's codes of the piece's elements)
   };
 
   // main = this rank's shards of the parameter buffer (converted to A), moments = 0.
@@ -100,10 +107,17 @@ class DistributedOptimizer {
         pieces_.push_back(Piece{e.param->name, begin, state + (begin - first), end - begin, e.param->weight_decay,
                                 e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), e.param->expert,
                                 begin - e.offset, e.param->global_shape, e.param->shard, detail::is_decoupled_lr(*e.param)});
+        if (buffer.buckets()[b].codes) {
+          pieces_.back().fp8 = e.param->fp8;
+          pieces_.back().codes = buffer.codes().data() + buffer.buckets()[b].code_offset + (begin - buffer.buckets()[b].offset);
+        }
       }
       state += size;
     }
-    for (const auto& e : buffer.entries()) experts_ = experts_ || e.param->expert;
+    for (const auto& e : buffer.entries()) {
+      experts_ = experts_ || e.param->expert;
+      if (e.param->fp8 && buffer.buckets()[e.bucket].codes) fp8_weights_.push_back(e.param->fp8);
+    }
     main_ = Tensor<state_type, Space>::empty(Shape{state});
     exp_avg_ = Tensor<state_type, Space>::zeros(Shape{state});
     exp_avg_sq_ = Tensor<state_type, Space>::zeros(Shape{state});
@@ -200,6 +214,9 @@ class DistributedOptimizer {
       fail<ConfigError>("DistributedOptimizer::step: the learning rate must be finite and >= 0, got ", lr);
     if (!std::isfinite(decoupled_lr))
       fail<ConfigError>("DistributedOptimizer::step: the decoupled learning rate must be finite, got ", decoupled_lr);
+    if (gather_pending_)
+      fail<Error>("DistributedOptimizer::step: the last step's FP8 parameter gather has not run; call finish_step(ctx, dp) "
+                  "after each step (after fp8_after_optimizer_step)");
     buffer_->wait_gathered(dp);
     ++steps_;
     using A = state_type;
@@ -231,8 +248,83 @@ class DistributedOptimizer {
                                       values + p.buffer_offset, p.n, step);
       }
     }
+    if (buffer_->has_codes()) {  // the gather waits for the FP8 weights' new scales (finish_step)
+      gather_pending_ = true;
+      for (auto* state : fp8_weights_) state->awaiting_gather = true;
+      return;
+    }
     buffer_->all_gather_parameters(dp, overlap_gather);
   }
+
+  // The FP8 parameter gather (a buffer with code buckets, GradBufferOptions::fp8_param_gather), after
+  // step() and after fp8_after_optimizer_step(ctx) has set the step's weight scales: each FP8 weight's
+  // piece in this rank's shard is cast with its layer's weight scale (delayed: the scale the roll
+  // derived, the piece's amax folded into the new history[0]; tensorwise: the amax of every piece,
+  // reduced (max) over dp and tp, then the scale), and the parameter all-gather moves those codes
+  // where it moved the values (the other buckets' values as before). Each layer then takes its W
+  // from the gathered codes, cast once per step over all ranks. Runs after a skipped step too (the
+  // scales changed). Collective over dp (and tp under tensorwise); nothing to do without code buckets
+  // but the gather step() left.
+  template <class Context, class Comm>
+  void finish_step(Context& ctx, Comm& dp, bool overlap_gather = false) {
+    if (!buffer_->has_codes()) return;
+    if (!ctx.fp8)
+      fail<ConfigError>("DistributedOptimizer::finish_step: the buffer holds FP8 weights' codes but the context has no FP8 "
+                        "scaling (ctx.fp8)");
+    const Fp8Options& options = ctx.fp8->options;
+    if (options.recipe != Fp8RecipeKind::delayed && options.recipe != Fp8RecipeKind::tensorwise)
+      fail<ConfigError>("the FP8 parameter gather casts each weight with one scale per tensor: it runs under --fp8-recipe "
+                        "delayed or tensorwise, not ", options.recipe == Fp8RecipeKind::blockwise ? "blockwise" : "mxfp8");
+    if (!options.cache_weights)
+      fail<ConfigError>("the FP8 parameter gather keeps each weight's codes for the step: it needs the weight cache "
+                        "(drop --fp8-weight-cache none)");
+    buffer_->wait_gathered(dp);
+    if constexpr (backend_has_fp8<typename Context::device_type>) {
+      const Fp8Format format = options.format_of(Fp8Role::weight);
+      const T* values = buffer_->params().data();
+      if (options.recipe == Fp8RecipeKind::tensorwise) {
+        // one amax per weight: its pieces' here (0 where this rank holds none), then the whole tensor's
+        auto amaxes = Tensor<float, Space>::zeros(Shape{std::max<index_t>(1, static_cast<index_t>(fp8_weights_.size()))});
+        for (const Piece& p : pieces_)
+          if (p.fp8) ctx.device.template fp8_amax<T>(values + p.buffer_offset, p.n, amaxes.data() + weight_index(p.fp8));
+        if (dp.size() > 1) dp.all_reduce(amaxes.buffer(), ReduceOp::max);
+        if (ctx.tp.size() > 1) ctx.tp.all_reduce(amaxes.buffer(), ReduceOp::max);
+        const Fp8UpdateArgs now{1, Fp8AmaxAlgo::most_recent, 0, false};
+        for (std::size_t i = 0; i < fp8_weights_.size(); ++i) {
+          float* row = fp8_weights_[i]->row(Fp8Role::weight);
+          ctx.device.template copy<float>(amaxes.data() + i, 1, row);
+          ctx.device.fp8_update_scale(row, fp8_max(format), now);
+        }
+      }
+      const bool fold = options.recipe == Fp8RecipeKind::delayed;
+      for (const Piece& p : pieces_)
+        if (p.fp8)
+          ctx.device.template fp8_cast<T>(values + p.buffer_offset, p.n, format, p.fp8->scale(Fp8Role::weight), p.codes,
+                                          fold ? p.fp8->amax(Fp8Role::weight) : nullptr);
+    } else {
+      fail<ConfigError>("the FP8 parameter gather needs a backend with the FP8 entry points (docs/DEVICE.md)");
+    }
+    buffer_->all_gather_parameters(dp, overlap_gather);
+    for (auto* state : fp8_weights_) {
+      state->drop_weight_cache();
+      state->gathered_current = true;
+      state->awaiting_gather = false;
+      ++state->weight_casts;
+    }
+    gather_pending_ = false;
+  }
+
+  // Under the FP8 parameter gather: the FP8 weights' values all-gathered (GradBuffer::gather_values),
+  // so every rank holds them whole, before a checkpoint or an export reads them. Collective over dp.
+  template <class Comm>
+  void gather_values(Comm& dp) {
+    if (gather_pending_)
+      fail<Error>("DistributedOptimizer::gather_values: call finish_step(ctx, dp) after the step first");
+    buffer_->gather_values(dp);
+  }
+  bool fp8_param_gather() const { return buffer_->has_codes(); }
+  // The FP8 weights' values are current only in this rank's shards (gather_values is due).
+  bool values_stale() const { return gather_pending_ || buffer_->values_stale(); }
 
   template <class Visitor>
   void for_each_state(Visitor&& visit) {
@@ -284,6 +376,14 @@ class DistributedOptimizer {
   Tensor<state_type, Space> main_, exp_avg_, exp_avg_sq_;
   int steps_ = 0;
   bool experts_ = false;
+  std::vector<Fp8State<Space>*> fp8_weights_;  // the code buckets' weights' states, in buffer order
+  bool gather_pending_ = false;                // step() ran under the FP8 parameter gather; finish_step() has not
+
+  std::size_t weight_index(const Fp8State<Space>* state) const {
+    for (std::size_t i = 0; i < fp8_weights_.size(); ++i)
+      if (fp8_weights_[i] == state) return i;
+    fail<Error>("DistributedOptimizer: an FP8 weight of a code bucket has no state");
+  }
 };
 
 STRATA_NAMESPACE_END

@@ -17,6 +17,14 @@
 //     accumulating into p.grad as before. With `param_buffer` (the distributed optimizer) the values
 //     get the same layout in a buffer of T, and each `value` becomes a view into it.
 //
+// FP8 parameter gather (fp8_param_gather, with the distributed optimizer). The weights an FP8 linear
+// layer casts (Parameter::fp8) fill buckets that hold nothing else: while the buffer is laid out
+// two buckets are open, one of each kind, and each takes the next place in the buffer when it is
+// closed. Such a "code bucket" also has one byte per element in codes() (laid out as the bucket),
+// and the parameter gather moves those codes instead of its values (DistributedOptimizer::
+// finish_step casts them); gather_values() brings the values too when something reads them whole.
+// Without the option every parameter is placed as above.
+//
 // Reduction. With plain data parallelism a bucket is all-reduced (sum) in place; with the
 // distributed optimizer it is reduce-scattered in place, so dp rank r then holds the sum of shard r
 // of every bucket (the rest of the buffer keeps this rank's own partial sums and is not read
@@ -82,6 +90,10 @@ struct GradBufferOptions {
   bool param_buffer = false;      // also place the values in a contiguous buffer (needed when distributed)
   bool overlap_communication = false;  // collectives beside compute (the communicator's overlapped handle)
   double gradient_scaling_factor = 1.0;
+  // (distributed) The FP8 parameter gather (Megatron's --fp8-param-gather): the weights the FP8
+  // linear layers cast (Parameter::fp8) go into buckets of their own, which also hold one byte of
+  // FP8 code per element, and the parameter gather moves those codes instead of the values.
+  bool fp8_param_gather = false;
 
   void validate() const {
     if (bucket_size < 0) fail<ConfigError>("GradBuffer: bucket_size=", bucket_size, " must be >= 0 (0: one bucket)");
@@ -90,6 +102,9 @@ struct GradBufferOptions {
     if (distributed && !param_buffer)
       fail<ConfigError>("GradBuffer: the distributed optimizer all-gathers parameters in place, so it needs "
                         "param_buffer = true");
+    if (fp8_param_gather && !distributed)
+      fail<ConfigError>("GradBuffer: the FP8 parameter gather is the distributed optimizer's (each rank casts its shard "
+                        "of the weights and the codes are all-gathered), so it needs distributed = true");
   }
 };
 
@@ -117,6 +132,8 @@ class GradBuffer {
     int parameters;  // how many parameters it holds
     int pending = 0; // parameters whose gradient is not final yet (mark_ready)
     bool started = false;
+    bool codes = false;       // FP8 weights with codes (fp8_param_gather): its gather moves the codes
+    index_t code_offset = 0;  // its first code in codes()
   };
 
   // Places every parameter of `model` (all of type Parameter<T, Space>), moves their gradients
@@ -134,30 +151,14 @@ class GradBuffer {
     });
     std::reverse(order.begin(), order.end());
     check_one_kind(order);
-    const index_t pad = static_cast<index_t>(options_.dp) * options_.alignment;
-    index_t cursor = 0, bucket_start = 0;
-    int in_bucket = 0;
-    auto close_bucket = [&] {
-      const index_t end = round_up(cursor, pad);
-      buckets_.push_back(Bucket{bucket_start, end - bucket_start, cursor - bucket_start, in_bucket});
-      cursor = bucket_start = end;
-      in_bucket = 0;
-    };
-    for (Param* p : order) {
-      const index_t offset = round_up(cursor, options_.alignment);
-      index_of_.emplace(p, entries_.size());
-      entries_.push_back(Entry{p, offset, p->value.numel(), buckets_.size()});
-      cursor = offset + p->value.numel();
-      ++in_bucket;
-      if (options_.bucket_size > 0 && cursor - bucket_start >= options_.bucket_size) close_bucket();
-    }
-    if (in_bucket > 0) close_bucket();
-    total_ = cursor;
-
+    lay_out(order);
     grads_ = Tensor<grad_type, Space>::zeros(Shape{std::max<index_t>(total_, 1)});
     if (options_.param_buffer) {
       params_ = Tensor<T, Space>::empty(Shape{std::max<index_t>(total_, 1)});
       device.template fill<T>(params_.data(), params_.numel(), 0.0);
+    }
+    if (code_total_ > 0) {
+      codes_ = Tensor<std::uint8_t, Space>::zeros(Shape{code_total_});
     }
     for (Entry& e : entries_) {
       Param& p = *e.param;
@@ -169,6 +170,7 @@ class GradBuffer {
         if (e.numel > 0) device.template copy<T>(p.value.data(), e.numel, value.data());
         p.value = std::move(value);
       }
+      if (buckets_[e.bucket].codes) p.fp8->gathered_codes = codes_of(e);
     }
     reset_ready();
   }
@@ -254,15 +256,29 @@ class GradBuffer {
     if (dp.size() == 1) return;
     Comm comm = overlapped ? overlapped_handle(dp) : dp;
     for (std::size_t k = buckets_.size(); k-- > 0;) {
-      const Bucket& bucket = buckets_[k];
-      const index_t shard = shard_size(k);
-      T* whole = params_.data() + bucket.offset;
-      comm.all_gather(comm_span_t<const T, Comm>(whole + dp.rank() * shard, static_cast<std::size_t>(shard)),
-                      comm_span_t<T, Comm>(whole, static_cast<std::size_t>(bucket.numel)));
+      if (buckets_[k].codes) gather_bucket(comm, dp.rank(), k, codes_.data() + buckets_[k].code_offset);
+      else gather_bucket(comm, dp.rank(), k, params_.data() + buckets_[k].offset);
       if (overlapped) gather_marks_.push_back(overlapped_mark(comm));
     }
     gathers_waited_ = 0;
+    values_stale_ = code_total_ > 0;
   }
+
+  // Under the FP8 parameter gather: the values of the FP8 weights' buckets, which the parameter
+  // gather leaves as they were outside this rank's shard (it moves their codes), all-gathered now
+  // in place, so every rank holds every updated value (before a checkpoint or an export reads
+  // them). Does nothing when they are current.
+  template <class Comm>
+  void gather_values(Comm& dp) {
+    check_group(dp, "gather_values");
+    wait_gathered(dp);
+    if (!values_stale_) return;
+    for (std::size_t k = buckets_.size(); k-- > 0;)
+      if (buckets_[k].codes) gather_bucket(dp, dp.rank(), k, params_.data() + buckets_[k].offset);
+    values_stale_ = false;
+  }
+  // Whether the FP8 weights' values are stale outside this rank's shards (see gather_values).
+  bool values_stale() const { return values_stale_; }
 
   // After an overlapped all_gather_parameters: the compute stream waits for the gather of bucket b
   // (and of the buckets issued before it, which end first). Does nothing once waited.
@@ -296,11 +312,71 @@ class GradBuffer {
   index_t size() const { return total_; }  // elements, padding included
   Tensor<grad_type, Space>& grads() { return grads_; }
   Tensor<T, Space>& params() { return params_; }
+  // The FP8 codes of the code buckets (fp8_param_gather; empty without): bucket b's at
+  // [buckets()[b].code_offset, + numel), laid out as the bucket.
+  Tensor<std::uint8_t, Space>& codes() { return codes_; }
+  bool has_codes() const { return code_total_ > 0; }
   // Bytes allocated for gradients and (with param_buffer) for values.
   std::int64_t grad_bytes() const { return total_ == 0 ? 0 : static_cast<std::int64_t>(grads_.bytes()); }
   std::int64_t param_bytes() const { return total_ == 0 || params_.empty() ? 0 : static_cast<std::int64_t>(params_.bytes()); }
 
- private:
+private:
+  // Places `order` into buckets (see the layout above). Under the FP8 parameter gather the FP8
+  // weights fill buckets of their own: two buckets are open at a time, one of each kind, and each
+  // takes its place in the buffer when it is closed, so the buckets still complete in about the
+  // order the backward finishes their parameters.
+  void lay_out(const std::vector<Param*>& order) {
+    struct Open {
+      std::vector<std::pair<Param*, index_t>> members;  // parameter, offset within the bucket
+      index_t cursor = 0;
+      std::size_t last = 0;  // position in `order` of its last parameter
+    };
+    struct Closed {
+      Open bucket;
+      bool codes;
+    };
+    std::vector<Closed> closed;
+    Open open[2];
+    auto close = [&](int kind) {
+      closed.push_back(Closed{std::move(open[kind]), kind == 1});
+      open[kind] = Open{};
+    };
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      Param* p = order[i];
+      const int kind = options_.fp8_param_gather && p->fp8 != nullptr ? 1 : 0;
+      Open& b = open[kind];
+      const index_t offset = round_up(b.cursor, options_.alignment);
+      b.members.emplace_back(p, offset);
+      b.cursor = offset + p->value.numel();
+      b.last = i;
+      if (options_.bucket_size > 0 && b.cursor >= options_.bucket_size) close(kind);
+    }
+    // the last open buckets, the one whose parameters end first first
+    const bool both = !open[0].members.empty() && !open[1].members.empty();
+    const int first = both && open[1].last < open[0].last ? 1 : 0;
+    for (int kind : {first, 1 - first})
+      if (!open[kind].members.empty()) close(kind);
+    const index_t pad = static_cast<index_t>(options_.dp) * options_.alignment;
+    index_t cursor = 0;
+    for (Closed& c : closed) {
+      Bucket bucket{cursor, round_up(c.bucket.cursor, pad), c.bucket.cursor, static_cast<int>(c.bucket.members.size())};
+      if (c.codes) {
+        bucket.codes = true;
+        bucket.code_offset = code_total_;
+        code_total_ += bucket.numel;
+      }
+      for (const auto& [p, offset] : c.bucket.members) {
+        index_of_.emplace(p, entries_.size());
+        entries_.push_back(Entry{p, cursor + offset, p->value.numel(), buckets_.size()});
+      }
+      buckets_.push_back(bucket);
+      cursor += bucket.numel;
+    }
+    total_ = cursor;
+  }
+
+  std::uint8_t* codes_of(const Entry& e) { return codes_.data() + buckets_[e.bucket].code_offset + (e.offset - buckets_[e.bucket].offset); }
+
   const Entry& entry_of(const Param& param) const {
     if (auto it = index_of_.find(&param); it != index_of_.end()) return entries_[it->second];
     fail<ConfigError>("GradBuffer: parameter '", param.name, "' is not in this buffer; pass a parameter of the model the "
@@ -331,6 +407,14 @@ class GradBuffer {
       b.started = false;
     }
     next_bucket_ = 0;
+  }
+
+  // Bucket k of `data` (T values or codes, laid out as the bucket) gathered from each rank's shard.
+  template <class Comm, class U>
+  void gather_bucket(Comm& comm, int rank, std::size_t k, U* whole) {
+    const index_t shard = shard_size(k);
+    comm.all_gather(comm_span_t<const U, Comm>(whole + rank * shard, static_cast<std::size_t>(shard)),
+                    comm_span_t<U, Comm>(whole, static_cast<std::size_t>(buckets_[k].numel)));
   }
 
   template <class Device, class Comm>
@@ -365,6 +449,9 @@ class GradBuffer {
   std::size_t gathers_waited_ = 0;           // of gather_marks_
   Tensor<grad_type, Space> grads_;
   Tensor<T, Space> params_;
+  Tensor<std::uint8_t, Space> codes_;  // the code buckets' codes (fp8_param_gather)
+  index_t code_total_ = 0;
+  bool values_stale_ = false;  // see gather_values
 };
 
 STRATA_NAMESPACE_END
