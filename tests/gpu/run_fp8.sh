@@ -10,7 +10,10 @@
 #      with FP8 delayed scaling (history 16, max) trains 20 iterations straight, then again stopped
 #      by --exit-interval 10 (saving the checkpoint, with the scaling states) and resumed with --load
 #      to 20; the two runs' losses must be the same bits at every iteration (the amax histories and
-#      scales come back from the checkpoint). STRATA_FP8_RESUME=0 skips it.
+#      scales come back from the checkpoint). Then the FP8 parameter gather: the same run with the
+#      distributed optimizer and no clipping, with and without --fp8-param-gather (the optimizer casts
+#      the updated weights, the layers read those codes), must log the same loss bits at every
+#      iteration. STRATA_FP8_RESUME=0 skips both.
 #   3. GPT 1.41B (24 layers, hidden 2048, 16 heads, batch 8, seq 1024): bench/gpu_bench.sh in bf16,
 #      then with STRATA_BENCH_DTYPE=fp8 (strata --fp8-format hybrid --fp8-recipe tensorwise beside
 #      the peer's --float8 tensorwise); STRATA_FP8_BENCH=0 skips this part, STRATA_BENCH_FP8_RECIPE
@@ -32,6 +35,26 @@ for test in test_fp8 test_fp8_layers; do
   echo "== $test"
   "$program" || status=1
 done
+# same_losses <a.jsonl> <b.jsonl>: "yes" when both logged the same 20 iterations with the same loss bits.
+same_losses() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    try:
+        for line in open(path):
+            r = json.loads(line)
+            if "loss" in r:
+                out[r["iteration"]] = r["loss"]
+    except OSError:
+        pass
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+keys = sorted(a)
+print("yes" if len(keys) == 20 and keys == sorted(b) and all(a[k] == b[k] for k in keys) else
+      "no: %d and %d iterations logged" % (len(a), len(b)))
+PY
+}
 if [[ ${STRATA_FP8_RESUME:-1} != 0 ]]; then
   echo "== FP8 resume on the GPU"
   trainer=$bench_build/examples/train_gpt
@@ -49,25 +72,16 @@ if [[ ${STRATA_FP8_RESUME:-1} != 0 ]]; then
       "$trainer" "${small[@]}" --save "$dir/ck" --exit-interval 10 --log-jsonl "$dir/resumed.jsonl" >"$dir/first.log" 2>&1 &&
       "$trainer" "${small[@]}" --save "$dir/ck" --load "$dir/ck" --log-jsonl "$dir/resumed.jsonl" >"$dir/second.log" 2>&1
     trained=$?
-    same=$(python3 - "$dir/straight.jsonl" "$dir/resumed.jsonl" <<'PY'
-import json, sys
-def losses(path):
-    out = {}
-    try:
-        for line in open(path):
-            r = json.loads(line)
-            if "loss" in r:
-                out[r["iteration"]] = r["loss"]
-    except OSError:
-        pass
-    return out
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-keys = sorted(a)
-print("yes" if len(keys) == 20 and keys == sorted(b) and all(a[k] == b[k] for k in keys) else
-      "no: %d and %d iterations logged" % (len(a), len(b)))
-PY
-)
+    same=$(same_losses "$dir/straight.jsonl" "$dir/resumed.jsonl")
     echo "FP8 resume: runs exit $trained, the same losses at every iteration: $same (logs: $dir)"
+    [[ $trained -eq 0 && $same == yes ]] || status=1
+    echo "== FP8 parameter gather on the GPU"
+    sharded=("${small[@]}" --use-distributed-optimizer --clip-grad 0)
+    "$trainer" "${sharded[@]}" --log-jsonl "$dir/values.jsonl" >"$dir/values.log" 2>&1 &&
+      "$trainer" "${sharded[@]}" --fp8-param-gather --log-jsonl "$dir/codes.jsonl" >"$dir/codes.log" 2>&1
+    trained=$?
+    same=$(same_losses "$dir/values.jsonl" "$dir/codes.jsonl")
+    echo "FP8 parameter gather: runs exit $trained, the same losses at every iteration: $same (logs: $dir)"
     [[ $trained -eq 0 && $same == yes ]] || status=1
   fi
 fi
