@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
           usage_error("--calibrate on a GPU measures GEMMs, memory bandwidth and NVLink and keeps the rest (attention, "
                       "InfiniBand, overheads) from a base file: pass --calibration bench/calibration/h100_node.json, or "
                       "--calibrate-cpu for the CPU");
-        c = plan::calibrate_cuda(plan::load_calibration(calibration_file));
+        c = plan::calibrate_cuda(plan::load_calibration(calibration_file), 10, &std::cout);
       }
 #else
       (void)calibrate_cpu;  // the only kind this build measures

@@ -618,6 +618,31 @@ TEST(Plan, AttentionRateByLengthIsInterpolatedAndPricedAtTheEnginesLength) {
     EXPECT_NE(m.find("attention_tflops_by_length[1].seq"), std::string::npos) << m;
   }
   EXPECT_EQ(h200_measured().attention_tflops_at(65536), h200_measured().attention_tflops);
+  // Entries of several head sizes: a model's attention takes those of the measured size nearest to
+  // its own (in log), each size's lengths ascending on their own; written and read back.
+  plan::Calibration sized = h200_measured();
+  sized.attention_by_length = {{1024, 200, 64}, {4096, 300, 64}, {1024, 400, 128}, {4096, 600, 128}};
+  EXPECT_EQ(sized.attention_tflops_at(1024, 64), 200);
+  EXPECT_EQ(sized.attention_tflops_at(8192, 64), 300);
+  EXPECT_NEAR(sized.attention_tflops_at(2048, 128), 500, 1e-9);
+  EXPECT_EQ(sized.attention_tflops_at(1024, 80), 200);   // nearer 64
+  EXPECT_EQ(sized.attention_tflops_at(1024, 96), 400);   // nearer 128
+  EXPECT_EQ(sized.attention_tflops_at(1024, 192), 400);  // beyond the largest
+  EXPECT_EQ(sized.attention_tflops_at(1024), 200);       // no head size asked: the first entry's
+  const plan::Calibration sized_back = plan::parse_calibration(plan::calibration_json(sized), "sized.json");
+  ASSERT_EQ(sized_back.attention_by_length.size(), 4u);
+  EXPECT_EQ(sized_back.attention_by_length[2].head_dim, 128);
+  EXPECT_NEAR(sized_back.attention_tflops_at(2048, 128), 500, 1e-9);
+  std::string repeated = plan::calibration_json(sized);
+  const std::string fourth = "\"seq\": 4096, \"head_dim\": 128";
+  ASSERT_NE(repeated.find(fourth), std::string::npos) << repeated;
+  repeated.replace(repeated.find(fourth), fourth.size(), "\"seq\": 1024, \"head_dim\": 128");
+  try {
+    plan::parse_calibration(repeated, "sized.json");
+    ADD_FAILURE() << "a length repeated within one head size was accepted";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_tflops_by_length[3].seq"), std::string::npos) << e.what();
+  }
 
   const plan::Cluster two{2, 1, 141};
   plan::Layout cp2 = layout(1, 1, 1, 1, "1f1b", 1, RecomputeGranularity::full);

@@ -8,7 +8,7 @@
 //     "gemm_tflops": [ {"m": 8192, "n": 12288, "k": 4096, "tflops": 679}, ... ],
 //     "fp8_gemm_tflops": [ {"m": 8192, "n": 16384, "k": 3072, "tflops": 1407}, ... ],  // optional: FP8 GEMMs (up to twice peak_tflops)
 //     "attention_tflops": 192,             // causal attention, forward + backward FLOPs (backward = 2.5 forward) over time
-//     "attention_tflops_by_length": [ {"seq": 4096, "tflops": 310}, ... ],  // optional: the same by sequence length
+//     "attention_tflops_by_length": [ {"seq": 4096, "head_dim": 128, "tflops": 310}, ... ],  // optional: the same by sequence length (and head size)
 //     "elementwise_gbps": 2400,            // memory-bound kernels (norms, residual adds, bias, activations), bytes moved / s
 //     "optimizer_gbps": 2900,              // the AdamW update, 32 bytes touched per parameter of the shard
 //     "links": {"nvlink": {"bus_gbps": 160, "latency_us": 15},
@@ -20,12 +20,18 @@
 //
 // Bus bandwidth is nccl-tests' busbw: a ring all-gather or reduce-scatter of S bytes over n ranks
 // takes (n - 1) / n x S / busbw + latency, an all-reduce twice the bytes. A GEMM's throughput is that
-// of the measured shape nearest to it (distance in log m, log n, log k). Attention's throughput at a
+// of the measured shape nearest to it (distance in log m, log n, log k); the planner prices a linear
+// layer's three GEMMs (forward, input and weight gradients) at the rate of its forward's shape
+// m = tokens, n = outputs, k = inputs, which is what `strata-plan --calibrate` measures under that key
+// (calibrate_cuda.hpp: the three GEMMs' FLOPs over their summed time). Attention's throughput at a
 // sequence length is interpolated linearly in log(length) between the measured lengths of
-// `attention_tflops_by_length` (ascending; flat beyond its ends), or is `attention_tflops` without
-// that table. An FP8 GEMM's is that of the nearest `fp8_gemm_tflops` shape, or the bf16 one's without
-// that table (Hopper's dense FP8 peak is twice its bf16 peak, the bound of those entries). Every other field is required; a missing, unknown, mistyped or non-positive field is an
-// error naming the file and the field.
+// `attention_tflops_by_length` (ascending within each head size; flat beyond its ends), or is
+// `attention_tflops` without that table. An entry's optional "head_dim" is the head size it was
+// measured at: a model's attention takes the entries of the measured head size nearest to its own
+// (in log; entries without one serve every head size where none has one). An FP8 GEMM's is that of
+// the nearest `fp8_gemm_tflops` shape, or the bf16 one's without that table (Hopper's dense FP8 peak
+// is twice its bf16 peak, the bound of those entries). Every other field is required; a missing,
+// unknown, mistyped or non-positive field is an error naming the file and the field.
 #pragma once
 
 #include <cmath>
@@ -49,6 +55,7 @@ struct GemmPoint {
 struct AttentionPoint {
   std::int64_t seq = 0;
   double tflops = 0;
+  std::int64_t head_dim = 0;  // the head size measured at; 0: any
 };
 
 struct Link {
@@ -75,14 +82,23 @@ struct Calibration {
   double moe_host_ms_per_layer = 0;
   double runtime_reserve_gib = 0;
 
-  // TFLOP/s of causal attention over sequences of `seq` tokens (see the top).
-  double attention_tflops_at(double seq) const {
+  // TFLOP/s of causal attention over sequences of `seq` tokens with heads of `head_dim` (0: the
+  // table's first head size) (see the top).
+  double attention_tflops_at(double seq, double head_dim = 0) const {
     if (attention_by_length.empty()) return attention_tflops;
-    if (seq <= attention_by_length.front().seq) return attention_by_length.front().tflops;
-    if (seq >= attention_by_length.back().seq) return attention_by_length.back().tflops;
+    std::int64_t size = attention_by_length.front().head_dim;  // the head size whose entries serve
+    double best = 1e300;
+    for (const AttentionPoint& p : attention_by_length)
+      if (head_dim > 0 && p.head_dim > 0 && std::abs(std::log(head_dim / p.head_dim)) < best - 1e-12)
+        best = std::abs(std::log(head_dim / p.head_dim)), size = p.head_dim;
+    std::vector<AttentionPoint> points;
+    for (const AttentionPoint& p : attention_by_length)
+      if (p.head_dim == size) points.push_back(p);
+    if (seq <= points.front().seq) return points.front().tflops;
+    if (seq >= points.back().seq) return points.back().tflops;
     std::size_t i = 1;
-    while (attention_by_length[i].seq < seq) ++i;
-    const AttentionPoint &a = attention_by_length[i - 1], &b = attention_by_length[i];
+    while (points[i].seq < seq) ++i;
+    const AttentionPoint &a = points[i - 1], &b = points[i];
     const double f = std::log(seq / a.seq) / std::log(static_cast<double>(b.seq) / a.seq);
     return a.tflops + f * (b.tflops - a.tflops);
   }
@@ -222,15 +238,20 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   if (root.find("fp8_gemm_tflops")) gemm_points("fp8_gemm_tflops", 2 * c.peak_tflops, c.fp8_gemm);
   c.attention_tflops = detail::positive(root, "attention_tflops", file);
   if (root.find("attention_tflops_by_length"))
-    detail::for_each_object(root, "attention_tflops_by_length", {"seq", "tflops", "source"}, "{\"seq\", \"tflops\"}", file,
-                            [&](const strata::json::Value& p, const std::string& where) {
+    detail::for_each_object(root, "attention_tflops_by_length", {"seq", "head_dim", "tflops", "source"}, "{\"seq\", \"tflops\"}",
+                            file, [&](const strata::json::Value& p, const std::string& where) {
                               AttentionPoint a;
                               a.seq = static_cast<std::int64_t>(detail::positive(p, "seq", file, where));
                               a.tflops = detail::tflops_within_peak(p, where, c.peak_tflops, file);
-                              if (!c.attention_by_length.empty() && a.seq <= c.attention_by_length.back().seq)
-                                detail::calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
-                                                                    ") must be larger than the one before it: the lengths "
-                                                                    "go in ascending order");
+                              if (p.find("head_dim")) a.head_dim = static_cast<std::int64_t>(detail::positive(p, "head_dim", file, where));
+                              for (auto before = c.attention_by_length.rbegin(); before != c.attention_by_length.rend(); ++before)
+                                if (before->head_dim == a.head_dim) {
+                                  if (a.seq <= before->seq)
+                                    detail::calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
+                                                                        ") must be larger than the one before it: the lengths "
+                                                                        "go in ascending order (within each head_dim)");
+                                  break;
+                                }
                               c.attention_by_length.push_back(a);
                             });
   c.elementwise_gbps = detail::positive(root, "elementwise_gbps", file);
@@ -282,8 +303,9 @@ inline std::string calibration_json(const Calibration& c) {
   if (!c.attention_by_length.empty()) {
     out += "  \"attention_tflops_by_length\": [\n";
     for (std::size_t i = 0; i < c.attention_by_length.size(); ++i)
-      out += "    {\"seq\": " + number(c.attention_by_length[i].seq) + ", \"tflops\": " + number(c.attention_by_length[i].tflops) + "}" +
-             (i + 1 < c.attention_by_length.size() ? ",\n" : "\n");
+      out += "    {\"seq\": " + number(c.attention_by_length[i].seq) +
+             (c.attention_by_length[i].head_dim > 0 ? ", \"head_dim\": " + number(c.attention_by_length[i].head_dim) : std::string()) +
+             ", \"tflops\": " + number(c.attention_by_length[i].tflops) + "}" + (i + 1 < c.attention_by_length.size() ? ",\n" : "\n");
     out += "  ],\n";
   }
   out += "  \"elementwise_gbps\": " + number(c.elementwise_gbps) +

@@ -22,7 +22,7 @@
 // 4. Step time (`predict_step`): per micro-batch and pipeline rank, compute from the shapes (GEMMs
 //    x3 for forward, input and weight gradient at the calibrated throughput of the nearest measured
 //    shape, FP8 layers' at the FP8 one, with their casts; causal attention at the calibrated rate for
-//    its length; memory-bound kernels from the bytes they move),
+//    its length and head size; memory-bound kernels from the bytes they move),
 //    the exposed communication (tensor parallel: on the compute stream, all exposed; context
 //    parallel: ring steps hidden behind the attention blocks they feed; expert all-to-alls: exposed;
 //    pipeline transfers: exposed), the recompute's extra forward; the pipeline bubble from the
@@ -356,7 +356,7 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // The attention engine runs over whole sequences (cp = 1, or the all-to-all's heads), or over
   // blocks of s / cp queries and keys (the ring, and the all-gather's local queries): its rate at that length.
   const double attention_length = l.cp > 1 && a.cp_comm_type != "a2a" ? s / cp : s;
-  const double attention = 3.5 * attention_flops / (cal.attention_tflops_at(attention_length) * 1e12) * 1e3;
+  const double attention = 3.5 * attention_flops / (cal.attention_tflops_at(attention_length, core_dim) * 1e12) * 1e3;
   auto elementwise_of = [&](double width) {
     const double replicated = 16 * h * t * vb, sharded = (8 * h + 3 * width * (gated ? 2 : 1)) * t * vb / tp;
     return bytes_ms(sp ? (replicated / tp + sharded) : (replicated + sharded));
