@@ -6,7 +6,8 @@
 //   fp8_cast_transpose  q [rows, cols] (unless null) and qt [cols, rows] in one pass through 64 x 65
 //                       byte tiles in shared memory, with amax
 //   fp8_cast_transpose_fused  the same of x, gelu(x), x gelu'(pre), SwiGLU or its backward (Fp8Producer), with the column
-//                       sums of those values when asked (per-tile partials, then sum_partials)
+//                       sums of those values when asked (per-tile partials, then sum_partials); SwiGLU's
+//                       backward a gate tile and its up twin a block (d, gate and up read once)
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
@@ -156,10 +157,11 @@ __device__ __forceinline__ A fp8_produce_at(const storage_t<T>* x, const storage
   }
 }
 // Eight produced elements from (row, col) on, 16-byte loads (fp8_cast_transpose_fused checks the
-// alignments; swiglu_backward's eight never straddle its two halves).
+// alignments). swiglu_backward makes its two halves together (fp8_swiglu_backward8).
 template <class T, Fp8Producer P, class A = accumulate_t<T>>
 __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t row, index_t col, index_t cols, A (&v)[8]) {
   constexpr int width = packed<T>::width;  // 8 bf16, 4 float, 2 double
+  static_assert(P != Fp8Producer::swiglu_backward, "swiglu_backward: fp8_swiglu_backward8");
   if constexpr (P == Fp8Producer::copy || P == Fp8Producer::gelu || P == Fp8Producer::gelu_backward) {
     const index_t i = row * cols + col;
     const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
@@ -173,26 +175,38 @@ __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t r
       for (int j = 0; j < width; ++j)
         v[k * width + j] = fp8_produce_at<T, P>(chunk.raw, chunk_pre.raw, 0, j, 0);
     }
-  } else {
-    // gate, up (and d) as runs of eight; the elements as fp8_produce_at makes them
-    const index_t f = P == Fp8Producer::swiglu ? cols : cols / 2, j0 = P == Fp8Producer::swiglu || col < f ? col : col - f;
-    const T* gate_up = P == Fp8Producer::swiglu ? x + row * 2 * cols : pre + row * cols;
-    const packed<T>* pg = reinterpret_cast<const packed<T>*>(gate_up + j0);
-    const packed<T>* pu = reinterpret_cast<const packed<T>*>(gate_up + f + j0);
-    const packed<T>* pd = reinterpret_cast<const packed<T>*>(x + row * f + j0);
+  } else {  // swiglu: gate and up as runs of eight; the elements as fp8_produce_at makes them
+    const packed<T>* pg = reinterpret_cast<const packed<T>*>(x + row * 2 * cols + col);
+    const packed<T>* pu = reinterpret_cast<const packed<T>*>(x + row * 2 * cols + cols + col);
 #pragma unroll
     for (int k = 0; k < 8 / width; ++k) {
       const packed<T> g = pg[k], u = pu[k];
-      packed<T> d{};
-      if constexpr (P == Fp8Producer::swiglu_backward) d = pd[k];
 #pragma unroll
       for (int j = 0; j < width; ++j) {
         const A gate = unpack<T>(g.raw[j]), up = unpack<T>(u.raw[j]);
-        if constexpr (P == Fp8Producer::swiglu)
-          v[k * width + j] = unpack<T>(pack<T>(swiglu_value(gate, up)));
-        else
-          v[k * width + j] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(col < f, unpack<T>(d.raw[j]), gate, up)));
+        v[k * width + j] = unpack<T>(pack<T>(swiglu_value(gate, up)));
       }
+    }
+  }
+}
+// SwiGLU's backward at eight neighbouring j of one row, both halves from one read of d, gate and up
+// (16-byte loads; j and f multiples of 8): dg[i] is the element at (row, j + i), du[i] the one at
+// (row, f + j + i), each as fp8_produce_at makes it.
+template <class T, class A>
+__device__ __forceinline__ void fp8_swiglu_backward8(const T* x, const T* pre, index_t row, index_t j, index_t f, A (&dg)[8],
+                                                     A (&du)[8]) {
+  constexpr int width = packed<T>::width;
+  const packed<T>* pg = reinterpret_cast<const packed<T>*>(pre + row * 2 * f + j);
+  const packed<T>* pu = reinterpret_cast<const packed<T>*>(pre + row * 2 * f + f + j);
+  const packed<T>* pd = reinterpret_cast<const packed<T>*>(x + row * f + j);
+#pragma unroll
+  for (int k = 0; k < 8 / width; ++k) {
+    const packed<T> g = pg[k], u = pu[k], d = pd[k];
+#pragma unroll
+    for (int i = 0; i < width; ++i) {
+      const A gate = unpack<T>(g.raw[i]), up = unpack<T>(u.raw[i]), dy = unpack<T>(d.raw[i]);
+      dg[k * width + i] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(true, dy, gate, up)));
+      du[k * width + i] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(false, dy, gate, up)));
     }
   }
 }
@@ -203,7 +217,8 @@ __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t r
 // bytes, so the eight rows a thread gathers fall in different banks). Whole tiles with `vectorized`
 // (x and pre 16-byte aligned, out and out_t 8-byte aligned, rows and cols multiples of 8) move
 // 16-byte loads and 8-byte stores; tiles at the edges element by element.
-// The elements are x's or what P produces from x and pre (fp8_produce). With `Sums`, the column sums
+// The elements are x's or what P produces from x and pre (fp8_produce; swiglu_backward has a kernel
+// of its own, fp8_cast_transpose_swiglu_backward_kernel, below). With `Sums`, the column sums
 // of the produced elements: each thread adds its two rows, the 32 lines of a column are added in line
 // order through shared memory, and the tile's sums go to partials[tile row, column], which
 // sum_partials then adds over the tile rows in order (deterministic: no atomics).
@@ -278,6 +293,103 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         for (int j = 0; j < 8 && row + j < rows; ++j) out_t[col * rows + row + j] = tile[eighth + j][c];
       }
     }
+    __syncthreads();
+  }
+  if (amax) fp8_block_amax(bits, amax);
+}
+
+// SwiGLU's backward cast, [rows, cols] = [d gate | d up] with f = cols / 2: a block takes the 64 x 64
+// tile of the gate half at (row0, j0) and its twin of the up half at (row0, f + j0) together, so d,
+// gate and up are read once for both (fp8_cast_transpose_kernel's way would read each twice, once a
+// tile). Threads, shared-memory tiles (one for each half), edges and column sums as in
+// fp8_cast_transpose_kernel, whose codes, amax and partials this kernel's are bit for bit (the
+// elements, their tile rows and the order of each column's sum are the same).
+template <class T, bool Sums = false, class A = accumulate_t<T>>
+__global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel(const T* x, const T* pre, index_t rows,
+                                                                                 index_t cols, Fp8Format format,
+                                                                                 const float* scale, std::uint8_t* out,
+                                                                                 std::uint8_t* out_t, float* amax, A* partials,
+                                                                                 bool vectorized) {
+  constexpr Fp8Producer P = Fp8Producer::swiglu_backward;
+  __shared__ std::uint8_t tile[2][kFp8Tile][kFp8Tile + 1];  // d gate's, d up's
+  __shared__ A line_sums[Sums ? 32 : 1][Sums ? 2 * kFp8Tile : 1];
+  const float s = *scale;
+  unsigned bits = 0;
+  const index_t f = cols / 2, tiles_c = (f + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
+  const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
+  const auto* xs = reinterpret_cast<const storage_t<T>*>(x);
+  const auto* ps = reinterpret_cast<const storage_t<T>*>(pre);
+  for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
+    const index_t row0 = (id / tiles_c) * kFp8Tile, j0 = (id % tiles_c) * kFp8Tile;
+    const bool whole = vectorized && row0 + kFp8Tile <= rows && j0 + kFp8Tile <= f;
+    A column[2][8] = {};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = line + 32 * half;
+      const index_t row = row0 + r, j = j0 + eighth;
+      A v[2][8];  // (row, j..) of d gate, of d up
+      if (whole) {
+        fp8_swiglu_backward8<T>(x, pre, row, j, f, v[0], v[1]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const bool in = row < rows && j + i < f;
+          v[0][i] = in ? fp8_produce_at<T, P>(xs, ps, row, j + i, cols) : A(0);  // 0: no amax, no sum
+          v[1][i] = in ? fp8_produce_at<T, P>(xs, ps, row, f + j + i, cols) : A(0);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        float e[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          e[i] = static_cast<float>(v[g][i]);
+          if constexpr (Sums) column[g][i] += v[g][i];
+        }
+        const uint2 codes = fp8_round8(e, s, format, bits);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          tile[g][r][eighth + i] = static_cast<std::uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+        if (out) {
+          const index_t col = g * f + j;
+          if (whole) {
+            *reinterpret_cast<uint2*>(out + row * cols + col) = codes;
+          } else if (row < rows) {
+            for (int i = 0; i < 8 && j + i < f; ++i) out[row * cols + col + i] = tile[g][r][eighth + i];
+          }
+        }
+      }
+    }
+    if constexpr (Sums) {
+#pragma unroll
+      for (int g = 0; g < 2; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) line_sums[line][g * kFp8Tile + eighth + i] = column[g][i];
+    }
+    __syncthreads();
+    if constexpr (Sums) {
+      const int g = threadIdx.x / kFp8Tile, c = threadIdx.x % kFp8Tile;
+      if (g < 2 && j0 + c < f) {
+        A total = line_sums[0][threadIdx.x];
+        for (int l = 1; l < 32; ++l) total += line_sums[l][threadIdx.x];
+        partials[(row0 / kFp8Tile) * cols + g * f + j0 + c] = total;  // partials (tile rows, cols)
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = line + 32 * half;
+        const index_t col = g * f + j0 + c, row = row0 + eighth;  // out_t (cols, rows)
+        if (whole) {
+          unsigned word[2] = {0u, 0u};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) word[i / 4] |= static_cast<unsigned>(tile[g][eighth + i][c]) << (8 * (i % 4));
+          *reinterpret_cast<uint2*>(out_t + col * rows + row) = make_uint2(word[0], word[1]);
+        } else if (j0 + c < f) {
+          for (int i = 0; i < 8 && row + i < rows; ++i) out_t[col * rows + row + i] = tile[g][eighth + i][c];
+        }
+      }
     __syncthreads();
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -445,9 +557,16 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   const bool reads_pre = producer == Fp8Producer::gelu_backward || producer == Fp8Producer::swiglu_backward;
   const bool vectorized = aligned_16(x) && (!reads_pre || aligned_16(pre)) && (!out || aligned_8(out)) && aligned_8(out_t) &&
                           rows % 8 == 0 && cols % 8 == 0 && (producer != Fp8Producer::swiglu_backward || cols % 16 == 0);
-  const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
+  // swiglu_backward's blocks take a tile of each half (fp8_cast_transpose_swiglu_backward_kernel)
+  const index_t tile_cols = producer == Fp8Producer::swiglu_backward ? cols / 2 : cols;
+  const index_t tiles = fp8_tile_rows(rows) * ((tile_cols + kFp8Tile - 1) / kFp8Tile);
   const auto launch = [&](auto p, auto sums) {
-    auto* kernel = &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
+    auto* kernel = [] {
+      if constexpr (decltype(p)::value == Fp8Producer::swiglu_backward)
+        return &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A>;
+      else
+        return &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
+    }();
     // No more blocks than run at once (at most 8 a multiprocessor, for the amax atomics): a second,
     // partial wave of blocks that each loop over as many tiles would double the time of the first.
     const unsigned grid = static_cast<unsigned>(
