@@ -222,14 +222,17 @@ TEST(TrainingFp8, ParameterGatherIsTheRunWithoutIt) {
 }
 
 // A run with --fp8-param-gather resumed from its checkpoint (saved after the values were gathered)
-// follows the straight run bit for bit: the first step after the load casts the loaded weights.
+// follows the straight run bit for bit: the first step after the load casts the loaded weights. The
+// same checkpoint loads into one rank without the flag.
 TEST(TrainingFp8, ParameterGatherResumeEqualsStraightThrough) {
   const auto dir = std::filesystem::temp_directory_path() / "strata_training_fp8_gather_resume";
   std::filesystem::remove_all(dir);
   for (const std::string recipe : {"delayed", "tensorwise"}) {
     auto a = tiny_fp8(recipe);
     a.train_iters = 6;
-    a.world_size = 2;
+    a.world_size = 2;  // dp 2
+    a.tensor_model_parallel_size = 1;
+    a.sequence_parallel = false;
     a.use_distributed_optimizer = true;
     a.fp8_param_gather = true;
     a.ddp_bucket_size = 6000;
@@ -248,6 +251,17 @@ TEST(TrainingFp8, ParameterGatherResumeEqualsStraightThrough) {
     EXPECT_EQ(second.start_iteration, 3) << recipe;
     ASSERT_EQ(second.losses.size(), 3u) << recipe;
     for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << recipe << " iteration " << 4 + i;
+    // The checkpoint holds values and optimizer pieces as any other: it loads into one rank
+    // without the flag (the distributed optimizer's pieces reshard), and training goes on from there.
+    auto one = a;
+    one.world_size = 1;
+    one.fp8_param_gather = false;
+    one.load = dir.string();
+    const auto resharded = trainer::train<strata::models::Gpt>(one);
+    EXPECT_EQ(resharded.start_iteration, 3) << recipe;
+    ASSERT_EQ(resharded.losses.size(), 3u) << recipe;
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(resharded.losses[i], straight.losses[3 + i], 1e-3 * straight.losses[3 + i]) << recipe << " iteration " << 4 + i;
     std::filesystem::remove_all(dir);
   }
 }
