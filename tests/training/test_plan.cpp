@@ -377,6 +377,38 @@ TEST(Plan, Fp8StepsArePricedAtTheFp8GemmRates) {
   EXPECT_LT(without[0].predicted_tokens_per_second, rows[1].predicted_tokens_per_second);
 }
 
+// --fp8-param-gather: the distributed optimizer's all-gather moves the FP8 layers' weights as one-byte
+// codes and each rank casts its shard of them, so over dp 2 both the exposed data-parallel time and
+// the compute (the weight casts) cost less than without the flag; a layout without the distributed
+// optimizer is refused with the trainers' sentence.
+TEST(Plan, Fp8ParameterGatherMovesCodes) {
+  std::vector<std::string> flags = gpt(24, 2048, 16, 1024, 8);
+  for (const char* f : {"--fp8-format", "hybrid", "--fp8-recipe", "delayed"}) flags.push_back(f);
+  const trainer::TrainArgs plain = trainer::parse_flags("gpt", flags);
+  flags.push_back("--fp8-param-gather");
+  const trainer::TrainArgs gathered = trainer::parse_flags("gpt", flags);
+  const plan::Calibration calibration = h100();
+  const plan::Cluster two{2, 1, 80};
+  const plan::Layout sharded = layout(1, 1, 2, 4, "1f1b", 1, RecomputeGranularity::none, /*distributed=*/true);
+  auto step = [&](const trainer::TrainArgs& model) {
+    const trainer::TrainArgs a = plan::args_of(model, two, sharded);
+    trainer::validate(a);
+    return plan::predict_step(a, sharded, two, calibration);
+  };
+  const plan::StepTime values = step(plain), codes = step(gathered);
+  EXPECT_GT(values.data_parallel, 0.0);
+  EXPECT_LT(codes.data_parallel, values.data_parallel);
+  EXPECT_LT(codes.compute, values.compute);
+  EXPECT_EQ(codes.tensor_parallel, values.tensor_parallel);
+  const trainer::TrainArgs replicated = plan::args_of(gathered, two, layout(1, 1, 2, 4));
+  try {
+    trainer::validate(replicated);
+    ADD_FAILURE() << "--fp8-param-gather without the distributed optimizer was not refused";
+  } catch (const strata::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--use-distributed-optimizer"), std::string::npos) << e.what();
+  }
+}
+
 // Every run but those of the two tests below: predicted step time within 15% and memory within 5%
 // of the measured (the tp=2 micro-batch 8 run is the one the NVLink figure of the calibration was
 // derived from; bench/calibration/README.md), except two GPT runs short in memory by 5-10%. The

@@ -401,9 +401,13 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   const double boundary =
       l.pp > 1 ? 2 * ((t * h * vb / (sp ? tp : 1)) / (pp_link.bus_gbps * 1e9) * 1e3 + pp_link.latency_us * 1e-3) : 0;
   const strata::models::Fp8Layers fp8_layers = fp8 ? trainer::fp8_layers_of(a) : strata::models::Fp8Layers{};
-  // the weight casts of one FP8 layer, once per step: read in bf16, W^T (and W) written
+  // the weight casts of one FP8 layer, once per step: read in bf16, W^T (and W) written; under
+  // --fp8-param-gather each of the dp x cp ranks casts its shard (read in bf16, W written) and every
+  // rank makes W^T from the gathered codes (a byte read and written)
+  const double fp8_layer_weights = (((heads + 2 * groups) * d + heads * d) * h + (gated ? 3 : 2) * ffn * h) / tp;
+  const bool fp8_gather = fp8 && a.fp8_param_gather && l.distributed_optimizer;
   const double fp8_weight_casts =
-      fp8 ? bytes_ms((vb + 2) * (((heads + 2 * groups) * d + heads * d) * h + (gated ? 3 : 2) * ffn * h) / tp) : 0;
+      !fp8 ? 0 : bytes_ms((fp8_gather ? (vb + 1) / (dp * l.cp) + 2 : vb + 2) * fp8_layer_weights);
   StepTime worst;
   double worst_total = -1, worst_fp8_layers = 0;
   for (const auto& rank : holdings) {
@@ -452,7 +456,10 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   const double backward = worst_total * 2 / 3, forward = worst_total / 3;
   if (shards > 1) {
     if (l.distributed_optimizer) {
-      const double rs = dp_link.seconds(parameters * 4, shards) * 1e3, ag = dp_link.seconds(parameters * 2, shards) * 1e3;
+      // --fp8-param-gather: the FP8 layers' weights gathered as one-byte codes
+      const double fp8_weights = fp8_gather ? std::min(parameters, worst_fp8_layers * fp8_layer_weights) : 0;
+      const double rs = dp_link.seconds(parameters * 4, shards) * 1e3,
+                   ag = dp_link.seconds((parameters - fp8_weights) * 2 + fp8_weights, shards) * 1e3;
       step.data_parallel = std::max(rs * bucket / parameters, rs - backward) + std::max(ag * bucket / parameters, ag - forward);
     } else {
       const double ar = dp_link.seconds(parameters * 4, shards, 2) * 1e3;
