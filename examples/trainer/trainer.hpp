@@ -871,7 +871,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const bool evaluate_now =
         shared.evaluate && ((a.eval_interval > 0 && (it + 1) % a.eval_interval == 0) || it + 1 == a.train_iters);
     if (save_now || evaluate_now || it + 1 == a.train_iters) optimizer.wait_parameters(ctx);  // they read the parameters
-    if (save_now || it + 1 == a.train_iters) optimizer.gather_values(ctx);  // --fp8-param-gather: the values too
+    if (save_now || exit_now || it + 1 == a.train_iters) optimizer.gather_values(ctx);  // --fp8-param-gather: the values too
     const bool log_now = (it + 1) % a.log_interval == 0 || it + 1 == a.train_iters || exit_now;
     // Loss and norm are identical on every rank (all-reduced), so every rank stops here together,
     // before any save.
