@@ -46,6 +46,24 @@ trainer::TrainArgs tiny_fp8(const std::string& recipe) {
   return a;
 }
 
+// Trains `a` straight through, saving into `dir` at iteration `at` and at the end, then again from
+// the checkpoint of `at` (the later one removed, the tracker pointed back): {straight, resumed}.
+std::pair<trainer::TrainResult, trainer::TrainResult> straight_and_resumed(const trainer::TrainArgs& a,
+                                                                          const std::filesystem::path& dir, int at) {
+  auto first = a;
+  first.save = dir.string();
+  first.save_interval = at;
+  auto straight = trainer::train<strata::models::Gpt>(first);
+  std::filesystem::remove_all(strata::iteration_directory(dir, a.train_iters));
+  {
+    std::ofstream tracker(dir / strata::kCheckpointTrackerName, std::ios::trunc);
+    tracker << at << "\n";
+  }
+  auto resumed = a;
+  resumed.load = dir.string();
+  return {std::move(straight), trainer::train<strata::models::Gpt>(resumed)};
+}
+
 double mean(const std::vector<double>& v, std::size_t begin, std::size_t end) {
   return std::accumulate(v.begin() + begin, v.begin() + end, 0.0) / static_cast<double>(end - begin);
 }
@@ -147,18 +165,7 @@ TEST(TrainingFp8, ResumeEqualsStraightThrough) {
   std::filesystem::remove_all(dir);
   auto a = tiny_fp8("delayed");
   a.train_iters = 8;
-  auto first = a;
-  first.save = dir.string();
-  first.save_interval = 4;
-  const auto straight = trainer::train<strata::models::Gpt>(first);  // saves at 4 and 8
-  std::filesystem::remove_all(dir / "iter_0000008");
-  {
-    std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
-    tracker << 4 << "\n";
-  }
-  auto resumed = a;
-  resumed.load = dir.string();
-  const auto second = trainer::train<strata::models::Gpt>(resumed);
+  const auto [straight, second] = straight_and_resumed(a, dir, 4);
   EXPECT_EQ(second.start_iteration, 4);
   ASSERT_EQ(second.losses.size(), 4u);
   for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], straight.losses[4 + i]) << "iteration " << 5 + i;
@@ -236,18 +243,7 @@ TEST(TrainingFp8, ParameterGatherResumeEqualsStraightThrough) {
     a.use_distributed_optimizer = true;
     a.fp8_param_gather = true;
     a.ddp_bucket_size = 6000;
-    auto first = a;
-    first.save = dir.string();
-    first.save_interval = 3;
-    const auto straight = trainer::train<strata::models::Gpt>(first);  // saves at 3 and 6
-    std::filesystem::remove_all(dir / "iter_0000006");
-    {
-      std::ofstream tracker(dir / "latest_checkpointed_iteration.txt", std::ios::trunc);
-      tracker << 3 << "\n";
-    }
-    auto resumed = a;
-    resumed.load = dir.string();
-    const auto second = trainer::train<strata::models::Gpt>(resumed);
+    const auto [straight, second] = straight_and_resumed(a, dir, 3);
     EXPECT_EQ(second.start_iteration, 3) << recipe;
     ASSERT_EQ(second.losses.size(), 3u) << recipe;
     for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << recipe << " iteration " << 4 + i;

@@ -41,6 +41,7 @@
 // ctx.expert_model_parallel instead of tp and ctx.model_parallel.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
@@ -83,6 +84,7 @@ class DistributedOptimizer {
     bool decoupled_lr = false;  // steps with the decoupled learning rate when one is given (Parameter::decoupled_lr)
     Fp8State<Space>* fp8 = nullptr;  // an FP8 weight whose codes this rank casts (a code bucket's)
     std::uint8_t* codes = nullptr;   // where (the buffer's codes of the piece's elements)
+    std::size_t fp8_index = 0;       // the weight's place in fp8_weights_
   };
 
   // main = this rank's shards of the parameter buffer (converted to A), moments = 0.
@@ -96,6 +98,10 @@ class DistributedOptimizer {
                         "param_buffer = true (its buckets are reduce-scattered and its values all-gathered)");
     if (dp_rank < 0 || dp_rank >= options.dp)
       fail<ConfigError>("DistributedOptimizer: dp_rank=", dp_rank, " is not a rank of the dp=", options.dp, " group");
+    for (const auto& e : buffer.entries()) {
+      experts_ = experts_ || e.param->expert;
+      if (e.param->fp8 && buffer.buckets()[e.bucket].codes) fp8_weights_.push_back(e.param->fp8);
+    }
     index_t state = 0;
     for (std::size_t b = 0; b < buffer.buckets().size(); ++b) {
       const index_t first = buffer.shard_begin(b, dp_rank), size = buffer.shard_size(b);
@@ -108,15 +114,14 @@ class DistributedOptimizer {
                                 e.param->tensor_parallel(), detail::is_pipeline_copy(*e.param), e.param->expert,
                                 begin - e.offset, e.param->global_shape, e.param->shard, detail::is_decoupled_lr(*e.param)});
         if (buffer.buckets()[b].codes) {
-          pieces_.back().fp8 = e.param->fp8;
-          pieces_.back().codes = buffer.codes().data() + buffer.buckets()[b].code_offset + (begin - buffer.buckets()[b].offset);
+          Piece& piece = pieces_.back();
+          piece.fp8 = e.param->fp8;
+          piece.codes = buffer.codes().data() + buffer.buckets()[b].code_offset + (begin - buffer.buckets()[b].offset);
+          piece.fp8_index = static_cast<std::size_t>(std::find(fp8_weights_.begin(), fp8_weights_.end(), piece.fp8) -
+                                                     fp8_weights_.begin());
         }
       }
       state += size;
-    }
-    for (const auto& e : buffer.entries()) {
-      experts_ = experts_ || e.param->expert;
-      if (e.param->fp8 && buffer.buckets()[e.bucket].codes) fp8_weights_.push_back(e.param->fp8);
     }
     main_ = Tensor<state_type, Space>::empty(Shape{state});
     exp_avg_ = Tensor<state_type, Space>::zeros(Shape{state});
@@ -286,7 +291,7 @@ class DistributedOptimizer {
         // one amax per weight: its pieces' here (0 where this rank holds none), then the whole tensor's
         auto amaxes = Tensor<float, Space>::zeros(Shape{std::max<index_t>(1, static_cast<index_t>(fp8_weights_.size()))});
         for (const Piece& p : pieces_)
-          if (p.fp8) ctx.device.template fp8_amax<T>(values + p.buffer_offset, p.n, amaxes.data() + weight_index(p.fp8));
+          if (p.fp8) ctx.device.template fp8_amax<T>(values + p.buffer_offset, p.n, amaxes.data() + p.fp8_index);
         if (dp.size() > 1) dp.all_reduce(amaxes.buffer(), ReduceOp::max);
         if (ctx.tp.size() > 1) ctx.tp.all_reduce(amaxes.buffer(), ReduceOp::max);
         const Fp8UpdateArgs now{1, Fp8AmaxAlgo::most_recent, 0, false};
@@ -378,12 +383,6 @@ class DistributedOptimizer {
   bool experts_ = false;
   std::vector<Fp8State<Space>*> fp8_weights_;  // the code buckets' weights' states, in buffer order
   bool gather_pending_ = false;                // step() ran under the FP8 parameter gather; finish_step() has not
-
-  std::size_t weight_index(const Fp8State<Space>* state) const {
-    for (std::size_t i = 0; i < fp8_weights_.size(); ++i)
-      if (fp8_weights_[i] == state) return i;
-    fail<Error>("DistributedOptimizer: an FP8 weight of a code bucket has no state");
-  }
 };
 
 STRATA_NAMESPACE_END
