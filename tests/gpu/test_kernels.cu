@@ -437,6 +437,24 @@ void test_vector_paths(harness& h, index_t rows, index_t cols, index_t offset) {
     compare(h, bk, "dx", std::get<2>(r1), std::get<2>(r2), rdx, tol);
     compare(h, bk, "dg", std::get<3>(r1), std::get<3>(r2), rdg, tol);
   }
+  {  // SwiGLU forward / backward over gate_up [rows, 2 cols]: 16-byte vectors where cols is a multiple of
+     // the width and the tensors are aligned, one element a thread otherwise (inputs drawn last, so the
+     // checks above keep theirs)
+    auto vgu = rng.template uniform<T>(2 * N, -3, 3), vd = rng.template uniform<T>(N);
+    std::vector<T> ref_y(N), ref_dgu(2 * N);
+    twin::swiglu_forward<T>(vgu.data(), rows, cols, ref_y.data());
+    twin::swiglu_backward<T>(vd.data(), vgu.data(), rows, cols, ref_dgu.data());
+    T *gu = tensor(2 * N), *dgu = tensor(2 * N);
+    auto run = [&] {
+      upload_at(dev, vgu, gu); upload_at(dev, vd, dy); nan_fill_at(dev, y, N); nan_fill_at(dev, dgu, 2 * N);
+      dev.swiglu_forward(gu, rows, cols, y);
+      dev.swiglu_backward(dy, gu, rows, cols, dgu);
+      return std::pair{download_at(dev, y, N), download_at(dev, dgu, 2 * N)};
+    };
+    auto r1 = run(), r2 = run();
+    compare(h, shape_label<T>("swiglu_forward", shape), "y", r1.first, r2.first, ref_y, tol);
+    compare(h, shape_label<T>("swiglu_backward", shape), "dgate_up", r1.second, r2.second, ref_dgu, tol);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

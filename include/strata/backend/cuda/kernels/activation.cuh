@@ -62,19 +62,54 @@ __device__ __forceinline__ A swiglu_up_gradient(A d, A gate) {
   return d * gate * sig;
 }
 
+// With `vectorized` (f a multiple of a 16-byte vector's elements, every pointer 16-byte aligned), each
+// thread makes a vector of neighbouring elements of one row from 16-byte loads of gate and up (and
+// dy) and stores it whole; else one element a thread. The values are the same either way.
 template <class T, class A = accumulate_t<T>>
-__global__ void swiglu_forward_kernel(const T* gate_up, index_t rows, index_t f, T* y) {
-  const index_t n = rows * f;
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+__global__ void swiglu_forward_kernel(const T* gate_up, index_t rows, index_t f, T* y, bool vectorized) {
+  const index_t n = rows * f, first = blockIdx.x * index_t(blockDim.x) + threadIdx.x, stride = index_t(gridDim.x) * blockDim.x;
+  if (vectorized) {
+    constexpr int width = packed<T>::width;
+    for (index_t v = first; v < n / width; v += stride) {
+      const index_t i = v * width, r = i / f, j = i % f;
+      const packed<T> g = *reinterpret_cast<const packed<T>*>(gate_up + r * 2 * f + j);
+      const packed<T> u = *reinterpret_cast<const packed<T>*>(gate_up + r * 2 * f + f + j);
+      packed<T> out;
+#pragma unroll
+      for (int k = 0; k < width; ++k) out.raw[k] = pack<T>(swiglu_value<A>(unpack<T>(g.raw[k]), unpack<T>(u.raw[k])));
+      reinterpret_cast<packed<T>*>(y)[v] = out;
+    }
+    return;
+  }
+  for (index_t i = first; i < n; i += stride) {
     const index_t r = i / f, j = i % f;  // y (rows, f)
     const A gate = load(gate_up, r * 2 * f + j), up = load(gate_up, r * 2 * f + f + j);  // gate_up (rows, 2f)
     store(y, i, swiglu_value(gate, up));
   }
 }
 template <class T, class A = accumulate_t<T>>
-__global__ void swiglu_backward_kernel(const T* dy, const T* gate_up, index_t rows, index_t f, T* dgate_up) {
-  const index_t n = rows * f;
-  for (index_t i = blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x) {
+__global__ void swiglu_backward_kernel(const T* dy, const T* gate_up, index_t rows, index_t f, T* dgate_up, bool vectorized) {
+  const index_t n = rows * f, first = blockIdx.x * index_t(blockDim.x) + threadIdx.x, stride = index_t(gridDim.x) * blockDim.x;
+  if (vectorized) {
+    constexpr int width = packed<T>::width;
+    for (index_t v = first; v < n / width; v += stride) {
+      const index_t i = v * width, r = i / f, j = i % f, gate_at = r * 2 * f + j, up_at = gate_at + f;
+      const packed<T> g = *reinterpret_cast<const packed<T>*>(gate_up + gate_at);
+      const packed<T> u = *reinterpret_cast<const packed<T>*>(gate_up + up_at);
+      const packed<T> d = reinterpret_cast<const packed<T>*>(dy)[v];
+      packed<T> dg, du;
+#pragma unroll
+      for (int k = 0; k < width; ++k) {
+        const A gate = unpack<T>(g.raw[k]), up = unpack<T>(u.raw[k]), dk = unpack<T>(d.raw[k]);
+        du.raw[k] = pack<T>(swiglu_up_gradient(dk, gate));
+        dg.raw[k] = pack<T>(swiglu_gate_gradient(dk, gate, up));
+      }
+      *reinterpret_cast<packed<T>*>(dgate_up + up_at) = du;
+      *reinterpret_cast<packed<T>*>(dgate_up + gate_at) = dg;
+    }
+    return;
+  }
+  for (index_t i = first; i < n; i += stride) {
     const index_t r = i / f, j = i % f;
     const index_t gate_at = r * 2 * f + j, up_at = gate_at + f;
     const A gate = load(gate_up, gate_at), up = load(gate_up, up_at), d = load(dy, i);
@@ -85,13 +120,17 @@ __global__ void swiglu_backward_kernel(const T* dy, const T* gate_up, index_t ro
 template <class T>
 void swiglu_forward(const T* gate_up, index_t rows, index_t f, T* y, cudaStream_t stream) {
   if (rows <= 0 || f <= 0) return;
-  swiglu_forward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(gate_up, rows, f, y);
+  const bool vectorized = f % packed<T>::width == 0 && aligned_16(gate_up) && aligned_16(y);
+  const index_t work = vectorized ? rows * f / packed<T>::width : rows * f;
+  swiglu_forward_kernel<T><<<grid_for(work), kThreads, 0, stream>>>(gate_up, rows, f, y, vectorized);
   check_launch("swiglu_forward");
 }
 template <class T>
 void swiglu_backward(const T* dy, const T* gate_up, index_t rows, index_t f, T* dgate_up, cudaStream_t stream) {
   if (rows <= 0 || f <= 0) return;
-  swiglu_backward_kernel<T><<<grid_for(rows * f), kThreads, 0, stream>>>(dy, gate_up, rows, f, dgate_up);
+  const bool vectorized = f % packed<T>::width == 0 && aligned_16(dy) && aligned_16(gate_up) && aligned_16(dgate_up);
+  const index_t work = vectorized ? rows * f / packed<T>::width : rows * f;
+  swiglu_backward_kernel<T><<<grid_for(work), kThreads, 0, stream>>>(dy, gate_up, rows, f, dgate_up, vectorized);
   check_launch("swiglu_backward");
 }
 
