@@ -692,6 +692,58 @@ TEST(Plan, AttentionRateByLengthIsInterpolatedAndPricedAtTheEnginesLength) {
   EXPECT_NEAR(compute(h200_measured(), "p2p"), compute(h200_measured(), "a2a"), 1e-9);
 }
 
+// Entries that name their backward (strata-plan --calibrate times both): a run with
+// --deterministic-attention (the default) is priced at the head size's deterministic entries, one
+// with --no-deterministic-attention at its atomic ones; entries that name none serve both, and a head
+// size with entries of one kind only serves the other kind's runs too. Lengths ascend within each
+// head size and backward; the key is written and read back; an unknown kind is refused, naming the
+// entry and the two kinds.
+TEST(Plan, AttentionEntriesOfEachBackwardPriceTheRunsThatUseIt) {
+  using B = plan::AttentionBackward;
+  plan::Calibration c = h200_measured();
+  c.attention_by_length = {{1024, 300, 128, B::atomic},  {4096, 520, 128, B::atomic}, {1024, 260, 128, B::deterministic},
+                           {4096, 390, 128, B::deterministic}, {1024, 200, 64, B::deterministic}};
+  EXPECT_EQ(c.attention_tflops_at(4096, 128, /*deterministic=*/false), 520);
+  EXPECT_EQ(c.attention_tflops_at(4096, 128, /*deterministic=*/true), 390);
+  EXPECT_EQ(c.attention_tflops_at(4096, 128), 390);  // the trainers' default
+  EXPECT_EQ(c.attention_tflops_at(4096, 64, /*deterministic=*/false), 200);  // heads of 64: deterministic entries only
+  const plan::Calibration back = plan::parse_calibration(plan::calibration_json(c), "both.json");
+  ASSERT_EQ(back.attention_by_length.size(), 5u);
+  EXPECT_EQ(back.attention_by_length[2].backward, B::deterministic);
+  EXPECT_EQ(back.attention_by_length[0].backward, B::atomic);
+  EXPECT_EQ(back.attention_tflops_at(4096, 128, false), 520);
+  EXPECT_EQ(back.attention_tflops_at(4096, 128, true), 390);
+  plan::Calibration mixed = h200_measured();  // an entry naming no backward serves both kinds
+  mixed.attention_by_length = {{1024, 300, 128, B::any}, {4096, 450, 128, B::atomic}};
+  EXPECT_NEAR(mixed.attention_tflops_at(2048, 128, false), 375, 1e-9);
+  EXPECT_EQ(mixed.attention_tflops_at(4096, 128, true), 300);
+  std::string text = plan::calibration_json(c);
+  const std::string kind = "\"backward\": \"atomic\"";
+  ASSERT_NE(text.find(kind), std::string::npos) << text;
+  text.replace(text.find(kind), kind.size(), "\"backward\": \"fused\"");
+  try {
+    plan::parse_calibration(text, "both.json");
+    ADD_FAILURE() << "an unknown backward was accepted";
+  } catch (const strata::ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("both.json"), std::string::npos) << m;
+    EXPECT_NE(m.find("attention_tflops_by_length[0].backward"), std::string::npos) << m;
+    EXPECT_NE(m.find("\"deterministic\" or \"atomic\""), std::string::npos) << m;
+    EXPECT_NE(m.find("\"fused\""), std::string::npos) << m;
+  }
+  // The planner passes the run's flag: with atomic entries faster, --no-deterministic-attention computes faster.
+  const plan::Cluster one{1, 1, 141};
+  const plan::Layout single = layout(1, 1, 1, 1);
+  auto compute = [&](bool deterministic) {
+    trainer::TrainArgs model = trainer::parse_flags("gpt", cp_llama(4096, "p2p"));
+    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    model.deterministic_attention = deterministic;
+    const trainer::TrainArgs a = plan::args_of(model, one, single);
+    return plan::predict_step(a, single, one, c).compute;
+  };
+  EXPECT_LT(compute(false), compute(true));
+}
+
 // Llama 3 8B (seq 8192, global batch 16, micro-batch 1) on 4 H200 (bench/RESULTS.md, 2026-11-27),
 // predicted from the calibration strata-plan --calibrate measured on an H200: step time within 15%
 // for every layout (worst: tp=4 predicted 11.5% slow) and memory within 5% for every layout. Memory

@@ -20,10 +20,10 @@
 //     graphs of backend/cuda/cudnn_sdpa.hpp that attention_forward / attention_backward build:
 //     forward and backward, bf16, q, k, v in the contiguous [s, b, heads, d] layout the grouped-query
 //     layers hand it, 16 heads in 8 key/value groups, heads of 64 and of 128, 16K tokens a call or one
-//     sequence beyond, the deterministic backward of --deterministic-attention, the trainers'
-//     default, wherever its dP scratch fits in memory, else the atomic one of
-//     --no-deterministic-attention) at sequence lengths 1K to 64K: `attention_tflops_by_length`
-//     (each entry with its head_dim), and `attention_tflops` at 1K with heads of 128.
+//     sequence beyond; the atomic backward of --no-deterministic-attention, and the deterministic one
+//     of --deterministic-attention, the trainers' default, wherever its dP scratch fits in memory)
+//     at sequence lengths 1K to 64K: `attention_tflops_by_length` (each entry with its head_dim and
+//     backward), and `attention_tflops` at 1K with heads of 128 and the deterministic backward.
 // Operands hold random values (bf16 in [-1, 1); FP8 codes below 2 in magnitude), which the tensor
 // cores run slower than zeros. The rest (InfiniBand, overheads, reserve; NVLink on one GPU; FP8
 // without the kernels library, attention without cuDNN) is kept from the base calibration, and
@@ -43,6 +43,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <strata/backend/cuda/gemm.hpp>
@@ -267,33 +268,37 @@ inline Calibration calibrate_cuda(const Calibration& base, int iterations = 10, 
         const std::int64_t b = std::max<std::int64_t>(1, per_call / seq), tokens = b * seq;
         const sdpa::shape x{seq, b, heads, groups, d, strata::AttentionStrides{}.resolved(heads, groups, d), true};
         const auto q_size = static_cast<std::size_t>(tokens * heads * d), kv_size = static_cast<std::size_t>(tokens * groups * d);
-        // The deterministic backward's dP scratch (b heads s s bf16 on Hopper) where it fits beside
-        // the tensors, as the trainers run it by default; else the atomic backward.
+        // Both backwards as the trainers run them: the atomic one (--no-deterministic-attention), and the
+        // deterministic one (the default) where its dP scratch (b heads s s bf16 on Hopper) fits beside
+        // the tensors.
         std::size_t free_bytes = 0, total_bytes = 0;
         STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         const double tensors = (4.0 * q_size + 4.0 * kv_size) * sizeof(strata::bf16) + 4.0 * b * heads * seq;
-        sdpa::graph_entry forward, backward;
-        bool deterministic = true;
+        sdpa::graph_entry forward, atomic, deterministic;
         try {
           forward = sdpa::build_forward<strata::bf16>(handle, x);
-          backward = sdpa::build_backward<strata::bf16>(handle, x, /*deterministic=*/true);
-          if (backward.refusal.empty() && double(backward.workspace_bytes) + tensors > 0.85 * double(free_bytes)) {
-            deterministic = false;
-            backward = sdpa::build_backward<strata::bf16>(handle, x, /*deterministic=*/false);
-          }
+          atomic = sdpa::build_backward<strata::bf16>(handle, x, /*deterministic=*/false);
+          deterministic = sdpa::build_backward<strata::bf16>(handle, x, /*deterministic=*/true);
+          if (deterministic.refusal.empty() && double(deterministic.workspace_bytes) + tensors > 0.85 * double(free_bytes))
+            deterministic.refusal = "its dP scratch (" + detail::fixed(double(deterministic.workspace_bytes) / (1 << 30), 1) +
+                                    " GiB) does not fit";
         } catch (const std::exception& e) {
           forward.refusal = e.what();
         }
-        if (!forward.refusal.empty() || !backward.refusal.empty()) {  // cuDNN has no plan for this length here
+        if (!forward.refusal.empty() || !atomic.refusal.empty()) {  // cuDNN has no plan for this length here
           say("attention d=" + std::to_string(d) + " s=" + std::to_string(seq) + ": refused (" +
-              (forward.refusal.empty() ? backward.refusal : forward.refusal) + ")");
+              (forward.refusal.empty() ? atomic.refusal : forward.refusal) + ")");
           continue;
         }
+        if (!deterministic.refusal.empty())
+          say("attention d=" + std::to_string(d) + " s=" + std::to_string(seq) + ": deterministic backward left out (" +
+              deterministic.refusal + ")");
+        const std::int64_t workspace_bytes = std::max<std::int64_t>(
+            {forward.workspace_bytes, atomic.workspace_bytes, deterministic.refusal.empty() ? deterministic.workspace_bytes : 0, 1});
         strata::cuda::device_buffer<strata::bf16> q(q_size), k(kv_size), v(kv_size), o(q_size), dout(q_size), dq(q_size),
             dk(kv_size), dv(kv_size);
         strata::cuda::device_buffer<float> stats(static_cast<std::size_t>(b * heads * seq));
-        strata::cuda::device_buffer<std::uint8_t> workspace(
-            static_cast<std::size_t>(std::max<std::int64_t>({forward.workspace_bytes, backward.workspace_bytes, 1})));
+        strata::cuda::device_buffer<std::uint8_t> workspace(static_cast<std::size_t>(workspace_bytes));
         for (auto* buffer : {&q, &k, &v, &dout}) detail::fill_random_bf16(buffer->data(), buffer->size(), stream);
         try {  // a length cuDNN fails to run is left out, and said
           float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -303,18 +308,23 @@ inline Calibration calibrate_cuda(const Calibration& base, int iterations = 10, 
               {sdpa::kDK, dk.data()},   {sdpa::kDV, dv.data()}};
           const double forward_ms =
               detail::median_ms(stream, iterations, [&] { sdpa::execute(forward, handle, pack, workspace.data()); });
-          const double backward_ms =
-              detail::median_ms(stream, iterations, [&] { sdpa::execute(backward, handle, pack, workspace.data()); });
           const double flops = 2.0 * static_cast<double>(tokens) * seq * heads * d;  // causal forward: the planner's count
-          const double tflops = 3.5 * flops / ((forward_ms + backward_ms) * 1e-3) / 1e12;
-          points.push_back({seq, std::min(c.peak_tflops, tflops), d});
-          (deterministic ? deterministic_lengths : atomic_lengths) += 1;
-          say("attention d=" + std::to_string(d) + " s=" + std::to_string(seq) + " b=" + std::to_string(b) + ": forward " +
-              detail::fixed(forward_ms, 4) + " ms (" + detail::fixed(flops / (forward_ms * 1e-3) / 1e12, 0) + " TFLOP/s), " +
-              (deterministic ? "deterministic" : "atomic") + " backward " + detail::fixed(backward_ms, 4) + " ms (" +
-              detail::fixed(2.5 * flops / (backward_ms * 1e-3) / 1e12, 0) + ", workspace " +
-              detail::fixed(double(backward.workspace_bytes) / (1 << 20), 0) + " MiB); both " + detail::fixed(tflops, 0) +
-              " TFLOP/s");
+          for (const bool exact : {false, true}) {
+            const sdpa::graph_entry& backward = exact ? deterministic : atomic;
+            if (!backward.refusal.empty()) continue;
+            const double backward_ms =
+                detail::median_ms(stream, iterations, [&] { sdpa::execute(backward, handle, pack, workspace.data()); });
+            const double tflops = 3.5 * flops / ((forward_ms + backward_ms) * 1e-3) / 1e12;
+            points.push_back({seq, std::min(c.peak_tflops, tflops), d,
+                              exact ? AttentionBackward::deterministic : AttentionBackward::atomic});
+            (exact ? deterministic_lengths : atomic_lengths) += 1;
+            say("attention d=" + std::to_string(d) + " s=" + std::to_string(seq) + " b=" + std::to_string(b) + ": forward " +
+                detail::fixed(forward_ms, 4) + " ms (" + detail::fixed(flops / (forward_ms * 1e-3) / 1e12, 0) + " TFLOP/s), " +
+                (exact ? "deterministic" : "atomic") + " backward " + detail::fixed(backward_ms, 4) + " ms (" +
+                detail::fixed(2.5 * flops / (backward_ms * 1e-3) / 1e12, 0) + ", workspace " +
+                detail::fixed(double(backward.workspace_bytes) / (1 << 20), 0) + " MiB); both " + detail::fixed(tflops, 0) +
+                " TFLOP/s");
+          }
         } catch (const std::exception& e) {
           say("attention d=" + std::to_string(d) + " s=" + std::to_string(seq) + ": left out (" + e.what() + ")");
         }
@@ -322,18 +332,16 @@ inline Calibration calibrate_cuda(const Calibration& base, int iterations = 10, 
     }
     cudnnDestroy(handle);
     if (!points.empty()) {
+      // The table ascends in length within each head size and backward (the file's order).
+      std::stable_sort(points.begin(), points.end(), [](const AttentionPoint& l, const AttentionPoint& r) {
+        return std::make_tuple(l.head_dim, int(l.backward), l.seq) < std::make_tuple(r.head_dim, int(r.backward), r.seq);
+      });
       c.attention_by_length = points;
-      c.attention_tflops = points.front().tflops;
-      for (const AttentionPoint& p : points)
-        if (p.head_dim == 128) {
-          c.attention_tflops = p.tflops;  // the shortest length with heads of 128
-          break;
-        }
+      // The one rate: the trainers' default (deterministic) at heads of 128, the shortest length measured.
+      c.attention_tflops = c.attention_tflops_at(1024, 128, /*deterministic=*/true);
       measured += ", attention_tflops and attention_tflops_by_length (cuDNN causal attention as the trainers call it, 16 heads in 8 "
-                  "groups of 64 and of 128, " + std::to_string(points.size()) + " lengths from 1K, " +
-                  std::to_string(deterministic_lengths) + " with the deterministic backward" +
-                  (atomic_lengths > 0 ? ", " + std::to_string(atomic_lengths) + " with the atomic one where its dP scratch does not fit" : "") +
-                  ")";
+                  "groups of 64 and of 128, lengths from 1K: " + std::to_string(atomic_lengths) + " with the atomic backward, " +
+                  std::to_string(deterministic_lengths) + " with the deterministic one, where its dP scratch fits)";
     }
   }
 #endif

@@ -8,7 +8,8 @@
 //     "gemm_tflops": [ {"m": 8192, "n": 12288, "k": 4096, "tflops": 679}, ... ],
 //     "fp8_gemm_tflops": [ {"m": 8192, "n": 16384, "k": 3072, "tflops": 1407}, ... ],  // optional: FP8 GEMMs (up to twice peak_tflops)
 //     "attention_tflops": 192,             // causal attention, forward + backward FLOPs (backward = 2.5 forward) over time
-//     "attention_tflops_by_length": [ {"seq": 4096, "head_dim": 128, "tflops": 310}, ... ],  // optional: the same by sequence length (and head size)
+//     "attention_tflops_by_length": [ {"seq": 4096, "head_dim": 128, "backward": "deterministic", "tflops": 310}, ... ],
+//                                          // optional: the same by sequence length (head size, backward)
 //     "elementwise_gbps": 2400,            // memory-bound kernels (norms, residual adds, bias, activations), bytes moved / s
 //     "optimizer_gbps": 2900,              // the AdamW update, 32 bytes touched per parameter of the shard
 //     "links": {"nvlink": {"bus_gbps": 160, "latency_us": 15},
@@ -28,7 +29,11 @@
 // `attention_tflops_by_length` (ascending within each head size; flat beyond its ends), or is
 // `attention_tflops` without that table. An entry's optional "head_dim" is the head size it was
 // measured at: a model's attention takes the entries of the measured head size nearest to its own
-// (in log; entries without one serve every head size where none has one). An FP8 GEMM's is that of
+// (in log; entries without one serve every head size where none has one). An entry's optional
+// "backward" ("deterministic" or "atomic") is the cuDNN backward it timed: a run with
+// --deterministic-attention (the trainers' default) takes that head size's deterministic entries,
+// one with --no-deterministic-attention its atomic ones; entries without the key serve either, and
+// where a head size has none of the kind asked for, its entries of the other kind serve. An FP8 GEMM's is that of
 // the nearest `fp8_gemm_tflops` shape, or the bf16 one's without that table (Hopper's dense FP8 peak
 // is twice its bf16 peak, the bound of those entries). Every other field is required; a missing,
 // unknown, mistyped or non-positive field is an error naming the file and the field.
@@ -52,10 +57,17 @@ struct GemmPoint {
   double tflops = 0;
 };
 
+// Which cuDNN attention backward an attention entry timed.
+enum class AttentionBackward { any, deterministic, atomic };
+inline const char* attention_backward_name(AttentionBackward b) {
+  return b == AttentionBackward::deterministic ? "deterministic" : b == AttentionBackward::atomic ? "atomic" : "any";
+}
+
 struct AttentionPoint {
   std::int64_t seq = 0;
   double tflops = 0;
-  std::int64_t head_dim = 0;  // the head size measured at; 0: any
+  std::int64_t head_dim = 0;                             // the head size measured at; 0: any
+  AttentionBackward backward = AttentionBackward::any;  // the backward measured; any: not said
 };
 
 struct Link {
@@ -83,17 +95,22 @@ struct Calibration {
   double runtime_reserve_gib = 0;
 
   // TFLOP/s of causal attention over sequences of `seq` tokens with heads of `head_dim` (0: the
-  // table's first head size) (see the top).
-  double attention_tflops_at(double seq, double head_dim = 0) const {
+  // table's first head size), under the deterministic backward or the atomic one (see the top).
+  double attention_tflops_at(double seq, double head_dim = 0, bool deterministic = true) const {
     if (attention_by_length.empty()) return attention_tflops;
     std::int64_t size = attention_by_length.front().head_dim;  // the head size whose entries serve
     double best = 1e300;
     for (const AttentionPoint& p : attention_by_length)
       if (head_dim > 0 && p.head_dim > 0 && std::abs(std::log(head_dim / p.head_dim)) < best - 1e-12)
         best = std::abs(std::log(head_dim / p.head_dim)), size = p.head_dim;
+    // That size's entries of the backward asked for (with those that name none), else of the other.
+    const AttentionBackward wanted = deterministic ? AttentionBackward::deterministic : AttentionBackward::atomic;
     std::vector<AttentionPoint> points;
     for (const AttentionPoint& p : attention_by_length)
-      if (p.head_dim == size) points.push_back(p);
+      if (p.head_dim == size && (p.backward == wanted || p.backward == AttentionBackward::any)) points.push_back(p);
+    if (points.empty())
+      for (const AttentionPoint& p : attention_by_length)
+        if (p.head_dim == size) points.push_back(p);
     if (seq <= points.front().seq) return points.front().tflops;
     if (seq >= points.back().seq) return points.back().tflops;
     std::size_t i = 1;
@@ -238,18 +255,29 @@ inline Calibration parse_calibration(std::string_view document, const std::strin
   if (root.find("fp8_gemm_tflops")) gemm_points("fp8_gemm_tflops", 2 * c.peak_tflops, c.fp8_gemm);
   c.attention_tflops = detail::positive(root, "attention_tflops", file);
   if (root.find("attention_tflops_by_length"))
-    detail::for_each_object(root, "attention_tflops_by_length", {"seq", "head_dim", "tflops", "source"}, "{\"seq\", \"tflops\"}",
+    detail::for_each_object(root, "attention_tflops_by_length", {"seq", "head_dim", "backward", "tflops", "source"},
+                            "{\"seq\", \"tflops\"}",
                             file, [&](const strata::json::Value& p, const std::string& where) {
                               AttentionPoint a;
                               a.seq = static_cast<std::int64_t>(detail::positive(p, "seq", file, where));
                               a.tflops = detail::tflops_within_peak(p, where, c.peak_tflops, file);
                               if (p.find("head_dim")) a.head_dim = static_cast<std::int64_t>(detail::positive(p, "head_dim", file, where));
+                              if (const strata::json::Value* b = p.find("backward")) {
+                                const std::string kind = b->is_string() ? b->text() : std::string();
+                                if (kind == "deterministic") a.backward = AttentionBackward::deterministic;
+                                else if (kind == "atomic") a.backward = AttentionBackward::atomic;
+                                else
+                                  detail::calibration_error(
+                                      file, "\"" + where + "backward\" must be \"deterministic\" or \"atomic\" (the cuDNN backward "
+                                                "the entry timed), not " +
+                                                (b->is_string() ? "\"" + kind + "\"" : std::string(strata::json::Value::kind_name(b->kind()))));
+                              }
                               for (auto before = c.attention_by_length.rbegin(); before != c.attention_by_length.rend(); ++before)
-                                if (before->head_dim == a.head_dim) {
+                                if (before->head_dim == a.head_dim && before->backward == a.backward) {
                                   if (a.seq <= before->seq)
                                     detail::calibration_error(file, "\"" + where + "seq\" (" + std::to_string(a.seq) +
                                                                         ") must be larger than the one before it: the lengths "
-                                                                        "go in ascending order (within each head_dim)");
+                                                                        "go in ascending order (within each head_dim and backward)");
                                   break;
                                 }
                               c.attention_by_length.push_back(a);
@@ -305,6 +333,9 @@ inline std::string calibration_json(const Calibration& c) {
     for (std::size_t i = 0; i < c.attention_by_length.size(); ++i)
       out += "    {\"seq\": " + number(c.attention_by_length[i].seq) +
              (c.attention_by_length[i].head_dim > 0 ? ", \"head_dim\": " + number(c.attention_by_length[i].head_dim) : std::string()) +
+             (c.attention_by_length[i].backward != AttentionBackward::any
+                  ? std::string(", \"backward\": \"") + attention_backward_name(c.attention_by_length[i].backward) + "\""
+                  : std::string()) +
              ", \"tflops\": " + number(c.attention_by_length[i].tflops) + "}" + (i + 1 < c.attention_by_length.size() ? ",\n" : "\n");
     out += "  ],\n";
   }

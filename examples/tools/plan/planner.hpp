@@ -356,7 +356,8 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // The attention engine runs over whole sequences (cp = 1, or the all-to-all's heads), or over
   // blocks of s / cp queries and keys (the ring, and the all-gather's local queries): its rate at that length.
   const double attention_length = l.cp > 1 && a.cp_comm_type != "a2a" ? s / cp : s;
-  const double attention = 3.5 * attention_flops / (cal.attention_tflops_at(attention_length, core_dim) * 1e12) * 1e3;
+  const double attention =
+      3.5 * attention_flops / (cal.attention_tflops_at(attention_length, core_dim, a.deterministic_attention) * 1e12) * 1e3;
   auto elementwise_of = [&](double width) {
     const double replicated = 16 * h * t * vb, sharded = (8 * h + 3 * width * (gated ? 2 : 1)) * t * vb / tp;
     return bytes_ms(sp ? (replicated / tp + sharded) : (replicated + sharded));
