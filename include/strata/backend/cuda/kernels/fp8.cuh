@@ -21,8 +21,9 @@
 // The amax is a max over the bits of non-negative floats (a NaN counts as the canonical quiet NaN,
 // whose bits are the largest, so NaN wins, as on the CPU): each block reduces its threads' maxima with warp shuffles and one atomicMax, so
 // the result does not depend on the launch shape or on timing. The cast uses the hardware's
-// cvt.rn.satfinite (`__nv_cvt_float_to_fp8`) on sm_89 and newer and core/fp8.hpp's integer
-// conversion elsewhere; the GPU suite checks they agree on every float.
+// cvt.rn.satfinite (`__nv_cvt_float_to_fp8`, and its paired form for eight codes at a time) on
+// sm_89 and newer and core/fp8.hpp's integer conversion elsewhere; the GPU suite checks they agree
+// on every float.
 #pragma once
 
 #include <cuda_fp8.h>
