@@ -143,6 +143,7 @@ struct TrainArgs {
   std::string fp8_forward_accumulation = "split";  // --fp8-forward-accumulation: split or fast (Fp8Accumulation)
   std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, none, or auto (fp8_keeps_forward_weight_codes)
   bool fp8_param_gather = false;  // --fp8-param-gather: the distributed optimizer casts its shards and gathers FP8 codes
+  bool fp8_recast_attention_output = false;  // --fp8-recast-attention-output (Fp8Options::recast_attention_output)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -498,6 +499,11 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                "with --use-distributed-optimizer: each rank casts its shard of the FP8 layers' weights to FP8 after the "
                "step and the parameter all-gather moves those codes (a byte per weight instead of two); the layers read "
                "their weights' codes from there (delayed and tensorwise recipes)");
+  app.add_flag("--fp8-recast-attention-output", a.fp8_recast_attention_output,
+               "delayed and tensorwise recipes: the attention's output projection keeps no FP8 codes of its input for the "
+               "weight gradient; it reads the attention's output, which the attention keeps anyway, and casts it again "
+               "in the backward (the same codes): a byte per element of that input per layer saved, one more cast per "
+               "layer in the backward");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -542,6 +548,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.num_layers_at_end_in_bf16 = a.num_layers_at_end_in_bf16;
   o.cache_weights = a.fp8_cache_weights && a.fp8_weight_cache != "none";
   o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
+  o.recast_attention_output = a.fp8_recast_attention_output;
   o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;
   o.validate();
@@ -1570,10 +1577,12 @@ inline void validate(const TrainArgs& a) {
   if (!a.refused.empty()) fail<ConfigError>(a.refused.front());
   (void)fp8_options_of(a);
   if (!a.fp8_format.empty() && a.device == "cuda") check_fp8_gpu_shapes(a);
-  if (a.fp8_format.empty() && (a.first_last_layers_bf16 || a.fp8_recipe != "delayed" || a.fp8_param_gather))
-    fail<ConfigError>(a.first_last_layers_bf16 ? "--first-last-layers-bf16"
-                      : a.fp8_param_gather     ? "--fp8-param-gather"
-                                               : "--fp8-recipe " + a.fp8_recipe,
+  if (a.fp8_format.empty() &&
+      (a.first_last_layers_bf16 || a.fp8_recipe != "delayed" || a.fp8_param_gather || a.fp8_recast_attention_output))
+    fail<ConfigError>(a.first_last_layers_bf16        ? "--first-last-layers-bf16"
+                      : a.fp8_param_gather            ? "--fp8-param-gather"
+                      : a.fp8_recast_attention_output ? "--fp8-recast-attention-output"
+                                                      : "--fp8-recipe " + a.fp8_recipe,
                       " without --fp8-format: nothing runs in FP8; add --fp8-format e4m3 or hybrid");
   if (a.fp8_param_gather) {
     if (!a.use_distributed_optimizer)
@@ -1586,6 +1595,12 @@ inline void validate(const TrainArgs& a) {
       fail<ConfigError>("--fp8-param-gather keeps each weight's gathered codes for the step, which --fp8-weight-cache "
                         "none forbids; drop one of them");
   }
+  if (a.fp8_recast_attention_output && a.fp8_recipe == "blockwise")
+    fail<ConfigError>("--fp8-recast-attention-output with --fp8-recipe blockwise: the blockwise layers keep their input "
+                      "itself and cast it again already; the flag is for delayed and tensorwise");
+  if (a.fp8_recast_attention_output && a.model.multi_latent_attention)
+    fail<ConfigError>("--fp8-recast-attention-output with --multi-latent-attention: the latent attention's output "
+                      "projection keeps its own codes; drop the flag");
   const BatchSchedule batches = batch_schedule_of(a);
   for (const int b : batches.sizes())
     if (b % per_step != 0)

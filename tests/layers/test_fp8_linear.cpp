@@ -3,11 +3,14 @@
 // recipes (delayed, tensorwise, blockwise) and both formats; the forward is the GEMM of the rounded
 // operands (per tensor, per block), and the backward's GEMMs those of each micro-batch's rounded
 // operands; blocks that straddle shards are refused; delayed scaling's
-// histories and scales follow Transformer Engine's update; unbuildable recipes are refused.
+// histories and scales follow Transformer Engine's update; unbuildable recipes are refused; an
+// attention whose output projection holds the attention's output instead of its codes
+// (recast_attention_output) is the attention that keeps the codes, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include <strata/layers/attention.hpp>
 #include <strata/layers/fp8_linear.hpp>
 
 #include "../common/equivalence.hpp"
@@ -381,6 +384,58 @@ TEST(Fp8Linear, BlockwiseRefusesBlocksStraddlingShards) {
 
 // Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or// Transformer Engine's delayed update on one row: a window of the last L amaxes, amax by max or
 // most_recent, scale = (max / amax) / 2^margin, kept when amax is 0.
+// Fp8Options::recast_attention_output: the output projection's saved state holds the attention's
+// own output tensor (the same storage, no copy) and no codes, and the backward's cast of it makes
+// the codes the forward kept: outputs, input gradients and every parameter gradient bit for bit,
+// over two micro-batches (gradients accumulated), under the delayed and tensorwise recipes, at tp 1
+// and 2 (the tensorwise amax of the sharded input reduced again).
+template <bool Recast>
+Snapshot run_fp8_attention(int tp, Fp8RecipeKind recipe) {
+  using P = strata_test::TestPolicy<double, false>;
+  Snapshot snapshot;
+  std::mutex mutex;
+  inprocess::run(tp, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{.tp = tp});
+    Fp8Options options{.recipe = recipe};
+    options.recast_attention_output = Recast;
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(options, 1);
+    std::optional<SelfAttention<P, no_rope, mha>> layer;
+    {
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      layer.emplace(ctx, "attention", AttentionConfig{kHidden, 8, 8, 1000.0, true});
+    }
+    layer->init(ctx, 11, 0.3, 0.2);
+    for (int step = 0; step < 2; ++step) {
+      Activation<double, layout::replicated> x(random_tensor<double>(Shape{kSeq, kBatch, kHidden}, 300 + step));
+      Activation<double, layout::replicated> dy(random_tensor<double>(Shape{kSeq, kBatch, kHidden}, 400 + step));
+      auto [y, saved] = layer->forward(ctx, x);
+      EXPECT_EQ(saved.proj.fp8_input.empty(), Recast) << "tp=" << tp;
+      if constexpr (Recast) EXPECT_EQ(saved.proj.input.data(), saved.out.data()) << "the attention's own output, not a copy";
+      else EXPECT_TRUE(saved.proj.input.empty());
+      auto dx = layer->backward(ctx, saved, dy);
+      if (ctx.world.rank() == 0) {
+        std::lock_guard lock(mutex);
+        snapshot.outputs.push_back(strata_test::to_values(y.tensor));
+        snapshot.outputs.push_back(strata_test::to_values(dx.tensor));
+      }
+    }
+    strata_test::gather_parameters(ctx, *layer, snapshot, mutex);
+  });
+  return snapshot;
+}
+
+TEST(Fp8Linear, RecastAttentionOutputIsTheAttentionThatKeepsTheCodes) {
+  for (const auto recipe : {Fp8RecipeKind::delayed, Fp8RecipeKind::tensorwise})
+    for (const int tp : {1, 2}) {
+      const Snapshot kept = run_fp8_attention<false>(tp, recipe), recast = run_fp8_attention<true>(tp, recipe);
+      const std::string what = std::string(recipe == Fp8RecipeKind::delayed ? "delayed" : "tensorwise") + " tp=" + std::to_string(tp);
+      ASSERT_EQ(recast.outputs.size(), 4u) << what;
+      EXPECT_EQ(recast.outputs, kept.outputs) << what;
+      EXPECT_EQ(recast.grads, kept.grads) << what;
+      strata_test::expect_equivalent(recast, kept, 0.0, what);  // and no gradient is zero
+    }
+}
+
 TEST(Fp8Recipe, DelayedHistoryRollsAndScalesAsTransformerEngine) {
   const int L = 3;
   std::vector<float> row(L + 2, 0.0f);

@@ -4,7 +4,8 @@
 // checkpoint (amax histories and scales included) follows the straight run bit for bit; the weight
 // cache (one cast per step) equals casting per GEMM bit for bit; FP8 is in
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
-// every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight.
+// every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight;
+// --fp8-recast-attention-output is the run without it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -130,6 +131,39 @@ TEST(TrainingFp8, WeightCacheEqualsCastPerGemm) {
         EXPECT_EQ(cached.losses.size(), 4u) << what;
         EXPECT_EQ(cached.validation_losses.size(), 2u) << what;
       }
+}
+
+// --fp8-recast-attention-output: the output projection holds the attention's output and casts it
+// again in the backward, which makes the codes its forward kept (the same values and scale; the
+// delayed recipe's amax is folded twice, a max of the same value): the run is the run without the
+// flag, bit for bit (losses, validation losses, every final weight), under tp 2 + SP (the input's
+// amax reduced over tp again, tensorwise), pp 2 with micro-batches, dp 2 with --overlap-grad-reduce
+// and selective recompute (which holds the output already).
+TEST(TrainingFp8, RecastAttentionOutputIsTheRunWithoutIt) {
+  for (const std::string recipe : {"delayed", "tensorwise"})
+    for (const char* layout : {"tp2 sp", "pp2", "dp2 overlap", "selective"}) {
+      auto a = tiny_fp8(recipe);
+      a.dtype = "double";
+      a.train_iters = 4;
+      a.eval_interval = 2;
+      a.keep_final_parameters = true;
+      const std::string l = layout;
+      a.world_size = l == "selective" ? 1 : 2;
+      a.tensor_model_parallel_size = l == "tp2 sp" ? 2 : 1;
+      a.sequence_parallel = l == "tp2 sp";
+      a.pipeline.pipeline_model_parallel_size = l == "pp2" ? 2 : 1;
+      a.overlap_grad_reduce = l == "dp2 overlap";
+      if (l == "selective") a.recompute_granularity = "selective";
+      auto recast = a;
+      recast.fp8_recast_attention_output = true;
+      const auto without = trainer::train<strata::models::Gpt>(a);
+      const auto with = trainer::train<strata::models::Gpt>(recast);
+      const std::string what = recipe + " " + l;
+      ASSERT_EQ(with.losses.size(), 4u) << what;
+      EXPECT_EQ(with.losses, without.losses) << what;
+      EXPECT_EQ(with.validation_losses, without.validation_losses) << what;
+      EXPECT_EQ(with.final_parameters, without.final_parameters) << what;
+    }
 }
 
 TEST(TrainingFp8, RunsFp8AndTheLossFalls) {
@@ -296,7 +330,16 @@ TEST(TrainingFp8, RecipesThatCannotRunAreRefusedBeforeTraining) {
   a.fp8_weight_cache = "none";
   expect_error(a, "--fp8-weight-cache none");
   a.fp8_weight_cache = "auto";
+  a.fp8_param_gather = false;
+  a.use_distributed_optimizer = false;
+  a.fp8_recast_attention_output = true;
+  a.fp8_recipe = "blockwise";
+  expect_error(a, "--fp8-recast-attention-output with --fp8-recipe blockwise");
+  a.fp8_recipe = "delayed";
   a.fp8_format.clear();
+  expect_error(a, "--fp8-recast-attention-output without --fp8-format");
+  a.fp8_recast_attention_output = false;
+  a.fp8_param_gather = true;
   expect_error(a, "--fp8-param-gather without --fp8-format");
 }
 

@@ -103,6 +103,11 @@ struct Fp8Options {
   // codes): a byte per weight saved for nothing where the step has one forward per layer (one
   // micro-batch, no full recompute: the trainers choose this then).
   bool cache_forward_weights = true;
+  // Per-tensor recipes: the attention's output projection keeps no codes of its input^T for the weight
+  // gradient; it holds the attention's output, which the attention keeps for its own backward anyway
+  // (no copy), and casts it again in the backward (the same codes: the same values and scale). Saves
+  // a byte per element of that input per layer for one more cast per layer and micro-batch.
+  bool recast_attention_output = false;
   // blockwise: the length of a block (1 x block runs, block x block tiles); cuBLASLt's block-scaled
   // GEMMs take 128, the CPU backend any length >= 1.
   int block = 128;

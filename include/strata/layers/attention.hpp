@@ -224,6 +224,7 @@ class SelfAttention {
     core_forward(ctx, qkv.tensor, saved);
     auto [y, proj_saved] = proj_->forward(ctx, Act<layout::sharded<-1>>(saved.out));
     saved.proj = std::move(proj_saved);
+    if (!recompute_core_) proj_->fp8_hold_input_instead_of_codes(ctx, saved.proj, saved.out);  // kept below anyway
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
       saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();

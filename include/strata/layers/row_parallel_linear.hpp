@@ -105,6 +105,17 @@ class RowParallelLinear {
   // Whether this layer's FP8 casts take what produces their tensor (a GELU or SwiGLU, or their
   // backward) into the same pass (fp8_casts_take_producers).
   bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
+  // Fp8Options::recast_attention_output: where the forward kept its input^T's codes, `saved` holds
+  // `input` instead (the forward's input, which the caller keeps anyway: a handle, no copy), and the
+  // backward casts it again (detail::fp8_linear_backward without kept codes: the same codes).
+  void fp8_hold_input_instead_of_codes(const Context& ctx, Saved& saved, const Tensor<T, Space>& input) const {
+    if (!fp8_ || !ctx.fp8 || !ctx.fp8->options.recast_attention_output || saved.fp8_input.empty()) return;
+    if (!(input.shape() == saved.fp8_input.shape))
+      fail<ShapeError>("RowParallelLinear: the input held in place of its FP8 codes is ", input.shape().str(), ", not ",
+                       saved.fp8_input.shape.str());
+    saved.fp8_input = {};
+    saved.input = input;
+  }
 
  private:
   template <class Layout>

@@ -167,10 +167,13 @@ struct ModelPiece {
 // per-tensor recipes (delayed, tensorwise; `codes_kept`) its forward also keeps the one-byte codes
 // of its input^T for the weight gradient in place of the input (layers/fp8_linear.hpp): the norms'
 // outputs (the qkv and fc1 inputs) and the activation's output (fc2's input) are then held as codes
-// instead of T, and the output projection's input, which the attention keeps anyway, is held twice.
+// instead of T, and the output projection's input, which the attention keeps anyway, is held twice
+// (in T by the attention, as codes by the projection) unless `attention_output_recast`
+// (Fp8Options::recast_attention_output: the projection holds the attention's tensor and casts it again).
 struct Fp8Layers {
   std::int64_t first = 0, end = 0;
   bool codes_kept = true;
+  bool attention_output_recast = false;
   // The weight cache keeps the forward's layout too (Fp8Options::cache_forward_weights); without it,
   // one byte per weight, and the largest weight's forward codes exist while its GEMM runs.
   bool forward_codes_cached = true;
@@ -216,10 +219,11 @@ inline std::int64_t fp8_largest_forward_codes(const ModelConfig& m, int tp, bool
   if (dense_mlp) largest = std::max(largest, (gated_mlp ? 2 : 1) * m.ffn() * h);
   return largest / std::max(1, tp);
 }
-inline std::int64_t fp8_kept_delta_per_token(const ModelConfig& m, int tp, bool dense_mlp, ElementBytes bytes) {
+inline std::int64_t fp8_kept_delta_per_token(const ModelConfig& m, int tp, bool dense_mlp, ElementBytes bytes,
+                                             bool attention_output_recast = false) {
   const std::int64_t h = m.hidden_size, core = m.num_attention_heads * m.head_dim() / std::max(1, tp);
   const std::int64_t inputs = dense_mlp ? 2 * h + m.ffn() / std::max(1, tp) : h;  // held as codes instead of T
-  return inputs * (1 - bytes.value) + core;
+  return inputs * (1 - bytes.value) + (attention_output_recast ? 0 : core);
 }
 
 // Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
@@ -421,8 +425,9 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   }
   if (fp8.codes_kept) {  // see Fp8Layers
     const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
-    out.kept = checked_add(out.kept, tokens * (fp8_dense * fp8_kept_delta_per_token(m, tp, true, bytes) +
-                                               fp8_moe * fp8_kept_delta_per_token(m, tp, false, bytes)), what);
+    const bool recast = fp8.attention_output_recast;
+    out.kept = checked_add(out.kept, tokens * (fp8_dense * fp8_kept_delta_per_token(m, tp, true, bytes, recast) +
+                                               fp8_moe * fp8_kept_delta_per_token(m, tp, false, bytes, recast)), what);
   }
   const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
   if (moe_layers > 0) {  // see the top
