@@ -224,7 +224,6 @@ class SelfAttention {
     core_forward(ctx, qkv.tensor, saved);
     auto [y, proj_saved] = proj_->forward(ctx, Act<layout::sharded<-1>>(saved.out));
     saved.proj = std::move(proj_saved);
-    if (!recompute_core_) proj_->fp8_hold_input_instead_of_codes(ctx, saved.proj, saved.out);  // kept below anyway
     if (recompute_core_) {  // keep the core's input only; backward runs the core again
       saved.qkv_output = std::move(qkv.tensor);
       saved.q = saved.k = saved.v = saved.out = saved.packed = saved.heads_out = Tensor<T, Space>();
@@ -232,6 +231,8 @@ class SelfAttention {
       saved.proj = {};  // the input, or under FP8 the codes kept in its place
       saved.q_layernorm = {}, saved.k_layernorm = {};
       saved.q_rmsnorm = {}, saved.k_rmsnorm = {};
+    } else {  // saved.out stays for the core's backward: the projection may hold it instead of its codes
+      proj_->fp8_hold_input_instead_of_codes(ctx, saved.proj, saved.out);
     }
     return {std::move(y), std::move(saved)};
   }
