@@ -269,6 +269,14 @@ std::vector<Measured> measured_runs() {
   };
 }
 
+// A run's flags parsed as the trainers parse them, the model's vocabulary the tokenizer's (as the
+// trainers set it before building the model).
+trainer::TrainArgs model_of(const std::vector<std::string>& flags) {
+  trainer::TrainArgs model = trainer::parse_flags("gpt", flags);
+  model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+  return model;
+}
+
 struct Comparison {
   const Measured* run;
   double predicted_tokens_per_second, predicted_gib;
@@ -279,8 +287,7 @@ struct Comparison {
 std::vector<Comparison> compare(const std::vector<Measured>& runs, const plan::Calibration& calibration = h100()) {
   std::vector<Comparison> out;
   for (const Measured& run : runs) {
-    trainer::TrainArgs model = trainer::parse_flags("gpt", run.flags);
-    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    trainer::TrainArgs model = model_of(run.flags);
     const trainer::TrainArgs a = plan::args_of(model, run.cluster, run.layout);
     trainer::validate(a);
     const plan::MemoryPrediction memory = plan::predict_memory(a, calibration, run.layout.recompute);
@@ -557,8 +564,7 @@ TEST(Plan, MixtureOfExpertsWithin5And15PercentExceptTheKnownErrors) {
 TEST(Plan, MoeHostWaitsOnlyWhereTheExchangeReadsCountsOnTheHost) {
   const plan::Calibration calibration = h100();
   auto overhead = [&](const Measured& run) {
-    trainer::TrainArgs model = trainer::parse_flags("gpt", run.flags);
-    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    trainer::TrainArgs model = model_of(run.flags);
     const trainer::TrainArgs a = plan::args_of(model, run.cluster, run.layout);
     return plan::predict_step(a, run.layout, run.cluster, calibration).overhead - calibration.step_overhead_ms;
   };
@@ -688,8 +694,7 @@ TEST(Plan, AttentionRateByLengthIsInterpolatedAndPricedAtTheEnginesLength) {
   plan::Layout cp2 = layout(1, 1, 1, 1, "1f1b", 1, RecomputeGranularity::full);
   cp2.cp = 2;
   auto compute = [&](const plan::Calibration& cal, const char* comm) {
-    trainer::TrainArgs model = trainer::parse_flags("gpt", cp_llama(16384, comm));
-    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    trainer::TrainArgs model = model_of(cp_llama(16384, comm));
     const trainer::TrainArgs a = plan::args_of(model, two, cp2);
     return plan::predict_step(a, cp2, two, cal).compute;
   };
@@ -742,8 +747,7 @@ TEST(Plan, AttentionEntriesOfEachBackwardPriceTheRunsThatUseIt) {
   const plan::Cluster one{1, 1, 141};
   const plan::Layout single = layout(1, 1, 1, 1);
   auto compute = [&](bool deterministic) {
-    trainer::TrainArgs model = trainer::parse_flags("gpt", cp_llama(4096, "p2p"));
-    model.model.vocab_size = static_cast<int>(model.tokenizer.vocab_size);
+    trainer::TrainArgs model = model_of(cp_llama(4096, "p2p"));
     model.deterministic_attention = deterministic;
     const trainer::TrainArgs a = plan::args_of(model, one, single);
     return plan::predict_step(a, single, one, c).compute;
