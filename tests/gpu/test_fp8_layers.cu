@@ -7,10 +7,15 @@
 // output differs only by the GEMMs' summation order; the second layer's input may then round to a
 // neighbouring FP8 code here and there. Tolerance 2e-2 relative, float on the GPU against float on
 // the CPU and bf16 against bf16.
+//
+// Then the MoE experts in FP8 (delayed recipe; layers/moe/experts.hpp), three local experts of
+// SwiGLU with groups of 37, 0 and 91 rows and rows outside every group (so the weight gradients'
+// groups of transposed codes are padded to 16 columns), three steps, the same comparison.
 #include <cmath>
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,6 +23,7 @@
 #include <strata/backend/cuda/backend.cuh>
 #include <strata/comm/nccl.hpp>
 #include <strata/layers.hpp>
+#include <strata/layers/moe/experts.hpp>
 #include <strata/policy.hpp>
 
 #include "check.hpp"
@@ -86,6 +92,43 @@ Values run(Comm& world, Backend device, const Fp8Options& options) {
   return out;
 }
 
+// The experts: three local experts [2 x 256 | 128] -> [128 | 256], groups of 37, 0 and 91 rows of 136.
+template <class T, class Backend, class Comm>
+Values run_experts(Comm& world, Backend device, const Fp8Options& options) {
+  using P = Fp8Policy<T, Backend, Comm>;
+  using Space = space_t<P>;
+  constexpr index_t h = 128, f = 256, local = 3, rows = 136;
+  const std::int32_t counts[local] = {37, 0, 91};
+  auto ctx = context_t<P>::create(world, ParallelConfig{}, device);
+  ctx.fp8 = std::make_shared<Fp8Scaling<Space>>(options, 1);
+  std::optional<GroupedExperts<P, swiglu>> experts;
+  {
+    Fp8LayerScope<Space> scope(ctx.fp8, 0);
+    experts.emplace(ctx, "experts", ExpertsConfig{.hidden_size = h, .ffn_hidden_size = f, .num_experts = local});
+  }
+  if (!experts->fp8()) throw std::runtime_error("the experts did not take FP8 under the delayed recipe");
+  experts->init(ctx, 9, 0.05, 0.05);
+  Tensor<std::int32_t> counts_host(Shape{local});
+  for (index_t l = 0; l < local; ++l) counts_host[l] = counts[l];
+  const auto group_counts = to_device<Space>(counts_host);
+  Values out;
+  for (int step = 0; step < kSteps; ++step) {
+    Tensor<T> x_host(Shape{rows, h}), dy_host(Shape{rows, h});
+    for (index_t i = 0; i < x_host.numel(); ++i) x_host[i] = T(float((1 + step) * rng::normal(300 + step, i)));
+    for (index_t i = 0; i < dy_host.numel(); ++i) dy_host[i] = T(float(1e-3 * rng::normal(400 + step, i)));
+    auto [y, saved] = experts->forward(ctx, to_device<Space>(x_host), group_counts);
+    auto dx = experts->backward(ctx, saved, to_device<Space>(dy_host));
+    fp8_after_optimizer_step(ctx);
+    out.push_back(values(y));
+    out.push_back(values(dx));
+  }
+  experts->for_each_parameter([&](auto& p) { out.push_back(values(p.grad)); });
+  out.push_back(values(ctx.fp8->states[0]->rows));
+  out.push_back(values(ctx.fp8->states[1]->rows));
+  ctx.device.synchronize();
+  return out;
+}
+
 double relative(const std::vector<double>& a, const std::vector<double>& ref) {
   if (a.size() != ref.size()) return INFINITY;
   double diff = 0, norm = 0;
@@ -129,6 +172,25 @@ int main() {
                                              gpu_test::format("%.3g", worst_bf16));
       results.record(relative(gpu_float[last - 1], cpu[last - 1]) <= 1e-3,
                      name + ": the first layer's scaling state (amax history, scales) matches the CPU's");
+      if (options.recipe != Fp8RecipeKind::delayed) continue;  // the experts run FP8 under delayed scaling only
+      Values experts_cpu, experts_cpu_bf16, experts_gpu, experts_gpu_bf16;
+      inprocess::run(1, [&](inprocess::communicator& world) {
+        experts_cpu = run_experts<float>(world, cpu::backend{}, options);
+        experts_cpu_bf16 = run_experts<bf16>(world, cpu::backend{}, options);
+      });
+      nccl::run(1, [&](nccl::communicator& world) {
+        experts_gpu = run_experts<float>(world, strata::cuda::backend(world.device(), world.stream()), options);
+        experts_gpu_bf16 = run_experts<bf16>(world, strata::cuda::backend(world.device(), world.stream()), options);
+      });
+      double experts_float = 0, experts_bf16 = 0;
+      for (std::size_t i = 0; i < experts_cpu.size(); ++i) {
+        experts_float = std::max(experts_float, relative(experts_gpu[i], experts_cpu[i]));
+        experts_bf16 = std::max(experts_bf16, relative(experts_gpu_bf16[i], experts_cpu_bf16[i]));
+      }
+      results.record(experts_float <= 2e-2, name + ": MoE experts in FP8, float on the GPU against the CPU twin, worst tensor " +
+                                                gpu_test::format("%.3g", experts_float));
+      results.record(experts_bf16 <= 2e-2, name + ": MoE experts in FP8, bf16 on the GPU against the bf16 CPU twin, worst tensor " +
+                                               gpu_test::format("%.3g", experts_bf16));
     }
     return results.finish();
   } catch (const std::exception& e) {

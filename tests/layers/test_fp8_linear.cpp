@@ -5,13 +5,15 @@
 // operands; blocks that straddle shards are refused; delayed scaling's
 // histories and scales follow Transformer Engine's update; unbuildable recipes are refused; an
 // attention whose output projection holds the attention's output instead of its codes
-// (recast_attention_output) is the attention that keeps the codes, bit for bit.
+// (recast_attention_output) is the attention that keeps the codes, bit for bit; the MoE experts' six
+// GEMMs in FP8 are those of each group's rounded operands.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include <strata/layers/attention.hpp>
 #include <strata/layers/fp8_linear.hpp>
+#include <strata/layers/moe/experts.hpp>
 
 #include "../common/equivalence.hpp"
 
@@ -434,6 +436,97 @@ TEST(Fp8Linear, RecastAttentionOutputIsTheAttentionThatKeepsTheCodes) {
       EXPECT_EQ(recast.grads, kept.grads) << what;
       strata_test::expect_equivalent(recast, kept, 0.0, what);  // and no gradient is zero
     }
+}
+
+// The experts in FP8 (delayed, hybrid; the first step, whose scales are all 1): on one rank with three
+// local experts of groups 5, 0 and 9 rows and two rows outside every group (one of them huge),
+// y = dec(a) dec(W2_l)^T with a = gelu(dec(x) dec(W1_l)^T), dx = dec(dpre) dec(W1_l),
+// dW2_l = dec(dy)^T dec(a), dW1_l = dec(dpre)^T dec(x) with dpre = gelu'(pre) dec(dy) dec(W2_l), each
+// group's rows alone, computed here from fp8_encode (E4M3 forward, E5M2 gradients); rows outside the
+// groups give zeros and stay out of the amaxes; the backward keeps codes, not x or the activation.
+TEST(Fp8Experts, GemmsAreThoseOfEachGroupsRoundedOperands) {
+  using P = strata_test::TestPolicy<double, false>;
+  constexpr index_t h = 16, f = 8, local = 3, rows = 16;
+  const index_t counts[local] = {5, 0, 9};
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{}, 1);  // delayed, hybrid
+    std::optional<GroupedExperts<P, gelu>> experts;
+    {
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      experts.emplace(ctx, "experts", ExpertsConfig{.hidden_size = h, .ffn_hidden_size = f, .num_experts = local});
+    }
+    ASSERT_TRUE(experts->fp8());
+    ASSERT_EQ(ctx.fp8->states.size(), 2u);
+    experts->init(ctx, 5, 0.5, 0.4);
+    Tensor<double> x = random_tensor<double>(Shape{rows, h}, 6), dy = random_tensor<double>(Shape{rows, h}, 7);
+    x[15 * h + 3] = 1e6;  // outside every group: in no amax, no output
+    Tensor<std::int32_t> group_counts = Tensor<std::int32_t>::empty(Shape{local});
+    for (index_t l = 0; l < local; ++l) group_counts[l] = static_cast<std::int32_t>(counts[l]);
+    auto [y, saved] = experts->forward(ctx, x, group_counts);
+    EXPECT_EQ(saved.input.data(), nullptr);
+    EXPECT_EQ(saved.activation.data(), nullptr);
+    EXPECT_EQ(saved.input_codes.codes_t.shape(), (Shape{h, 14}));
+    Tensor<double> dx = experts->backward(ctx, saved, dy);
+    std::vector<const Parameter<double>*> fc1, fc2;
+    int visited = 0;
+    experts->for_each_parameter([&](auto& p) { (visited++ % 2 == 0 ? fc1 : fc2).push_back(&p); });
+    const auto dec = [](double v, Fp8Format format) { return double(fp8_decode(fp8_encode(static_cast<float>(v), format), format)); };
+    const auto e4 = [&](double v) { return dec(v, Fp8Format::e4m3); };
+    const auto e5 = [&](double v) { return dec(v, Fp8Format::e5m2); };
+    double worst = 0;
+    const auto expect = [&](double got, double want) { worst = std::max(worst, std::fabs(got - want) / (std::fabs(want) + 1e-3)); };
+    std::vector<double> dw1(local * f * h, 0.0), dw2(local * h * f, 0.0);
+    index_t at = 0;
+    for (index_t l = 0; l < local; ++l) {
+      const auto& w1 = fc1[l]->value;  // [f, h]
+      const auto& w2 = fc2[l]->value;  // [h, f]
+      for (index_t r = at; r < at + counts[l]; ++r) {
+        double pre[f], act[f], dact[f], dpre[f];
+        for (index_t j = 0; j < f; ++j) {
+          pre[j] = 0;
+          for (index_t i = 0; i < h; ++i) pre[j] += e4(x[r * h + i]) * e4(w1[j * h + i]);
+        }
+        cpu::gelu_forward<double>(pre, f, act);
+        for (index_t o = 0; o < h; ++o) {
+          double sum = 0;
+          for (index_t j = 0; j < f; ++j) sum += e4(act[j]) * e4(w2[o * f + j]);
+          expect(y[r * h + o], sum);
+        }
+        for (index_t j = 0; j < f; ++j) {
+          dact[j] = 0;
+          for (index_t o = 0; o < h; ++o) dact[j] += e5(dy[r * h + o]) * e4(w2[o * f + j]);
+        }
+        cpu::gelu_backward<double>(dact, pre, f, dpre);
+        for (index_t i = 0; i < h; ++i) {
+          double sum = 0;
+          for (index_t j = 0; j < f; ++j) sum += e5(dpre[j]) * e4(w1[j * h + i]);
+          expect(dx[r * h + i], sum);
+        }
+        for (index_t o = 0; o < h; ++o)
+          for (index_t j = 0; j < f; ++j) dw2[(l * h + o) * f + j] += e5(dy[r * h + o]) * e4(act[j]);
+        for (index_t j = 0; j < f; ++j)
+          for (index_t i = 0; i < h; ++i) dw1[(l * f + j) * h + i] += e5(dpre[j]) * e4(x[r * h + i]);
+      }
+      at += counts[l];
+    }
+    for (index_t r = at; r < rows; ++r)
+      for (index_t c = 0; c < h; ++c) {
+        EXPECT_EQ(y[r * h + c], 0.0) << "row " << r << " is outside every group";
+        EXPECT_EQ(dx[r * h + c], 0.0) << "row " << r << " is outside every group";
+      }
+    for (index_t l = 0; l < local; ++l)
+      for (index_t i = 0; i < f * h; ++i) {
+        expect(fc1[l]->grad[i], dw1[l * f * h + i]);
+        expect(fc2[l]->grad[i], dw2[l * h * f + i]);
+      }
+    EXPECT_LT(worst, 1e-12);
+    float amax = 0;
+    for (index_t r = 0; r < at; ++r)
+      for (index_t c = 0; c < h; ++c) amax = std::max(amax, std::fabs(static_cast<float>(x[r * h + c])));
+    EXPECT_EQ(ctx.fp8->states[0]->amax(Fp8Role::input)[0], amax) << "the grouped rows' amax, not the outside row's";
+    EXPECT_EQ(ctx.fp8->states[0]->weight_casts, 1) << "each expert's weight cast once for the step, both layouts";
+  });
 }
 
 TEST(Fp8Recipe, DelayedHistoryRollsAndScalesAsTransformerEngine) {

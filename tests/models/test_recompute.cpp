@@ -160,6 +160,31 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   EXPECT_NEAR(measured_uncached / estimated_uncached, 1.0, 0.10);
 }
 
+// The same for Mixtral's experts under the delayed recipe (layers/moe/experts.hpp): each dispatched
+// row keeps the codes of its input and of the activation instead of both in float, each local expert
+// caches its weights' codes in both layouts; the attention's layers as above. The measured change of
+// the peak is the estimate's (models::Fp8Layers with `experts`) within 10%.
+TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
+  models::ModelConfig c = peak_measurement_model();
+  c.ffn_hidden_size = 256;
+  c.num_query_groups = 2;
+  c.moe.num_experts = 4;
+  c.moe.topk = 2;
+  const std::size_t plain = run<models::Mixtral, false>(1, c, {}, 4).peak;
+  const std::size_t fp8 = run<models::Mixtral, false>(1, c, {}, 4, Fp8Options{}).peak;
+  const auto bytes = models::element_bytes_of<float>();
+  const std::int64_t tokens = c.seq_length * 4;
+  const double per_layer = double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, false, bytes)) +
+                           double(models::fp8_weight_cache_bytes(c, 1, true, false)) +
+                           double(models::fp8_expert_kept_delta(c, 1, 4, bytes, 1)) +
+                           2.0 * double(models::fp8_expert_weight_codes(c, models::ModelPiece{}, true));
+  const double estimated = double(c.num_layers) * per_layer;
+  const double measured = double(fp8) - double(plain);
+  std::printf("Mixtral peak bytes: float %zu, FP8 %zu: change %.0f, estimated %.0f\n", plain, fp8, measured, estimated);
+  EXPECT_LT(estimated, 0.0);
+  EXPECT_NEAR(measured / estimated, 1.0, 0.10);
+}
+
 // Peak bytes of one forward + backward on one rank (GPT, 8 layers, seq 256, batch 4, hidden 128):
 // full recompute keeps one input per chunk instead of every layer's saved tensors; without
 // recompute the peak is the memory estimate's activations within 25%.

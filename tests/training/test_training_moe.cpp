@@ -4,7 +4,8 @@
 // sequence parallelism, expert tensor parallelism, data parallelism and pipeline parallelism,
 // either dispatcher) follows the single-rank trajectory, router losses included; a run resumed
 // from a checkpoint (expert bias included) continues bit for bit; the memory estimate counts this
-// rank's experts exactly as the model allocates them. With --moe-layer-freq (dense layers among
+// rank's experts exactly as the model allocates them; with FP8 (delayed) the experts' GEMMs in FP8
+// follow the single-rank FP8 run at every layout, and resume bit for bit. With --moe-layer-freq (dense layers among
 // the MoE ones) the same holds at every layout, pipeline stages holding mixed layers included.
 #include <gtest/gtest.h>
 
@@ -271,6 +272,56 @@ TEST(TrainingMoe, PerSequenceAuxLossUnderContextParallelismFollowsSingleRank) {
     const std::string what = "cp=2 world=" + std::to_string(world) + " ep=" + std::to_string(ep);
     expect_follows(trainer::train<Mixtral>(a), reference, what);
   }
+}
+
+// FP8 experts (--fp8-format hybrid --fp8-recipe delayed, the experts' six GEMMs on FP8 codes with the
+// scales every rank shares): every layout follows the single-rank FP8 run in double (1e-10), and a run
+// resumed from its checkpoint (the experts' amax histories and scales in it) follows the straight
+// run bit for bit.
+TEST(TrainingMoe, Fp8ExpertsFollowSingleRankFp8Trajectory) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 4;
+  base.eval_iters = 0;
+  base.fp8_format = "hybrid";
+  base.fp8_recipe = "delayed";
+  base.fp8_amax_history_len = 4;
+  base.fp8_amax_compute_algo = "max";
+  base.fp8_margin = 1;
+  const auto reference = trainer::train<Mixtral>(base);
+  auto plain = base;
+  plain.fp8_format.clear();
+  EXPECT_GT(std::abs(trainer::train<Mixtral>(plain).losses[1] - reference.losses[1]), 1e-6) << "FP8 is in effect";
+  using D = strata::MoeDispatcherType;
+  for (MoeLayout l : {MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, MoeLayout{2, 1, 1, 2, 1, false, D::allgather},
+                      MoeLayout{4, 2, 1, 2, 2, true, D::allgather}, MoeLayout{4, 2, 1, 4, 1, false, D::alltoall},
+                      MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}, MoeLayout{4, 1, 1, 2, 1, false, D::alltoall, 2}})
+    expect_follows(trainer::train<Mixtral>(with_layout(base, l)), reference, "FP8 " + describe(l));
+
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_moe_fp8_resume";
+  std::filesystem::remove_all(dir);
+  auto a = with_layout(base, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall});
+  a.dtype = "float";
+  a.train_iters = 6;
+  const auto straight = trainer::train<Mixtral>(a);
+  auto first = a;
+  first.save = dir.string();
+  first.save_interval = 3;
+  ASSERT_EQ(trainer::train<Mixtral>(first).losses, straight.losses);
+  {  // the experts ran FP8: their two scaling states are in the checkpoint, once for all experts
+    strata::StateReader reader(dir / "iter_0000003" / "rank_00000.strata");
+    for (const char* projection : {"fc1", "fc2"})
+      for (int layer : {0, 1})
+        EXPECT_TRUE(reader.has_tensor("fp8.layers." + std::to_string(layer) + ".mlp.experts." + projection + ".scaling"))
+            << "layer " << layer << " " << projection;
+  }
+  rewind_checkpoint(dir, 3, 6);
+  auto resumed = a;
+  resumed.load = dir.string();
+  const auto second = trainer::train<Mixtral>(resumed);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << "iteration " << 4 + i;
+  std::filesystem::remove_all(dir);
 }
 
 // Aux-loss-free balancing (the expert bias moves every step) and the distributed optimizer over

@@ -170,10 +170,15 @@ struct ModelPiece {
 // instead of T, and the output projection's input, which the attention keeps anyway, is held twice
 // (in T by the attention, as codes by the projection) unless `attention_output_recast`
 // (Fp8Options::recast_attention_output: the projection holds the attention's tensor and casts it again).
+// With `experts` (the delayed recipe: layers/moe/experts.hpp) the MoE layers' experts run FP8 too:
+// their weights' codes in both layouts (2 bytes per local expert weight, or while each projection's
+// GEMMs run without a weight cache), and each dispatched row keeps the codes of its input and of the
+// activation (h + w / etp bytes) instead of both in T.
 struct Fp8Layers {
   std::int64_t first = 0, end = 0;
   bool codes_kept = true;
   bool attention_output_recast = false;
+  bool experts = false;
   // The weight cache keeps the forward's layout too (Fp8Options::cache_forward_weights); without it,
   // one byte per weight, and the largest weight's forward codes exist while its GEMM runs.
   bool forward_codes_cached = true;
@@ -314,6 +319,30 @@ inline bool gated_mlp_of(const ModelConfig& m, DecoderShape shape) {
   }
 }
 
+// The experts' rows of one MoE layer for a micro-batch of b sequences (see the top): the tokens this
+// rank routes times topk, or every expert's padded capacity.
+inline std::int64_t moe_dispatched_rows(const ModelConfig& m, int tp, std::int64_t micro_batch_size) {
+  const char* what = "activation memory";
+  const std::int64_t routed_tokens = checked_mul(m.seq_length, micro_batch_size, what) / std::max(1, tp);
+  return m.moe.pad_to_capacity && m.moe.capacity_factor > 0
+             ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
+             : checked_mul(routed_tokens, m.moe.topk, what);
+}
+
+// FP8 experts (Fp8Layers::experts), per MoE layer: the bytes of this rank's experts' weight codes in
+// one layout, and the change of what the dispatched rows keep (codes of the input and the activation
+// instead of T).
+inline std::int64_t fp8_expert_weight_codes(const ModelConfig& m, const ModelPiece& piece, bool gated_mlp) {
+  const char* what = "FP8 weight cache";
+  const std::int64_t local_experts = m.moe.num_experts / std::max(1, piece.ep);
+  return checked_product(what, local_experts, gated_mlp ? 3 : 2, m.expert_ffn(), m.hidden_size) / std::max(1, piece.etp);
+}
+inline std::int64_t fp8_expert_kept_delta(const ModelConfig& m, int tp, std::int64_t micro_batch_size, ElementBytes bytes,
+                                          int etp) {
+  const std::int64_t row = m.hidden_size + m.expert_ffn() / std::max(1, etp);
+  return checked_product("activation memory", moe_dispatched_rows(m, tp, micro_batch_size), row) * (1 - bytes.value);
+}
+
 // What one MoE layer's MLP keeps for a micro-batch of b sequences (see the top): the router's input
 // and logits, the routing's choices, slots and weights, the experts' rows (dispatched input, fc1's
 // output, the activation, and the experts' output the dispatcher keeps for combine's backward;
@@ -326,10 +355,7 @@ inline std::int64_t moe_layer_activation_bytes(const ModelConfig& m, int tp, std
   const char* what = "activation memory";
   const std::int64_t tokens = checked_mul(m.seq_length, micro_batch_size, what), h = m.hidden_size;
   const std::int64_t routed_tokens = tokens / std::max(1, tp);  // the rank's 1/tp of the sequence, with or without SP
-  const std::int64_t rows =
-      m.moe.pad_to_capacity && m.moe.capacity_factor > 0
-          ? checked_mul(m.moe.num_experts, moe_expert_capacity(routed_tokens, m.moe.topk, m.moe.num_experts, m.moe.capacity_factor), what)
-          : checked_mul(routed_tokens, m.moe.topk, what);
+  const std::int64_t rows = moe_dispatched_rows(m, tp, micro_batch_size);
   const std::int64_t row_elements = checked_add(2 * h, checked_mul(3, m.expert_ffn(), what) / std::max(1, etp), what);
   std::int64_t out = checked_product(what, rows, row_elements, bytes.value);
   out = checked_add(out, checked_product(what, routed_tokens, h, bytes.value), what);  // router input / output gradient
@@ -428,6 +454,7 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
     const bool recast = fp8.attention_output_recast;
     out.kept = checked_add(out.kept, tokens * (fp8_dense * fp8_kept_delta_per_token(m, tp, true, bytes, recast) +
                                                fp8_moe * fp8_kept_delta_per_token(m, tp, false, bytes, recast)), what);
+    if (fp8.experts) out.kept += fp8_moe * fp8_expert_kept_delta(m, tp, micro_batch_size, bytes, piece.etp);
   }
   const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
   if (moe_layers > 0) {  // see the top
@@ -523,6 +550,11 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
                               what);
     if ((!both || !fp8.weight_cache) && fp8_dense + fp8_moe > 0)
       fp8_forward_codes = std::max(fp8_forward_codes, fp8_largest_forward_codes(m, tp, gated, fp8_dense > 0));
+    if (fp8.experts && fp8_moe > 0) {  // both layouts, kept for the step or while a projection's GEMMs run
+      const std::int64_t codes = checked_mul(2, fp8_expert_weight_codes(m, piece, gated), what);
+      if (fp8.weight_cache) fp8_cache = checked_add(fp8_cache, checked_mul(fp8_moe, codes, what), what);
+      else fp8_forward_codes = std::max(fp8_forward_codes, codes);
+    }
     const PieceActivations act =
         activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);
     largest_kept = std::max(largest_kept, act.kept);

@@ -20,6 +20,19 @@
 // etp, added on etp rank 0 only, since the output is summed over etp; every etp rank computes its
 // whole gradient, the same on each). Each group's rows get their expert's bias, so the counts are
 // read on the host once per forward (a synchronization the bias-free GEMMs on Hopper avoid).
+//
+// FP8 (ctx.fp8 under the delayed recipe, in a layer that runs FP8): the six GEMMs run on FP8 codes
+// (layers/fp8_linear.hpp), with one scaling state per projection for all the experts of the model
+// (`<name>.fc1`, `<name>.fc2`: input, weight and gradient scales shared by every expert, so every
+// rank holds the same states and the step's amax reduction over the pipeline stage gives the scales
+// of one rank holding every expert). x, the activation, dy and the activation's gradient are cast
+// once each over all their grouped rows (both layouts in one pass); each expert's weight once per
+// step in both layouts (a stacked weight cache). The counts are read on the host (per-expert
+// GEMMs); the weight gradients take each group's columns of the transposed codes, padded with zero
+// columns to a multiple of 16 (FP8 GEMMs need whole 16-byte rows; zeros add nothing). The backward
+// keeps x^T's and the activation^T's codes instead of x and the activation. The tensorwise and
+// blockwise recipes leave the experts in T (a scale taken per call would depend on which tokens
+// an expert-parallel rank received; blocks on the grouped rows likewise).
 #pragma once
 
 #include <cmath>
@@ -29,6 +42,7 @@
 #include <vector>
 
 #include "../../backend/backend.hpp"
+#include "../fp8_linear.hpp"
 #include "../mlp.hpp"
 #include "../parameter.hpp"
 #include "../policy.hpp"
@@ -61,6 +75,9 @@ class GroupedExperts {
     Tensor<T, Space> activation;              // [rows, ffn local]
     Tensor<std::int32_t, Space> counts;       // [local experts] rows of each, in the backend's memory
     std::vector<index_t> host_counts;         // the same on the host, when the backend reads them there
+    // FP8: x^T's and the activation^T's codes [cols, grouped rows] (the input and activation above
+    // are then not kept)
+    detail::Fp8Pair<Space> input_codes, activation_codes;
   };
 
   GroupedExperts(const Context& ctx, std::string name, ExpertsConfig c) : config_(c) {
@@ -98,7 +115,14 @@ class GroupedExperts {
       }
     }
     output_bias_rank_ = ctx.expert_tp.rank() == 0;
+    if (ctx.fp8 && ctx.fp8->fp8_here() && ctx.fp8->options.recipe == Fp8RecipeKind::delayed) {
+      fc1_fp8_ = make_fp8_state(ctx, name + ".fc1");
+      fc2_fp8_ = make_fp8_state(ctx, name + ".fc2");
+    }
   }
+
+  // Whether the experts' GEMMs run in FP8 (see the header).
+  bool fp8() const { return fc1_fp8_ != nullptr; }
 
   index_t local_experts() const { return local_; }
   index_t first_expert() const { return first_; }
@@ -115,13 +139,15 @@ class GroupedExperts {
     if (counts.numel() != local_)
       fail<ShapeError>("GroupedExperts: ", counts.numel(), " token counts for ", local_, " local experts");
     Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts,
-                {}};
-    if (config_.bias || !ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
+                {}, {}, {}};
+    if (fp8() || config_.bias || !ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
         !ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local)) {
       std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
       ctx.device.template copy_to_host<std::int32_t>(counts.data(), local_, host.data());
       saved.host_counts.assign(host.begin(), host.end());
     }
+    if constexpr (backend_has_fp8<typename Context::device_type>)  // (a state exists only then: make_fp8_state)
+      if (fp8()) return forward_fp8(ctx, std::move(saved), fc1_local, ffn_local);
     rows_gemm(ctx, saved, true, rows, fc1_local, h, x.data(), pointers(fc1_), saved.pre.data());  // (rows, fc1 local)
     if (config_.bias) add_group_biases(ctx, saved, fc1_local, pointers(fc1_bias_), saved.pre.data());
     if constexpr (gated) {
@@ -136,6 +162,8 @@ class GroupedExperts {
   }
 
   Tensor<T, Space> backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy) {
+    if constexpr (backend_has_fp8<typename Context::device_type>)
+      if (fp8()) return backward_fp8(ctx, saved, dy);
     const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = saved.pre.shape().cols(), ffn_local = saved.activation.shape().cols();
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
@@ -231,6 +259,154 @@ class GroupedExperts {
                                            w.c.data(), true);
   }
 
+  // ---- FP8 (see the header) ----
+
+  // The activation of pre [rows, fc1 local] into out [rows, ffn local], and its backward.
+  void activate(Context& ctx, const T* pre, index_t rows, index_t ffn_local, T* out) const {
+    if constexpr (gated) {
+      if (plain_swiglu()) ctx.device.template swiglu_forward<T>(pre, rows, ffn_local, out);
+      else ctx.device.template glu_forward<T>(pre, rows, ffn_local, config_.glu, out);
+    } else ctx.device.template gelu_forward<T>(pre, rows * ffn_local, out);
+  }
+  void activate_backward(Context& ctx, const T* dact, const T* pre, index_t rows, index_t ffn_local, T* dpre) const {
+    if constexpr (gated) {
+      if (plain_swiglu()) ctx.device.template swiglu_backward<T>(dact, pre, rows, ffn_local, dpre);
+      else ctx.device.template glu_backward<T>(dact, pre, rows, ffn_local, config_.glu, dpre);
+    } else ctx.device.template gelu_backward<T>(dact, pre, rows * ffn_local, dpre);
+  }
+
+  // The local experts' weights [out, in] each in FP8 with the projection's weight scale: W (forward)
+  // or W^T [in, out] (transposed) of expert l at codes + l * out * in. From the state's weight cache
+  // (both layouts, stacked, filled at the step's first use; dropped after each optimizer step), or
+  // cast now when the options keep no cache (`own` holds them).
+  const std::uint8_t* expert_weight_codes(Context& ctx, Fp8State<Space>& state, const std::vector<Param>& weights, index_t out,
+                                          index_t in, bool transposed, detail::Fp8Pair<Space>& own) const {
+    auto& cache = state.weight_cache;
+    const bool keep = ctx.fp8->options.cache_weights;
+    if (!keep || !cache.valid) {
+      const Shape forward{local_ * out, in}, backward{local_ * in, out};
+      Tensor<std::uint8_t, Space>& codes = keep ? cache.codes : own.codes;
+      Tensor<std::uint8_t, Space>& codes_t = keep ? cache.codes_transposed : own.codes_t;
+      if (codes.data() == nullptr || !(codes.shape() == forward)) codes = Tensor<std::uint8_t, Space>::empty(forward);
+      if (codes_t.data() == nullptr || !(codes_t.shape() == backward)) codes_t = Tensor<std::uint8_t, Space>::empty(backward);
+      const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+      for (index_t l = 0; l < local_; ++l)
+        ctx.device.template fp8_cast_transpose<T>(weights[l].value.data(), out, in, format, state.scale(Fp8Role::weight),
+                                                  codes.data() + l * out * in, codes_t.data() + l * in * out,
+                                                  state.amax(Fp8Role::weight));
+      // every role's 1 / scale into its aligned slot, as the dense layers' cache fill writes them
+      ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1,
+                                              state.gemm_scale_inv(Fp8Role::input), 4);
+      cache.valid = keep;
+      ++state.weight_casts;
+    }
+    return (transposed ? (keep ? cache.codes_transposed : own.codes_t) : (keep ? cache.codes : own.codes)).data();
+  }
+  const float* weight_scale_inv(Fp8Scaling<Space>& scaling, Fp8State<Space>& state) const {
+    return scaling.options.cache_weights ? state.gemm_scale_inv(Fp8Role::weight) : state.scale_inv(Fp8Role::weight);
+  }
+
+  // c [rows, n] (row groups of the saved counts) = a's codes [rows, k] times expert l's b codes
+  // [n, k]^T (at b + l * n * k); rows past the counts zero.
+  void fp8_rows_gemm(Context& ctx, const Saved& s, index_t rows, index_t n, index_t k, const detail::Fp8Pair<Space>& a,
+                     const std::uint8_t* b, Fp8Format b_format, const float* b_scale_inv, T* c) const {
+    index_t at = 0;
+    for (index_t l = 0; l < local_; ++l) {
+      const index_t m = s.host_counts[l];
+      if (m > 0)
+        ctx.device.template fp8_gemm<T>(false, true, m, n, k, a.codes.data() + at * k, a.format, a.scale_inv, b + l * n * k,
+                                        b_format, b_scale_inv, c + at * n, false, nullptr);
+      at += m;
+    }
+    if (rows > at) ctx.device.template fill<T>(c + at * n, (rows - at) * n, 0.0);
+  }
+
+  // Expert l's columns [at, at + count) of codes [rows, cols] (a transposed operand, cols the grouped
+  // rows), as [rows, count rounded up to 16] with zero columns after them.
+  static Tensor<std::uint8_t, Space> group_columns(Context& ctx, const Tensor<std::uint8_t, Space>& codes, index_t at,
+                                                   index_t count) {
+    const index_t rows = codes.shape().rows(), cols = codes.shape().cols(), padded = (count + 15) / 16 * 16;
+    auto out = padded > count ? Tensor<std::uint8_t, Space>::zeros(Shape{rows, padded})
+                              : Tensor<std::uint8_t, Space>::empty(Shape{rows, padded});
+    ctx.device.template copy_columns<std::uint8_t>(codes.data() + at, cols, rows, count, out.data(), padded);
+    return out;
+  }
+
+  // grads[l] [m, n] += a_l^T b_l over the groups: a^T's codes [m, grouped rows], b^T's [n, grouped rows].
+  void fp8_weights_gemm(Context& ctx, const Saved& s, const detail::Fp8Pair<Space>& a, const detail::Fp8Pair<Space>& b,
+                        std::vector<Param>& weights) const {
+    const index_t m = a.codes_t.shape().rows(), n = b.codes_t.shape().rows();
+    index_t at = 0;
+    for (index_t l = 0; l < local_; ++l) {
+      const index_t count = s.host_counts[l];
+      if (count > 0) {
+        const auto al = group_columns(ctx, a.codes_t, at, count), bl = group_columns(ctx, b.codes_t, at, count);
+        ctx.device.template fp8_gemm<A>(false, true, m, n, al.shape().cols(), al.data(), a.format, a.scale_inv, bl.data(),
+                                        b.format, b.scale_inv, weights[l].grad.data(), true, nullptr);
+      }
+      at += count;
+    }
+  }
+
+  std::pair<Tensor<T, Space>, Saved> forward_fp8(Context& ctx, Saved saved, index_t fc1_local, index_t ffn_local) const {
+    const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
+    index_t grouped = 0;
+    for (const index_t c : saved.host_counts) grouped += c;
+    auto& scaling = *ctx.fp8;
+    // fc1: x's grouped rows cast once, both layouts (x^T's codes kept for dfc1)
+    auto xq = detail::fp8_quantize_pair(ctx, *fc1_fp8_, Fp8Role::input, saved.input.data(), grouped, h, false, true);
+    detail::Fp8Pair<Space> own1, own2;
+    const std::uint8_t* w1 = expert_weight_codes(ctx, *fc1_fp8_, fc1_, fc1_local, h, false, own1);
+    fp8_rows_gemm(ctx, saved, rows, fc1_local, h, xq, w1, scaling.options.format_of(Fp8Role::weight),
+                  weight_scale_inv(scaling, *fc1_fp8_), saved.pre.data());  // (rows, fc1 local)
+    if (config_.bias) add_group_biases(ctx, saved, fc1_local, pointers(fc1_bias_), saved.pre.data());
+    activate(ctx, saved.pre.data(), rows, ffn_local, saved.activation.data());
+    // fc2: the activation's grouped rows cast once (its transposed codes kept for dfc2)
+    auto aq = detail::fp8_quantize_pair(ctx, *fc2_fp8_, Fp8Role::input, saved.activation.data(), grouped, ffn_local, false, true);
+    const std::uint8_t* w2 = expert_weight_codes(ctx, *fc2_fp8_, fc2_, h, ffn_local, false, own2);
+    auto y = Tensor<T, Space>::empty(Shape{rows, h});
+    fp8_rows_gemm(ctx, saved, rows, h, ffn_local, aq, w2, scaling.options.format_of(Fp8Role::weight),
+                  weight_scale_inv(scaling, *fc2_fp8_), y.data());  // (rows, hidden), partial over etp
+    if (config_.bias && output_bias_rank_) add_group_biases(ctx, saved, h, pointers(fc2_bias_), y.data());
+    xq.codes = aq.codes = Tensor<std::uint8_t, Space>();  // the forward's own layouts served it alone
+    saved.input_codes = std::move(xq);
+    saved.activation_codes = std::move(aq);
+    saved.input = saved.activation = Tensor<T, Space>();  // the backward reads their codes
+    return {std::move(y), std::move(saved)};
+  }
+
+  Tensor<T, Space> backward_fp8(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy) {
+    const index_t rows = saved.pre.shape().rows(), h = config_.hidden_size;
+    const index_t fc1_local = saved.pre.shape().cols(), ffn_local = gated ? fc1_local / 2 : fc1_local;
+    index_t grouped = 0;
+    for (const index_t c : saved.host_counts) grouped += c;
+    auto& scaling = *ctx.fp8;
+    const Fp8Format weight_format = scaling.options.format_of(Fp8Role::weight);
+    // fc2: dy's grouped rows cast once, both layouts
+    auto dyq = detail::fp8_quantize_pair(ctx, *fc2_fp8_, Fp8Role::grad_output, dy.data(), grouped, h, false, true);
+    detail::Fp8Pair<Space> own1, own2;
+    const std::uint8_t* w2t = expert_weight_codes(ctx, *fc2_fp8_, fc2_, h, ffn_local, true, own2);  // [ffn local, h] each
+    auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
+    fp8_rows_gemm(ctx, saved, rows, ffn_local, h, dyq, w2t, weight_format, weight_scale_inv(scaling, *fc2_fp8_),
+                  dact.data());                                                // da (rows, ffn local)
+    fp8_weights_gemm(ctx, saved, dyq, saved.activation_codes, fc2_);          // dfc2 (hidden, ffn local)
+    if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
+    dyq = detail::Fp8Pair<Space>();
+    own2 = detail::Fp8Pair<Space>();
+    auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
+    activate_backward(ctx, dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
+    dact = Tensor<T, Space>();  // what this backward holds at once stays the element type path's
+    if (config_.bias) group_bias_gradients(ctx, saved, fc1_local, dpre.data(), fc1_bias_);
+    // fc1: the pre-activation's gradient cast once, both layouts
+    auto dpq = detail::fp8_quantize_pair(ctx, *fc1_fp8_, Fp8Role::grad_output, dpre.data(), grouped, fc1_local, false, true);
+    const std::uint8_t* w1t = expert_weight_codes(ctx, *fc1_fp8_, fc1_, fc1_local, h, true, own1);  // [h, fc1 local] each
+    auto dx = Tensor<T, Space>::empty(Shape{rows, h});
+    fp8_rows_gemm(ctx, saved, rows, h, fc1_local, dpq, w1t, weight_format, weight_scale_inv(scaling, *fc1_fp8_),
+                  dx.data());                                       // dx, partial over etp
+    fp8_weights_gemm(ctx, saved, dpq, saved.input_codes, fc1_);    // dfc1 (fc1 local, hidden)
+    return dx;
+  }
+
   // Sizes and pointers of one grouped GEMM (host arrays), for C_g = op(A_g) op(B_g).
   template <class C>
   struct GemmGroups {
@@ -259,6 +435,7 @@ class GroupedExperts {
   std::vector<Param> fc1_, fc2_;
   std::vector<Param> fc1_bias_, fc2_bias_;  // with ExpertsConfig::bias
   bool output_bias_rank_ = true;             // adds fc2's bias (etp rank 0)
+  std::shared_ptr<Fp8State<Space>> fc1_fp8_, fc2_fp8_;  // FP8 (see the header), else null
 };
 
 STRATA_NAMESPACE_END

@@ -65,6 +65,8 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_INSTANCE)
 template void store_pointers<void*>(void* const*, std::size_t, void**, cudaStream_t);
 template void transpose<std::int32_t>(const std::int32_t*, index_t, index_t, std::int32_t*, cudaStream_t);  // tokens
 template void fill<std::int32_t>(std::int32_t*, index_t, double, cudaStream_t);  // the MoE counts when padding
+// the FP8 experts' groups of transposed codes (layers/moe/experts.hpp)
+template void copy_columns<std::uint8_t>(const std::uint8_t*, index_t, index_t, index_t, std::uint8_t*, index_t, cudaStream_t);
 
 }  // namespace cuda::kernels
 STRATA_NAMESPACE_END
