@@ -575,6 +575,31 @@ TEST(Plan, MoeHostWaitsOnlyWhereTheExchangeReadsCountsOnTheHost) {
   EXPECT_EQ(overhead(runs[4]), 0.0);
 }
 
+// FP8 experts (the delayed recipe; layers/moe/experts.hpp) on the Mixtral-shaped model, one GPU: the
+// experts' GEMMs at the FP8 rates and their casts, and one read of the counts on the host per MoE layer
+// (per-expert GEMMs), which the bf16 experts' device-count GEMM does not need; under tensorwise the
+// experts stay bf16 and no read is charged. The memory: the experts' weight codes in both layouts,
+// less what the dispatched rows keep as codes instead of bf16 (models::Fp8Layers::experts).
+TEST(Plan, Fp8ExpertsArePricedUnderTheDelayedRecipeOnly) {
+  const plan::Calibration calibration = h100();
+  const plan::Cluster one{1, 1, 80};
+  auto predict = [&](const char* recipe) {
+    std::vector<std::string> flags = mixtral_as_run(1, false);
+    flags.insert(flags.end(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe});
+    trainer::TrainArgs model = model_of(flags);
+    const trainer::TrainArgs a = plan::args_of(model, one, layout(1, 1, 1, 8));
+    return std::pair{plan::predict_step(a, layout(1, 1, 1, 8), one, calibration),
+                     trainer::plan_memory<strata::bf16>(a).per_rank.total()};
+  };
+  const auto [delayed, delayed_memory] = predict("delayed");
+  const auto [tensorwise, tensorwise_memory] = predict("tensorwise");
+  EXPECT_NEAR(delayed.overhead - tensorwise.overhead, 8 * calibration.moe_host_ms_per_layer, 1e-9);  // 8 MoE layers
+  EXPECT_LT(delayed.compute, tensorwise.compute) << "the experts' GEMMs at the FP8 rates outweigh their casts";
+  const std::int64_t rows = 8 * 1024 * 2, codes = 8 * 3 * 3584 * 1024;  // tokens x topk; 8 experts' weights
+  const std::int64_t expected = 8 * (2 * codes - rows * (1024 + 3584));  // both layouts; 1 byte instead of 2 per kept element
+  EXPECT_EQ(delayed_memory - tensorwise_memory, expected);
+}
+
 // Context parallelism: the Llama of 1.14B (16 layers, hidden 2048, 16 heads in 8 groups, SwiGLU
 // 8192, vocab 32000) of bench/cp_bench.sh on 2 H200 (bench/RESULTS.md, 2026-11-29): micro-batch 1 =
 // global batch 1, every layer recomputed (one per chunk), --no-deterministic-attention.

@@ -321,7 +321,12 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
                mlp_io = h + ffn * (gated ? 2 : 1) / tp + ffn / tp + h;
   const double fp8_attention_casts = fp8 ? bytes_ms((vb + 2) * t * attention_io) : 0,
                fp8_mlp_casts = fp8 ? bytes_ms((vb + 2) * t * mlp_io) : 0;
-  double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0;
+  // Under the delayed recipe a MoE layer's experts run FP8 too (layers/moe/experts.hpp): their GEMMs
+  // at the FP8 rates, their operands cast (x, the activation, dy and the activation's gradient, both
+  // layouts) and the weight gradients' groups of transposed codes copied out, and one more read of the
+  // counts on the host per forward (per-expert GEMMs) unless the experts' biases read them already.
+  const bool fp8_experts = fp8 && a.fp8_recipe == "delayed";
+  double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0, fp8_expert_delta = 0, fp8_moe_ms = 0, fp8_expert_weights = 0;
   if (moe) {
     const double experts = m.moe.num_experts, topk = m.moe.topk, width = m.expert_ffn();
     // Rows per local expert: the routed ones, or with padding every expert's whole capacity (from
@@ -332,7 +337,15 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
                                                                  m.moe.capacity_factor)) * l.ep * (sp ? tp : 1)
                             : t * topk * l.ep / experts;
     moe_gemm += gemm_ms(t, experts, h);
-    moe_gemm += experts / l.ep * (gemm_ms(rows, width * (gated ? 2 : 1) / etp, h) + gemm_ms(rows, h, width / etp));
+    const auto experts_gemm_of = [&](auto&& gemm) {
+      return experts / l.ep * (gemm(rows, width * (gated ? 2 : 1) / etp, h) + gemm(rows, h, width / etp));
+    };
+    moe_gemm += experts_gemm_of(gemm_ms);
+    if (fp8_experts) {
+      const double io = 2 * h + width * (gated ? 3 : 2) / etp;  // x, the activation, dy, the activation's gradient
+      fp8_expert_delta = experts_gemm_of(fp8_gemm_ms) - experts_gemm_of(gemm_ms) + bytes_ms((vb + 2 + 2) * rows * experts / l.ep * io);
+      fp8_expert_weights = experts / l.ep * (gated ? 3 : 2) * width * h / etp;
+    }
     if (m.moe.shared_expert_ffn_hidden_size > 0) {
       const double shared = m.moe.shared_expert_ffn_hidden_size;
       moe_gemm += gemm_ms(t, shared * (gated ? 2 : 1) / tp, h) + gemm_ms(t, h, shared / tp);
@@ -351,6 +364,7 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     }
     if (m.add_bias_linear) reads += 1;
     moe_ms = reads * cal.moe_host_ms_per_layer;
+    fp8_moe_ms = (reads + (fp8_experts && !m.add_bias_linear ? 1 : 0)) * cal.moe_host_ms_per_layer;
   }
   const double attention_flops = 2 * t * s * heads * core_dim / tp;  // causal: each local token meets s / 2 keys on average
   // The attention engine runs over whole sequences (cp = 1, or the all-to-all's heads), or over
@@ -364,9 +378,11 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   };
   const double dense_elementwise = elementwise_of(ffn), moe_elementwise = moe ? elementwise_of(m.expert_ffn() * m.moe.topk) : 0;
   const double dense_compute = dense_gemm + attention + dense_elementwise, moe_compute = moe_gemm + attention + moe_elementwise;
-  // FP8 layers: the same with their GEMMs at the FP8 rates and their casts (a MoE layer's experts stay bf16)
+  // FP8 layers: the same with their GEMMs at the FP8 rates and their casts (a MoE layer's experts only
+  // under the delayed recipe: fp8_expert_delta)
   const double fp8_dense_compute = fp8_dense_gemm + fp8_attention_casts + fp8_mlp_casts + attention + dense_elementwise,
-               fp8_moe_compute = moe_gemm - attention_gemm + fp8_attention_gemm + fp8_attention_casts + attention + moe_elementwise;
+               fp8_moe_compute = moe_gemm - attention_gemm + fp8_attention_gemm + fp8_attention_casts + attention +
+                                 moe_elementwise + fp8_expert_delta;
 
   // Tensor parallel: 4 all-gathers / reduce-scatters per direction under sequence parallelism, else
   // 2 all-reduces; the norms' gradient all-reduce (latency). On the compute stream: all exposed.
@@ -409,8 +425,11 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   const bool fp8_gather = fp8 && a.fp8_param_gather && l.distributed_optimizer;
   const double fp8_weight_casts =
       !fp8 ? 0 : bytes_ms((fp8_gather ? (vb + 1) / (dp * l.cp) + 2 : vb + 2) * fp8_layer_weights);
+  // a MoE layer casts its attention's weights and (delayed) its experts', not a dense MLP's
+  const double fp8_moe_weight_casts =
+      !fp8 ? 0 : bytes_ms((vb + 2) * (((heads + 2 * groups) * d + heads * d) * h / tp + fp8_expert_weights));
   StepTime worst;
-  double worst_total = -1, worst_fp8_layers = 0;
+  double worst_total = -1, worst_fp8_layers = 0, worst_fp8_moe = 0;
   for (const auto& rank : holdings) {
     double layers = 0, moe_layers = 0, fp8_all = 0, fp8_moe = 0;
     bool first = false, last = false;
@@ -428,14 +447,14 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     r.tensor_parallel = layers * tp_layer;
     r.context_parallel = layers * cp_layer;
     r.expert_parallel = moe_layers * ep_ms;
-    r.overhead = moe_layers * moe_ms;
+    r.overhead = (moe_layers - fp8_moe) * moe_ms + fp8_moe * fp8_moe_ms;
     r.pipeline_transfers = boundary * static_cast<double>(rank.chunks.size());
     const double per_micro_batch = r.total();
-    if (per_micro_batch > worst_total) worst_total = per_micro_batch, worst = r, worst_fp8_layers = fp8_all;
+    if (per_micro_batch > worst_total) worst_total = per_micro_batch, worst = r, worst_fp8_layers = fp8_all, worst_fp8_moe = fp8_moe;
   }
   StepTime step;
   const double mb = micro_batches;
-  step.compute = worst.compute * mb + worst_fp8_layers * fp8_weight_casts;
+  step.compute = worst.compute * mb + (worst_fp8_layers - worst_fp8_moe) * fp8_weight_casts + worst_fp8_moe * fp8_moe_weight_casts;
   step.recompute = worst.recompute * mb;
   step.tensor_parallel = worst.tensor_parallel * mb;
   step.context_parallel = worst.context_parallel * mb;
