@@ -3,7 +3,8 @@
 // partial sums over etp add up to the input), dispatch then combine gives back every token times
 // the sum of its kept weights, exactly (bitwise); the backward gives dy times the same sum and the
 // weights' gradient dy . x, exactly; dropped choices contribute zero; padding to capacity gives
-// every expert its capacity from every rank. Both dispatchers therefore agree bit for bit.
+// every expert its capacity from every rank; the counts handed on the host are the device's. Both
+// dispatchers therefore agree bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -68,6 +69,13 @@ void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = Moe
       if (pad) {
         EXPECT_EQ(n, capacity * ep * etp) << what;  // from every rank of the etp x ep group
       }
+    }
+    // The counts on the host where the dispatch has them (several ranks, or padded): the same
+    if (ep * etp > 1 || pad) {
+      ASSERT_EQ(dispatched.host_counts.size(), counts.size()) << what;
+      for (std::size_t l = 0; l < counts.size(); ++l) EXPECT_EQ(dispatched.host_counts[l], counts[l]) << what << " expert " << l;
+    } else {
+      EXPECT_TRUE(dispatched.host_counts.empty()) << what << ": one rank without padding reads nothing on the host";
     }
     if (ep * etp == 1 && !pad) {  // one rank: the upper bound, the rows past the routed ones zero
       EXPECT_EQ(dispatched.tokens.shape().rows(), kTokens * kTopk) << what;

@@ -323,8 +323,8 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
                fp8_mlp_casts = fp8 ? bytes_ms((vb + 2) * t * mlp_io) : 0;
   // Under the delayed recipe a MoE layer's experts run FP8 too (layers/moe/experts.hpp): their GEMMs
   // at the FP8 rates, their operands cast (x, the activation, dy and the activation's gradient, both
-  // layouts) and the weight gradients' groups of transposed codes copied out, and one more read of the
-  // counts on the host per forward (per-expert GEMMs) unless the experts' biases read them already.
+  // layouts) and the weight gradients' groups of transposed codes copied out, and (per-expert GEMMs)
+  // the counts on the host: one read per forward where the dispatcher does not have them.
   const bool fp8_experts = fp8 && a.fp8_recipe == "delayed";
   double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0, fp8_expert_delta = 0, fp8_moe_ms = 0, fp8_expert_weights = 0;
   if (moe) {
@@ -356,15 +356,15 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     // etp x ep group none (the experts' grouped GEMMs read the counts on the device); over several,
     // the all-to-all dispatcher reads them once per dispatch unless padding to capacity fixes every
     // size, the all-gather one reads the ranks' token counts, and the experts' counts unless padded.
-    // Experts with biases read their counts once more per forward.
+    // Experts with biases, and FP8 experts, need the counts on the host: the dispatcher's where it
+    // has them (read for its exchanges, or padded to capacity), else one read per forward.
     double reads = 0;
-    if (l.ep * etp > 1) {
-      const bool padded = m.moe.pad_to_capacity && m.moe.capacity_factor > 0;
+    const bool padded = m.moe.pad_to_capacity && m.moe.capacity_factor > 0;
+    if (l.ep * etp > 1)
       reads = m.moe.token_dispatcher == strata::MoeDispatcherType::allgather ? (padded ? 1 : 2) : (padded ? 0 : 1);
-    }
-    if (m.add_bias_linear) reads += 1;
-    moe_ms = reads * cal.moe_host_ms_per_layer;
-    fp8_moe_ms = (reads + (fp8_experts && !m.add_bias_linear ? 1 : 0)) * cal.moe_host_ms_per_layer;
+    const bool counts_on_host = l.ep * etp > 1 || padded;
+    moe_ms = (reads + (m.add_bias_linear && !counts_on_host ? 1 : 0)) * cal.moe_host_ms_per_layer;
+    fp8_moe_ms = (reads + ((m.add_bias_linear || fp8_experts) && !counts_on_host ? 1 : 0)) * cal.moe_host_ms_per_layer;
   }
   const double attention_flops = 2 * t * s * heads * core_dim / tp;  // causal: each local token meets s / 2 keys on average
   // The attention engine runs over whole sequences (cp = 1, or the all-to-all's heads), or over

@@ -19,7 +19,9 @@
 // `fc1.bias` [ffn (x2)] (split over etp as fc1's rows) and `fc2.bias` [hidden] (replicated over
 // etp, added on etp rank 0 only, since the output is summed over etp; every etp rank computes its
 // whole gradient, the same on each). Each group's rows get their expert's bias, so the counts are
-// read on the host once per forward (a synchronization the bias-free GEMMs on Hopper avoid).
+// needed on the host: the dispatcher's where it has them (it read them for its exchanges, or they are
+// the padded capacity), else read once per forward (a synchronization the bias-free GEMMs on Hopper
+// avoid).
 //
 // FP8 (ctx.fp8 under the delayed recipe, in a layer that runs FP8): the six GEMMs run on FP8 codes
 // (layers/fp8_linear.hpp), with one scaling state per projection for all the experts of the model
@@ -27,8 +29,8 @@
 // rank holds the same states and the step's amax reduction over the pipeline stage gives the scales
 // of one rank holding every expert). x, the activation, dy and the activation's gradient are cast
 // once each over all their grouped rows (both layouts in one pass); each expert's weight once per
-// step in both layouts (a stacked weight cache). The counts are read on the host (per-expert
-// GEMMs); the weight gradients take each group's columns of the transposed codes, padded with zero
+// step in both layouts (a stacked weight cache). The counts are needed on the host (per-expert
+// GEMMs), as with biases; the weight gradients take each group's columns of the transposed codes, padded with zero
 // columns to a multiple of 16 (FP8 GEMMs need whole 16-byte rows; zeros add nothing). The backward
 // keeps x^T's and the activation^T's codes instead of x and the activation. The tensorwise and
 // blockwise recipes leave the experts in T (a scale taken per call would depend on which tokens
@@ -131,20 +133,27 @@ class GroupedExperts {
   // counts (in the backend's memory) may total fewer than rows: the rest are outside every group and
   // their outputs are zero. The GEMMs read the counts where they are; a backend whose grouped GEMMs
   // would read them on the host (grouped_gemm_counts_on_device false: CUDA without the Hopper kernel,
-  // other element types or sizes) gets them read once here, for the forward and the backward.
-  std::pair<Tensor<T, Space>, Saved> forward(Context& ctx, const Tensor<T, Space>& x,
-                                             const Tensor<std::int32_t, Space>& counts) const {
+  // other element types or sizes), experts with biases and FP8 experts get them read once here, for
+  // the forward and the backward, unless `host_counts` (the dispatcher's, where it knows them) has them.
+  std::pair<Tensor<T, Space>, Saved> forward(Context& ctx, const Tensor<T, Space>& x, const Tensor<std::int32_t, Space>& counts,
+                                             const std::vector<index_t>& host_counts = {}) const {
     const index_t rows = x.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = fc1_.empty() ? 0 : fc1_[0].value.size(0), ffn_local = gated ? fc1_local / 2 : fc1_local;
     if (counts.numel() != local_)
       fail<ShapeError>("GroupedExperts: ", counts.numel(), " token counts for ", local_, " local experts");
     Saved saved{x, Tensor<T, Space>::empty(Shape{rows, fc1_local}), Tensor<T, Space>::empty(Shape{rows, ffn_local}), counts,
                 {}, {}, {}};
+    if (!host_counts.empty() && static_cast<index_t>(host_counts.size()) != local_)
+      fail<ShapeError>("GroupedExperts: ", host_counts.size(), " host token counts for ", local_, " local experts");
     if (fp8() || config_.bias || !ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
         !ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local)) {
-      std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
-      ctx.device.template copy_to_host<std::int32_t>(counts.data(), local_, host.data());
-      saved.host_counts.assign(host.begin(), host.end());
+      if (!host_counts.empty()) {
+        saved.host_counts = host_counts;
+      } else {
+        std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
+        ctx.device.template copy_to_host<std::int32_t>(counts.data(), local_, host.data());
+        saved.host_counts.assign(host.begin(), host.end());
+      }
     }
     if constexpr (backend_has_fp8<typename Context::device_type>)  // (a state exists only then: make_fp8_state)
       if (fp8()) return forward_fp8(ctx, std::move(saved), fc1_local, ffn_local);

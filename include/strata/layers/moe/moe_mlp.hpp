@@ -165,7 +165,7 @@ class MoeMlp {
     auto [routing, router_saved] = router_->forward(ctx, flat, sequences);
     saved.router = std::move(router_saved);
     auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity);
-    auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts);
+    auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts, dispatched.host_counts);
     saved.experts = std::move(experts_saved);
     Tensor<T, Space> y = dispatcher_->combine(ctx, state, expert_out).reshaped(saved.local_shape);
     saved.dispatch = std::move(state);

@@ -28,7 +28,9 @@
 // on the device. Over several ranks the sizes of the collectives are read on the host, as in
 // Megatron: once per dispatch by the all-to-all dispatcher (its counts exchanged on the device
 // first), twice by the all-gather one (the ranks' token counts, then the experts'). With padding to capacity every expert receives exactly its
-// capacity from every rank (the router's `capacity`), padded with zero rows.
+// capacity from every rank (the router's `capacity`), padded with zero rows. Where the counts are
+// on the host (read for the exchanges, or the padded capacity) the dispatch hands them on
+// (Dispatched::host_counts), so experts that need them there (biases, FP8) read nothing more.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +100,9 @@ class AllGatherDispatcher {
   struct Dispatched {
     Tensor<T, Space> tokens;             // [rows, hidden], grouped by local expert
     Tensor<std::int32_t, Space> counts;  // [local experts] rows of each (in the backend's memory)
+    // The same on the host where the dispatch knows them without a read of its own (padded to
+    // capacity, or read for its exchanges); empty where they stay on the device alone
+    std::vector<index_t> host_counts;
   };
   struct State {
     std::vector<index_t> tokens_of_rank;     // tokens of each rank of the etp x ep group
@@ -146,6 +151,7 @@ class AllGatherDispatcher {
     if (capacity > 0) {
       ctx.device.template fill<std::int32_t>(out.counts.data(), local_, static_cast<double>(capacity * group.size()));
       state.rows = local_ * capacity * group.size();
+      out.host_counts.assign(static_cast<std::size_t>(local_), capacity * group.size());
     } else {
       auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
       ctx.device.template moe_count<std::int32_t>(all_routed.data(), n * k, k, 1, E, counts.data(), false);
@@ -156,6 +162,7 @@ class AllGatherDispatcher {
         std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
         ctx.device.template copy_to_host<std::int32_t>(out.counts.data(), local_, host.data());
         state.rows = std::accumulate(host.begin(), host.end(), index_t{0});
+        out.host_counts.assign(host.begin(), host.end());
       }
     }
     state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{n, k});
@@ -319,6 +326,7 @@ class AllToAllDispatcher {
           per_local[l] += static_cast<std::int32_t>(state.chunk_rows[(q * ep + p) * local_ + l]);
     out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
     ctx.device.template copy_from_host<std::int32_t>(per_local.data(), local_, out.counts.data());
+    out.host_counts.assign(per_local.begin(), per_local.end());
     return {std::move(out), std::move(state)};
   }
 
@@ -366,8 +374,12 @@ class AllToAllDispatcher {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     Dispatched out;
     out.counts = Tensor<std::int32_t, Space>::empty(Shape{E});
-    if (capacity > 0) ctx.device.template fill<std::int32_t>(out.counts.data(), E, static_cast<double>(capacity));
-    else ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, out.counts.data(), false);
+    if (capacity > 0) {
+      ctx.device.template fill<std::int32_t>(out.counts.data(), E, static_cast<double>(capacity));
+      out.host_counts.assign(static_cast<std::size_t>(E), capacity);
+    } else {
+      ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, out.counts.data(), false);
+    }
     state.permuted = state.rows = capacity > 0 ? E * capacity : state.tokens * k;
     state.send_rows = state.recv_rows = state.etp_rows = {state.rows};
     state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
