@@ -144,6 +144,7 @@ struct TrainArgs {
   std::string fp8_weight_cache = "auto";  // --fp8-weight-cache: both, transposed, none, or auto (fp8_keeps_forward_weight_codes)
   bool fp8_param_gather = false;  // --fp8-param-gather: the distributed optimizer casts its shards and gathers FP8 codes
   bool fp8_recast_attention_output = false;  // --fp8-recast-attention-output (Fp8Options::recast_attention_output)
+  bool fp8_experts = true;                   // --no-fp8-experts turns it off (Fp8Options::experts)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -504,6 +505,9 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                "weight gradient; it reads the attention's output, which the attention keeps anyway, and casts it again "
                "in the backward (the same codes): a byte per element of that input per layer saved, one more cast per "
                "layer in the backward");
+  app.add_flag("--fp8-experts,!--no-fp8-experts", a.fp8_experts,
+               "delayed recipe: whether the MoE layers' experts run their GEMMs in FP8 too (default on; off keeps them in the "
+               "element type; FP8 experts need the counts on the host where the dispatcher does not have them)");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -549,6 +553,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.cache_weights = a.fp8_cache_weights && a.fp8_weight_cache != "none";
   o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
   o.recast_attention_output = a.fp8_recast_attention_output;
+  o.experts = a.fp8_experts;
   o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;
   o.validate();
@@ -568,6 +573,11 @@ inline void check_fp8_gpu_shapes(const TrainArgs& a) {
       {"--hidden-size / tensor-parallel size", m.hidden_size / tp},
       {"key/value heads x head size / tensor-parallel size", groups * head / tp},
       {"--ffn-hidden-size / tensor-parallel size", m.ffn() / tp},
+      // the experts run FP8 under the delayed recipe (layers/moe/experts.hpp)
+      {"the expert width (--moe-ffn-hidden-size or --ffn-hidden-size) / expert-tensor-parallel size",
+       m.moe.enabled() && a.fp8_recipe == "delayed" && a.fp8_experts
+           ? m.expert_ffn() / (a.expert_tensor_parallel_size > 0 ? a.expert_tensor_parallel_size : tp)
+           : 16},
       {"--micro-batch-size x --seq-length", static_cast<std::int64_t>(a.micro_batch_size) * m.seq_length}};
   for (const auto& [what, value] : dims)
     if (value % 16 != 0)

@@ -1152,6 +1152,22 @@ TEST(MegatronFlags, Fp8Flags) {
   expect_config_error([&] { trainer::validate(narrow); }, {"--hidden-size is 72", "multiple of 16", "cuBLASLt"});
   narrow.device = "cpu";  // the CPU emulation takes any size
   trainer::validate(narrow);
+  // MoE experts run FP8 under the delayed recipe (--no-fp8-experts keeps them in the element type), so
+  // on GPUs their width must suit the FP8 GEMMs too; tensorwise leaves them in bf16.
+  auto experts_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> flags = {"--fp8-format", "hybrid", "--num-experts", "4", "--moe-ffn-hidden-size", "72"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    TrainArgs a = parse_flags("mixtral", flags);
+    (void)trainer::resolve_run(a);
+    a.device = "cuda";
+    return a;
+  };
+  EXPECT_TRUE(trainer::fp8_options_of(experts_of({}))->experts);
+  EXPECT_FALSE(trainer::fp8_options_of(experts_of({"--no-fp8-experts"}))->experts);
+  TrainArgs odd_experts = experts_of({});
+  expect_config_error([&] { trainer::validate(odd_experts); }, {"expert width", "is 72", "multiple of 16"});
+  EXPECT_NO_THROW(trainer::validate(experts_of({"--no-fp8-experts"})));
+  EXPECT_NO_THROW(trainer::validate(experts_of({"--fp8-recipe", "tensorwise"})));
   TrainArgs alone = parse_flags("gpt", {"--first-last-layers-bf16"});
   (void)trainer::resolve_run(alone);
   expect_config_error([&] { trainer::validate(alone); }, {"--first-last-layers-bf16", "--fp8-format"});

@@ -325,7 +325,7 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // at the FP8 rates, their operands cast (x, the activation, dy and the activation's gradient, both
   // layouts) and the weight gradients' groups of transposed codes copied out, and (per-expert GEMMs)
   // the counts on the host: one read per forward where the dispatcher does not have them.
-  const bool fp8_experts = fp8 && a.fp8_recipe == "delayed";
+  const bool fp8_experts = fp8 && a.fp8_recipe == "delayed" && a.fp8_experts;
   double moe_gemm = attention_gemm, moe_ms = 0, ep_ms = 0, fp8_expert_delta = 0, fp8_moe_ms = 0, fp8_expert_weights = 0;
   if (moe) {
     const double experts = m.moe.num_experts, topk = m.moe.topk, width = m.expert_ffn();

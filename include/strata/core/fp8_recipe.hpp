@@ -108,6 +108,9 @@ struct Fp8Options {
   // (no copy), and casts it again in the backward (the same codes: the same values and scale). Saves
   // a byte per element of that input per layer for one more cast per layer and micro-batch.
   bool recast_attention_output = false;
+  // Delayed recipe: a MoE layer's experts run their GEMMs in FP8 too (layers/moe/experts.hpp); off,
+  // they stay in the element type (the other recipes always leave them there).
+  bool experts = true;
   // blockwise: the length of a block (1 x block runs, block x block tiles); cuBLASLt's block-scaled
   // GEMMs take 128, the CPU backend any length >= 1.
   int block = 128;

@@ -23,7 +23,8 @@
 // the padded capacity), else read once per forward (a synchronization the bias-free GEMMs on Hopper
 // avoid).
 //
-// FP8 (ctx.fp8 under the delayed recipe, in a layer that runs FP8): the six GEMMs run on FP8 codes
+// FP8 (ctx.fp8 under the delayed recipe with Fp8Options::experts, in a layer that runs FP8): the six
+// GEMMs run on FP8 codes
 // (layers/fp8_linear.hpp), with one scaling state per projection for all the experts of the model
 // (`<name>.fc1`, `<name>.fc2`: input, weight and gradient scales shared by every expert, so every
 // rank holds the same states and the step's amax reduction over the pipeline stage gives the scales
@@ -117,7 +118,7 @@ class GroupedExperts {
       }
     }
     output_bias_rank_ = ctx.expert_tp.rank() == 0;
-    if (ctx.fp8 && ctx.fp8->fp8_here() && ctx.fp8->options.recipe == Fp8RecipeKind::delayed) {
+    if (ctx.fp8 && ctx.fp8->fp8_here() && ctx.fp8->options.recipe == Fp8RecipeKind::delayed && ctx.fp8->options.experts) {
       fc1_fp8_ = make_fp8_state(ctx, name + ".fc1");
       fc2_fp8_ = make_fp8_state(ctx, name + ".fc2");
     }
