@@ -23,19 +23,19 @@
 // the padded capacity), else read once per forward (a synchronization the bias-free GEMMs on Hopper
 // avoid).
 //
-// FP8 (ctx.fp8 under the delayed recipe with Fp8Options::experts, in a layer that runs FP8): the six
-// GEMMs run on FP8 codes
-// (layers/fp8_linear.hpp), with one scaling state per projection for all the experts of the model
-// (`<name>.fc1`, `<name>.fc2`: input, weight and gradient scales shared by every expert, so every
-// rank holds the same states and the step's amax reduction over the pipeline stage gives the scales
-// of one rank holding every expert). x, the activation, dy and the activation's gradient are cast
-// once each over all their grouped rows (both layouts in one pass); each expert's weight once per
-// step in both layouts (a stacked weight cache). The counts are needed on the host (per-expert
-// GEMMs), as with biases; the weight gradients take each group's columns of the transposed codes, padded with zero
-// columns to a multiple of 16 (FP8 GEMMs need whole 16-byte rows; zeros add nothing). The backward
-// keeps x^T's and the activation^T's codes instead of x and the activation. The tensorwise and
-// blockwise recipes leave the experts in T (a scale taken per call would depend on which tokens
-// an expert-parallel rank received; blocks on the grouped rows likewise).
+// FP8 (ctx.fp8 under the delayed recipe with Fp8Options::experts, in a layer that runs FP8): the
+// six GEMMs run on FP8 codes (layers/fp8_linear.hpp), with one scaling state per projection for all
+// the experts of the model (`<name>.fc1`, `<name>.fc2`: input, weight and gradient scales shared by
+// every expert, so every rank holds the same states and the step's amax reduction over the pipeline
+// stage gives the scales of one rank holding every expert). x, the activation, dy and the
+// activation's gradient are cast once each over all their grouped rows (both layouts in one pass);
+// each expert's weight once per step in both layouts (a stacked weight cache). The counts are
+// needed on the host (per-expert GEMMs), as with biases; the weight gradients take each group's
+// columns of the transposed codes, padded with zero columns to a multiple of 16 (FP8 GEMMs need
+// whole 16-byte rows; zeros add nothing). The backward keeps x^T's and the activation^T's codes
+// instead of x and the activation. The tensorwise and blockwise recipes leave the experts in T (a
+// scale taken per call would depend on which tokens an expert-parallel rank received; blocks on
+// the grouped rows likewise).
 #pragma once
 
 #include <cmath>
@@ -160,10 +160,7 @@ class GroupedExperts {
       if (fp8()) return forward_fp8(ctx, std::move(saved), fc1_local, ffn_local);
     rows_gemm(ctx, saved, true, rows, fc1_local, h, x.data(), pointers(fc1_), saved.pre.data());  // (rows, fc1 local)
     if (config_.bias) add_group_biases(ctx, saved, fc1_local, pointers(fc1_bias_), saved.pre.data());
-    if constexpr (gated) {
-      if (plain_swiglu()) ctx.device.template swiglu_forward<T>(saved.pre.data(), rows, ffn_local, saved.activation.data());
-      else ctx.device.template glu_forward<T>(saved.pre.data(), rows, ffn_local, config_.glu, saved.activation.data());
-    } else ctx.device.template gelu_forward<T>(saved.pre.data(), rows * ffn_local, saved.activation.data());
+    activate(ctx, saved.pre.data(), rows, ffn_local, saved.activation.data());
     auto y = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, true, rows, h, ffn_local, saved.activation.data(), pointers(fc2_),
               y.data());  // (rows, hidden), partial over etp
@@ -182,10 +179,7 @@ class GroupedExperts {
                  gradients(fc2_));  // dfc2 (hidden, ffn local)
     if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
-    if constexpr (gated) {
-      if (plain_swiglu()) ctx.device.template swiglu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
-      else ctx.device.template glu_backward<T>(dact.data(), saved.pre.data(), rows, ffn_local, config_.glu, dpre.data());
-    } else ctx.device.template gelu_backward<T>(dact.data(), saved.pre.data(), rows * ffn_local, dpre.data());
+    activate_backward(ctx, dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
     if (config_.bias) group_bias_gradients(ctx, saved, fc1_local, dpre.data(), fc1_bias_);
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, false, rows, h, fc1_local, dpre.data(), pointers(fc1_), dx.data());  // dx, partial over etp
@@ -269,8 +263,6 @@ class GroupedExperts {
                                            w.c.data(), true);
   }
 
-  // ---- FP8 (see the header) ----
-
   // The activation of pre [rows, fc1 local] into out [rows, ffn local], and its backward.
   void activate(Context& ctx, const T* pre, index_t rows, index_t ffn_local, T* out) const {
     if constexpr (gated) {
@@ -283,6 +275,15 @@ class GroupedExperts {
       if (plain_swiglu()) ctx.device.template swiglu_backward<T>(dact, pre, rows, ffn_local, dpre);
       else ctx.device.template glu_backward<T>(dact, pre, rows, ffn_local, config_.glu, dpre);
     } else ctx.device.template gelu_backward<T>(dact, pre, rows * ffn_local, dpre);
+  }
+
+  // ---- FP8 (see the header) ----
+
+  // The rows in the groups (the saved counts' sum; the rest are outside every group).
+  static index_t grouped_rows(const Saved& s) {
+    index_t grouped = 0;
+    for (const index_t c : s.host_counts) grouped += c;
+    return grouped;
   }
 
   // The local experts' weights [out, in] each in FP8 with the projection's weight scale: W (forward)
@@ -359,9 +360,7 @@ class GroupedExperts {
   }
 
   std::pair<Tensor<T, Space>, Saved> forward_fp8(Context& ctx, Saved saved, index_t fc1_local, index_t ffn_local) const {
-    const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
-    index_t grouped = 0;
-    for (const index_t c : saved.host_counts) grouped += c;
+    const index_t rows = saved.input.shape().rows(), h = config_.hidden_size, grouped = grouped_rows(saved);
     auto& scaling = *ctx.fp8;
     // fc1: x's grouped rows cast once, both layouts (x^T's codes kept for dfc1)
     auto xq = detail::fp8_quantize_pair(ctx, *fc1_fp8_, Fp8Role::input, saved.input.data(), grouped, h, false, true);
@@ -388,8 +387,7 @@ class GroupedExperts {
   Tensor<T, Space> backward_fp8(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy) {
     const index_t rows = saved.pre.shape().rows(), h = config_.hidden_size;
     const index_t fc1_local = saved.pre.shape().cols(), ffn_local = gated ? fc1_local / 2 : fc1_local;
-    index_t grouped = 0;
-    for (const index_t c : saved.host_counts) grouped += c;
+    const index_t grouped = grouped_rows(saved);
     auto& scaling = *ctx.fp8;
     const Fp8Format weight_format = scaling.options.format_of(Fp8Role::weight);
     // fc2: dy's grouped rows cast once, both layouts
