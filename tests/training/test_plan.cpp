@@ -353,6 +353,33 @@ TEST(Plan, Fp8MemoryCountsWeightCachesAndKeptCodes) {
   EXPECT_NEAR(auto_rows[0].predicted_gib - recast_rows[0].predicted_gib, 24.0 * 8192 * 2048 / double(1 << 30), 1e-6);
 }
 
+// The four one-H100 runs the FP8 pricing tests compare (bench/RESULTS.md, 2026-12-06): GPT 1.41B at
+// micro-batch 8 and the Llama of 3.0B at seq 4096, micro-batch 2, each in bf16 and FP8 delayed, with
+// the tokens/s of the session named by `when` (the memory figures are every session's).
+std::vector<Measured> gpt_and_llama_fp8_runs(const char* when, double gpt_bf16, double gpt_fp8, double llama_bf16,
+                                             double llama_fp8) {
+  const plan::Cluster one{1, 1, 80};
+  auto with_fp8 = [](std::vector<std::string> flags) {
+    flags.insert(flags.end(), {"--fp8-format", "hybrid", "--fp8-recipe", "delayed"});
+    return flags;
+  };
+  return {{"GPT 1.41B bf16", when, gpt(24, 2048, 16, 1024, 8), one, layout(1, 1, 1, 8), gpt_bf16, 34.63},
+          {"GPT 1.41B FP8 delayed", when, with_fp8(gpt(24, 2048, 16, 1024, 8)), one, layout(1, 1, 1, 8), gpt_fp8, 33.92},
+          {"Llama 3.0B seq 4096 bf16", when, llama3b(2), one, layout(1, 1, 1, 2), llama_bf16, 71.99},
+          {"Llama 3.0B seq 4096 FP8 delayed", when, with_fp8(llama3b(2)), one, layout(1, 1, 1, 2), llama_fp8, 72.26}};
+}
+// FP8 over bf16 of each model of gpt_and_llama_fp8_runs, {measured, predicted}, printed.
+std::vector<std::pair<double, double>> fp8_speedups(const std::vector<Measured>& runs, const std::vector<Comparison>& rows) {
+  std::vector<std::pair<double, double>> out;
+  for (std::size_t i : {0u, 2u}) {
+    const double measured = runs[i + 1].tokens_per_second / runs[i].tokens_per_second,
+                 predicted = rows[i + 1].predicted_tokens_per_second / rows[i].predicted_tokens_per_second;
+    std::printf("%s: FP8 / bf16 measured %.3fx, predicted %.3fx\n", runs[i].name, measured, predicted);
+    out.emplace_back(measured, predicted);
+  }
+  return out;
+}
+
 // FP8 step times (per-tensor recipes): the FP8 layers' GEMMs at the calibration's fp8_gemm_tflops
 // (bench/calibration/h100_node.json: the FP8 GEMMs a --gemm-tuning run of the Llama timed) and their
 // casts. Measured on one H100 (bench/RESULTS.md, 2026-12-06): GPT 1.41B at micro-batch 8, bf16
@@ -362,26 +389,13 @@ TEST(Plan, Fp8MemoryCountsWeightCachesAndKeptCodes) {
 // come out 15-25% slow in bf16 and FP8 alike: the one attention rate (measured at sequence 1024) is
 // about half of what cuDNN reaches at 4096 (docs/PLANNING.md); its memory is within 5%.
 TEST(Plan, Fp8StepsArePricedAtTheFp8GemmRates) {
-  const plan::Cluster one{1, 1, 80};
-  const std::vector<std::string> fp8 = {"--fp8-format", "hybrid", "--fp8-recipe", "delayed"};
-  auto with_fp8 = [&](std::vector<std::string> flags) {
-    flags.insert(flags.end(), fp8.begin(), fp8.end());
-    return flags;
-  };
-  const std::vector<Measured> runs{
-      {"GPT 1.41B bf16", "2026-12-06, H100", gpt(24, 2048, 16, 1024, 8), one, layout(1, 1, 1, 8), 62402, 34.63},
-      {"GPT 1.41B FP8 delayed", "2026-12-06, H100", with_fp8(gpt(24, 2048, 16, 1024, 8)), one, layout(1, 1, 1, 8), 79408, 33.92},
-      {"Llama 3.0B seq 4096 bf16", "2026-12-06, H100", llama3b(2), one, layout(1, 1, 1, 2), 25391, 71.99},
-      {"Llama 3.0B seq 4096 FP8 delayed", "2026-12-06, H100", with_fp8(llama3b(2)), one, layout(1, 1, 1, 2), 33594, 72.26}};
+  const std::vector<Measured> runs = gpt_and_llama_fp8_runs("2026-12-06, H100", 62402, 79408, 25391, 33594);
   const auto rows = compare(runs);
   print(rows);
   for (const Comparison& c : rows) EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name;
-  for (std::size_t i : {0u, 2u}) {
-    const double measured = runs[i + 1].tokens_per_second / runs[i].tokens_per_second,
-                 predicted = rows[i + 1].predicted_tokens_per_second / rows[i].predicted_tokens_per_second;
-    std::printf("%s: FP8 / bf16 measured %.3fx, predicted %.3fx\n", runs[i].name, measured, predicted);
-    EXPECT_GT(predicted, 1.1) << runs[i].name;
-    EXPECT_LE(std::abs(predicted / measured - 1), 0.10) << runs[i].name;
+  for (const auto& [measured, predicted] : fp8_speedups(runs, rows)) {
+    EXPECT_GT(predicted, 1.1);
+    EXPECT_LE(std::abs(predicted / measured - 1), 0.10);
   }
   EXPECT_LE(std::abs(rows[1].time_error()), 0.15) << "GPT 1.41B FP8";
   for (std::size_t i : {2u, 3u}) {  // the Llama at seq 4096: slow, by the attention rate
@@ -402,30 +416,15 @@ TEST(Plan, Fp8StepsArePricedAtTheFp8GemmRates) {
 // within 15% (the Llama, 18-22% slow with h100_node.json's one attention rate, comes within 2% with
 // the rates by length and backward), the FP8 speedup over bf16 within 10% of the measured one.
 TEST(Plan, MeasuredH100CalibrationPricesTheOneGpuRuns) {
-  const plan::Cluster one{1, 1, 80};
-  const std::vector<std::string> fp8 = {"--fp8-format", "hybrid", "--fp8-recipe", "delayed"};
-  auto with_fp8 = [&](std::vector<std::string> flags) {
-    flags.insert(flags.end(), fp8.begin(), fp8.end());
-    return flags;
-  };
-  const char* when = "2026-12-06, H100, h100_measured.json";
-  const std::vector<Measured> runs{
-      {"GPT 1.41B bf16", when, gpt(24, 2048, 16, 1024, 8), one, layout(1, 1, 1, 8), 63263, 34.63},
-      {"GPT 1.41B FP8 delayed", when, with_fp8(gpt(24, 2048, 16, 1024, 8)), one, layout(1, 1, 1, 8), 79945, 33.92},
-      {"Llama 3.0B seq 4096 bf16", when, llama3b(2), one, layout(1, 1, 1, 2), 25631, 71.99},
-      {"Llama 3.0B seq 4096 FP8 delayed", when, with_fp8(llama3b(2)), one, layout(1, 1, 1, 2), 34043, 72.26}};
+  const std::vector<Measured> runs =
+      gpt_and_llama_fp8_runs("2026-12-06, H100, h100_measured.json", 63263, 79945, 25631, 34043);
   const auto rows = compare(runs, h100_measured());
   print(rows);
   for (const Comparison& c : rows) {
     EXPECT_LE(std::abs(c.memory_error()), 0.05) << c.run->name;
     EXPECT_LE(std::abs(c.time_error()), 0.15) << c.run->name;
   }
-  for (std::size_t i : {0u, 2u}) {
-    const double measured = runs[i + 1].tokens_per_second / runs[i].tokens_per_second,
-                 predicted = rows[i + 1].predicted_tokens_per_second / rows[i].predicted_tokens_per_second;
-    std::printf("%s: FP8 / bf16 measured %.3fx, predicted %.3fx\n", runs[i].name, measured, predicted);
-    EXPECT_LE(std::abs(predicted / measured - 1), 0.10) << runs[i].name;
-  }
+  for (const auto& [measured, predicted] : fp8_speedups(runs, rows)) EXPECT_LE(std::abs(predicted / measured - 1), 0.10);
 }
 
 // --fp8-param-gather: the distributed optimizer's all-gather moves the FP8 layers' weights as one-byte
