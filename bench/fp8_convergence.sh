@@ -8,8 +8,13 @@
 #   fp8 delayed                     --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
 #                                   --fp8-amax-compute-algo max (the Llama 3 example line's recipe)
 #   fp8 blockwise                   --fp8-format e4m3 --fp8-recipe blockwise (1x128 / 128x128 blocks)
+#   delayed-default                 --fp8-format hybrid --fp8-recipe delayed with Megatron's defaults
+#                                   (history 1, most_recent: each step's scale from the step before) (not by default)
 #   bf16-reseeded                   bf16 with another --seed (initialization and data order): how far
-#                                   two bf16 runs lie apart, the noise floor of the distances (not by default)
+#                                   two bf16 runs lie apart (not by default)
+#   bf16-nondeterministic           bf16 with --no-deterministic-attention: the same initialization and
+#                                   data, only the attention backward's summation order differs: how far
+#                                   two runs apart by rounding alone drift, the floor of the distances (not by default)
 # The corpus: the whole King James Bible (examples/data/kjv_bible.txt.gz, 4.15M byte tokens),
 # tokenized first by <build-dir>/examples/tools/preprocess_data into <out-dir>; 2,000 iterations of
 # 2 sequences of 1024 read 4.10M tokens, so every sample is new text (the shipped
@@ -52,10 +57,13 @@ for run in $runs; do
   case $run in
     bf16) extra=() ;;
     bf16-reseeded) extra=(); seed=4321 ;;
+    bf16-nondeterministic) extra=(--no-deterministic-attention) ;;
+    delayed-default) extra=(--fp8-format hybrid --fp8-recipe delayed) ;;
     tensorwise) extra=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
     delayed) extra=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max) ;;
     blockwise) extra=(--fp8-format e4m3 --fp8-recipe blockwise) ;;
-    *) echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, bf16-reseeded)" >&2; exit 1 ;;
+    *) echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, delayed-default, bf16-reseeded," \
+            "bf16-nondeterministic)" >&2; exit 1 ;;
   esac
   echo "$run: $iters iterations ..."
   echo "$trainer ${common[*]} --seed $seed ${extra[*]}" >"$out/$run.cmd"

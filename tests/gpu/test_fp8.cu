@@ -9,7 +9,8 @@
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
 //   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue; and
-//                fp8_gemm_gelu / fp8_gemm_gelu_backward, the GELU epilogues, against the CPU backend's), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
+//                fp8_gemm_gelu / fp8_gemm_gelu_backward, the GELU epilogues, fp8_gemm_add (the residual in the
+//                epilogue), against the CPU backend's), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
 //                outputs (float accumulated into an existing C): against the CPU twin within
 //                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
 //                the sums differ in order); E5M2 x E5M2 refused
@@ -366,6 +367,49 @@ void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_
   }
 }
 
+// fp8_gemm_add (TN; the residual add in the epilogue of a layer's last FP8 GEMM) against the CPU
+// backend's two steps (fp8_gemm with the bias, then add): within the GEMM's bound, the GPU rounding the
+// fp32 sum once where the twin rounds the product and then the sum. `in_place`: out is the addend.
+template <class C>
+void check_gemm_add(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, bool with_bias,
+                    bool in_place) {
+  host_rng rng(seed);
+  const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
+  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(N * K, -2, 2);
+  std::vector<std::uint8_t> a(M * K), b(N * K);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = strata::fp8_encode(va[i] * 100.0f, Fp8Format::e4m3);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = strata::fp8_encode(vb[i] * 100.0f, Fp8Format::e4m3);
+  const float s[2] = {0.0013f, 0.0007f};
+  const std::vector<C> bias = rng.uniform<C>(N, -1, 1), addend = rng.uniform<C>(M * N, -3, 3);
+  std::vector<C> want(M * N);
+  strata::cpu::backend::fp8_gemm<C>(false, true, m, n, k, a.data(), Fp8Format::e4m3, s, b.data(), Fp8Format::e4m3, s + 1,
+                                    want.data(), false, with_bias ? bias.data() : nullptr);
+  strata::cpu::backend::add<C>(want.data(), addend.data(), static_cast<index_t>(M * N), want.data());
+  device_vector<std::uint8_t> da(a.size()), db(b.size());
+  device_vector<float> scales(2);
+  device_vector<C> dbias(N), daddend(M * N), dout(M * N);
+  device.copy_from_host(a.data(), static_cast<index_t>(a.size()), da.data());
+  device.copy_from_host(b.data(), static_cast<index_t>(b.size()), db.data());
+  device.copy_from_host(s, 2, scales.data());
+  device.copy_from_host(bias.data(), static_cast<index_t>(N), dbias.data());
+  std::vector<C> got(M * N), again(M * N), kept(M * N);
+  for (int run = 0; run < 2; ++run) {
+    device.copy_from_host(addend.data(), static_cast<index_t>(M * N), daddend.data());
+    C* out = in_place ? daddend.data() : dout.data();
+    device.fp8_gemm_add<C>(m, n, k, da.data(), Fp8Format::e4m3, scales.data(), db.data(), Fp8Format::e4m3, scales.data() + 1,
+                           with_bias ? dbias.data() : nullptr, daddend.data(), out);
+    device.copy_to_host(out, static_cast<index_t>(M * N), run == 0 ? got.data() : again.data());
+  }
+  device.copy_to_host(daddend.data(), static_cast<index_t>(M * N), kept.data());
+  const double tol = std::is_same_v<C, float> ? 5e-4 : tolerance<C>();
+  const double error = relative_error(got, want);
+  const bool addend_kept = in_place || same_bits(kept, addend);
+  results.record(error <= tol && same_bits(got, again) && addend_kept,
+                 "fp8_gemm_add<" + type_name<C>() + "> " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                     (with_bias ? " + bias" : "") + (in_place ? " in place" : "") + " rel err " + format("%.3g", error) +
+                     " (tol " + format("%.0e", tol) + ")" + (addend_kept ? "" : ", the addend CHANGED"));
+}
+
 template <class T>
 void check_block_casts(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t cols, index_t block,
                        Fp8Format format) {
@@ -582,6 +626,12 @@ int main() {
         check_gemm_gelu<bf16>(device, results, seed++, m, n, k, with_bias);
         check_gemm_gelu<float>(device, results, seed++, m, n, k, with_bias);
       }
+    for (const auto& [m, n, k] : std::vector<std::tuple<index_t, index_t, index_t>>{{64, 48, 32}, {512, 1024, 256}, {96, 2048, 8192}})
+      for (const bool with_bias : {false, true})
+        for (const bool in_place : {false, true}) {
+          check_gemm_add<bf16>(device, results, seed++, m, n, k, with_bias, in_place);
+          check_gemm_add<float>(device, results, seed++, m, n, k, with_bias, in_place);
+        }
     for (const index_t block : {128, 32})
       for (auto [rows, cols] : {std::pair<index_t, index_t>{1, 1}, {7, 200}, {300, 260}, {1024, 768}})
         for (auto format : {Fp8Format::e4m3, Fp8Format::e5m2}) {

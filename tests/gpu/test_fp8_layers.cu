@@ -3,6 +3,9 @@
 // (cpu::backend, emulated FP8), three steps with the scaling update after each, for both recipes:
 // outputs, input gradients, weight gradients and the scaling states (amax histories and scales).
 //
+// fc2 takes a residual: on the GPU it is added in the FP8 GEMM's epilogue (fp8_gemm_add), on the CPU
+// after the product, as the two steps the twin emulates.
+//
 // Float elements: every cast is bit for bit the CPU's as long as its input is, so the first layer's
 // output differs only by the GEMMs' summation order; the second layer's input may then round to a
 // neighbouring FP8 code here and there. Tolerance 2e-2 relative, float on the GPU against float on
@@ -73,12 +76,14 @@ Values run(Comm& world, Backend device, const Fp8Options& options) {
   fc2->init(ctx, 8, 0.05);
   Values out;
   for (int step = 0; step < kSteps; ++step) {
-    Tensor<T> x_host(Shape{kRows, kIn}), dy_host(Shape{kRows, kOut});
+    Tensor<T> x_host(Shape{kRows, kIn}), dy_host(Shape{kRows, kOut}), r_host(Shape{kRows, kOut});
     for (index_t i = 0; i < x_host.numel(); ++i) x_host[i] = T(float((1 + step) * (rng::normal(100 + step, i))));
     for (index_t i = 0; i < dy_host.numel(); ++i) dy_host[i] = T(float(1e-3 * rng::normal(200 + step, i)));
-    Activation<T, layout::replicated, Space> x(to_device<Space>(x_host)), dy(to_device<Space>(dy_host));
+    for (index_t i = 0; i < r_host.numel(); ++i) r_host[i] = T(float(rng::normal(300 + step, i)));
+    Activation<T, layout::replicated, Space> x(to_device<Space>(x_host)), dy(to_device<Space>(dy_host)),
+        residual(to_device<Space>(r_host));
     auto [h, s1] = fc1->forward(ctx, x);
-    auto [y, s2] = fc2->forward(ctx, h);
+    auto [y, s2] = fc2->forward(ctx, h, &residual);  // the GPU adds it in the FP8 GEMM's epilogue
     auto dx = fc1->backward(ctx, s1, fc2->backward(ctx, s2, dy));
     fp8_after_optimizer_step(ctx);
     out.push_back(values(y.tensor));

@@ -53,6 +53,14 @@ concept backend_has_fp8 = requires(Device& d, const float* x, float* f, std::uin
   d.fp8_update_scale(f, 1.0f, args);
 };
 
+// A backend whose FP8 GEMM can add a tensor of the output's shape in its epilogue (cuda::backend):
+// fp8_gemm_add(m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, bias, addend, out, accumulation)
+// writes out = product (+ bias) + addend (TN). Elsewhere the product and the add are two steps.
+template <class Device, class C>
+concept has_fp8_gemm_add = requires(Device& d, const std::uint8_t* codes, const float* s, const C* ct, C* t, index_t n) {
+  d.template fp8_gemm_add<C>(n, n, n, codes, Fp8Format::e4m3, s, codes, Fp8Format::e4m3, s, ct, ct, t, Fp8Accumulation::split);
+};
+
 // Whether a backend has the blockwise recipe's entry points (docs/DEVICE.md).
 template <class Device>
 concept backend_has_fp8_blocks = requires(Device& d, const float* x, float* f, std::uint8_t* q, const std::uint8_t* codes,
@@ -419,10 +427,14 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // With `producer` (delayed recipe), the input is what it makes of x (gelu(x); swiglu of x [rows, 2 in]),
 // made by the cast.
 // With `given` (per-tensor recipes), the input's codes are those (fp8_quantize_gathered); x is unused.
+// With `addend` (y's shape; not with gelu_out): y = x W^T (+ b) + addend, the add in the GEMM's
+// epilogue where the backend has fp8_gemm_add (one rounding), else an add of the rounded y after it.
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y, Fp8Pair<Space>& keep,
-                             T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy, Fp8Pair<Space>* given = nullptr) {
+                             T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy, Fp8Pair<Space>* given = nullptr,
+                             const T* addend = nullptr) {
+  if (addend && gelu_out) fail<Error>("fp8_linear_forward_rows: an addend and a GELU output together are not a layer's GEMM");
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
   const bool blocks = fp8_with_blocks(ctx, [&](auto& c) {
@@ -432,6 +444,7 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
                                          wq.format, wq.scale_inv, true, c.fp8->options.block, y, false);
     if (b) c.device.template bias_add<T>(y, b, rows, out);
     if (gelu_out) c.device.template gelu_forward<T>(y, rows * out, gelu_out);
+    if (addend) c.device.template add<T>(y, addend, rows * out, y);
   });
   if (blocks) return;
   Fp8Pair<Space> xq = given ? std::move(*given)
@@ -441,9 +454,17 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
   if (gelu_out)
     ctx.device.template fp8_gemm_gelu<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
                                          wq.scale_inv, b, y, gelu_out, accumulation);  // (rows, out) twice
-  else
+  else if (!addend)
     ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
                                     wq.scale_inv, y, false, b, accumulation);  // (rows, out)
+  else if constexpr (has_fp8_gemm_add<typename Context::device_type, T>)
+    ctx.device.template fp8_gemm_add<T>(rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
+                                        wq.scale_inv, b, addend, y, accumulation);  // (rows, out)
+  else {
+    ctx.device.template fp8_gemm<T>(false, true, rows, out, in, xq.codes.data(), xq.format, xq.scale_inv, wq.codes, wq.format,
+                                    wq.scale_inv, y, false, b, accumulation);  // (rows, out)
+    ctx.device.template add<T>(y, addend, rows * out, y);
+  }
   xq.codes = Tensor<std::uint8_t, Space>();  // x's own codes served this GEMM alone
   keep = std::move(xq);
 }

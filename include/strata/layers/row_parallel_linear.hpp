@@ -67,8 +67,9 @@ class RowParallelLinear {
   }
 
   // With `residual` (the output's layout and shape): returns y + residual. On one rank the residual
-  // goes into the GEMM's epilogue with the bias where the backend can (linear_forward_add: one
-  // rounding); otherwise it is added after the reduction and the bias, as a caller's add would.
+  // goes into the GEMM's epilogue with the bias where the backend can (linear_forward_add, or the FP8
+  // GEMM's fp8_gemm_add: one rounding); otherwise it is added after the reduction and the bias, as a
+  // caller's add would.
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
                                                const Act<output_layout>* residual = nullptr) const {
@@ -144,9 +145,10 @@ class RowParallelLinear {
           },
           "RowParallelLinear (the ring reduce-scatter of --tp-comm-overlap)"));
     } else {
-      added = residual != nullptr && ctx.tp.size() == 1 && !fp8_;  // one rank: the sum is complete in the GEMM
+      added = residual != nullptr && ctx.tp.size() == 1;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
-          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input, producer) :
+          fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input, producer,
+                             added ? &residual->tensor : nullptr) :
           added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                              residual->tensor, "RowParallelLinear")
                 : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
@@ -243,15 +245,18 @@ class RowParallelLinear {
   static constexpr detail::Fp8Sharding fp8_sharding() { return {true, false}; }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
+  // With `addend` (the output's shape): y + addend, in the FP8 GEMM's epilogue where the backend can.
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
-                               detail::Fp8Pair<Space>& keep, Fp8Producer producer) const {
+                               detail::Fp8Pair<Space>& keep, Fp8Producer producer, const Tensor<T, Space>* addend) const {
     // the input the GEMM multiplies: the tensor, or (swiglu) what the cast makes of [gate | up]
     const Shape shape = producer == Fp8Producer::swiglu ? input.shape().with(-1, input.shape().cols() / 2) : input.shape();
     detail::check_linear_input(shape, weight_, "RowParallelLinear");
     auto y = Tensor<T, Space>::empty(shape.with(-1, weight_.value.size(0)));  // (rows, out)
+    if (addend) check_same_shape(y.shape(), addend->shape(), "RowParallelLinear residual");
     if constexpr (fp8_backend) {
       detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), shape.rows(), weight_, bias, y.data(), keep,
-                                      static_cast<T*>(nullptr), producer);
+                                      static_cast<T*>(nullptr), producer, static_cast<detail::Fp8Pair<Space>*>(nullptr),
+                                      addend ? addend->data() : nullptr);
       if (!keep.empty()) keep.shape = shape;
     }
     return y;

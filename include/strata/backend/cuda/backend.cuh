@@ -233,6 +233,20 @@ class backend {
         kernels::bias_add<C>(c, bias, m, n, stream());
     }
   }
+  // TN, out = product (+ bias) + addend in one cuBLASLt GEMM (beta = 1 with the addend as its C
+  // operand; the residual add in the epilogue of a layer's last FP8 GEMM; optional in the backend
+  // contract, has_fp8_gemm_add). out may be the addend.
+  template <class C>
+  void fp8_gemm_add(index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,
+                    const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias, const C* addend, C* out,
+                    Fp8Accumulation accumulation = Fp8Accumulation::split) const {
+    if constexpr (std::is_same_v<C, double>) {
+      fail<ConfigError>("cuda::backend::fp8_gemm_add: FP8 GEMMs have no double output on the GPU");
+    } else if (!cuda::fp8_gemm_add<C>(state_->blas, stream(), m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, bias, addend, out,
+                                      accumulation)) {
+      kernels::bias_add<C>(out, bias, m, n, stream());
+    }
+  }
   // TN (the forward's layout): pre = product (+ bias), out = gelu(pre): the FP8 GEMM and the GELU
   // kernel, or with STRATA_FP8_GELU_EPILOGUE=1 one cuBLASLt GEMM with the GELU epilogue where it has
   // an algorithm (slower on an H100: fp8_gelu_epilogues).

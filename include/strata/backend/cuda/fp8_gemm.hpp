@@ -18,6 +18,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -118,16 +119,19 @@ inline bool fp8_tn_algorithm(const blas_handle& blas, gemm_plan& p, const prefer
 }
 
 // Runs a planned FP8 TN problem with this call's scale pointers (cuBLASLt's A is our b, its B our a).
+// With `addend` (not with accumulate), cuBLASLt's C operand is the addend and beta = 1: c = product
+// (+ bias) + addend.
 template <class C>
 void fp8_tn_run(blas_handle& blas, cudaStream_t stream, const gemm_plan& plan, const std::uint8_t* a, const float* a_scales,
-                const std::uint8_t* b, const float* b_scales, C* c, bool accumulate) {
+                const std::uint8_t* b, const float* b_scales, C* c, bool accumulate, const C* addend = nullptr) {
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales,
                                                      sizeof(b_scales)));
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales,
                                                      sizeof(a_scales)));
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta, c,
-                                     plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
+  const float alpha = 1.0f, beta = accumulate || addend ? 1.0f : 0.0f;
+  const void* input_c = addend ? static_cast<const void*>(addend) : static_cast<const void*>(c);
+  STRATA_CUBLAS_CHECK(cublasLtMatmul(blas.get(), plan.desc.handle, &alpha, b, plan.first.handle, a, plan.second.handle, &beta,
+                                     input_c, plan.out_c.handle, c, plan.out_d.handle, &plan.algo, blas.workspace(),
                                      blas.workspace_bytes(), stream));
 }
 }  // namespace detail
@@ -140,17 +144,21 @@ void fp8_tn_run(blas_handle& blas, cudaStream_t stream, const gemm_plan& plan, c
 // c = gelu_tanh(pre) (cuBLASLt's GELU_AUX(_BIAS), the GELU of the fp32 value before rounding);
 // dgelu reads pre from `aux` and writes c = product * gelu_tanh'(pre) (DGELU). Those return false,
 // having enqueued nothing, where cuBLASLt has no algorithm with the epilogue. `accumulation`: how the
-// tensor cores accumulate (Fp8Accumulation).
+// tensor cores accumulate (Fp8Accumulation). With `addend` (no GELU epilogue, not with accumulate;
+// c itself allowed): c = product (+ bias) + addend, one rounding of the fp32 sum (beta = 1 with
+// cuBLASLt's C operand the addend: the residual add in the epilogue, as gemm_add's).
 template <class C>
 bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
                  const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, C* c, bool accumulate,
                  const C* bias = nullptr, detail::gemm_epilogue epilogue = detail::gemm_epilogue::none,
-                 const C* aux = nullptr, Fp8Accumulation accumulation = Fp8Accumulation::split) {
+                 const C* aux = nullptr, Fp8Accumulation accumulation = Fp8Accumulation::split, const C* addend = nullptr) {
   static_assert(std::is_same_v<C, bf16> || std::is_same_v<C, fp16> || std::is_same_v<C, float>,
                 "cuda::fp8_gemm writes bf16, fp16 or float outputs (cuBLASLt's FP8 GEMMs have no double output).");
   if (fa == Fp8Format::e5m2 && fb == Fp8Format::e5m2)
     fail<ConfigError>("cuda::fp8_gemm: E5M2 x E5M2 is not a cuBLASLt FP8 GEMM; one operand must be E4M3 (the hybrid "
                       "format keeps weights and activations in E4M3)");
+  if (addend && (accumulate || epilogue != detail::gemm_epilogue::none))
+    fail<Error>("cuda::fp8_gemm: an addend is only added to a written product (accumulate = false) without a GELU epilogue");
   if (m == 0 || n == 0) return true;
   // The epilogues with FP8 operands take 16-bit outputs here: with a float D, cuBLASLt offers an
   // algorithm for the BIAS epilogue and then refuses the call (CUBLAS_STATUS_INVALID_VALUE, H100,
@@ -176,6 +184,8 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
   const bool fast = accumulation == Fp8Accumulation::fast;
   detail::gemm_key key = detail::fp8_tn_key<C>(blas, fast ? 1100 : 1000, fa, fb, m, n, k, a, b, c, accumulate);
   key.bias = use_bias;
+  key.addend = addend != nullptr;
+  if (addend) key.align_c = std::min(key.align_c, detail::pointer_alignment(addend));
   key.epilogue = static_cast<int>(epilogue);
   const cudaDataType_t out_type = detail::fp8_output_type<C>();
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
@@ -224,13 +234,14 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
                         " x ", fp8_format_name(fb), "); FP8 GEMMs need k and the row lengths to be multiples of 16 and "
                         "16-byte aligned operands: pad the hidden sizes, or run this layer without FP8");
     if (blas.tuning() != nullptr) {  // --gemm-tuning: the heuristic's candidates timed, as gemm()'s (tuned_algorithm)
-      const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+      const float alpha = 1.0f, beta = accumulate || addend ? 1.0f : 0.0f;
+      const void* input_c = addend ? static_cast<const void*>(addend) : static_cast<const void*>(c);
       const auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* d) {
-        return cublasLtMatmul(blas.get(), p.desc.handle, &alpha, b, p.first.handle, a, p.second.handle, &beta, c,
+        return cublasLtMatmul(blas.get(), p.desc.handle, &alpha, b, p.first.handle, a, p.second.handle, &beta, input_c,
                               p.out_c.handle, d, p.out_d.handle, &algo, blas.workspace(), blas.workspace_bytes(), stream);
       };
       const void* out = c;
-      const bool scratch = accumulate || out == bias || out == aux;  // D is also read: time into scratch
+      const bool scratch = accumulate || out == bias || out == aux || out == addend;  // D is also read: time into scratch
       p.algo = detail::tuned_algorithm(blas, stream, key, p, preference.handle, p.algo, c,
                                        static_cast<std::size_t>(m) * static_cast<std::size_t>(n) * sizeof(C), scratch, launch);
     }
@@ -246,7 +257,7 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.handle, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_pointer,
                                                        sizeof(aux_pointer)));
   }
-  detail::fp8_tn_run<C>(blas, stream, plan, a, a_scale_inv, b, b_scale_inv, c, accumulate);
+  detail::fp8_tn_run<C>(blas, stream, plan, a, a_scale_inv, b, b_scale_inv, c, accumulate, addend);
   return bias == nullptr || plan.bias_epilogue;
 }
 
@@ -302,6 +313,16 @@ bool fp8_gemm(blas_handle& blas, cudaStream_t stream, bool ta, bool tb, index_t 
   }
   return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias,
                         detail::gemm_epilogue::none, nullptr, accumulation);
+}
+
+// TN, c = product (+ bias) + addend in one GEMM (the residual add of a layer's last GEMM). Returns
+// whether the bias was added (true without one); the addend is added either way.
+template <class C>
+bool fp8_gemm_add(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa,
+                  const float* a_scale_inv, const std::uint8_t* b, Fp8Format fb, const float* b_scale_inv, const C* bias,
+                  const C* addend, C* c, Fp8Accumulation accumulation = Fp8Accumulation::split) {
+  return fp8_gemm_tn<C>(blas, stream, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, false, bias,
+                        detail::gemm_epilogue::none, nullptr, accumulation, addend);
 }
 
 // Whether the FP8 GEMMs take the GELU epilogues: only with STRATA_FP8_GELU_EPILOGUE=1. On an H100

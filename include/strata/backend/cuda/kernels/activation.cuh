@@ -1,8 +1,8 @@
 // strata/backend/cuda/kernels/activation.cuh: GELU (tanh approximation) and SwiGLU, forward and
 // backward, element-wise in A = accumulate_t<T>.
 //
-//   gelu(x)       = 0.5 x (1 + tanh(c (x + 0.044715 x^3))),  c = sqrt(2 / pi)
-//   gelu'(x)      = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2),  t = tanh(...)
+//   gelu(x)       = 0.5 x (1 + tanh(u)) = x s,  u = c (x + 0.044715 x^3),  c = sqrt(2 / pi),  s = sigmoid(2u)
+//   gelu'(x)      = s + x 2 s (1 - s) c (1 + 3 * 0.044715 x^2)
 //   swiglu(g, u)  = silu(g) u,  silu(g) = g sigmoid(g)
 //   d/du = dy silu(g),  d/dg = dy u sigmoid(g) (1 + g (1 - sigmoid(g)))
 //
@@ -11,6 +11,12 @@
 //
 // gate_up [rows, 2f] holds [gate (f) | up (f)] in each row; y [rows, f]. GELU runs through map
 // (16-byte accesses where the pointers allow).
+//
+// Every sigmoid is sigmoid_(z) = 1 / (1 + e^-z), in float from the SFU's exp2 and reciprocal
+// (__expf, __fdividef: a few ulp, as the CPU twin's vector_exp; five instructions where tanhf and
+// an exactly rounded division take about twenty each, which the FP8 casts that compute GELU and
+// SwiGLU feel), in double exactly rounded. GELU is written x sigmoid(2u), as the twin writes it:
+// 1 + tanh(u) cancels for negative x.
 #pragma once
 
 #include "../../activation_options.hpp"
@@ -20,19 +26,24 @@ STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
 template <class A>
+__device__ __forceinline__ A sigmoid_(A z) {
+  if constexpr (std::is_same_v<A, float>) return __fdividef(1.0f, 1.0f + __expf(-z));  // 0 where e^-z overflows
+  else return A(1) / (A(1) + exp_(-z));
+}
+template <class A>
 struct gelu_forward_op {  // a = x
   __device__ A operator()(A v, A, index_t) const {
-    const A c = A(0.7978845608028654);
-    return A(0.5) * v * (A(1) + tanh_(c * (v + A(0.044715) * v * v * v)));
+    const A c2 = A(2 * 0.7978845608028654);
+    return v * sigmoid_(c2 * (v + A(0.044715) * v * v * v));
   }
 };
 template <class A>
 struct gelu_backward_op {  // a = dy, b = x
   __device__ A operator()(A dy, A v, index_t) const {
-    const A c = A(0.7978845608028654);
-    const A t = tanh_(c * (v + A(0.044715) * v * v * v));
-    const A dt = (A(1) - t * t) * c * (A(1) + A(3) * A(0.044715) * v * v);
-    return dy * (A(0.5) * (A(1) + t) + A(0.5) * v * dt);
+    const A c = A(0.7978845608028654), k = A(0.044715);
+    const A s = sigmoid_(A(2) * c * (v + k * v * v * v));
+    const A du = c * (A(1) + A(3) * k * v * v);
+    return dy * (s + v * A(2) * s * (A(1) - s) * du);
   }
 };
 template <class T>
@@ -48,17 +59,17 @@ void gelu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream_t strea
 // FP8 casts that make them too: kernels/fp8.cuh), so those agree bit for bit.
 template <class A>
 __device__ __forceinline__ A swiglu_value(A gate, A up) {
-  const A sig = A(1) / (A(1) + exp_(-gate));
+  const A sig = sigmoid_(gate);
   return gate * sig * up;
 }
 template <class A>
 __device__ __forceinline__ A swiglu_gate_gradient(A d, A gate, A up) {
-  const A sig = A(1) / (A(1) + exp_(-gate));
+  const A sig = sigmoid_(gate);
   return d * up * sig * (A(1) + gate * (A(1) - sig));
 }
 template <class A>
 __device__ __forceinline__ A swiglu_up_gradient(A d, A gate) {
-  const A sig = A(1) / (A(1) + exp_(-gate));
+  const A sig = sigmoid_(gate);
   return d * gate * sig;
 }
 
