@@ -144,6 +144,37 @@ double relative(const std::vector<double>& a, const std::vector<double>& ref) {
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
+// The four runs of one check: float and bf16, on the CPU twin and on the GPU.
+struct Runs {
+  Values cpu, cpu_bf16, gpu, gpu_bf16;
+};
+
+// `run_one.template operator()<T>(world, device)` for float and bf16 on the CPU twin (cpu::backend,
+// one in-process rank) and on the GPU (cuda::backend, one NCCL rank); records that each GPU run's
+// worst tensor lies within 2e-2 of its CPU twin's.
+template <class RunOne>
+Runs run_both_ways(suite& results, const std::string& what, RunOne run_one) {
+  Runs r;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    r.cpu = run_one.template operator()<float>(world, cpu::backend{});
+    r.cpu_bf16 = run_one.template operator()<bf16>(world, cpu::backend{});
+  });
+  nccl::run(1, [&](nccl::communicator& world) {
+    r.gpu = run_one.template operator()<float>(world, strata::cuda::backend(world.device(), world.stream()));
+    r.gpu_bf16 = run_one.template operator()<bf16>(world, strata::cuda::backend(world.device(), world.stream()));
+  });
+  double worst_float = 0, worst_bf16 = 0;
+  for (std::size_t i = 0; i < r.cpu.size(); ++i) {
+    worst_float = std::max(worst_float, relative(r.gpu[i], r.cpu[i]));
+    worst_bf16 = std::max(worst_bf16, relative(r.gpu_bf16[i], r.cpu_bf16[i]));
+  }
+  results.record(worst_float <= 2e-2, what + ": float on the GPU against the CPU twin, worst tensor " +
+                                          gpu_test::format("%.3g", worst_float));
+  results.record(worst_bf16 <= 2e-2, what + ": bf16 on the GPU against the bf16 CPU twin, worst tensor " +
+                                         gpu_test::format("%.3g", worst_bf16));
+  return r;
+}
+
 }  // namespace
 
 int main() {
@@ -155,47 +186,16 @@ int main() {
                                       .amax_compute_algo = Fp8AmaxAlgo::max}},
         {"e4m3 delayed", Fp8Options{.format = Fp8Formats::e4m3, .recipe = Fp8RecipeKind::delayed}}};
     for (const auto& [name, options] : recipes) {
-      Values cpu, cpu_bf16;
-      inprocess::run(1, [&](inprocess::communicator& world) {
-        cpu = run<float>(world, cpu::backend{}, options);
-        cpu_bf16 = run<bf16>(world, cpu::backend{}, options);
+      const auto dense = run_both_ways(results, name, [&]<class T>(auto& world, auto device) {
+        return run<T>(world, device, options);
       });
-      Values gpu_float, gpu_bf16;
-      nccl::run(1, [&](nccl::communicator& world) {
-        gpu_float = run<float>(world, strata::cuda::backend(world.device(), world.stream()), options);
-        gpu_bf16 = run<bf16>(world, strata::cuda::backend(world.device(), world.stream()), options);
-      });
-      double worst_float = 0, worst_bf16 = 0;
-      for (std::size_t i = 0; i < cpu.size(); ++i) {
-        worst_float = std::max(worst_float, relative(gpu_float[i], cpu[i]));
-        worst_bf16 = std::max(worst_bf16, relative(gpu_bf16[i], cpu_bf16[i]));
-      }
-      const std::size_t last = cpu.size() - 1;
-      results.record(worst_float <= 2e-2, name + ": float on the GPU against the CPU twin, worst tensor " +
-                                              gpu_test::format("%.3g", worst_float));
-      results.record(worst_bf16 <= 2e-2, name + ": bf16 on the GPU against the bf16 CPU twin, worst tensor " +
-                                             gpu_test::format("%.3g", worst_bf16));
-      results.record(relative(gpu_float[last - 1], cpu[last - 1]) <= 1e-3,
+      const std::size_t last = dense.cpu.size() - 1;
+      results.record(relative(dense.gpu[last - 1], dense.cpu[last - 1]) <= 1e-3,
                      name + ": the first layer's scaling state (amax history, scales) matches the CPU's");
       if (options.recipe != Fp8RecipeKind::delayed) continue;  // the experts run FP8 under delayed scaling only
-      Values experts_cpu, experts_cpu_bf16, experts_gpu, experts_gpu_bf16;
-      inprocess::run(1, [&](inprocess::communicator& world) {
-        experts_cpu = run_experts<float>(world, cpu::backend{}, options);
-        experts_cpu_bf16 = run_experts<bf16>(world, cpu::backend{}, options);
+      run_both_ways(results, name + ": MoE experts in FP8", [&]<class T>(auto& world, auto device) {
+        return run_experts<T>(world, device, options);
       });
-      nccl::run(1, [&](nccl::communicator& world) {
-        experts_gpu = run_experts<float>(world, strata::cuda::backend(world.device(), world.stream()), options);
-        experts_gpu_bf16 = run_experts<bf16>(world, strata::cuda::backend(world.device(), world.stream()), options);
-      });
-      double experts_float = 0, experts_bf16 = 0;
-      for (std::size_t i = 0; i < experts_cpu.size(); ++i) {
-        experts_float = std::max(experts_float, relative(experts_gpu[i], experts_cpu[i]));
-        experts_bf16 = std::max(experts_bf16, relative(experts_gpu_bf16[i], experts_cpu_bf16[i]));
-      }
-      results.record(experts_float <= 2e-2, name + ": MoE experts in FP8, float on the GPU against the CPU twin, worst tensor " +
-                                                gpu_test::format("%.3g", experts_float));
-      results.record(experts_bf16 <= 2e-2, name + ": MoE experts in FP8, bf16 on the GPU against the bf16 CPU twin, worst tensor " +
-                                               gpu_test::format("%.3g", experts_bf16));
     }
     return results.finish();
   } catch (const std::exception& e) {
