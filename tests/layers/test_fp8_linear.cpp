@@ -444,13 +444,16 @@ TEST(Fp8Linear, RecastAttentionOutputIsTheAttentionThatKeepsTheCodes) {
 // dW2_l = dec(dy)^T dec(a), dW1_l = dec(dpre)^T dec(x) with dpre = gelu'(pre) dec(dy) dec(W2_l), each
 // group's rows alone, computed here from fp8_encode (E4M3 forward, E5M2 gradients); rows outside the
 // groups give zeros and stay out of the amaxes; the backward keeps codes, not x or the activation.
-TEST(Fp8Experts, GemmsAreThoseOfEachGroupsRoundedOperands) {
+// With the weight cache of both layouts, and of W^T alone (Fp8Options::cache_forward_weights off: a
+// second forward of the step casts W again, into the same output bits).
+void check_fp8_experts(bool cache_forward) {
+  SCOPED_TRACE(cache_forward ? "weight cache of both layouts" : "weight cache of W^T alone");
   using P = strata_test::TestPolicy<double, false>;
   constexpr index_t h = 16, f = 8, local = 3, rows = 16;
   const index_t counts[local] = {5, 0, 9};
   inprocess::run(1, [&](inprocess::communicator& world) {
     auto ctx = Context::create(world, ParallelConfig{});
-    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{}, 1);  // delayed, hybrid
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.cache_forward_weights = cache_forward}, 1);  // delayed, hybrid
     std::optional<GroupedExperts<P, gelu>> experts;
     {
       Fp8LayerScope<space::host> scope(ctx.fp8, 0);
@@ -526,7 +529,15 @@ TEST(Fp8Experts, GemmsAreThoseOfEachGroupsRoundedOperands) {
       for (index_t c = 0; c < h; ++c) amax = std::max(amax, std::fabs(static_cast<float>(x[r * h + c])));
     EXPECT_EQ(ctx.fp8->states[0]->amax(Fp8Role::input)[0], amax) << "the grouped rows' amax, not the outside row's";
     EXPECT_EQ(ctx.fp8->states[0]->weight_casts, 1) << "each expert's weight cast once for the step, both layouts";
+    EXPECT_EQ(ctx.fp8->states[0]->weight_cache.codes.data() == nullptr, !cache_forward) << "the cache keeps W as the options say";
+    auto [again, saved_again] = experts->forward(ctx, x, group_counts);  // a second forward of the step
+    for (index_t i = 0; i < y.numel(); ++i) ASSERT_EQ(again[i], y[i]) << "the second forward's output, element " << i;
+    EXPECT_EQ(ctx.fp8->states[0]->weight_casts, cache_forward ? 1 : 2) << "W cast again where the cache keeps W^T alone";
   });
+}
+
+TEST(Fp8Experts, GemmsAreThoseOfEachGroupsRoundedOperands) {
+  for (const bool cache_forward : {true, false}) check_fp8_experts(cache_forward);
 }
 
 TEST(Fp8Recipe, DelayedHistoryRollsAndScalesAsTransformerEngine) {

@@ -162,8 +162,8 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
 
 // The same for Mixtral's experts under the delayed recipe (layers/moe/experts.hpp): each dispatched
 // row keeps the codes of its input and of the activation instead of both in float, each local expert
-// caches its weights' codes in both layouts; the attention's layers as above. The measured change of
-// the peak is the estimate's (models::Fp8Layers with `experts`) within 10%.
+// caches its weights' codes in both layouts (or W^T's alone); the attention's layers as above. The
+// measured change of the peak is the estimate's (models::Fp8Layers with `experts`) within 10%.
 TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
   models::ModelConfig c = peak_measurement_model();
   c.ffn_hidden_size = 256;
@@ -183,6 +183,21 @@ TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
   std::printf("Mixtral peak bytes: float %zu, FP8 %zu: change %.0f, estimated %.0f\n", plain, fp8, measured, estimated);
   EXPECT_LT(estimated, 0.0);
   EXPECT_NEAR(measured / estimated, 1.0, 0.10);
+  // The cache of W^T alone (Fp8Options::cache_forward_weights off: the trainers' --fp8-weight-cache
+  // auto at one micro-batch a step): one byte per weight kept, the experts' too, and one projection's
+  // forward codes while its GEMMs run.
+  const std::size_t transposed = run<models::Mixtral, false>(1, c, {}, 4, Fp8Options{.cache_forward_weights = false}).peak;
+  const double expert_layout = double(models::fp8_expert_weight_codes(c, models::ModelPiece{}, true));
+  const double estimated_transposed =
+      double(c.num_layers) * (double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, false, bytes)) +
+                              double(models::fp8_weight_cache_bytes(c, 1, true, false, false)) +
+                              double(models::fp8_expert_kept_delta(c, 1, 4, bytes, 1)) + expert_layout) +
+      std::max(double(models::fp8_largest_forward_codes(c, 1, true, false)), expert_layout);
+  const double measured_transposed = double(transposed) - double(plain);
+  std::printf("Mixtral peak bytes with the cache of W^T alone: %zu: change %.0f, estimated %.0f\n", transposed,
+              measured_transposed, estimated_transposed);
+  EXPECT_LT(transposed, fp8);
+  EXPECT_NEAR(measured_transposed / estimated_transposed, 1.0, 0.10);
 }
 
 // Peak bytes of one forward + backward on one rank (GPT, 8 layers, seq 256, batch 4, hidden 128):

@@ -614,7 +614,7 @@ TEST(Plan, MoeHostWaitsOnlyWhereTheExchangeReadsCountsOnTheHost) {
 // FP8 experts (the delayed recipe; layers/moe/experts.hpp) on the Mixtral-shaped model, one GPU: the
 // experts' GEMMs at the FP8 rates and their casts, and one read of the counts on the host per MoE layer
 // (per-expert GEMMs), which the bf16 experts' device-count GEMM does not need; under tensorwise the
-// experts stay bf16 and no read is charged. The memory: the experts' weight codes in both layouts,
+// experts stay bf16 and no read is charged. The memory: the experts' weight codes (W^T's at one micro-batch a step),
 // less what the dispatched rows keep as codes instead of bf16 (models::Fp8Layers::experts).
 TEST(Plan, Fp8ExpertsArePricedUnderTheDelayedRecipeOnly) {
   const plan::Calibration calibration = h100();
@@ -632,7 +632,11 @@ TEST(Plan, Fp8ExpertsArePricedUnderTheDelayedRecipeOnly) {
   EXPECT_NEAR(delayed.overhead - tensorwise.overhead, 8 * calibration.moe_host_ms_per_layer, 1e-9);  // 8 MoE layers
   EXPECT_LT(delayed.compute, tensorwise.compute) << "the experts' GEMMs at the FP8 rates outweigh their casts";
   const std::int64_t rows = 8 * 1024 * 2, codes = 8 * 3 * 3584 * 1024;  // tokens x topk; 8 experts' weights
-  const std::int64_t expected = 8 * (2 * codes - rows * (1024 + 3584));  // both layouts; 1 byte instead of 2 per kept element
+  const std::int64_t qkv = (16 + 2 * 8) * 64 * 1024;  // the attention's largest forward codes
+  // One micro-batch a step: --fp8-weight-cache auto keeps W^T alone (1 byte per weight), and the
+  // experts' forward codes of one projection exist while its GEMMs run, in place of the attention's
+  // largest; 1 byte instead of 2 per kept element of the dispatched rows.
+  const std::int64_t expected = 8 * (codes - rows * (1024 + 3584)) + (codes - qkv);
   EXPECT_EQ(delayed_memory - tensorwise_memory, expected);
 }
 

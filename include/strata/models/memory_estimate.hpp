@@ -171,9 +171,10 @@ struct ModelPiece {
 // (in T by the attention, as codes by the projection) unless `attention_output_recast`
 // (Fp8Options::recast_attention_output: the projection holds the attention's tensor and casts it again).
 // With `experts` (the delayed recipe: layers/moe/experts.hpp) the MoE layers' experts run FP8 too:
-// their weights' codes in both layouts (2 bytes per local expert weight, or while each projection's
-// GEMMs run without a weight cache), and each dispatched row keeps the codes of its input and of the
-// activation (h + w / etp bytes) instead of both in T.
+// their weights' codes in both layouts (2 bytes per local expert weight; 1 where the cache keeps W^T
+// alone, the forward's codes of one projection existing while its GEMMs run; or both layouts while
+// each projection's GEMMs run without a weight cache), and each dispatched row keeps the codes of
+// its input and of the activation (h + w / etp bytes) instead of both in T.
 struct Fp8Layers {
   std::int64_t first = 0, end = 0;
   bool codes_kept = true;
@@ -550,10 +551,14 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
                               what);
     if ((!both || !fp8.weight_cache) && fp8_dense + fp8_moe > 0)
       fp8_forward_codes = std::max(fp8_forward_codes, fp8_largest_forward_codes(m, tp, gated, fp8_dense > 0));
-    if (fp8.experts && fp8_moe > 0) {  // both layouts, kept for the step or while a projection's GEMMs run
-      const std::int64_t codes = checked_mul(2, fp8_expert_weight_codes(m, piece, gated), what);
-      if (fp8.weight_cache) fp8_cache = checked_add(fp8_cache, checked_mul(fp8_moe, codes, what), what);
-      else fp8_forward_codes = std::max(fp8_forward_codes, codes);
+    if (fp8.experts && fp8_moe > 0) {  // kept for the step (both layouts, or W^T alone), or while a projection's GEMMs run
+      const std::int64_t layout = fp8_expert_weight_codes(m, piece, gated), codes = checked_mul(2, layout, what);
+      if (!fp8.weight_cache) {
+        fp8_forward_codes = std::max(fp8_forward_codes, codes);
+      } else {
+        fp8_cache = checked_add(fp8_cache, checked_mul(fp8_moe, both ? codes : layout, what), what);
+        if (!both) fp8_forward_codes = std::max(fp8_forward_codes, layout);
+      }
     }
     const PieceActivations act =
         activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);

@@ -288,30 +288,43 @@ class GroupedExperts {
 
   // The local experts' weights [out, in] each in FP8 with the projection's weight scale: W (forward)
   // or W^T [in, out] (transposed) of expert l at codes + l * out * in. From the state's weight cache
-  // (both layouts, stacked, filled at the step's first use; dropped after each optimizer step), or
-  // cast now when the options keep no cache (`own` holds them).
+  // (stacked, filled at the step's first use; dropped after each optimizer step), or cast now when
+  // the options keep no cache (`own` holds them). Without Fp8Options::cache_forward_weights the cache
+  // keeps W^T alone, as the dense layers' does: the filling pass writes W into `own`, and a later
+  // forward of the step casts W again with the step's scale (the same codes).
   const std::uint8_t* expert_weight_codes(Context& ctx, Fp8State<Space>& state, const std::vector<Param>& weights, index_t out,
                                           index_t in, bool transposed, detail::Fp8Pair<Space>& own) const {
     auto& cache = state.weight_cache;
-    const bool keep = ctx.fp8->options.cache_weights;
+    const bool keep = ctx.fp8->options.cache_weights, keep_forward = keep && ctx.fp8->options.cache_forward_weights;
+    const Shape forward{local_ * out, in}, backward{local_ * in, out};
+    const auto sized = [](Tensor<std::uint8_t, Space>& t, const Shape& shape) {
+      if (t.data() == nullptr || !(t.shape() == shape)) t = Tensor<std::uint8_t, Space>::empty(shape);
+    };
+    const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+    Tensor<std::uint8_t, Space>& codes = keep_forward ? cache.codes : own.codes;
+    Tensor<std::uint8_t, Space>& codes_t = keep ? cache.codes_transposed : own.codes_t;
     if (!keep || !cache.valid) {
-      const Shape forward{local_ * out, in}, backward{local_ * in, out};
-      Tensor<std::uint8_t, Space>& codes = keep ? cache.codes : own.codes;
-      Tensor<std::uint8_t, Space>& codes_t = keep ? cache.codes_transposed : own.codes_t;
-      if (codes.data() == nullptr || !(codes.shape() == forward)) codes = Tensor<std::uint8_t, Space>::empty(forward);
-      if (codes_t.data() == nullptr || !(codes_t.shape() == backward)) codes_t = Tensor<std::uint8_t, Space>::empty(backward);
-      const Fp8Format format = ctx.fp8->options.format_of(Fp8Role::weight);
+      sized(codes_t, backward);
+      if (keep && !keep_forward) cache.codes = Tensor<std::uint8_t, Space>();
+      const bool write_forward = keep_forward || !keep || !transposed;  // W^T alone when only it is asked for and kept
+      if (write_forward) sized(codes, forward);
       for (index_t l = 0; l < local_; ++l)
         ctx.device.template fp8_cast_transpose<T>(weights[l].value.data(), out, in, format, state.scale(Fp8Role::weight),
-                                                  codes.data() + l * out * in, codes_t.data() + l * in * out,
-                                                  state.amax(Fp8Role::weight));
+                                                  write_forward ? codes.data() + l * out * in : nullptr,
+                                                  codes_t.data() + l * in * out, state.amax(Fp8Role::weight));
       // every role's 1 / scale into its aligned slot, as the dense layers' cache fill writes them
       ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1,
                                               state.gemm_scale_inv(Fp8Role::input), 4);
       cache.valid = keep;
       ++state.weight_casts;
+    } else if (!keep_forward && !transposed) {  // a later forward of the step: W again, with the step's scale
+      sized(codes, forward);
+      for (index_t l = 0; l < local_; ++l)
+        ctx.device.template fp8_cast<T>(weights[l].value.data(), out * in, format, state.scale(Fp8Role::weight),
+                                        codes.data() + l * out * in, nullptr);
+      ++state.weight_casts;
     }
-    return (transposed ? (keep ? cache.codes_transposed : own.codes_t) : (keep ? cache.codes : own.codes)).data();
+    return (transposed ? codes_t : codes).data();
   }
   const float* weight_scale_inv(Fp8Scaling<Space>& scaling, Fp8State<Space>& state) const {
     return scaling.options.cache_weights ? state.gemm_scale_inv(Fp8Role::weight) : state.scale_inv(Fp8Role::weight);
