@@ -304,6 +304,14 @@ void check_gemm(backend& device, suite& results, std::uint64_t seed, bool ta, bo
                      " rel err " + format("%.3g", error) + " (tol " + format("%.0e", tol) + ")");
 }
 
+// n E4M3 codes of uniform values in [-200, 200] (with scales near 1e-3 the products are of order 1).
+std::vector<std::uint8_t> random_e4m3_codes(host_rng& rng, std::size_t n) {
+  const auto v = rng.uniform<float>(n, -2, 2);
+  std::vector<std::uint8_t> codes(n);
+  for (std::size_t i = 0; i < n; ++i) codes[i] = strata::fp8_encode(v[i] * 100.0f, Fp8Format::e4m3);
+  return codes;
+}
+
 // fp8_gemm_gelu and fp8_gemm_gelu_backward (TN, with and without a bias) against the CPU backend's:
 // pre and out within the GEMM's bound (the GPU's GELU reads the fp32 product, the CPU's the rounded
 // pre-activation: a bf16 rounding apart).
@@ -311,10 +319,7 @@ template <class C>
 void check_gemm_gelu(backend& device, suite& results, std::uint64_t seed, index_t m, index_t n, index_t k, bool with_bias) {
   host_rng rng(seed);
   const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
-  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(N * K, -2, 2);
-  std::vector<std::uint8_t> a(M * K), b(N * K);
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = strata::fp8_encode(va[i] * 100.0f, Fp8Format::e4m3);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = strata::fp8_encode(vb[i] * 100.0f, Fp8Format::e4m3);
+  const std::vector<std::uint8_t> a = random_e4m3_codes(rng, M * K), b = random_e4m3_codes(rng, N * K);
   const float s[2] = {0.0013f, 0.0007f};  // products of order 1, where GELU bends
   const std::vector<C> bias = rng.uniform<C>(N, -1, 1);
   const C* host_bias = with_bias ? bias.data() : nullptr;
@@ -375,10 +380,7 @@ void check_gemm_add(backend& device, suite& results, std::uint64_t seed, index_t
                     bool in_place) {
   host_rng rng(seed);
   const auto M = static_cast<std::size_t>(m), N = static_cast<std::size_t>(n), K = static_cast<std::size_t>(k);
-  auto va = rng.uniform<float>(M * K, -2, 2), vb = rng.uniform<float>(N * K, -2, 2);
-  std::vector<std::uint8_t> a(M * K), b(N * K);
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = strata::fp8_encode(va[i] * 100.0f, Fp8Format::e4m3);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = strata::fp8_encode(vb[i] * 100.0f, Fp8Format::e4m3);
+  const std::vector<std::uint8_t> a = random_e4m3_codes(rng, M * K), b = random_e4m3_codes(rng, N * K);
   const float s[2] = {0.0013f, 0.0007f};
   const std::vector<C> bias = rng.uniform<C>(N, -1, 1), addend = rng.uniform<C>(M * N, -3, 3);
   std::vector<C> want(M * N);
