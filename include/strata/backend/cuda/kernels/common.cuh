@@ -188,10 +188,6 @@ __device__ __forceinline__ A sqrt_(A v) {
   if constexpr (std::is_same_v<A, float>) return sqrtf(v); else return sqrt(v);
 }
 template <class A>
-__device__ __forceinline__ A tanh_(A v) {
-  if constexpr (std::is_same_v<A, float>) return tanhf(v); else return tanh(v);
-}
-template <class A>
 __device__ __forceinline__ A max_(A a, A b) { return a > b ? a : b; }
 // a * b rounded on its own, never fused into a following add (so a product computed twice is
 // the same value both times, as on the host).
