@@ -145,6 +145,7 @@ struct TrainArgs {
   bool fp8_param_gather = false;  // --fp8-param-gather: the distributed optimizer casts its shards and gathers FP8 codes
   bool fp8_recast_attention_output = false;  // --fp8-recast-attention-output (Fp8Options::recast_attention_output)
   bool fp8_experts = true;                   // --no-fp8-experts turns it off (Fp8Options::experts)
+  bool fp8_norm_writes_codes = true;         // --no-fp8-norm-writes-codes turns it off (Fp8Options::norm_writes_codes)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -508,6 +509,10 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
   app.add_flag("--fp8-experts,!--no-fp8-experts", a.fp8_experts,
                "delayed recipe: whether the MoE layers' experts run their GEMMs in FP8 too (default on; off keeps them in the "
                "element type; FP8 experts need the counts on the host where the dispatcher does not have them)");
+  app.add_flag("--fp8-norm-writes-codes,!--no-fp8-norm-writes-codes", a.fp8_norm_writes_codes,
+               "delayed recipe: the norms before the attention's qkv and a dense MLP's fc1 write their output as those "
+               "layers' FP8 codes in their own pass (default on; off: the norm writes the element type and the linear "
+               "layer casts it, the same codes one pass later)");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -554,6 +559,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.cache_forward_weights = fp8_keeps_forward_weight_codes(a);
   o.recast_attention_output = a.fp8_recast_attention_output;
   o.experts = a.fp8_experts;
+  o.norm_writes_codes = a.fp8_norm_writes_codes;
   o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;
   o.validate();

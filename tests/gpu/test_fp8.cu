@@ -8,6 +8,8 @@
 //                unfused steps on the GPU: codes and amax bit for bit, sums within 1e-4 (1e-12 double)
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
 //                a NaN input), run twice with the same bits
+//   layernorm_forward_fp8, rmsnorm_forward_fp8 (the norms writing FP8 codes) against the norm then
+//                fp8_cast on the GPU: codes, amax, statistics and residual sums bit for bit
 //   fp8_gemm     every transpose combination (TN also with a bias, in cuBLASLt's epilogue; and
 //                fp8_gemm_gelu / fp8_gemm_gelu_backward, the GELU epilogues, fp8_gemm_add (the residual in the
 //                epilogue), against the CPU backend's), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
@@ -219,6 +221,75 @@ void check_fused_casts(backend& device, suite& results, std::uint64_t seed, inde
                      " without column sums: codes (both layouts, transposed alone) and amax == the unfused steps'");
   results.record(worst <= bound, "fp8_cast_transpose_fused " + what + ": column sums within " + std::to_string(bound) +
                                      " of bias_grad's (worst " + std::to_string(worst) + ")");
+}
+
+// The norms writing FP8 codes (layernorm_forward_fp8 / rmsnorm_forward_fp8) against the GPU's own
+// two steps (the norm into T, then fp8_cast): codes, amax, the statistics and the residual sum bit for
+// bit; widths of the one-warp, warp-team and block-per-row kernels (1000 and 2050: rows that are not
+// whole 16-byte vectors; 20480: wider than every team), with and without the residual and the
+// zero-centred weight, aligned and one element past.
+template <class T>
+void check_norm_codes(backend& device, suite& results, std::uint64_t seed, bool layer, index_t rows, index_t h,
+                      bool residual, bool offset1, index_t offset) {
+  using A = strata::accumulate_t<T>;
+  const std::size_t n = static_cast<std::size_t>(rows * h), at = static_cast<std::size_t>(offset);
+  const auto x = inputs<T>(n, seed, 3.0), r = inputs<T>(n, seed + 1, 1.0), g = inputs<T>(static_cast<std::size_t>(h), seed + 2, 1.5),
+             b = inputs<T>(static_cast<std::size_t>(h), seed + 3, 0.5);
+  const float scale = 24.0f;
+  const A eps = A(1e-5), weight_offset = offset1 ? A(1) : A(0);
+  const Fp8Format format = Fp8Format::e4m3;
+  device_vector<T> dx(n + at), dr(n + at), dg(h + at), db(h + at), dy(n), dsum(n + at), dsum2(n + at);
+  device_vector<A> mean(rows), rstd(rows), mean2(rows), rstd2(rows);
+  device_vector<std::uint8_t> codes(n + at), codes_ref(n);
+  device_vector<float> dscale(1), amax(2);
+  device.copy_from_host(x.data(), static_cast<index_t>(n), dx.data() + at);
+  device.copy_from_host(r.data(), static_cast<index_t>(n), dr.data() + at);
+  device.copy_from_host(g.data(), h, dg.data() + at);
+  device.copy_from_host(b.data(), h, db.data() + at);
+  device.copy_from_host(&scale, 1, dscale.data());
+  const float zero[2] = {0.0f, 0.0f};
+  device.copy_from_host(zero, 2, amax.data());
+  const T* res = residual ? dr.data() + at : nullptr;
+  // the two steps: the norm into y (the sum into dsum), then the cast of y
+  if (layer)
+    device.layernorm_forward<T>(dx.data() + at, dg.data() + at, db.data() + at, rows, h, eps, dy.data(), mean.data(), rstd.data(),
+                                res, residual ? dsum.data() + at : nullptr, weight_offset);
+  else
+    device.rmsnorm_forward<T>(dx.data() + at, dg.data() + at, rows, h, eps, dy.data(), rstd.data(), res,
+                              residual ? dsum.data() + at : nullptr, weight_offset);
+  device.fp8_cast<T>(dy.data(), static_cast<index_t>(n), format, dscale.data(), codes_ref.data(), amax.data());
+  // one pass
+  const strata::Fp8Output out{format, dscale.data(), codes.data() + at, amax.data() + 1};
+  if (layer)
+    device.layernorm_forward_fp8<T>(dx.data() + at, dg.data() + at, db.data() + at, rows, h, eps, mean2.data(), rstd2.data(), res,
+                                    residual ? dsum2.data() + at : nullptr, weight_offset, out);
+  else
+    device.rmsnorm_forward_fp8<T>(dx.data() + at, dg.data() + at, rows, h, eps, rstd2.data(), res,
+                                  residual ? dsum2.data() + at : nullptr, weight_offset, out);
+  std::vector<std::uint8_t> hc(n), hc_ref(n);
+  std::vector<A> hm(rows), hm2(rows), hr(rows), hr2(rows);
+  std::vector<T> hs(residual ? n : 0), hs2(residual ? n : 0);
+  float ha[2];
+  device.copy_to_host(codes.data() + at, static_cast<index_t>(n), hc.data());
+  device.copy_to_host(codes_ref.data(), static_cast<index_t>(n), hc_ref.data());
+  device.copy_to_host(rstd.data(), rows, hr.data());
+  device.copy_to_host(rstd2.data(), rows, hr2.data());
+  if (layer) {
+    device.copy_to_host(mean.data(), rows, hm.data());
+    device.copy_to_host(mean2.data(), rows, hm2.data());
+  }
+  if (residual) {
+    device.copy_to_host(dsum.data() + at, static_cast<index_t>(n), hs.data());
+    device.copy_to_host(dsum2.data() + at, static_cast<index_t>(n), hs2.data());
+  }
+  device.copy_to_host(amax.data(), 2, ha);
+  const std::string what = std::string(layer ? "layernorm" : "rmsnorm") + "_forward_fp8 " + type_name<T>() + " " +
+                           std::to_string(rows) + "x" + std::to_string(h) + (residual ? " with residual" : "") +
+                           (offset1 ? " zero-centred" : "") + (offset ? " unaligned" : "");
+  results.record(same_bits(hc, hc_ref) && std::memcmp(&ha[0], &ha[1], sizeof(float)) == 0 && ha[0] > 0.0f,
+                 what + ": codes and amax == the norm's output cast by fp8_cast");
+  results.record(same_bits(hr, hr2) && same_bits(hm, hm2) && same_bits(hs, hs2),
+                 what + ": statistics (and the residual sum) == the norm's");
 }
 
 void check_update(backend& device, suite& results) {
@@ -587,6 +658,15 @@ int main() {
           check_fused_casts<float>(device, results, seed++, rows, cols, producer, offset);
           check_fused_casts<double>(device, results, seed++, rows, cols, producer, offset);
         }
+    for (const bool layer : {true, false})
+      for (auto [rows, h] : {std::pair<index_t, index_t>{1, 8}, {37, 1000}, {64, 2048}, {33, 2050}, {128, 3072}, {4, 20480}})
+        for (const bool residual : {false, true})
+          for (index_t offset : {0, 1}) {
+            const bool offset1 = (rows + offset) % 2 == 1;
+            check_norm_codes<bf16>(device, results, seed++, layer, rows, h, residual, offset1, offset);
+            check_norm_codes<float>(device, results, seed++, layer, rows, h, residual, offset1, offset);
+            check_norm_codes<double>(device, results, seed++, layer, rows, h, residual, offset1, offset);
+          }
     const std::vector<std::tuple<index_t, index_t, index_t>> shapes = {{16, 16, 16}, {64, 48, 32}, {256, 512, 1024}, {1024, 768, 2048}};
     const std::vector<std::pair<Fp8Format, Fp8Format>> formats = {
         {Fp8Format::e4m3, Fp8Format::e4m3}, {Fp8Format::e5m2, Fp8Format::e4m3}, {Fp8Format::e4m3, Fp8Format::e5m2}};

@@ -2,7 +2,8 @@
 // step of several micro-batches (gradient accumulation) casts each FP8 layer's weight once, with
 // and without activation recompute; the run equals the run that casts per GEMM bit for bit (double,
 // both recipes, tp=1 and tp=2 with sequence parallelism); after an optimizer step the next forward
-// casts the new weights again, and without the drop it would not.
+// casts the new weights again, and without the drop it would not. The norms' FP8 codes (delayed
+// recipe) are those of the cast of their output in T, through the same model.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -59,6 +60,7 @@ struct Run {
   std::vector<std::vector<double>> parameters;    // rank 0's local parameters after the last step
   std::vector<std::vector<float>> scaling;        // rank 0's scaling rows after the last step
   std::vector<std::vector<std::int64_t>> casts;   // rank 0: per step, each FP8 layer's weight casts so far
+  std::vector<std::int64_t> written;              // rank 0: each FP8 layer's forwards whose input codes a norm wrote
 };
 
 // kSteps steps of kMicroBatches micro-batches each (forward, backward; gradients accumulate), then
@@ -99,7 +101,10 @@ Run train(int tp, Fp8Options options, models::RecomputeConfig recompute) {
     if (world.rank() != 0) return;
     std::lock_guard lock(mutex);
     model.for_each_parameter([&](auto& p) { run.parameters.emplace_back(p.value.begin(), p.value.end()); });
-    for (const auto& state : ctx.fp8->states) run.scaling.emplace_back(state->rows.begin(), state->rows.end());
+    for (const auto& state : ctx.fp8->states) {
+      run.scaling.emplace_back(state->rows.begin(), state->rows.end());
+      run.written.push_back(state->inputs_written);
+    }
   });
   return run;
 }
@@ -151,6 +156,35 @@ void check_cache(int tp) {
 
 TEST(Fp8WeightCache, OneCastPerStepAndEqualsCastPerGemmOnOneRank) { check_cache<false>(1); }
 TEST(Fp8WeightCache, OneCastPerStepAndEqualsCastPerGemmAtTp2WithSequenceParallel) { check_cache<true>(2); }
+
+// Under the delayed recipe the norms write the qkv projection's and fc1's input codes themselves
+// (Fp8Options::norm_writes_codes): every forward of those two layers, recomputed ones included, takes
+// the norm's codes, the others cast their input; and the run is the run whose norms write T and
+// whose linear layers cast it, bit for bit (losses, parameters, amax histories, scales), on one rank
+// and at tp=2 with sequence parallelism (each rank's codes gathered).
+template <bool SP>
+void check_norm_codes(int tp) {
+  for (const auto& recompute : recomputes()) {
+    const std::string what = describe(Fp8RecipeKind::delayed, recompute, tp) + (SP ? " sequence parallel" : "");
+    Fp8Options cast = options_of(Fp8RecipeKind::delayed, true);
+    cast.norm_writes_codes = false;
+    const Run written = train<SP>(tp, options_of(Fp8RecipeKind::delayed, true), recompute);
+    const Run casting = train<SP>(tp, cast, recompute);
+    ASSERT_EQ(written.written.size(), 8u) << what;
+    const std::int64_t forwards = kSteps * kMicroBatches * (recompute.granularity == models::RecomputeGranularity::full ? 2 : 1);
+    for (std::size_t layer = 0; layer < written.written.size(); ++layer) {
+      const bool qkv_or_fc1 = layer % 2 == 0;  // QKV, projection, fc1, fc2 per layer
+      EXPECT_EQ(written.written[layer], qkv_or_fc1 ? forwards : 0) << what << ": FP8 layer " << layer;
+      EXPECT_EQ(casting.written[layer], 0) << what << ": FP8 layer " << layer;
+    }
+    EXPECT_EQ(written.losses, casting.losses) << what;
+    EXPECT_EQ(written.parameters, casting.parameters) << what;
+    EXPECT_EQ(written.scaling, casting.scaling) << what;
+  }
+}
+
+TEST(Fp8WeightCache, NormsWriteQkvAndFc1CodesAsTheCastOnOneRank) { check_norm_codes<false>(1); }
+TEST(Fp8WeightCache, NormsWriteQkvAndFc1CodesAsTheCastAtTp2WithSequenceParallel) { check_norm_codes<true>(2); }
 
 // After a weight change the next forward casts the new weights: with the drop
 // (fp8_after_optimizer_step, or fp8_drop_weight_caches after a write of one's own) the forward

@@ -5,7 +5,8 @@
 // cache (one cast per step) equals casting per GEMM bit for bit; FP8 is in
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
 // every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight;
-// --fp8-recast-attention-output is the run without it.
+// --fp8-recast-attention-output is the run without it; norms writing FP8 codes are the norms'
+// output cast by the linear layers.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -163,6 +164,50 @@ TEST(TrainingFp8, RecastAttentionOutputIsTheRunWithoutIt) {
       EXPECT_EQ(with.losses, without.losses) << what;
       EXPECT_EQ(with.validation_losses, without.validation_losses) << what;
       EXPECT_EQ(with.final_parameters, without.final_parameters) << what;
+    }
+}
+
+// The norms writing the qkv projection's and fc1's FP8 codes (delayed recipe, the default) against
+// the norms writing the element type and those layers casting it (--no-fp8-norm-writes-codes): the
+// same run bit for bit (losses, validation losses, every final weight), for GPT (LayerNorm, GELU, with
+// hidden dropout) and Llama (RMSNorm, SwiGLU, GQA, no dropout), at tp 2 with and without sequence
+// parallelism, pp 2 with micro-batches, and with full recompute.
+TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
+  for (const std::string model : {"gpt", "llama"})
+    for (const std::string layout : {"tp2", "tp2 sp", "pp2", "full recompute"}) {
+      auto a = tiny_fp8("delayed");
+      if (model == "llama") {
+        const auto gpt = a;
+        a = trainer::default_args("llama");
+        a.model.num_layers = 2, a.model.hidden_size = 64, a.model.num_attention_heads = 4, a.model.num_query_groups = 2;
+        a.model.ffn_hidden_size = 96, a.model.seq_length = 32;
+        a.micro_batch_size = gpt.micro_batch_size, a.global_batch_size = gpt.global_batch_size;
+        a.lr = gpt.lr, a.min_lr = gpt.min_lr, a.lr_warmup_iters = gpt.lr_warmup_iters;
+        a.quiet = true, a.eval_interval = gpt.eval_interval, a.eval_iters = 1, a.sample_tokens = 0;
+        a.fp8_format = "hybrid", a.fp8_recipe = "delayed";
+        a.fp8_amax_history_len = 4, a.fp8_amax_compute_algo = "max";
+      }
+      a.dtype = "double";
+      a.train_iters = 4;
+      a.eval_interval = 2;
+      a.keep_final_parameters = true;
+      a.world_size = 2;
+      a.tensor_model_parallel_size = layout.starts_with("tp2") ? 2 : 1;
+      a.sequence_parallel = layout == "tp2 sp";
+      a.pipeline.pipeline_model_parallel_size = layout == "pp2" ? 2 : 1;
+      if (layout == "full recompute") a.world_size = 1, a.recompute_granularity = "full";
+      auto cast = a;
+      cast.fp8_norm_writes_codes = false;
+      const auto run = [&](const trainer::TrainArgs& args) {
+        return model == "gpt" ? trainer::train<strata::models::Gpt>(args) : trainer::train<strata::models::Llama>(args);
+      };
+      const auto written = run(a);
+      const auto casting = run(cast);
+      const std::string what = model + " " + layout;
+      ASSERT_EQ(written.losses.size(), 4u) << what;
+      EXPECT_EQ(written.losses, casting.losses) << what;
+      EXPECT_EQ(written.validation_losses, casting.validation_losses) << what;
+      EXPECT_EQ(written.final_parameters, casting.final_parameters) << what;
     }
 }
 

@@ -72,6 +72,17 @@ inline constexpr int kFp8Roles = 3;
 // swiglu_backward round it, so the codes are those of a cast of their result.
 enum class Fp8Producer : std::uint8_t { copy, gelu, gelu_backward, swiglu, swiglu_backward };
 
+// Where a kernel that makes a tensor writes it as FP8 codes instead of in the element type (the
+// norms' backend entry points layernorm_forward_fp8 / rmsnorm_forward_fp8): codes[i] = the code of
+// float(T(value_i)) * scale[0] in `format`, |T(value_i)| folded into amax[0] (max) when amax is set;
+// the codes and the amax a cast of the tensor written in T would make (backend fp8_cast).
+struct Fp8Output {
+  Fp8Format format = Fp8Format::e4m3;
+  const float* scale = nullptr;
+  std::uint8_t* codes = nullptr;
+  float* amax = nullptr;
+};
+
 // The row length of the x a producer reads when it makes rows of `cols` values.
 constexpr index_t fp8_producer_input_cols(Fp8Producer p, index_t cols) {
   return p == Fp8Producer::swiglu ? 2 * cols : p == Fp8Producer::swiglu_backward ? cols / 2 : cols;
@@ -108,6 +119,12 @@ struct Fp8Options {
   // (no copy), and casts it again in the backward (the same codes: the same values and scale). Saves
   // a byte per element of that input per layer for one more cast per layer and micro-batch.
   bool recast_attention_output = false;
+  // Delayed recipe: a norm whose output only a linear layer's FP8 GEMMs read (the attention's qkv,
+  // a dense MLP's fc1) writes that output as the layer's FP8 codes, with their amax, instead of in
+  // T (backend layernorm_forward_fp8 / rmsnorm_forward_fp8): the cast's pass over the output goes
+  // away, and x^T's codes come from a transpose of the bytes. The same codes. Off: the norm writes T
+  // and the linear layer casts it (to measure the difference).
+  bool norm_writes_codes = true;
   // Delayed recipe: a MoE layer's experts run their GEMMs in FP8 too (layers/moe/experts.hpp); off,
   // they stay in the element type (the other recipes always leave them there).
   bool experts = true;
@@ -226,6 +243,7 @@ struct Fp8State {
   Tensor<float, Space> rows;  // [3, history + 2]
   Fp8WeightCache<Space> weight_cache;
   std::int64_t weight_casts = 0;  // how many times the weight was cast (with or without the cache)
+  std::int64_t inputs_written = 0;  // forwards whose input codes their producer wrote (Fp8Options::norm_writes_codes)
   index_t row_length() const { return history + 2; }
   float* row(Fp8Role role) { return rows.data() + static_cast<int>(role) * row_length(); }
   float* scale(Fp8Role role) { return row(role) + history; }

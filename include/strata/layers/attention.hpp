@@ -207,8 +207,10 @@ class SelfAttention {
 
   // dropout_key: the key of this micro-batch's attention dropout mask (distinct per layer and
   // micro-batch; TransformerLayer derives it); none, or a dropout of 0, runs without dropout.
+  // With `given`: the qkv projection's input codes (fp8_input_state, fp8_input_of), x for its layout alone.
   std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
-                                        std::optional<std::uint64_t> dropout_key = std::nullopt) const {
+                                        std::optional<std::uint64_t> dropout_key = std::nullopt,
+                                        detail::Fp8Pair<Space>* given = nullptr) const {
     Saved saved;
     if (dropout_key && config_.dropout > 0)
       saved.dropout = AttentionDropout{config_.dropout, *dropout_key, static_cast<index_t>(ctx.tp.rank()) * heads_local_};
@@ -219,7 +221,7 @@ class SelfAttention {
         return {std::move(y), std::move(saved)};
       }
     }
-    auto [qkv, qkv_saved] = qkv_->forward(ctx, x);  // (s, b, groups_local * (hpg + 2) * d)
+    auto [qkv, qkv_saved] = qkv_->forward(ctx, x, given);  // (s, b, groups_local * (hpg + 2) * d)
     saved.qkv = std::move(qkv_saved);
     core_forward(ctx, qkv.tensor, saved);
     auto [y, proj_saved] = proj_->forward(ctx, Act<layout::sharded<-1>>(saved.out));
@@ -258,6 +260,15 @@ class SelfAttention {
   // On: forward keeps only the qkv output and backward recomputes the attention core (see above).
   void set_recompute_core(bool on) { recompute_core_ = on; }
   bool recompute_core() const { return recompute_core_; }
+
+  // The FP8 state for which a norm before this attention may write the qkv projection's input codes
+  // (ColumnParallelLinear::fp8_input_state; none under multi-latent attention), or null; and those
+  // codes (fp8_input_of), for forward(ctx, x, key, &given).
+  Fp8State<Space>* fp8_input_state(const Context& ctx) const { return qkv_ ? qkv_->fp8_input_state(ctx) : nullptr; }
+  template <class Write>
+  detail::Fp8Pair<Space> fp8_input_of(Context& ctx, const Shape& x, Write&& write) const {
+    return qkv_->fp8_input_of(ctx, x, std::forward<Write>(write));
+  }
 
  private:
   // q, k, v (RoPE applied), out and lse of `saved` from the qkv projection's output.

@@ -90,13 +90,18 @@ class ColumnParallelLinear {
   // gathered as a ring of exchanges (all_gather_dim0_ring) and each rank's block of rows goes
   // through the GEMM as soon as it has arrived, while the next exchange is in flight
   // (tp_comm_overlap_gather collective or copy_engines: one all-gather beside the own block's GEMM).
+  // With `given` (fp8_input_state's layer: the input's codes made by what produced the input, the
+  // full sequence), the GEMMs take those codes and x serves for its layout alone.
   template <class Layout>
-  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
+  std::pair<Act<output_layout>, Saved> forward(Context& ctx, const Act<Layout>& x,
+                                               detail::Fp8Pair<Space>* given = nullptr) const {
     const Param* bias = Options.skip_bias_add || !bias_ ? nullptr : &*bias_;
     Saved saved;
     Tensor<T, Space> y;
+    if (given && !fp8_input_state(ctx))
+      fail<Error>("ColumnParallelLinear: input codes given to a layer that does not take them (fp8_input_state)");
     if (fp8_) {
-      y = fp8_forward(ctx, x, bias, saved);
+      y = fp8_forward(ctx, x, bias, saved, nullptr, given);
     } else if (ring_gathers(ctx)) {
       y = output_of_gathered(ctx, x);
       const index_t block_rows = x.tensor.shape().rows(), out = y.shape().cols();
@@ -208,6 +213,30 @@ class ColumnParallelLinear {
   // Whether this layer's FP8 casts take what produces their tensor (a GELU or SwiGLU, or their
   // backward) into the same pass (fp8_casts_take_producers).
   bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
+  // The FP8 state whose input role a producer of this layer's input may write codes for (a norm:
+  // TransformerLayer), handing them to forward(ctx, x, &given): under the delayed recipe with
+  // Fp8Options::norm_writes_codes, where the backend transposes codes; else null (forward casts x).
+  // The codes: this rank's rows, all-gathered over tp under sequence parallelism (fp8_input_of).
+  Fp8State<Space>* fp8_input_state(const Context& ctx) const {
+    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
+      if (fp8_fuses_casts(ctx) && ctx.fp8->options.norm_writes_codes) return fp8_.get();
+    return nullptr;
+  }
+  // The input pair of forward(ctx, x, &given) for x [rows, in] (this rank's rows), whose codes
+  // `write(Fp8Output)` writes with the state's input scale and amax (fp8_input_state non-null).
+  template <class Write>
+  detail::Fp8Pair<Space> fp8_input_of(Context& ctx, const Shape& x, Write&& write) const {
+    Fp8State<Space>* state = fp8_input_state(ctx);
+    if (!state) fail<Error>("ColumnParallelLinear::fp8_input_of: the layer takes no input codes (fp8_input_state)");
+    if (x.cols() != weight_->value.size(1))
+      fail<ShapeError>("ColumnParallelLinear: input codes of ", x.str(), " for a weight of ", weight_->value.shape().str());
+    ++state->inputs_written;
+    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
+      return detail::fp8_pair_of_rows(ctx, *state, x, sequence_parallel && ctx.tp.size() > 1, state->amax(Fp8Role::input),
+                                      std::forward<Write>(write));
+    else
+      return {};
+  }
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
   // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
   // under sequence parallelism; otherwise x's tensor, shared), the matmul of `rows` rows of it
@@ -275,19 +304,24 @@ class ColumnParallelLinear {
   // Under sequence parallelism over several ranks with a per-tensor recipe, x's own rows are cast and
   // the codes gathered (detail::fp8_quantize_gathered); the input in T is never gathered.
   template <class Layout>
-  Tensor<T, Space> fp8_forward(Context& ctx, const Act<Layout>& x, const Param* bias, Saved& saved,
-                               T* gelu_out = nullptr) const {
+  Tensor<T, Space> fp8_forward(Context& ctx, const Act<Layout>& x, const Param* bias, Saved& saved, T* gelu_out = nullptr,
+                               detail::Fp8Pair<Space>* given = nullptr) const {
     if constexpr (fp8_backend) {
+      if (given) {  // the input's codes, made by its producer (fp8_input_of)
+        expect_layout<input_layout, Layout>();
+        const Shape shape = given->shape;
+        auto y = Tensor<T, Space>::empty(shape.with(-1, weight_->value.size(0)));  // (rows, out)
+        detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), static_cast<const T*>(nullptr), shape.rows(), *weight_,
+                                        bias, y.data(), saved.fp8_input, gelu_out, Fp8Producer::copy, given);
+        saved.fp8_input.shape = shape;
+        return y;
+      }
       if constexpr (sequence_parallel && detail::backend_has_fp8_transpose<typename Policy::backend>) {
         if (ctx.tp.size() > 1 && ctx.fp8->options.recipe != Fp8RecipeKind::blockwise) {
           expect_layout<input_layout, Layout>();
           detail::check_linear_input(x.tensor.shape(), *weight_, "ColumnParallelLinear");
           detail::Fp8Pair<Space> codes = detail::fp8_quantize_gathered(ctx, *fp8_, x.tensor);
-          auto y = Tensor<T, Space>::empty(codes.shape.with(-1, weight_->value.size(0)));  // (rows, out)
-          detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), static_cast<const T*>(nullptr), codes.shape.rows(),
-                                          *weight_, bias, y.data(), saved.fp8_input, gelu_out, Fp8Producer::copy, &codes);
-          saved.fp8_input.shape = y.shape().with(-1, weight_->value.size(1));
-          return y;
+          return fp8_forward(ctx, x, bias, saved, gelu_out, &codes);
         }
       }
       saved.input = full_input(ctx, x);

@@ -240,27 +240,46 @@ concept backend_has_fp8_transpose = requires(Device& d, const std::uint8_t* in, 
   d.fp8_transpose(in, n, n, out);
 };
 
-// The input of a column-parallel layer under sequence parallelism, x [rows / tp, cols] on each rank
-// of ctx.tp: each rank casts its own rows (tensorwise: with the amax reduced over tp x cp first), the
-// codes are all-gathered (one byte per element on the wire instead of T's), and x^T's codes come from
-// a transpose of the gathered ones. The codes are those a cast of the gathered x makes.
-template <class Context, class T>
-Fp8Pair<typename Context::space> fp8_quantize_gathered(Context& ctx, Fp8State<typename Context::space>& state,
-                                                       const Tensor<T, typename Context::space>& local) {
+// The input pair of a column-parallel layer whose input rows [local rows, cols] `write` writes as
+// codes (given an Fp8Output: the input role's format and scale, where to write, and the amax to fold
+// into); with `gather` (sequence parallelism over ctx.tp), each rank writes its own rows and the codes
+// are all-gathered (one byte per element on the wire instead of T's). x^T's codes come from a
+// transpose of the bytes. `amax`: fp8_prepare_scale's for these rows.
+template <class Context, class Write>
+Fp8Pair<typename Context::space> fp8_pair_of_rows(Context& ctx, Fp8State<typename Context::space>& state,
+                                                  const Shape& local, bool gather, float* amax, Write&& write) {
   using Space = typename Context::space;
-  const index_t local_rows = local.shape().rows(), cols = local.shape().cols(), rows = local_rows * ctx.tp.size();
+  const int ranks = gather ? ctx.tp.size() : 1;
+  const index_t local_rows = local.rows(), cols = local.cols(), rows = local_rows * ranks;
   Fp8Pair<Space> q;
   q.format = ctx.fp8->options.format_of(Fp8Role::input);
-  q.shape = local.shape().with(0, local.size(0) * ctx.tp.size());
-  auto mine = Tensor<std::uint8_t, Space>::empty(Shape{local_rows, cols});
-  float* amax = fp8_prepare_scale(ctx, state, Fp8Role::input, local.data(), local_rows * cols, /*sharded=*/true);
-  ctx.device.template fp8_cast<T>(local.data(), local_rows * cols, q.format, state.scale(Fp8Role::input), mine.data(), amax);
+  q.shape = local.with(0, local[0] * ranks);
   q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
+  if (ranks > 1) {
+    auto mine = Tensor<std::uint8_t, Space>::empty(Shape{local_rows, cols});
+    write(Fp8Output{q.format, state.scale(Fp8Role::input), mine.data(), amax});
+    ctx.tp.all_gather(std::as_const(mine).buffer(), q.codes.buffer());
+  } else {
+    write(Fp8Output{q.format, state.scale(Fp8Role::input), q.codes.data(), amax});
+  }
   q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
-  ctx.tp.all_gather(std::as_const(mine).buffer(), q.codes.buffer());
   ctx.device.fp8_transpose(q.codes.data(), rows, cols, q.codes_t.data());
   fp8_pair_scale_inv(ctx, state, Fp8Role::input, q);
   return q;
+}
+
+// The input of a column-parallel layer under sequence parallelism, x [rows / tp, cols] on each rank
+// of ctx.tp: each rank casts its own rows (tensorwise: with the amax reduced over tp x cp first), the
+// codes are all-gathered, and x^T's codes come from a transpose of the gathered ones
+// (fp8_pair_of_rows). The codes are those a cast of the gathered x makes.
+template <class Context, class T>
+Fp8Pair<typename Context::space> fp8_quantize_gathered(Context& ctx, Fp8State<typename Context::space>& state,
+                                                       const Tensor<T, typename Context::space>& local) {
+  const index_t n = local.numel();
+  float* amax = fp8_prepare_scale(ctx, state, Fp8Role::input, local.data(), n, /*sharded=*/true);
+  return fp8_pair_of_rows(ctx, state, local.shape(), /*gather=*/true, amax, [&](const Fp8Output& out) {
+    ctx.device.template fp8_cast<T>(local.data(), n, out.format, out.scale, out.codes, out.amax);
+  });
 }
 
 // A weight operand: codes in the layer's weight cache, or owned (cast for this GEMM alone).

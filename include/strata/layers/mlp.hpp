@@ -88,13 +88,25 @@ class Mlp {
   MlpActivation activation() const { return activation_; }
   // Whether fc1 makes [gate; up] (swiglu, quick_geglu).
   bool gated() const { return activation_ == MlpActivation::swiglu || activation_ == MlpActivation::quick_geglu; }
+  // The FP8 state for which a norm before this MLP may write fc1's input codes (see
+  // ColumnParallelLinear::fp8_input_state; not where fc1 runs with its GELU), or null; and those
+  // codes (fp8_input_of), for forward(ctx, x, residual, &given).
+  Fp8State<Space>* fp8_input_state(const Context& ctx) const {
+    return activation_ == MlpActivation::gelu && !fuses_activation_casts(ctx) ? nullptr : fc1_.fp8_input_state(ctx);
+  }
+  template <class Write>
+  detail::Fp8Pair<Space> fp8_input_of(Context& ctx, const Shape& x, Write&& write) const {
+    return fc1_.fp8_input_of(ctx, x, std::forward<Write>(write));
+  }
 
   // With `residual` (x's layout and shape): returns mlp(x) + residual, the add in fc2's GEMM where it
-  // can (RowParallelLinear::forward).
-  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x, const Edge<Layout>* residual = nullptr) const {
+  // can (RowParallelLinear::forward). With `given`: fc1's input codes (fp8_input_state, fp8_input_of),
+  // x for its layout alone.
+  std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x, const Edge<Layout>* residual = nullptr,
+                                         detail::Fp8Pair<Space>* given = nullptr) const {
     Saved saved;
     if (activation_ == MlpActivation::gelu && fuses_activation_casts(ctx)) {  // the GELU inside fc2's input cast
-      auto [pre, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, ffn / tp)
+      auto [pre, fc1_saved] = fc1_.forward(ctx, x, given);  // (s, b, ffn / tp)
       saved.fc1 = std::move(fc1_saved);
       auto [y, fc2_saved] = fc2_.forward_gelu_of(ctx, pre, residual);
       saved.fc2 = std::move(fc2_saved);
@@ -102,6 +114,7 @@ class Mlp {
       return {std::move(y), std::move(saved)};
     }
     if (activation_ == MlpActivation::gelu) {  // fc1 and the GELU in one GEMM where the backend fuses them
+      if (given) fail<Error>("Mlp: fc1's input codes given where fc1 runs with its GELU (fp8_input_state says no)");
       auto [act, pre, fc1_saved] = fc1_.forward_gelu(ctx, x);  // (s, b, ffn / tp) twice
       saved.fc1 = std::move(fc1_saved);
       saved.pre_activation = std::move(pre);
@@ -109,7 +122,7 @@ class Mlp {
       saved.fc2 = std::move(fc2_saved);
       return {std::move(y), std::move(saved)};
     }
-    auto [h, fc1_saved] = fc1_.forward(ctx, x);  // (s, b, 2 ffn / tp) gated, else (s, b, ffn / tp)
+    auto [h, fc1_saved] = fc1_.forward(ctx, x, given);  // (s, b, 2 ffn / tp) gated, else (s, b, ffn / tp)
     saved.fc1 = std::move(fc1_saved);
     if (plain_swiglu() && fuses_activation_casts(ctx)) {  // SwiGLU inside fc2's input cast
       auto [y, fc2_saved] = fc2_.forward_swiglu_of(ctx, h, residual);
@@ -205,6 +218,7 @@ class Mlp {
   // fc1's output, and fc1's output-gradient cast computes its backward from fc2's input gradient, so
   // neither act(h) nor its gradient is ever written in T (Row/ColumnParallelLinear::fp8_fuses_casts).
   bool fuses_activation_casts(const Context& ctx) const { return fc1_.fp8_fuses_casts(ctx) && fc2_.fp8_fuses_casts(ctx); }
+
   // SwiGLU without clamp or offset runs on the backend's own swiglu kernels.
   bool plain_swiglu() const { return activation_ == MlpActivation::swiglu && glu_.clamp == 0 && glu_.linear_offset == 0; }
 

@@ -9,6 +9,10 @@
 // of two): forward_add(ctx, x, residual) adds residual into x in place and normalizes the sum;
 // backward(ctx, saved, dy, &dresidual) returns dresidual + the norm's input gradient.
 //
+// forward_codes / forward_add_codes write the output as FP8 codes for a caller whose only reader of
+// it is an FP8 GEMM (the delayed recipe, whose scale is known before the output exists): the codes
+// a cast of the output in T would make, without the output in T or the cast's pass over it.
+//
 // zero_centered (Megatron's --apply-layernorm-1p): the weight w is stored as gamma - 1 and
 // initialized to 0; the kernels scale by w + 1, added in the accumulate type (their weight_offset),
 // so a bf16 weight keeps its precision near zero. The gradient of w is that of gamma.
@@ -20,6 +24,7 @@
 #include <utility>
 
 #include "../comm/parallel_context.hpp"
+#include "../core/fp8_recipe.hpp"
 #include "conversions.hpp"
 #include "parameter.hpp"
 #include "policy.hpp"
@@ -27,6 +32,15 @@
 STRATA_NAMESPACE_BEGIN
 
 namespace detail {
+// Whether the backend's norms can write their output as FP8 codes (optional entry points
+// layernorm_forward_fp8 and rmsnorm_forward_fp8, docs/DEVICE.md).
+template <class Device, class T>
+concept norms_write_fp8 = requires(Device& d, const T* ct, T* t, accumulate_t<T>* a, index_t n, accumulate_t<T> e,
+                                   const Fp8Output& out) {
+  d.template layernorm_forward_fp8<T>(ct, ct, ct, n, n, e, a, a, ct, t, e, out);
+  d.template rmsnorm_forward_fp8<T>(ct, ct, n, n, e, a, ct, t, e, out);
+};
+
 template <class Layout>
 constexpr void expect_full_hidden() {
   static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
@@ -59,28 +73,31 @@ class LayerNorm {
 
   template <class Layout>
   std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    detail::expect_full_hidden<Layout>();
-    const index_t rows = x.shape().rows(), h = weight_.value.numel();
-    if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
-    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
-                               saved.mean.data(), saved.rstd.data(), nullptr, nullptr, weight_offset());
+    Saved saved = run(ctx, x, nullptr, nullptr, y.data(), {});
     return {std::move(y), std::move(saved)};
   }
 
   // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
   template <class Layout>
   std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
-    detail::expect_full_hidden<Layout>();
-    const index_t rows = x.shape().rows(), h = weight_.value.numel();
-    if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
     check_same_shape(x.shape(), residual.shape(), "LayerNorm residual");
-    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    ctx.device.template layernorm_forward<T>(x.data(), weight_.value.data(), bias_.value.data(), rows, h, A(eps_), y.data(),
-                               saved.mean.data(), saved.rstd.data(), residual.data(), x.data(), weight_offset());
+    Saved saved = run(ctx, x, residual.data(), x.data(), y.data(), {});
     return {std::move(y), std::move(saved)};
+  }
+
+  // forward() and forward_add() with the output written as FP8 codes (`out`) instead of returned in T,
+  // for a caller whose only reader of the output is an FP8 GEMM (TransformerLayer); needs the
+  // backend's layernorm_forward_fp8 (detail::norms_write_fp8).
+  template <class Layout>
+  Saved forward_codes(Context& ctx, const Act<Layout>& x, const Fp8Output& out) const {
+    return run(ctx, x, nullptr, nullptr, nullptr, out);
+  }
+  template <class Layout>
+  Saved forward_add_codes(Context& ctx, Act<Layout>& x, const Act<Layout>& residual, const Fp8Output& out) const {
+    check_same_shape(x.shape(), residual.shape(), "LayerNorm residual");
+    return run(ctx, x, residual.data(), x.data(), nullptr, out);
   }
 
   // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
@@ -127,6 +144,27 @@ class LayerNorm {
   bool zero_centered() const { return zero_centered_; }
 
  private:
+  // The forward kernel: sum := x + residual first with a residual; the output into y, or as codes
+  // into `out` (out.codes set).
+  template <class Layout>
+  Saved run(Context& ctx, const Act<Layout>& x, const T* residual, T* sum, T* y, const Fp8Output& out) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("LayerNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows}), Tensor<A, Space>::empty(Shape{rows})};
+    const T *g = weight_.value.data(), *b = bias_.value.data();
+    if (!out.codes) {
+      ctx.device.template layernorm_forward<T>(x.data(), g, b, rows, h, A(eps_), y, saved.mean.data(), saved.rstd.data(),
+                                               residual, sum, weight_offset());
+    } else if constexpr (detail::norms_write_fp8<typename Context::device_type, T>) {
+      ctx.device.template layernorm_forward_fp8<T>(x.data(), g, b, rows, h, A(eps_), saved.mean.data(), saved.rstd.data(),
+                                                   residual, sum, weight_offset(), out);
+    } else {
+      fail<Error>("LayerNorm ", weight_.name, ": this backend's norms cannot write FP8 codes (layernorm_forward_fp8)");
+    }
+    return saved;
+  }
+
   // The kernel: dg, db written into (or, with accumulate, added into) dweight, dbias.
   template <class Layout>
   Act<Layout> backward_into(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
@@ -177,28 +215,29 @@ class RmsNorm {
 
   template <class Layout>
   std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    detail::expect_full_hidden<Layout>();
-    const index_t rows = x.shape().rows(), h = weight_.value.numel();
-    if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
-    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data(),
-                                           nullptr, nullptr, weight_offset());
+    Saved saved = run(ctx, x, nullptr, nullptr, y.data(), {});
     return {std::move(y), std::move(saved)};
   }
 
   // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
   template <class Layout>
   std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
-    detail::expect_full_hidden<Layout>();
-    const index_t rows = x.shape().rows(), h = weight_.value.numel();
-    if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
     check_same_shape(x.shape(), residual.shape(), "RmsNorm residual");
-    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
     Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y.data(), saved.rstd.data(),
-                                           residual.data(), x.data(), weight_offset());
+    Saved saved = run(ctx, x, residual.data(), x.data(), y.data(), {});
     return {std::move(y), std::move(saved)};
+  }
+
+  // As LayerNorm's: the output as FP8 codes (the backend's rmsnorm_forward_fp8).
+  template <class Layout>
+  Saved forward_codes(Context& ctx, const Act<Layout>& x, const Fp8Output& out) const {
+    return run(ctx, x, nullptr, nullptr, nullptr, out);
+  }
+  template <class Layout>
+  Saved forward_add_codes(Context& ctx, Act<Layout>& x, const Act<Layout>& residual, const Fp8Output& out) const {
+    check_same_shape(x.shape(), residual.shape(), "RmsNorm residual");
+    return run(ctx, x, residual.data(), x.data(), nullptr, out);
   }
 
   // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
@@ -234,6 +273,25 @@ class RmsNorm {
   bool zero_centered() const { return zero_centered_; }
 
  private:
+  // As LayerNorm::run.
+  template <class Layout>
+  Saved run(Context& ctx, const Act<Layout>& x, const T* residual, T* sum, T* y, const Fp8Output& out) const {
+    detail::expect_full_hidden<Layout>();
+    const index_t rows = x.shape().rows(), h = weight_.value.numel();
+    if (x.shape().cols() != h) fail<ShapeError>("RmsNorm ", weight_.name, ": input ", x.shape().str(), " is not of width ", h);
+    Saved saved{x.tensor, Tensor<A, Space>::empty(Shape{rows})};
+    if (!out.codes) {
+      ctx.device.template rmsnorm_forward<T>(x.data(), weight_.value.data(), rows, h, A(eps_), y, saved.rstd.data(), residual,
+                                             sum, weight_offset());
+    } else if constexpr (detail::norms_write_fp8<typename Context::device_type, T>) {
+      ctx.device.template rmsnorm_forward_fp8<T>(x.data(), weight_.value.data(), rows, h, A(eps_), saved.rstd.data(),
+                                                 residual, sum, weight_offset(), out);
+    } else {
+      fail<Error>("RmsNorm ", weight_.name, ": this backend's norms cannot write FP8 codes (rmsnorm_forward_fp8)");
+    }
+    return saved;
+  }
+
   template <class Layout>
   Act<Layout> backward_into(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Act<Layout>* dresidual,
                             A* dweight, bool accumulate) {

@@ -6,7 +6,10 @@
 // The first residual add runs inside norm2 (forward_add), the second (without hidden dropout) in the
 // epilogue of the MLP's last GEMM where the backend fuses it (on one tensor-parallel rank; Mlp::
 // forward with a residual), and the backward hands each norm the residual branch's gradient to add
-// into its own (one pass over the activations each).
+// into its own (one pass over the activations each). Under FP8's delayed recipe, where the block
+// after a norm takes its first linear layer's input as FP8 codes (SelfAttention's qkv, Mlp's fc1:
+// their fp8_input_state), the norm writes those codes instead of its output in T
+// (forward_codes; Fp8Options::norm_writes_codes).
 //
 // Dropout keys, all from the forward's dropout_key (distinct per layer and micro-batch): the
 // attention block's output rng::mix(key, 1), the MLP's output rng::mix(key, 2) (hidden dropout),
@@ -20,6 +23,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -28,6 +32,7 @@
 #include "../core/rng.hpp"
 #include "deferred_weight_gradients.hpp"
 #include "dropout.hpp"
+#include "fp8_linear.hpp"
 #include "norm.hpp"
 #include "policy.hpp"
 
@@ -62,6 +67,23 @@ concept norm_sums_residual_gradient = requires(N& norm, Context& ctx, const Save
 };
 // A norm that can leave the reduction of its parameter gradients to its caller (backward_partial,
 // partial_size; the increments in for_each_parameter's order).
+// Blocks whose first linear layer a norm can hand its input as FP8 codes (fp8_input_state,
+// fp8_input_of, forward with the codes: SelfAttention, Mlp), and a norm that writes them.
+template <class Block, class Context, class Act, class Space>
+concept attention_takes_fp8_input = requires(const Block& block, Context& ctx, const Act& x, Fp8Pair<Space>* given) {
+  { block.fp8_input_state(ctx) } -> std::convertible_to<Fp8State<Space>*>;
+  block.forward(ctx, x, std::optional<std::uint64_t>{}, given);
+};
+template <class Block, class Context, class Act, class Space>
+concept mlp_takes_fp8_input = requires(const Block& block, Context& ctx, const Act& x, Fp8Pair<Space>* given) {
+  { block.fp8_input_state(ctx) } -> std::convertible_to<Fp8State<Space>*>;
+  block.forward(ctx, x, &x, given);
+};
+template <class N, class Context, class Act>
+concept norm_writes_codes = requires(const N& norm, Context& ctx, Act& x, const Act& residual, const Fp8Output& out) {
+  norm.forward_codes(ctx, x, out);
+  norm.forward_add_codes(ctx, x, residual, out);
+};
 template <class N, class Context, class Saved, class Act>
 concept norm_writes_partials = requires(N& norm, Context& ctx, const Saved& saved, const Act& dy,
                                         accumulate_t<typename Act::element_type>* partials) {
@@ -109,17 +131,13 @@ class TransformerLayer {
                                 ForwardMode mode = ForwardMode::training) const {
     Saved saved;
     saved.dropout_key = dropout_key;
-    auto [h1, n1] = norm1_.forward(ctx, x);
-    auto [a, at] = mode == ForwardMode::training ? attention_.forward(ctx, h1, rng::mix(dropout_key, 3))
-                                                 : attention_.forward(ctx, h1);  // a is ours: dropout and the residual add go in place
+    // a is ours: dropout and the residual add go in place
+    auto [a, at] = attention_of_norm(ctx, x, saved.norm1, mode == ForwardMode::training, dropout_key);
     const double hidden_dropout = mode == ForwardMode::training ? config_.hidden_dropout : 0.0;
     saved.hidden_dropout = hidden_dropout;
     dropout_forward(ctx, a, hidden_dropout, rng::mix(dropout_key, 1));
-    auto [h2, n2] = norm2_.forward_add(ctx, a, x);  // a := x + attention, h2 = norm2(a) in one pass
-    auto [m, ml] = mlp_residual(ctx, h2, a, hidden_dropout, dropout_key);  // y := h + dropout(mlp)
-    saved.norm1 = std::move(n1);
+    auto [m, ml] = mlp_of_norm(ctx, a, x, saved.norm2, hidden_dropout, dropout_key);  // a := x + attention; y := a + dropout(mlp)
     saved.attention = std::move(at);
-    saved.norm2 = std::move(n2);
     saved.mlp = std::move(ml);
     return {std::move(m), std::move(saved)};
   }
@@ -226,6 +244,53 @@ class TransformerLayer {
   }
 
  private:
+  // The FP8 state for which a norm before `block` writes the block's input codes (the block's
+  // fp8_input_state: its first linear layer runs FP8 under the delayed recipe), or null: then the
+  // norm writes its output in T and the linear layer casts it.
+  template <class Block>
+  static Fp8State<Space>* codes_target(const Block& block, const Context& ctx) {
+    if constexpr (detail::norm_writes_codes<Norm<Policy>, Context, Act> &&
+                  detail::norms_write_fp8<typename Context::device_type, T>)
+      return block.fp8_input_state(ctx);
+    else
+      return nullptr;
+  }
+
+  // attention(norm1(x)), norm1's Saved into n1; norm1 writes the qkv projection's input codes where
+  // the attention takes them (codes_target), else its output in T.
+  auto attention_of_norm(Context& ctx, const Act& x, typename Norm<Policy>::Saved& n1, bool training,
+                         std::uint64_t dropout_key) const {
+    if constexpr (detail::attention_takes_fp8_input<Attention, Context, Act, Space>) {
+      if (codes_target(attention_, ctx)) {
+        auto given = attention_.fp8_input_of(ctx, x.shape(), [&](const Fp8Output& out) { n1 = norm1_.forward_codes(ctx, x, out); });
+        return training ? attention_.forward(ctx, x, rng::mix(dropout_key, 3), &given)
+                        : attention_.forward(ctx, x, std::nullopt, &given);
+      }
+    }
+    auto [h1, saved] = norm1_.forward(ctx, x);
+    n1 = std::move(saved);
+    return training ? attention_.forward(ctx, h1, rng::mix(dropout_key, 3)) : attention_.forward(ctx, h1);
+  }
+
+  // a := a + x, then a + dropout(mlp(norm2(a))), norm2's Saved into n2 (the add inside norm2's pass);
+  // norm2 writes fc1's input codes where the MLP takes them (codes_target), else its output in T.
+  auto mlp_of_norm(Context& ctx, Act& a, const Act& x, typename Norm<Policy>::Saved& n2, double hidden_dropout,
+                   std::uint64_t dropout_key) const {
+    if constexpr (detail::mlp_takes_fp8_input<MlpBlock, Context, Act, Space>) {
+      if (codes_target(mlp_, ctx)) {
+        auto given = mlp_.fp8_input_of(ctx, a.shape(), [&](const Fp8Output& out) { n2 = norm2_.forward_add_codes(ctx, a, x, out); });
+        if (hidden_dropout == 0) return mlp_.forward(ctx, a, &a, &given);
+        auto out = mlp_.forward(ctx, a, nullptr, &given);
+        dropout_forward(ctx, out.first, hidden_dropout, rng::mix(dropout_key, 2));
+        add_into(ctx, out.first, a);
+        return out;
+      }
+    }
+    auto [h2, saved] = norm2_.forward_add(ctx, a, x);
+    n2 = std::move(saved);
+    return mlp_residual(ctx, h2, a, hidden_dropout, dropout_key);
+  }
+
   // h + dropout(mlp(h2)): without dropout, the add runs in the epilogue of the MLP's last GEMM where
   // the block takes a residual (Mlp::forward), else after the dropout.
   auto mlp_residual(Context& ctx, const Act& h2, const Act& h, double hidden_dropout, std::uint64_t dropout_key) const {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "../../core/space.hpp"
 #include "../backend.hpp"
@@ -196,6 +197,22 @@ struct backend {
   static void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
                                A* dg, const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0)) {
     cpu::rmsnorm_backward<T>(dy, x, g, rstd, rows, h, dx, dg, dresidual, accumulate, weight_offset);
+  }
+  // The forwards with the output written as FP8 codes (Fp8Output) instead of in T: the norm into T,
+  // then fp8_cast of it, so the codes and amax are those of the two steps by construction.
+  template <class T, class A = accumulate_t<T>>
+  static void layernorm_forward_fp8(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, A* mean, A* rstd,
+                                    const T* residual, T* sum, A weight_offset, Fp8Output out) {
+    std::vector<T> y(static_cast<std::size_t>(rows * h));
+    cpu::layernorm_forward<T>(x, g, b, rows, h, eps, y.data(), mean, rstd, residual, sum, weight_offset);
+    cpu::fp8_cast<T>(y.data(), rows * h, out.format, out.scale, out.codes, out.amax);
+  }
+  template <class T, class A = accumulate_t<T>>
+  static void rmsnorm_forward_fp8(const T* x, const T* g, index_t rows, index_t h, A eps, A* rstd, const T* residual,
+                                  T* sum, A weight_offset, Fp8Output out) {
+    std::vector<T> y(static_cast<std::size_t>(rows * h));
+    cpu::rmsnorm_forward<T>(x, g, rows, h, eps, y.data(), rstd, residual, sum, weight_offset);
+    cpu::fp8_cast<T>(y.data(), rows * h, out.format, out.scale, out.codes, out.amax);
   }
 
   // activations

@@ -404,6 +404,18 @@ class backend {
                        const T* residual = nullptr, T* sum = nullptr, A weight_offset = A(0)) const {
     kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, y, rstd, residual, sum, stream(), weight_offset);
   }
+  // The forwards with the output written as FP8 codes (Fp8Output) instead of in T, in the norm's own
+  // pass: the codes and amax fp8_cast of the T output would make (kernels/norm.cuh).
+  template <class T, class A = accumulate_t<T>>
+  void layernorm_forward_fp8(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, A* mean, A* rstd,
+                             const T* residual, T* sum, A weight_offset, Fp8Output out) const {
+    kernels::layernorm_forward<T, A>(x, g, b, rows, h, eps, nullptr, mean, rstd, residual, sum, stream(), weight_offset, out);
+  }
+  template <class T, class A = accumulate_t<T>>
+  void rmsnorm_forward_fp8(const T* x, const T* g, index_t rows, index_t h, A eps, A* rstd, const T* residual, T* sum,
+                           A weight_offset, Fp8Output out) const {
+    kernels::rmsnorm_forward<T, A>(x, g, rows, h, eps, nullptr, rstd, residual, sum, stream(), weight_offset, out);
+  }
   template <class T, class A = accumulate_t<T>>
   void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx,
                         A* dg, const T* dresidual = nullptr, bool accumulate = false, A weight_offset = A(0)) const {

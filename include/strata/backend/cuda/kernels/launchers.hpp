@@ -162,14 +162,14 @@ void squared_relu_backward(const T* dy, const T* x, index_t n, T* dx, cudaStream
 STRATA_CUDA_INLINE index_t norm_backward_blocks(index_t rows);  // the backward's workspace rows (see norm.cuh)
 template <class T, class A = accumulate_t<T>>
 void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       const T* residual, T* sum, cudaStream_t stream, A weight_offset = A(0));
+                       const T* residual, T* sum, cudaStream_t stream, A weight_offset = A(0), Fp8Output fp8 = {});
 template <class T, class A = accumulate_t<T>>
 void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* rstd, index_t rows, index_t h,
                         T* dx, A* dg, A* db, const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream,
                         A* dresidual_sums = nullptr, A weight_offset = A(0));
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual, T* sum,
-                     cudaStream_t stream, A weight_offset = A(0));
+                     cudaStream_t stream, A weight_offset = A(0), Fp8Output fp8 = {});
 template <class T, class A = accumulate_t<T>>
 void rmsnorm_backward(const T* dy, const T* x, const T* g, const A* rstd, index_t rows, index_t h, T* dx, A* dg,
                       const T* dresidual, A* workspace, bool accumulate, cudaStream_t stream, A weight_offset = A(0));

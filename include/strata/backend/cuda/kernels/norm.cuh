@@ -12,6 +12,10 @@
 // writes dx = T(dresidual + the norm's dx) (dx may be dresidual). Each element is read and written by
 // the same thread, so the aliases are safe.
 //
+// With `fp8` (Fp8Output, codes set) the forward writes its output as FP8 codes instead of y: each
+// element rounded to T as y would hold it, then cast as fp8_cast casts it (fp8.cuh: the same codes;
+// |element| folded into the block's amax, one atomicMax a block). y is not written (may be null).
+//
 // weight_offset (zero-centred weights, Megatron's --apply-layernorm-1p): every kernel scales by
 // g + weight_offset, added in A; dg stays the gradient of g.
 //
@@ -38,6 +42,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "fp8.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
@@ -147,14 +152,41 @@ bool with_norm_team(index_t h, F&& f) {
   return true;
 }
 
+// The FP8 codes of one 16-byte vector of T elements into its V bytes at p (V-byte aligned), each
+// element's |value| folded into bits: fp8_cast's codes of those elements (fp8_round8's eight at a
+// time for 2-byte T, one by one for float and double).
+template <class T>
+__device__ __forceinline__ void fp8_store_vector(std::uint8_t* p, const packed<T>& v, float s, Fp8Format format,
+                                                 unsigned& bits) {
+  constexpr int V = packed<T>::width;
+  if constexpr (V == 8) {
+    float e[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = static_cast<float>(unpack<T>(v.raw[k]));
+    *reinterpret_cast<uint2*>(p) = fp8_round8(e, s, format, bits);
+  } else {
+    unsigned word = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float e = static_cast<float>(unpack<T>(v.raw[k]));
+      bits = max(bits, __float_as_uint(e) & 0x7fffffffu);
+      word |= static_cast<unsigned>(fp8_round(e * s, format)) << (8 * k);
+    }
+    if constexpr (V == 4) *reinterpret_cast<unsigned*>(p) = word;
+    else *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(word);
+  }
+}
+
 // Thread t of a team (t < W * 32) holds vectors j * W * 32 + t of its row, j < G.
 template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_team_kernel(
     const T* x, const T* __restrict__ g, const T* __restrict__ b, index_t rows, int h, A eps, T* __restrict__ y, A* mean,
-    A* rstd, const T* residual, T* sum_out, A weight_offset) {
+    A* rstd, const T* residual, T* sum_out, A weight_offset, Fp8Output fp8) {
   constexpr int V = packed<T>::width, N = W * 32;
   const int t = threadIdx.x % N;  // thread within the team
   const index_t teams = index_t(gridDim.x) * kNormTeamsPerBlock<W>;
+  const float s = fp8.codes ? *fp8.scale : 0.0f;
+  unsigned bits = 0;
   int round = 0;
   for (index_t r = blockIdx.x * index_t(kNormTeamsPerBlock<W>) + threadIdx.x / N; r < rows; r += teams) {
     const packed<T>* xr = reinterpret_cast<const packed<T>*>(x + r * h);  // x (rows, h), as (rows, h / V) vectors
@@ -215,9 +247,11 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_t
         if (layer && b) o += unpack<T>(bv.raw[k]);
         result.raw[k] = pack<T>(o);
       }
-      yr[v] = result;
+      if (fp8.codes) fp8_store_vector<T>(fp8.codes + r * h + index_t(v) * V, result, s, fp8.format, bits);
+      else yr[v] = result;
     }
   }
+  if (fp8.amax) fp8_block_amax(bits, fp8.amax);
 }
 
 // Dynamic shared memory: 2 (3 with ds_partials) * kNormTeamsPerBlock<W> * (G * V * W * 32) elements
@@ -320,7 +354,9 @@ __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_backward_
 
 template <class T, bool layer, class A = accumulate_t<T>>
 __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean,
-                                    A* rstd, const T* residual, T* sum_out, A weight_offset) {
+                                    A* rstd, const T* residual, T* sum_out, A weight_offset, Fp8Output fp8) {
+  const float s = fp8.codes ? *fp8.scale : 0.0f;
+  unsigned bits = 0;
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * h;  // x (rows, h)
     if (residual) {  // sum (rows, h) = T(x + residual); each thread reads back only its own elements
@@ -344,13 +380,19 @@ __global__ void norm_forward_kernel(const T* x, const T* g, const T* b, index_t 
       if constexpr (layer) mean[r] = mu;
       rstd[r] = rs;
     }
-    T* yr = y + r * h;
     for (index_t i = threadIdx.x; i < h; i += blockDim.x) {
       A out = (load(xr, i) - mu) * rs * (load(g, i) + weight_offset);
       if (layer && b) out += load(b, i);
-      store(yr, i, out);
+      if (fp8.codes) {  // the element as y would hold it, cast as fp8_cast casts it
+        const float e = static_cast<float>(unpack<T>(pack<T>(out)));
+        bits = max(bits, fp8_abs_bits(e));
+        fp8.codes[r * h + i] = fp8_round(e * s, fp8.format);
+      } else {
+        store(y + r * h, i, out);
+      }
     }
   }
+  if (fp8.amax) fp8_block_amax(bits, fp8.amax);
 }
 
 template <class T, bool layer, class A = accumulate_t<T>>
@@ -403,19 +445,21 @@ bool norm_vectorized(index_t h, std::initializer_list<const void*> pointers) {
 
 template <class T, bool layer, class A>
 void norm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                  const T* residual, T* sum, cudaStream_t stream, const char* name, A weight_offset) {
+                  const T* residual, T* sum, cudaStream_t stream, const char* name, A weight_offset, Fp8Output fp8) {
   if (rows <= 0 || h <= 0) return;
   constexpr int V = packed<T>::width;
-  const bool warp_path = norm_vectorized<T>(h, {x, g, b, y, residual, sum}) &&
+  if (fp8.codes) y = nullptr;  // the codes instead
+  const bool warp_path = norm_vectorized<T>(h, {x, g, b, y, residual, sum, fp8.codes}) &&
                          with_norm_team<V>(h, [&](auto team, auto vectors) {
                            constexpr int W = decltype(team)::value, teams = kNormTeamsPerBlock<W>;
                            const auto blocks = static_cast<unsigned>(std::min<index_t>((rows + teams - 1) / teams, 65535));
                            norm_forward_team_kernel<T, layer, W, decltype(vectors)::value, A><<<blocks, teams * W * 32, 0, stream>>>(
-                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum, weight_offset);
+                               x, g, b, rows, static_cast<int>(h), eps, y, mean, rstd, residual, sum, weight_offset, fp8);
                          });
   if (!warp_path) {
     const unsigned blocks = static_cast<unsigned>(std::min<index_t>(rows, 65535));
-    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, weight_offset);
+    norm_forward_kernel<T, layer, A><<<blocks, kNormThreads, 0, stream>>>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum,
+                                                                          weight_offset, fp8);
   }
   check_launch(name);
 }
@@ -466,8 +510,9 @@ void norm_backward(const T* dy, const T* x, const T* g, const A* mean, const A* 
 
 template <class T, class A>
 void layernorm_forward(const T* x, const T* g, const T* b, index_t rows, index_t h, A eps, T* y, A* mean, A* rstd,
-                       const T* residual, T* sum, cudaStream_t stream, A weight_offset) {
-  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward", weight_offset);
+                       const T* residual, T* sum, cudaStream_t stream, A weight_offset, Fp8Output fp8) {
+  norm_forward<T, true, A>(x, g, b, rows, h, eps, y, mean, rstd, residual, sum, stream, "layernorm_forward", weight_offset,
+                           fp8);
 }
 
 // workspace: 3 * norm_backward_blocks(rows) * h elements of A. accumulate: dg, db += instead of =.
@@ -483,9 +528,9 @@ void layernorm_backward(const T* dy, const T* x, const T* g, const A* mean, cons
 
 template <class T, class A>
 void rmsnorm_forward(const T* x, const T* g, index_t rows, index_t h, A eps, T* y, A* rstd, const T* residual, T* sum,
-                     cudaStream_t stream, A weight_offset) {
+                     cudaStream_t stream, A weight_offset, Fp8Output fp8) {
   norm_forward<T, false, A>(x, g, nullptr, rows, h, eps, y, nullptr, rstd, residual, sum, stream, "rmsnorm_forward",
-                            weight_offset);
+                            weight_offset, fp8);
 }
 
 // workspace: norm_backward_blocks(rows) * h elements of A.

@@ -11,13 +11,14 @@ namespace cuda::kernels {
 #define STRATA_INSTANCE(T)                                                                                           \
   template void layernorm_forward<T, accumulate_t<T>>(const T*, const T*, const T*, index_t, index_t, accumulate_t<T>, \
                                                       T*, accumulate_t<T>*, accumulate_t<T>*, const T*, T*,          \
-                                                      cudaStream_t, accumulate_t<T>);                               \
+                                                      cudaStream_t, accumulate_t<T>, Fp8Output);                    \
   template void layernorm_backward<T, accumulate_t<T>>(                                                             \
       const T*, const T*, const T*, const accumulate_t<T>*, const accumulate_t<T>*, index_t, index_t, T*,           \
       accumulate_t<T>*, accumulate_t<T>*, const T*, accumulate_t<T>*, bool, cudaStream_t, accumulate_t<T>*,         \
       accumulate_t<T>);                                                                                             \
   template void rmsnorm_forward<T, accumulate_t<T>>(const T*, const T*, index_t, index_t, accumulate_t<T>, T*,       \
-                                                    accumulate_t<T>*, const T*, T*, cudaStream_t, accumulate_t<T>); \
+                                                    accumulate_t<T>*, const T*, T*, cudaStream_t, accumulate_t<T>,  \
+                                                    Fp8Output);                                                     \
   template void rmsnorm_backward<T, accumulate_t<T>>(const T*, const T*, const T*, const accumulate_t<T>*, index_t,  \
                                                      index_t, T*, accumulate_t<T>*, const T*, accumulate_t<T>*, bool, \
                                                      cudaStream_t, accumulate_t<T>);                                \
