@@ -294,7 +294,8 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   // values padded to them, one key/value head per query head).
   // FP8 layers (--fp8-format, the per-tensor recipes): their linear GEMMs at the calibration's FP8
   // rates, plus the casts (each GEMM operand in the element type read and its codes written in both
-  // layouts, once per micro-batch; the weights' once per step). Blockwise is priced as bf16.
+  // layouts, once per micro-batch; the weights' once per step; the norms' outputs, below). Blockwise
+  // is priced as bf16.
   const bool fp8 = !a.fp8_format.empty() && a.fp8_recipe != "blockwise";
   auto fp8_gemm_ms = [&](double rows, double cols, double inner) {
     if (rows < 1 || cols < 1 || inner < 1) return 0.0;
@@ -319,8 +320,16 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   const double fp8_dense_gemm = fp8 ? fp8_attention_gemm + mlp_gemm_of(fp8_gemm_ms) : dense_gemm;
   const double attention_io = h + (heads + 2 * groups) * d / tp + heads * d / tp + h,
                mlp_io = h + ffn * (gated ? 2 : 1) / tp + ffn / tp + h;
-  const double fp8_attention_casts = fp8 ? bytes_ms((vb + 2) * t * attention_io) : 0,
-               fp8_mlp_casts = fp8 ? bytes_ms((vb + 2) * t * mlp_io) : 0;
+  // Delayed: the norms write the qkv projection's and a dense fc1's input codes (Fp8Options::
+  // norm_writes_codes; not under multi-latent attention): one byte written where the norm wrote vb,
+  // then a transpose of the bytes (two), instead of the cast (vb + 2).
+  const bool norm_codes = fp8 && a.fp8_recipe == "delayed" && a.fp8_norm_writes_codes;
+  const double input_bytes = norm_codes ? 3 - vb : vb + 2;
+  const double fp8_attention_casts =
+                   fp8 ? bytes_ms((vb + 2) * t * (attention_io - h) +
+                                  (m.multi_latent_attention ? vb + 2 : input_bytes) * t * h)
+                       : 0,
+               fp8_mlp_casts = fp8 ? bytes_ms((vb + 2) * t * (mlp_io - h) + input_bytes * t * h) : 0;
   // Under the delayed recipe a MoE layer's experts run FP8 too (layers/moe/experts.hpp): their GEMMs
   // at the FP8 rates, their operands cast (x, the activation, dy and the activation's gradient, both
   // layouts) and the weight gradients' groups of transposed codes copied out, and (per-expert GEMMs)
