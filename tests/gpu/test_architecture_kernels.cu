@@ -2,7 +2,8 @@
 // twins (the same entry points of cpu::backend): the gated activations beyond SwiGLU (quick GeGLU,
 // gpt-oss's clamp and linear offset), squared ReLU, the shared experts' sigmoid gate (Qwen2-MoE), the
 // rotary variants (partial, interleaved,
-// Llama 3.1 scaling), and LayerNorm / RMSNorm with a weight offset (--apply-layernorm-1p) on the
+// Llama 3.1 scaling; the attention's split with RoPE in one pass and the merge with its backward, also
+// bit for bit against the two steps), and LayerNorm / RMSNorm with a weight offset (--apply-layernorm-1p) on the
 // warp-per-row and the block-per-row paths. Each check runs the GPU entry point twice on fresh
 // uploads with NaN-filled outputs: the same bits both times, and ||gpu - cpu|| / ||cpu|| within
 // 1e-12 (double), 1e-5 (float), 1e-2 (bf16).
@@ -143,6 +144,69 @@ void test_rope(backend& dev, suite& results, host_rng& rng, index_t s, index_t h
   }
 }
 
+// The attention's split with RoPE in one pass (qkv_split_rope) and the merge with RoPE's backward
+// (qkv_merge_rope) against the GPU's own two steps (qkv_split then rope_forward on q and k;
+// rope_backward on copies of dq and dk then qkv_merge) bit for bit, and against the CPU twin within
+// the tolerance; the merge leaves dq and dk as they were. Packed rows [s * b, groups, hpg + 2, d].
+template <class T>
+void test_qkv_rope(backend& dev, suite& results, host_rng& rng, index_t s, index_t b, index_t groups, index_t hpg, index_t d) {
+  const double tol = tolerance<T>();
+  const index_t heads = groups * hpg;
+  const auto nq = static_cast<std::size_t>(s * b * heads * d), nk = static_cast<std::size_t>(s * b * groups * d),
+             np = nq + 2 * nk;
+  strata::RopeOptions plain, partial, interleaved, yarn;
+  partial.rotary_dim = d / 2 - (d / 2) % 2;
+  interleaved.interleaved = true;
+  yarn.yarn_factor = 32, yarn.yarn_original_max_positions = 4096, yarn.yarn_round_to_int = false;
+  struct variant { const char* name; strata::RopeOptions options; };
+  for (const variant& v : {variant{"plain", plain}, variant{"partial", partial}, variant{"interleaved", interleaved},
+                           variant{"yarn", yarn}}) {
+    const auto vqkv = rng.template uniform<T>(np), vdq = rng.template uniform<T>(nq), vdk = rng.template uniform<T>(nk),
+               vdv = rng.template uniform<T>(nk);
+    std::vector<T> rq(nq), rk(nk), rv(nk), rd(np);
+    twin::qkv_split_rope(vqkv.data(), s, b, groups, hpg, d, rq.data(), rk.data(), rv.data(), 500000.0, 3, v.options);
+    twin::qkv_merge_rope(vdq.data(), vdk.data(), vdv.data(), s, b, groups, hpg, d, rd.data(), 500000.0, 3, v.options);
+    device_vector<T> qkv(np), q(nq), k(nk), vv(nk), dq(nq), dk(nk), dv(nk), dqkv(np);
+    auto fused = [&] {
+      upload(dev, vqkv, qkv); upload(dev, vdq, dq); upload(dev, vdk, dk); upload(dev, vdv, dv);
+      nan_fill(dev, q); nan_fill(dev, k); nan_fill(dev, vv); nan_fill(dev, dqkv);
+      dev.qkv_split_rope(qkv.data(), s, b, groups, hpg, d, q.data(), k.data(), vv.data(), 500000.0, 3, v.options);
+      dev.qkv_merge_rope(dq.data(), dk.data(), dv.data(), s, b, groups, hpg, d, dqkv.data(), 500000.0, 3, v.options);
+      std::vector<T> split = download(dev, q), kk = download(dev, k), v2 = download(dev, vv);
+      split.insert(split.end(), kk.begin(), kk.end());
+      split.insert(split.end(), v2.begin(), v2.end());
+      const bool inputs_kept = same_bits(download(dev, dq), vdq) && same_bits(download(dev, dk), vdk);
+      return std::tuple{split, download(dev, dqkv), inputs_kept};
+    };
+    auto unfused = [&] {
+      upload(dev, vqkv, qkv); upload(dev, vdq, dq); upload(dev, vdk, dk); upload(dev, vdv, dv);
+      dev.qkv_split(qkv.data(), s * b, groups, hpg, d, q.data(), k.data(), vv.data());
+      dev.rope_forward(q.data(), s, b * heads, d, 500000.0, 3, v.options);
+      dev.rope_forward(k.data(), s, b * groups, d, 500000.0, 3, v.options);
+      dev.rope_backward(dq.data(), s, b * heads, d, 500000.0, 3, v.options);
+      dev.rope_backward(dk.data(), s, b * groups, d, 500000.0, 3, v.options);
+      dev.qkv_merge(dq.data(), dk.data(), dv.data(), s * b, groups, hpg, d, dqkv.data());
+      std::vector<T> split = download(dev, q), kk = download(dev, k), v2 = download(dev, vv);
+      split.insert(split.end(), kk.begin(), kk.end());
+      split.insert(split.end(), v2.begin(), v2.end());
+      return std::pair{split, download(dev, dqkv)};
+    };
+    const auto [f1, m1, kept] = fused();
+    const auto [f2, m2, kept2] = fused();
+    const auto [u, um] = unfused();
+    std::vector<T> reference = rq;
+    reference.insert(reference.end(), rk.begin(), rk.end());
+    reference.insert(reference.end(), rv.begin(), rv.end());
+    const std::string dims = type_name<T>() + " s=" + std::to_string(s) + " b=" + std::to_string(b) + " groups=" +
+                             std::to_string(groups) + " hpg=" + std::to_string(hpg) + " d=" + std::to_string(d) + " " + v.name;
+    compare(results, "qkv_split_rope<" + dims + "> q k v", f1, f2, reference, tol);
+    compare(results, "qkv_merge_rope<" + dims + "> dqkv", m1, m2, rd, tol);
+    results.record(same_bits(f1, u) && same_bits(m1, um),
+                   "qkv_split_rope / qkv_merge_rope<" + dims + ">: the bits of qkv_split + rope_forward, rope_backward + qkv_merge");
+    results.record(kept && kept2, "qkv_merge_rope<" + dims + ">: dq and dk unchanged");
+  }
+}
+
 // Norms with weight offset 1 (the stored weight is gamma - 1, near zero).
 template <class T>
 void test_norm_offset(backend& dev, suite& results, host_rng& rng, index_t rows, index_t cols) {
@@ -219,6 +283,13 @@ int main(int argc, char** argv) {
       test_rope<float>(device, results, rng, s, n, d);
       test_rope<double>(device, results, rng, s, n, d);
       test_rope<strata::bf16>(device, results, rng, s, n, d);
+    }
+    // groups x (hpg + 2) heads a row: MHA (hpg 1), GQA, one group; d = 12 takes the element path
+    for (const auto& [s, b, groups, hpg, d] : std::vector<std::tuple<index_t, index_t, index_t, index_t, index_t>>{
+             {5, 2, 3, 1, 12}, {129, 2, 8, 3, 128}, {64, 3, 1, 4, 64}, {33, 1, 2, 25, 128}}) {
+      test_qkv_rope<float>(device, results, rng, s, b, groups, hpg, d);
+      test_qkv_rope<double>(device, results, rng, s, b, groups, hpg, d);
+      test_qkv_rope<strata::bf16>(device, results, rng, s, b, groups, hpg, d);
     }
     // 64 and 128 (qk norms over a head) take the warp path, 7 and 2048 the block path.
     for (const auto& [rows, cols] : std::vector<std::pair<index_t, index_t>>{{3, 7}, {1001, 64}, {257, 128}, {5, 2048}}) {

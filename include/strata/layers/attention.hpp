@@ -11,7 +11,9 @@
 //           straight from the packed projection, which is saved instead of them, and its backward
 //           writes dq, dk, dv straight into the packed gradient (no split or merge copy)
 //         - copies: otherwise qkv_split to q [s, b, np, d], k, v [s, b, ng, d], RoPE on q and k
-//           when Position = rope, and qkv_merge of dq, dk, dv in the backward
+//           when Position = rope, and qkv_merge of dq, dk, dv in the backward (split and RoPE in one
+//           pass, RoPE's backward and the merge in one, where the backend has qkv_split_rope and
+//           no q/k norm lies between them)
 //   proj: RowParallelLinear heads * head_dim -> hidden (all-reduce, or reduce-scatter under SP)
 //
 // Attention dropout (AttentionConfig::dropout, Megatron's --attention-dropout) on the probabilities,
@@ -85,6 +87,16 @@
 #include "row_parallel_linear.hpp"
 
 STRATA_NAMESPACE_BEGIN
+
+namespace detail {
+// Whether the backend splits the packed projection with RoPE in one pass, and merges with RoPE's
+// backward (optional qkv_split_rope / qkv_merge_rope, docs/DEVICE.md).
+template <class Device, class T>
+concept backend_fuses_qkv_rope = requires(Device& d, const T* ct, T* t, index_t n, double base, const RopeOptions& o) {
+  d.template qkv_split_rope<T>(ct, n, n, n, n, n, t, t, t, base, n, o);
+  d.template qkv_merge_rope<T>(ct, ct, ct, n, n, n, n, n, t, base, n, o);
+};
+}  // namespace detail
 
 // Position tags.
 struct rope {};     // rotary embedding on queries and keys (Llama)
@@ -290,6 +302,16 @@ class SelfAttention {
       saved.q = Tensor<T, Space>::empty(Shape{s, b, heads_local_, d});
       saved.k = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
       saved.v = Tensor<T, Space>::empty(Shape{s, b, groups_local_, d});
+      if constexpr (fuses_rope) {
+        if (!has_qk_norm()) {  // the split and RoPE in one pass
+          ctx.device.template qkv_split_rope<T>(qkv.data(), s, b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
+                                                saved.v.data(), config_.rope_base, 0, config_.rope);
+          ctx.device.template attention_forward<T>(saved.q.data(), saved.k.data(), saved.v.data(), s, b, heads_local_,
+                                                   groups_local_, d, scale(), saved.out.data(), saved.lse.data(),
+                                                   options_of(AttentionStrides{}, saved.dropout));
+          return;
+        }
+      }
       ctx.device.template qkv_split<T>(qkv.data(), s * b, groups_local_, hpg, d, saved.q.data(), saved.k.data(),
                                        saved.v.data());
       qk_norm_forward(ctx, saved);
@@ -302,6 +324,12 @@ class SelfAttention {
                                                options_of(AttentionStrides{}, saved.dropout));
     }
   }
+
+  // Whether q, k, v are split with RoPE in the same pass (and dq, dk turned back in the merge): rope
+  // on a backend with qkv_split_rope / qkv_merge_rope, and no q/k norm between the two (core_forward).
+  static constexpr bool fuses_rope =
+      std::is_same_v<Position, rope> && detail::backend_fuses_qkv_rope<typename Policy::backend, T>;
+  bool has_qk_norm() const { return q_layernorm_.has_value() || q_rmsnorm_.has_value(); }
 
   // This rank's part of a local sequence of s tokens (two chunks of s / 2).
   ContextParallelSplit context_parallel_split(const Context& ctx, index_t s) const {
@@ -376,6 +404,13 @@ class SelfAttention {
                                               saved.out.data(), saved.lse.data(), s, b, heads_local_, groups_local_, d,
                                               scale(), dq.data(), dk.data(), dv.data(),
                                               backward_options_of(AttentionStrides{}, saved.dropout));
+    if constexpr (fuses_rope) {
+      if (!has_qk_norm()) {  // RoPE's backward and the merge in one pass
+        ctx.device.template qkv_merge_rope<T>(dq.data(), dk.data(), dv.data(), s, b, groups_local_, hpg, d, dqkv.data(),
+                                              config_.rope_base, 0, config_.rope);
+        return qkv_->backward(ctx, saved.qkv, dqkv, deferred);
+      }
+    }
     if constexpr (std::is_same_v<Position, rope>) {
       ctx.device.template rope_backward<T>(dq.data(), s, b * heads_local_, d, config_.rope_base, 0, config_.rope);
       ctx.device.template rope_backward<T>(dk.data(), s, b * groups_local_, d, config_.rope_base, 0, config_.rope);

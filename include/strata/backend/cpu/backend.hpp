@@ -260,6 +260,24 @@ struct backend {
                             const RopeOptions& options = {}) {
     cpu::rope_backward<T>(dx, s, n, d, base, position_offset, options);
   }
+  // qkv_split then rope_forward on q and k; rope_backward of copies of dq and dk then qkv_merge: the
+  // two steps, so the bits are theirs by construction (the GPU fuses them into one pass)
+  template <class T>
+  static void qkv_split_rope(const T* qkv, index_t s, index_t b, index_t groups, index_t heads_per_group, index_t d, T* q,
+                             T* k, T* v, double base, index_t position_offset, const RopeOptions& options = {}) {
+    cpu::qkv_split<T>(qkv, s * b, groups, heads_per_group, d, q, k, v);
+    cpu::rope_forward<T>(q, s, b * groups * heads_per_group, d, base, position_offset, options);
+    cpu::rope_forward<T>(k, s, b * groups, d, base, position_offset, options);
+  }
+  template <class T>
+  static void qkv_merge_rope(const T* dq, const T* dk, const T* dv, index_t s, index_t b, index_t groups,
+                             index_t heads_per_group, index_t d, T* dqkv, double base, index_t position_offset,
+                             const RopeOptions& options = {}) {
+    std::vector<T> q(dq, dq + s * b * groups * heads_per_group * d), k(dk, dk + s * b * groups * d);
+    cpu::rope_backward<T>(q.data(), s, b * groups * heads_per_group, d, base, position_offset, options);
+    cpu::rope_backward<T>(k.data(), s, b * groups, d, base, position_offset, options);
+    cpu::qkv_merge<T>(q.data(), k.data(), dv, s * b, groups, heads_per_group, d, dqkv);
+  }
   template <class T, class A = accumulate_t<T>>
   static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
                                 index_t d, A scale, T* out, A* lse, AttentionOptions options = {}) {

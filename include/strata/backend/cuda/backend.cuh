@@ -449,6 +449,21 @@ class backend {
                      RopeOptions options = {}) const {
     kernels::rope<T>(dx, s, n, d, base, position_offset, true, stream(), options);
   }
+  // qkv_split of the packed projection [s * b rows] with rope_forward on q and k in the same pass, and
+  // qkv_merge with rope_backward on dq and dk (dq, dk unchanged): kernels/rope.cuh's qkv_rope, whose
+  // kernel only reads the side it is given as input.
+  template <class T>
+  void qkv_split_rope(const T* qkv, index_t s, index_t b, index_t groups, index_t heads_per_group, index_t d, T* q, T* k,
+                      T* v, double base, index_t position_offset, RopeOptions options = {}) const {
+    kernels::qkv_rope<T>(const_cast<T*>(qkv), q, k, v, s, b, groups, heads_per_group, d, base, position_offset, false,
+                         stream(), options);
+  }
+  template <class T>
+  void qkv_merge_rope(const T* dq, const T* dk, const T* dv, index_t s, index_t b, index_t groups, index_t heads_per_group,
+                      index_t d, T* dqkv, double base, index_t position_offset, RopeOptions options = {}) const {
+    kernels::qkv_rope<T>(dqkv, const_cast<T*>(dq), const_cast<T*>(dk), const_cast<T*>(dv), s, b, groups, heads_per_group, d,
+                         base, position_offset, true, stream(), options);
+  }
   template <class T>
   void glu_forward(const T* gu, index_t rows, index_t f, GluActivation activation, T* y) const {
     kernels::glu_forward<T>(gu, rows, f, activation, y, stream());

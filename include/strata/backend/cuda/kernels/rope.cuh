@@ -18,6 +18,9 @@
 // interleaved, whole runs, aligned rows). (A thread per pair with its own double sincos and pow ran at
 // a sixth of the memory bandwidth: 220 us a call for [4096 x 48 heads x 128] bf16 on an H100; the
 // angles once per position brought it to 67 us.)
+//
+// qkv_rope: the attention's qkv_split with RoPE on q and k in the same pass, and qkv_merge with the
+// backward rotation of dq and dk (see qkv_rope_kernel).
 #pragma once
 
 #include "../../rope_options.hpp"
@@ -75,6 +78,108 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
       store(pair, second, b * c + a * sn);
     }
   }
+}
+
+// The attention's split of the packed projection with RoPE on q and k in the same pass, or the merge
+// of dq, dk turned back and dv: the packed rows [s * b, groups, hpg + 2, d] (each group's hpg query
+// heads, its key head, its value head) and the heads q [s, b, groups * hpg, d], k, v [s, b, groups,
+// d]. Forward (Merge false): packed -> q, k, v with q and k turned (sign 1); backward (Merge true):
+// dq, dk turned back (sign -1) and dv -> packed. A block per position as in rope_kernel (the same
+// table), each of its b rows' heads read once and written once: qkv_split then rope_forward on q and
+// k (rope_backward then qkv_merge) moved q and k twice more. The same bits: the elements that do not
+// turn are copied, the turned ones computed by the same expression from the same table.
+template <class T, bool Merge, class A = accumulate_t<T>>
+__global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg,
+                                index_t d, double base, index_t position_offset, RopeOptions options, bool vectorized) {
+  extern __shared__ unsigned char rope_shared[];
+  A* cosines = reinterpret_cast<A*>(rope_shared);
+  const index_t rotary_dim = rope_rotary_dim(options, d), half = rotary_dim / 2;
+  A* sines = cosines + half;
+  const double factor = rope_attention_factor(options), sign = Merge ? -1.0 : 1.0;
+  const index_t slots = groups * (hpg + 2);  // heads of a packed row
+  using S = storage_t<T>;
+  for (index_t t = blockIdx.x; t < s; t += gridDim.x) {
+    __syncthreads();  // the previous position's table is no longer read
+    for (index_t i = threadIdx.x; i < half; i += blockDim.x) {
+      const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
+      double sin_angle, cos_angle;
+      sincos(angle, &sin_angle, &cos_angle);
+      cosines[i] = A(factor * cos_angle);
+      sines[i] = A(factor * (sign * sin_angle));
+    }
+    __syncthreads();
+    // head h of this position's b rows: its packed address and its address in q, k or v; turned or not
+    auto heads_of = [&](index_t h, T*& packed_head, T*& split_head) {
+      const index_t bi = h / slots, slot = h - bi * slots, g = slot / (hpg + 2), j = slot - g * (hpg + 2);
+      const index_t row = t * b + bi, group = row * groups + g;
+      packed_head = packed_rows + (group * (hpg + 2) + j) * d;
+      split_head = j < hpg ? q + (group * hpg + j) * d : (j == hpg ? k : v) + group * d;
+      return j <= hpg;
+    };
+    if (vectorized) {  // 16-byte chunks: a chunk of the first half turns with its twin of the second
+      constexpr int W = packed<T>::width;
+      const index_t chunks = d / W, half_chunks = half / W, rotary_chunks = rotary_dim / W;
+      for (index_t p = threadIdx.x; p < b * slots * chunks; p += blockDim.x) {
+        const index_t h = p / chunks, c = p - h * chunks;
+        T *packed_head, *split_head;
+        const bool turn = heads_of(h, packed_head, split_head);
+        const T* src = Merge ? split_head : packed_head;
+        T* dst = Merge ? packed_head : split_head;
+        if (turn && c < half_chunks) {
+          packed<T> a = reinterpret_cast<const packed<T>*>(src)[c], bv = reinterpret_cast<const packed<T>*>(src)[c + half_chunks];
+#pragma unroll
+          for (int j = 0; j < W; ++j) {
+            const A cs = cosines[c * W + j], sn = sines[c * W + j], va = unpack<T>(a.raw[j]), vb = unpack<T>(bv.raw[j]);
+            a.raw[j] = pack<T>(va * cs - vb * sn);
+            bv.raw[j] = pack<T>(vb * cs + va * sn);
+          }
+          reinterpret_cast<packed<T>*>(dst)[c] = a;
+          reinterpret_cast<packed<T>*>(dst)[c + half_chunks] = bv;
+        } else if (!turn || c >= rotary_chunks) {
+          reinterpret_cast<packed<T>*>(dst)[c] = reinterpret_cast<const packed<T>*>(src)[c];
+        }
+      }
+      continue;
+    }
+    const index_t first_step = options.interleaved ? 2 : 1, second_offset = options.interleaved ? 1 : half;
+    for (index_t p = threadIdx.x; p < b * slots * d; p += blockDim.x) {
+      const index_t h = p / d, e = p - h * d;
+      T *packed_head, *split_head;
+      const bool turn = heads_of(h, packed_head, split_head) && e < rotary_dim;
+      const T* src = Merge ? split_head : packed_head;
+      T* dst = Merge ? packed_head : split_head;
+      if (!turn) {
+        reinterpret_cast<S*>(dst)[e] = reinterpret_cast<const S*>(src)[e];
+        continue;
+      }
+      if (options.interleaved ? e % 2 != 0 : e >= half) continue;  // the pair's second: its first turns both
+      const index_t i = e / first_step, first = e, second = e + second_offset;
+      const A c = cosines[i], sn = sines[i];
+      const A a = load(src, first), bb = load(src, second);
+      store(dst, first, a * c - bb * sn);
+      store(dst, second, bb * c + a * sn);
+    }
+  }
+}
+
+template <class T>
+void qkv_rope(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg, index_t d, double base,
+              index_t position_offset, bool merge, cudaStream_t stream, RopeOptions options) {
+  using A = accumulate_t<T>;
+  if (s <= 0 || b <= 0 || groups <= 0 || d <= 0) return;
+  const index_t half = rope_rotary_dim(options, d) / 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<index_t>(s, index_t{1} << 20));
+  const std::size_t shared = std::max<std::size_t>(1, 2 * static_cast<std::size_t>(half) * sizeof(A));
+  constexpr index_t width = 16 / sizeof(T);
+  const bool vectorized = !options.interleaved && half % width == 0 && d % width == 0 && aligned_16(packed_rows) &&
+                          aligned_16(q) && aligned_16(k) && aligned_16(v);
+  if (merge)
+    qkv_rope_kernel<T, true><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
+                                                                   position_offset, options, vectorized);
+  else
+    qkv_rope_kernel<T, false><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
+                                                                    position_offset, options, vectorized);
+  check_launch(merge ? "qkv_merge_rope" : "qkv_split_rope");
 }
 
 template <class T>
