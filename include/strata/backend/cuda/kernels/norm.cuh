@@ -41,8 +41,9 @@
 
 #include <type_traits>
 
+#include "../../../core/fp8_recipe.hpp"
 #include "common.cuh"
-#include "fp8.cuh"
+#include "fp8_codes.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
