@@ -3,7 +3,7 @@
 // gpt-oss's clamp and linear offset), squared ReLU, the shared experts' sigmoid gate (Qwen2-MoE), the
 // rotary variants (partial, interleaved,
 // Llama 3.1 scaling; the attention's split with RoPE in one pass and the merge with its backward, also
-// bit for bit against the two steps), and LayerNorm / RMSNorm with a weight offset (--apply-layernorm-1p) on the
+// bit for bit against the two steps, and the merge writing FP8 codes against the merge then fp8_cast), and LayerNorm / RMSNorm with a weight offset (--apply-layernorm-1p) on the
 // warp-per-row and the block-per-row paths. Each check runs the GPU entry point twice on fresh
 // uploads with NaN-filled outputs: the same bits both times, and ||gpu - cpu|| / ||cpu|| within
 // 1e-12 (double), 1e-5 (float), 1e-2 (bf16).
@@ -191,6 +191,24 @@ void test_qkv_rope(backend& dev, suite& results, host_rng& rng, index_t s, index
       split.insert(split.end(), v2.begin(), v2.end());
       return std::pair{split, download(dev, dqkv)};
     };
+    // the merge writing FP8 codes (E5M2, as an output gradient) against the merge into T then fp8_cast
+    bool codes_same = false;
+    {
+      device_vector<std::uint8_t> codes(np), codes_ref(np);
+      device_vector<float> scale(1), amax(2);
+      const float sc = 3.0f, zero[2] = {0.0f, 0.0f};
+      dev.copy_from_host(&sc, 1, scale.data());
+      dev.copy_from_host(zero, 2, amax.data());
+      upload(dev, vdq, dq); upload(dev, vdk, dk); upload(dev, vdv, dv);
+      dev.qkv_merge_rope(dq.data(), dk.data(), dv.data(), s, b, groups, hpg, d, dqkv.data(), 500000.0, 3, v.options);
+      dev.fp8_cast<T>(dqkv.data(), static_cast<index_t>(np), strata::Fp8Format::e5m2, scale.data(), codes_ref.data(), amax.data());
+      dev.qkv_merge_rope_fp8(dq.data(), dk.data(), dv.data(), s, b, groups, hpg, d, 500000.0, 3, v.options,
+                             strata::Fp8Output{strata::Fp8Format::e5m2, scale.data(), codes.data(), amax.data() + 1});
+      float a[2];
+      dev.copy_to_host(amax.data(), 2, a);
+      codes_same = same_bits(download(dev, codes), download(dev, codes_ref)) && std::memcmp(&a[0], &a[1], sizeof(float)) == 0 &&
+                   a[0] > 0.0f;
+    }
     const auto [f1, m1, kept] = fused();
     const auto [f2, m2, kept2] = fused();
     const auto [u, um] = unfused();
@@ -204,6 +222,7 @@ void test_qkv_rope(backend& dev, suite& results, host_rng& rng, index_t s, index
     results.record(same_bits(f1, u) && same_bits(m1, um),
                    "qkv_split_rope / qkv_merge_rope<" + dims + ">: the bits of qkv_split + rope_forward, rope_backward + qkv_merge");
     results.record(kept && kept2, "qkv_merge_rope<" + dims + ">: dq and dk unchanged");
+    results.record(codes_same, "qkv_merge_rope_fp8<" + dims + ">: codes and amax == qkv_merge_rope then fp8_cast");
   }
 }
 

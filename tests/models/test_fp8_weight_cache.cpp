@@ -61,11 +61,12 @@ struct Run {
   std::vector<std::vector<float>> scaling;        // rank 0's scaling rows after the last step
   std::vector<std::vector<std::int64_t>> casts;   // rank 0: per step, each FP8 layer's weight casts so far
   std::vector<std::int64_t> written;              // rank 0: each FP8 layer's forwards whose input codes a norm wrote
+  std::vector<std::int64_t> grads_written;        // rank 0: each FP8 layer's backwards whose dy codes the merge wrote
 };
 
 // kSteps steps of kMicroBatches micro-batches each (forward, backward; gradients accumulate), then
 // AdamW and fp8_after_optimizer_step, on `tp` ranks.
-template <bool SP>
+template <bool SP, template <class> class Model = models::Gpt>
 Run train(int tp, Fp8Options options, models::RecomputeConfig recompute) {
   Run run;
   std::mutex mutex;
@@ -73,7 +74,7 @@ Run train(int tp, Fp8Options options, models::RecomputeConfig recompute) {
   inprocess::run(tp, [&](inprocess::communicator& world) {
     auto ctx = Context::create(world, ParallelConfig{.tp = tp});
     ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(options, static_cast<int>(config.num_layers));
-    models::Gpt<Policy<SP>> model(ctx, config);
+    Model<Policy<SP>> model(ctx, config);
     model.init(ctx, 7);
     model.set_recompute(recompute);
     AdamW<double> optimizer(model);
@@ -104,6 +105,7 @@ Run train(int tp, Fp8Options options, models::RecomputeConfig recompute) {
     for (const auto& state : ctx.fp8->states) {
       run.scaling.emplace_back(state->rows.begin(), state->rows.end());
       run.written.push_back(state->inputs_written);
+      run.grads_written.push_back(state->grads_written);
     }
   });
   return run;
@@ -185,6 +187,37 @@ void check_norm_codes(int tp) {
 
 TEST(Fp8WeightCache, NormsWriteQkvAndFc1CodesAsTheCastOnOneRank) { check_norm_codes<false>(1); }
 TEST(Fp8WeightCache, NormsWriteQkvAndFc1CodesAsTheCastAtTp2WithSequenceParallel) { check_norm_codes<true>(2); }
+
+// Llama (RoPE, so q, k, v are split and merged): the merge with RoPE's backward writes the qkv
+// projection's output-gradient codes (Fp8Options::attention_writes_grad_codes) in every backward, and
+// the norms the qkv and fc1 input codes; the run is the run in which every one of those tensors is
+// written in T and cast by its layer, bit for bit, on one rank and at tp=2 with sequence parallelism,
+// with no, selective and full recompute (whose backward merges as well).
+template <bool SP>
+void check_llama_codes(int tp) {
+  for (const auto& recompute : recomputes()) {
+    const std::string what = "llama " + describe(Fp8RecipeKind::delayed, recompute, tp) + (SP ? " sequence parallel" : "");
+    Fp8Options cast = options_of(Fp8RecipeKind::delayed, true);
+    cast.norm_writes_codes = false;
+    cast.attention_writes_grad_codes = false;
+    const Run written = train<SP, models::Llama>(tp, options_of(Fp8RecipeKind::delayed, true), recompute);
+    const Run casting = train<SP, models::Llama>(tp, cast, recompute);
+    ASSERT_EQ(written.grads_written.size(), 8u) << what;
+    const std::int64_t backwards = kSteps * kMicroBatches;
+    const std::int64_t forwards = backwards * (recompute.granularity == models::RecomputeGranularity::full ? 2 : 1);
+    for (std::size_t layer = 0; layer < written.grads_written.size(); ++layer) {
+      EXPECT_EQ(written.grads_written[layer], layer % 4 == 0 ? backwards : 0) << what << ": FP8 layer " << layer;
+      EXPECT_EQ(written.written[layer], layer % 2 == 0 ? forwards : 0) << what << ": FP8 layer " << layer;
+      EXPECT_EQ(casting.grads_written[layer] + casting.written[layer], 0) << what << ": FP8 layer " << layer;
+    }
+    EXPECT_EQ(written.losses, casting.losses) << what;
+    EXPECT_EQ(written.parameters, casting.parameters) << what;
+    EXPECT_EQ(written.scaling, casting.scaling) << what;
+  }
+}
+
+TEST(Fp8WeightCache, LlamaMergeWritesQkvGradientCodesAsTheCastOnOneRank) { check_llama_codes<false>(1); }
+TEST(Fp8WeightCache, LlamaMergeWritesQkvGradientCodesAsTheCastAtTp2WithSequenceParallel) { check_llama_codes<true>(2); }
 
 // After a weight change the next forward casts the new weights: with the drop
 // (fp8_after_optimizer_step, or fp8_drop_weight_caches after a write of one's own) the forward

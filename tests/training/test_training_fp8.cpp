@@ -167,8 +167,10 @@ TEST(TrainingFp8, RecastAttentionOutputIsTheRunWithoutIt) {
     }
 }
 
-// The norms writing the qkv projection's and fc1's FP8 codes (delayed recipe, the default) against
-// the norms writing the element type and those layers casting it (--no-fp8-norm-writes-codes): the
+// The norms writing the qkv projection's and fc1's FP8 codes and (Llama) the attention's merge writing
+// the qkv projection's output-gradient codes (delayed recipe, the default) against those tensors
+// written in the element type and cast by their layers (--no-fp8-norm-writes-codes,
+// --no-fp8-attention-writes-grad-codes): the
 // same run bit for bit (losses, validation losses, every final weight), for GPT (LayerNorm, GELU, with
 // hidden dropout) and Llama (RMSNorm, SwiGLU, GQA, no dropout), at tp 2 with and without sequence
 // parallelism, pp 2 with micro-batches, and with full recompute.
@@ -198,6 +200,7 @@ TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
       if (layout == "full recompute") a.world_size = 1, a.recompute_granularity = "full";
       auto cast = a;
       cast.fp8_norm_writes_codes = false;
+      cast.fp8_attention_writes_grad_codes = false;
       const auto run = [&](const trainer::TrainArgs& args) {
         return model == "gpt" ? trainer::train<strata::models::Gpt>(args) : trainer::train<strata::models::Llama>(args);
       };

@@ -125,6 +125,11 @@ struct Fp8Options {
   // away, and x^T's codes come from a transpose of the bytes. The same codes. Off: the norm writes T
   // and the linear layer casts it (to measure the difference).
   bool norm_writes_codes = true;
+  // Delayed recipe: the attention's merge of dq, dk, dv (with RoPE's backward: SelfAttention with
+  // RoPE, no q/k norm, a qkv projection without bias) writes the qkv projection's output-gradient codes
+  // instead of the packed gradient in T (backend qkv_merge_rope_fp8); x^T's codes by a transpose of the
+  // bytes. The same codes. Off: the merge writes T and the layer casts it.
+  bool attention_writes_grad_codes = true;
   // Delayed recipe: a MoE layer's experts run their GEMMs in FP8 too (layers/moe/experts.hpp); off,
   // they stay in the element type (the other recipes always leave them there).
   bool experts = true;
@@ -244,6 +249,7 @@ struct Fp8State {
   Fp8WeightCache<Space> weight_cache;
   std::int64_t weight_casts = 0;  // how many times the weight was cast (with or without the cache)
   std::int64_t inputs_written = 0;  // forwards whose input codes their producer wrote (Fp8Options::norm_writes_codes)
+  std::int64_t grads_written = 0;   // backwards whose output-gradient codes their producer wrote (attention_writes_grad_codes)
   index_t row_length() const { return history + 2; }
   float* row(Fp8Role role) { return rows.data() + static_cast<int>(role) * row_length(); }
   float* scale(Fp8Role role) { return row(role) + history; }

@@ -96,6 +96,12 @@ concept backend_fuses_qkv_rope = requires(Device& d, const T* ct, T* t, index_t 
   d.template qkv_split_rope<T>(ct, n, n, n, n, n, t, t, t, base, n, o);
   d.template qkv_merge_rope<T>(ct, ct, ct, n, n, n, n, n, t, base, n, o);
 };
+// Whether the backend's merge with RoPE's backward can write FP8 codes (optional qkv_merge_rope_fp8).
+template <class Device, class T>
+concept backend_merges_into_fp8 = requires(Device& d, const T* ct, index_t n, double base, const RopeOptions& o,
+                                           const Fp8Output& out) {
+  d.template qkv_merge_rope_fp8<T>(ct, ct, ct, n, n, n, n, n, base, n, o, out);
+};
 }  // namespace detail
 
 // Position tags.
@@ -406,6 +412,15 @@ class SelfAttention {
                                               backward_options_of(AttentionStrides{}, saved.dropout));
     if constexpr (fuses_rope) {
       if (!has_qk_norm()) {  // RoPE's backward and the merge in one pass
+        if constexpr (detail::backend_merges_into_fp8<typename Policy::backend, T>) {
+          if (qkv_->fp8_grad_state(ctx)) {  // the merge writes the qkv projection's output-gradient codes
+            auto given = qkv_->fp8_output_gradient_of(ctx, dqkv.shape(), [&](const Fp8Output& out) {
+              ctx.device.template qkv_merge_rope_fp8<T>(dq.data(), dk.data(), dv.data(), s, b, groups_local_, hpg, d,
+                                                        config_.rope_base, 0, config_.rope, out);
+            });
+            return qkv_->backward(ctx, saved.qkv, dqkv, deferred, &given);  // dqkv: its shape alone
+          }
+        }
         ctx.device.template qkv_merge_rope<T>(dq.data(), dk.data(), dv.data(), s, b, groups_local_, hpg, d, dqkv.data(),
                                               config_.rope_base, 0, config_.rope);
         return qkv_->backward(ctx, saved.qkv, dqkv, deferred);

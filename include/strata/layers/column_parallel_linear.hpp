@@ -156,15 +156,20 @@ class ColumnParallelLinear {
   // (DeferredWeightGradients) the list's (earlier layers'), this layer's own then appended to it.
   // The operations and their operands are the same as without overlap, so are the bits (an
   // in-process communicator has finished each collective when it returns).
+  // With `given_dy` (fp8_grad_state's layer: dy's codes made by what produced dy), the GEMMs take
+  // those codes and dy serves for its shape alone.
   template <class Layout>
-  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+  Act<input_layout> backward(Context& ctx, const Saved& saved, const Act<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
+                             detail::Fp8Pair<Space>* given_dy = nullptr) {
     expect_layout<output_layout, Layout>();
     Tensor<T, Space> dy_local;
     if constexpr (Options.gather_output) dy_local = gather_from_tensor_parallel_backward(ctx.device, ctx.tp, dy).tensor;
     else dy_local = dy.tensor;  // shared, read only
+    if (given_dy && !fp8_grad_state(ctx))
+      fail<Error>("ColumnParallelLinear: output-gradient codes given to a layer that does not take them (fp8_grad_state)");
     if (fp8_)
       return reduce_input_gradient(
-          ctx, Act<layout::partial>(fp8_backward(ctx, saved, dy_local, deferred)));
+          ctx, Act<layout::partial>(fp8_backward(ctx, saved, dy_local, deferred, given_dy)));
     if (ctx.tp.size() == 1 || !ctx.tp_comm_overlap || (deferred && !deferred->runs_at_collectives()))
       return reduce_input_gradient(
           ctx, Act<layout::partial>(detail::linear_backward(ctx.device, saved.input, dy_local, *weight_,
@@ -221,6 +226,30 @@ class ColumnParallelLinear {
     if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
       if (fp8_fuses_casts(ctx) && ctx.fp8->options.norm_writes_codes) return fp8_.get();
     return nullptr;
+  }
+  // The FP8 state whose output-gradient role a producer of dy may write codes for (the attention's
+  // merge of dq, dk, dv), handing them to backward(ctx, saved, dy, deferred, &given_dy): under the
+  // delayed recipe with Fp8Options::attention_writes_grad_codes, without a bias (whose gradient the
+  // cast sums) and without gather_output; else null (backward casts dy). fp8_output_gradient_of
+  // makes the pair.
+  Fp8State<Space>* fp8_grad_state(const Context& ctx) const {
+    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend> && !Options.gather_output)
+      if (fp8_fuses_casts(ctx) && ctx.fp8->options.attention_writes_grad_codes && !bias_) return fp8_.get();
+    return nullptr;
+  }
+  template <class Write>
+  detail::Fp8Pair<Space> fp8_output_gradient_of(Context& ctx, const Shape& dy, Write&& write) const {
+    Fp8State<Space>* state = fp8_grad_state(ctx);
+    if (!state) fail<Error>("ColumnParallelLinear::fp8_output_gradient_of: the layer takes no output-gradient codes");
+    if (dy.cols() != weight_->value.size(0))
+      fail<ShapeError>("ColumnParallelLinear: output-gradient codes of ", dy.str(), " for a weight of ",
+                       weight_->value.shape().str());
+    ++state->grads_written;
+    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
+      return detail::fp8_pair_of_rows(ctx, *state, dy, /*gather=*/false, state->amax(Fp8Role::grad_output),
+                                      std::forward<Write>(write), Fp8Role::grad_output);
+    else
+      return {};
   }
   // The input pair of forward(ctx, x, &given) for x [rows, in] (this rank's rows), whose codes
   // `write(Fp8Output)` writes with the state's input scale and amax (fp8_input_state non-null).
@@ -338,10 +367,11 @@ class ColumnParallelLinear {
       return Tensor<T, Space>();
     }
   }
-  Tensor<T, Space> fp8_backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy, DeferredWeightGradients* deferred) {
+  Tensor<T, Space> fp8_backward(Context& ctx, const Saved& saved, const Tensor<T, Space>& dy, DeferredWeightGradients* deferred,
+                                detail::Fp8Pair<Space>* given_dy = nullptr) {
     if constexpr (fp8_backend)
       return detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input, dy, *weight_,
-                                         bias_ ? &*bias_ : nullptr, nullptr, deferred);
+                                         bias_ ? &*bias_ : nullptr, nullptr, deferred, Fp8Producer::copy, nullptr, given_dy);
     else
       return Tensor<T, Space>();
   }

@@ -241,30 +241,31 @@ concept backend_has_fp8_transpose = requires(Device& d, const std::uint8_t* in, 
 };
 
 // The input pair of a column-parallel layer whose input rows [local rows, cols] `write` writes as
-// codes (given an Fp8Output: the input role's format and scale, where to write, and the amax to fold
-// into); with `gather` (sequence parallelism over ctx.tp), each rank writes its own rows and the codes
+// codes (given an Fp8Output: the role's format and scale, where to write, and the amax to fold
+// into; the input role, or another: an output gradient's producer); with `gather` (sequence parallelism over ctx.tp), each rank writes its own rows and the codes
 // are all-gathered (one byte per element on the wire instead of T's). x^T's codes come from a
 // transpose of the bytes. `amax`: fp8_prepare_scale's for these rows.
 template <class Context, class Write>
 Fp8Pair<typename Context::space> fp8_pair_of_rows(Context& ctx, Fp8State<typename Context::space>& state,
-                                                  const Shape& local, bool gather, float* amax, Write&& write) {
+                                                  const Shape& local, bool gather, float* amax, Write&& write,
+                                                  Fp8Role role = Fp8Role::input) {
   using Space = typename Context::space;
   const int ranks = gather ? ctx.tp.size() : 1;
   const index_t local_rows = local.rows(), cols = local.cols(), rows = local_rows * ranks;
   Fp8Pair<Space> q;
-  q.format = ctx.fp8->options.format_of(Fp8Role::input);
+  q.format = ctx.fp8->options.format_of(role);
   q.shape = local.with(0, local[0] * ranks);
   q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
   if (ranks > 1) {
     auto mine = Tensor<std::uint8_t, Space>::empty(Shape{local_rows, cols});
-    write(Fp8Output{q.format, state.scale(Fp8Role::input), mine.data(), amax});
+    write(Fp8Output{q.format, state.scale(role), mine.data(), amax});
     ctx.tp.all_gather(std::as_const(mine).buffer(), q.codes.buffer());
   } else {
-    write(Fp8Output{q.format, state.scale(Fp8Role::input), q.codes.data(), amax});
+    write(Fp8Output{q.format, state.scale(role), q.codes.data(), amax});
   }
   q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
   ctx.device.fp8_transpose(q.codes.data(), rows, cols, q.codes_t.data());
-  fp8_pair_scale_inv(ctx, state, Fp8Role::input, q);
+  fp8_pair_scale_inv(ctx, state, role, q);
   return q;
 }
 
@@ -546,15 +547,17 @@ void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, cons
 // its column sums for the bias gradient in the same pass, and x^T's codes are those the forward kept
 // (`kept`), or cast now from x when it kept none. With `producer` gelu_backward (delayed recipe: an
 // MLP's fc1), the output gradient is dy gelu'(pre), made by that cast and never written; with
-// swiglu_backward it is SwiGLU's backward of dy [rows, out / 2] at pre [rows, out]. Blockwise:
-// x and dy are cast in runs for each GEMM (their scales differ by layout).
+// swiglu_backward it is SwiGLU's backward of dy [rows, out / 2] at pre [rows, out]. With `given_dy`
+// (per-tensor, no bias), dy's codes in both layouts are those (made by dy's producer; dy unread).
+// Blockwise: x and dy are cast in runs for each GEMM (their scales differ by layout).
 template <class Context, class T, class Space>
 Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8State<Space>>& state, Fp8Sharding sharding,
                                      const Tensor<T, Space>& x, const Fp8Pair<Space>& kept, const Tensor<T, Space>& dy,
                                      Parameter<T, Space>& weight, Parameter<T, Space>* bias,
                                      const std::type_identity_t<Tensor<T, Space>>* gelu_pre,
                                      DeferredWeightGradients* deferred, Fp8Producer producer = Fp8Producer::copy,
-                                     const std::type_identity_t<Tensor<T, Space>>* pre = nullptr) {
+                                     const std::type_identity_t<Tensor<T, Space>>* pre = nullptr,
+                                     Fp8Pair<Space>* given_dy = nullptr) {
   using A = accumulate_t<T>;
   const Shape shape = kept.empty() ? x.shape() : kept.shape;
   const index_t out = weight.value.size(0), in = weight.value.size(1), rows = shape.rows();
@@ -570,7 +573,12 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
     fail<Error>("linear backward (FP8): a fused output-gradient producer needs a per-tensor recipe (", state->name, ")");
   Fp8Pair<Space> dyq, xq;
   Tensor<A, Space> bias_sums;
-  if (per_tensor) {
+  if (given_dy && (!per_tensor || bias || producer != Fp8Producer::copy || given_dy->shape.rows() != rows ||
+                   given_dy->shape.cols() != out))
+    fail<Error>("linear backward (FP8): output-gradient codes given where the layer casts its own (", state->name, ")");
+  if (given_dy) {
+    dyq = std::move(*given_dy);
+  } else if (per_tensor) {
     if (bias) bias_sums = Tensor<A, Space>::empty(Shape{out});
     dyq = fp8_quantize_pair(ctx, *state, Fp8Role::grad_output, dy.data(), rows, out, sharding.grad_output, true, producer,
                             pre ? pre->data() : nullptr, bias ? bias_sums.data() : nullptr);

@@ -278,6 +278,16 @@ struct backend {
     cpu::rope_backward<T>(k.data(), s, b * groups, d, base, position_offset, options);
     cpu::qkv_merge<T>(q.data(), k.data(), dv, s * b, groups, heads_per_group, d, dqkv);
   }
+  // qkv_merge_rope into T, then fp8_cast of it (the GPU writes the codes in the merge's pass)
+  template <class T>
+  static void qkv_merge_rope_fp8(const T* dq, const T* dk, const T* dv, index_t s, index_t b, index_t groups,
+                                 index_t heads_per_group, index_t d, double base, index_t position_offset,
+                                 const RopeOptions& options, Fp8Output out) {
+    const index_t n = s * b * groups * (heads_per_group + 2) * d;
+    std::vector<T> packed(static_cast<std::size_t>(n));
+    qkv_merge_rope<T>(dq, dk, dv, s, b, groups, heads_per_group, d, packed.data(), base, position_offset, options);
+    cpu::fp8_cast<T>(packed.data(), n, out.format, out.scale, out.codes, out.amax);
+  }
   template <class T, class A = accumulate_t<T>>
   static void attention_forward(const T* q, const T* k, const T* v, index_t s, index_t b, index_t heads, index_t groups,
                                 index_t d, A scale, T* out, A* lse, AttentionOptions options = {}) {

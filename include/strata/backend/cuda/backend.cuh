@@ -464,6 +464,15 @@ class backend {
     kernels::qkv_rope<T>(dqkv, const_cast<T*>(dq), const_cast<T*>(dk), const_cast<T*>(dv), s, b, groups, heads_per_group, d,
                          base, position_offset, true, stream(), options);
   }
+  // qkv_merge_rope with the packed gradient written as FP8 codes (Fp8Output) instead of in T, in the
+  // same pass: the codes and amax fp8_cast of the packed gradient would make.
+  template <class T>
+  void qkv_merge_rope_fp8(const T* dq, const T* dk, const T* dv, index_t s, index_t b, index_t groups,
+                          index_t heads_per_group, index_t d, double base, index_t position_offset, RopeOptions options,
+                          Fp8Output out) const {
+    kernels::qkv_rope<T>(nullptr, const_cast<T*>(dq), const_cast<T*>(dk), const_cast<T*>(dv), s, b, groups, heads_per_group,
+                         d, base, position_offset, true, stream(), options, out);
+  }
   template <class T>
   void glu_forward(const T* gu, index_t rows, index_t f, GluActivation activation, T* y) const {
     kernels::glu_forward<T>(gu, rows, f, activation, y, stream());

@@ -1,5 +1,5 @@
 // strata/backend/cuda/kernels/fp8_codes.cuh: the device-side FP8 rounding and amax pieces that
-// kernels making FP8 codes share (fp8.cuh's casts, norm.cuh's norms writing codes). Device functions
+// kernels making FP8 codes share (fp8.cuh's casts, norm.cuh's norms and rope.cuh's merge writing codes). Device functions
 // only (no launcher, nothing STRATA_CUDA_INLINE), so any library source may include it.
 #pragma once
 
@@ -61,6 +61,31 @@ __device__ __forceinline__ uint2 fp8_round8(const float (&v)[8], float s, Fp8For
   for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(fp8_round(v[j] * s, format)) << (8 * (j % 4));
   return make_uint2(word[0], word[1]);
 #endif
+}
+
+// The FP8 codes of one 16-byte vector of T elements into its V bytes at p (V-byte aligned), each
+// element's |value| folded into bits: fp8_cast's codes of those elements (fp8_round8's eight at a
+// time for 2-byte T, one by one for float and double).
+template <class T>
+__device__ __forceinline__ void fp8_store_vector(std::uint8_t* p, const packed<T>& v, float s, Fp8Format format,
+                                                 unsigned& bits) {
+  constexpr int V = packed<T>::width;
+  if constexpr (V == 8) {
+    float e[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = static_cast<float>(unpack<T>(v.raw[k]));
+    *reinterpret_cast<uint2*>(p) = fp8_round8(e, s, format, bits);
+  } else {
+    unsigned word = 0;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float e = static_cast<float>(unpack<T>(v.raw[k]));
+      bits = max(bits, __float_as_uint(e) & 0x7fffffffu);
+      word |= static_cast<unsigned>(fp8_round(e * s, format)) << (8 * k);
+    }
+    if constexpr (V == 4) *reinterpret_cast<unsigned*>(p) = word;
+    else *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(word);
+  }
 }
 
 }  // namespace cuda::kernels

@@ -120,11 +120,12 @@ void init_normal(T* x, index_t n, Map map, std::uint64_t key, double stddev, cud
 template <class T>
 void rope(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset, bool inverse,
           cudaStream_t stream, RopeOptions options = {});
-// qkv_split (merge false: packed -> q, k, v) or qkv_merge (merge true: q, k, v -> packed) with RoPE's
-// forward on q and k (its backward on dq and dk) in the same pass; s positions of b rows each.
+// qkv_split (merge false: packed -> q, k, v) or qkv_merge (merge true: q, k, v -> packed, or with
+// fp8.codes the packed rows' FP8 codes) with RoPE's forward on q and k (its backward on dq and dk) in
+// the same pass; s positions of b rows each.
 template <class T>
 void qkv_rope(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg, index_t d, double base,
-              index_t position_offset, bool merge, cudaStream_t stream, RopeOptions options = {});
+              index_t position_offset, bool merge, cudaStream_t stream, RopeOptions options = {}, Fp8Output fp8 = {});
 
 // --- embedding.cuh ---------------------------------------------------------------------------------
 template <class T>

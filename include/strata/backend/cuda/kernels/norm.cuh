@@ -153,31 +153,6 @@ bool with_norm_team(index_t h, F&& f) {
   return true;
 }
 
-// The FP8 codes of one 16-byte vector of T elements into its V bytes at p (V-byte aligned), each
-// element's |value| folded into bits: fp8_cast's codes of those elements (fp8_round8's eight at a
-// time for 2-byte T, one by one for float and double).
-template <class T>
-__device__ __forceinline__ void fp8_store_vector(std::uint8_t* p, const packed<T>& v, float s, Fp8Format format,
-                                                 unsigned& bits) {
-  constexpr int V = packed<T>::width;
-  if constexpr (V == 8) {
-    float e[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) e[k] = static_cast<float>(unpack<T>(v.raw[k]));
-    *reinterpret_cast<uint2*>(p) = fp8_round8(e, s, format, bits);
-  } else {
-    unsigned word = 0;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float e = static_cast<float>(unpack<T>(v.raw[k]));
-      bits = max(bits, __float_as_uint(e) & 0x7fffffffu);
-      word |= static_cast<unsigned>(fp8_round(e * s, format)) << (8 * k);
-    }
-    if constexpr (V == 4) *reinterpret_cast<unsigned*>(p) = word;
-    else *reinterpret_cast<unsigned short*>(p) = static_cast<unsigned short>(word);
-  }
-}
-
 // Thread t of a team (t < W * 32) holds vectors j * W * 32 + t of its row, j < G.
 template <class T, bool layer, int W, int G, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(kNormTeamsPerBlock<W> * W * 32) norm_forward_team_kernel(

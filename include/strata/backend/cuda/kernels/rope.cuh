@@ -24,7 +24,9 @@
 #pragma once
 
 #include "../../rope_options.hpp"
+#include "../../../core/fp8_recipe.hpp"
 #include "common.cuh"
+#include "fp8_codes.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
@@ -80,23 +82,30 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
   }
 }
 
-// The attention's split of the packed projection with RoPE on q and k in the same pass, or the merge
-// of dq, dk turned back and dv: the packed rows [s * b, groups, hpg + 2, d] (each group's hpg query
-// heads, its key head, its value head) and the heads q [s, b, groups * hpg, d], k, v [s, b, groups,
-// d]. Forward (Merge false): packed -> q, k, v with q and k turned (sign 1); backward (Merge true):
-// dq, dk turned back (sign -1) and dv -> packed. A block per position as in rope_kernel (the same
-// table), each of its b rows' heads read once and written once: qkv_split then rope_forward on q and
-// k (rope_backward then qkv_merge) moved q and k twice more. The same bits: the elements that do not
-// turn are copied, the turned ones computed by the same expression from the same table.
+// The attention's split of the packed projection with RoPE in one pass, or the merge of dq, dk turned
+// back and dv: the packed rows [s * b, groups, hpg + 2, d] (each group's hpg query heads, its key
+// head, its value head) and the heads q [s, b, groups * hpg, d], k, v [s, b, groups, d]. Forward
+// (Merge false): packed -> q, k, v with q and k turned (sign 1); backward (Merge true): dq, dk turned
+// back (sign -1) and dv -> packed, or (fp8.codes set) -> the packed rows' FP8 codes, each element
+// rounded to T first and cast as fp8_cast casts it, |element| folded into fp8.amax (the qkv
+// projection's output-gradient codes; the packed rows are then never written in T). A block per
+// position as in rope_kernel (the same table), each of its b rows' heads read once and written once:
+// qkv_split then rope_forward on q and k (rope_backward then qkv_merge) moved q and k twice more. The
+// same bits: the elements that do not turn are copied, the turned ones computed by the same
+// expression from the same table.
 template <class T, bool Merge, class A = accumulate_t<T>>
 __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg,
-                                index_t d, double base, index_t position_offset, RopeOptions options, bool vectorized) {
+                                index_t d, double base, index_t position_offset, RopeOptions options, bool vectorized,
+                                Fp8Output fp8) {
   extern __shared__ unsigned char rope_shared[];
   A* cosines = reinterpret_cast<A*>(rope_shared);
   const index_t rotary_dim = rope_rotary_dim(options, d), half = rotary_dim / 2;
   A* sines = cosines + half;
   const double factor = rope_attention_factor(options), sign = Merge ? -1.0 : 1.0;
   const index_t slots = groups * (hpg + 2);  // heads of a packed row
+  const bool codes = Merge && fp8.codes != nullptr;
+  const float scale = codes ? *fp8.scale : 0.0f;
+  unsigned bits = 0;  // the codes' amax
   using S = storage_t<T>;
   for (index_t t = blockIdx.x; t < s; t += gridDim.x) {
     __syncthreads();  // the previous position's table is no longer read
@@ -108,11 +117,12 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
       sines[i] = A(factor * (sign * sin_angle));
     }
     __syncthreads();
-    // head h of this position's b rows: its packed address and its address in q, k or v; turned or not
-    auto heads_of = [&](index_t h, T*& packed_head, T*& split_head) {
+    // head h of this position's b rows: its element offset in the packed rows and its address in q,
+    // k or v; whether it turns (q and k)
+    auto heads_of = [&](index_t h, index_t& packed_at, T*& split_head) {
       const index_t bi = h / slots, slot = h - bi * slots, g = slot / (hpg + 2), j = slot - g * (hpg + 2);
       const index_t row = t * b + bi, group = row * groups + g;
-      packed_head = packed_rows + (group * (hpg + 2) + j) * d;
+      packed_at = (group * (hpg + 2) + j) * d;
       split_head = j < hpg ? q + (group * hpg + j) * d : (j == hpg ? k : v) + group * d;
       return j <= hpg;
     };
@@ -121,10 +131,14 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
       const index_t chunks = d / W, half_chunks = half / W, rotary_chunks = rotary_dim / W;
       for (index_t p = threadIdx.x; p < b * slots * chunks; p += blockDim.x) {
         const index_t h = p / chunks, c = p - h * chunks;
-        T *packed_head, *split_head;
-        const bool turn = heads_of(h, packed_head, split_head);
-        const T* src = Merge ? split_head : packed_head;
-        T* dst = Merge ? packed_head : split_head;
+        index_t packed_at;
+        T* split_head;
+        const bool turn = heads_of(h, packed_at, split_head);
+        const T* src = Merge ? split_head : packed_rows + packed_at;
+        auto put = [&](index_t chunk, const packed<T>& value) {  // chunk `chunk` of the head's output
+          if (codes) fp8_store_vector<T>(fp8.codes + packed_at + chunk * W, value, scale, fp8.format, bits);
+          else reinterpret_cast<packed<T>*>(Merge ? packed_rows + packed_at : split_head)[chunk] = value;
+        };
         if (turn && c < half_chunks) {
           packed<T> a = reinterpret_cast<const packed<T>*>(src)[c], bv = reinterpret_cast<const packed<T>*>(src)[c + half_chunks];
 #pragma unroll
@@ -133,10 +147,10 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
             a.raw[j] = pack<T>(va * cs - vb * sn);
             bv.raw[j] = pack<T>(vb * cs + va * sn);
           }
-          reinterpret_cast<packed<T>*>(dst)[c] = a;
-          reinterpret_cast<packed<T>*>(dst)[c + half_chunks] = bv;
+          put(c, a);
+          put(c + half_chunks, bv);
         } else if (!turn || c >= rotary_chunks) {
-          reinterpret_cast<packed<T>*>(dst)[c] = reinterpret_cast<const packed<T>*>(src)[c];
+          put(c, reinterpret_cast<const packed<T>*>(src)[c]);
         }
       }
       continue;
@@ -144,41 +158,52 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
     const index_t first_step = options.interleaved ? 2 : 1, second_offset = options.interleaved ? 1 : half;
     for (index_t p = threadIdx.x; p < b * slots * d; p += blockDim.x) {
       const index_t h = p / d, e = p - h * d;
-      T *packed_head, *split_head;
-      const bool turn = heads_of(h, packed_head, split_head) && e < rotary_dim;
-      const T* src = Merge ? split_head : packed_head;
-      T* dst = Merge ? packed_head : split_head;
+      index_t packed_at;
+      T* split_head;
+      const bool turn = heads_of(h, packed_at, split_head) && e < rotary_dim;
+      const T* src = Merge ? split_head : packed_rows + packed_at;
+      auto put = [&](index_t i, S value) {  // element i of the head's output, T's bits
+        if (codes) {
+          const float x = static_cast<float>(unpack<T>(value));
+          bits = max(bits, fp8_abs_bits(x));
+          fp8.codes[packed_at + i] = fp8_round(x * scale, fp8.format);
+        } else {
+          reinterpret_cast<S*>(Merge ? packed_rows + packed_at : split_head)[i] = value;
+        }
+      };
       if (!turn) {
-        reinterpret_cast<S*>(dst)[e] = reinterpret_cast<const S*>(src)[e];
+        put(e, reinterpret_cast<const S*>(src)[e]);
         continue;
       }
       if (options.interleaved ? e % 2 != 0 : e >= half) continue;  // the pair's second: its first turns both
       const index_t i = e / first_step, first = e, second = e + second_offset;
       const A c = cosines[i], sn = sines[i];
       const A a = load(src, first), bb = load(src, second);
-      store(dst, first, a * c - bb * sn);
-      store(dst, second, bb * c + a * sn);
+      put(first, pack<T>(a * c - bb * sn));
+      put(second, pack<T>(bb * c + a * sn));
     }
   }
+  if (codes && fp8.amax) fp8_block_amax(bits, fp8.amax);
 }
 
 template <class T>
 void qkv_rope(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg, index_t d, double base,
-              index_t position_offset, bool merge, cudaStream_t stream, RopeOptions options) {
+              index_t position_offset, bool merge, cudaStream_t stream, RopeOptions options, Fp8Output fp8) {
   using A = accumulate_t<T>;
   if (s <= 0 || b <= 0 || groups <= 0 || d <= 0) return;
+  if (!merge) fp8 = {};  // codes: the merge's output only
   const index_t half = rope_rotary_dim(options, d) / 2;
   const unsigned blocks = static_cast<unsigned>(std::min<index_t>(s, index_t{1} << 20));
   const std::size_t shared = std::max<std::size_t>(1, 2 * static_cast<std::size_t>(half) * sizeof(A));
   constexpr index_t width = 16 / sizeof(T);
-  const bool vectorized = !options.interleaved && half % width == 0 && d % width == 0 && aligned_16(packed_rows) &&
-                          aligned_16(q) && aligned_16(k) && aligned_16(v);
+  const bool vectorized = !options.interleaved && half % width == 0 && d % width == 0 && aligned_16(q) && aligned_16(k) &&
+                          aligned_16(v) && (fp8.codes ? aligned_16(fp8.codes) : aligned_16(packed_rows));
   if (merge)
     qkv_rope_kernel<T, true><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
-                                                                   position_offset, options, vectorized);
+                                                                   position_offset, options, vectorized, fp8);
   else
     qkv_rope_kernel<T, false><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
-                                                                    position_offset, options, vectorized);
+                                                                    position_offset, options, vectorized, fp8);
   check_launch(merge ? "qkv_merge_rope" : "qkv_split_rope");
 }
 

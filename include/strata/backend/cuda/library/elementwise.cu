@@ -53,7 +53,7 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_CONVERT_FROM)
   template void init_normal<T, GlobalIndexMap>(T*, index_t, GlobalIndexMap, std::uint64_t, double, cudaStream_t); \
   template void rope<T>(T*, index_t, index_t, index_t, double, index_t, bool, cudaStream_t, RopeOptions);       \
   template void qkv_rope<T>(T*, T*, T*, T*, index_t, index_t, index_t, index_t, index_t, double, index_t, bool,  \
-                            cudaStream_t, RopeOptions);                                                       \
+                            cudaStream_t, RopeOptions, Fp8Output);                                            \
   template void embedding_forward<T>(const std::int32_t*, index_t, const T*, index_t, index_t, index_t, T*,    \
                                      cudaStream_t);                                                             \
   template void embedding_backward<T, accumulate_t<T>>(const std::int32_t*, index_t, const T*, index_t, index_t, \
