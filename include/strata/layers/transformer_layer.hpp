@@ -65,8 +65,6 @@ concept norm_sums_residual_gradient = requires(N& norm, Context& ctx, const Save
                                                accumulate_t<typename Act::element_type>* sums) {
   norm.backward(ctx, saved, dy, &dy, sums);
 };
-// A norm that can leave the reduction of its parameter gradients to its caller (backward_partial,
-// partial_size; the increments in for_each_parameter's order).
 // Blocks whose first linear layer a norm can hand its input as FP8 codes (fp8_input_state,
 // fp8_input_of, forward with the codes: SelfAttention, Mlp), and a norm that writes them.
 template <class Block, class Context, class Act, class Space>
@@ -84,6 +82,8 @@ concept norm_writes_codes = requires(const N& norm, Context& ctx, Act& x, const 
   norm.forward_codes(ctx, x, out);
   norm.forward_add_codes(ctx, x, residual, out);
 };
+// A norm that can leave the reduction of its parameter gradients to its caller (backward_partial,
+// partial_size; the increments in for_each_parameter's order).
 template <class N, class Context, class Saved, class Act>
 concept norm_writes_partials = requires(N& norm, Context& ctx, const Saved& saved, const Act& dy,
                                         accumulate_t<typename Act::element_type>* partials) {
