@@ -31,6 +31,23 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
+// Position `position`'s `half` cosines and sines (times factor; the sines times sign) into the block's
+// shared table, in double as the CPU twin computes them, rounded to A; the barriers before (the
+// previous position's table is no longer read) and after (every entry written).
+template <class A>
+__device__ __forceinline__ void rope_table(A* cosines, A* sines, index_t position, index_t half, index_t rotary_dim,
+                                           double base, const RopeOptions& options, double factor, double sign) {
+  __syncthreads();
+  for (index_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = static_cast<double>(position) * rope_inverse_frequency(i, rotary_dim, base, options);
+    double sin_angle, cos_angle;
+    sincos(angle, &sin_angle, &cos_angle);
+    cosines[i] = A(factor * cos_angle);
+    sines[i] = A(factor * (sign * sin_angle));
+  }
+  __syncthreads();
+}
+
 template <class T, class A = accumulate_t<T>>
 __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, index_t position_offset, double sign,
                             RopeOptions options, bool vectorized) {
@@ -41,15 +58,7 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
   const double factor = rope_attention_factor(options);
   const index_t first_step = options.interleaved ? 2 : 1, second_offset = options.interleaved ? 1 : half;
   for (index_t t = blockIdx.x; t < s; t += gridDim.x) {
-    __syncthreads();  // the previous position's table is no longer read
-    for (index_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
-      double sin_angle, cos_angle;
-      sincos(angle, &sin_angle, &cos_angle);
-      cosines[i] = A(factor * cos_angle);
-      sines[i] = A(factor * (sign * sin_angle));
-    }
-    __syncthreads();
+    rope_table<A>(cosines, sines, position_offset + t, half, rotary_dim, base, options, factor, sign);
     T* rows = x + t * n * d;  // the n heads of position t
     if (vectorized) {  // (i, i + half) for W neighbouring i at once: two 16-byte loads and stores
       constexpr int W = packed<T>::width;
@@ -108,15 +117,7 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
   unsigned bits = 0;  // the codes' amax
   using S = storage_t<T>;
   for (index_t t = blockIdx.x; t < s; t += gridDim.x) {
-    __syncthreads();  // the previous position's table is no longer read
-    for (index_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const double angle = static_cast<double>(position_offset + t) * rope_inverse_frequency(i, rotary_dim, base, options);
-      double sin_angle, cos_angle;
-      sincos(angle, &sin_angle, &cos_angle);
-      cosines[i] = A(factor * cos_angle);
-      sines[i] = A(factor * (sign * sin_angle));
-    }
-    __syncthreads();
+    rope_table<A>(cosines, sines, position_offset + t, half, rotary_dim, base, options, factor, sign);
     // head h of this position's b rows: its element offset in the packed rows and its address in q,
     // k or v; whether it turns (q and k)
     auto heads_of = [&](index_t h, index_t& packed_at, T*& split_head) {
