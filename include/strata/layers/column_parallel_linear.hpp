@@ -239,32 +239,15 @@ class ColumnParallelLinear {
   }
   template <class Write>
   detail::Fp8Pair<Space> fp8_output_gradient_of(Context& ctx, const Shape& dy, Write&& write) const {
-    Fp8State<Space>* state = fp8_grad_state(ctx);
-    if (!state) fail<Error>("ColumnParallelLinear::fp8_output_gradient_of: the layer takes no output-gradient codes");
-    if (dy.cols() != weight_->value.size(0))
-      fail<ShapeError>("ColumnParallelLinear: output-gradient codes of ", dy.str(), " for a weight of ",
-                       weight_->value.shape().str());
-    ++state->grads_written;
-    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
-      return detail::fp8_pair_of_rows(ctx, *state, dy, /*gather=*/false, state->amax(Fp8Role::grad_output),
-                                      std::forward<Write>(write), Fp8Role::grad_output);
-    else
-      return {};
+    return codes_of(ctx, fp8_grad_state(ctx), dy, weight_->value.size(0), /*gather=*/false, Fp8Role::grad_output,
+                    std::forward<Write>(write));
   }
   // The input pair of forward(ctx, x, &given) for x [rows, in] (this rank's rows), whose codes
   // `write(Fp8Output)` writes with the state's input scale and amax (fp8_input_state non-null).
   template <class Write>
   detail::Fp8Pair<Space> fp8_input_of(Context& ctx, const Shape& x, Write&& write) const {
-    Fp8State<Space>* state = fp8_input_state(ctx);
-    if (!state) fail<Error>("ColumnParallelLinear::fp8_input_of: the layer takes no input codes (fp8_input_state)");
-    if (x.cols() != weight_->value.size(1))
-      fail<ShapeError>("ColumnParallelLinear: input codes of ", x.str(), " for a weight of ", weight_->value.shape().str());
-    ++state->inputs_written;
-    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
-      return detail::fp8_pair_of_rows(ctx, *state, x, sequence_parallel && ctx.tp.size() > 1, state->amax(Fp8Role::input),
-                                      std::forward<Write>(write));
-    else
-      return {};
+    return codes_of(ctx, fp8_input_state(ctx), x, weight_->value.size(1), sequence_parallel && ctx.tp.size() > 1,
+                    Fp8Role::input, std::forward<Write>(write));
   }
   // The pieces of forward and backward, for a caller that runs the matmul over blocks of rows itself
   // (the chunked classifier, layers/chunked_classifier.hpp): the full-sequence input (all-gathered
@@ -309,6 +292,25 @@ class ColumnParallelLinear {
  private:
   // The input is the full sequence, replicated over tp; the weight and the output gradient are split.
   static constexpr detail::Fp8Sharding fp8_sharding() { return {false, true}; }
+  // The codes pair a producer of the input (role input) or of the output gradient (grad_output)
+  // writes for this layer: `state` from fp8_input_state / fp8_grad_state (null: refused), `width` the
+  // weight's dimension the tensor's columns must match, counted in the state for the tests.
+  template <class Write>
+  detail::Fp8Pair<Space> codes_of(Context& ctx, Fp8State<Space>* state, const Shape& tensor, index_t width, bool gather,
+                                   Fp8Role role, Write&& write) const {
+    const bool input = role == Fp8Role::input;
+    if (!state)
+      fail<Error>("ColumnParallelLinear: ", input ? "input" : "output-gradient", " codes asked of a layer that takes none (",
+                  input ? "fp8_input_state" : "fp8_grad_state", " is null)");
+    if (tensor.cols() != width)
+      fail<ShapeError>("ColumnParallelLinear: ", input ? "input" : "output-gradient", " codes of ", tensor.str(),
+                       " for a weight of ", weight_->value.shape().str());
+    ++(input ? state->inputs_written : state->grads_written);
+    if constexpr (detail::backend_has_fp8_transpose<typename Policy::backend>)
+      return detail::fp8_pair_of_rows(ctx, *state, tensor, gather, state->amax(role), std::forward<Write>(write), role);
+    else
+      return {};
+  }
   // (A backend without FP8 never has a state here: make_fp8_state refuses it.)
   // The backward of an output gradient that `producer` makes from dy and pre: inside the output
   // gradient's FP8 cast where it can (fp8_fuses_casts), else `unfused(dh)` writes it [pre's shape] first.
