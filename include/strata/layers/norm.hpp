@@ -41,6 +41,46 @@ concept norms_write_fp8 = requires(Device& d, const T* ct, T* t, accumulate_t<T>
   d.template rmsnorm_forward_fp8<T>(ct, ct, n, n, e, a, ct, t, e, out);
 };
 
+// The forward entry points LayerNorm and RmsNorm share. Derived: the norm, with a private
+// run(ctx, x, residual, sum, y, out) that runs its kernel (`y`: the output in T; `out.codes`: the
+// output as FP8 codes instead; `sum`: x + residual, in place of x) and a `residual_name` for errors.
+template <class Derived, class Policy>
+class NormForwards {
+  using T = typename Policy::element;
+  using Context = context_t<Policy>;
+  template <class L>
+  using Act = Activation<T, L, space_t<Policy>>;
+  const Derived& self() const { return static_cast<const Derived&>(*this); }
+
+ public:
+  template <class Layout>
+  auto forward(Context& ctx, const Act<Layout>& x) const {
+    Act<Layout> y{Tensor<T, space_t<Policy>>::empty(x.shape())};
+    auto saved = self().run(ctx, x, nullptr, nullptr, y.data(), {});
+    return std::pair{std::move(y), std::move(saved)};
+  }
+  // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
+  template <class Layout>
+  auto forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
+    check_same_shape(x.shape(), residual.shape(), Derived::residual_name);
+    Act<Layout> y{Tensor<T, space_t<Policy>>::empty(x.shape())};
+    auto saved = self().run(ctx, x, residual.data(), x.data(), y.data(), {});
+    return std::pair{std::move(y), std::move(saved)};
+  }
+  // forward() and forward_add() with the output written as FP8 codes (`out`) instead of returned in
+  // T, for a caller whose only reader of the output is an FP8 GEMM (TransformerLayer); needs the
+  // backend's layernorm_forward_fp8 / rmsnorm_forward_fp8 (norms_write_fp8).
+  template <class Layout>
+  auto forward_codes(Context& ctx, const Act<Layout>& x, const Fp8Output& out) const {
+    return self().run(ctx, x, nullptr, nullptr, nullptr, out);
+  }
+  template <class Layout>
+  auto forward_add_codes(Context& ctx, Act<Layout>& x, const Act<Layout>& residual, const Fp8Output& out) const {
+    check_same_shape(x.shape(), residual.shape(), Derived::residual_name);
+    return self().run(ctx, x, residual.data(), x.data(), nullptr, out);
+  }
+};
+
 template <class Layout>
 constexpr void expect_full_hidden() {
   static_assert(std::is_same_v<Layout, layout::replicated> || std::is_same_v<Layout, layout::sharded<0>>,
@@ -50,8 +90,11 @@ constexpr void expect_full_hidden() {
 }  // namespace detail
 
 template <class Policy>
-class LayerNorm {
+class LayerNorm : public detail::NormForwards<LayerNorm<Policy>, Policy> {
+  friend class detail::NormForwards<LayerNorm<Policy>, Policy>;
+
  public:
+  static constexpr const char* residual_name = "LayerNorm residual";
   using T = typename Policy::element;
   using A = accumulate_t<T>;
   using Context = context_t<Policy>;
@@ -69,35 +112,6 @@ class LayerNorm {
         bias_(name + ".bias", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps), zero_centered_(zero_centered) {
     init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0);
     init_constant(ctx.device, bias_, 0.0);
-  }
-
-  template <class Layout>
-  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    Saved saved = run(ctx, x, nullptr, nullptr, y.data(), {});
-    return {std::move(y), std::move(saved)};
-  }
-
-  // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
-  template <class Layout>
-  std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
-    check_same_shape(x.shape(), residual.shape(), "LayerNorm residual");
-    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    Saved saved = run(ctx, x, residual.data(), x.data(), y.data(), {});
-    return {std::move(y), std::move(saved)};
-  }
-
-  // forward() and forward_add() with the output written as FP8 codes (`out`) instead of returned in T,
-  // for a caller whose only reader of the output is an FP8 GEMM (TransformerLayer); needs the
-  // backend's layernorm_forward_fp8 (detail::norms_write_fp8).
-  template <class Layout>
-  Saved forward_codes(Context& ctx, const Act<Layout>& x, const Fp8Output& out) const {
-    return run(ctx, x, nullptr, nullptr, nullptr, out);
-  }
-  template <class Layout>
-  Saved forward_add_codes(Context& ctx, Act<Layout>& x, const Act<Layout>& residual, const Fp8Output& out) const {
-    check_same_shape(x.shape(), residual.shape(), "LayerNorm residual");
-    return run(ctx, x, residual.data(), x.data(), nullptr, out);
   }
 
   // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
@@ -194,8 +208,11 @@ class LayerNorm {
 };
 
 template <class Policy>
-class RmsNorm {
+class RmsNorm : public detail::NormForwards<RmsNorm<Policy>, Policy> {
+  friend class detail::NormForwards<RmsNorm<Policy>, Policy>;
+
  public:
+  static constexpr const char* residual_name = "RmsNorm residual";
   using T = typename Policy::element;
   using A = accumulate_t<T>;
   using Context = context_t<Policy>;
@@ -211,33 +228,6 @@ class RmsNorm {
   RmsNorm(Context& ctx, std::string name, index_t hidden, double eps = 1e-5, bool zero_centered = false)
       : weight_(name + ".weight", Shape{hidden}, ShardSpec::replicated(), false), eps_(eps), zero_centered_(zero_centered) {
     init_constant(ctx.device, weight_, zero_centered_ ? 0.0 : 1.0);
-  }
-
-  template <class Layout>
-  std::pair<Act<Layout>, Saved> forward(Context& ctx, const Act<Layout>& x) const {
-    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    Saved saved = run(ctx, x, nullptr, nullptr, y.data(), {});
-    return {std::move(y), std::move(saved)};
-  }
-
-  // x := x + residual (x is the caller's own tensor), then the norm of x: forward(x + residual).
-  template <class Layout>
-  std::pair<Act<Layout>, Saved> forward_add(Context& ctx, Act<Layout>& x, const Act<Layout>& residual) const {
-    check_same_shape(x.shape(), residual.shape(), "RmsNorm residual");
-    Act<Layout> y{Tensor<T, Space>::empty(x.shape())};
-    Saved saved = run(ctx, x, residual.data(), x.data(), y.data(), {});
-    return {std::move(y), std::move(saved)};
-  }
-
-  // As LayerNorm's: the output as FP8 codes (the backend's rmsnorm_forward_fp8).
-  template <class Layout>
-  Saved forward_codes(Context& ctx, const Act<Layout>& x, const Fp8Output& out) const {
-    return run(ctx, x, nullptr, nullptr, nullptr, out);
-  }
-  template <class Layout>
-  Saved forward_add_codes(Context& ctx, Act<Layout>& x, const Act<Layout>& residual, const Fp8Output& out) const {
-    check_same_shape(x.shape(), residual.shape(), "RmsNorm residual");
-    return run(ctx, x, residual.data(), x.data(), nullptr, out);
   }
 
   // d input; plus *dresidual when given (the gradient the residual branch brings to the same input).
