@@ -266,6 +266,25 @@ void check_count_and_sort_many(backend& device, suite& results) {
                     to_host(device, g_slot) == slot_of && to_host(device, g_token) == token_of;
   results.record(same, std::string("moe_count (4 groups, accumulating, int and float) and moe_sort_by_expert over 6002 "
                                    "assignments: ") + (same ? "the CPU twins' integers" : "DIFFERENT from the CPU twins"));
+
+  // The same assignments from the second on: an array that is not 16-byte aligned (the kernels read
+  // one assignment at a time instead of four), one group (moe_count's path without the group test).
+  const index_t m = n - 1;
+  const std::int32_t* tail = routed.data() + 1;
+  std::vector<std::int32_t> counts1(static_cast<std::size_t>(experts));
+  cpu::moe_count<std::int32_t>(tail, m, k, 1, experts, counts1.data(), false);
+  device_vector<std::int32_t> g_counts1(counts1.size());
+  device.moe_count<std::int32_t>(g_routed.data() + 1, m, k, 1, experts, g_counts1.data(), false);
+  index_t slots1 = 0;
+  for (index_t a = 0; a < m; ++a) slots1 += tail[a] >= first && tail[a] < first + local;
+  std::vector<std::int32_t> slot1(static_cast<std::size_t>(m)), token1(static_cast<std::size_t>(slots1));
+  cpu::moe_sort_by_expert(tail, m, k, first, local, 0, slot1.data(), token1.data(), slots1);
+  device_vector<std::int32_t> g_slot1(slot1.size()), g_token1(token1.size());
+  device.moe_sort_by_expert(g_routed.data() + 1, m, k, first, local, 0, g_slot1.data(), g_token1.data(), slots1);
+  const bool same1 = to_host(device, g_counts1) == counts1 && to_host(device, g_slot1) == slot1 &&
+                     to_host(device, g_token1) == token1;
+  results.record(same1, std::string("moe_count (1 group) and moe_sort_by_expert over 6001 assignments not 16-byte "
+                                    "aligned: ") + (same1 ? "the CPU twins' integers" : "DIFFERENT from the CPU twins"));
 }
 
 template <class T>

@@ -4,8 +4,10 @@
 //   router forward/backward  one thread per token running moe_math's row routines (the CPU code)
 //   drop                     one thread per assignment, counting the assignments ahead of it
 //   count                    one block per (group, expert), integer counts summed over the block
+//                            (four assignments a 16-byte load)
 //   sort_by_expert           one block per expert walking the assignments in order, a tile of
-//                            blockDim at a time (ballot + scan over the warps: the serial order)
+//                            4 x blockDim at a time (four a thread, a scan over the block: the
+//                            serial order)
 //   gather_rows, combine     one thread per 16 bytes of output (one element when the rows are not
 //                            16-byte multiples), choices summed in ascending order
 //   zero_rows_past           every block sums the device counts, then zeroes the rows past them
@@ -89,18 +91,37 @@ __device__ inline long long moe_block_sum(long long mine, long long* shared /* [
   return total;
 }
 
-// One block per (group, expert) bin: its threads count the bin's assignments over strides of the
-// assignments, then the block sums the integer counts (exact, so the bits are those of one thread
-// counting in order).
+// The assignments a thread reads at once: four int32 (one 16-byte load) where `routed` is 16-byte
+// aligned, then the tail one by one. Calls visit(a, expert) for every assignment of
+// [0, n) the thread owns, in increasing a: the quads q = threadIdx.x, + blockDim.x, ..., then the tail.
+template <class Visit>
+__device__ __forceinline__ void moe_each_assignment(const std::int32_t* routed, index_t n, bool quads, Visit&& visit) {
+  const index_t vectors = quads ? n / 4 : 0;
+  const int4* quad = reinterpret_cast<const int4*>(routed);
+  for (index_t q = threadIdx.x; q < vectors; q += blockDim.x) {
+    const int4 e = quad[q];
+    visit(4 * q, e.x);
+    visit(4 * q + 1, e.y);
+    visit(4 * q + 2, e.z);
+    visit(4 * q + 3, e.w);
+  }
+  for (index_t a = 4 * vectors + threadIdx.x; a < n; a += blockDim.x) visit(a, routed[a]);
+}
+
+// One block per (group, expert) bin: its threads count the bin's assignments (four a load where the
+// array is 16-byte aligned), then the block sums the integer counts (exact, so the bits are those of
+// one thread counting in order).
 template <class C>
 __global__ void moe_count_kernel(const std::int32_t* routed, index_t n, index_t k, index_t groups, index_t experts,
-                                 C* counts, bool accumulate) {
+                                 C* counts, bool accumulate, bool quads) {
   __shared__ long long partial[32];
   for (index_t bin = blockIdx.x; bin < groups * experts; bin += gridDim.x) {
     const index_t group = bin / experts, expert = bin % experts;
     long long mine = 0;
-    for (index_t a = threadIdx.x; a < n; a += blockDim.x)
-      if (routed[a] == expert && (a / k) % groups == group) ++mine;
+    if (groups == 1)
+      moe_each_assignment(routed, n, quads, [&](index_t, std::int32_t e) { mine += e == expert; });
+    else
+      moe_each_assignment(routed, n, quads, [&](index_t a, std::int32_t e) { mine += e == expert && (a / k) % groups == group; });
     const long long total = moe_block_sum(mine, partial);
     if (threadIdx.x == 0) counts[bin] = (accumulate ? counts[bin] : C(0)) + C(total);
   }
@@ -110,48 +131,74 @@ void moe_count(const std::int32_t* routed, index_t n, index_t k, index_t groups,
                cudaStream_t stream) {
   if (groups * experts <= 0) return;
   const index_t blocks = std::min<index_t>(groups * experts, 65535);
-  moe_count_kernel<C><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(routed, n, k, groups, experts, counts, accumulate);
+  moe_count_kernel<C><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(routed, n, k, groups, experts, counts, accumulate,
+                                                                          aligned_16(routed));
   check_launch("moe_count");
 }
 
 // One block per expert: its first slot is the count of the experts before it (or e * capacity); then
-// the block walks the assignments in tiles of blockDim, in order, each thread's slot being the
-// expert's next slot plus the matches before it in the tile (a ballot and a scan over the warps),
-// which is the order one thread scanning the assignments would give.
+// the block walks the assignments in order, a tile of 4 x blockDim at a time, thread t holding the
+// tile's assignments 4t .. 4t + 3 (one 16-byte load where the array is aligned): each thread counts
+// its matches, an exclusive scan over the block gives the matches before its four, and the thread
+// hands out the expert's next slots in order. That is the order one thread scanning the assignments
+// would give.
 // A template (of nothing) so that the kernel, defined in a header, may be in many translation units.
 template <int = 0>
 __global__ void moe_sort_by_expert_kernel(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
                                           index_t experts, index_t capacity, std::int32_t* slot_of,
-                                          std::int32_t* token_of_slot) {
+                                          std::int32_t* token_of_slot, bool quads) {
   __shared__ long long partial[32];
-  __shared__ unsigned warp_matches[32];
+  __shared__ int warp_matches[32];
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (index_t e = blockIdx.x; e < experts; e += gridDim.x) {
+    const std::int32_t expert = static_cast<std::int32_t>(first_expert + e);
     index_t next = 0;
     if (capacity > 0) {
       next = e * capacity;
     } else {
       long long before = 0;
-      for (index_t a = threadIdx.x; a < n; a += blockDim.x)
-        if (routed[a] >= first_expert && routed[a] < first_expert + e) ++before;
+      moe_each_assignment(routed, n, quads,
+                          [&](index_t, std::int32_t r) { before += r >= first_expert && r < expert; });
       next = static_cast<index_t>(moe_block_sum(before, partial));
     }
-    for (index_t base = 0; base < n; base += blockDim.x) {
-      const index_t a = base + threadIdx.x;
-      const bool match = a < n && routed[a] == first_expert + e;
-      const unsigned ballot = __ballot_sync(0xffffffffu, match);
+    const index_t tile_size = 4 * index_t(blockDim.x);
+    for (index_t base = 0; base < n; base += tile_size) {
+      const index_t first = base + 4 * index_t(threadIdx.x);
+      std::int32_t mine[4] = {-1, -1, -1, -1};
+      if (quads && first + 3 < n) {
+        const int4 q = *reinterpret_cast<const int4*>(routed + first);
+        mine[0] = q.x, mine[1] = q.y, mine[2] = q.z, mine[3] = q.w;
+      } else {
+        for (int j = 0; j < 4; ++j)
+          if (first + j < n) mine[j] = routed[first + j];
+      }
+      int matches = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) matches += mine[j] == expert;
+      // inclusive scan over the warp, then the warps' totals
+      int scan = matches;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, scan, offset);
+        if (lane >= static_cast<unsigned>(offset)) scan += up;
+      }
       __syncthreads();  // warp_matches of the previous tile has been read
-      if (lane == 0) warp_matches[warp] = static_cast<unsigned>(__popc(ballot));
+      if (lane == 31) warp_matches[warp] = scan;
       __syncthreads();
-      index_t offset = 0, tile = 0;
+      index_t offset = scan - matches, tile = 0;
       for (unsigned w = 0; w < warps; ++w) {
         if (w < warp) offset += warp_matches[w];
         tile += warp_matches[w];
       }
-      if (match) {
-        const index_t slot = next + offset + __popc(ballot & ((1u << lane) - 1u));
-        slot_of[a] = static_cast<std::int32_t>(slot);
-        token_of_slot[slot] = static_cast<std::int32_t>(a / k);
+      if (matches > 0) {
+        index_t slot = next + offset;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (mine[j] == expert) {
+            slot_of[first + j] = static_cast<std::int32_t>(slot);
+            token_of_slot[slot] = static_cast<std::int32_t>((first + j) / k);
+            ++slot;
+          }
       }
       next += tile;
     }
@@ -173,7 +220,7 @@ STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n
   }
   if (experts <= 0 || n <= 0) return;
   moe_sort_by_expert_kernel<><<<static_cast<unsigned>(std::min<index_t>(experts, 65535)), 256, 0, stream>>>(
-      routed, n, k, first_expert, experts, capacity, slot_of, token_of_slot);
+      routed, n, k, first_expert, experts, capacity, slot_of, token_of_slot, aligned_16(routed));
   check_launch("moe_sort_by_expert");
 }
 
