@@ -3,7 +3,8 @@
 //
 //   conversion   the hardware's cvt.rn.satfinite (__nv_cvt_float_to_fp8, __NV_SATFINITE) against
 //                core/fp8.hpp's fp8_encode on every one of the 2^32 float bit patterns, both formats
-//   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale
+//   fp8_amax, fp8_cast, fp8_cast_transpose (both layouts, or the transposed one alone), fp8_update_scale,
+//                fp8_transpose (bytes, against the host's transpose)
 //   fp8_cast_transpose_fused (copy, GELU and GELU-backward producers, with column sums and without) against the
 //                unfused steps on the GPU: codes and amax bit for bit, sums within 1e-4 (1e-12 double)
 //                bit for bit against the CPU twin (float, bf16, double inputs; odd and large sizes;
@@ -290,6 +291,26 @@ void check_norm_codes(backend& device, suite& results, std::uint64_t seed, bool 
                  what + ": codes and amax == the norm's output cast by fp8_cast");
   results.record(same_bits(hr, hr2) && same_bits(hm, hm2) && same_bits(hs, hs2),
                  what + ": statistics (and the residual sum) == the norm's");
+}
+
+// fp8_transpose (the codes of x^T from x's codes, bytes moved as they are) against the transpose on
+// the host, bit for bit: whole 64 x 64 tiles, partial tiles, sizes that are not multiples of 8, and
+// pointers that are not 8-byte aligned (the byte-at-a-time path); the bytes past the output stay.
+void check_transpose(backend& device, suite& results, std::uint64_t seed, index_t rows, index_t cols, index_t offset) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols), at = static_cast<std::size_t>(offset);
+  host_rng rng(seed);
+  const auto draws = rng.integers(n, 0, 255);
+  std::vector<std::uint8_t> in(draws.begin(), draws.end()), want(n + 8, 0xa5), got(n + 8);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < cols; ++c) want[static_cast<std::size_t>(c * rows + r)] = in[static_cast<std::size_t>(r * cols + c)];
+  device_vector<std::uint8_t> din(n + at), dout(n + at + 8);
+  device.copy_from_host(in.data(), static_cast<index_t>(n), din.data() + at);
+  const std::vector<std::uint8_t> fill(n + 8, 0xa5);
+  device.copy_from_host(fill.data(), static_cast<index_t>(n + 8), dout.data() + at);
+  device.fp8_transpose(din.data() + at, rows, cols, dout.data() + at);
+  device.copy_to_host(dout.data() + at, static_cast<index_t>(n + 8), got.data());
+  results.record(got == want, "fp8_transpose " + std::to_string(rows) + "x" + std::to_string(cols) + " at +" +
+                                  std::to_string(offset) + (got == want ? " == the host's transpose" : " DIFFERENT from the host's transpose"));
 }
 
 void check_update(backend& device, suite& results) {
@@ -646,6 +667,10 @@ int main() {
     check_casts<float>(device, results, seed++, 64, 64, Fp8Format::e4m3, 1.0f, true);
     check_casts<bf16>(device, results, seed++, 64, 64, Fp8Format::e5m2, 1.0f, true);
     check_update(device, results);
+    for (const auto& [rows, cols] : std::vector<std::pair<index_t, index_t>>{
+             {64, 64}, {8192, 2048}, {2048, 6144}, {200, 136}, {37, 53}, {1, 96}, {96, 1}, {520, 72}})
+      for (const index_t offset : {0, 1, 8})
+        check_transpose(device, results, seed++, rows, cols, offset);
     for (auto producer : {strata::Fp8Producer::copy, strata::Fp8Producer::gelu, strata::Fp8Producer::gelu_backward,
                           strata::Fp8Producer::swiglu, strata::Fp8Producer::swiglu_backward})
       // swiglu_backward makes [d gate | d up]: an even width (136 = 2 x 68: eights straddle the halves;

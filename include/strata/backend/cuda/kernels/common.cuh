@@ -138,6 +138,7 @@ __device__ __forceinline__ storage_t<T> pack(accumulate_t<T> v) {
 }
 
 inline bool aligned_16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+inline bool aligned_8(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; }
 
 // out[i] = op(a[i], b[i], i) for i < n, in A = accumulate_t<T>; a and b may be null (read as 0) and
 // out may alias either. When every pointer is 16-byte aligned, each thread moves 16 bytes at a time

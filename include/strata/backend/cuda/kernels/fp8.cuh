@@ -357,23 +357,51 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel
   if (amax) fp8_block_amax(bits, amax);
 }
 
-// (Kernels are templates, so a header-defined kernel has one definition in every translation unit.)
+// codes [rows, cols] -> [cols, rows]. A block moves 64 x 64 tiles through shared memory as
+// fp8_cast_transpose_kernel moves its codes: thread t reads eight bytes of rows t / 8 and t / 8 + 32
+// (one 8-byte load each) and writes eight bytes of two rows of the output (one 8-byte store each);
+// tiles at the edges, and every tile where rows or cols is not a multiple of 8 or a pointer is not
+// 8-byte aligned (vectorized false), a byte at a time. (A 32 x 32 tile of byte loads and stores ran
+// at a quarter of the copy bandwidth.) Kernels are templates, so a header-defined kernel has one
+// definition in every translation unit.
 template <class Byte = std::uint8_t>
-__global__ void fp8_transpose_kernel(const Byte* in, index_t rows, index_t cols, Byte* out) {
-  __shared__ Byte tile[32][33];
-  for (index_t tile_row = blockIdx.y * index_t(32); tile_row < rows; tile_row += index_t(gridDim.y) * 32)
-    for (index_t tile_col = blockIdx.x * index_t(32); tile_col < cols; tile_col += index_t(gridDim.x) * 32) {
-      for (int r = threadIdx.y; r < 32; r += blockDim.y) {
-        const index_t row = tile_row + r, col = tile_col + threadIdx.x;
-        if (row < rows && col < cols) tile[r][threadIdx.x] = in[row * cols + col];
+__global__ void __launch_bounds__(256) fp8_transpose_kernel(const Byte* in, index_t rows, index_t cols, Byte* out,
+                                                            bool vectorized) {
+  __shared__ Byte tile[kFp8Tile][kFp8Tile + 1];
+  const index_t tiles_c = (cols + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
+  const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
+  for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
+    const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
+    const bool whole = vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = line + 32 * half;
+      const index_t row = row0 + r, col = col0 + eighth;
+      if (whole) {
+        const uint2 v = *reinterpret_cast<const uint2*>(in + row * cols + col);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) tile[r][eighth + i] = static_cast<Byte>((i < 4 ? v.x : v.y) >> (8 * (i % 4)));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) tile[r][eighth + i] = row < rows && col + i < cols ? in[row * cols + col + i] : Byte{0};
       }
-      __syncthreads();
-      for (int c = threadIdx.y; c < 32; c += blockDim.y) {
-        const index_t col = tile_col + c, row = tile_row + threadIdx.x;
-        if (row < rows && col < cols) out[col * rows + row] = tile[threadIdx.x][c];
-      }
-      __syncthreads();
     }
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int c = line + 32 * half;
+      const index_t col = col0 + c, row = row0 + eighth;  // out (cols, rows)
+      if (whole) {
+        unsigned word[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(tile[eighth + j][c]) << (8 * (j % 4));
+        *reinterpret_cast<uint2*>(out + col * rows + row) = make_uint2(word[0], word[1]);
+      } else if (col < cols) {
+        for (int j = 0; j < 8 && row + j < rows; ++j) out[col * rows + row + j] = tile[eighth + j][c];
+      }
+    }
+    __syncthreads();
+  }
 }
 
 // out[0] = *a, out[4] = *b: two scale factors into 16-byte aligned slots (cuBLASLt's scale pointers).
@@ -478,11 +506,7 @@ __global__ void fp8_decode_blocks_kernel(const std::uint8_t* q, index_t rows, in
 // those serialize in L2: a grid of one block per 256 elements (65,536 blocks for a 4096 x 4096
 // tensor) spent about 80 us per cast on an H100 in atomics alone. So those kernels run at most
 // 8 blocks per multiprocessor (grid-stride loops; about a thousand atomics), the cast-transpose too
-// (over its 64 x 64 tiles); the plain transpose, with no atomics, one block per 32 x 32 tile.
-inline dim3 fp8_tile_grid(index_t rows, index_t cols, index_t cap = 65535) {
-  const auto tiles = [cap](index_t extent) { return static_cast<unsigned>(std::min<index_t>((extent + 31) / 32, cap)); };
-  return dim3(tiles(cols), tiles(rows));
-}
+// (over its 64 x 64 tiles), and the transpose of codes as it (no more blocks than are resident).
 inline unsigned fp8_amax_grid(index_t n) {
   return std::min<unsigned>(grid_for(n), static_cast<unsigned>(8 * multiprocessor_count()));
 }
@@ -515,7 +539,6 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
     if (column_sums && cols > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(column_sums, 0, cols * sizeof(A), stream));
     return;
   }
-  const auto aligned_8 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 8 == 0; };
   const bool reads_pre = producer == Fp8Producer::gelu_backward || producer == Fp8Producer::swiglu_backward;
   const bool vectorized = aligned_16(x) && (!reads_pre || aligned_16(pre)) && (!out || aligned_8(out)) && aligned_8(out_t) &&
                           rows % 8 == 0 && cols % 8 == 0 && (producer != Fp8Producer::swiglu_backward || cols % 16 == 0);
@@ -562,7 +585,13 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
 }
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  fp8_transpose_kernel<std::uint8_t><<<fp8_tile_grid(rows, cols), dim3(32, 8), 0, stream>>>(in, rows, cols, out);
+  const bool vectorized = aligned_8(in) && aligned_8(out) && rows % 8 == 0 && cols % 8 == 0;
+  const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
+  auto* kernel = &fp8_transpose_kernel<std::uint8_t>;
+  // no more blocks than run at once, as in fp8_cast_transpose_fused
+  const unsigned grid = static_cast<unsigned>(
+      std::min<index_t>(tiles, index_t(resident_blocks(kernel, kThreads, 8)) * multiprocessor_count()));
+  kernel<<<grid, kThreads, 0, stream>>>(in, rows, cols, out, vectorized);
   check_launch("fp8_transpose");
 }
 STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream) {
