@@ -102,7 +102,9 @@ __global__ void rope_kernel(T* x, index_t s, index_t n, index_t d, double base, 
 // qkv_split then rope_forward on q and k (rope_backward then qkv_merge) moved q and k twice more. The
 // same bits: the elements that do not turn are copied, the turned ones computed by the same
 // expression from the same table.
-template <class T, bool Merge, class A = accumulate_t<T>>
+// I: the type of a position's element and head indices (unsigned where b * slots * d fits it: the
+// divisions by slots, hpg + 2 and the chunks per head are the loop's main cost in 64 bits).
+template <class T, bool Merge, class I = unsigned, class A = accumulate_t<T>>
 __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t groups, index_t hpg,
                                 index_t d, double base, index_t position_offset, RopeOptions options, bool vectorized,
                                 Fp8Output fp8) {
@@ -112,6 +114,7 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
   A* sines = cosines + half;
   const double factor = rope_attention_factor(options), sign = Merge ? -1.0 : 1.0;
   const index_t slots = groups * (hpg + 2);  // heads of a packed row
+  const I islots = static_cast<I>(slots), islot_heads = static_cast<I>(hpg + 2), ihpg = static_cast<I>(hpg);
   const bool codes = Merge && fp8.codes != nullptr;
   const float scale = codes ? *fp8.scale : 0.0f;
   unsigned bits = 0;  // the codes' amax
@@ -120,24 +123,25 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
     rope_table<A>(cosines, sines, position_offset + t, half, rotary_dim, base, options, factor, sign);
     // head h of this position's b rows: its element offset in the packed rows and its address in q,
     // k or v; whether it turns (q and k)
-    auto heads_of = [&](index_t h, index_t& packed_at, T*& split_head) {
-      const index_t bi = h / slots, slot = h - bi * slots, g = slot / (hpg + 2), j = slot - g * (hpg + 2);
-      const index_t row = t * b + bi, group = row * groups + g;
-      packed_at = (group * (hpg + 2) + j) * d;
-      split_head = j < hpg ? q + (group * hpg + j) * d : (j == hpg ? k : v) + group * d;
-      return j <= hpg;
+    auto heads_of = [&](I h, index_t& packed_at, T*& split_head) {
+      const I bi = h / islots, slot = h - bi * islots, g = slot / islot_heads, j = slot - g * islot_heads;
+      const index_t row = t * b + index_t(bi), group = row * groups + index_t(g);
+      packed_at = (group * (hpg + 2) + index_t(j)) * d;
+      split_head = j < ihpg ? q + (group * hpg + index_t(j)) * d : (j == ihpg ? k : v) + group * d;
+      return j <= ihpg;
     };
     if (vectorized) {  // 16-byte chunks: a chunk of the first half turns with its twin of the second
       constexpr int W = packed<T>::width;
-      const index_t chunks = d / W, half_chunks = half / W, rotary_chunks = rotary_dim / W;
-      for (index_t p = threadIdx.x; p < b * slots * chunks; p += blockDim.x) {
-        const index_t h = p / chunks, c = p - h * chunks;
+      const I chunks = static_cast<I>(d / W), half_chunks = static_cast<I>(half / W),
+              rotary_chunks = static_cast<I>(rotary_dim / W), items = static_cast<I>(b * slots) * chunks;
+      for (I p = threadIdx.x; p < items; p += blockDim.x) {
+        const I h = p / chunks, c = p - h * chunks;
         index_t packed_at;
         T* split_head;
         const bool turn = heads_of(h, packed_at, split_head);
         const T* src = Merge ? split_head : packed_rows + packed_at;
-        auto put = [&](index_t chunk, const packed<T>& value) {  // chunk `chunk` of the head's output
-          if (codes) fp8_store_vector<T>(fp8.codes + packed_at + chunk * W, value, scale, fp8.format, bits);
+        auto put = [&](I chunk, const packed<T>& value) {  // chunk `chunk` of the head's output
+          if (codes) fp8_store_vector<T>(fp8.codes + packed_at + index_t(chunk) * W, value, scale, fp8.format, bits);
           else reinterpret_cast<packed<T>*>(Merge ? packed_rows + packed_at : split_head)[chunk] = value;
         };
         if (turn && c < half_chunks) {
@@ -157,8 +161,10 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
       continue;
     }
     const index_t first_step = options.interleaved ? 2 : 1, second_offset = options.interleaved ? 1 : half;
-    for (index_t p = threadIdx.x; p < b * slots * d; p += blockDim.x) {
-      const index_t h = p / d, e = p - h * d;
+    const I id = static_cast<I>(d), elements = static_cast<I>(b * slots) * id;
+    for (I p = threadIdx.x; p < elements; p += blockDim.x) {
+      const I h = p / id;
+      const index_t e = index_t(p - h * id);
       index_t packed_at;
       T* split_head;
       const bool turn = heads_of(h, packed_at, split_head) && e < rotary_dim;
@@ -177,7 +183,7 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
         continue;
       }
       if (options.interleaved ? e % 2 != 0 : e >= half) continue;  // the pair's second: its first turns both
-      const index_t i = e / first_step, first = e, second = e + second_offset;
+      const index_t i = first_step == 2 ? e / 2 : e, first = e, second = e + second_offset;
       const A c = cosines[i], sn = sines[i];
       const A a = load(src, first), bb = load(src, second);
       put(first, pack<T>(a * c - bb * sn));
@@ -199,12 +205,16 @@ void qkv_rope(T* packed_rows, T* q, T* k, T* v, index_t s, index_t b, index_t gr
   constexpr index_t width = 16 / sizeof(T);
   const bool vectorized = !options.interleaved && half % width == 0 && d % width == 0 && aligned_16(q) && aligned_16(k) &&
                           aligned_16(v) && (fp8.codes ? aligned_16(fp8.codes) : aligned_16(packed_rows));
-  if (merge)
-    qkv_rope_kernel<T, true><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
-                                                                   position_offset, options, vectorized, fp8);
-  else
-    qkv_rope_kernel<T, false><<<blocks, kThreads, shared, stream>>>(packed_rows, q, k, v, s, b, groups, hpg, d, base,
-                                                                    position_offset, options, vectorized, fp8);
+  // a position's elements, b * slots * d, index in 32 bits where they fit (they do but for huge batches)
+  const bool narrow = b * groups * (hpg + 2) * d < (index_t{1} << 31);
+  const auto launch = [&](auto merge_tag, auto index_tag) {
+    qkv_rope_kernel<T, decltype(merge_tag)::value, decltype(index_tag)><<<blocks, kThreads, shared, stream>>>(
+        packed_rows, q, k, v, s, b, groups, hpg, d, base, position_offset, options, vectorized, fp8);
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (merge) narrow ? launch(yes{}, 0u) : launch(yes{}, index_t{0});
+  else narrow ? launch(no{}, 0u) : launch(no{}, index_t{0});
   check_launch(merge ? "qkv_merge_rope" : "qkv_split_rope");
 }
 
