@@ -240,11 +240,12 @@ concept backend_has_fp8_transpose = requires(Device& d, const std::uint8_t* in, 
   d.fp8_transpose(in, n, n, out);
 };
 
-// The input pair of a column-parallel layer whose input rows [local rows, cols] `write` writes as
-// codes (given an Fp8Output: the role's format and scale, where to write, and the amax to fold
-// into; the input role, or another: an output gradient's producer); with `gather` (sequence parallelism over ctx.tp), each rank writes its own rows and the codes
-// are all-gathered (one byte per element on the wire instead of T's). x^T's codes come from a
-// transpose of the bytes. `amax`: fp8_prepare_scale's for these rows.
+// The codes pair of a column-parallel layer's input rows [local rows, cols] (role input) or of its
+// output gradient (role grad_output), which `write` writes as codes given an Fp8Output (the role's
+// format and scale, where to write, and the amax to fold into); with `gather` (sequence parallelism
+// over ctx.tp), each rank writes its own rows and the codes are all-gathered (one byte per element
+// on the wire instead of T's). The transposed codes come from a transpose of the bytes. `amax`:
+// fp8_prepare_scale's for these rows.
 template <class Context, class Write>
 Fp8Pair<typename Context::space> fp8_pair_of_rows(Context& ctx, Fp8State<typename Context::space>& state,
                                                   const Shape& local, bool gather, float* amax, Write&& write,
