@@ -6,7 +6,8 @@
 // from a checkpoint (expert bias included) continues bit for bit; the memory estimate counts this
 // rank's experts exactly as the model allocates them; with FP8 (delayed) the experts' GEMMs in FP8
 // follow the single-rank FP8 run at every layout, and resume bit for bit. With --moe-layer-freq (dense layers among
-// the MoE ones) the same holds at every layout, pipeline stages holding mixed layers included.
+// the MoE ones) the same holds at every layout, pipeline stages holding mixed layers included. The
+// experts' gradients zeroed by first write train the bits of a fill.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -459,6 +460,56 @@ TEST(TrainingMoe, MemoryEstimateCountsThisRanksExperts) {
 
 // A capacity factor so large that ceil(T k / E x factor) overflows an integer drops nothing: the
 // capacity is bounded by the tokens, and the run trains as without a capacity.
+// The experts' weight gradients left for their first grouped GEMM to write (the default: zero by
+// first write) against one fill of the whole buffer (--zero-gradients-by-fill): the same losses and
+// parameters, bit for bit, over four micro-batches a step, with experts that get no token in a
+// micro-batch (8 experts, top-1, 8 tokens a micro-batch: at least one empty group in every call,
+// whose gradient the first call must set to zero), over ep = 2 and etp = 2 with either dispatcher,
+// and with the experts' GEMMs in FP8.
+TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
+  auto base = tiny_mixtral();
+  base.dtype = "float";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.keep_final_parameters = true;
+  auto sparse = base;
+  sparse.model.moe.num_experts = 8;
+  sparse.model.moe.topk = 1;
+  sparse.model.seq_length = 8;
+  sparse.micro_batch_size = 1;
+  sparse.global_batch_size = 4;
+  auto fp8 = base;
+  fp8.fp8_format = "hybrid";
+  fp8.fp8_recipe = "delayed";
+  using D = strata::MoeDispatcherType;
+  struct Case {
+    trainer::TrainArgs args;
+    MoeLayout layout;
+    std::string what;
+  };
+  for (const Case& c : {Case{base, MoeLayout{1, 1, 1, 1, 1, false, D::alltoall}, "top-2"},
+                        Case{sparse, MoeLayout{1, 1, 1, 1, 1, false, D::alltoall}, "top-1, empty experts"},
+                        Case{sparse, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "top-1, empty experts"},
+                        Case{base, MoeLayout{4, 2, 1, 2, 2, true, D::allgather}, "top-2"},
+                        Case{fp8, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "FP8 experts"}}) {
+    auto a = with_layout(c.args, c.layout);
+    const std::string what = c.what + ", " + describe(c.layout);
+    a.zero_gradients_by_fill = true;
+    const auto filled = trainer::train<Mixtral>(a);
+    a.zero_gradients_by_fill = false;
+    const auto first_write = trainer::train<Mixtral>(a);
+    ASSERT_EQ(first_write.losses.size(), filled.losses.size()) << what;
+    EXPECT_EQ(first_write.losses, filled.losses) << what;
+    ASSERT_EQ(first_write.final_parameters.size(), filled.final_parameters.size()) << what;
+    ASSERT_FALSE(filled.final_parameters.empty()) << what;
+    for (std::size_t k = 0; k < filled.final_parameters.size(); ++k) {
+      EXPECT_EQ(first_write.final_parameters[k].first, filled.final_parameters[k].first) << what;
+      EXPECT_EQ(first_write.final_parameters[k].second, filled.final_parameters[k].second)
+          << what << ": " << filled.final_parameters[k].first;
+    }
+  }
+}
+
 TEST(TrainingMoe, HugeCapacityFactorDropsNothing) {
   auto a = tiny_mixtral();
   a.dtype = "double";

@@ -13,8 +13,9 @@
 // (init_normal at the element's global index through ShardIndexMap; fill for constants).
 //
 // Zeroing by first write. A GradBuffer zeroed with first_write (GradBuffer::zero) does not fill the
-// gradients of parameters marked `grad_first_write` (the weights a Column/RowParallelLinear owns,
-// whose gradient only the weight-gradient GEMM writes); it marks them `grad_stale` instead, and the
+// gradients of parameters marked `grad_first_write` (the weights a Column/RowParallelLinear owns and
+// the experts' weights, whose gradients only the weight-gradient GEMMs write; an expert with no token
+// gets zeros from its grouped GEMM); it marks them `grad_stale` instead, and the
 // first weight-gradient GEMM of the iteration writes dW where it would have added it to zeros (the
 // same bits: 0 + x is x), which saves a fill and a read of the gradient per step. Whatever reads or
 // adds to a gradient some other way calls settle_gradient first, which fills a stale one with zeros;

@@ -322,12 +322,7 @@ void grouped_gemm_weights(blas_handle& blas, cublas_handle& grouped_blas, device
     fail<ShapeError>("cuda::grouped_gemm_weights: negative size: groups=", groups, " rows=", rows, " m=", m, " n=", n);
 #if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
   if constexpr (std::is_same_v<T, bf16> && std::is_same_v<C, float>) {
-    if (m > 0 && n > 0) {
-      if (!accumulate)  // the kernel leaves an empty group's C alone: start every C_g from zero
-        for (index_t g = 0; g < groups; ++g)
-          STRATA_CUDA_CHECK(cudaMemsetAsync(c[g], 0, sizeof(C) * static_cast<std::size_t>(m * n), stream));
-      if (sm90::grouped_gemm_weights(stream, memory, groups, counts, m, n, a, b, c, true)) return;
-    }
+    if (m > 0 && n > 0 && sm90::grouped_gemm_weights(stream, memory, groups, counts, m, n, a, b, c, accumulate)) return;
   }
 #endif
   const std::vector<std::int32_t> host = detail::counts_on_host("cuda::grouped_gemm_weights", counts, groups, rows, stream);

@@ -10,8 +10,9 @@
 //
 // `counts` is a device array of `groups` int32; the sizes of the problems, their pointers and strides
 // are written on the device by one small kernel, then CUTLASS's persistent group scheduler walks the
-// tiles (an empty group has none). Neither function touches rows past the counts' total, nor, in
-// `weights`, a C_g whose group is empty (the caller zeroes what must be zero).
+// tiles (an empty group has none). `rows` touches no row past the counts' total. `weights` with
+// `accumulate` leaves an empty group's C_g alone; without, it writes every C_g without reading it
+// (beta 0), an empty group's with zeros (a small kernel reads the counts on the device).
 //
 // Each returns false, enqueuing nothing, when it does not take the call: strata::cuda_kernels built
 // without CUTLASS (STRATA_WITH_CUTLASS unset), a GPU other than sm_90, more than kSm90MaxGroups

@@ -109,6 +109,8 @@ class GroupedExperts {
       fc2_.emplace_back(prefix + ".fc2.weight", Shape{c.hidden_size, c.ffn_hidden_size},
                         ShardSpec::split(1, ctx.expert_tp.rank(), etp));
       fc1_.back().expert = fc2_.back().expert = true;
+      // Only the weight-gradient GEMMs write them (zero by first write: layers/parameter.hpp).
+      fc1_.back().grad_first_write = fc2_.back().grad_first_write = true;
       if (c.bias) {
         fc1_bias_.emplace_back(prefix + ".fc1.bias", Shape{(gated ? 2 : 1) * c.ffn_hidden_size},
                                ShardSpec::split(0, ctx.expert_tp.rank(), etp, gated ? 2 : 1));
@@ -175,16 +177,14 @@ class GroupedExperts {
     const index_t fc1_local = saved.pre.shape().cols(), ffn_local = saved.activation.shape().cols();
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
     rows_gemm(ctx, saved, false, rows, ffn_local, h, dy.data(), pointers(fc2_), dact.data());  // da (rows, ffn local)
-    weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(),
-                 gradients(fc2_));  // dfc2 (hidden, ffn local)
+    weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(), fc2_);  // dfc2 (hidden, ffn local)
     if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
     activate_backward(ctx, dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
     if (config_.bias) group_bias_gradients(ctx, saved, fc1_local, dpre.data(), fc1_bias_);
     auto dx = Tensor<T, Space>::empty(Shape{rows, h});
     rows_gemm(ctx, saved, false, rows, h, fc1_local, dpre.data(), pointers(fc1_), dx.data());  // dx, partial over etp
-    weights_gemm(ctx, saved, rows, fc1_local, h, dpre.data(), saved.input.data(),
-                 gradients(fc1_));  // dfc1 (fc1 local, hidden)
+    weights_gemm(ctx, saved, rows, fc1_local, h, dpre.data(), saved.input.data(), fc1_);  // dfc1 (fc1 local, hidden)
     return dx;
   }
 
@@ -246,11 +246,27 @@ class GroupedExperts {
                                         g.c.data(), false);
     if (rows > at) ctx.device.template fill<T>(c + at * n, (rows - at) * n, 0.0);
   }
-  // C_l[m, n] += A_l^T B_l over the saved row groups of A [rows, m] and B [rows, n].
+  // Whether the weight-gradient GEMM of `weights` writes their gradients instead of adding to them:
+  // every one is stale (zeroed by first write, layers/parameter.hpp; then none is after the call). A
+  // mix (not made by GradBuffer::zero, which marks all of a layer's experts alike) settles the stale
+  // ones and adds.
+  static bool take_stale(Context& ctx, std::vector<Param>& weights) {
+    bool all = true;
+    for (const auto& p : weights) all = all && p.grad_stale;
+    for (auto& p : weights) {
+      if (all) p.grad_stale = false;
+      else settle_gradient(ctx.device, p);
+    }
+    return all;
+  }
+  // C_l[m, n] += A_l^T B_l over the saved row groups of A [rows, m] and B [rows, n] (C_l = when the
+  // gradients are stale: an empty group's is then zero).
   void weights_gemm(Context& ctx, const Saved& s, index_t rows, index_t m, index_t n, const T* a, const T* b,
-                    const std::vector<A*>& c) const {
+                    std::vector<Param>& weights) const {
+    const bool accumulate = !take_stale(ctx, weights);
+    const std::vector<A*> c = gradients(weights);
     if (s.host_counts.empty()) {
-      ctx.device.template grouped_gemm_weights<T, A>(local_, s.counts.data(), rows, m, n, a, b, c.data(), true);
+      ctx.device.template grouped_gemm_weights<T, A>(local_, s.counts.data(), rows, m, n, a, b, c.data(), accumulate);
       return;
     }
     GemmGroups<A> w(local_);
@@ -260,7 +276,7 @@ class GroupedExperts {
       at += s.host_counts[l];
     }
     ctx.device.template grouped_gemm<T, A>(true, false, local_, w.m.data(), w.n.data(), w.k.data(), w.a.data(), w.b.data(),
-                                           w.c.data(), true);
+                                           w.c.data(), accumulate);
   }
 
   // The activation of pre [rows, fc1 local] into out [rows, ffn local], and its backward.
@@ -356,17 +372,21 @@ class GroupedExperts {
     return out;
   }
 
-  // grads[l] [m, n] += a_l^T b_l over the groups: a^T's codes [m, grouped rows], b^T's [n, grouped rows].
+  // grads[l] [m, n] += a_l^T b_l over the groups (= when stale: take_stale): a^T's codes [m, grouped
+  // rows], b^T's [n, grouped rows].
   void fp8_weights_gemm(Context& ctx, const Saved& s, const detail::Fp8Pair<Space>& a, const detail::Fp8Pair<Space>& b,
                         std::vector<Param>& weights) const {
     const index_t m = a.codes_t.shape().rows(), n = b.codes_t.shape().rows();
+    const bool accumulate = !take_stale(ctx, weights);
     index_t at = 0;
     for (index_t l = 0; l < local_; ++l) {
       const index_t count = s.host_counts[l];
       if (count > 0) {
         const auto al = group_columns(ctx, a.codes_t, at, count), bl = group_columns(ctx, b.codes_t, at, count);
         ctx.device.template fp8_gemm<A>(false, true, m, n, al.shape().cols(), al.data(), a.format, a.scale_inv, bl.data(),
-                                        b.format, b.scale_inv, weights[l].grad.data(), true, nullptr);
+                                        b.format, b.scale_inv, weights[l].grad.data(), accumulate, nullptr);
+      } else if (!accumulate) {
+        ctx.device.template fill<A>(weights[l].grad.data(), m * n, 0.0);
       }
       at += count;
     }

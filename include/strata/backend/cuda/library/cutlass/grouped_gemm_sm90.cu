@@ -8,6 +8,7 @@
 // Python package) and the library is built for sm_90.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -134,6 +135,23 @@ __global__ void setup_kernel(const __grid_constant__ Setup<G> s) {
     s.tables.stride_c[g] = s.stride_c;
     s.tables.stride_d[g] = s.stride_c;
   }
+}
+
+// The weights form written rather than added to (beta 0, so C_g is not read): the GEMM has no tile
+// for an empty group, whose C_g this kernel zeroes instead. blockIdx.y is the group; the blocks of a
+// group with rows return at once. C_g is 16-byte aligned and m * n a multiple of 64 (checked).
+struct EmptyGroups {
+  const std::int32_t* counts;
+  long long vectors;  // float4s in each C_g
+  float* c[kSm90MaxGroups];
+};
+
+__global__ void zero_empty_groups_kernel(const __grid_constant__ EmptyGroups e) {
+  if (e.counts[blockIdx.y] != 0) return;
+  auto* c = reinterpret_cast<float4*>(e.c[blockIdx.y]);
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < e.vectors; i += stride)
+    c[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -285,6 +303,15 @@ bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, i
   setup.stride_b = typename G::StrideB{cute::_1{}, static_cast<int64_t>(n), cute::_0{}};
   setup.stride_c = typename G::StrideC{static_cast<int64_t>(n), cute::_1{}, cute::_0{}};
   for (index_t g = 0; g < groups; ++g) setup.per_group[g] = c[g];
+  if (!accumulate) {
+    EmptyGroups empty{};
+    empty.counts = counts;
+    empty.vectors = static_cast<long long>(m * n / 4);
+    for (index_t g = 0; g < groups; ++g) empty.c[g] = c[g];
+    const long long blocks = std::max<long long>(1, std::min<long long>((empty.vectors + 255) / 256, 2LL * hardware().sm_count));
+    zero_empty_groups_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups)), 256, 0, stream>>>(empty);
+    STRATA_CUDA_CHECK(cudaGetLastError());
+  }
   run<G>(stream, memory, setup, accumulate ? 1.0f : 0.0f);
   return true;
 }
