@@ -462,10 +462,10 @@ TEST(TrainingMoe, MemoryEstimateCountsThisRanksExperts) {
 // capacity is bounded by the tokens, and the run trains as without a capacity.
 // The experts' weight gradients left for their first grouped GEMM to write (the default: zero by
 // first write) against one fill of the whole buffer (--zero-gradients-by-fill): the same losses and
-// parameters, bit for bit, over four micro-batches a step, with experts that get no token in a
-// micro-batch (8 experts, top-1, 8 tokens a micro-batch: at least one empty group in every call,
-// whose gradient the first call must set to zero), over ep = 2 and etp = 2 with either dispatcher,
-// and with the experts' GEMMs in FP8.
+// parameters, bit for bit, over four micro-batches a step, with experts that get no token (16
+// experts, top-1, 4 tokens a micro-batch on each of at most 2 expert-parallel ranks: at least 8 empty
+// groups in every micro-batch, whose gradients the step's first call must set to zero), over ep = 2
+// and etp = 2 with either dispatcher, and with the experts' GEMMs in FP8.
 TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
   auto base = tiny_mixtral();
   base.dtype = "float";
@@ -473,9 +473,9 @@ TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
   base.eval_iters = 0;
   base.keep_final_parameters = true;
   auto sparse = base;
-  sparse.model.moe.num_experts = 8;
+  sparse.model.moe.num_experts = 16;
   sparse.model.moe.topk = 1;
-  sparse.model.seq_length = 8;
+  sparse.model.seq_length = 4;
   sparse.micro_batch_size = 1;
   sparse.global_batch_size = 4;
   auto fp8 = base;
