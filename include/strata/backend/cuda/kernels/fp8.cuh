@@ -173,6 +173,43 @@ __device__ __forceinline__ void fp8_swiglu_backward8(const T* x, const T* pre, i
   }
 }
 
+// The 64 x 64 byte tiles of fp8_cast_transpose_kernel, its SwiGLU-backward twin and
+// fp8_transpose_kernel, in shared memory with rows of 65 bytes (so the eight rows a thread gathers
+// fall in different banks), 256 threads a block.
+inline constexpr int kFp8Tile = 64;
+template <class Byte>
+using Fp8TileRow = Byte[kFp8Tile + 1];
+
+// Eight codes packed in `codes` (byte i of the word pair is element i) into row[0..7].
+template <class Byte>
+__device__ __forceinline__ void fp8_tile_put8(Byte* row, uint2 codes) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) row[i] = static_cast<Byte>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+}
+
+// Thread (line, eighth)'s part of writing a tile transposed: the tile's columns c = line and line + 32
+// become rows out_row0 + c of out_t [.., rows] (those with c < valid), each from the eight bytes of
+// tile rows eighth..eighth + 7, at columns row0 + eighth.. of out_t. A whole tile (vectorized, inside
+// the tensor) stores each as one 8-byte word; an edge tile byte by byte, up to `rows`.
+template <class Byte>
+__device__ __forceinline__ void fp8_store_tile_transposed(const Fp8TileRow<Byte>* tile, bool whole, index_t out_row0,
+                                                          index_t valid, index_t row0, index_t rows, Byte* out_t,
+                                                          int line, int eighth) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int c = line + 32 * half;
+    const index_t col = out_row0 + c, row = row0 + eighth;  // out_t (cols, rows)
+    if (whole) {
+      unsigned word[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(tile[eighth + j][c]) << (8 * (j % 4));
+      *reinterpret_cast<uint2*>(out_t + col * rows + row) = make_uint2(word[0], word[1]);
+    } else if (c < valid) {
+      for (int j = 0; j < 8 && row + j < rows; ++j) out_t[col * rows + row + j] = tile[eighth + j][c];
+    }
+  }
+}
+
 // Tiles of 64 x 64 elements, 256 threads, a grid-stride loop over the tiles. Reading, thread t takes
 // eight neighbouring columns (8 (t % 8) ...) of rows t / 8 and t / 8 + 32; writing x^T, eight
 // neighbouring rows of the tile's columns t / 8 and t / 8 + 32 from shared memory (rows of 65
@@ -184,7 +221,6 @@ __device__ __forceinline__ void fp8_swiglu_backward8(const T* x, const T* pre, i
 // of the produced elements: each thread adds its two rows, the 32 lines of a column are added in line
 // order through shared memory, and the tile's sums go to partials[tile row, column], which
 // sum_partials then adds over the tile rows in order (deterministic: no atomics).
-inline constexpr int kFp8Tile = 64;
 template <class T, Fp8Producer P = Fp8Producer::copy, bool Sums = false, class A = accumulate_t<T>>
 __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, const T* pre, index_t rows, index_t cols,
                                                                  Fp8Format format, const float* scale, std::uint8_t* out,
@@ -220,8 +256,7 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         if constexpr (Sums) column[j] += v[j];
       }
       const uint2 codes = fp8_round8(e, s, format, bits);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) tile[r][eighth + j] = static_cast<std::uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4)));
+      fp8_tile_put8(tile[r] + eighth, codes);
       if (out) {
         if (whole) {
           *reinterpret_cast<uint2*>(out + row * cols + col) = codes;
@@ -242,19 +277,7 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         partials[(row0 / kFp8Tile) * cols + col0 + threadIdx.x] = total;  // partials (tile rows, cols)
       }
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = line + 32 * half;
-      const index_t col = col0 + c, row = row0 + eighth;  // out_t (cols, rows)
-      if (whole) {
-        unsigned word[2] = {0u, 0u};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(tile[eighth + j][c]) << (8 * (j % 4));
-        *reinterpret_cast<uint2*>(out_t + col * rows + row) = make_uint2(word[0], word[1]);
-      } else if (col < cols) {
-        for (int j = 0; j < 8 && row + j < rows; ++j) out_t[col * rows + row + j] = tile[eighth + j][c];
-      }
-    }
+    fp8_store_tile_transposed<std::uint8_t>(tile, whole, col0, cols - col0, row0, rows, out_t, line, eighth);
     __syncthreads();
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -309,9 +332,7 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel
           if constexpr (Sums) column[g][i] += v[g][i];
         }
         const uint2 codes = fp8_round8(e, s, format, bits);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          tile[g][r][eighth + i] = static_cast<std::uint8_t>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+        fp8_tile_put8(tile[g][r] + eighth, codes);
         if (out) {
           const index_t col = g * f + j;
           if (whole) {
@@ -339,19 +360,7 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel
     }
 #pragma unroll
     for (int g = 0; g < 2; ++g)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = line + 32 * half;
-        const index_t col = g * f + j0 + c, row = row0 + eighth;  // out_t (cols, rows)
-        if (whole) {
-          unsigned word[2] = {0u, 0u};
-#pragma unroll
-          for (int i = 0; i < 8; ++i) word[i / 4] |= static_cast<unsigned>(tile[g][eighth + i][c]) << (8 * (i % 4));
-          *reinterpret_cast<uint2*>(out_t + col * rows + row) = make_uint2(word[0], word[1]);
-        } else if (j0 + c < f) {
-          for (int i = 0; i < 8 && row + i < rows; ++i) out_t[col * rows + row + i] = tile[g][eighth + i][c];
-        }
-      }
+      fp8_store_tile_transposed<std::uint8_t>(tile[g], whole, g * f + j0, f - j0, row0, rows, out_t, line, eighth);
     __syncthreads();
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -378,28 +387,14 @@ __global__ void __launch_bounds__(256) fp8_transpose_kernel(const Byte* in, inde
       const int r = line + 32 * half;
       const index_t row = row0 + r, col = col0 + eighth;
       if (whole) {
-        const uint2 v = *reinterpret_cast<const uint2*>(in + row * cols + col);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) tile[r][eighth + i] = static_cast<Byte>((i < 4 ? v.x : v.y) >> (8 * (i % 4)));
+        fp8_tile_put8(tile[r] + eighth, *reinterpret_cast<const uint2*>(in + row * cols + col));
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) tile[r][eighth + i] = row < rows && col + i < cols ? in[row * cols + col + i] : Byte{0};
       }
     }
     __syncthreads();
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int c = line + 32 * half;
-      const index_t col = col0 + c, row = row0 + eighth;  // out (cols, rows)
-      if (whole) {
-        unsigned word[2] = {0u, 0u};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) word[j / 4] |= static_cast<unsigned>(tile[eighth + j][c]) << (8 * (j % 4));
-        *reinterpret_cast<uint2*>(out + col * rows + row) = make_uint2(word[0], word[1]);
-      } else if (col < cols) {
-        for (int j = 0; j < 8 && row + j < rows; ++j) out[col * rows + row + j] = tile[eighth + j][c];
-      }
-    }
+    fp8_store_tile_transposed<Byte>(tile, whole, col0, cols - col0, row0, rows, out, line, eighth);
     __syncthreads();
   }
 }
