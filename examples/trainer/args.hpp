@@ -299,9 +299,9 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
                "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
                "the CPU the in-process collectives run at once, in the same order)");
   app.add_flag("--zero-gradients-by-fill", a.zero_gradients_by_fill,
-               "fill every gradient with zeros at the start of each iteration; by default the linear layers' weight "
-               "gradients are not filled, their first weight-gradient GEMM of the iteration writes them instead of "
-               "adding (the same bits, one pass over the gradients less)");
+               "fill every gradient with zeros at the start of each iteration; by default the linear layers' and the "
+               "experts' weight gradients are not filled, their first weight-gradient GEMM of the iteration writes them "
+               "instead of adding (the same bits, one pass over the gradients less)");
   app.add_flag("--overlap-param-gather", a.overlap_param_gather,
                "with --use-distributed-optimizer: all-gather the updated parameters on the communication stream, the "
                "buckets the next forward needs first going first, joined right before that forward");
