@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "same_parameters.hpp"
 #include "trainer/trainer.hpp"
 
 // Every case of this file in a namespace of its own, so that several test files can share a
@@ -43,14 +44,7 @@ trainer::TrainArgs tiny() {
   return a;
 }
 
-// Every final parameter of `a` is bit for bit that of `b` (same names, same order).
-void expect_same_parameters(const trainer::TrainResult& a, const trainer::TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.final_parameters.size(), b.final_parameters.size()) << what;
-  for (std::size_t k = 0; k < b.final_parameters.size(); ++k) {
-    EXPECT_EQ(a.final_parameters[k].first, b.final_parameters[k].first) << what;
-    EXPECT_EQ(a.final_parameters[k].second, b.final_parameters[k].second) << what << ": " << b.final_parameters[k].first;
-  }
-}
+using strata_training_test::expect_same_parameters;
 
 // max over parameters of |a - b| / max|b| (the parameter's own scale)
 double worst_relative_difference(const trainer::TrainResult& a, const trainer::TrainResult& b) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "same_parameters.hpp"
 #include "trainer/trainer.hpp"
 
 // Every case of this file in a namespace of its own, so that several test files can share a
@@ -298,12 +299,7 @@ TEST(TrainingFp8, ParameterGatherIsTheRunWithoutIt) {
       ASSERT_EQ(with.losses.size(), 4u) << what;
       EXPECT_EQ(with.losses, without.losses) << what;
       EXPECT_EQ(with.validation_losses, without.validation_losses) << what;
-      ASSERT_EQ(with.final_parameters.size(), without.final_parameters.size()) << what;
-      for (std::size_t k = 0; k < with.final_parameters.size(); ++k) {
-        const auto& [name, values] = with.final_parameters[k];
-        EXPECT_EQ(name, without.final_parameters[k].first) << what;
-        EXPECT_TRUE(values == without.final_parameters[k].second) << what << ": " << name << " differs";
-      }
+      strata_training_test::expect_same_parameters(with, without, what);
       ASSERT_EQ(clipped_with.losses.size(), 4u) << what;
       for (std::size_t i = 0; i < 4; ++i)
         EXPECT_NEAR(clipped_with.losses[i], clipped_without.losses[i], 1e-12 * clipped_without.losses[i]) << what << " clipped";
