@@ -989,6 +989,49 @@ void test_adamw_many(harness& h) {
     h.results.record(differ == 0, label + ", grad_scale " + std::to_string(f) +
                                       ": the bits of scale_by then the step (" + std::to_string(differ) + " values differ)");
   }
+  // The 16-byte path (aligned tensors, above) against a float at a time: adamw_step per parameter,
+  // and adamw_step_many on copies one element past an aligned start (no vector loads): the same bits.
+  std::vector<std::unique_ptr<device_vector<A>>> shifted_state;
+  std::vector<std::unique_ptr<device_vector<T>>> shifted_values;
+  std::vector<strata::cuda::kernels::adamw_tensor<T, A>> shifted;
+  for (auto& p : params) {
+    const std::size_t n = p.main.size();
+    std::vector<A> padded(n + 1, A(0));
+    for (int j = 0; j < 4; ++j) {
+      const std::vector<A>& from = j == 0 ? p.main : j == 1 ? p.m : j == 2 ? p.v : p.g;
+      std::copy(from.begin(), from.end(), padded.begin() + 1);
+      shifted_state.push_back(std::make_unique<device_vector<A>>(n + 1));
+      upload(h.device, padded, *shifted_state.back());
+    }
+    shifted_values.push_back(std::make_unique<device_vector<T>>(n + 1));
+    auto* s = &shifted_state[shifted_state.size() - 4];
+    shifted.push_back({s[0]->data() + 1, s[1]->data() + 1, s[2]->data() + 1, s[3]->data() + 1, shifted_values.back()->data() + 1,
+                       static_cast<index_t>(n), p.decay});
+  }
+  h.device.adamw_step_many<T>(std::span<const strata::cuda::kernels::adamw_tensor<T, A>>(shifted), step);
+  std::vector<A> shifted_main, single_main;
+  std::vector<T> shifted_value, single_value;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto a = download(h.device, *shifted_state[4 * i]);
+    auto v = download(h.device, *shifted_values[i]);
+    shifted_main.insert(shifted_main.end(), a.begin() + 1, a.end());
+    shifted_value.insert(shifted_value.end(), v.begin() + 1, v.end());
+    const auto& p = params[i];
+    upload(h.device, p.main, *state[4 * i]); upload(h.device, p.m, *state[4 * i + 1]);
+    upload(h.device, p.v, *state[4 * i + 2]); upload(h.device, p.g, *state[4 * i + 3]);
+    auto one = step;
+    if (!p.decay) one.decay = A(0);
+    h.device.adamw_step<T>(state[4 * i]->data(), state[4 * i + 1]->data(), state[4 * i + 2]->data(), state[4 * i + 3]->data(),
+                           values[i]->data(), static_cast<index_t>(p.main.size()), one);
+    a = download(h.device, *state[4 * i]);
+    v = download(h.device, *values[i]);
+    single_main.insert(single_main.end(), a.begin(), a.end());
+    single_value.insert(single_value.end(), v.begin(), v.end());
+  }
+  h.results.record(same_bits(single_main, r1.first) && same_bits(single_value, r1.second),
+                   label + ": the same bits as adamw_step per parameter (a float at a time)");
+  h.results.record(same_bits(shifted_main, r1.first) && same_bits(shifted_value, r1.second),
+                   label + ": tensors one element past an aligned start give the same bits");
 }
 
 // The backend's attention members forward to backend/cuda/attention.hpp on the compute stream: the

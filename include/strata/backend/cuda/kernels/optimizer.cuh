@@ -7,7 +7,8 @@
 //   adamw_step_many  the same step on many parameters in a few launches: up to 24 tensors per launch
 //                    travel in the kernel's argument; block k finds its tensor in the table of first
 //                    blocks and updates one 4096-element chunk of it (decay per tensor: step.decay
-//                    or 0)
+//                    or 0), 16 bytes of each stream of A a load where the tensor's pointers are
+//                    aligned (a float a time reached 78% of an H200's bandwidth)
 //   Both do nothing when step.skip_unless_finite points at a non-finite value, and read each gradient
 //   times *step.grad_scale when that is set (adamw_step.hpp).
 //   sum_of_squares   accumulator[0] += sum_i x_i^2, in double
@@ -19,6 +20,7 @@
 // per block; then one block adds the partials in order into the accumulator. Same bits every run.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "../../adamw_step.hpp"
@@ -27,18 +29,27 @@
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
 
+// One element's step in registers: x (the main copy), m and v updated in place from the gradient g
+// (already times the gradient scale).
+template <class A>
+__device__ __forceinline__ void adamw_update(A& x, A& m, A& v, A g, A decay, A lr, A beta1, A beta2, A one_minus_beta1,
+                                             A one_minus_beta2, A eps, A bias_correction1, A bias_correction2) {
+  x = x - decay * x;
+  m = beta1 * m + one_minus_beta1 * g;
+  v = beta2 * v + one_minus_beta2 * g * g;
+  x = x - lr * (m / bias_correction1) / (sqrt_(v / bias_correction2) + eps);
+}
+
 template <class A>
 __device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, index_t i, A decay,
                                               A lr, A beta1, A beta2, A one_minus_beta1, A one_minus_beta2, A eps,
                                               A bias_correction1, A bias_correction2, A grad_scale, A& out) {
   const A g = grad[i] * grad_scale;  // rounded to A, as a scale_by pass would store it (x 1 is exact)
-  A x = main[i];
-  x = x - decay * x;
-  const A m = beta1 * exp_avg[i] + one_minus_beta1 * g;
-  const A v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
+  A x = main[i], m = exp_avg[i], v = exp_avg_sq[i];
+  adamw_update<A>(x, m, v, g, decay, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, bias_correction1,
+                  bias_correction2);
   exp_avg[i] = m;
   exp_avg_sq[i] = v;
-  x = x - lr * (m / bias_correction1) / (sqrt_(v / bias_correction2) + eps);
   main[i] = x;
   out = x;
 }
@@ -78,6 +89,18 @@ struct adamw_batch {
   int count;
 };
 
+// 16 bytes of A (four floats, two doubles), and as many elements of T, for the vector loads and
+// stores of adamw_many_kernel.
+template <class A>
+struct alignas(16) adamw_vector {
+  static constexpr int width = 16 / sizeof(A);
+  A e[width];
+};
+template <class T, int W>
+struct alignas(W * sizeof(T)) adamw_values {
+  storage_t<T> raw[W];
+};
+
 template <class T, class Step, class A>
 __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batch, Step step) {
   if (step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite)) return;
@@ -89,7 +112,43 @@ __global__ void adamw_many_kernel(const __grid_constant__ adamw_batch<T, A> batc
   const index_t begin = (block - batch.first_block[t]) * kAdamWChunk;
   const index_t end = begin + kAdamWChunk < p.n ? begin + kAdamWChunk : p.n;
   const A decay = p.weight_decay ? step.decay : A(0);
-  for (index_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  // 16-byte loads of the four fp32 streams and one store of the values per W elements, where every
+  // pointer allows it (chunks start at multiples of 4096 elements, so aligned tensors stay aligned);
+  // the same expression per element as adamw_element, so the same bits.
+  constexpr int W = adamw_vector<A>::width;
+  using V = adamw_vector<A>;
+  using O = adamw_values<T, W>;
+  const bool vector = (reinterpret_cast<std::uintptr_t>(p.main) | reinterpret_cast<std::uintptr_t>(p.exp_avg) |
+                       reinterpret_cast<std::uintptr_t>(p.exp_avg_sq) | reinterpret_cast<std::uintptr_t>(p.grad)) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(p.value) % alignof(O) == 0;
+  index_t scalar_from = begin;
+  if (vector) {
+    V* __restrict__ main = reinterpret_cast<V*>(p.main);
+    V* __restrict__ exp_avg = reinterpret_cast<V*>(p.exp_avg);
+    V* __restrict__ exp_avg_sq = reinterpret_cast<V*>(p.exp_avg_sq);
+    const V* __restrict__ grad = reinterpret_cast<const V*>(p.grad);
+    O* __restrict__ value = reinterpret_cast<O*>(p.value);
+    const index_t first = begin / W, last = first + (end - begin) / W;
+#pragma unroll 4
+    for (index_t j = first + threadIdx.x; j < last; j += blockDim.x) {
+      V x = main[j], m = exp_avg[j], v = exp_avg_sq[j];
+      const V g = grad[j];
+      O out;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        adamw_update<A>(x.e[e], m.e[e], v.e[e], g.e[e] * scale, decay, step.lr, step.beta1, step.beta2,
+                        step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
+                        step.bias_correction2);
+        out.raw[e] = pack<T>(static_cast<accumulate_t<T>>(x.e[e]));
+      }
+      exp_avg[j] = m;
+      exp_avg_sq[j] = v;
+      main[j] = x;
+      value[j] = out;
+    }
+    scalar_from = last * W;
+  }
+  for (index_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x) {
     A x;
     adamw_element<A>(p.main, p.exp_avg, p.exp_avg_sq, p.grad, i, decay, step.lr, step.beta1, step.beta2,
                      step.one_minus_beta1, step.one_minus_beta2, step.eps, step.bias_correction1,
