@@ -327,20 +327,36 @@ void check_update(backend& device, suite& results) {
       device.copy_to_host(d.data(), static_cast<index_t>(gpu.size()), gpu.data());
       results.record(same_bits(cpu, gpu), std::string("fp8_update_scale ") + (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") +
                                               " margin " + std::to_string(margin) + " == cpu twin");
-      // the three roles' rows of a state in one launch (rows [3, L + 2], each its own max)
+      // the three roles' rows of 97 states in one launch (rows [97, 3, L + 2], each role its own max,
+      // each state's values its own), each new 1 / scale also in its aligned slot [97, 3, 4]
+      const index_t states = 97;
       std::vector<float> rows;
-      for (int r = 0; r < strata::kFp8Roles; ++r)
-        for (float v : row) rows.push_back(v * float(r + 1));
+      for (index_t i = 0; i < states; ++i)
+        for (int r = 0; r < strata::kFp8Roles; ++r)
+          for (float v : row) rows.push_back(v * float(r + 1) * (1.0f + 0.25f * float(i % 7)));
       const strata::Fp8RoleMaxes maxes{{448.0f, 448.0f, 57344.0f}};
       std::vector<float> rows_cpu = rows, rows_gpu(rows.size());
-      strata::cpu::fp8_update_scales(rows_cpu.data(), L + 2, maxes, args);
-      device_vector<float> dr(rows.size());
+      std::vector<float> aligned_cpu(static_cast<std::size_t>(states * strata::kFp8Roles * 4), -1.0f), aligned_gpu(aligned_cpu.size());
+      strata::cpu::fp8_update_scales(rows_cpu.data(), states, L + 2, maxes, args, aligned_cpu.data());
+      device_vector<float> dr(rows.size()), da(aligned_cpu.size());
       device.copy_from_host(rows.data(), static_cast<index_t>(rows.size()), dr.data());
-      device.fp8_update_scales(dr.data(), L + 2, maxes, args);
+      device.copy_from_host(std::vector<float>(aligned_cpu.size(), -1.0f).data(), static_cast<index_t>(aligned_cpu.size()), da.data());
+      device.fp8_update_scales(dr.data(), states, L + 2, maxes, args, da.data());
       device.copy_to_host(dr.data(), static_cast<index_t>(rows_gpu.size()), rows_gpu.data());
-      results.record(same_bits(rows_cpu, rows_gpu), std::string("fp8_update_scales (three roles) ") +
-                                                        (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") + " margin " +
-                                                        std::to_string(margin) + " == cpu twin");
+      device.copy_to_host(da.data(), static_cast<index_t>(aligned_gpu.size()), aligned_gpu.data());
+      // the one-state update per state gives the same rows (the CPU twin, state by state)
+      std::vector<float> one_by_one = rows;
+      for (index_t i = 0; i < states; ++i)
+        strata::cpu::fp8_update_scales(one_by_one.data() + i * strata::kFp8Roles * (L + 2), 1, L + 2, maxes, args, nullptr);
+      bool slots = true;
+      for (index_t j = 0; j < states * strata::kFp8Roles; ++j)
+        slots = slots && std::memcmp(&aligned_gpu[4 * j], &rows_gpu[j * (L + 2) + L + 1], sizeof(float)) == 0 &&
+                aligned_gpu[4 * j + 1] == -1.0f;
+      const std::string label = std::string("fp8_update_scales (97 states x three roles) ") +
+                                (algo == strata::Fp8AmaxAlgo::max ? "max" : "most_recent") + " margin " + std::to_string(margin);
+      results.record(same_bits(rows_cpu, rows_gpu) && same_bits(aligned_cpu, aligned_gpu), label + " == cpu twin");
+      results.record(same_bits(one_by_one, rows_cpu) && slots,
+                     label + ": the rows of one state at a time; each slot holds its row's 1 / scale, the rest untouched");
     }
 }
 

@@ -605,6 +605,75 @@ TEST(Fp8Recipe, DelayedStateRecordsTheStepsAmax) {
   }
 }
 
+// The delayed update runs once for the model: every state's rows move into one packed buffer (a
+// layer built after the first update joins it at the next, its values kept), each row updated as
+// the one-state update does, and each role's new 1 / scale written into the state's aligned GEMM
+// slot; a forward that reads those slots equals one whose weight-cache fill copies them.
+TEST(Fp8Recipe, DelayedUpdatePacksTheStatesAndWritesTheGemmScales) {
+  using P = strata_test::TestPolicy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.format = Fp8Formats::hybrid, .recipe = Fp8RecipeKind::delayed,
+                                                                    .amax_history_len = 3, .amax_compute_algo = Fp8AmaxAlgo::max},
+                                                         2);
+    std::vector<std::unique_ptr<ColumnParallelLinear<P>>> layers;
+    auto add_layer = [&](int index) {
+      Fp8LayerScope<space::host> scope(ctx.fp8, index);
+      layers.push_back(std::make_unique<ColumnParallelLinear<P>>(ctx, "fc" + std::to_string(index), kIn, kOut));
+      layers.back()->init(ctx, 3 + index, 0.5);
+    };
+    Tensor<double> x = random_tensor<double>(Shape{kSeq, kIn}, 5), dy = random_tensor<double>(Shape{kSeq, kOut}, 6);
+    auto step = [&] {
+      for (auto& fc : layers) {
+        auto [y, saved] = fc->forward(ctx, Activation<double, layout::replicated>(x));
+        fc->backward(ctx, saved, Activation<double, layout::sharded<-1>>(dy));
+      }
+    };
+    // What the one-state update makes of each state's rows as they are before the step's update.
+    auto expected_rows = [&] {
+      std::vector<std::vector<float>> out;
+      const Fp8UpdateArgs args{3, Fp8AmaxAlgo::max, 0, true};
+      const Fp8RoleMaxes maxes{{448.0f, 448.0f, 57344.0f}};
+      for (auto& state : ctx.fp8->states) {
+        std::vector<float> rows(state->rows.span().begin(), state->rows.span().end());
+        cpu::fp8_update_scales(rows.data(), 1, state->row_length(), maxes, args, nullptr);
+        out.push_back(rows);
+      }
+      return out;
+    };
+    auto check_packed = [&](const std::vector<std::vector<float>>& want) {
+      ASSERT_EQ(ctx.fp8->packed_states, ctx.fp8->states.size());
+      for (std::size_t i = 0; i < ctx.fp8->states.size(); ++i) {
+        auto& state = *ctx.fp8->states[i];
+        const index_t length = state.row_length();
+        EXPECT_EQ(state.rows.data(), ctx.fp8->packed_rows.data() + static_cast<index_t>(i) * kFp8Roles * length) << state.name;
+        EXPECT_EQ(std::vector<float>(state.rows.span().begin(), state.rows.span().end()), want[i]) << state.name;
+        EXPECT_TRUE(state.gemm_scales_current) << state.name;
+        for (int r = 0; r < kFp8Roles; ++r)
+          EXPECT_EQ(state.gemm_scale_inv(static_cast<Fp8Role>(r))[0], *state.scale_inv(static_cast<Fp8Role>(r)))
+              << state.name << " role " << r;
+      }
+    };
+    add_layer(0);
+    step();
+    auto want = expected_rows();
+    fp8_after_optimizer_step(ctx);
+    check_packed(want);
+    add_layer(1);  // a layer built after the first update
+    step();
+    want = expected_rows();
+    fp8_after_optimizer_step(ctx);
+    check_packed(want);
+    // the next forward: GEMM scales from the update, then (the flag cleared) copied by the cache's fill
+    auto y_written = layers[0]->forward(ctx, Activation<double, layout::replicated>(x)).first;
+    fp8_drop_weight_caches(ctx);
+    EXPECT_FALSE(ctx.fp8->states[0]->gemm_scales_current) << "a dropped cache copies the scales again";
+    auto y_copied = layers[0]->forward(ctx, Activation<double, layout::replicated>(x)).first;
+    ASSERT_EQ(y_written.tensor.numel(), y_copied.tensor.numel());
+    for (index_t i = 0; i < y_written.tensor.numel(); ++i) ASSERT_EQ(y_written.tensor[i], y_copied.tensor[i]) << i;
+  });
+}
+
 TEST(Fp8Recipe, RefusesWhatThisBuildCannotRun) {
   auto message = [](Fp8Options o) {
     try {

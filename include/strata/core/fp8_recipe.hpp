@@ -270,10 +270,14 @@ struct Fp8State {
   const std::uint8_t* gathered_codes = nullptr;
   bool gathered_current = false;
   bool awaiting_gather = false;
+  // Whether weight_cache.gemm_scales already hold the rows' 1 / scale (the delayed recipe's step
+  // update writes them with the rows, fp8_after_optimizer_step); otherwise the cache's fill copies them.
+  bool gemm_scales_current = false;
   // The weight (or its scale) changed: the next use casts it again.
   void drop_weight_cache() {
     weight_cache.valid = false;
     gathered_current = false;
+    gemm_scales_current = false;
   }
 };
 
@@ -284,6 +288,11 @@ struct Fp8Scaling {
   int num_layers = 0;          // transformer layers of the whole model (for the bf16 first / last layers)
   int current_layer = -1;      // the transformer layer being built, -1 outside one
   std::vector<std::shared_ptr<Fp8State<Space>>> states;  // in construction order
+  // The delayed recipe's step update packs every state's rows into one buffer [states, 3, history + 2]
+  // and their aligned 1 / scale copies into another [states, 3, 4] (each state's rows and gemm_scales
+  // then alias them), so the update is one reduction and one launch for the whole model.
+  Tensor<float, Space> packed_rows, packed_gemm_scales;
+  std::size_t packed_states = 0;  // how many states (the first ones) the packed buffers hold
 
   Fp8Scaling(Fp8Options o, int layers) : options(o), num_layers(layers) { options.validate(); }
 

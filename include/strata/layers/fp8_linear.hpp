@@ -358,8 +358,10 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
     ctx.device.template fp8_cast_transpose<T>(w, out, in, format, state.scale(Fp8Role::weight),
                                               keep_forward ? cache.codes.data() : own.data(), cache.codes_transposed.data(),
                                               amax);  // (out, in) and (in, out)
-    // every role's 1/scale into its aligned slot (the weight's of this cast), one pass
-    ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1, gemm_scales, 4);
+    // every role's 1/scale into its aligned slot (the weight's of this cast), one pass, unless the
+    // step's update wrote them (delayed: the rows do not change before the next update)
+    if (!state.gemm_scales_current)
+      ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1, gemm_scales, 4);
     cache.valid = true;
     ++state.weight_casts;
   } else if (!keep_forward && !transposed) {  // a later forward of the step: W again, with the step's scale
@@ -609,10 +611,51 @@ void fp8_drop_weight_caches(const Context& ctx) {
   if (ctx.fp8) ctx.fp8->drop_weight_caches();
 }
 
+namespace detail {
+
+// A backend whose fp8_update_scales takes many states at once (rows [count, 3, stride], and their
+// aligned 1 / scale copies [count, 3, 4] written too): cpu::backend and cuda::backend.
+template <class Device>
+concept has_fp8_update_scales_many = requires(Device& d, float* rows, index_t n, Fp8RoleMaxes maxes, Fp8UpdateArgs args) {
+  d.fp8_update_scales(rows, n, n, maxes, args, rows);
+};
+
+// Moves every state's rows (and aligned 1 / scale copies) into the scaling's packed buffers, where
+// states were added since the last packing: one device copy per state, once.
+template <class Context>
+void fp8_pack_rows(Context& ctx) {
+  using Space = typename Context::space;
+  auto& scaling = *ctx.fp8;
+  if (scaling.packed_states == scaling.states.size()) return;
+  const auto count = static_cast<index_t>(scaling.states.size());
+  const index_t length = scaling.states.front()->row_length();
+  auto rows = Tensor<float, Space>::empty(Shape{count, kFp8Roles, length});
+  auto gemm = Tensor<float, Space>::empty(Shape{count, kFp8Roles, 4});
+  for (index_t i = 0; i < count; ++i) {
+    auto& state = *scaling.states[static_cast<std::size_t>(i)];
+    if (state.row_length() != length)
+      fail<Error>("FP8 scaling state ", state.name, " has an amax history of ", state.history, " steps, the first state ",
+                  scaling.states.front()->name, " one of ", scaling.states.front()->history,
+                  ": every layer of a model keeps the same --fp8-amax-history-len");
+    ctx.device.template copy<float>(state.rows.data(), kFp8Roles * length, rows.data() + i * kFp8Roles * length);
+    state.rows = Tensor<float, Space>::alias(rows, i * kFp8Roles * length, Shape{kFp8Roles, length});
+    state.weight_cache.gemm_scales = Tensor<float, Space>::alias(gemm, i * kFp8Roles * 4, Shape{kFp8Roles * 4});
+    state.gemm_scales_current = false;  // the new slots hold nothing yet
+  }
+  scaling.packed_rows = std::move(rows);
+  scaling.packed_gemm_scales = std::move(gemm);
+  scaling.packed_states = scaling.states.size();
+}
+
+}  // namespace detail
+
 // After each optimizer step, whatever the recipe: the weight caches are dropped (the weights
 // changed). Then, delayed recipe only: every FP8 state of this rank, in construction order, is
 // all-reduced (max) over ctx.tp_cp_dp, then each role's scale is updated from its amax history and
-// the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp (delayed).
+// the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp (delayed). Where the backend
+// updates many states in one call, the states' rows live in one packed buffer (detail::fp8_pack_rows):
+// one all-reduce and one launch for the model, which also write the aligned 1 / scale copies the
+// GEMMs read (so the weight cache's fill copies nothing).
 template <class Context>
 void fp8_after_optimizer_step(Context& ctx) {
   if constexpr (!backend_has_fp8<typename Context::device_type>) return;  // no layer holds a state (make_fp8_state)
@@ -622,13 +665,21 @@ void fp8_after_optimizer_step(Context& ctx) {
   Fp8RoleMaxes maxes;
   for (int r = 0; r < kFp8Roles; ++r) maxes.value[r] = fp8_max(options.format_of(static_cast<Fp8Role>(r)));
   const Fp8UpdateArgs args{0, options.amax_compute_algo, options.margin, true};
-  for (auto& state : ctx.fp8->states) {
-    if (ctx.tp_cp_dp.size() > 1) ctx.tp_cp_dp.all_reduce(state->rows.buffer(), ReduceOp::max);
+  if (ctx.fp8->states.empty()) return;
+  if constexpr (detail::has_fp8_update_scales_many<typename Context::device_type>) {
+    detail::fp8_pack_rows(ctx);
+    auto& scaling = *ctx.fp8;
+    if (ctx.tp_cp_dp.size() > 1) ctx.tp_cp_dp.all_reduce(scaling.packed_rows.buffer(), ReduceOp::max);
     Fp8UpdateArgs mine = args;
-    mine.history = state->history;
-    if constexpr (requires { ctx.device.fp8_update_scales(state->row(Fp8Role::input), index_t{}, maxes, mine); }) {
-      ctx.device.fp8_update_scales(state->row(Fp8Role::input), state->row_length(), maxes, mine);  // every role, one call
-    } else {
+    mine.history = scaling.states.front()->history;
+    ctx.device.fp8_update_scales(scaling.packed_rows.data(), static_cast<index_t>(scaling.states.size()),
+                                 scaling.states.front()->row_length(), maxes, mine, scaling.packed_gemm_scales.data());
+    for (auto& state : scaling.states) state->gemm_scales_current = true;
+  } else {
+    for (auto& state : ctx.fp8->states) {
+      if (ctx.tp_cp_dp.size() > 1) ctx.tp_cp_dp.all_reduce(state->rows.buffer(), ReduceOp::max);
+      Fp8UpdateArgs mine = args;
+      mine.history = state->history;
       for (int r = 0; r < kFp8Roles; ++r) ctx.device.fp8_update_scale(state->row(static_cast<Fp8Role>(r)), maxes.value[r], mine);
     }
   }

@@ -106,8 +106,9 @@ struct backend {
     cpu::gelu_backward<C>(out, pre, m * n, out);  // element-wise, in place
   }
   static void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { cpu::fp8_update_scale(row, max, args); }
-  static void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args) {
-    cpu::fp8_update_scales(rows, stride, maxes, args);
+  static void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
+                                float* aligned) {
+    cpu::fp8_update_scales(rows, count, stride, maxes, args, aligned);
   }
   // the blockwise recipe's casts (runs and tiles) and block-scaled GEMM
   template <class T>

@@ -25,7 +25,8 @@
 //                                   (float for bf16 and float outputs, double for double), the
 //                                   scales applied to the sum (as cuBLASLt's scale pointers do)
 //   fp8_update_scale(row, max, args)  the step update of one scaling row (core/fp8_recipe.hpp)
-//   fp8_update_scales(rows, stride, maxes, args)  of every role's row of a state at once
+//   fp8_update_scales(rows, count, stride, maxes, args, aligned)  of every role's row of count states
+//                                   at once, each new 1 / scale also into its 16-byte slot of aligned
 //
 // The blockwise recipe (core/fp8_recipe.hpp), B = the block length:
 //   fp8_cast_blocks(x, rows, cols, f, B, q, q_scale_inv, qt, qt_scale_inv)
@@ -149,9 +150,16 @@ void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint
 }
 
 inline void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args) { fp8_update_row(row, max, args); }
-// Every role's row of one state (rows [kFp8Roles, stride]), row r with maxes.value[r].
-inline void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args) {
-  for (int r = 0; r < kFp8Roles; ++r) fp8_update_row(rows + r * stride, maxes.value[r], args);
+// Every role's row of `count` states (rows [count, kFp8Roles, stride]), row r with maxes.value[r];
+// with `aligned` ([count, kFp8Roles, 4]), each row's new 1 / scale also at aligned[4 (3 i + r)].
+inline void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
+                              float* aligned) {
+  for (index_t i = 0; i < count; ++i)
+    for (int r = 0; r < kFp8Roles; ++r) {
+      float* row = rows + (i * kFp8Roles + r) * stride;
+      fp8_update_row(row, maxes.value[r], args);
+      if (aligned) aligned[4 * (i * kFp8Roles + r)] = row[args.history + 1];
+    }
 }
 
 inline index_t fp8_block_count(index_t n, index_t block) { return (n + block - 1) / block; }

@@ -278,8 +278,9 @@ class backend {
     kernels::fp8_update_scale(row, max, args, stream());
   }
   // Every role's row of one state (rows [kFp8Roles, stride]) in one launch.
-  void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args) const {
-    kernels::fp8_update_scales(rows, stride, maxes, args, stream());
+  void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
+                         float* aligned) const {
+    kernels::fp8_update_scales(rows, count, stride, maxes, args, aligned, stream());
   }
   // The blockwise recipe (the twins of cpu::fp8_cast_blocks / _tiles / fp8_gemm_blocks). The GEMM
   // runs as cuBLASLt's block-scaled FP8 GEMM (fp8_gemm_blocks_cublaslt) where it can: blocks of 128,

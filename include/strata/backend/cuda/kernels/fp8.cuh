@@ -10,6 +10,8 @@
 //                       backward a gate tile and its up twin a block (d, gate and up read once)
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
+//   fp8_update_scales   that of every row of many states (a thread per row), each new 1 / scale
+//                       also copied to its 16-byte aligned slot
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
 //   fp8_cast_blocks     the blockwise recipe's runs of B: along rows (one warp per run) and, for
 //                       x^T, along columns (one thread per run), each run's scale from its amax
@@ -412,11 +414,16 @@ template <class Args = Fp8UpdateArgs>
 __global__ void fp8_update_scale_kernel(float* row, float max, Args args) {
   if (blockIdx.x == 0 && threadIdx.x == 0) fp8_update_row(row, max, args);
 }
-// Thread r updates role r's row of one state.
+// A thread per row: row j = 3 i + r of the count states' rows [count, 3, stride], with role r's max;
+// its new 1 / scale also at aligned[4 j] (when set).
 template <class Args = Fp8UpdateArgs>
-__global__ void fp8_update_scales_kernel(float* rows, index_t stride, Fp8RoleMaxes maxes, Args args) {
-  const int r = threadIdx.x;
-  if (blockIdx.x == 0 && r < kFp8Roles) fp8_update_row(rows + r * stride, maxes.value[r], args);
+__global__ void fp8_update_scales_kernel(float* rows, index_t count, index_t stride, Fp8RoleMaxes maxes, Args args,
+                                         float* aligned) {
+  for (index_t j = blockIdx.x * index_t(blockDim.x) + threadIdx.x; j < count * kFp8Roles; j += index_t(gridDim.x) * blockDim.x) {
+    float* row = rows + j * stride;
+    fp8_update_row(row, maxes.value[j % kFp8Roles], args);
+    if (aligned) aligned[4 * j] = row[args.history + 1];
+  }
 }
 
 // ---- the blockwise recipe (core/fp8_recipe.hpp; the twins are cpu::fp8_cast_blocks / _tiles) ----
@@ -629,9 +636,11 @@ STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateA
   fp8_update_scale_kernel<Fp8UpdateArgs><<<1, 1, 0, stream>>>(row, max, args);
   check_launch("fp8_update_scale");
 }
-STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
-                                          cudaStream_t stream) {
-  fp8_update_scales_kernel<Fp8UpdateArgs><<<1, 32, 0, stream>>>(rows, stride, maxes, args);
+STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes,
+                                          const Fp8UpdateArgs& args, float* aligned, cudaStream_t stream) {
+  if (count <= 0) return;
+  fp8_update_scales_kernel<Fp8UpdateArgs><<<grid_for(count * kFp8Roles, 128), 128, 0, stream>>>(rows, count, stride, maxes,
+                                                                                                args, aligned);
   check_launch("fp8_update_scales");
 }
 

@@ -235,8 +235,8 @@ STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, inde
                                       cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream);
-STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t stride, const Fp8RoleMaxes& maxes, const Fp8UpdateArgs& args,
-                                          cudaStream_t stream);
+STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes,
+                                          const Fp8UpdateArgs& args, float* aligned, cudaStream_t stream);
 template <class T>
 void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
                      float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv, cudaStream_t stream);
