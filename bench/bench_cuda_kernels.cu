@@ -218,8 +218,88 @@ int main(int argc, char** argv) {
   time_labeled("clip: sum_of_squares_many, scale_by_many", count, 3 * grad_bytes, clip_many);
   time_labeled("zero gradients: fill per tensor", count, grad_bytes, [&] { for (const auto& t : list) device.fill(t.data, t.n, 0.0); });
   time_labeled("zero gradients: fill_many", count, grad_bytes, [&] { device.fill_many<A>(std::span<const strata::TensorRef<A>>(list), 0.0); });
+  // AdamW over the same parameters: main, moments and gradient in fp32, the bf16 values written
+  // (main, m and v read and written, the gradient read, the value written: 30 bytes an element).
+  {
+    std::vector<A*> state;
+    T* values = nullptr;
+    check(cudaMalloc(&values, static_cast<std::size_t>(total) * sizeof(T)), "cudaMalloc (values)");
+    for (int j = 0; j < 3; ++j) {
+      A* p = nullptr;
+      check(cudaMalloc(&p, static_cast<std::size_t>(total) * sizeof(A)), "cudaMalloc (optimizer state)");
+      device.init_normal(p, total, strata::GlobalIndexMap{total, total, 0}, 0x5eedull + j, 1e-2);
+      state.push_back(p);
+    }
+    device.fill(state[2], total, 1e-4);  // exp_avg_sq > 0
+    std::vector<strata::cuda::kernels::adamw_tensor<T, A>> params;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      params.push_back({state[0] + offsets[i], state[1] + offsets[i], state[2] + offsets[i], grads + offsets[i],
+                        values + offsets[i], sizes[i], i % 2 == 0});
+    const strata::AdamWStep<A> step{A(1e-4), A(0.9), A(0.95), A(0.1), A(0.05), A(1e-8), A(1e-5), A(0.5), A(0.3)};
+    time_labeled("adamw_step_many", count, grad_bytes / f * 30.0,
+                 [&] { device.adamw_step_many<T>(std::span<const strata::cuda::kernels::adamw_tensor<T, A>>(params), step); });
+    // the same tensors one element past their aligned starts: a float at a time (the kernel's path
+    // for pointers that do not allow 16-byte loads)
+    auto shifted = params;
+    for (auto& p : shifted) {
+      p.main += 1, p.exp_avg += 1, p.exp_avg_sq += 1, p.value += 1;
+      p.grad += 1;
+      p.n -= 1;
+    }
+    time_labeled("adamw_step_many (unaligned: a float a time)", count, grad_bytes / f * 30.0,
+                 [&] { device.adamw_step_many<T>(std::span<const strata::cuda::kernels::adamw_tensor<T, A>>(shifted), step); });
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (A* p : state) cudaFree(p);
+    cudaFree(values);
+  }
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (void* p : {(void*)grads, (void*)square_sum, (void*)norm, (void*)factor}) cudaFree(p);
+
+  // A Llama of 3B at batch 2 x 4096 tokens (hidden 3072, 24 query heads in 8 groups of 3, head 128,
+  // MLP 8192): the attention's split with RoPE and its merge (into bf16, and into the output
+  // gradient's E5M2 codes with amax), and the SwiGLU backward's fused cast-transpose.
+  {
+    const index_t s = 4096, batch = 2, groups = 8, hpg = 3, d = 128, ffn = 8192;
+    const auto slots = static_cast<std::size_t>(s * batch * groups * (hpg + 2) * d);
+    const auto qn = static_cast<std::size_t>(s * batch * groups * hpg * d), kn = static_cast<std::size_t>(s * batch * groups * d);
+    T* packed = device_array<T>(slots);
+    T* q = device_array<T>(qn);
+    T* k = device_array<T>(kn);
+    T* v = device_array<T>(kn);
+    std::uint8_t* codes = nullptr;
+    std::uint8_t* codes_t = nullptr;
+    const auto tokens = static_cast<std::size_t>(s * batch);
+    check(cudaMalloc(&codes, tokens * 2 * ffn), "cudaMalloc (codes)");
+    check(cudaMalloc(&codes_t, tokens * 2 * ffn), "cudaMalloc (codes)");
+    A* scale_amax = device_array<A>(2);
+    device.fill(scale_amax, 1, 1.0);
+    const std::string shape = "[" + std::to_string(s * batch) + ", " + std::to_string(groups * (hpg + 2) * d) + "]";
+    const double qkv_bytes = double(slots) * e;
+    time_labeled("qkv_split_rope (Llama 3B)", shape, 2 * qkv_bytes,
+                 [&] { device.qkv_split_rope(packed, s, batch, groups, hpg, d, q, k, v, 500000.0, 0); });
+    time_labeled("qkv_merge_rope (Llama 3B)", shape, 2 * qkv_bytes,
+                 [&] { device.qkv_merge_rope(q, k, v, s, batch, groups, hpg, d, packed, 500000.0, 0); });
+    time_labeled("qkv_merge_rope_fp8 (Llama 3B)", shape, qkv_bytes + double(slots),
+                 [&] { device.qkv_merge_rope_fp8(q, k, v, s, batch, groups, hpg, d, 500000.0, 0, {},
+                                                 strata::Fp8Output{strata::Fp8Format::e5m2, scale_amax, codes,
+                                                                  scale_amax + 1}); });
+    T* up = device_array<T>(tokens * 2 * ffn);
+    T* dy_mlp = device_array<T>(tokens * ffn);
+    const double m = double(tokens) * ffn;
+    time_labeled("fp8_cast_transpose_fused swiglu_backward", "[" + std::to_string(tokens) + ", " + std::to_string(2 * ffn) + "]",
+                 3 * m * e + 4 * m, [&] {
+                   device.fp8_cast_transpose_fused<T, A>(strata::Fp8Producer::swiglu_backward, dy_mlp, up, tokens, 2 * ffn,
+                                                         strata::Fp8Format::e5m2, scale_amax, codes, codes_t, scale_amax + 1,
+                                                         nullptr);
+                 });
+    time_labeled("fp8_cast_transpose (both layouts, Llama fc1 out)", "[" + std::to_string(tokens) + ", " + std::to_string(ffn) + "]",
+                 m * e + 2 * m, [&] {
+                   device.fp8_cast_transpose(dy_mlp, tokens, ffn, strata::Fp8Format::e4m3, scale_amax, codes, codes_t, scale_amax + 1);
+                 });
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    for (void* p : {(void*)packed, (void*)q, (void*)k, (void*)v, (void*)codes, (void*)codes_t, (void*)scale_amax, (void*)up, (void*)dy_mlp})
+      cudaFree(p);
+  }
 
   std::printf("%-44s %-16s %10s %10s\n", "entry point (bf16 activations, fp32 gradients)", "shape", "us", "GB/s");
   for (const auto& o : rows_out) std::printf("%-44s %-16s %10.1f %10.0f\n", o.kernel.c_str(), o.shape.c_str(), o.us, o.gbps);

@@ -30,10 +30,12 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "../../core/dtype.hpp"
 #include "../../core/error.hpp"
@@ -119,8 +121,11 @@ inline std::shared_ptr<fe::graph::Tensor_attributes> scale_input(fe::graph::Grap
                           .set_data_type(fe::DataType_t::FLOAT));
 }
 
-// validate, lower, pick an engine by heuristics A, build; any refusal is recorded, not thrown.
-inline graph_entry finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle) {
+// validate, lower, pick an engine by heuristics A, build; any refusal is recorded, not thrown. With
+// `all_plans`, every engine configuration heuristics A and the fallback list offer is built (the
+// first is heuristics A's choice; execute_plan_at_index runs any of them) and the workspace is the
+// largest any of them needs.
+inline graph_entry finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, bool all_plans = false) {
   graph_entry entry;
   auto refuse = [&](const char* step, fe::error_t status) {
     entry.refusal = std::string(step) + ": " + status.get_message();
@@ -128,18 +133,26 @@ inline graph_entry finish(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t
   };
   if (auto st = graph->validate(); !st.is_good()) return refuse("validate", st);
   if (auto st = graph->build_operation_graph(handle); !st.is_good()) return refuse("build_operation_graph", st);
-  if (auto st = graph->create_execution_plans({fe::HeurMode_t::A}); !st.is_good())
-    return refuse("create_execution_plans", st);
+  const std::vector<fe::HeurMode_t> modes =
+      all_plans ? std::vector<fe::HeurMode_t>{fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK} : std::vector<fe::HeurMode_t>{fe::HeurMode_t::A};
+  if (auto st = graph->create_execution_plans(modes); !st.is_good()) return refuse("create_execution_plans", st);
   if (auto st = graph->check_support(handle); !st.is_good()) return refuse("check_support", st);
-  if (auto st = graph->build_plans(handle); !st.is_good()) return refuse("build_plans", st);
+  if (auto st = graph->build_plans(handle, all_plans ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+      !st.is_good())
+    return refuse("build_plans", st);
   if (auto st = graph->get_workspace_size(entry.workspace_bytes); !st.is_good())
     return refuse("get_workspace_size", st);
+  if (all_plans)
+    for (std::int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+      std::int64_t bytes = 0;
+      if (graph->get_workspace_size_plan_at_index(i, bytes).is_good()) entry.workspace_bytes = std::max(entry.workspace_bytes, bytes);
+    }
   entry.graph = std::move(graph);
   return entry;
 }
 
 template <class T>
-graph_entry build_forward(cudnnHandle_t handle, const shape& x) {
+graph_entry build_forward(cudnnHandle_t handle, const shape& x, bool all_plans = false) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(io_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -160,11 +173,11 @@ graph_entry build_forward(cudnnHandle_t handle, const shape& x) {
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim({x.b, x.heads, x.s, 1})
       .set_stride({x.heads * x.s, x.s, 1, 1});  // [b, heads, s]
-  return finish(std::move(graph), handle);
+  return finish(std::move(graph), handle, all_plans);
 }
 
 template <class T>
-graph_entry build_backward(cudnnHandle_t handle, const shape& x, bool deterministic = true) {
+graph_entry build_backward(cudnnHandle_t handle, const shape& x, bool deterministic = true, bool all_plans = false) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(io_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -190,7 +203,7 @@ graph_entry build_backward(cudnnHandle_t handle, const shape& x, bool determinis
   set_strided(*dq, kDQ, x.b, x.heads, x.s, x.d, q_at);
   set_strided(*dk, kDK, x.b, x.groups, x.s, x.d, kv_at);
   set_strided(*dv, kDV, x.b, x.groups, x.s, x.d, kv_at);
-  return finish(std::move(graph), handle);
+  return finish(std::move(graph), handle, all_plans);
 }
 
 inline void execute(const graph_entry& entry, cudnnHandle_t handle, std::unordered_map<std::int64_t, void*>& pack,
