@@ -1,7 +1,10 @@
 // bench/bench_cuda_kernels.cu: the memory-bound kernels of cuda::backend at the shapes of one GPT-2
 // 124M training step (32 x 1024 tokens, hidden 768, MLP 3072, vocabulary 50257 padded to 50304,
 // bf16), each timed through its backend entry point with CUDA events: 3 warm-up calls, then the
-// median of 20 timed calls.
+// median of 20 timed calls. Then AdamW over GPT-2 124M's parameters (the 16-byte path, and the same
+// tensors one element off their aligned starts: a float at a time), and the attention's RoPE split
+// and merge and the SwiGLU backward's FP8 cast-transpose at the shapes of a 3.0B Llama (batch 2 x
+// 4096 tokens).
 //
 // GB/s is the bytes the entry point must move at least (every input read once, every output written
 // once; the small fp32 statistics and weight gradients included) divided by the median time; an
