@@ -37,45 +37,29 @@ namespace {
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 using Problem = typename ProblemShape::UnderlyingProblemShape;
 
-// The two Hopper schedules. Cooperative: both consumer warp groups on one 128x256x64 tile, clusters
-// of 2 along N (the operand shared by a group's row tiles is multicast). Pingpong: each consumer warp
-// group on a 128x128x64 tile of its own, one's epilogue overlapping the other's main loop (short K),
-// clusters of 2 along M. (256x128 cooperative tiles measured 2% slower in Mixtral's step on an H200,
-// bench/RESULTS.md.)
-struct Cooperative {
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-struct Pingpong {
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
-
 // One grouped kernel: operands of ElementIn with layouts LayoutA / LayoutB, output ElementOut
-// row-major, fp32 accumulation, the schedule and tiles of Config.
-template <class LayoutA, class LayoutB, class ElementOut, class Config>
+// row-major, fp32 accumulation, 128x256x64 tiles, clusters of 2 along N (the operand shared by a
+// group's row tiles is multicast), the cooperative schedule. (256x128 tiles measured 2% slower in
+// Mixtral's step on an H200; the pingpong schedule with 128x128 tiles and clusters of 2 along M,
+// 0.91x in it on an H100: bench/RESULTS.md.)
+template <class LayoutA, class LayoutB, class ElementOut>
 struct Grouped {
   using ElementIn = cutlass::bfloat16_t;
-  using TileShape = typename Config::TileShape;
-  using ClusterShape = typename Config::ClusterShape;
-  static constexpr bool kBKMajor = std::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;  // B [n, k]
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
   static constexpr int kAlignIn = 16 / sizeof(ElementIn);
   static constexpr int kAlignOut = 16 / sizeof(ElementOut);
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut, cutlass::layout::RowMajor*, kAlignOut,
-      ElementOut, cutlass::layout::RowMajor*, kAlignOut, typename Config::EpilogueSchedule,
+      ElementOut, cutlass::layout::RowMajor*, kAlignOut, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementOut, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementIn, LayoutA*, kAlignIn, ElementIn, LayoutB*, kAlignIn,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      typename Config::KernelSchedule>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
@@ -85,22 +69,9 @@ struct Grouped {
   using Out = typename Gemm::ElementD;
 };
 
-template <class Config>
-using RowsNT = Grouped<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t, Config>;
-template <class Config>
-using RowsNN = Grouped<cutlass::layout::RowMajor, cutlass::layout::RowMajor, cutlass::bfloat16_t, Config>;
-template <class Config>
-using Weights = Grouped<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, Config>;
-
-// Which schedule runs: cooperative, or pingpong with STRATA_SM90_SCHEDULE=pingpong (both compiled, to
-// measure them in one build).
-bool pingpong() {
-  static const bool chosen = [] {
-    const char* v = std::getenv("STRATA_SM90_SCHEDULE");
-    return v != nullptr && std::string(v) == "pingpong";
-  }();
-  return chosen;
-}
+using RowsNT = Grouped<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t>;
+using RowsNN = Grouped<cutlass::layout::RowMajor, cutlass::layout::RowMajor, cutlass::bfloat16_t>;
+using Weights = Grouped<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float>;
 
 // What the setup kernel writes for every group (device arrays, one block of memory).
 template <class G>
@@ -303,14 +274,14 @@ bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool
     setup.a = reinterpret_cast<const cutlass::bfloat16_t*>(a);
     setup.c = reinterpret_cast<cutlass::bfloat16_t*>(c);
     setup.stride_a = typename G::StrideA{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
-    if constexpr (G::kBKMajor) setup.stride_b = typename G::StrideB{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
+    if constexpr (std::is_same_v<G, RowsNT>) setup.stride_b = typename G::StrideB{static_cast<int64_t>(k), cute::_1{}, cute::_0{}};
     else setup.stride_b = typename G::StrideB{cute::_1{}, static_cast<int64_t>(n), cute::_0{}};
     setup.stride_c = typename G::StrideC{static_cast<int64_t>(n), cute::_1{}, cute::_0{}};
     for (index_t g = 0; g < groups; ++g) setup.per_group[g] = b[g];
     run<G>(stream, memory, setup, 0.0f);
   };
-  if (pingpong()) transpose_b ? launch(RowsNT<Pingpong>{}) : launch(RowsNN<Pingpong>{});
-  else transpose_b ? launch(RowsNT<Cooperative>{}) : launch(RowsNN<Cooperative>{});
+  if (transpose_b) launch(RowsNT{});
+  else launch(RowsNN{});
   return true;
 }
 
@@ -320,6 +291,19 @@ bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, i
   if (m > INT32_MAX || n > INT32_MAX || !aligned(a) || !aligned(b) || !on_sm90()) return false;
   for (index_t g = 0; g < groups; ++g)
     if (!aligned(c[g])) return false;
+  using G = Weights;
+  Setup<G> setup{};
+  setup.counts = counts;
+  setup.groups = static_cast<int>(groups);
+  setup.weights = true;
+  setup.m = static_cast<int>(m);
+  setup.n = static_cast<int>(n);
+  setup.a = reinterpret_cast<const cutlass::bfloat16_t*>(a);
+  setup.b = reinterpret_cast<const cutlass::bfloat16_t*>(b);
+  setup.stride_a = typename G::StrideA{cute::_1{}, static_cast<int64_t>(m), cute::_0{}};
+  setup.stride_b = typename G::StrideB{cute::_1{}, static_cast<int64_t>(n), cute::_0{}};
+  setup.stride_c = typename G::StrideC{static_cast<int64_t>(n), cute::_1{}, cute::_0{}};
+  for (index_t g = 0; g < groups; ++g) setup.per_group[g] = c[g];
   if (!accumulate) {
     EmptyGroups empty{};
     empty.counts = counts;
@@ -329,24 +313,7 @@ bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, i
     zero_empty_groups_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups)), 256, 0, stream>>>(empty);
     STRATA_CUDA_CHECK(cudaGetLastError());
   }
-  auto launch = [&](auto tag) {
-    using G = decltype(tag);
-    Setup<G> setup{};
-    setup.counts = counts;
-    setup.groups = static_cast<int>(groups);
-    setup.weights = true;
-    setup.m = static_cast<int>(m);
-    setup.n = static_cast<int>(n);
-    setup.a = reinterpret_cast<const cutlass::bfloat16_t*>(a);
-    setup.b = reinterpret_cast<const cutlass::bfloat16_t*>(b);
-    setup.stride_a = typename G::StrideA{cute::_1{}, static_cast<int64_t>(m), cute::_0{}};
-    setup.stride_b = typename G::StrideB{cute::_1{}, static_cast<int64_t>(n), cute::_0{}};
-    setup.stride_c = typename G::StrideC{static_cast<int64_t>(n), cute::_1{}, cute::_0{}};
-    for (index_t g = 0; g < groups; ++g) setup.per_group[g] = c[g];
-    run<G>(stream, memory, setup, accumulate ? 1.0f : 0.0f);
-  };
-  if (pingpong()) launch(Weights<Pingpong>{});
-  else launch(Weights<Cooperative>{});
+  run<G>(stream, memory, setup, accumulate ? 1.0f : 0.0f);
   return true;
 }
 
