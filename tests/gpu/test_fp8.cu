@@ -16,7 +16,8 @@
 //                epilogue), against the CPU backend's), E4M3 x E4M3, E5M2 x E4M3, E4M3 x E5M2, bf16 and float
 //                outputs (float accumulated into an existing C): against the CPU twin within
 //                1e-5 (float) / 1e-2 (bf16) relative (the accumulation bound: the products are exact,
-//                the sums differ in order); E5M2 x E5M2 refused
+//                the sums differ in order), planned without cuBLASLt's workspace (the default) and
+//                with one (STRATA_CUBLASLT_FP8_WORKSPACE_KIB); E5M2 x E5M2 refused
 //   blockwise    fp8_cast_blocks (runs along rows, runs along columns into x^T) and fp8_cast_tiles
 //                (both layouts, both scale grids) bit for bit against the CPU twin (blocks of 128 and
 //                of 32, partial blocks, an all-zero block, a NaN); fp8_gemm_blocks (runs x tiles,
@@ -29,6 +30,7 @@
 //                are printed as a probe
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -664,6 +666,38 @@ void probe_cublaslt_block_layouts(backend& device, suite& results) {
   }
 }
 
+// STRATA_CUBLASLT_FP8_WORKSPACE_KIB: the per-tensor FP8 GEMMs are planned without a cuBLASLt
+// workspace by default; a backend made with the variable set lets them use one, and their products
+// stay within the bound of the CPU twin; a value that is not a size is refused with the variable's name.
+void check_fp8_workspace(suite& results, backend& with_default, std::uint64_t& seed) {
+  results.record(with_default.blas().fp8_workspace_bytes() == 0 && with_default.blas().workspace_bytes() > 0,
+                 "the FP8 GEMMs are planned without a workspace by default (the handle's: " +
+                     std::to_string(with_default.blas().workspace_bytes()) + " bytes)");
+  ::setenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB", "32768", 1);
+  {
+    backend device(0);
+    results.record(device.blas().fp8_workspace_bytes() == (std::size_t{32} << 20),
+                   "STRATA_CUBLASLT_FP8_WORKSPACE_KIB=32768: the FP8 GEMMs may use " +
+                       std::to_string(device.blas().fp8_workspace_bytes()) + " bytes");
+    for (const bool accumulate : {false, true}) {
+      check_gemm<bf16>(device, results, seed++, false, true, 1024, 768, 2048, Fp8Format::e4m3, Fp8Format::e4m3, false);
+      check_gemm<float>(device, results, seed++, false, true, 2048, 3072, 1024, Fp8Format::e5m2, Fp8Format::e4m3, accumulate);
+    }
+  }
+  ::unsetenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB");
+  with_default.install();  // the backend made and gone above left this thread without one
+  std::string message;
+  ::setenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB", "1GiB", 1);
+  try {
+    (void)strata::cuda::blas_handle::default_fp8_workspace_bytes();
+  } catch (const strata::ConfigError& e) {
+    message = e.what();
+  }
+  ::unsetenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB");
+  results.record(message.find("STRATA_CUBLASLT_FP8_WORKSPACE_KIB") != std::string::npos && message.find("1GiB") != std::string::npos,
+                 "STRATA_CUBLASLT_FP8_WORKSPACE_KIB=1GiB is refused: " + message);
+}
+
 }  // namespace
 
 int main() {
@@ -734,6 +768,7 @@ int main() {
       check_gemm<bf16>(device, results, seed++, false, true, 256, 512, 8192, Fp8Format::e4m3, Fp8Format::e4m3, false, false,
                        accumulation);
     }
+    check_fp8_workspace(results, device, seed);
     bool refused = false;
     try {
       device_vector<std::uint8_t> a(256);

@@ -65,13 +65,20 @@ gemm_key fp8_tn_key(const blas_handle& blas, int kind, Fp8Format fa, Fp8Format f
   return key;
 }
 
+// A preference's largest workspace, in bytes.
+inline void set_max_workspace(const preference_descriptor& preference, std::uint64_t bytes) {
+  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &bytes, sizeof(bytes)));
+}
+
 // The descriptor of the key's FP8 TN problem (fp32 compute, the key's SM target; column-major:
 // first = b as [k, n] (ld k), transposed; second = a as [k, m] (ld k); C and D [n, m] (ld n)), and a
-// preference for the handle's workspace and the key's alignments. The caller adds its epilogue or
-// scale modes before asking the heuristic. `fast`: cuBLASLt's FAST_ACCUM (Fp8Accumulation::fast).
+// preference for `workspace` bytes of the handle's workspace and the key's alignments. The caller
+// adds its epilogue or scale modes before asking the heuristic. `fast`: cuBLASLt's FAST_ACCUM
+// (Fp8Accumulation::fast).
 template <class C>
 void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa, Fp8Format fb, gemm_plan& p,
-                     preference_descriptor& preference, bool fast = false) {
+                     preference_descriptor& preference, std::uint64_t workspace, bool fast = false) {
   const cudaDataType_t out_type = fp8_output_type<C>();
   STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
@@ -89,9 +96,7 @@ void fp8_tn_describe(const blas_handle& blas, const gemm_key& key, Fp8Format fa,
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_c.handle, out_type, key.n, key.m, key.n));
   STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.out_d.handle, out_type, key.n, key.m, key.n));
   STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference.handle));
-  const std::uint64_t workspace = blas.workspace_bytes();
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference.handle, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &workspace, sizeof(workspace)));
+  set_max_workspace(preference, std::min<std::uint64_t>(workspace, blas.workspace_bytes()));
   for (auto [attribute, alignment] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b},
                                       std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a},
                                       std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
@@ -190,7 +195,9 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
   const cudaDataType_t out_type = detail::fp8_output_type<C>();
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
     detail::preference_descriptor preference;
-    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference, fast);
+    // without a workspace unless the handle allows the FP8 GEMMs one (blas_handle says why); the
+    // whole workspace where cuBLASLt has no algorithm for the problem without
+    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference, blas.fp8_workspace_bytes(), fast);
     const auto set_bias_epilogue = [&](bool on) {
       // the bias runs along the rows of the column-major D [n, m]: one value per row-major column
       const cublasLtEpilogue_t kind = epilogue == detail::gemm_epilogue::dgelu    ? CUBLASLT_EPILOGUE_DGELU
@@ -220,14 +227,19 @@ bool fp8_gemm_tn(blas_handle& blas, cudaStream_t stream, index_t m, index_t n, i
       p.bias_epilogue = on;
     };
     set_bias_epilogue(use_bias);
-    bool found = detail::fp8_tn_algorithm(blas, p, preference, a_scale_inv, b_scale_inv);
+    const auto search = [&] { return detail::fp8_tn_algorithm(blas, p, preference, a_scale_inv, b_scale_inv); };
+    bool found = search();
+    if (!found && blas.fp8_workspace_bytes() < blas.workspace_bytes()) {
+      detail::set_max_workspace(preference, blas.workspace_bytes());
+      found = search();
+    }
     if (!found && gelu) {  // not fused: the caller runs the plain GEMM and the GELU kernel
       p.fused = false;
       return;
     }
     if (!found && use_bias) {  // no algorithm with the epilogue for this problem: the caller adds the bias
       set_bias_epilogue(false);
-      found = detail::fp8_tn_algorithm(blas, p, preference, a_scale_inv, b_scale_inv);
+      found = search();
     }
     if (!found)
       fail<ConfigError>("cuda::fp8_gemm: cuBLASLt has no FP8 algorithm for m=", m, " n=", n, " k=", k, " (", fp8_format_name(fa),
@@ -279,7 +291,7 @@ bool fp8_gemm_blocks_cublaslt(blas_handle& blas, cudaStream_t stream, index_t m,
   key.epilogue = (a_tiles ? 1 : 0) | (b_tiles ? 2 : 0);
   detail::gemm_plan& plan = blas.plan(key, [&](detail::gemm_plan& p) {
     detail::preference_descriptor preference;
-    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference);
+    detail::fp8_tn_describe<C>(blas, key, fa, fb, p, preference, blas.workspace_bytes());
     // cuBLASLt's A is our b, its B our a (see fp8_gemm_tn)
     const cublasLtMatmulMatrixScale_t mode_a = b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                                        : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;

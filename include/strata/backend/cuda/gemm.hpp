@@ -156,26 +156,30 @@ struct gemm_plan {
 // A cuBLASLt handle and the device workspace its algorithms may use (32 MiB is what NVIDIA
 // recommends on Hopper; the environment variable STRATA_CUBLASLT_WORKSPACE_KIB sets another size,
 // 0 for none, which leaves out the algorithms that need one: about 10% slower GPT-2 steps on an
-// H100, though it saves their memset per GEMM) and the plans built so far. One per
+// H100, though it saves their memset per GEMM) and the plans built so far. The per-tensor FP8 GEMMs
+// (fp8_gemm.hpp) are planned with no workspace unless STRATA_CUBLASLT_FP8_WORKSPACE_KIB says
+// otherwise: the algorithms cuBLASLt picks for them without one made GPT 1.41B's and a 3B Llama's
+// FP8 steps 0.4-0.8% faster on an H100 (no memset before each FP8 GEMM; bench/RESULTS.md). One per
 // device; calls on different streams may share it only if they do not run at the same time, since
 // they share the workspace.
 class blas_handle {
  public:
   static constexpr std::size_t kDefaultWorkspaceBytes = std::size_t{32} << 20;
+  static constexpr std::size_t kDefaultFp8WorkspaceBytes = 0;
 
   // STRATA_CUBLASLT_WORKSPACE_KIB if set (KiB, at most 4 GiB), else kDefaultWorkspaceBytes.
   static std::size_t default_workspace_bytes() {
-    const char* env = std::getenv("STRATA_CUBLASLT_WORKSPACE_KIB");
-    if (env == nullptr || *env == '\0') return kDefaultWorkspaceBytes;
-    char* end = nullptr;
-    const unsigned long long kib = std::strtoull(env, &end, 10);
-    if (end == env || *end != '\0' || *env == '-' || kib > (std::size_t{4} << 20))
-      fail<ConfigError>("STRATA_CUBLASLT_WORKSPACE_KIB must be a whole number of KiB from 0 to 4194304 (4 GiB), got '",
-                        env, "'");
-    return static_cast<std::size_t>(kib) << 10;
+    return workspace_from_env("STRATA_CUBLASLT_WORKSPACE_KIB", kDefaultWorkspaceBytes);
+  }
+  // STRATA_CUBLASLT_FP8_WORKSPACE_KIB if set (KiB, at most 4 GiB), else kDefaultFp8WorkspaceBytes;
+  // the per-tensor FP8 GEMMs use at most the smaller of it and the handle's workspace.
+  static std::size_t default_fp8_workspace_bytes() {
+    return workspace_from_env("STRATA_CUBLASLT_FP8_WORKSPACE_KIB", kDefaultFp8WorkspaceBytes);
   }
 
-  explicit blas_handle(std::size_t workspace_bytes = default_workspace_bytes()) : workspace_(workspace_bytes) {
+  explicit blas_handle(std::size_t workspace_bytes = default_workspace_bytes(),
+                       std::size_t fp8_workspace_bytes = default_fp8_workspace_bytes())
+      : workspace_(workspace_bytes), fp8_workspace_bytes_(fp8_workspace_bytes) {
     STRATA_CUBLAS_CHECK(cublasLtCreate(&handle_));
   }
   blas_handle(const blas_handle&) = delete;
@@ -187,6 +191,8 @@ class blas_handle {
   cublasLtHandle_t get() const { return handle_; }
   void* workspace() { return workspace_.data(); }
   std::size_t workspace_bytes() const { return workspace_.bytes(); }
+  // What the per-tensor FP8 GEMMs' plans may ask of the workspace (see the class comment).
+  std::size_t fp8_workspace_bytes() const { return std::min(fp8_workspace_bytes_, workspace_bytes()); }
 
   // The cached plans (descriptors + algorithm), one per distinct GEMM problem seen.
   detail::gemm_plan& plan(const detail::gemm_key& key, const std::function<void(detail::gemm_plan&)>& build) {
@@ -230,11 +236,24 @@ class blas_handle {
   }
 
  private:
+  // `name`'s value in KiB (a whole number up to 4 GiB) as bytes, else `otherwise`; a ConfigError
+  // names the variable and the value it could not read.
+  static std::size_t workspace_from_env(const char* name, std::size_t otherwise) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') return otherwise;
+    char* end = nullptr;
+    const unsigned long long kib = std::strtoull(env, &end, 10);
+    if (end == env || *end != '\0' || *env == '-' || kib > (std::size_t{4} << 20))
+      fail<ConfigError>(name, " must be a whole number of KiB from 0 to 4194304 (4 GiB), got '", env, "'");
+    return static_cast<std::size_t>(kib) << 10;
+  }
+
   cublasLtHandle_t handle_ = nullptr;
   std::shared_ptr<gemm_tuning> tuning_;
   std::string platform_;
   int sm_target_ = 0;
   device_buffer<std::byte> workspace_;
+  std::size_t fp8_workspace_bytes_ = 0;
   std::unordered_map<detail::gemm_key, std::unique_ptr<detail::gemm_plan>, detail::gemm_key_hash> plans_;
 };
 
