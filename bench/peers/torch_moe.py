@@ -14,6 +14,7 @@ over the chosen k (Mixtral's), a Switch-style load-balancing loss times --aux-lo
 
     python3 torch_moe.py                                  # 8 experts of 3584, top-2 (the MoE benchmark's shape)
     python3 torch_moe.py --experts 0 --ffn 7168           # the dense model of the same active parameters
+    python3 torch_moe.py --accum 8                        # 8 micro-batches of --batch sequences a step
 
 Prints one JSON line: tokens/s (the mean over --steps after warm-up), active TFLOP/s per GPU with
 FLOPs per token = 6 * (active matmul parameters) + 6 * L * D * T, peak memory.
@@ -33,6 +34,7 @@ p.add_argument("--ffn", type=int, default=3584, help="expert width (the dense ML
 p.add_argument("--vocab", type=int, default=384, help="the trainers' byte vocabulary (257) padded to 128")
 p.add_argument("--seq", type=int, default=1024); p.add_argument("--batch", type=int, default=8)
 p.add_argument("--steps", type=int, default=20); p.add_argument("--warmup", type=int, default=5)
+p.add_argument("--accum", type=int, default=1, help="micro-batches of --batch sequences per optimizer step")
 p.add_argument("--aux-loss-coeff", type=float, default=1e-2)
 p.add_argument("--no-compile", action="store_true")
 a = p.parse_args()
@@ -162,11 +164,12 @@ flops_per_token = 6 * active + 6 * L * D * T
 
 
 def step():
-    idx = torch.randint(0, V, (B, T), device="cuda")
-    tgt = torch.randint(0, V, (B, T), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = step_fn(idx, tgt)
-    loss.backward()
+    for _ in range(a.accum):  # gradients summed over the micro-batches, as the trainers' global batch does
+        idx = torch.randint(0, V, (B, T), device="cuda")
+        tgt = torch.randint(0, V, (B, T), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(idx, tgt)
+        (loss / a.accum).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
@@ -176,11 +179,11 @@ step()
 torch.cuda.synchronize()
 first_step_s = time.perf_counter() - _launch
 dt, loss = time_steps(step, a.warmup, a.steps, torch.cuda.synchronize)
-tok_s = B * T / dt
+tok_s = B * T * a.accum / dt
 print(json.dumps({
     "peer": "pytorch-moe", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
     "layers": L, "hidden": D, "heads": H, "groups": G, "experts": E, "topk": K, "ffn": Fw, "vocab": V, "seq": T,
-    "batch": B, "compile": not a.no_compile, "active_params_M": round(active / 1e6, 1),
+    "batch": B, "accum": a.accum, "compile": not a.no_compile, "active_params_M": round(active / 1e6, 1),
     "params_M": round(sum(q.numel() for q in model.parameters()) / 1e6, 1), "step_ms": round(dt * 1e3, 2),
     "tokens_per_s": round(tok_s), "active_tflops": round(flops_per_token * tok_s / 1e12, 1),
     "peak_mem_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": round(loss.item(), 4),

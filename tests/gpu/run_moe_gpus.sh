@@ -9,8 +9,9 @@
 # 2. Speed (bf16, random tokens, seq 1024): a Mixtral-shaped model (8 layers, hidden 1024, 8 experts
 #    of width 3584, top-2) on 1 GPU and at ep 2 on 2 GPUs, beside the dense Llama with the same
 #    active parameters (MLP width 2 x 3584), and both MoE runs again with the fixed-size exchange
-#    (experts padded to capacity factor 1): tokens/s (mean of the log lines of iterations 11-30),
-#    MFU of the active FLOPs, peak memory. Measures, asserts nothing.
+#    (experts padded to capacity factor 1), and the MoE and dense runs again at 8 micro-batches a
+#    step (global batch 64): tokens/s (mean of the log lines of iterations 11-30), MFU of the active
+#    FLOPs, peak memory. Measures, asserts nothing.
 # Prints a table last; logs in <log dir> (default <build>/moe-logs). Exit status non-zero when an
 # equivalence check fails or a run fails.
 set -uo pipefail
@@ -119,6 +120,12 @@ speed_rows+=("$(speed llama-dense-1gpu 1 "$llama" --world-size 1 --ffn-hidden-si
 padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 speed_rows+=("$(speed mixtral-1gpu-padded 1 "$mixtral" --world-size 1 "${moe[@]}" "${padded[@]}")")
 [[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2-padded 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" "${padded[@]}")")
+# The same models with 8 micro-batches of 8 sequences a step (global batch 64): the optimizer, whose
+# cost grows with all parameters (3.6x the dense model's here) and not with the tokens, runs once per
+# 8 micro-batches, as in training at a real batch size.
+speed_rows+=("$(speed mixtral-1gpu-gb64 1 "$mixtral" --world-size 1 "${moe[@]}" --global-batch-size 64)")
+speed_rows+=("$(speed llama-dense-1gpu-gb64 1 "$llama" --world-size 1 --ffn-hidden-size 7168 --global-batch-size 64)")
+[[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2-gb64 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" --global-batch-size 64)")
 [[ "${speed_rows[*]}" == *FAILED* ]] && status=1  # (each row ran in a subshell)
 
 echo
