@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
 // tile). Threads, shared-memory tiles (one for each half), edges and column sums as in
 // fp8_cast_transpose_kernel, whose codes, amax and partials this kernel's are bit for bit (the
 // elements, their tile rows and the order of each column's sum are the same).
-template <class T, bool Sums = false, class A = accumulate_t<T>>
-__global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel(const T* x, const T* pre, index_t rows,
+template <class T, bool Sums = false, class A = accumulate_t<T>, bool Edges = true>
+__global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_kernel(const T* x, const T* pre, index_t rows,
                                                                                  index_t cols, Fp8Format format,
                                                                                  const float* scale, std::uint8_t* out,
                                                                                  std::uint8_t* out_t, float* amax, A* partials,
@@ -308,43 +308,59 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_swiglu_backward_kernel
   const auto* ps = reinterpret_cast<const storage_t<T>*>(pre);
   for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
     const index_t row0 = (id / tiles_c) * kFp8Tile, j0 = (id % tiles_c) * kFp8Tile;
-    const bool whole = vectorized && row0 + kFp8Tile <= rows && j0 + kFp8Tile <= f;
+    const bool whole = !Edges || (vectorized && row0 + kFp8Tile <= rows && j0 + kFp8Tile <= f);
     A column[2][8] = {};
-    // One row half at a time: 245 us against 260 us with the halves unrolled (the Llama's [8192,
-    // 16384] on an H100), though it holds 71 registers (3 blocks a multiprocessor) against 64 (4);
-    // capping the registers for more resident blocks (40 or 32, 6 or 8 blocks) was slower still.
+    // The two row halves of the tile pair one at a time (tile rows r = line and line + 32), whole
+    // tiles by 16-byte loads and 8-byte stores, edge tiles element by element. The launch bounds
+    // name one block a multiprocessor, so the compiler keeps what it needs (71 registers without
+    // Edges, 3 blocks resident) rather than aiming at more blocks: 246 us against 265 us for the
+    // halves unrolled at 64 registers (4 blocks), the Llama's [8192, 16384] on an H100. Capping the
+    // registers for more resident blocks (40 or 32: 6 or 8 blocks) was slower still. Without Edges
+    // (every tile whole: the launcher's choice where the shape and the alignments allow) the kernel
+    // holds no edge code.
+    // half g's eight elements of tile row r: their codes into the shared tile (returned), their
+    // column sums, their amax
+    const auto put_codes = [&](int g, int r, const A (&v)[8]) {
+      float e[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        e[i] = static_cast<float>(v[i]);
+        if constexpr (Sums) column[g][i] += v[i];
+      }
+      const uint2 codes = fp8_round8(e, s, format, bits);
+      fp8_tile_put8(tile[g][r] + eighth, codes);
+      return codes;
+    };
+    if (whole) {
 #pragma unroll 1
-    for (int half = 0; half < 2; ++half) {
-      const int r = line + 32 * half;
-      const index_t row = row0 + r, j = j0 + eighth;
-      A v[2][8];  // (row, j..) of d gate, of d up
-      if (whole) {
+      for (int half = 0; half < 2; ++half) {
+        const int r = line + 32 * half;
+        const index_t row = row0 + r, j = j0 + eighth;
+        A v[2][8];  // (row, j..) of d gate, of d up
         fp8_swiglu_backward8<T>(x, pre, row, j, f, v[0], v[1]);
-      } else {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const uint2 codes = put_codes(g, r, v[g]);
+          if (out) *reinterpret_cast<uint2*>(out + row * cols + g * f + j) = codes;
+        }
+      }
+    } else if constexpr (Edges) {
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        const int r = line + 32 * half;
+        const index_t row = row0 + r, j = j0 + eighth;
+        A v[2][8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const bool in = row < rows && j + i < f;
           v[0][i] = in ? fp8_produce_at<T, P>(xs, ps, row, j + i, cols) : A(0);  // 0: no amax, no sum
           v[1][i] = in ? fp8_produce_at<T, P>(xs, ps, row, f + j + i, cols) : A(0);
         }
-      }
 #pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        float e[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          e[i] = static_cast<float>(v[g][i]);
-          if constexpr (Sums) column[g][i] += v[g][i];
-        }
-        const uint2 codes = fp8_round8(e, s, format, bits);
-        fp8_tile_put8(tile[g][r] + eighth, codes);
-        if (out) {
-          const index_t col = g * f + j;
-          if (whole) {
-            *reinterpret_cast<uint2*>(out + row * cols + col) = codes;
-          } else if (row < rows) {
-            for (int i = 0; i < 8 && j + i < f; ++i) out[row * cols + col + i] = tile[g][r][eighth + i];
-          }
+        for (int g = 0; g < 2; ++g) {
+          (void)put_codes(g, r, v[g]);
+          if (out && row < rows)
+            for (int i = 0; i < 8 && j + i < f; ++i) out[row * cols + g * f + j + i] = tile[g][r][eighth + i];
         }
       }
     }
@@ -550,10 +566,13 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   // swiglu_backward's blocks take a tile of each half (fp8_cast_transpose_swiglu_backward_kernel)
   const index_t tile_cols = producer == Fp8Producer::swiglu_backward ? cols / 2 : cols;
   const index_t tiles = fp8_tile_rows(rows) * ((tile_cols + kFp8Tile - 1) / kFp8Tile);
+  // every tile whole and vectorized: the kernels without edge code serve (swiglu_backward's)
+  const bool all_whole = vectorized && rows % kFp8Tile == 0 && tile_cols % kFp8Tile == 0;
   const auto launch = [&](auto p, auto sums) {
-    auto* kernel = [] {
+    auto* kernel = [&] {
       if constexpr (decltype(p)::value == Fp8Producer::swiglu_backward)
-        return &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A>;
+        return all_whole ? &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A, false>
+                         : &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A, true>;
       else
         return &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
     }();

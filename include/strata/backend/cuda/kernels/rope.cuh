@@ -134,17 +134,23 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
       constexpr int W = packed<T>::width;
       const I chunks = static_cast<I>(d / W), half_chunks = static_cast<I>(half / W),
               rotary_chunks = static_cast<I>(rotary_dim / W);
-      if (rotary_chunks == chunks) {
-        // RoPE over whole heads: an item is a chunk of the first half and its twin of the second, turned
-        // (q, k) or copied (v), so every thread of a warp moves two chunks. (An item a chunk left the
-        // threads of a turned head's second half idle: 0.6x the memory bandwidth of the copy.)
-        const I items = static_cast<I>(b * slots) * half_chunks;
-        for (I p = threadIdx.x; p < items; p += blockDim.x) {
-          const I h = p / half_chunks, c = p - h * half_chunks;
-          index_t packed_at;
-          T* split_head;
-          const bool turn = heads_of(h, packed_at, split_head);
-          const packed<T>* src = reinterpret_cast<const packed<T>*>(Merge ? split_head : packed_rows + packed_at);
+      // With RoPE over whole heads an item is a chunk of the first half and its twin of the second,
+      // turned (q, k) or copied (v), so every thread of a warp moves two chunks (an item a chunk left
+      // the threads of a turned head's second half idle: 0.6-0.8x the time on an H100, bench/RESULTS.md);
+      // with partial RoPE an item is a chunk, turned with its twin, copied, or left to its twin.
+      const bool pairs = rotary_chunks == chunks;
+      const I per_head = pairs ? half_chunks : chunks, items = static_cast<I>(b * slots) * per_head;
+      for (I p = threadIdx.x; p < items; p += blockDim.x) {
+        const I h = p / per_head, c = p - h * per_head;
+        index_t packed_at;
+        T* split_head;
+        const bool turn = heads_of(h, packed_at, split_head);
+        const packed<T>* src = reinterpret_cast<const packed<T>*>(Merge ? split_head : packed_rows + packed_at);
+        auto put = [&](I chunk, const packed<T>& value) {  // chunk `chunk` of the head's output
+          if (codes) fp8_store_vector<T>(fp8.codes + packed_at + index_t(chunk) * W, value, scale, fp8.format, bits);
+          else reinterpret_cast<packed<T>*>(Merge ? packed_rows + packed_at : split_head)[chunk] = value;
+        };
+        if (pairs || (turn && c < half_chunks)) {
           packed<T> a = src[c], bv = src[c + half_chunks];
           if (turn) {
 #pragma unroll
@@ -154,40 +160,10 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
               bv.raw[j] = pack<T>(vb * cs + va * sn);
             }
           }
-          if (codes) {
-            fp8_store_vector<T>(fp8.codes + packed_at + index_t(c) * W, a, scale, fp8.format, bits);
-            fp8_store_vector<T>(fp8.codes + packed_at + index_t(c + half_chunks) * W, bv, scale, fp8.format, bits);
-          } else {
-            packed<T>* out = reinterpret_cast<packed<T>*>(Merge ? packed_rows + packed_at : split_head);
-            out[c] = a;
-            out[c + half_chunks] = bv;
-          }
-        }
-        continue;
-      }
-      const I items = static_cast<I>(b * slots) * chunks;
-      for (I p = threadIdx.x; p < items; p += blockDim.x) {
-        const I h = p / chunks, c = p - h * chunks;
-        index_t packed_at;
-        T* split_head;
-        const bool turn = heads_of(h, packed_at, split_head);
-        const T* src = Merge ? split_head : packed_rows + packed_at;
-        auto put = [&](I chunk, const packed<T>& value) {  // chunk `chunk` of the head's output
-          if (codes) fp8_store_vector<T>(fp8.codes + packed_at + index_t(chunk) * W, value, scale, fp8.format, bits);
-          else reinterpret_cast<packed<T>*>(Merge ? packed_rows + packed_at : split_head)[chunk] = value;
-        };
-        if (turn && c < half_chunks) {
-          packed<T> a = reinterpret_cast<const packed<T>*>(src)[c], bv = reinterpret_cast<const packed<T>*>(src)[c + half_chunks];
-#pragma unroll
-          for (int j = 0; j < W; ++j) {
-            const A cs = cosines[c * W + j], sn = sines[c * W + j], va = unpack<T>(a.raw[j]), vb = unpack<T>(bv.raw[j]);
-            a.raw[j] = pack<T>(va * cs - vb * sn);
-            bv.raw[j] = pack<T>(vb * cs + va * sn);
-          }
           put(c, a);
           put(c + half_chunks, bv);
         } else if (!turn || c >= rotary_chunks) {
-          put(c, reinterpret_cast<const packed<T>*>(src)[c]);
+          put(c, src[c]);
         }
       }
       continue;
