@@ -136,8 +136,9 @@ __global__ void qkv_rope_kernel(T* packed_rows, T* q, T* k, T* v, index_t s, ind
               rotary_chunks = static_cast<I>(rotary_dim / W);
       // With RoPE over whole heads an item is a chunk of the first half and its twin of the second,
       // turned (q, k) or copied (v), so every thread of a warp moves two chunks (an item a chunk left
-      // the threads of a turned head's second half idle: 0.6-0.8x the time on an H100, bench/RESULTS.md);
-      // with partial RoPE an item is a chunk, turned with its twin, copied, or left to its twin.
+      // the threads of a turned head's second half idle; the items of two chunks take 0.69-0.83x its
+      // time on an H100, bench/RESULTS.md); with partial RoPE an item is a chunk, turned with its
+      // twin, copied, or left to its twin.
       const bool pairs = rotary_chunks == chunks;
       const I per_head = pairs ? half_chunks : chunks, items = static_cast<I>(b * slots) * per_head;
       for (I p = threadIdx.x; p < items; p += blockDim.x) {
