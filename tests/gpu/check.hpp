@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -147,6 +148,21 @@ inline std::string format(const char* fmt, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, fmt, value);
   return buffer;
+}
+
+// The message of the ConfigError `read()` throws while the environment variable `name` holds
+// `value` (empty when it throws none); the variable is unset afterwards.
+template <class Read>
+std::string config_error_under(const char* name, const char* value, Read&& read) {
+  ::setenv(name, value, 1);
+  std::string message;
+  try {
+    (void)read();
+  } catch (const strata::ConfigError& e) {
+    message = e.what();
+  }
+  ::unsetenv(name);
+  return message;
 }
 
 }  // namespace gpu_test

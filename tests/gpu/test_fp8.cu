@@ -686,14 +686,8 @@ void check_fp8_workspace(suite& results, backend& with_default, std::uint64_t& s
   }
   ::unsetenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB");
   with_default.install();  // the backend made and gone above left this thread without one
-  std::string message;
-  ::setenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB", "1GiB", 1);
-  try {
-    (void)strata::cuda::blas_handle::default_fp8_workspace_bytes();
-  } catch (const strata::ConfigError& e) {
-    message = e.what();
-  }
-  ::unsetenv("STRATA_CUBLASLT_FP8_WORKSPACE_KIB");
+  const std::string message = config_error_under("STRATA_CUBLASLT_FP8_WORKSPACE_KIB", "1GiB",
+                                                  [] { return strata::cuda::blas_handle::default_fp8_workspace_bytes(); });
   results.record(message.find("STRATA_CUBLASLT_FP8_WORKSPACE_KIB") != std::string::npos && message.find("1GiB") != std::string::npos,
                  "STRATA_CUBLASLT_FP8_WORKSPACE_KIB=1GiB is refused: " + message);
 }

@@ -284,14 +284,8 @@ void check_workspace_variable(suite& results, backend& with_default) {
   results.record(bytes == 0 && outputs.size() == reference.size() && worst <= tolerance<bf16>(),
                  "STRATA_CUBLASLT_WORKSPACE_KIB=0: workspace " + std::to_string(bytes) + " bytes, GEMMs rel " +
                      format("%.2e", worst) + " against the 32 MiB workspace's");
-  std::string message;
-  ::setenv("STRATA_CUBLASLT_WORKSPACE_KIB", "32MiB", 1);
-  try {
-    (void)strata::cuda::blas_handle::default_workspace_bytes();
-  } catch (const strata::ConfigError& e) {
-    message = e.what();
-  }
-  ::unsetenv("STRATA_CUBLASLT_WORKSPACE_KIB");
+  const std::string message = config_error_under("STRATA_CUBLASLT_WORKSPACE_KIB", "32MiB",
+                                                  [] { return strata::cuda::blas_handle::default_workspace_bytes(); });
   results.record(message.find("STRATA_CUBLASLT_WORKSPACE_KIB") != std::string::npos && message.find("32MiB") != std::string::npos,
                  "STRATA_CUBLASLT_WORKSPACE_KIB=32MiB is refused: " + message);
   results.record(strata::cuda::blas_handle::default_workspace_bytes() == strata::cuda::blas_handle::kDefaultWorkspaceBytes,
