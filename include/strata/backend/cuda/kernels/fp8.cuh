@@ -310,14 +310,6 @@ __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_ker
     const index_t row0 = (id / tiles_c) * kFp8Tile, j0 = (id % tiles_c) * kFp8Tile;
     const bool whole = !Edges || (vectorized && row0 + kFp8Tile <= rows && j0 + kFp8Tile <= f);
     A column[2][8] = {};
-    // The two row halves of the tile pair one at a time (tile rows r = line and line + 32), whole
-    // tiles by 16-byte loads and 8-byte stores, edge tiles element by element. The launch bounds
-    // name one block a multiprocessor, so the compiler keeps what it needs (71 registers without
-    // Edges, 3 blocks resident) rather than aiming at more blocks: 246 us against 265 us for the
-    // halves unrolled at 64 registers (4 blocks), the Llama's [8192, 16384] on an H100. Capping the
-    // registers for more resident blocks (40 or 32: 6 or 8 blocks) was slower still. Without Edges
-    // (every tile whole: the launcher's choice where the shape and the alignments allow) the kernel
-    // holds no edge code.
     // half g's eight elements of tile row r: their codes into the shared tile (returned), their
     // column sums, their amax
     const auto put_codes = [&](int g, int r, const A (&v)[8]) {
@@ -331,6 +323,14 @@ __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_ker
       fp8_tile_put8(tile[g][r] + eighth, codes);
       return codes;
     };
+    // The two row halves of the tile pair one at a time (tile rows r = line and line + 32), whole
+    // tiles by 16-byte loads and 8-byte stores, edge tiles element by element. The launch bounds
+    // name one block a multiprocessor, so the compiler keeps what it needs (71 registers without
+    // Edges, 3 blocks resident) rather than aiming at more blocks: 246 us against 265 us for the
+    // halves unrolled at 64 registers (4 blocks), the Llama's [8192, 16384] on an H100. Capping the
+    // registers for more resident blocks (40 or 32: 6 or 8 blocks) was slower still. Without Edges
+    // (every tile whole: the launcher's choice where the shape and the alignments allow) the kernel
+    // holds no edge code.
     if (whole) {
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
