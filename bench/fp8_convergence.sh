@@ -15,14 +15,18 @@
 #   bf16-nondeterministic           bf16 with --no-deterministic-attention: the same initialization and
 #                                   data, only the attention backward's summation order differs: how far
 #                                   two runs apart by rounding alone drift, the floor of the distances (not by default)
-# The corpus: the whole King James Bible (examples/data/kjv_bible.txt.gz, 4.15M byte tokens),
-# tokenized first by <build-dir>/examples/tools/preprocess_data into <out-dir>; 2,000 iterations of
-# 2 sequences of 1024 read 4.10M tokens, so every sample is new text (the shipped
-# corpus_text_document, 817K tokens, would be read five times over and measure memorization).
+# The corpus (STRATA_FP8_CONV_CORPUS): "bible", the whole King James Bible
+# (examples/data/kjv_bible.txt.gz, 4.15M byte tokens), or "library", the Bible and eight novels
+# (examples/data/novels.txt.gz, 14.5M byte tokens more: 18.6M in all); by default the Bible when the
+# run reads no more than it holds (micro-batch 2: 2,000 iterations of 2 x 1024 read 4.10M tokens),
+# else the library (micro-batch 8: 16.4M tokens), so every sample is new text (the shipped
+# corpus_text_document, 817K tokens, would be read five times over and measure memorization). It is
+# tokenized first by <build-dir>/examples/tools/preprocess_data into <out-dir>.
 # STRATA_FP8_CONV_BATCH sets the micro-batch (default 2). STRATA_FP8_CONV_RUNS picks some of
-# "bf16 tensorwise delayed blockwise". The trainer logs the mean loss of every 10 iterations; the table
-# gives, after iteration STRATA_FP8_CONV_FROM (default 200), each FP8 curve's largest and mean
-# relative distance from bf16's at the same iterations, the last logged loss and tokens/s;
+# "bf16 tensorwise delayed blockwise" and the runs not made by default. The trainer logs the mean loss
+# of every 10 iterations; the table gives, after iteration STRATA_FP8_CONV_FROM (default 200), each
+# curve's largest, mean and mean signed relative distance from bf16's at the same iterations, the
+# largest distance over 100-iteration means, the last logged loss and tokens/s;
 # <out-dir>/fp8_convergence.svg plots the curves (bench/plot_losses.py).
 # Needs <build-dir>/examples/train_gpt built with CUDA and preprocess_data. It measures and prints;
 # it asserts nothing.
@@ -43,11 +47,26 @@ trainer=$build/examples/train_gpt
 preprocess=$build/examples/tools/preprocess_data
 [[ -x $trainer ]] || { echo "fp8_convergence: $trainer is missing; build train_gpt with CUDA first" >&2; exit 1; }
 [[ -x $preprocess ]] || { echo "fp8_convergence: $preprocess is missing; build preprocess_data first" >&2; exit 1; }
-"$preprocess" --input "$repo/examples/data/kjv_bible.txt.gz" --output-prefix "$out/kjv" --append-eod \
+tokens=$(( iters * batch * 1024 ))
+corpus=${STRATA_FP8_CONV_CORPUS:-auto}
+if [[ $corpus == auto ]]; then
+  corpus=library
+  (( tokens <= 4150000 )) && corpus=bible
+fi
+case $corpus in
+  bible) input="$repo/examples/data/kjv_bible.txt.gz" ;;
+  library)  # the Bible, then the novels: one plain-text file, a document per paragraph
+    input="$out/library.txt"
+    { gzip -dc "$repo/examples/data/kjv_bible.txt.gz" && echo && gzip -dc "$repo/examples/data/novels.txt.gz"; } >"$input" ||
+      { echo "fp8_convergence: cannot unpack the corpus into $input" >&2; exit 1; } ;;
+  *) echo "fp8_convergence: STRATA_FP8_CONV_CORPUS='$corpus' is none of bible, library, auto" >&2; exit 1 ;;
+esac
+echo "fp8_convergence: corpus '$corpus' ($input), $iters iterations x $batch x 1024 = $tokens tokens"
+"$preprocess" --input "$input" --output-prefix "$out/corpus" --append-eod \
   --log-interval 0 >"$out/preprocess.log" 2>&1 ||
   { echo "fp8_convergence: tokenizing the corpus failed: $out/preprocess.log" >&2; exit 1; }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >"$out/device.txt" 2>&1
-common=(--device cuda --bf16 --data-path "$out/kjv_text_document" --num-layers 24 --hidden-size 1024
+common=(--device cuda --bf16 --data-path "$out/corpus_text_document" --num-layers 24 --hidden-size 1024
         --num-attention-heads 16 --seq-length 1024 --micro-batch-size "$batch" --global-batch-size "$batch" --train-iters "$iters"
         --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --adam-beta2 0.95
         --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --eval-iters 0 --sample-tokens 0

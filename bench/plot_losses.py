@@ -5,7 +5,10 @@
 Reads the log lines "iteration N/ M | loss X | ... | T tokens/s | ..." of each NAME=LOG. Prints a
 markdown table: per curve the last logged loss, the mean tokens/s of the lines after the first two,
 and, against the reference curve at the same iterations after --from, the largest and the mean
-relative distance |loss - reference| / reference. Writes the curves (loss against iteration) to --out.
+relative distance |loss - reference| / reference, the mean signed distance (loss - reference) /
+reference (below zero: the curve lies under the reference), and the largest distance between the
+means over windows of --window iterations (100 by default: what is left once the noise of single
+batches is averaged out). Writes the curves (loss against iteration) to --out.
 """
 import argparse
 import re
@@ -73,6 +76,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--reference", required=True)
     p.add_argument("--from", dest="start", type=int, default=200)
+    p.add_argument("--window", type=int, default=100, help="iterations per window of the windowed distance")
     p.add_argument("--title", default="strata GPT 350M, one GPU: loss per iteration")
     p.add_argument("curves", nargs="+", help="NAME=LOG")
     a = p.parse_args()
@@ -81,16 +85,26 @@ def main():
         name, _, path = spec.partition("=")
         curves[name], rates[name] = read(path)
     ref = dict(curves.get(a.reference, []))
-    print(f"| run | iterations logged | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean |")
-    print("|---|---|---|---|---|---|")
+    print(f"| run | iterations logged | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean "
+          f"| mean signed | max over {a.window}-iteration means |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, pts in curves.items():
         r = rates[name][2:] or rates[name]
         rate = f"{sum(r) / len(r):,.0f}" if r else "-"
         last = f"{pts[-1][1]:.4f} (it. {pts[-1][0]})" if pts else "no loss lines"
-        dist = [abs(v - ref[i]) / ref[i] for i, v in pts if i > a.start and i in ref and ref[i] > 0]
-        far = f"{100 * max(dist):.2f}%" if dist and name != a.reference else "-"
-        mean = f"{100 * sum(dist) / len(dist):.2f}%" if dist and name != a.reference else "-"
-        print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} |")
+        pairs = [(i, v, ref[i]) for i, v in pts if i > a.start and i in ref and ref[i] > 0]
+        dist = [abs(v - w) / w for _, v, w in pairs]
+        signed = [(v - w) / w for _, v, w in pairs]
+        windows = {}
+        for i, v, w in pairs:  # window k holds the logged points of iterations (start + k W, start + (k + 1) W]
+            windows.setdefault((i - a.start - 1) // a.window, []).append((v, w))
+        far_window = [abs(sum(v for v, _ in ws) - sum(w for _, w in ws)) / sum(w for _, w in ws) for ws in windows.values()]
+        own = name == a.reference or not dist
+        far = "-" if own else f"{100 * max(dist):.2f}%"
+        mean = "-" if own else f"{100 * sum(dist) / len(dist):.2f}%"
+        mean_signed = "-" if own else f"{100 * sum(signed) / len(signed):+.2f}%"
+        window = "-" if own else f"{100 * max(far_window):.2f}%"
+        print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} | {mean_signed} | {window} |")
     svg(curves, a.out, a.title)
     return 0
 
