@@ -239,7 +239,6 @@ struct TrainArgs {
   bool overlap_param_gather = false;   // the distributed optimizer's all-gather on the communication stream
   std::int64_t ddp_bucket_size = 0;    // elements per gradient bucket; 0: max(40M, 1M x dp)
   bool zero_gradients_by_fill = false; // fill every gradient at each iteration's start (else: first write)
-  bool no_overlap_grad_norm = false;   // the gradient norm's squares after the backward, not beside it
   bool dynamic_loss_scale = false;     // the dynamic loss scaler over any --dtype (--fp16 sets it; fp16 always scales)
   double loss_scale = 0;               // > 0: a constant loss scale instead of the dynamic one
   double initial_loss_scale = 4294967296.0;
@@ -299,10 +298,6 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
                "start each gradient bucket's all-reduce (reduce-scatter with --use-distributed-optimizer) during the "
                "backward, as soon as its gradients are final, on a communication stream beside the compute (NCCL; on "
                "the CPU the in-process collectives run at once, in the same order)");
-  app.add_flag("--no-overlap-grad-norm", a.no_overlap_grad_norm,
-               "sum the gradient norm's squares after the backward; by default, on a GPU with one data-parallel rank "
-               "and no loss scaler, each gradient bucket's squares are summed on a stream of low priority as soon as "
-               "the bucket is final, beside the backward of the layers before it (the same bits)");
   app.add_flag("--zero-gradients-by-fill", a.zero_gradients_by_fill,
                "fill every gradient with zeros at the start of each iteration; by default the linear layers' and the "
                "experts' weight gradients are not filled, their first weight-gradient GEMM of the iteration writes them "

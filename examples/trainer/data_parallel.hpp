@@ -12,13 +12,9 @@
 //                                     bucket is complete (null without the flag)
 //   reduce_gradients()                after the last micro-batch: the collectives of the buckets not
 //                                     started yet, then (overlapped) the compute stream waits for all
-//                                     and, with the norm's overlap (below), the squares of each
-//                                     bucket once it is final
 //   unscale_and_clip(max_norm)        gradients /= loss scale, global norm (device scalar), and the
 //                                     clipping factor, which the next step() applies as the AdamW
 //                                     kernels read the gradients (no pass of its own)
-//   gradients_written_after_backward()  after writing gradients between the backward and
-//                                     unscale_and_clip (tests): the norm is summed after, not beside
 //   parameters_needed(ctx)            with --overlap-param-gather, after a step: the hook the next
 //                                     forward calls per parameter right before reading it, which
 //                                     makes the compute stream wait for that bucket's all-gather
@@ -45,13 +41,6 @@
 // over expert dp. The gradient norm adds the experts' squares (summed over
 // ctx.expert_model_parallel) to the dense ones (over ctx.model_parallel); everything above treats
 // both buffers. A model without experts has the one buffer, as before.
-//
-// The norm's overlap (DataParallelOptions::overlap_grad_norm, on by default; the trainers'
-// --no-overlap-grad-norm turns it off): on a backend with a side stream (cuda::backend), with one
-// data-parallel rank (and one expert data-parallel rank), the plain AdamW and no loss scaler, each
-// buffer's squares are summed bucket by bucket beside the backward (GradNormOverlap,
-// optim/grad_norm_overlap.hpp), and unscale_and_clip only adds them: the same bits as summing them
-// after the backward. Elsewhere the squares are summed after the backward, as before.
 #pragma once
 
 #include <cmath>
@@ -95,9 +84,6 @@ struct DataParallelOptions {
   // (distributed optimizer, FP8) --fp8-param-gather: the FP8 weights' codes gathered instead of
   // their values (GradBufferOptions::fp8_param_gather, DistributedOptimizer::finish_step).
   bool fp8_param_gather = false;
-  // The gradient norm's squares summed beside the backward where that gives the same bits (the note
-  // at the top): on by default.
-  bool overlap_grad_norm = true;
 };
 
 template <class T, class Space>
@@ -120,58 +106,25 @@ class DataParallelOptimizer {
       adamw_.emplace(ctx.device, model, options.adam);
     }
     if (options.loss_scaler) scaler_.emplace(*options.loss_scaler);
-    if constexpr (has_side_squares<typename Context::device_type, accumulate_t<T>>) {
-      if (options.overlap_grad_norm && !distributed_ && !scaler_ && ctx.dp_cp.size() == 1 &&
-          (!expert_buffer_ || ctx.expert_dp.size() == 1)) {
-        joins_expert_norm_ = joins_expert_reductions(model);
-        if (!joins_expert_norm_) {
-          norm_overlap_.emplace(ctx.device, buffer_, model, ctx.tp.rank());
-        } else {
-          auto dense = dense_parameters(model);
-          norm_overlap_.emplace(ctx.device, buffer_, dense, ctx.tp.rank());
-          if (expert_buffer_) {
-            auto experts = expert_parameters(model);
-            expert_norm_overlap_.emplace(ctx.device, *expert_buffer_, experts, ctx.expert_tp.rank());
-          }
-        }
-      }
-    }
   }
 
   template <class Context>
   void zero_gradients(Context& ctx) {
     buffer_.zero(ctx.device, zero_by_first_write_);
     if (expert_buffer_) expert_buffer_->zero(ctx.device, zero_by_first_write_);
-    if (norm_overlap_) norm_overlap_->reset();
-    if (expert_norm_overlap_) expert_norm_overlap_->reset();
-  }
-  // Whether the gradient norm's squares are summed beside the backward (the note at the top).
-  bool overlaps_grad_norm() const { return norm_overlap_.has_value(); }
-  // Gradients were written after the backward (tests): this step's norm is summed after it.
-  void gradients_written_after_backward() {
-    if (norm_overlap_) norm_overlap_->discard();
-    if (expert_norm_overlap_) expert_norm_overlap_->discard();
   }
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool scaling() const { return scaler_.has_value(); }
 
   // The hook for the step's backward (null: no overlap). It holds ctx: rebuild it per step.
-  // With the norm's overlap, the hook also sums each bucket's squares once the buffer starts it.
   template <class Context>
   GradientReady<T, Space> gradient_ready(Context& ctx) {
-    if (!buffer_.options().overlap_communication && !norm_overlap_) return {};
-    if (!expert_buffer_ && !norm_overlap_) return buffer_.ready_hook(ctx.device, ctx.dp_cp);
-    return [this, &ctx](Parameter<T, Space>& p) {
-      constexpr bool side = has_side_squares<typename Context::device_type, accumulate_t<T>>;
-      if (p.expert && expert_buffer_) {
-        expert_buffer_->mark_ready(ctx.device, ctx.expert_dp, p);
-        if constexpr (side)
-          if (expert_norm_overlap_) expert_norm_overlap_->launch_started(ctx.device);
-      } else {
-        buffer_.mark_ready(ctx.device, ctx.dp_cp, p);
-        if constexpr (side)
-          if (norm_overlap_) norm_overlap_->launch_started(ctx.device);
-      }
+    if (!buffer_.options().overlap_communication) return {};
+    if (!expert_buffer_) return buffer_.ready_hook(ctx.device, ctx.dp_cp);
+    return [dense = buffer_.ready_hook(ctx.device, ctx.dp_cp),
+            experts = expert_buffer_->ready_hook(ctx.device, ctx.expert_dp)](Parameter<T, Space>& p) {
+      if (p.expert) experts(p);
+      else dense(p);
     };
   }
 
@@ -238,13 +191,6 @@ class DataParallelOptimizer {
       auto [norm, factor] = clip_factor_of(ctx.device, square_sum, max_norm);
       if (max_norm > 0) clip_factor_ = std::move(factor);
       return norm;
-    }
-    if constexpr (has_side_squares<typename Context::device_type, accumulate_t<T>>) {
-      if (norm_overlap_ && norm_overlap_->valid()) {  // the squares summed beside the backward
-        auto [norm, factor] = clip_factor_of(ctx.device, overlapped_square_sum(ctx), max_norm);
-        if (max_norm > 0) clip_factor_ = std::move(factor);
-        return norm;
-      }
     }
     // with experts and without sharding: their squares over expert_model_parallel
     auto [norm, factor] = distributed_ ? distributed_->clip_factor_device(ctx, ctx.dp_cp, max_norm)
@@ -360,22 +306,6 @@ class DataParallelOptimizer {
     return GradBuffer<T, Space>(ctx.device, dense, buffer_options(ctx.dp_cp.size(), options));
   }
 
-  // global_grad_square_sum's sum (grad_utils.hpp), from the squares the overlap summed: the dense
-  // gradients' over ctx.model_parallel, plus (a model in the experts' reductions) the experts' over
-  // ctx.expert_model_parallel.
-  template <class Context>
-  Tensor<double, Space> overlapped_square_sum(Context& ctx) {
-    auto sum = Tensor<double, Space>::zeros(Shape{1});
-    norm_overlap_->finish(ctx.device, sum.data());
-    if (ctx.model_parallel.size() > 1) ctx.model_parallel.all_reduce(sum.buffer(), ReduceOp::sum);
-    if (!joins_expert_norm_) return sum;
-    auto expert_sum = Tensor<double, Space>::zeros(Shape{1});
-    if (expert_norm_overlap_) expert_norm_overlap_->finish(ctx.device, expert_sum.data());
-    if (ctx.expert_model_parallel.size() > 1) ctx.expert_model_parallel.all_reduce(expert_sum.buffer(), ReduceOp::sum);
-    ctx.device.template add<double>(sum.data(), expert_sum.data(), 1, sum.data());
-    return sum;
-  }
-
   static GradBufferOptions buffer_options(int dp, const DataParallelOptions& options) {
     GradBufferOptions o;
     o.dp = dp;
@@ -399,9 +329,6 @@ class DataParallelOptimizer {
   std::optional<Tensor<double, Space>> clip_factor_;  // unscale_and_clip's factor, applied by the next step()
   bool overlap_param_gather_ = false;
   bool zero_by_first_write_ = true;
-  std::optional<GradNormOverlap<T, Space>> norm_overlap_;         // the dense buffer's squares (the note at the top)
-  std::optional<GradNormOverlap<T, Space>> expert_norm_overlap_;  // the expert buffer's
-  bool joins_expert_norm_ = false;  // with the overlap: the model's norm adds the experts' (joins_expert_reductions)
 };
 
 }  // namespace trainer

@@ -562,8 +562,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
       ctx, model,
       DataParallelOptions{a.use_distributed_optimizer, static_cast<index_t>(a.ddp_bucket_size),
                           AdamWConfig{a.adam_beta1, a.adam_beta2, a.adam_eps, a.weight_decay}, loss_scaler_of(a),
-                          a.overlap_grad_reduce, a.overlap_param_gather, !a.zero_gradients_by_fill, a.fp8_param_gather,
-                          !a.no_overlap_grad_norm});
+                          a.overlap_grad_reduce, a.overlap_param_gather, !a.zero_gradients_by_fill, a.fp8_param_gather});
   MemoryReport memory = optimizer.memory(model, shared.memory.stage_estimates.at(static_cast<std::size_t>(ctx.pp.rank())).activation_bytes);
   if (in_use_before_model >= 0) memory.measured_state_bytes = device_bytes_in_use(ctx.device) - in_use_before_model - plan_bytes;
   // One process driving several GPUs: one dry training step first (collectives enqueue nothing),
@@ -813,11 +812,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     }
     ctx.dp_cp.all_reduce(loss_sum.buffer(), ReduceOp::sum);  // each cp rank holds its tokens' part
     ctx.device.template copy<double>(loss_sum.data(), 1, loss_history.data() + slot);
-    if (it == a.inject_nonfinite_gradient_at) {  // (tests) an overflow in every gradient
+    if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
       ctx.device.template fill<accumulate_t<T>>(optimizer.gradients().data(), optimizer.gradients().numel(),
                                                 std::numeric_limits<double>::infinity());
-      optimizer.gradients_written_after_backward();
-    }
     const auto norm = optimizer.unscale_and_clip(ctx, model, a.clip_grad);
     ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
     loss_tokens[static_cast<std::size_t>(slot)] = tokens;

@@ -6,6 +6,5 @@
 #include "optim/grad_utils.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_buffer.hpp"
-#include "optim/grad_norm_overlap.hpp"
 #include "optim/distributed_optimizer.hpp"
 #include "optim/loss_scaler.hpp"

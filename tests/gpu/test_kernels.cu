@@ -13,7 +13,6 @@
 // one-kernel column sums at a training step's sizes (test_bias_grad_large).
 //
 // Usage: test_kernels [--small] [--quiet]   (--small: sizes for compute-sanitizer)
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1141,29 +1140,6 @@ void test_multi_tensor(harness& h) {
   compare(h, label + " scale_by_many", "x", std::get<1>(m1), std::get<1>(m2), ref_scaled, tolerance<X>());
   compare(h, label + " fill_many", "x", std::get<2>(m1), std::get<2>(m2), ref_filled, 0.0);
   h.results.record(same_bits(std::get<0>(m1), std::get<0>(one)), label + " sum_of_squares_many: the same bits as sum_of_squares per tensor");
-  // The same squares summed on the side stream in three runs of the list (the gradient norm beside the
-  // backward), each into its slots, then added in order on the compute stream: the same bits.
-  {
-    upload_all();
-    upload(dev, std::vector<double>{start}, acc);
-    const std::size_t cuts[] = {0, 5, 61, n.size()};
-    index_t nonempty = 0;
-    for (index_t v : n) nonempty += v > 0;
-    device_vector<double> sums(static_cast<std::size_t>(nonempty));
-    std::vector<std::unique_ptr<device_vector<double>>> workspaces;
-    index_t slot = 0;
-    dev.side_fork();
-    for (int g = 0; g < 3; ++g) {
-      const std::span<const strata::SquaresTensor<X>> run_of(read.data() + cuts[g], cuts[g + 1] - cuts[g]);
-      workspaces.push_back(std::make_unique<device_vector<double>>(std::max<std::size_t>(1, dev.template sum_of_squares_each_workspace<X>(run_of))));
-      dev.template sum_of_squares_each_on_side<X>(run_of, sums.data() + slot, workspaces.back()->data());
-      for (const auto& t : run_of) slot += t.n > 0;
-    }
-    dev.side_join();
-    dev.add_in_order(sums.data(), nonempty, acc.data());
-    h.results.record(same_bits(download(dev, acc), std::get<0>(one)),
-                     label + " sum_of_squares_each on the side stream + add_in_order: the same bits as sum_of_squares per tensor");
-  }
   h.results.record(same_bits(std::get<1>(m1), std::get<1>(one)), label + " scale_by_many: the same bits as scale_by per tensor");
   h.results.record(same_bits(std::get<2>(m1), std::get<2>(one)), label + " fill_many: the same bits as fill per tensor");
 }

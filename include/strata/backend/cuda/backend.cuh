@@ -4,10 +4,7 @@
 //
 // The object is a cheap handle: copies share one state (as a shared_ptr does), which holds
 //   - the device ordinal, a compute stream and a communication stream (both non-blocking; the
-//     compute stream may instead be one the caller owns, such as a NCCL communicator's; an own
-//     compute stream has the priority one above the device's least), and a side stream of the least
-//     priority, made at start, for work that fills the SMs the compute stream leaves idle (the
-//     gradient norm's squares beside the backward: side_fork, sum_of_squares_each_on_side, side_join),
+//     compute stream may instead be one the caller owns, such as a NCCL communicator's),
 //   - the cuBLASLt handle, its 32 MiB workspace and the cached GEMM plans (gemm.hpp), and the cuBLAS
 //     handle of the grouped GEMM, which shares that workspace (grouped_gemm.hpp),
 //   - the caching allocator (allocator.hpp), installed as current_device_resource() on the thread
@@ -101,7 +98,6 @@ class backend {
   void start() const {
     install();
     (void)attention();
-    (void)state_->side_stream();
     state_->allocator.prepare_staging();
     state_->prepare_readback();
   }
@@ -634,38 +630,6 @@ class backend {
     scratch<double> workspace(state_->allocator, doubles);
     kernels::sum_of_squares_many<X>(tensors.data(), tensors.size(), accumulator, workspace.data(), stream());
   }
-  // The squares of many tensors summed on the side stream, each into its own slot, and added later in
-  // order on the compute stream: sum_of_squares_each_on_side writes sums[j] for the j-th non-empty
-  // tensor of the list (workspace: sum_of_squares_each_workspace doubles the caller keeps until
-  // side_join), add_in_order adds sums[0..count) to accumulator[0] in order. Their pair has the bits
-  // of sum_of_squares_many. Order the side stream after the compute stream's writes with side_fork()
-  // and the compute stream after the side stream's sums with side_join().
-  template <class X>
-  static std::size_t sum_of_squares_each_workspace(std::span<const SquaresTensor<X>> tensors) {
-    return kernels::sum_of_squares_many_workspace<X>(tensors.data(), tensors.size());
-  }
-  template <class X>
-  void sum_of_squares_each_on_side(std::span<const SquaresTensor<X>> tensors, double* sums, double* workspace) const {
-    (void)kernels::sum_of_squares_each<X>(tensors.data(), tensors.size(), sums, workspace, state_->side_stream());
-  }
-  void add_in_order(const double* sums, index_t count, double* accumulator) const {
-    kernels::add_in_order(sums, count, accumulator, stream());
-  }
-  // The side stream waits for everything enqueued on the compute stream so far.
-  void side_fork() const {
-    state& s = *state_;
-    const cudaStream_t side = s.side_stream();
-    STRATA_CUDA_CHECK(cudaEventRecord(s.side_fork_event, stream()));
-    STRATA_CUDA_CHECK(cudaStreamWaitEvent(side, s.side_fork_event, 0));
-  }
-  // The compute stream waits for everything enqueued on the side stream so far.
-  void side_join() const {
-    state& s = *state_;
-    if (!s.side) return;
-    STRATA_CUDA_CHECK(cudaEventRecord(s.side_join_event, s.side->get()));
-    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream(), s.side_join_event, 0));
-  }
-
   template <class X>
   void scale_by_many(std::span<const TensorRef<X>> tensors, const double* factor) const {
     kernels::scale_by_many<X>(tensors.data(), tensors.size(), factor, stream());
@@ -764,22 +728,6 @@ class backend {
     int device;
     cuda::stream compute, communication;
     cudaStream_t compute_stream;  // `compute`, or the stream the backend was given
-    std::optional<cuda::stream> side;  // least priority, made by side_stream() (start())
-    cudaEvent_t side_fork_event = nullptr, side_join_event = nullptr;
-    cudaStream_t side_stream() {
-      if (!side) {
-        STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&side_fork_event, cudaEventDisableTiming));
-        STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&side_join_event, cudaEventDisableTiming));
-        side.emplace(current_stream_priorities().least);
-      }
-      return side->get();
-    }
-    // One above the least priority (the default), so the side stream's blocks wait for the compute
-    // stream's; the same where the device has one priority.
-    static int compute_priority() {
-      const stream_priorities p = current_stream_priorities();
-      return p.least > p.greatest ? p.least - 1 : p.least;
-    }
     caching_allocator allocator;
     blas_handle blas;
     cublas_handle grouped_blas;  // the grouped GEMM's (grouped_gemm.hpp)
@@ -818,7 +766,7 @@ class backend {
 
     state(int ordinal, cudaStream_t given)
         : device(checked(ordinal)),
-          compute(compute_priority()),
+          compute(),
           communication(),
           compute_stream(given != nullptr ? given : compute.get()),
           allocator(ordinal, compute_stream),
@@ -834,9 +782,6 @@ class backend {
       (void)cudaSetDevice(device);
       (void)cudaStreamSynchronize(compute_stream);
       (void)cudaStreamSynchronize(communication.get());
-      if (side) (void)cudaStreamSynchronize(side->get());
-      if (side_fork_event != nullptr) (void)cudaEventDestroy(side_fork_event);
-      if (side_join_event != nullptr) (void)cudaEventDestroy(side_join_event);
       if (current_device_resource() == &allocator) current_device_resource() = nullptr;
       if (readback_done != nullptr) (void)cudaEventDestroy(readback_done);
       if (readback != nullptr) (void)cudaFreeHost(readback);

@@ -68,25 +68,10 @@ inline int current_device() {
 }
 inline void synchronize_device() { STRATA_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-// The device's stream priorities: `least` (the default, numerically the greatest) and `greatest`.
-struct stream_priorities {
-  int least = 0, greatest = 0;
-};
-inline stream_priorities current_stream_priorities() {
-  stream_priorities p;
-  STRATA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&p.least, &p.greatest));
-  return p;
-}
-
-// A non-blocking CUDA stream (does not synchronize with the legacy default stream), of the default
-// priority or of `priority` (current_stream_priorities: lower numbers run first when blocks of
-// several streams' kernels wait for the same SMs).
+// A non-blocking CUDA stream (does not synchronize with the legacy default stream).
 class stream {
  public:
   stream() { STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
-  explicit stream(int priority) {
-    STRATA_CUDA_CHECK(cudaStreamCreateWithPriority(&handle_, cudaStreamNonBlocking, priority));
-  }
   // Adopts nothing: a view of an existing stream is a plain cudaStream_t, not a `stream`.
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;

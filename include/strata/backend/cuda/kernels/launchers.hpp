@@ -65,10 +65,6 @@ template <class X>
 void sum_of_squares_many(const TensorRef<const X>* tensors, std::size_t count, double* accumulator, double* workspace,
                          cudaStream_t stream);
 template <class X>
-std::size_t sum_of_squares_each(const TensorRef<const X>* tensors, std::size_t count, double* sums, double* workspace,
-                                cudaStream_t stream);
-STRATA_CUDA_INLINE void add_in_order(const double* sums, index_t count, double* accumulator, cudaStream_t stream);
-template <class X>
 void scale_by_many(const TensorRef<X>* tensors, std::size_t count, const double* factor, cudaStream_t stream);
 template <class X>
 void fill_many(const TensorRef<X>* tensors, std::size_t count, double value, cudaStream_t stream);

@@ -8,9 +8,6 @@
 //                        kernel's grid does; block k finds its tensor in the table of first blocks),
 //                        (2) one block per tensor adds its partials as add_partials does, into
 //                        sums[t], (3) one thread adds sums[0], sums[1], ... to the accumulator in order.
-//   sum_of_squares_each  phases 1 and 2 alone (each tensor's sum, on any stream), add_in_order phase
-//                        3 alone: the gradient norm summed beside the backward (cuda::backend's
-//                        side stream, optim/grad_norm_overlap.hpp) has the bits of sum_of_squares_many.
 //   scale_by_many        x_t[i] *= *factor for every tensor; fill_many  x_t[i] = value (element-wise:
 //                        the same bits as scale_by / fill). A block takes one 4096-element chunk of
 //                        one tensor, in 16-byte vectors when the tensor is 16-byte aligned.
@@ -101,13 +98,15 @@ std::size_t sum_of_squares_many_workspace(const TensorRef<const X>* tensors, std
   return doubles;
 }
 
-// Phases 1 and 2 alone: sums[j] = sum_i x_t[i]^2 for the j-th non-empty tensor of the list (the bits
-// sum_of_squares_many adds for it), on `stream`; workspace holds sum_of_squares_many_workspace
-// doubles, of which the first ones (every tensor's partials) are used. Returns the sums written.
 template <class X>
-std::size_t sum_of_squares_each(const TensorRef<const X>* tensors, std::size_t count, double* sums, double* workspace,
-                                cudaStream_t stream) {
-  double* partials = workspace;
+void sum_of_squares_many(const TensorRef<const X>* tensors, std::size_t count, double* accumulator, double* workspace,
+                         cudaStream_t stream) {
+  std::size_t total_blocks = 0, nonempty = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    if (tensors[i].n > 0) total_blocks += static_cast<std::size_t>(reduce_blocks(tensors[i].n)), ++nonempty;
+  if (nonempty == 0) return;
+  double* partials = workspace;                // (total_blocks)
+  double* sums = workspace + total_blocks;     // (nonempty)
   tensor_batch<const X> batch{};
   std::size_t partial_offset = 0, sum_offset = 0;
   const auto launch = [&] {
@@ -131,25 +130,8 @@ std::size_t sum_of_squares_each(const TensorRef<const X>* tensors, std::size_t c
     ++batch.count;
   }
   launch();
-  return sum_offset;
-}
-
-// Phase 3 alone: accumulator[0] += sums[0], += sums[1], ... in order (one thread).
-STRATA_CUDA_INLINE void add_in_order(const double* sums, index_t count, double* accumulator, cudaStream_t stream) {
-  if (count <= 0) return;
-  add_in_order_kernel<double><<<1, 1, 0, stream>>>(sums, count, accumulator);
+  add_in_order_kernel<double><<<1, 1, 0, stream>>>(sums, static_cast<index_t>(nonempty), accumulator);
   check_launch("sum_of_squares_many (accumulate)");
-}
-
-template <class X>
-void sum_of_squares_many(const TensorRef<const X>* tensors, std::size_t count, double* accumulator, double* workspace,
-                         cudaStream_t stream) {
-  std::size_t total_blocks = 0;
-  for (std::size_t i = 0; i < count; ++i)
-    if (tensors[i].n > 0) total_blocks += static_cast<std::size_t>(reduce_blocks(tensors[i].n));
-  double* sums = workspace + total_blocks;  // after every tensor's partials
-  const std::size_t nonempty = sum_of_squares_each<X>(tensors, count, sums, workspace, stream);
-  add_in_order(sums, static_cast<index_t>(nonempty), accumulator, stream);
 }
 
 // x = op(x) on one 4096-element chunk per block (op: scale_by_op or fill_op of elementwise.cuh,

@@ -32,7 +32,6 @@ STRATA_CUDA_FOR_EACH_ELEMENT(STRATA_CONVERT_FROM)
   template void transpose<T>(const T*, index_t, index_t, T*, cudaStream_t);                                     \
   template std::size_t sum_of_squares_many_workspace<T>(const TensorRef<const T>*, std::size_t);                \
   template void sum_of_squares_many<T>(const TensorRef<const T>*, std::size_t, double*, double*, cudaStream_t); \
-  template std::size_t sum_of_squares_each<T>(const TensorRef<const T>*, std::size_t, double*, double*, cudaStream_t); \
   template void scale_by_many<T>(const TensorRef<T>*, std::size_t, const double*, cudaStream_t);                \
   template void fill_many<T>(const TensorRef<T>*, std::size_t, double, cudaStream_t);                           \
   template void sum_of_squares<T>(const T*, index_t, double*, double*, cudaStream_t);                           \
