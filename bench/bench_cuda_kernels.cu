@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&qt, R * mlp), "cudaMalloc (codes)");
     A* scale_amax = device_array<A>(2);
     device.fill(scale_amax, 1, 1.0);
+    float* block_scales = device_array<float>(static_cast<std::size_t>(R * mlp / 128 + mlp));
     const auto e4m3 = strata::Fp8Format::e4m3;
     for (index_t cols : {hidden, mlp}) {
       const double m = double(rows) * cols;
@@ -119,9 +120,16 @@ int main(int argc, char** argv) {
            [&] { device.fp8_cast_transpose(x, rows, cols, e4m3, scale_amax, nullptr, qt, scale_amax + 1); });
       time("fp8_cast_transpose (both layouts)", cols, m * e + 2 * m,
            [&] { device.fp8_cast_transpose(x, rows, cols, e4m3, scale_amax, q, qt, scale_amax + 1); });
+      // The blockwise recipe's casts (runs of 128, a scale each; bytes: x read once, the codes and
+      // the scales written).
+      const double block_bytes = m * e + m + m / 128 * 4;
+      time("fp8_cast_blocks (runs of 128 along rows)", cols, block_bytes,
+           [&] { device.fp8_cast_blocks(x, rows, cols, e4m3, 128, q, block_scales, nullptr, nullptr); });
+      time("fp8_cast_blocks (x^T, runs of 128 along columns)", cols, block_bytes,
+           [&] { device.fp8_cast_blocks(x, rows, cols, e4m3, 128, nullptr, nullptr, qt, block_scales); });
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    for (void* p : {(void*)q, (void*)qt, (void*)scale_amax}) cudaFree(p);
+    for (void* p : {(void*)q, (void*)qt, (void*)scale_amax, (void*)block_scales}) cudaFree(p);
   }
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   for (void* p : {(void*)x, (void*)r, (void*)dy, (void*)out}) cudaFree(p);

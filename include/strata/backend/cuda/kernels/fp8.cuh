@@ -13,8 +13,10 @@
 //   fp8_update_scales   that of every row of many states (a thread per row), each new 1 / scale
 //                       also copied to its 16-byte aligned slot
 //   fp8_align_scales    two scale factors copied to 16-byte aligned slots, one thread
-//   fp8_cast_blocks     the blockwise recipe's runs of B: along rows (one warp per run) and, for
-//                       x^T, along columns (one thread per run), each run's scale from its amax
+//   fp8_cast_blocks     the blockwise recipe's runs of B: along rows (one warp per run; B = 128:
+//                       a half-warp, eight elements a lane) and, for x^T, along columns (B = 128:
+//                       128 x 64 tiles through shared memory, x^T written 32 bytes a thread; else
+//                       one thread per run), each run's scale from its amax
 //   fp8_cast_tiles      B x B tiles, one block per tile, both layouts
 //   fp8_decode_blocks   codes times their block's 1 / scale, written as bf16 (exact: an FP8 value
 //                       times a power of two is a bf16 value unless it falls below 2^-133), the
@@ -483,6 +485,88 @@ __global__ void fp8_cast_column_runs_kernel(const T* x, index_t rows, index_t co
   }
 }
 
+// Runs of 128 along rows (the blockwise recipe's length on a GPU), with cols a multiple of 128, x
+// 16-byte and q 8-byte aligned: a half-warp per run, each lane eight elements read once (16-byte
+// loads) and their codes written with one 8-byte store; the same codes and scales as
+// fp8_cast_runs_kernel.
+inline constexpr int kFp8Run = 128;
+template <class T>
+__global__ void fp8_cast_runs128_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, std::uint8_t* q,
+                                        float* q_scale_inv) {
+  const index_t runs = cols / kFp8Run, halves = index_t(gridDim.x) * (blockDim.x / 16);
+  const int lane = threadIdx.x % 16;
+  const unsigned mask = 0xffffu << (threadIdx.x % 32 / 16 * 16);  // this half-warp's lanes
+  const float limit = fp8_max(format);
+  for (index_t id = (blockIdx.x * index_t(blockDim.x) + threadIdx.x) / 16; id < rows * runs; id += halves) {
+    const index_t r = id / runs, kb = id % runs, at = r * cols + kb * kFp8Run + lane * 8;
+    float v[8];
+    fp8_load8(x, at, v);
+    unsigned bits = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bits = max(bits, fp8_abs_bits(v[j]));
+    for (int offset = 8; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(mask, bits, offset));
+    const float scale = fp8_block_scale(__uint_as_float(bits), limit);
+    unsigned folded = 0;
+    *reinterpret_cast<uint2*>(q + at) = fp8_round8(v, scale, format, folded);
+    if (lane == 0) q_scale_inv[kb * rows + r] = 1.0f / scale;
+  }
+}
+
+// Runs of 128 along columns into x^T [cols, rows] (block 128): one block per tile of 128 rows x 64
+// columns, read once into shared memory (a warp reads 32 neighbouring columns of a row), each
+// column's amax from four threads; then thread (column c, quarter p) writes the codes of rows
+// 32 p .. 32 p + 31 of column c: 32 neighbouring bytes of x^T, two 16-byte stores where
+// `vector_stores` (rows a multiple of 16, qt 16-byte aligned) and the quarter is whole. The same
+// codes and scales as fp8_cast_column_runs_kernel, which wrote x^T a byte at a time, 32 rows apart.
+inline constexpr int kFp8ColumnTile = 64;
+template <class T>
+__global__ void __launch_bounds__(256) fp8_cast_column_runs128_kernel(const T* x, index_t rows, index_t cols, Fp8Format format,
+                                                                     std::uint8_t* qt, float* qt_scale_inv, bool vector_stores) {
+  constexpr int B = kFp8Run, W = kFp8ColumnTile;
+  __shared__ float tile[B][W + 1];  // + 1: a warp's 32 columns of one row fall in 32 banks
+  __shared__ unsigned quarter_bits[4][W];
+  const index_t col_tiles = (cols + W - 1) / W, tiles = (rows + B - 1) / B * col_tiles;
+  const int c = threadIdx.x % W, quarter = threadIdx.x / W;
+  const float limit = fp8_max(format);
+  for (index_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const index_t rb = t / col_tiles, r0 = rb * B, c0 = t % col_tiles * W;
+    const int nr = static_cast<int>(fp8_min(B, rows - r0)), nc = static_cast<int>(fp8_min(W, cols - c0));
+    unsigned bits = 0;
+    if (c < nc)
+      for (int i = quarter; i < nr; i += 4) {
+        const float v = fp8_load(x, (r0 + i) * cols + c0 + c);
+        tile[i][c] = v;
+        bits = max(bits, fp8_abs_bits(v));
+      }
+    quarter_bits[quarter][c] = bits;
+    __syncthreads();
+    bits = max(max(quarter_bits[0][c], quarter_bits[1][c]), max(quarter_bits[2][c], quarter_bits[3][c]));
+    const float scale = fp8_block_scale(__uint_as_float(bits), limit);
+    if (c < nc) {
+      const int i0 = quarter * 32, i1 = i0 + 32 < nr ? i0 + 32 : nr;
+      std::uint8_t* out = qt + (c0 + c) * rows + r0;
+      if (vector_stores && i1 - i0 == 32) {
+        unsigned folded = 0;
+        uint2 codes[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          float v[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = tile[i0 + 8 * g + k][c];
+          codes[g] = fp8_round8(v, scale, format, folded);
+        }
+        uint4* to = reinterpret_cast<uint4*>(out + i0);
+        to[0] = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
+        to[1] = make_uint4(codes[2].x, codes[2].y, codes[3].x, codes[3].y);
+      } else {
+        for (int i = i0; i < i1; ++i) out[i] = fp8_round(tile[i][c] * scale, format);
+      }
+      if (quarter == 0) qt_scale_inv[rb * cols + c0 + c] = 1.0f / scale;
+    }
+    __syncthreads();
+  }
+}
+
 // One block per B x B tile: the block's max of the bits through shared memory, then the codes.
 template <class T>
 __global__ void fp8_cast_tiles_kernel(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block,
@@ -626,12 +710,22 @@ template <class T>
 void fp8_cast_blocks(const T* x, index_t rows, index_t cols, Fp8Format format, index_t block, std::uint8_t* q,
                      float* q_scale_inv, std::uint8_t* qt, float* qt_scale_inv, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  if (q) {
+  if (q && block == kFp8Run && cols % kFp8Run == 0 && aligned_16(x) && aligned_8(q)) {
+    const index_t runs = rows * (cols / kFp8Run);
+    fp8_cast_runs128_kernel<T><<<grid_for(runs * 16), kThreads, 0, stream>>>(x, rows, cols, format, q, q_scale_inv);
+    check_launch("fp8_cast_blocks");
+  } else if (q) {
     const index_t runs = rows * ((cols + block - 1) / block);
     fp8_cast_runs_kernel<T><<<grid_for(runs * 32), kThreads, 0, stream>>>(x, rows, cols, format, block, q, q_scale_inv);
     check_launch("fp8_cast_blocks");
   }
-  if (qt) {
+  if (qt && block == kFp8Run) {
+    const index_t tiles = (rows + kFp8Run - 1) / kFp8Run * ((cols + kFp8ColumnTile - 1) / kFp8ColumnTile);
+    const bool vector_stores = rows % 16 == 0 && aligned_16(qt);
+    fp8_cast_column_runs128_kernel<T><<<static_cast<unsigned>(std::min<index_t>(tiles, 0x7fffffff)), 256, 0, stream>>>(
+        x, rows, cols, format, qt, qt_scale_inv, vector_stores);
+    check_launch("fp8_cast_blocks (columns)");
+  } else if (qt) {
     const index_t runs = cols * ((rows + block - 1) / block);
     fp8_cast_column_runs_kernel<T><<<grid_for(runs), kThreads, 0, stream>>>(x, rows, cols, format, block, qt, qt_scale_inv);
     check_launch("fp8_cast_blocks (columns)");
