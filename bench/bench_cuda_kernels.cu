@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
            [&] { device.fp8_cast_blocks(x, rows, cols, e4m3, 128, q, block_scales, nullptr, nullptr); });
       time("fp8_cast_blocks (x^T, runs of 128 along columns)", cols, block_bytes,
            [&] { device.fp8_cast_blocks(x, rows, cols, e4m3, 128, nullptr, nullptr, qt, block_scales); });
+      time("fp8_cast_tiles (128 x 128, both layouts)", cols, m * e + 2 * m,
+           [&] { device.fp8_cast_tiles(x, rows, cols, e4m3, 128, q, qt, block_scales, block_scales + R * mlp / 256); });
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     for (void* p : {(void*)q, (void*)qt, (void*)scale_amax, (void*)block_scales}) cudaFree(p);

@@ -17,7 +17,8 @@
 //                       a half-warp, eight elements a lane) and, for x^T, along columns (B = 128:
 //                       128 x 64 tiles through shared memory, x^T written 32 bytes a thread; else
 //                       one thread per run), each run's scale from its amax
-//   fp8_cast_tiles      B x B tiles, one block per tile, both layouts
+//   fp8_cast_tiles      B x B tiles, one block per tile, both layouts (B = 128: eight elements a
+//                       thread, x^T through shared memory, 16-byte stores)
 //   fp8_decode_blocks   codes times their block's 1 / scale, written as bf16 (exact: an FP8 value
 //                       times a power of two is a bf16 value unless it falls below 2^-133), the
 //                       operands of the block-scaled GEMM's fallback
@@ -596,6 +597,89 @@ __global__ void fp8_cast_tiles_kernel(const T* x, index_t rows, index_t cols, Fp
   }
 }
 
+// 128 x 128 tiles (block 128): one block a tile, 256 threads. The tile is read twice (the second time
+// from L2), eight elements a thread with 16-byte loads where `vectorized` (x 16-byte aligned, cols a
+// multiple of 8, q 8-byte aligned): first for the tile's amax, then for the codes, which go to q as
+// 8-byte stores and into shared memory, from which each thread writes 64 neighbouring codes of one
+// column of the tile into qt (16-byte stores where rows is a multiple of 16 and qt 16-byte aligned).
+// Tiles at the edges take the same steps an element at a time. The codes and scales of
+// fp8_cast_tiles_kernel, which took each element's row and column by 64-bit division and wrote qt a
+// byte at a time, rows apart.
+template <class T>
+__global__ void __launch_bounds__(256) fp8_cast_tiles128_kernel(const T* x, index_t rows, index_t cols, Fp8Format format,
+                                                               std::uint8_t* q, std::uint8_t* qt, float* scale_inv,
+                                                               float* scale_inv_t, bool vectorized, bool vector_stores) {
+  constexpr int B = kFp8Run, G = B / 8;  // G groups of eight columns a tile row
+  __shared__ __align__(16) std::uint8_t codes[B][B + 8];  // + 8: rows stay 8-byte aligned
+  __shared__ unsigned warp_bits[8];
+  const index_t tile_rows = (rows + B - 1) / B, tile_cols = (cols + B - 1) / B;
+  const index_t tr = blockIdx.y, tc = blockIdx.x, r0 = tr * B, c0 = tc * B;
+  const int nr = static_cast<int>(fp8_min(B, rows - r0)), nc = static_cast<int>(fp8_min(B, cols - c0));
+  const bool whole = vectorized && nc == B;
+  unsigned bits = 0;
+  if (whole) {
+    for (int v = threadIdx.x; v < nr * G; v += 256) {
+      float e[8];
+      fp8_load8(x, (r0 + v / G) * cols + c0 + v % G * 8, e);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) bits = max(bits, fp8_abs_bits(e[k]));
+    }
+  } else {
+    for (int i = threadIdx.x; i < nr * nc; i += 256) bits = max(bits, fp8_abs_bits(fp8_load(x, (r0 + i / nc) * cols + c0 + i % nc)));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+  if (threadIdx.x % 32 == 0) warp_bits[threadIdx.x / 32] = bits;
+  __syncthreads();
+  bits = 0;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) bits = max(bits, warp_bits[w]);
+  const float scale = fp8_block_scale(__uint_as_float(bits), fp8_max(format));
+  if (whole) {
+    for (int v = threadIdx.x; v < nr * G; v += 256) {
+      const int r = v / G, g = v % G;
+      float e[8];
+      fp8_load8(x, (r0 + r) * cols + c0 + g * 8, e);
+      unsigned folded = 0;
+      const uint2 word = fp8_round8(e, scale, format, folded);
+      if (q) *reinterpret_cast<uint2*>(q + (r0 + r) * cols + c0 + g * 8) = word;
+      *reinterpret_cast<uint2*>(&codes[r][g * 8]) = word;
+    }
+  } else {
+    for (int i = threadIdx.x; i < nr * nc; i += 256) {
+      const int r = i / nc, c = i % nc;
+      const std::uint8_t code = fp8_round(fp8_load(x, (r0 + r) * cols + c0 + c) * scale, format);
+      if (q) q[(r0 + r) * cols + c0 + c] = code;
+      codes[r][c] = code;
+    }
+  }
+  __syncthreads();
+  if (qt) {  // thread t: column t / 2 of the tile, rows 64 (t % 2) .. + 63
+    const int c = threadIdx.x / 2, i0 = threadIdx.x % 2 * 64, i1 = i0 + 64 < nr ? i0 + 64 : nr;
+    if (c < nc && i0 < i1) {
+      std::uint8_t* out = qt + (c0 + c) * rows + r0;
+      if (vector_stores && i1 - i0 == 64) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          unsigned word[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int i = i0 + 16 * w + 4 * k;
+            word[k] = unsigned(codes[i][c]) | unsigned(codes[i + 1][c]) << 8 | unsigned(codes[i + 2][c]) << 16 |
+                      unsigned(codes[i + 3][c]) << 24;
+          }
+          reinterpret_cast<uint4*>(out + i0)[w] = make_uint4(word[0], word[1], word[2], word[3]);
+        }
+      } else {
+        for (int i = i0; i < i1; ++i) out[i] = codes[i][c];
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (scale_inv) scale_inv[tr * tile_cols + tc] = 1.0f / scale;
+    if (scale_inv_t) scale_inv_t[tc * tile_rows + tr] = 1.0f / scale;
+  }
+}
+
 template <class T>
 __global__ void fp8_decode_blocks_kernel(const std::uint8_t* q, index_t rows, index_t k, Fp8Format format,
                                          const float* scale_inv, bool tiles, index_t block, T* out) {
@@ -736,7 +820,14 @@ void fp8_cast_tiles(const T* x, index_t rows, index_t cols, Fp8Format format, in
                     std::uint8_t* qt, float* scale_inv, float* scale_inv_t, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   const dim3 grid(static_cast<unsigned>((cols + block - 1) / block), static_cast<unsigned>((rows + block - 1) / block));
-  fp8_cast_tiles_kernel<T><<<grid, kThreads, 0, stream>>>(x, rows, cols, format, block, q, qt, scale_inv, scale_inv_t);
+  if (block == kFp8Run) {
+    const bool vectorized = aligned_16(x) && cols % 8 == 0 && (!q || aligned_8(q));
+    const bool vector_stores = rows % 16 == 0 && (!qt || aligned_16(qt));
+    fp8_cast_tiles128_kernel<T><<<grid, 256, 0, stream>>>(x, rows, cols, format, q, qt, scale_inv, scale_inv_t, vectorized,
+                                                          vector_stores);
+  } else {
+    fp8_cast_tiles_kernel<T><<<grid, kThreads, 0, stream>>>(x, rows, cols, format, block, q, qt, scale_inv, scale_inv_t);
+  }
   check_launch("fp8_cast_tiles");
 }
 template <class T>
