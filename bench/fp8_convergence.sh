@@ -62,6 +62,9 @@ case $corpus in
   *) echo "fp8_convergence: STRATA_FP8_CONV_CORPUS='$corpus' is none of bible, library, auto" >&2; exit 1 ;;
 esac
 echo "fp8_convergence: corpus '$corpus' ($input), $iters iterations x $batch x 1024 = $tokens tokens"
+held=$([[ $corpus == bible ]] && echo 4150830 || echo 18577572)
+(( tokens <= held )) || echo "fp8_convergence: warning: the run reads $tokens tokens, the corpus holds $held: some text is read" \
+  "twice, and the curves measure memorization there" | tee "$out/warning-corpus.txt"
 "$preprocess" --input "$input" --output-prefix "$out/corpus" --append-eod \
   --log-interval 0 >"$out/preprocess.log" 2>&1 ||
   { echo "fp8_convergence: tokenizing the corpus failed: $out/preprocess.log" >&2; exit 1; }
