@@ -26,7 +26,8 @@
 # "bf16 tensorwise delayed blockwise" and the runs not made by default. The trainer logs the mean loss
 # of every 10 iterations; the table gives, after iteration STRATA_FP8_CONV_FROM (default 200), each
 # curve's largest, mean and mean signed relative distance from bf16's at the same iterations, the
-# largest distance over 100-iteration means, the last logged loss and tokens/s;
+# largest distance over 100-iteration means, how many logged points lie beyond 1%, the last logged
+# loss and tokens/s;
 # <out-dir>/fp8_convergence.svg plots the curves (bench/plot_losses.py).
 # Needs <build-dir>/examples/train_gpt built with CUDA and preprocess_data. It measures and prints;
 # it asserts nothing.

@@ -6,9 +6,10 @@ Reads the log lines "iteration N/ M | loss X | ... | T tokens/s | ..." of each N
 markdown table: per curve the last logged loss, the mean tokens/s of the lines after the first two,
 and, against the reference curve at the same iterations after --from, the largest and the mean
 relative distance |loss - reference| / reference, the mean signed distance (loss - reference) /
-reference (below zero: the curve lies under the reference), and the largest distance between the
+reference (below zero: the curve lies under the reference), the largest distance between the
 means over windows of --window iterations (100 by default: what is left once the noise of single
-batches is averaged out). Writes the curves (loss against iteration) to --out.
+batches is averaged out), and how many logged points lie farther than --bound percent (1 by
+default). Writes the curves (loss against iteration) to --out.
 """
 import argparse
 import re
@@ -77,6 +78,7 @@ def main():
     p.add_argument("--reference", required=True)
     p.add_argument("--from", dest="start", type=int, default=200)
     p.add_argument("--window", type=int, default=100, help="iterations per window of the windowed distance")
+    p.add_argument("--bound", type=float, default=1.0, help="percent: count the logged points farther than this")
     p.add_argument("--title", default="strata GPT 350M, one GPU: loss per iteration")
     p.add_argument("curves", nargs="+", help="NAME=LOG")
     a = p.parse_args()
@@ -86,8 +88,8 @@ def main():
         curves[name], rates[name] = read(path)
     ref = dict(curves.get(a.reference, []))
     print(f"| run | iterations logged | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean "
-          f"| mean signed | max over {a.window}-iteration means |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"| mean signed | max over {a.window}-iteration means | points beyond {a.bound:g}% |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, pts in curves.items():
         r = rates[name][2:] or rates[name]
         rate = f"{sum(r) / len(r):,.0f}" if r else "-"
@@ -104,7 +106,8 @@ def main():
         mean = "-" if own else f"{100 * sum(dist) / len(dist):.2f}%"
         mean_signed = "-" if own else f"{100 * sum(signed) / len(signed):+.2f}%"
         window = "-" if own else f"{100 * max(far_window):.2f}%"
-        print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} | {mean_signed} | {window} |")
+        beyond = "-" if own else f"{sum(d > a.bound / 100 for d in dist)} of {len(dist)}"
+        print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} | {mean_signed} | {window} | {beyond} |")
     svg(curves, a.out, a.title)
     return 0
 
