@@ -29,6 +29,13 @@
 # largest distance over 100-iteration means, how many logged points lie beyond 1%, the last logged
 # loss and tokens/s;
 # <out-dir>/fp8_convergence.svg plots the curves (bench/plot_losses.py).
+# Every STRATA_FP8_CONV_EVAL_INTERVAL iterations (default 50; 0: none) each run also takes the loss on
+# the same STRATA_FP8_CONV_EVAL_ITERS global batches (default 16: 131K tokens at micro-batch 8) of the
+# held-out part of the corpus (--split 969,30,1: the validation part, which training never reads), forward
+# only: the table's second half compares those curves the same way, and
+# <out-dir>/fp8_convergence_validation.svg plots them. A training loss is one batch's, seen once,
+# so two runs' losses at a logged point differ by how each model meets those 10 batches; the
+# validation loss is every model's on the same 131K tokens.
 # Needs <build-dir>/examples/train_gpt built with CUDA and preprocess_data. It measures and prints;
 # it asserts nothing.
 set -u
@@ -41,6 +48,9 @@ out=$(cd "$out" && pwd)
 source "$here/cudnn_frontend_check.sh"
 warn_without_cudnn_frontend "$build" "$out"
 iters=${STRATA_FP8_CONV_ITERS:-2000}
+eval_interval=${STRATA_FP8_CONV_EVAL_INTERVAL:-50}
+eval_iters=${STRATA_FP8_CONV_EVAL_ITERS:-16}
+(( eval_interval > 0 )) || eval_iters=0
 from=${STRATA_FP8_CONV_FROM:-200}
 runs=${STRATA_FP8_CONV_RUNS:-bf16 tensorwise delayed blockwise}
 batch=${STRATA_FP8_CONV_BATCH:-2}
@@ -73,7 +83,8 @@ held=$([[ $corpus == bible ]] && echo 4150830 || echo 18577572)
 common=(--device cuda --bf16 --data-path "$out/corpus_text_document" --num-layers 24 --hidden-size 1024
         --num-attention-heads 16 --seq-length 1024 --micro-batch-size "$batch" --global-batch-size "$batch" --train-iters "$iters"
         --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1 --adam-beta2 0.95
-        --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --eval-iters 0 --sample-tokens 0
+        --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --split 969,30,1 --eval-interval "$eval_interval"
+        --eval-iters "$eval_iters" --sample-tokens 0
         --world-size 1)
 for run in $runs; do
   seed=1234
@@ -95,3 +106,9 @@ for run in $runs; do
 done
 python3 "$here/plot_losses.py" --out "$out/fp8_convergence.svg" --from "$from" --reference bf16 \
   $(for run in $runs; do echo "$run=$out/$run.log"; done) | tee "$out/table.md"
+if (( eval_iters > 0 )); then
+  echo
+  echo "validation loss ($eval_iters global batches of the held-out part, every $eval_interval iterations):"
+  python3 "$here/plot_losses.py" --validation --out "$out/fp8_convergence_validation.svg" --from "$from" --reference bf16 \
+    $(for run in $runs; do echo "$run=$out/$run.log"; done)
+fi | tee -a "$out/table.md"

@@ -10,27 +10,34 @@ reference (below zero: the curve lies under the reference), the largest distance
 means over windows of --window iterations (100 by default: what is left once the noise of single
 batches is averaged out), and how many logged points lie farther than --bound percent (1 by
 default). Writes the curves (loss against iteration) to --out.
+
+With --validation it reads the lines "validation N/ M | loss X" instead (the loss on the same
+held-out batches at every --eval-interval, the same for every run), and compares those curves the
+same way; --window then averages the evaluations that fall in each window.
 """
 import argparse
 import re
 import sys
 
 LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \| loss ([\d.eE+-]+|nan|inf)(?:.*?\|\s+(\d+) tokens/s)?")
+VALIDATION = re.compile(r"^validation\s+(\d+)/\s*\d+ \| loss ([\d.eE+-]+|nan|inf)")
 COLOURS = ["#1f4e9c", "#c8402a", "#2a8c4a", "#8a4fb0", "#b08a1f", "#333333"]
 
 
-def read(path):
+def read(path, validation=False):
     points, rates = [], []
     for line in open(path, errors="replace"):
         m = LINE.search(line)
+        if m and m.group(3):
+            rates.append(float(m.group(3)))
+        if validation:
+            m = VALIDATION.search(line)
         if m:
             points.append((int(m.group(1)), float(m.group(2))))
-            if m.group(3):
-                rates.append(float(m.group(3)))
     return points, rates
 
 
-def svg(curves, path, title):
+def svg(curves, path, title, ylabel):
     width, height, left, right, top, bottom = 900, 520, 70, 170, 40, 50
     xs = [i for pts in curves.values() for i, _ in pts]
     ys = [v for pts in curves.values() for _, v in pts if v == v and v < float("inf")]
@@ -60,7 +67,7 @@ def svg(curves, path, title):
         parts.append(f'<text x="{px(i):.1f}" y="{height - bottom + 18}" text-anchor="middle">{i:.0f}</text>')
     parts.append(f'<text x="{(left + width - right) / 2}" y="{height - 10}" text-anchor="middle">iteration</text>')
     parts.append(f'<text x="16" y="{(top + height - bottom) / 2}" transform="rotate(-90 16 {(top + height - bottom) / 2})" '
-                 'text-anchor="middle">loss (mean of the log interval)</text>')
+                 f'text-anchor="middle">{ylabel}</text>')
     for n, (name, pts) in enumerate(curves.items()):
         colour = COLOURS[n % len(COLOURS)]
         line = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in pts if v == v and v < float("inf"))
@@ -79,15 +86,17 @@ def main():
     p.add_argument("--from", dest="start", type=int, default=200)
     p.add_argument("--window", type=int, default=100, help="iterations per window of the windowed distance")
     p.add_argument("--bound", type=float, default=1.0, help="percent: count the logged points farther than this")
-    p.add_argument("--title", default="strata GPT 350M, one GPU: loss per iteration")
+    p.add_argument("--title", default=None, help="the picture's title")
+    p.add_argument("--validation", action="store_true", help="the validation loss lines instead of the training loss's")
     p.add_argument("curves", nargs="+", help="NAME=LOG")
     a = p.parse_args()
     curves, rates = {}, {}
     for spec in a.curves:
         name, _, path = spec.partition("=")
-        curves[name], rates[name] = read(path)
+        curves[name], rates[name] = read(path, a.validation)
     ref = dict(curves.get(a.reference, []))
-    print(f"| run | iterations logged | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean "
+    what = "evaluations" if a.validation else "iterations logged"
+    print(f"| run | {what} | last loss | tokens/s | max relative distance from {a.reference} after {a.start} | mean "
           f"| mean signed | max over {a.window}-iteration means | points beyond {a.bound:g}% |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, pts in curves.items():
@@ -108,7 +117,9 @@ def main():
         window = "-" if own else f"{100 * max(far_window):.2f}%"
         beyond = "-" if own else f"{sum(d > a.bound / 100 for d in dist)} of {len(dist)}"
         print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} | {mean_signed} | {window} | {beyond} |")
-    svg(curves, a.out, a.title)
+    kind = "validation loss" if a.validation else "loss per iteration"
+    svg(curves, a.out, a.title or f"strata GPT 350M, one GPU: {kind}",
+        "validation loss (the same held-out batches)" if a.validation else "loss (mean of the log interval)")
     return 0
 
 
