@@ -261,16 +261,18 @@ void check_adamw_cast(backend& device, suite& results, std::uint64_t seed, index
     device_vector<A> main, m, v, g;
     device_vector<T> w;
     device_vector<std::uint8_t> q, qt;
-    explicit Copy(std::size_t size) : main(size), m(size), v(size), g(size), w(size), q(size), qt(size) {}
   };
-  Copy ref(n + at), fused(n + at);
-  for (Copy* c : {&ref, &fused}) {
-    device.copy_from_host(main0.data(), static_cast<index_t>(n), c->main.data() + at);
-    device.copy_from_host(m0.data(), static_cast<index_t>(n), c->m.data() + at);
-    device.copy_from_host(v0.data(), static_cast<index_t>(n), c->v.data() + at);
-    device.copy_from_host(g0.data(), static_cast<index_t>(n), c->g.data() + at);
-    device.copy_from_host(w0.data(), static_cast<index_t>(n), c->w.data() + at);
-  }
+  const auto make = [&] {
+    Copy c{device_vector<A>(n + at), device_vector<A>(n + at), device_vector<A>(n + at), device_vector<A>(n + at),
+           device_vector<T>(n + at), device_vector<std::uint8_t>(n + at), device_vector<std::uint8_t>(n + at)};
+    device.copy_from_host(main0.data(), static_cast<index_t>(n), c.main.data() + at);
+    device.copy_from_host(m0.data(), static_cast<index_t>(n), c.m.data() + at);
+    device.copy_from_host(v0.data(), static_cast<index_t>(n), c.v.data() + at);
+    device.copy_from_host(g0.data(), static_cast<index_t>(n), c.g.data() + at);
+    device.copy_from_host(w0.data(), static_cast<index_t>(n), c.w.data() + at);
+    return c;
+  };
+  Copy ref = make(), fused = make();
   const Fp8Format format = Fp8Format::e4m3;
   const strata::cuda::kernels::adamw_tensor<T, A> tensor{ref.main.data() + at, ref.m.data() + at, ref.v.data() + at,
                                                          ref.g.data() + at,    ref.w.data() + at, static_cast<index_t>(n),
