@@ -23,8 +23,6 @@
 //                                     --overlap-param-gather on the communication stream, the buckets
 //                                     last first; wait_parameters() waits for all of it before
 //                                     anything else reads the parameters)
-//                                     (with cast_fp8_weights, after fp8_update_scaling: the FP8
-//                                     weights cast for the next step in the same pass)
 //   finish_step(ctx)                  after fp8_after_optimizer_step: with --fp8-param-gather the
 //                                     FP8 weights' shards cast with the new scales and the parameter
 //                                     all-gather, codes for those weights (nothing otherwise)
@@ -213,26 +211,10 @@ class DataParallelOptimizer {
     return skip;
   }
 
-  // Whether step() can cast the FP8 weights for the next step as it updates them (Fp8Options::
-  // optimizer_casts_weights: the delayed recipe with the weight cache, under AdamW, not the
-  // distributed optimizer, whose FP8 parameter gather casts shards after the step). The trainer then
-  // updates the scaling first (fp8_update_scaling) and asks step() to cast (cast_fp8_weights).
-  template <class Context>
-  bool casts_fp8_weights(const Context& ctx) const {
-    if (distributed_ || !ctx.fp8) return false;
-    const Fp8Options& o = ctx.fp8->options;
-    return o.recipe == Fp8RecipeKind::delayed && o.cache_weights && o.optimizer_casts_weights &&
-           has_adamw_cast_transpose<typename Context::device_type, T, accumulate_t<T>>;
-  }
-
   template <class Context, class Model>
   // decoupled_lr >= 0: the learning rate of the word embedding and the output layer (--decoupled-lr).
-  // The clipping factor of the last unscale_and_clip applies here, once. cast_fp8_weights: after
-  // fp8_update_scaling(ctx), the FP8 weights cast for the next step in the same pass (casts_fp8_weights).
-  void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite, double decoupled_lr = -1,
-            bool cast_fp8_weights = false) {
-    if (cast_fp8_weights && !casts_fp8_weights(ctx))
-      fail<Error>("DataParallelOptimizer::step: asked to cast the FP8 weights, which this optimizer and recipe do not (casts_fp8_weights)");
+  // The clipping factor of the last unscale_and_clip applies here, once.
+  void step(Context& ctx, Model& model, double lr, const double* skip_unless_finite, double decoupled_lr = -1) {
     const double* clip = clip_factor_ ? clip_factor_->data() : nullptr;
     if (distributed_) {
       distributed_->step(ctx.device, ctx.dp_cp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr, clip);
@@ -240,9 +222,7 @@ class DataParallelOptimizer {
         expert_distributed_->step(ctx.device, ctx.expert_dp, lr, skip_unless_finite, overlap_param_gather_, decoupled_lr,
                                   clip);
     } else {
-      Fp8OptimizerCast cast;
-      if (cast_fp8_weights) cast.format = ctx.fp8->options.format_of(Fp8Role::weight);
-      adamw_->step(ctx.device, model, lr, skip_unless_finite, decoupled_lr, clip, cast_fp8_weights ? &cast : nullptr);
+      adamw_->step(ctx.device, model, lr, skip_unless_finite, decoupled_lr, clip);
     }
     clip_factor_.reset();
   }

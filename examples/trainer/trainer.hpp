@@ -846,15 +846,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     const double lr = schedule.lr(scheduled);  // in samples, as Megatron's scheduler
     const double decoupled_lr = decoupled_schedule ? decoupled_schedule->lr(scheduled) : -1.0;
     lrs[static_cast<std::size_t>(slot)] = lr;
-    // FP8: the weight caches dropped; delayed scaling: this step's amaxes, new scales. Before the step
-    // where the step casts the new weights with them (Fp8Options::optimizer_casts_weights), else after.
-    const bool optimizer_casts = optimizer.casts_fp8_weights(ctx);
-    if (optimizer_casts) fp8_update_scaling(ctx);
     if (!scaler_skips) {
-      optimizer.step(ctx, model, lr, gate, decoupled_lr, optimizer_casts);
+      optimizer.step(ctx, model, lr, gate, decoupled_lr);
       scheduled += global_batch;
     }
-    if (!optimizer_casts) fp8_after_optimizer_step(ctx);
+    fp8_after_optimizer_step(ctx);  // FP8: the weight caches dropped; delayed scaling: this step's amaxes, new scales
     optimizer.finish_step(ctx);     // --fp8-param-gather: the shards cast with those scales, the codes gathered
     consumed += global_batch;
     consumed_after[static_cast<std::size_t>(slot)] = consumed;

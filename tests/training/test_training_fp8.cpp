@@ -6,7 +6,7 @@
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
 // every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight;
 // --fp8-recast-attention-output is the run without it; norms writing FP8 codes are the norms'
-// output cast by the linear layers; the optimizer's cast of the new weights is the layers' own.
+// output cast by the linear layers.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -213,37 +213,6 @@ TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
       EXPECT_EQ(written.validation_losses, casting.validation_losses) << what;
       EXPECT_EQ(written.final_parameters, casting.final_parameters) << what;
     }
-}
-
-// The optimizer's cast of the FP8 weights (delayed recipe, the default: the scaling update before the
-// step, each weight stepped and cast for the next step in one pass) against each layer casting its
-// new weight at its first use (--no-fp8-optimizer-casts-weights): the same run bit for bit (losses,
-// validation losses between steps, every final weight), on one rank with one micro-batch a step (the
-// cache keeps W^T alone, the first forward takes the optimizer's W) and with four, at tp 2 + SP, pp 2,
-// dp 2 with --overlap-grad-reduce, and with full recompute (whose recomputed forwards read the cache).
-TEST(TrainingFp8, OptimizerCastIsTheLayersCast) {
-  for (const std::string layout : {"one micro-batch", "four micro-batches", "tp2 sp", "pp2", "dp2 overlap", "full recompute"}) {
-    auto a = tiny_fp8("delayed");
-    a.dtype = "double";
-    a.train_iters = 4;
-    a.eval_interval = 2;
-    a.keep_final_parameters = true;
-    a.world_size = layout == "tp2 sp" || layout == "pp2" || layout == "dp2 overlap" ? 2 : 1;
-    a.tensor_model_parallel_size = layout == "tp2 sp" ? 2 : 1;
-    a.sequence_parallel = layout == "tp2 sp";
-    a.pipeline.pipeline_model_parallel_size = layout == "pp2" ? 2 : 1;
-    a.overlap_grad_reduce = layout == "dp2 overlap";
-    if (layout == "one micro-batch") a.global_batch_size = a.micro_batch_size;
-    if (layout == "full recompute") a.recompute_granularity = "full";
-    auto layers = a;
-    layers.fp8_optimizer_casts_weights = false;
-    const auto optimizer = trainer::train<strata::models::Gpt>(a);
-    const auto own = trainer::train<strata::models::Gpt>(layers);
-    ASSERT_EQ(optimizer.losses.size(), 4u) << layout;
-    EXPECT_EQ(optimizer.losses, own.losses) << layout;
-    EXPECT_EQ(optimizer.validation_losses, own.validation_losses) << layout;
-    EXPECT_EQ(optimizer.final_parameters, own.final_parameters) << layout;
-  }
 }
 
 TEST(TrainingFp8, RunsFp8AndTheLossFalls) {

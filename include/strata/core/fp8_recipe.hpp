@@ -45,7 +45,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "error.hpp"
@@ -115,12 +114,6 @@ struct Fp8Options {
   // codes): a byte per weight saved for nothing where the step has one forward per layer (one
   // micro-batch, no full recompute: the trainers choose this then).
   bool cache_forward_weights = true;
-  // Delayed recipe, with cache_weights, under the plain (not distributed) optimizer: the optimizer's
-  // step writes each FP8 weight's codes for the next step, both layouts, in the pass that updates it
-  // (backend adamw_cast_transpose), with the scale the step's scaling update derived (so the trainer
-  // updates the scaling first: fp8_update_scaling, then the step), instead of a cast pass over the
-  // new weight at its first use. The same codes, amax and scales; one read of the weight less.
-  bool optimizer_casts_weights = true;
   // Per-tensor recipes: the attention's output projection keeps no codes of its input^T for the weight
   // gradient; it holds the attention's output, which the attention keeps for its own backward anyway
   // (no copy), and casts it again in the backward (the same codes: the same values and scale). Saves
@@ -280,34 +273,12 @@ struct Fp8State {
   // Whether weight_cache.gemm_scales already hold the rows' 1 / scale (the delayed recipe's step
   // update writes them with the rows, fp8_after_optimizer_step); otherwise the cache's fill copies them.
   bool gemm_scales_current = false;
-  // The optimizer's cast (Fp8Options::optimizer_casts_weights; AdamW::step with an Fp8OptimizerCast):
-  // where it writes the next step's codes of W [out, in] and W^T, the weight cache's buffers (made
-  // here while their shapes hold; W's even where the cache keeps W^T alone: the step's first forward
-  // then takes them, Fp8WeightCache::codes); optimizer_cast_written() marks the cache filled.
-  std::pair<std::uint8_t*, std::uint8_t*> optimizer_cast_buffers(index_t out, index_t in) {
-    if (weight_cache.codes.data() == nullptr || !(weight_cache.codes.shape() == Shape{out, in}))
-      weight_cache.codes = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
-    if (weight_cache.codes_transposed.data() == nullptr || !(weight_cache.codes_transposed.shape() == Shape{in, out}))
-      weight_cache.codes_transposed = Tensor<std::uint8_t, Space>::empty(Shape{in, out});
-    return {weight_cache.codes.data(), weight_cache.codes_transposed.data()};
-  }
-  void optimizer_cast_written() {
-    weight_cache.valid = true;
-    ++weight_casts;
-  }
   // The weight (or its scale) changed: the next use casts it again.
   void drop_weight_cache() {
     weight_cache.valid = false;
     gathered_current = false;
     gemm_scales_current = false;
   }
-};
-
-// What the optimizer needs to cast the FP8 weights it steps (AdamW::step): the weights' format. It
-// casts a weight whose layer's state holds this step's scales (Fp8State::gemm_scales_current, set by
-// the delayed recipe's scaling update), and leaves the others to their layer.
-struct Fp8OptimizerCast {
-  Fp8Format format = Fp8Format::e4m3;
 };
 
 // What a context points to when FP8 is on (see the design note).

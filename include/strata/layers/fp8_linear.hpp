@@ -327,8 +327,7 @@ Fp8WeightOperand<typename Context::space> fp8_gathered_weight(Context& ctx, Fp8S
 // so these are the codes (and amax, and scale) a cast per GEMM makes. Without the cache: cast now.
 // Without Fp8Options::cache_forward_weights the cache keeps W^T alone: the filling pass writes W
 // into a buffer of the GEMM's own, and a later forward of the step casts W again with the step's
-// scale (the same codes). The optimizer's cast (Fp8Options::optimizer_casts_weights) fills the cache
-// before the step: then the first forward takes the W it wrote, and a later one casts W again.
+// scale (the same codes).
 template <class Context, class T>
 Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<typename Context::space>& state, const T* w,
                                                      index_t out, index_t in, bool transposed) {
@@ -365,14 +364,10 @@ Fp8WeightOperand<typename Context::space> fp8_weight(Context& ctx, Fp8State<type
       ctx.device.template copy_columns<float>(state.scale_inv(Fp8Role::input), state.row_length(), kFp8Roles, 1, gemm_scales, 4);
     cache.valid = true;
     ++state.weight_casts;
-  } else if (!keep_forward && !transposed) {
-    if (cache.codes.data() != nullptr) {  // the optimizer's cast wrote W too (Fp8State::optimizer_cast_buffers): once
-      own = std::move(cache.codes);
-    } else {  // a later forward of the step: W again, with the step's scale
-      own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
-      ctx.device.template fp8_cast<T>(w, out * in, format, state.scale(Fp8Role::weight), own.data(), nullptr);
-      ++state.weight_casts;
-    }
+  } else if (!keep_forward && !transposed) {  // a later forward of the step: W again, with the step's scale
+    own = Tensor<std::uint8_t, Space>::empty(Shape{out, in});
+    ctx.device.template fp8_cast<T>(w, out * in, format, state.scale(Fp8Role::weight), own.data(), nullptr);
+    ++state.weight_casts;
   }
   const std::uint8_t* codes = transposed ? cache.codes_transposed.data() : keep_forward ? cache.codes.data() : own.data();
   return {codes, format, state.gemm_scale_inv(Fp8Role::weight), std::move(own)};
@@ -654,19 +649,15 @@ void fp8_pack_rows(Context& ctx) {
 
 }  // namespace detail
 
-// The step's scaling update, after the step's last backward, whatever the recipe: the weight caches
-// are dropped (the weights change, or their scale does). Then, delayed recipe only: every FP8 state of this rank, in construction order, is
+// After each optimizer step, whatever the recipe: the weight caches are dropped (the weights
+// changed). Then, delayed recipe only: every FP8 state of this rank, in construction order, is
 // all-reduced (max) over ctx.tp_cp_dp, then each role's scale is updated from its amax history and
 // the history rolled (core/fp8_recipe.hpp). Collective over tp_cp_dp (delayed). Where the backend
 // updates many states in one call, the states' rows live in one packed buffer (detail::fp8_pack_rows):
 // one all-reduce and one launch for the model, which also write the aligned 1 / scale copies the
 // GEMMs read (so the weight cache's fill copies nothing).
-// It reads nothing the optimizer step writes, so it may run before the step: that is where the
-// optimizer's cast of the weights needs it (Fp8Options::optimizer_casts_weights, AdamW::step with an
-// Fp8OptimizerCast: the new weights cast with the new scales, their amax folded into the new
-// history[0], as the next forward's cast would), and fp8_after_optimizer_step is its name after it.
 template <class Context>
-void fp8_update_scaling(Context& ctx) {
+void fp8_after_optimizer_step(Context& ctx) {
   if constexpr (!backend_has_fp8<typename Context::device_type>) return;  // no layer holds a state (make_fp8_state)
   fp8_drop_weight_caches(ctx);
   if (!ctx.fp8 || ctx.fp8->options.recipe != Fp8RecipeKind::delayed) return;
@@ -692,12 +683,6 @@ void fp8_update_scaling(Context& ctx) {
       for (int r = 0; r < kFp8Roles; ++r) ctx.device.fp8_update_scale(state->row(static_cast<Fp8Role>(r)), maxes.value[r], mine);
     }
   }
-}
-
-// After each optimizer step that did not cast the weights: fp8_update_scaling.
-template <class Context>
-void fp8_after_optimizer_step(Context& ctx) {
-  fp8_update_scaling(ctx);
 }
 
 STRATA_NAMESPACE_END

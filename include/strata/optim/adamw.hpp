@@ -40,7 +40,6 @@
 #include "../core/error.hpp"
 #include "../backend/adamw_step.hpp"
 #include "../backend/cpu/backend.hpp"
-#include "../core/fp8_recipe.hpp"
 #include "../core/tensor.hpp"
 #include "../shard/shard_spec.hpp"
 #include "grad_utils.hpp"
@@ -82,13 +81,6 @@ struct AdamWConfig {
     if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
       fail<ConfigError>("AdamW: weight_decay must be a finite number >= 0, got ", weight_decay);
   }
-};
-
-// A backend that steps a weight and casts it to FP8 in one pass (adamw_cast_transpose).
-template <class Device, class T, class A>
-concept has_adamw_cast_transpose = requires(Device& d, A* a, const A* g, T* t, const AdamWStep<A>& step, const float* s,
-                                            std::uint8_t* q, float* f, index_t n) {
-  d.template adamw_cast_transpose<T>(a, a, a, g, t, n, n, step, Fp8Format::e4m3, s, q, q, f);
 };
 
 // A backend with a multi-tensor AdamW step (adamw_step_many over a span of AdamWTensor).
@@ -151,14 +143,9 @@ class AdamW {
   // and the output layer, Megatron's --decoupled-lr); their weight decay scales with it.
   // grad_scale (optional, in the device's space): every gradient is read times *grad_scale (the
   // clipping factor of clip_factor_device, applied without a pass of its own; AdamWStep).
-  // fp8_cast (optional; delayed FP8 recipe, after the step's scaling update, fp8_update_scaling): each
-  // weight an FP8 layer casts (Parameter::fp8) whose state holds this step's scales is stepped and
-  // cast for the next step in one pass (backend adamw_cast_transpose) into its layer's weight cache,
-  // its amax folded into the state's history[0]: the codes, amax and values its layer's own cast would
-  // make. Where the backend has no such pass, the layers cast as before.
   template <class Device, class Module>
   void step(Device& device, Module& model, double lr, const double* skip_unless_finite = nullptr, double decoupled_lr = -1,
-            const double* grad_scale = nullptr, const Fp8OptimizerCast* fp8_cast = nullptr) {
+            const double* grad_scale = nullptr) {
     if (!std::isfinite(lr) || lr < 0) fail<ConfigError>("AdamW::step: the learning rate must be finite and >= 0, got ", lr);
     if (!std::isfinite(decoupled_lr)) fail<ConfigError>("AdamW::step: the decoupled learning rate must be finite, got ", decoupled_lr);
     ++steps_;
@@ -178,21 +165,6 @@ class AdamW {
       State& s = state_for(p, index++);
       const bool decays = s.weight_decay && config_.weight_decay != 0;
       const bool own_rate = decoupled_lr >= 0 && detail::is_decoupled_lr(p);
-      if constexpr (has_adamw_cast_transpose<Device, T, A> && requires { p.fp8; }) {
-        // this step's scales (the update ran: the cache was dropped and the scales written since its last fill)
-        if (fp8_cast != nullptr && p.fp8 != nullptr && p.fp8->gemm_scales_current && !p.fp8->weight_cache.valid &&
-            p.value.rank() == 2) {
-          AdamWStep<A> step = own_rate ? decoupled : constants;
-          if (!decays) step.decay = A(0);
-          const index_t out = p.value.size(0), in = p.value.size(1);
-          auto [codes, codes_t] = p.fp8->optimizer_cast_buffers(out, in);
-          device.template adamw_cast_transpose<T>(s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(),
-                                                  p.value.data(), out, in, step, fp8_cast->format,
-                                                  p.fp8->scale(Fp8Role::weight), codes, codes_t, p.fp8->amax(Fp8Role::weight));
-          p.fp8->optimizer_cast_written();
-          return;
-        }
-      }
       if constexpr (many) {
         (own_rate ? decoupled_tensors : tensors)
             .push_back(AdamWTensor<T, A>{s.main.data(), s.exp_avg.data(), s.exp_avg_sq.data(), p.grad.data(), p.value.data(),

@@ -380,16 +380,6 @@ struct backend {
                          const AdamWStep<A>& step) {
     cpu::adamw_step<T>(main, exp_avg, exp_avg_sq, grad, value, n, step);
   }
-  // The step of one weight W [rows, cols] and its FP8 codes in both layouts, |W| folded into amax:
-  // adamw_step, then fp8_cast_transpose of W (the CUDA backend's one-pass kernel is their twin). A
-  // skipped step (step.skip_unless_finite) still casts W as it is.
-  template <class T, class A = accumulate_t<T>>
-  static void adamw_cast_transpose(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t rows, index_t cols,
-                                   const AdamWStep<A>& step, Fp8Format format, const float* scale, std::uint8_t* out,
-                                   std::uint8_t* out_t, float* amax) {
-    cpu::adamw_step<T>(main, exp_avg, exp_avg_sq, grad, value, rows * cols, step);
-    cpu::fp8_cast_transpose<T>(value, rows, cols, format, scale, out, out_t, amax);
-  }
   template <class X>
   static void sum_of_squares(const X* x, index_t n, double* accumulator) { cpu::sum_of_squares<X>(x, n, accumulator); }
   static void clip_factor(const double* square_sum, double max_norm, double* norm, double* factor) {

@@ -612,16 +612,6 @@ class backend {
   void adamw_step_many(std::span<const kernels::adamw_tensor<T, A>> tensors, const Step& step) const {
     kernels::adamw_step_many<T, Step, A>(tensors.data(), tensors.size(), step, stream());
   }
-  // The step of one weight W [rows, cols] (decaying by step.decay) and its FP8 codes in both layouts
-  // with `scale`, |W| folded into amax: the bits of adamw_step and then fp8_cast_transpose of W, in
-  // one pass (the optimizer's cast of the next step's FP8 weight, AdamW::step with an Fp8WeightCast).
-  template <class T, class Step, class A = accumulate_t<T>>
-  void adamw_cast_transpose(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t rows, index_t cols,
-                            const Step& step, Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,
-                            float* amax) const {
-    kernels::adamw_cast_transpose<T, Step, A>(main, exp_avg, exp_avg_sq, grad, value, rows, cols, step, format, scale,
-                                              out, out_t, amax, stream());
-  }
   template <class X>
   void sum_of_squares(const X* x, index_t n, double* accumulator) const {
     if (n <= 0) return;

@@ -9,8 +9,6 @@
 //                       sums of those values when asked (per-tile partials, then sum_partials); SwiGLU's
 //                       backward a gate tile and its up twin a block (d, gate and up read once)
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
-//   adamw_cast_transpose  the AdamW step of a weight and its cast in both layouts, one pass: the
-//                       bits of adamw_step followed by fp8_cast_transpose of the new weight
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_update_scales   that of every row of many states (a thread per row), each new 1 / scale
 //                       also copied to its 16-byte aligned slot
@@ -40,7 +38,6 @@
 #include "activation.cuh"
 #include "common.cuh"
 #include "fp8_codes.cuh"
-#include "adamw_math.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
@@ -285,100 +282,6 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         partials[(row0 / kFp8Tile) * cols + col0 + threadIdx.x] = total;  // partials (tile rows, cols)
       }
     }
-    fp8_store_tile_transposed<std::uint8_t>(tile, whole, col0, cols - col0, row0, rows, out_t, line, eighth);
-    __syncthreads();
-  }
-  if (amax) fp8_block_amax(bits, amax);
-}
-
-// The AdamW step of a weight W [rows, cols] and its FP8 cast in both layouts in one pass (the
-// optimizer's cast of the next step's weight, adamw_cast_transpose): tiles, threads, edges and the
-// amax as in fp8_cast_transpose_kernel, each thread's eight elements stepped as adamw_many_kernel
-// steps them (16-byte loads of the four fp32 streams where `vectorized`), W = T(main) stored, and
-// the codes those of float(W) -- so the state, W, the codes and the amax are bit for bit those of
-// adamw_step followed by fp8_cast_transpose of W. When the step is skipped (skip_unless_finite not
-// finite) nothing of the state changes and the codes are W's as it was, with this scale.
-template <class T, class Step, class A>
-__global__ void __launch_bounds__(256) adamw_cast_transpose_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value,
-                                                                   index_t rows, index_t cols, Step step,
-                                                                   Fp8Format format, const float* scale, std::uint8_t* out,
-                                                                   std::uint8_t* out_t, float* amax, bool vectorized) {
-  __shared__ std::uint8_t tile[kFp8Tile][kFp8Tile + 1];
-  const bool skip = step.skip_unless_finite != nullptr && !isfinite(*step.skip_unless_finite);
-  const A gscale = step.grad_scale != nullptr ? static_cast<A>(*step.grad_scale) : A(1);
-  const float s = *scale;
-  unsigned bits = 0;
-  const index_t tiles_c = (cols + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
-  const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
-  auto* values = reinterpret_cast<storage_t<T>*>(value);
-  // element i stepped (unless skipped); its value as the cast reads it
-  const auto element = [&](index_t i) -> float {
-    if (skip) return fp8_load(value, i);
-    A x;
-    adamw_element<A>(main, exp_avg, exp_avg_sq, grad, i, step.decay, step.lr, step.beta1, step.beta2, step.one_minus_beta1,
-                     step.one_minus_beta2, step.eps, step.bias_correction1, step.bias_correction2, gscale, x);
-    values[i] = pack<T>(static_cast<accumulate_t<T>>(x));
-    return fp8_load(value, i);
-  };
-  for (index_t id = blockIdx.x; id < tiles; id += gridDim.x) {
-    const index_t row0 = (id / tiles_c) * kFp8Tile, col0 = (id % tiles_c) * kFp8Tile;
-    const bool whole = vectorized && row0 + kFp8Tile <= rows && col0 + kFp8Tile <= cols;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = line + 32 * half;
-      const index_t row = row0 + r, col = col0 + eighth, at = row * cols + col;
-      float e[8];
-      if (whole) {
-        if constexpr (std::is_same_v<A, float>) {
-          if (skip) {
-            fp8_load8(value, at, e);
-          } else {
-            using V = adamw_vector<A>;  // four floats
-            V x[2], m[2], v[2], g[2];
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-              x[k] = reinterpret_cast<const V*>(main + at)[k];
-              m[k] = reinterpret_cast<const V*>(exp_avg + at)[k];
-              v[k] = reinterpret_cast<const V*>(exp_avg_sq + at)[k];
-              g[k] = reinterpret_cast<const V*>(grad + at)[k];
-            }
-            packed<T> stored[8 / packed<T>::width];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              A& xj = x[j / 4].e[j % 4];
-              adamw_update<A>(xj, m[j / 4].e[j % 4], v[j / 4].e[j % 4], g[j / 4].e[j % 4] * gscale, step.decay, step.lr,
-                              step.beta1, step.beta2, step.one_minus_beta1, step.one_minus_beta2, step.eps,
-                              step.bias_correction1, step.bias_correction2);
-              const auto raw = pack<T>(static_cast<accumulate_t<T>>(xj));
-              stored[j / packed<T>::width].raw[j % packed<T>::width] = raw;
-              e[j] = static_cast<float>(unpack<T>(raw));
-            }
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-              reinterpret_cast<V*>(main + at)[k] = x[k];
-              reinterpret_cast<V*>(exp_avg + at)[k] = m[k];
-              reinterpret_cast<V*>(exp_avg_sq + at)[k] = v[k];
-            }
-#pragma unroll
-            for (int k = 0; k < 8 / packed<T>::width; ++k) reinterpret_cast<packed<T>*>(value + at)[k] = stored[k];
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) e[j] = element(at + j);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = row < rows && col + j < cols ? element(at + j) : 0.0f;  // 0: no amax
-      }
-      const uint2 codes = fp8_round8(e, s, format, bits);
-      fp8_tile_put8(tile[r] + eighth, codes);
-      if (whole) {
-        *reinterpret_cast<uint2*>(out + at) = codes;
-      } else if (row < rows) {
-        for (int j = 0; j < 8 && col + j < cols; ++j) out[at + j] = tile[r][eighth + j];
-      }
-    }
-    __syncthreads();
     fp8_store_tile_transposed<std::uint8_t>(tile, whole, col0, cols - col0, row0, rows, out_t, line, eighth);
     __syncthreads();
   }
@@ -871,23 +774,6 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
                         std::uint8_t* out_t, float* amax, cudaStream_t stream) {
   fp8_cast_transpose_fused<T, accumulate_t<T>>(Fp8Producer::copy, x, nullptr, rows, cols, format, scale, out, out_t, amax,
                                                nullptr, nullptr, stream);
-}
-template <class T, class Step, class A>
-void adamw_cast_transpose(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t rows, index_t cols,
-                          const Step& step, Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,
-                          float* amax, cudaStream_t stream) {
-  static_assert(std::is_trivially_copyable_v<Step>, "A kernel argument must be trivially copyable: the AdamW step is copied to the device.");
-  if (rows <= 0 || cols <= 0) return;
-  const bool vectorized = aligned_16(main) && aligned_16(exp_avg) && aligned_16(exp_avg_sq) && aligned_16(grad) &&
-                          aligned_16(value) && aligned_8(out) && aligned_8(out_t) && rows % 8 == 0 && cols % 8 == 0;
-  const index_t tiles = fp8_tile_rows(rows) * ((cols + kFp8Tile - 1) / kFp8Tile);
-  auto* kernel = &adamw_cast_transpose_kernel<T, Step, A>;
-  // no more blocks than run at once, as in fp8_cast_transpose_fused
-  const unsigned grid = static_cast<unsigned>(
-      std::min<index_t>(tiles, index_t(resident_blocks(kernel, kThreads, 8)) * multiprocessor_count()));
-  kernel<<<grid, kThreads, 0, stream>>>(main, exp_avg, exp_avg_sq, grad, value, rows, cols, step, format, scale, out,
-                                        out_t, amax, vectorized);
-  check_launch("adamw_cast_transpose");
 }
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;

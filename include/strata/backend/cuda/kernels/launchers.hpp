@@ -233,10 +233,6 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
 STRATA_CUDA_INLINE index_t fp8_tile_rows(index_t rows);  // the rows of fp8_cast_transpose_fused's partials (see fp8.cuh)
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out,
                                       cudaStream_t stream);
-template <class T, class Step, class A = accumulate_t<T>>
-void adamw_cast_transpose(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t rows, index_t cols,
-                          const Step& step, Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,
-                          float* amax, cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_align_scales(const float* a, const float* b, float* out, cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_update_scale(float* row, float max, const Fp8UpdateArgs& args, cudaStream_t stream);
 STRATA_CUDA_INLINE void fp8_update_scales(float* rows, index_t count, index_t stride, const Fp8RoleMaxes& maxes,

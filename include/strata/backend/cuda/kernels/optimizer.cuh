@@ -24,11 +24,35 @@
 #include <type_traits>
 
 #include "../../adamw_step.hpp"
-#include "adamw_math.cuh"
 #include "common.cuh"
 
 STRATA_NAMESPACE_BEGIN
 namespace cuda::kernels {
+
+// One element's step in registers: x (the main copy), m and v updated in place from the gradient g
+// (already times the gradient scale).
+template <class A>
+__device__ __forceinline__ void adamw_update(A& x, A& m, A& v, A g, A decay, A lr, A beta1, A beta2, A one_minus_beta1,
+                                             A one_minus_beta2, A eps, A bias_correction1, A bias_correction2) {
+  x = x - decay * x;
+  m = beta1 * m + one_minus_beta1 * g;
+  v = beta2 * v + one_minus_beta2 * g * g;
+  x = x - lr * (m / bias_correction1) / (sqrt_(v / bias_correction2) + eps);
+}
+
+template <class A>
+__device__ __forceinline__ void adamw_element(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, index_t i, A decay,
+                                              A lr, A beta1, A beta2, A one_minus_beta1, A one_minus_beta2, A eps,
+                                              A bias_correction1, A bias_correction2, A grad_scale, A& out) {
+  const A g = grad[i] * grad_scale;  // rounded to A, as a scale_by pass would store it (x 1 is exact)
+  A x = main[i], m = exp_avg[i], v = exp_avg_sq[i];
+  adamw_update<A>(x, m, v, g, decay, lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, bias_correction1,
+                  bias_correction2);
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+  main[i] = x;
+  out = x;
+}
 
 template <class T, class Step, class A = accumulate_t<T>>
 __global__ void adamw_kernel(A* main, A* exp_avg, A* exp_avg_sq, const A* grad, T* value, index_t n, Step step) {
@@ -63,6 +87,18 @@ struct adamw_batch {
   adamw_tensor<T, A> tensors[kAdamWTensorsPerLaunch];
   index_t first_block[kAdamWTensorsPerLaunch + 1];  // tensor t owns blocks [first_block[t], first_block[t + 1])
   int count;
+};
+
+// 16 bytes of A (four floats, two doubles), and as many elements of T, for the vector loads and
+// stores of adamw_many_kernel.
+template <class A>
+struct alignas(16) adamw_vector {
+  static constexpr int width = 16 / sizeof(A);
+  A e[width];
+};
+template <class T, int W>
+struct alignas(W * sizeof(T)) adamw_values {
+  storage_t<T> raw[W];
 };
 
 template <class T, class Step, class A>
