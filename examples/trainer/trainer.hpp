@@ -416,6 +416,40 @@ concept has_local_barrier = requires(C& c) { c.local_barrier(); };
 template <class C>
 concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
 
+// The FP8 scaling rows of every layer, kept across a forward that is not training (the dry run's
+// warm-up, an evaluation), which would otherwise fold its amaxes into the delayed recipe's histories
+// and so change the scales of the training steps after it. Nothing is kept without FP8 or (keep_rows
+// false) where no history is kept.
+//   restore()         every row back, and the weight caches dropped (their fill folded the weight's
+//                     amax into the rows now restored; the next use casts again, folding it where
+//                     the run without that forward does): the warm-up, which also steps
+//   restore_inputs()  the input rows back (an evaluation's forward folds its inputs' amaxes there);
+//                     the weight rows keep what the evaluation folded, which is what the next
+//                     training forward folds anyway (the same weights and scale, the cache it filled
+//                     read from then on), and the weight caches stay as they are (under the FP8
+//                     parameter gather they hold the gathered codes, which no recast could make)
+template <class Context>
+struct Fp8RowsKept {
+  using Space = typename Context::space;
+  std::vector<Tensor<float, Space>> rows;
+  Fp8RowsKept(const Context& ctx, bool keep_rows) {
+    if (ctx.fp8 && keep_rows)
+      for (const auto& state : ctx.fp8->states) rows.push_back(state->rows.clone());
+  }
+  void restore(Context& ctx) const {
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      ctx.device.template copy<float>(rows[i].data(), rows[i].numel(), ctx.fp8->states[i]->rows.data());
+    if (!rows.empty()) fp8_drop_weight_caches(ctx);
+  }
+  void restore_inputs(Context& ctx) const {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto& state = *ctx.fp8->states[i];
+      const auto offset = state.row(Fp8Role::input) - state.rows.data();
+      ctx.device.template copy<float>(rows[i].data() + offset, state.row_length(), state.row(Fp8Role::input));
+    }
+  }
+};
+
 // The warm-up of a dry run (communicator::set_dry_run): one training step's forwards and backwards
 // through the pipeline schedule (fused classifier, as training runs it; with pp > 1 the stages
 // compute on whatever the dry receives left in their buffers), one validation forward, the
@@ -572,13 +606,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   if constexpr (has_dry_run<Comm>) {
     if (world.size() > 1 && !launched_as_job()) {
       world.set_dry_run(true);
-      std::vector<Tensor<float, Space>> fp8_states;  // the warm-up's casts must leave no amax behind
-      if (ctx.fp8)
-        for (const auto& state : ctx.fp8->states) fp8_states.push_back(state->rows.clone());
+      const Fp8RowsKept<Context> fp8_rows(ctx, true);  // the warm-up's casts must leave no amax behind
       warm_up_step(ctx, model, optimizer, a, shared.dataset, micro_steps, shared.tokenizer.eod());
-      if (ctx.fp8)
-        for (std::size_t i = 0; i < fp8_states.size(); ++i)
-          ctx.device.template copy<float>(fp8_states[i].data(), fp8_states[i].numel(), ctx.fp8->states[i]->rows.data());
+      fp8_rows.restore(ctx);
       fp8_drop_weight_caches(ctx);  // the warm-up's weight codes were cast with no collective and its scales are gone
       world.set_dry_run(false);
     }
@@ -659,8 +689,11 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     std::lock_guard lock(result_mutex);
     shared.result.memory = memory;
   }
-  // Mean loss over the first eval_iters global batches of the validation data (forward only).
+  // Mean loss over the first eval_iters global batches of the validation data (forward only). Under
+  // the delayed FP8 recipe its casts' amaxes are not kept (Fp8RowsKept): an evaluation does not
+  // change the training run's scales, so a run with evaluations trains as the run without.
   auto validation_loss = [&] {
+    const Fp8RowsKept<Context> fp8_rows(ctx, ctx.fp8 && ctx.fp8->options.recipe == Fp8RecipeKind::delayed);
     double sums[2] = {0, 0};  // loss, tokens
     for (int k = 0; k < a.eval_iters; ++k)
       for (int m = 0; m < micro_steps; ++m) {
@@ -672,6 +705,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
         sums[1] += loss.tokens;
       }
     all_reduce_host_values(ctx, ctx.dp_cp, sums, 2);  // each cp rank holds its tokens' part
+    fp8_rows.restore_inputs(ctx);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
   };
   // --log-jsonl written through: a write that failed (a full disk) stops the run naming the file.

@@ -6,7 +6,7 @@
 // effect (the trajectory leaves the plain run's) and the loss falls; --first-last-layers-bf16 over
 // every layer is the plain run; --fp8-param-gather is the run without it, resumed or straight;
 // --fp8-recast-attention-output is the run without it; norms writing FP8 codes are the norms'
-// output cast by the linear layers.
+// output cast by the linear layers; evaluations leave a delayed-recipe run as it is.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -213,6 +213,33 @@ TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
       EXPECT_EQ(written.validation_losses, casting.validation_losses) << what;
       EXPECT_EQ(written.final_parameters, casting.final_parameters) << what;
     }
+}
+
+// Evaluations do not change a delayed-recipe run: their casts' amaxes are not kept, so the scales,
+// and with them every training loss and final weight, are those of the run without evaluations, bit
+// for bit (one rank, tp 2 + SP, pp 2 with micro-batches; an evaluation after every step).
+TEST(TrainingFp8, EvaluationsLeaveTheDelayedRunAsItIs) {
+  for (const std::string layout : {"one rank", "tp2 sp", "pp2"}) {
+    auto a = tiny_fp8("delayed");
+    a.dtype = "double";
+    a.train_iters = 4;
+    a.eval_interval = 1;
+    a.eval_iters = 2;
+    a.keep_final_parameters = true;
+    a.world_size = layout == "one rank" ? 1 : 2;
+    a.tensor_model_parallel_size = layout == "tp2 sp" ? 2 : 1;
+    a.sequence_parallel = layout == "tp2 sp";
+    a.pipeline.pipeline_model_parallel_size = layout == "pp2" ? 2 : 1;
+    auto quiet = a;
+    quiet.eval_iters = 0;
+    const auto evaluated = trainer::train<strata::models::Gpt>(a);
+    const auto plain = trainer::train<strata::models::Gpt>(quiet);
+    ASSERT_EQ(evaluated.losses.size(), 4u) << layout;
+    EXPECT_EQ(evaluated.validation_losses.size(), 4u) << layout;
+    EXPECT_TRUE(plain.validation_losses.empty()) << layout;
+    EXPECT_EQ(evaluated.losses, plain.losses) << layout;
+    EXPECT_EQ(evaluated.final_parameters, plain.final_parameters) << layout;
+  }
 }
 
 TEST(TrainingFp8, RunsFp8AndTheLossFalls) {
