@@ -420,9 +420,9 @@ concept has_dry_run = requires(C& c) { c.set_dry_run(true); };
 // warm-up, an evaluation), which would otherwise fold its amaxes into the delayed recipe's histories
 // and so change the scales of the training steps after it. Nothing is kept without FP8 or (keep_rows
 // false) where no history is kept.
-//   restore()         every row back, and the weight caches dropped (their fill folded the weight's
-//                     amax into the rows now restored; the next use casts again, folding it where
-//                     the run without that forward does): the warm-up, which also steps
+//   restore()         every row back (the warm-up, which also steps; its caller then drops the
+//                     weight caches, whose fill folded the weight's amax into the rows now restored,
+//                     so the next use casts again, folding it where the run without the warm-up does)
 //   restore_inputs()  the input rows back (an evaluation's forward folds its inputs' amaxes there);
 //                     the weight rows keep what the evaluation folded, which is what the next
 //                     training forward folds anyway (the same weights and scale, the cache it filled
@@ -439,7 +439,6 @@ struct Fp8RowsKept {
   void restore(Context& ctx) const {
     for (std::size_t i = 0; i < rows.size(); ++i)
       ctx.device.template copy<float>(rows[i].data(), rows[i].numel(), ctx.fp8->states[i]->rows.data());
-    if (!rows.empty()) fp8_drop_weight_caches(ctx);
   }
   void restore_inputs(Context& ctx) const {
     for (std::size_t i = 0; i < rows.size(); ++i) {
