@@ -5,7 +5,8 @@
 // call, the groups sent to the cuBLAS grouped call where grouped_gemm.hpp says they go, and no wait
 // for the GPU nor cudaMalloc once warm), the router forward and
 // backward (softmax before / after top-k, sigmoid, expert bias), capacity dropping by probability
-// and by position, counting, the sort by expert (packed and padded to capacity), gathering rows,
+// and by position, counting, the sort by expert (packed and padded to capacity), the row maps of the
+// compacted padded exchange, gathering rows,
 // combine and its backward, the aux loss and the expert-bias update. Integer outputs must match
 // exactly; values within the tolerance of their type (check.hpp).
 #include <cstring>
@@ -287,6 +288,24 @@ void check_count_and_sort_many(backend& device, suite& results) {
                                     "aligned: ") + (same1 ? "the CPU twins' integers" : "DIFFERENT from the CPU twins"));
 }
 
+// moe_chunk_maps (the compacted padded exchange's row maps) against the CPU twin: chunk counts from
+// 0 to the capacity (empty and full chunks among them), 8 sources x 3 local experts and 1 x 1.
+void check_chunk_maps(backend& device, suite& results, index_t chunks, index_t local, index_t capacity) {
+  host_rng rng(static_cast<std::uint64_t>(chunks * 100 + local));
+  auto counts = rng.integers(static_cast<std::size_t>(chunks * local), 0, static_cast<std::int32_t>(capacity));
+  if (counts.size() > 2) counts[0] = 0, counts[1] = static_cast<std::int32_t>(capacity);
+  const auto rows = static_cast<std::size_t>(chunks * local * capacity);
+  std::vector<std::int32_t> to_expert(rows), to_chunk(rows), per_expert(static_cast<std::size_t>(local));
+  cpu::moe_chunk_maps(counts.data(), chunks, local, capacity, to_expert.data(), to_chunk.data(), per_expert.data());
+  device_vector<std::int32_t> g_counts(counts.size()), g_to_expert(rows), g_to_chunk(rows), g_per_expert(per_expert.size());
+  upload(device, counts, g_counts);
+  device.moe_chunk_maps(g_counts.data(), chunks, local, capacity, g_to_expert.data(), g_to_chunk.data(), g_per_expert.data());
+  const bool same = to_host(device, g_to_expert) == to_expert && to_host(device, g_to_chunk) == to_chunk &&
+                    to_host(device, g_per_expert) == per_expert;
+  results.record(same, "moe_chunk_maps " + std::to_string(chunks) + " sources x " + std::to_string(local) + " experts x " +
+                           std::to_string(capacity) + " rows: " + (same ? "the CPU twin's integers" : "DIFFERENT from the CPU twin"));
+}
+
 template <class T>
 void check_permutation(backend& device, suite& results, bool by_position, index_t capacity_padding) {
   using A = accumulate_t<T>;
@@ -391,6 +410,9 @@ int main() {
         check_permutation<bf16>(device, results, by_position, pad);
       }
     check_count_and_sort_many(device, results);
+    check_chunk_maps(device, results, 8, 3, 257);
+    check_chunk_maps(device, results, 1, 1, 5);
+    check_chunk_maps(device, results, 4, 16, 1024);
     check_losses<double>(device, results);
     check_losses<float>(device, results);
     return results.finish();

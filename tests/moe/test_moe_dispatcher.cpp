@@ -3,8 +3,10 @@
 // partial sums over etp add up to the input), dispatch then combine gives back every token times
 // the sum of its kept weights, exactly (bitwise); the backward gives dy times the same sum and the
 // weights' gradient dy . x, exactly; dropped choices contribute zero; padding to capacity gives
-// every expert its capacity from every rank; the counts handed on the host are the device's. Both
-// dispatchers therefore agree bit for bit.
+// every expert its capacity from every rank; the counts handed on the host are the device's. Padded
+// and compacted (the all-to-all dispatcher over several ranks): the experts' rows are the real ones
+// alone, in front, their counts on the device only, the rest zero. Both dispatchers therefore agree
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -27,7 +29,7 @@ using Context = ParallelContext<inprocess::communicator>;
 
 constexpr index_t kTokens = 10, kHidden = 6, kExperts = 8, kTopk = 2;
 
-enum class Drops { none, some, padded };
+enum class Drops { none, some, padded, compacted };
 
 template <class Dispatcher>
 void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = MoeDispatcherType::alltoall) {
@@ -54,24 +56,39 @@ void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = Moe
       routed[t * kTopk + 1] = (first + step) % kExperts;
       for (index_t j = 0; j < kTopk; ++j) {
         const std::int32_t e = routed[t * kTopk + j];
-        const bool drop = (drops == Drops::some && (t + j) % 3 == 0) || (drops == Drops::padded && per_expert[e] >= capacity);
+        const bool padded = drops == Drops::padded || drops == Drops::compacted;
+        const bool drop = (drops == Drops::some && (t + j) % 3 == 0) || (padded && per_expert[e] >= capacity);
         if (drop) routed[t * kTopk + j] = -1;
         else ++per_expert[e];
       }
     }
-    const index_t pad = drops == Drops::padded ? capacity : 0;
-    auto [dispatched, state] = dispatcher.dispatch(ctx, x, routed, weights, pad);
+    const index_t pad = drops == Drops::padded || drops == Drops::compacted ? capacity : 0;
+    // compacted: the all-to-all dispatcher over several ranks (the others keep the padding)
+    constexpr bool configured = std::is_same_v<Dispatcher, ConfiguredDispatcher<P>>;
+    const bool all_to_all = std::is_same_v<Dispatcher, AllToAllDispatcher<P>> || (configured && type == MoeDispatcherType::alltoall);
+    const bool compacted = drops == Drops::compacted && ep * etp > 1 && all_to_all;
+    auto [dispatched, state] = dispatcher.dispatch(ctx, x, routed, weights, pad, drops == Drops::compacted);
     index_t rows = 0;
     std::vector<std::int32_t> counts(static_cast<std::size_t>(dispatched.counts.numel()));
     ctx.device.template copy_to_host<std::int32_t>(dispatched.counts.data(), dispatched.counts.numel(), counts.data());
     for (index_t n : counts) {
       rows += n;
-      if (pad) {
+      if (compacted) {
+        EXPECT_LE(n, capacity * ep * etp) << what;  // the real rows alone
+      } else if (pad) {
         EXPECT_EQ(n, capacity * ep * etp) << what;  // from every rank of the etp x ep group
       }
     }
-    // The counts on the host where the dispatch has them (several ranks, or padded): the same
-    if (ep * etp > 1 || pad) {
+    if (compacted) {  // the real rows (random, so nonzero) in front, the rest zero; the counts on the device alone
+      EXPECT_TRUE(dispatched.host_counts.empty()) << what;
+      EXPECT_EQ(dispatched.tokens.shape().rows(), capacity * ep * etp * (kExperts / ep)) << what;
+      const Tensor<double> tokens = dispatched.tokens.clone();
+      for (index_t r = 0; r < tokens.shape().rows(); ++r) {
+        bool zero = true;
+        for (index_t h = 0; h < kHidden; ++h) zero = zero && tokens[r * kHidden + h] == 0.0;
+        EXPECT_EQ(zero, r >= rows) << what << " row " << r;
+      }
+    } else if (ep * etp > 1 || pad) {  // the counts on the host where the dispatch has them: the same
       ASSERT_EQ(dispatched.host_counts.size(), counts.size()) << what;
       for (std::size_t l = 0; l < counts.size(); ++l) EXPECT_EQ(dispatched.host_counts[l], counts[l]) << what << " expert " << l;
     } else {
@@ -81,7 +98,7 @@ void check_round_trip(int ep, int etp, Drops drops, MoeDispatcherType type = Moe
       EXPECT_EQ(dispatched.tokens.shape().rows(), kTokens * kTopk) << what;
       const Tensor<double> tokens = dispatched.tokens.clone();
       for (index_t i = rows * kHidden; i < tokens.numel(); ++i) ASSERT_EQ(tokens.data()[i], 0.0) << what;
-    } else {
+    } else if (!compacted) {
       EXPECT_EQ(rows, dispatched.tokens.shape().rows()) << what;
     }
     Tensor<double> output = dispatched.tokens.clone();  // identity experts, partial over etp
@@ -112,7 +129,8 @@ template <class Dispatcher>
 void check_all(MoeDispatcherType type = MoeDispatcherType::alltoall) {
   for (int ep : {1, 2, 4})
     for (int etp : {1, 2})
-      for (Drops drops : {Drops::none, Drops::some, Drops::padded}) check_round_trip<Dispatcher>(ep, etp, drops, type);
+      for (Drops drops : {Drops::none, Drops::some, Drops::padded, Drops::compacted})
+        check_round_trip<Dispatcher>(ep, etp, drops, type);
 }
 
 TEST(AllGatherDispatcher, DispatchThenCombineRestoresTokensAndGradients) { check_all<AllGatherDispatcher<P>>(); }

@@ -427,6 +427,10 @@ struct backend {
                                  index_t slots) {
     cpu::moe_sort_by_expert(routed, assignments, k, first_expert, experts, capacity, slot_of, token_of_slot, slots);
   }
+  static void moe_chunk_maps(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity,
+                             std::int32_t* to_expert, std::int32_t* to_chunk, std::int32_t* expert_counts) {
+    cpu::moe_chunk_maps(chunk_counts, chunks, local, capacity, to_expert, to_chunk, expert_counts);
+  }
   template <class T>
   static void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) {
     cpu::moe_gather_rows<T>(in, cols, rows, n, out);

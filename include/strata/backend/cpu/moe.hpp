@@ -11,6 +11,8 @@
 //   moe_sort_by_expert    slots of the experts [first, first + count), expert-major and in
 //                         assignment order within an expert (packed, or `capacity` slots per expert
 //                         when padding): slot_of[a] (-1 when not here), token_of_slot[r] (-1: padding)
+//   moe_chunk_maps        the row maps between an exchange padded to capacity (chunks of `capacity`
+//                         rows, real ones first) and the experts' order with the real rows alone
 //   moe_gather_rows       out[r] = in[rows[r]] (zero where rows[r] < 0)
 //   moe_combine           out[x] = sum_j w[x,j] * in[slot[x,j]] over slot >= 0, j ascending (w null: 1)
 //   moe_combine_backward  d_in[slot[x,j]] = w[x,j] * dy[x] (other slots zero);
@@ -84,6 +86,29 @@ inline void moe_sort_by_expert(const std::int32_t* routed, index_t assignments, 
       slot_of[a] = static_cast<std::int32_t>(next);
       token_of_slot[next] = static_cast<std::int32_t>(a / k);
       ++next;
+    }
+  }
+}
+
+// The expert-parallel exchange padded to capacity, its rows compacted: chunk c = g * local + l (source
+// g, local expert l) holds `capacity` rows, its first chunk_counts[c] real. In expert order, expert
+// l's real rows follow expert l - 1's, source by source. to_expert[r] (r < chunks x local x capacity)
+// = the chunk-order row of expert-order row r (-1 past the real rows' total); to_chunk[i] = the
+// expert-order row of chunk-order row i (-1 for a padding row); expert_counts[l] = expert l's real rows.
+inline void moe_chunk_maps(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity,
+                           std::int32_t* to_expert, std::int32_t* to_chunk, std::int32_t* expert_counts) {
+  const index_t rows = chunks * local * capacity;
+  for (index_t r = 0; r < rows; ++r) to_expert[r] = to_chunk[r] = -1;
+  index_t at = 0;
+  for (index_t l = 0; l < local; ++l) {
+    expert_counts[l] = 0;
+    for (index_t g = 0; g < chunks; ++g) {
+      const index_t c = g * local + l, real = chunk_counts[c];
+      for (index_t j = 0; j < real; ++j, ++at) {
+        to_expert[at] = static_cast<std::int32_t>(c * capacity + j);
+        to_chunk[c * capacity + j] = static_cast<std::int32_t>(at);
+      }
+      expert_counts[l] += static_cast<std::int32_t>(real);
     }
   }
 }

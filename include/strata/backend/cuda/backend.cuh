@@ -668,6 +668,12 @@ class backend {
     kernels::moe_sort_by_expert(routed, assignments, k, first_expert, experts, capacity, slot_of, token_of_slot, slots,
                                 stream());
   }
+  // The row maps of an exchange padded to capacity, compacted (backend/cpu/moe.hpp): one small kernel.
+  void moe_chunk_maps(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity, std::int32_t* to_expert,
+                      std::int32_t* to_chunk, std::int32_t* expert_counts) const {
+    scratch<std::int32_t> start(state_->allocator, static_cast<std::size_t>(std::max<index_t>(1, chunks * local)));
+    kernels::moe_chunk_maps(chunk_counts, chunks, local, capacity, start.data(), to_expert, to_chunk, expert_counts, stream());
+  }
   template <class T>
   void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out) const {
     kernels::moe_gather_rows<T>(in, cols, rows, n, out, stream());

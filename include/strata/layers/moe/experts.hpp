@@ -130,6 +130,15 @@ class GroupedExperts {
   bool fp8() const { return fc1_fp8_ != nullptr; }
 
   index_t local_experts() const { return local_; }
+  // Whether the GEMMs read the counts where they are, with no wait for the host: bf16 experts without
+  // biases on a backend whose grouped GEMMs take device counts at these sizes (else forward reads
+  // them once, unless the dispatcher hands them over).
+  bool takes_device_counts(const Context& ctx) const {
+    const index_t fc1_local = fc1_.empty() ? 0 : fc1_[0].value.size(0), ffn_local = gated ? fc1_local / 2 : fc1_local;
+    const index_t h = config_.hidden_size;
+    return !fp8() && !config_.bias && ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) &&
+           ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local);
+  }
   index_t first_expert() const { return first_; }
 
   // x: [rows, hidden], its first counts[0] rows local expert 0's, the next counts[1] expert 1's, ...;
@@ -148,8 +157,7 @@ class GroupedExperts {
                 {}, {}, {}};
     if (!host_counts.empty() && static_cast<index_t>(host_counts.size()) != local_)
       fail<ShapeError>("GroupedExperts: ", host_counts.size(), " host token counts for ", local_, " local experts");
-    if (fp8() || config_.bias || !ctx.device.template grouped_gemm_counts_on_device<T>(fc1_local, h) ||
-        !ctx.device.template grouped_gemm_counts_on_device<T>(h, ffn_local)) {
+    if (!takes_device_counts(ctx)) {
       if (!host_counts.empty()) {
         saved.host_counts = host_counts;
       } else {

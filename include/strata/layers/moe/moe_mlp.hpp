@@ -164,7 +164,10 @@ class MoeMlp {
     const Tensor<T, Space> flat = local.reshaped(Shape{tokens, h});
     auto [routing, router_saved] = router_->forward(ctx, flat, sequences);
     saved.router = std::move(router_saved);
-    auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity);
+    // padded to capacity over several ranks: the received rows compacted where the experts take
+    // device counts (no padding row computed, no wait)
+    auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity,
+                                                     experts_->takes_device_counts(ctx));
     auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts, dispatched.host_counts);
     saved.experts = std::move(experts_saved);
     Tensor<T, Space> y = dispatcher_->combine(ctx, state, expert_out).reshaped(saved.local_shape);

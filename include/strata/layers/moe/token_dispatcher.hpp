@@ -53,6 +53,12 @@ struct DispatcherConfig {
 
 namespace detail {
 
+// A backend with the row maps of a compacted padded exchange (moe_chunk_maps; cpu and cuda backends).
+template <class Device>
+concept has_moe_chunk_maps = requires(Device& d, const std::int32_t* c, std::int32_t* m, index_t n) {
+  d.moe_chunk_maps(c, n, n, n, m, m, m);
+};
+
 // A copy of device counts to the host started now and finished by finish_host_copies (the backend's
 // copy_to_host_start / wait_host_copies, so the GPU goes on with the work enqueued in between), or
 // made at once by a backend without them.
@@ -116,7 +122,7 @@ class AllGatherDispatcher {
       : config_(c), local_(detail::local_experts(ctx, c, "AllGatherDispatcher")) {}
 
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool /*compact*/ = false) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     auto& group = ctx.expert_tp_ep;
     State state;
@@ -245,25 +251,35 @@ class AllToAllDispatcher {
     // chunk (etp source q, ep source p, local expert l): rows, in (q, p, l) order
     std::vector<index_t> chunk_rows;
     index_t tokens = 0, permuted = 0, rows = 0;
+    // Padded to capacity and compacted (dispatch's `compact`): the row maps between the chunk order
+    // and the experts' order of the real rows alone (backend moe_chunk_maps), in the backend's memory.
+    bool compact = false;
+    Tensor<std::int32_t, Space> to_expert, to_chunk;
   };
 
   AllToAllDispatcher(const Context& ctx, DispatcherConfig c)
       : config_(c), local_(detail::local_experts(ctx, c, "AllToAllDispatcher")) {}
 
+  // compact (padded to capacity, several ranks, a backend with moe_chunk_maps): the exchange keeps
+  // its fixed sizes, and the received rows are compacted on the device into the experts' order of
+  // the real rows alone, with the counts left in the backend's memory (no wait for the host), so
+  // experts that take device counts (GroupedExperts::takes_device_counts) compute no padding row.
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
     State state;
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
     if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, capacity);
+    if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>) state.compact = compact && capacity > 0;
+    Tensor<std::int32_t, Space> real_rows;  // compact: the real rows of each chunk, (q, p, l) order
     // The counts: this rank's rows per expert [E], then, for each etp rank q, the rows every ep rank p
     // sends to q's local expert l, in (q, p, l) order [etp x E]. Padded to capacity they are all
     // `capacity`, known here: a fixed-size exchange with no wait. Otherwise they are counted,
     // exchanged on the device (all-to-all over ep, all-gather over etp) and read on the host once.
     std::vector<std::int32_t> host(static_cast<std::size_t>(E + etp * E), static_cast<std::int32_t>(capacity));
-    if (capacity == 0) {
+    if (capacity == 0 || state.compact) {
       auto counts = Tensor<std::int32_t, Space>::empty(Shape{E});
       ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, counts.data(), false);
       Tensor<std::int32_t, Space> received = counts;
@@ -277,10 +293,14 @@ class AllToAllDispatcher {
         chunks = Tensor<std::int32_t, Space>::empty(Shape{etp * E});
         ctx.expert_tp.all_gather(detail::read_only(received), chunks.buffer());
       }
-      auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
-      ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
-      ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
-      detail::start_host_copy(ctx.device, both.data(), E + etp * E, host.data());  // read beside the permutation below
+      if (state.compact) {
+        real_rows = chunks;  // the kept rows, which capacity bounds: the exchange's sizes stay `capacity`
+      } else {
+        auto both = Tensor<std::int32_t, Space>::empty(Shape{E + etp * E});
+        ctx.device.template copy<std::int32_t>(counts.data(), E, both.data());
+        ctx.device.template copy<std::int32_t>(chunks.data(), etp * E, both.data() + E);
+        detail::start_host_copy(ctx.device, both.data(), E + etp * E, host.data());  // read beside the permutation below
+      }
     }
     // Permute by expert (so by destination rank) while the counts travel to the host: into the most
     // slots there can be (every assignment kept, or every expert's capacity), kept rows first, the
@@ -318,6 +338,16 @@ class AllToAllDispatcher {
       ctx.expert_tp.all_gather_v(exchanged.buffer(), gathered.buffer(), detail::times(state.etp_rows, h));
     }
     Dispatched out;
+    if (state.compact) {
+      out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
+      state.to_expert = Tensor<std::int32_t, Space>::empty(Shape{state.rows});
+      state.to_chunk = Tensor<std::int32_t, Space>::empty(Shape{state.rows});
+      if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>)
+        ctx.device.moe_chunk_maps(real_rows.data(), etp * ep, local_, capacity, state.to_expert.data(), state.to_chunk.data(),
+                                  out.counts.data());
+      out.tokens = sort_chunks(ctx, state, gathered, true);
+      return {std::move(out), std::move(state)};
+    }
     out.tokens = sort_chunks(ctx, state, gathered, true);
     std::vector<std::int32_t> per_local(static_cast<std::size_t>(local_), 0);
     for (int q = 0; q < etp; ++q)
@@ -393,10 +423,18 @@ class AllToAllDispatcher {
 
   // Rows in chunk order (q, p, l) -> local-expert order (l, q, p) when `to_expert_order`, else back
   // (on one rank the two orders are one: the rows themselves, shared).
+  // Compacted (State::compact): a gather by the row maps, padding rows zero, the experts' rows past
+  // their real total zero.
   Tensor<T, Space> sort_chunks(Context& ctx, const State& state, const Tensor<T, Space>& in, bool to_expert_order) const {
     const index_t h = config_.hidden_size;
     const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
     if (ep * etp == 1) return in;
+    if (state.compact) {
+      auto out = Tensor<T, Space>::empty(Shape{state.rows, h});
+      ctx.device.template moe_gather_rows<T>(in.data(), h, (to_expert_order ? state.to_expert : state.to_chunk).data(),
+                                             state.rows, out.data());
+      return out;
+    }
     const std::size_t count = static_cast<std::size_t>(etp * ep * local_);
     std::vector<index_t> chunk_offset(count), expert_offset(count);  // row offsets in the two orders
     index_t at = 0;
@@ -470,10 +508,10 @@ class ConfiguredDispatcher {
   ConfiguredDispatcher(const Context& ctx, DispatcherConfig c) : impl_(make(ctx, c)) {}
 
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false) const {
     return std::visit(
         [&](const auto& d) -> std::pair<Dispatched, State> {
-          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity);
+          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity, compact);
           return {std::move(dispatched), State(std::move(state))};
         },
         impl_);

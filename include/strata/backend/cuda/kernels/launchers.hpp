@@ -264,6 +264,9 @@ void moe_count(const std::int32_t* routed, index_t n, index_t k, index_t groups,
 STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n, index_t k, index_t first_expert,
                                            index_t experts, index_t capacity, std::int32_t* slot_of,
                                            std::int32_t* token_of_slot, index_t slots, cudaStream_t stream);
+STRATA_CUDA_INLINE void moe_chunk_maps(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity,
+                                       std::int32_t* start, std::int32_t* to_expert, std::int32_t* to_chunk,
+                                       std::int32_t* expert_counts, cudaStream_t stream);
 template <class T>
 void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out, cudaStream_t stream);
 template <class T>

@@ -224,6 +224,47 @@ STRATA_CUDA_INLINE void moe_sort_by_expert(const std::int32_t* routed, index_t n
   check_launch("moe_sort_by_expert");
 }
 
+// moe_chunk_maps (backend/cpu/moe.hpp has the definition): one block. The chunks' expert-order
+// starts by one thread (chunks x local of them: a few hundred at most), then every row of the maps
+// by the block, -1 first where no real row lands.
+template <int = 0>
+__global__ void moe_chunk_maps_kernel(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity,
+                                      std::int32_t* start, std::int32_t* to_expert, std::int32_t* to_chunk,
+                                      std::int32_t* expert_counts) {
+  const index_t n = chunks * local, rows = n * capacity;
+  if (threadIdx.x == 0) {
+    index_t at = 0;
+    for (index_t l = 0; l < local; ++l) {
+      const index_t first = at;
+      for (index_t g = 0; g < chunks; ++g) {
+        start[g * local + l] = static_cast<std::int32_t>(at);
+        at += chunk_counts[g * local + l];
+      }
+      expert_counts[l] = static_cast<std::int32_t>(at - first);
+    }
+  }
+  for (index_t r = threadIdx.x; r < rows; r += blockDim.x) to_expert[r] = -1;
+  __syncthreads();
+  for (index_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    const index_t c = i / capacity, j = i % capacity;
+    if (j < chunk_counts[c]) {
+      const index_t r = start[c] + j;
+      to_chunk[i] = static_cast<std::int32_t>(r);
+      to_expert[r] = static_cast<std::int32_t>(i);
+    } else {
+      to_chunk[i] = -1;
+    }
+  }
+}
+STRATA_CUDA_INLINE void moe_chunk_maps(const std::int32_t* chunk_counts, index_t chunks, index_t local, index_t capacity,
+                                       std::int32_t* start, std::int32_t* to_expert, std::int32_t* to_chunk,
+                                       std::int32_t* expert_counts, cudaStream_t stream) {
+  if (chunks <= 0 || local <= 0 || capacity <= 0) return;
+  moe_chunk_maps_kernel<><<<1, 1024, 0, stream>>>(chunk_counts, chunks, local, capacity, start, to_expert, to_chunk,
+                                                   expert_counts);
+  check_launch("moe_chunk_maps");
+}
+
 // Zero the rows of c [rows, cols] past the total of counts[0, groups) (device counts, at most a few
 // hundred: every block adds them up itself). What grouped_gemm_rows leaves of the upper-bound rows.
 template <class T>
