@@ -509,8 +509,8 @@ TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
 // expert parallelism, whose all-to-all dispatcher compacts the fixed-size exchange's rows to the real
 // ones (their counts on the device: the experts compute no padding row and nothing waits for the
 // host), follows the data-parallel run of as many ranks, where each rank routes its own tokens with
-// the same capacity and its experts compute the padded rows: every loss within 1e-10 (ep 2 and 4,
-// ep 2 x etp 2; the all-gather dispatcher, which keeps the padding, beside it).
+// the same capacity (its kept rows sorted packed): every loss within 1e-10 (ep 2 and 4, ep 2 x etp 2;
+// the all-gather dispatcher, whose experts compute the padded rows, beside it).
 TEST(TrainingMoe, PaddedCapacityExpertParallelRunsFollowDataParallel) {
   auto base = tiny_mixtral();
   base.dtype = "double";

@@ -260,10 +260,11 @@ class AllToAllDispatcher {
   AllToAllDispatcher(const Context& ctx, DispatcherConfig c)
       : config_(c), local_(detail::local_experts(ctx, c, "AllToAllDispatcher")) {}
 
-  // compact (padded to capacity, several ranks, a backend with moe_chunk_maps): the exchange keeps
-  // its fixed sizes, and the received rows are compacted on the device into the experts' order of
-  // the real rows alone, with the counts left in the backend's memory (no wait for the host), so
-  // experts that take device counts (GroupedExperts::takes_device_counts) compute no padding row.
+  // compact (padded to capacity, a backend with moe_chunk_maps): the exchange keeps its fixed sizes,
+  // and the received rows are compacted on the device into the experts' order of the real rows
+  // alone, with the counts left in the backend's memory (no wait for the host), so experts that take
+  // device counts (GroupedExperts::takes_device_counts) compute no padding row. On one rank the kept
+  // rows are simply sorted packed, as without capacity.
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
                                         const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
@@ -271,7 +272,8 @@ class AllToAllDispatcher {
     State state;
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
-    if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, capacity);
+    // one rank, compacted: the kept rows packed (the dropless layout; capacity has dropped the rest)
+    if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, compact ? 0 : capacity);
     if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>) state.compact = compact && capacity > 0;
     Tensor<std::int32_t, Space> real_rows;  // compact: the real rows of each chunk, (q, p, l) order
     // The counts: this rank's rows per expert [E], then, for each etp rank q, the rows every ep rank p
