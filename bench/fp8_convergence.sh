@@ -28,7 +28,9 @@
 # curve's largest, mean and mean signed relative distance from bf16's at the same iterations, the
 # largest distance over 100-iteration means, how many logged points lie beyond 1%, the last logged
 # loss and tokens/s;
-# <out-dir>/fp8_convergence.svg plots the curves (bench/plot_losses.py).
+# <out-dir>/fp8_convergence.svg plots the curves (bench/plot_losses.py). Where bf16-nondeterministic
+# runs beside bf16, a second table gives each curve's distance from the band the two bf16 runs span
+# (zero inside it): both are bf16 runs, so the band is as much of bf16's curve as two runs pin down.
 # Every STRATA_FP8_CONV_EVAL_INTERVAL iterations (default 50; 0: none) each run also takes the loss on
 # the same STRATA_FP8_CONV_EVAL_ITERS global batches (default 16: 131K tokens at micro-batch 8) of the
 # held-out part of the corpus (--split 969,30,1: the validation part, which training never reads), forward
@@ -104,11 +106,14 @@ for run in $runs; do
   "$trainer" "${common[@]}" --seed "$seed" "${extra[@]}" >"$out/$run.log" 2>&1
   echo "exit $?" >>"$out/$run.log"
 done
-python3 "$here/plot_losses.py" --out "$out/fp8_convergence.svg" --from "$from" --reference bf16 \
+# with the second bf16 run, each curve's distance from the band the two bf16 runs span is printed too
+band=()
+[[ " $runs " == *" bf16 "* && " $runs " == *" bf16-nondeterministic "* ]] && band=(--band bf16,bf16-nondeterministic)
+python3 "$here/plot_losses.py" --out "$out/fp8_convergence.svg" --from "$from" --reference bf16 "${band[@]}" \
   $(for run in $runs; do echo "$run=$out/$run.log"; done) | tee "$out/table.md"
 if (( eval_iters > 0 )); then
   echo
   echo "validation loss ($eval_iters global batches of the held-out part, every $eval_interval iterations):"
-  python3 "$here/plot_losses.py" --validation --out "$out/fp8_convergence_validation.svg" --from "$from" --reference bf16 \
+  python3 "$here/plot_losses.py" --validation --out "$out/fp8_convergence_validation.svg" --from "$from" --reference bf16 "${band[@]}" \
     $(for run in $runs; do echo "$run=$out/$run.log"; done)
 fi | tee -a "$out/table.md"

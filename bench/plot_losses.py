@@ -14,6 +14,13 @@ default). Writes the curves (loss against iteration) to --out.
 With --validation it reads the lines "validation N/ M | loss X" instead (the loss on the same
 held-out batches at every --eval-interval, the same for every run), and compares those curves the
 same way; --window then averages the evaluations that fall in each window.
+
+With --band NAME,NAME,... (runs of the reference's precision that differ by rounding alone, such as
+bf16 and bf16 with the non-deterministic attention backward) it prints a second table: each other
+curve's distance from the band those runs span at each point (zero inside it; outside it, the
+distance from the nearer edge relative to that edge), its largest value after --from and how many
+points lie farther than --bound percent. Two runs of one precision are both that precision's curve;
+the band is as much of "the bf16 curve" as the runs can pin down.
 """
 import argparse
 import re
@@ -79,6 +86,37 @@ def svg(curves, path, title, ylabel):
     open(path, "w").write("\n".join(parts) + "\n")
 
 
+def band_table(curves, names, start, bound):
+    missing = [n for n in names if n not in curves]
+    if len(names) < 2 or missing:
+        print(f"\nno band: --band needs two runs or more among the curves (missing: {', '.join(missing) or 'none'})")
+        return
+    runs = [dict(curves[n]) for n in names]
+    common = sorted(set.intersection(*(set(r) for r in runs)))
+    low = {i: min(r[i] for r in runs) for i in common}
+    high = {i: max(r[i] for r in runs) for i in common}
+    spread = [(high[i] - low[i]) / low[i] for i in common if i > start and low[i] > 0]
+    print(f"\n| run | distance from the band of {' / '.join(names)} after {start}: largest | mean "
+          f"| points beyond {bound:g}% |")
+    print("|---|---|---|---|")
+    if spread:
+        print(f"| (the band's own width) | {100 * max(spread):.2f}% | {100 * sum(spread) / len(spread):.2f}% "
+              f"| {sum(w > bound / 100 for w in spread)} of {len(spread)} |")
+    for name, pts in curves.items():
+        if name in names:
+            continue
+        dist = []
+        for i, v in pts:
+            if i <= start or i not in low or low[i] <= 0:
+                continue
+            dist.append((low[i] - v) / low[i] if v < low[i] else (v - high[i]) / high[i] if v > high[i] else 0.0)
+        if not dist:
+            print(f"| {name} | - | - | no points in common |")
+            continue
+        print(f"| {name} | {100 * max(dist):.2f}% | {100 * sum(dist) / len(dist):.2f}% "
+              f"| {sum(d > bound / 100 for d in dist)} of {len(dist)} |")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -88,6 +126,7 @@ def main():
     p.add_argument("--bound", type=float, default=1.0, help="percent: count the logged points farther than this")
     p.add_argument("--title", default=None, help="the picture's title")
     p.add_argument("--validation", action="store_true", help="the validation loss lines instead of the training loss's")
+    p.add_argument("--band", default=None, help="NAME,NAME,...: runs whose pointwise span is the reference band")
     p.add_argument("curves", nargs="+", help="NAME=LOG")
     a = p.parse_args()
     curves, rates = {}, {}
@@ -117,6 +156,8 @@ def main():
         window = "-" if own else f"{100 * max(far_window):.2f}%"
         beyond = "-" if own else f"{sum(d > a.bound / 100 for d in dist)} of {len(dist)}"
         print(f"| {name} | {len(pts)} | {last} | {rate} | {far} | {mean} | {mean_signed} | {window} | {beyond} |")
+    if a.band:
+        band_table(curves, a.band.split(","), a.start, a.bound)
     kind = "validation loss" if a.validation else "loss per iteration"
     svg(curves, a.out, a.title or f"strata GPT 350M, one GPU: {kind}",
         "validation loss (the same held-out batches)" if a.validation else "loss (mean of the log interval)")
