@@ -16,7 +16,7 @@
 //      fused over blocks of rows (models::FusedLoss: the whole logits never exist);
 //   3. all-reduce gradients over data parallel, clip by the global norm (across model-parallel
 //      ranks), AdamW step with the scheduled learning rate;
-//   4. log (iteration, loss, lr, grad norm, tokens/s, time left, peak device memory) to stdout and
+//   4. log (iteration, loss, lr, grad norm where taken, tokens/s, time left, peak device memory) to stdout and
 //      JSONL; save when due. Loss sums and gradient norms stay on the device (one slot per
 //      iteration) and are read by the host at log steps only (the NaN check too: see below);
 //      every --eval-interval iterations (and at the end) the loss on the first --eval-iters global
@@ -455,6 +455,16 @@ struct Fp8RowsKept {
 // gradient reduction and clipping, an optimizer step that changes nothing (its skip flag is NaN;
 // the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
 // after; the weights, moments and step count are as before.
+// Whether a step takes the global gradient norm: to clip (--clip-grad > 0), for a loss scaler (an
+// overflow shows as a non-finite norm), or for the non-finite checks (--check-for-nan-in-loss-and-grad,
+// --skip-nonfinite-iterations, which read the norm without a scaler). Otherwise nothing reads it and
+// the pass over every gradient is skipped: the log then shows no gradient norm, as Megatron logs
+// none without clipping. The updates are the same either way (a norm is only read, never applied,
+// when --clip-grad is 0).
+inline bool grad_norm_needed(const TrainArgs& a, bool loss_scaler) {
+  return a.clip_grad > 0 || loss_scaler || a.check_for_nan_in_loss_and_grad || a.skip_nonfinite_iterations;
+}
+
 template <class Context, class Model, class Optimizer, class Dataset>
 void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset, int micro_steps,
                   std::int32_t eod) {
@@ -467,7 +477,7 @@ void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainA
                          GradientReady<typename Model::Chunk::T, Space>{}, ParameterNeeded<typename Model::Chunk::T, Space>{});
   (void)model.evaluate(ctx, std::span<const data::Batch>(&b, 1));
   optimizer.reduce_gradients(ctx);
-  (void)optimizer.unscale_and_clip(ctx, model, a.clip_grad);
+  if (grad_norm_needed(a, optimizer.scaling())) (void)optimizer.unscale_and_clip(ctx, model, a.clip_grad);
   auto skip = Tensor<double, Space>::empty(Shape{1});
   ctx.device.template fill<double>(skip.data(), 1, std::numeric_limits<double>::quiet_NaN());
   const int steps = optimizer.steps();
@@ -740,6 +750,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
   const index_t slots = a.train_iters - start;
   auto loss_history = Tensor<double, Space>::zeros(Shape{slots});
   auto norm_history = Tensor<double, Space>::zeros(Shape{slots});
+  const bool norm_needed = grad_norm_needed(a, optimizer.scaling());
   auto loss_sum = Tensor<double, Space>::zeros(Shape{1});
   // Mixture of experts: per iteration the routers' [aux, z] losses summed over every rank, layer and
   // micro-batch (slots 2 (it - start) and +1), read with the loss.
@@ -848,8 +859,13 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
     if (it == a.inject_nonfinite_gradient_at)  // (tests) an overflow in every gradient
       ctx.device.template fill<accumulate_t<T>>(optimizer.gradients().data(), optimizer.gradients().numel(),
                                                 std::numeric_limits<double>::infinity());
-    const auto norm = optimizer.unscale_and_clip(ctx, model, a.clip_grad);
-    ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
+    // The gradient norm is a pass over every gradient; it is taken only where something reads it
+    // (grad_norm_needed), as Megatron takes it only to clip. A loss scaler unscales here either way.
+    Tensor<double, Space> norm;
+    if (norm_needed) {
+      norm = optimizer.unscale_and_clip(ctx, model, a.clip_grad);
+      ctx.device.template copy<double>(norm.data(), 1, norm_history.data() + slot);
+    }
     loss_tokens[static_cast<std::size_t>(slot)] = tokens;
     // Megatron's --check-for-nan-in-loss-and-grad, without a host synchronization per iteration:
     // health += loss sum + gradient norm on the device, and the optimizer step does nothing once
@@ -1019,8 +1035,9 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           }
         }
         if (jsonl.is_open()) {
-          jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << JsonNumber{loss} << ", \"lr\": " << lrs[i]
-                << ", \"grad_norm\": " << JsonNumber{grad_norm} << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
+          jsonl << "{\"iteration\": " << read_up_to + k + 1 << ", \"loss\": " << JsonNumber{loss} << ", \"lr\": " << lrs[i];
+          if (norm_needed) jsonl << ", \"grad_norm\": " << JsonNumber{grad_norm};
+          jsonl << ", \"tokens_per_s\": " << tokens_per_s << ", \"step_seconds\": " << step_s
                 << ", \"consumed_samples\": " << consumed_after[i];
           if (a.log_throughput) jsonl << ", \"tflops_per_gpu\": " << tflops_per_gpu;
           if (router_log.aux) jsonl << ", \"load_balancing_loss\": " << JsonNumber{*router_log.aux};
@@ -1034,7 +1051,7 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           const std::int64_t step = read_up_to + k + 1;
           tb->scalar("lm loss", loss, step);
           tb->scalar("learning-rate", lrs[i], step);
-          tb->scalar("grad-norm", grad_norm, step);
+          if (norm_needed) tb->scalar("grad-norm", grad_norm, step);
           tb->scalar("throughput (tokens/s)", tokens_per_s, step);
           tb->scalar("consumed-samples", static_cast<double>(consumed_after[i]), step);
           tb->scalar("batch-size", static_cast<double>(consumed_after[i] - (i == 0 ? start_consumed : consumed_after[i - 1])), step);
@@ -1064,8 +1081,10 @@ void train_rank(Comm& world, typename Policy::backend device, const TrainArgs& a
           std::snprintf(value, sizeof value, " %.4f", mtp_log[static_cast<std::size_t>(d)]);
           mtp_text += (d == 0 ? " | mtp loss" : "") + std::string(value);
         }
-        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e | grad norm %.3f | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
-                    it + 1, a.train_iters, loss, lr, grad_norm, tokens_per_s, step_s, static_cast<int>(left / 60),
+        char norm_text[48] = "";
+        if (norm_needed) std::snprintf(norm_text, sizeof norm_text, " | grad norm %.3f", grad_norm);
+        std::printf("iteration %6d/%6d | loss %.4f | lr %.3e%s | %8.0f tokens/s | %.3f s/it | %dm%02ds left%s%s%s%s\n",
+                    it + 1, a.train_iters, loss, lr, norm_text, tokens_per_s, step_s, static_cast<int>(left / 60),
                     static_cast<int>(left) % 60, (extra + mtp_text).c_str(), scaling.c_str(), memory.c_str(),
                     !save_now ? "" : " | saving");
         std::fflush(stdout);

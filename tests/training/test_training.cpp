@@ -616,6 +616,58 @@ TEST(Training, IterationIsLoggedBeforeItsCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// The gradient norm is a pass over every gradient, taken only where something reads it: with
+// --clip-grad 0 and the non-finite checks off (a run like PyTorch's without clip_grad_norm_) the
+// step skips it, the losses are those of the run that takes it bit for bit (one rank, and pp 2 x
+// dp 2, whose norm is a collective every rank skips together), and the JSONL log has no grad_norm.
+TEST(Training, GradientNormIsTakenOnlyWhereRead) {
+  const auto dir = std::filesystem::temp_directory_path() / "strata_training_norm_unread";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (int world : {1, 4}) {
+    std::filesystem::remove(dir / "taken.jsonl");  // the log appends (a resumed run goes on in it)
+    std::filesystem::remove(dir / "skipped.jsonl");
+    auto a = tiny("gpt");
+    a.train_iters = 4;
+    a.lr_warmup_iters = 1;
+    a.log_interval = 1;
+    a.eval_iters = 0;
+    a.clip_grad = 0;
+    if (world == 4) {
+      a.model.num_layers = 4;
+      a.world_size = 4;
+      a.tensor_model_parallel_size = 1;
+      a.pipeline.pipeline_model_parallel_size = 2;
+      a.sample_tokens = 0;
+    }
+    EXPECT_TRUE(trainer::grad_norm_needed(a, false)) << "the NaN check reads the norm";
+    a.log_jsonl = (dir / "taken.jsonl").string();
+    const auto taken = trainer::train<strata::models::Gpt>(a);
+    a.check_for_nan_in_loss_and_grad = false;
+    EXPECT_FALSE(trainer::grad_norm_needed(a, false));
+    EXPECT_TRUE(trainer::grad_norm_needed(a, true)) << "a loss scaler reads the norm";
+    a.log_jsonl = (dir / "skipped.jsonl").string();
+    const auto skipped = trainer::train<strata::models::Gpt>(a);
+    ASSERT_EQ(taken.losses.size(), 4u);
+    EXPECT_EQ(skipped.losses, taken.losses) << "world " << world;
+    auto lines = [](const std::filesystem::path& path) {
+      std::vector<std::string> out;
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) out.push_back(line);
+      return out;
+    };
+    const auto with = lines(dir / "taken.jsonl"), without = lines(dir / "skipped.jsonl");
+    ASSERT_EQ(with.size(), 4u);
+    ASSERT_EQ(without.size(), 4u);
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_NE(with[i].find("\"grad_norm\": "), std::string::npos) << with[i];
+      EXPECT_EQ(without[i].find("grad_norm"), std::string::npos) << without[i];
+      EXPECT_NE(without[i].find("\"tokens_per_s\": "), std::string::npos) << without[i];
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // --load must name a checkpoint directory: a regular file, a FIFO, or a directory of checkpoints
 // without its tracker is refused before training (the checkpoints are never overwritten).
 TEST(Training, LoadThatIsNoCheckpointDirectoryIsRefused) {
