@@ -9,6 +9,8 @@
 // compacted padded exchange, gathering rows,
 // combine and its backward, the aux loss and the expert-bias update. Integer outputs must match
 // exactly; values within the tolerance of their type (check.hpp).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -306,6 +308,29 @@ void check_chunk_maps(backend& device, suite& results, index_t chunks, index_t l
                            std::to_string(capacity) + " rows: " + (same ? "the CPU twin's integers" : "DIFFERENT from the CPU twin"));
 }
 
+// moe_drop against its CPU twin: n assignments over several of the kernel's shared-memory tiles
+// (the last one partial), one in experts + 1 unrouted (-1), weights drawn from eight values so many tie
+// (ties go to the earlier position), both policies, and capacities from none kept to all kept.
+template <class A>
+void check_drop(backend& device, suite& results, index_t n, index_t experts, index_t capacity, bool by_position) {
+  host_rng rng(static_cast<std::uint64_t>(n * 31 + capacity * 7 + (by_position ? 1 : 0)));
+  auto idx = rng.integers(static_cast<std::size_t>(n), -1, static_cast<int>(experts) - 1);
+  auto w = rng.template uniform<A>(static_cast<std::size_t>(n), 0, 1);
+  for (auto& v : w) v = static_cast<A>(std::floor(static_cast<double>(v) * 8) / 8);  // ties
+  std::vector<std::int32_t> routed(static_cast<std::size_t>(n));
+  cpu::moe_drop<A>(idx.data(), w.data(), n, capacity, by_position, routed.data());
+  device_vector<std::int32_t> g_idx(idx.size()), g_routed(routed.size());
+  device_vector<A> g_w(w.size());
+  upload(device, idx, g_idx), upload(device, w, g_w);
+  device.moe_drop<A>(g_idx.data(), g_w.data(), n, capacity, by_position, g_routed.data());
+  const auto got = to_host(device, g_routed);
+  const auto kept = std::count_if(routed.begin(), routed.end(), [](std::int32_t e) { return e >= 0; });
+  results.record(got == routed, "moe_drop<" + type_name<A>() + "> " + std::to_string(n) + " assignments, " +
+                                    std::to_string(experts) + " experts, capacity " + std::to_string(capacity) +
+                                    (by_position ? " by position" : " by probability") + ", " + std::to_string(kept) +
+                                    " kept: " + (got == routed ? "the CPU twin's integers" : "DIFFERENT from the CPU twin"));
+}
+
 template <class T>
 void check_permutation(backend& device, suite& results, bool by_position, index_t capacity_padding) {
   using A = accumulate_t<T>;
@@ -410,6 +435,11 @@ int main() {
         check_permutation<bf16>(device, results, by_position, pad);
       }
     check_count_and_sort_many(device, results);
+    for (bool by_position : {false, true}) {
+      for (index_t capacity : {0, 1, 37, 400, 5000}) check_drop<float>(device, results, 3001, 8, capacity, by_position);
+      check_drop<double>(device, results, 2049, 5, 300, by_position);
+      check_drop<float>(device, results, 16384, 8, 2048, by_position);
+    }
     check_chunk_maps(device, results, 8, 3, 257);
     check_chunk_maps(device, results, 1, 1, 5);
     check_chunk_maps(device, results, 4, 16, 1024);
