@@ -15,6 +15,9 @@
 #   bf16-nondeterministic           bf16 with --no-deterministic-attention: the same initialization and
 #                                   data, only the attention backward's summation order differs: how far
 #                                   two runs apart by rounding alone drift, the floor of the distances (not by default)
+#   <run>-nondeterministic, <run>.N any run with --no-deterministic-attention, and another draw of it
+#                                   (bf16-nondeterministic.2, tensorwise-nondeterministic.3): since the
+#                                   floor varies from draw to draw, several draws show its spread
 # The corpus (STRATA_FP8_CONV_CORPUS): "bible", the whole King James Bible
 # (examples/data/kjv_bible.txt.gz, 4.15M byte tokens), or "library", the Bible and eight novels
 # (examples/data/novels.txt.gz, 14.5M byte tokens more: 18.6M in all); by default the Bible when the
@@ -88,27 +91,39 @@ common=(--device cuda --bf16 --data-path "$out/corpus_text_document" --num-layer
         --hidden-dropout 0 --attention-dropout 0 --log-interval 10 --split 969,30,1 --eval-interval "$eval_interval"
         --eval-iters "$eval_iters" --sample-tokens 0
         --world-size 1)
-for run in $runs; do
-  seed=1234
-  case $run in
-    bf16) extra=() ;;
-    bf16-reseeded) extra=(); seed=4321 ;;
-    bf16-nondeterministic) extra=(--no-deterministic-attention) ;;
-    delayed-default) extra=(--fp8-format hybrid --fp8-recipe delayed) ;;
-    tensorwise) extra=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
-    delayed) extra=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max) ;;
-    blockwise) extra=(--fp8-format e4m3 --fp8-recipe blockwise) ;;
-    *) echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, delayed-default, bf16-reseeded," \
-            "bf16-nondeterministic)" >&2; exit 1 ;;
+# flags_of <run>: the run's seed and flags into `seed` and `extra`. A "-nondeterministic" suffix adds
+# --no-deterministic-attention to any run, and a ".N" suffix names another draw of the same run
+# (bf16-nondeterministic.2: a second draw of the noise floor; tensorwise-nondeterministic.2).
+flags_of() {
+  local kind=${1%%.*}
+  seed=1234 extra=()
+  if [[ $kind == *-nondeterministic ]]; then extra=(--no-deterministic-attention); kind=${kind%-nondeterministic}; fi
+  case $kind in
+    bf16) ;;
+    bf16-reseeded) seed=4321 ;;
+    delayed-default) extra+=(--fp8-format hybrid --fp8-recipe delayed) ;;
+    tensorwise) extra+=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
+    delayed) extra+=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max) ;;
+    blockwise) extra+=(--fp8-format e4m3 --fp8-recipe blockwise) ;;
+    *) return 1 ;;
   esac
+}
+for run in $runs; do  # every name checked before the first run
+  flags_of "$run" || { echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, delayed-default," \
+                            "bf16-reseeded, each with an optional -nondeterministic and .N suffix)" >&2; exit 1; }
+done
+for run in $runs; do
+  flags_of "$run"
   echo "$run: $iters iterations ..."
   echo "$trainer ${common[*]} --seed $seed ${extra[*]}" >"$out/$run.cmd"
   "$trainer" "${common[@]}" --seed "$seed" "${extra[@]}" >"$out/$run.log" 2>&1
   echo "exit $?" >>"$out/$run.log"
 done
-# with the second bf16 run, each curve's distance from the band the two bf16 runs span is printed too
+# with a second bf16 run (bf16-nondeterministic, and any further draws of it), each curve's distance
+# from the band the bf16 runs span is printed too
 band=()
-[[ " $runs " == *" bf16 "* && " $runs " == *" bf16-nondeterministic "* ]] && band=(--band bf16,bf16-nondeterministic)
+bf16_runs=$(for run in $runs; do [[ $run == bf16 || ${run%%.*} == bf16-nondeterministic ]] && echo "$run"; done | paste -sd, -)
+[[ " $runs " == *" bf16 "* && $bf16_runs == *,* ]] && band=(--band "$bf16_runs")
 python3 "$here/plot_losses.py" --out "$out/fp8_convergence.svg" --from "$from" --reference bf16 "${band[@]}" \
   $(for run in $runs; do echo "$run=$out/$run.log"; done) | tee "$out/table.md"
 if (( eval_iters > 0 )); then
