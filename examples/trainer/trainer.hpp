@@ -449,12 +449,6 @@ struct Fp8RowsKept {
   }
 };
 
-// The warm-up of a dry run (communicator::set_dry_run): one training step's forwards and backwards
-// through the pipeline schedule (fused classifier, as training runs it; with pp > 1 the stages
-// compute on whatever the dry receives left in their buffers), one validation forward, the
-// gradient reduction and clipping, an optimizer step that changes nothing (its skip flag is NaN;
-// the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
-// after; the weights, moments and step count are as before.
 // Whether a step takes the global gradient norm: to clip (--clip-grad > 0), for a loss scaler (an
 // overflow shows as a non-finite norm), or for the non-finite checks (--check-for-nan-in-loss-and-grad,
 // --skip-nonfinite-iterations, which read the norm without a scaler). Otherwise nothing reads it and
@@ -465,6 +459,12 @@ inline bool grad_norm_needed(const TrainArgs& a, bool loss_scaler) {
   return a.clip_grad > 0 || loss_scaler || a.check_for_nan_in_loss_and_grad || a.skip_nonfinite_iterations;
 }
 
+// The warm-up of a dry run (communicator::set_dry_run): one training step's forwards and backwards
+// through the pipeline schedule (fused classifier, as training runs it; with pp > 1 the stages
+// compute on whatever the dry receives left in their buffers), one validation forward, the
+// gradient reduction and clipping, an optimizer step that changes nothing (its skip flag is NaN;
+// the step count is restored) and, when sampling is on, one sampling forward. Gradients are zeroed
+// after; the weights, moments and step count are as before.
 template <class Context, class Model, class Optimizer, class Dataset>
 void warm_up_step(Context& ctx, Model& model, Optimizer& optimizer, const TrainArgs& a, const Dataset& dataset, int micro_steps,
                   std::int32_t eod) {

@@ -270,16 +270,20 @@ STRATA_HOST_DEVICE void route_row_backward(const A* z, index_t experts, index_t 
 // Capacity dropping of assignment a (token a / k's j-th choice, expert idx[a]) among n assignments:
 // kept when fewer than `capacity` assignments to the same expert come before it, in token order
 // (by position) or by weight, larger first, ties to the earlier assignment (by probability).
+// ranks_ahead: whether assignment b (weight wb) comes before assignment a (weight wa) of the same
+// expert; the CUDA kernel counts with it too.
+template <class A>
+STRATA_HOST_DEVICE bool ranks_ahead(index_t b, A wb, index_t a, A wa, bool by_position) {
+  return by_position ? b < a : (wb > wa || (wb == wa && b < a));
+}
 template <class A>
 STRATA_HOST_DEVICE bool kept_within_capacity(const std::int32_t* idx, const A* w, index_t n, index_t a, index_t capacity,
                                              bool by_position) {
   const std::int32_t e = idx[a];
   if (e < 0) return false;
   index_t ahead = 0;
-  for (index_t b = 0; b < n; ++b) {
-    if (b == a || idx[b] != e) continue;
-    if (by_position ? b < a : (w[b] > w[a] || (w[b] == w[a] && b < a))) ++ahead;
-  }
+  for (index_t b = 0; b < n; ++b)
+    if (b != a && idx[b] == e && ranks_ahead(b, w[b], a, w[a], by_position)) ++ahead;
   return ahead < capacity;
 }
 

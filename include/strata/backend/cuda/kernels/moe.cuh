@@ -65,7 +65,8 @@ void moe_router_backward(const A* logits, index_t tokens, index_t experts, index
 }
 
 // The capacity drop: assignment a is kept when fewer than `capacity` assignments to its expert rank
-// ahead of it (moe_math::kept_within_capacity states the rule; it is the CPU twin's). Every thread
+// ahead of it (moe_math::kept_within_capacity, the CPU twin, states the rule; both count with
+// moe_math::ranks_ahead). Every thread
 // owns one assignment and counts those ahead of it over the whole list, which the block reads a
 // tile at a time into shared memory: n^2 comparisons against broadcast shared-memory reads, instead
 // of two global loads per comparison (16,384 assignments a layer: about 1.5 ms that way). The
@@ -90,11 +91,8 @@ __global__ void __launch_bounds__(kMoeDropThreads) moe_drop_kernel(const std::in
     }
     __syncthreads();
     if (e < 0 || ahead >= capacity) continue;  // decided; the block still loads the tiles
-    for (int t = 0; t < m; ++t) {
-      const index_t b = base + t;
-      if (tile_index[t] != e || b == a) continue;
-      if (by_position ? b < a : (tile_weight[t] > w || (tile_weight[t] == w && b < a))) ++ahead;
-    }
+    for (int t = 0; t < m; ++t)
+      if (tile_index[t] == e && base + t != a && moe_math::ranks_ahead<A>(base + t, tile_weight[t], a, w, by_position)) ++ahead;
   }
   if (a < n) routed[a] = e >= 0 && ahead < capacity ? e : -1;
 }
