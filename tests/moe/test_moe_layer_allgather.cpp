@@ -3,6 +3,9 @@
 // same results whether their counts are read on the host or left in the backend's memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <string>
+
 #include "moe_layer_equivalence.hpp"
 
 // Every case of this file in a namespace of its own, so that several test files can share a
@@ -43,6 +46,55 @@ TEST(MoeMlp, CountsReadOnTheHostEqualCountsLeftOnTheDevice) {
     const auto gathered = run_moe<double, false, swiglu, moe_allgather, HostCountsPolicy>(c, c.world_size() == 1 ? 2 : 0, true);
     strata_test::expect_equivalent(gathered, on_device, 1e-12, describe(c, false) + " all-gather");
   }
+}
+
+// A backend whose copies to the host are started and waited for apart, as on a GPU, recording the
+// dense GEMMs enqueued in between on each rank (the routed experts' GEMMs are grouped ones, so the
+// dense GEMMs there are the shared experts').
+std::atomic<int> counts_read_started{0}, counts_read_waited{0}, gemms_while_counts_travel{0};
+thread_local bool counts_in_flight = false;
+struct AsyncCountsBackend : cpu::backend {
+  template <class X>
+  static void copy_to_host_start(const X* src, index_t n, X* host) {
+    cpu::backend::copy_to_host_start<X>(src, n, host);
+    ++counts_read_started;
+    counts_in_flight = true;
+  }
+  static void wait_host_copies() {
+    if (counts_in_flight) ++counts_read_waited;
+    counts_in_flight = false;
+  }
+  template <class T, class C = T>
+  static void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, C* c, bool accumulate,
+                   const T* bias = nullptr) {
+    if (counts_in_flight) ++gemms_while_counts_travel;
+    cpu::backend::gemm<T, C>(ta, tb, m, n, k, a, b, c, accumulate, bias);
+  }
+};
+struct AsyncCountsPolicy : strata_test::TestPolicy<double, false> {
+  using backend = AsyncCountsBackend;
+};
+
+// Over several expert ranks (dropless) each dispatcher reads the experts' counts on the host once per
+// forward; the shared experts, which need no count, are enqueued after that read starts and before
+// its wait (the dispatcher's `beside`), so a GPU computes them while the host waits. The results are
+// those of the plain backend.
+TEST(MoeMlp, SharedExpertsRunWhileTheCountsTravel) {
+  const ParallelConfig c{.dp = 2, .ep = 2};
+  for (const bool shared : {true, false})
+    for (const bool all_gather : {false, true}) {
+      counts_read_started = counts_read_waited = gemms_while_counts_travel = 0;
+      const auto traced = all_gather ? run_moe<double, false, swiglu, moe_allgather, AsyncCountsPolicy>(c, 0, shared)
+                                     : run_moe<double, false, swiglu, moe_alltoall, AsyncCountsPolicy>(c, 0, shared);
+      const auto plain = all_gather ? run_moe<double, false, swiglu, moe_allgather>(c, 0, shared)
+                                    : run_moe<double, false, swiglu, moe_alltoall>(c, 0, shared);
+      const std::string what = std::string(all_gather ? "all-gather" : "all-to-all") + (shared ? ", shared experts" : "");
+      EXPECT_EQ(counts_read_started.load(), 2) << what << ": one read of the counts per rank and forward";
+      EXPECT_EQ(counts_read_waited.load(), counts_read_started.load()) << what;
+      // the shared experts' fc1 and fc2 on each of the 2 ranks; nothing without them
+      EXPECT_EQ(gemms_while_counts_travel.load(), shared ? 4 : 0) << what;
+      strata_test::expect_equivalent(traced, plain, 1e-15, what);  // the harness sums the router losses in thread order
+    }
 }
 }  // namespace
 }  // namespace test_moe_layer_allgather_cases

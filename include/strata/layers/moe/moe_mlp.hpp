@@ -164,16 +164,11 @@ class MoeMlp {
     const Tensor<T, Space> flat = local.reshaped(Shape{tokens, h});
     auto [routing, router_saved] = router_->forward(ctx, flat, sequences);
     saved.router = std::move(router_saved);
-    // padded to capacity over several ranks: the received rows compacted where the experts take
-    // device counts (no padding row computed, no wait)
-    auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity,
-                                                     experts_->takes_device_counts(ctx));
-    auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts, dispatched.host_counts);
-    saved.experts = std::move(experts_saved);
-    Tensor<T, Space> y = dispatcher_->combine(ctx, state, expert_out).reshaped(saved.local_shape);
-    saved.dispatch = std::move(state);
-    Edge<Layout> out = to_residual(ctx, std::move(y));
-    if (shared_) {
+    // The shared experts depend on x alone: the dispatcher enqueues them while it waits for the
+    // counts on the host (its `beside`), and their output is added after the combine as before.
+    Tensor<T, Space> shared_out;
+    const auto shared_forward = [&] {
+      if (!shared_) return;
       auto [s, shared_saved] = shared_->forward(ctx, x);
       saved.shared = std::move(shared_saved);
       if (shared_gate_) {  // s times sigmoid(x . w), row by row
@@ -181,15 +176,24 @@ class MoeMlp {
         saved.gate_logits = Tensor<T, Space>::empty(Shape{rows});
         ctx.device.template gemm<T>(false, true, rows, 1, h, x.data(), shared_gate_->value.data(), saved.gate_logits.data(),
                                     false);
-        auto gated = Tensor<T, Space>::empty(s.tensor.shape());
-        ctx.device.template sigmoid_gate_forward<T>(s.data(), saved.gate_logits.data(), rows, h, gated.data());
+        shared_out = Tensor<T, Space>::empty(s.tensor.shape());
+        ctx.device.template sigmoid_gate_forward<T>(s.data(), saved.gate_logits.data(), rows, h, shared_out.data());
         saved.shared_input = x.tensor;
         saved.shared_output = std::move(s.tensor);
-        ctx.device.template add<T>(out.data(), gated.data(), out.tensor.numel(), out.data());
       } else {
-        ctx.device.template add<T>(out.data(), s.data(), out.tensor.numel(), out.data());
+        shared_out = std::move(s.tensor);
       }
-    }
+    };
+    // padded to capacity over several ranks: the received rows compacted where the experts take
+    // device counts (no padding row computed, no wait)
+    auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity,
+                                                     experts_->takes_device_counts(ctx), shared_forward);
+    auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts, dispatched.host_counts);
+    saved.experts = std::move(experts_saved);
+    Tensor<T, Space> y = dispatcher_->combine(ctx, state, expert_out).reshaped(saved.local_shape);
+    saved.dispatch = std::move(state);
+    Edge<Layout> out = to_residual(ctx, std::move(y));
+    if (shared_) ctx.device.template add<T>(out.data(), shared_out.data(), out.tensor.numel(), out.data());
     return {std::move(out), std::move(saved)};
   }
 

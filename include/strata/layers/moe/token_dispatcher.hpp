@@ -31,6 +31,12 @@
 // capacity from every rank (the router's `capacity`), padded with zero rows. Where the counts are
 // on the host (read for the exchanges, or the padded capacity) the dispatch hands them on
 // (Dispatched::host_counts), so experts that need them there (biases, FP8) read nothing more.
+//
+// dispatch's last argument, `beside` (a callable, default none), is work that does not depend on the
+// dispatch: it is run once per dispatch, after the rows are permuted and before the wait for the
+// counts where there is one, so the GPU computes it while the host waits (MoeMlp passes its shared
+// experts' forward). Both dispatchers run it on every path, so the collectives inside it come in
+// the same order on every rank.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +77,11 @@ template <class Device>
 void finish_host_copies(Device& device) {
   if constexpr (requires { device.wait_host_copies(); }) device.wait_host_copies();
 }
+
+// dispatch's default `beside`: nothing.
+struct NothingBeside {
+  void operator()() const {}
+};
 
 inline std::vector<std::size_t> times(const std::vector<index_t>& counts, index_t factor) {
   std::vector<std::size_t> out(counts.size());
@@ -121,8 +132,10 @@ class AllGatherDispatcher {
   AllGatherDispatcher(const Context& ctx, DispatcherConfig c)
       : config_(c), local_(detail::local_experts(ctx, c, "AllGatherDispatcher")) {}
 
+  template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool /*compact*/ = false) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool /*compact*/ = false,
+                                        const Beside& beside = Beside{}) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     auto& group = ctx.expert_tp_ep;
     State state;
@@ -153,6 +166,7 @@ class AllGatherDispatcher {
 
     const index_t first = ctx.ep.rank() * local_;
     Dispatched out;
+    bool beside_done = false;
     out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
     if (capacity > 0) {
       ctx.device.template fill<std::int32_t>(out.counts.data(), local_, static_cast<double>(capacity * group.size()));
@@ -164,9 +178,12 @@ class AllGatherDispatcher {
       ctx.device.template copy<std::int32_t>(counts.data() + first, local_, out.counts.data());
       if (group.size() == 1) {
         state.rows = n * k;  // every routed assignment is local: the upper bound, read nowhere
-      } else {
+      } else {  // the counts' read started, `beside` enqueued, then the wait
         std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
-        ctx.device.template copy_to_host<std::int32_t>(out.counts.data(), local_, host.data());
+        detail::start_host_copy(ctx.device, out.counts.data(), local_, host.data());
+        beside();
+        beside_done = true;
+        detail::finish_host_copies(ctx.device);
         state.rows = std::accumulate(host.begin(), host.end(), index_t{0});
         out.host_counts.assign(host.begin(), host.end());
       }
@@ -177,6 +194,7 @@ class AllGatherDispatcher {
                                   token_of_slot.data(), state.rows);
     out.tokens = Tensor<T, Space>::empty(Shape{state.rows, h});
     ctx.device.template moe_gather_rows<T>(all_hidden.data(), h, token_of_slot.data(), state.rows, out.tokens.data());
+    if (!beside_done) beside();
     return {std::move(out), std::move(state)};
   }
 
@@ -265,15 +283,21 @@ class AllToAllDispatcher {
   // alone, with the counts left in the backend's memory (no wait for the host), so experts that take
   // device counts (GroupedExperts::takes_device_counts) compute no padding row. On one rank the kept
   // rows are simply sorted packed, as without capacity.
+  template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false,
+                                        const Beside& beside = Beside{}) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
     State state;
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
     // one rank, compacted: the kept rows packed (the dropless layout; capacity has dropped the rest)
-    if (ep * etp == 1) return dispatch_alone(ctx, std::move(state), hidden, routed, compact ? 0 : capacity);
+    if (ep * etp == 1) {
+      auto alone = dispatch_alone(ctx, std::move(state), hidden, routed, compact ? 0 : capacity);
+      beside();
+      return alone;
+    }
     if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>) state.compact = compact && capacity > 0;
     Tensor<std::int32_t, Space> real_rows;  // compact: the real rows of each chunk, (q, p, l) order
     // The counts: this rank's rows per expert [E], then, for each etp rank q, the rows every ep rank p
@@ -314,6 +338,7 @@ class AllToAllDispatcher {
                                   token_of_slot.data(), slots);
     auto permuted = Tensor<T, Space>::empty(Shape{slots, h});
     ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), slots, permuted.data());
+    beside();                                // enqueued while the counts travel
     detail::finish_host_copies(ctx.device);  // the one wait
     const std::int32_t* per_expert = host.data();
     const std::int32_t* mine = host.data() + E + ctx.expert_tp.rank() * E;  // received by this etp rank
@@ -509,11 +534,13 @@ class ConfiguredDispatcher {
 
   ConfiguredDispatcher(const Context& ctx, DispatcherConfig c) : impl_(make(ctx, c)) {}
 
+  template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false) const {
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false,
+                                        const Beside& beside = Beside{}) const {
     return std::visit(
         [&](const auto& d) -> std::pair<Dispatched, State> {
-          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity, compact);
+          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity, compact, beside);
           return {std::move(dispatched), State(std::move(state))};
         },
         impl_);
