@@ -8,6 +8,10 @@
 #   fp8 delayed                     --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
 #                                   --fp8-amax-compute-algo max (the Llama 3 example line's recipe)
 #   fp8 blockwise                   --fp8-format e4m3 --fp8-recipe blockwise (1x128 / 128x128 blocks)
+#   blockwise-hybrid                blockwise with E5M2 gradients (--fp8-format hybrid), and
+#   tensorwise-e4m3                 tensorwise with E4M3 gradients (--fp8-format e4m3): the two recipes
+#                                   with each other's gradient format, to tell the format's part in a
+#                                   difference between them from the scaling's (not by default)
 #   delayed-default                 --fp8-format hybrid --fp8-recipe delayed with Megatron's defaults
 #                                   (history 1, most_recent: each step's scale from the step before) (not by default)
 #   bf16-reseeded                   bf16 with another --seed (initialization and data order): how far
@@ -105,11 +109,13 @@ flags_of() {
     tensorwise) extra+=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
     delayed) extra+=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024 --fp8-amax-compute-algo max) ;;
     blockwise) extra+=(--fp8-format e4m3 --fp8-recipe blockwise) ;;
+    blockwise-hybrid) extra+=(--fp8-format hybrid --fp8-recipe blockwise) ;;
+    tensorwise-e4m3) extra+=(--fp8-format e4m3 --fp8-recipe tensorwise) ;;
     *) return 1 ;;
   esac
 }
 for run in $runs; do  # every name checked before the first run
-  flags_of "$run" || { echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, delayed-default," \
+  flags_of "$run" || { echo "fp8_convergence: unknown run '$run' (bf16, tensorwise, delayed, blockwise, delayed-default, blockwise-hybrid, tensorwise-e4m3," \
                             "bf16-reseeded, each with an optional -nondeterministic and .N suffix)" >&2; exit 1; }
 done
 for run in $runs; do
