@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <numeric>
@@ -350,6 +351,49 @@ void check_capacity(MoeDropPolicy policy, bool pad) {
 TEST(TopKRouter, CapacityRespectedDroppingByProbability) { check_capacity(MoeDropPolicy::probability, false); }
 TEST(TopKRouter, CapacityRespectedDroppingByPosition) { check_capacity(MoeDropPolicy::position, false); }
 TEST(TopKRouter, CapacityRespectedWithPadding) { check_capacity(MoeDropPolicy::probability, true); }
+
+// A backend that counts the capacity drop's passes.
+std::atomic<int> drops_run{0};
+struct DropCountingBackend : cpu::backend {
+  template <class A>
+  static void moe_drop(const std::int32_t* indices, const A* weights, index_t assignments, index_t capacity, bool by_position,
+                       std::int32_t* routed) {
+    ++drops_run;
+    cpu::backend::moe_drop<A>(indices, weights, assignments, capacity, by_position, routed);
+  }
+};
+struct DropCountingPolicy : strata_test::TestPolicy<double, false> {
+  using backend = DropCountingBackend;
+};
+
+// A token picks an expert at most once, so at a capacity of every token (factor E / k or more)
+// nothing can drop: the router keeps every assignment without running the drop, padded or not; one
+// token less of capacity (factor 2.9: 39 of 40) runs it.
+TEST(TopKRouter, CapacityOfEveryTokenSkipsTheDrop) {
+  for (const bool pad : {false, true})
+    for (const double factor : {double(kExperts) / kTopk, 10.0, 2.9}) {
+      RouterConfig c = base_config();
+      c.capacity_factor = factor;
+      c.pad_to_capacity = pad;
+      inprocess::run(1, [&](inprocess::communicator& world) {
+        auto ctx = ParallelContext<inprocess::communicator, DropCountingBackend>::single(world);
+        TopKRouter<DropCountingPolicy> router(ctx, "router", c);
+        router.init(ctx, 9, 1.0);
+        const index_t tokens = 40;
+        const Tensor<double> x = random_tensor<double>(Shape{tokens, kHidden}, 4);
+        drops_run = 0;
+        auto [out, saved] = router.forward(ctx, x);
+        const bool every_token = factor >= double(kExperts) / kTopk;
+        const std::string what = "factor " + std::to_string(factor) + (pad ? ", padded" : "");
+        EXPECT_EQ(router.expert_capacity(tokens), every_token ? tokens : tokens - 1) << what;
+        EXPECT_EQ(out.capacity, pad ? router.expert_capacity(tokens) : 0) << what;
+        EXPECT_EQ(drops_run.load(), every_token ? 0 : 1) << what;
+        if (every_token) {
+          for (index_t a = 0; a < tokens * kTopk; ++a) EXPECT_EQ(out.routed[a], out.indices[a]) << what << ", assignment " << a;
+        }
+      });
+    }
+}
 
 TEST(TopKRouter, ExpertBiasSteersTheChoiceNotTheWeightsAndFollowsTheLoad) {
   RouterConfig c = base_config();

@@ -175,9 +175,15 @@ class TopKRouter {
     }
     if (config_.capacity_factor > 0) {
       const index_t capacity = expert_capacity(tokens);
-      out.routed = Tensor<std::int32_t, Space>::empty(Shape{tokens, k});
-      ctx.device.template moe_drop<A>(out.indices.data(), out.weights.data(), tokens * k, capacity,
-                                      config_.drop_policy == MoeDropPolicy::position, out.routed.data());
+      // A token picks an expert at most once, so no expert receives more than `tokens` assignments:
+      // at that capacity (factor >= E / k) nothing can drop, and the drop's pass is skipped.
+      if (capacity < tokens) {
+        out.routed = Tensor<std::int32_t, Space>::empty(Shape{tokens, k});
+        ctx.device.template moe_drop<A>(out.indices.data(), out.weights.data(), tokens * k, capacity,
+                                        config_.drop_policy == MoeDropPolicy::position, out.routed.data());
+      } else {
+        out.routed = out.indices;
+      }
       if (config_.pad_to_capacity) out.capacity = capacity;
     } else {
       out.routed = out.indices;
