@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "moe_layer_equivalence.hpp"
 
@@ -94,6 +95,44 @@ TEST(MoeMlp, SharedExpertsRunWhileTheCountsTravel) {
       // the shared experts' fc1 and fc2 on each of the 2 ranks; nothing without them
       EXPECT_EQ(gemms_while_counts_travel.load(), shared ? 4 : 0) << what;
       strata_test::expect_equivalent(traced, plain, 1e-15, what);  // the harness sums the router losses in thread order
+    }
+}
+
+// The same with grouped GEMMs that need their counts on the host (FP8 experts, expert biases, CUDA
+// without the Hopper kernel). On one rank of the etp x ep group (dropless) the dispatch reads them
+// for the experts: the read started once they are counted, the shared experts enqueued before its
+// wait, and no read of the counts left for the experts' forward (no synchronous copy).
+std::atomic<int> counts_read_at_once{0};
+struct AsyncHostCountsBackend : AsyncCountsBackend {
+  template <class T>
+  static constexpr bool grouped_gemm_counts_on_device(index_t, index_t) {
+    return false;
+  }
+  template <class X>
+  static void copy_to_host(const X* src, index_t n, X* host) {
+    if constexpr (std::is_same_v<X, std::int32_t>) ++counts_read_at_once;
+    cpu::backend::copy_to_host<X>(src, n, host);
+  }
+};
+struct AsyncHostCountsPolicy : strata_test::TestPolicy<double, false> {
+  using backend = AsyncHostCountsBackend;
+};
+
+TEST(MoeMlp, OneRankReadsTheExpertsHostCountsBesideTheSharedExperts) {
+  const ParallelConfig c{.dp = 2};  // two ranks, each an etp x ep group of its own
+  for (const bool shared : {true, false})
+    for (const bool all_gather : {false, true}) {
+      counts_read_started = counts_read_waited = gemms_while_counts_travel = counts_read_at_once = 0;
+      const auto traced = all_gather ? run_moe<double, false, swiglu, moe_allgather, AsyncHostCountsPolicy>(c, 0, shared)
+                                     : run_moe<double, false, swiglu, moe_alltoall, AsyncHostCountsPolicy>(c, 0, shared);
+      const auto plain = all_gather ? run_moe<double, false, swiglu, moe_allgather>(c, 0, shared)
+                                    : run_moe<double, false, swiglu, moe_alltoall>(c, 0, shared);
+      const std::string what = std::string(all_gather ? "all-gather" : "all-to-all") + (shared ? ", shared experts" : "");
+      EXPECT_EQ(counts_read_started.load(), 2) << what << ": one read of the counts per rank and forward";
+      EXPECT_EQ(counts_read_waited.load(), counts_read_started.load()) << what;
+      EXPECT_EQ(counts_read_at_once.load(), 0) << what << ": the experts read the counts again";
+      EXPECT_EQ(gemms_while_counts_travel.load(), shared ? 4 : 0) << what;
+      strata_test::expect_equivalent(traced, plain, 1e-15, what);
     }
 }
 }  // namespace

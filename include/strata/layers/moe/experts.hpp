@@ -19,9 +19,9 @@
 // `fc1.bias` [ffn (x2)] (split over etp as fc1's rows) and `fc2.bias` [hidden] (replicated over
 // etp, added on etp rank 0 only, since the output is summed over etp; every etp rank computes its
 // whole gradient, the same on each). Each group's rows get their expert's bias, so the counts are
-// needed on the host: the dispatcher's where it has them (it read them for its exchanges, or they are
-// the padded capacity), else read once per forward (a synchronization the bias-free GEMMs on Hopper
-// avoid).
+// needed on the host: the dispatcher's (MoeMlp asks for them: read for its exchanges, the padded
+// capacity, or on one rank read beside its permutation and the shared experts), else read here once
+// per forward (a synchronization the bias-free GEMMs on Hopper avoid).
 //
 // FP8 (ctx.fp8 under the delayed recipe with Fp8Options::experts, in a layer that runs FP8): the
 // six GEMMs run on FP8 codes (layers/fp8_linear.hpp), with one scaling state per projection for all

@@ -185,7 +185,8 @@ class MoeMlp {
       }
     };
     // padded to capacity over several ranks: the received rows compacted where the experts take
-    // device counts (no padding row computed, no wait)
+    // device counts (no padding row computed, no wait); experts that need the counts on the host get
+    // them from the dispatch, read beside its permutation and the shared experts
     auto [dispatched, state] = dispatcher_->dispatch(ctx, flat, routing.routed, routing.weights, routing.capacity,
                                                      experts_->takes_device_counts(ctx), shared_forward);
     auto [expert_out, experts_saved] = experts_->forward(ctx, dispatched.tokens, dispatched.counts, dispatched.host_counts);

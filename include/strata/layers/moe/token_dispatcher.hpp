@@ -22,12 +22,16 @@
 //   (etp source, ep source, local expert) into local-expert order. combine runs it backwards:
 //   unsort, reduce-scatter over etp, all_to_all back, then weigh and sum per token.
 //
-// On one rank of the etp x ep group nothing is read on the host: the counts stay in the backend's
-// memory, the experts' input has the upper bound of T x k rows (the routed ones first, grouped by
-// expert; the rest, what capacity dropped, zero and in no group), and the grouped GEMMs read the counts
-// on the device. Over several ranks the sizes of the collectives are read on the host, as in
-// Megatron: once per dispatch by the all-to-all dispatcher (its counts exchanged on the device
-// first), twice by the all-gather one (the ranks' token counts, then the experts'). With padding to capacity every expert receives exactly its
+// On one rank of the etp x ep group the experts' input has the upper bound of T x k rows (the routed
+// ones first, grouped by expert; the rest, what capacity dropped, zero and in no group), and nothing
+// is read on the host where the experts' grouped GEMMs read the counts on the device (dispatch's
+// `device_counts`). Experts that need them on the host (biases, FP8, a backend without device-count
+// grouped GEMMs) get them read by the dispatch, started as soon as they are counted and waited for
+// after the permutation and `beside`, so the GPU permutes (and computes `beside`) while the host
+// waits, instead of a read inside the experts' forward after all of it. Over several ranks the
+// sizes of the collectives are read on the host, as in Megatron: once per dispatch by the all-to-all
+// dispatcher (its counts exchanged on the device first), twice by the all-gather one (the ranks'
+// token counts, then the experts'). With padding to capacity every expert receives exactly its
 // capacity from every rank (the router's `capacity`), padded with zero rows. Where the counts are
 // on the host (read for the exchanges, or the padded capacity) the dispatch hands them on
 // (Dispatched::host_counts), so experts that need them there (biases, FP8) read nothing more.
@@ -134,7 +138,7 @@ class AllGatherDispatcher {
 
   template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool /*compact*/ = false,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool device_counts = false,
                                         const Beside& beside = Beside{}) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     auto& group = ctx.expert_tp_ep;
@@ -167,6 +171,7 @@ class AllGatherDispatcher {
     const index_t first = ctx.ep.rank() * local_;
     Dispatched out;
     bool beside_done = false;
+    std::vector<std::int32_t> alone_host;  // one rank, experts without device counts: read beside the sort
     out.counts = Tensor<std::int32_t, Space>::empty(Shape{local_});
     if (capacity > 0) {
       ctx.device.template fill<std::int32_t>(out.counts.data(), local_, static_cast<double>(capacity * group.size()));
@@ -177,7 +182,11 @@ class AllGatherDispatcher {
       ctx.device.template moe_count<std::int32_t>(all_routed.data(), n * k, k, 1, E, counts.data(), false);
       ctx.device.template copy<std::int32_t>(counts.data() + first, local_, out.counts.data());
       if (group.size() == 1) {
-        state.rows = n * k;  // every routed assignment is local: the upper bound, read nowhere
+        state.rows = n * k;  // every routed assignment is local: the upper bound
+        if (!device_counts) {
+          alone_host.resize(static_cast<std::size_t>(local_));
+          detail::start_host_copy(ctx.device, out.counts.data(), local_, alone_host.data());
+        }
       } else {  // the counts' read started, `beside` enqueued, then the wait
         std::vector<std::int32_t> host(static_cast<std::size_t>(local_));
         detail::start_host_copy(ctx.device, out.counts.data(), local_, host.data());
@@ -195,6 +204,10 @@ class AllGatherDispatcher {
     out.tokens = Tensor<T, Space>::empty(Shape{state.rows, h});
     ctx.device.template moe_gather_rows<T>(all_hidden.data(), h, token_of_slot.data(), state.rows, out.tokens.data());
     if (!beside_done) beside();
+    if (!alone_host.empty()) {
+      detail::finish_host_copies(ctx.device);
+      out.host_counts.assign(alone_host.begin(), alone_host.end());
+    }
     return {std::move(out), std::move(state)};
   }
 
@@ -269,8 +282,8 @@ class AllToAllDispatcher {
     // chunk (etp source q, ep source p, local expert l): rows, in (q, p, l) order
     std::vector<index_t> chunk_rows;
     index_t tokens = 0, permuted = 0, rows = 0;
-    // Padded to capacity and compacted (dispatch's `compact`): the row maps between the chunk order
-    // and the experts' order of the real rows alone (backend moe_chunk_maps), in the backend's memory.
+    // Padded to capacity and compacted (dispatch's `device_counts` with capacity): the row maps
+    // between the chunk order and the experts' order of the real rows alone (backend moe_chunk_maps), in the backend's memory.
     bool compact = false;
     Tensor<std::int32_t, Space> to_expert, to_chunk;
   };
@@ -278,27 +291,28 @@ class AllToAllDispatcher {
   AllToAllDispatcher(const Context& ctx, DispatcherConfig c)
       : config_(c), local_(detail::local_experts(ctx, c, "AllToAllDispatcher")) {}
 
-  // compact (padded to capacity, a backend with moe_chunk_maps): the exchange keeps its fixed sizes,
-  // and the received rows are compacted on the device into the experts' order of the real rows
-  // alone, with the counts left in the backend's memory (no wait for the host), so experts that take
-  // device counts (GroupedExperts::takes_device_counts) compute no padding row. On one rank the kept
-  // rows are simply sorted packed, as without capacity.
+  // device_counts: the experts read the counts in the backend's memory
+  // (GroupedExperts::takes_device_counts). Padded to capacity over several ranks (a backend with
+  // moe_chunk_maps), the exchange then keeps its fixed sizes and the received rows are compacted on
+  // the device into the experts' order of the real rows alone, with the counts left in the
+  // backend's memory (no wait for the host), so the experts compute no padding row; on one rank the
+  // kept rows are simply sorted packed, as without capacity. Without it the dispatch hands the
+  // counts over on the host (Dispatched::host_counts), read beside the permutation where it has to
+  // read them.
   template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool device_counts = false,
                                         const Beside& beside = Beside{}) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     const int ep = ctx.ep.size(), etp = ctx.expert_tp.size();
     State state;
     state.tokens = hidden.shape().numel() / h;
     state.weights = weights;
-    // one rank, compacted: the kept rows packed (the dropless layout; capacity has dropped the rest)
-    if (ep * etp == 1) {
-      auto alone = dispatch_alone(ctx, std::move(state), hidden, routed, compact ? 0 : capacity);
-      beside();
-      return alone;
-    }
-    if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>) state.compact = compact && capacity > 0;
+    // one rank, device counts: the kept rows packed (the dropless layout; capacity has dropped the rest)
+    if (ep * etp == 1)
+      return dispatch_alone(ctx, std::move(state), hidden, routed, device_counts ? 0 : capacity,
+                            !device_counts && capacity == 0, beside);
+    if constexpr (detail::has_moe_chunk_maps<typename Context::device_type>) state.compact = device_counts && capacity > 0;
     Tensor<std::int32_t, Space> real_rows;  // compact: the real rows of each chunk, (q, p, l) order
     // The counts: this rank's rows per expert [E], then, for each etp rank q, the rows every ep rank p
     // sends to q's local expert l, in (q, p, l) order [etp x E]. Padded to capacity they are all
@@ -423,11 +437,15 @@ class AllToAllDispatcher {
   index_t local_experts() const { return local_; }
 
  private:
-  // One rank of the etp x ep group: the sort by expert is the whole dispatch, with the counts left in
-  // the backend's memory and the upper bound of rows (T x k, or every expert's capacity), so nothing
-  // waits for the host; the chunk order is the expert order and every exchange is the rows themselves.
+  // One rank of the etp x ep group: the sort by expert is the whole dispatch, with the counts in the
+  // backend's memory and the upper bound of rows (T x k, or every expert's capacity); the chunk order
+  // is the expert order and every exchange is the rows themselves. Padded, the counts are known on
+  // the host; dropless they are read only for experts that need them there (`read_counts`), the
+  // read started once they are counted and waited for after the sort, the gather and `beside`.
+  template <class Beside>
   std::pair<Dispatched, State> dispatch_alone(Context& ctx, State state, const Tensor<T, Space>& hidden,
-                                              const Tensor<std::int32_t, Space>& routed, index_t capacity) const {
+                                              const Tensor<std::int32_t, Space>& routed, index_t capacity, bool read_counts,
+                                              const Beside& beside) const {
     const index_t h = config_.hidden_size, k = config_.topk, E = config_.num_experts;
     Dispatched out;
     out.counts = Tensor<std::int32_t, Space>::empty(Shape{E});
@@ -437,6 +455,11 @@ class AllToAllDispatcher {
     } else {
       ctx.device.template moe_count<std::int32_t>(routed.data(), state.tokens * k, k, 1, E, out.counts.data(), false);
     }
+    std::vector<std::int32_t> host;
+    if (read_counts) {
+      host.resize(static_cast<std::size_t>(E));
+      detail::start_host_copy(ctx.device, out.counts.data(), E, host.data());
+    }
     state.permuted = state.rows = capacity > 0 ? E * capacity : state.tokens * k;
     state.send_rows = state.recv_rows = state.etp_rows = {state.rows};
     state.slot_of = Tensor<std::int32_t, Space>::empty(Shape{state.tokens, k});
@@ -445,6 +468,11 @@ class AllToAllDispatcher {
                                   token_of_slot.data(), state.rows);
     out.tokens = Tensor<T, Space>::empty(Shape{state.rows, h});
     ctx.device.template moe_gather_rows<T>(hidden.data(), h, token_of_slot.data(), state.rows, out.tokens.data());
+    beside();
+    if (read_counts) {
+      detail::finish_host_copies(ctx.device);
+      out.host_counts.assign(host.begin(), host.end());
+    }
     return {std::move(out), std::move(state)};
   }
 
@@ -536,11 +564,11 @@ class ConfiguredDispatcher {
 
   template <class Beside = detail::NothingBeside>
   std::pair<Dispatched, State> dispatch(Context& ctx, const Tensor<T, Space>& hidden, const Tensor<std::int32_t, Space>& routed,
-                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool compact = false,
+                                        const Tensor<A, Space>& weights, index_t capacity = 0, bool device_counts = false,
                                         const Beside& beside = Beside{}) const {
     return std::visit(
         [&](const auto& d) -> std::pair<Dispatched, State> {
-          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity, compact, beside);
+          auto [dispatched, state] = d.dispatch(ctx, hidden, routed, weights, capacity, device_counts, beside);
           return {std::move(dispatched), State(std::move(state))};
         },
         impl_);
