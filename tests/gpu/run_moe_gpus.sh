@@ -9,7 +9,8 @@
 # 2. Speed (bf16, random tokens, seq 1024): a Mixtral-shaped model (8 layers, hidden 1024, 8 experts
 #    of width 3584, top-2) on 1 GPU and at ep 2 on 2 GPUs, beside the dense Llama with the same
 #    active parameters (MLP width 2 x 3584), and both MoE runs again with the fixed-size exchange
-#    (experts padded to capacity factor 1), the MoE model with FP8 delayed scaling on 1 GPU, and the
+#    (experts padded to capacity factor 1; at ep 2 also to factor 4, a capacity of every token:
+#    dropless with no read on the host), the MoE model with FP8 delayed scaling on 1 GPU, and the
 #    MoE and dense runs again at 8 micro-batches a step (global batch 64): tokens/s (mean of the log lines of iterations 11-30), MFU of the active
 #    FLOPs, peak memory. Measures, asserts nothing.
 # Prints a table last; logs in <log dir> (default <build>/moe-logs). Exit status non-zero when an
@@ -120,6 +121,9 @@ speed_rows+=("$(speed llama-dense-1gpu 1 "$llama" --world-size 1 --ffn-hidden-si
 padded=(--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity)
 speed_rows+=("$(speed mixtral-1gpu-padded 1 "$mixtral" --world-size 1 "${moe[@]}" "${padded[@]}")")
 [[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2-padded 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" "${padded[@]}")")
+# Padded to a capacity of every token (factor E / k = 4): nothing can drop, so this is the dropless
+# model with a fixed-size exchange (4x the rows sent, padding included) and no read on the host.
+[[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2-padded-dropless 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" --moe-expert-capacity-factor 4.0 --moe-pad-expert-input-to-capacity)")
 # The experts (and the attention's and the router's linear layers) in FP8, delayed scaling: the FP8
 # experts need their counts on the host (per-expert cuBLASLt GEMMs), read once per layer.
 fp8=(--fp8-format hybrid --fp8-recipe delayed)
