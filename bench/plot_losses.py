@@ -28,7 +28,8 @@ import sys
 
 LINE = re.compile(r"iteration\s+(\d+)/\s*\d+ \| loss ([\d.eE+-]+|nan|inf)(?:.*?\|\s+(\d+) tokens/s)?")
 VALIDATION = re.compile(r"^validation\s+(\d+)/\s*\d+ \| loss ([\d.eE+-]+|nan|inf)")
-COLOURS = ["#1f4e9c", "#c8402a", "#2a8c4a", "#8a4fb0", "#b08a1f", "#333333"]
+COLOURS = ["#1f4e9c", "#c8402a", "#2a8c4a", "#8a4fb0", "#b08a1f", "#333333", "#17a2b8", "#e377c2", "#7f7f7f",
+           "#9acd32", "#ff7f0e", "#8c564b", "#00008b", "#d62728"]  # distinct up to 14 curves, then repeated
 
 
 def read(path, validation=False):
