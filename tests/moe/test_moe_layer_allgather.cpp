@@ -51,8 +51,8 @@ TEST(MoeMlp, CountsReadOnTheHostEqualCountsLeftOnTheDevice) {
 
 // A backend whose copies to the host are started and waited for apart, as on a GPU, recording the
 // dense GEMMs enqueued in between on each rank (the routed experts' GEMMs are grouped ones, so the
-// dense GEMMs there are the shared experts').
-std::atomic<int> counts_read_started{0}, counts_read_waited{0}, gemms_while_counts_travel{0};
+// dense GEMMs there are the shared experts'), and the token counts read at once (synchronously).
+std::atomic<int> counts_read_started{0}, counts_read_waited{0}, gemms_while_counts_travel{0}, counts_read_at_once{0};
 thread_local bool counts_in_flight = false;
 struct AsyncCountsBackend : cpu::backend {
   template <class X>
@@ -65,6 +65,11 @@ struct AsyncCountsBackend : cpu::backend {
     if (counts_in_flight) ++counts_read_waited;
     counts_in_flight = false;
   }
+  template <class X>
+  static void copy_to_host(const X* src, index_t n, X* host) {
+    if constexpr (std::is_same_v<X, std::int32_t>) ++counts_read_at_once;
+    cpu::backend::copy_to_host<X>(src, n, host);
+  }
   template <class T, class C = T>
   static void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const T* a, const T* b, C* c, bool accumulate,
                    const T* bias = nullptr) {
@@ -75,65 +80,52 @@ struct AsyncCountsBackend : cpu::backend {
 struct AsyncCountsPolicy : strata_test::TestPolicy<double, false> {
   using backend = AsyncCountsBackend;
 };
-
-// Over several expert ranks (dropless) each dispatcher reads the experts' counts on the host once per
-// forward; the shared experts, which need no count, are enqueued after that read starts and before
-// its wait (the dispatcher's `beside`), so a GPU computes them while the host waits. The results are
-// those of the plain backend.
-TEST(MoeMlp, SharedExpertsRunWhileTheCountsTravel) {
-  const ParallelConfig c{.dp = 2, .ep = 2};
-  for (const bool shared : {true, false})
-    for (const bool all_gather : {false, true}) {
-      counts_read_started = counts_read_waited = gemms_while_counts_travel = 0;
-      const auto traced = all_gather ? run_moe<double, false, swiglu, moe_allgather, AsyncCountsPolicy>(c, 0, shared)
-                                     : run_moe<double, false, swiglu, moe_alltoall, AsyncCountsPolicy>(c, 0, shared);
-      const auto plain = all_gather ? run_moe<double, false, swiglu, moe_allgather>(c, 0, shared)
-                                    : run_moe<double, false, swiglu, moe_alltoall>(c, 0, shared);
-      const std::string what = std::string(all_gather ? "all-gather" : "all-to-all") + (shared ? ", shared experts" : "");
-      EXPECT_EQ(counts_read_started.load(), 2) << what << ": one read of the counts per rank and forward";
-      EXPECT_EQ(counts_read_waited.load(), counts_read_started.load()) << what;
-      // the shared experts' fc1 and fc2 on each of the 2 ranks; nothing without them
-      EXPECT_EQ(gemms_while_counts_travel.load(), shared ? 4 : 0) << what;
-      strata_test::expect_equivalent(traced, plain, 1e-15, what);  // the harness sums the router losses in thread order
-    }
-}
-
 // The same with grouped GEMMs that need their counts on the host (FP8 experts, expert biases, CUDA
-// without the Hopper kernel). On one rank of the etp x ep group (dropless) the dispatch reads them
-// for the experts: the read started once they are counted, the shared experts enqueued before its
-// wait, and no read of the counts left for the experts' forward (no synchronous copy).
-std::atomic<int> counts_read_at_once{0};
+// without the Hopper kernel).
 struct AsyncHostCountsBackend : AsyncCountsBackend {
   template <class T>
   static constexpr bool grouped_gemm_counts_on_device(index_t, index_t) {
     return false;
-  }
-  template <class X>
-  static void copy_to_host(const X* src, index_t n, X* host) {
-    if constexpr (std::is_same_v<X, std::int32_t>) ++counts_read_at_once;
-    cpu::backend::copy_to_host<X>(src, n, host);
   }
 };
 struct AsyncHostCountsPolicy : strata_test::TestPolicy<double, false> {
   using backend = AsyncHostCountsBackend;
 };
 
-TEST(MoeMlp, OneRankReadsTheExpertsHostCountsBesideTheSharedExperts) {
-  const ParallelConfig c{.dp = 2};  // two ranks, each an etp x ep group of its own
+// At layout c, with and without shared experts, both dispatchers: one read of the counts per rank
+// and forward, started and waited for, none at once; the shared experts' fc1 and fc2 (2 GEMMs on each
+// of the 2 ranks) enqueued between the two, nothing there without them; results those of the plain
+// backend (1e-15: the harness sums the router losses in thread order).
+template <class Policy>
+void check_counts_read_beside_shared_experts(const ParallelConfig& c) {
   for (const bool shared : {true, false})
     for (const bool all_gather : {false, true}) {
       counts_read_started = counts_read_waited = gemms_while_counts_travel = counts_read_at_once = 0;
-      const auto traced = all_gather ? run_moe<double, false, swiglu, moe_allgather, AsyncHostCountsPolicy>(c, 0, shared)
-                                     : run_moe<double, false, swiglu, moe_alltoall, AsyncHostCountsPolicy>(c, 0, shared);
+      const auto traced = all_gather ? run_moe<double, false, swiglu, moe_allgather, Policy>(c, 0, shared)
+                                     : run_moe<double, false, swiglu, moe_alltoall, Policy>(c, 0, shared);
       const auto plain = all_gather ? run_moe<double, false, swiglu, moe_allgather>(c, 0, shared)
                                     : run_moe<double, false, swiglu, moe_alltoall>(c, 0, shared);
-      const std::string what = std::string(all_gather ? "all-gather" : "all-to-all") + (shared ? ", shared experts" : "");
+      const std::string what = describe(c, false) + (all_gather ? " all-gather" : " all-to-all") + (shared ? ", shared experts" : "");
       EXPECT_EQ(counts_read_started.load(), 2) << what << ": one read of the counts per rank and forward";
       EXPECT_EQ(counts_read_waited.load(), counts_read_started.load()) << what;
-      EXPECT_EQ(counts_read_at_once.load(), 0) << what << ": the experts read the counts again";
+      EXPECT_EQ(counts_read_at_once.load(), 0) << what << ": counts read at once (the experts' own read)";
       EXPECT_EQ(gemms_while_counts_travel.load(), shared ? 4 : 0) << what;
       strata_test::expect_equivalent(traced, plain, 1e-15, what);
     }
+}
+
+// Over several expert ranks (dropless) each dispatcher reads the experts' counts on the host once per
+// forward; the shared experts, which need no count, are enqueued after that read starts and before
+// its wait (the dispatcher's `beside`), so a GPU computes them while the host waits.
+TEST(MoeMlp, SharedExpertsRunWhileTheCountsTravel) {
+  check_counts_read_beside_shared_experts<AsyncCountsPolicy>(ParallelConfig{.dp = 2, .ep = 2});
+}
+
+// Grouped GEMMs that need the counts on the host, on one rank of the etp x ep group (dropless): the
+// dispatch reads them for the experts, started once they are counted and waited for after the
+// shared experts are enqueued; the experts' forward reads nothing more.
+TEST(MoeMlp, OneRankReadsTheExpertsHostCountsBesideTheSharedExperts) {
+  check_counts_read_beside_shared_experts<AsyncHostCountsPolicy>(ParallelConfig{.dp = 2});  // two groups of one
 }
 }  // namespace
 }  // namespace test_moe_layer_allgather_cases
