@@ -283,7 +283,8 @@ class AllToAllDispatcher {
     std::vector<index_t> chunk_rows;
     index_t tokens = 0, permuted = 0, rows = 0;
     // Padded to capacity and compacted (dispatch's `device_counts` with capacity): the row maps
-    // between the chunk order and the experts' order of the real rows alone (backend moe_chunk_maps), in the backend's memory.
+    // between the chunk order and the experts' order of the real rows alone (backend
+    // moe_chunk_maps), in the backend's memory.
     bool compact = false;
     Tensor<std::int32_t, Space> to_expert, to_chunk;
   };
