@@ -529,6 +529,27 @@ TEST(TrainingMoe, PaddedCapacityExpertParallelRunsFollowDataParallel) {
   }
 }
 
+// Padded to a capacity of every token (factor E / k = 2 here: a token picks an expert at most once,
+// so nothing can drop, and the router runs no drop pass): the fixed-size exchange with no read on the
+// host trains the dropless model. ep 2 and 4, ep 2 x etp 2 (and the all-gather dispatcher) follow the
+// dropless run of one rank within 1e-10.
+TEST(TrainingMoe, PaddedToEveryTokenTrainsTheDroplessModel) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 4;
+  base.eval_iters = 0;
+  using D = strata::MoeDispatcherType;
+  const auto reference = trainer::train<Mixtral>(base);
+  ASSERT_EQ(reference.losses.size(), 4u);
+  auto padded = base;
+  padded.model.moe.capacity_factor = double(base.model.moe.num_experts) / double(base.model.moe.topk);
+  padded.model.moe.pad_to_capacity = true;
+  for (const MoeLayout& l : {MoeLayout{1, 1, 1, 1, 1, false, D::alltoall}, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall},
+                             MoeLayout{4, 1, 1, 4, 1, false, D::alltoall}, MoeLayout{4, 1, 1, 2, 2, false, D::alltoall},
+                             MoeLayout{2, 1, 1, 2, 1, false, D::allgather}})
+    expect_follows(trainer::train<Mixtral>(with_layout(padded, l)), reference, "padded to every token, " + describe(l));
+}
+
 TEST(TrainingMoe, HugeCapacityFactorDropsNothing) {
   auto a = tiny_mixtral();
   a.dtype = "double";
