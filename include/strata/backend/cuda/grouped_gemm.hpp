@@ -293,10 +293,7 @@ void grouped_gemm_rows(blas_handle& blas, cublas_handle& grouped_blas, device_me
     fail<ShapeError>("cuda::grouped_gemm_rows: negative size: groups=", groups, " rows=", rows, " n=", n, " k=", k);
 #if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
   if constexpr (std::is_same_v<T, bf16>) {
-    if (rows > 0 && sm90::grouped_gemm_rows(stream, memory, transpose_b, groups, counts, n, k, a, b, c)) {
-      kernels::moe_zero_rows_past<T>(counts, groups, rows, n, c, stream);
-      return;
-    }
+    if (rows > 0 && sm90::grouped_gemm_rows(stream, memory, transpose_b, groups, counts, rows, n, k, a, b, c)) return;
   }
 #endif
   const std::vector<std::int32_t> host = detail::counts_on_host("cuda::grouped_gemm_rows", counts, groups, rows, stream);

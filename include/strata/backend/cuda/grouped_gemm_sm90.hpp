@@ -3,14 +3,15 @@
 // GMMA), so a dropless dispatch never waits for the host. bf16 operands, fp32 accumulation.
 //
 //   rows     C[rows, n] = A[rows, k] op(B_g), the rows taken in consecutive groups of counts[g]
-//            (B_g [n, k] with transpose_b, else [k, n]; C bf16): the experts' forward and the
-//            gradient of their inputs
+//            (B_g [n, k] with transpose_b, else [k, n]; C bf16), C's rows past the counts' total
+//            zero: the experts' forward and the gradient of their inputs
 //   weights  C_g[m, n] (+)= A_g^T B_g, A_g and B_g group g's rows of A [rows, m] and B [rows, n]
 //            (C_g float): the experts' weight gradients, the reduction over a group's tokens
 //
 // `counts` is a device array of `groups` int32; the sizes of the problems, their pointers and strides
-// are written on the device by one small kernel, then CUTLASS's persistent group scheduler walks the
-// tiles (an empty group has none). `rows` touches no row past the counts' total. `weights` with
+// are written on the device by one small kernel (whose other blocks zero the rows form's rows past
+// the total), then CUTLASS's persistent group scheduler walks the tiles (an empty group has none). The
+// GEMM of `rows` reads no row past the counts' total. `weights` with
 // `accumulate` leaves an empty group's C_g alone; without, it writes every C_g without reading it
 // (beta 0), an empty group's with zeros (a small kernel reads the counts on the device).
 //
@@ -44,7 +45,8 @@ inline bool grouped_gemm_ready() { return false; }
 #endif
 
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
-                       const std::int32_t* counts, index_t n, index_t k, const bf16* a, const bf16* const* b, bf16* c);
+                       const std::int32_t* counts, index_t rows, index_t n, index_t k, const bf16* a,
+                       const bf16* const* b, bf16* c);
 
 bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, index_t groups, const std::int32_t* counts,
                           index_t m, index_t n, const bf16* a, const bf16* b, float* const* c, bool accumulate);
