@@ -42,9 +42,16 @@ std::string sizes(const std::vector<std::int32_t>& counts) {
 }
 
 // C = A op(B_g) by row groups, against the CPU twin; `extra` rows past the counts' total.
+// With CUTLASS, `tile` other than automatic runs the Hopper kernel of that tile directly (bf16).
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+using strata::cuda::sm90::rows_tile;
+#else
+enum class rows_tile { automatic };
+#endif
+
 template <class T>
 void check_rows(backend& device, suite& results, bool transpose_b, std::vector<std::int32_t> counts, index_t n, index_t k,
-                index_t extra) {
+                index_t extra, rows_tile tile = rows_tile::automatic) {
   const index_t groups = static_cast<index_t>(counts.size());
   const index_t rows = std::accumulate(counts.begin(), counts.end(), index_t{0}) + extra;
   host_rng rng(31 + transpose_b + static_cast<std::uint64_t>(n + k + groups));
@@ -66,14 +73,29 @@ void check_rows(backend& device, suite& results, bool transpose_b, std::vector<s
     device.copy_from_host(b[g].data(), n * k, db.data() + g * n * k);
     pb.push_back(db.data() + g * n * k);
   }
-  device.grouped_gemm_rows<T>(transpose_b, groups, dcounts.data(), rows, n, k, da.data(), pb.data(), dc.data());
-  device.grouped_gemm_rows<T>(transpose_b, groups, dcounts.data(), rows, n, k, da.data(), pb.data(), dc2.data());
+  std::string which;
+  for (auto* out : {&dc, &dc2}) {
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (tile != rows_tile::automatic) {
+        which = std::string(" tile ") + strata::cuda::sm90::rows_tile_name(tile);
+        if (!strata::cuda::sm90::grouped_gemm_rows(device.stream(), device.allocator(), transpose_b, groups, dcounts.data(),
+                                                   rows, n, k, da.data(), pb.data(), out->data(), tile)) {
+          results.record(false, "grouped_gemm_rows" + which + ": the Hopper kernel did not take the call");
+          return;
+        }
+        continue;
+      }
+    }
+#endif
+    device.grouped_gemm_rows<T>(transpose_b, groups, dcounts.data(), rows, n, k, da.data(), pb.data(), out->data());
+  }
   const auto got = to_host(device, dc), again = to_host(device, dc2);
   const double error = relative_error(got, expected);
   bool tail_zero = true;
   for (index_t i = (rows - extra) * n; i < rows * n; ++i) tail_zero = tail_zero && as_double(got[i]) == 0.0;
   results.record(error <= tolerance<T>() && tail_zero && same_bits(got, again),
-                 "grouped_gemm_rows<" + type_name<T>() + "> tb=" + std::to_string(transpose_b) + " counts " + sizes(counts) +
+                 "grouped_gemm_rows<" + type_name<T>() + ">" + which + " tb=" + std::to_string(transpose_b) + " counts " + sizes(counts) +
                      " +" + std::to_string(extra) + " rows, n=" + std::to_string(n) + " k=" + std::to_string(k) + ": error " +
                      format("%.3g", error) + (tail_zero ? ", rows past the counts zero" : ", rows past the counts NOT ZERO") +
                      (same_bits(got, again) ? ", same bits twice" : ", DIFFERENT bits twice"));
@@ -181,6 +203,16 @@ int main() {
         check_rows<bf16>(device, results, tb, counts, 36, 20, 0);     // not multiples of 8: the fallback
         check_rows<float>(device, results, tb, counts, 40, 24, 5);
       }
+#if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
+    // Every tile the rows form is compiled with, on the Hopper GPU: partial tiles in both dimensions
+    // (n 264, groups of 1 to 300 rows), empty groups, rows past the counts.
+    if (major == 9)
+      for (rows_tile tile : strata::cuda::sm90::kRowsTiles)
+        for (bool tb : {true, false}) {
+          check_rows<bf16>(device, results, tb, {37, 0, 130, 1, 64, 0, 12, 300}, 264, 72, 9, tile);
+          check_rows<bf16>(device, results, tb, {256, 0}, 512, 128, 0, tile);
+        }
+#endif
     for (bool accumulate : {true, false})
       for (const auto& counts : layouts) {
         check_weights<bf16, float>(device, results, counts, 96, 64, accumulate);

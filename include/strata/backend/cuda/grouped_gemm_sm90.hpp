@@ -44,9 +44,26 @@ bool grouped_gemm_ready();
 inline bool grouped_gemm_ready() { return false; }
 #endif
 
+// The tiles the rows form is compiled with (c: cooperative schedule, p: pingpong; tile M x N; cluster
+// M x N). `automatic` takes STRATA_SM90_ROWS_TILE when it names one (to measure them in one build;
+// any other value fails, naming the choices), else c128x256_1x2.
+enum class rows_tile { automatic, c128x256_1x2, c128x256_2x1, c128x128_1x2, p128x128_2x1 };
+inline constexpr rows_tile kRowsTiles[] = {rows_tile::c128x256_1x2, rows_tile::c128x256_2x1, rows_tile::c128x128_1x2,
+                                           rows_tile::p128x128_2x1};
+inline const char* rows_tile_name(rows_tile tile) {
+  switch (tile) {
+    case rows_tile::automatic: return "automatic";
+    case rows_tile::c128x256_1x2: return "c128x256_1x2";
+    case rows_tile::c128x256_2x1: return "c128x256_2x1";
+    case rows_tile::c128x128_1x2: return "c128x128_1x2";
+    case rows_tile::p128x128_2x1: return "p128x128_2x1";
+  }
+  return "?";
+}
+
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
                        const std::int32_t* counts, index_t rows, index_t n, index_t k, const bf16* a,
-                       const bf16* const* b, bf16* c);
+                       const bf16* const* b, bf16* c, rows_tile tile = rows_tile::automatic);
 
 bool grouped_gemm_weights(cudaStream_t stream, device_memory_resource& memory, index_t groups, const std::int32_t* counts,
                           index_t m, index_t n, const bf16* a, const bf16* b, float* const* c, bool accumulate);

@@ -13,11 +13,31 @@ namespace {
 
 using namespace kernel;
 
-// The rows forms: 128x256x64 tiles, clusters of 2 along N (the A tile shared by a row tile's two N
-// tiles is multicast), the cooperative schedule. (256x128 tiles measured 2% slower in Mixtral's step on
-// an H200; the pingpong schedule with 128x128 tiles and clusters of 2 along M, 0.91x in it on an H100:
-// bench/RESULTS.md.)
+// The rows forms' tiles (rows_tile). The default: 128x256x64 tiles, clusters of 2 along N (the A tile
+// shared by a row tile's two N tiles is multicast), the cooperative schedule. (256x128 tiles measured
+// 2% slower in Mixtral's step on an H200; the pingpong schedule with 128x128 tiles and clusters of 2
+// along M, 0.91x in it on an H100: bench/RESULTS.md.) The others are compiled to be measured beside it
+// (bench/bench_grouped_tiles.cu times a wider set at the experts' shapes).
 using Wide = Config<128, 256, 1, 2, false>;
+using WideShareB = Config<128, 256, 2, 1, false>;
+using Square = Config<128, 128, 1, 2, false>;
+using SquarePingpong = Config<128, 128, 2, 1, true>;
+
+// The tile `automatic` stands for: STRATA_SM90_ROWS_TILE when set (read once), else the default.
+rows_tile chosen_tile() {
+  static const rows_tile chosen = [] {
+    const char* v = std::getenv("STRATA_SM90_ROWS_TILE");
+    if (v == nullptr || *v == '\0') return rows_tile::c128x256_1x2;
+    std::string names;
+    for (rows_tile t : kRowsTiles) {
+      if (std::string(v) == rows_tile_name(t)) return t;
+      names += std::string(names.empty() ? "" : ", ") + rows_tile_name(t);
+    }
+    fail<ConfigError>("STRATA_SM90_ROWS_TILE='", v, "' names no tile of the Hopper grouped GEMM; use one of ", names,
+                      " (or unset it for the default)");
+  }();
+  return chosen;
+}
 
 // The weight gradients: the same tile.
 using WeightsKernel = Weights<Wide>;
@@ -65,13 +85,22 @@ bool grouped_gemm_ready() { return on_sm90(); }
 
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,
                        const std::int32_t* counts, index_t rows, index_t n, index_t k, const bf16* a,
-                       const bf16* const* b, bf16* c) {
+                       const bf16* const* b, bf16* c, rows_tile tile) {
   if (groups <= 0 || groups > kSm90MaxGroups || rows <= 0 || n <= 0 || k <= 0 || n % 8 != 0 || k % 8 != 0) return false;
   if (n > INT32_MAX || k > INT32_MAX || !aligned(a) || !aligned(c) || !on_sm90()) return false;
   for (index_t g = 0; g < groups; ++g)
     if (!aligned(b[g])) return false;
-  if (transpose_b) run_rows<RowsNT<Wide>>(stream, memory, groups, counts, rows, n, k, a, b, c);
-  else run_rows<RowsNN<Wide>>(stream, memory, groups, counts, rows, n, k, a, b, c);
+  auto launch = [&](auto config) {
+    using C = decltype(config);
+    if (transpose_b) run_rows<RowsNT<C>>(stream, memory, groups, counts, rows, n, k, a, b, c);
+    else run_rows<RowsNN<C>>(stream, memory, groups, counts, rows, n, k, a, b, c);
+  };
+  switch (tile == rows_tile::automatic ? chosen_tile() : tile) {
+    case rows_tile::c128x256_2x1: launch(WideShareB{}); break;
+    case rows_tile::c128x128_1x2: launch(Square{}); break;
+    case rows_tile::p128x128_2x1: launch(SquarePingpong{}); break;
+    default: launch(Wide{}); break;
+  }
   return true;
 }
 
