@@ -334,12 +334,24 @@ inline void add_data_parallel_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--recompute-num-layers", a.recompute_num_layers, "layers per chunk (uniform) or recomputed layers (block)");
 }
 
+// Whether the space-separated --recompute-modules list names `module`.
+inline bool names_recompute_module(const std::string& modules, const std::string& module) {
+  std::istringstream in(modules);
+  for (std::string name; in >> name;)
+    if (name == module) return true;
+  return false;
+}
+
 // The recompute configuration of the flags.
 inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
   models::RecomputeConfig c;
   c.granularity = models::parse_recompute_granularity(a.recompute_granularity);
   c.method = models::parse_recompute_method(a.recompute_method);
   c.num_layers = a.recompute_num_layers;
+  if (!a.recompute_modules.empty()) {  // selective: the modules named (resolve_recompute_modules), else core_attn alone
+    c.attention_core = names_recompute_module(a.recompute_modules, "core_attn");
+    c.moe_activation = names_recompute_module(a.recompute_modules, "moe_act");
+  }
   return c;
 }
 
@@ -1719,9 +1731,11 @@ inline void validate(const TrainArgs& a) {
                 "ranks of a pipeline stage the experts are spread over");
     check_range("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, 0, a.world_size / pp,
                 "ranks each expert is split over; 0 = --tensor-model-parallel-size");
-    if (models::parse_recompute_granularity(a.recompute_granularity) == models::RecomputeGranularity::full)
-      fail<ConfigError>("--recompute-granularity full with --num-experts: recomputing a MoE layer would route its tokens again "
-                        "(and count its router losses twice); use --recompute-granularity selective");
+    if (models::parse_recompute_granularity(a.recompute_granularity) == models::RecomputeGranularity::full &&
+        a.model.moe.force_load_balancing)
+      fail<ConfigError>("--recompute-granularity full with --moe-router-force-load-balancing: the forced balance draws "
+                        "new random router logits at each forward, so a recomputed MoE layer would route its tokens "
+                        "differently from its forward; use --recompute-granularity selective (or drop the forced balance)");
   } else if (a.expert_model_parallel_size != 1) {
     fail<ConfigError>("--expert-model-parallel-size ", a.expert_model_parallel_size,
                       " needs a mixture-of-experts model (--num-experts); a dense model has no experts to spread");
@@ -1892,31 +1906,36 @@ inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
 }
 
 // --recompute-modules, Megatron's names: read with --recompute-granularity selective only (a note
-// otherwise). strata's selective recompute is core_attn's (the attention core); a list without it
-// recomputes nothing, and the other modules keep their activations, which a note names.
+// otherwise). strata recomputes core_attn (the attention core) and moe_act (the routed experts'
+// activation function); a list with neither recomputes nothing, and the other modules keep their
+// activations, which a note names.
 inline void resolve_recompute_modules(TrainArgs& a) {
   if (a.recompute_modules.empty()) return;
   static constexpr const char* kKnown[] = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
   std::istringstream in(a.recompute_modules);
-  bool core_attn = false;
   std::string kept;
   for (std::string name; in >> name;) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return name == k; }) == std::end(kKnown))
       fail<ConfigError>("--recompute-modules ", name, ": not one of Megatron's modules core_attn, moe_act, layernorm, "
                         "mla_up_proj, mlp, moe, shared_experts");
-    if (name == "core_attn") core_attn = true;
-    else kept += (kept.empty() ? "" : ", ") + name;
+    if (name != "core_attn" && name != "moe_act") kept += (kept.empty() ? "" : ", ") + name;
   }
   if (a.recompute_granularity != "selective") {
     a.notes.emplace_back("--recompute-modules " + a.recompute_modules +
                          ": read with --recompute-granularity selective only, as in Megatron; it changes nothing here");
     return;
   }
-  if (!core_attn) a.recompute_granularity.clear();  // selective without the attention core: nothing recomputed
+  const bool core_attn = names_recompute_module(a.recompute_modules, "core_attn");
+  const bool moe_act = names_recompute_module(a.recompute_modules, "moe_act");
+  if (moe_act && a.model.moe.num_experts == 0)
+    a.notes.emplace_back("--recompute-modules moe_act: the model has no experts, so there is no expert activation to "
+                         "recompute");
+  if (!core_attn && !moe_act) a.recompute_granularity.clear();  // selective without a module strata recomputes
   if (!kept.empty())
-    a.notes.emplace_back("--recompute-modules " + a.recompute_modules + ": strata recomputes the attention core (core_attn)" +
-                         (core_attn ? "" : ", which this list leaves out, so nothing is recomputed") + "; " + kept +
-                         " keep their activations: the same numbers as Megatron's, more activation memory");
+    a.notes.emplace_back("--recompute-modules " + a.recompute_modules +
+                         ": strata recomputes the attention core (core_attn) and the experts' activation (moe_act)" +
+                         (core_attn || moe_act ? "" : ", which this list leaves out, so nothing is recomputed") + "; " +
+                         kept + " keep their activations: the same numbers as Megatron's, more activation memory");
 }
 
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {

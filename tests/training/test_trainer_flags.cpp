@@ -110,7 +110,8 @@ TEST(MegatronFlags, ExampleLineFlagsOfGptOssAndDeepSeek) {
   EXPECT_EQ(trainer::schedule_of(warm).warmup_init, 3.9e-7);
   EXPECT_EQ(trainer::schedule_of(warm).lr(0), 3.9e-7);
 
-  // selective recompute is the attention core: a list without core_attn recomputes nothing
+  // selective recompute is the attention core and the experts' activation: a list without core_attn or
+  // moe_act recomputes nothing
   const TrainArgs deepseek = parse_flags("llama", {"--recompute-granularity", "selective", "--recompute-modules", "mlp", "moe",
                                                    "mla_up_proj", "layernorm"});
   EXPECT_EQ(trainer::recompute_of(deepseek).granularity, strata::models::RecomputeGranularity::none);
@@ -118,6 +119,21 @@ TEST(MegatronFlags, ExampleLineFlagsOfGptOssAndDeepSeek) {
   const TrainArgs core = parse_flags("llama", {"--recompute-activations", "--recompute-modules", "core_attn", "mlp"});
   EXPECT_EQ(trainer::recompute_of(core).granularity, strata::models::RecomputeGranularity::selective);
   EXPECT_TRUE(has_note(core, "mlp keep their activations"));
+  EXPECT_TRUE(trainer::recompute_of(core).attention_core);
+  EXPECT_FALSE(trainer::recompute_of(core).moe_activation);
+  // moe_act alone: the experts' activation, not the attention core
+  const TrainArgs moe_act = parse_flags("mixtral", {"--recompute-granularity", "selective", "--recompute-modules", "moe_act"});
+  EXPECT_EQ(trainer::recompute_of(moe_act).granularity, strata::models::RecomputeGranularity::selective);
+  EXPECT_FALSE(trainer::recompute_of(moe_act).attention_core);
+  EXPECT_TRUE(trainer::recompute_of(moe_act).moe_activation);
+  const TrainArgs both = parse_flags("mixtral", {"--recompute-activations", "--recompute-modules", "core_attn", "moe_act", "moe"});
+  EXPECT_TRUE(trainer::recompute_of(both).attention_core);
+  EXPECT_TRUE(trainer::recompute_of(both).moe_activation);
+  EXPECT_TRUE(has_note(both, "; moe keep their activations"));
+  EXPECT_TRUE(has_note(parse_flags("llama", {"--recompute-activations", "--recompute-modules", "moe_act"}), "no experts"));
+  // --recompute-activations alone: the attention core (Megatron's default list)
+  EXPECT_TRUE(trainer::recompute_of(parse_flags("mixtral", {"--recompute-activations"})).attention_core);
+  EXPECT_FALSE(trainer::recompute_of(parse_flags("mixtral", {"--recompute-activations"})).moe_activation);
   EXPECT_TRUE(has_note(parse_flags("llama", {"--recompute-modules", "core_attn"}), "selective only"));
   expect_config_error([] { parse_flags("llama", {"--recompute-activations", "--recompute-modules", "attention"}); },
                       {"--recompute-modules attention", "core_attn"});
@@ -655,7 +671,8 @@ TEST(MegatronFlags, MoeFlagsSelectMixtralWithMegatronsDefaults) {
   invalid({"--num-experts", "8", "--world-size", "2", "--expert-model-parallel-size", "4"}, {"--expert-model-parallel-size=4"});
   invalid({"--num-experts", "8", "--world-size", "4", "--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "2"},
           {"etp=2", "ep=4"});
-  invalid({"--num-experts", "8", "--recompute-granularity", "full"}, {"--recompute-granularity full", "selective"});
+  invalid({"--num-experts", "8", "--recompute-granularity", "full", "--moe-router-force-load-balancing"},
+          {"--recompute-granularity full", "--moe-router-force-load-balancing", "selective"});
   invalid({"--num-experts", "8", "--moe-shared-expert-intermediate-size", "64", "--save-hf", "out"},
           {"--save-hf", "MixtralForCausalLM", "shared experts"});
   invalid({"--num-experts", "8", "--num-layers", "2", "--moe-layer-freq", "[0,1]", "--load-hf", "in"},

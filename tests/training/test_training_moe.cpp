@@ -505,6 +505,97 @@ TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
   }
 }
 
+// Full activation recompute with MoE layers: each recomputed layer routes its tokens again (the same
+// input, deterministic kernels, collectives run again on every rank alike) and its router's second
+// record of the aux and z losses and the expert-bias load is taken back after the backward. So the
+// losses, both router losses and the trained parameters are those of the run without recompute, bit
+// for bit, in double: one rank, ep 2 with either dispatcher, tp 2 + SP x ep 2 x etp 2, pp 2 x ep 2
+// (1F1B: other micro-batches' forwards between a forward and its backward), capacity dropping at
+// ep 2, aux-loss-free balancing (the expert bias, which the load of every forward moves), and FP8
+// experts (delayed; the recomputed forward casts with the step's scales); chunks of one and of two
+// layers, and the block method (the first layer recomputed, the second keeping its activations). The
+// same for selective recompute of the experts' activation (--recompute-modules moe_act, alone and
+// with core_attn). Shared experts run in every case.
+TEST(TrainingMoe, RecomputeTrainsTheBitsOfNoRecompute) {
+  auto base = tiny_mixtral();
+  base.dtype = "double";
+  base.train_iters = 3;
+  base.eval_iters = 0;
+  base.keep_final_parameters = true;
+  base.model.moe.shared_expert_ffn_hidden_size = 32;
+  auto dropping = base;
+  dropping.model.moe.capacity_factor = 1.0;
+  auto bias = base;
+  bias.model.moe.expert_bias = true;
+  bias.model.moe.load_balancing = strata::MoeLoadBalancing::none;
+  bias.model.moe.aux_loss_coeff = 0;
+  bias.model.moe.expert_bias_update_rate = 0.05;
+  auto fp8 = base;
+  fp8.fp8_format = "hybrid";
+  fp8.fp8_recipe = "delayed";
+  fp8.fp8_amax_history_len = 4;
+  fp8.fp8_amax_compute_algo = "max";
+  using D = strata::MoeDispatcherType;
+  struct Case {
+    trainer::TrainArgs args;
+    MoeLayout layout;
+    std::string what;
+  };
+  struct Recompute {
+    const char* granularity;
+    const char* method;
+    int layers;
+    const char* modules = "";
+  };
+  for (const Case& c : {Case{base, MoeLayout{1, 1, 1, 1, 1, false, D::alltoall}, "aux and z losses"},
+                        Case{base, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "aux and z losses"},
+                        Case{base, MoeLayout{2, 1, 1, 2, 1, false, D::allgather}, "aux and z losses"},
+                        Case{base, MoeLayout{4, 2, 1, 2, 2, true, D::allgather}, "aux and z losses"},
+                        Case{base, MoeLayout{4, 1, 2, 2, 1, false, D::alltoall}, "aux and z losses"},
+                        Case{dropping, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "capacity factor 1"},
+                        Case{bias, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "expert bias"},
+                        Case{fp8, MoeLayout{2, 1, 1, 2, 1, false, D::alltoall}, "FP8 experts"},
+                        Case{fp8, MoeLayout{4, 2, 1, 2, 2, true, D::allgather}, "FP8 experts"}}) {
+    const auto a = with_layout(c.args, c.layout);
+    const auto plain = trainer::train<Mixtral>(a);
+    ASSERT_EQ(plain.losses.size(), 3u) << c.what;
+    for (const Recompute r : {Recompute{"full", "uniform", 1}, Recompute{"full", "uniform", 2}, Recompute{"full", "block", 1},
+                              Recompute{"selective", "uniform", 1, "moe_act"},
+                              Recompute{"selective", "uniform", 1, "core_attn moe_act"}}) {
+      if (c.layout.pp > 1 && r.layers > 1) continue;  // a stage holds one layer
+      auto recomputed = a;
+      recomputed.recompute_granularity = r.granularity;
+      recomputed.recompute_method = r.method;
+      recomputed.recompute_num_layers = r.layers;
+      recomputed.recompute_modules = r.modules;
+      const auto run = trainer::train<Mixtral>(recomputed);
+      const std::string what = c.what + ", " + describe(c.layout) + ", " + r.granularity + " recompute " + r.method + " " +
+                               std::to_string(r.layers) + " " + r.modules;
+      EXPECT_EQ(run.losses, plain.losses) << what;
+      EXPECT_EQ(run.load_balancing_losses, plain.load_balancing_losses) << what;
+      EXPECT_EQ(run.z_losses, plain.z_losses) << what;
+      strata_training_test::expect_same_parameters(run, plain, what);
+    }
+  }
+}
+
+// Forced balance draws new random router logits at each forward: a recomputed layer would route
+// differently, so full recompute with it is refused before the model is built, naming both.
+TEST(TrainingMoe, FullRecomputeWithForcedBalanceIsRefused) {
+  auto a = tiny_mixtral();
+  a.train_iters = 4;
+  a.recompute_granularity = "full";
+  a.model.moe.force_load_balancing = true;
+  try {
+    (void)trainer::train<Mixtral>(a);
+    FAIL() << "full recompute with forced balance was not refused";
+  } catch (const strata::ConfigError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("recompute"), std::string::npos) << message;
+    EXPECT_NE(message.find("force"), std::string::npos) << message;
+  }
+}
+
 // Padded to capacity (capacity factor 1, which drops here, and --moe-pad-expert-input-to-capacity):
 // expert parallelism, whose all-to-all dispatcher compacts the fixed-size exchange's rows to the real
 // ones (their counts on the device: the experts compute no padding row and nothing waits for the

@@ -455,7 +455,8 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     r.recompute = dense_layers * dense_recompute + moe_layers * moe_recompute;
     r.tensor_parallel = layers * tp_layer;
     r.context_parallel = layers * cp_layer;
-    r.expert_parallel = moe_layers * ep_ms;
+    // full recompute runs a MoE layer's forward again: its dispatch and combine exchanges too (half of ep_ms)
+    r.expert_parallel = moe_layers * ep_ms * (l.recompute == RecomputeGranularity::full ? 1.5 : 1.0);
     r.overhead = (moe_layers - fp8_moe) * moe_ms + fp8_moe * fp8_moe_ms;
     r.pipeline_transfers = boundary * static_cast<double>(rank.chunks.size());
     const double per_micro_batch = r.total();

@@ -165,6 +165,11 @@ class TransformerLayer {
                   "TransformerLayer: selective recompute needs an attention block with set_recompute_core(bool).");
     attention_.set_recompute_core(on);
   }
+  // Selective recompute of a MoE block's expert activation (MoeMlp::set_recompute_activation); a
+  // dense MLP keeps what it keeps.
+  void set_recompute_moe_activation(bool on) {
+    if constexpr (requires { mlp_.set_recompute_activation(on); }) mlp_.set_recompute_activation(on);
+  }
 
  private:
   Act backward_with(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred) {

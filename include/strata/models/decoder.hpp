@@ -391,8 +391,7 @@ class DecoderModel {
                                           "): a stage without the head needs the next stage's gradient");
       dx = *dy;  // shared, read only
     }
-    dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
-                         first_layer(), deferred, ready);
+    dx = backward_with_recompute(ctx, std::move(dx), saved, deferred, ready);
     if (!stage_.has_embedding) return dx;
     embedding_dropout_backward(ctx, dx, embedding_dropout_key(saved.dropout_key));
     if (positions_) {
@@ -453,8 +452,7 @@ class DecoderModel {
       dh = output_->backward(ctx, saved.output, dlogits);
     }
     auto dx = final_norm_->backward(ctx, saved.final_norm, dh);
-    dx = backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
-                         first_layer(), static_cast<DeferredWeightGradients*>(nullptr));
+    dx = backward_with_recompute(ctx, std::move(dx), saved, static_cast<DeferredWeightGradients*>(nullptr));
     embedding_dropout_backward(ctx, dx, embedding_dropout_key(saved.dropout_key));
     if constexpr (LearnedPositions) positions_->backward(ctx, dx);
     embedding_->backward(ctx, saved.embedding, dx);
@@ -543,12 +541,22 @@ class DecoderModel {
   // Activation recompute from the next forward on (models/recompute.hpp).
   void set_recompute(const RecomputeConfig& recompute) {
     recompute.validate(config_.num_layers);
-    if (mixture_of_experts && recompute.granularity == RecomputeGranularity::full)
-      fail<ConfigError>("full activation recompute runs each layer's forward twice, which would count the MoE router's "
-                        "aux and z losses and its expert-bias load twice; use selective recompute (or none) with a "
-                        "mixture-of-experts model");
+    // A recomputed MoE layer routes its tokens again, the same way (the same input, deterministic kernels);
+    // what its router records (the aux and z losses, the expert-bias load) is put back after the backward
+    // (backward_with_recompute). Forced balance draws new random logits at each forward, so a recomputed
+    // layer would route differently.
+    if constexpr (mixture_of_experts)
+      if (recompute.granularity == RecomputeGranularity::full)
+        for (const Router* r : routers_)
+          if (r->config().force_load_balancing)
+            fail<ConfigError>("full activation recompute with forced load balancing (random router logits, drawn anew at "
+                              "each forward): a recomputed MoE layer would route its tokens differently from its forward; "
+                              "use selective recompute (or none) with it");
     recompute_ = recompute;
-    for (auto& layer : layers_) layer.set_recompute_attention_core(recompute.granularity == RecomputeGranularity::selective);
+    for (auto& layer : layers_) {
+      layer.set_recompute_attention_core(recompute.selective(recompute.attention_core));
+      layer.set_recompute_moe_activation(recompute.selective(recompute.moe_activation));
+    }
   }
   const RecomputeConfig& recompute() const { return recompute_; }
 
@@ -611,6 +619,20 @@ class DecoderModel {
     std::vector<std::function<void()>> restore_;
   };
   RouterStatistics router_statistics(Context& ctx) const { return RouterStatistics(ctx, routers_); }
+
+  // backward_layers over this stage's layers. Under full recompute a MoE layer's forward runs again
+  // inside it, and its router adds its aux and z losses and its expert-bias load a second time: the
+  // routers' statistics are taken before and put back after (the router's backward changes none of
+  // them), so they hold what the forwards recorded, as without recompute.
+  template <class Saved_, class Deferred, class Ready = std::nullptr_t>
+  Boundary backward_with_recompute(Context& ctx, Boundary dx, const Saved_& saved, Deferred* deferred,
+                                   const Ready* ready = nullptr) {
+    std::optional<RouterStatistics> kept;
+    if constexpr (mixture_of_experts)
+      if (recompute_.granularity == RecomputeGranularity::full && !routers_.empty()) kept.emplace(ctx, routers_);
+    return backward_layers(ctx, layers_, std::move(dx), saved.dropout_key, recompute_, saved.layers, saved.layer_inputs,
+                           first_layer(), deferred, ready);
+  }
 
   // The loss scale of a micro-batch of `tokens` [b, s]: loss_scale x b x s for the routers.
   void set_router_loss_scale(double loss_scale, const Tensor<std::int32_t>& tokens) {

@@ -4,8 +4,11 @@
 // its forward a second time, inside the backward.
 //
 //   granularity none       every layer keeps its Saved
-//   granularity selective  every layer keeps its Saved, except the attention core's tensors
-//                          (SelfAttention::set_recompute_core): a few tensors per layer
+//   granularity selective  every layer keeps its Saved, except the tensors of the modules named:
+//                          the attention core's (`attention_core`, the default;
+//                          SelfAttention::set_recompute_core) and the routed experts' activation
+//                          (`moe_activation`, Megatron's moe_act; GroupedExperts::
+//                          set_recompute_activation), each made again inside the backward
 //   granularity full, method uniform, n layers
 //                          the layers form chunks of n ([0, n), [n, 2n), ...); only each chunk's
 //                          input is kept; the backward of a chunk first runs its forward again
@@ -42,6 +45,10 @@ struct RecomputeConfig {
   RecomputeGranularity granularity = RecomputeGranularity::none;
   RecomputeMethod method = RecomputeMethod::uniform;
   int num_layers = 1;
+  // selective: which modules (Megatron's --recompute-modules core_attn, moe_act)
+  bool attention_core = true;
+  bool moe_activation = false;
+  bool selective(bool module) const { return granularity == RecomputeGranularity::selective && module; }
 
   void validate(int model_layers) const {
     if (granularity == RecomputeGranularity::full && (num_layers < 1 || num_layers > model_layers))

@@ -75,7 +75,7 @@ class GroupedExperts {
   struct Saved {
     Tensor<T, Space> input;                   // [rows, hidden]
     Tensor<T, Space> pre;                     // [rows, fc1 local]
-    Tensor<T, Space> activation;              // [rows, ffn local]
+    Tensor<T, Space> activation;              // [rows, ffn local] (empty under set_recompute_activation)
     Tensor<std::int32_t, Space> counts;       // [local experts] rows of each, in the backend's memory
     std::vector<index_t> host_counts;         // the same on the host, when the backend reads them there
     // FP8: x^T's and the activation^T's codes [cols, grouped rows] (the input and activation above
@@ -129,6 +129,15 @@ class GroupedExperts {
   // Whether the experts' GEMMs run in FP8 (see the header).
   bool fp8() const { return fc1_fp8_ != nullptr; }
 
+  // Selective recompute of the activation function (Megatron's --recompute-modules moe_act): the
+  // forward keeps fc1's output alone, not the activation fc2 read (nor, with FP8 experts, its
+  // transposed codes), and the backward makes the activation again from fc1's output for fc2's
+  // weight gradient. The same bits: the activation is elementwise and deterministic, and an FP8
+  // recast within the step has the forward's scale (delayed: fixed for the step; tensorwise and
+  // blockwise: from the same values), folding the same amax again.
+  void set_recompute_activation(bool on) { recompute_activation_ = on; }
+  bool recompute_activation() const { return recompute_activation_; }
+
   index_t local_experts() const { return local_; }
   // Whether the GEMMs read the counts where they are, with no wait for the host: bf16 experts without
   // biases on a backend whose grouped GEMMs take device counts at these sizes (else forward reads
@@ -175,6 +184,7 @@ class GroupedExperts {
     rows_gemm(ctx, saved, true, rows, h, ffn_local, saved.activation.data(), pointers(fc2_),
               y.data());  // (rows, hidden), partial over etp
     if (config_.bias && output_bias_rank_) add_group_biases(ctx, saved, h, pointers(fc2_bias_), y.data());
+    if (recompute_activation_) saved.activation = Tensor<T, Space>();  // made again by the backward
     return {std::move(y), std::move(saved)};
   }
 
@@ -182,10 +192,17 @@ class GroupedExperts {
     if constexpr (backend_has_fp8<typename Context::device_type>)
       if (fp8()) return backward_fp8(ctx, saved, dy);
     const index_t rows = saved.input.shape().rows(), h = config_.hidden_size;
-    const index_t fc1_local = saved.pre.shape().cols(), ffn_local = saved.activation.shape().cols();
+    const index_t fc1_local = saved.pre.shape().cols(), ffn_local = gated ? fc1_local / 2 : fc1_local;
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
     rows_gemm(ctx, saved, false, rows, ffn_local, h, dy.data(), pointers(fc2_), dact.data());  // da (rows, ffn local)
-    weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), saved.activation.data(), fc2_);  // dfc2 (hidden, ffn local)
+    {
+      Tensor<T, Space> activation = saved.activation;  // or made again (set_recompute_activation), freed after its use
+      if (activation.data() == nullptr) {
+        activation = Tensor<T, Space>::empty(Shape{rows, ffn_local});
+        activate(ctx, saved.pre.data(), rows, ffn_local, activation.data());
+      }
+      weights_gemm(ctx, saved, rows, h, ffn_local, dy.data(), activation.data(), fc2_);  // dfc2 (hidden, ffn local)
+    }
     if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
     auto dpre = Tensor<T, Space>::empty(Shape{rows, fc1_local});
     activate_backward(ctx, dact.data(), saved.pre.data(), rows, ffn_local, dpre.data());
@@ -420,7 +437,7 @@ class GroupedExperts {
     if (config_.bias && output_bias_rank_) add_group_biases(ctx, saved, h, pointers(fc2_bias_), y.data());
     xq.codes = aq.codes = Tensor<std::uint8_t, Space>();  // the forward's own layouts served it alone
     saved.input_codes = std::move(xq);
-    saved.activation_codes = std::move(aq);
+    if (!recompute_activation_) saved.activation_codes = std::move(aq);  // else cast again by the backward
     saved.input = saved.activation = Tensor<T, Space>();  // the backward reads their codes
     return {std::move(y), std::move(saved)};
   }
@@ -438,7 +455,16 @@ class GroupedExperts {
     auto dact = Tensor<T, Space>::empty(Shape{rows, ffn_local});
     fp8_rows_gemm(ctx, saved, rows, ffn_local, h, dyq, w2t, weight_format, weight_scale_inv(scaling, *fc2_fp8_),
                   dact.data());                                                // da (rows, ffn local)
-    fp8_weights_gemm(ctx, saved, dyq, saved.activation_codes, fc2_);          // dfc2 (hidden, ffn local)
+    if (saved.activation_codes.empty()) {  // set_recompute_activation: the activation and its transposed codes again
+      auto activation = Tensor<T, Space>::empty(Shape{rows, ffn_local});
+      activate(ctx, saved.pre.data(), rows, ffn_local, activation.data());
+      const auto aq = detail::fp8_quantize_pair(ctx, *fc2_fp8_, Fp8Role::input, activation.data(), grouped, ffn_local, false,
+                                                false);
+      activation = Tensor<T, Space>();
+      fp8_weights_gemm(ctx, saved, dyq, aq, fc2_);                              // dfc2 (hidden, ffn local)
+    } else {
+      fp8_weights_gemm(ctx, saved, dyq, saved.activation_codes, fc2_);          // dfc2 (hidden, ffn local)
+    }
     if (config_.bias) group_bias_gradients(ctx, saved, h, dy.data(), fc2_bias_);
     dyq = detail::Fp8Pair<Space>();
     own2 = detail::Fp8Pair<Space>();
@@ -483,6 +509,7 @@ class GroupedExperts {
   index_t local_ = 0, first_ = 0;
   std::vector<Param> fc1_, fc2_;
   std::vector<Param> fc1_bias_, fc2_bias_;  // with ExpertsConfig::bias
+  bool recompute_activation_ = false;        // set_recompute_activation
   bool output_bias_rank_ = true;             // adds fc2's bias (etp rank 0)
   std::shared_ptr<Fp8State<Space>> fc1_fp8_, fc2_fp8_;  // FP8 (see the header), else null
 };

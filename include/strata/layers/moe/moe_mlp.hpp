@@ -247,6 +247,12 @@ class MoeMlp {
     if (shared_gate_) visit(*shared_gate_);
   }
 
+  // Selective recompute of the routed experts' activation function (GroupedExperts::
+  // set_recompute_activation; Megatron's moe_act). A dense layer has no experts: nothing changes.
+  void set_recompute_activation(bool on) {
+    if (experts_) experts_->set_recompute_activation(on);
+  }
+
   // The router of a MoE layer (is_moe()).
   TopKRouter<Policy>& router() { return *router_; }
   const TopKRouter<Policy>& router() const { return *router_; }
