@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/gpu/run_moe_gpus.sh <build> [log dir]: Mixtral on GPUs through train_mixtral.
 #
-# 1. Equivalence (fp32): a Mixtral-shaped small model (8 experts, top-2, GQA, aux and z losses) at
+# 1. Equivalence (fp32): on one GPU, full activation recompute and the experts' activation recomputed
+#    (--recompute-modules moe_act) give the losses of the run without recompute, as logged. Then a
+#    Mixtral-shaped small model (8 experts, top-2, GQA, aux and z losses) at
 #    expert parallelism 2 on 2 GPUs (a job of 2 processes, one per GPU, dp 2 x ep 2), with
 #    the all-to-all and the all-gather dispatcher, against ep 1 on 1 GPU: every iteration's loss and
 #    load-balancing loss within 1e-3 relative (fp32 reductions in another order over 20 steps).
@@ -76,8 +78,36 @@ sys.exit(0 if verdict == 'PASS' else 1)
 EOF
 }
 
+# same <name> <reference> <what>: the losses, load-balancing losses and z-losses of two JSONL logs equal
+# (as logged: the same bits where the two runs compute the same).
+same() {
+  python3 - "$logs/$1.jsonl" "$logs/$2.jsonl" "$1" "$3" <<'EOF'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
+if len(a) != len(b) or not a:
+    print(f"FAIL {sys.argv[3]}: {len(a)} iterations against {len(b)}"); sys.exit(1)
+diff = [f"iteration {x['iteration']} {k}" for x, y in zip(a, b) for k in ('loss', 'load_balancing_loss', 'z_loss') if x[k] != y[k]]
+verdict = 'PASS' if not diff else 'FAIL'
+print(f"{verdict} {sys.argv[3]}: {len(a)} iterations, loss, load_balancing_loss and z_loss {sys.argv[4]}"
+      + (f" (first difference: {diff[0]})" if diff else f" (last loss {a[-1]['loss']:.6f})"))
+sys.exit(0 if verdict == 'PASS' else 1)
+EOF
+}
+
 # --- 1. equivalence -----------------------------------------------------------------------------
 if run ep1 "$mixtral" "${small[@]}" --world-size 1 --moe-token-dispatcher-type alltoall; then
+  # Activation recompute on one GPU (deterministic kernels): full recompute routes the tokens again and
+  # the routers' second record is put back; moe_act makes the experts' activation again. Equal as logged.
+  for recompute in full moe_act; do
+    flags=(--recompute-granularity full)
+    [[ $recompute == moe_act ]] && flags=(--recompute-granularity selective --recompute-modules moe_act)
+    if run ep1-recompute-$recompute "$mixtral" "${small[@]}" --world-size 1 --moe-token-dispatcher-type alltoall "${flags[@]}"; then
+      line=$(same ep1-recompute-$recompute ep1 "equal to the run without recompute") || status=1
+      echo "$line"
+      rows+=("| ${flags[*]} against no recompute, 1 GPU, fp32 | ${line%%:*} | ${line#*: } |")
+    fi
+  done
   if [[ $gpus -ge 2 ]]; then
     for dispatcher in alltoall allgather; do
       name=ep2-$dispatcher
