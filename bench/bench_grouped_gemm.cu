@@ -43,40 +43,27 @@
 #include <strata/backend/cuda/backend.cuh>
 
 #include "cuda_timing.hpp"
+#include "experts_bench.hpp"
 
 using strata::bf16;
 using strata::index_t;
 
 namespace {
 
-constexpr index_t kExperts = 8;
+constexpr index_t kExperts = strata_bench::kBenchExperts;
 
 void check(cudaError_t status, const char* what) { strata_bench::check_cuda(status, "bench_grouped_gemm", what); }
 
-// n elements of normal values (stddev 0.02, as initialized weights), so the tensor cores see varied bits.
 template <class V>
 V* device_array(const strata::cuda::backend& device, std::size_t n, std::uint64_t key) {
-  V* p = nullptr;
-  check(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(V)), "cudaMalloc");
-  const auto count = static_cast<index_t>(n);
-  device.init_normal(p, count, strata::GlobalIndexMap{count, count, 0}, key, 0.02);
-  return p;
+  return strata_bench::normal_device_array<V>(device, n, key, "bench_grouped_gemm");
 }
 
 double median_ms(const strata::cuda::backend& device, int iterations, const std::function<void()>& call) {
   return strata_bench::median_ms(device, iterations, call, "bench_grouped_gemm");
 }
 
-// Rows per expert: an even split, or one expert with 40% and an even split of the rest.
-std::vector<index_t> expert_rows(index_t rows, bool skewed) {
-  std::vector<index_t> out(kExperts);
-  const index_t first = skewed ? rows * 2 / 5 : 0, rest = rows - first;
-  const index_t others = skewed ? kExperts - 1 : kExperts;
-  for (index_t e = 0; e < others; ++e) out[static_cast<std::size_t>(e + (skewed ? 1 : 0))] = rest / others;
-  if (skewed) out[0] = first;
-  out.back() += rows - std::accumulate(out.begin(), out.end(), index_t{0});  // the remainder
-  return out;
-}
+using strata_bench::expert_rows;
 
 // One grouped GEMM of the experts: sizes and pointers per expert, and the same call in the device-count
 // form (rows: C[rows, n] = A op(B_e) by row groups; weights: C_e += A_e^T B_e).

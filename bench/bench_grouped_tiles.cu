@@ -29,23 +29,20 @@
 
 #include "bench_grouped_tiles.hpp"
 #include "cuda_timing.hpp"
+#include "experts_bench.hpp"
 
 using strata::bf16;
 using strata::index_t;
 
 namespace {
 
-constexpr index_t kExperts = 8;
+constexpr index_t kExperts = strata_bench::kBenchExperts;
 
 void check(cudaError_t status, const char* what) { strata_bench::check_cuda(status, "bench_grouped_tiles", what); }
 
 template <class V>
 V* device_array(const strata::cuda::backend& device, std::size_t n, std::uint64_t key) {
-  V* p = nullptr;
-  check(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(V)), "cudaMalloc");
-  const auto count = static_cast<index_t>(n);
-  device.init_normal(p, count, strata::GlobalIndexMap{count, count, 0}, key, 0.02);
-  return p;
+  return strata_bench::normal_device_array<V>(device, n, key, "bench_grouped_tiles");
 }
 
 // `calls` calls back to back between two events, per call; the median of 5 windows after 3 calls.
@@ -70,15 +67,7 @@ double back_to_back_ms(const strata::cuda::backend& device, int calls, const std
   return windows[2];
 }
 
-std::vector<index_t> expert_rows(index_t rows, bool skewed) {
-  std::vector<index_t> out(kExperts);
-  const index_t first = skewed ? rows * 2 / 5 : 0, rest = rows - first;
-  const index_t others = skewed ? kExperts - 1 : kExperts;
-  for (index_t e = 0; e < others; ++e) out[static_cast<std::size_t>(e + (skewed ? 1 : 0))] = rest / others;
-  if (skewed) out[0] = first;
-  out.back() += rows - std::accumulate(out.begin(), out.end(), index_t{0});
-  return out;
-}
+using strata_bench::expert_rows;
 
 struct gemm_case {
   const char* name;
@@ -110,7 +99,7 @@ int main(int argc, char** argv) {
     index_t hidden, ffn;
     std::vector<index_t> tokens;
   };
-  for (const model shape : {model{4096, 14336, {8192}}, model{2048, 5632, {8192}},
+  for (const model& shape : {model{4096, 14336, {8192}}, model{2048, 5632, {8192}},
                             model{1024, 3584, {256, 512, 1024, 2048, 4096, 8192, 16384}}}) {
     const index_t h = shape.hidden, f = shape.ffn, f1 = 2 * f;
     const index_t max_rows = 2 * *std::max_element(shape.tokens.begin(), shape.tokens.end());
