@@ -351,6 +351,7 @@ inline models::RecomputeConfig recompute_of(const TrainArgs& a) {
   if (!a.recompute_modules.empty()) {  // selective: the modules named (resolve_recompute_modules), else core_attn alone
     c.attention_core = names_recompute_module(a.recompute_modules, "core_attn");
     c.moe_activation = names_recompute_module(a.recompute_modules, "moe_act");
+    c.moe_block = names_recompute_module(a.recompute_modules, "moe");
   }
   return c;
 }
@@ -1906,9 +1907,9 @@ inline void resolve_latent_attention(const CLI::App& app, TrainArgs& a) {
 }
 
 // --recompute-modules, Megatron's names: read with --recompute-granularity selective only (a note
-// otherwise). strata recomputes core_attn (the attention core) and moe_act (the routed experts'
-// activation function); a list with neither recomputes nothing, and the other modules keep their
-// activations, which a note names.
+// otherwise). strata recomputes core_attn (the attention core), moe_act (the routed experts'
+// activation function) and moe (the whole MoE block); a list with none of them recomputes nothing, and
+// the other modules keep their activations, which a note names.
 inline void resolve_recompute_modules(TrainArgs& a) {
   if (a.recompute_modules.empty()) return;
   static constexpr const char* kKnown[] = {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
@@ -1918,7 +1919,7 @@ inline void resolve_recompute_modules(TrainArgs& a) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return name == k; }) == std::end(kKnown))
       fail<ConfigError>("--recompute-modules ", name, ": not one of Megatron's modules core_attn, moe_act, layernorm, "
                         "mla_up_proj, mlp, moe, shared_experts");
-    if (name != "core_attn" && name != "moe_act") kept += (kept.empty() ? "" : ", ") + name;
+    if (name != "core_attn" && name != "moe_act" && name != "moe") kept += (kept.empty() ? "" : ", ") + name;
   }
   if (a.recompute_granularity != "selective") {
     a.notes.emplace_back("--recompute-modules " + a.recompute_modules +
@@ -1927,15 +1928,21 @@ inline void resolve_recompute_modules(TrainArgs& a) {
   }
   const bool core_attn = names_recompute_module(a.recompute_modules, "core_attn");
   const bool moe_act = names_recompute_module(a.recompute_modules, "moe_act");
-  if (moe_act && a.model.moe.num_experts == 0)
-    a.notes.emplace_back("--recompute-modules moe_act: the model has no experts, so there is no expert activation to "
-                         "recompute");
-  if (!core_attn && !moe_act) a.recompute_granularity.clear();  // selective without a module strata recomputes
+  const bool moe = names_recompute_module(a.recompute_modules, "moe");
+  if ((moe_act || moe) && a.model.moe.num_experts == 0)
+    a.notes.emplace_back("--recompute-modules " + std::string(moe ? "moe" : "moe_act") +
+                         ": the model has no experts, so there is no MoE block to recompute");
+  if (moe && a.model.moe.force_load_balancing)
+    fail<ConfigError>("--recompute-modules moe with --moe-router-force-load-balancing: the forced balance draws new random "
+                      "router logits at each forward, so a recomputed MoE block would route its tokens differently from "
+                      "its forward; recompute moe_act instead (or drop the forced balance)");
+  if (!core_attn && !moe_act && !moe) a.recompute_granularity.clear();  // selective without a module strata recomputes
   if (!kept.empty())
     a.notes.emplace_back("--recompute-modules " + a.recompute_modules +
-                         ": strata recomputes the attention core (core_attn) and the experts' activation (moe_act)" +
-                         (core_attn || moe_act ? "" : ", which this list leaves out, so nothing is recomputed") + "; " +
-                         kept + " keep their activations: the same numbers as Megatron's, more activation memory");
+                         ": strata recomputes the attention core (core_attn), the experts' activation (moe_act) and the "
+                         "MoE block (moe)" +
+                         (core_attn || moe_act || moe ? "" : ", which this list leaves out, so nothing is recomputed") +
+                         "; " + kept + " keep their activations: the same numbers as Megatron's, more activation memory");
 }
 
 inline void resolve_building_blocks(const CLI::App& app, TrainArgs& a) {

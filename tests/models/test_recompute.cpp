@@ -81,8 +81,10 @@ std::vector<models::RecomputeConfig> recompute_configs(int layers) {
   using M = models::RecomputeMethod;
   return {{G::selective, M::uniform, 1}, {G::full, M::uniform, 1}, {G::full, M::uniform, 2},
           {G::full, M::uniform, layers}, {G::full, M::block, 1},   {G::full, M::block, layers - 1},
-          // the experts' activation (moe_act) alone, and with the attention core
-          {G::selective, M::uniform, 1, false, true}, {G::selective, M::uniform, 1, true, true}};
+          // the experts' activation (moe_act) alone, and with the attention core; the whole MoE block (moe)
+          // alone, and with both
+          {G::selective, M::uniform, 1, false, true}, {G::selective, M::uniform, 1, true, true},
+          {G::selective, M::uniform, 1, false, false, true}, {G::selective, M::uniform, 1, true, true, true}};
 }
 
 template <template <class> class Model, bool SP>
@@ -92,7 +94,8 @@ void expect_same_gradients(int tp, const models::ModelConfig& config) {
     const Result with = run<Model, SP>(tp, config, r, 2);
     const std::string what = std::string(r.granularity == models::RecomputeGranularity::full ? "full " : "selective ") +
                              (r.method == models::RecomputeMethod::block ? "block " : "uniform ") + std::to_string(r.num_layers) +
-                             (r.attention_core ? "" : " without core_attn") + (r.moe_activation ? " moe_act" : "");
+                             (r.attention_core ? "" : " without core_attn") + (r.moe_activation ? " moe_act" : "") +
+                             (r.moe_block ? " moe" : "");
     EXPECT_EQ(with.loss, plain.loss) << what;
     EXPECT_EQ(with.router_losses, plain.router_losses) << what << ": the routers' aux and z losses";
     ASSERT_EQ(with.grads.size(), plain.grads.size());
@@ -237,8 +240,9 @@ TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
 // element) instead of the activation; the recompute makes the activation in float (4 bytes) for its
 // cast, so at a peak inside the backward they would free less than the layers' codes: the test asks
 // that the peak falls, by no more than the layers' codes (measured: 8 layers' codes). The same loss,
-// router losses and gradients in every case.
-TEST(Recompute, MoeActivationRecomputeFreesTheExpertsActivations) {
+// router losses and gradients in every case. Recomputing the whole MoE block (moe) frees more than
+// twice what moe_act frees, with the same results.
+TEST(Recompute, MoeRecomputeFreesTheExpertsActivations) {
   models::ModelConfig c = peak_measurement_model();
   c.ffn_hidden_size = 256;
   c.num_query_groups = 2;
@@ -262,6 +266,17 @@ TEST(Recompute, MoeActivationRecomputeFreesTheExpertsActivations) {
     EXPECT_EQ(recomputed.loss, kept.loss);
     EXPECT_EQ(recomputed.router_losses, kept.router_losses);
     EXPECT_EQ(recomputed.grads, kept.grads) << (fp8 ? "FP8" : "float");
+    // The whole MoE block (moe): each layer keeps the block's input ([tokens, hidden]) in place of its
+    // router logits, dispatched rows, fc1's output and activation, so it frees more than moe_act.
+    const models::RecomputeConfig moe{G::selective, M::uniform, 1, false, false, true};
+    const Result block = run<models::Mixtral, false>(1, c, moe, 4, options);
+    const double freed_block = double(kept.peak) - double(block.peak);
+    std::printf("Mixtral peak bytes%s with the MoE block recomputed: %zu: %.0f freed\n", fp8 ? " (FP8 experts)" : "",
+                block.peak, freed_block);
+    EXPECT_GT(freed_block, 2 * freed) << (fp8 ? "FP8" : "float");
+    EXPECT_EQ(block.loss, kept.loss);
+    EXPECT_EQ(block.router_losses, kept.router_losses);
+    EXPECT_EQ(block.grads, kept.grads) << (fp8 ? "FP8" : "float");
   }
 }
 

@@ -110,12 +110,21 @@ TEST(MegatronFlags, ExampleLineFlagsOfGptOssAndDeepSeek) {
   EXPECT_EQ(trainer::schedule_of(warm).warmup_init, 3.9e-7);
   EXPECT_EQ(trainer::schedule_of(warm).lr(0), 3.9e-7);
 
-  // selective recompute is the attention core and the experts' activation: a list without core_attn or
-  // moe_act recomputes nothing
-  const TrainArgs deepseek = parse_flags("llama", {"--recompute-granularity", "selective", "--recompute-modules", "mlp", "moe",
-                                                   "mla_up_proj", "layernorm"});
-  EXPECT_EQ(trainer::recompute_of(deepseek).granularity, strata::models::RecomputeGranularity::none);
-  EXPECT_TRUE(has_note(deepseek, "so nothing is recomputed"));
+  // selective recompute is the attention core, the experts' activation and the MoE block: a list with
+  // none of core_attn, moe_act, moe recomputes nothing
+  const TrainArgs deepseek = parse_flags("mixtral", {"--recompute-granularity", "selective", "--recompute-modules", "mlp", "moe",
+                                                     "mla_up_proj", "layernorm"});
+  EXPECT_EQ(trainer::recompute_of(deepseek).granularity, strata::models::RecomputeGranularity::selective);
+  EXPECT_TRUE(trainer::recompute_of(deepseek).moe_block);
+  EXPECT_FALSE(trainer::recompute_of(deepseek).attention_core);
+  EXPECT_TRUE(has_note(deepseek, "; mlp, mla_up_proj, layernorm keep their activations"));
+  const TrainArgs none = parse_flags("llama", {"--recompute-granularity", "selective", "--recompute-modules", "mlp",
+                                               "mla_up_proj", "layernorm"});
+  EXPECT_EQ(trainer::recompute_of(none).granularity, strata::models::RecomputeGranularity::none);
+  EXPECT_TRUE(has_note(none, "so nothing is recomputed"));
+  expect_config_error([] { parse_flags("mixtral", {"--recompute-activations", "--recompute-modules", "moe",
+                                                   "--moe-router-force-load-balancing"}); },
+                      {"--recompute-modules moe", "--moe-router-force-load-balancing"});
   const TrainArgs core = parse_flags("llama", {"--recompute-activations", "--recompute-modules", "core_attn", "mlp"});
   EXPECT_EQ(trainer::recompute_of(core).granularity, strata::models::RecomputeGranularity::selective);
   EXPECT_TRUE(has_note(core, "mlp keep their activations"));
@@ -129,7 +138,8 @@ TEST(MegatronFlags, ExampleLineFlagsOfGptOssAndDeepSeek) {
   const TrainArgs both = parse_flags("mixtral", {"--recompute-activations", "--recompute-modules", "core_attn", "moe_act", "moe"});
   EXPECT_TRUE(trainer::recompute_of(both).attention_core);
   EXPECT_TRUE(trainer::recompute_of(both).moe_activation);
-  EXPECT_TRUE(has_note(both, "; moe keep their activations"));
+  EXPECT_TRUE(trainer::recompute_of(both).moe_block);
+  EXPECT_FALSE(has_note(both, "keep their activations"));
   EXPECT_TRUE(has_note(parse_flags("llama", {"--recompute-activations", "--recompute-modules", "moe_act"}), "no experts"));
   // --recompute-activations alone: the attention core (Megatron's default list)
   EXPECT_TRUE(trainer::recompute_of(parse_flags("mixtral", {"--recompute-activations"})).attention_core);

@@ -514,8 +514,9 @@ TEST(TrainingMoe, ZeroByFirstWriteOfExpertGradientsTrainsTheBitsOfTheFill) {
 // ep 2, aux-loss-free balancing (the expert bias, which the load of every forward moves), and FP8
 // experts (delayed; the recomputed forward casts with the step's scales); chunks of one and of two
 // layers, and the block method (the first layer recomputed, the second keeping its activations). The
-// same for selective recompute of the experts' activation (--recompute-modules moe_act, alone and
-// with core_attn). Shared experts run in every case.
+// same for selective recompute of the experts' activation (--recompute-modules moe_act) and of the
+// whole MoE block (moe: router, exchanges, experts and shared experts run again in the backward), each
+// alone and with core_attn. Shared experts run in every case.
 TEST(TrainingMoe, RecomputeTrainsTheBitsOfNoRecompute) {
   auto base = tiny_mixtral();
   base.dtype = "double";
@@ -561,7 +562,8 @@ TEST(TrainingMoe, RecomputeTrainsTheBitsOfNoRecompute) {
     ASSERT_EQ(plain.losses.size(), 3u) << c.what;
     for (const Recompute r : {Recompute{"full", "uniform", 1}, Recompute{"full", "uniform", 2}, Recompute{"full", "block", 1},
                               Recompute{"selective", "uniform", 1, "moe_act"},
-                              Recompute{"selective", "uniform", 1, "core_attn moe_act"}}) {
+                              Recompute{"selective", "uniform", 1, "core_attn moe_act"},
+                              Recompute{"selective", "uniform", 1, "moe"}, Recompute{"selective", "uniform", 1, "core_attn moe"}}) {
       if (c.layout.pp > 1 && r.layers > 1) continue;  // a stage holds one layer
       auto recomputed = a;
       recomputed.recompute_granularity = r.granularity;

@@ -170,6 +170,10 @@ class TransformerLayer {
   void set_recompute_moe_activation(bool on) {
     if constexpr (requires { mlp_.set_recompute_activation(on); }) mlp_.set_recompute_activation(on);
   }
+  // Selective recompute of a whole MoE block (MoeMlp::set_recompute_block); a dense MLP keeps what it keeps.
+  void set_recompute_moe_block(bool on) {
+    if constexpr (requires { mlp_.set_recompute_block(on); }) mlp_.set_recompute_block(on);
+  }
 
  private:
   Act backward_with(Context& ctx, const Saved& saved, const Act& dy, DeferredWeightGradients* deferred) {

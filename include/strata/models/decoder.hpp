@@ -556,6 +556,7 @@ class DecoderModel {
     for (auto& layer : layers_) {
       layer.set_recompute_attention_core(recompute.selective(recompute.attention_core));
       layer.set_recompute_moe_activation(recompute.selective(recompute.moe_activation));
+      layer.set_recompute_moe_block(recompute.selective(recompute.moe_block));
     }
   }
   const RecomputeConfig& recompute() const { return recompute_; }

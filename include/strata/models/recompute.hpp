@@ -8,7 +8,9 @@
 //                          the attention core's (`attention_core`, the default;
 //                          SelfAttention::set_recompute_core) and the routed experts' activation
 //                          (`moe_activation`, Megatron's moe_act; GroupedExperts::
-//                          set_recompute_activation), each made again inside the backward
+//                          set_recompute_activation) or the whole MoE block (`moe_block`,
+//                          Megatron's moe: the block keeps its input; MoeMlp::set_recompute_block),
+//                          each made again inside the backward
 //   granularity full, method uniform, n layers
 //                          the layers form chunks of n ([0, n), [n, 2n), ...); only each chunk's
 //                          input is kept; the backward of a chunk first runs its forward again
@@ -45,9 +47,10 @@ struct RecomputeConfig {
   RecomputeGranularity granularity = RecomputeGranularity::none;
   RecomputeMethod method = RecomputeMethod::uniform;
   int num_layers = 1;
-  // selective: which modules (Megatron's --recompute-modules core_attn, moe_act)
+  // selective: which modules (Megatron's --recompute-modules core_attn, moe_act, moe)
   bool attention_core = true;
   bool moe_activation = false;
+  bool moe_block = false;
   bool selective(bool module) const { return granularity == RecomputeGranularity::selective && module; }
 
   void validate(int model_layers) const {

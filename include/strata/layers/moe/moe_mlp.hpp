@@ -122,6 +122,9 @@ class MoeMlp {
     Tensor<T, Space> shared_input, shared_output, gate_logits;  // with the shared experts' gate
     typename DenseMlp::Saved dense;  // a dense layer's MLP
     Shape local_shape{};  // this rank's tokens [s, b, hidden]
+    // set_recompute_block: the block's input alone (everything above is empty), the rest made again
+    // by the backward
+    std::optional<Edge<Layout>> recompute_input;
   };
 
   MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c) : config_(c) {
@@ -152,6 +155,41 @@ class MoeMlp {
   bool is_moe() const { return router_.has_value(); }
 
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
+    auto out = forward_block(ctx, x);
+    if (!recompute_block_ || dense_) return out;
+    Saved kept;
+    kept.recompute_input = x;
+    return {std::move(out.first), std::move(kept)};
+  }
+
+  // Selective recompute of the whole MoE block (Megatron's --recompute-modules moe): the forward keeps
+  // its input alone; the backward runs the block's forward again (router, dispatch and its exchanges,
+  // experts, combine, shared experts) and then its backward. The router's second record of its aux and
+  // z losses and expert-bias load is put back after, so they count once; the same bits as keeping
+  // everything (deterministic kernels, the same input; FP8 casts within the step keep their scales).
+  // Refused with forced balance, whose random logits differ at each forward. A dense layer keeps
+  // what it keeps.
+  void set_recompute_block(bool on) {
+    if (on && router_ && router_->config().force_load_balancing)
+      fail<ConfigError>("MoeMlp: recomputing the MoE block with forced load balancing (random router logits, drawn anew "
+                        "at each forward) would route its tokens differently from its forward; recompute other modules");
+    recompute_block_ = on;
+  }
+
+  // `deferred` (a split backward) is accepted for TransformerLayer's interface; the expert and
+  // router weight gradients are taken at once, the shared experts' are deferred.
+  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+    if (saved.recompute_input) {
+      const auto statistics = router_->statistics();
+      const Saved again = forward_block(ctx, *saved.recompute_input).second;
+      router_->restore(ctx, statistics);
+      return backward_block(ctx, again, dy, deferred);
+    }
+    return backward_block(ctx, saved, dy, deferred);
+  }
+
+ private:
+  std::pair<Edge<Layout>, Saved> forward_block(Context& ctx, const Edge<Layout>& x) const {
     Saved saved;
     if (dense_) {
       auto [y, dense_saved] = dense_->forward(ctx, x);
@@ -198,9 +236,7 @@ class MoeMlp {
     return {std::move(out), std::move(saved)};
   }
 
-  // `deferred` (a split backward) is accepted for TransformerLayer's interface; the expert and
-  // router weight gradients are taken at once, the shared experts' are deferred.
-  Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
+  Edge<Layout> backward_block(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred) {
     if (dense_) return dense_->backward(ctx, saved.dense, dy, deferred);
     const index_t h = config_.hidden_size, tokens = saved.local_shape.numel() / h;
     const Tensor<T, Space> dy_flat = local_gradient(ctx, dy).reshaped(Shape{tokens, h});
@@ -231,6 +267,7 @@ class MoeMlp {
     return out;
   }
 
+ public:
   void init(Context& ctx, std::uint64_t seed, double stddev, double output_stddev) {
     if (dense_) dense_->init(ctx, seed, stddev, output_stddev);
     if (router_) router_->init(ctx, seed, stddev);
@@ -312,6 +349,7 @@ class MoeMlp {
   std::optional<Dispatcher> dispatcher_;
   std::optional<GroupedExperts<Policy, Act>> experts_;
   std::optional<DenseMlp> shared_;
+  bool recompute_block_ = false;  // set_recompute_block
   std::optional<Parameter<T, Space>> shared_gate_;  // [1, hidden], replicated (MoeMlpConfig::shared_expert_gate)
   std::optional<DenseMlp> dense_;  // a dense layer
 };
