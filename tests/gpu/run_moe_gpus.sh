@@ -2,7 +2,8 @@
 # tests/gpu/run_moe_gpus.sh <build> [log dir]: Mixtral on GPUs through train_mixtral.
 #
 # 1. Equivalence (fp32): on one GPU, full activation recompute and the experts' activation recomputed
-#    (--recompute-modules moe_act) give the losses of the run without recompute, as logged. Then a
+#    (--recompute-modules moe_act) or the whole MoE block (moe) give the losses of the run without
+#    recompute, as logged. Then a
 #    Mixtral-shaped small model (8 experts, top-2, GQA, aux and z losses) at
 #    expert parallelism 2 on 2 GPUs (a job of 2 processes, one per GPU, dp 2 x ep 2), with
 #    the all-to-all and the all-gather dispatcher, against ep 1 on 1 GPU: every iteration's loss and
@@ -98,10 +99,11 @@ EOF
 # --- 1. equivalence -----------------------------------------------------------------------------
 if run ep1 "$mixtral" "${small[@]}" --world-size 1 --moe-token-dispatcher-type alltoall; then
   # Activation recompute on one GPU (deterministic kernels): full recompute routes the tokens again and
-  # the routers' second record is put back; moe_act makes the experts' activation again. Equal as logged.
-  for recompute in full moe_act; do
+  # the routers' second record is put back; moe_act makes the experts' activation again, moe the whole
+  # block. Equal as logged.
+  for recompute in full moe_act moe; do
     flags=(--recompute-granularity full)
-    [[ $recompute == moe_act ]] && flags=(--recompute-granularity selective --recompute-modules moe_act)
+    [[ $recompute != full ]] && flags=(--recompute-granularity selective --recompute-modules $recompute)
     if run ep1-recompute-$recompute "$mixtral" "${small[@]}" --world-size 1 --moe-token-dispatcher-type alltoall "${flags[@]}"; then
       line=$(same ep1-recompute-$recompute ep1 "equal to the run without recompute") || status=1
       echo "$line"
