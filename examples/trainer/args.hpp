@@ -550,13 +550,14 @@ inline int data_parallel_size_of(const TrainArgs& a);
 
 // Whether the FP8 layers keep their weights' forward codes for the step (Fp8Options::
 // cache_forward_weights): --fp8-weight-cache both, or auto where a step runs a layer's forward more
-// than once (micro-batches, full recompute).
+// than once (micro-batches, full recompute, the MoE block's recompute).
 inline bool fp8_keeps_forward_weight_codes(const TrainArgs& a) {
   if (a.fp8_weight_cache != "auto") return a.fp8_weight_cache == "both";
   const int dp = data_parallel_size_of(a);
   const std::int64_t per_micro_step = std::int64_t{a.micro_batch_size} * std::max(dp, 1);
   const std::int64_t micro_batches = per_micro_step > 0 ? a.global_batch_size / per_micro_step : 1;
-  return micro_batches > 1 || a.recompute_granularity == "full";
+  return micro_batches > 1 || a.recompute_granularity == "full" ||
+         (a.recompute_granularity == "selective" && names_recompute_module(a.recompute_modules, "moe"));
 }
 
 inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {

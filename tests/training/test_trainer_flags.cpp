@@ -1135,6 +1135,9 @@ TEST(MegatronFlags, Fp8Flags) {
   EXPECT_FALSE(keeps({"--global-batch-size", "4"}));
   EXPECT_TRUE(keeps({"--global-batch-size", "8"}));
   EXPECT_TRUE(keeps({"--global-batch-size", "4", "--recompute-granularity", "full"}));
+  // the MoE block recomputed: its experts' forward runs twice a micro-batch; moe_act's does not
+  EXPECT_TRUE(keeps({"--global-batch-size", "4", "--recompute-granularity", "selective", "--recompute-modules", "moe"}));
+  EXPECT_FALSE(keeps({"--global-batch-size", "4", "--recompute-granularity", "selective", "--recompute-modules", "moe_act"}));
   EXPECT_TRUE(keeps({"--global-batch-size", "4", "--fp8-weight-cache", "both"}));
   EXPECT_FALSE(keeps({"--global-batch-size", "8", "--fp8-weight-cache", "transposed"}));
   EXPECT_TRUE(trainer::fp8_options_of(parse_flags("gpt", {"--fp8-format", "hybrid"}))->cache_weights);
