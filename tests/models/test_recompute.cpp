@@ -141,6 +141,31 @@ TEST(Recompute, MixtralGradientsAndRouterLossesAreBitIdenticalAtTp2WithSequenceP
   expect_same_gradients<models::Mixtral, true>(2, small_moe());
 }
 
+// Forced balance draws new random router logits at each forward: recomputing a MoE layer (full) or
+// block (moe) would route differently, so both are refused before anything is set; the attention core
+// and the experts' activation are not (they do not route again).
+TEST(Recompute, RoutingAgainWithForcedBalanceIsRefused) {
+  models::ModelConfig c = small_moe();
+  c.moe.force_load_balancing = true;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
+    models::Mixtral<Policy<false>> model(ctx, c);
+    using G = models::RecomputeGranularity;
+    using M = models::RecomputeMethod;
+    for (const models::RecomputeConfig& r : {models::RecomputeConfig{G::full, M::uniform, 1},
+                                             models::RecomputeConfig{G::selective, M::uniform, 1, true, false, true}}) {
+      try {
+        model.set_recompute(r);
+        ADD_FAILURE() << "recompute with forced balance accepted";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("forced load balancing"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(model.recompute().granularity, G::none) << "a refused configuration was set";
+    }
+    EXPECT_NO_THROW(model.set_recompute({G::selective, M::uniform, 1, true, true}));
+  });
+}
+
 TEST(Recompute, BadLayerCountIsRefusedNamingIt) {
   models::RecomputeConfig r{models::RecomputeGranularity::full, models::RecomputeMethod::uniform, 4};
   try {

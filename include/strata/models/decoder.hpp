@@ -543,15 +543,18 @@ class DecoderModel {
     recompute.validate(config_.num_layers);
     // A recomputed MoE layer routes its tokens again, the same way (the same input, deterministic kernels);
     // what its router records (the aux and z losses, the expert-bias load) is put back after the backward
-    // (backward_with_recompute). Forced balance draws new random logits at each forward, so a recomputed
-    // layer would route differently.
+    // (backward_with_recompute; MoeMlp's own for the block's recompute). Forced balance draws new random
+    // logits at each forward, so a recomputed layer or block would route differently. Checked before
+    // anything is set.
     if constexpr (mixture_of_experts)
-      if (recompute.granularity == RecomputeGranularity::full)
+      if (recompute.granularity == RecomputeGranularity::full || recompute.selective(recompute.moe_block))
         for (const Router* r : routers_)
           if (r->config().force_load_balancing)
-            fail<ConfigError>("full activation recompute with forced load balancing (random router logits, drawn anew at "
-                              "each forward): a recomputed MoE layer would route its tokens differently from its forward; "
-                              "use selective recompute (or none) with it");
+            fail<ConfigError>(recompute.granularity == RecomputeGranularity::full ? "full activation recompute"
+                                                                                   : "recompute of the MoE block",
+                              " with forced load balancing (random router logits, drawn anew at each forward): a "
+                              "recomputed MoE layer would route its tokens differently from its forward; recompute the "
+                              "attention core or the experts' activation (or nothing) with it");
     recompute_ = recompute;
     for (auto& layer : layers_) {
       layer.set_recompute_attention_core(recompute.selective(recompute.attention_core));
