@@ -188,6 +188,16 @@ models::ModelConfig peak_measurement_model() {
   return c;
 }
 
+// The same with 4 experts of width 256, top-2, in every layer (2,048 expert rows a layer at batch 4).
+models::ModelConfig peak_measurement_moe() {
+  models::ModelConfig c = peak_measurement_model();
+  c.ffn_hidden_size = 256;
+  c.num_query_groups = 2;
+  c.moe.num_experts = 4;
+  c.moe.topk = 2;
+  return c;
+}
+
 // FP8 with a per-tensor recipe (delayed) against the same run in float: the linear layers keep the
 // one-byte codes of their inputs^T in place of the norms' and GELU's float outputs, and each caches
 // its weight's codes in both layouts. The measured change of the peak of one forward + backward is
@@ -222,11 +232,7 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
 // caches its weights' codes in both layouts (or W^T's alone); the attention's layers as above. The
 // measured change of the peak is the estimate's (models::Fp8Layers with `experts`) within 10%.
 TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
-  models::ModelConfig c = peak_measurement_model();
-  c.ffn_hidden_size = 256;
-  c.num_query_groups = 2;
-  c.moe.num_experts = 4;
-  c.moe.topk = 2;
+  const models::ModelConfig c = peak_measurement_moe();
   const std::size_t plain = run<models::Mixtral, false>(1, c, {}, 4).peak;
   const std::size_t fp8 = run<models::Mixtral, false>(1, c, {}, 4, Fp8Options{}).peak;
   const auto bytes = models::element_bytes_of<float>();
@@ -268,11 +274,7 @@ TEST(Recompute, Fp8ExpertsPeakChangeIsTheEstimates) {
 // router losses and gradients in every case. Recomputing the whole MoE block (moe) frees more than
 // twice what moe_act frees, with the same results.
 TEST(Recompute, MoeRecomputeFreesTheExpertsActivations) {
-  models::ModelConfig c = peak_measurement_model();
-  c.ffn_hidden_size = 256;
-  c.num_query_groups = 2;
-  c.moe.num_experts = 4;
-  c.moe.topk = 2;
+  const models::ModelConfig c = peak_measurement_moe();
   using G = models::RecomputeGranularity;
   using M = models::RecomputeMethod;
   const models::RecomputeConfig moe_act{G::selective, M::uniform, 1, false, true};
