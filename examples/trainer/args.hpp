@@ -1737,7 +1737,8 @@ inline void validate(const TrainArgs& a) {
         a.model.moe.force_load_balancing)
       fail<ConfigError>("--recompute-granularity full with --moe-router-force-load-balancing: the forced balance draws "
                         "new random router logits at each forward, so a recomputed MoE layer would route its tokens "
-                        "differently from its forward; use --recompute-granularity selective (or drop the forced balance)");
+                        "differently from its forward; use --recompute-granularity selective (--recompute-modules moe "
+                        "recomputes the MoE block with the same random logits), or drop the forced balance");
   } else if (a.expert_model_parallel_size != 1) {
     fail<ConfigError>("--expert-model-parallel-size ", a.expert_model_parallel_size,
                       " needs a mixture-of-experts model (--num-experts); a dense model has no experts to spread");
@@ -1933,10 +1934,6 @@ inline void resolve_recompute_modules(TrainArgs& a) {
   if ((moe_act || moe) && a.model.moe.num_experts == 0)
     a.notes.emplace_back("--recompute-modules " + std::string(moe ? "moe" : "moe_act") +
                          ": the model has no experts, so there is no MoE block to recompute");
-  if (moe && a.model.moe.force_load_balancing)
-    fail<ConfigError>("--recompute-modules moe with --moe-router-force-load-balancing: the forced balance draws new random "
-                      "router logits at each forward, so a recomputed MoE block would route its tokens differently from "
-                      "its forward; recompute moe_act instead (or drop the forced balance)");
   if (!core_attn && !moe_act && !moe) a.recompute_granularity.clear();  // selective without a module strata recomputes
   if (!kept.empty())
     a.notes.emplace_back("--recompute-modules " + a.recompute_modules +

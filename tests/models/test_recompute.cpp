@@ -141,28 +141,33 @@ TEST(Recompute, MixtralGradientsAndRouterLossesAreBitIdenticalAtTp2WithSequenceP
   expect_same_gradients<models::Mixtral, true>(2, small_moe());
 }
 
-// Forced balance draws new random router logits at each forward: recomputing a MoE layer (full) or
-// block (moe) would route differently, so both are refused before anything is set; the attention core
-// and the experts' activation are not (they do not route again).
-TEST(Recompute, RoutingAgainWithForcedBalanceIsRefused) {
+// Forced balance draws new random router logits at each forward. Recomputing the MoE block sets the
+// router's forward count back, so its second run draws the first's logits: the gradients and router
+// losses of keeping everything (with moe_act too). Full recompute runs the layer's forward again
+// without its block knowing, so it is refused, before anything is set.
+TEST(Recompute, ForcedBalanceRecomputesTheBlockAndRefusesFullRecompute) {
   models::ModelConfig c = small_moe();
   c.moe.force_load_balancing = true;
+  using G = models::RecomputeGranularity;
+  using M = models::RecomputeMethod;
+  const Result plain = run<models::Mixtral, false>(1, c, {}, 2);
+  for (const models::RecomputeConfig& r : {models::RecomputeConfig{G::selective, M::uniform, 1, true, false, true},
+                                           models::RecomputeConfig{G::selective, M::uniform, 1, false, true, false}}) {
+    const Result with = run<models::Mixtral, false>(1, c, r, 2);
+    EXPECT_EQ(with.loss, plain.loss) << (r.moe_block ? "moe" : "moe_act");
+    EXPECT_EQ(with.router_losses, plain.router_losses) << (r.moe_block ? "moe" : "moe_act");
+    EXPECT_EQ(with.grads, plain.grads) << (r.moe_block ? "moe" : "moe_act");
+  }
   inprocess::run(1, [&](inprocess::communicator& world) {
     auto ctx = ParallelContext<inprocess::communicator>::create(world, ParallelConfig{});
     models::Mixtral<Policy<false>> model(ctx, c);
-    using G = models::RecomputeGranularity;
-    using M = models::RecomputeMethod;
-    for (const models::RecomputeConfig& r : {models::RecomputeConfig{G::full, M::uniform, 1},
-                                             models::RecomputeConfig{G::selective, M::uniform, 1, true, false, true}}) {
-      try {
-        model.set_recompute(r);
-        ADD_FAILURE() << "recompute with forced balance accepted";
-      } catch (const ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("forced load balancing"), std::string::npos) << e.what();
-      }
-      EXPECT_EQ(model.recompute().granularity, G::none) << "a refused configuration was set";
+    try {
+      model.set_recompute({G::full, M::uniform, 1});
+      ADD_FAILURE() << "full recompute with forced balance accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("forced load balancing"), std::string::npos) << e.what();
     }
-    EXPECT_NO_THROW(model.set_recompute({G::selective, M::uniform, 1, true, true}));
+    EXPECT_EQ(model.recompute().granularity, G::none) << "a refused configuration was set";
   });
 }
 

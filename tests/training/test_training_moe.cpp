@@ -214,6 +214,21 @@ TEST(TrainingMoe, ForcedLoadBalancingRoutesByRandomLogits) {
   EXPECT_GT(std::abs(forced.losses[0] - routed.losses[0]), 1e-9) << "the logits were not replaced";
   // the z-loss is of the random logits, the same at every step in distribution but not in value
   EXPECT_NE(forced.z_losses[0], forced.z_losses[1]);
+  // the MoE block recomputed (--recompute-modules moe, Megatron's DeepSeek-V3 line with forced balance)
+  // draws the same random logits again: the run without recompute, bit for bit (with 1F1B at pp 2 too)
+  for (const char* modules : {"moe", "core_attn moe"}) {
+    auto recomputed = base;
+    recomputed.recompute_granularity = "selective";
+    recomputed.recompute_modules = modules;
+    EXPECT_EQ(trainer::train<Mixtral>(recomputed).losses, forced.losses) << modules;
+  }
+  auto piped = base;
+  piped.world_size = 4;
+  piped.pipeline.pipeline_model_parallel_size = 2;
+  const auto piped_plain = trainer::train<Mixtral>(piped);
+  piped.recompute_granularity = "selective";
+  piped.recompute_modules = "moe";
+  EXPECT_EQ(trainer::train<Mixtral>(piped).losses, piped_plain.losses) << "pp 2";
 }
 
 // Multi-token prediction on a mixture of experts (DeepSeek-V3's shape: the depth's layer is a MoE
@@ -581,8 +596,8 @@ TEST(TrainingMoe, RecomputeTrainsTheBitsOfNoRecompute) {
   }
 }
 
-// Forced balance draws new random router logits at each forward: a recomputed layer would route
-// differently, so full recompute with it is refused before the model is built, naming both.
+// Forced balance draws new random router logits at each forward: a layer recomputed whole would
+// route differently, so full recompute with it is refused before the model is built, naming both.
 TEST(TrainingMoe, FullRecomputeWithForcedBalanceIsRefused) {
   auto a = tiny_mixtral();
   a.train_iters = 4;

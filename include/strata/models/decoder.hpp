@@ -543,18 +543,17 @@ class DecoderModel {
     recompute.validate(config_.num_layers);
     // A recomputed MoE layer routes its tokens again, the same way (the same input, deterministic kernels);
     // what its router records (the aux and z losses, the expert-bias load) is put back after the backward
-    // (backward_with_recompute; MoeMlp's own for the block's recompute). Forced balance draws new random
-    // logits at each forward, so a recomputed layer or block would route differently. Checked before
-    // anything is set.
+    // (backward_with_recompute; MoeMlp's own for the block's recompute, which also sets forced balance's
+    // random logits back). Under full recompute forced balance would draw new random logits at the
+    // layer's second forward and route differently: refused, before anything is set.
     if constexpr (mixture_of_experts)
-      if (recompute.granularity == RecomputeGranularity::full || recompute.selective(recompute.moe_block))
+      if (recompute.granularity == RecomputeGranularity::full)
         for (const Router* r : routers_)
           if (r->config().force_load_balancing)
-            fail<ConfigError>(recompute.granularity == RecomputeGranularity::full ? "full activation recompute"
-                                                                                   : "recompute of the MoE block",
-                              " with forced load balancing (random router logits, drawn anew at each forward): a "
-                              "recomputed MoE layer would route its tokens differently from its forward; recompute the "
-                              "attention core or the experts' activation (or nothing) with it");
+            fail<ConfigError>("full activation recompute with forced load balancing (random router logits, drawn anew at "
+                              "each forward): a recomputed MoE layer would route its tokens differently from its forward; "
+                              "use selective recompute (the MoE block's, --recompute-modules moe, draws the same logits "
+                              "again)");
     recompute_ = recompute;
     for (auto& layer : layers_) {
       layer.set_recompute_attention_core(recompute.selective(recompute.attention_core));

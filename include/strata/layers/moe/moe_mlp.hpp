@@ -125,6 +125,7 @@ class MoeMlp {
     // set_recompute_block: the block's input alone (everything above is empty), the rest made again
     // by the backward
     std::optional<Edge<Layout>> recompute_input;
+    std::uint64_t router_forward_count = 0;  // the router's forward count at this forward (forced balance)
   };
 
   MoeMlp(const Context& ctx, std::string name, MoeMlpConfig c) : config_(c) {
@@ -155,33 +156,32 @@ class MoeMlp {
   bool is_moe() const { return router_.has_value(); }
 
   std::pair<Edge<Layout>, Saved> forward(Context& ctx, const Edge<Layout>& x) const {
-    auto out = forward_block(ctx, x);
-    if (!recompute_block_ || dense_) return out;
+    if (!recompute_block_ || dense_) return forward_block(ctx, x);
     Saved kept;
     kept.recompute_input = x;
+    kept.router_forward_count = router_->forward_count();
+    auto out = forward_block(ctx, x);
     return {std::move(out.first), std::move(kept)};
   }
 
   // Selective recompute of the whole MoE block (Megatron's --recompute-modules moe): the forward keeps
   // its input alone; the backward runs the block's forward again (router, dispatch and its exchanges,
   // experts, combine, shared experts) and then its backward. The router's second record of its aux and
-  // z losses and expert-bias load is put back after, so they count once; the same bits as keeping
-  // everything (deterministic kernels, the same input; FP8 casts within the step keep their scales).
-  // Refused with forced balance, whose random logits differ at each forward. A dense layer keeps
-  // what it keeps.
-  void set_recompute_block(bool on) {
-    if (on && router_ && router_->config().force_load_balancing)
-      fail<ConfigError>("MoeMlp: recomputing the MoE block with forced load balancing (random router logits, drawn anew "
-                        "at each forward) would route its tokens differently from its forward; recompute other modules");
-    recompute_block_ = on;
-  }
+  // z losses and expert-bias load is put back after, so they count once, and under forced balance the
+  // second run draws the first's random logits (the router's forward count is set back to the
+  // first's): the same bits as keeping everything (deterministic kernels, the same input; FP8 casts
+  // within the step keep their scales). A dense layer keeps what it keeps.
+  void set_recompute_block(bool on) { recompute_block_ = on; }
 
   // `deferred` (a split backward) is accepted for TransformerLayer's interface; the expert and
   // router weight gradients are taken at once, the shared experts' are deferred.
   Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr) {
     if (saved.recompute_input) {
       const auto statistics = router_->statistics();
+      const std::uint64_t count = router_->forward_count();
+      router_->set_forward_count(saved.router_forward_count);
       const Saved again = forward_block(ctx, *saved.recompute_input).second;
+      router_->set_forward_count(count);
       router_->restore(ctx, statistics);
       return backward_block(ctx, again, dy, deferred);
     }

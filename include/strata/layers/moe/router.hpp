@@ -248,6 +248,11 @@ class TopKRouter {
       ctx.device.template copy<A>(s.tokens_per_expert.data(), config_.num_experts, tokens_per_expert_.data());
   }
 
+  // The forwards counted so far: forced balance keys each forward's random logits by it. A forward run
+  // again (MoeMlp's block recompute) sets it back to its first run's value, then forward again.
+  std::uint64_t forward_count() const { return forward_calls_; }
+  void set_forward_count(std::uint64_t count) const { forward_calls_ = count; }
+
   // Once per step after the backward: collective over ctx.tp_cp_dp.
   void update_expert_bias(Context& ctx) {
     if (!config_.expert_bias) return;
