@@ -269,8 +269,6 @@ STRATA_CUDA_INLINE void moe_chunk_maps(const std::int32_t* chunk_counts, index_t
                                        std::int32_t* expert_counts, cudaStream_t stream);
 template <class T>
 void moe_gather_rows(const T* in, index_t cols, const std::int32_t* rows, index_t n, T* out, cudaStream_t stream);
-template <class T>
-void moe_zero_rows_past(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c, cudaStream_t stream);
 template <class T, class A>
 void moe_combine(const T* in, const std::int32_t* slot, const A* weights, index_t tokens, index_t k, index_t cols, T* out,
                  cudaStream_t stream);

@@ -10,7 +10,6 @@
 //                            serial order)
 //   gather_rows, combine     one thread per 16 bytes of output (one element when the rows are not
 //                            16-byte multiples), choices summed in ascending order
-//   zero_rows_past           every block sums the device counts, then zeroes the rows past them
 //   combine_backward         d_in zeroed, then one thread per (token, choice, 16 bytes of columns);
 //                            the weight gradient one warp per (token, choice), a fixed butterfly sum
 //   aux_loss, bias_update    one thread (a few hundred numbers)
@@ -306,27 +305,6 @@ STRATA_CUDA_INLINE void moe_chunk_maps(const std::int32_t* chunk_counts, index_t
   moe_chunk_maps_kernel<><<<1, 1024, 0, stream>>>(chunk_counts, chunks, local, capacity, start, to_expert, to_chunk,
                                                    expert_counts);
   check_launch("moe_chunk_maps");
-}
-
-// Zero the rows of c [rows, cols] past the total of counts[0, groups) (device counts, at most a few
-// hundred: every block adds them up itself). What grouped_gemm_rows leaves of the upper-bound rows.
-template <class T>
-__global__ void moe_zero_rows_past_kernel(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c) {
-  __shared__ long long partial[32];
-  long long mine = 0;
-  for (index_t g = threadIdx.x; g < groups; g += blockDim.x) mine += counts[g];
-  const index_t total = static_cast<index_t>(moe_block_sum(mine, partial));
-  for (index_t i = total * cols + blockIdx.x * index_t(blockDim.x) + threadIdx.x; i < rows * cols;
-       i += index_t(gridDim.x) * blockDim.x)
-    c[i] = T{};
-}
-template <class T>
-void moe_zero_rows_past(const std::int32_t* counts, index_t groups, index_t rows, index_t cols, T* c, cudaStream_t stream) {
-  if (rows * cols <= 0) return;
-  // A few blocks per SM: the rows past the counts are usually none, and every block sums the counts.
-  const unsigned blocks = std::min(grid_for(rows * cols, 256), 4u * static_cast<unsigned>(multiprocessor_count()));
-  moe_zero_rows_past_kernel<T><<<blocks, 256, 0, stream>>>(counts, groups, rows, cols, c);
-  check_launch("moe_zero_rows_past");
 }
 
 // The row kernels below move W elements per thread: 16 bytes (packed<T>) when the row length and

@@ -12,7 +12,6 @@ namespace cuda::kernels {
 
 #define STRATA_INSTANCE(T)                                                                                        \
   template void moe_gather_rows<T>(const T*, index_t, const std::int32_t*, index_t, T*, cudaStream_t);           \
-  template void moe_zero_rows_past<T>(const std::int32_t*, index_t, index_t, index_t, T*, cudaStream_t);      \
   template void moe_combine<T, accumulate_t<T>>(const T*, const std::int32_t*, const accumulate_t<T>*, index_t,  \
                                                 index_t, index_t, T*, cudaStream_t);                             \
   template void moe_combine_backward<T, accumulate_t<T>>(const T*, const T*, const std::int32_t*,                \
