@@ -41,7 +41,7 @@ inline std::int64_t host_memory_available() {
 
 // What a run needs in host memory, estimated before anything is allocated: every rank's model
 // memory (models::estimate_pipeline_rank_memory: its pipeline stage's parameters, the activations
-// its schedule keeps in flight, the optimizer state over dp with the distributed optimizer) and
+// its schedule keeps in flight under the run's recompute, the optimizer state over dp with the distributed optimizer) and
 // input batches, the dataset sample indices (24 bytes per sample: sample index pair + shuffle
 // index) and the loss history.
 struct MemoryPlan {
@@ -102,7 +102,7 @@ MemoryPlan plan_memory(const TrainArgs& a) {
     models::MemoryEstimate e = models::estimate_pipeline_rank_memory(
         local_model, shape, tp, a.sequence_parallel, a.micro_batch_size, models::element_bytes_of<T>(),
         static_cast<std::int64_t>(ClassifierChunks{}.max_bytes), holdings[r],
-        a.use_distributed_optimizer ? dp * a.context_parallel_size : 1, fp8);
+        a.use_distributed_optimizer ? dp * a.context_parallel_size : 1, fp8, recompute_of(a));
     e.activation_bytes = checked_add(  // the ring's (or all-to-all's) buffers of one layer's backward
         e.activation_bytes,
         models::context_parallel_attention_bytes(a.model, tp, a.context_parallel_size, context_parallel_comm_of(a),

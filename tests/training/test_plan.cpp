@@ -115,7 +115,8 @@ TEST(Plan, EveryShownLayoutPassesTheTrainersValidationAndEveryRefusedOneFails) {
 }
 
 // The memory the plan predicts is plan_memory's (the trainers' start-up estimate) exactly, for every
-// pipeline rank's largest; recompute changes only the activations, by recompute_activation_delta.
+// pipeline rank's largest, recompute included; recompute changes only the activations, and never adds
+// more than one layer's backward beside what it keeps.
 TEST(Plan, MemoryEqualsTheTrainersPlanMemory) {
   const trainer::TrainArgs model = tiny_gpt();
   const plan::Cluster cluster{4, 1, 80};
@@ -125,14 +126,16 @@ TEST(Plan, MemoryEqualsTheTrainersPlanMemory) {
   for (const auto& c : p.valid) {
     const trainer::TrainArgs a = plan::args_of(model, cluster, c.layout);
     const trainer::MemoryPlan memory = trainer::plan_memory<strata::bf16>(a);
-    if (c.layout.recompute == RecomputeGranularity::none) {
-      EXPECT_EQ(c.memory.estimate, memory.per_rank.total()) << plan::describe_layout(c.layout);
-      EXPECT_EQ(c.memory.recompute_delta, 0);
-    } else {
-      EXPECT_EQ(c.memory.estimate, memory.stage_estimates.at(static_cast<std::size_t>(c.memory.stage)).total());
-      EXPECT_LE(c.memory.estimate + c.memory.recompute_delta, memory.per_rank.total() + memory.per_rank.activation_bytes);
+    EXPECT_EQ(c.memory.estimate, memory.per_rank.total()) << plan::describe_layout(c.layout);
+    EXPECT_EQ(c.memory.stage, memory.per_rank_stage) << plan::describe_layout(c.layout);
+    if (c.layout.recompute != RecomputeGranularity::none) {
+      trainer::TrainArgs kept = a;
+      kept.recompute_granularity.clear();
+      const trainer::MemoryPlan without = trainer::plan_memory<strata::bf16>(kept);
+      EXPECT_EQ(memory.per_rank.parameter_bytes, without.per_rank.parameter_bytes) << plan::describe_layout(c.layout);
+      EXPECT_LE(memory.per_rank.total(), without.per_rank.total() + without.per_rank.activation_bytes) << plan::describe_layout(c.layout);
     }
-    EXPECT_EQ(c.memory.per_gpu(), c.memory.estimate + c.memory.recompute_delta +
+    EXPECT_EQ(c.memory.per_gpu(), c.memory.estimate +
                                       static_cast<std::int64_t>(calibration.runtime_reserve_gib * 1024.0 * 1024.0 * 1024.0));
     ++checked;
   }
@@ -301,7 +304,7 @@ std::vector<Comparison> compare(const std::vector<Measured>& runs, const plan::C
     const plan::StepTime time = plan::predict_step(a, run.layout, run.cluster, calibration);
     const double tokens = double(model.global_batch_size) * model.model.seq_length / (time.total() * 1e-3);
     // The allocator's peak counts what the estimate counts, not the runtime reserve (CUDA context).
-    out.push_back({&run, tokens, double(memory.estimate + memory.recompute_delta) / (1 << 30)});
+    out.push_back({&run, tokens, double(memory.estimate) / (1 << 30)});
   }
   return out;
 }

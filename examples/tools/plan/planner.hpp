@@ -16,9 +16,8 @@
 // 2. Validity: each layout becomes the trainers' flags (`args_of`) and goes through
 //    trainer::validate, the check every trainer runs before it allocates; a refused layout is
 //    counted with the trainer's sentence and not shown.
-// 3. Memory per GPU: trainer::plan_memory<bf16> (models/memory_estimate.hpp) for every pipeline
-//    rank, the largest; recompute (which plan_memory leaves out) changes the activations as
-//    `recompute_activation_delta` says; plus the calibration's runtime reserve.
+// 3. Memory per GPU: trainer::plan_memory<bf16> (models/memory_estimate.hpp, which counts what
+//    recompute keeps) for every pipeline rank, the largest; plus the calibration's runtime reserve.
 // 4. Step time (`predict_step`): per micro-batch and pipeline rank, compute from the shapes (GEMMs
 //    x3 for forward, input and weight gradient at the calibrated throughput of the nearest measured
 //    shape, FP8 layers' at the FP8 one, with their casts; causal attention at the calibrated rate for
@@ -171,63 +170,26 @@ inline std::vector<Layout> enumerate_layouts(const trainer::TrainArgs& model, co
 // ---- memory ---------------------------------------------------------------------------------
 
 struct MemoryPrediction {
-  std::int64_t estimate = 0;         // plan_memory's per-rank estimate (the largest pipeline rank), no recompute
-  int stage = 0;                     // which pipeline rank needs the most, recompute included
-  std::int64_t recompute_delta = 0;  // what recompute changes in that rank's activations (<= 0, or a little > 0)
+  std::int64_t estimate = 0;         // plan_memory's per-rank estimate (the largest pipeline rank), recompute included
+  int stage = 0;                     // which pipeline rank needs the most
   std::int64_t reserve = 0;          // the calibration's runtime reserve
   strata::models::MemoryEstimate state;  // that rank's plan_memory estimate (parameters, gradients, optimizer, activations)
-  std::int64_t per_gpu() const { return estimate + recompute_delta + reserve; }
+  std::int64_t per_gpu() const { return estimate + reserve; }
 };
 
-// What recompute changes in the activations a pipeline rank keeps (plan_memory counts none):
-//   selective: each layer drops the attention core's output and log-sum-exp (h / tp values and
-//              a / tp accumulate values per token) and keeps the qkv output it already counts;
-//   full (uniform, one layer per chunk): each layer keeps only its input (h, / tp under sequence
-//              parallelism); one layer's whole activations exist while it is recomputed, and as
-//              much again for the gradients of its backward.
-inline std::int64_t recompute_activation_delta(const trainer::TrainArgs& a, RecomputeGranularity r, std::int64_t largest_chunk_layers,
-                                               std::int64_t peak_in_flight) {
-  if (r == RecomputeGranularity::none) return 0;
-  const auto& m = a.model;
-  const int tp = a.tensor_model_parallel_size;
-  const std::int64_t tokens = std::int64_t{a.micro_batch_size} * (m.seq_length / std::max(1, a.context_parallel_size));
-  const std::int64_t value = 2, accumulate = 4;  // bf16 activations, fp32 log-sum-exp
-  const std::int64_t kept_layers = largest_chunk_layers * peak_in_flight;
-  if (r == RecomputeGranularity::selective)
-    return -kept_layers * tokens * (m.hidden_size / tp * value + m.num_attention_heads / tp * accumulate);
-  strata::models::ModelConfig local = m;
-  local.seq_length = m.seq_length / std::max(1, a.context_parallel_size);
-  strata::models::ModelPiece one_layer{1, false, false, trainer::parallel_config_of(a).ep, trainer::parallel_config_of(a).etp};
-  const auto shape = a.model_kind == "gpt" ? strata::models::DecoderShape::gpt() : strata::models::DecoderShape::llama();
-  const std::int64_t layer = strata::models::activations_of(local, tp, a.sequence_parallel, a.micro_batch_size, {2, 4}, 0, one_layer,
-                                                            strata::models::gated_mlp_of(m, shape))
-                                 .kept;
-  const std::int64_t input = tokens * m.hidden_size / (a.sequence_parallel ? tp : 1) * value;
-  // The recomputed layer's activations (the gradients of its backward plan_memory counts already,
-  // as the most one layer's backward holds).
-  return -kept_layers * (layer - input) + layer;
-}
-
-inline MemoryPrediction predict_memory(const trainer::TrainArgs& a, const Calibration& calibration, RecomputeGranularity r) {
+// The memory per GPU of `a` with recompute `r` (uniform, one layer per chunk under full; the
+// attention core under selective): plan_memory's largest pipeline rank, which counts what recompute
+// keeps (models::activations_of), and the calibration's runtime reserve.
+inline MemoryPrediction predict_memory(trainer::TrainArgs a, const Calibration& calibration, RecomputeGranularity r) {
+  a.recompute_granularity = r == RecomputeGranularity::none ? "" : recompute_name(r);
+  a.recompute_method = "uniform";
+  a.recompute_num_layers = 1;
+  a.recompute_modules.clear();
   MemoryPrediction out;
   const trainer::MemoryPlan plan = trainer::plan_memory<strata::bf16>(a);
-  const int dp = trainer::data_parallel_size_of(a);
-  const int micro_steps = static_cast<int>(a.global_batch_size / (std::int64_t{a.micro_batch_size} * dp));
-  const auto holdings = trainer::pipeline_holdings(a.pipeline, a.model, micro_steps);
-  std::int64_t best = -1;
-  for (std::size_t s = 0; s < plan.stage_estimates.size(); ++s) {
-    std::int64_t layers = 0;
-    for (const auto& chunk : holdings[s].chunks) layers = std::max(layers, chunk.layer_count(a.model));
-    const std::int64_t delta = recompute_activation_delta(a, r, layers, holdings[s].peak_in_flight);
-    const std::int64_t total = plan.stage_estimates[s].total() + delta;
-    if (total > best) {
-      best = total;
-      out.stage = static_cast<int>(s);
-      out.estimate = plan.stage_estimates[s].total();
-      out.recompute_delta = delta;
-      out.state = plan.stage_estimates[s];
-    }
-  }
+  out.stage = plan.per_rank_stage;
+  out.estimate = plan.per_rank.total();
+  out.state = plan.per_rank;
   out.reserve = static_cast<std::int64_t>(calibration.runtime_reserve_gib * 1024.0 * 1024.0 * 1024.0);
   return out;
 }

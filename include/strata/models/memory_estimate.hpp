@@ -38,6 +38,18 @@
 //                prediction depth (on the head's stage) counts as one more layer, plus its
 //                embedding output, three norm outputs and the fused output gradient (5 s b h,
 //                sharded under sequence parallelism).
+// Activation recompute (RecomputeConfig, models/recompute.hpp) changes what the layers keep:
+//   selective, attention_core  a layer drops the attention's output and lse (a n d / tp in T and
+//                              a / tp in A per token; an FP8 projection's codes of the output too)
+//   selective, moe_activation  a MoE layer drops the experts' activation (rows x w / etp in T, or its
+//                              one-byte codes for FP8 experts)
+//   selective, moe_block       a MoE layer keeps the block's input (s b h, / tp under sequence
+//                              parallelism) in place of the MoE tensors above
+//   full, uniform n            each chunk of n of the piece's layers keeps its input alone
+//   full, block n              the piece's first n layers keep their input alone
+// and the backward holds again, beside one layer's backward, what one recompute makes: a chunk's
+// layers (uniform), one layer (block), or one module's tensors (selective; an FP8 expert activation
+// is made in T before its cast).
 // Parameter counts are exact (a test compares them with the models); activations are an estimate
 // of the same order as the real use. Every product is checked (core/checked.hpp): a configuration
 // too large for 64-bit byte counts throws ConfigError instead of wrapping.
@@ -82,6 +94,7 @@
 #include "../core/dtype.hpp"
 #include "../layers/chunked_classifier.hpp"
 #include "config.hpp"
+#include "recompute.hpp"
 
 STRATA_NAMESPACE_BEGIN
 namespace models {
@@ -410,9 +423,10 @@ struct PieceActivations {
   std::int64_t kept = 0;       // bytes kept from the forward to the backward of one micro-batch
   std::int64_t transient = 0;  // bytes of the output layer's logits (block) while it runs
   std::int64_t backward = 0;   // the most one layer's backward holds at once beyond what is kept (its MLP's gradients)
+  std::int64_t recomputed = 0; // the most recompute makes again at once in the backward (one chunk's layers, or a module's)
   // What a rank holds beyond the kept activations at its largest moment: the logits block, or a
-  // layer's backward, which never run at once.
-  std::int64_t extra() const { return std::max(transient, backward); }
+  // layer's backward beside what recompute made again, which never run at once.
+  std::int64_t extra() const { return std::max(transient, backward + recomputed); }
 };
 // Per layer and token, in elements of T (see the top): the attention's part (the layer's input, the
 // qkv projection's input, its output, the attention's output, the residual after it) and the dense
@@ -436,7 +450,7 @@ inline LayerElements layer_elements_of(const ModelConfig& m, int tp, bool sequen
 }
 inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequence_parallel, std::int64_t micro_batch_size,
                                        ElementBytes bytes, std::int64_t classifier_block_bytes, ModelPiece piece,
-                                       bool gated_mlp = false, Fp8Layers fp8 = {}) {
+                                       bool gated_mlp = false, Fp8Layers fp8 = {}, const RecomputeConfig& recompute = {}) {
   const char* what = "activation memory";
   PieceActivations out;
   const std::int64_t s = m.seq_length, b = micro_batch_size, h = m.hidden_size, a = m.num_attention_heads;
@@ -445,32 +459,75 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   const LayerElements elements = layer_elements_of(m, tp, sequence_parallel, gated_mlp);
   const std::int64_t layer_bytes = checked_add(checked_mul(checked_add(elements.attention, elements.mlp, what), bytes.value, what),
                                                checked_mul(a / tp, bytes.accumulate, what), what);
-  out.kept = checked_product(what, tokens, layer_bytes, piece.layer_count(m));
-  if (m.multi_latent_attention) {  // see latent_attention_activation_delta
-    const std::int64_t delta = latent_attention_activation_delta(m, tp);
-    out.kept += checked_product(what, tokens, delta, bytes.value, piece.layer_count(m));
-  }
-  if (fp8.codes_kept) {  // see Fp8Layers
-    const std::int64_t fp8_moe = fp8.moe_in(m, piece), fp8_dense = fp8.in(m, piece) - fp8_moe;
-    const bool recast = fp8.attention_output_recast;
-    out.kept = checked_add(out.kept, tokens * (fp8_dense * fp8_kept_delta_per_token(m, tp, true, bytes, recast) +
-                                               fp8_moe * fp8_kept_delta_per_token(m, tp, false, bytes, recast)), what);
-    if (fp8.experts) out.kept += fp8_moe * fp8_expert_kept_delta(m, tp, micro_batch_size, bytes, piece.etp);
-  }
-  const std::int64_t moe_layers = piece.moe_layer_count(m), dense_layers = piece.layer_count(m) - moe_layers;
-  if (moe_layers > 0) {  // see the top
-    out.kept = checked_add(out.kept, checked_mul(moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp), moe_layers, what),
-                           what);
-    // less the dense MLP's input and intermediate, which a MoE layer does not have
-    out.kept -= checked_product(what, tokens, elements.mlp, bytes.value, moe_layers);
-    out.backward = moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp, true);
-  }
+  std::int64_t dense_layer = checked_mul(tokens, layer_bytes, what);
+  if (m.multi_latent_attention)  // see latent_attention_activation_delta
+    dense_layer += checked_product(what, tokens, latent_attention_activation_delta(m, tp), bytes.value);
+  // a MoE layer: its MLP block's tensors in place of the dense MLP's input and intermediate
+  const bool any_moe = piece.moe_layer_count(m) > 0;
+  const std::int64_t moe_block =
+      any_moe ? moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp) : 0;
+  const std::int64_t moe_layer = dense_layer + moe_block - (any_moe ? checked_product(what, tokens, elements.mlp, bytes.value) : 0);
+  if (any_moe) out.backward = moe_layer_activation_bytes(m, tp, micro_batch_size, bytes, piece.etp, true);
   // a dense MLP's backward: the output gradient and fc1's input gradient (h each, whole) beside the
   // gradients of the activation's output and input (3 w gated; GELU's backward runs inside fc2's dX
   // GEMM, so only its input's gradient, w; squared ReLU 2 w)
-  if (dense_layers > 0) {
+  if (piece.layer_count(m) > piece.moe_layer_count(m)) {
     const std::int64_t width = gated_mlp ? elements.mlp_width : m.activation == MlpActivation::squared_relu ? 2 * m.ffn() : m.ffn();
     out.backward = std::max(out.backward, checked_product(what, tokens, checked_add(2 * h, width / tp, what), bytes.value));
+  }
+  // Recompute (see the top): a layer's input, what selective recompute drops, and what
+  // one recomputed module or layer holds again in the backward.
+  const std::int64_t input = checked_product(what, tokens, h, bytes.value) / (sequence_parallel ? tp : 1);
+  const std::int64_t core = checked_mul(a, m.multi_latent_attention ? m.v_head_dim : m.head_dim(), what) / tp;
+  const std::int64_t core_bytes = checked_mul(tokens, checked_add(core * bytes.value, a / tp * bytes.accumulate, what), what);
+  const std::int64_t expert_activation =
+      any_moe ? checked_product(what, moe_dispatched_rows(m, tp, micro_batch_size), m.expert_ffn() / std::max(1, piece.etp)) : 0;
+  const bool selective = recompute.granularity == RecomputeGranularity::selective;
+  // The bytes layer `global` keeps for one micro-batch (none recomputed in full), and the most its
+  // selective recompute makes again at once in its backward.
+  auto layer_of = [&](std::int64_t global, std::int64_t& again) {
+    const bool moe = m.moe_layer(static_cast<int>(global));
+    const bool in_fp8 = fp8.codes_kept && global >= fp8.first && global < fp8.end;  // see Fp8Layers
+    const bool fp8_experts = moe && in_fp8 && fp8.experts;
+    std::int64_t kept = moe ? moe_layer : dense_layer;
+    if (in_fp8) kept += checked_mul(tokens, fp8_kept_delta_per_token(m, tp, !moe, bytes, fp8.attention_output_recast), what);
+    const std::int64_t expert_codes = fp8_experts ? fp8_expert_kept_delta(m, tp, micro_batch_size, bytes, piece.etp) : 0;
+    kept += expert_codes;
+    again = 0;
+    if (!selective) return kept;
+    if (recompute.attention_core) {  // the output and lse (and an FP8 projection's codes of the output) dropped
+      kept -= core_bytes + (in_fp8 && !fp8.attention_output_recast ? checked_mul(tokens, core, what) : 0);
+      again = core_bytes;
+    }
+    if (moe && recompute.moe_block) {  // the block keeps its input alone
+      kept += input - (moe_block + expert_codes);
+      again = std::max(again, moe_block + expert_codes);
+    } else if (moe && recompute.moe_activation) {  // the activation (FP8 experts: its codes) dropped, made again in T
+      kept -= checked_mul(expert_activation, fp8_experts ? 1 : bytes.value, what);
+      again = std::max(again, checked_mul(expert_activation, bytes.value, what));
+    }
+    return kept;
+  };
+  const std::int64_t layers = piece.layer_count(m), first = piece.layers < 0 ? 0 : piece.first_layer;
+  const bool full = recompute.granularity == RecomputeGranularity::full;
+  const std::int64_t n = std::max(1, recompute.num_layers);
+  std::int64_t chunk = 0;  // full uniform: the kept bytes of the chunk being summed
+  for (std::int64_t i = 0; i < layers; ++i) {
+    std::int64_t again = 0;
+    const std::int64_t kept = layer_of(first + i, again);
+    out.recomputed = std::max(out.recomputed, again);
+    if (!full) {
+      out.kept = checked_add(out.kept, kept, what);
+    } else if (recompute.method == RecomputeMethod::uniform) {  // chunks of n keep their input; one chunk's layers again
+      if (i % n == 0) out.kept = checked_add(out.kept, input, what), chunk = 0;
+      chunk = checked_add(chunk, kept, what);
+      out.recomputed = std::max(out.recomputed, chunk);
+    } else if (i < n) {  // block: the first n keep their input, recomputed one at a time
+      out.kept = checked_add(out.kept, input, what);
+      out.recomputed = std::max(out.recomputed, kept);
+    } else {
+      out.kept = checked_add(out.kept, kept, what);
+    }
   }
   // embedding output and final norm: s b h each, sharded on the sequence under sequence parallelism
   const std::int64_t ends = (piece.embedding ? 1 : 0) + (piece.head ? 1 : 0);
@@ -513,10 +570,10 @@ inline MemoryEstimate state_estimate(std::int64_t parameters, ElementBytes bytes
 // model; one micro-batch in flight).
 inline MemoryEstimate estimate_training_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
                                                std::int64_t micro_batch_size, ElementBytes bytes,
-                                               std::int64_t classifier_block_bytes = 0) {
+                                               std::int64_t classifier_block_bytes = 0, const RecomputeConfig& recompute = {}) {
   MemoryEstimate e = state_estimate(parameters_per_rank(m, shape, tp), bytes);
-  const PieceActivations act =
-      activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, {}, gated_mlp_of(m, shape));
+  const PieceActivations act = activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, {},
+                                              gated_mlp_of(m, shape), {}, recompute);
   e.activation_bytes = checked_add(act.kept, act.extra(), "activation memory");
   return e;
 }
@@ -536,7 +593,8 @@ struct PipelineRankHolding {
 inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, DecoderShape shape, int tp, bool sequence_parallel,
                                                     std::int64_t micro_batch_size, ElementBytes bytes,
                                                     std::int64_t classifier_block_bytes, const PipelineRankHolding& rank,
-                                                    std::int64_t optimizer_shards = 1, Fp8Layers fp8 = {}) {
+                                                    std::int64_t optimizer_shards = 1, Fp8Layers fp8 = {},
+                                                    const RecomputeConfig& recompute = {}) {
   const char* what = "pipeline rank memory";
   std::int64_t parameters = 0, largest_kept = 0, transient = 0, largest_deferred = 0, fp8_cache = 0, fp8_forward_codes = 0;
   const bool gated = gated_mlp_of(m, shape);
@@ -561,7 +619,7 @@ inline MemoryEstimate estimate_pipeline_rank_memory(const ModelConfig& m, Decode
       }
     }
     const PieceActivations act =
-        activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8);
+        activations_of(m, tp, sequence_parallel, micro_batch_size, bytes, classifier_block_bytes, piece, gated, fp8, recompute);
     largest_kept = std::max(largest_kept, act.kept);
     transient = std::max(transient, act.extra());
     if (rank.deferred_weight_gradients > 0)
