@@ -206,6 +206,12 @@ int main() {
 #if defined(STRATA_WITH_CUTLASS) && STRATA_WITH_CUTLASS
     // Every tile the rows form is compiled with, on the Hopper GPU: partial tiles in both dimensions
     // (n 264, groups of 1 to 300 rows), empty groups, rows past the counts.
+    // The automatic choice by size (the layouts above run it): 128 x 128 tiles up to 256 rows a group.
+    using strata::cuda::sm90::automatic_rows_tile;
+    results.record(automatic_rows_tile(8 * 256, 8) == rows_tile::c128x128_1x2 &&
+                       automatic_rows_tile(8 * 256 + 1, 8) == rows_tile::c128x256_1x2 &&
+                       automatic_rows_tile(16384, 8) == rows_tile::c128x256_1x2,
+                   "automatic_rows_tile: c128x128_1x2 up to 256 rows a group, c128x256_1x2 above");
     if (major == 9)
       for (rows_tile tile : strata::cuda::sm90::kRowsTiles)
         for (bool tb : {true, false}) {

@@ -46,7 +46,7 @@ inline bool grouped_gemm_ready() { return false; }
 
 // The tiles the rows form is compiled with (c: cooperative schedule, p: pingpong; tile M x N; cluster
 // M x N). `automatic` takes STRATA_SM90_ROWS_TILE when it names one (to measure them in one build;
-// any other value fails, naming the choices), else c128x256_1x2.
+// any other value fails, naming the choices), else automatic_rows_tile's choice by size.
 enum class rows_tile { automatic, c128x256_1x2, c128x256_2x1, c128x128_1x2, p128x128_2x1 };
 inline constexpr rows_tile kRowsTiles[] = {rows_tile::c128x256_1x2, rows_tile::c128x256_2x1, rows_tile::c128x128_1x2,
                                            rows_tile::p128x128_2x1};
@@ -59,6 +59,17 @@ inline const char* rows_tile_name(rows_tile tile) {
     case rows_tile::p128x128_2x1: return "p128x128_2x1";
   }
   return "?";
+}
+
+// The tile `automatic` runs without STRATA_SM90_ROWS_TILE, by the mean rows a group holds (`rows`,
+// the rows the GEMM covers, over the groups): 128 x 128 tiles in clusters of 2 along N up to 256 rows
+// a group, where a 128 x 256 tile's second half would mostly compute rows past a group's end; the
+// 128 x 256 tiles above. Measured on an H100 with the experts' three GEMMs at hidden 1024 and 8
+// experts (bench_grouped_tiles; bench/RESULTS.md): at 64, 128 and 256 rows a group the 128 x 128
+// tile ran 1.2-2.2x the per-expert cuBLASLt loop, and up to 1.4x the 128 x 256 tile (fc2 and dX);
+// at 512 rows and more the 128 x 256 tile was the faster (fc1 1.03x against 0.95x the loop at 512).
+inline rows_tile automatic_rows_tile(index_t rows, index_t groups) {
+  return groups > 0 && rows <= 256 * groups ? rows_tile::c128x128_1x2 : rows_tile::c128x256_1x2;
 }
 
 bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool transpose_b, index_t groups,

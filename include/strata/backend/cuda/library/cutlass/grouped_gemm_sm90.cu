@@ -13,21 +13,22 @@ namespace {
 
 using namespace kernel;
 
-// The rows forms' tiles (rows_tile). The default: 128x256x64 tiles, clusters of 2 along N (the A tile
-// shared by a row tile's two N tiles is multicast), the cooperative schedule. (256x128 tiles measured
-// 2% slower in Mixtral's step on an H200; the pingpong schedule with 128x128 tiles and clusters of 2
-// along M, 0.91x in it on an H100: bench/RESULTS.md.) The others are compiled to be measured beside it
-// (bench/bench_grouped_tiles.cu times a wider set at the experts' shapes).
+// The rows forms' tiles (rows_tile; automatic_rows_tile chooses by size). For large groups: 128x256x64
+// tiles, clusters of 2 along N (the A tile shared by a row tile's two N tiles is multicast), the
+// cooperative schedule. (256x128 tiles measured 2% slower in Mixtral's step on an H200; the pingpong
+// schedule with 128x128 tiles and clusters of 2 along M, 0.91x in it on an H100: bench/RESULTS.md.)
+// For groups of up to 256 rows: the same with 128x128 tiles. The others are compiled to be measured
+// beside them (bench/bench_grouped_tiles.cu times a wider set at the experts' shapes).
 using Wide = Config<128, 256, 1, 2, false>;
 using WideShareB = Config<128, 256, 2, 1, false>;
 using Square = Config<128, 128, 1, 2, false>;
 using SquarePingpong = Config<128, 128, 2, 1, true>;
 
-// The tile `automatic` stands for: STRATA_SM90_ROWS_TILE when set (read once), else the default.
+// The tile STRATA_SM90_ROWS_TILE names (read once), or automatic when it is unset.
 rows_tile chosen_tile() {
   static const rows_tile chosen = [] {
     const char* v = std::getenv("STRATA_SM90_ROWS_TILE");
-    if (v == nullptr || *v == '\0') return rows_tile::c128x256_1x2;
+    if (v == nullptr || *v == '\0') return rows_tile::automatic;
     std::string names;
     for (rows_tile t : kRowsTiles) {
       if (std::string(v) == rows_tile_name(t)) return t;
@@ -95,7 +96,9 @@ bool grouped_gemm_rows(cudaStream_t stream, device_memory_resource& memory, bool
     if (transpose_b) run_rows<RowsNT<C>>(stream, memory, groups, counts, rows, n, k, a, b, c);
     else run_rows<RowsNN<C>>(stream, memory, groups, counts, rows, n, k, a, b, c);
   };
-  switch (tile == rows_tile::automatic ? chosen_tile() : tile) {
+  if (tile == rows_tile::automatic) tile = chosen_tile();
+  if (tile == rows_tile::automatic) tile = automatic_rows_tile(rows, groups);
+  switch (tile) {
     case rows_tile::c128x256_2x1: launch(WideShareB{}); break;
     case rows_tile::c128x128_1x2: launch(Square{}); break;
     case rows_tile::p128x128_2x1: launch(SquarePingpong{}); break;
