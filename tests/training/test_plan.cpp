@@ -114,6 +114,37 @@ TEST(Plan, EveryShownLayoutPassesTheTrainersValidationAndEveryRefusedOneFails) {
   for (const auto& i : p.invalid) EXPECT_THROW(trainer::validate(plan::args_of(moe, p.cluster, i.layout)), strata::ConfigError);
 }
 
+// The trainers' start-up estimate (plan_memory, which the CUDA trainers compare with the GPU's free
+// memory and the CPU trainers with the host's) counts the run's recompute: each of selective
+// (core_attn), moe_act, moe and full keeps less than no recompute, full least, and the parameters,
+// gradients and optimizer state do not move.
+TEST(Plan, TrainersEstimateCountsTheRunsRecompute) {
+  const std::vector<std::string> model = {
+      "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "512", "--ffn-hidden-size", "512",
+      "--micro-batch-size", "4", "--global-batch-size", "4", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+      "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2",
+      "--vocab-size", "257"};
+  const trainer::MemoryPlan kept = trainer::plan_memory<strata::bf16>(trainer::parse_flags("gpt", model));
+  auto activations = [&](const char* granularity, const char* modules) {
+    std::vector<std::string> flags = model;
+    if (*granularity) flags.insert(flags.end(), {"--recompute-granularity", granularity});
+    if (*modules) flags.insert(flags.end(), {"--recompute-modules", modules});
+    const trainer::MemoryPlan plan = trainer::plan_memory<strata::bf16>(trainer::parse_flags("gpt", flags));
+    EXPECT_EQ(plan.per_rank.parameter_bytes + plan.per_rank.gradient_bytes + plan.per_rank.optimizer_bytes,
+              kept.per_rank.parameter_bytes + kept.per_rank.gradient_bytes + kept.per_rank.optimizer_bytes);
+    return plan.per_rank.activation_bytes;
+  };
+  const std::int64_t none = activations("", "");
+  const std::int64_t core = activations("selective", "core_attn"), act = activations("selective", "moe_act");
+  const std::int64_t block = activations("selective", "moe"), full = activations("full", "");
+  std::printf("activations: none %lld, core_attn %lld, moe_act %lld, moe %lld, full %lld\n", static_cast<long long>(none),
+              static_cast<long long>(core), static_cast<long long>(act), static_cast<long long>(block), static_cast<long long>(full));
+  EXPECT_LT(core, none);
+  EXPECT_LT(act, none);
+  EXPECT_LT(block, act);
+  EXPECT_LT(full, block);
+}
+
 // The memory the plan predicts is plan_memory's (the trainers' start-up estimate) exactly, for every
 // pipeline rank's largest, recompute included; recompute changes only the activations, and never adds
 // more than one layer's backward beside what it keeps.
