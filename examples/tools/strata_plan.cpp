@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
       if (flag == "--global-batch-size") have_batch = true;
       for (const char* parallel : {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                                    "--expert-model-parallel-size", "--micro-batch-size", "--world-size",
-                                   "--num-layers-per-virtual-pipeline-stage", "--recompute-granularity", "--use-distributed-optimizer"})
+                                   "--num-layers-per-virtual-pipeline-stage", "--recompute-granularity", "--recompute-modules",
+                                   "--use-distributed-optimizer"})
         if (flag == parallel) usage_error(flag + " is what strata-plan chooses; leave it out (the plan tries every value)");
       model_flags.push_back(flag);
     }

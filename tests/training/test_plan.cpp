@@ -111,6 +111,24 @@ TEST(Plan, EveryShownLayoutPassesTheTrainersValidationAndEveryRefusedOneFails) {
     EXPECT_NO_THROW(trainer::validate(plan::args_of(moe, p.cluster, c.layout)));
   }
   EXPECT_TRUE(full) << "no valid layout of the MoE model recomputes fully";
+  // Selective recompute of the MoE blocks too (--recompute-modules core_attn moe) is a choice for a
+  // MoE model: it keeps less than selective alone and repeats more of the forward.
+  int with_moe = 0;
+  for (const auto& c : p.valid) {
+    if (!c.layout.recompute_moe) continue;
+    ++with_moe;
+    EXPECT_EQ(c.layout.recompute, RecomputeGranularity::selective);
+    const trainer::TrainArgs a = plan::args_of(moe, p.cluster, c.layout);
+    EXPECT_EQ(a.recompute_modules, "core_attn moe");
+    plan::Layout selective = c.layout;
+    selective.recompute_moe = false;
+    const trainer::TrainArgs b = plan::args_of(moe, p.cluster, selective);
+    EXPECT_LT(c.memory.per_gpu(), plan::predict_memory(b, h100(), RecomputeGranularity::selective).per_gpu()) << plan::describe_layout(c.layout);
+    EXPECT_GT(c.time.recompute, plan::predict_step(b, selective, p.cluster, h100()).recompute) << plan::describe_layout(c.layout);
+    EXPECT_NE(plan::describe_layout(c.layout).find("recompute=selective+moe"), std::string::npos);
+  }
+  EXPECT_GT(with_moe, 0) << "no valid layout of the MoE model recomputes its MoE blocks";
+  for (const auto& c : plan::make_plan(tiny_gpt(), plan::Cluster{4, 1, 80}, h100()).valid) EXPECT_FALSE(c.layout.recompute_moe);
   for (const auto& i : p.invalid) EXPECT_THROW(trainer::validate(plan::args_of(moe, p.cluster, i.layout)), strata::ConfigError);
 }
 

@@ -11,8 +11,10 @@
 //    sharing the rest, as Megatron's --decoder-first/last-pipeline-num-layers), the schedule (1F1B,
 //    zero-bubble, interleaved with v chunks for every v > 1 that divides layers / pp), ep (MoE:
 //    divisors of the expert count up to world / pp), the micro-batch size (powers of two up to
-//    SearchSpace::max_micro_batch and the global batch), recompute none / selective / full, and the
-//    distributed optimizer off / on (on only where dp x cp > 1). dp is what is left of the world.
+//    SearchSpace::max_micro_batch and the global batch), recompute none / selective / full (and,
+//    for a MoE model, selective+moe: the MoE blocks recomputed too, --recompute-modules core_attn
+//    moe), and the distributed optimizer off / on (on only where dp x cp > 1). dp is what is left
+//    of the world.
 // 2. Validity: each layout becomes the trainers' flags (`args_of`) and goes through
 //    trainer::validate, the check every trainer runs before it allocates; a refused layout is
 //    counted with the trainer's sentence and not shown.
@@ -78,15 +80,22 @@ struct Layout {
   // Layers of the first and last pipeline stages when pp does not divide the layers (Megatron's
   // --decoder-first/last-pipeline-num-layers); -1: the even split.
   int first_stage_layers = -1, last_stage_layers = -1;
+  // With selective recompute of a MoE model: the MoE blocks too (--recompute-modules core_attn moe).
+  bool recompute_moe = false;
 };
 
 inline const char* recompute_name(RecomputeGranularity r) {
   return r == RecomputeGranularity::none ? "none" : r == RecomputeGranularity::selective ? "selective" : "full";
 }
+// The layout's recompute as the table names it: none, selective, selective+moe or full.
+inline const char* recompute_name(const Layout& l) {
+  return l.recompute == RecomputeGranularity::selective && l.recompute_moe ? "selective+moe" : recompute_name(l.recompute);
+}
 
 // The trainers' flags of `layout` over the model's: bf16 on GPUs, sequence parallelism with tp > 1,
 // --overlap-grad-reduce (and --overlap-param-gather with the distributed optimizer), ring attention
-// for cp, full recompute uniform with one layer per chunk, no sampling.
+// for cp, full recompute uniform with one layer per chunk (selective: the attention core, and with
+// recompute_moe the MoE blocks), no sampling.
 inline trainer::TrainArgs args_of(const trainer::TrainArgs& model, const Cluster& cluster, const Layout& l) {
   trainer::TrainArgs a = model;
   a.device = "cuda";
@@ -105,6 +114,7 @@ inline trainer::TrainArgs args_of(const trainer::TrainArgs& model, const Cluster
   a.recompute_granularity = l.recompute == RecomputeGranularity::none ? "" : recompute_name(l.recompute);
   a.recompute_method = "uniform";
   a.recompute_num_layers = 1;
+  a.recompute_modules = l.recompute == RecomputeGranularity::selective && l.recompute_moe ? "core_attn moe" : "";
   a.use_distributed_optimizer = l.distributed_optimizer;
   a.overlap_grad_reduce = true;
   a.overlap_param_gather = l.distributed_optimizer;
@@ -157,10 +167,12 @@ inline std::vector<Layout> enumerate_layouts(const trainer::TrainArgs& model, co
           for (int ep : eps)
             for (int mb = 1; mb <= std::min(space.max_micro_batch, model.global_batch_size); mb *= 2)
               for (RecomputeGranularity r : {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full})
-                for (bool distributed : {false, true}) {
-                  if (distributed && dp * cp == 1) continue;
-                  out.push_back(Layout{tp, pp, dp, cp, ep, v, schedule, mb, r, distributed, first, last});
-                }
+                for (bool distributed : {false, true})
+                  for (bool recompute_moe : {false, true}) {
+                    if (distributed && dp * cp == 1) continue;
+                    if (recompute_moe && (!moe || r != RecomputeGranularity::selective)) continue;
+                    out.push_back(Layout{tp, pp, dp, cp, ep, v, schedule, mb, r, distributed, first, last, recompute_moe});
+                  }
       }
     }
   }
@@ -178,13 +190,15 @@ struct MemoryPrediction {
 };
 
 // The memory per GPU of `a` with recompute `r` (uniform, one layer per chunk under full; the
-// attention core under selective): plan_memory's largest pipeline rank, which counts what recompute
-// keeps (models::activations_of), and the calibration's runtime reserve.
-inline MemoryPrediction predict_memory(trainer::TrainArgs a, const Calibration& calibration, RecomputeGranularity r) {
+// attention core under selective, and with `moe` the MoE blocks): plan_memory's largest pipeline
+// rank, which counts what recompute keeps (models::activations_of), and the calibration's runtime
+// reserve.
+inline MemoryPrediction predict_memory(trainer::TrainArgs a, const Calibration& calibration, RecomputeGranularity r,
+                                       bool moe = false) {
   a.recompute_granularity = r == RecomputeGranularity::none ? "" : recompute_name(r);
   a.recompute_method = "uniform";
   a.recompute_num_layers = 1;
-  a.recompute_modules.clear();
+  a.recompute_modules = r == RecomputeGranularity::selective && moe ? "core_attn moe" : "";
   MemoryPrediction out;
   const trainer::MemoryPlan plan = trainer::plan_memory<strata::bf16>(a);
   out.stage = plan.per_rank_stage;
@@ -373,6 +387,9 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   }
   double dense_recompute = 0, moe_recompute = 0;
   if (l.recompute == RecomputeGranularity::selective) dense_recompute = moe_recompute = attention / 3.5;
+  // the MoE block's forward again (router, dispatch, experts, combine) under selective + moe
+  const bool moe_forward_again = l.recompute == RecomputeGranularity::full || (l.recompute == RecomputeGranularity::selective && l.recompute_moe);
+  if (l.recompute == RecomputeGranularity::selective && l.recompute_moe) moe_recompute += moe_gemm / 3 + moe_elementwise / 3;
   if (l.recompute == RecomputeGranularity::full) {
     dense_recompute = dense_gemm / 3 + attention / 3.5 + dense_elementwise / 3 + tp_forward;
     moe_recompute = moe_gemm / 3 + attention / 3.5 + moe_elementwise / 3 + tp_forward;
@@ -417,8 +434,9 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
     r.recompute = dense_layers * dense_recompute + moe_layers * moe_recompute;
     r.tensor_parallel = layers * tp_layer;
     r.context_parallel = layers * cp_layer;
-    // full recompute runs a MoE layer's forward again: its dispatch and combine exchanges too (half of ep_ms)
-    r.expert_parallel = moe_layers * ep_ms * (l.recompute == RecomputeGranularity::full ? 1.5 : 1.0);
+    // full recompute (or the MoE block's) runs a MoE layer's forward again: its dispatch and combine
+    // exchanges too (half of ep_ms)
+    r.expert_parallel = moe_layers * ep_ms * (moe_forward_again ? 1.5 : 1.0);
     r.overhead = (moe_layers - fp8_moe) * moe_ms + fp8_moe * fp8_moe_ms;
     r.pipeline_transfers = boundary * static_cast<double>(rank.chunks.size());
     const double per_micro_batch = r.total();
@@ -495,7 +513,7 @@ inline std::string describe_layout(const Layout& l) {
                 l.pp > 1 ? (l.schedule == "interleaved" ? (" v=" + std::to_string(l.virtual_stages)).c_str()
                                                         : (" " + l.schedule).c_str())
                          : "",
-                l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer ? " dist-opt" : "");
+                l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l), l.distributed_optimizer ? " dist-opt" : "");
   return text;
 }
 
@@ -515,7 +533,7 @@ inline Plan make_plan(const trainer::TrainArgs& model, const Cluster& cluster, c
     }
     Candidate c;
     c.layout = l;
-    c.memory = predict_memory(a, calibration, l.recompute);
+    c.memory = predict_memory(a, calibration, l.recompute, l.recompute_moe);
     c.time = predict_step(a, l, cluster, calibration);
     c.fits = c.memory.per_gpu() <= cluster.gpu_memory_bytes();
     c.tokens_per_second = double(model.global_batch_size) * model.model.seq_length / (c.time.total() * 1e-3);
@@ -575,7 +593,7 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
              describe_layout(p.valid.front().layout) + "): use more GPUs or GPUs with more memory\n";
     return out;
   }
-  std::snprintf(line, sizeof line, "%4s %3s %3s %-18s %5s %3s %3s %4s %-9s %4s %8s %9s %12s %6s %7s  %s\n", "rank", "tp", "pp", "schedule",
+  std::snprintf(line, sizeof line, "%4s %3s %3s %-18s %5s %3s %3s %4s %-13s %4s %8s %9s %12s %6s %7s  %s\n", "rank", "tp", "pp", "schedule",
                 "dp", "cp", "ep", "mbs", "recompute", "dopt", "GiB/GPU", "step ms", "tokens/s", "MFU", "vs best", "lost to the best by");
   out += line;
   const double best = p.valid.front().time.total();
@@ -584,8 +602,8 @@ inline std::string format_table(const Plan& p, std::size_t top = 10) {
     const Layout& l = c.layout;
     std::string schedule = l.pp == 1 ? "-" : l.schedule == "interleaved" ? "interleaved/" + std::to_string(l.virtual_stages) : l.schedule;
     if (l.first_stage_layers > 0) schedule += " " + std::to_string(l.first_stage_layers) + ".." + std::to_string(l.last_stage_layers);
-    std::snprintf(line, sizeof line, "%4zu %3d %3d %-18s %5d %3d %3d %4d %-9s %4s %8s %9.1f %12.0f %5.1f%% %6.3fx  %s\n", i + 1, l.tp, l.pp,
-                  schedule.c_str(), l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer ? "on" : "off",
+    std::snprintf(line, sizeof line, "%4zu %3d %3d %-18s %5d %3d %3d %4d %-13s %4s %8s %9.1f %12.0f %5.1f%% %6.3fx  %s\n", i + 1, l.tp, l.pp,
+                  schedule.c_str(), l.dp, l.cp, l.ep, l.micro_batch, recompute_name(l), l.distributed_optimizer ? "on" : "off",
                   gib(c.memory.per_gpu()).c_str(), c.time.total(), c.tokens_per_second, 100 * c.mfu, c.time.total() / best,
                   i == 0 ? "(best)" : (c.lost + " (+" + format_ms(c.lost_ms) + " ms)").c_str());
     out += line;
