@@ -41,9 +41,9 @@ inline std::int64_t host_memory_available() {
 
 // What a run needs in host memory, estimated before anything is allocated: every rank's model
 // memory (models::estimate_pipeline_rank_memory: its pipeline stage's parameters, the activations
-// its schedule keeps in flight under the run's recompute, the optimizer state over dp with the distributed optimizer) and
-// input batches, the dataset sample indices (24 bytes per sample: sample index pair + shuffle
-// index) and the loss history.
+// its schedule keeps in flight under the run's recompute, the optimizer state over dp with the
+// distributed optimizer) and input batches, the dataset sample indices (24 bytes per sample: sample
+// index pair + shuffle index) and the loss history.
 struct MemoryPlan {
   models::MemoryEstimate per_rank;    // the pipeline rank that needs the most (every rank without a pipeline)
   int per_rank_stage = 0;             // which pipeline rank that is

@@ -387,9 +387,10 @@ inline StepTime predict_step(const trainer::TrainArgs& a, const Layout& l, const
   }
   double dense_recompute = 0, moe_recompute = 0;
   if (l.recompute == RecomputeGranularity::selective) dense_recompute = moe_recompute = attention / 3.5;
-  // the MoE block's forward again (router, dispatch, experts, combine) under selective + moe
-  const bool moe_forward_again = l.recompute == RecomputeGranularity::full || (l.recompute == RecomputeGranularity::selective && l.recompute_moe);
-  if (l.recompute == RecomputeGranularity::selective && l.recompute_moe) moe_recompute += moe_gemm / 3 + moe_elementwise / 3;
+  // selective+moe: the MoE block's forward again (router, dispatch, experts, combine)
+  const bool moe_blocks = l.recompute == RecomputeGranularity::selective && l.recompute_moe;
+  if (moe_blocks) moe_recompute += moe_gemm / 3 + moe_elementwise / 3;
+  const bool moe_forward_again = moe_blocks || l.recompute == RecomputeGranularity::full;
   if (l.recompute == RecomputeGranularity::full) {
     dense_recompute = dense_gemm / 3 + attention / 3.5 + dense_elementwise / 3 + tp_forward;
     moe_recompute = moe_gemm / 3 + attention / 3.5 + moe_elementwise / 3 + tp_forward;
