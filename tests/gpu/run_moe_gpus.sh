@@ -160,6 +160,8 @@ speed_rows+=("$(speed mixtral-1gpu-padded 1 "$mixtral" --world-size 1 "${moe[@]}
 # experts need their counts on the host (per-expert cuBLASLt GEMMs), read once per layer.
 fp8=(--fp8-format hybrid --fp8-recipe delayed)
 speed_rows+=("$(speed mixtral-1gpu-fp8 1 "$mixtral" --world-size 1 "${moe[@]}" "${fp8[@]}")")
+# The attention's and the router's linear layers in FP8, the experts in bf16 (the device-count grouped GEMM).
+speed_rows+=("$(speed mixtral-1gpu-fp8-bf16-experts 1 "$mixtral" --world-size 1 "${moe[@]}" "${fp8[@]}" --no-fp8-experts)")
 # The same models with 8 micro-batches of 8 sequences a step (global batch 64): the optimizer, whose
 # cost grows with all parameters (3.6x the dense model's here) and not with the tokens, runs once per
 # 8 micro-batches, as in training at a real batch size.
