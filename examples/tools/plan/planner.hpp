@@ -92,6 +92,15 @@ inline const char* recompute_name(const Layout& l) {
   return l.recompute == RecomputeGranularity::selective && l.recompute_moe ? "selective+moe" : recompute_name(l.recompute);
 }
 
+// The trainers' recompute flags of a layout's choice: full uniform with one layer per chunk;
+// selective of the attention core, and with `moe` of the MoE blocks too.
+inline void set_recompute(trainer::TrainArgs& a, RecomputeGranularity r, bool moe) {
+  a.recompute_granularity = r == RecomputeGranularity::none ? "" : recompute_name(r);
+  a.recompute_method = "uniform";
+  a.recompute_num_layers = 1;
+  a.recompute_modules = r == RecomputeGranularity::selective && moe ? "core_attn moe" : "";
+}
+
 // The trainers' flags of `layout` over the model's: bf16 on GPUs, sequence parallelism with tp > 1,
 // --overlap-grad-reduce (and --overlap-param-gather with the distributed optimizer), ring attention
 // for cp, full recompute uniform with one layer per chunk (selective: the attention core, and with
@@ -111,10 +120,7 @@ inline trainer::TrainArgs args_of(const trainer::TrainArgs& model, const Cluster
   a.expert_model_parallel_size = l.ep;
   a.micro_batch_size = l.micro_batch;
   a.sequence_parallel = l.tp > 1;
-  a.recompute_granularity = l.recompute == RecomputeGranularity::none ? "" : recompute_name(l.recompute);
-  a.recompute_method = "uniform";
-  a.recompute_num_layers = 1;
-  a.recompute_modules = l.recompute == RecomputeGranularity::selective && l.recompute_moe ? "core_attn moe" : "";
+  set_recompute(a, l.recompute, l.recompute_moe);
   a.use_distributed_optimizer = l.distributed_optimizer;
   a.overlap_grad_reduce = true;
   a.overlap_param_gather = l.distributed_optimizer;
@@ -195,10 +201,7 @@ struct MemoryPrediction {
 // reserve.
 inline MemoryPrediction predict_memory(trainer::TrainArgs a, const Calibration& calibration, RecomputeGranularity r,
                                        bool moe = false) {
-  a.recompute_granularity = r == RecomputeGranularity::none ? "" : recompute_name(r);
-  a.recompute_method = "uniform";
-  a.recompute_num_layers = 1;
-  a.recompute_modules = r == RecomputeGranularity::selective && moe ? "core_attn moe" : "";
+  set_recompute(a, r, moe);
   MemoryPrediction out;
   const trainer::MemoryPlan plan = trainer::plan_memory<strata::bf16>(a);
   out.stage = plan.per_rank_stage;
