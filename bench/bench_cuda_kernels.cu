@@ -305,6 +305,28 @@ int main(int argc, char** argv) {
                                                          strata::Fp8Format::e5m2, scale_amax, codes, codes_t, scale_amax + 1,
                                                          nullptr);
                  });
+    // the same writing fc2's input codes^T too (Fp8Options::activation_codes_in_backward), and the
+    // forward's SwiGLU cast with and without its x^T (what the forward no longer writes)
+    std::uint8_t* act_codes = nullptr;
+    check(cudaMalloc(&act_codes, tokens * ffn), "cudaMalloc (codes)");
+    time_labeled("  ... with fc2's input codes^T", "[" + std::to_string(tokens) + ", " + std::to_string(2 * ffn) + "]",
+                 3 * m * e + 5 * m, [&] {
+                   device.fp8_cast_transpose_fused<T, A>(strata::Fp8Producer::swiglu_backward, dy_mlp, up, tokens, 2 * ffn,
+                                                         strata::Fp8Format::e5m2, scale_amax, codes, codes_t, scale_amax + 1,
+                                                         nullptr, strata::Fp8Output{strata::Fp8Format::e4m3, scale_amax,
+                                                                                    act_codes, nullptr});
+                 });
+    time_labeled("fp8_cast_transpose_fused swiglu (fc2 input)", "[" + std::to_string(tokens) + ", " + std::to_string(ffn) + "]",
+                 2 * m * e + 2 * m, [&] {
+                   device.fp8_cast_transpose_fused<T, A>(strata::Fp8Producer::swiglu, up, nullptr, tokens, ffn,
+                                                         strata::Fp8Format::e4m3, scale_amax, codes, codes_t, scale_amax + 1,
+                                                         nullptr);
+                 });
+    time_labeled("  ... without x^T", "[" + std::to_string(tokens) + ", " + std::to_string(ffn) + "]", 2 * m * e + m, [&] {
+      device.fp8_cast_transpose_fused<T, A>(strata::Fp8Producer::swiglu, up, nullptr, tokens, ffn, strata::Fp8Format::e4m3,
+                                            scale_amax, codes, nullptr, scale_amax + 1, nullptr);
+    });
+    cudaFree(act_codes);
     time_labeled("fp8_cast_transpose (both layouts, Llama fc1 out)", "[" + std::to_string(tokens) + ", " + std::to_string(ffn) + "]",
                  m * e + 2 * m, [&] {
                    device.fp8_cast_transpose(dy_mlp, tokens, ffn, strata::Fp8Format::e4m3, scale_amax, codes, codes_t, scale_amax + 1);

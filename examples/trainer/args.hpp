@@ -147,6 +147,7 @@ struct TrainArgs {
   bool fp8_experts = true;                   // --no-fp8-experts turns it off (Fp8Options::experts)
   bool fp8_norm_writes_codes = true;         // --no-fp8-norm-writes-codes turns it off (Fp8Options::norm_writes_codes)
   bool fp8_attention_writes_grad_codes = true;  // --no-fp8-attention-writes-grad-codes (Fp8Options::attention_writes_grad_codes)
+  bool fp8_activation_codes_in_backward = true;  // --no-fp8-activation-codes-in-backward (Fp8Options::activation_codes_in_backward)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -531,6 +532,11 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                "delayed recipe: the attention's merge of dq, dk and dv (with RoPE's backward) writes the qkv projection's "
                "output-gradient FP8 codes in its own pass (default on; off: the merge writes the element type and the "
                "layer casts it, the same codes one pass later)");
+  app.add_flag("--fp8-activation-codes-in-backward,!--no-fp8-activation-codes-in-backward",
+               a.fp8_activation_codes_in_backward,
+               "delayed recipe, a dense MLP with GELU or SwiGLU: fc2 keeps no FP8 codes of its input for the weight gradient; "
+               "fc1's output-gradient cast, which reads fc1's output anyway, writes them in the backward (the same codes): "
+               "a byte per element of the activation per layer not kept (default on; off: fc2's forward casts and keeps them)");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,
@@ -580,6 +586,7 @@ inline std::optional<Fp8Options> fp8_options_of(const TrainArgs& a) {
   o.experts = a.fp8_experts;
   o.norm_writes_codes = a.fp8_norm_writes_codes;
   o.attention_writes_grad_codes = a.fp8_attention_writes_grad_codes;
+  o.activation_codes_in_backward = a.fp8_activation_codes_in_backward;
   o.forward_accumulation = a.fp8_forward_accumulation == "split" ? Fp8Accumulation::split : Fp8Accumulation::fast;
   o.block = a.fp8_block_size;
   o.validate();

@@ -68,6 +68,7 @@ inline models::Fp8Layers fp8_layers_of(const TrainArgs& a) {
   fp8.end = a.model.num_layers - (a.first_last_layers_bf16 ? a.num_layers_at_end_in_bf16 : 0);
   fp8.codes_kept = a.fp8_recipe != "blockwise";
   fp8.attention_output_recast = a.fp8_recast_attention_output;
+  fp8.activation_codes_later = a.fp8_recipe == "delayed" && a.fp8_activation_codes_in_backward;
   fp8.experts = a.fp8_recipe == "delayed" && a.fp8_experts;  // layers/moe/experts.hpp
   // --fp8-param-gather: the gathered codes are the forward's W (counted here, not as parameters)
   fp8.forward_codes_cached =

@@ -224,6 +224,56 @@ void check_fused_casts(backend& device, suite& results, std::uint64_t seed, inde
                      " without column sums: codes (both layouts, transposed alone) and amax == the unfused steps'");
   results.record(worst <= bound, "fp8_cast_transpose_fused " + what + ": column sums within " + std::to_string(bound) +
                                      " of bias_grad's (worst " + std::to_string(worst) + ")");
+  if (p == strata::Fp8Producer::gelu || p == strata::Fp8Producer::swiglu) {
+    // the forward's codes alone (no x^T: Fp8Options::activation_codes_in_backward)
+    device_vector<std::uint8_t> q4(n + at);
+    device.fp8_cast_transpose_fused<T>(p, dx.data() + at, dpre.data() + at, rows, cols, format, dscale.data(), q4.data() + at,
+                                       nullptr, static_cast<float*>(nullptr), static_cast<A*>(nullptr));
+    std::vector<std::uint8_t> hq4(n);
+    device.copy_to_host(q4.data() + at, static_cast<index_t>(n), hq4.data());
+    results.record(same_bits(hq4, hq_ref), "fp8_cast_transpose_fused " + what + " without x^T: codes == the unfused steps'");
+  }
+  if (p == strata::Fp8Producer::gelu_backward || p == strata::Fp8Producer::swiglu_backward) {
+    // the forward activation's codes^T beside the gradient's (gelu(pre) or SwiGLU of pre, e4m3 at its
+    // own scale) against the GPU's own activation kernel then fp8_cast_transpose; the gradient's codes,
+    // amax and sums unchanged by them
+    const bool gelu = p == strata::Fp8Producer::gelu_backward;
+    const index_t width = gelu ? cols : cols / 2;
+    const std::size_t m = static_cast<std::size_t>(rows * width);
+    const float act_scale = 7.0f;
+    device_vector<float> dact_scale(1), amax5(2);
+    device.copy_from_host(&act_scale, 1, dact_scale.data());
+    device.copy_from_host(zero, 2, amax5.data());
+    device_vector<T> act(m);
+    if (gelu) device.gelu_forward<T>(dpre.data() + at, static_cast<index_t>(m), act.data());
+    else device.swiglu_forward<T>(dpre.data() + at, rows, width, act.data());
+    device_vector<std::uint8_t> act_ref(m), act_t(m + at), act_t2(m + at), q5(n + at), qt5(n + at);
+    device.fp8_cast_transpose<T>(act.data(), rows, width, Fp8Format::e4m3, dact_scale.data(), nullptr, act_ref.data(), nullptr);
+    device_vector<A> sums5(static_cast<std::size_t>(cols));
+    device.fp8_cast_transpose_fused<T>(p, dx.data() + at, dpre.data() + at, rows, cols, format, dscale.data(), q5.data() + at,
+                                       qt5.data() + at, amax5.data(), sums5.data(),
+                                       strata::Fp8Output{Fp8Format::e4m3, dact_scale.data(), act_t.data() + at, nullptr});
+    device.fp8_cast_transpose_fused<T>(p, dx.data() + at, dpre.data() + at, rows, cols, format, dscale.data(), nullptr,
+                                       qt5.data() + at, amax5.data() + 1, static_cast<A*>(nullptr),
+                                       strata::Fp8Output{Fp8Format::e4m3, dact_scale.data(), act_t2.data() + at, nullptr});
+    std::vector<std::uint8_t> hact(m), hact2(m), hact_ref(m), hq5(n), hqt5(n);
+    std::vector<A> hs5(static_cast<std::size_t>(cols));
+    float ha5[2];
+    device.copy_to_host(act_t.data() + at, static_cast<index_t>(m), hact.data());
+    device.copy_to_host(act_t2.data() + at, static_cast<index_t>(m), hact2.data());
+    device.copy_to_host(act_ref.data(), static_cast<index_t>(m), hact_ref.data());
+    device.copy_to_host(q5.data() + at, static_cast<index_t>(n), hq5.data());
+    device.copy_to_host(qt5.data() + at, static_cast<index_t>(n), hqt5.data());
+    device.copy_to_host(sums5.data(), cols, hs5.data());
+    device.copy_to_host(amax5.data(), 2, ha5);
+    results.record(same_bits(hact, hact_ref) && same_bits(hact2, hact_ref),
+                   "fp8_cast_transpose_fused " + what + " with the activation's codes: those codes == the activation "
+                   "kernel then fp8_cast_transpose (with and without the column sums)");
+    results.record(same_bits(hq5, hq_ref) && same_bits(hqt5, hqt_ref) && std::memcmp(&ha[0], &ha5[0], sizeof(float)) == 0 &&
+                       std::memcmp(&ha[0], &ha5[1], sizeof(float)) == 0 && same_bits(hs5, hs),
+                   "fp8_cast_transpose_fused " + what + " with the activation's codes: the gradient's codes, amax and "
+                   "column sums as without them");
+  }
 }
 
 // The norms writing FP8 codes (layernorm_forward_fp8 / rmsnorm_forward_fp8) against the GPU's own

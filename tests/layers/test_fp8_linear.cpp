@@ -5,7 +5,9 @@
 // operands; blocks that straddle shards are refused; delayed scaling's
 // histories and scales follow Transformer Engine's update; unbuildable recipes are refused; an
 // attention whose output projection holds the attention's output instead of its codes
-// (recast_attention_output) is the attention that keeps the codes, bit for bit; the MoE experts' six
+// (recast_attention_output) is the attention that keeps the codes, bit for bit; an MLP activation's
+// codes made in fc1's backward cast (activation_codes_in_backward) are those the forward would have
+// kept, bit for bit, and a backward that finds them unallocated is refused; the MoE experts' six
 // GEMMs in FP8 are those of each group's rounded operands.
 #include <gtest/gtest.h>
 
@@ -42,7 +44,9 @@ struct Fp8Case {
 // backward_gelu_of (fused: under the delayed recipe the GELU and its backward run inside the FP8
 // casts), or the same with the GELU's own kernels between the layers (between); the same two for
 // SwiGLU, fc1 then a stacked [gate; up] layer (swiglu_fused: forward_swiglu_of, backward_swiglu_of).
-enum class Middle { none, fused, between, swiglu_fused, swiglu_between };
+// The *_later ones are the fused ones with fc2's input^T codes left to fc1's backward cast (as Mlp does
+// under Fp8Options::activation_codes_in_backward): fc2's weight gradient deferred until after it.
+enum class Middle { none, fused, between, swiglu_fused, swiglu_between, fused_later, swiglu_fused_later };
 
 // Column -> row on `tp` ranks for kSteps steps (new inputs each step; the scaling update after each
 // step); the snapshot holds every step's output and input gradient and the final gradients.
@@ -58,7 +62,7 @@ Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
     std::optional<RowParallelLinear<P>> fc2;
     {
       Fp8LayerScope<space::host> scope(ctx.fp8, 0);
-      if constexpr (M == Middle::swiglu_fused || M == Middle::swiglu_between)
+      if constexpr (M == Middle::swiglu_fused || M == Middle::swiglu_between || M == Middle::swiglu_fused_later)
         fc1.emplace(ctx, "fc1", kIn, 2 * kHidden, true, 2);  // [gate; up], each stack split over tp
       else
         fc1.emplace(ctx, "fc1", kIn, kHidden);
@@ -99,6 +103,23 @@ Snapshot run_fp8_mlp(int tp, const Fp8Case& c) {
         auto [out, s2] = fc2->forward_swiglu_of(ctx, h);
         y = std::move(out);
         dx = fc1->backward_swiglu_of(ctx, s1, fc2->backward(ctx, s2, dy), h.tensor);
+      } else if constexpr (M == Middle::fused_later || M == Middle::swiglu_fused_later) {
+        constexpr bool gelu = M == Middle::fused_later;
+        auto [out, s2] = gelu ? fc2->forward_gelu_of(ctx, h, nullptr, true) : fc2->forward_swiglu_of(ctx, h, nullptr, true);
+        y = std::move(out);
+        // under the delayed recipe the forward keeps no codes of its input^T, nor the input
+        const bool later = c.fp8 && c.options.recipe == Fp8RecipeKind::delayed;
+        EXPECT_EQ(s2.fp8_input.codes_t_later, later);
+        if (later) {
+          EXPECT_TRUE(s2.fp8_input.empty() && s2.input.data() == nullptr);
+        }
+        const Fp8Output codes = fc2->fp8_input_codes_later(s2);
+        EXPECT_EQ(codes.codes != nullptr, later);
+        DeferredWeightGradients after;
+        auto dact = fc2->backward(ctx, s2, dy, &after);
+        dx = gelu ? fc1->backward_gelu_of(ctx, s1, dact, h.tensor, nullptr, codes)
+                  : fc1->backward_swiglu_of(ctx, s1, dact, h.tensor, nullptr, codes);
+        after.run();
       } else if constexpr (M == Middle::swiglu_between) {
         const index_t rows = h.shape().rows(), f = h.shape().cols() / 2;
         Activation<T, layout::sharded<-1>> act(Tensor<T>::empty(h.shape().with(-1, f))), dh(Tensor<T>::empty(h.shape()));
@@ -183,29 +204,72 @@ TEST(Fp8Linear, SequenceParallelEqualsSingleRankDouble) { check_sharded_equals_s
 // activation's kernels run between the layers, for every recipe (the others run the kernels
 // themselves), and the fused block sharded over tp (with and without sequence parallelism) equals its
 // single-rank run.
-template <Middle Fused, Middle Between>
+// With fc2's input^T codes written by fc1's backward cast instead of kept from the forward
+// (Later), the same bits again.
+template <Middle Fused, Middle Between, Middle Later>
 void check_activation_inside_the_casts(const std::string& name) {
   for (const Fp8Case& c : cases()) {
     const Snapshot between = run_fp8_mlp<double, false, Between>(1, c);
     strata_test::expect_equivalent(run_fp8_mlp<double, false, Fused>(1, c), between, 0.0, describe(c) + " " + name);
+    strata_test::expect_equivalent(run_fp8_mlp<double, false, Later>(1, c), between, 0.0,
+                                   describe(c) + " " + name + ", codes in the backward");
     for (int tp : {2, 3}) {
       strata_test::expect_equivalent(run_fp8_mlp<double, false, Fused>(tp, c), between, 1e-12,
                                      describe(c) + " " + name + " tp=" + std::to_string(tp));
       strata_test::expect_equivalent(run_fp8_mlp<double, true, Fused>(tp, c), between, 1e-12,
                                      describe(c) + " " + name + " tp=" + std::to_string(tp) + " sequence parallel");
+      strata_test::expect_equivalent(run_fp8_mlp<double, true, Later>(tp, c), between, 1e-12,
+                                     describe(c) + " " + name + ", codes in the backward, tp=" + std::to_string(tp) +
+                                         " sequence parallel");
     }
     const Snapshot bf16_between = run_fp8_mlp<bf16, false, Between>(1, c);
     strata_test::expect_equivalent(run_fp8_mlp<bf16, false, Fused>(1, c), bf16_between, 0.0, describe(c) + " " + name + " bf16");
+    strata_test::expect_equivalent(run_fp8_mlp<bf16, false, Later>(1, c), bf16_between, 0.0,
+                                   describe(c) + " " + name + ", codes in the backward, bf16");
   }
 }
 // GELU: forward_gelu_of and backward_gelu_of.
 TEST(Fp8Linear, GeluInsideTheCastsIsTheGeluBetweenTheLayers) {
-  check_activation_inside_the_casts<Middle::fused, Middle::between>("gelu fused");
+  check_activation_inside_the_casts<Middle::fused, Middle::between, Middle::fused_later>("gelu fused");
 }
 // SwiGLU between a stacked [gate; up] fc1 and fc2 (forward_swiglu_of, backward_swiglu_of; each rank
 // holds its gate and up slices).
 TEST(Fp8Linear, SwigluInsideTheCastsIsTheSwigluBetweenTheLayers) {
-  check_activation_inside_the_casts<Middle::swiglu_fused, Middle::swiglu_between>("swiglu fused");
+  check_activation_inside_the_casts<Middle::swiglu_fused, Middle::swiglu_between, Middle::swiglu_fused_later>("swiglu fused");
+}
+
+// A forward that left its input^T's codes for later, whose backward finds them not allocated, stops
+// with a sentence naming the layer (nothing reads unwritten codes).
+TEST(Fp8Linear, CodesLeftForLaterAndNeverAllocatedAreRefused) {
+  using P = strata_test::TestPolicy<double, false>;
+  inprocess::run(1, [&](inprocess::communicator& world) {
+    auto ctx = Context::create(world, ParallelConfig{});
+    ctx.fp8 = std::make_shared<Fp8Scaling<space::host>>(Fp8Options{.recipe = Fp8RecipeKind::delayed}, 1);
+    std::optional<ColumnParallelLinear<P>> fc1;
+    std::optional<RowParallelLinear<P>> fc2;
+    {
+      Fp8LayerScope<space::host> scope(ctx.fp8, 0);
+      fc1.emplace(ctx, "fc1", kIn, kHidden);
+      fc2.emplace(ctx, "fc2", kHidden, kOut);
+    }
+    fc1->init(ctx, 7, 0.5);
+    fc2->init(ctx, 7, 0.5);
+    Activation<double, typename ColumnParallelLinear<P>::input_layout> x =
+        Activation<double, layout::replicated>(random_tensor<double>(Shape{kSeq, kBatch, kIn}, 1));
+    Activation<double, typename RowParallelLinear<P>::output_layout> dy =
+        Activation<double, layout::replicated>(random_tensor<double>(Shape{kSeq, kBatch, kOut}, 2));
+    auto [h, s1] = fc1->forward(ctx, x);
+    auto [y, s2] = fc2->forward_gelu_of(ctx, h, nullptr, true);
+    ASSERT_TRUE(s2.fp8_input.codes_t_later);
+    try {
+      (void)fc2->backward(ctx, s2, dy);
+      ADD_FAILURE() << "a backward without the codes left for later ran";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("fc2"), std::string::npos) << message;
+      EXPECT_NE(message.find("fp8_input_codes_later"), std::string::npos) << message;
+    }
+  });
 }
 
 // FP8 is in effect: the outputs move away from the element-type run by FP8's rounding, not more.

@@ -204,9 +204,11 @@ models::ModelConfig peak_measurement_moe() {
 }
 
 // FP8 with a per-tensor recipe (delayed) against the same run in float: the linear layers keep the
-// one-byte codes of their inputs^T in place of the norms' and GELU's float outputs, and each caches
-// its weight's codes in both layouts. The measured change of the peak of one forward + backward is
-// the estimate's (models::Fp8Layers: the kept bytes per token and the weight caches) within 10%.
+// one-byte codes of their inputs^T in place of the norms' float outputs, fc2 nothing of the GELU's
+// (its codes are made in the backward: Fp8Options::activation_codes_in_backward), and each caches its
+// weight's codes in both layouts. The measured change of the peak of one forward + backward is the
+// estimate's (models::Fp8Layers: the kept bytes per token and the weight caches) within 10%; with
+// fc2 keeping the GELU's codes (the option off), too, and that run's peak is the higher.
 TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   const models::ModelConfig c = peak_measurement_model();
   const std::size_t plain = run<models::Gpt, false>(1, c, {}, 4).peak;
@@ -214,17 +216,27 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   const auto bytes = models::element_bytes_of<float>();
   const std::int64_t tokens = c.seq_length * 4;
   const double estimated =
-      double(c.num_layers) * (double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes)) +
+      double(c.num_layers) * (double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes, false, true)) +
                               double(models::fp8_weight_cache_bytes(c, 1, false, true)));
   const double measured = double(fp8) - double(plain);
   std::printf("peak bytes: float %zu, FP8 %zu: change %.0f, estimated %.0f\n", plain, fp8, measured, estimated);
   EXPECT_LT(estimated, 0.0);  // codes of 1 byte in place of float inputs outweigh the weight caches here
   EXPECT_NEAR(measured / estimated, 1.0, 0.10);
+  const std::size_t kept = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.activation_codes_in_backward = false}).peak;
+  const double estimated_kept =
+      double(c.num_layers) * (double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes)) +
+                              double(models::fp8_weight_cache_bytes(c, 1, false, true)));
+  const double measured_kept = double(kept) - double(plain);
+  std::printf("peak bytes with fc2 keeping the GELU's codes: %zu: change %.0f, estimated %.0f\n", kept, measured_kept,
+              estimated_kept);
+  EXPECT_GT(kept, fp8);
+  EXPECT_NEAR(measured_kept / estimated_kept, 1.0, 0.10);
   // Without a weight cache (--fp8-weight-cache none) every GEMM casts its weight: no codes outlive it,
   // so the peak falls by the caches, to the kept codes' change and one weight's codes.
   const std::size_t uncached = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.cache_weights = false}).peak;
-  const double estimated_uncached = double(c.num_layers) * double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes)) +
-                                    double(models::fp8_largest_forward_codes(c, 1, false, true));
+  const double estimated_uncached =
+      double(c.num_layers) * double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes, false, true)) +
+      double(models::fp8_largest_forward_codes(c, 1, false, true));
   const double measured_uncached = double(uncached) - double(plain);
   std::printf("peak bytes without a weight cache: %zu: change %.0f, estimated %.0f\n", uncached, measured_uncached,
               estimated_uncached);

@@ -168,16 +168,18 @@ TEST(TrainingFp8, RecastAttentionOutputIsTheRunWithoutIt) {
     }
 }
 
-// The norms writing the qkv projection's and fc1's FP8 codes and (Llama) the attention's merge writing
-// the qkv projection's output-gradient codes (delayed recipe, the default) against those tensors
-// written in the element type and cast by their layers (--no-fp8-norm-writes-codes,
-// --no-fp8-attention-writes-grad-codes): the
+// The norms writing the qkv projection's and fc1's FP8 codes, (Llama) the attention's merge writing
+// the qkv projection's output-gradient codes and fc1's backward cast writing fc2's input codes
+// (delayed recipe, the defaults) against those tensors written in the element type and cast by their
+// layers, and fc2 casting and keeping its input's codes in the forward (--no-fp8-norm-writes-codes,
+// --no-fp8-attention-writes-grad-codes, --no-fp8-activation-codes-in-backward): the
 // same run bit for bit (losses, validation losses, every final weight), for GPT (LayerNorm, GELU, with
 // hidden dropout) and Llama (RMSNorm, SwiGLU, GQA, no dropout), at tp 2 with and without sequence
-// parallelism, pp 2 with micro-batches, and with full recompute.
+// parallelism, pp 2 with micro-batches (1F1B, and zero-bubble, whose split backward defers the weight
+// gradients), data parallelism 2 with the gradients reduced during the backward, and full recompute.
 TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
   for (const std::string model : {"gpt", "llama"})
-    for (const std::string layout : {"tp2", "tp2 sp", "pp2", "full recompute"}) {
+    for (const std::string layout : {"tp2", "tp2 sp", "pp2", "pp2 zero-bubble", "dp2 overlap", "full recompute"}) {
       auto a = tiny_fp8("delayed");
       if (model == "llama") {
         const auto gpt = a;
@@ -197,11 +199,14 @@ TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
       a.world_size = 2;
       a.tensor_model_parallel_size = layout.starts_with("tp2") ? 2 : 1;
       a.sequence_parallel = layout == "tp2 sp";
-      a.pipeline.pipeline_model_parallel_size = layout == "pp2" ? 2 : 1;
+      a.pipeline.pipeline_model_parallel_size = layout.starts_with("pp2") ? 2 : 1;
+      if (layout == "pp2 zero-bubble") a.pipeline.pipeline_schedule = "zero-bubble";
+      a.overlap_grad_reduce = layout == "dp2 overlap";
       if (layout == "full recompute") a.world_size = 1, a.recompute_granularity = "full";
       auto cast = a;
       cast.fp8_norm_writes_codes = false;
       cast.fp8_attention_writes_grad_codes = false;
+      cast.fp8_activation_codes_in_backward = false;
       const auto run = [&](const trainer::TrainArgs& args) {
         return model == "gpt" ? trainer::train<strata::models::Gpt>(args) : trainer::train<strata::models::Llama>(args);
       };

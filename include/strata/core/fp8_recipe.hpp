@@ -130,6 +130,14 @@ struct Fp8Options {
   // instead of the packed gradient in T (backend qkv_merge_rope_fp8); x^T's codes by a transpose of the
   // bytes. The same codes. Off: the merge writes T and the layer casts it.
   bool attention_writes_grad_codes = true;
+  // Delayed recipe, a dense MLP whose activation runs inside the casts (GELU, SwiGLU without clamp or
+  // offset): fc2's forward casts its input's codes in fc2's layout alone, and keeps no codes of
+  // input^T for its weight gradient; fc1's output-gradient cast in the backward, which reads fc1's
+  // output anyway, writes them (the same values, scale and rounding: the same codes), and fc2's weight
+  // gradient runs after it. A byte per element of the activation per layer and micro-batch not kept
+  // from the forward to the backward, for no extra pass. Off: the forward casts both layouts and
+  // keeps x^T's codes (to measure the difference).
+  bool activation_codes_in_backward = true;
   // Delayed recipe: a MoE layer's experts run their GEMMs in FP8 too (layers/moe/experts.hpp); off,
   // they stay in the element type (the other recipes always leave them there).
   bool experts = true;

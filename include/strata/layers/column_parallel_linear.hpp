@@ -191,14 +191,16 @@ class ColumnParallelLinear {
 
   // backward() with the output gradient dy gelu'(pre) (an MLP's fc1, whose output pre went through
   // a GELU): where the output gradient's cast can make it itself (fp8_fuses_casts), it is never
-  // written; otherwise the GELU backward runs first (backend gelu_backward).
+  // written; otherwise the GELU backward runs first (backend gelu_backward). With `activation` (where
+  // the cast makes it), that cast also writes the codes of gelu(pre)^T there (the next layer's input
+  // codes left for later: RowParallelLinear::fp8_input_codes_later).
   template <class Layout>
   Act<input_layout> backward_gelu_of(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
-                                     DeferredWeightGradients* deferred = nullptr)
+                                     DeferredWeightGradients* deferred = nullptr, const Fp8Output& activation = {})
     requires(!Options.gather_output)
   {
     check_same_shape(dy.shape(), pre.shape(), "ColumnParallelLinear::backward_gelu_of");
-    return backward_produced(ctx, saved, dy, pre, Fp8Producer::gelu_backward, deferred, [&](T* dh) {
+    return backward_produced(ctx, saved, dy, pre, Fp8Producer::gelu_backward, deferred, activation, [&](T* dh) {
       ctx.device.template gelu_backward<T>(dy.data(), pre.data(), pre.numel(), dh);
     });
   }
@@ -207,11 +209,11 @@ class ColumnParallelLinear {
   // can, else by the backend's swiglu_backward first.
   template <class Layout>
   Act<input_layout> backward_swiglu_of(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
-                                       DeferredWeightGradients* deferred = nullptr)
+                                       DeferredWeightGradients* deferred = nullptr, const Fp8Output& activation = {})
     requires(!Options.gather_output)
   {
     check_same_shape(dy.shape().with(-1, 2 * dy.shape().cols()), pre.shape(), "ColumnParallelLinear::backward_swiglu_of");
-    return backward_produced(ctx, saved, dy, pre, Fp8Producer::swiglu_backward, deferred, [&](T* dh) {
+    return backward_produced(ctx, saved, dy, pre, Fp8Producer::swiglu_backward, deferred, activation, [&](T* dh) {
       ctx.device.template swiglu_backward<T>(dy.data(), pre.data(), pre.shape().rows(), dy.shape().cols(), dh);
     });
   }
@@ -316,15 +318,20 @@ class ColumnParallelLinear {
   // gradient's FP8 cast where it can (fp8_fuses_casts), else `unfused(dh)` writes it [pre's shape] first.
   template <class Layout, class Unfused>
   Act<input_layout> backward_produced(Context& ctx, const Saved& saved, const Act<Layout>& dy, const Tensor<T, Space>& pre,
-                                      Fp8Producer producer, DeferredWeightGradients* deferred, Unfused&& unfused) {
+                                      Fp8Producer producer, DeferredWeightGradients* deferred, const Fp8Output& activation,
+                                      Unfused&& unfused) {
     expect_layout<output_layout, Layout>();
     if constexpr (fp8_backend) {
       if (fp8_fuses_casts(ctx))
         return reduce_input_gradient(
             ctx, Act<layout::partial>(detail::fp8_linear_backward(ctx, fp8_, fp8_sharding(), saved.input, saved.fp8_input,
                                                                   dy.tensor, *weight_, bias_ ? &*bias_ : nullptr, nullptr,
-                                                                  deferred, producer, &pre)));
+                                                                  deferred, producer, &pre, static_cast<detail::Fp8Pair<Space>*>(nullptr),
+                                                                  activation)));
     }
+    if (activation.codes)
+      fail<Error>("ColumnParallelLinear: activation codes asked of a backward whose output-gradient cast does not make the "
+                  "activation's gradient (fp8_fuses_casts is false)");
     Act<layout::sharded<-1>> dh(Tensor<T, Space>::empty(pre.shape()));
     unfused(dh.data());
     return backward(ctx, saved, dh, deferred);

@@ -186,6 +186,10 @@ struct Fp8Pair {
   const float* scale_inv = nullptr;
   Tensor<float, Space> owned_scale_inv;  // [1] (tensorwise)
   Shape shape;                           // x's
+  // x^T's codes were not cast with x's (Fp8Options::activation_codes_in_backward): codes_t is
+  // allocated in the backward and written by the cast of the producer's gradient before the weight
+  // gradient reads it (RowParallelLinear::fp8_input_codes_later).
+  bool codes_t_later = false;
   bool empty() const { return codes_t.data() == nullptr; }
 };
 
@@ -208,27 +212,34 @@ void fp8_pair_scale_inv(Context& ctx, Fp8State<typename Context::space>& state, 
 // With `producer` (delayed recipe only: the scale must be known before the values exist), the pair
 // is cast from what it makes of x and pre (gelu(x), or x gelu'(pre)) in the same pass, and the
 // values themselves are never written. With `column_sums` ([cols], written), also the column sums of
-// the values cast (a bias gradient) from the same pass.
+// the values cast (a bias gradient) from the same pass. Without `transposed` (a producer's plain
+// codes alone), no x^T's codes: codes_t stays empty and codes_t_later is set. With `activation`
+// (the backward producers), the cast also writes the forward activation's codes^T there.
 template <class Context, class T>
 Fp8Pair<typename Context::space> fp8_quantize_pair(Context& ctx, Fp8State<typename Context::space>& state, Fp8Role role,
                                                    const T* x, index_t rows, index_t cols, bool sharded, bool plain,
                                                    Fp8Producer producer = Fp8Producer::copy, const T* pre = nullptr,
-                                                   accumulate_t<T>* column_sums = nullptr) {
+                                                   accumulate_t<T>* column_sums = nullptr, const Fp8Output& activation = {},
+                                                   bool transposed = true) {
   using Space = typename Context::space;
   if (producer != Fp8Producer::copy && ctx.fp8->options.recipe != Fp8RecipeKind::delayed)
     fail<Error>("fp8_quantize_pair: a cast fused with its producer needs the delayed recipe's scale (", state.name, ")");
+  if (!transposed && (!plain || producer == Fp8Producer::copy))
+    fail<Error>("fp8_quantize_pair: x^T's codes left for later are a producer's, beside x's own (", state.name, ")");
   Fp8Pair<Space> q;
   q.format = ctx.fp8->options.format_of(role);
   q.shape = Shape{rows, cols};
   if (plain) q.codes = Tensor<std::uint8_t, Space>::empty(Shape{rows, cols});
-  q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
+  if (transposed) q.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{cols, rows});
+  q.codes_t_later = !transposed;
   float* amax = fp8_prepare_scale(ctx, state, role, x, rows * cols, sharded);
   if (producer == Fp8Producer::copy && !column_sums)
     ctx.device.template fp8_cast_transpose<T>(x, rows, cols, q.format, state.scale(role), plain ? q.codes.data() : nullptr,
                                               q.codes_t.data(), amax);
   else
     ctx.device.template fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, q.format, state.scale(role),
-                                                    plain ? q.codes.data() : nullptr, q.codes_t.data(), amax, column_sums);
+                                                    plain ? q.codes.data() : nullptr, q.codes_t.data(), amax, column_sums,
+                                                    activation);
   fp8_pair_scale_inv(ctx, state, role, q);
   return q;
 }
@@ -452,11 +463,13 @@ bool fp8_with_blocks(Context& ctx, Blocks&& blocks) {
 // With `given` (per-tensor recipes), the input's codes are those (fp8_quantize_gathered); x is unused.
 // With `addend` (y's shape; not with gelu_out): y = x W^T (+ b) + addend, the add in the GEMM's
 // epilogue where the backend has fp8_gemm_add (one rounding), else an add of the rounded y after it.
+// With `transpose_later` (a producer's input): x's codes alone are cast, and `keep` holds no x^T's
+// codes (codes_t_later; Fp8Options::activation_codes_in_backward).
 template <class Context, class T, class Space>
 void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding sharding, const T* x, index_t rows,
                              const Parameter<T, Space>& weight, const Parameter<T, Space>* bias, T* y, Fp8Pair<Space>& keep,
                              T* gelu_out = nullptr, Fp8Producer producer = Fp8Producer::copy, Fp8Pair<Space>* given = nullptr,
-                             const T* addend = nullptr) {
+                             const T* addend = nullptr, bool transpose_later = false) {
   if (addend && gelu_out) fail<Error>("fp8_linear_forward_rows: an addend and a GELU output together are not a layer's GEMM");
   const index_t in = weight.value.size(1), out = weight.value.size(0);
   const T* b = bias ? bias->value.data() : nullptr;
@@ -471,7 +484,8 @@ void fp8_linear_forward_rows(Context& ctx, Fp8State<Space>& state, Fp8Sharding s
   });
   if (blocks) return;
   Fp8Pair<Space> xq = given ? std::move(*given)
-                            : fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer);
+                            : fp8_quantize_pair(ctx, state, Fp8Role::input, x, rows, in, sharding.input, /*plain=*/true, producer,
+                                                static_cast<const T*>(nullptr), nullptr, {}, !transpose_later);
   auto wq = fp8_weight(ctx, state, weight.value.data(), out, in, /*transposed=*/false);  // (out, in)
   const Fp8Accumulation accumulation = ctx.fp8->options.forward_accumulation;
   if (gelu_out)
@@ -552,6 +566,8 @@ void fp8_linear_weight_gradient_rows(Context& ctx, const T* x, const T* dy, cons
 // MLP's fc1), the output gradient is dy gelu'(pre), made by that cast and never written; with
 // swiglu_backward it is SwiGLU's backward of dy [rows, out / 2] at pre [rows, out]. With `given_dy`
 // (per-tensor, no bias), dy's codes in both layouts are those (made by dy's producer; dy unread).
+// With `activation` (a backward producer), its cast also writes the forward activation's codes^T there
+// (the codes the next layer's pair left for later: RowParallelLinear::fp8_input_codes_later).
 // Blockwise: x and dy are cast in runs for each GEMM (their scales differ by layout).
 template <class Context, class T, class Space>
 Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8State<Space>>& state, Fp8Sharding sharding,
@@ -560,8 +576,14 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
                                      const std::type_identity_t<Tensor<T, Space>>* gelu_pre,
                                      DeferredWeightGradients* deferred, Fp8Producer producer = Fp8Producer::copy,
                                      const std::type_identity_t<Tensor<T, Space>>* pre = nullptr,
-                                     Fp8Pair<Space>* given_dy = nullptr) {
+                                     Fp8Pair<Space>* given_dy = nullptr, const Fp8Output& activation = {}) {
   using A = accumulate_t<T>;
+  if (kept.codes_t_later && kept.empty())
+    fail<Error>("linear backward (FP8): ", state->name, "'s forward left its input^T's codes to the backward of the layer "
+                "before it, and nothing allocated them (RowParallelLinear::fp8_input_codes_later)");
+  if (activation.codes && (producer == Fp8Producer::copy || producer == Fp8Producer::gelu || producer == Fp8Producer::swiglu))
+    fail<Error>("linear backward (FP8): activation codes asked of ", state->name, "'s output-gradient cast, which makes no "
+                "activation's gradient");
   const Shape shape = kept.empty() ? x.shape() : kept.shape;
   const index_t out = weight.value.size(0), in = weight.value.size(1), rows = shape.rows();
   // dy is what the producer reads: the output gradient itself, or (swiglu_backward) the activation's
@@ -584,7 +606,7 @@ Tensor<T, Space> fp8_linear_backward(Context& ctx, const std::shared_ptr<Fp8Stat
   } else if (per_tensor) {
     if (bias) bias_sums = Tensor<A, Space>::empty(Shape{out});
     dyq = fp8_quantize_pair(ctx, *state, Fp8Role::grad_output, dy.data(), rows, out, sharding.grad_output, true, producer,
-                            pre ? pre->data() : nullptr, bias ? bias_sums.data() : nullptr);
+                            pre ? pre->data() : nullptr, bias ? bias_sums.data() : nullptr, activation);
   }
   fp8_linear_input_gradient_rows(ctx, *state, dy.data(), &dyq, rows, weight, dx.data(), gelu_pre ? gelu_pre->data() : nullptr);
   if (per_tensor) {

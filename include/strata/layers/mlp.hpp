@@ -108,7 +108,7 @@ class Mlp {
     if (activation_ == MlpActivation::gelu && fuses_activation_casts(ctx)) {  // the GELU inside fc2's input cast
       auto [pre, fc1_saved] = fc1_.forward(ctx, x, given);  // (s, b, ffn / tp)
       saved.fc1 = std::move(fc1_saved);
-      auto [y, fc2_saved] = fc2_.forward_gelu_of(ctx, pre, residual);
+      auto [y, fc2_saved] = fc2_.forward_gelu_of(ctx, pre, residual, activation_codes_later(ctx));
       saved.fc2 = std::move(fc2_saved);
       saved.pre_activation = std::move(pre.tensor);
       return {std::move(y), std::move(saved)};
@@ -125,7 +125,7 @@ class Mlp {
     auto [h, fc1_saved] = fc1_.forward(ctx, x, given);  // (s, b, 2 ffn / tp) gated, else (s, b, ffn / tp)
     saved.fc1 = std::move(fc1_saved);
     if (plain_swiglu() && fuses_activation_casts(ctx)) {  // SwiGLU inside fc2's input cast
-      auto [y, fc2_saved] = fc2_.forward_swiglu_of(ctx, h, residual);
+      auto [y, fc2_saved] = fc2_.forward_swiglu_of(ctx, h, residual, activation_codes_later(ctx));
       saved.fc2 = std::move(fc2_saved);
       saved.pre_activation = std::move(h.tensor);
       return {std::move(y), std::move(saved)};
@@ -149,13 +149,19 @@ class Mlp {
   Edge<Layout> backward(Context& ctx, const Saved& saved, const Edge<Layout>& dy, DeferredWeightGradients* deferred = nullptr,
                         bool output_bias_gradient = true) {
     const Tensor<T, Space>& h = saved.pre_activation;
-    if (activation_ == MlpActivation::gelu && fuses_activation_casts(ctx)) {  // the GELU backward inside fc1's gradient cast
-      auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred, output_bias_gradient);
-      return fc1_.backward_gelu_of(ctx, saved.fc1, dact, h, deferred);
-    }
-    if (plain_swiglu() && fuses_activation_casts(ctx)) {  // SwiGLU's backward inside fc1's gradient cast
-      auto dact = fc2_.backward(ctx, saved.fc2, dy, deferred, output_bias_gradient);
-      return fc1_.backward_swiglu_of(ctx, saved.fc1, dact, h, deferred);
+    const bool fused_gelu = activation_ == MlpActivation::gelu && fuses_activation_casts(ctx);
+    if (fused_gelu || (plain_swiglu() && fuses_activation_casts(ctx))) {  // the activation's backward inside fc1's gradient cast
+      // Fp8Options::activation_codes_in_backward: that cast also writes fc2's input^T codes, which
+      // fc2's forward left for later; fc2's weight gradient waits for them (after fc1's backward).
+      auto fc2_saved = saved.fc2;  // handles
+      const Fp8Output codes = fc2_.fp8_input_codes_later(fc2_saved);
+      DeferredWeightGradients later;
+      auto dact = fc2_.backward(ctx, fc2_saved, dy, codes.codes ? &later : deferred, output_bias_gradient);
+      auto dx = fused_gelu ? fc1_.backward_gelu_of(ctx, saved.fc1, dact, h, deferred, codes)
+                           : fc1_.backward_swiglu_of(ctx, saved.fc1, dact, h, deferred, codes);
+      if (deferred) deferred->append(std::move(later));
+      else later.run();
+      return dx;
     }
     if (activation_ == MlpActivation::gelu) {  // the GELU backward fused into fc2's dX GEMM where the backend can
       return fc1_.backward(ctx, saved.fc1, fc2_.backward_through_gelu(ctx, saved.fc2, dy, h, deferred, output_bias_gradient),
@@ -218,6 +224,9 @@ class Mlp {
   // fc1's output, and fc1's output-gradient cast computes its backward from fc2's input gradient, so
   // neither act(h) nor its gradient is ever written in T (Row/ColumnParallelLinear::fp8_fuses_casts).
   bool fuses_activation_casts(const Context& ctx) const { return fc1_.fp8_fuses_casts(ctx) && fc2_.fp8_fuses_casts(ctx); }
+  // Where the activation runs inside the casts: whether fc2's input^T codes are made in the backward
+  // (Fp8Options::activation_codes_in_backward) instead of kept from the forward.
+  bool activation_codes_later(const Context& ctx) const { return ctx.fp8 && ctx.fp8->options.activation_codes_in_backward; }
 
   // SwiGLU without clamp or offset runs on the backend's own swiglu kernels.
   bool plain_swiglu() const { return activation_ == MlpActivation::swiglu && glu_.clamp == 0 && glu_.linear_offset == 0; }

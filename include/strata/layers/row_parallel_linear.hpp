@@ -77,13 +77,16 @@ class RowParallelLinear {
   }
   // forward() of gelu(pre) (an MLP's fc2 after fc1 without its GELU). Where the input cast can make
   // the GELU itself (fp8_fuses_casts), gelu(pre) is never written: the cast reads pre; otherwise the
-  // GELU runs first (backend gelu_forward).
+  // GELU runs first (backend gelu_forward). With `input_codes_later` (where the cast makes the GELU),
+  // the forward keeps no codes of gelu(pre)^T: the caller has them written before this layer's weight
+  // gradient (fp8_input_codes_later; Fp8Options::activation_codes_in_backward).
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward_gelu_of(Context& ctx, const Act<Layout>& pre,
-                                                       const Act<output_layout>* residual = nullptr) const
+                                                       const Act<output_layout>* residual = nullptr,
+                                                       bool input_codes_later = false) const
     requires(Options.input_is_parallel)
   {
-    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::gelu);
+    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::gelu, input_codes_later);
     Act<Layout> act(Tensor<T, Space>::empty(pre.shape()));
     ctx.device.template gelu_forward<T>(pre.data(), pre.tensor.numel(), act.data());
     return forward(ctx, act, residual);
@@ -92,12 +95,13 @@ class RowParallelLinear {
   // the input cast makes silu(gate) up itself where it can, else the backend's swiglu_forward runs first.
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward_swiglu_of(Context& ctx, const Act<Layout>& pre,
-                                                         const Act<output_layout>* residual = nullptr) const
+                                                         const Act<output_layout>* residual = nullptr,
+                                                         bool input_codes_later = false) const
     requires(Options.input_is_parallel)
   {
     if (pre.shape().cols() % 2 != 0)
       fail<ShapeError>("RowParallelLinear::forward_swiglu_of: [gate | up] of ", pre.shape().str(), " has an odd width");
-    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::swiglu);
+    if (fp8_fuses_casts(ctx)) return forward_impl(ctx, pre, residual, Fp8Producer::swiglu, input_codes_later);
     const index_t f = pre.shape().cols() / 2;
     Act<Layout> act(Tensor<T, Space>::empty(pre.shape().with(-1, f)));
     ctx.device.template swiglu_forward<T>(pre.data(), pre.shape().rows(), f, act.data());
@@ -109,6 +113,17 @@ class RowParallelLinear {
   // Fp8Options::recast_attention_output: where the forward kept its input^T's codes, `saved` holds
   // `input` instead (the forward's input, which the caller keeps anyway: a handle, no copy), and the
   // backward casts it again (detail::fp8_linear_backward without kept codes: the same codes).
+  // The forward's input^T codes left for later (forward_gelu_of / forward_swiglu_of with
+  // input_codes_later): allocates them in `saved` (a copy of the forward's, which backward then takes)
+  // and returns where the producer's backward cast writes them (ColumnParallelLinear::backward_gelu_of /
+  // backward_swiglu_of with `activation`): this layer's input format and scale of the step, no amax
+  // (the forward folded it). Empty (codes null) where the forward kept its codes.
+  Fp8Output fp8_input_codes_later(Saved& saved) const {
+    if (!fp8_ || !saved.fp8_input.codes_t_later) return {};
+    const Shape& x = saved.fp8_input.shape;
+    saved.fp8_input.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{x.cols(), x.rows()});
+    return Fp8Output{saved.fp8_input.format, fp8_->scale(Fp8Role::input), saved.fp8_input.codes_t.data(), nullptr};
+  }
   void fp8_hold_input_instead_of_codes(const Context& ctx, Saved& saved, const Tensor<T, Space>& input) const {
     if (!fp8_ || !ctx.fp8 || !ctx.fp8->options.recast_attention_output || saved.fp8_input.empty()) return;
     if (!(input.shape() == saved.fp8_input.shape))
@@ -121,7 +136,7 @@ class RowParallelLinear {
  private:
   template <class Layout>
   std::pair<Act<output_layout>, Saved> forward_impl(Context& ctx, const Act<Layout>& x, const Act<output_layout>* residual,
-                                                    Fp8Producer producer) const {
+                                                    Fp8Producer producer, bool input_codes_later = false) const {
     expect_layout<input_layout, Layout>();
     Saved saved;
     if constexpr (Options.input_is_parallel) saved.input = x.tensor;  // shared, read only
@@ -148,12 +163,12 @@ class RowParallelLinear {
       added = residual != nullptr && ctx.tp.size() == 1;  // one rank: the sum is complete in the GEMM
       Act<layout::partial> partial(
           fp8_ ? fp8_forward(ctx, saved.input, fused_bias ? &*bias_ : nullptr, saved.fp8_input, producer,
-                             added ? &residual->tensor : nullptr) :
+                             added ? &residual->tensor : nullptr, input_codes_later) :
           added ? detail::linear_forward_add(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                              residual->tensor, "RowParallelLinear")
                 : detail::linear_forward(ctx.device, saved.input, weight_, fused_bias ? &*bias_ : nullptr,
                                          "RowParallelLinear"));
-      if (!saved.fp8_input.empty()) saved.input = Tensor<T, Space>();
+      if (!saved.fp8_input.empty() || saved.fp8_input.codes_t_later) saved.input = Tensor<T, Space>();
       if constexpr (sequence_parallel) y = reduce_scatter_to_sequence_parallel(ctx.device, ctx.tp, partial);
       else y = reduce_from_tensor_parallel(ctx.tp, std::move(partial));
     }
@@ -247,7 +262,11 @@ class RowParallelLinear {
   static constexpr bool fp8_backend = backend_has_fp8<typename Policy::backend>;
   // With `addend` (the output's shape): y + addend, in the FP8 GEMM's epilogue where the backend can.
   Tensor<T, Space> fp8_forward(Context& ctx, const Tensor<T, Space>& input, const Param* bias,
-                               detail::Fp8Pair<Space>& keep, Fp8Producer producer, const Tensor<T, Space>* addend) const {
+                               detail::Fp8Pair<Space>& keep, Fp8Producer producer, const Tensor<T, Space>* addend,
+                               bool input_codes_later) const {
+    if (input_codes_later && (producer == Fp8Producer::copy || ctx.fp8->options.recipe == Fp8RecipeKind::blockwise))
+      fail<Error>("RowParallelLinear (", fp8_->name, "): input codes left for later need a per-tensor cast that makes its "
+                  "input (a GELU or SwiGLU)");
     // the input the GEMM multiplies: the tensor, or (swiglu) what the cast makes of [gate | up]
     const Shape shape = producer == Fp8Producer::swiglu ? input.shape().with(-1, input.shape().cols() / 2) : input.shape();
     detail::check_linear_input(shape, weight_, "RowParallelLinear");
@@ -256,8 +275,8 @@ class RowParallelLinear {
     if constexpr (fp8_backend) {
       detail::fp8_linear_forward_rows(ctx, *fp8_, fp8_sharding(), input.data(), shape.rows(), weight_, bias, y.data(), keep,
                                       static_cast<T*>(nullptr), producer, static_cast<detail::Fp8Pair<Space>*>(nullptr),
-                                      addend ? addend->data() : nullptr);
-      if (!keep.empty()) keep.shape = shape;
+                                      addend ? addend->data() : nullptr, input_codes_later);
+      if (!keep.empty() || keep.codes_t_later) keep.shape = shape;
     }
     return y;
   }

@@ -183,6 +183,10 @@ struct ModelPiece {
 // instead of T, and the output projection's input, which the attention keeps anyway, is held twice
 // (in T by the attention, as codes by the projection) unless `attention_output_recast`
 // (Fp8Options::recast_attention_output: the projection holds the attention's tensor and casts it again).
+// With `activation_codes_later` (the delayed recipe's Fp8Options::activation_codes_in_backward, where a
+// dense MLP's activation runs inside the casts: GELU, SwiGLU without clamp or offset) fc2 keeps
+// nothing of its input; fc1's backward cast writes its codes^T (a byte per element of one layer's
+// activation, until fc2's weight gradient has read them).
 // With `experts` (the delayed recipe: layers/moe/experts.hpp) the MoE layers' experts run FP8 too:
 // their weights' codes in both layouts (2 bytes per local expert weight; 1 where the cache keeps W^T
 // alone, the forward's codes of one projection existing while its GEMMs run; or both layouts while
@@ -192,6 +196,7 @@ struct Fp8Layers {
   std::int64_t first = 0, end = 0;
   bool codes_kept = true;
   bool attention_output_recast = false;
+  bool activation_codes_later = false;
   bool experts = false;
   // The weight cache keeps the forward's layout too (Fp8Options::cache_forward_weights); without it,
   // one byte per weight, and the largest weight's forward codes exist while its GEMM runs.
@@ -239,10 +244,18 @@ inline std::int64_t fp8_largest_forward_codes(const ModelConfig& m, int tp, bool
   return largest / std::max(1, tp);
 }
 inline std::int64_t fp8_kept_delta_per_token(const ModelConfig& m, int tp, bool dense_mlp, ElementBytes bytes,
-                                             bool attention_output_recast = false) {
+                                             bool attention_output_recast = false, bool activation_codes_later = false) {
   const std::int64_t h = m.hidden_size, core = m.num_attention_heads * m.head_dim() / std::max(1, tp);
-  const std::int64_t inputs = dense_mlp ? 2 * h + m.ffn() / std::max(1, tp) : h;  // held as codes instead of T
-  return inputs * (1 - bytes.value) + (attention_output_recast ? 0 : core);
+  const std::int64_t activation = dense_mlp ? m.ffn() / std::max(1, tp) : 0;
+  const std::int64_t inputs = dense_mlp ? 2 * h + (activation_codes_later ? 0 : activation) : h;  // held as codes instead of T
+  return inputs * (1 - bytes.value) - (activation_codes_later ? activation * bytes.value : 0) +
+         (attention_output_recast ? 0 : core);
+}
+// Whether a dense MLP's activation runs inside the FP8 casts under the delayed recipe (layers/mlp.hpp:
+// GELU, SwiGLU without clamp or offset), where Fp8Options::activation_codes_in_backward applies.
+inline bool fp8_activation_inside_casts(const ModelConfig& m, bool gated_mlp) {
+  if (m.activation == MlpActivation::squared_relu || m.activation == MlpActivation::quick_geglu) return false;
+  return !gated_mlp || (m.activation_clamp == 0 && m.glu_linear_offset == 0);
 }
 
 // Parameters held by tensor-parallel rank 0 of `tp` (every rank holds the same count) of `piece`.
@@ -471,9 +484,13 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   // a dense MLP's backward: the output gradient and fc1's input gradient (h each, whole) beside the
   // gradients of the activation's output and input (3 w gated; GELU's backward runs inside fc2's dX
   // GEMM, so only its input's gradient, w; squared ReLU 2 w)
+  // (with fc2's input codes made in the backward, a byte per element of the activation beside them)
+  const bool activation_later = fp8.activation_codes_later && fp8.codes_kept && fp8_activation_inside_casts(m, gated_mlp);
   if (piece.layer_count(m) > piece.moe_layer_count(m)) {
     const std::int64_t width = gated_mlp ? elements.mlp_width : m.activation == MlpActivation::squared_relu ? 2 * m.ffn() : m.ffn();
-    out.backward = std::max(out.backward, checked_product(what, tokens, checked_add(2 * h, width / tp, what), bytes.value));
+    std::int64_t backward = checked_product(what, tokens, checked_add(2 * h, width / tp, what), bytes.value);
+    if (activation_later && fp8.end > fp8.first) backward = checked_add(backward, checked_mul(tokens, m.ffn() / tp, what), what);
+    out.backward = std::max(out.backward, backward);
   }
   // Recompute (see the top): a layer's input, what selective recompute drops, and what
   // one recomputed module or layer holds again in the backward.
@@ -490,7 +507,8 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
     const bool in_fp8 = fp8.codes_kept && global >= fp8.first && global < fp8.end;  // see Fp8Layers
     const bool fp8_experts = moe && in_fp8 && fp8.experts;
     std::int64_t kept = moe ? moe_layer : dense_layer;
-    if (in_fp8) kept += checked_mul(tokens, fp8_kept_delta_per_token(m, tp, !moe, bytes, fp8.attention_output_recast), what);
+    if (in_fp8)
+      kept += checked_mul(tokens, fp8_kept_delta_per_token(m, tp, !moe, bytes, fp8.attention_output_recast, activation_later), what);
     const std::int64_t expert_codes = fp8_experts ? fp8_expert_kept_delta(m, tp, micro_batch_size, bytes, piece.etp) : 0;
     kept += expert_codes;
     again = 0;

@@ -79,8 +79,8 @@ struct backend {
   template <class T, class A = accumulate_t<T>>
   static void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols,
                                        Fp8Format format, const float* scale, std::uint8_t* out, std::uint8_t* out_t,
-                                       float* amax, A* column_sums) {
-    cpu::fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums);
+                                       float* amax, A* column_sums, const Fp8Output& activation = {}) {
+    cpu::fp8_cast_transpose_fused<T>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums, activation);
   }
   // Fp8Accumulation changes how a GPU's tensor cores accumulate; the twin sums exactly either way.
   template <class C>

@@ -6,8 +6,8 @@
 //                                   q_i = fp8_f(float(x_i) * scale[0]) (round to nearest even,
 //                                   saturating); amax as fp8_amax when not null (one pass)
 //   fp8_cast_transpose(x, rows, cols, f, scale, q, qt, amax)
-//                                   q [rows, cols] (unless q is null) and qt [cols, rows] of the
-//                                   same codes
+//                                   q [rows, cols] (unless q is null) and qt [cols, rows] (unless
+//                                   qt is null) of the same codes
 //   fp8_cast_transpose_fused(p, x, pre, rows, cols, f, scale, q, qt, amax, column_sums)
 //                                   the same for v = x (p copy), T(gelu(x)) (gelu),
 //                                   T(x gelu'(pre)) (gelu_backward: x the output gradient), SwiGLU of
@@ -16,7 +16,13 @@
 //                                   (swiglu_backward), computed by gelu_forward / gelu_backward /
 //                                   swiglu_forward / swiglu_backward; with column_sums, also
 //                                   column_sums[c] = sum_r v[r, c] in accumulate_t<T>, rows in order
-//                                   (written, not added)
+//                                   (written, not added); with `activation` (gelu_backward and
+//                                   swiglu_backward alone; activation.codes not null), also
+//                                   activation.codes [w, rows] = the codes of act^T, act [rows, w] =
+//                                   T(gelu(pre)) (w = cols) or SwiGLU of pre (w = cols / 2), the
+//                                   tensors the forward's gelu / swiglu producers cast, with
+//                                   activation.format and scale (no amax: activation.amax must be
+//                                   null, the forward folded it)
 //   fp8_transpose(q, rows, cols, qt)  codes [rows, cols] -> [cols, rows]
 //   fp8_gemm(ta, tb, m, n, k, a, fa, a_scale_inv, b, fb, b_scale_inv, c, accumulate, bias = null)
 //                                   C = (or +=) a_scale_inv[0] b_scale_inv[0] op(A) op(B) (+ bias[n]
@@ -56,6 +62,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "../../core/fp8.hpp"
@@ -105,14 +112,26 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
     out = own.data();
   }
   fp8_cast<T>(x, rows * cols, format, scale, out, amax);
+  if (!out_t) return;
   for (index_t r = 0; r < rows; ++r)
     for (index_t c = 0; c < cols; ++c) out_t[c * rows + r] = out[r * cols + c];
 }
 
 template <class T, class A = accumulate_t<T>>
 void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
-                              const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums) {
+                              const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums,
+                              const Fp8Output& activation = {}) {
   const index_t n = rows * cols;
+  if (activation.codes) {  // the forward activation's codes of x^T, from pre
+    if ((producer != Fp8Producer::gelu_backward && producer != Fp8Producer::swiglu_backward) || activation.amax)
+      throw std::invalid_argument("fp8_cast_transpose_fused: activation codes come with gelu_backward or swiglu_backward "
+                                  "alone, and fold no amax");
+    const index_t width = producer == Fp8Producer::gelu_backward ? cols : cols / 2;
+    std::vector<T> act(static_cast<std::size_t>(rows * width));
+    if (producer == Fp8Producer::gelu_backward) cpu::gelu_forward<T>(pre, rows * width, act.data());
+    else cpu::swiglu_forward<T>(pre, rows, width, act.data());
+    fp8_cast_transpose<T>(act.data(), rows, width, activation.format, activation.scale, nullptr, activation.codes, nullptr);
+  }
   std::vector<T> produced;
   const T* v = x;
   if (producer != Fp8Producer::copy) {

@@ -211,14 +211,16 @@ class backend {
     kernels::fp8_transpose(in, rows, cols, out, stream());
   }
   // fp8_cast_transpose of x, gelu(x) or x gelu'(pre) (Fp8Producer), with their column sums (written)
-  // when column_sums is given.
+  // when column_sums is given, and (the backward producers) the forward activation's codes^T when
+  // activation.codes is set.
   template <class T, class A = accumulate_t<T>>
   void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
-                                const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums) const {
+                                const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums,
+                                const Fp8Output& activation = {}) const {
     std::optional<scratch<A>> partials;  // the column sums' per-tile partials, when asked for
     if (column_sums) partials.emplace(state_->allocator, static_cast<std::size_t>(kernels::fp8_tile_rows(rows) * cols));
     kernels::fp8_cast_transpose_fused<T, A>(producer, x, pre, rows, cols, format, scale, out, out_t, amax, column_sums,
-                                            partials ? partials->data() : nullptr, stream());
+                                            partials ? partials->data() : nullptr, activation, stream());
   }
   template <class C>
   void fp8_gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const std::uint8_t* a, Fp8Format fa, const float* a_scale_inv,

@@ -7,7 +7,9 @@
 //                       byte tiles in shared memory, with amax
 //   fp8_cast_transpose_fused  the same of x, gelu(x), x gelu'(pre), SwiGLU or its backward (Fp8Producer), with the column
 //                       sums of those values when asked (per-tile partials, then sum_partials); SwiGLU's
-//                       backward a gate tile and its up twin a block (d, gate and up read once)
+//                       backward a gate tile and its up twin a block (d, gate and up read once);
+//                       with the backward producers, optionally also the codes of the forward's
+//                       activation^T (gelu(pre), SwiGLU of pre) from the same read of pre
 //   fp8_transpose       codes [rows, cols] -> [cols, rows] (the layouts cuBLASLt's FP8 GEMM needs)
 //   fp8_update_scale    the scaling row's step update (core/fp8_recipe.hpp), one thread
 //   fp8_update_scales   that of every row of many states (a thread per row), each new 1 / scale
@@ -32,6 +34,8 @@
 #pragma once
 
 #include <cuda_fp8.h>
+
+#include <stdexcept>
 
 #include "../../../core/fp8.hpp"
 #include "../../../core/fp8_recipe.hpp"
@@ -158,10 +162,11 @@ __device__ __forceinline__ void fp8_produce8(const T* x, const T* pre, index_t r
 }
 // SwiGLU's backward at eight neighbouring j of one row, both halves from one read of d, gate and up
 // (16-byte loads; j and f multiples of 8): dg[i] is the element at (row, j + i), du[i] the one at
-// (row, f + j + i), each as fp8_produce_at makes it.
-template <class T, class A>
+// (row, f + j + i), each as fp8_produce_at makes it. With Act, also act[i] = the forward's SwiGLU at
+// (row, j + i), as fp8_produce_at<swiglu> makes it.
+template <class T, class A, bool Act = false>
 __device__ __forceinline__ void fp8_swiglu_backward8(const T* x, const T* pre, index_t row, index_t j, index_t f, A (&dg)[8],
-                                                     A (&du)[8]) {
+                                                     A (&du)[8], A (&act)[8]) {
   constexpr int width = packed<T>::width;
   const packed<T>* pg = reinterpret_cast<const packed<T>*>(pre + row * 2 * f + j);
   const packed<T>* pu = reinterpret_cast<const packed<T>*>(pre + row * 2 * f + f + j);
@@ -174,6 +179,25 @@ __device__ __forceinline__ void fp8_swiglu_backward8(const T* x, const T* pre, i
       const A gate = unpack<T>(g.raw[i]), up = unpack<T>(u.raw[i]), dy = unpack<T>(d.raw[i]);
       dg[k * width + i] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(true, dy, gate, up)));
       du[k * width + i] = unpack<T>(pack<T>(fp8_swiglu_gradient<T>(false, dy, gate, up)));
+      if constexpr (Act) act[k * width + i] = unpack<T>(pack<T>(swiglu_value(gate, up)));
+    }
+  }
+}
+// GELU's backward at eight neighbouring elements from index i (16-byte loads of x and pre), as
+// fp8_produce8<gelu_backward> makes them, and act[j] = T(gelu(pre)) there, as fp8_produce8<gelu> of
+// pre makes it: one read of pre for both.
+template <class T, class A>
+__device__ __forceinline__ void fp8_gelu_backward8(const T* x, const T* pre, index_t i, A (&v)[8], A (&act)[8]) {
+  constexpr int width = packed<T>::width;
+  const packed<T>* px = reinterpret_cast<const packed<T>*>(x + i);
+  const packed<T>* pp = reinterpret_cast<const packed<T>*>(pre + i);
+#pragma unroll
+  for (int k = 0; k < 8 / width; ++k) {
+    const packed<T> chunk = px[k], chunk_pre = pp[k];
+#pragma unroll
+    for (int j = 0; j < width; ++j) {
+      v[k * width + j] = fp8_produce_at<T, Fp8Producer::gelu_backward>(chunk.raw, chunk_pre.raw, 0, j, 0);
+      act[k * width + j] = fp8_produce_at<T, Fp8Producer::gelu>(chunk_pre.raw, chunk_pre.raw, 0, j, 0);
     }
   }
 }
@@ -190,6 +214,15 @@ template <class Byte>
 __device__ __forceinline__ void fp8_tile_put8(Byte* row, uint2 codes) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) row[i] = static_cast<Byte>((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
+}
+// The codes of eight activation values into a shared-memory tile row (no amax: the forward folded it).
+template <class A>
+__device__ __forceinline__ void fp8_act_put8(std::uint8_t* row, const A (&act)[8], float s, Fp8Format format) {
+  float e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = static_cast<float>(act[i]);
+  unsigned ignored = 0;
+  fp8_tile_put8(row, fp8_round8(e, s, format, ignored));
 }
 
 // Thread (line, eighth)'s part of writing a tile transposed: the tile's columns c = line and line + 32
@@ -225,14 +258,22 @@ __device__ __forceinline__ void fp8_store_tile_transposed(const Fp8TileRow<Byte>
 // of its own, fp8_cast_transpose_swiglu_backward_kernel, below). With `Sums`, the column sums
 // of the produced elements: each thread adds its two rows, the 32 lines of a column are added in line
 // order through shared memory, and the tile's sums go to partials[tile row, column], which
-// sum_partials then adds over the tile rows in order (deterministic: no atomics).
-template <class T, Fp8Producer P = Fp8Producer::copy, bool Sums = false, class A = accumulate_t<T>>
+// sum_partials then adds over the tile rows in order (deterministic: no atomics). Without out_t, no
+// x^T is written. With Act (P gelu_backward), also act_t [cols, rows] = the codes of T(gelu(pre))^T
+// with act_format and act_scale, through a second tile, from the same loads of pre.
+template <class T, Fp8Producer P = Fp8Producer::copy, bool Sums = false, class A = accumulate_t<T>, bool Act = false>
 __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, const T* pre, index_t rows, index_t cols,
                                                                  Fp8Format format, const float* scale, std::uint8_t* out,
-                                                                 std::uint8_t* out_t, float* amax, A* partials, bool vectorized) {
+                                                                 std::uint8_t* out_t, float* amax, A* partials, bool vectorized,
+                                                                 Fp8Format act_format, const float* act_scale,
+                                                                 std::uint8_t* act_t) {
+  static_assert(!Act || P == Fp8Producer::gelu_backward, "fp8_cast_transpose_kernel: activation codes with gelu_backward");
   __shared__ std::uint8_t tile[kFp8Tile][kFp8Tile + 1];
+  __shared__ std::uint8_t act_tile[Act ? kFp8Tile : 1][kFp8Tile + 1];
   __shared__ A line_sums[Sums ? 32 : 1][Sums ? kFp8Tile : 1];
   const float s = *scale;
+  float act_s = 0.0f;
+  if constexpr (Act) act_s = *act_scale;
   unsigned bits = 0;
   const index_t tiles_c = (cols + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
   const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
@@ -247,7 +288,20 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
       const int r = line + 32 * half;
       const index_t row = row0 + r, col = col0 + eighth;
       A v[8];
-      if (whole) {
+      if constexpr (Act) {
+        A act[8];
+        if (whole) {
+          fp8_gelu_backward8<T>(x, pre, row * cols + col, v, act);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const bool in = row < rows && col + j < cols;
+            v[j] = in ? fp8_produce_at<T, P>(xs, ps, row, col + j, cols) : A(0);  // 0: no amax, no sum
+            act[j] = in ? fp8_produce_at<T, Fp8Producer::gelu>(ps, ps, row, col + j, cols) : A(0);
+          }
+        }
+        fp8_act_put8(act_tile[r] + eighth, act, act_s, act_format);
+      } else if (whole) {
         fp8_produce8<T, P>(x, pre, row, col, cols, v);
       } else {
 #pragma unroll
@@ -282,7 +336,8 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
         partials[(row0 / kFp8Tile) * cols + col0 + threadIdx.x] = total;  // partials (tile rows, cols)
       }
     }
-    fp8_store_tile_transposed<std::uint8_t>(tile, whole, col0, cols - col0, row0, rows, out_t, line, eighth);
+    if (out_t) fp8_store_tile_transposed<std::uint8_t>(tile, whole, col0, cols - col0, row0, rows, out_t, line, eighth);
+    if constexpr (Act) fp8_store_tile_transposed<std::uint8_t>(act_tile, whole, col0, cols - col0, row0, rows, act_t, line, eighth);
     __syncthreads();
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -293,17 +348,22 @@ __global__ void __launch_bounds__(256) fp8_cast_transpose_kernel(const T* x, con
 // gate and up are read once for both (fp8_cast_transpose_kernel's way would read each twice, once a
 // tile). Threads, shared-memory tiles (one for each half), edges and column sums as in
 // fp8_cast_transpose_kernel, whose codes, amax and partials this kernel's are bit for bit (the
-// elements, their tile rows and the order of each column's sum are the same).
-template <class T, bool Sums = false, class A = accumulate_t<T>, bool Edges = true>
+// elements, their tile rows and the order of each column's sum are the same). With Act, also act_t
+// [f, rows] = the codes of the forward's SwiGLU of pre, transposed, with act_format and act_scale
+// (a third tile; from the same loads of gate and up).
+template <class T, bool Sums = false, class A = accumulate_t<T>, bool Edges = true, bool Act = false>
 __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_kernel(const T* x, const T* pre, index_t rows,
                                                                                  index_t cols, Fp8Format format,
                                                                                  const float* scale, std::uint8_t* out,
                                                                                  std::uint8_t* out_t, float* amax, A* partials,
-                                                                                 bool vectorized) {
+                                                                                 bool vectorized, Fp8Format act_format,
+                                                                                 const float* act_scale, std::uint8_t* act_t) {
   constexpr Fp8Producer P = Fp8Producer::swiglu_backward;
-  __shared__ std::uint8_t tile[2][kFp8Tile][kFp8Tile + 1];  // d gate's, d up's
+  __shared__ std::uint8_t tile[Act ? 3 : 2][kFp8Tile][kFp8Tile + 1];  // d gate's, d up's (and the activation's)
   __shared__ A line_sums[Sums ? 32 : 1][Sums ? 2 * kFp8Tile : 1];
   const float s = *scale;
+  float act_s = 0.0f;
+  if constexpr (Act) act_s = *act_scale;
   unsigned bits = 0;
   const index_t f = cols / 2, tiles_c = (f + kFp8Tile - 1) / kFp8Tile, tiles = ((rows + kFp8Tile - 1) / kFp8Tile) * tiles_c;
   const int eighth = (threadIdx.x % 8) * 8, line = threadIdx.x / 8;  // 0, 8, ..., 56 and 0..31
@@ -340,7 +400,9 @@ __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_ker
         const int r = line + 32 * half;
         const index_t row = row0 + r, j = j0 + eighth;
         A v[2][8];  // (row, j..) of d gate, of d up
-        fp8_swiglu_backward8<T>(x, pre, row, j, f, v[0], v[1]);
+        A act[Act ? 8 : 1][8];
+        fp8_swiglu_backward8<T, A, Act>(x, pre, row, j, f, v[0], v[1], act[0]);
+        if constexpr (Act) fp8_act_put8(tile[2][r] + eighth, act[0], act_s, act_format);
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           const uint2 codes = put_codes(g, r, v[g]);
@@ -353,12 +415,15 @@ __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_ker
         const int r = line + 32 * half;
         const index_t row = row0 + r, j = j0 + eighth;
         A v[2][8];
+        A act[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const bool in = row < rows && j + i < f;
           v[0][i] = in ? fp8_produce_at<T, P>(xs, ps, row, j + i, cols) : A(0);  // 0: no amax, no sum
           v[1][i] = in ? fp8_produce_at<T, P>(xs, ps, row, f + j + i, cols) : A(0);
+          if constexpr (Act) act[i] = in ? fp8_produce_at<T, Fp8Producer::swiglu>(ps, ps, row, j + i, f) : A(0);
         }
+        if constexpr (Act) fp8_act_put8(tile[2][r] + eighth, act, act_s, act_format);
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           (void)put_codes(g, r, v[g]);
@@ -384,7 +449,8 @@ __global__ void __launch_bounds__(256, 1) fp8_cast_transpose_swiglu_backward_ker
     }
 #pragma unroll
     for (int g = 0; g < 2; ++g)
-      fp8_store_tile_transposed<std::uint8_t>(tile[g], whole, g * f + j0, f - j0, row0, rows, out_t, line, eighth);
+      if (out_t) fp8_store_tile_transposed<std::uint8_t>(tile[g], whole, g * f + j0, f - j0, row0, rows, out_t, line, eighth);
+    if constexpr (Act) fp8_store_tile_transposed<std::uint8_t>(tile[2], whole, j0, f - j0, row0, rows, act_t, line, eighth);
     __syncthreads();
   }
   if (amax) fp8_block_amax(bits, amax);
@@ -719,36 +785,44 @@ void fp8_cast(const T* x, index_t n, Fp8Format format, const float* scale, std::
 STRATA_CUDA_INLINE index_t fp8_tile_rows(index_t rows) { return (rows + kFp8Tile - 1) / kFp8Tile; }
 
 // fp8_cast_transpose of what `producer` makes from x and pre; with column_sums (then `partials`, a
-// workspace of fp8_tile_rows(rows) * cols elements), also their column sums, written.
+// workspace of fp8_tile_rows(rows) * cols elements), also their column sums, written. Without out_t,
+// no x^T. With activation.codes (gelu_backward, swiglu_backward), also the codes of the forward's
+// activation^T from pre (backend/cpu/fp8.hpp; activation.amax must be null: the forward folded it).
 template <class T, class A>
 void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
                               const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums,
-                              A* partials, cudaStream_t stream) {
+                              A* partials, Fp8Output activation, cudaStream_t stream) {
+  const bool reads_pre = producer == Fp8Producer::gelu_backward || producer == Fp8Producer::swiglu_backward;
+  if (activation.codes && (!reads_pre || activation.amax))
+    throw std::invalid_argument("fp8_cast_transpose_fused: activation codes come with gelu_backward or swiglu_backward "
+                                "alone, and fold no amax");
   if (rows <= 0 || cols <= 0) {
     if (column_sums && cols > 0) STRATA_CUDA_CHECK(cudaMemsetAsync(column_sums, 0, cols * sizeof(A), stream));
     return;
   }
-  const bool reads_pre = producer == Fp8Producer::gelu_backward || producer == Fp8Producer::swiglu_backward;
   const bool vectorized = aligned_16(x) && (!reads_pre || aligned_16(pre)) && (!out || aligned_8(out)) && aligned_8(out_t) &&
-                          rows % 8 == 0 && cols % 8 == 0 && (producer != Fp8Producer::swiglu_backward || cols % 16 == 0);
+                          aligned_8(activation.codes) && rows % 8 == 0 && cols % 8 == 0 &&
+                          (producer != Fp8Producer::swiglu_backward || cols % 16 == 0);
   // swiglu_backward's blocks take a tile of each half (fp8_cast_transpose_swiglu_backward_kernel)
   const index_t tile_cols = producer == Fp8Producer::swiglu_backward ? cols / 2 : cols;
   const index_t tiles = fp8_tile_rows(rows) * ((tile_cols + kFp8Tile - 1) / kFp8Tile);
   // every tile whole and vectorized: the kernels without edge code serve (swiglu_backward's)
   const bool all_whole = vectorized && rows % kFp8Tile == 0 && tile_cols % kFp8Tile == 0;
-  const auto launch = [&](auto p, auto sums) {
+  const auto launch = [&](auto p, auto sums, auto act) {
     auto* kernel = [&] {
+      constexpr bool S = decltype(sums)::value, Act = decltype(act)::value;
       if constexpr (decltype(p)::value == Fp8Producer::swiglu_backward)
-        return all_whole ? &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A, false>
-                         : &fp8_cast_transpose_swiglu_backward_kernel<T, decltype(sums)::value, A, true>;
+        return all_whole ? &fp8_cast_transpose_swiglu_backward_kernel<T, S, A, false, Act>
+                         : &fp8_cast_transpose_swiglu_backward_kernel<T, S, A, true, Act>;
       else
-        return &fp8_cast_transpose_kernel<T, decltype(p)::value, decltype(sums)::value, A>;
+        return &fp8_cast_transpose_kernel<T, decltype(p)::value, S, A, Act>;
     }();
     // No more blocks than run at once (at most 8 a multiprocessor, for the amax atomics): a second,
     // partial wave of blocks that each loop over as many tiles would double the time of the first.
     const unsigned grid = static_cast<unsigned>(
         std::min<index_t>(tiles, index_t(resident_blocks(kernel, kThreads, 8)) * multiprocessor_count()));
-    kernel<<<grid, kThreads, 0, stream>>>(x, pre, rows, cols, format, scale, out, out_t, amax, partials, vectorized);
+    kernel<<<grid, kThreads, 0, stream>>>(x, pre, rows, cols, format, scale, out, out_t, amax, partials, vectorized,
+                                          activation.format, activation.scale, activation.codes);
   };
   using copy = std::integral_constant<Fp8Producer, Fp8Producer::copy>;
   using gelu = std::integral_constant<Fp8Producer, Fp8Producer::gelu>;
@@ -756,15 +830,21 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
   using swiglu = std::integral_constant<Fp8Producer, Fp8Producer::swiglu>;
   using swiglu_backward = std::integral_constant<Fp8Producer, Fp8Producer::swiglu_backward>;
   const auto with_sums = [&](auto p) {
-    if (column_sums) launch(p, std::true_type{});
-    else launch(p, std::false_type{});
+    if (column_sums) launch(p, std::true_type{}, std::false_type{});
+    else launch(p, std::false_type{}, std::false_type{});
+  };
+  // the backward producers with the activation's codes
+  const auto with_act = [&](auto p) {
+    if (!activation.codes) with_sums(p);
+    else if (column_sums) launch(p, std::true_type{}, std::true_type{});
+    else launch(p, std::false_type{}, std::true_type{});
   };
   switch (producer) {
     case Fp8Producer::copy: with_sums(copy{}); break;
     case Fp8Producer::gelu: with_sums(gelu{}); break;
-    case Fp8Producer::gelu_backward: with_sums(gelu_backward{}); break;
+    case Fp8Producer::gelu_backward: with_act(gelu_backward{}); break;
     case Fp8Producer::swiglu: with_sums(swiglu{}); break;
-    case Fp8Producer::swiglu_backward: with_sums(swiglu_backward{}); break;
+    case Fp8Producer::swiglu_backward: with_act(swiglu_backward{}); break;
   }
   check_launch("fp8_cast_transpose");
   if (column_sums) sum_partials<A, A>(partials, fp8_tile_rows(rows), cols, column_sums, false, stream);
@@ -773,7 +853,7 @@ template <class T>
 void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format, const float* scale, std::uint8_t* out,
                         std::uint8_t* out_t, float* amax, cudaStream_t stream) {
   fp8_cast_transpose_fused<T, accumulate_t<T>>(Fp8Producer::copy, x, nullptr, rows, cols, format, scale, out, out_t, amax,
-                                               nullptr, nullptr, stream);
+                                               nullptr, nullptr, Fp8Output{}, stream);
 }
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;

@@ -229,7 +229,7 @@ void fp8_cast_transpose(const T* x, index_t rows, index_t cols, Fp8Format format
 template <class T, class A>
 void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, index_t rows, index_t cols, Fp8Format format,
                               const float* scale, std::uint8_t* out, std::uint8_t* out_t, float* amax, A* column_sums,
-                              A* partials, cudaStream_t stream);
+                              A* partials, Fp8Output activation, cudaStream_t stream);
 STRATA_CUDA_INLINE index_t fp8_tile_rows(index_t rows);  // the rows of fp8_cast_transpose_fused's partials (see fp8.cuh)
 STRATA_CUDA_INLINE void fp8_transpose(const std::uint8_t* in, index_t rows, index_t cols, std::uint8_t* out,
                                       cudaStream_t stream);

@@ -23,7 +23,8 @@ namespace cuda::kernels {
                                       std::uint8_t*, float*, cudaStream_t);                                      \
   template void fp8_cast_transpose_fused<T, accumulate_t<T>>(Fp8Producer, const T*, const T*, index_t, index_t,    \
                                                              Fp8Format, const float*, std::uint8_t*, std::uint8_t*, \
-                                                             float*, accumulate_t<T>*, accumulate_t<T>*, cudaStream_t); \
+                                                             float*, accumulate_t<T>*, accumulate_t<T>*, Fp8Output, \
+                                                             cudaStream_t);                                        \
   template void fp8_cast_blocks<T>(const T*, index_t, index_t, Fp8Format, index_t, std::uint8_t*, float*,       \
                                    std::uint8_t*, float*, cudaStream_t);                                         \
   template void fp8_cast_tiles<T>(const T*, index_t, index_t, Fp8Format, index_t, std::uint8_t*, std::uint8_t*, \
