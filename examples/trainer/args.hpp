@@ -147,7 +147,7 @@ struct TrainArgs {
   bool fp8_experts = true;                   // --no-fp8-experts turns it off (Fp8Options::experts)
   bool fp8_norm_writes_codes = true;         // --no-fp8-norm-writes-codes turns it off (Fp8Options::norm_writes_codes)
   bool fp8_attention_writes_grad_codes = true;  // --no-fp8-attention-writes-grad-codes (Fp8Options::attention_writes_grad_codes)
-  bool fp8_activation_codes_in_backward = true;  // --no-fp8-activation-codes-in-backward (Fp8Options::activation_codes_in_backward)
+  bool fp8_activation_codes_in_backward = false;  // --fp8-activation-codes-in-backward (Fp8Options::activation_codes_in_backward)
   // model
   models::ModelConfig model = command_line_model();
   data::TokenizerOptions tokenizer{};  // --tokenizer-type and its files; the end-of-document id comes from it
@@ -536,7 +536,8 @@ inline void add_fp8_options(CLI::App& app, TrainArgs& a) {
                a.fp8_activation_codes_in_backward,
                "delayed recipe, a dense MLP with GELU or SwiGLU: fc2 keeps no FP8 codes of its input for the weight gradient; "
                "fc1's output-gradient cast, which reads fc1's output anyway, writes them in the backward (the same codes): "
-               "a byte per element of the activation per layer not kept (default on; off: fc2's forward casts and keeps them)");
+               "a byte per element of the activation per layer not kept (default off: fc2's forward casts and keeps them; "
+               "the run is the same bit for bit on CPU threads, and the CUDA kernels have not run on a GPU yet)");
   app.add_option("--fp8-margin", a.fp8_margin, "delayed scaling: scale = (fp8 max / amax) / 2^margin (default 0)");
   app.add_option("--fp8-amax-history-len", a.fp8_amax_history_len, "delayed scaling: steps of amax history kept (default 1)");
   app.add_option("--fp8-amax-compute-algo", a.fp8_amax_compute_algo,

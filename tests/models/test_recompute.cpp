@@ -205,14 +205,14 @@ models::ModelConfig peak_measurement_moe() {
 
 // FP8 with a per-tensor recipe (delayed) against the same run in float: the linear layers keep the
 // one-byte codes of their inputs^T in place of the norms' float outputs, fc2 nothing of the GELU's
-// (its codes are made in the backward: Fp8Options::activation_codes_in_backward), and each caches its
+// (its codes made in the backward: Fp8Options::activation_codes_in_backward), and each caches its
 // weight's codes in both layouts. The measured change of the peak of one forward + backward is the
 // estimate's (models::Fp8Layers: the kept bytes per token and the weight caches) within 10%; with
-// fc2 keeping the GELU's codes (the option off), too, and that run's peak is the higher.
+// fc2 keeping the GELU's codes (the option off, the default), too, and that run's peak is the higher.
 TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   const models::ModelConfig c = peak_measurement_model();
   const std::size_t plain = run<models::Gpt, false>(1, c, {}, 4).peak;
-  const std::size_t fp8 = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{}).peak;
+  const std::size_t fp8 = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.activation_codes_in_backward = true}).peak;
   const auto bytes = models::element_bytes_of<float>();
   const std::int64_t tokens = c.seq_length * 4;
   const double estimated =
@@ -233,7 +233,8 @@ TEST(Recompute, Fp8PeakChangeIsTheEstimates) {
   EXPECT_NEAR(measured_kept / estimated_kept, 1.0, 0.10);
   // Without a weight cache (--fp8-weight-cache none) every GEMM casts its weight: no codes outlive it,
   // so the peak falls by the caches, to the kept codes' change and one weight's codes.
-  const std::size_t uncached = run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.cache_weights = false}).peak;
+  const std::size_t uncached =
+      run<models::Gpt, false>(1, c, {}, 4, Fp8Options{.cache_weights = false, .activation_codes_in_backward = true}).peak;
   const double estimated_uncached =
       double(c.num_layers) * double(tokens) * double(models::fp8_kept_delta_per_token(c, 1, true, bytes, false, true)) +
       double(models::fp8_largest_forward_codes(c, 1, false, true));

@@ -380,7 +380,7 @@ TEST(Plan, Fp8MemoryCountsWeightCachesAndKeptCodes) {
   const plan::Cluster one{1, 1, 80};
   std::vector<std::string> flags = gpt(24, 2048, 16, 1024, 8);
   Measured bf16_run{"GPT 1.41B bf16", "2026-12-06 FP8, H100", flags, one, layout(1, 1, 1, 8), 60132, 34.63};
-  // (measured with fc2 keeping its input's codes, as every FP8 run before fc1's backward cast wrote them)
+  // (measured with fc2 keeping its input's codes, named whatever the default)
   for (const char* f : {"--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--no-fp8-activation-codes-in-backward"})
     flags.push_back(f);
   std::vector<std::string> transposed = flags;
@@ -408,10 +408,10 @@ TEST(Plan, Fp8MemoryCountsWeightCachesAndKeptCodes) {
   const std::vector<Measured> recast_runs{{"GPT 1.41B FP8 delayed, recast", "(predicted only)", recast, one, layout(1, 1, 1, 8), 1, 1}};
   const auto recast_rows = compare(recast_runs);
   EXPECT_NEAR(auto_rows[0].predicted_gib - recast_rows[0].predicted_gib, 24.0 * 8192 * 2048 / double(1 << 30), 1e-6);
-  // The default, fc2's input codes made in fc1's backward: the 24 layers keep no codes of the GELU's
-  // output (8192 a token), one layer's exist in the backward.
+  // fc2's input codes made in fc1's backward (--fp8-activation-codes-in-backward): the 24 layers keep
+  // no codes of the GELU's output (8192 a token), one layer's exist in the backward.
   std::vector<std::string> later = transposed;
-  later.erase(std::find(later.begin(), later.end(), std::string("--no-fp8-activation-codes-in-backward")));
+  later.back() = "--fp8-activation-codes-in-backward";  // in place of --no-...
   const std::vector<Measured> later_runs{{"GPT 1.41B FP8 delayed, codes in the backward", "(predicted only)", later, one,
                                           layout(1, 1, 1, 8), 1, 1}};
   const auto later_rows = compare(later_runs);
@@ -426,7 +426,7 @@ TEST(Plan, Fp8MemoryCountsWeightCachesAndKeptCodes) {
 std::vector<Measured> gpt_and_llama_fp8_runs(const char* when, double gpt_bf16, double gpt_fp8, double llama_bf16,
                                              double llama_fp8) {
   const plan::Cluster one{1, 1, 80};
-  auto with_fp8 = [](std::vector<std::string> flags) {  // (measured with fc2 keeping its input's codes)
+  auto with_fp8 = [](std::vector<std::string> flags) {  // (measured with fc2 keeping its input's codes, named)
     flags.insert(flags.end(), {"--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--no-fp8-activation-codes-in-backward"});
     return flags;
   };

@@ -169,10 +169,10 @@ TEST(TrainingFp8, RecastAttentionOutputIsTheRunWithoutIt) {
 }
 
 // The norms writing the qkv projection's and fc1's FP8 codes, (Llama) the attention's merge writing
-// the qkv projection's output-gradient codes and fc1's backward cast writing fc2's input codes
-// (delayed recipe, the defaults) against those tensors written in the element type and cast by their
-// layers, and fc2 casting and keeping its input's codes in the forward (--no-fp8-norm-writes-codes,
-// --no-fp8-attention-writes-grad-codes, --no-fp8-activation-codes-in-backward): the
+// the qkv projection's output-gradient codes (delayed recipe, the defaults) and fc1's backward cast
+// writing fc2's input codes (--fp8-activation-codes-in-backward) against those tensors written in the
+// element type and cast by their layers, and fc2 casting and keeping its input's codes in the forward
+// (--no-fp8-norm-writes-codes, --no-fp8-attention-writes-grad-codes, the default): the
 // same run bit for bit (losses, validation losses, every final weight), for GPT (LayerNorm, GELU, with
 // hidden dropout) and Llama (RMSNorm, SwiGLU, GQA, no dropout), at tp 2 with and without sequence
 // parallelism, pp 2 with micro-batches (1F1B, and zero-bubble, whose split backward defers the weight
@@ -203,6 +203,7 @@ TEST(TrainingFp8, NormsWritingCodesIsTheCastRun) {
       if (layout == "pp2 zero-bubble") a.pipeline.pipeline_schedule = "zero-bubble";
       a.overlap_grad_reduce = layout == "dp2 overlap";
       if (layout == "full recompute") a.world_size = 1, a.recompute_granularity = "full";
+      a.fp8_activation_codes_in_backward = true;
       auto cast = a;
       cast.fp8_norm_writes_codes = false;
       cast.fp8_attention_writes_grad_codes = false;

@@ -135,9 +135,10 @@ struct Fp8Options {
   // input^T for its weight gradient; fc1's output-gradient cast in the backward, which reads fc1's
   // output anyway, writes them (the same values, scale and rounding: the same codes), and fc2's weight
   // gradient runs after it. A byte per element of the activation per layer and micro-batch not kept
-  // from the forward to the backward, for no extra pass. Off: the forward casts both layouts and
-  // keeps x^T's codes (to measure the difference).
-  bool activation_codes_in_backward = true;
+  // from the forward to the backward, for no extra pass. Off (the default): the forward casts both
+  // layouts and keeps x^T's codes. Off by default while its CUDA kernels have not run on a GPU (on CPU
+  // threads the run is the run without it, bit for bit; docs/FP8.md).
+  bool activation_codes_in_backward = false;
   // Delayed recipe: a MoE layer's experts run their GEMMs in FP8 too (layers/moe/experts.hpp); off,
   // they stay in the element type (the other recipes always leave them there).
   bool experts = true;
