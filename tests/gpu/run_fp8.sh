@@ -13,7 +13,10 @@
 #      scales come back from the checkpoint). Then the FP8 parameter gather: the same run with the
 #      distributed optimizer and no clipping, with and without --fp8-param-gather (the optimizer casts
 #      the updated weights, the layers read those codes), must log the same loss bits at every
-#      iteration. STRATA_FP8_RESUME=0 skips both.
+#      iteration. Then fc2's input codes made in fc1's backward cast (--fp8-activation-codes-in-backward):
+#      the small GPT (GELU) and, where <bench-build-dir>/examples/train_llama exists, a small Llama
+#      (SwiGLU) with and without the flag must log the same loss bits at every iteration (the peaks are
+#      printed). STRATA_FP8_RESUME=0 skips the three.
 #   3. GPT 1.41B (24 layers, hidden 2048, 16 heads, batch 8, seq 1024): bench/gpu_bench.sh in bf16,
 #      then with STRATA_BENCH_DTYPE=fp8 (strata --fp8-format hybrid --fp8-recipe tensorwise beside
 #      the peer's --float8 tensorwise); STRATA_FP8_BENCH=0 skips this part, STRATA_BENCH_FP8_RECIPE
@@ -83,6 +86,21 @@ if [[ ${STRATA_FP8_RESUME:-1} != 0 ]]; then
     same=$(same_losses "$dir/values.jsonl" "$dir/codes.jsonl")
     echo "FP8 parameter gather: runs exit $trained, the same losses at every iteration: $same (logs: $dir)"
     [[ $trained -eq 0 && $same == yes ]] || status=1
+    echo "== FP8 activation codes made in the backward on the GPU"
+    for model in gpt llama; do
+      program=$bench_build/examples/train_$model
+      [[ -x $program ]] || { echo "($model: $program not built, skipped)"; continue; }
+      args=("${small[@]}")
+      [[ $model == llama ]] && args+=(--group-query-attention --num-query-groups 4 --ffn-hidden-size 1408)
+      "$program" "${args[@]}" --log-jsonl "$dir/$model-kept.jsonl" >"$dir/$model-kept.log" 2>&1 &&
+        "$program" "${args[@]}" --fp8-activation-codes-in-backward --log-jsonl "$dir/$model-later.jsonl" \
+          >"$dir/$model-later.log" 2>&1
+      trained=$?
+      same=$(same_losses "$dir/$model-kept.jsonl" "$dir/$model-later.jsonl")
+      peaks=$(for f in kept later; do grep -E '^peak device memory' "$dir/$model-$f.log" | tail -n1 | sed 's/.*: //'; done | tr '\n' ' ')
+      echo "FP8 activation codes in the backward, $model: runs exit $trained, the same losses at every iteration: $same (peaks kept / later: $peaks; logs: $dir)"
+      [[ $trained -eq 0 && $same == yes ]] || status=1
+    done
   fi
 fi
 if [[ ${STRATA_FP8_BENCH:-1} != 0 ]]; then
