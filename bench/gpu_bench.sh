@@ -25,7 +25,8 @@
 # scale of 2^16, the peer's --dtype fp16 with torch.amp.GradScaler, whose default start that is)
 # instead of bf16. STRATA_BENCH_DTYPE=fp8 runs strata in bf16 with the transformer layers' linear GEMMs
 # in FP8 (--fp8-format hybrid --fp8-recipe $STRATA_BENCH_FP8_RECIPE, default tensorwise) and the peer
-# in bf16 with torchao's float8 (--float8 tensorwise); docs/FP8.md. STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
+# in bf16 with torchao's float8 (--float8 tensorwise); docs/FP8.md; STRATA_BENCH_FP8_FLAGS adds strata flags to
+# those (for example --fp8-activation-codes-in-backward). STRATA_BENCH_NONDETERMINISTIC=1 adds a third strata run per shape with
 # --no-deterministic-attention (cuDNN's attention backward adding dQ up with atomics): the cost of
 # bit-identical runs, as its own row. STRATA_BENCH_GEMM_TUNING=1 adds two strata runs per shape with
 # --gemm-tuning <out-dir>/gemm-<shape>.tuning (removed first): the first times cuBLASLt's candidates
@@ -52,6 +53,8 @@ peer_type=(--dtype "$element")
 if [[ $dtype == fp8 ]]; then
   element=bf16
   fp8_args=(--fp8-format hybrid --fp8-recipe "${STRATA_BENCH_FP8_RECIPE:-tensorwise}")
+  read -r -a extra_fp8 <<<"${STRATA_BENCH_FP8_FLAGS:-}"
+  fp8_args+=("${extra_fp8[@]}")
   peer_script=${STRATA_BENCH_PEER_SCRIPT:-$peer_script}  # --float8 needs the torchao package
   peer_type=(--float8 tensorwise)
 fi

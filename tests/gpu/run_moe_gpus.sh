@@ -14,7 +14,9 @@
 #    active parameters (MLP width 2 x 3584), and both MoE runs again with the fixed-size exchange
 #    (experts padded to capacity factor 1; at ep 2 also to factor 4, a capacity of every token:
 #    dropless with no read on the host), the MoE model with FP8 delayed scaling on 1 GPU, and the
-#    MoE and dense runs again at 8 micro-batches a step (global batch 64): tokens/s (mean of the log lines of iterations 11-30), MFU of the active
+#    MoE and dense runs again at 8 micro-batches a step (global batch 64), and the MoE model at one
+#    sequence a micro-batch with the grouped GEMM's automatic tile and with the 128 x 256 tile forced:
+#    tokens/s (mean of the log lines of iterations 11-30), MFU of the active
 #    FLOPs, peak memory. Measures, asserts nothing.
 # Prints a table last; logs in <log dir> (default <build>/moe-logs). Exit status non-zero when an
 # equivalence check fails or a run fails.
@@ -168,6 +170,13 @@ speed_rows+=("$(speed mixtral-1gpu-fp8-bf16-experts 1 "$mixtral" --world-size 1 
 speed_rows+=("$(speed mixtral-1gpu-gb64 1 "$mixtral" --world-size 1 "${moe[@]}" --global-batch-size 64)")
 speed_rows+=("$(speed llama-dense-1gpu-gb64 1 "$llama" --world-size 1 --ffn-hidden-size 7168 --global-batch-size 64)")
 [[ $gpus -ge 2 ]] && speed_rows+=("$(speed mixtral-ep2-gb64 2 "$mixtral" --world-size 2 --expert-model-parallel-size 2 "${moe[@]}" --global-batch-size 64)")
+# One sequence a micro-batch (256 rows an expert on one GPU): the Hopper grouped GEMM's automatic tile
+# (128 x 128 up to 256 rows a group) against the 128 x 256 tile forced (STRATA_SM90_ROWS_TILE).
+shape_mb1=("${shape[@]}")
+for i in "${!shape_mb1[@]}"; do [[ ${shape_mb1[i]} == --micro-batch-size ]] && shape_mb1[i + 1]=1; done
+speed_rows+=("$(shape=("${shape_mb1[@]}"); speed mixtral-1gpu-mb1 1 "$mixtral" --world-size 1 "${moe[@]}")")
+speed_rows+=("$(export STRATA_SM90_ROWS_TILE=c128x256_1x2; shape=("${shape_mb1[@]}")
+                speed mixtral-1gpu-mb1-c128x256 1 "$mixtral" --world-size 1 "${moe[@]}")")
 [[ "${speed_rows[*]}" == *FAILED* ]] && status=1  # (each row ran in a subshell)
 
 echo
