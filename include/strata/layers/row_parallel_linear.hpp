@@ -110,9 +110,6 @@ class RowParallelLinear {
   // Whether this layer's FP8 casts take what produces their tensor (a GELU or SwiGLU, or their
   // backward) into the same pass (fp8_casts_take_producers).
   bool fp8_fuses_casts(const Context& ctx) const { return fp8_casts_take_producers(ctx, fp8_); }
-  // Fp8Options::recast_attention_output: where the forward kept its input^T's codes, `saved` holds
-  // `input` instead (the forward's input, which the caller keeps anyway: a handle, no copy), and the
-  // backward casts it again (detail::fp8_linear_backward without kept codes: the same codes).
   // The forward's input^T codes left for later (forward_gelu_of / forward_swiglu_of with
   // input_codes_later): allocates them in `saved` (a copy of the forward's, which backward then takes)
   // and returns where the producer's backward cast writes them (ColumnParallelLinear::backward_gelu_of /
@@ -124,6 +121,9 @@ class RowParallelLinear {
     saved.fp8_input.codes_t = Tensor<std::uint8_t, Space>::empty(Shape{x.cols(), x.rows()});
     return Fp8Output{saved.fp8_input.format, fp8_->scale(Fp8Role::input), saved.fp8_input.codes_t.data(), nullptr};
   }
+  // Fp8Options::recast_attention_output: where the forward kept its input^T's codes, `saved` holds
+  // `input` instead (the forward's input, which the caller keeps anyway: a handle, no copy), and the
+  // backward casts it again (detail::fp8_linear_backward without kept codes: the same codes).
   void fp8_hold_input_instead_of_codes(const Context& ctx, Saved& saved, const Tensor<T, Space>& input) const {
     if (!fp8_ || !ctx.fp8 || !ctx.fp8->options.recast_attention_output || saved.fp8_input.empty()) return;
     if (!(input.shape() == saved.fp8_input.shape))
