@@ -489,7 +489,8 @@ inline PieceActivations activations_of(const ModelConfig& m, int tp, bool sequen
   if (piece.layer_count(m) > piece.moe_layer_count(m)) {
     const std::int64_t width = gated_mlp ? elements.mlp_width : m.activation == MlpActivation::squared_relu ? 2 * m.ffn() : m.ffn();
     std::int64_t backward = checked_product(what, tokens, checked_add(2 * h, width / tp, what), bytes.value);
-    if (activation_later && fp8.end > fp8.first) backward = checked_add(backward, checked_mul(tokens, m.ffn() / tp, what), what);
+    if (activation_later && fp8.in(m, piece) > fp8.moe_in(m, piece))  // the piece has FP8 dense layers
+      backward = checked_add(backward, checked_mul(tokens, m.ffn() / tp, what), what);
     out.backward = std::max(out.backward, backward);
   }
   // Recompute (see the top): a layer's input, what selective recompute drops, and what

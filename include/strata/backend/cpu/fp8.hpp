@@ -126,11 +126,9 @@ void fp8_cast_transpose_fused(Fp8Producer producer, const T* x, const T* pre, in
     if ((producer != Fp8Producer::gelu_backward && producer != Fp8Producer::swiglu_backward) || activation.amax)
       throw std::invalid_argument("fp8_cast_transpose_fused: activation codes come with gelu_backward or swiglu_backward "
                                   "alone, and fold no amax");
-    const index_t width = producer == Fp8Producer::gelu_backward ? cols : cols / 2;
-    std::vector<T> act(static_cast<std::size_t>(rows * width));
-    if (producer == Fp8Producer::gelu_backward) cpu::gelu_forward<T>(pre, rows * width, act.data());
-    else cpu::swiglu_forward<T>(pre, rows, width, act.data());
-    fp8_cast_transpose<T>(act.data(), rows, width, activation.format, activation.scale, nullptr, activation.codes, nullptr);
+    const bool gelu = producer == Fp8Producer::gelu_backward;  // the forward's producer, of pre
+    fp8_cast_transpose_fused<T, A>(gelu ? Fp8Producer::gelu : Fp8Producer::swiglu, pre, nullptr, rows, gelu ? cols : cols / 2,
+                                   activation.format, activation.scale, nullptr, activation.codes, nullptr, nullptr);
   }
   std::vector<T> produced;
   const T* v = x;
